@@ -1,0 +1,3 @@
+"""Asset checks on the core tables (placeholder)."""
+
+core_checks: list = []

@@ -1,0 +1,21 @@
+"""The project's one ``Definitions``: every asset, check, job, schedule, sensor and resource."""
+
+from __future__ import annotations
+
+import dagster as dg
+
+from fieldsales_dagster.checks import core_checks
+from fieldsales_dagster.core_assets import core_assets
+from fieldsales_dagster.raw_assets import raw_assets
+from fieldsales_dagster.resources import build_resources
+from fieldsales_dagster.schedules import all_jobs, all_schedules
+from fieldsales_dagster.sensors import all_sensors
+
+defs = dg.Definitions(
+    assets=[*raw_assets, *core_assets],
+    asset_checks=[*core_checks],
+    jobs=all_jobs,
+    schedules=all_schedules,
+    sensors=all_sensors,
+    resources=build_resources(),
+)

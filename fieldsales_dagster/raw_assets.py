@@ -1,0 +1,3 @@
+"""Raw assets (placeholder)."""
+
+raw_assets: list = []

@@ -1,0 +1,3 @@
+"""Sensors (placeholder)."""
+
+all_sensors: list = []
