@@ -312,12 +312,15 @@ class FieldSalesAPI(dg.ConfigurableResource):
         token: str | None = None,
         parse: Callable[[bytes], object] | None = None,
         stats: ListStats | None = None,
+        max_retries: int | None = None,
     ) -> object:
         """GET ``path`` with retries; returns ``parse(body)`` (the raw body if ``parse`` is None).
 
         ``parse`` runs inside the retry loop, so a body cut off mid-JSON is fetched again.
         With ``token`` given, that token is used as it is (no store, no re-read on 401).
+        ``max_retries=0`` is for requests that must not be repeated (token renewal).
         """
+        retries = self.max_retries if max_retries is None else max_retries
         fixed_token = token
         token = fixed_token or self.current_token()
         reread = False
@@ -340,7 +343,7 @@ class FieldSalesAPI(dg.ConfigurableResource):
         while True:
             retrying = tenacity.Retrying(
                 retry=tenacity.retry_if_exception_type(_Transient),
-                stop=tenacity.stop_after_attempt(self.max_retries + 1),
+                stop=tenacity.stop_after_attempt(retries + 1),
                 wait=self._wait,
                 before_sleep=before_sleep,
                 reraise=True,
@@ -349,7 +352,7 @@ class FieldSalesAPI(dg.ConfigurableResource):
                 return retrying(attempt)
             except _Transient as exc:
                 raise FieldSalesAPIError(
-                    f"{exc}; gave up after {self.max_retries + 1} attempts. The server or the "
+                    f"{exc}; gave up after {retries + 1} attempts. The server or the "
                     "network is failing; try again later or raise max_retries."
                 ) from None
             except _AuthRefused as refused:
