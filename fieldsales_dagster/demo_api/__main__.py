@@ -1,0 +1,86 @@
+"""``fieldsales-demo-api``: serve the demo API until SIGINT/SIGTERM.
+
+When ready it prints one line of JSON, ``{"base_url": ..., "token": ...}``, and flushes stdout.
+"""
+
+from __future__ import annotations
+
+import argparse
+import ipaddress
+import json
+import signal
+import sys
+import threading
+
+from fieldsales_dagster.demo_api.server import DemoConfig, DemoServer
+
+
+def _is_loopback(host: str) -> bool:
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False
+
+
+def _parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(
+        prog="fieldsales-demo-api",
+        description="Serve a deterministic, synthetic demo of the Field-Sales read API.",
+    )
+    p.add_argument("--host", default="127.0.0.1")
+    p.add_argument("--port", type=int, default=8765, help="0 picks a free port")
+    p.add_argument("--transactions", type=int, default=2000)
+    p.add_argument("--events", type=int, default=None, help="default: transactions // 40")
+    p.add_argument("--event-groups", type=int, default=None, help="default: events // 10")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--token", default=None, help="initial bearer token (default: random)")
+    p.add_argument("--latency-ms", type=float, default=0.0, help="added before each response")
+    p.add_argument("--limit-cap", type=int, default=None, help="serve at most N items per page")
+    p.add_argument(
+        "--allow-remote", action="store_true", help="allow a --host that is not loopback"
+    )
+    return p
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = _parser().parse_args(argv)
+    if not _is_loopback(args.host) and not args.allow_remote:
+        print(
+            f"refusing to serve on non-loopback host {args.host!r} without --allow-remote",
+            file=sys.stderr,
+        )
+        return 2
+    config = DemoConfig(
+        transactions=args.transactions,
+        events=args.events,
+        event_groups=args.event_groups,
+        seed=args.seed,
+    )
+    try:
+        server = DemoServer(config, host=args.host, port=args.port, token=args.token)
+        server.behaviour.latency_s = max(0.0, args.latency_ms / 1000)
+        server.behaviour.limit_cap = args.limit_cap
+        server.start()
+    except (OSError, ValueError) as exc:
+        print(f"fieldsales-demo-api: {exc}", file=sys.stderr)
+        return 1
+    stop = threading.Event()
+
+    def _on_signal(signum: int, frame: object) -> None:
+        stop.set()
+
+    signal.signal(signal.SIGTERM, _on_signal)
+    signal.signal(signal.SIGINT, _on_signal)
+    print(json.dumps({"base_url": server.base_url, "token": server.token}), flush=True)
+    try:
+        while not stop.wait(0.5):
+            pass
+    finally:
+        server.stop()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
