@@ -209,7 +209,8 @@ class FieldSalesAPI(dg.ConfigurableResource):
 
     base_url: str = Field(description="Base URL of the instance, e.g. https://example.com.")
     api_token: str = Field(
-        description="API token; set it with EnvVar('FIELDSALES_API_TOKEN'), never as a literal."
+        description="API token; set it with EnvVar('FIELDSALES_API_TOKEN'), never as a literal.",
+        repr=False,
     )
     use_token_store: bool = Field(
         default=True,
@@ -226,6 +227,11 @@ class FieldSalesAPI(dg.ConfigurableResource):
     max_retries: int = Field(default=6, ge=0, description="Retries of one request.")
     backoff_initial_s: float = Field(default=1.0, ge=0)
     backoff_max_s: float = Field(default=60.0, ge=0)
+    max_list_passes: int = Field(
+        default=3,
+        ge=1,
+        description="Passes over a list whose distinct ids disagree with the final total.",
+    )
     max_retry_after_s: float = Field(
         default=300.0, ge=0, description="Longest Retry-After honoured before giving up."
     )

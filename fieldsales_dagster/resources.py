@@ -13,11 +13,23 @@ import dagster as dg
 from fieldsales_dagster.api import FieldSalesAPI
 from fieldsales_dagster.warehouse import FieldSalesWarehouse, default_duckdb_path
 
+#: Optional tuning knobs: environment variable -> FieldSalesAPI field.
+API_TUNING_ENV = {
+    "FIELDSALES_PAGE_SIZE": "page_size",
+    "FIELDSALES_CONCURRENCY": "concurrency",
+}
+
 
 def build_resources() -> dict[str, object]:
     api_kwargs: dict[str, object] = {}
     if os.environ.get("FIELDSALES_TOKEN_STORE"):
         api_kwargs["token_store_path"] = dg.EnvVar("FIELDSALES_TOKEN_STORE")
+    for variable, field in API_TUNING_ENV.items():
+        value = os.environ.get(variable, "").strip()
+        if value:
+            if not value.isdigit() or int(value) < 1:
+                raise ValueError(f"{variable} must be a whole number >= 1, got {value!r}.")
+            api_kwargs[field] = int(value)
     return {
         "fieldsales_api": FieldSalesAPI(
             base_url=dg.EnvVar("FIELDSALES_BASE_URL"),

@@ -1,0 +1,277 @@
+"""The raw load against the demo API over real HTTP: every item, whatever the server does."""
+
+from __future__ import annotations
+
+import logging
+
+import duckdb
+import pytest
+
+from fieldsales_dagster.api import (
+    AuthenticationError,
+    FieldSalesAPI,
+    FieldSalesAPIError,
+    InsecureURLError,
+    PageFormatError,
+)
+from fieldsales_dagster.endpoints import EVENT_GROUPS, EVENTS, TRANSACTIONS, ListEndpoint
+from fieldsales_dagster.raw_load import IncompleteListError, load_list
+from fieldsales_dagster_tests.conftest import make_api
+
+TX = TRANSACTIONS.path
+EV = EVENTS.path
+
+
+def load(api: FieldSalesAPI, warehouse, endpoint: ListEndpoint = TRANSACTIONS, **kwargs):
+    with warehouse.get_connection() as conn:
+        return load_list(api, conn, endpoint, **kwargs)
+
+
+def table_ids(warehouse, table: str) -> list[str]:
+    with duckdb.connect(warehouse.database, read_only=True) as conn:
+        return [row[0] for row in conn.execute(f"SELECT id FROM {table} ORDER BY id").fetchall()]
+
+
+def server_ids(server, name: str) -> list[str]:
+    return sorted(server.dataset.ids(name))
+
+
+def assert_table_matches_server(warehouse, server, endpoint: ListEndpoint) -> None:
+    ids = table_ids(warehouse, endpoint.raw_table)
+    assert len(ids) == len(set(ids))
+    assert ids == server_ids(server, endpoint.name)
+
+
+def test_every_transaction_lands_once_with_pages_in_flight(demo_server, api, warehouse):
+    report = load(api, warehouse)
+    assert report.rows == report.api_total == demo_server.dataset.count("transactions") == 1200
+    assert report.pages == 12 and report.retries == 0 and report.passes == 1
+    assert_table_matches_server(warehouse, demo_server, TRANSACTIONS)
+
+
+def test_raw_transactions_keep_payload_and_event_id(demo_server, api, warehouse):
+    load(api, warehouse)
+    with duckdb.connect(warehouse.database, read_only=True) as conn:
+        columns = conn.execute(
+            "SELECT column_name, data_type FROM information_schema.columns "
+            "WHERE table_schema = 'raw' AND table_name = 'transactions' ORDER BY ordinal_position"
+        ).fetchall()
+        assert dict(columns) == {
+            "id": "VARCHAR",
+            "payload": "JSON",
+            "loaded_at": "TIMESTAMP",
+            "event_id": "VARCHAR",
+        }
+        mismatched = conn.execute(
+            "SELECT count(*) FROM raw.transactions "
+            "WHERE id <> payload->>'_id' OR event_id IS DISTINCT FROM payload->>'eventId'"
+        ).fetchone()[0]
+        assert mismatched == 0
+
+
+def test_capped_limit_still_loads_every_transaction(demo_server, api, warehouse):
+    demo_server.behaviour.limit_cap = 37
+    report = load(api, warehouse)
+    assert report.rows == 1200
+    assert_table_matches_server(warehouse, demo_server, TRANSACTIONS)
+
+
+def test_capped_limit_without_totals_loads_every_item(demo_server, api, warehouse):
+    demo_server.behaviour.limit_cap = 37
+    demo_server.behaviour.omit_totals = True
+    report = load(api, warehouse)
+    assert report.api_total is None
+    assert report.rows == 1200
+    assert_table_matches_server(warehouse, demo_server, TRANSACTIONS)
+
+
+@pytest.mark.parametrize("envelope", ["list", "events_total", "data_count", "items_only"])
+def test_event_list_envelopes_all_load(demo_server, api, warehouse, envelope):
+    demo_server.behaviour.event_envelope = envelope
+    report = load(api, warehouse, EVENTS)
+    assert report.rows == demo_server.dataset.count("events")
+    assert_table_matches_server(warehouse, demo_server, EVENTS)
+
+
+def test_event_groups_load_from_data_and_total(demo_server, api, warehouse):
+    report = load(api, warehouse, EVENT_GROUPS)
+    assert report.api_total == demo_server.dataset.count("event_groups") == report.rows
+    assert_table_matches_server(warehouse, demo_server, EVENT_GROUPS)
+
+
+@pytest.mark.parametrize(
+    "kind, options",
+    [
+        ("status", {"status": 429, "retry_after": "0"}),
+        ("status", {"status": 500}),
+        ("status", {"status": 502}),
+        ("status", {"status": 503}),
+        ("truncate", {}),
+        ("drop", {}),
+        ("close", {}),
+        ("non_json", {}),
+    ],
+)
+def test_passing_faults_are_retried_and_nothing_is_lost(demo_server, api, warehouse, kind, options):
+    demo_server.behaviour.inject(TX, kind, times=2, skip_first=3, **options)
+    report = load(api, warehouse)
+    assert report.retries == 2
+    assert_table_matches_server(warehouse, demo_server, TRANSACTIONS)
+
+
+def test_429_storm_is_ridden_out_honouring_retry_after(demo_server, tmp_path, warehouse):
+    api = make_api(demo_server, tmp_path, max_retries=12)
+    demo_server.behaviour.inject(TX, "status", times=10, status=429, retry_after="0")
+    report = load(api, warehouse)
+    assert report.retries == 10
+    assert_table_matches_server(warehouse, demo_server, TRANSACTIONS)
+
+
+def test_retry_after_longer_than_allowed_stops_with_clear_error(demo_server, tmp_path, warehouse):
+    api = make_api(demo_server, tmp_path, max_retry_after_s=5)
+    demo_server.behaviour.inject(TX, "status", times=1, status=429, retry_after="3600")
+    with pytest.raises(FieldSalesAPIError, match="Retry-After"):
+        load(api, warehouse)
+
+
+def test_persistent_5xx_fails_naming_the_endpoint_and_keeps_yesterdays_table(
+    demo_server, api, warehouse
+):
+    load(api, warehouse)
+    before = table_ids(warehouse, "raw.transactions")
+    demo_server.behaviour.inject(TX, "status", times=1000, skip_first=6, status=503)
+    with pytest.raises(FieldSalesAPIError, match=r"GET /public/v1/api/transaction/all.*503"):
+        load(api, warehouse)
+    assert table_ids(warehouse, "raw.transactions") == before
+    with duckdb.connect(warehouse.database, read_only=True) as conn:
+        tables = conn.execute("SELECT table_name FROM information_schema.tables").fetchall()
+    assert ("_stage_transactions",) not in tables
+
+
+def test_persistent_non_json_body_fails_clearly(demo_server, api, warehouse):
+    demo_server.behaviour.inject(TX, "non_json", times=1000)
+    with pytest.raises(FieldSalesAPIError, match="not complete JSON"):
+        load(api, warehouse)
+
+
+def test_page_that_is_not_a_list_fails_naming_the_page(demo_server, api, warehouse):
+    demo_server.behaviour.inject(TX, "not_list", times=1, skip_first=2)
+    with pytest.raises(PageFormatError, match=r"transaction/all \(skip=\d+\).*no list"):
+        load(api, warehouse)
+
+
+def test_total_that_grows_mid_run_is_paged_again_until_complete(demo_server, api, warehouse):
+    demo_server.behaviour.mutate("transactions", after_requests=4, insert=25, at=0)
+    report = load(api, warehouse)
+    assert demo_server.dataset.count("transactions") == 1225
+    assert report.rows == report.api_total == 1225
+    assert_table_matches_server(warehouse, demo_server, TRANSACTIONS)
+
+
+def test_total_that_shrinks_mid_run_is_paged_again_until_complete(demo_server, api, warehouse):
+    demo_server.behaviour.mutate("transactions", after_requests=4, delete=30, at=10)
+    report = load(api, warehouse)
+    assert report.rows == report.api_total == 1170
+    assert_table_matches_server(warehouse, demo_server, TRANSACTIONS)
+
+
+def test_list_that_never_settles_fails_and_keeps_the_old_table(demo_server, tmp_path, warehouse):
+    api = make_api(demo_server, tmp_path, max_list_passes=2)
+    load(api, warehouse)
+    before = table_ids(warehouse, "raw.transactions")
+    for after in (3, 16, 29, 42):  # every pass (13 requests) sees the list change
+        demo_server.behaviour.mutate("transactions", after_requests=after, insert=5, at=0)
+    with pytest.raises(IncompleteListError, match="kept changing"):
+        load(api, warehouse)
+    assert table_ids(warehouse, "raw.transactions") == before
+
+
+def test_insertions_without_totals_are_paged_again_until_no_id_repeats(demo_server, api, warehouse):
+    demo_server.behaviour.omit_totals = True
+    demo_server.behaviour.mutate("transactions", after_requests=3, insert=10, at=0)
+    report = load(api, warehouse)
+    assert report.passes == 2 and report.duplicates_dropped == 0
+    assert report.rows == demo_server.dataset.count("transactions") == 1210
+    assert_table_matches_server(warehouse, demo_server, TRANSACTIONS)
+
+
+def test_repeated_ids_keep_their_first_copy(tmp_path):
+    from fieldsales_dagster.raw_load import _drop_duplicate_ids
+
+    with duckdb.connect(str(tmp_path / "d.duckdb")) as conn:
+        conn.execute("CREATE SCHEMA raw")
+        conn.execute(
+            "CREATE TABLE raw.t AS SELECT * FROM (VALUES ('a', 1), ('b', 2), ('a', 3)) v(id, n)"
+        )
+        _drop_duplicate_ids(conn, "raw.t")
+        assert conn.execute("SELECT id, n FROM raw.t ORDER BY id").fetchall() == [
+            ("a", 1),
+            ("b", 2),
+        ]
+
+
+def test_refused_token_names_the_endpoint_and_never_the_token(
+    demo_server, tmp_path, warehouse, caplog
+):
+    api = make_api(demo_server, tmp_path, api_token="not-the-token-" + "x" * 20)
+    with caplog.at_level(logging.DEBUG), pytest.raises(AuthenticationError) as raised:
+        load(api, warehouse)
+    message = str(raised.value)
+    assert "HTTP 401" in message and TX in message and "FIELDSALES_API_TOKEN" in message
+    assert "x" * 20 not in message and "x" * 20 not in caplog.text
+
+
+def test_forbidden_token_says_so(demo_server, api, warehouse):
+    demo_server.behaviour.inject(TX, "status", times=1, status=403)
+    with pytest.raises(AuthenticationError, match="HTTP 403"):
+        load(api, warehouse)
+    assert demo_server.token not in str(api)
+
+
+def test_plain_http_is_refused_for_remote_hosts(tmp_path, warehouse):
+    api = FieldSalesAPI(base_url="http://fieldsales.example.com", api_token="t" * 30)
+    with pytest.raises(InsecureURLError, match="fieldsales.example.com"):
+        load(api, warehouse)
+
+
+@pytest.mark.parametrize("host", ["http://127.0.0.1:1", "http://localhost:1", "http://[::1]:1"])
+def test_plain_http_is_allowed_on_loopback(host):
+    from fieldsales_dagster.api import validate_base_url
+
+    assert validate_base_url(host + "/") == host
+
+
+def test_check_token_accepts_current_and_refuses_stale(demo_server, api):
+    api.check_token()
+    with pytest.raises(AuthenticationError):
+        api.check_token(token="stale-token")
+
+
+def test_duckdb_file_held_by_another_program_gives_error_naming_it(warehouse):
+    import subprocess
+    import sys
+
+    from fieldsales_dagster.warehouse import WarehouseBusyError
+
+    holder = subprocess.Popen(
+        [
+            sys.executable,
+            "-c",
+            "import duckdb, sys, time; c = duckdb.connect(sys.argv[1]); print('ready', flush=True);"
+            " time.sleep(30)",
+            warehouse.database,
+        ],
+        stdout=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        assert holder.stdout.readline().strip() == "ready"
+        # The holder keeps the file for 30 s; busy_timeout_s=1 gives up long before.
+        with (
+            pytest.raises(WarehouseBusyError, match=str(warehouse.database)),
+            warehouse.get_connection(),
+        ):
+            pass
+    finally:
+        holder.kill()
+        holder.wait()
