@@ -1,0 +1,402 @@
+"""The token-renewal sensor against the bundled demo API, over real HTTP on loopback."""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import subprocess
+import sys
+import textwrap
+import threading
+import time
+from datetime import UTC, datetime, timedelta
+from pathlib import Path
+
+import dagster as dg
+import pytest
+import requests
+
+from fieldsales_dagster.api import AuthenticationError, FieldSalesAPI, ListStats
+from fieldsales_dagster.demo_api import DemoConfig, DemoServer
+from fieldsales_dagster.endpoints import CHECK_TOKEN_PATH, GENERATE_TOKEN_PATH
+from fieldsales_dagster.sensors import TokenRenewalError, all_sensors, token_renewal_sensor
+from fieldsales_dagster.token_store import TokenStore
+
+REPO_ROOT = Path(__file__).resolve().parents[1]
+
+
+@pytest.fixture
+def server():
+    with DemoServer(DemoConfig(transactions=50, seed=0), host="127.0.0.1", port=0) as server:
+        yield server
+
+
+@pytest.fixture
+def store_path(tmp_path: Path, monkeypatch) -> Path:
+    path = tmp_path / "fieldsales_token.json"
+    monkeypatch.setenv("FIELDSALES_TOKEN_STORE", str(path))  # anything else lands here too
+    monkeypatch.delenv("FIELDSALES_TOKEN_RENEW_AFTER_DAYS", raising=False)
+    return path
+
+
+def make_api(server, store_path: Path, env_token: str | None = None) -> FieldSalesAPI:
+    return FieldSalesAPI(
+        base_url=server.base_url,
+        api_token=env_token or server.token,
+        token_store_path=str(store_path),
+        max_retries=1,
+        backoff_initial_s=0.01,
+        backoff_max_s=0.05,
+    )
+
+
+def tick(api: FieldSalesAPI, cursor: str | None = None) -> dg.SensorResult:
+    with dg.build_sensor_context(cursor=cursor, resources={"fieldsales_api": api}) as context:
+        result = token_renewal_sensor(context)
+    assert isinstance(result, dg.SensorResult)
+    assert not result.run_requests
+    return result
+
+
+def skip_message(result: dg.SensorResult) -> str:
+    assert result.skip_reason is not None
+    return result.skip_reason.skip_message or ""
+
+
+def backdate(store_path: Path, days: float) -> None:
+    doc = json.loads(store_path.read_text())
+    doc["issued_at"] = (datetime.now(UTC) - timedelta(days=days)).isoformat()
+    store_path.write_text(json.dumps(doc))
+
+
+def stored_token(store_path: Path) -> str:
+    return json.loads(store_path.read_text())["token"]
+
+
+def requests_to(server, path: str) -> int:
+    """How many requests for ``path`` the demo server answered."""
+    time.sleep(0.05)  # the server records a request just after sending its answer
+    return sum(1 for request in list(server.requests) if request.path == path)
+
+
+def accepted(server, token: str) -> bool:
+    resp = requests.get(
+        server.base_url + CHECK_TOKEN_PATH, headers={"Authorization": f"Bearer {token}"}, timeout=10
+    )
+    return resp.status_code == 200
+
+
+# --- when to renew ---------------------------------------------------------------------------
+
+
+def test_fresh_token_is_not_renewed(server, store_path):
+    env_token = server.token
+    message = skip_message(tick(make_api(server, store_path)))
+    assert message.startswith("not yet due: 45.0 days left before renewal")
+    assert requests_to(server, GENERATE_TOKEN_PATH) == 0
+    assert server.token == env_token == stored_token(store_path)
+
+
+def test_token_past_the_threshold_is_renewed_and_stored(server, store_path):
+    api = make_api(server, store_path)
+    tick(api)
+    backdate(store_path, 46)
+    message = skip_message(tick(api))
+    assert message.startswith("token renewed; valid until ")
+    assert requests_to(server, GENERATE_TOKEN_PATH) == 1
+    assert stored_token(store_path) == server.token
+
+
+def test_threshold_comes_from_the_environment(server, store_path, monkeypatch):
+    api = make_api(server, store_path)
+    tick(api)
+    backdate(store_path, 11)
+    monkeypatch.setenv("FIELDSALES_TOKEN_RENEW_AFTER_DAYS", "10")
+    assert skip_message(tick(api)).startswith("token renewed")
+
+
+def test_after_renewal_the_old_token_is_refused_and_the_store_holds_the_new_one(server, store_path):
+    old_token = server.token
+    api = make_api(server, store_path)
+    tick(api)
+    backdate(store_path, 46)
+    tick(api)
+    assert not accepted(server, old_token)
+    assert stored_token(store_path) != old_token
+    assert accepted(server, stored_token(store_path))
+    assert api.current_token() == stored_token(store_path)
+
+
+def test_token_is_checked_at_most_once_a_day_when_not_due(server, store_path):
+    api = make_api(server, store_path)
+    first = tick(api)
+    assert requests_to(server, CHECK_TOKEN_PATH) == 1
+    tick(api, cursor=first.cursor)  # six hours later, say
+    assert requests_to(server, CHECK_TOKEN_PATH) == 1
+    a_day_ago = (datetime.now(UTC) - timedelta(days=1)).isoformat()
+    tick(api, cursor=a_day_ago)
+    assert requests_to(server, CHECK_TOKEN_PATH) == 2
+
+
+# --- runs holding the old token ---------------------------------------------------------------
+
+
+def test_run_started_with_the_old_env_token_uses_the_renewed_one(server, store_path):
+    old_token = server.token
+    sensor_api = make_api(server, store_path)
+    tick(sensor_api)
+    backdate(store_path, 46)
+    tick(sensor_api)
+    run_api = make_api(server, store_path, env_token=old_token)
+    run_api.check_token()  # the environment still says old_token; the store wins
+
+
+def test_request_refused_mid_renewal_recovers_by_rereading_the_store(
+    server, store_path, monkeypatch
+):
+    old_token = server.token
+    api = make_api(server, store_path)
+    tick(api)
+    backdate(store_path, 46)
+    original = FieldSalesAPI._get_once
+    renewed = []
+
+    def renewal_lands_in_flight(self, path, params, token):
+        # The run read the old token; the sensor renews before its request reaches the server.
+        if not renewed:
+            renewed.append(True)
+            tick(make_api(server, store_path, env_token=old_token))
+        return original(self, path, params, token)
+
+    monkeypatch.setattr(FieldSalesAPI, "_get_once", renewal_lands_in_flight)
+    stats = ListStats()
+    api.get(CHECK_TOKEN_PATH, stats=stats)
+    assert stats.token_rereads == 1
+    assert requests_to(server, GENERATE_TOKEN_PATH) == 1
+
+
+# --- concurrency and crashes --------------------------------------------------------------------
+
+
+def test_concurrent_renewers_in_threads_renew_exactly_once(server, store_path):
+    tick(make_api(server, store_path))
+    backdate(store_path, 46)
+    server.behaviour.latency_s = 0.3  # a slow server: every thread reaches the lock meanwhile
+    start = threading.Barrier(6)
+    messages: list[str] = []
+    errors: list[BaseException] = []
+
+    def renew() -> None:
+        api = make_api(server, store_path)
+        start.wait()
+        try:
+            messages.append(skip_message(tick(api)))
+        except BaseException as exc:
+            errors.append(exc)
+
+    threads = [threading.Thread(target=renew) for _ in range(6)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    assert errors == []
+    assert requests_to(server, GENERATE_TOKEN_PATH) == 1
+    assert sum(m.startswith("token renewed;") for m in messages) == 1
+    assert stored_token(store_path) == server.token
+
+
+RENEWER_SCRIPT = textwrap.dedent(
+    """
+    import os, sys, time
+    from pathlib import Path
+
+    import dagster as dg
+
+    from fieldsales_dagster import sensors
+    from fieldsales_dagster.api import FieldSalesAPI
+    from fieldsales_dagster.token_store import TokenStore
+
+    base_url, env_token, store_path, go_file, mode = sys.argv[1:]
+    real_generate_token = sensors.generate_token
+
+    def slow_generate_token(api, old_token):
+        new_token = real_generate_token(api, old_token)
+        time.sleep(0.3)  # a slow answer widens the window two renewers could share
+        return new_token
+
+    sensors.generate_token = slow_generate_token
+    if mode == "crash":
+        real_write = TokenStore._write_atomically
+
+        def write_then_die(self, stored):
+            real_write(self, stored)
+            if stored.source == "renewal":
+                os._exit(3)  # the process dies right after the store write
+
+        TokenStore._write_atomically = write_then_die
+
+    api = FieldSalesAPI(base_url=base_url, api_token=env_token, token_store_path=store_path)
+    Path(f"{go_file}.ready.{os.getpid()}").touch()
+    while not Path(go_file).exists():
+        time.sleep(0.01)
+    with dg.build_sensor_context(resources={"fieldsales_api": api}) as context:
+        print(sensors.token_renewal_sensor(context).skip_reason.skip_message)
+    """
+)
+
+
+def start_renewers(server, store_path: Path, env_token: str, n: int, mode: str):
+    go_file = store_path.parent / "go"
+    env = {**os.environ, "PYTHONPATH": str(REPO_ROOT)}
+    procs = [
+        subprocess.Popen(
+            [sys.executable, "-c", RENEWER_SCRIPT, server.base_url, env_token, str(store_path),
+             str(go_file), mode],
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+            env=env,
+            cwd=store_path.parent,
+        )
+        for _ in range(n)
+    ]  # fmt: skip
+    deadline = time.monotonic() + 60
+    while len(list(store_path.parent.glob("go.ready.*"))) < n:
+        assert time.monotonic() < deadline, "renewer processes did not start"
+        assert all(p.poll() is None for p in procs), [p.communicate() for p in procs]
+        time.sleep(0.05)
+    go_file.touch()
+    return [(p.wait(timeout=60), *p.communicate()) for p in procs]
+
+
+def test_concurrent_renewers_in_separate_processes_renew_exactly_once(server, store_path):
+    env_token = server.token
+    tick(make_api(server, store_path))
+    backdate(store_path, 46)
+    outcomes = start_renewers(server, store_path, env_token, n=2, mode="renew")
+    assert [code for code, _, _ in outcomes] == [0, 0], outcomes
+    assert requests_to(server, GENERATE_TOKEN_PATH) == 1
+    assert sum(out.startswith("token renewed;") for _, out, _ in outcomes) == 1
+    assert stored_token(store_path) == server.token
+    assert accepted(server, stored_token(store_path))
+
+
+def test_process_dying_right_after_the_store_write_leaves_the_new_valid_token(server, store_path):
+    old_token = server.token
+    tick(make_api(server, store_path))
+    backdate(store_path, 46)
+    [(code, _, _)] = start_renewers(server, store_path, old_token, n=1, mode="crash")
+    assert code == 3
+    assert stored_token(store_path) == server.token != old_token
+    assert accepted(server, stored_token(store_path))
+    make_api(server, store_path, env_token=old_token).check_token()
+
+
+def test_failure_right_after_the_store_write_leaves_the_new_valid_token(
+    server, store_path, monkeypatch
+):
+    old_token = server.token
+    api = make_api(server, store_path)
+    tick(api)
+    backdate(store_path, 46)
+
+    def crash(self, token=None):
+        raise RuntimeError("crash after the renewal was stored")
+
+    monkeypatch.setattr(FieldSalesAPI, "check_token", crash)
+    with pytest.raises(RuntimeError, match="crash after"):
+        tick(api)
+    assert stored_token(store_path) == server.token != old_token
+    assert accepted(server, stored_token(store_path))
+
+
+def test_lost_renewal_answer_is_not_retried_and_fails_the_tick(server, store_path):
+    api = make_api(server, store_path)
+    tick(api)
+    backdate(store_path, 46)
+    before = store_path.read_bytes()
+    server.behaviour.inject(GENERATE_TOKEN_PATH, "drop")  # renewed, answer cut off
+    with pytest.raises(TokenRenewalError) as excinfo:
+        tick(api)
+    message = str(excinfo.value)
+    assert GENERATE_TOKEN_PATH in message and "FIELDSALES_API_TOKEN" in message
+    assert requests_to(server, GENERATE_TOKEN_PATH) == 1
+    assert store_path.read_bytes() == before
+
+
+# --- refused tokens ----------------------------------------------------------------------------
+
+
+def test_refused_token_fails_the_tick_with_what_to_do(server, store_path):
+    api = make_api(server, store_path)
+    tick(api)
+    server.expire_token()  # the refresh button in the UI
+    with pytest.raises(TokenRenewalError) as excinfo:
+        tick(api)  # no cursor: this tick checks the token
+    message = str(excinfo.value)
+    assert "API tab" in message and "FIELDSALES_API_TOKEN" in message
+    assert "401" in message
+
+
+def test_refused_renewal_fails_the_tick_with_what_to_do(server, store_path):
+    api = make_api(server, store_path)
+    tick(api)
+    backdate(store_path, 46)
+    server.expire_token()  # the refresh button in the UI
+    with pytest.raises(TokenRenewalError) as excinfo:
+        tick(api)
+    message = str(excinfo.value)
+    assert GENERATE_TOKEN_PATH in message
+    assert "API tab" in message and "FIELDSALES_API_TOKEN" in message
+
+
+def test_new_env_token_after_regeneration_in_the_ui_reseeds_the_store(server, store_path):
+    tick(make_api(server, store_path))
+    server.expire_token()  # the refresh button in the UI
+    regenerated = server.token
+    message = skip_message(tick(make_api(server, store_path, env_token=regenerated)))
+    assert message.startswith("not yet due")
+    assert stored_token(store_path) == regenerated
+
+
+# --- the token stays secret ----------------------------------------------------------------------
+
+
+def test_token_never_appears_in_logs_results_or_errors(server, store_path, caplog, capsys):
+    caplog.set_level(logging.DEBUG)
+    tokens = [server.token]
+    api = make_api(server, store_path)
+    texts = [skip_message(tick(api))]
+    backdate(store_path, 46)
+    renewed = tick(api)
+    tokens.append(server.token)
+    texts += [skip_message(renewed), str(renewed.cursor), repr(renewed)]
+    texts += [repr(TokenStore(store_path).read()), repr(api)]
+
+    server.expire_token()  # the refresh button in the UI
+    tokens.append(server.token)
+    with pytest.raises(TokenRenewalError) as refused:
+        tick(api)
+    texts += [str(refused.value), repr(refused.value)]
+    with pytest.raises(AuthenticationError) as auth_error:
+        api.check_token()
+    texts.append(str(auth_error.value))
+    store_path.write_text(store_path.read_text()[:-20])  # corrupt: cut off mid-token
+    with pytest.raises(Exception) as corrupt:
+        tick(api)
+    texts.append(str(corrupt.value))
+
+    captured = capsys.readouterr()
+    texts += [caplog.text, captured.out, captured.err]
+    assert "token renewed" in caplog.text + captured.err  # the sensor did log, without it
+    for token in tokens:
+        for text in texts:
+            assert token not in text
+
+
+def test_sensor_is_on_by_default_every_few_hours_and_exported():
+    assert token_renewal_sensor.default_status == dg.DefaultSensorStatus.RUNNING
+    assert token_renewal_sensor.minimum_interval_seconds >= 3600
+    assert token_renewal_sensor.description
+    assert all_sensors == [token_renewal_sensor]

@@ -1,0 +1,241 @@
+"""The token store on its own: seeding, atomic owner-only writes, rotation, errors."""
+
+from __future__ import annotations
+
+import json
+import os
+import stat
+import threading
+import time
+from datetime import UTC, datetime, timedelta
+from pathlib import Path
+
+import pytest
+
+from fieldsales_dagster.token_store import (
+    TokenStore,
+    TokenStoreError,
+    default_store_path,
+    fingerprint,
+)
+
+ENV_TOKEN = "env-token-0123456789abcdef"
+RENEW_AFTER = timedelta(days=45)
+
+
+@pytest.fixture
+def store(tmp_path: Path) -> TokenStore:
+    return TokenStore(tmp_path / "state" / "fieldsales_token.json")
+
+
+def backdate(store: TokenStore, days: float) -> None:
+    """Pretend the stored token was issued ``days`` ago (rewrites the file in place)."""
+    doc = json.loads(store.path.read_text())
+    doc["issued_at"] = (datetime.now(UTC) - timedelta(days=days)).isoformat()
+    store.path.write_text(json.dumps(doc))
+
+
+def renewer(*tokens: str):
+    """A renewal callback handing out ``tokens`` in order and recording the old tokens it got."""
+    calls: list[str] = []
+    supply = iter(tokens)
+
+    def renew(old_token: str) -> str:
+        calls.append(old_token)
+        return next(supply)
+
+    renew.calls = calls  # type: ignore[attr-defined]
+    return renew
+
+
+def test_first_use_seeds_the_store_from_the_env_token(store: TokenStore):
+    assert store.current_token(ENV_TOKEN) == ENV_TOKEN
+    doc = json.loads(store.path.read_text())
+    assert doc["token"] == ENV_TOKEN
+    assert doc["env_token_sha256"] == fingerprint(ENV_TOKEN)
+    issued = datetime.fromisoformat(doc["issued_at"])
+    assert issued.tzinfo is not None
+    assert abs(datetime.now(UTC) - issued) < timedelta(minutes=1)
+
+
+def test_store_wins_over_the_env_token_after_renewal(store: TokenStore):
+    store.current_token(ENV_TOKEN)
+    backdate(store, 46)
+    store.rotate(ENV_TOKEN, renewer("renewed-token-1"), renew_after=RENEW_AFTER)
+    assert store.current_token(ENV_TOKEN) == "renewed-token-1"
+
+
+def test_renewed_store_keeps_only_a_fingerprint_of_the_env_token(store: TokenStore):
+    store.current_token(ENV_TOKEN)
+    backdate(store, 46)
+    store.rotate(ENV_TOKEN, renewer("renewed-token-1"), renew_after=RENEW_AFTER)
+    text = store.path.read_text()
+    assert ENV_TOKEN not in text
+    assert fingerprint(ENV_TOKEN) in text
+
+
+def test_store_file_is_owner_only_whatever_the_umask(store: TokenStore):
+    old_umask = os.umask(0)
+    try:
+        store.current_token(ENV_TOKEN)
+        backdate(store, 46)
+        store.rotate(ENV_TOKEN, renewer("renewed-token-1"), renew_after=RENEW_AFTER)
+    finally:
+        os.umask(old_umask)
+    assert stat.S_IMODE(store.path.stat().st_mode) == 0o600
+
+
+def test_write_leaves_no_temporary_file_behind(store: TokenStore):
+    store.current_token(ENV_TOKEN)
+    backdate(store, 46)
+    store.rotate(ENV_TOKEN, renewer("renewed-token-1"), renew_after=RENEW_AFTER)
+    leftovers = [p.name for p in store.path.parent.iterdir() if p.name.endswith(".tmp")]
+    assert leftovers == []
+
+
+def test_rotation_not_yet_due_does_not_call_the_renewal(store: TokenStore):
+    store.current_token(ENV_TOKEN)
+    renew = renewer("renewed-token-1")
+    rotation = store.rotate(ENV_TOKEN, renew, renew_after=RENEW_AFTER)
+    assert not rotation.renewed
+    assert renew.calls == []
+    assert store.current_token(ENV_TOKEN) == ENV_TOKEN
+
+
+def test_rotation_when_due_renews_with_the_stored_token_and_resets_the_age(store: TokenStore):
+    store.current_token(ENV_TOKEN)
+    backdate(store, 46)
+    renew = renewer("renewed-token-1")
+    rotation = store.rotate(ENV_TOKEN, renew, renew_after=RENEW_AFTER)
+    assert rotation.renewed
+    assert renew.calls == [ENV_TOKEN]
+    stored = store.read()
+    assert stored is not None and stored.token == "renewed-token-1"
+    assert stored.source == "renewal"
+    assert stored.age() < timedelta(minutes=1)
+
+
+def test_failed_renewal_leaves_the_store_unchanged(store: TokenStore):
+    store.current_token(ENV_TOKEN)
+    backdate(store, 46)
+    before = store.path.read_bytes()
+
+    def refused(old_token: str) -> str:
+        raise RuntimeError("server said no")
+
+    with pytest.raises(RuntimeError, match="server said no"):
+        store.rotate(ENV_TOKEN, refused, renew_after=RENEW_AFTER)
+    assert store.path.read_bytes() == before
+
+
+def test_new_token_is_on_disk_even_if_the_caller_fails_right_after_rotation(store: TokenStore):
+    store.current_token(ENV_TOKEN)
+    backdate(store, 46)
+    with pytest.raises(RuntimeError, match="crash"):
+        store.rotate(ENV_TOKEN, renewer("renewed-token-1"), renew_after=RENEW_AFTER)
+        raise RuntimeError("crash right after the store write")
+    assert TokenStore(store.path).current_token(ENV_TOKEN) == "renewed-token-1"
+
+
+def test_concurrent_rotations_in_threads_renew_exactly_once(store: TokenStore):
+    store.current_token(ENV_TOKEN)
+    backdate(store, 46)
+    calls: list[str] = []
+    start = threading.Barrier(8)
+
+    def slow_renew(old_token: str) -> str:
+        calls.append(old_token)
+        time.sleep(0.2)  # a slow server: every other thread is waiting on the lock meanwhile
+        return f"renewed-{len(calls)}"
+
+    def rotate() -> None:
+        start.wait()
+        TokenStore(store.path).rotate(ENV_TOKEN, slow_renew, renew_after=RENEW_AFTER)
+
+    threads = [threading.Thread(target=rotate) for _ in range(8)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    assert calls == [ENV_TOKEN]
+    assert store.current_token(ENV_TOKEN) == "renewed-1"
+
+
+def test_changed_env_token_reseeds_the_store(store: TokenStore):
+    store.current_token(ENV_TOKEN)
+    backdate(store, 46)
+    store.rotate(ENV_TOKEN, renewer("renewed-token-1"), renew_after=RENEW_AFTER)
+
+    regenerated = "token-regenerated-in-the-ui"
+    assert store.current_token(regenerated) == regenerated
+    stored = store.read()
+    assert stored is not None
+    assert stored.env_fingerprint == fingerprint(regenerated)
+    assert stored.age() < timedelta(minutes=1)
+
+
+def test_process_with_a_replaced_env_token_does_not_overwrite_the_new_one(store: TokenStore):
+    store.current_token(ENV_TOKEN)
+    regenerated = "token-regenerated-in-the-ui"
+    store.current_token(regenerated)
+    # A run started before the environment changed still carries the old token.
+    assert store.current_token(ENV_TOKEN) == regenerated
+
+
+def test_env_set_to_the_stored_token_keeps_its_age(store: TokenStore):
+    store.current_token(ENV_TOKEN)
+    backdate(store, 46)
+    store.rotate(ENV_TOKEN, renewer("renewed-token-1"), renew_after=RENEW_AFTER)
+    backdate(store, 10)
+    assert store.current_token("renewed-token-1") == "renewed-token-1"
+    stored = store.read()
+    assert stored is not None and stored.age() > timedelta(days=9)
+
+
+def test_corrupt_store_gives_an_error_naming_the_file_not_the_token(store: TokenStore):
+    store.current_token(ENV_TOKEN)
+    store.path.write_text('{"token": "' + ENV_TOKEN + '", "issued_at": ')  # cut off
+    with pytest.raises(TokenStoreError) as excinfo:
+        store.current_token(ENV_TOKEN)
+    message = str(excinfo.value)
+    assert str(store.path) in message
+    assert "corrupt" in message
+    assert ENV_TOKEN not in message
+    assert excinfo.value.__cause__ is None and excinfo.value.__context__ is None
+
+
+def test_store_readable_by_others_is_refused(store: TokenStore):
+    store.current_token(ENV_TOKEN)
+    store.path.chmod(0o644)
+    with pytest.raises(TokenStoreError) as excinfo:
+        store.current_token(ENV_TOKEN)
+    message = str(excinfo.value)
+    assert str(store.path) in message and "chmod 600" in message
+    assert ENV_TOKEN not in message
+
+
+def test_unreadable_store_gives_an_error_naming_the_file(store: TokenStore):
+    store.path.parent.mkdir(parents=True)
+    store.path.mkdir()  # a directory where the file should be
+    with pytest.raises(TokenStoreError, match=str(store.path)):
+        store.current_token(ENV_TOKEN)
+
+
+def test_repr_never_shows_the_token(store: TokenStore):
+    store.current_token(ENV_TOKEN)
+    stored = store.read()
+    rotation = store.rotate(ENV_TOKEN, renewer(), renew_after=RENEW_AFTER)
+    for text in (repr(stored), str(stored), repr(rotation), repr(store)):
+        assert ENV_TOKEN not in text
+
+
+def test_default_path_prefers_env_var_then_dagster_home_then_data(monkeypatch, tmp_path: Path):
+    monkeypatch.delenv("FIELDSALES_TOKEN_STORE", raising=False)
+    monkeypatch.delenv("DAGSTER_HOME", raising=False)
+    assert default_store_path() == Path("data") / "fieldsales_token.json"
+    monkeypatch.setenv("DAGSTER_HOME", str(tmp_path / "home"))
+    assert default_store_path() == tmp_path / "home" / "fieldsales_token.json"
+    monkeypatch.setenv("FIELDSALES_TOKEN_STORE", str(tmp_path / "explicit.json"))
+    assert default_store_path() == tmp_path / "explicit.json"
+    assert TokenStore.at(None).path == tmp_path / "explicit.json"
+    assert TokenStore.at(str(tmp_path / "given.json")).path == tmp_path / "given.json"
