@@ -69,11 +69,8 @@ def test_two_cli_runs_at_once_share_the_duckdb_file(demo_server, tmp_path):
     (say the schedule and a manual run). The lock beside the DuckDB file queues the second writer
     instead of letting it fail on DuckDB's own file lock."""
     database = tmp_path / "cli.duckdb"
-    home = tmp_path / "dagster_home"
-    home.mkdir()
     env = {
         **os.environ,
-        "DAGSTER_HOME": str(home),
         "FIELDSALES_BASE_URL": demo_server.base_url,
         "FIELDSALES_API_TOKEN": demo_server.token,
         "FIELDSALES_DUCKDB_PATH": str(database),
@@ -81,16 +78,20 @@ def test_two_cli_runs_at_once_share_the_duckdb_file(demo_server, tmp_path):
     }
     dagster = os.path.join(os.path.dirname(sys.executable), "dagster")
     selections = ["raw_transactions", "raw_events,raw_event_groups"]
-    runs = [
-        subprocess.Popen(
+    homes = [tmp_path / f"dagster_home_{n}" for n in range(len(selections))]
+    runs = []
+    for home, selection in zip(homes, selections, strict=True):
+        # Separate Dagster instances (two deployments, or a CLI run beside `dagster dev`): only
+        # the DuckDB file is shared, and a fresh instance's storage is not raced into existence.
+        home.mkdir()
+        run = subprocess.Popen(
             [dagster, "asset", "materialize", "-m", "fieldsales_dagster", "--select", selection],
-            env=env,
+            env={**env, "DAGSTER_HOME": str(home)},
             stdout=subprocess.PIPE,
             stderr=subprocess.STDOUT,
             text=True,
         )
-        for selection in selections
-    ]
+        runs.append(run)
     for run in runs:
         output, _ = run.communicate(timeout=240)
         assert run.returncode == 0, output[-4000:]

@@ -415,9 +415,12 @@ class DemoServer:
             time.sleep(latency)
         if fault is not None:
             status = self._send_fault(h, fault, path, query, allowed)
-        else:
-            status = self._send(h, self._respond(h, path, query, allowed))
-        self._requests.append(RequestRecord(h.command, path, query, status))
+            self._requests.append(RequestRecord(h.command, path, query, status))
+            return
+        resp = self._respond(h, path, query, allowed)
+        # Logged before it is sent, so a client that has its answer finds it in the log.
+        self._requests.append(RequestRecord(h.command, path, query, resp.status))
+        self._send(h, resp)
 
     def _send(
         self,
