@@ -81,10 +81,6 @@ class Page:
     def n(self) -> int:
         return len(self.items)
 
-    def ndjson(self) -> bytes:
-        """The items as newline-delimited JSON, ready for DuckDB's JSON reader."""
-        return b"\n".join(bytes(item) for item in self.items) + b"\n" if self.items else b""
-
 
 @dataclass
 class ListStats:

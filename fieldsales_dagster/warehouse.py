@@ -38,7 +38,11 @@ class FieldSalesWarehouse(DuckDBResource):
         description="DuckDB file (FIELDSALES_DUCKDB_PATH, default data/fieldsales.duckdb).",
     )
     memory_limit: str = Field(
-        default="1GB", description="DuckDB memory_limit; larger work spills to temp_directory."
+        default="256MB",
+        description=(
+            "DuckDB memory_limit; larger work spills to temp_directory. Kept small so a nightly "
+            "refresh of millions of rows runs in well under a gigabyte."
+        ),
     )
     threads: int | None = Field(default=None, description="DuckDB threads (default: all cores).")
     lock_timeout_s: float = Field(

@@ -275,3 +275,35 @@ def test_duckdb_file_held_by_another_program_gives_error_naming_it(warehouse):
     finally:
         holder.kill()
         holder.wait()
+
+
+def test_pretty_printed_items_and_odd_ids_are_stored_as_received(tmp_path):
+    """Line breaks inside items, numeric, missing and control-character ids all land intact."""
+    import json
+    from datetime import UTC, datetime
+
+    from fieldsales_dagster.api import Page, split_envelope
+    from fieldsales_dagster.raw_load import StagingWriter, raw_table_ddl
+
+    items = [
+        {"_id": "a", "eventId": "e1", "note": "line\nbreak", "n": 1},
+        {"_id": 42, "eventId": None, "nested": {"x": [1, 2]}},
+        {"eventId": "e2", "no": "id"},
+        {"_id": "odd\u0001id\nx", "eventId": "e3"},
+        {"_id": {"$oid": "abc"}, "eventId": "e4"},
+    ]
+    body = json.dumps({"transactions": items, "count": 5}, indent=2).encode()
+    parsed, total = split_envelope(body, TRANSACTIONS, "test page")
+    assert total == 5
+    with duckdb.connect(str(tmp_path / "w.duckdb")) as conn:
+        conn.execute("CREATE SCHEMA raw")
+        conn.execute(raw_table_ddl(TRANSACTIONS, "raw.t"))
+        writer = StagingWriter(conn, TRANSACTIONS, "raw.t", datetime.now(UTC), tmp_path, 1 << 20)
+        writer.add(Page(skip=0, items=parsed, total=total, nbytes=len(body)))
+        writer.finish()
+        rows = conn.execute("SELECT id, event_id, payload FROM raw.t ORDER BY rowid").fetchall()
+    assert [json.loads(payload) for _, _, payload in rows] == items
+    ids = [row[0] for row in rows]
+    assert ids[:2] == ["a", "42"]
+    assert all(ids) and len(set(ids)) == 5  # missing or unusable ids: a content hash
+    assert [row[1] for row in rows] == ["e1", None, "e2", "e3", "e4"]
