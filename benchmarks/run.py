@@ -1,0 +1,800 @@
+"""Floor vs this project vs dlt, on the same demo API process and the same data.
+
+    python -m benchmarks.run [--sizes 100000,1000000] [--runs 1]
+                             [--only floor,project,dlt_fast,dlt_default,latency]
+
+For each size (transactions; events = size/40, event groups = events/10) one demo API process
+serves every measured command. Each command runs as a subprocess; its wall time, CPU time, peak
+RSS of its whole process tree and the rows it loaded are reported in a markdown table, printed and
+written to ``benchmarks/results/<UTC timestamp>-<size>.md`` and ``benchmarks/results/latest.md``.
+Logs and databases go under ``benchmarks/work/<UTC timestamp>/`` (git-ignored).
+See ``benchmarks/README.md`` for what each row means.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import re
+import secrets
+import shlex
+import shutil
+import signal
+import statistics
+import subprocess
+import sys
+import time
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+from importlib.metadata import PackageNotFoundError, version
+from pathlib import Path
+
+import duckdb
+import psutil
+
+from benchmarks.harness import (
+    BIN,
+    ROOT,
+    BenchmarkError,
+    DemoAPI,
+    Expected,
+    Measurement,
+    expected_counts,
+    fmt_bytes,
+    measure,
+)
+
+BENCH_DIR = Path(__file__).resolve().parent
+RESULTS_DIR = BENCH_DIR / "results"
+WORK_DIR = BENCH_DIR / "work"
+PAGE_SIZE = 1000  # the project's default, which the floor and dlt copy
+
+STEPS = ("floor", "project_raw", "project_all", "dlt_fast", "dlt_default")
+ONLY_CHOICES = (*STEPS, "project", "latency")
+RAW_SELECTION = "raw_events,raw_transactions,raw_event_groups"
+PROJECT_TABLES = {
+    "transactions": "raw.transactions",
+    "events": "raw.events",
+    "event_groups": "raw.event_groups",
+}
+DLT_TABLES = {
+    "transactions": "fieldsales.transactions",
+    "events": "fieldsales.events",
+    "event_groups": "fieldsales.event_groups",
+}
+#: Environment the harness sets itself; inherited values would skew a run.
+OWN_ENV = (
+    "FIELDSALES_BASE_URL",
+    "FIELDSALES_API_TOKEN",
+    "FIELDSALES_DUCKDB_PATH",
+    "FIELDSALES_TOKEN_STORE",
+    "FIELDSALES_PAGE_SIZE",
+    "FIELDSALES_CONCURRENCY",
+    "DAGSTER_HOME",
+)
+STEP_LINE = re.compile(r'Finished execution of step "([^"]+)" in ([\d.]+)(ms|s|m)\b')
+LOG_TIME = re.compile(r"^(\d{4}-\d\d-\d\d \d\d:\d\d:\d\d [+-]\d{4}) - dagster - .* - RUN_START -")
+
+
+class Interrupted(Exception):
+    """SIGTERM: unwind like Ctrl-C so every process this run started is ended."""
+
+
+def _on_sigterm(signum: int, frame: object) -> None:
+    raise Interrupted()
+
+
+# --- one measured step -----------------------------------------------------------------------
+
+
+@dataclass
+class StepResult:
+    step: str
+    label: str
+    m: Measurement
+    loaded: dict[str, tuple[int, int]] = field(default_factory=dict)  # table -> (rows, distinct)
+    exact: bool | None = None
+    rows: int = 0
+    note: str = ""
+    dagster_steps: list[tuple[str, float]] = field(default_factory=list)
+
+    @property
+    def ok(self) -> bool:
+        return self.m.ok
+
+    @property
+    def rows_per_s(self) -> float:
+        return self.rows / self.m.wall_s if self.ok and self.m.wall_s > 0 else float("nan")
+
+
+class Bench:
+    def __init__(self, args: argparse.Namespace, work: Path):
+        self.args = args
+        self.work = work
+        self.python = sys.executable
+        self.base_env = {k: v for k, v in os.environ.items() if k not in OWN_ENV}
+        self.base_env["PYTHONUNBUFFERED"] = "1"
+        self.base_env["RUNTIME__DLTHUB_TELEMETRY"] = "false"
+        self.token_values: list[str] = []
+        self.interrupted = False
+
+    # -- helpers --------------------------------------------------------------------------------
+
+    def _env(self, api: DemoAPI, **extra: str) -> dict[str, str]:
+        return {
+            **self.base_env,
+            "FIELDSALES_BASE_URL": api.base_url,
+            "FIELDSALES_API_TOKEN": api.token,
+            **extra,
+        }
+
+    def scrub(self, text: str) -> str:
+        for token in self.token_values:
+            text = text.replace(token, "***")
+        return text
+
+    def _count(self, database: Path, tables: dict[str, str], id_column: str) -> dict:
+        loaded: dict[str, tuple[int, int]] = {}
+        with duckdb.connect(str(database), read_only=True) as conn:
+            for name, table in tables.items():
+                try:
+                    rows, distinct = conn.execute(
+                        f'SELECT count(*), count(DISTINCT "{id_column}") FROM {table}'
+                    ).fetchone()
+                except duckdb.Error:
+                    continue
+                loaded[name] = (int(rows), int(distinct))
+        return loaded
+
+    def _verify(self, r: StepResult, expected: Expected, database: Path, tables, id_col) -> None:
+        if not r.ok:
+            return
+        try:
+            r.loaded = self._count(database, tables, id_col)
+        except duckdb.Error as exc:
+            r.exact = False
+            r.note = f"could not read {database.name}: {exc}"
+            return
+        want = {
+            "transactions": expected.transactions,
+            "events": expected.events,
+            "event_groups": expected.event_groups,
+        }
+        r.rows = sum(rows for rows, _ in r.loaded.values())
+        r.exact = all(r.loaded.get(name) == (n, n) for name, n in want.items())
+        if not r.exact:
+            r.note = "; ".join(
+                f"{name}: {r.loaded[name][0]} rows/{r.loaded[name][1]} ids, want {n}"
+                if name in r.loaded
+                else f"{name}: table missing"
+                for name, n in want.items()
+                if r.loaded.get(name) != (n, n)
+            )
+
+    def _cleanup_db(self, database: Path) -> None:
+        if self.args.keep_databases:
+            return
+        for path in database.parent.glob(database.name + "*"):
+            if path.is_file():
+                path.unlink()
+
+    # -- the steps ------------------------------------------------------------------------------
+
+    def floor(self, api: DemoAPI, expected: Expected, where: Path, concurrency: int = 8):
+        argv = [
+            self.python,
+            "-m",
+            "benchmarks.floor",
+            "--base-url",
+            api.base_url,
+            "--page-size",
+            str(PAGE_SIZE),
+            "--concurrency",
+            str(concurrency),
+        ]
+        m = self._measure("floor", argv, where / "floor.log", self._env(api), api)
+        r = StepResult("floor", "floor (fetch + discard)", m)
+        if not m.ok:
+            return r
+        try:
+            out = json.loads(m.stdout.strip().splitlines()[-1])
+        except (ValueError, IndexError):
+            r.m.returncode = r.m.returncode or -2
+            r.note = "no result line on stdout"
+            return r
+        want_pages = expected.pages(PAGE_SIZE)
+        got_pages = {name: out[name]["pages"] for name in want_pages}
+        totals_ok = (
+            out["transactions"]["total"] == expected.transactions
+            and out["event_groups"]["total"] == expected.event_groups
+        )
+        r.exact = totals_ok and got_pages == want_pages
+        r.rows = expected.rows if r.exact else 0
+        r.note = (
+            f"{out['requests']} requests, {out['bytes'] / 1e6:,.0f} MB"
+            if r.exact
+            else f"pages {got_pages}, want {want_pages}; totals ok: {totals_ok}"
+        )
+        r.m.extra["bytes"] = out["bytes"]
+        return r
+
+    def project(
+        self,
+        api: DemoAPI,
+        expected: Expected,
+        where: Path,
+        name: str,
+        selection: str,
+        label: str,
+        **env: str,
+    ) -> StepResult:
+        database = where / f"{name}.duckdb"
+        home = where / f"{name}.dagster_home"
+        home.mkdir(parents=True, exist_ok=True)
+        if (ROOT / "dagster.yaml").exists():
+            shutil.copy(ROOT / "dagster.yaml", home / "dagster.yaml")
+        argv = [
+            str(BIN / "dagster"),
+            "asset",
+            "materialize",
+            "-m",
+            "fieldsales_dagster",
+            "--select",
+            selection,
+        ]
+        run_env = self._env(
+            api,
+            FIELDSALES_DUCKDB_PATH=str(database),
+            FIELDSALES_TOKEN_STORE=str(where / f"{name}.token.json"),
+            DAGSTER_HOME=str(home),
+            **env,
+        )
+        started_at = time.time()
+        m = self._measure(name, argv, where / f"{name}.log", run_env, api)
+        r = StepResult(name, label, m)
+        r.dagster_steps, run_start = _dagster_steps(m.log_path)
+        if run_start is not None:
+            r.m.extra["startup_s"] = max(0.0, run_start - started_at)
+        self._verify(r, expected, database, PROJECT_TABLES, "id")
+        if r.ok and selection == "*":
+            r.m.extra["core_tables"] = _core_table_count(database)
+        self._cleanup_db(database)
+        return r
+
+    def dlt(self, api: DemoAPI, expected: Expected, where: Path, mode: str) -> StepResult:
+        name = f"dlt_{mode}"
+        database = where / f"{name}.duckdb"
+        argv = [
+            self.python,
+            str(BENCH_DIR / "dlt_load.py"),
+            "--base-url",
+            api.base_url,
+            "--database",
+            str(database),
+            "--mode",
+            mode,
+            "--pipelines-dir",
+            str(where / f"{name}.pipelines"),
+        ]
+        m = self._measure(name, argv, where / f"{name}.log", self._env(api), api)
+        label = (
+            "dlt fast (max_table_nesting=0, jsonl)"
+            if mode == "fast"
+            else "dlt default (nested child tables)"
+        )
+        r = StepResult(name, label, m)
+        r.m.extra["dlt_stages"] = _dlt_stages(m.stdout)
+        self._verify(r, expected, database, DLT_TABLES, "_id")
+        if r.ok and mode == "default":
+            r.m.extra["child_tables"] = _dlt_child_tables(database)
+        self._cleanup_db(database)
+        shutil.rmtree(where / f"{name}.pipelines", ignore_errors=True)
+        return r
+
+    def _measure(
+        self, name: str, argv: list[str], log: Path, env: dict[str, str], api: DemoAPI
+    ) -> Measurement:
+        return measure(
+            name,
+            argv,
+            log,
+            env,
+            server=api,
+            timeout_s=float(self.args.timeout),
+            memory_cap=int(self.args.memory_cap_gib * 2**30),
+        )
+
+    # -- a whole size -------------------------------------------------------------------------
+
+    def run_size(self, size: int, steps: list[str]) -> tuple[Expected, dict[str, list[StepResult]]]:
+        where_size = self.work / f"size-{size}"
+        token = secrets.token_hex(24)
+        self.token_values.append(token)
+        results: dict[str, list[StepResult]] = {s: [] for s in steps}
+        print(f"\n== {size:,} transactions: starting the demo API", flush=True)
+        with DemoAPI(size, token, where_size / "demo_api.log", seed=self.args.seed) as api:
+            expected = expected_counts(api)
+            print(
+                f"   server holds {expected.transactions:,} transactions, {expected.events:,} "
+                f"events, {expected.event_groups:,} event groups",
+                flush=True,
+            )
+            try:
+                for run in range(1, self.args.runs + 1):
+                    where = where_size / f"run-{run}"
+                    for step in steps:
+                        if step == "dlt_default" and size > self.args.dlt_default_max:
+                            continue
+                        print(f"   run {run}: {step} ...", end=" ", flush=True)
+                        r = self._one(step, api, expected, where)
+                        results[step].append(r)
+                        print(_progress_line(r), flush=True)
+            except (KeyboardInterrupt, Interrupted):
+                self._interrupted()
+        return expected, results
+
+    def _interrupted(self) -> None:
+        self.interrupted = True
+        print("\ninterrupted: stopping the running command and the demo API", file=sys.stderr)
+
+    def _one(self, step: str, api: DemoAPI, expected: Expected, where: Path) -> StepResult:
+        if step == "floor":
+            return self.floor(api, expected, where)
+        if step == "project_raw":
+            return self.project(
+                api, expected, where, "project_raw", RAW_SELECTION, "project raw (3 raw assets)"
+            )
+        if step == "project_all":
+            return self.project(
+                api, expected, where, "project_all", "*", "project all (`--select '*'`)"
+            )
+        if step == "dlt_fast":
+            return self.dlt(api, expected, where, "fast")
+        if step == "dlt_default":
+            return self.dlt(api, expected, where, "default")
+        raise ValueError(step)
+
+    # -- the latency scenario -----------------------------------------------------------------
+
+    def run_latency(self) -> tuple[Expected, list[StepResult]]:
+        size = self.args.latency_size
+        where = self.work / f"latency-{size}"
+        token = secrets.token_hex(24)
+        self.token_values.append(token)
+        out: list[StepResult] = []
+        print(
+            f"\n== latency: {size:,} transactions, {self.args.latency_ms:g} ms per response",
+            flush=True,
+        )
+        with DemoAPI(
+            size,
+            token,
+            where / "demo_api.log",
+            latency_ms=self.args.latency_ms,
+            seed=self.args.seed,
+        ) as api:
+            expected = expected_counts(api)
+            try:
+                for run in range(1, self.args.runs + 1):
+                    self._latency_run(api, expected, where / f"run-{run}", run, out)
+            except (KeyboardInterrupt, Interrupted):
+                self._interrupted()
+        return expected, out
+
+    def _latency_run(
+        self, api: DemoAPI, expected: Expected, where: Path, run: int, out: list[StepResult]
+    ) -> None:
+        for concurrency in (1, 8):
+            name = f"project_raw_c{concurrency}"
+            print(f"   run {run}: {name} ...", end=" ", flush=True)
+            r = self.project(
+                api,
+                expected,
+                where,
+                name,
+                RAW_SELECTION,
+                f"project raw, concurrency {concurrency}",
+                FIELDSALES_CONCURRENCY=str(concurrency),
+            )
+            out.append(r)
+            print(_progress_line(r), flush=True)
+        for concurrency in (1, 8):
+            print(f"   run {run}: floor_c{concurrency} ...", end=" ", flush=True)
+            r = self.floor(api, expected, where / f"c{concurrency}", concurrency)
+            r.step = f"floor_c{concurrency}"
+            r.label = f"floor, concurrency {concurrency}"
+            out.append(r)
+            print(_progress_line(r), flush=True)
+
+
+# --- parsing what the commands left behind -----------------------------------------------------
+
+
+def _dagster_steps(log_path: Path) -> tuple[list[tuple[str, float]], float | None]:
+    """Seconds per Dagster step, and the epoch of RUN_START, from a ``dagster`` CLI log."""
+    steps: list[tuple[str, float]] = []
+    run_start = None
+    try:
+        text = log_path.read_text("utf-8", "replace")
+    except OSError:
+        return steps, None
+    for line in text.splitlines():
+        if run_start is None and (match := LOG_TIME.match(line)):
+            run_start = datetime.strptime(match.group(1), "%Y-%m-%d %H:%M:%S %z").timestamp()
+        if match := STEP_LINE.search(line):
+            value = float(match.group(2))
+            unit = match.group(3)
+            seconds = value / 1000 if unit == "ms" else value * 60 if unit == "m" else value
+            steps.append((match.group(1), seconds))
+    return steps, run_start
+
+
+def _dlt_stages(stdout: str) -> dict[str, float]:
+    """Seconds of dlt's extract, normalize and load, from ``dlt_load.py``'s result line."""
+    for line in reversed(stdout.strip().splitlines()):
+        if line.startswith("{"):
+            try:
+                return dict(json.loads(line).get("stage_seconds") or {})
+            except ValueError:
+                return {}
+    return {}
+
+
+def _core_table_count(database: Path) -> int | None:
+    try:
+        with duckdb.connect(str(database), read_only=True) as conn:
+            return conn.execute(
+                "SELECT count(*) FROM information_schema.tables WHERE table_schema = 'core'"
+            ).fetchone()[0]
+    except duckdb.Error:
+        return None
+
+
+def _dlt_child_tables(database: Path) -> int | None:
+    try:
+        with duckdb.connect(str(database), read_only=True) as conn:
+            return conn.execute(
+                "SELECT count(*) FROM information_schema.tables WHERE table_schema = 'fieldsales' "
+                "AND table_name LIKE '%\\_\\_%' ESCAPE '\\'"
+            ).fetchone()[0]
+    except duckdb.Error:
+        return None
+
+
+# --- reporting ---------------------------------------------------------------------------------
+
+
+def _progress_line(r: StepResult) -> str:
+    if not r.ok:
+        return f"FAILED ({_why(r)})"
+    exact = {True: "exact", False: "NOT EXACT", None: "?"}[r.exact]
+    return (
+        f"{r.m.wall_s:.2f} s, peak RSS {fmt_bytes(r.m.peak_rss)} "
+        f"(PSS {fmt_bytes(r.m.peak_pss)}), {exact}"
+    )
+
+
+def _why(r: StepResult) -> str:
+    if r.m.over_memory:
+        return f"stopped at the memory cap, PSS {fmt_bytes(r.m.peak_pss)}"
+    if r.m.timed_out:
+        return "timed out"
+    return f"exit {r.m.returncode}"
+
+
+def _median(values: list[float]) -> float:
+    values = [v for v in values if v == v]
+    return statistics.median(values) if values else float("nan")
+
+
+def _wall(results: list[StepResult]) -> float:
+    """Median wall seconds over the successful runs (nan when none succeeded)."""
+    return _median([r.m.wall_s for r in results if r.ok])
+
+
+def _fmt_s(seconds: float) -> str:
+    return "–" if seconds != seconds else f"{seconds:,.2f}"
+
+
+def _row(results: list[StepResult], scrub) -> str:
+    first = results[0]
+    ok = [r for r in results if r.ok]
+    failed = [r for r in results if not r.ok]
+    if not ok:
+        r = failed[0]
+        why = _why(r)
+        dashes = " – |" * 6
+        return f"| {first.label} | FAILED ({why}) |{dashes} log: `{r.m.log_path}` |"
+    walls = [r.m.wall_s for r in ok]
+    wall = statistics.median(walls)
+    wall_txt = _fmt_s(wall) + (f" ({', '.join(f'{w:.2f}' for w in walls)})" if len(ok) > 1 else "")
+    rows_s = _median([r.rows_per_s for r in ok])
+    rss = max(r.m.peak_rss for r in ok)
+    pss = max(r.m.peak_pss for r in ok)
+    cpu = _median([r.m.cpu_s for r in ok])
+    server_cpu = _median([r.m.server_cpu_s for r in ok])
+    exact_values = {r.exact for r in ok}
+    exact = "yes" if exact_values == {True} else "NO" if False in exact_values else "?"
+    notes = [r.note for r in ok if r.note][:1]
+    extra = ok[0].m.extra
+    if "startup_s" in extra:
+        notes.append(f"start-up to RUN_START ≈ {extra['startup_s']:.0f} s")
+    if extra.get("core_tables") is not None:
+        notes.append(f"{extra['core_tables']} core tables")
+    if extra.get("dlt_stages"):
+        notes.append(", ".join(f"{k} {v:.1f} s" for k, v in extra["dlt_stages"].items()))
+    if extra.get("child_tables") is not None:
+        notes.append(f"{extra['child_tables']} child tables")
+    if failed:
+        notes.append(f"{len(failed)} run(s) failed, e.g. log `{failed[0].m.log_path}`")
+    rows_txt = "–" if rows_s != rows_s else f"{rows_s:,.0f}"
+    return (
+        f"| {first.label} | {wall_txt} | {rows_txt} | {fmt_bytes(rss)} | {fmt_bytes(pss)} | "
+        f"{_fmt_s(cpu)} | "
+        f"{_fmt_s(server_cpu)} | {exact} | {scrub('; '.join(notes))} |"
+    )
+
+
+TABLE_HEAD = (
+    "| step | wall s | rows/s | peak RSS (tree) | peak PSS (tree) | client CPU s | server CPU s "
+    "| exact rows | notes |\n"
+    "|---|---:|---:|---:|---:|---:|---:|:---:|---|"
+)
+
+
+def _steps_time(results: list[StepResult] | None) -> float:
+    """Median over runs of the seconds spent inside Dagster steps."""
+    return _median([sum(t for _, t in r.dagster_steps) for r in results or [] if r.ok])
+
+
+def _ratio(a: list[StepResult] | None, b: list[StepResult] | None) -> str:
+    if not a or not b:
+        return "–"
+    wa, wb = _wall(a), _wall(b)
+    if wa != wa or wb != wb or wb == 0:
+        return "–"
+    return f"{wa / wb:.2f}×"
+
+
+def size_section(
+    size: int,
+    expected: Expected,
+    results: dict[str, list[StepResult]],
+    scrub,
+    dlt_default_max: int,
+) -> str:
+    lines = [
+        f"## {size:,} transactions",
+        "",
+        f"Server: {expected.transactions:,} transactions, {expected.events:,} events, "
+        f"{expected.event_groups:,} event groups = {expected.rows:,} rows.",
+        "",
+        TABLE_HEAD,
+    ]
+    for step in STEPS:
+        if step not in results:
+            continue
+        if results[step]:
+            lines.append(_row(results[step], scrub))
+        elif step == "dlt_default" and size > dlt_default_max:
+            lines.append(
+                f"| dlt default (nested child tables) | skipped (> {dlt_default_max:,} "
+                "transactions) | – | – | – | – | – | – | needs more memory than the machine has |"
+            )
+    get = results.get
+    lines += [
+        "",
+        "| ratio (wall time) | value |",
+        "|---|---:|",
+        f"| project raw / floor | {_ratio(get('project_raw'), get('floor'))} |",
+        f"| project all / floor | {_ratio(get('project_all'), get('floor'))} |",
+        f"| dlt fast / project all | {_ratio(get('dlt_fast'), get('project_all'))} |",
+        f"| dlt default / project all | {_ratio(get('dlt_default'), get('project_all'))} |",
+    ]
+    steps_lines = _dagster_breakdown(results)
+    if steps_lines:
+        lines += ["", *steps_lines]
+    return "\n".join(lines)
+
+
+def _dagster_breakdown(results: dict[str, list[StepResult]]) -> list[str]:
+    """The Dagster steps of the first successful project runs, slowest first."""
+    out: list[str] = []
+    for step in ("project_raw", "project_all"):
+        ok = [r for r in results.get(step, []) if r.ok and r.dagster_steps]
+        if not ok:
+            continue
+        r = ok[0]
+        top = sorted(r.dagster_steps, key=lambda s: -s[1])
+        total = sum(s for _, s in r.dagster_steps)
+        shown = ", ".join(f"`{name}` {s:.2f} s" for name, s in top[:8])
+        out.append(
+            f"Dagster steps of {r.label} (run 1): {len(top)} steps, {total:.1f} s in steps of "
+            f"{r.m.wall_s:.1f} s wall; slowest: {shown}."
+        )
+        out.append("")
+    return out[:-1] if out else out
+
+
+def latency_section(expected: Expected, results: list[StepResult], scrub, latency_ms: float):
+    by_step: dict[str, list[StepResult]] = {}
+    for r in results:
+        by_step.setdefault(r.step, []).append(r)
+    lines = [
+        f"## Latency: {expected.transactions:,} transactions, {latency_ms:g} ms added per response",
+        "",
+        f"Server: {expected.rows:,} rows; project raw load at `FIELDSALES_CONCURRENCY` 1 vs 8 "
+        "(and the floor at 1 vs 8 for reference).",
+        "",
+        TABLE_HEAD,
+    ]
+    for step in ("project_raw_c1", "project_raw_c8", "floor_c1", "floor_c8"):
+        if by_step.get(step):
+            lines.append(_row(by_step[step], scrub))
+    c1, c8 = _steps_time(by_step.get("project_raw_c1")), _steps_time(by_step.get("project_raw_c8"))
+    in_steps = f"{c1 / c8:.2f}×" if c1 == c1 and c8 == c8 and c8 > 0 else "–"
+    lines += [
+        "",
+        f"Speed-up of concurrency 8 over 1 (wall time): project raw "
+        f"{_ratio(by_step.get('project_raw_c1'), by_step.get('project_raw_c8'))}, floor "
+        f"{_ratio(by_step.get('floor_c1'), by_step.get('floor_c8'))}. On the time inside the "
+        f"three raw Dagster steps only (start-up excluded): {_fmt_s(c1)} s vs {_fmt_s(c8)} s, "
+        f"{in_steps}.",
+    ]
+    return "\n".join(lines)
+
+
+def _version(package: str) -> str:
+    try:
+        return version(package)
+    except PackageNotFoundError:
+        return "not installed"
+
+
+def _git_revision() -> str:
+    try:
+        rev = subprocess.run(
+            ["git", "-C", str(ROOT), "rev-parse", "--short", "HEAD"],
+            capture_output=True,
+            text=True,
+            timeout=10,
+        ).stdout.strip()
+        dirty = subprocess.run(
+            ["git", "-C", str(ROOT), "status", "--porcelain", "--untracked-files=no"],
+            capture_output=True,
+            text=True,
+            timeout=10,
+        ).stdout.strip()
+    except (OSError, subprocess.SubprocessError):
+        return "unknown"
+    return (rev or "unknown") + (" (uncommitted changes)" if dirty else "")
+
+
+def header(started: datetime, work: Path) -> str:
+    mem = psutil.virtual_memory().total
+    cmd = " ".join(shlex.quote(a) for a in ["python", "-m", "benchmarks.run", *sys.argv[1:]])
+    return "\n".join(
+        [
+            f"# fieldsales_dagster benchmark, {started:%Y-%m-%d %H:%M} UTC",
+            "",
+            f"- command: `{cmd}`",
+            f"- machine: {os.cpu_count()} cores, {mem / 2**30:.1f} GiB memory, "
+            f"{platform.system()} {platform.release()} {platform.machine()}",
+            f"- Python {platform.python_version()}, duckdb {_version('duckdb')}, dagster "
+            f"{_version('dagster')}, dlt {_version('dlt')}, requests {_version('requests')}",
+            f"- project revision: {_git_revision()}",
+            f"- page size {PAGE_SIZE}, concurrency 8 (project defaults; the floor copies them); "
+            "demo API in its own process on 127.0.0.1",
+            f"- logs: `{work}`",
+        ]
+    )
+
+
+# --- main ----------------------------------------------------------------------------------------
+
+
+def _parse_args(argv: list[str] | None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(
+        prog="python -m benchmarks.run", description=__doc__.split("\n\n")[0]
+    )
+    p.add_argument("--sizes", default="100000,1000000", help="transactions per size, comma list")
+    p.add_argument("--runs", type=int, default=1, help="repetitions of every step (median shown)")
+    p.add_argument(
+        "--only",
+        default="floor,project,dlt_fast,dlt_default,latency",
+        help=f"steps to run, comma list of {', '.join(ONLY_CHOICES)} (project = raw + all)",
+    )
+    p.add_argument("--latency-size", type=int, default=20_000)
+    p.add_argument("--latency-ms", type=float, default=50.0)
+    p.add_argument(
+        "--dlt-default-max",
+        type=int,
+        default=100_000,
+        help="skip dlt default above this many transactions (memory)",
+    )
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--timeout", type=float, default=3 * 3600, help="seconds per measured command")
+    p.add_argument(
+        "--memory-cap-gib",
+        type=float,
+        default=round(psutil.virtual_memory().available * 0.8 / 2**30, 1),
+        help="stop a command whose process tree's PSS passes this many GiB, before the machine "
+        "runs out (default: 80%% of the memory available when the benchmark starts)",
+    )
+    p.add_argument("--keep-databases", action="store_true", help="keep the DuckDB files")
+    p.add_argument("--results-dir", type=Path, default=RESULTS_DIR)
+    p.add_argument("--work-dir", type=Path, default=None, help="default benchmarks/work/<UTC ts>")
+    args = p.parse_args(argv)
+    try:
+        args.sizes = [int(s.replace("_", "")) for s in args.sizes.split(",") if s.strip()]
+    except ValueError:
+        p.error("--sizes takes whole numbers, e.g. 100000,1000000")
+    only = {s.strip() for s in args.only.split(",") if s.strip()}
+    unknown = only - set(ONLY_CHOICES)
+    if unknown:
+        p.error(f"unknown --only value(s) {', '.join(sorted(unknown))}; known: {ONLY_CHOICES}")
+    if "project" in only:
+        only |= {"project_raw", "project_all"}
+    args.steps = [s for s in STEPS if s in only]
+    args.latency = "latency" in only
+    if args.runs < 1:
+        p.error("--runs must be >= 1")
+    return args
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = _parse_args(argv)
+    started = datetime.now(UTC)
+    stamp = f"{started:%Y%m%dT%H%M%SZ}"
+    work = (args.work_dir or WORK_DIR / stamp).resolve()
+    work.mkdir(parents=True, exist_ok=True)
+    bench = Bench(args, work)
+    signal.signal(signal.SIGTERM, _on_sigterm)
+
+    head = header(started, work)
+    sections: list[tuple[str, str]] = []  # (file suffix, markdown)
+    try:
+        if args.steps:
+            for size in args.sizes:
+                try:
+                    expected, results = bench.run_size(size, args.steps)
+                except BenchmarkError as exc:
+                    print(f"   FAILED: {exc}", file=sys.stderr)
+                    sections.append((str(size), f"## {size:,} transactions\n\nFAILED: {exc}"))
+                    continue
+                section = size_section(size, expected, results, bench.scrub, args.dlt_default_max)
+                sections.append((str(size), section))
+                if bench.interrupted:
+                    break
+        if args.latency and not bench.interrupted:
+            suffix = f"latency-{args.latency_size}"
+            try:
+                expected, results = bench.run_latency()
+                section = latency_section(expected, results, bench.scrub, args.latency_ms)
+            except BenchmarkError as exc:
+                print(f"   FAILED: {exc}", file=sys.stderr)
+                section = f"## Latency\n\nFAILED: {exc}"
+            sections.append((suffix, section))
+    except (KeyboardInterrupt, Interrupted):
+        bench._interrupted()
+    if bench.interrupted:
+        head += "\n- **interrupted**: the steps after the interruption are missing"
+        if not sections:
+            return 130
+
+    args.results_dir.mkdir(parents=True, exist_ok=True)
+    report = bench.scrub("\n\n".join([head, *(md for _, md in sections)]) + "\n")
+    for suffix, md in sections:
+        path = args.results_dir / f"{stamp}-{suffix}.md"
+        path.write_text(bench.scrub(f"{head}\n\n{md}\n"))
+    (args.results_dir / "latest.md").write_text(report)
+    print()
+    print(report)
+    print(f"written: {args.results_dir / 'latest.md'} and {len(sections)} file(s) {stamp}-*.md")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
