@@ -1,3 +1,201 @@
-"""Core tables derived in DuckDB from the raw tables (placeholder)."""
+"""Core tables: typed, decoded tables built in DuckDB from the raw API items.
 
-core_assets: list = []
+Each core table is one query in ``sql/<schema>_<table>.sql``. An asset runs its query into a
+staging table, swaps it in for the previous table (a failed query leaves the previous table in
+place), and reports the table's schema, row count and a few rows.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from importlib import resources
+
+import dagster as dg
+import duckdb
+
+from fieldsales_dagster.warehouse import (
+    FieldSalesWarehouse,
+    qualified,
+    quote_ident,
+    replace_table,
+)
+
+RAW_EVENTS = "raw_events"
+RAW_TRANSACTIONS = "raw_transactions"
+
+PREVIEW_ROWS = 5
+PREVIEW_CELL_CHARS = 40
+
+
+@dataclass(frozen=True)
+class CoreTable:
+    """One core table: where its query lives and which assets it reads."""
+
+    table: str
+    #: Columns that identify a row; checked for uniqueness by ``checks.py``.
+    key: tuple[str, ...]
+    description: str
+    deps: tuple[str, ...]
+
+    @property
+    def asset_name(self) -> str:
+        return self.table.replace(".", "_")
+
+    @property
+    def query_file(self) -> str:
+        return f"{self.asset_name}.sql"
+
+
+CORE_TABLES: tuple[CoreTable, ...] = (
+    CoreTable(
+        "core.transactions",
+        ("transaction_id",),
+        "One row per transaction: product, price, quantity, total value (price * qty), sale and "
+        "creation times in UTC, invoice, credit and export state, and the custom report "
+        "configuration id.",
+        (RAW_TRANSACTIONS,),
+    ),
+    CoreTable(
+        "core.events",
+        ("event_id",),
+        "One row per event: project, point of sale, area, current state, planned start (earliest "
+        "times[].start) and stop (latest times[].stop) in UTC, and the assigned user ids.",
+        (RAW_EVENTS,),
+    ),
+    CoreTable(
+        "core.projects",
+        ("project_id",),
+        "One row per project id, from the project objects embedded in events (the copy in the "
+        "event with the latest planned start).",
+        (RAW_EVENTS, "core_events"),
+    ),
+    CoreTable(
+        "core.areas",
+        ("area_id",),
+        "One row per area id, from pointOfSaleProjectStructure.area embedded in events (the copy "
+        "in the event with the latest planned start).",
+        (RAW_EVENTS, "core_events"),
+    ),
+    CoreTable(
+        "core.users",
+        ("user_id",),
+        "One row per user id, from the users assigned to events (eventUser; the copy in the "
+        "event with the latest planned start).",
+        (RAW_EVENTS, "core_events"),
+    ),
+    CoreTable(
+        "core.dim_point_of_sale",
+        ("pos_id",),
+        "One row per point of sale: address, coordinates ([longitude, latitude]), location "
+        "groups and places-directory data, from the copy embedded in the event with the latest "
+        "planned start.",
+        (RAW_EVENTS, "core_events"),
+    ),
+    CoreTable(
+        "core.event_status_history",
+        ("event_id", "seq"),
+        "One row per event status change (eventStateHistory), numbered 1, 2, ... in date order "
+        "within each event.",
+        (RAW_EVENTS,),
+    ),
+    CoreTable(
+        "core.custom_report_fields",
+        ("config_id", "field_id"),
+        "One row per (custom report configuration, field), from the configurations embedded in "
+        "transactions: field type and, for sliders, minimum, maximum and step.",
+        (RAW_TRANSACTIONS, "core_transactions"),
+    ),
+    CoreTable(
+        "core.custom_report_results",
+        ("source", "report_id", "field_id"),
+        "One row per submitted custom report value, from transactions and events, resolved "
+        "against its field definition and typed by field type (number, text, file reference), "
+        "with slider range and step validity.",
+        (RAW_TRANSACTIONS, RAW_EVENTS, "core_custom_report_fields"),
+    ),
+)
+
+
+def core_query(table: CoreTable) -> str:
+    """The SQL that builds ``table``, as shipped in the package."""
+    return (resources.files("fieldsales_dagster") / "sql" / table.query_file).read_text("utf-8")
+
+
+def build_table(conn: duckdb.DuckDBPyConnection, target: str, query: str) -> None:
+    """Run ``query`` into a staging table and swap it in for ``target``.
+
+    If the query fails, ``target`` keeps its previous contents; the error names the table.
+    """
+    schema, _, name = target.partition(".")
+    staged = f"{schema}.{name}__staging"
+    conn.execute(f"CREATE SCHEMA IF NOT EXISTS {quote_ident(schema)}")
+    try:
+        conn.execute(f"CREATE OR REPLACE TABLE {qualified(staged)} AS\n{query}")
+    except duckdb.Error as exc:
+        conn.execute(f"DROP TABLE IF EXISTS {qualified(staged)}")
+        raise RuntimeError(
+            f"Building {target} failed; the previous {target} is left as it was. DuckDB: {exc}"
+        ) from exc
+    replace_table(conn, staged, target)
+
+
+def table_schema(conn: duckdb.DuckDBPyConnection, table: str) -> dg.TableSchema:
+    schema, _, name = table.partition(".")
+    columns = conn.execute(
+        "SELECT column_name, data_type FROM information_schema.columns "
+        "WHERE table_schema = ? AND table_name = ? ORDER BY ordinal_position",
+        [schema, name],
+    ).fetchall()
+    return dg.TableSchema(columns=[dg.TableColumn(name=c, type=t) for c, t in columns])
+
+
+def markdown_preview(conn: duckdb.DuckDBPyConnection, table: str) -> str:
+    """The first rows of ``table`` as a markdown table, long cells shortened."""
+    relation = conn.execute(f"SELECT * FROM {qualified(table)} LIMIT {PREVIEW_ROWS}")
+    header = [column[0] for column in relation.description]
+    rows = relation.fetchall()
+
+    def cell(value: object) -> str:
+        text = "" if value is None else str(value)
+        if len(text) > PREVIEW_CELL_CHARS:
+            text = text[: PREVIEW_CELL_CHARS - 1] + "…"
+        return text.replace("|", "\\|").replace("\n", " ")
+
+    lines = ["| " + " | ".join(header) + " |", "|" + " --- |" * len(header)]
+    lines += ["| " + " | ".join(cell(v) for v in row) + " |" for row in rows]
+    return "\n".join(lines)
+
+
+def materialize_core_table(
+    warehouse: FieldSalesWarehouse, table: CoreTable
+) -> dg.MaterializeResult:
+    with warehouse.get_connection() as conn:
+        build_table(conn, table.table, core_query(table))
+        (row_count,) = conn.execute(f"SELECT count(*) FROM {qualified(table.table)}").fetchone()
+        return dg.MaterializeResult(
+            metadata={
+                "dagster/column_schema": table_schema(conn, table.table),
+                "dagster/row_count": int(row_count),
+                "dagster/table_name": table.table,
+                "preview": dg.MetadataValue.md(markdown_preview(conn, table.table)),
+            }
+        )
+
+
+def core_table_asset(table: CoreTable) -> dg.AssetsDefinition:
+    @dg.asset(
+        name=table.asset_name,
+        description=table.description,
+        group_name="core",
+        kinds={"duckdb"},
+        pool="fieldsales_duckdb",
+        deps=list(table.deps),
+        automation_condition=dg.AutomationCondition.eager(),
+    )
+    def _core_table(warehouse: FieldSalesWarehouse) -> dg.MaterializeResult:
+        return materialize_core_table(warehouse, table)
+
+    return _core_table
+
+
+core_assets: list = [core_table_asset(table) for table in CORE_TABLES]

@@ -1,0 +1,189 @@
+-- core.custom_report_results: one row per submitted custom-report value, from transactions
+-- (_customReport.reportResults) and from events (customReportResult[].reportResults).
+--
+-- Resolution (which field definition a value belongs to), against core.custom_report_fields:
+--   * a transaction's value is resolved against its own configuration: the configuration its
+--     payload names (_customReport._customReportConfig, else the embedded configuration's _id),
+--     matched by (config_id, field_id). A field id shared by several configurations therefore
+--     resolves to the definition in the transaction's configuration, not to another one.
+--     (core.custom_report_fields holds the most recent copy of each configuration; resolving
+--     against each payload's embedded snapshot instead would parse every ~4 KB configuration
+--     again and triple the cost of this table.)
+--   * an event's value carries no configuration; it is resolved by field id alone. Where several
+--     configurations define the field id, the newest configuration wins: the one most recently
+--     used by a transaction (config_last_used_at), then the greatest config_id, so the choice is
+--     deterministic;
+--   * where a result has no fieldId, its map key is the field id.
+-- A value whose field is not found, or whose field type is not known, is kept with value_raw only.
+--
+-- Typing by the matched field type (compared case-insensitively):
+--   Slider, number     -> value_number (numbers, and numeric strings such as "12.5")
+--   text, textarea     -> value_text   (the text as received: "0042" stays "0042")
+--   upload             -> file_ref     (the file reference id)
+-- value_raw is the value as text: a JSON string without its quotes, anything else as JSON text.
+-- Slider values also get in_range (minimum..maximum) and on_step (a whole number of steps from
+-- minimum, or from 0 without a minimum). on_step allows a rounding error of 1e-9 of a step, so
+-- 0.3 is on a 0.1 grid although 0.3 / 0.1 = 2.9999999999999996 in binary floating point.
+WITH transaction_reports AS (
+    SELECT
+        t.id AS transaction_id,
+        t.event_id AS raw_event_id,
+        -- One parse per payload; the values are read as text (json_transform keeps a string's
+        -- characters, so "00123" stays "00123", and writes any other value as JSON text).
+        json_transform(t.payload, '{
+            "eventId": "VARCHAR",
+            "_customReport": {
+                "_customReportConfig": "VARCHAR",
+                "reportResults": "MAP(VARCHAR, STRUCT(value VARCHAR, name VARCHAR, fieldId VARCHAR))",
+                "_configcreatedTime": {"_id": "VARCHAR"},
+                "_customReport": {
+                    "_customReportConfig": "VARCHAR",
+                    "reportResults": "MAP(VARCHAR, STRUCT(value VARCHAR, name VARCHAR, fieldId VARCHAR))",
+                    "_configcreatedTime": {"_id": "VARCHAR"}
+                }
+            }
+        }') AS p
+    FROM raw.transactions AS t
+),
+
+transaction_results AS (
+    SELECT
+        transaction_id,
+        coalesce(p.eventId, raw_event_id) AS event_id,
+        coalesce(
+            p._customReport._customReportConfig,
+            p._customReport._customReport._customReportConfig,
+            p._customReport._configcreatedTime._id,
+            p._customReport._customReport._configcreatedTime._id
+        ) AS config_id,
+        -- reportResults is documented at _customReport; the nested shape is accepted too.
+        unnest(map_entries(coalesce(
+            p._customReport.reportResults, p._customReport._customReport.reportResults
+        ))) AS result
+    FROM transaction_reports
+),
+
+transaction_resolved AS (
+    SELECT
+        'transaction' AS source,
+        results.transaction_id AS report_id,
+        results.transaction_id,
+        results.event_id,
+        results.config_id,
+        coalesce(results.result.value.fieldId, results.result.key) AS field_id,
+        results.result.value.name AS result_name,
+        results.result.value.value AS value_raw,
+        fields.field_name,
+        fields.field_type,
+        fields.slider_min,
+        fields.slider_max,
+        fields.slider_step
+    FROM transaction_results AS results
+    LEFT JOIN core.custom_report_fields AS fields
+        ON fields.config_id = results.config_id
+        AND fields.field_id = coalesce(results.result.value.fieldId, results.result.key)
+),
+
+event_reports AS (
+    SELECT
+        e.id AS event_id,
+        unnest(json_transform(e.payload, '{
+            "customReportResult": [{
+                "_id": "VARCHAR",
+                "_event": "VARCHAR",
+                "reportResults": "MAP(VARCHAR, STRUCT(value VARCHAR, name VARCHAR, fieldId VARCHAR))"
+            }]
+        }').customReportResult) AS report
+    FROM raw.events AS e
+),
+
+event_results AS (
+    SELECT
+        coalesce(report._event, event_id) AS event_id,
+        report._id AS report_id,
+        unnest(map_entries(report.reportResults)) AS result
+    FROM event_reports
+),
+
+newest_field_definitions AS (
+    SELECT *
+    FROM core.custom_report_fields
+    QUALIFY row_number() OVER (
+        PARTITION BY field_id ORDER BY config_last_used_at DESC NULLS LAST, config_id DESC
+    ) = 1
+),
+
+event_resolved AS (
+    SELECT
+        'event' AS source,
+        results.report_id,
+        NULL::VARCHAR AS transaction_id,
+        results.event_id,
+        fields.config_id,
+        coalesce(results.result.value.fieldId, results.result.key) AS field_id,
+        results.result.value.name AS result_name,
+        results.result.value.value AS value_raw,
+        fields.field_name,
+        fields.field_type,
+        fields.slider_min,
+        fields.slider_max,
+        fields.slider_step
+    FROM event_results AS results
+    LEFT JOIN newest_field_definitions AS fields
+        ON fields.field_id = coalesce(results.result.value.fieldId, results.result.key)
+),
+
+typed AS (
+    SELECT
+        *,
+        CASE
+            WHEN lower(field_type) IN ('slider', 'number') THEN 'number'
+            WHEN lower(field_type) IN ('text', 'textarea') THEN 'text'
+            WHEN lower(field_type) = 'upload' THEN 'upload'
+        END AS value_kind,
+        CASE
+            WHEN lower(field_type) IN ('slider', 'number') THEN TRY_CAST(value_raw AS DOUBLE)
+        END AS parsed_number
+    FROM (
+        SELECT * FROM transaction_resolved
+        UNION ALL
+        SELECT * FROM event_resolved
+    )
+),
+
+stepped AS (
+    SELECT
+        *,
+        CASE WHEN isfinite(parsed_number) THEN parsed_number END AS value_number,
+        -- Slider values as a count of steps from the minimum (from 0 without a minimum).
+        (parsed_number - coalesce(slider_min, 0)) / nullif(slider_step, 0) AS steps
+    FROM typed
+)
+
+SELECT
+    source,
+    report_id,
+    transaction_id,
+    event_id,
+    config_id,
+    field_id,
+    coalesce(field_name, result_name) AS field_name,
+    field_type,
+    value_raw,
+    value_number,
+    CASE WHEN value_kind = 'text' THEN value_raw END AS value_text,
+    CASE WHEN value_kind = 'upload' THEN value_raw END AS file_ref,
+    CASE
+        WHEN lower(field_type) = 'slider' AND value_number IS NOT NULL
+            THEN (slider_min IS NULL OR value_number >= slider_min)
+                AND (slider_max IS NULL OR value_number <= slider_max)
+    END AS in_range,
+    CASE
+        WHEN lower(field_type) = 'slider' AND value_number IS NOT NULL AND slider_step > 0
+            THEN abs(steps - round(steps)) <= 1e-9 * greatest(1.0, abs(steps))
+    END AS on_step,
+    slider_min,
+    slider_max,
+    slider_step,
+    value_kind
+FROM stepped

@@ -1,0 +1,38 @@
+-- core.event_status_history: one row per eventStateHistory entry.
+--
+-- seq numbers the entries 1, 2, ... in date order within the event, whatever order the array has;
+-- entries with the same date (or none) keep their array order, so seq is deterministic.
+-- An empty stateOld (the first transition) becomes NULL.
+WITH entries AS (
+    SELECT
+        e.id AS event_id,
+        unnest(
+            list_transform(
+                json_transform(e.payload, '{
+                    "eventStateHistory": [{
+                        "_id": "VARCHAR",
+                        "stateOld": "VARCHAR",
+                        "stateNew": "VARCHAR",
+                        "date": "TIMESTAMPTZ",
+                        "user": "VARCHAR",
+                        "historyType": "VARCHAR"
+                    }]
+                }').eventStateHistory,
+                lambda entry, position: {'entry': entry, 'position': position}
+            )
+        ) AS item
+    FROM raw.events AS e
+)
+
+SELECT
+    event_id,
+    row_number() OVER (
+        PARTITION BY event_id ORDER BY item.entry.date NULLS LAST, item.position
+    ) AS seq,
+    item.entry._id AS history_id,
+    nullif(trim(item.entry.stateOld), '') AS state_old,
+    item.entry.stateNew AS state_new,
+    item.entry.date AT TIME ZONE 'UTC' AS changed_at,
+    item.entry.user AS user_id,
+    item.entry.historyType AS history_type
+FROM entries

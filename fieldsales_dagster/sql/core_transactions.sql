@@ -1,0 +1,73 @@
+-- core.transactions: one row per transaction, typed.
+--
+-- Each payload (~4 KB) is parsed exactly once: json_transform reads every path this table needs
+-- into one struct, and the columns below only read that struct. Parsing per column would re-read
+-- the whole payload once per column and dominate the run time.
+-- Timestamps arrive as ISO 8601 with an offset ('...Z'); they are read as TIMESTAMPTZ so that a
+-- non-UTC offset is honoured, then stored as plain UTC TIMESTAMP.
+WITH decoded AS (
+    SELECT
+        t.id AS transaction_id,
+        t.event_id AS raw_event_id,
+        t.loaded_at,
+        json_transform(t.payload, '{
+            "eventId": "VARCHAR",
+            "productId": "VARCHAR",
+            "proxyProductName": "VARCHAR",
+            "price": "DOUBLE",
+            "qty": "DOUBLE",
+            "saleTime": "TIMESTAMPTZ",
+            "created": "TIMESTAMPTZ",
+            "date": "TIMESTAMPTZ",
+            "invoice_status": "VARCHAR",
+            "invoice_id": "VARCHAR[]",
+            "prev_invoice_id": "VARCHAR",
+            "credits": "DOUBLE",
+            "item_credit_state": "BOOLEAN",
+            "exportDetails": {"processed": "BOOLEAN"},
+            "_customReport": {
+                "_customReportConfig": "VARCHAR",
+                "_configcreatedTime": {"_id": "VARCHAR"},
+                "_customReport": {
+                    "_customReportConfig": "VARCHAR",
+                    "_configcreatedTime": {"_id": "VARCHAR"}
+                }
+            }
+        }') AS p
+    FROM raw.transactions AS t
+)
+
+SELECT
+    transaction_id,
+    coalesce(p.eventId, raw_event_id) AS event_id,
+    p.productId AS product_id,
+    p.proxyProductName AS proxy_product_name,
+    p.price AS price,
+    p.qty AS qty,
+    p.price * p.qty AS total_value,
+    p.saleTime AT TIME ZONE 'UTC' AS sale_time,
+    p.created AT TIME ZONE 'UTC' AS created,
+    p.date AT TIME ZONE 'UTC' AS date,
+    p.invoice_status AS invoice_status,
+    p.invoice_id AS invoice_ids,
+    p.prev_invoice_id AS prev_invoice_id,
+    p.credits AS credits,
+    p.item_credit_state AS item_credit_state,
+    p.exportDetails.processed AS export_processed,
+    -- The configuration sits at _customReport or one level deeper, depending on the response
+    -- shape; _customReportConfig names it, and the embedded configuration's _id is the fallback.
+    coalesce(
+        p._customReport._customReportConfig,
+        p._customReport._customReport._customReportConfig,
+        p._customReport._configcreatedTime._id,
+        p._customReport._customReport._configcreatedTime._id
+    ) AS custom_report_config_id,
+    -- Whether this payload embeds its configuration (at either location): core.custom_report_fields
+    -- reads configurations only from such transactions.
+    coalesce(
+        p._customReport._configcreatedTime IS NOT NULL
+        OR p._customReport._customReport._configcreatedTime IS NOT NULL,
+        false
+    ) AS custom_report_config_embedded,
+    loaded_at
+FROM decoded

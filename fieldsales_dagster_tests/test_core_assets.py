@@ -1,0 +1,68 @@
+"""How core assets build, swap and describe their tables."""
+
+from __future__ import annotations
+
+import dagster as dg
+import duckdb
+
+from fieldsales_dagster.core_assets import CORE_TABLES, core_assets
+from fieldsales_dagster.warehouse import FieldSalesWarehouse
+from fieldsales_dagster_tests import core_payloads as p
+
+
+def test_every_core_table_has_an_asset_in_group_core_following_its_raw_parents():
+    specs = {spec.key.to_user_string(): spec for a in core_assets for spec in a.specs}
+    assert sorted(specs) == sorted(t.asset_name for t in CORE_TABLES)
+    for spec in specs.values():
+        assert spec.group_name == "core"
+        assert spec.kinds == {"duckdb"}
+        assert spec.description
+        assert spec.automation_condition == dg.AutomationCondition.eager()
+    assert all(a.op.pool == "fieldsales_duckdb" for a in core_assets)
+    results_deps = {d.asset_key.to_user_string() for d in specs["core_custom_report_results"].deps}
+    assert results_deps == {"raw_transactions", "raw_events", "core_custom_report_fields"}
+
+
+def test_materialization_reports_schema_row_count_and_preview(tmp_path):
+    database = tmp_path / "t.duckdb"
+    result = p.materialize_core(database, transactions=[p.transaction("t-1")])
+    (materialization,) = [
+        m
+        for m in result.get_asset_materialization_events()
+        if m.asset_key.path == ["core_transactions"]
+    ]
+    metadata = materialization.materialization.metadata
+    assert metadata["dagster/row_count"].value == 1
+    columns = {c.name: c.type for c in metadata["dagster/column_schema"].value.columns}
+    assert columns["invoice_ids"] == "VARCHAR[]"
+    assert columns["total_value"] == "DOUBLE"
+    assert "| transaction_id |" in metadata["preview"].value
+    assert "| t-1 |" in metadata["preview"].value
+
+
+def test_failing_query_leaves_the_previous_table_intact(tmp_path):
+    database = tmp_path / "t.duckdb"
+    p.materialize_core(database, transactions=[p.transaction("t-old")])
+    with duckdb.connect(str(database)) as conn:
+        # A raw table without its payload column makes the core query fail to bind.
+        conn.execute(
+            "CREATE OR REPLACE TABLE raw.transactions "
+            "(id VARCHAR, event_id VARCHAR, loaded_at TIMESTAMP)"
+        )
+        conn.execute("INSERT INTO raw.transactions VALUES ('t-new', 'e1', now()::TIMESTAMP)")
+
+    result = dg.materialize(
+        [*p.RAW_STAND_INS, *core_assets],
+        selection=["core_transactions"],
+        resources={"warehouse": FieldSalesWarehouse(database=str(database))},
+        raise_on_error=False,
+    )
+
+    assert not result.success
+    (failure,) = [e for e in result.all_events if e.is_step_failure]
+    assert "Building core.transactions failed" in str(failure.event_specific_data.error)
+    assert p.query(database, "SELECT transaction_id FROM core.transactions") == [("t-old",)]
+    assert p.query(
+        database,
+        "SELECT count(*) FROM information_schema.tables WHERE table_name LIKE '%staging%'",
+    ) == [(0,)]

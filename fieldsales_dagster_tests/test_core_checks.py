@@ -1,0 +1,121 @@
+"""Asset checks on the core tables fail, with the offending rows named, on bad data."""
+
+from __future__ import annotations
+
+import dagster as dg
+import pytest
+
+from fieldsales_dagster_tests import core_payloads as p
+
+SLIDER = p.field("f-slider", "Slider", minimum=0, maximum=10, step=1)
+CONFIG = p.config("cfg-1", [SLIDER])
+
+
+def evaluations(result: dg.ExecuteInProcessResult) -> dict[tuple[str, str], object]:
+    return {
+        (e.asset_key.to_user_string(), e.check_name): e
+        for e in result.get_asset_check_evaluations()
+    }
+
+
+@pytest.fixture(scope="module")
+def clean(tmp_path_factory):
+    path = tmp_path_factory.mktemp("clean") / "t.duckdb"
+    transactions = [
+        p.transaction("t-1", report_config=CONFIG, report_results=p.results(**{"f-slider": 3}))
+    ]
+    events = [p.event("e1", history=[p.history_entry("h-1", "", "Planned", p.T0)])]
+    return evaluations(
+        p.materialize_core(path, transactions=transactions, events=events, with_checks=True)
+    )
+
+
+@pytest.fixture(scope="module")
+def bad(tmp_path_factory):
+    path = tmp_path_factory.mktemp("bad") / "t.duckdb"
+    transactions = [
+        p.transaction("t-orphan", event_id="e-never-paged"),
+        p.transaction("t-high", report_config=CONFIG, report_results=p.results(**{"f-slider": 11})),
+        p.transaction(
+            "t-half", report_config=CONFIG, report_results=p.results(**{"f-slider": 2.5})
+        ),
+    ]
+    events = [
+        p.event(
+            "e1",
+            pos=p.point_of_sale("pos-swapped", location=[200.0, 95.0]),
+            report_results=[p.event_report("r-1", "e1", {"f-unknown": 1})],
+        )
+    ]
+    result = p.materialize_core(
+        path, transactions=transactions, events=events, with_checks=True, raise_on_error=False
+    )
+    return evaluations(result)
+
+
+@pytest.fixture(scope="module")
+def duplicated(tmp_path_factory):
+    path = tmp_path_factory.mktemp("duplicated") / "t.duckdb"
+    same = p.transaction("t-dup", report_config=CONFIG, report_results=p.results(**{"f-slider": 3}))
+    return p.materialize_core(
+        path,
+        transactions=[same, same],
+        events=[p.event("e1")],
+        with_checks=True,
+        raise_on_error=False,
+    )
+
+
+def test_every_check_passes_on_clean_data(clean):
+    failed = [key for key, evaluation in clean.items() if not evaluation.passed]
+    assert failed == []
+    assert len(clean) == 13
+
+
+def test_duplicate_transaction_ids_fail_the_blocking_uniqueness_check(duplicated):
+    evaluation = evaluations(duplicated)[("core_transactions", "ids_unique")]
+    assert not evaluation.passed
+    assert evaluation.severity == dg.AssetCheckSeverity.ERROR
+    assert evaluation.blocking
+    assert evaluation.metadata["duplicated_rows"].value == 2
+    assert evaluation.metadata["offending_keys"].value == "t-dup"
+
+
+def test_failed_blocking_check_keeps_downstream_tables_from_building(duplicated):
+    built = {m.asset_key.to_user_string() for m in duplicated.get_asset_materialization_events()}
+    assert "core_transactions" in built
+    assert "core_custom_report_fields" not in built
+    assert "core_events" in built
+
+
+def test_coordinates_out_of_range_fail_the_check(bad):
+    evaluation = bad[("core_dim_point_of_sale", "coordinates_in_range")]
+    assert not evaluation.passed
+    assert evaluation.severity == dg.AssetCheckSeverity.ERROR
+    assert evaluation.metadata["sample_pos_ids"].value == "pos-swapped"
+
+
+def test_transaction_of_an_unknown_event_warns(bad):
+    evaluation = bad[("core_transactions", "event_ids_known")]
+    assert not evaluation.passed
+    assert evaluation.severity == dg.AssetCheckSeverity.WARN
+    assert evaluation.metadata["transactions_with_unknown_event"].value == 1
+    assert evaluation.metadata["sample_transaction_ids"].value == "t-orphan"
+
+
+def test_slider_values_out_of_range_or_off_step_warn_with_their_ids(bad):
+    evaluation = bad[("core_custom_report_results", "slider_values_valid")]
+    assert not evaluation.passed
+    assert evaluation.severity == dg.AssetCheckSeverity.WARN
+    assert evaluation.metadata["out_of_range"].value == 1
+    assert evaluation.metadata["off_step"].value == 1
+    sample = evaluation.metadata["sample_results"].value
+    assert "t-high / f-slider = 11" in sample and "t-half / f-slider = 2.5" in sample
+
+
+def test_unresolved_results_are_counted(bad):
+    evaluation = bad[("core_custom_report_results", "field_types_resolved")]
+    assert not evaluation.passed
+    assert evaluation.severity == dg.AssetCheckSeverity.WARN
+    assert evaluation.metadata["unresolved"].value == 1
+    assert evaluation.metadata["unresolved_by_source"].value == "event: 1"
