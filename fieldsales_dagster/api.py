@@ -19,6 +19,7 @@ the loader (``raw_load.py``), which asks for another pass when they disagree.
 
 from __future__ import annotations
 
+import functools
 import ipaddress
 import threading
 import time
@@ -33,6 +34,7 @@ import dagster as dg
 import msgspec
 import requests
 import tenacity
+import urllib3
 from pydantic import Field, PrivateAttr
 
 from fieldsales_dagster.endpoints import CHECK_TOKEN_PATH, TOTAL_KEYS, ListEndpoint
@@ -151,6 +153,25 @@ def _first_byte(raw: msgspec.Raw) -> bytes:
     return bytes(raw).lstrip()[:1]
 
 
+@functools.cache
+def _documented_envelope(endpoint: ListEndpoint) -> msgspec.json.Decoder | None:
+    """A decoder of the envelope the API document shows for ``endpoint``, if it shows one."""
+    if not endpoint.items_key or not endpoint.total_key:
+        return None
+    struct = msgspec.defstruct(
+        f"{endpoint.name.title()}Page",
+        [
+            (
+                "items",
+                list[msgspec.Raw] | None,
+                msgspec.field(default=None, name=endpoint.items_key),
+            ),
+            ("total", int | None, msgspec.field(default=None, name=endpoint.total_key)),
+        ],
+    )
+    return msgspec.json.Decoder(struct)
+
+
 def split_envelope(
     body: bytes, endpoint: ListEndpoint, where: str
 ) -> tuple[list[msgspec.Raw], int | None]:
@@ -159,6 +180,16 @@ def split_envelope(
     Raises ``msgspec.DecodeError`` for a body that is not complete JSON (the caller retries it) and
     ``PageFormatError`` for complete JSON that holds no list of items.
     """
+    documented = _documented_envelope(endpoint)
+    if documented is not None:
+        # One pass for the documented shape (items and total under their documented keys);
+        # anything else takes the general path below.
+        try:
+            page = documented.decode(body)
+            if page.items is not None and page.total is not None and page.total >= 0:
+                return page.items, page.total
+        except msgspec.ValidationError:
+            pass
     try:
         doc = _ENVELOPE.decode(body)
     except msgspec.ValidationError as exc:
@@ -273,12 +304,18 @@ class FieldSalesAPI(dg.ConfigurableResource):
                 params=params,
                 headers={"Authorization": f"Bearer {token}"},
                 timeout=(self.connect_timeout_s, self.read_timeout_s),
+                stream=True,
             )
-            body = resp.content
+            # One read of the whole body: `resp.content` reads it in 10 KB chunks, which cost
+            # 2.5x the CPU on 5 MB pages. urllib3 still checks Content-Length.
+            body = resp.raw.read(decode_content=True)
         except (requests.ConnectionError, requests.Timeout) as exc:
             raise _Transient(f"{where}: {type(exc).__name__}") from None
-        except requests.exceptions.ChunkedEncodingError as exc:
+        except (requests.exceptions.ChunkedEncodingError, urllib3.exceptions.HTTPError) as exc:
             raise _Transient(f"{where}: body cut off ({type(exc).__name__})") from None
+        finally:
+            if "resp" in locals():
+                resp.close()
         status = resp.status_code
         if status in (401, 403):
             raise _AuthRefused(status, where)

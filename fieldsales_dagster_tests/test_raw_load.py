@@ -307,3 +307,61 @@ def test_pretty_printed_items_and_odd_ids_are_stored_as_received(tmp_path):
     assert ids[:2] == ["a", "42"]
     assert all(ids) and len(set(ids)) == 5  # missing or unusable ids: a content hash
     assert [row[1] for row in rows] == ["e1", None, "e2", "e3", "e4"]
+
+
+@pytest.mark.parametrize(
+    "body, expected_items, expected_total",
+    [
+        (b'{"transactions": [{"_id": "a"}], "count": 7}', 1, 7),
+        (b'{"transactions": [{"_id": "a"}], "count": "7"}', 1, 7),
+        (b'{"transactions": [{"_id": "a"}], "count": -1}', 1, None),
+        (b'{"transactions": [{"_id": "a"}], "total": 3}', 1, 3),
+        (b'{"items": [{"_id": "a"}, {"_id": "b"}], "count": 2, "debug": {"query": {}}}', 2, 2),
+        (b'[{"_id": "a"}, {"_id": "b"}]', 2, None),
+        (b'{"transactions": [], "count": 0}', 0, 0),
+    ],
+)
+def test_envelope_shapes_split_into_items_and_total(body, expected_items, expected_total):
+    from fieldsales_dagster.api import split_envelope
+
+    items, total = split_envelope(body, TRANSACTIONS, "test page")
+    assert (len(items), total) == (expected_items, expected_total)
+
+
+@pytest.mark.parametrize(
+    "body",
+    [
+        b'{"transactions": [{"_id": "a"}], "count": 1',  # cut off
+        b'{"transactions": [{"_id": "a"}, ], "count": 1}',  # malformed inside the list
+    ],
+)
+def test_incomplete_json_is_a_decode_error_for_the_retry_loop(body):
+    import msgspec
+
+    from fieldsales_dagster.api import split_envelope
+
+    with pytest.raises(msgspec.DecodeError):
+        split_envelope(body, TRANSACTIONS, "test page")
+
+
+def test_item_longer_than_the_reader_accepts_fails_loudly(tmp_path):
+    from datetime import UTC, datetime
+
+    from fieldsales_dagster.api import Page, split_envelope
+    from fieldsales_dagster.raw_load import (
+        MAX_ITEM_BYTES,
+        RawLoadError,
+        StagingWriter,
+        raw_table_ddl,
+    )
+
+    big = b'{"_id": "big", "blob": "' + b"x" * (MAX_ITEM_BYTES + 10) + b'"}'
+    body = b'{"transactions": [' + big + b'], "count": 1}'
+    items, total = split_envelope(body, TRANSACTIONS, "test page")
+    with duckdb.connect(str(tmp_path / "w.duckdb")) as conn:
+        conn.execute("CREATE SCHEMA raw")
+        conn.execute(raw_table_ddl(TRANSACTIONS, "raw.t"))
+        writer = StagingWriter(conn, TRANSACTIONS, "raw.t", datetime.now(UTC), tmp_path, 1 << 20)
+        writer.add(Page(skip=0, items=items, total=total, nbytes=len(body)))
+        with pytest.raises(RawLoadError, match=r"raw\.t"):
+            writer.finish()
