@@ -171,6 +171,10 @@ class StagingWriter:
         self._inserter.start()
 
     def _insert_spools(self, conn: duckdb.DuckDBPyConnection) -> None:
+        # One transaction for the whole pass: DuckDB then writes full row groups straight to
+        # the file. Committing each ~7k-row spool instead sends every byte through the WAL and
+        # compresses it again at checkpoint (measured 101 -> 177 MB/s).
+        conn.execute("BEGIN TRANSACTION")
         while (path := self._ready.get()) is not None:
             try:
                 if self._error is None:
@@ -180,6 +184,10 @@ class StagingWriter:
                 self._error = exc
             finally:
                 path.unlink(missing_ok=True)
+        try:
+            conn.execute("ROLLBACK" if self._error is not None else "COMMIT")
+        except BaseException as exc:
+            self._error = self._error or exc
 
     def _raise_insert_error(self) -> None:
         if self._error is not None:
