@@ -26,10 +26,10 @@ PAGE_SIZE = 1000
 DATASET = "fieldsales"
 
 
-def _paginator(total_path: str | None) -> dict:
+def _paginator(total_path: str | None, page_size: int) -> dict:
     paginator: dict = {
         "type": "offset",
-        "limit": PAGE_SIZE,
+        "limit": page_size,
         "offset_param": "skip",
         "limit_param": "limit",
         "total_path": total_path,
@@ -39,7 +39,7 @@ def _paginator(total_path: str | None) -> dict:
     return paginator
 
 
-def rest_api_config(base_url: str, token: str) -> dict:
+def rest_api_config(base_url: str, token: str, page_size: int = PAGE_SIZE) -> dict:
     return {
         "client": {
             "base_url": base_url.rstrip("/") + "/",
@@ -53,7 +53,7 @@ def rest_api_config(base_url: str, token: str) -> dict:
                 "endpoint": {
                     "path": "public/v1/api/event/all",
                     "data_selector": "$",  # a bare JSON list
-                    "paginator": _paginator(None),
+                    "paginator": _paginator(None, page_size),
                 },
             },
             {
@@ -61,7 +61,7 @@ def rest_api_config(base_url: str, token: str) -> dict:
                 "endpoint": {
                     "path": "public/v1/api/transaction/all",
                     "data_selector": "transactions",
-                    "paginator": _paginator("count"),
+                    "paginator": _paginator("count", page_size),
                 },
             },
             {
@@ -69,7 +69,7 @@ def rest_api_config(base_url: str, token: str) -> dict:
                 "endpoint": {
                     "path": "public/v1/api/eventgroup/all",
                     "data_selector": "data",
-                    "paginator": _paginator("total"),
+                    "paginator": _paginator("total", page_size),
                 },
             },
         ],
@@ -81,6 +81,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--base-url", required=True)
     parser.add_argument("--database", required=True, help="DuckDB file to write")
     parser.add_argument("--mode", choices=("fast", "default"), default="fast")
+    parser.add_argument("--page-size", type=int, default=PAGE_SIZE)
     parser.add_argument("--pipelines-dir", required=True, help="dlt's working folder")
     parser.add_argument(
         "--parallelized",
@@ -104,7 +105,7 @@ def main(argv: list[str] | None = None) -> int:
         run_kwargs["loader_file_format"] = "jsonl"
 
     started = time.perf_counter()
-    source = rest_api_source(rest_api_config(args.base_url, token), **source_kwargs)
+    source = rest_api_source(rest_api_config(args.base_url, token, args.page_size), **source_kwargs)
     pipeline = dlt.pipeline(
         pipeline_name=f"fieldsales_bench_{args.mode}",
         destination=dlt.destinations.duckdb(credentials=args.database),

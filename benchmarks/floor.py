@@ -1,6 +1,6 @@
 """The floor: fetch every page of every list endpoint, read each body, throw it away.
 
-The cost no loader of this API can avoid: the same requests as the project (page size 1000,
+The cost no loader of this API can avoid: the same requests as the project (its page size,
 8 in flight), one keep-alive ``http.client`` connection per thread, no JSON parsing except the
 first page of the transaction and event-group lists (for their ``count``/``total``). Events carry
 no total: pages are asked for 8 ahead until one comes back empty (``[]``).

@@ -45,11 +45,13 @@ from benchmarks.harness import (
     fmt_bytes,
     measure,
 )
+from fieldsales_dagster.api import FieldSalesAPI  # noqa: E402
 
 BENCH_DIR = Path(__file__).resolve().parent
 RESULTS_DIR = BENCH_DIR / "results"
 WORK_DIR = BENCH_DIR / "work"
-PAGE_SIZE = 1000  # the project's default, which the floor and dlt copy
+# The project's default page size, which the floor and dlt copy.
+PAGE_SIZE = FieldSalesAPI.model_fields["page_size"].default
 
 STEPS = ("floor", "project_raw", "project_all", "dlt_fast", "dlt_default")
 ONLY_CHOICES = (*STEPS, "project", "latency")
@@ -269,6 +271,8 @@ class Bench:
         argv = [
             self.python,
             str(BENCH_DIR / "dlt_load.py"),
+            "--page-size",
+            str(PAGE_SIZE),
             "--base-url",
             api.base_url,
             "--database",

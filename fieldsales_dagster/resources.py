@@ -30,11 +30,14 @@ def build_resources() -> dict[str, object]:
             if not value.isdigit() or int(value) < 1:
                 raise ValueError(f"{variable} must be a whole number >= 1, got {value!r}.")
             api_kwargs[field] = int(value)
+    warehouse_kwargs: dict[str, object] = {}
+    if os.environ.get("FIELDSALES_DUCKDB_MEMORY_LIMIT"):
+        warehouse_kwargs["memory_limit"] = os.environ["FIELDSALES_DUCKDB_MEMORY_LIMIT"]
     return {
         "fieldsales_api": FieldSalesAPI(
             base_url=dg.EnvVar("FIELDSALES_BASE_URL"),
             api_token=dg.EnvVar("FIELDSALES_API_TOKEN"),
             **api_kwargs,
         ),
-        "warehouse": FieldSalesWarehouse(database=default_duckdb_path()),
+        "warehouse": FieldSalesWarehouse(database=default_duckdb_path(), **warehouse_kwargs),
     }

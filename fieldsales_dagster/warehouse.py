@@ -38,7 +38,7 @@ class FieldSalesWarehouse(DuckDBResource):
         description="DuckDB file (FIELDSALES_DUCKDB_PATH, default data/fieldsales.duckdb).",
     )
     memory_limit: str = Field(
-        default="256MB",
+        default="192MB",
         description=(
             "DuckDB memory_limit; larger work spills to temp_directory. Kept small so a nightly "
             "refresh of millions of rows runs in well under a gigabyte."
