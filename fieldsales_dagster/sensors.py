@@ -164,4 +164,17 @@ def token_renewal_sensor(context: dg.SensorEvaluationContext, fieldsales_api: Fi
     )
 
 
-all_sensors = [token_renewal_sensor]
+#: Evaluates the core assets' `AutomationCondition.eager()`: after any raw table is refreshed
+#: (the schedule, the UI, the CLI), the core tables that read it are rebuilt. On by default, like
+#: the schedule; Dagster's own default automation sensor starts stopped.
+core_automation_sensor = dg.AutomationConditionSensorDefinition(
+    "core_automation_sensor",
+    target=dg.AssetSelection.all(),
+    default_status=dg.DefaultSensorStatus.RUNNING,
+    minimum_interval_seconds=60,
+    description=(
+        "Rebuilds core tables once their raw parents were refreshed (AutomationCondition.eager)."
+    ),
+)
+
+all_sensors = [token_renewal_sensor, core_automation_sensor]

@@ -1,0 +1,38 @@
+"""Core tables follow their raw parents: a refreshed raw table requests the core tables it feeds."""
+
+import dagster as dg
+
+from fieldsales_dagster.core_assets import core_assets
+from fieldsales_dagster.raw_assets import raw_assets
+from fieldsales_dagster.sensors import all_sensors, core_automation_sensor
+from fieldsales_dagster_tests.conftest import make_api
+
+
+def test_automation_sensor_is_on_by_default_and_targets_every_asset():
+    assert core_automation_sensor in all_sensors
+    assert core_automation_sensor.default_status == dg.DefaultSensorStatus.RUNNING
+
+
+def test_refreshed_raw_transactions_request_the_core_tables_that_read_them(
+    demo_server, tmp_path, warehouse
+):
+    assets = [*raw_assets, *core_assets]
+    resources = {"fieldsales_api": make_api(demo_server, tmp_path), "warehouse": warehouse}
+    defs = dg.Definitions(assets=assets, resources=resources)
+    with dg.instance_for_test() as instance:
+        # Everything built once: nothing is due.
+        assert dg.materialize(assets, resources=resources, instance=instance).success
+        first = dg.evaluate_automation_conditions(defs=defs, instance=instance)
+        assert first.total_requested == 0
+
+        # A manual refresh of raw transactions alone.
+        selection = ["raw_transactions"]
+        assert dg.materialize(
+            assets, resources=resources, instance=instance, selection=selection
+        ).success
+        second = dg.evaluate_automation_conditions(
+            defs=defs, instance=instance, cursor=first.cursor
+        )
+        assert second.get_num_requested(dg.AssetKey("core_transactions")) == 1
+        assert second.get_num_requested(dg.AssetKey("core_custom_report_results")) == 1
+        assert second.get_num_requested(dg.AssetKey("core_events")) == 0  # reads raw_events
