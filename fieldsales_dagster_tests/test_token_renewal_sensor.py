@@ -399,4 +399,7 @@ def test_sensor_is_on_by_default_every_few_hours_and_exported():
     assert token_renewal_sensor.default_status == dg.DefaultSensorStatus.RUNNING
     assert token_renewal_sensor.minimum_interval_seconds >= 3600
     assert token_renewal_sensor.description
-    assert all_sensors == [token_renewal_sensor]
+    assert [sensor.name for sensor in all_sensors] == [
+        "token_renewal_sensor",
+        "core_automation_sensor",
+    ]
