@@ -121,6 +121,17 @@ def core_query(table: CoreTable) -> str:
     return (resources.files("fieldsales_dagster") / "sql" / table.query_file).read_text("utf-8")
 
 
+#: Connection-scoped table macros the core queries share (``sql/<name>.sql``).
+SHARED_MACROS = ("raw_transactions_in_slices",)
+
+
+def shared_macros_sql(query: str) -> str:
+    """The macros ``query`` calls (DuckDB binds a macro's tables when it is created)."""
+    files = resources.files("fieldsales_dagster") / "sql"
+    used = [name for name in SHARED_MACROS if f"{name}(" in query]
+    return "\n".join((files / f"{name}.sql").read_text("utf-8") for name in used)
+
+
 def build_table(conn: duckdb.DuckDBPyConnection, target: str, query: str) -> None:
     """Run ``query`` into a staging table and swap it in for ``target``.
 
@@ -130,6 +141,8 @@ def build_table(conn: duckdb.DuckDBPyConnection, target: str, query: str) -> Non
     staged = f"{schema}.{name}__staging"
     conn.execute(f"CREATE SCHEMA IF NOT EXISTS {quote_ident(schema)}")
     try:
+        if macros := shared_macros_sql(query):
+            conn.execute(macros)
         conn.execute(f"CREATE OR REPLACE TABLE {qualified(staged)} AS\n{query}")
     except duckdb.Error as exc:
         conn.execute(f"DROP TABLE IF EXISTS {qualified(staged)}")
