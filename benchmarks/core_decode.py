@@ -20,10 +20,10 @@ from pathlib import Path
 
 import duckdb
 
-from fieldsales_dagster.core_assets import CORE_TABLES, build_table, core_query
-from fieldsales_dagster.endpoints import EVENT_GROUPS, EVENTS, TRANSACTIONS
-from fieldsales_dagster.raw_load import raw_table_ddl
-from fieldsales_dagster.warehouse import FieldSalesWarehouse
+from fieldsales_dagster.assets.core import CORE_TABLES, build_table, core_query
+from fieldsales_dagster.client.endpoints import EVENT_GROUPS, EVENTS, TRANSACTIONS
+from fieldsales_dagster.warehouse.raw_load import raw_table_ddl
+from fieldsales_dagster.warehouse.resource import FieldSalesWarehouse
 
 DEFAULT_DATABASE = Path(__file__).parent / "work" / "core_decode.duckdb"
 CONFIGS = 25

@@ -45,7 +45,7 @@ from benchmarks.harness import (
     fmt_bytes,
     measure,
 )
-from fieldsales_dagster.api import FieldSalesAPI  # noqa: E402
+from fieldsales_dagster.client.resource import FieldSalesAPI  # noqa: E402
 
 BENCH_DIR = Path(__file__).resolve().parent
 RESULTS_DIR = BENCH_DIR / "results"

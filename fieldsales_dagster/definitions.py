@@ -4,12 +4,12 @@ from __future__ import annotations
 
 import dagster as dg
 
-from fieldsales_dagster.checks import core_checks
-from fieldsales_dagster.core_assets import core_assets
-from fieldsales_dagster.raw_assets import raw_assets
+from fieldsales_dagster.assets.checks import core_checks
+from fieldsales_dagster.assets.core import core_assets
+from fieldsales_dagster.assets.raw import raw_assets
+from fieldsales_dagster.automation.schedule import all_jobs, all_schedules
+from fieldsales_dagster.automation.sensors import all_sensors
 from fieldsales_dagster.resources import build_resources
-from fieldsales_dagster.schedules import all_jobs, all_schedules
-from fieldsales_dagster.sensors import all_sensors
 
 
 def build_definitions() -> dg.Definitions:

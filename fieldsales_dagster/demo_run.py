@@ -12,7 +12,7 @@ import sys
 
 import duckdb
 
-from fieldsales_dagster.warehouse import DEFAULT_DUCKDB_PATH
+from fieldsales_dagster.warehouse.resource import DEFAULT_DUCKDB_PATH
 
 
 def summarize(database: str) -> str:

@@ -10,8 +10,8 @@ import os
 
 import dagster as dg
 
-from fieldsales_dagster.api import FieldSalesAPI
-from fieldsales_dagster.warehouse import FieldSalesWarehouse, default_duckdb_path
+from fieldsales_dagster.client.resource import FieldSalesAPI
+from fieldsales_dagster.warehouse.resource import FieldSalesWarehouse, default_duckdb_path
 
 #: Optional tuning knobs: environment variable -> FieldSalesAPI field.
 API_TUNING_ENV = {

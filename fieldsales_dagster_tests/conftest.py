@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from fieldsales_dagster.api import FieldSalesAPI
-from fieldsales_dagster.warehouse import FieldSalesWarehouse
+from fieldsales_dagster.client.resource import FieldSalesAPI
+from fieldsales_dagster.warehouse.resource import FieldSalesWarehouse
 
 
 @pytest.fixture(autouse=True)

@@ -10,9 +10,9 @@ from typing import Any
 import dagster as dg
 import duckdb
 
-from fieldsales_dagster.checks import core_checks
-from fieldsales_dagster.core_assets import core_assets
-from fieldsales_dagster.warehouse import FieldSalesWarehouse
+from fieldsales_dagster.assets.checks import core_checks
+from fieldsales_dagster.assets.core import core_assets
+from fieldsales_dagster.warehouse.resource import FieldSalesWarehouse
 
 T0 = "2025-03-04T09:30:00.000Z"
 

@@ -5,8 +5,8 @@ from __future__ import annotations
 import dagster as dg
 import duckdb
 
-from fieldsales_dagster.core_assets import CORE_TABLES, core_assets
-from fieldsales_dagster.warehouse import FieldSalesWarehouse
+from fieldsales_dagster.assets.core import CORE_TABLES, core_assets
+from fieldsales_dagster.warehouse.resource import FieldSalesWarehouse
 from fieldsales_dagster_tests import core_payloads as p
 
 

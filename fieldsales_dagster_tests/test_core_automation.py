@@ -2,9 +2,9 @@
 
 import dagster as dg
 
-from fieldsales_dagster.core_assets import core_assets
-from fieldsales_dagster.raw_assets import raw_assets
-from fieldsales_dagster.sensors import all_sensors, core_automation_sensor
+from fieldsales_dagster.assets.core import core_assets
+from fieldsales_dagster.assets.raw import raw_assets
+from fieldsales_dagster.automation.sensors import all_sensors, core_automation_sensor
 from fieldsales_dagster_tests.conftest import make_api
 
 

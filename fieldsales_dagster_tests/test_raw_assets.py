@@ -9,7 +9,7 @@ import sys
 import dagster as dg
 import duckdb
 
-from fieldsales_dagster.raw_assets import TOTAL_CHECK, raw_assets
+from fieldsales_dagster.assets.raw import TOTAL_CHECK, raw_assets
 from fieldsales_dagster_tests.conftest import make_api
 
 RAW_KEYS = ["raw_events", "raw_transactions", "raw_event_groups"]

@@ -7,15 +7,15 @@ import logging
 import duckdb
 import pytest
 
-from fieldsales_dagster.api import (
+from fieldsales_dagster.client.endpoints import EVENT_GROUPS, EVENTS, TRANSACTIONS, ListEndpoint
+from fieldsales_dagster.client.errors import (
     AuthenticationError,
-    FieldSalesAPI,
     FieldSalesAPIError,
     InsecureURLError,
     PageFormatError,
 )
-from fieldsales_dagster.endpoints import EVENT_GROUPS, EVENTS, TRANSACTIONS, ListEndpoint
-from fieldsales_dagster.raw_load import IncompleteListError, load_list
+from fieldsales_dagster.client.resource import FieldSalesAPI
+from fieldsales_dagster.warehouse.raw_load import IncompleteListError, load_list
 from fieldsales_dagster_tests.conftest import make_api
 
 TX = TRANSACTIONS.path
@@ -196,7 +196,7 @@ def test_insertions_without_totals_are_paged_again_until_no_id_repeats(demo_serv
 
 
 def test_repeated_ids_keep_their_first_copy(tmp_path):
-    from fieldsales_dagster.raw_load import _drop_duplicate_ids
+    from fieldsales_dagster.warehouse.raw_load import _drop_duplicate_ids
 
     with duckdb.connect(str(tmp_path / "d.duckdb")) as conn:
         conn.execute("CREATE SCHEMA raw")
@@ -236,7 +236,7 @@ def test_plain_http_is_refused_for_remote_hosts(tmp_path, warehouse):
 
 @pytest.mark.parametrize("host", ["http://127.0.0.1:1", "http://localhost:1", "http://[::1]:1"])
 def test_plain_http_is_allowed_on_loopback(host):
-    from fieldsales_dagster.api import validate_base_url
+    from fieldsales_dagster.client.urls import validate_base_url
 
     assert validate_base_url(host + "/") == host
 
@@ -251,7 +251,7 @@ def test_duckdb_file_held_by_another_program_gives_error_naming_it(warehouse):
     import subprocess
     import sys
 
-    from fieldsales_dagster.warehouse import WarehouseBusyError
+    from fieldsales_dagster.warehouse.resource import WarehouseBusyError
 
     holder = subprocess.Popen(
         [
@@ -282,8 +282,9 @@ def test_pretty_printed_items_and_odd_ids_are_stored_as_received(tmp_path):
     import json
     from datetime import UTC, datetime
 
-    from fieldsales_dagster.api import Page, split_envelope
-    from fieldsales_dagster.raw_load import StagingWriter, raw_table_ddl
+    from fieldsales_dagster.client.envelope import split_envelope
+    from fieldsales_dagster.client.pager import Page
+    from fieldsales_dagster.warehouse.raw_load import StagingWriter, raw_table_ddl
 
     items = [
         {"_id": "a", "eventId": "e1", "note": "line\nbreak", "n": 1},
@@ -322,7 +323,7 @@ def test_pretty_printed_items_and_odd_ids_are_stored_as_received(tmp_path):
     ],
 )
 def test_envelope_shapes_split_into_items_and_total(body, expected_items, expected_total):
-    from fieldsales_dagster.api import split_envelope
+    from fieldsales_dagster.client.envelope import split_envelope
 
     items, total = split_envelope(body, TRANSACTIONS, "test page")
     assert (len(items), total) == (expected_items, expected_total)
@@ -338,7 +339,7 @@ def test_envelope_shapes_split_into_items_and_total(body, expected_items, expect
 def test_incomplete_json_is_a_decode_error_for_the_retry_loop(body):
     import msgspec
 
-    from fieldsales_dagster.api import split_envelope
+    from fieldsales_dagster.client.envelope import split_envelope
 
     with pytest.raises(msgspec.DecodeError):
         split_envelope(body, TRANSACTIONS, "test page")
@@ -347,8 +348,9 @@ def test_incomplete_json_is_a_decode_error_for_the_retry_loop(body):
 def test_item_longer_than_the_reader_accepts_fails_loudly(tmp_path):
     from datetime import UTC, datetime
 
-    from fieldsales_dagster.api import Page, split_envelope
-    from fieldsales_dagster.raw_load import (
+    from fieldsales_dagster.client.envelope import split_envelope
+    from fieldsales_dagster.client.pager import Page
+    from fieldsales_dagster.warehouse.raw_load import (
         MAX_ITEM_BYTES,
         RawLoadError,
         StagingWriter,

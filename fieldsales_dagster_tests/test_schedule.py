@@ -5,7 +5,7 @@ from __future__ import annotations
 import dagster as dg
 import pytest
 
-from fieldsales_dagster.schedules import (
+from fieldsales_dagster.automation.schedule import (
     REFRESH_TAG,
     all_jobs,
     all_schedules,

@@ -17,11 +17,17 @@ import dagster as dg
 import pytest
 import requests
 
-from fieldsales_dagster.api import AuthenticationError, FieldSalesAPI, ListStats
+from fieldsales_dagster.automation.sensors import (
+    TokenRenewalError,
+    all_sensors,
+    token_renewal_sensor,
+)
+from fieldsales_dagster.client.endpoints import CHECK_TOKEN_PATH, GENERATE_TOKEN_PATH
+from fieldsales_dagster.client.errors import AuthenticationError
+from fieldsales_dagster.client.pager import ListStats
+from fieldsales_dagster.client.resource import FieldSalesAPI
 from fieldsales_dagster.demo_api import DemoConfig, DemoServer
-from fieldsales_dagster.endpoints import CHECK_TOKEN_PATH, GENERATE_TOKEN_PATH
-from fieldsales_dagster.sensors import TokenRenewalError, all_sensors, token_renewal_sensor
-from fieldsales_dagster.token_store import TokenStore
+from fieldsales_dagster.token.store import TokenStore
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
 
@@ -213,9 +219,9 @@ RENEWER_SCRIPT = textwrap.dedent(
 
     import dagster as dg
 
-    from fieldsales_dagster import sensors
-    from fieldsales_dagster.api import FieldSalesAPI
-    from fieldsales_dagster.token_store import TokenStore
+    from fieldsales_dagster.automation import sensors
+    from fieldsales_dagster.client.resource import FieldSalesAPI
+    from fieldsales_dagster.token.store import TokenStore
 
     base_url, env_token, store_path, go_file, mode = sys.argv[1:]
     real_generate_token = sensors.generate_token

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from fieldsales_dagster.token_store import (
+from fieldsales_dagster.token.store import (
     TokenStore,
     TokenStoreError,
     default_store_path,

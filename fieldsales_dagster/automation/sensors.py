@@ -20,14 +20,14 @@ from datetime import UTC, datetime, timedelta
 import dagster as dg
 import msgspec
 
-from fieldsales_dagster.api import (
+from fieldsales_dagster.client.endpoints import GENERATE_TOKEN_PATH
+from fieldsales_dagster.client.errors import (
     RENEW_TOKEN_INSTRUCTION,
     AuthenticationError,
-    FieldSalesAPI,
     FieldSalesAPIError,
 )
-from fieldsales_dagster.endpoints import GENERATE_TOKEN_PATH
-from fieldsales_dagster.token_store import StoredToken
+from fieldsales_dagster.client.resource import FieldSalesAPI
+from fieldsales_dagster.token.store import StoredToken
 
 RENEW_AFTER_ENV_VAR = "FIELDSALES_TOKEN_RENEW_AFTER_DAYS"
 DEFAULT_RENEW_AFTER_DAYS = 45.0

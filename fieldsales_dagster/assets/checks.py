@@ -9,8 +9,8 @@ from __future__ import annotations
 
 import dagster as dg
 
-from fieldsales_dagster.core_assets import CORE_TABLES, CoreTable
-from fieldsales_dagster.warehouse import FieldSalesWarehouse, qualified, quote_ident
+from fieldsales_dagster.assets.core import CORE_TABLES, CoreTable
+from fieldsales_dagster.warehouse.resource import FieldSalesWarehouse, qualified, quote_ident
 
 #: How many offending rows a check names in its metadata.
 SAMPLE_SIZE = 5

@@ -6,10 +6,10 @@ server's total, swap it in, report what it cost.
 
 import dagster as dg
 
-from fieldsales_dagster.api import FieldSalesAPI
-from fieldsales_dagster.endpoints import EVENT_GROUPS, EVENTS, TRANSACTIONS, ListEndpoint
-from fieldsales_dagster.raw_load import LoadReport, load_list
-from fieldsales_dagster.warehouse import FieldSalesWarehouse
+from fieldsales_dagster.client.endpoints import EVENT_GROUPS, EVENTS, TRANSACTIONS, ListEndpoint
+from fieldsales_dagster.client.resource import FieldSalesAPI
+from fieldsales_dagster.warehouse.raw_load import LoadReport, load_list
+from fieldsales_dagster.warehouse.resource import FieldSalesWarehouse
 
 DUCKDB_POOL = "fieldsales_duckdb"
 TOTAL_CHECK = "row_count_matches_api_total"

@@ -28,9 +28,11 @@ from typing import TypeVar
 import duckdb
 import msgspec
 
-from fieldsales_dagster.api import FieldSalesAPI, FieldSalesAPIError, ListStats, Page
-from fieldsales_dagster.endpoints import ListEndpoint
-from fieldsales_dagster.warehouse import qualified, quote_ident, replace_table
+from fieldsales_dagster.client.endpoints import ListEndpoint
+from fieldsales_dagster.client.errors import FieldSalesAPIError
+from fieldsales_dagster.client.pager import ListStats, Page
+from fieldsales_dagster.client.resource import FieldSalesAPI
+from fieldsales_dagster.warehouse.resource import qualified, quote_ident, replace_table
 
 T = TypeVar("T")
 

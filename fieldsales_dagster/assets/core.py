@@ -13,7 +13,7 @@ from importlib import resources
 import dagster as dg
 import duckdb
 
-from fieldsales_dagster.warehouse import (
+from fieldsales_dagster.warehouse.resource import (
     FieldSalesWarehouse,
     qualified,
     quote_ident,

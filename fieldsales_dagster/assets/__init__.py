@@ -1,0 +1,1 @@
+"""Dagster asset factories: raw tables, core tables and their checks."""

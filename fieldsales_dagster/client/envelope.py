@@ -1,0 +1,96 @@
+"""A list page's body -> its items (as raw JSON) and the total, whatever envelope holds them.
+
+The event list's envelope is not documented: a bare list, or an object holding one list of items
+and maybe a total (``count`` or ``total``), are all accepted.
+"""
+
+from __future__ import annotations
+
+import functools
+
+import msgspec
+
+from fieldsales_dagster.client.endpoints import TOTAL_KEYS, ListEndpoint
+from fieldsales_dagster.client.errors import PageFormatError
+
+_ENVELOPE = msgspec.json.Decoder(list[msgspec.Raw] | dict[str, msgspec.Raw])
+_LIST = msgspec.json.Decoder(list[msgspec.Raw])
+_ANY = msgspec.json.Decoder()
+
+
+def _first_byte(raw: msgspec.Raw) -> bytes:
+    return bytes(raw).lstrip()[:1]
+
+
+@functools.cache
+def _documented_envelope(endpoint: ListEndpoint) -> msgspec.json.Decoder | None:
+    """A decoder of the envelope the API document shows for ``endpoint``, if it shows one."""
+    if not endpoint.items_key or not endpoint.total_key:
+        return None
+    struct = msgspec.defstruct(
+        f"{endpoint.name.title()}Page",
+        [
+            (
+                "items",
+                list[msgspec.Raw] | None,
+                msgspec.field(default=None, name=endpoint.items_key),
+            ),
+            ("total", int | None, msgspec.field(default=None, name=endpoint.total_key)),
+        ],
+    )
+    return msgspec.json.Decoder(struct)
+
+
+def split_envelope(
+    body: bytes, endpoint: ListEndpoint, where: str
+) -> tuple[list[msgspec.Raw], int | None]:
+    """Items and total of one page body, whatever envelope holds them.
+
+    Raises ``msgspec.DecodeError`` for a body that is not complete JSON (the caller retries it) and
+    ``PageFormatError`` for complete JSON that holds no list of items.
+    """
+    documented = _documented_envelope(endpoint)
+    if documented is not None:
+        # One pass for the documented shape (items and total under their documented keys);
+        # anything else takes the general path below.
+        try:
+            page = documented.decode(body)
+            if page.items is not None and page.total is not None and page.total >= 0:
+                return page.items, page.total
+        except msgspec.ValidationError:
+            pass
+    try:
+        doc = _ENVELOPE.decode(body)
+    except msgspec.ValidationError as exc:
+        raise PageFormatError(
+            f"{where} answered JSON that is neither a list nor an object ({exc}); expected a list "
+            "of items or an object holding one."
+        ) from None
+    if isinstance(doc, list):
+        return doc, None
+
+    list_keys = [key for key, value in doc.items() if _first_byte(value) == b"["]
+    if endpoint.items_key in list_keys:
+        items_key = endpoint.items_key
+    elif len(list_keys) == 1:
+        items_key = list_keys[0]
+    else:
+        found = ", ".join(sorted(doc)) or "none"
+        why = "no list" if not list_keys else f"several lists ({', '.join(sorted(list_keys))})"
+        raise PageFormatError(
+            f"{where} answered an object with {why} of items (keys: {found}); expected a list "
+            f"of items{f' under {endpoint.items_key!r}' if endpoint.items_key else ''}."
+        )
+    items = _LIST.decode(doc[items_key])
+
+    total = None
+    for key in (endpoint.total_key, *TOTAL_KEYS):
+        if key and key in doc:
+            value = _ANY.decode(doc[key])
+            if isinstance(value, int) and not isinstance(value, bool) and value >= 0:
+                total = value
+                break
+            if isinstance(value, str) and value.isdigit():
+                total = int(value)
+                break
+    return items, total

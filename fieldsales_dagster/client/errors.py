@@ -1,0 +1,51 @@
+"""What the Field-Sales API can do to a load, as exceptions whose messages never carry the token."""
+
+from __future__ import annotations
+
+RENEW_TOKEN_INSTRUCTION = (
+    "Regenerate it in your Field-Sales user profile (API tab, refresh button) and set "
+    "FIELDSALES_API_TOKEN to the new token."
+)
+
+
+class FieldSalesAPIError(RuntimeError):
+    """Anything the API did that stops a load. Messages name the endpoint, never the token."""
+
+
+class AuthenticationError(FieldSalesAPIError):
+    """The server refused the token (401) or its rights (403)."""
+
+
+class PageFormatError(FieldSalesAPIError):
+    """A page answered 200 but holds no list of items."""
+
+
+class InsecureURLError(FieldSalesAPIError):
+    """``http://`` to a host other than loopback."""
+
+
+class TransientHTTPError(Exception):
+    """A failure worth another attempt; ``retry_after`` is the server's wish, in seconds."""
+
+    def __init__(self, message: str, retry_after: float | None = None):
+        super().__init__(message)
+        self.retry_after = retry_after
+
+
+class AuthRefused(Exception):
+    def __init__(self, status: int, where: str):
+        super().__init__(f"{where}: HTTP {status}")
+        self.status = status
+        self.where = where
+
+    def error(self) -> AuthenticationError:
+        if self.status == 401:
+            return AuthenticationError(
+                f"{self.where}: the Field-Sales API refused the API token (HTTP 401): it is "
+                f"invalid, expired or was replaced by a renewal. {RENEW_TOKEN_INSTRUCTION}"
+            )
+        return AuthenticationError(
+            f"{self.where}: the Field-Sales API accepted the API token but denies access (HTTP "
+            "403). The token's user needs admin rights for the public API; regenerate the token "
+            f"as such a user. {RENEW_TOKEN_INSTRUCTION}"
+        )

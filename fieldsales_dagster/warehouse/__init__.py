@@ -1,0 +1,1 @@
+"""The DuckDB file: the resource, table swaps, and loading pages into ``raw.*``."""
