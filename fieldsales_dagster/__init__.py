@@ -1,5 +1,24 @@
-"""fieldsales_dagster: the Field-Sales read API, kept fresh in DuckDB by Dagster."""
+"""fieldsales_dagster: the Field-Sales read API, kept fresh in DuckDB by Dagster.
 
-from fieldsales_dagster.definitions import defs
+Importing the package builds nothing and reads no environment: ``code_location`` (what
+``dagster ... -m fieldsales_dagster`` finds) is looked up lazily, and is itself the lazy
+``@dg.definitions`` function of ``definitions.py``, so even the demo API
+(``fieldsales_dagster.demo_api``) imports none of the pipeline. (Not named ``defs``: that is the
+``defs/`` folder's module, which replaces such an attribute once it is imported.)
+"""
 
-__all__ = ["defs"]
+from __future__ import annotations
+
+from typing import Any
+
+
+def __getattr__(name: str) -> Any:
+    if name == "code_location":
+        from fieldsales_dagster.definitions import defs
+
+        return defs
+    raise AttributeError(f"module 'fieldsales_dagster' has no attribute {name!r}")
+
+
+def __dir__() -> list[str]:
+    return ["code_location"]

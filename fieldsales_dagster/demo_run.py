@@ -40,8 +40,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument(
         "--database",
-        default=os.environ.get("FIELDSALES_DUCKDB_PATH") or DEFAULT_DUCKDB_PATH,
-        help="DuckDB file to write (default: FIELDSALES_DUCKDB_PATH or data/fieldsales.duckdb)",
+        default=DEFAULT_DUCKDB_PATH,
+        help=f"DuckDB file to write (default: {DEFAULT_DUCKDB_PATH})",
     )
     args = parser.parse_args(argv)
 
@@ -55,9 +55,9 @@ def main(argv: list[str] | None = None) -> int:
 
         import dagster as dg
 
-        from fieldsales_dagster.definitions import build_definitions
+        from fieldsales_dagster.definitions import defs
 
-        job = build_definitions().resolve_implicit_global_asset_job_def()
+        job = defs().resolve_implicit_global_asset_job_def()
         with dg.DagsterInstance.ephemeral() as instance:
             result = job.execute_in_process(instance=instance, raise_on_error=False)
         if not result.success:

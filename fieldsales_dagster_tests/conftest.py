@@ -48,3 +48,11 @@ def api(demo_server, tmp_path) -> FieldSalesAPI:
 @pytest.fixture
 def warehouse(tmp_path) -> FieldSalesWarehouse:
     return FieldSalesWarehouse(database=str(tmp_path / "fieldsales.duckdb"), busy_timeout_s=1.0)
+
+
+@pytest.fixture
+def demo_env(monkeypatch, demo_server):
+    """The environment the default instance's defs.yaml reads, pointed at the demo API."""
+    monkeypatch.setenv("FIELDSALES_BASE_URL", demo_server.base_url)
+    monkeypatch.setenv("FIELDSALES_API_TOKEN", demo_server.token)
+    return demo_server

@@ -10,9 +10,8 @@ from typing import Any
 import dagster as dg
 import duckdb
 
-from fieldsales_dagster.assets.checks import core_checks
-from fieldsales_dagster.assets.core import core_assets
 from fieldsales_dagster.warehouse.resource import FieldSalesWarehouse
+from fieldsales_dagster_tests.project import core_assets, core_checks
 
 T0 = "2025-03-04T09:30:00.000Z"
 
@@ -291,7 +290,7 @@ def materialize_core(
     """Write the raw tables, then materialize every core asset (and, if asked, its checks)."""
     write_raw_tables(database, transactions=transactions, events=events)
     return dg.materialize(
-        [*RAW_STAND_INS, *core_assets, *(core_checks if with_checks else [])],
+        [*RAW_STAND_INS, *core_assets(), *(core_checks() if with_checks else [])],
         resources={"warehouse": FieldSalesWarehouse(database=str(database), threads=2)},
         raise_on_error=raise_on_error,
         selection=dg.AssetSelection.groups("core"),

@@ -2,21 +2,23 @@
 
 import dagster as dg
 
-from fieldsales_dagster.assets.core import core_assets
-from fieldsales_dagster.assets.raw import raw_assets
-from fieldsales_dagster.automation.sensors import all_sensors, core_automation_sensor
 from fieldsales_dagster_tests.conftest import make_api
+from fieldsales_dagster_tests.project import core_assets, load_project_defs, raw_assets
 
 
-def test_automation_sensor_is_on_by_default_and_targets_every_asset():
-    assert core_automation_sensor in all_sensors
-    assert core_automation_sensor.default_status == dg.DefaultSensorStatus.RUNNING
+def test_automation_sensor_is_on_by_default_and_targets_every_asset(demo_env):
+    defs = load_project_defs()
+    sensor = defs.get_sensor_def("core_automation_sensor")
+    assert sensor.default_status == dg.DefaultSensorStatus.RUNNING
+    repository = defs.get_repository_def()
+    targeted = sensor.asset_selection.resolve(repository.asset_graph)
+    assert targeted == set(repository.asset_graph.get_all_asset_keys())
 
 
 def test_refreshed_raw_transactions_request_the_core_tables_that_read_them(
     demo_server, tmp_path, warehouse
 ):
-    assets = [*raw_assets, *core_assets]
+    assets = [*raw_assets(), *core_assets()]
     resources = {"fieldsales_api": make_api(demo_server, tmp_path), "warehouse": warehouse}
     defs = dg.Definitions(assets=assets, resources=resources)
     with dg.instance_for_test() as instance:

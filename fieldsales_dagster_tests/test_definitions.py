@@ -1,8 +1,57 @@
+"""The code location loads the way every Dagster entry point loads it, and importing is free."""
+
+import subprocess
+import sys
+
 import dagster as dg
 
-from fieldsales_dagster import defs
+from fieldsales_dagster_tests.project import load_project_defs
 
 
-def test_definitions_load():
+def test_package_exposes_the_lazy_definitions_dagster_loads_with_dash_m(monkeypatch):
+    import fieldsales_dagster
+
+    assert dir(fieldsales_dagster) == ["code_location"]
+    monkeypatch.setenv("FIELDSALES_BASE_URL", "http://127.0.0.1:9")
+    monkeypatch.setenv("FIELDSALES_API_TOKEN", "definitions-test-token")
+    defs = load_project_defs()
     assert isinstance(defs, dg.Definitions)
     defs.get_repository_def()
+
+
+def test_importing_every_module_builds_nothing_and_reads_no_environment():
+    """Each module is imported in a fresh interpreter whose os.environ records every read."""
+    script = """
+import importlib, os, pkgutil, sys
+import fieldsales_dagster
+reads = []
+class Recording(dict):
+    def __getitem__(self, key): reads.append(key); return super().__getitem__(key)
+    def get(self, key, default=None): reads.append(key); return super().get(key, default)
+    def __contains__(self, key): reads.append(key); return super().__contains__(key)
+os.environ = Recording(os.environ)
+names = [m.name for m in pkgutil.walk_packages(fieldsales_dagster.__path__, "fieldsales_dagster.")]
+for name in names:
+    importlib.import_module(name)
+fieldsales = [r for r in reads if str(r).startswith(("FIELDSALES", "DAGSTER_HOME"))]
+print(len(names), fieldsales)
+"""
+    out = subprocess.run(
+        [sys.executable, "-c", script], capture_output=True, text=True, check=True
+    ).stdout.split()
+    assert int(out[0]) >= 20
+    assert out[1:] == ["[]"]
+
+
+def test_demo_api_imports_none_of_the_pipeline():
+    script = (
+        "import sys, fieldsales_dagster.demo_api, fieldsales_dagster.demo_api.__main__; "
+        "print(sorted(m for m in sys.modules if m.startswith(('fieldsales_dagster', 'dagster'))))"
+    )
+    out = subprocess.run(
+        [sys.executable, "-c", script], capture_output=True, text=True, check=True
+    ).stdout
+    loaded = eval(out)  # a list of module names
+    assert all(
+        m == "fieldsales_dagster" or m.startswith("fieldsales_dagster.demo_api") for m in loaded
+    )

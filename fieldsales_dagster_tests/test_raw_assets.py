@@ -9,17 +9,18 @@ import sys
 import dagster as dg
 import duckdb
 
-from fieldsales_dagster.assets.raw import TOTAL_CHECK, raw_assets
+from fieldsales_dagster.assets.raw import ROW_COUNT_CHECK, row_count_check
 from fieldsales_dagster_tests.conftest import make_api
+from fieldsales_dagster_tests.project import raw_assets
 
 RAW_KEYS = ["raw_events", "raw_transactions", "raw_event_groups"]
 
 
-def test_raw_assets_materialize_with_metadata_and_passing_total_checks(
+def test_raw_assets_materialize_with_metadata_and_passing_row_count_checks(
     demo_server, tmp_path, warehouse
 ):
     result = dg.materialize(
-        raw_assets,
+        raw_assets(),
         resources={"fieldsales_api": make_api(demo_server, tmp_path), "warehouse": warehouse},
     )
     assert result.success
@@ -29,8 +30,11 @@ def test_raw_assets_materialize_with_metadata_and_passing_total_checks(
         assert metadata["dagster/row_count"].value == demo_server.dataset.count(name)
         for field in ("pages", "retries", "seconds", "api_total", "requests"):
             assert field in metadata
+        assert metadata["dagster/table_name"].value == f"fieldsales.raw.{name}"
+        columns = [column.name for column in metadata["dagster/column_schema"].value.columns]
+        assert columns[:3] == ["id", "payload", "loaded_at"]
     checks = result.get_asset_check_evaluations()
-    assert {c.check_name for c in checks} == {TOTAL_CHECK}
+    assert {c.check_name for c in checks} == {ROW_COUNT_CHECK}
     assert len(checks) == 3 and all(c.passed for c in checks)
     with duckdb.connect(warehouse.database, read_only=True) as conn:
         counts = dict(
@@ -45,10 +49,11 @@ def test_failed_raw_asset_run_reports_failure_and_keeps_previous_table(
     demo_server, tmp_path, warehouse
 ):
     resources = {"fieldsales_api": make_api(demo_server, tmp_path), "warehouse": warehouse}
-    assert dg.materialize(raw_assets, resources=resources, selection=["raw_transactions"]).success
+    assets = raw_assets()
+    assert dg.materialize(assets, resources=resources, selection=["raw_transactions"]).success
     demo_server.behaviour.inject("/public/v1/api/transaction/all", "status", times=999, status=500)
     result = dg.materialize(
-        raw_assets, resources=resources, selection=["raw_transactions"], raise_on_error=False
+        assets, resources=resources, selection=["raw_transactions"], raise_on_error=False
     )
     assert not result.success
     with duckdb.connect(warehouse.database, read_only=True) as conn:
@@ -57,7 +62,7 @@ def test_failed_raw_asset_run_reports_failure_and_keeps_previous_table(
 
 def test_token_never_appears_in_run_config_metadata_or_logs(demo_server, tmp_path, warehouse):
     result = dg.materialize(
-        raw_assets,
+        raw_assets(),
         resources={"fieldsales_api": make_api(demo_server, tmp_path), "warehouse": warehouse},
     )
     text = "\n".join(str(event) for event in result.all_events) + str(result.dagster_run.run_config)
@@ -100,3 +105,35 @@ def test_two_cli_runs_at_once_share_the_duckdb_file(demo_server, tmp_path):
         for name in ("events", "transactions", "event_groups"):
             rows = conn.execute(f"SELECT count(*) FROM raw.{name}").fetchone()[0]
             assert rows == demo_server.dataset.count(name)
+
+
+def test_row_count_check_warns_when_a_load_moves_beyond_the_tolerance_of_the_previous_one():
+    assert row_count_check(1000, None, 0.2).passed  # first load: nothing to compare
+    assert row_count_check(1150, 1000, 0.2).passed
+    shrunk = row_count_check(700, 1000, 0.2)
+    assert not shrunk.passed and shrunk.severity == dg.AssetCheckSeverity.WARN
+    assert not row_count_check(1300, 1000, 0.2).passed
+    assert not row_count_check(5, 0, 0.2).passed  # from empty to something is a move too
+
+
+def test_row_count_check_compares_with_the_previous_materialization(
+    demo_server, tmp_path, warehouse
+):
+    resources = {"fieldsales_api": make_api(demo_server, tmp_path), "warehouse": warehouse}
+    assets = raw_assets()
+    with dg.instance_for_test() as instance:
+        first = dg.materialize(
+            assets, resources=resources, selection=["raw_events"], instance=instance
+        )
+        (check,) = first.get_asset_check_evaluations()
+        assert check.passed and "previous_rows" not in check.metadata
+        before = demo_server.dataset.count("events")
+        # 30 % fewer: past the check's 20 % tolerance, short of the loader's 50 % shrink guard.
+        demo_server.behaviour.mutate("events", delete=before * 3 // 10)
+        second = dg.materialize(
+            assets, resources=resources, selection=["raw_events"], instance=instance
+        )
+        (check,) = second.get_asset_check_evaluations()
+        assert not check.passed
+        assert check.metadata["previous_rows"].value == before
+        assert check.metadata["rows"].value == demo_server.dataset.count("events") < before

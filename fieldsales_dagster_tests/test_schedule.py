@@ -5,15 +5,22 @@ from __future__ import annotations
 import dagster as dg
 import pytest
 
-from fieldsales_dagster.automation.schedule import (
-    REFRESH_TAG,
-    all_jobs,
-    all_schedules,
-    refresh_all,
-    refresh_all_schedule,
-    schedule_cron,
-    schedule_timezone,
-)
+from fieldsales_dagster.names import REFRESH_TAG
+from fieldsales_dagster_tests.project import error_chain, load_project_defs
+
+
+@pytest.fixture
+def project_env(monkeypatch):
+    """The default instance, pointed at a URL nothing needs to answer (nothing is fetched)."""
+    monkeypatch.setenv("FIELDSALES_BASE_URL", "http://127.0.0.1:9")
+    monkeypatch.setenv("FIELDSALES_API_TOKEN", "schedule-test-token")
+    for variable in ("FIELDSALES_SCHEDULE_CRON", "FIELDSALES_SCHEDULE_TIMEZONE"):
+        monkeypatch.delenv(variable, raising=False)
+
+
+@pytest.fixture
+def refresh_all_schedule(project_env) -> dg.ScheduleDefinition:
+    return load_project_defs().get_schedule_def("refresh_all_schedule")
 
 
 @pytest.fixture
@@ -23,70 +30,68 @@ def instance(tmp_path):
         yield instance
 
 
-def evaluate(instance: dg.DagsterInstance):
-    return refresh_all_schedule(dg.build_schedule_context(instance=instance))
+def evaluate(schedule: dg.ScheduleDefinition, instance: dg.DagsterInstance):
+    return schedule(dg.build_schedule_context(instance=instance))
 
 
 def add_run(instance: dg.DagsterInstance, status: dg.DagsterRunStatus) -> dg.DagsterRun:
-    return instance.add_run(dg.DagsterRun(job_name=refresh_all.name, status=status))
+    return instance.add_run(dg.DagsterRun(job_name="refresh_all", status=status))
 
 
-def test_schedule_requests_a_run_of_the_whole_refresh_all_job(instance):
-    request = evaluate(instance)
+def test_schedule_requests_a_run_of_the_whole_refresh_all_job(refresh_all_schedule, instance):
+    request = evaluate(refresh_all_schedule, instance)
     assert isinstance(request, dg.RunRequest)
     assert request.asset_selection is None  # the whole job, not a subset
-    assert request.job_name in (None, refresh_all.name)
-    assert refresh_all_schedule.job_name == refresh_all.name
+    assert request.job_name in (None, "refresh_all")
+    assert refresh_all_schedule.job_name == "refresh_all"
 
 
 @pytest.mark.parametrize("status", [dg.DagsterRunStatus.STARTED, dg.DagsterRunStatus.STARTING])
-def test_schedule_skips_while_a_refresh_all_run_is_in_progress(instance, status):
+def test_schedule_skips_while_a_refresh_all_run_is_in_progress(
+    refresh_all_schedule, instance, status
+):
     run = add_run(instance, status)
-    result = evaluate(instance)
+    result = evaluate(refresh_all_schedule, instance)
     assert isinstance(result, dg.SkipReason)
     assert run.run_id in result.skip_message
     assert "refresh_all" in result.skip_message
 
 
-def test_schedule_runs_again_once_the_previous_run_finished(instance):
+def test_schedule_runs_again_once_the_previous_run_finished(refresh_all_schedule, instance):
     add_run(instance, dg.DagsterRunStatus.SUCCESS)
     add_run(instance, dg.DagsterRunStatus.FAILURE)
-    assert isinstance(evaluate(instance), dg.RunRequest)
+    assert isinstance(evaluate(refresh_all_schedule, instance), dg.RunRequest)
 
 
-def test_refresh_all_selects_every_asset_and_carries_the_concurrency_tag():
-    @dg.asset(key=["raw", "events"])
-    def raw_events() -> None: ...
-
-    @dg.asset(key=["core", "events"], deps=[raw_events])
-    def core_events() -> None: ...
-
-    defs = dg.Definitions(assets=[raw_events, core_events], jobs=[refresh_all])
-    job = defs.resolve_job_def(refresh_all.name)
-    assert set(job.asset_layer.selected_asset_keys) == {
-        dg.AssetKey(["raw", "events"]),
-        dg.AssetKey(["core", "events"]),
-    }
+def test_refresh_all_selects_every_asset_and_carries_the_concurrency_tag(project_env):
+    defs = load_project_defs()
+    job = defs.resolve_job_def("refresh_all")
+    every_asset = defs.get_repository_def().asset_graph.get_all_asset_keys()
+    assert set(job.asset_layer.selected_asset_keys) == set(every_asset)
+    assert len(every_asset) == 12
     assert job.tags[REFRESH_TAG] == "all"
 
 
-def test_schedule_defaults_to_daily_at_five_utc_and_is_on_by_default():
+def test_schedule_defaults_to_daily_at_five_utc_and_is_on_by_default(refresh_all_schedule):
     assert refresh_all_schedule.cron_schedule == "0 5 * * *"
     assert refresh_all_schedule.execution_timezone == "UTC"
     assert refresh_all_schedule.default_status == dg.DefaultScheduleStatus.RUNNING
     assert refresh_all_schedule.description
-    assert all_jobs == [refresh_all]
-    assert all_schedules == [refresh_all_schedule]
 
 
-def test_cron_and_timezone_come_from_the_environment(monkeypatch):
+def test_cron_and_timezone_come_from_the_environment(project_env, monkeypatch):
     monkeypatch.setenv("FIELDSALES_SCHEDULE_CRON", "30 2 * * 1-5")
     monkeypatch.setenv("FIELDSALES_SCHEDULE_TIMEZONE", "Europe/Vienna")
-    assert schedule_cron() == "30 2 * * 1-5"
-    assert schedule_timezone() == "Europe/Vienna"
+    schedule = load_project_defs().get_schedule_def("refresh_all_schedule")
+    assert schedule.cron_schedule == "30 2 * * 1-5"
+    assert schedule.execution_timezone == "Europe/Vienna"
 
 
-def test_unknown_timezone_is_refused_with_the_variable_name(monkeypatch):
+def test_unknown_timezone_fails_the_load_naming_setting_and_variable(project_env, monkeypatch):
     monkeypatch.setenv("FIELDSALES_SCHEDULE_TIMEZONE", "Mars/Olympus_Mons")
-    with pytest.raises(ValueError, match="FIELDSALES_SCHEDULE_TIMEZONE"):
-        schedule_timezone()
+    with pytest.raises(Exception) as failure:
+        load_project_defs()
+    message = error_chain(failure.value)
+    assert "schedule_timezone (from FIELDSALES_SCHEDULE_TIMEZONE) is invalid" in message
+    assert "'Mars/Olympus_Mons'" in message
+    assert "IANA time zone such as UTC" in message

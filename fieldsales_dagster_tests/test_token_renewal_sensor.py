@@ -17,17 +17,16 @@ import dagster as dg
 import pytest
 import requests
 
-from fieldsales_dagster.automation.sensors import (
-    TokenRenewalError,
-    all_sensors,
-    token_renewal_sensor,
-)
+from fieldsales_dagster.automation.sensors import build_token_renewal_sensor
 from fieldsales_dagster.client.endpoints import CHECK_TOKEN_PATH, GENERATE_TOKEN_PATH
 from fieldsales_dagster.client.errors import AuthenticationError
 from fieldsales_dagster.client.pager import ListStats
 from fieldsales_dagster.client.resource import FieldSalesAPI
 from fieldsales_dagster.demo_api import DemoConfig, DemoServer
-from fieldsales_dagster.token.store import TokenStore
+from fieldsales_dagster.names import InstanceNames
+from fieldsales_dagster.token.renewal import RenewalPolicy, TokenRenewalError
+from fieldsales_dagster.token.store import TokenStore, TokenStoreError
+from fieldsales_dagster_tests.project import load_project_defs
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
 
@@ -57,9 +56,12 @@ def make_api(server, store_path: Path, env_token: str | None = None) -> FieldSal
     )
 
 
-def tick(api: FieldSalesAPI, cursor: str | None = None) -> dg.SensorResult:
+def tick(
+    api: FieldSalesAPI, cursor: str | None = None, policy: RenewalPolicy | None = None
+) -> dg.SensorResult:
+    sensor = build_token_renewal_sensor(InstanceNames(), policy or RenewalPolicy())
     with dg.build_sensor_context(cursor=cursor, resources={"fieldsales_api": api}) as context:
-        result = token_renewal_sensor(context)
+        result = sensor(context)
     assert isinstance(result, dg.SensorResult)
     assert not result.run_requests
     return result
@@ -114,12 +116,26 @@ def test_token_past_the_threshold_is_renewed_and_stored(server, store_path):
     assert stored_token(store_path) == server.token
 
 
-def test_threshold_comes_from_the_environment(server, store_path, monkeypatch):
+def test_threshold_comes_from_the_policy(server, store_path):
     api = make_api(server, store_path)
     tick(api)
     backdate(store_path, 11)
+    assert skip_message(tick(api)).startswith("not yet due")
+    policy = RenewalPolicy(renew_after=timedelta(days=10))
+    assert skip_message(tick(api, policy=policy)).startswith("token renewed")
+
+
+def test_threshold_comes_from_the_environment_through_the_component(server, monkeypatch):
+    monkeypatch.setenv("FIELDSALES_BASE_URL", server.base_url)
+    monkeypatch.setenv("FIELDSALES_API_TOKEN", server.token)
     monkeypatch.setenv("FIELDSALES_TOKEN_RENEW_AFTER_DAYS", "10")
-    assert skip_message(tick(api)).startswith("token renewed")
+    sensor = load_project_defs().get_sensor_def("token_renewal_sensor")
+    assert "older than 10 days" in sensor.description
+
+
+def test_threshold_outside_the_token_lifetime_is_refused():
+    with pytest.raises(ValueError, match="between 0 and 60 days"):
+        RenewalPolicy(renew_after=timedelta(days=61))
 
 
 def test_after_renewal_the_old_token_is_refused_and_the_store_holds_the_new_one(server, store_path):
@@ -219,19 +235,22 @@ RENEWER_SCRIPT = textwrap.dedent(
 
     import dagster as dg
 
-    from fieldsales_dagster.automation import sensors
+    from fieldsales_dagster.automation.sensors import build_token_renewal_sensor
+    from fieldsales_dagster.names import InstanceNames
+    from fieldsales_dagster.token import renewal
+    from fieldsales_dagster.token.renewal import RenewalPolicy
     from fieldsales_dagster.client.resource import FieldSalesAPI
     from fieldsales_dagster.token.store import TokenStore
 
     base_url, env_token, store_path, go_file, mode = sys.argv[1:]
-    real_generate_token = sensors.generate_token
+    real_generate_token = renewal.generate_token
 
     def slow_generate_token(api, old_token):
         new_token = real_generate_token(api, old_token)
         time.sleep(0.3)  # a slow answer widens the window two renewers could share
         return new_token
 
-    sensors.generate_token = slow_generate_token
+    renewal.generate_token = slow_generate_token
     if mode == "crash":
         real_write = TokenStore._write_atomically
 
@@ -246,8 +265,9 @@ RENEWER_SCRIPT = textwrap.dedent(
     Path(f"{go_file}.ready.{os.getpid()}").touch()
     while not Path(go_file).exists():
         time.sleep(0.01)
+    sensor = build_token_renewal_sensor(InstanceNames(), RenewalPolicy())
     with dg.build_sensor_context(resources={"fieldsales_api": api}) as context:
-        print(sensors.token_renewal_sensor(context).skip_reason.skip_message)
+        print(sensor(context).skip_reason.skip_message)
     """
 )
 
@@ -331,6 +351,39 @@ def test_lost_renewal_answer_is_not_retried_and_fails_the_tick(server, store_pat
     assert store_path.read_bytes() == before
 
 
+def test_unwritable_store_stops_the_renewal_before_the_server_rotates(
+    server, store_path, monkeypatch
+):
+    """A full disk (ENOSPC cannot be produced here, so mkstemp is made to fail as it would)."""
+    import errno
+    import tempfile
+
+    api = make_api(server, store_path)
+    tick(api)
+    backdate(store_path, 46)
+    old_token = server.token
+
+    def disk_full(*args, **kwargs):
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    monkeypatch.setattr(tempfile, "mkstemp", disk_full)
+    with pytest.raises(TokenStoreError, match="cannot be written"):
+        tick(api)
+    assert requests_to(server, GENERATE_TOKEN_PATH) == 0
+    assert server.token == old_token == stored_token(store_path)
+
+
+def test_mistyped_new_env_token_keeps_the_renewed_stored_token(server, store_path):
+    api = make_api(server, store_path)
+    tick(api)
+    backdate(store_path, 46)
+    tick(api)  # renewed: the environment's token is stale now
+    renewed = stored_token(store_path)
+    mistyped = make_api(server, store_path, env_token="a-mistyped-replacement-token")
+    mistyped.check_token()  # uses the stored token: accepted
+    assert stored_token(store_path) == renewed == server.token
+
+
 # --- refused tokens ----------------------------------------------------------------------------
 
 
@@ -401,11 +454,15 @@ def test_token_never_appears_in_logs_results_or_errors(server, store_path, caplo
             assert token not in text
 
 
-def test_sensor_is_on_by_default_every_few_hours_and_exported():
+def test_sensor_is_on_by_default_every_few_hours_and_exported(server, monkeypatch):
+    monkeypatch.setenv("FIELDSALES_BASE_URL", server.base_url)
+    monkeypatch.setenv("FIELDSALES_API_TOKEN", server.token)
+    defs = load_project_defs()
+    token_renewal_sensor = defs.get_sensor_def("token_renewal_sensor")
     assert token_renewal_sensor.default_status == dg.DefaultSensorStatus.RUNNING
     assert token_renewal_sensor.minimum_interval_seconds >= 3600
     assert token_renewal_sensor.description
-    assert [sensor.name for sensor in all_sensors] == [
-        "token_renewal_sensor",
+    assert sorted(sensor.name for sensor in defs.sensors) == [
         "core_automation_sensor",
+        "token_renewal_sensor",
     ]

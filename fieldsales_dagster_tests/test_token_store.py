@@ -15,7 +15,6 @@ import pytest
 from fieldsales_dagster.token.store import (
     TokenStore,
     TokenStoreError,
-    default_store_path,
     fingerprint,
 )
 
@@ -229,13 +228,43 @@ def test_repr_never_shows_the_token(store: TokenStore):
         assert ENV_TOKEN not in text
 
 
+def store_path_from_settings() -> Path:
+    from fieldsales_dagster_tests.project import load_project_defs
+
+    api = load_project_defs().resources["fieldsales_api"]
+    return Path(api.token_store_path)
+
+
 def test_default_path_prefers_env_var_then_dagster_home_then_data(monkeypatch, tmp_path: Path):
+    monkeypatch.setenv("FIELDSALES_BASE_URL", "http://127.0.0.1:9")
+    monkeypatch.setenv("FIELDSALES_API_TOKEN", ENV_TOKEN)
     monkeypatch.delenv("FIELDSALES_TOKEN_STORE", raising=False)
     monkeypatch.delenv("DAGSTER_HOME", raising=False)
-    assert default_store_path() == Path("data") / "fieldsales_token.json"
+    assert store_path_from_settings() == Path("data") / "fieldsales_token.json"
     monkeypatch.setenv("DAGSTER_HOME", str(tmp_path / "home"))
-    assert default_store_path() == tmp_path / "home" / "fieldsales_token.json"
+    assert store_path_from_settings() == tmp_path / "home" / "fieldsales_token.json"
     monkeypatch.setenv("FIELDSALES_TOKEN_STORE", str(tmp_path / "explicit.json"))
-    assert default_store_path() == tmp_path / "explicit.json"
-    assert TokenStore.at(None).path == tmp_path / "explicit.json"
-    assert TokenStore.at(str(tmp_path / "given.json")).path == tmp_path / "given.json"
+    assert store_path_from_settings() == tmp_path / "explicit.json"
+
+
+def test_new_env_token_the_server_refuses_does_not_replace_the_stored_one(store: TokenStore):
+    store.current_token(ENV_TOKEN)
+    store.rotate(ENV_TOKEN, renewer("renewed-token"), renew_after=timedelta(0))
+    asked = []
+
+    def server_refuses(token: str) -> bool:
+        asked.append(token)
+        return False
+
+    assert store.current_token("mistyped-new-token", accept=server_refuses) == "renewed-token"
+    assert asked == ["mistyped-new-token"]
+    assert store.read().token == "renewed-token"
+    # Once the server accepts a new token, the store takes it over.
+    assert store.current_token("good-new-token", accept=lambda token: True) == "good-new-token"
+
+
+def test_store_whose_directory_cannot_take_a_file_is_reported_as_unwritable(tmp_path: Path):
+    blocker = tmp_path / "not-a-directory"
+    blocker.write_text("")
+    with pytest.raises(TokenStoreError, match="cannot be written"):
+        TokenStore(blocker / "fieldsales_token.json").ensure_writable()

@@ -5,15 +5,19 @@ findings that come from the API's data rather than from our decoding (values out
 range, transactions whose event was not paged yet) are warnings with the offending rows named.
 """
 
-from __future__ import annotations
+from collections.abc import Callable
 
 import dagster as dg
 
 from fieldsales_dagster.assets.core import CORE_TABLES, CoreTable
+from fieldsales_dagster.names import InstanceNames
 from fieldsales_dagster.warehouse.resource import FieldSalesWarehouse, qualified, quote_ident
 
 #: How many offending rows a check names in its metadata.
 SAMPLE_SIZE = 5
+
+#: ``evaluate(warehouse) -> result``: the body of one check.
+Evaluate = Callable[[FieldSalesWarehouse], dg.AssetCheckResult]
 
 
 def _fetch_one(warehouse: FieldSalesWarehouse, sql: str) -> tuple:
@@ -21,7 +25,37 @@ def _fetch_one(warehouse: FieldSalesWarehouse, sql: str) -> tuple:
         return conn.execute(sql).fetchone()
 
 
-def ids_unique_check(table: CoreTable) -> dg.AssetChecksDefinition:
+def _table(name: str) -> CoreTable:
+    return next(table for table in CORE_TABLES if table.table == name)
+
+
+def _bind(
+    names: InstanceNames,
+    table: CoreTable,
+    evaluate: Evaluate,
+    *,
+    name: str,
+    description: str,
+    blocking: bool = False,
+    also_reads: tuple[CoreTable, ...] = (),
+) -> dg.AssetChecksDefinition:
+    """One check of ``table``'s asset in this instance, reading through its warehouse resource."""
+
+    @dg.asset_check(
+        asset=names.asset_key(table.asset_name),
+        name=name,
+        description=description,
+        blocking=blocking,
+        additional_deps=[names.asset_key(other.asset_name) for other in also_reads],
+        required_resource_keys={names.warehouse_resource},
+    )
+    def _check(context: dg.AssetCheckExecutionContext) -> dg.AssetCheckResult:
+        return evaluate(getattr(context.resources, names.warehouse_resource))
+
+    return _check
+
+
+def ids_unique(table: CoreTable) -> Evaluate:
     columns = ", ".join(quote_ident(c) for c in table.key)
     any_null = " OR ".join(f"{quote_ident(c)} IS NULL" for c in table.key)
     key_text = " || ' / ' || ".join(
@@ -44,12 +78,6 @@ def ids_unique_check(table: CoreTable) -> dg.AssetChecksDefinition:
     """
     key_label = ", ".join(table.key)
 
-    @dg.asset_check(
-        asset=table.asset_name,
-        name="ids_unique",
-        description=f"Every row of {table.table} has a distinct, non-NULL ({key_label}).",
-        blocking=True,
-    )
     def _ids_unique(warehouse: FieldSalesWarehouse) -> dg.AssetCheckResult:
         duplicated, with_null, sample = _fetch_one(warehouse, sql)
         return dg.AssetCheckResult(
@@ -66,15 +94,6 @@ def ids_unique_check(table: CoreTable) -> dg.AssetChecksDefinition:
     return _ids_unique
 
 
-@dg.asset_check(
-    asset="core_transactions",
-    additional_deps=["core_events"],
-    description=(
-        "Every transaction's event_id is present in core.events. A warning only: the API pages "
-        "transactions and events separately, so an event created meanwhile can be missing until "
-        "the next refresh."
-    ),
-)
 def event_ids_known(warehouse: FieldSalesWarehouse) -> dg.AssetCheckResult:
     unknown, sample = _fetch_one(
         warehouse,
@@ -96,13 +115,6 @@ def event_ids_known(warehouse: FieldSalesWarehouse) -> dg.AssetCheckResult:
     )
 
 
-@dg.asset_check(
-    asset="core_custom_report_results",
-    description=(
-        "Slider values lie within the field's minimum..maximum and on its step grid (counted from "
-        "the minimum). Counts values that do not, and names a few."
-    ),
-)
 def slider_values_valid(warehouse: FieldSalesWarehouse) -> dg.AssetCheckResult:
     out_of_range, off_step, sample = _fetch_one(
         warehouse,
@@ -131,13 +143,6 @@ def slider_values_valid(warehouse: FieldSalesWarehouse) -> dg.AssetCheckResult:
     )
 
 
-@dg.asset_check(
-    asset="core_custom_report_results",
-    description=(
-        "Every custom report value is resolved to a field definition with a field type. Counts "
-        "values whose field no known configuration defines (they keep value_raw only)."
-    ),
-)
 def field_types_resolved(warehouse: FieldSalesWarehouse) -> dg.AssetCheckResult:
     unresolved, by_source, sample = _fetch_one(
         warehouse,
@@ -164,13 +169,6 @@ def field_types_resolved(warehouse: FieldSalesWarehouse) -> dg.AssetCheckResult:
     )
 
 
-@dg.asset_check(
-    asset="core_dim_point_of_sale",
-    description=(
-        "Point-of-sale coordinates (location and places-directory) are valid: longitude within "
-        "±180, latitude within ±90. A failure usually means swapped or scaled coordinates."
-    ),
-)
 def coordinates_in_range(warehouse: FieldSalesWarehouse) -> dg.AssetCheckResult:
     invalid, sample = _fetch_one(
         warehouse,
@@ -192,10 +190,68 @@ def coordinates_in_range(warehouse: FieldSalesWarehouse) -> dg.AssetCheckResult:
     )
 
 
-core_checks: list = [
-    *(ids_unique_check(table) for table in CORE_TABLES),
-    event_ids_known,
-    slider_values_valid,
-    field_types_resolved,
-    coordinates_in_range,
-]
+def build_core_checks(names: InstanceNames) -> list[dg.AssetChecksDefinition]:
+    """Every check of the core tables: uniqueness from each table's key, then the data checks."""
+    transactions = _table("core.transactions")
+    events = _table("core.events")
+    results = _table("core.custom_report_results")
+    points_of_sale = _table("core.dim_point_of_sale")
+    return [
+        *(
+            _bind(
+                names,
+                table,
+                ids_unique(table),
+                name="ids_unique",
+                description=(
+                    f"Every row of {table.table} has a distinct, non-NULL ({', '.join(table.key)})."
+                ),
+                blocking=True,
+            )
+            for table in CORE_TABLES
+        ),
+        _bind(
+            names,
+            transactions,
+            event_ids_known,
+            name="event_ids_known",
+            also_reads=(events,),
+            description=(
+                "Every transaction's event_id is present in core.events. A warning only: the API "
+                "pages transactions and events separately, so an event created meanwhile can be "
+                "missing until the next refresh."
+            ),
+        ),
+        _bind(
+            names,
+            results,
+            slider_values_valid,
+            name="slider_values_valid",
+            description=(
+                "Slider values lie within the field's minimum..maximum and on its step grid "
+                "(counted from the minimum). Counts values that do not, and names a few."
+            ),
+        ),
+        _bind(
+            names,
+            results,
+            field_types_resolved,
+            name="field_types_resolved",
+            description=(
+                "Every custom report value is resolved to a field definition with a field type. "
+                "Counts values whose field no known configuration defines (they keep value_raw "
+                "only)."
+            ),
+        ),
+        _bind(
+            names,
+            points_of_sale,
+            coordinates_in_range,
+            name="coordinates_in_range",
+            description=(
+                "Point-of-sale coordinates (location and places-directory) are valid: longitude "
+                "within ±180, latitude within ±90. A failure usually means swapped or scaled "
+                "coordinates."
+            ),
+        ),
+    ]

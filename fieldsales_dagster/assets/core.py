@@ -5,14 +5,16 @@ staging table, swaps it in for the previous table (a failed query leaves the pre
 place), and reports the table's schema, row count and a few rows.
 """
 
-from __future__ import annotations
-
 from dataclasses import dataclass
 from importlib import resources
 
 import dagster as dg
 import duckdb
 
+from fieldsales_dagster.assets.metadata import table_metadata
+from fieldsales_dagster.assets.raw import raw_asset_name
+from fieldsales_dagster.client.endpoints import EVENTS, TRANSACTIONS
+from fieldsales_dagster.names import InstanceNames
 from fieldsales_dagster.warehouse.resource import (
     FieldSalesWarehouse,
     qualified,
@@ -20,11 +22,8 @@ from fieldsales_dagster.warehouse.resource import (
     replace_table,
 )
 
-RAW_EVENTS = "raw_events"
-RAW_TRANSACTIONS = "raw_transactions"
-
-PREVIEW_ROWS = 5
-PREVIEW_CELL_CHARS = 40
+RAW_EVENTS = raw_asset_name(EVENTS)
+RAW_TRANSACTIONS = raw_asset_name(TRANSACTIONS)
 
 
 @dataclass(frozen=True)
@@ -152,63 +151,40 @@ def build_table(conn: duckdb.DuckDBPyConnection, target: str, query: str) -> Non
     replace_table(conn, staged, target)
 
 
-def table_schema(conn: duckdb.DuckDBPyConnection, table: str) -> dg.TableSchema:
-    schema, _, name = table.partition(".")
-    columns = conn.execute(
-        "SELECT column_name, data_type FROM information_schema.columns "
-        "WHERE table_schema = ? AND table_name = ? ORDER BY ordinal_position",
-        [schema, name],
-    ).fetchall()
-    return dg.TableSchema(columns=[dg.TableColumn(name=c, type=t) for c, t in columns])
-
-
-def markdown_preview(conn: duckdb.DuckDBPyConnection, table: str) -> str:
-    """The first rows of ``table`` as a markdown table, long cells shortened."""
-    relation = conn.execute(f"SELECT * FROM {qualified(table)} LIMIT {PREVIEW_ROWS}")
-    header = [column[0] for column in relation.description]
-    rows = relation.fetchall()
-
-    def cell(value: object) -> str:
-        text = "" if value is None else str(value)
-        if len(text) > PREVIEW_CELL_CHARS:
-            text = text[: PREVIEW_CELL_CHARS - 1] + "…"
-        return text.replace("|", "\\|").replace("\n", " ")
-
-    lines = ["| " + " | ".join(header) + " |", "|" + " --- |" * len(header)]
-    lines += ["| " + " | ".join(cell(v) for v in row) + " |" for row in rows]
-    return "\n".join(lines)
-
-
 def materialize_core_table(
     warehouse: FieldSalesWarehouse, table: CoreTable
 ) -> dg.MaterializeResult:
     with warehouse.get_connection() as conn:
         build_table(conn, table.table, core_query(table))
-        (row_count,) = conn.execute(f"SELECT count(*) FROM {qualified(table.table)}").fetchone()
-        return dg.MaterializeResult(
-            metadata={
-                "dagster/column_schema": table_schema(conn, table.table),
-                "dagster/row_count": int(row_count),
-                "dagster/table_name": table.table,
-                "preview": dg.MetadataValue.md(markdown_preview(conn, table.table)),
-            }
-        )
+        return dg.MaterializeResult(metadata=table_metadata(conn, warehouse.database, table.table))
 
 
-def core_table_asset(table: CoreTable) -> dg.AssetsDefinition:
+def build_core_asset(
+    names: InstanceNames,
+    table: CoreTable,
+    owners: list[str],
+    freshness_policy: dg.FreshnessPolicy | None,
+) -> dg.AssetsDefinition:
     @dg.asset(
-        name=table.asset_name,
+        key=names.asset_key(table.asset_name),
         description=table.description,
-        group_name="core",
+        group_name=names.group("core"),
         kinds={"duckdb"},
-        pool="fieldsales_duckdb",
-        deps=list(table.deps),
+        pool=names.pool,
+        owners=owners,
+        deps=[names.asset_key(dep) for dep in table.deps],
         automation_condition=dg.AutomationCondition.eager(),
+        freshness_policy=freshness_policy,
+        metadata={"table": table.table, "query": f"sql/{table.query_file}"},
+        required_resource_keys={names.warehouse_resource},
     )
-    def _core_table(warehouse: FieldSalesWarehouse) -> dg.MaterializeResult:
-        return materialize_core_table(warehouse, table)
+    def _core_table(context: dg.AssetExecutionContext) -> dg.MaterializeResult:
+        return materialize_core_table(getattr(context.resources, names.warehouse_resource), table)
 
     return _core_table
 
 
-core_assets: list = [core_table_asset(table) for table in CORE_TABLES]
+def build_core_assets(
+    names: InstanceNames, owners: list[str], freshness_policy: dg.FreshnessPolicy | None
+) -> list[dg.AssetsDefinition]:
+    return [build_core_asset(names, table, owners, freshness_policy) for table in CORE_TABLES]

@@ -6,19 +6,25 @@ server's total, swap it in, report what it cost.
 
 import dagster as dg
 
-from fieldsales_dagster.client.endpoints import EVENT_GROUPS, EVENTS, TRANSACTIONS, ListEndpoint
+from fieldsales_dagster.assets.metadata import previous_row_count, table_metadata
+from fieldsales_dagster.client.endpoints import LIST_ENDPOINTS, ListEndpoint
 from fieldsales_dagster.client.resource import FieldSalesAPI
+from fieldsales_dagster.names import InstanceNames
 from fieldsales_dagster.warehouse.raw_load import LoadReport, load_list
 from fieldsales_dagster.warehouse.resource import FieldSalesWarehouse
 
-DUCKDB_POOL = "fieldsales_duckdb"
-TOTAL_CHECK = "row_count_matches_api_total"
+ROW_COUNT_CHECK = "row_count_near_previous_load"
+#: A load whose row count moved by more than this fraction of the previous load's warns. (The
+#: loader itself refuses a load that would shrink a table by half or empty it.)
+ROW_COUNT_TOLERANCE = 0.2
 
 
-def _metadata(report: LoadReport) -> dict[str, object]:
+def raw_asset_name(endpoint: ListEndpoint) -> str:
+    return f"raw_{endpoint.name}"
+
+
+def _load_metadata(report: LoadReport) -> dict[str, object]:
     return {
-        "dagster/row_count": report.rows,
-        "table": dg.MetadataValue.text(report.table),
         "api_total": dg.MetadataValue.int(report.api_total)
         if report.api_total is not None
         else dg.MetadataValue.text("not reported by the server"),
@@ -33,66 +39,73 @@ def _metadata(report: LoadReport) -> dict[str, object]:
     }
 
 
-def _total_check(report: LoadReport) -> dg.AssetCheckResult:
-    if report.api_total is None:
+def row_count_check(rows: int, previous: int | None, tolerance: float) -> dg.AssetCheckResult:
+    """Warn when a load's row count moved by more than ``tolerance`` against the previous load."""
+    if previous is None:
         return dg.AssetCheckResult(
-            check_name=TOTAL_CHECK,
+            check_name=ROW_COUNT_CHECK,
             passed=True,
-            metadata={"rows": report.rows, "note": "the server reports no total for this list"},
+            metadata={"rows": rows, "note": "first load: nothing to compare with"},
         )
+    change = (rows - previous) / previous if previous else (0.0 if rows == 0 else 1.0)
     return dg.AssetCheckResult(
-        check_name=TOTAL_CHECK,
-        passed=report.rows == report.api_total,
-        metadata={"rows": report.rows, "api_total": report.api_total},
+        check_name=ROW_COUNT_CHECK,
+        passed=abs(change) <= tolerance,
+        severity=dg.AssetCheckSeverity.WARN,
+        metadata={
+            "rows": rows,
+            "previous_rows": previous,
+            "change": dg.MetadataValue.float(round(change, 4)),
+            "tolerance": tolerance,
+        },
     )
 
 
-def build_raw_asset(endpoint: ListEndpoint, description: str) -> dg.AssetsDefinition:
-    key = f"raw_{endpoint.name}"
+def build_raw_asset(
+    names: InstanceNames, endpoint: ListEndpoint, owners: list[str]
+) -> dg.AssetsDefinition:
+    key = names.asset_key(raw_asset_name(endpoint))
 
     @dg.asset(
-        name=key,
-        group_name="raw",
+        key=key,
+        group_name=names.group("raw"),
         kinds={"duckdb"},
-        pool=DUCKDB_POOL,
-        description=description,
-        metadata={"table": endpoint.raw_table, "endpoint": endpoint.path},
+        pool=names.pool,
+        owners=owners,
+        description=(
+            f"Every {endpoint.name.replace('_', ' ')} item (GET {endpoint.path}) as received: "
+            f"{endpoint.raw_table}(id, payload, loaded_at"
+            f"{''.join(', ' + column for column, _ in endpoint.extra_columns)})."
+        ),
+        metadata={"endpoint": endpoint.path, "table": endpoint.raw_table},
+        required_resource_keys={names.api_resource, names.warehouse_resource},
         check_specs=[
             dg.AssetCheckSpec(
-                TOTAL_CHECK,
+                ROW_COUNT_CHECK,
                 asset=key,
-                blocking=True,
-                description="Distinct ids loaded equal the total the API reported.",
+                description=(
+                    "The row count moved by at most "
+                    f"{ROW_COUNT_TOLERANCE:.0%} against the previous load (a server answering "
+                    "short lists, or a tenant's data wiped, shows here)."
+                ),
             )
         ],
     )
-    def raw_asset(
-        context: dg.AssetExecutionContext,
-        fieldsales_api: FieldSalesAPI,
-        warehouse: FieldSalesWarehouse,
-    ) -> dg.MaterializeResult:
+    def _raw_asset(context: dg.AssetExecutionContext) -> dg.MaterializeResult:
+        api: FieldSalesAPI = getattr(context.resources, names.api_resource)
+        warehouse: FieldSalesWarehouse = getattr(context.resources, names.warehouse_resource)
         with warehouse.get_connection() as conn:
-            report = load_list(fieldsales_api, conn, endpoint, log=context.log.info)
+            report = load_list(api, conn, endpoint, log=context.log.info)
+            metadata = table_metadata(conn, warehouse.database, endpoint.raw_table, preview=False)
         return dg.MaterializeResult(
-            metadata=_metadata(report), check_results=[_total_check(report)]
+            metadata={**metadata, **_load_metadata(report)},
+            check_results=[
+                row_count_check(report.rows, previous_row_count(context), ROW_COUNT_TOLERANCE)
+            ],
         )
 
-    return raw_asset
+    return _raw_asset
 
 
-raw_events = build_raw_asset(
-    EVENTS,
-    "Every event (GET /public/v1/api/event/all) as received: raw.events(id, payload, loaded_at).",
-)
-raw_transactions = build_raw_asset(
-    TRANSACTIONS,
-    "Every transaction (GET /public/v1/api/transaction/all) as received: "
-    "raw.transactions(id, event_id, payload, loaded_at).",
-)
-raw_event_groups = build_raw_asset(
-    EVENT_GROUPS,
-    "Every event group (GET /public/v1/api/eventgroup/all) as received: "
-    "raw.event_groups(id, payload, loaded_at).",
-)
-
-raw_assets = [raw_events, raw_transactions, raw_event_groups]
+def build_raw_assets(names: InstanceNames, owners: list[str]) -> list[dg.AssetsDefinition]:
+    return [build_raw_asset(names, endpoint, owners) for endpoint in LIST_ENDPOINTS]

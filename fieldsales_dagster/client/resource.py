@@ -72,9 +72,9 @@ class FieldSalesAPI(dg.ConfigurableResource):
         default=True,
         description="Read the current token from the token store (seeded from api_token).",
     )
-    token_store_path: str | None = Field(
-        default=None,
-        description="Token store file (FIELDSALES_TOKEN_STORE); default under DAGSTER_HOME.",
+    token_store_path: str = Field(
+        default="data/fieldsales_token.json",
+        description="Token store file (FIELDSALES_TOKEN_STORE); must be on a persistent volume.",
     )
     page_size: int = Field(
         default=500,
@@ -97,6 +97,7 @@ class FieldSalesAPI(dg.ConfigurableResource):
     )
 
     _local: threading.local = PrivateAttr(default_factory=threading.local)
+    _env_verdicts: dict[str, bool] = PrivateAttr(default_factory=dict)
 
     # --- plumbing ---------------------------------------------------------------------------
 
@@ -116,11 +117,34 @@ class FieldSalesAPI(dg.ConfigurableResource):
         return session
 
     def token_store(self) -> TokenStore | None:
-        return TokenStore.at(self.token_store_path) if self.use_token_store else None
+        return TokenStore(self.token_store_path) if self.use_token_store else None
 
     def current_token(self) -> str:
         store = self.token_store()
-        return store.current_token(self.api_token) if store else self.api_token
+        if store is None:
+            return self.api_token
+        return store.current_token(self.api_token, accept=self._server_accepts)
+
+    def _server_accepts(self, env_token: str) -> bool:
+        """Whether the server takes a new ``FIELDSALES_API_TOKEN`` the store has never seen.
+
+        Asked once per process and token. Until the server accepts it, the store's token stays in
+        use, and a warning says so (the new token may be mistyped; the stored one was renewed).
+        """
+        verdicts = self._env_verdicts
+        if env_token not in verdicts:
+            try:
+                self.get(CHECK_TOKEN_PATH, token=env_token, max_retries=1)
+                verdicts[env_token] = True
+            except FieldSalesAPIError as exc:
+                verdicts[env_token] = False
+                dg.get_dagster_logger().warning(
+                    "FIELDSALES_API_TOKEN holds a token the token store has not seen, but it "
+                    f"could not be confirmed ({type(exc).__name__}: the server refused it or did "
+                    f"not answer); keeping the stored token from {self.token_store_path}. Check "
+                    "the new token for a typo if you meant to replace the stored one."
+                )
+        return verdicts[env_token]
 
     def _scrub(self, text: str, *tokens: str) -> str:
         for secret in (self.api_token, *tokens):

@@ -12,11 +12,12 @@ token must reach the disk before anything else happens, and every process must f
   processes one renewal happens at a time, and the one that waited re-reads the store and finds
   the renewal already done (double-checked locking, see ``TokenStore.rotate``);
 * once seeded, the store wins over the environment, whose token a renewal has made stale; a new
-  environment token (a person regenerated it in the UI) re-seeds the store, while a token the
-  store already replaced does not: a process started with an old environment never writes its
-  invalid token back over the current one.
+  environment token (a person regenerated it in the UI) re-seeds the store once the server has
+  accepted it, while a token the store already replaced does not: a process started with an old
+  environment never writes its invalid token back over the current one, and a mistyped new one
+  never throws away the valid renewed token.
 
-Interface the API client relies on: ``TokenStore.at(path_or_None).current_token(env_token)``.
+Interface the API client relies on: ``TokenStore(path).current_token(env_token, accept)``.
 """
 
 from __future__ import annotations
@@ -34,8 +35,6 @@ from pathlib import Path
 
 from filelock import FileLock, Timeout
 
-STORE_ENV_VAR = "FIELDSALES_TOKEN_STORE"
-DEFAULT_FILE_NAME = "fieldsales_token.json"
 FORMAT_VERSION = 1
 #: How long a process waits for another one's seeding or renewal before giving up.
 LOCK_TIMEOUT_S = 300.0
@@ -45,15 +44,6 @@ MAX_RETIRED_FINGERPRINTS = 20
 
 class TokenStoreError(RuntimeError):
     """The store cannot be read or written. Messages name the file, never the token."""
-
-
-def default_store_path() -> Path:
-    """``$FIELDSALES_TOKEN_STORE``, else ``$DAGSTER_HOME/fieldsales_token.json``, else ``data/``."""
-    if os.environ.get(STORE_ENV_VAR):
-        return Path(os.environ[STORE_ENV_VAR])
-    if os.environ.get("DAGSTER_HOME"):
-        return Path(os.environ["DAGSTER_HOME"]) / DEFAULT_FILE_NAME
-    return Path("data") / DEFAULT_FILE_NAME
 
 
 def fingerprint(token: str) -> str:
@@ -145,10 +135,6 @@ class TokenStore:
         self.path = Path(path)
         self.lock_path = self.path.with_name(self.path.name + ".lock")
 
-    @classmethod
-    def at(cls, path: str | os.PathLike[str] | None) -> TokenStore:
-        return cls(path if path else default_store_path())
-
     def __repr__(self) -> str:
         return f"TokenStore({str(self.path)!r})"
 
@@ -190,16 +176,28 @@ class TokenStore:
 
     # --- the token to use ------------------------------------------------------------------
 
-    def current(self, env_token: str) -> StoredToken:
-        """The stored token, seeding (or re-seeding) the store from ``env_token`` if needed."""
+    def current(self, env_token: str, accept: Callable[[str], bool] | None = None) -> StoredToken:
+        """The stored token, seeding (or re-seeding) the store from ``env_token`` if needed.
+
+        A new environment token replaces a stored one only if ``accept(env_token)`` says the
+        server takes it (when ``accept`` is given): a mistyped replacement must never throw away
+        a valid renewed token. Refused, the stored token stays in use.
+        """
         stored = self.read()
         if stored is not None and not self._must_reseed(stored, env_token):
+            return stored
+        if stored is not None and accept is not None and not accept(env_token):
             return stored
         with self._locked():
             return self._read_or_seed(env_token)
 
-    def current_token(self, env_token: str) -> str:
-        return self.current(env_token).token
+    def current_token(self, env_token: str, accept: Callable[[str], bool] | None = None) -> str:
+        return self.current(env_token, accept).token
+
+    def env_token_pending(self, env_token: str) -> bool:
+        """True when ``env_token`` is one the store has never seen (a person set a new one)."""
+        stored = self.read()
+        return stored is not None and self._must_reseed(stored, env_token)
 
     @staticmethod
     def _must_reseed(stored: StoredToken, env_token: str) -> bool:
@@ -244,6 +242,7 @@ class TokenStore:
         renew: Callable[[str], str],
         *,
         renew_after: timedelta,
+        lock_timeout_s: float = LOCK_TIMEOUT_S,
     ) -> Rotation:
         """Renew the token if it is older than ``renew_after``, once across all processes.
 
@@ -252,7 +251,7 @@ class TokenStore:
         renewal is still due is ``renew`` called, and its token is written durably before this
         method returns, before any log line or any other use of the answer.
         """
-        with self._locked():
+        with self._locked(lock_timeout_s):
             stored = self._read_or_seed(env_token)
             if stored.age() < renew_after:
                 return Rotation(renewed=False, stored=stored)
@@ -270,15 +269,33 @@ class TokenStore:
 
     # --- plumbing ----------------------------------------------------------------------------
 
+    def ensure_writable(self) -> None:
+        """Raise ``TokenStoreError`` unless a new token could be written beside the store now.
+
+        Called before a renewal: once the server has rotated the token, a failed write would lose
+        the only valid one.
+        """
+        try:
+            self.path.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
+            fd, probe = tempfile.mkstemp(dir=self.path.parent, prefix=f".{self.path.name}.probe.")
+            os.close(fd)
+            os.unlink(probe)
+        except OSError as exc:
+            raise TokenStoreError(
+                f"Token store {self.path} cannot be written ({exc.strerror}); not renewing the "
+                "token, because the renewed token could not be kept. Fix the permissions or the "
+                "space of its directory (or set FIELDSALES_TOKEN_STORE to a writable path)."
+            ) from None
+
     @contextlib.contextmanager
-    def _locked(self) -> Iterator[None]:
+    def _locked(self, timeout_s: float = LOCK_TIMEOUT_S) -> Iterator[None]:
         self._ensure_directory()
-        lock = FileLock(self.lock_path, timeout=LOCK_TIMEOUT_S, mode=0o600)
+        lock = FileLock(self.lock_path, timeout=timeout_s, mode=0o600)
         try:
             lock.acquire()
         except Timeout:
             raise TokenStoreError(
-                f"Waited {LOCK_TIMEOUT_S:.0f} s for the token store lock {self.lock_path}: another "
+                f"Waited {timeout_s:.0f} s for the token store lock {self.lock_path}: another "
                 "process is renewing the token or died holding the lock. Try again later."
             ) from None
         except OSError as exc:

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import os
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -20,10 +19,6 @@ class WarehouseBusyError(RuntimeError):
     """Another program holds the DuckDB file."""
 
 
-def default_duckdb_path() -> str:
-    return os.environ.get("FIELDSALES_DUCKDB_PATH") or DEFAULT_DUCKDB_PATH
-
-
 class FieldSalesWarehouse(DuckDBResource):
     """The project's DuckDB file.
 
@@ -34,7 +29,7 @@ class FieldSalesWarehouse(DuckDBResource):
     """
 
     database: str = Field(
-        default_factory=default_duckdb_path,
+        default=DEFAULT_DUCKDB_PATH,
         description="DuckDB file (FIELDSALES_DUCKDB_PATH, default data/fieldsales.duckdb).",
     )
     memory_limit: str = Field(

@@ -1,0 +1,64 @@
+"""Metadata every table asset reports, in the conventions the Dagster UI understands."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import dagster as dg
+import duckdb
+
+from fieldsales_dagster.warehouse.resource import qualified
+
+PREVIEW_ROWS = 5
+PREVIEW_CELL_CHARS = 40
+
+
+def table_name(database: str, table: str) -> str:
+    """``<catalog>.<schema>.<table>``: DuckDB names a file's catalog after the file's stem."""
+    return f"{Path(database).stem}.{table}"
+
+
+def table_schema(conn: duckdb.DuckDBPyConnection, table: str) -> dg.TableSchema:
+    schema, _, name = table.partition(".")
+    columns = conn.execute(
+        "SELECT column_name, data_type FROM information_schema.columns "
+        "WHERE table_schema = ? AND table_name = ? ORDER BY ordinal_position",
+        [schema, name],
+    ).fetchall()
+    return dg.TableSchema(columns=[dg.TableColumn(name=c, type=t) for c, t in columns])
+
+
+def markdown_preview(conn: duckdb.DuckDBPyConnection, table: str) -> str:
+    """The first rows of ``table`` as a markdown table (pandas), long cells shortened."""
+    frame = conn.execute(f"SELECT * FROM {qualified(table)} LIMIT {PREVIEW_ROWS}").df()
+    frame = frame.map(
+        lambda value: (
+            value
+            if value is None or len(str(value)) <= PREVIEW_CELL_CHARS
+            else str(value)[: PREVIEW_CELL_CHARS - 1] + "…"
+        )
+    )
+    return frame.to_markdown(index=False)
+
+
+def table_metadata(
+    conn: duckdb.DuckDBPyConnection, database: str, table: str, *, preview: bool = True
+) -> dict[str, object]:
+    """Row count, fully qualified name, column schema (and a preview) of ``table``."""
+    (row_count,) = conn.execute(f"SELECT count(*) FROM {qualified(table)}").fetchone()
+    metadata: dict[str, object] = {
+        "dagster/row_count": int(row_count),
+        "dagster/table_name": table_name(database, table),
+        "dagster/column_schema": table_schema(conn, table),
+    }
+    if preview:
+        metadata["preview"] = dg.MetadataValue.md(markdown_preview(conn, table))
+    return metadata
+
+
+def previous_row_count(context: dg.AssetExecutionContext) -> int | None:
+    """The row count the asset's previous materialization reported, if any."""
+    event = context.instance.get_latest_materialization_event(context.asset_key)
+    materialization = event.asset_materialization if event else None
+    value = materialization.metadata.get("dagster/row_count") if materialization else None
+    return int(value.value) if value is not None else None

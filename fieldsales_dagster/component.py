@@ -1,0 +1,315 @@
+"""The Field-Sales component: one instance of the service, configured in YAML, as Dagster defs.
+
+A ``defs.yaml`` of this type is the project's one settings model: every knob is a validated field
+below, read from the YAML (whose defaults read the ``FIELDSALES_*`` environment variables). A bad
+value fails the definitions load at once, with one paragraph naming the setting, its variable and
+what it accepts. One instance becomes:
+
+* resources: the API client (its token a Dagster ``EnvVar``, so the UI shows the variable's name,
+  never the token) and the DuckDB warehouse;
+* assets ``raw_*`` and ``core_*`` (under ``key_prefix`` for a second tenant), their checks;
+* the refresh job and its schedule, the token-renewal sensor and the core-table automation sensor.
+
+Subclasses may override ``build_assets`` or ``build_checks`` to add or change definitions.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+from datetime import UTC, datetime, timedelta
+from typing import Annotated, Any
+from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
+
+import dagster as dg
+from dagster._utils.schedules import cron_string_iterator, is_valid_cron_string
+from pydantic import Field, ValidationError, ValidationInfo, field_validator
+
+from fieldsales_dagster.assets.checks import build_core_checks
+from fieldsales_dagster.assets.core import build_core_assets
+from fieldsales_dagster.assets.raw import build_raw_assets
+from fieldsales_dagster.automation.schedule import build_refresh_job, build_refresh_schedule
+from fieldsales_dagster.automation.sensors import (
+    build_core_automation_sensor,
+    build_token_renewal_sensor,
+)
+from fieldsales_dagster.client.resource import FieldSalesAPI
+from fieldsales_dagster.client.urls import validate_base_url
+from fieldsales_dagster.names import InstanceNames
+from fieldsales_dagster.token.renewal import DEFAULT_RENEW_AFTER_DAYS, RenewalPolicy
+from fieldsales_dagster.warehouse.resource import FieldSalesWarehouse
+
+#: ``{{ env.NAME }}`` or ``{{ env('NAME') }}``: the only accepted form of a secret in YAML.
+_ENV_REFERENCE = re.compile(
+    r"""^\{\{\s*env(?:\.(?P<attr>[A-Za-z_][A-Za-z0-9_]*)|\(\s*['"](?P<call>[A-Za-z_][A-Za-z0-9_]*)['"]\s*\))\s*\}\}$"""
+)
+_IDENTIFIER = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
+_MEMORY = re.compile(r"^\d+(\.\d+)?\s*(B|KB|MB|GB|TB|KiB|MiB|GiB|TiB)$", re.IGNORECASE)
+
+
+class SettingError(ValueError):
+    """A setting of the component is missing or out of range."""
+
+
+def _secret_env_var(context: dg.ResolutionContext, raw: Any) -> str:
+    """The name of the environment variable a secret is read from, never the secret itself.
+
+    The YAML must say ``{{ env.FIELDSALES_API_TOKEN }}`` (or another variable): the resource then
+    reads it as a Dagster ``EnvVar`` at run time, so the UI and run config show the name only.
+    """
+    match = _ENV_REFERENCE.match(str(raw).strip()) if isinstance(raw, str) else None
+    if not match:
+        raise SettingError(
+            "api_token must name an environment variable, as '{{ env.FIELDSALES_API_TOKEN }}', "
+            "never hold a token: a token written in YAML would be committed and shown in the UI."
+        )
+    return match.group("attr") or match.group("call")
+
+
+#: Setting -> (environment variable the default YAML reads, what it accepts).
+SETTINGS_HELP: dict[str, tuple[str, str]] = {
+    "base_url": (
+        "FIELDSALES_BASE_URL",
+        "an https:// URL of your instance, e.g. https://yourcompany.example.com (plain http:// "
+        "only for loopback hosts such as the bundled demo API)",
+    ),
+    "api_token": ("FIELDSALES_API_TOKEN", "a token from your Field-Sales profile's API tab"),
+    "token_store_path": ("FIELDSALES_TOKEN_STORE", "a file path on a persistent volume"),
+    "duckdb_path": ("FIELDSALES_DUCKDB_PATH", "a file path, e.g. data/fieldsales.duckdb"),
+    "duckdb_memory_limit": (
+        "FIELDSALES_DUCKDB_MEMORY_LIMIT",
+        "a size such as 192MB or 2GB",
+    ),
+    "page_size": ("FIELDSALES_PAGE_SIZE", "a whole number from 1 to 10000"),
+    "concurrency": ("FIELDSALES_CONCURRENCY", "a whole number from 1 to 64"),
+    "schedule_cron": ("FIELDSALES_SCHEDULE_CRON", "a cron expression such as '0 5 * * *'"),
+    "schedule_timezone": (
+        "FIELDSALES_SCHEDULE_TIMEZONE",
+        "an IANA time zone such as UTC or Europe/Vienna",
+    ),
+    "token_renew_after_days": (
+        "FIELDSALES_TOKEN_RENEW_AFTER_DAYS",
+        "a number of days above 0 and below 60 (the token's lifetime)",
+    ),
+    "key_prefix": ("", "a name of letters, digits and underscores, starting with a letter"),
+}
+
+
+class FieldSalesComponent(dg.Component, dg.Model, dg.Resolvable):
+    """One Field-Sales instance, loaded into one DuckDB file and kept fresh."""
+
+    base_url: str | None = Field(
+        description="Base URL of the instance (FIELDSALES_BASE_URL).",
+    )
+    api_token_env_var: Annotated[
+        str,
+        dg.Resolver(
+            _secret_env_var,
+            model_field_name="api_token",
+            model_field_type=str,
+            inject_before_resolve=False,
+            description="'{{ env.FIELDSALES_API_TOKEN }}': the variable holding the API token.",
+        ),
+    ] = "FIELDSALES_API_TOKEN"
+    token_store_path: str = Field(
+        default="data/fieldsales_token.json",
+        description="Where the current (renewed) token is kept (FIELDSALES_TOKEN_STORE).",
+    )
+    duckdb_path: str = Field(
+        default="data/fieldsales.duckdb",
+        description="The analysts' DuckDB file (FIELDSALES_DUCKDB_PATH).",
+    )
+    duckdb_memory_limit: str = Field(
+        default="192MB",
+        description="DuckDB memory_limit; larger work spills to disk "
+        "(FIELDSALES_DUCKDB_MEMORY_LIMIT).",
+    )
+    # Ranges are checked by validators below, not Field(ge=...): Dagster copies Field
+    # constraints onto the YAML model, where the value is still a "{{ env... }}" template.
+    page_size: int = Field(
+        default=500, description="`limit` asked for per page (FIELDSALES_PAGE_SIZE)."
+    )
+    concurrency: int = Field(
+        default=8, description="Pages in flight at once (FIELDSALES_CONCURRENCY)."
+    )
+    schedule_cron: str = Field(
+        default="0 5 * * *", description="When the refresh runs (FIELDSALES_SCHEDULE_CRON)."
+    )
+    schedule_timezone: str = Field(
+        default="UTC", description="Time zone of the cron (FIELDSALES_SCHEDULE_TIMEZONE)."
+    )
+    token_renew_after_days: float = Field(
+        default=DEFAULT_RENEW_AFTER_DAYS,
+        description="Renew the token once it is this old (FIELDSALES_TOKEN_RENEW_AFTER_DAYS).",
+    )
+    key_prefix: str | None = Field(
+        default=None,
+        description="Asset-key prefix of this instance; set it for every tenant but the first.",
+    )
+    group_prefix: str | None = Field(
+        default=None, description="Prefix of the asset groups (default: key_prefix)."
+    )
+    owners: list[str] = Field(
+        default_factory=lambda: ["team:data"],
+        description="Owners shown on every asset (emails or team:NAME).",
+    )
+
+    # --- validation: one paragraph per bad setting ------------------------------------------
+
+    @field_validator("base_url")
+    @classmethod
+    def _base_url(cls, value: str | None) -> str:
+        if not value or not value.strip():
+            raise ValueError("it is not set")
+        return validate_base_url(value)
+
+    @field_validator("page_size")
+    @classmethod
+    def _page_size(cls, value: int) -> int:
+        if not 1 <= value <= 10_000:
+            raise ValueError("it is out of range")
+        return value
+
+    @field_validator("concurrency")
+    @classmethod
+    def _concurrency(cls, value: int) -> int:
+        if not 1 <= value <= 64:
+            raise ValueError("it is out of range")
+        return value
+
+    @field_validator("token_renew_after_days")
+    @classmethod
+    def _renew_after(cls, value: float) -> float:
+        if not 0 < value < 60:
+            raise ValueError("it is out of range")
+        return value
+
+    @field_validator("duckdb_memory_limit")
+    @classmethod
+    def _memory_limit(cls, value: str) -> str:
+        if not _MEMORY.match(value.strip()):
+            raise ValueError("it is not a size")
+        return value.strip()
+
+    @field_validator("schedule_cron")
+    @classmethod
+    def _cron(cls, value: str) -> str:
+        if not is_valid_cron_string(value.strip()):
+            raise ValueError("it is not a cron expression")
+        return value.strip()
+
+    @field_validator("schedule_timezone")
+    @classmethod
+    def _timezone(cls, value: str) -> str:
+        try:
+            ZoneInfo(value.strip())
+        except (ZoneInfoNotFoundError, ValueError):
+            raise ValueError("it is not an IANA time zone") from None
+        return value.strip()
+
+    @field_validator("key_prefix", "group_prefix")
+    @classmethod
+    def _prefix(cls, value: str | None) -> str | None:
+        if value is not None and not _IDENTIFIER.match(value):
+            raise ValueError("it is not a plain name")
+        return value or None
+
+    # Defined last, so it wraps every validator above.
+    @field_validator("*", mode="wrap")
+    @classmethod
+    def _explain(cls, value: Any, handler: Any, info: ValidationInfo) -> Any:
+        try:
+            return handler(value)
+        except (ValidationError, ValueError) as exc:
+            raise SettingError(_explain_setting(info.field_name, value, exc)) from None
+
+    # --- what one instance becomes ------------------------------------------------------------
+
+    @property
+    def names(self) -> InstanceNames:
+        return InstanceNames(self.key_prefix, self.group_prefix)
+
+    def build_resources(self) -> dict[str, dg.ConfigurableResource]:
+        token_variable = self.api_token_env_var
+        if not (os.environ.get(token_variable) or "").strip():
+            raise SettingError(
+                f"api_token: the environment variable {token_variable} is not set (or empty). "
+                "Set it to a token from your Field-Sales user profile (API tab; admin users "
+                "only); for the bundled demo API, the token fieldsales-demo-api printed."
+            )
+        return {
+            self.names.api_resource: FieldSalesAPI(
+                base_url=self.base_url,
+                api_token=dg.EnvVar(token_variable),
+                token_store_path=self.token_store_path,
+                page_size=self.page_size,
+                concurrency=self.concurrency,
+            ),
+            self.names.warehouse_resource: FieldSalesWarehouse(
+                database=self.duckdb_path, memory_limit=self.duckdb_memory_limit
+            ),
+        }
+
+    def freshness_policy(self) -> dg.FreshnessPolicy:
+        """Core tables are fresh if refreshed within one schedule interval (plus an hour of slack
+        for the run itself); they fail freshness after two missed refreshes."""
+        interval = schedule_interval(self.schedule_cron, self.schedule_timezone)
+        return dg.FreshnessPolicy.time_window(
+            warn_window=interval + timedelta(hours=1), fail_window=2 * interval + timedelta(hours=1)
+        )
+
+    def build_assets(self) -> list[dg.AssetsDefinition]:
+        names = self.names
+        return [
+            *build_raw_assets(names, self.owners),
+            *build_core_assets(names, self.owners, self.freshness_policy()),
+        ]
+
+    def build_checks(self, assets: list[dg.AssetsDefinition]) -> list[dg.AssetChecksDefinition]:
+        return [
+            *build_core_checks(self.names),
+            *dg.build_column_schema_change_checks(assets=assets),
+        ]
+
+    def build_defs(self, context: dg.ComponentLoadContext) -> dg.Definitions:
+        names = self.names
+        assets = self.build_assets()
+        selection = dg.AssetSelection.assets(*assets)
+        job = build_refresh_job(names, selection)
+        return dg.Definitions(
+            assets=dg.with_source_code_references(assets),
+            asset_checks=self.build_checks(assets),
+            jobs=[job],
+            schedules=[
+                build_refresh_schedule(names, job, self.schedule_cron, self.schedule_timezone)
+            ],
+            sensors=[
+                build_token_renewal_sensor(
+                    names, RenewalPolicy(renew_after=timedelta(days=self.token_renew_after_days))
+                ),
+                build_core_automation_sensor(names, selection),
+            ],
+            resources=self.build_resources(),
+        )
+
+
+def _explain_setting(field: str | None, value: Any, exc: Exception) -> str:
+    field = field or "?"
+    variable, accepts = SETTINGS_HELP.get(field, ("", "a valid value"))
+    if isinstance(exc, ValidationError):
+        why = "; ".join(error["msg"].removeprefix("Value error, ") for error in exc.errors())
+    else:
+        why = str(exc)
+    where = f" (from {variable})" if variable else ""
+    shown = "" if field == "api_token" else f" Got {value!r}."
+    return (
+        f"Field-Sales setting {field}{where} is invalid: {why}.{shown} It takes {accepts}; set it "
+        f"in defs.yaml{' or through ' + variable if variable else ''} and load again."
+    )
+
+
+def schedule_interval(cron: str, timezone: str) -> timedelta:
+    """The longest gap between two of the next few ticks of ``cron``."""
+    ticks = cron_string_iterator(datetime.now(UTC).timestamp(), cron, timezone)
+    times = [next(ticks) for _ in range(8)]
+    return max(later - earlier for earlier, later in zip(times, times[1:], strict=False))

@@ -1,0 +1,210 @@
+"""When and how the API token is renewed: the policy, the renewal call, and one tick's work.
+
+A Field-Sales token is valid for two months (API document, section 5). Past ``renew_after`` the
+token is renewed through ``TokenStore.rotate``: ``GET /api/bearer/generatetoken`` with the current
+token, sent once (the server invalidates the old token as it answers, so a lost answer must never
+be followed by a retry), the new token stored durably before anything else, then tested with
+``GET /api/sellout/all``. Otherwise the token is tested at most once a day: the test route's answer
+is not documented and may be a whole list, so every tick would be more traffic than a token that
+changes every 45 days deserves, while a daily test still reports a token regenerated in the UI or
+expired before the next refresh fails.
+
+Everything here fits inside one sensor tick, whose default timeout is 60 s (Dagster's sensor
+evaluation timeout). Each request gets ``TICK_CONNECT_TIMEOUT_S`` + ``TICK_READ_TIMEOUT_S`` = 15 s:
+a renewal tick is at most one renewal (15 s, never retried) plus one test (15 s, not retried);
+a test tick is at most two attempts (15 s each) with ``TICK_BACKOFF_S`` = 1 s between them. Both
+stay near 31 s, and waiting for another renewer's lock is bounded by ``TICK_LOCK_TIMEOUT_S``.
+
+No Dagster here: the sensor (``automation/sensors.py``) only orchestrates.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from datetime import UTC, datetime, timedelta
+from typing import TYPE_CHECKING
+
+import msgspec
+
+from fieldsales_dagster.client.endpoints import GENERATE_TOKEN_PATH
+from fieldsales_dagster.client.errors import (
+    RENEW_TOKEN_INSTRUCTION,
+    AuthenticationError,
+    FieldSalesAPIError,
+)
+from fieldsales_dagster.token.store import StoredToken, TokenStore, TokenStoreError
+
+if TYPE_CHECKING:
+    from fieldsales_dagster.client.resource import FieldSalesAPI
+
+#: "A token is valid for 2 months" (API document, section 5).
+TOKEN_LIFETIME = timedelta(days=60)
+DEFAULT_RENEW_AFTER_DAYS = 45.0
+#: How often a token that is not due for renewal is tested against the server.
+CHECK_EVERY = timedelta(days=1)
+#: How often the renewal sensor ticks.
+TICK_INTERVAL = timedelta(hours=6)
+
+# The budget of one tick (see the module docstring): 3 + 12 s a request, one retry of the test.
+TICK_CONNECT_TIMEOUT_S = 3.0
+TICK_READ_TIMEOUT_S = 12.0
+TICK_CHECK_RETRIES = 1
+TICK_BACKOFF_S = 1.0
+TICK_LOCK_TIMEOUT_S = 10.0
+
+
+class TokenRenewalError(FieldSalesAPIError):
+    """Renewal failed in a way that needs a person. Messages never carry a token."""
+
+
+@dataclass(frozen=True)
+class RenewalPolicy:
+    """Renew a token once it is ``renew_after`` old; test it every ``check_every`` otherwise."""
+
+    renew_after: timedelta = timedelta(days=DEFAULT_RENEW_AFTER_DAYS)
+    lifetime: timedelta = TOKEN_LIFETIME
+    check_every: timedelta = CHECK_EVERY
+    tick_interval: timedelta = TICK_INTERVAL
+
+    def __post_init__(self) -> None:
+        if not timedelta(0) < self.renew_after < self.lifetime:
+            raise ValueError(
+                f"token_renew_after_days={self.renew_after.total_seconds() / 86400:g} must lie "
+                f"between 0 and {self.lifetime.days} days (the token's lifetime); the default is "
+                f"{DEFAULT_RENEW_AFTER_DAYS:g}."
+            )
+
+    def check_due(self, last_check: datetime | None, now: datetime) -> bool:
+        # Half a tick of slack, so 6-hour ticks test the token every 24 hours, not every 30.
+        return last_check is None or now - last_check >= self.check_every - self.tick_interval / 2
+
+    def valid_until(self, stored: StoredToken) -> str:
+        return (stored.issued_at + self.lifetime).astimezone(UTC).strftime("%Y-%m-%d %H:%M UTC")
+
+
+@dataclass(frozen=True)
+class TickOutcome:
+    """What one tick did, in words for the tick's message, and the cursor to keep."""
+
+    message: str
+    cursor: str | None
+    renewed: bool = False
+
+
+class _GeneratedToken(msgspec.Struct):
+    """The one field of the renewal answer we need first; ``user`` is not even decoded."""
+
+    token: str
+
+
+_GENERATED_TOKEN = msgspec.json.Decoder(_GeneratedToken)
+
+
+def within_tick(api: FieldSalesAPI, retries: int) -> FieldSalesAPI:
+    """A copy of ``api`` whose requests fit the tick budget above."""
+    return api.model_copy(
+        update={
+            "connect_timeout_s": TICK_CONNECT_TIMEOUT_S,
+            "read_timeout_s": TICK_READ_TIMEOUT_S,
+            "max_retries": retries,
+            "backoff_initial_s": TICK_BACKOFF_S,
+            "backoff_max_s": TICK_BACKOFF_S,
+            "max_retry_after_s": TICK_BACKOFF_S,
+        }
+    )
+
+
+def generate_token(api: FieldSalesAPI, old_token: str) -> str:
+    """``GET /api/bearer/generatetoken`` once with ``old_token``; returns the new token.
+
+    The body is read for its ``token`` and nothing else; any failure here may have left the old
+    token invalidated, so the message says what to do.
+    """
+    try:
+        body = within_tick(api, retries=0).get(GENERATE_TOKEN_PATH, token=old_token)
+    except AuthenticationError as exc:
+        raise TokenRenewalError(f"Token renewal refused: {exc}") from None
+    except FieldSalesAPIError as exc:
+        raise TokenRenewalError(
+            f"Token renewal failed: {exc} If the server renewed the token before its answer was "
+            "lost, the stored token is no longer valid; if requests now fail with HTTP 401: "
+            f"{RENEW_TOKEN_INSTRUCTION}"
+        ) from None
+    try:
+        new_token = _GENERATED_TOKEN.decode(body).token  # type: ignore[arg-type]
+    except (msgspec.DecodeError, msgspec.ValidationError):
+        new_token = ""  # the decoder's message may quote the body: never chain it
+    new_token = new_token.strip()
+    if not new_token:
+        raise TokenRenewalError(
+            f"GET {GENERATE_TOKEN_PATH} answered 200 without a token string; the old token may "
+            f"already be invalid. {RENEW_TOKEN_INSTRUCTION}"
+        )
+    return new_token
+
+
+def check_token(api: FieldSalesAPI, token: str | None, what: str, *, retries: int) -> None:
+    """Test a token (``None``: the stored one, re-read once if refused) on the test route."""
+    try:
+        within_tick(api, retries=retries).check_token(token=token)
+    except AuthenticationError as exc:
+        raise TokenRenewalError(f"{what} was refused: {exc}") from None
+
+
+def _parse_cursor(cursor: str | None) -> datetime | None:
+    try:
+        return datetime.fromisoformat(cursor) if cursor else None
+    except ValueError:
+        return None
+
+
+def renew_or_check(
+    api: FieldSalesAPI,
+    store: TokenStore,
+    policy: RenewalPolicy,
+    cursor: str | None,
+    now: datetime | None = None,
+) -> TickOutcome:
+    """One tick: renew the token if it is due, else test it if a day has passed since the last test.
+
+    ``cursor`` is the time of the last test (ISO); the outcome carries the new one.
+    """
+    now = now or datetime.now(UTC)
+    stored = store.current(api.api_token)
+    if stored.age(now) >= policy.renew_after:
+        store.ensure_writable()  # before the server invalidates the old token, not after
+        rotation = store.rotate(
+            api.api_token,
+            lambda old_token: generate_token(api, old_token),
+            renew_after=policy.renew_after,
+            lock_timeout_s=TICK_LOCK_TIMEOUT_S,
+        )
+        check_token(api, rotation.token, "The renewed token (stored already)", retries=0)
+        verb = "renewed" if rotation.renewed else "renewed by another process"
+        return TickOutcome(
+            message=f"token {verb}; valid until {policy.valid_until(rotation.stored)}",
+            cursor=now.isoformat(),
+            renewed=rotation.renewed,
+        )
+
+    checked = policy.check_due(_parse_cursor(cursor), now)
+    if checked:
+        check_token(api, None, "The current API token", retries=TICK_CHECK_RETRIES)
+    days_left = (policy.renew_after - stored.age(now)).total_seconds() / 86400
+    return TickOutcome(
+        message=(
+            f"not yet due: {days_left:.1f} days left before renewal (token valid until about "
+            f"{policy.valid_until(stored)}{'; accepted by the server' if checked else ''})"
+        ),
+        cursor=now.isoformat() if checked else cursor,
+    )
+
+
+__all__ = [
+    "RenewalPolicy",
+    "TickOutcome",
+    "TokenRenewalError",
+    "TokenStoreError",
+    "generate_token",
+    "renew_or_check",
+]

@@ -1,0 +1,42 @@
+"""The project's definitions as tests need them: the default instance's parts, or the whole code
+location loaded from ``defs/`` the way ``dg`` and ``dagster`` load it."""
+
+from __future__ import annotations
+
+import dagster as dg
+
+from fieldsales_dagster.assets.checks import build_core_checks
+from fieldsales_dagster.assets.core import build_core_assets
+from fieldsales_dagster.assets.raw import build_raw_assets
+from fieldsales_dagster.names import InstanceNames
+
+DEFAULT = InstanceNames()
+OWNERS = ["team:data"]
+
+
+def raw_assets() -> list[dg.AssetsDefinition]:
+    return build_raw_assets(DEFAULT, OWNERS)
+
+
+def core_assets() -> list[dg.AssetsDefinition]:
+    return build_core_assets(DEFAULT, OWNERS, freshness_policy=None)
+
+
+def core_checks() -> list[dg.AssetChecksDefinition]:
+    return build_core_checks(DEFAULT)
+
+
+def load_project_defs() -> dg.Definitions:
+    """Everything under ``fieldsales_dagster/defs``, configured from the environment as it is."""
+    from fieldsales_dagster.definitions import defs
+
+    return defs()
+
+
+def error_chain(exc: BaseException) -> str:
+    """Every message of an exception and its causes: Dagster wraps a component's load error."""
+    texts = []
+    while exc is not None:
+        texts.append(str(exc))
+        exc = exc.__cause__ or exc.__context__
+    return "\n".join(texts)
