@@ -33,6 +33,7 @@ from fieldsales_dagster.automation.sensors import (
     build_core_automation_sensor,
     build_token_renewal_sensor,
 )
+from fieldsales_dagster.client.errors import FieldSalesAPIError
 from fieldsales_dagster.client.resource import FieldSalesAPI
 from fieldsales_dagster.client.urls import validate_base_url
 from fieldsales_dagster.names import InstanceNames
@@ -51,19 +52,20 @@ class SettingError(ValueError):
     """A setting of the component is missing or out of range."""
 
 
+#: What ``api_token`` resolves to when the YAML holds anything but an ``env`` reference. The load
+#: then fails in ``build_resources``, whose message cannot echo the YAML line (Dagster's own
+#: resolution errors quote it, and the line would be the token).
+NOT_AN_ENV_REFERENCE = "<not an environment variable reference>"
+
+
 def _secret_env_var(context: dg.ResolutionContext, raw: Any) -> str:
     """The name of the environment variable a secret is read from, never the secret itself.
 
     The YAML must say ``{{ env.FIELDSALES_API_TOKEN }}`` (or another variable): the resource then
     reads it as a Dagster ``EnvVar`` at run time, so the UI and run config show the name only.
     """
-    match = _ENV_REFERENCE.match(str(raw).strip()) if isinstance(raw, str) else None
-    if not match:
-        raise SettingError(
-            "api_token must name an environment variable, as '{{ env.FIELDSALES_API_TOKEN }}', "
-            "never hold a token: a token written in YAML would be committed and shown in the UI."
-        )
-    return match.group("attr") or match.group("call")
+    match = _ENV_REFERENCE.match(raw.strip()) if isinstance(raw, str) else None
+    return (match.group("attr") or match.group("call")) if match else NOT_AN_ENV_REFERENCE
 
 
 #: Setting -> (environment variable the default YAML reads, what it accepts).
@@ -161,7 +163,10 @@ class FieldSalesComponent(dg.Component, dg.Model, dg.Resolvable):
     def _base_url(cls, value: str | None) -> str:
         if not value or not value.strip():
             raise ValueError("it is not set")
-        return validate_base_url(value)
+        try:
+            return validate_base_url(value)
+        except FieldSalesAPIError as exc:
+            raise ValueError(str(exc).rstrip(".")) from None
 
     @field_validator("page_size")
     @classmethod
@@ -231,6 +236,13 @@ class FieldSalesComponent(dg.Component, dg.Model, dg.Resolvable):
 
     def build_resources(self) -> dict[str, dg.ConfigurableResource]:
         token_variable = self.api_token_env_var
+        if token_variable == NOT_AN_ENV_REFERENCE:
+            raise SettingError(
+                "api_token must name an environment variable, as "
+                "'{{ env.FIELDSALES_API_TOKEN }}', never hold a token: a token written in YAML "
+                "would be committed and shown in the UI. Put the token in an environment variable "
+                "and reference it."
+            )
         if not (os.environ.get(token_variable) or "").strip():
             raise SettingError(
                 f"api_token: the environment variable {token_variable} is not set (or empty). "

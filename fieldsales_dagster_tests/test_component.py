@@ -1,0 +1,258 @@
+"""The Field-Sales component: YAML settings, their errors, a second tenant, and the dg CLI."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import textwrap
+import uuid
+from pathlib import Path
+
+import dagster as dg
+import duckdb
+import pytest
+
+from fieldsales_dagster.demo_api import DemoConfig, DemoServer
+from fieldsales_dagster_tests.project import error_chain, load_project_defs
+
+REPO_ROOT = Path(__file__).resolve().parents[1]
+BIN = Path(sys.executable).parent
+
+
+def write_project(root: Path, instances: dict[str, str]) -> Path:
+    """A dg project of its own at ``root`` whose ``defs/`` holds one folder per instance.
+
+    Each gets a package name of its own: Python caches imported modules by name.
+    """
+    module = f"tenants_{uuid.uuid4().hex[:12]}"
+    package = root / module
+    (package / "defs").mkdir(parents=True)
+    (package / "__init__.py").write_text("")
+    (package / "defs" / "__init__.py").write_text("")
+    (root / "pyproject.toml").write_text(
+        f'[tool.dg]\ndirectory_type = "project"\n[tool.dg.project]\nroot_module = "{module}"\n'
+    )
+    for name, attributes in instances.items():
+        folder = package / "defs" / name
+        folder.mkdir()
+        (folder / "defs.yaml").write_text(
+            "type: fieldsales_dagster.component.FieldSalesComponent\nattributes:\n"
+            + textwrap.indent(textwrap.dedent(attributes).strip(), "  ")
+            + "\n"
+        )
+    return package
+
+
+def load_project(package: Path, monkeypatch) -> dg.Definitions:
+    monkeypatch.syspath_prepend(str(package.parent))
+    return dg.load_from_defs_folder(path_within_project=package)
+
+
+# --- one settings model --------------------------------------------------------------------------
+
+
+@pytest.fixture
+def project_env(monkeypatch):
+    monkeypatch.setenv("FIELDSALES_BASE_URL", "http://127.0.0.1:9")
+    monkeypatch.setenv("FIELDSALES_API_TOKEN", "component-test-token")
+
+
+def load_failure(monkeypatch, **env: str) -> str:
+    for variable, value in env.items():
+        monkeypatch.setenv(variable, value)
+    with pytest.raises(Exception) as failure:
+        load_project_defs()
+    return error_chain(failure.value)
+
+
+def test_environment_variables_reach_every_setting(project_env, monkeypatch, tmp_path):
+    monkeypatch.setenv("FIELDSALES_PAGE_SIZE", "250")
+    monkeypatch.setenv("FIELDSALES_CONCURRENCY", "3")
+    monkeypatch.setenv("FIELDSALES_DUCKDB_PATH", str(tmp_path / "x.duckdb"))
+    monkeypatch.setenv("FIELDSALES_DUCKDB_MEMORY_LIMIT", "1GB")
+    defs = load_project_defs()
+    api, warehouse = defs.resources["fieldsales_api"], defs.resources["warehouse"]
+    assert (api.page_size, api.concurrency) == (250, 3)
+    assert (warehouse.database, warehouse.memory_limit) == (str(tmp_path / "x.duckdb"), "1GB")
+    assert api.base_url == "http://127.0.0.1:9"
+
+
+def test_token_reaches_the_resource_as_an_env_var_never_as_its_value(project_env):
+    api = load_project_defs().resources["fieldsales_api"]
+    assert api.api_token == dg.EnvVar("FIELDSALES_API_TOKEN")
+    assert "component-test-token" not in repr(api)
+
+
+def test_bad_page_size_fails_the_load_naming_setting_variable_and_allowed_values(
+    project_env, monkeypatch
+):
+    message = load_failure(monkeypatch, FIELDSALES_PAGE_SIZE="0")
+    assert "page_size (from FIELDSALES_PAGE_SIZE) is invalid" in message
+    assert "a whole number from 1 to 10000" in message
+
+
+def test_missing_base_url_fails_the_load_with_what_to_set(project_env, monkeypatch):
+    monkeypatch.delenv("FIELDSALES_BASE_URL")
+    message = load_failure(monkeypatch)
+    assert "base_url (from FIELDSALES_BASE_URL) is invalid: it is not set" in message
+
+
+def test_cleartext_base_url_to_a_remote_host_fails_the_load(project_env, monkeypatch):
+    message = load_failure(monkeypatch, FIELDSALES_BASE_URL="http://fieldsales.example.com")
+    assert "base_url" in message and "https://" in message
+
+
+def test_missing_token_fails_the_load_naming_the_variable(project_env, monkeypatch):
+    monkeypatch.delenv("FIELDSALES_API_TOKEN")
+    message = load_failure(monkeypatch)
+    assert "FIELDSALES_API_TOKEN is not set" in message
+
+
+def test_token_written_into_yaml_is_refused_and_never_echoed(tmp_path, monkeypatch):
+    package = write_project(
+        tmp_path,
+        {"main": "base_url: http://127.0.0.1:9\napi_token: literal-secret-token-123"},
+    )
+    with pytest.raises(Exception) as failure:
+        load_project(package, monkeypatch)
+    message = error_chain(failure.value)
+    assert "api_token must name an environment variable" in message
+    assert "literal-secret-token-123" not in message
+
+
+# --- a second tenant ---------------------------------------------------------------------------
+
+
+def test_two_tenants_in_one_code_location_each_load_exactly_their_own_data(tmp_path, monkeypatch):
+    with (
+        DemoServer(DemoConfig(transactions=400, seed=1), port=0) as first,
+        DemoServer(DemoConfig(transactions=600, seed=2), port=0) as second,
+    ):
+        monkeypatch.setenv("FIRST_TOKEN", first.token)
+        monkeypatch.setenv("ACME_TOKEN", second.token)
+        package = write_project(
+            tmp_path,
+            {
+                "main": f"""
+                    base_url: {first.base_url}
+                    api_token: "{{{{ env.FIRST_TOKEN }}}}"
+                    duckdb_path: {tmp_path / "main.duckdb"}
+                    token_store_path: {tmp_path / "main_token.json"}
+                """,
+                "acme": f"""
+                    base_url: {second.base_url}
+                    api_token: "{{{{ env.ACME_TOKEN }}}}"
+                    duckdb_path: {tmp_path / "acme.duckdb"}
+                    token_store_path: {tmp_path / "acme_token.json"}
+                    key_prefix: acme
+                """,
+            },
+        )
+        defs = load_project(package, monkeypatch)
+        graph = defs.get_repository_def().asset_graph
+        keys = {key.to_user_string() for key in graph.get_all_asset_keys()}
+        assert len(keys) == 24
+        assert {
+            "raw_events",
+            "acme/raw_events",
+            "core_transactions",
+            "acme/core_transactions",
+        } <= keys
+        pools = {frozenset(graph.get(key).pools) for key in graph.get_all_asset_keys()}
+        assert pools == {frozenset({"fieldsales_duckdb"}), frozenset({"fieldsales_duckdb_acme"})}
+        assert {job.name for job in defs.jobs} == {"refresh_all", "acme_refresh_all"}
+
+        with dg.instance_for_test() as instance:
+            for job_name in ("refresh_all", "acme_refresh_all"):
+                result = defs.resolve_job_def(job_name).execute_in_process(instance=instance)
+                assert result.success
+
+    for name, server in (("main", first), ("acme", second)):
+        with duckdb.connect(str(tmp_path / f"{name}.duckdb"), read_only=True) as conn:
+            for table in ("events", "transactions", "event_groups"):
+                ids = {row[0] for row in conn.execute(f"SELECT id FROM raw.{table}").fetchall()}
+                assert ids == set(server.dataset.ids(table)), (name, table)
+        stored = json.loads((tmp_path / f"{name}_token.json").read_text())
+        assert stored["token"] == server.token
+
+
+# --- the dg CLI --------------------------------------------------------------------------------
+
+
+def dg_command(*args: str, env: dict[str, str], timeout: float = 180) -> str:
+    done = subprocess.run(
+        [str(BIN / "dg"), *args],
+        cwd=REPO_ROOT,
+        env={**os.environ, **env},
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+    )
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    return done.stdout
+
+
+def test_dg_check_and_list_defs_show_every_definition(tmp_path):
+    env = {
+        "FIELDSALES_BASE_URL": "http://127.0.0.1:9",
+        "FIELDSALES_API_TOKEN": "dg-cli-test-token",
+        "DAGSTER_HOME": str(tmp_path),
+    }
+    dg_command("check", "defs", env=env)
+    listed = json.loads(dg_command("list", "defs", "--json", env=env))
+    assert len(listed["assets"]) == 12
+    # ids_unique per core table, the data checks, row counts of the raw tables, and a
+    # column-schema check per asset.
+    assert len(listed["asset_checks"]) == 9 + 4 + 3 + 12
+    assert [job["name"] for job in listed["jobs"]] == ["refresh_all"]
+    assert [schedule["name"] for schedule in listed["schedules"]] == ["refresh_all_schedule"]
+    assert sorted(sensor["name"] for sensor in listed["sensors"]) == [
+        "core_automation_sensor",
+        "token_renewal_sensor",
+    ]
+    assert "dg-cli-test-token" not in json.dumps(listed)
+
+
+def test_dg_launch_materializes_every_asset_against_the_demo_api(tmp_path):
+    with DemoServer(DemoConfig(transactions=300, seed=4), port=0) as server:
+        database = tmp_path / "launched.duckdb"
+        env = {
+            "FIELDSALES_BASE_URL": server.base_url,
+            "FIELDSALES_API_TOKEN": server.token,
+            "FIELDSALES_DUCKDB_PATH": str(database),
+            "FIELDSALES_TOKEN_STORE": str(tmp_path / "token.json"),
+            "DAGSTER_HOME": str(tmp_path),
+        }
+        dg_command("launch", "--assets", "*", env=env, timeout=300)
+    with duckdb.connect(str(database), read_only=True) as conn:
+        assert conn.execute("SELECT count(*) FROM core.transactions").fetchone()[0] == 300
+
+
+# --- metadata conventions ------------------------------------------------------------------
+
+
+def test_every_asset_has_owners_code_references_and_core_tables_a_freshness_policy(
+    project_env, monkeypatch
+):
+    from datetime import timedelta
+
+    monkeypatch.setenv("FIELDSALES_SCHEDULE_CRON", "0 */6 * * *")  # every six hours
+    defs = load_project_defs()
+    specs = {
+        spec.key.to_user_string(): spec
+        for assets in defs.assets
+        for spec in getattr(assets, "specs", [])
+    }
+    assert len(specs) == 12
+    for key, spec in specs.items():
+        assert spec.owners == ["team:data"], key
+        assert "dagster/code_references" in spec.metadata, key
+        assert spec.kinds == {"duckdb"}, key
+        if key.startswith("core_"):
+            policy = spec.freshness_policy
+            assert policy.warn_window.to_timedelta() == timedelta(hours=7), key
+            assert policy.fail_window.to_timedelta() == timedelta(hours=13), key
+        else:
+            assert spec.freshness_policy is None, key
