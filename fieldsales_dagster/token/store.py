@@ -24,7 +24,6 @@ from __future__ import annotations
 
 import contextlib
 import hashlib
-import json
 import os
 import stat
 import tempfile
@@ -32,7 +31,9 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
+from typing import Annotated
 
+import msgspec
 from filelock import FileLock, Timeout
 
 FORMAT_VERSION = 1
@@ -71,49 +72,54 @@ class StoredToken:
     def age(self, now: datetime | None = None) -> timedelta:
         return (now or _utcnow()) - self.issued_at
 
-    def to_json(self) -> dict[str, object]:
-        return {
-            "version": FORMAT_VERSION,
-            "token": self.token,
-            "issued_at": self.issued_at.astimezone(UTC).isoformat(),
-            "source": self.source,
-            "env_token_sha256": self.env_fingerprint,
-            "retired_env_token_sha256": list(self.retired_env_fingerprints),
-        }
+    def encode(self) -> bytes:
+        file = _StoreFile(
+            token=self.token,
+            issued_at=self.issued_at.astimezone(UTC),
+            env_token_sha256=self.env_fingerprint,
+            source=self.source,
+            retired_env_token_sha256=list(self.retired_env_fingerprints),
+        )
+        return msgspec.json.format(msgspec.json.encode(file), indent=2) + b"\n"
 
     @classmethod
-    def from_json(cls, doc: object, path: Path) -> StoredToken:
-        def bad(why: str) -> TokenStoreError:
-            return TokenStoreError(
+    def decode(cls, raw: bytes, path: Path) -> StoredToken:
+        try:
+            file, why = _STORE_FILE.decode(raw), ""
+        except (msgspec.DecodeError, msgspec.ValidationError) as exc:
+            file, why = None, str(exc)  # msgspec names the field and the rule, never the value
+        if file is None:
+            # Raised outside the except block: no decoder error is even attached as context.
+            raise TokenStoreError(
                 f"Token store {path} is corrupt ({why}). Delete it and restart: the store is "
                 "seeded again from FIELDSALES_API_TOKEN (regenerate that token in your "
                 "Field-Sales user profile, API tab, if it was renewed since)."
             )
-
-        if not isinstance(doc, dict):
-            raise bad("not a JSON object")
-        token, issued_at = doc.get("token"), doc.get("issued_at")
-        env_fp = doc.get("env_token_sha256")
-        if not isinstance(token, str) or not token:
-            raise bad("no token")
-        if not isinstance(env_fp, str) or len(env_fp) != 64:
-            raise bad("no env_token_sha256 fingerprint")
-        try:
-            issued = datetime.fromisoformat(str(issued_at))
-        except ValueError:
-            raise bad("issued_at is not an ISO timestamp") from None
-        if issued.tzinfo is None:
-            issued = issued.replace(tzinfo=UTC)
-        retired = doc.get("retired_env_token_sha256") or []
-        if not isinstance(retired, list) or not all(isinstance(fp, str) for fp in retired):
-            raise bad("retired_env_token_sha256 is not a list of fingerprints")
+        issued = file.issued_at
         return cls(
-            token=token,
-            issued_at=issued,
-            env_fingerprint=env_fp,
-            source=str(doc.get("source", "environment")),
-            retired_env_fingerprints=tuple(retired),
+            token=file.token,
+            issued_at=issued if issued.tzinfo else issued.replace(tzinfo=UTC),
+            env_fingerprint=file.env_token_sha256,
+            source=file.source,
+            retired_env_fingerprints=tuple(file.retired_env_token_sha256),
         )
+
+
+Fingerprint = Annotated[str, msgspec.Meta(pattern="^[0-9a-f]{64}$")]
+
+
+class _StoreFile(msgspec.Struct, kw_only=True):
+    """The store file's schema (version 1)."""
+
+    version: int = FORMAT_VERSION
+    token: Annotated[str, msgspec.Meta(min_length=1)]
+    issued_at: datetime
+    source: str = "environment"
+    env_token_sha256: Fingerprint
+    retired_env_token_sha256: list[Fingerprint] = []
+
+
+_STORE_FILE = msgspec.json.Decoder(_StoreFile)
 
 
 @dataclass(frozen=True)
@@ -156,12 +162,7 @@ class TokenStore:
             raise TokenStoreError(f"Cannot read token store {self.path}: {exc.strerror}.") from None
         finally:
             os.close(fd)
-        try:
-            doc = json.loads(raw)
-        except (UnicodeDecodeError, json.JSONDecodeError):
-            # The decoder's error carries the document (and so the token): never chain it.
-            doc = None
-        return StoredToken.from_json(doc, self.path)
+        return StoredToken.decode(raw, self.path)
 
     def _check_permissions(self, st: os.stat_result) -> None:
         if os.name != "posix":
@@ -317,7 +318,7 @@ class TokenStore:
 
     def _write_atomically(self, stored: StoredToken) -> None:
         """Temp file (0600) beside the store, write, fsync, ``os.replace``, fsync the directory."""
-        data = json.dumps(stored.to_json(), indent=2).encode("utf-8") + b"\n"
+        data = stored.encode()
         directory = self.path.parent
         try:
             # mkstemp opens with O_EXCL and mode 0600 whatever the umask; fchmod says so anyway.
