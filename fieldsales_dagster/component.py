@@ -48,6 +48,14 @@ _IDENTIFIER = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 _MEMORY = re.compile(r"^\d+(\.\d+)?\s*(B|KB|MB|GB|TB|KiB|MiB|GiB|TiB)$", re.IGNORECASE)
 
 
+#: Numeric settings: (low, high, bounds included).
+_RANGES: dict[str, tuple[float, float, bool]] = {
+    "page_size": (1, 10_000, True),
+    "concurrency": (1, 64, True),
+    "token_renew_after_days": (0, 60, False),
+}
+
+
 class SettingError(ValueError):
     """A setting of the component is missing or out of range."""
 
@@ -168,24 +176,12 @@ class FieldSalesComponent(dg.Component, dg.Model, dg.Resolvable):
         except FieldSalesAPIError as exc:
             raise ValueError(str(exc).rstrip(".")) from None
 
-    @field_validator("page_size")
+    @field_validator("page_size", "concurrency", "token_renew_after_days")
     @classmethod
-    def _page_size(cls, value: int) -> int:
-        if not 1 <= value <= 10_000:
-            raise ValueError("it is out of range")
-        return value
-
-    @field_validator("concurrency")
-    @classmethod
-    def _concurrency(cls, value: int) -> int:
-        if not 1 <= value <= 64:
-            raise ValueError("it is out of range")
-        return value
-
-    @field_validator("token_renew_after_days")
-    @classmethod
-    def _renew_after(cls, value: float) -> float:
-        if not 0 < value < 60:
+    def _in_range(cls, value: float, info: ValidationInfo) -> float:
+        low, high, inclusive = _RANGES[info.field_name]
+        inside = low <= value <= high if inclusive else low < value < high
+        if not inside:
             raise ValueError("it is out of range")
         return value
 
