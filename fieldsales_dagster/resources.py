@@ -11,13 +11,17 @@ import os
 import dagster as dg
 
 from fieldsales_dagster.client.resource import FieldSalesAPI
-from fieldsales_dagster.warehouse.resource import FieldSalesWarehouse, default_duckdb_path
+from fieldsales_dagster.warehouse.resource import DEFAULT_DUCKDB_PATH, FieldSalesWarehouse
 
 #: Optional tuning knobs: environment variable -> FieldSalesAPI field.
 API_TUNING_ENV = {
     "FIELDSALES_PAGE_SIZE": "page_size",
     "FIELDSALES_CONCURRENCY": "concurrency",
 }
+
+
+def default_duckdb_path() -> str:
+    return os.environ.get("FIELDSALES_DUCKDB_PATH") or DEFAULT_DUCKDB_PATH
 
 
 def build_resources() -> dict[str, object]:
