@@ -754,7 +754,7 @@ def _parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--runs", type=int, default=1, help="repetitions of every step (median shown)")
     p.add_argument(
         "--only",
-        default="floor,project,dlt_fast,dlt_default,latency",
+        default="floor,project,publish,dlt_fast,dlt_default,latency",
         help=f"steps to run, comma list of {', '.join(ONLY_CHOICES)} (project = raw + all)",
     )
     p.add_argument("--latency-size", type=int, default=20_000)
