@@ -46,6 +46,7 @@ from benchmarks.harness import (
     measure,
 )
 from fieldsales_dagster.client.resource import FieldSalesAPI  # noqa: E402
+from fieldsales_dagster.warehouse.resource import FieldSalesWarehouse
 
 BENCH_DIR = Path(__file__).resolve().parent
 RESULTS_DIR = BENCH_DIR / "results"
@@ -180,7 +181,8 @@ class Bench:
         if self.args.keep_databases:
             return
         # The analysts' file, the working database beside it, their logs, locks and temp files.
-        for pattern in (database.name + "*", f"{database.stem}.*", f".{database.name}.*"):
+        working = FieldSalesWarehouse(database=str(database)).working_path
+        for pattern in (database.name + "*", working.name + "*", f".{database.name}.*"):
             for path in database.parent.glob(pattern):
                 if path.is_file():
                     path.unlink()
