@@ -1,7 +1,7 @@
 """Floor vs this project vs dlt, on the same demo API process and the same data.
 
     python -m benchmarks.run [--sizes 100000,1000000] [--runs 1]
-                             [--only floor,project,dlt_fast,dlt_default,latency]
+                             [--only floor,project,publish,dlt_fast,dlt_default,latency]
 
 For each size (transactions; events = size/40, event groups = events/10) one demo API process
 serves every measured command. Each command runs as a subprocess; its wall time, CPU time, peak
@@ -46,6 +46,7 @@ from benchmarks.harness import (
     measure,
 )
 from fieldsales_dagster.client.resource import FieldSalesAPI  # noqa: E402
+from fieldsales_dagster.warehouse.resource import FieldSalesWarehouse
 
 BENCH_DIR = Path(__file__).resolve().parent
 RESULTS_DIR = BENCH_DIR / "results"
@@ -53,7 +54,7 @@ WORK_DIR = BENCH_DIR / "work"
 # The project's default page size, which the floor and dlt copy.
 PAGE_SIZE = FieldSalesAPI.model_fields["page_size"].default
 
-STEPS = ("floor", "project_raw", "project_all", "dlt_fast", "dlt_default")
+STEPS = ("floor", "project_raw", "project_all", "publish", "dlt_fast", "dlt_default")
 ONLY_CHOICES = (*STEPS, "project", "latency")
 RAW_SELECTION = "raw_events,raw_transactions,raw_event_groups"
 PROJECT_TABLES = {
@@ -121,6 +122,7 @@ class Bench:
         self.base_env["RUNTIME__DLTHUB_TELEMETRY"] = "false"
         self.token_values: list[str] = []
         self.interrupted = False
+        self._last: dict[str, StepResult] = {}
 
     # -- helpers --------------------------------------------------------------------------------
 
@@ -178,9 +180,12 @@ class Bench:
     def _cleanup_db(self, database: Path) -> None:
         if self.args.keep_databases:
             return
-        for path in database.parent.glob(database.name + "*"):
-            if path.is_file():
-                path.unlink()
+        # The analysts' file, the working database beside it, their logs, locks and temp files.
+        working = FieldSalesWarehouse(database=str(database)).working_path
+        for pattern in (database.name + "*", working.name + "*", f".{database.name}.*"):
+            for path in database.parent.glob(pattern):
+                if path.is_file():
+                    path.unlink()
 
     # -- the steps ------------------------------------------------------------------------------
 
@@ -230,6 +235,7 @@ class Bench:
         name: str,
         selection: str,
         label: str,
+        keep: bool = False,
         **env: str,
     ) -> StepResult:
         database = where / f"{name}.duckdb"
@@ -262,6 +268,40 @@ class Bench:
         self._verify(r, expected, database, PROJECT_TABLES, "id")
         if r.ok and selection == "*":
             r.m.extra["core_tables"] = _core_table_count(database)
+        if not keep:
+            self._cleanup_db(database)
+        return r
+
+    def publish(self, api: DemoAPI, where: Path, built: StepResult | None) -> StepResult:
+        """Publish project_all's working database over its analysts' copy once more."""
+        database = where / "project_all.duckdb"
+        argv = [self.python, "-m", "benchmarks.publish", "--database", str(database)]
+        argv.append("--compare-compact")
+        label = "publish (checkpoint, copy, fsync, rename) after project all"
+        if built is None or not built.ok:
+            m = Measurement("publish", argv, where / "publish.log", returncode=-3)
+            r = StepResult("publish", label, m, note="project all failed: nothing to publish")
+            self._cleanup_db(database)
+            return r
+        m = self._measure("publish", argv, where / "publish.log", self._env(api), api)
+        r = StepResult("publish", label, m)
+        if m.ok:
+            out = json.loads(m.stdout.strip().splitlines()[-1])
+            r.rows = built.rows
+            r.exact = built.exact
+            compact = out.get("compact") or {}
+            r.note = (
+                f"in-process publish {out['seconds']:.2f} s; working file "
+                f"{fmt_bytes(out['working_bytes'])}, published copy "
+                f"{fmt_bytes(out['published_bytes'])} ({out['copy_method']}); disk: working + "
+                f"published = {fmt_bytes(out['working_bytes'] + out['published_bytes'])}, plus "
+                "one more copy while a reader holds the previous one"
+            )
+            if compact:
+                r.note += (
+                    f"; alternative COPY FROM DATABASE: {compact['seconds']:.2f} s, "
+                    f"{fmt_bytes(compact['bytes'])}"
+                )
         self._cleanup_db(database)
         return r
 
@@ -333,6 +373,7 @@ class Bench:
                             continue
                         print(f"   run {run}: {step} ...", end=" ", flush=True)
                         r = self._one(step, api, expected, where)
+                        self._last[step] = r
                         results[step].append(r)
                         print(_progress_line(r), flush=True)
             except (KeyboardInterrupt, Interrupted):
@@ -352,8 +393,16 @@ class Bench:
             )
         if step == "project_all":
             return self.project(
-                api, expected, where, "project_all", "*", "project all (`--select '*'`)"
+                api,
+                expected,
+                where,
+                "project_all",
+                "*",
+                "project all (`--select '*'`)",
+                keep="publish" in self.args.steps,
             )
+        if step == "publish":
+            return self.publish(api, where, self._last.get("project_all"))
         if step == "dlt_fast":
             return self.dlt(api, expected, where, "fast")
         if step == "dlt_default":
@@ -707,7 +756,7 @@ def _parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--runs", type=int, default=1, help="repetitions of every step (median shown)")
     p.add_argument(
         "--only",
-        default="floor,project,dlt_fast,dlt_default,latency",
+        default="floor,project,publish,dlt_fast,dlt_default,latency",
         help=f"steps to run, comma list of {', '.join(ONLY_CHOICES)} (project = raw + all)",
     )
     p.add_argument("--latency-size", type=int, default=20_000)
@@ -741,6 +790,8 @@ def _parse_args(argv: list[str] | None) -> argparse.Namespace:
         p.error(f"unknown --only value(s) {', '.join(sorted(unknown))}; known: {ONLY_CHOICES}")
     if "project" in only:
         only |= {"project_raw", "project_all"}
+    if "publish" in only:
+        only.add("project_all")  # publishes what project all built
     args.steps = [s for s in STEPS if s in only]
     args.latency = "latency" in only
     if args.runs < 1:

@@ -253,8 +253,13 @@ def write_raw_tables(
     transactions: list[dict] = (),
     events: list[dict] = (),
 ) -> None:
-    """Create ``raw.events``/``raw.transactions``/``raw.event_groups`` holding these items."""
-    with duckdb.connect(str(database)) as conn:
+    """Create ``raw.events``/``raw.transactions``/``raw.event_groups`` holding these items.
+
+    They go into the pipeline's working database: ``database`` is the analysts' copy, which the
+    core assets' run publishes.
+    """
+    working = FieldSalesWarehouse(database=str(database)).working_path
+    with duckdb.connect(str(working)) as conn:
         conn.execute("CREATE SCHEMA IF NOT EXISTS raw")
         conn.execute(
             "CREATE OR REPLACE TABLE raw.events (id VARCHAR, payload JSON, loaded_at TIMESTAMP)"

@@ -48,7 +48,8 @@ def test_materialization_reports_schema_row_count_and_preview(tmp_path):
 def test_failing_query_leaves_the_previous_table_intact(tmp_path):
     database = tmp_path / "t.duckdb"
     p.materialize_core(database, transactions=[p.transaction("t-old")])
-    with duckdb.connect(str(database)) as conn:
+    working = FieldSalesWarehouse(database=str(database)).working_path
+    with duckdb.connect(str(working)) as conn:
         # A raw table without its payload column makes the core query fail to bind.
         conn.execute(
             "CREATE OR REPLACE TABLE raw.transactions "

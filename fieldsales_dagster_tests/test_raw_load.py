@@ -28,7 +28,7 @@ def load(api: FieldSalesAPI, warehouse, endpoint: ListEndpoint = TRANSACTIONS, *
 
 
 def table_ids(warehouse, table: str) -> list[str]:
-    with duckdb.connect(warehouse.database, read_only=True) as conn:
+    with duckdb.connect(str(warehouse.working_path), read_only=True) as conn:
         return [row[0] for row in conn.execute(f"SELECT id FROM {table} ORDER BY id").fetchall()]
 
 
@@ -51,7 +51,7 @@ def test_every_transaction_lands_once_with_pages_in_flight(demo_server, api, war
 
 def test_raw_transactions_keep_payload_and_event_id(demo_server, api, warehouse):
     load(api, warehouse)
-    with duckdb.connect(warehouse.database, read_only=True) as conn:
+    with duckdb.connect(str(warehouse.working_path), read_only=True) as conn:
         columns = conn.execute(
             "SELECT column_name, data_type FROM information_schema.columns "
             "WHERE table_schema = 'raw' AND table_name = 'transactions' ORDER BY ordinal_position"
@@ -143,7 +143,7 @@ def test_persistent_5xx_fails_naming_the_endpoint_and_keeps_yesterdays_table(
     with pytest.raises(FieldSalesAPIError, match=r"GET /public/v1/api/transaction/all.*503"):
         load(api, warehouse)
     assert table_ids(warehouse, "raw.transactions") == before
-    with duckdb.connect(warehouse.database, read_only=True) as conn:
+    with duckdb.connect(str(warehouse.working_path), read_only=True) as conn:
         tables = conn.execute("SELECT table_name FROM information_schema.tables").fetchall()
     assert ("_stage_transactions",) not in tables
 
@@ -247,7 +247,7 @@ def test_check_token_accepts_current_and_refuses_stale(demo_server, api):
         api.check_token(token="stale-token")
 
 
-def test_duckdb_file_held_by_another_program_gives_error_naming_it(warehouse):
+def test_working_database_held_by_another_program_gives_error_naming_it(warehouse):
     import subprocess
     import sys
 
@@ -259,7 +259,7 @@ def test_duckdb_file_held_by_another_program_gives_error_naming_it(warehouse):
             "-c",
             "import duckdb, sys, time; c = duckdb.connect(sys.argv[1]); print('ready', flush=True);"
             " time.sleep(30)",
-            warehouse.database,
+            str(warehouse.working_path),
         ],
         stdout=subprocess.PIPE,
         text=True,
@@ -268,7 +268,7 @@ def test_duckdb_file_held_by_another_program_gives_error_naming_it(warehouse):
         assert holder.stdout.readline().strip() == "ready"
         # The holder keeps the file for 30 s; busy_timeout_s=1 gives up long before.
         with (
-            pytest.raises(WarehouseBusyError, match=str(warehouse.database)),
+            pytest.raises(WarehouseBusyError, match=str(warehouse.working_path)),
             warehouse.get_connection(),
         ):
             pass

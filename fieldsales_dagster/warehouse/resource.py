@@ -1,36 +1,102 @@
-"""The DuckDB file every asset writes: one writer at a time, clear errors, atomic table swaps."""
+"""The DuckDB files: the pipeline's working database, and the analysts' copy it publishes.
+
+DuckDB allows one read-write process per file, or any number of read-only ones, never both. So
+the pipeline never opens the file analysts read (``database``, FIELDSALES_DUCKDB_PATH): every
+asset writes its own working database beside it (``working_database``, by default
+``<name>.working.duckdb``), one writer at a time behind a lock file. Once per run, when the run
+ends, the working database is published: checkpointed, copied to a temporary file beside
+``database``, fsynced, and renamed over ``database`` in one atomic step. A reader holding the old
+file keeps its consistent snapshot (the old inode); a connection opened after the rename sees the
+new tables; no reader ever makes a refresh wait, or sees a mix of old and new tables.
+
+A MotherDuck database (``md:...``) is shared by the service itself: assets connect to it directly,
+without the local lock, the working copy or the publish step.
+"""
 
 from __future__ import annotations
 
+import os
+import secrets
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
+from dataclasses import dataclass
+from datetime import UTC, datetime
 from pathlib import Path
 
+import dagster as dg
 import duckdb
 import filelock
-from dagster_duckdb import DuckDBResource
-from pydantic import Field
+import tenacity
+from pydantic import Field, PrivateAttr
 
 DEFAULT_DUCKDB_PATH = "data/fieldsales.duckdb"
+MOTHERDUCK_PREFIX = "md:"
+#: Suffix of the working database's stem: ``fieldsales.duckdb`` -> ``fieldsales.working.duckdb``.
+WORKING_SUFFIX = ".working"
 
 
 class WarehouseBusyError(RuntimeError):
     """Another program holds the DuckDB file."""
 
 
-class FieldSalesWarehouse(DuckDBResource):
-    """The project's DuckDB file.
+class PublishError(RuntimeError):
+    """The analysts' copy could not be replaced; it is left as it was."""
 
-    DuckDB allows one writing process per file. Assets of this project queue on a lock file beside
-    the database (``<database>.lock``) so that Dagster may run them in parallel processes; another
-    program that holds the file makes the connection fail with an error naming the file once
-    ``busy_timeout_s`` has passed.
+
+def is_motherduck(database: str) -> bool:
+    return database.startswith(MOTHERDUCK_PREFIX)
+
+
+def _is_lock_conflict(exc: BaseException) -> bool:
+    return isinstance(exc, duckdb.IOException) and "lock" in str(exc).lower()
+
+
+@dataclass(frozen=True)
+class Publication:
+    """One publish of the working database over the analysts' copy."""
+
+    path: Path
+    published_at: datetime
+    seconds: float
+    bytes: int
+    copy_method: str
+
+    def metadata(self) -> dict[str, dg.MetadataValue]:
+        return {
+            "fieldsales/published_path": dg.MetadataValue.path(str(self.path)),
+            "fieldsales/published_at": dg.MetadataValue.timestamp(self.published_at),
+            "fieldsales/publish_seconds": dg.MetadataValue.float(round(self.seconds, 3)),
+            "fieldsales/published_megabytes": dg.MetadataValue.float(round(self.bytes / 1e6, 1)),
+            "fieldsales/publish_copy_method": dg.MetadataValue.text(self.copy_method),
+        }
+
+
+class FieldSalesWarehouse(dg.ConfigurableResource):
+    """The project's DuckDB database: a working file the assets write, and the analysts' copy.
+
+    Assets call ``get_connection()``, which opens the working database; assets of this project
+    queue on a lock file beside it (``<working database>.lock``) so that Dagster may run them in
+    parallel processes. When a run that materialized any asset ends, the working database is
+    published over ``database`` (see the module docstring) and the run's assets get an
+    observation saying when and at what cost.
     """
 
     database: str = Field(
         default=DEFAULT_DUCKDB_PATH,
-        description="DuckDB file (FIELDSALES_DUCKDB_PATH, default data/fieldsales.duckdb).",
+        description=(
+            "The DuckDB file analysts and BI tools open read-only (FIELDSALES_DUCKDB_PATH); "
+            "replaced atomically at the end of every run that changed tables. An md: path is a "
+            "MotherDuck database, written directly."
+        ),
+    )
+    working_database: str | None = Field(
+        default=None,
+        description=(
+            "The pipeline's own DuckDB file, never to be opened by another program; default: "
+            "beside database, named <name>.working.duckdb. Must be on the same file system as "
+            "database for a cheap copy."
+        ),
     )
     memory_limit: str = Field(
         default="192MB",
@@ -39,65 +105,282 @@ class FieldSalesWarehouse(DuckDBResource):
             "refresh of millions of rows runs in well under a gigabyte."
         ),
     )
-    threads: int | None = Field(default=None, description="DuckDB threads (default: all cores).")
+    threads: int | None = Field(
+        default=None, ge=1, le=256, description="DuckDB threads (default: all cores)."
+    )
     lock_timeout_s: float = Field(
         default=3600.0,
+        gt=0,
         description="How long an asset waits for another asset of this project to finish writing.",
     )
     busy_timeout_s: float = Field(
         default=30.0,
-        description="How long to retry when a program outside this project holds the file.",
+        ge=0,
+        description=(
+            "How long to retry when a program outside this project holds the working database."
+        ),
     )
 
+    _run_id: str | None = PrivateAttr(default=None)
+    _wrote: bool = PrivateAttr(default=False)
+
+    # --- where things live --------------------------------------------------------------------
+
     @property
-    def lock_path(self) -> Path:
-        return Path(f"{self.database}.lock")
+    def is_motherduck(self) -> bool:
+        return is_motherduck(self.database)
+
+    @property
+    def working_path(self) -> Path | None:
+        """The file assets write; ``None`` for MotherDuck (written in place)."""
+        if self.is_motherduck:
+            return None
+        if self.working_database:
+            return Path(self.working_database)
+        published = Path(self.database)
+        return published.with_name(f"{published.stem}{WORKING_SUFFIX}{published.suffix}")
+
+    @property
+    def lock_path(self) -> Path | None:
+        """The lock file writers of this project queue on; ``None`` for MotherDuck."""
+        working = self.working_path
+        return None if working is None else Path(f"{working}.lock")
+
+    # --- connections --------------------------------------------------------------------------
 
     @contextmanager
     def get_connection(self) -> Iterator[duckdb.DuckDBPyConnection]:
-        path = Path(self.database)
-        path.parent.mkdir(parents=True, exist_ok=True)
-        lock = filelock.FileLock(str(self.lock_path), timeout=self.lock_timeout_s)
+        """A read-write connection to the working database (MotherDuck: to ``database``)."""
+        self._wrote = True
+        working = self.working_path
+        if working is None:
+            conn = duckdb.connect(self.database, config=self._config(None))
+            try:
+                yield conn
+            finally:
+                conn.close()
+            return
+        with self._writer_lock():
+            self._seed_from_published(working)
+            conn = self._connect(working)
+            try:
+                yield conn
+            finally:
+                conn.close()
+
+    @contextmanager
+    def _writer_lock(self) -> Iterator[None]:
+        working, lock_path = self.working_path, self.lock_path
+        assert working is not None and lock_path is not None
+        working.parent.mkdir(parents=True, exist_ok=True)
+        lock = filelock.FileLock(str(lock_path), timeout=self.lock_timeout_s)
         try:
             lock.acquire()
         except filelock.Timeout as exc:
             raise WarehouseBusyError(
                 f"Waited {self.lock_timeout_s:.0f} s for another asset to finish writing "
-                f"{path}; raise lock_timeout_s or look for a stuck run holding {self.lock_path}."
+                f"{working}; raise lock_timeout_s or look for a stuck run holding {lock_path}."
             ) from exc
         try:
-            conn = self._connect(path)
-            try:
-                yield conn
-            finally:
-                conn.close()
+            yield
         finally:
             lock.release()
 
-    def _connect(self, path: Path) -> duckdb.DuckDBPyConnection:
+    def _config(self, path: Path | None) -> dict[str, object]:
         config: dict[str, object] = {
             "memory_limit": self.memory_limit,
-            "temp_directory": str(path.parent / ".duckdb_tmp"),
             "preserve_insertion_order": False,
         }
+        if path is not None:
+            config["temp_directory"] = str(path.parent / ".duckdb_tmp")
         if self.threads:
             config["threads"] = self.threads
-        deadline = time.monotonic() + self.busy_timeout_s
-        delay = 0.1
-        while True:
+        return config
+
+    def _connect(self, path: Path) -> duckdb.DuckDBPyConnection:
+        """Open ``path``, retrying while another program holds it, for ``busy_timeout_s``."""
+        retrying = tenacity.Retrying(
+            retry=tenacity.retry_if_exception(_is_lock_conflict),
+            stop=tenacity.stop_after_delay(self.busy_timeout_s),
+            wait=tenacity.wait_exponential(multiplier=0.1, max=2.0),
+            reraise=True,
+        )
+        try:
+            return retrying(duckdb.connect, str(path), config=self._config(path))
+        except duckdb.IOException as exc:
+            if not _is_lock_conflict(exc):
+                raise
+            raise WarehouseBusyError(
+                f"Another program holds the pipeline's working DuckDB file {path} (DuckDB: "
+                f"{exc}). Only this project may open it: close that program (analysts read "
+                f"{self.database} instead), then run again."
+            ) from exc
+
+    def _seed_from_published(self, working: Path) -> None:
+        """First run after the single-file layout: start from the analysts' existing file.
+
+        Copies the file (and its write-ahead log, if the old layout left one) rather than moving
+        it, so readers holding it keep reading. The stale log is removed afterwards: the next
+        publish replaces the file it belonged to.
+        """
+        published = Path(self.database)
+        if working.exists() or not published.exists():
+            return
+        partial = working.with_name(f"{working.name}.seeding")
+        _copy_file(published, partial)
+        wal = Path(f"{published}.wal")
+        if wal.exists():
+            _copy_file(wal, Path(f"{working}.wal"))
+        os.replace(partial, working)
+        _fsync_dir(working.parent)
+
+    # --- publishing ---------------------------------------------------------------------------
+
+    def publish(self) -> Publication | None:
+        """Replace ``database`` with a checkpointed copy of the working database.
+
+        Holds the writer lock while it checkpoints and copies, so the copy is one consistent
+        state. Returns ``None`` for MotherDuck (nothing to publish) or when there is no working
+        database yet.
+        """
+        working = self.working_path
+        if working is None:
+            return None
+        published = Path(self.database)
+        published.parent.mkdir(parents=True, exist_ok=True)
+        temporary = published.with_name(f".{published.name}.publish-{secrets.token_hex(4)}")
+        started = time.monotonic()
+        with self._writer_lock():
+            if not working.exists():
+                return None
+            conn = self._connect(working)
             try:
-                return duckdb.connect(str(path), config=config)
-            except duckdb.IOException as exc:
-                if "lock" not in str(exc).lower():
-                    raise
-                if time.monotonic() >= deadline:
-                    raise WarehouseBusyError(
-                        f"Another program holds the DuckDB file {path} (DuckDB: {exc}). Close it "
-                        "(a DuckDB shell, a notebook, a BI tool) or point FIELDSALES_DUCKDB_PATH "
-                        "at another file, then run again."
-                    ) from exc
-                time.sleep(delay)
-                delay = min(delay * 2, 2.0)
+                conn.execute("CHECKPOINT")
+            finally:
+                conn.close()
+            try:
+                method = _copy_file(working, temporary)
+                size = temporary.stat().st_size
+                # A log left by the single-file layout would be replayed onto the new file.
+                Path(f"{published}.wal").unlink(missing_ok=True)
+                os.replace(temporary, published)
+                _fsync_dir(published.parent)
+            except OSError as exc:
+                temporary.unlink(missing_ok=True)
+                raise PublishError(
+                    f"Publishing {working} to {published} failed ({exc}); analysts keep the "
+                    f"previous {published}. Free disk space beside it (a publish needs as much "
+                    "as the working file) and run the refresh again."
+                ) from exc
+        return Publication(
+            path=published,
+            published_at=datetime.now(UTC),
+            seconds=time.monotonic() - started,
+            bytes=size,
+            copy_method=method,
+        )
+
+    # --- once per run -------------------------------------------------------------------------
+
+    def setup_for_execution(self, context: dg.InitResourceContext) -> None:
+        self._run_id = context.run.run_id if context.run is not None else None
+        self._wrote = False
+
+    def teardown_after_execution(self, context: dg.InitResourceContext) -> None:
+        """At the end of a run: publish if the run materialized anything, and say so in the UI."""
+        if self.is_motherduck or not self._wrote:
+            return
+        changed = _materialized_in_run(context.instance, self._run_id)
+        if changed is not None and not changed:
+            context.log.info(
+                f"No asset was materialized in this run; {self.database} is left as it was."
+            )
+            return
+        try:
+            publication = self.publish()
+        except PublishError as exc:
+            # Dagster logs a failed teardown as an error but still marks the run a success:
+            # the observation keeps the failure on the assets' pages too.
+            self._observe(context.instance, changed, {"fieldsales/publish_error": str(exc)})
+            raise
+        if publication is None:
+            return
+        context.log.info(
+            f"Published {self.working_path} to {publication.path}: "
+            f"{publication.bytes / 1e6:,.1f} MB in {publication.seconds:.2f} s "
+            f"({publication.copy_method})."
+        )
+        self._observe(context.instance, changed, publication.metadata())
+
+    def _observe(
+        self,
+        instance: dg.DagsterInstance | None,
+        keys: list[dg.AssetKey] | None,
+        metadata: dict[str, object],
+    ) -> None:
+        """An observation on each asset this run changed: the UI shows it on the asset's page."""
+        if instance is None or not keys:
+            return
+        metadata = {**metadata, "fieldsales/run_id": self._run_id or ""}
+        for key in keys:
+            instance.report_runless_asset_event(
+                dg.AssetObservation(asset_key=key, metadata=metadata)
+            )
+
+
+def _materialized_in_run(
+    instance: dg.DagsterInstance | None, run_id: str | None
+) -> list[dg.AssetKey] | None:
+    """Asset keys materialized so far in this run; ``None`` when there is no run to ask."""
+    if instance is None or not run_id:
+        return None
+    records = instance.get_records_for_run(
+        run_id, of_type=dg.DagsterEventType.ASSET_MATERIALIZATION
+    ).records
+    keys: dict[dg.AssetKey, None] = {}
+    for record in records:
+        event = record.event_log_entry.dagster_event
+        if event is not None and event.asset_key is not None:
+            keys[event.asset_key] = None
+    return list(keys)
+
+
+def _copy_file(source: Path, target: Path) -> str:
+    """Copy ``source`` to a new ``target`` and fsync it; returns how the bytes were copied.
+
+    ``os.copy_file_range`` copies inside the kernel, and shares blocks instead of copying them on
+    file systems that can (XFS, Btrfs, ZFS); where it is not supported the copy is a plain read
+    and write loop.
+    """
+    chunk = 64 * 1024 * 1024
+    with open(source, "rb") as src, open(target, "xb") as dst:
+        size = os.fstat(src.fileno()).st_size
+        method = "copy_file_range"
+        try:
+            copied = 0
+            while copied < size:
+                n = os.copy_file_range(src.fileno(), dst.fileno(), min(chunk, size - copied))
+                if n == 0:
+                    break
+                copied += n
+        except OSError:
+            method = "read/write"
+            src.seek(0)
+            dst.seek(0)
+            dst.truncate()
+            while block := src.read(chunk):
+                dst.write(block)
+        dst.flush()
+        os.fsync(dst.fileno())
+    return method
+
+
+def _fsync_dir(directory: Path) -> None:
+    fd = os.open(directory, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
 
 
 def quote_ident(name: str) -> str:

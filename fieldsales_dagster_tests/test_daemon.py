@@ -1,0 +1,181 @@
+"""Production, for real: ``dagster-daemon`` on deploy/dagster.yaml, with PostgreSQL storage.
+
+One bounded end-to-end test (about three minutes): a real PostgreSQL on loopback, the demo API in
+its own process, slowed so that a refresh spans a schedule tick, and ``dagster-daemon run`` with
+the schedule set to every minute. It waits for the schedule to fire and the refresh to succeed,
+then reads what the daemon recorded in PostgreSQL.
+"""
+
+from __future__ import annotations
+
+import itertools
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+
+import dagster as dg
+import duckdb
+import pytest
+from dagster._core.scheduler.instigation import TickStatus
+
+from fieldsales_dagster.assets.core import CORE_TABLES
+from fieldsales_dagster_tests.postgres import Postgres, running_postgres
+
+ROOT = Path(__file__).resolve().parents[1]
+BIN = Path(sys.executable).parent
+JOB = "refresh_all"
+SCHEDULE = "refresh_all_schedule"
+TOKEN_SENSOR = "token_renewal_sensor"
+#: The whole test gives up after this long (start-up + up to a minute to the first tick + run).
+DEADLINE_S = 360.0
+#: 2,000 transactions in pages of 100, one request at a time, 3 s per answer: about 25 requests,
+#: so the run lasts over a minute and a second tick of the every-minute schedule falls inside it.
+DEMO_ARGS = ["--transactions", "2000", "--latency-ms", "3000"]
+API_TUNING = {"FIELDSALES_PAGE_SIZE": "100", "FIELDSALES_CONCURRENCY": "1"}
+
+
+@pytest.fixture
+def postgres() -> Iterator[Postgres]:
+    with running_postgres() as pg:
+        yield pg
+
+
+@contextmanager
+def process_group(argv: list[str], log: Path, env: dict[str, str], **kwargs):
+    """Start ``argv`` in its own process group; on exit, end that group (and only it)."""
+    with log.open("wb") as out:
+        proc = subprocess.Popen(
+            argv,
+            stdout=kwargs.pop("stdout", out),
+            stderr=out,
+            stdin=subprocess.DEVNULL,
+            env=env,
+            start_new_session=True,
+            **kwargs,
+        )
+    try:
+        yield proc
+    finally:
+        for sig, wait_s in ((signal.SIGTERM, 30), (signal.SIGKILL, 10)):
+            try:
+                os.killpg(proc.pid, sig)
+            except ProcessLookupError:
+                break
+            try:
+                proc.wait(wait_s)
+                break
+            except subprocess.TimeoutExpired:
+                continue
+
+
+def clean_env(**extra: str) -> dict[str, str]:
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("FIELDSALES_", "DAGSTER_"))}
+    return {**env, "PYTHONUNBUFFERED": "1", **extra}
+
+
+def tail(path: Path, lines: int = 40) -> str:
+    return "\n".join(path.read_text(errors="replace").splitlines()[-lines:])
+
+
+def ticks(instance: dg.DagsterInstance, name: str) -> list:
+    (state,) = [s for s in instance.all_instigator_state() if s.instigator_name == name]
+    return instance.get_ticks(state.instigator_origin_id, state.selector_id)
+
+
+def test_daemon_fires_the_schedule_and_never_overlaps_refreshes(postgres, tmp_path, monkeypatch):
+    started = time.monotonic()
+    home = tmp_path / "dagster_home"
+    home.mkdir()
+    shutil.copy(ROOT / "deploy" / "dagster.yaml", home / "dagster.yaml")
+    database = tmp_path / "fieldsales.duckdb"
+
+    with process_group(
+        [str(BIN / "fieldsales-demo-api"), "--port", "0", *DEMO_ARGS],
+        tmp_path / "demo_api.log",
+        clean_env(),
+        stdout=subprocess.PIPE,
+    ) as demo:
+        api = json.loads(demo.stdout.readline())
+        env = clean_env(
+            DAGSTER_HOME=str(home),
+            DAGSTER_POSTGRES_URL=postgres.url,
+            FIELDSALES_BASE_URL=api["base_url"],
+            FIELDSALES_API_TOKEN=api["token"],
+            FIELDSALES_DUCKDB_PATH=str(database),
+            FIELDSALES_TOKEN_STORE=str(tmp_path / "token_store.json"),
+            FIELDSALES_SCHEDULE_CRON="* * * * *",
+            **API_TUNING,
+        )
+        daemon_log = tmp_path / "daemon.log"
+        with process_group(
+            [str(BIN / "dagster-daemon"), "run", "-w", str(ROOT / "workspace.yaml")],
+            daemon_log,
+            env,
+            cwd=ROOT,
+        ):
+            monkeypatch.setenv("DAGSTER_POSTGRES_URL", postgres.url)
+            with dg.DagsterInstance.from_config(str(home)) as instance:
+                first = wait_for_first_refresh(instance, started, daemon_log)
+                schedule_ticks = ticks(instance, SCHEDULE)
+                sensor_ticks = ticks(instance, TOKEN_SENSOR)
+                runs = instance.get_run_records(dg.RunsFilter(job_name=JOB))
+    elapsed = time.monotonic() - started
+    print(f"daemon test: first refresh succeeded after {elapsed:.0f} s")
+
+    # The tables are complete, in the analysts' copy the run published at its end.
+    with duckdb.connect(str(database), read_only=True) as conn:
+        counts = {
+            table: conn.execute(f"SELECT count(*) FROM {table}").fetchone()[0]
+            for table in ("raw.transactions", "raw.events", "raw.event_groups")
+        }
+        core = {
+            f"{schema}.{name}"
+            for schema, name in conn.execute(
+                "SELECT table_schema, table_name FROM information_schema.tables "
+                "WHERE table_schema = 'core'"
+            ).fetchall()
+        }
+    assert counts == {"raw.transactions": 2000, "raw.events": 50, "raw.event_groups": 5}
+    assert core == {t.table for t in CORE_TABLES}
+
+    # The schedule fired the run; a tick that came while it was in progress was skipped.
+    (launching,) = [t for t in schedule_ticks if first.dagster_run.run_id in t.run_ids]
+    assert launching.status == TickStatus.SUCCESS
+    end = first.end_time
+    during = [t for t in schedule_ticks if launching.timestamp < t.timestamp < end]
+    assert during, "no schedule tick fell inside the run: slow the demo API further"
+    assert all(t.status == TickStatus.SKIPPED for t in during)
+    assert all(first.dagster_run.run_id in t.skip_reason for t in during)
+    # ... and no two refreshes ever ran at the same time.
+    spans = sorted((r.start_time, r.end_time or float("inf")) for r in runs if r.start_time)
+    assert all(a[1] <= b[0] for a, b in itertools.pairwise(spans))
+
+    # The token sensor ticked, and its ticks are rows in PostgreSQL.
+    assert sensor_ticks and all(t.status != TickStatus.FAILURE for t in sensor_ticks)
+    with postgres.connect() as conn, conn.cursor() as cur:
+        cur.execute("SELECT count(*) FROM job_ticks WHERE type = 'SENSOR'")
+        (sensor_rows,) = cur.fetchone()
+    assert sensor_rows >= len(sensor_ticks)
+
+
+def wait_for_first_refresh(
+    instance: dg.DagsterInstance, started: float, daemon_log: Path
+) -> dg.RunRecord:
+    while time.monotonic() - started < DEADLINE_S:
+        records = instance.get_run_records(dg.RunsFilter(job_name=JOB), ascending=True)
+        if records:
+            first = records[0]
+            status = first.dagster_run.status
+            if status == dg.DagsterRunStatus.SUCCESS:
+                return first
+            if status in (dg.DagsterRunStatus.FAILURE, dg.DagsterRunStatus.CANCELED):
+                pytest.fail(f"the scheduled refresh ended {status.value}:\n{tail(daemon_log)}")
+        time.sleep(2)
+    pytest.fail(f"no successful refresh within {DEADLINE_S:.0f} s; daemon log:\n{tail(daemon_log)}")
