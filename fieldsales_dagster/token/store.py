@@ -34,6 +34,8 @@ from pathlib import Path
 
 from filelock import FileLock, Timeout
 
+from fieldsales_dagster.token.secret import TokenFormatError, clean_token
+
 STORE_ENV_VAR = "FIELDSALES_TOKEN_STORE"
 DEFAULT_FILE_NAME = "fieldsales_token.json"
 FORMAT_VERSION = 1
@@ -104,8 +106,15 @@ class StoredToken:
             raise bad("not a JSON object")
         token, issued_at = doc.get("token"), doc.get("issued_at")
         env_fp = doc.get("env_token_sha256")
-        if not isinstance(token, str) or not token:
+        if not isinstance(token, str) or not token.strip():
             raise bad("no token")
+        try:
+            # A store edited by hand (or written before tokens were cleaned) may hold a line break.
+            token = clean_token(token, f"token store {path}")
+        except TokenFormatError as exc:
+            raise TokenStoreError(
+                f"{exc} Or delete {path}: it is seeded again from FIELDSALES_API_TOKEN."
+            ) from None
         if not isinstance(env_fp, str) or len(env_fp) != 64:
             raise bad("no env_token_sha256 fingerprint")
         try:

@@ -66,6 +66,8 @@ class LoadReport:
     bytes: int
     duplicates_dropped: int
     seconds: float
+    #: Lone surrogate escapes replaced by U+FFFD (strings the server cut mid-emoji).
+    surrogates_replaced: int = 0
 
     @property
     def rows_per_second(self) -> float:
@@ -321,7 +323,7 @@ def load_list(
                 raise
             finally:
                 writer.close()
-            for name in ("requests", "retries", "pages", "bytes"):
+            for name in ("requests", "retries", "pages", "bytes", "surrogates_replaced"):
                 totals.count(**{name: getattr(stats, name)})
 
             if writer.rows_inserted != writer.items_written:
@@ -364,6 +366,7 @@ def load_list(
                     bytes=totals.bytes,
                     duplicates_dropped=rows - distinct,
                     seconds=time.monotonic() - started,
+                    surrogates_replaced=totals.surrogates_replaced,
                 )
                 log(
                     f"{endpoint.name}: wrote {report.rows} rows to {report.table} "
