@@ -8,9 +8,16 @@ Every rule of SPEC "Behaviour the API document implies" that concerns HTTP lives
   ends at the first empty page;
 * any envelope is accepted: a bare JSON list, or an object holding one list (and maybe a total);
 * 429, 5xx, dropped connections, timeouts and bodies cut off mid-JSON are retried with bounded
-  exponential backoff (tenacity), honouring ``Retry-After``;
+  exponential backoff (tenacity), honouring ``Retry-After`` but never waiting less than the
+  backoff; retries stop at ``max_retries`` or ``retry_budget_s`` (``unreachable_budget_s`` for a
+  host that cannot be connected to), and each is logged as a warning while it happens;
+* a complete 200 body that is not JSON, or JSON nested too deep, fails at once, quoting what
+  came back; lone surrogate escapes are replaced by U+FFFD and counted;
 * 401/403 stop with an error naming the endpoint and what to do, never the token;
-* plain ``http://`` is refused for any host but loopback.
+* the token is cleaned where it enters and masked (whole and in fragments) in every error;
+* the HTTP limits (deadline per request, body cap, redirects, proxies) live in ``transport.py``;
+  the base URL is validated with urllib3's parser in ``urls.py``: plain ``http://`` only for
+  loopback.
 
 Where the total is known, pages are fetched concurrently: the API is random access by ``skip``.
 Checking the pass against the final total (distinct ids) needs the stored rows, so it lives with
@@ -187,6 +194,10 @@ class FieldSalesAPI(dg.ConfigurableResource):
             deadline_s=deadline_s,
             max_body_bytes=self.max_page_bytes,
         )
+        if deadline_s < self.request_deadline_s:
+            limits.deadline_source = f"what was left of retry_budget_s={self.retry_budget_s:g}"
+        else:
+            limits.deadline_source = f"request_deadline_s={self.request_deadline_s:g}"
         answer = fetch(
             self._session(),
             origin,

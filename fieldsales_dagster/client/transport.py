@@ -184,6 +184,8 @@ class Limits:
     read_timeout_s: float
     deadline_s: float
     max_body_bytes: int
+    #: The setting that set ``deadline_s``, for error messages.
+    deadline_source: str = "request_deadline_s"
 
 
 class _Inflater:
@@ -333,7 +335,7 @@ def _send(
     watch: _Watch,
     scrub: Callable[[str], str],
 ) -> Answer:
-    deadline = f"no complete answer within request_deadline_s={limits.deadline_s:g} s"
+    deadline = f"no complete answer within {limits.deadline_source} ({limits.deadline_s:.3g} s)"
     transient: TransientHTTPError | None = None
     unexpected = ""
     try:

@@ -323,7 +323,7 @@ def load_list(
                 raise
             finally:
                 writer.close()
-            for name in ("requests", "retries", "pages", "bytes", "surrogates_replaced"):
+            for name in ("requests", "retries", "pages", "bytes"):
                 totals.count(**{name: getattr(stats, name)})
 
             if writer.rows_inserted != writer.items_written:
@@ -366,7 +366,7 @@ def load_list(
                     bytes=totals.bytes,
                     duplicates_dropped=rows - distinct,
                     seconds=time.monotonic() - started,
-                    surrogates_replaced=totals.surrogates_replaced,
+                    surrogates_replaced=stats.surrogates_replaced,  # in the rows kept
                 )
                 log(
                     f"{endpoint.name}: wrote {report.rows} rows to {report.table} "
