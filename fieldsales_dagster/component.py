@@ -38,6 +38,7 @@ from fieldsales_dagster.client.resource import FieldSalesAPI
 from fieldsales_dagster.client.urls import validate_base_url
 from fieldsales_dagster.names import InstanceNames
 from fieldsales_dagster.token.renewal import DEFAULT_RENEW_AFTER_DAYS, RenewalPolicy
+from fieldsales_dagster.token.secret import clean_token
 from fieldsales_dagster.warehouse.resource import FieldSalesWarehouse
 
 #: ``{{ env.NAME }}`` or ``{{ env('NAME') }}``: the only accepted form of a secret in YAML.
@@ -239,6 +240,8 @@ class FieldSalesComponent(dg.Component, dg.Model, dg.Resolvable):
                 "would be committed and shown in the UI. Put the token in an environment variable "
                 "and reference it."
             )
+        # Checked here, at load, so a token a header cannot carry fails `dg check defs` at once.
+        clean_token(os.environ.get(token_variable), token_variable)
         if not (os.environ.get(token_variable) or "").strip():
             raise SettingError(
                 f"api_token: the environment variable {token_variable} is not set (or empty). "

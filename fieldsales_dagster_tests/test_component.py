@@ -256,3 +256,17 @@ def test_every_asset_has_owners_code_references_and_core_tables_a_freshness_poli
             assert policy.fail_window.to_timedelta() == timedelta(hours=13), key
         else:
             assert spec.freshness_policy is None, key
+
+
+def test_token_a_header_cannot_carry_fails_the_load_without_showing_it(project_env, monkeypatch):
+    token = "abcdef\u201cghijkl0123456789"  # a curly quote pasted from a document
+    message = load_failure(monkeypatch, FIELDSALES_API_TOKEN=token)
+    assert "FIELDSALES_API_TOKEN holds a character outside latin-1" in message
+    assert token not in message and "ghijkl0123456789" not in message
+
+
+def test_token_with_a_trailing_line_break_loads(project_env, monkeypatch):
+    monkeypatch.setenv("FIELDSALES_API_TOKEN", "component-test-token\r\n")
+    assert load_project_defs().resources["fieldsales_api"].api_token == dg.EnvVar(
+        "FIELDSALES_API_TOKEN"
+    )

@@ -12,6 +12,7 @@ from fieldsales_dagster.client.errors import (
     AuthenticationError,
     FieldSalesAPIError,
     InsecureURLError,
+    NotJSONError,
     PageFormatError,
 )
 from fieldsales_dagster.client.resource import FieldSalesAPI
@@ -109,7 +110,6 @@ def test_event_groups_load_from_data_and_total(demo_server, api, warehouse):
         ("truncate", {}),
         ("drop", {}),
         ("close", {}),
-        ("non_json", {}),
     ],
 )
 def test_passing_faults_are_retried_and_nothing_is_lost(demo_server, api, warehouse, kind, options):
@@ -148,10 +148,17 @@ def test_persistent_5xx_fails_naming_the_endpoint_and_keeps_yesterdays_table(
     assert ("_stage_transactions",) not in tables
 
 
-def test_persistent_non_json_body_fails_clearly(demo_server, api, warehouse):
+def test_complete_html_body_fails_at_once_naming_endpoint_and_content_type(
+    demo_server, api, warehouse
+):
+    """A 200 that is an HTML page (a login page, a proxy's error page) is not a network failure:
+    no retry, and the error says what came back. (It used to be retried 7 times.)"""
     demo_server.behaviour.inject(TX, "non_json", times=1000)
-    with pytest.raises(FieldSalesAPIError, match="not complete JSON"):
+    with pytest.raises(NotJSONError) as raised:
         load(api, warehouse)
+    message = str(raised.value)
+    assert TX in message and "text/html" in message and "502 Bad Gateway" in message
+    assert demo_server.behaviour.request_counts["transactions"] == 1
 
 
 def test_page_that_is_not_a_list_fails_naming_the_page(demo_server, api, warehouse):

@@ -184,12 +184,12 @@ def test_request_refused_mid_renewal_recovers_by_rereading_the_store(
     original = FieldSalesAPI._get_once
     renewed = []
 
-    def renewal_lands_in_flight(self, path, params, token):
+    def renewal_lands_in_flight(self, path, params, token, *limits):
         # The run read the old token; the sensor renews before its request reaches the server.
         if not renewed:
             renewed.append(True)
             tick(make_api(server, store_path, env_token=old_token))
-        return original(self, path, params, token)
+        return original(self, path, params, token, *limits)
 
     monkeypatch.setattr(FieldSalesAPI, "_get_once", renewal_lands_in_flight)
     stats = ListStats()

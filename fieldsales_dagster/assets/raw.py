@@ -33,6 +33,7 @@ def _load_metadata(report: LoadReport) -> dict[str, object]:
         "retries": report.retries,
         "passes": report.passes,
         "duplicates_dropped": report.duplicates_dropped,
+        "surrogates_replaced": report.surrogates_replaced,
         "megabytes": round(report.bytes / 1e6, 1),
         "seconds": round(report.seconds, 2),
         "rows_per_second": round(report.rows_per_second),

@@ -7,6 +7,7 @@ and maybe a total (``count`` or ``total``), are all accepted.
 from __future__ import annotations
 
 import functools
+import re
 
 import msgspec
 
@@ -16,6 +17,37 @@ from fieldsales_dagster.client.errors import PageFormatError
 _ENVELOPE = msgspec.json.Decoder(list[msgspec.Raw] | dict[str, msgspec.Raw])
 _LIST = msgspec.json.Decoder(list[msgspec.Raw])
 _ANY = msgspec.json.Decoder()
+
+
+#: An escaped backslash (consumed whole, so the scan stays aligned on escapes), a surrogate pair,
+#: a high surrogate alone, or a low surrogate alone.
+_SURROGATE_ESCAPE = re.compile(
+    rb"\\\\"
+    rb"|\\u[dD][89abAB][0-9a-fA-F]{2}(?:\\u[dD][c-fC-F][0-9a-fA-F]{2})?"
+    rb"|\\u[dD][c-fC-F][0-9a-fA-F]{2}"
+)
+_PAIR_LENGTH = 12
+
+
+def replace_lone_surrogates(body: bytes) -> tuple[bytes, int]:
+    """``body`` with every lone UTF-16 surrogate escape replaced by ``\\ufffd``, and how many.
+
+    What Node's ``JSON.stringify`` writes when a string was cut in the middle of an emoji: valid
+    to JavaScript, refused by strict decoders (msgspec, DuckDB). Escaped backslashes and proper
+    surrogate pairs are left alone.
+    """
+    replaced = 0
+
+    def fix(match: re.Match[bytes]) -> bytes:
+        nonlocal replaced
+        text = match.group()
+        if text == b"\\\\" or len(text) == _PAIR_LENGTH:
+            return text
+        replaced += 1
+        return b"\\ufffd"
+
+    fixed = _SURROGATE_ESCAPE.sub(fix, body)
+    return fixed, replaced
 
 
 def _first_byte(raw: msgspec.Raw) -> bytes:

@@ -24,12 +24,33 @@ class InsecureURLError(FieldSalesAPIError):
     """``http://`` to a host other than loopback."""
 
 
-class TransientHTTPError(Exception):
-    """A failure worth another attempt; ``retry_after`` is the server's wish, in seconds."""
+class NotJSONError(PageFormatError):
+    """A complete 200 body that is not JSON (a login page, a proxy's error page): not retried."""
 
-    def __init__(self, message: str, retry_after: float | None = None):
+
+class ResponseTooLargeError(FieldSalesAPIError):
+    """A body (once decompressed) larger than ``max_page_bytes``: not retried."""
+
+
+class RedirectRefusedError(FieldSalesAPIError):
+    """A redirect to another origin, a redirect loop, or too many redirects."""
+
+
+class UnreachableError(FieldSalesAPIError):
+    """The host refused connections, could not be resolved, or never accepted one in time."""
+
+
+class TransientHTTPError(Exception):
+    """A failure worth another attempt; ``retry_after`` is the server's wish, in seconds.
+
+    ``unreachable`` marks a failure to connect at all (refused, unresolvable, connect timeout):
+    those get the short ``unreachable_budget_s``, not the whole retry budget.
+    """
+
+    def __init__(self, message: str, retry_after: float | None = None, unreachable: bool = False):
         super().__init__(message)
         self.retry_after = retry_after
+        self.unreachable = unreachable
 
 
 class AuthRefused(Exception):

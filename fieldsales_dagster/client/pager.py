@@ -43,6 +43,8 @@ class ListStats:
     items: int = 0
     bytes: int = 0
     token_rereads: int = 0
+    #: Lone UTF-16 surrogate escapes replaced by U+FFFD (strings a server cut mid-emoji).
+    surrogates_replaced: int = 0
     #: The total the server reported last (by arrival), ``None`` where it reports none.
     total: int | None = None
     #: Every distinct total the server reported during the pass, in order of arrival.

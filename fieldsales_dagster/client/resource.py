@@ -8,9 +8,16 @@ Every rule of SPEC "Behaviour the API document implies" that concerns HTTP lives
   ends at the first empty page;
 * any envelope is accepted: a bare JSON list, or an object holding one list (and maybe a total);
 * 429, 5xx, dropped connections, timeouts and bodies cut off mid-JSON are retried with bounded
-  exponential backoff (tenacity), honouring ``Retry-After``;
+  exponential backoff (tenacity), honouring ``Retry-After`` but never waiting less than the
+  backoff; retries stop at ``max_retries`` or ``retry_budget_s`` (``unreachable_budget_s`` for a
+  host that cannot be connected to), and each is logged as a warning while it happens;
+* a complete 200 body that is not JSON, or JSON nested too deep, fails at once, quoting what
+  came back; lone surrogate escapes are replaced by U+FFFD and counted;
 * 401/403 stop with an error naming the endpoint and what to do, never the token;
-* plain ``http://`` is refused for any host but loopback.
+* the token is cleaned where it enters and masked (whole and in fragments) in every error;
+* the HTTP limits (deadline per request, body cap, redirects, proxies) live in ``transport.py``;
+  the base URL is validated with urllib3's parser in ``urls.py``: plain ``http://`` only for
+  loopback.
 
 Where the total is known, pages are fetched concurrently: the API is random access by ``skip``.
 Checking the pass against the final total (distinct ids) needs the stored rows, so it lives with
@@ -22,37 +29,45 @@ from __future__ import annotations
 import threading
 import time
 from collections.abc import Callable, Iterator
-from email.utils import parsedate_to_datetime
 
 import dagster as dg
 import msgspec
 import requests
 import tenacity
-import urllib3
 from pydantic import Field, PrivateAttr
+from urllib3.exceptions import InvalidHeader
+from urllib3.util import Retry
 
 from fieldsales_dagster.client.endpoints import CHECK_TOKEN_PATH, ListEndpoint
-from fieldsales_dagster.client.envelope import split_envelope
+from fieldsales_dagster.client.envelope import replace_lone_surrogates, split_envelope
 from fieldsales_dagster.client.errors import (
+    AuthenticationError,
     AuthRefused,
     FieldSalesAPIError,
+    NotJSONError,
     TransientHTTPError,
+    UnreachableError,
 )
 from fieldsales_dagster.client.pager import ListStats, Page, Pager
-from fieldsales_dagster.client.urls import validate_base_url
+from fieldsales_dagster.client.transport import Answer, Limits, fetch, new_session
+from fieldsales_dagster.client.urls import Origin, origin_of, validate_base_url
+from fieldsales_dagster.token.secret import TokenFormatError, clean_token, mask_secrets
 from fieldsales_dagster.token.store import TokenStore
+
+#: Characters of a body quoted in an error, after the token is masked.
+SNIPPET_CHARS = 200
+#: Characters of a body searched for the token before the snippet is cut from them.
+_SCRUB_WINDOW = 64 * 1024
+_RETRY_AFTER = Retry(0)
 
 
 def _retry_after_seconds(value: str | None) -> float | None:
+    """Seconds the server asks to wait (delta or HTTP date), as urllib3 reads ``Retry-After``."""
     if not value:
         return None
     try:
-        return max(0.0, float(value))
-    except ValueError:
-        pass
-    try:
-        return max(0.0, parsedate_to_datetime(value).timestamp() - time.time())
-    except (TypeError, ValueError):
+        return _RETRY_AFTER.parse_retry_after(value)
+    except InvalidHeader:
         return None
 
 
@@ -84,6 +99,33 @@ class FieldSalesAPI(dg.ConfigurableResource):
     concurrency: int = Field(default=8, ge=1, le=64, description="Pages in flight at once.")
     connect_timeout_s: float = Field(default=10.0, gt=0)
     read_timeout_s: float = Field(default=120.0, gt=0)
+    request_deadline_s: float = Field(
+        default=180.0,
+        gt=0,
+        le=3600,
+        description="Longest one request may take, from connecting to the body's last byte; a "
+        "server dripping bytes cannot hold a request open longer.",
+    )
+    retry_budget_s: float = Field(
+        default=300.0,
+        gt=0,
+        le=24 * 3600,
+        description="Longest one request may take with all its retries and waits, whatever "
+        "max_retries allows: a silent or failing server is given up after this.",
+    )
+    unreachable_budget_s: float = Field(
+        default=10.0,
+        ge=0,
+        le=3600,
+        description="How long to keep retrying a host that refuses connections, cannot be "
+        "resolved or never accepts one: an instance that is down is reported within seconds.",
+    )
+    max_page_bytes: int = Field(
+        default=256 * 1024 * 1024,
+        ge=1024,
+        description="Largest body of one answer once decompressed; a larger one (a gzip bomb, a "
+        "broken server) fails at once, without being held in memory.",
+    )
     max_retries: int = Field(default=6, ge=0, description="Retries of one request.")
     backoff_initial_s: float = Field(default=1.0, ge=0)
     backoff_max_s: float = Field(default=60.0, ge=0)
@@ -105,25 +147,35 @@ class FieldSalesAPI(dg.ConfigurableResource):
     def root(self) -> str:
         return validate_base_url(self.base_url)
 
+    @property
+    def origin(self) -> Origin:
+        origin = origin_of(self.root)
+        assert origin is not None  # validate_base_url accepted it
+        return origin
+
     def _session(self) -> requests.Session:
         session = getattr(self._local, "session", None)
         if session is None:
-            session = requests.Session()
-            adapter = requests.adapters.HTTPAdapter(pool_connections=1, pool_maxsize=1)
-            session.mount("http://", adapter)
-            session.mount("https://", adapter)
-            session.headers["Accept"] = "application/json"
+            session = new_session(self.origin)
             self._local.session = session
         return session
 
     def token_store(self) -> TokenStore | None:
         return TokenStore(self.token_store_path) if self.use_token_store else None
 
+    def env_token(self) -> str:
+        """``api_token`` without surrounding whitespace; refuses one a header cannot carry."""
+        try:
+            return clean_token(self.api_token, "FIELDSALES_API_TOKEN")
+        except TokenFormatError as exc:
+            raise AuthenticationError(str(exc)) from None
+
     def current_token(self) -> str:
+        env_token = self.env_token()
         store = self.token_store()
         if store is None:
-            return self.api_token
-        return store.current_token(self.api_token, accept=self._server_accepts)
+            return env_token
+        return store.current_token(env_token, accept=self._server_accepts)
 
     def _server_accepts(self, env_token: str) -> bool:
         """Whether the server takes a new ``FIELDSALES_API_TOKEN`` the store has never seen.
@@ -146,47 +198,101 @@ class FieldSalesAPI(dg.ConfigurableResource):
                 )
         return verdicts[env_token]
 
-    def _scrub(self, text: str, *tokens: str) -> str:
-        for secret in (self.api_token, *tokens):
-            if secret:
-                text = text.replace(secret, "***")
-        return text
+    def _scrub(self, text: str, *tokens: str, limit: int | None = None) -> str:
+        return mask_secrets(text, (self.api_token, self.api_token.strip(), *tokens), limit)
 
-    def _get_once(self, path: str, params: dict[str, object] | None, token: str) -> bytes:
-        """One GET; returns the whole body or raises ``TransientHTTPError``/an API error."""
+    def _snippet(self, body: bytes, token: str) -> str:
+        """The start of ``body`` as text: the token masked first, then cut."""
+        text = body[:_SCRUB_WINDOW].decode("utf-8", "replace")
+        return self._scrub(text, token, limit=SNIPPET_CHARS)
+
+    def _get_once(
+        self, path: str, params: dict[str, object] | None, token: str, deadline_s: float
+    ) -> Answer:
+        """One GET; returns the 200 answer or raises ``TransientHTTPError``/an API error."""
         where = f"GET {path}" + (f" (skip={params['skip']})" if params and "skip" in params else "")
-        try:
-            resp = self._session().get(
-                self.root + path,
-                params=params,
-                headers={"Authorization": f"Bearer {token}"},
-                timeout=(self.connect_timeout_s, self.read_timeout_s),
-                stream=True,
-            )
-            # One read of the whole body: `resp.content` reads it in 10 KB chunks, which cost
-            # 2.5x the CPU on 5 MB pages. urllib3 still checks Content-Length.
-            body = resp.raw.read(decode_content=True)
-        except (requests.ConnectionError, requests.Timeout) as exc:
-            raise TransientHTTPError(f"{where}: {type(exc).__name__}") from None
-        except (requests.exceptions.ChunkedEncodingError, urllib3.exceptions.HTTPError) as exc:
-            raise TransientHTTPError(f"{where}: body cut off ({type(exc).__name__})") from None
-        finally:
-            if "resp" in locals():
-                resp.close()
-        status = resp.status_code
+        origin = self.origin
+        limits = Limits(
+            connect_timeout_s=self.connect_timeout_s,
+            read_timeout_s=self.read_timeout_s,
+            deadline_s=deadline_s,
+            max_body_bytes=self.max_page_bytes,
+        )
+        if deadline_s < self.request_deadline_s:
+            limits.deadline_source = f"what was left of retry_budget_s={self.retry_budget_s:g}"
+        else:
+            limits.deadline_source = f"request_deadline_s={self.request_deadline_s:g}"
+        answer = fetch(
+            self._session(),
+            origin,
+            self.root + path,
+            params=params,
+            token=token,
+            where=where,
+            limits=limits,
+            scrub=lambda text: self._scrub(text, token),
+        )
+        status = answer.status
+        on = f"{where} on {origin.netloc}"
         if status in (401, 403):
             raise AuthRefused(status, where)
         if status == 429 or status >= 500 or status == 408:
             raise TransientHTTPError(
-                f"{where}: HTTP {status}", _retry_after_seconds(resp.headers.get("Retry-After"))
+                f"{on}: HTTP {status}", _retry_after_seconds(answer.headers.get("Retry-After"))
             )
         if status != 200:
-            snippet = self._scrub(body[:200].decode("utf-8", "replace"), token)
-            raise FieldSalesAPIError(f"{where} answered HTTP {status}: {snippet!r}")
-        return body
+            snippet = self._snippet(answer.body, token)
+            raise FieldSalesAPIError(f"{on} answered HTTP {status}: {snippet!r}")
+        return answer
+
+    def _parse(
+        self,
+        answer: Answer,
+        parse: Callable[[bytes], object],
+        on: str,
+        token: str,
+        stats: ListStats | None,
+    ) -> object:
+        """``parse(body)``, telling a body cut off (retried) from one that is not JSON (not)."""
+        body = answer.body
+        replaced = 0
+        for _ in range(2):
+            try:
+                result = parse(body)
+            except msgspec.DecodeError as exc:
+                reason = str(exc)
+            except RecursionError:
+                raise NotJSONError(
+                    f"{on} answered JSON nested deeper than the decoder allows "
+                    f"({answer.content_type}, {len(answer.body)} bytes): a broken or hostile "
+                    "server. Not retried; tell the instance's administrators."
+                ) from None
+            else:
+                if replaced and stats:
+                    stats.count(surrogates_replaced=replaced)
+                return result
+            if replaced:
+                break
+            # A lone surrogate escape (a string cut mid-emoji) trips the decoder: replace it
+            # with U+FFFD, count it, and decode again.
+            body, replaced = replace_lone_surrogates(body)
+            if not replaced:
+                break
+        if "truncated" in reason:
+            raise TransientHTTPError(f"{on}: body cut off mid-JSON ({reason})")
+        raise NotJSONError(
+            f"{on} answered HTTP 200 with a complete body that is not JSON "
+            f"({answer.content_type}, {len(answer.body)} bytes; {reason}): "
+            f"{self._snippet(answer.body, token)!r}. Not retried. The base URL may lead to a "
+            "login page or a proxy's error page: check FIELDSALES_BASE_URL."
+        )
 
     def _wait(self, state: tenacity.RetryCallState) -> float:
         exc = state.outcome.exception() if state.outcome else None
+        backoff = tenacity.wait_exponential_jitter(
+            initial=self.backoff_initial_s, max=self.backoff_max_s, jitter=self.backoff_initial_s
+        )
+        wait = min(backoff(state), self.backoff_max_s)
         retry_after = getattr(exc, "retry_after", None)
         if retry_after is not None:
             if retry_after > self.max_retry_after_s:
@@ -194,11 +300,10 @@ class FieldSalesAPI(dg.ConfigurableResource):
                     f"{exc}: the server asks to wait {retry_after:.0f} s (Retry-After), longer "
                     f"than max_retry_after_s={self.max_retry_after_s:.0f}; try again later."
                 )
-            return retry_after
-        backoff = tenacity.wait_exponential_jitter(
-            initial=self.backoff_initial_s, max=self.backoff_max_s, jitter=self.backoff_initial_s
-        )
-        return min(backoff(state), self.backoff_max_s)
+            # `Retry-After: 0` from a struggling server must not turn into a burst of requests:
+            # the backoff is the least we wait.
+            return max(retry_after, wait)
+        return wait
 
     def get(
         self,
@@ -215,31 +320,60 @@ class FieldSalesAPI(dg.ConfigurableResource):
         ``parse`` runs inside the retry loop, so a body cut off mid-JSON is fetched again.
         With ``token`` given, that token is used as it is (no store, no re-read on 401).
         ``max_retries=0`` is for requests that must not be repeated (token renewal).
+        Retries stop at ``max_retries``, at ``retry_budget_s`` (``unreachable_budget_s`` while
+        the host cannot be connected to at all), whichever comes first; each is logged as a
+        warning as it happens.
         """
         retries = self.max_retries if max_retries is None else max_retries
         fixed_token = token
+        if fixed_token is not None:
+            try:
+                fixed_token = clean_token(fixed_token, "the token given")
+            except TokenFormatError as exc:
+                raise AuthenticationError(str(exc)) from None
         token = fixed_token or self.current_token()
+        where = f"GET {path}" + (f" (skip={params['skip']})" if params and "skip" in params else "")
+        on = f"{where} on {self.origin.netloc}"
         reread = False
+        started = time.monotonic()
+        attempts = 0
+        log = dg.get_dagster_logger("fieldsales_dagster.client")
 
         def attempt() -> object:
+            nonlocal attempts
+            attempts += 1
             if stats:
                 stats.count(requests=1)
-            body = self._get_once(path, params, token)
+            remaining = self.retry_budget_s - (time.monotonic() - started)
+            deadline_s = min(self.request_deadline_s, max(remaining, 1.0))
+            answer = self._get_once(path, params, token, deadline_s)
             if parse is None:
-                return body
-            try:
-                return parse(body)
-            except msgspec.DecodeError as exc:
-                raise TransientHTTPError(f"GET {path}: body is not complete JSON ({exc})") from None
+                return answer.body
+            return self._parse(answer, parse, on, token, stats)
+
+        def stop(state: tenacity.RetryCallState) -> bool:
+            if state.attempt_number > retries:
+                return True
+            exc = state.outcome.exception() if state.outcome else None
+            budget = (
+                self.unreachable_budget_s
+                if getattr(exc, "unreachable", False)
+                else self.retry_budget_s
+            )
+            return time.monotonic() - started + state.upcoming_sleep > budget
 
         def before_sleep(state: tenacity.RetryCallState) -> None:
             if stats:
                 stats.count(retries=1)
+            exc = state.outcome.exception() if state.outcome else None
+            log.warning(
+                f"{exc}; retry {state.attempt_number} of {retries} in {state.upcoming_sleep:.1f} s"
+            )
 
         while True:
             retrying = tenacity.Retrying(
                 retry=tenacity.retry_if_exception_type(TransientHTTPError),
-                stop=tenacity.stop_after_attempt(retries + 1),
+                stop=stop,
                 wait=self._wait,
                 before_sleep=before_sleep,
                 reraise=True,
@@ -247,9 +381,16 @@ class FieldSalesAPI(dg.ConfigurableResource):
             try:
                 return retrying(attempt)
             except TransientHTTPError as exc:
+                spent = f"gave up after {attempts} attempts in {time.monotonic() - started:.1f} s"
+                if exc.unreachable:
+                    raise UnreachableError(
+                        f"{exc}; {spent}. Check FIELDSALES_BASE_URL ({self.origin}) and that the "
+                        "instance is up and reachable from here."
+                    ) from None
                 raise FieldSalesAPIError(
-                    f"{exc}; gave up after {retries + 1} attempts. The server or the "
-                    "network is failing; try again later or raise max_retries."
+                    f"{exc}; {spent} (max_retries={retries}, retry_budget_s="
+                    f"{self.retry_budget_s:g}). The server or the network is failing; try again "
+                    "later or raise max_retries / retry_budget_s."
                 ) from None
             except AuthRefused as refused:
                 # A renewal may have replaced the token since this run read it: re-read once.

@@ -1,14 +1,50 @@
-"""The base URL: validated once, ``http://`` only for loopback hosts."""
+"""The base URL: validated once, with the parser that makes the connection.
+
+``requests`` hands every URL to urllib3, so urllib3's ``parse_url`` decides which host the token
+is sent to. Validating with another parser (``urllib.parse``) lets an ambiguous URL pass the
+loopback check while urllib3 connects elsewhere: ``http://evil.example:80\\@127.0.0.1`` is
+``127.0.0.1`` to ``urlsplit`` and ``evil.example`` to urllib3. So the URL is parsed by urllib3,
+anything two parsers could read differently is refused outright, and the URL used afterwards is
+rebuilt from urllib3's parts.
+"""
 
 from __future__ import annotations
 
 import ipaddress
+from dataclasses import dataclass
 from urllib.parse import urlsplit
+
+from urllib3.exceptions import LocationParseError
+from urllib3.util import parse_url
 
 from fieldsales_dagster.client.errors import FieldSalesAPIError, InsecureURLError
 
+_EXAMPLE = "an https:// URL such as https://example.com"
 
-def _is_loopback(host: str) -> bool:
+
+@dataclass(frozen=True)
+class Origin:
+    """Scheme, host and port: where a request goes, and what a redirect may not leave."""
+
+    scheme: str
+    host: str
+    port: int
+
+    def __str__(self) -> str:
+        default = {"http": 80, "https": 443}[self.scheme]
+        return f"{self.scheme}://{self.host}" + (f":{self.port}" if self.port != default else "")
+
+    @property
+    def netloc(self) -> str:
+        """``host:port`` as a person would look for it in an error message."""
+        return f"{self.host}:{self.port}"
+
+    @property
+    def is_loopback(self) -> bool:
+        return is_loopback_host(self.host)
+
+
+def is_loopback_host(host: str) -> bool:
     if host.lower() in {"localhost", "localhost.localdomain"}:
         return True
     try:
@@ -17,17 +53,67 @@ def _is_loopback(host: str) -> bool:
         return False
 
 
+def _bad(base_url: str, why: str) -> FieldSalesAPIError:
+    return FieldSalesAPIError(
+        f"FIELDSALES_BASE_URL must be {_EXAMPLE} (plain http:// only for loopback); "
+        f"{base_url!r} {why}."
+    )
+
+
+def origin_of(url: str) -> Origin | None:
+    """The origin urllib3 would connect to for ``url``, or ``None`` if it cannot parse it."""
+    try:
+        parts = parse_url(url)
+    except LocationParseError:
+        return None
+    if parts.scheme not in {"http", "https"} or not parts.host:
+        return None
+    return Origin(parts.scheme, parts.host, parts.port or {"http": 80, "https": 443}[parts.scheme])
+
+
 def validate_base_url(base_url: str) -> str:
-    """The base URL without a trailing slash; ``http://`` only for loopback hosts."""
-    parts = urlsplit(base_url.strip())
-    if parts.scheme not in {"http", "https"} or not parts.hostname:
+    """The base URL, rebuilt from urllib3's parts without a trailing slash.
+
+    Refused: anything but http(s), no host, user info (``user@``), backslashes, whitespace or
+    control characters inside, non-ASCII characters (write an international domain in its
+    ``xn--`` form), a query or a fragment, and plain ``http://`` to a host other than loopback.
+    """
+    url = base_url.strip()
+    if "@" in url:
+        # Never echo the URL: what precedes the @ may be a password.
         raise FieldSalesAPIError(
-            f"FIELDSALES_BASE_URL must be an https:// URL such as https://example.com, got "
-            f"{base_url!r}."
+            f"FIELDSALES_BASE_URL must be {_EXAMPLE}, without user info (user@ or "
+            "user:password@): the API token is the only credential sent. Remove the part "
+            "before the @."
         )
-    if parts.scheme == "http" and not _is_loopback(parts.hostname):
+    if "\\" in url:
+        raise _bad(url, "holds a backslash, which URL parsers read differently")
+    if any(ord(c) <= 0x20 or ord(c) == 0x7F for c in url):
+        raise _bad(url, "holds whitespace or a control character")
+    if not url.isascii():
+        raise _bad(url, "holds non-ASCII characters (write a domain in its xn-- form)")
+    if "?" in url or "#" in url:
+        raise _bad(url, "holds a query or a fragment; give the instance's address only")
+    try:
+        parts = parse_url(url)
+    except LocationParseError:
+        raise _bad(url, "cannot be parsed") from None
+    if parts.scheme not in {"http", "https"} or not parts.host:
+        raise _bad(url, "has no http(s) scheme or no host")
+    if not url.lower().startswith(f"{parts.scheme}://"):
+        raise _bad(url, "does not start with http:// or https://")
+    # Belt and braces: the standard library's parser must see the same origin as urllib3.
+    try:
+        other = urlsplit(url)
+        other_port = other.port
+    except ValueError:
+        raise _bad(url, "cannot be parsed") from None
+    if (other.hostname or "").lower() != parts.host.strip("[]").lower() or other_port != parts.port:
+        raise _bad(url, "is read differently by different URL parsers")
+    if parts.scheme == "http" and not is_loopback_host(parts.host):
         raise InsecureURLError(
-            f"Refusing plain http:// to {parts.hostname}: the API token would travel in clear "
+            f"Refusing plain http:// to {parts.host}: the API token would travel in clear "
             "text. Use https:// (plain http is allowed for loopback hosts only)."
         )
-    return base_url.strip().rstrip("/")
+    port = f":{parts.port}" if parts.port is not None else ""
+    return f"{parts.scheme}://{parts.host}{port}{(parts.path or '').rstrip('/')}"

@@ -32,6 +32,7 @@ from fieldsales_dagster.client.errors import (
     AuthenticationError,
     FieldSalesAPIError,
 )
+from fieldsales_dagster.token.secret import TokenFormatError, clean_token
 from fieldsales_dagster.token.store import StoredToken, TokenStore, TokenStoreError
 
 if TYPE_CHECKING:
@@ -51,6 +52,8 @@ TICK_READ_TIMEOUT_S = 12.0
 TICK_CHECK_RETRIES = 1
 TICK_BACKOFF_S = 1.0
 TICK_LOCK_TIMEOUT_S = 10.0
+#: One request with its retry: two attempts of 15 s and the 1 s backoff between them.
+TICK_REQUEST_BUDGET_S = 2 * (TICK_CONNECT_TIMEOUT_S + TICK_READ_TIMEOUT_S) + TICK_BACKOFF_S
 
 
 class TokenRenewalError(FieldSalesAPIError):
@@ -110,6 +113,9 @@ def within_tick(api: FieldSalesAPI, retries: int) -> FieldSalesAPI:
             "backoff_initial_s": TICK_BACKOFF_S,
             "backoff_max_s": TICK_BACKOFF_S,
             "max_retry_after_s": TICK_BACKOFF_S,
+            "request_deadline_s": TICK_CONNECT_TIMEOUT_S + TICK_READ_TIMEOUT_S,
+            "retry_budget_s": TICK_REQUEST_BUDGET_S,
+            "unreachable_budget_s": TICK_BACKOFF_S * 2,
         }
     )
 
@@ -134,7 +140,12 @@ def generate_token(api: FieldSalesAPI, old_token: str) -> str:
         new_token = _GENERATED_TOKEN.decode(body).token  # type: ignore[arg-type]
     except (msgspec.DecodeError, msgspec.ValidationError):
         new_token = ""  # the decoder's message may quote the body: never chain it
-    new_token = new_token.strip()
+    try:
+        new_token = clean_token(new_token, f"the answer of GET {GENERATE_TOKEN_PATH}")
+    except TokenFormatError as exc:
+        raise TokenRenewalError(
+            f"{exc} The old token may already be invalid. {RENEW_TOKEN_INSTRUCTION}"
+        ) from None
     if not new_token:
         raise TokenRenewalError(
             f"GET {GENERATE_TOKEN_PATH} answered 200 without a token string; the old token may "

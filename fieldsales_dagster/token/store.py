@@ -36,6 +36,8 @@ from typing import Annotated
 import msgspec
 from filelock import FileLock, Timeout
 
+from fieldsales_dagster.token.secret import TokenFormatError, clean_token
+
 FORMAT_VERSION = 1
 #: How long a process waits for another one's seeding or renewal before giving up.
 LOCK_TIMEOUT_S = 300.0
@@ -95,9 +97,16 @@ class StoredToken:
                 "seeded again from FIELDSALES_API_TOKEN (regenerate that token in your "
                 "Field-Sales user profile, API tab, if it was renewed since)."
             )
+        try:
+            # A store edited by hand (or written before tokens were cleaned) may hold a line break.
+            token = clean_token(file.token, f"token store {path}")
+        except TokenFormatError as exc:
+            raise TokenStoreError(
+                f"{exc} Or delete {path}: it is seeded again from FIELDSALES_API_TOKEN."
+            ) from None
         issued = file.issued_at
         return cls(
-            token=file.token,
+            token=token,
             issued_at=issued if issued.tzinfo else issued.replace(tzinfo=UTC),
             env_fingerprint=file.env_token_sha256,
             source=file.source,

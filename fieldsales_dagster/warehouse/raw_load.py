@@ -66,6 +66,8 @@ class LoadReport:
     bytes: int
     duplicates_dropped: int
     seconds: float
+    #: Lone surrogate escapes replaced by U+FFFD (strings the server cut mid-emoji).
+    surrogates_replaced: int = 0
 
     @property
     def rows_per_second(self) -> float:
@@ -364,6 +366,7 @@ def load_list(
                     bytes=totals.bytes,
                     duplicates_dropped=rows - distinct,
                     seconds=time.monotonic() - started,
+                    surrogates_replaced=stats.surrogates_replaced,  # in the rows kept
                 )
                 log(
                     f"{endpoint.name}: wrote {report.rows} rows to {report.table} "

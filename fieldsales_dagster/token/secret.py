@@ -1,0 +1,95 @@
+"""The API token as a secret: cleaned where it enters, masked wherever text might carry it.
+
+No Dagster and no HTTP here: the client, the token store and the renewal all use these two
+functions, so a token is cleaned and masked the same way whichever way it came in.
+"""
+
+from __future__ import annotations
+
+import unicodedata
+from collections.abc import Iterable
+
+#: What a masked secret (or a fragment of one) becomes in text.
+MASK = "***"
+#: A run of at least this many characters of a token is masked wherever it appears: a cut (ours
+#: or the server's) must not leave a usable prefix or suffix of the token behind.
+MIN_FRAGMENT = 8
+
+
+class TokenFormatError(ValueError):
+    """A token holds characters no HTTP header can carry. The message never holds the token."""
+
+
+def _refused(char: str) -> str | None:
+    """Why ``char`` cannot be part of a bearer token, or ``None`` if it can."""
+    code = ord(char)
+    if code > 0xFF:
+        return f"a character outside latin-1 ({unicodedata.name(char, 'unnamed')})"
+    if code < 0x20 or 0x7F <= code <= 0x9F:
+        return "a control character"
+    if char.isspace():
+        return "a space"
+    return None
+
+
+def clean_token(raw: str | None, source: str) -> str:
+    """``raw`` without surrounding whitespace; refuses a token an HTTP header cannot carry.
+
+    Surrounding whitespace is how tokens usually arrive from env files with CRLF endings or from
+    mounted secret files, so it is stripped silently. Anything left inside the token that a header
+    cannot carry (a control character, a space, a curly quote pasted from a document) is refused
+    with a ``TokenFormatError`` naming ``source`` (the setting or file the token came from) and the
+    offending character's kind and position, never the token. An empty token stays empty: the
+    caller decides whether that is an error.
+    """
+    token = (raw or "").strip()
+    for position, char in enumerate(token, start=1):
+        why = _refused(char)
+        if why is not None:
+            hint = (
+                " (set the token alone, without 'Bearer ')"
+                if token[:7].lower() == "bearer " and why == "a space"
+                else ""
+            )
+            raise TokenFormatError(
+                f"The API token from {source} holds {why} at position {position} of {len(token)}, "
+                f"which an HTTP header cannot carry{hint}. Copy the token again from your "
+                "Field-Sales user profile (API tab, copy button) and set it without quotes or "
+                "line breaks."
+            )
+    return token
+
+
+def _fragment_spans(text: str, secret: str) -> list[tuple[int, int]]:
+    """Spans of ``text`` that are runs of ``MIN_FRAGMENT``+ characters found in ``secret``."""
+    grams = {secret[i : i + MIN_FRAGMENT] for i in range(len(secret) - MIN_FRAGMENT + 1)}
+    spans: list[tuple[int, int]] = []
+    for i in range(len(text) - MIN_FRAGMENT + 1):
+        if text[i : i + MIN_FRAGMENT] in grams:
+            end = i + MIN_FRAGMENT
+            if spans and i <= spans[-1][1]:
+                spans[-1] = (spans[-1][0], end)
+            else:
+                spans.append((i, end))
+    return spans
+
+
+def mask_secrets(text: str, secrets: Iterable[str | None], limit: int | None = None) -> str:
+    """``text`` with every secret, and every long fragment of one, masked; then cut to ``limit``.
+
+    Masking comes first: cutting first can split a token so that its first part no longer
+    matches, and survives. A fragment of ``MIN_FRAGMENT`` or more characters of a secret (what a
+    server's own cut, or a line break inside the echoed header, leaves) is masked too.
+    """
+    usable = sorted({s for s in secrets if s}, key=len, reverse=True)
+    for secret in usable:
+        text = text.replace(secret, MASK)
+    for secret in usable:
+        if len(secret) < MIN_FRAGMENT:
+            continue
+        spans = _fragment_spans(text, secret)
+        for start, end in reversed(spans):
+            text = text[:start] + MASK + text[end:]
+    if limit is not None and len(text) > limit:
+        text = text[:limit] + "..."
+    return text
