@@ -6,6 +6,7 @@ import dagster as dg
 
 from fieldsales_dagster.assets.checks import core_checks
 from fieldsales_dagster.assets.core import core_assets
+from fieldsales_dagster.assets.mart import mart_assets
 from fieldsales_dagster.assets.raw import raw_assets
 from fieldsales_dagster.automation.schedule import all_jobs, all_schedules
 from fieldsales_dagster.automation.sensors import all_sensors
@@ -15,7 +16,7 @@ from fieldsales_dagster.resources import build_resources
 def build_definitions() -> dg.Definitions:
     """Everything, with resources configured from the environment as it is now."""
     return dg.Definitions(
-        assets=[*raw_assets, *core_assets],
+        assets=[*raw_assets, *core_assets, *mart_assets],
         asset_checks=[*core_checks],
         jobs=all_jobs,
         schedules=all_schedules,

@@ -6,6 +6,7 @@ server's total, swap it in, report what it cost.
 
 import dagster as dg
 
+from fieldsales_dagster.assets.columns import column_schema, prepare_raw_table, table_doc
 from fieldsales_dagster.client.endpoints import EVENT_GROUPS, EVENTS, TRANSACTIONS, ListEndpoint
 from fieldsales_dagster.client.resource import FieldSalesAPI
 from fieldsales_dagster.warehouse.raw_load import LoadReport, load_list
@@ -71,11 +72,24 @@ def build_raw_asset(endpoint: ListEndpoint, description: str) -> dg.AssetsDefini
         fieldsales_api: FieldSalesAPI,
         warehouse: FieldSalesWarehouse,
     ) -> dg.MaterializeResult:
+        redacted: list[int] = []
         with warehouse.get_connection() as conn:
-            report = load_list(fieldsales_api, conn, endpoint, log=context.log.info)
-        return dg.MaterializeResult(
-            metadata=_metadata(report), check_results=[_total_check(report)]
-        )
+            report = load_list(
+                fieldsales_api,
+                conn,
+                endpoint,
+                log=context.log.info,
+                before_swap=lambda staged: redacted.append(
+                    prepare_raw_table(conn, staged, key, warehouse)
+                ),
+            )
+            schema = column_schema(conn, endpoint.raw_table, table_doc(key), warehouse.pii)
+        metadata = {
+            **_metadata(report),
+            "dagster/column_schema": schema,
+            "pii_redacted_rows": sum(redacted) if warehouse.redact_pii_in_raw else "not asked",
+        }
+        return dg.MaterializeResult(metadata=metadata, check_results=[_total_check(report)])
 
     return raw_asset
 

@@ -7,11 +7,12 @@ import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
+from typing import Literal
 
 import duckdb
 import filelock
 from dagster_duckdb import DuckDBResource
-from pydantic import Field
+from pydantic import Field, model_validator
 
 DEFAULT_DUCKDB_PATH = "data/fieldsales.duckdb"
 
@@ -53,6 +54,41 @@ class FieldSalesWarehouse(DuckDBResource):
         default=30.0,
         description="How long to retry when a program outside this project holds the file.",
     )
+    pii: Literal["keep", "hash", "drop"] = Field(
+        default="keep",
+        description=(
+            "FIELDSALES_PII: personal data (names, emails, client IPs) in core.* and mart.*: "
+            "keep as received, hash (keyed HMAC-SHA256 with pii_hash_key; joins still work) or "
+            "drop (stored as NULL). Default keep: the contract's core.users promises names and "
+            "emails, and raw.* holds them anyway unless redact_pii_in_raw is set, so hashing "
+            "core.* alone would only look private. See warehouse/pii.py."
+        ),
+    )
+    pii_hash_key: str | None = Field(
+        default=None,
+        description=(
+            "FIELDSALES_PII_HASH_KEY: the secret key of pii=hash, at least 16 characters. Give it "
+            "as an environment variable, never in YAML; a new key gives every value a new hash."
+        ),
+    )
+    redact_pii_in_raw: bool = Field(
+        default=False,
+        description=(
+            "FIELDSALES_REDACT_PII_IN_RAW: set the personal keys (firstName, lastName, email, ip) "
+            "of raw.* payloads to null at ingest, before the new table replaces the old one, for "
+            "teams that must not store them at all. raw.* then no longer holds them 'as received'."
+        ),
+    )
+
+    @model_validator(mode="after")
+    def _hash_needs_a_key(self) -> FieldSalesWarehouse:
+        if self.pii == "hash" and not self.pii_hash_key:
+            raise ValueError(
+                "pii='hash' (FIELDSALES_PII=hash) needs pii_hash_key: set "
+                "FIELDSALES_PII_HASH_KEY to a secret of at least 16 characters, or choose "
+                "pii='keep' or 'drop'."
+            )
+        return self
 
     @property
     def lock_path(self) -> Path:
