@@ -65,7 +65,8 @@ changes AS (
 numbered AS (
     SELECT
         *,
-        sum(starts_version::INTEGER) OVER (carrier_order ROWS UNBOUNDED PRECEDING) AS version,
+        sum(starts_version::INTEGER) OVER (carrier_order ROWS UNBOUNDED PRECEDING)::INTEGER
+            AS version,
         row_number() OVER carrier_order AS carrier_rank
     FROM changes
     WINDOW carrier_order AS (PARTITION BY pos_id ORDER BY planned_start NULLS FIRST, event_id)
