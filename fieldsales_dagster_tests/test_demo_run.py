@@ -31,7 +31,7 @@ def test_demo_prints_checks_names_intended_failures_and_records_the_run(
 
     assert status == 0
     assert "0 failed unexpectedly" in out
-    for asset, check in demo_run.EXPECTED_DEMO_FINDINGS:
+    for _asset, check in demo_run.EXPECTED_DEMO_FINDINGS:
         (line,) = [line for line in out.splitlines() if f"  {check}: " in line]
         assert "as intended" in line or "passed" in line
     assert "ids_unique: passed" in out
