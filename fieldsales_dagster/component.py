@@ -18,7 +18,7 @@ from __future__ import annotations
 import os
 import re
 from datetime import UTC, datetime, timedelta
-from typing import Annotated, Any
+from typing import Annotated, Any, Literal
 from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
 
 import dagster as dg
@@ -27,6 +27,7 @@ from pydantic import Field, ValidationError, ValidationInfo, field_validator
 
 from fieldsales_dagster.assets.checks import build_core_checks
 from fieldsales_dagster.assets.core import build_core_assets
+from fieldsales_dagster.assets.mart import build_mart_assets
 from fieldsales_dagster.assets.raw import build_raw_assets
 from fieldsales_dagster.automation.schedule import build_refresh_job, build_refresh_schedule
 from fieldsales_dagster.automation.sensors import (
@@ -103,6 +104,8 @@ SETTINGS_HELP: dict[str, tuple[str, str]] = {
         "a number of days above 0 and below 60 (the token's lifetime)",
     ),
     "key_prefix": ("", "a name of letters, digits and underscores, starting with a letter"),
+    "pii": ("FIELDSALES_PII", "keep, hash or drop"),
+    "redact_pii_in_raw": ("FIELDSALES_REDACT_PII_IN_RAW", "true or false"),
 }
 
 
@@ -152,6 +155,23 @@ class FieldSalesComponent(dg.Component, dg.Model, dg.Resolvable):
     token_renew_after_days: float = Field(
         default=DEFAULT_RENEW_AFTER_DAYS,
         description="Renew the token once it is this old (FIELDSALES_TOKEN_RENEW_AFTER_DAYS).",
+    )
+    pii: Literal["keep", "hash", "drop"] = Field(
+        default="keep",
+        description=(
+            "Personal data in core.* and mart.*: keep, hash (keyed; joins still work) or drop "
+            "(FIELDSALES_PII)."
+        ),
+    )
+    pii_hash_key_env_var: str = Field(
+        default="FIELDSALES_PII_HASH_KEY",
+        description="The variable holding the secret key of pii: hash (never the key itself).",
+    )
+    redact_pii_in_raw: bool = Field(
+        default=False,
+        description=(
+            "Null personal keys in raw.* payloads at ingest (FIELDSALES_REDACT_PII_IN_RAW)."
+        ),
     )
     key_prefix: str | None = Field(
         default=None,
@@ -257,7 +277,12 @@ class FieldSalesComponent(dg.Component, dg.Model, dg.Resolvable):
                 concurrency=self.concurrency,
             ),
             self.names.warehouse_resource: FieldSalesWarehouse(
-                database=self.duckdb_path, memory_limit=self.duckdb_memory_limit
+                database=self.duckdb_path,
+                memory_limit=self.duckdb_memory_limit,
+                pii=self.pii,
+                # A secret: only the variable's name reaches Dagster, and only when it is used.
+                pii_hash_key=dg.EnvVar(self.pii_hash_key_env_var) if self.pii == "hash" else None,
+                redact_pii_in_raw=self.redact_pii_in_raw,
             ),
         }
 
@@ -274,6 +299,7 @@ class FieldSalesComponent(dg.Component, dg.Model, dg.Resolvable):
         return [
             *build_raw_assets(names, self.owners),
             *build_core_assets(names, self.owners, self.freshness_policy()),
+            *build_mart_assets(names, self.owners, self.freshness_policy()),
         ]
 
     def build_checks(self, assets: list[dg.AssetsDefinition]) -> list[dg.AssetChecksDefinition]:

@@ -11,7 +11,7 @@ import dagster as dg
 import duckdb
 
 from fieldsales_dagster.warehouse.resource import FieldSalesWarehouse
-from fieldsales_dagster_tests.project import core_assets, core_checks
+from fieldsales_dagster_tests.project import core_assets, core_checks, mart_assets
 
 T0 = "2025-03-04T09:30:00.000Z"
 
@@ -291,14 +291,19 @@ def materialize_core(
     events: list[dict] = (),
     raise_on_error: bool = True,
     with_checks: bool = False,
+    **warehouse_settings: Any,
 ) -> dg.ExecuteInProcessResult:
-    """Write the raw tables, then materialize every core asset (and, if asked, its checks)."""
+    """Write the raw tables, then materialize every core and mart asset (and, if asked, checks).
+
+    ``warehouse_settings`` are further ``FieldSalesWarehouse`` fields (``pii``, ...).
+    """
     write_raw_tables(database, transactions=transactions, events=events)
+    warehouse = FieldSalesWarehouse(database=str(database), threads=2, **warehouse_settings)
     return dg.materialize(
-        [*RAW_STAND_INS, *core_assets(), *(core_checks() if with_checks else [])],
-        resources={"warehouse": FieldSalesWarehouse(database=str(database), threads=2)},
+        [*RAW_STAND_INS, *core_assets(), *mart_assets(), *(core_checks() if with_checks else [])],
+        resources={"warehouse": warehouse},
         raise_on_error=raise_on_error,
-        selection=dg.AssetSelection.groups("core"),
+        selection=dg.AssetSelection.groups("core", "mart"),
     )
 
 

@@ -7,6 +7,7 @@ import dagster as dg
 
 from fieldsales_dagster.assets.checks import build_core_checks
 from fieldsales_dagster.assets.core import build_core_assets
+from fieldsales_dagster.assets.mart import build_mart_assets
 from fieldsales_dagster.assets.raw import build_raw_assets
 from fieldsales_dagster.names import InstanceNames
 
@@ -20,6 +21,10 @@ def raw_assets() -> list[dg.AssetsDefinition]:
 
 def core_assets() -> list[dg.AssetsDefinition]:
     return build_core_assets(DEFAULT, OWNERS, freshness_policy=None)
+
+
+def mart_assets() -> list[dg.AssetsDefinition]:
+    return build_mart_assets(DEFAULT, OWNERS, freshness_policy=None)
 
 
 def core_checks() -> list[dg.AssetChecksDefinition]:

@@ -153,7 +153,7 @@ def test_two_tenants_in_one_code_location_each_load_exactly_their_own_data(tmp_p
         defs = load_project(package, monkeypatch)
         graph = defs.get_repository_def().asset_graph
         keys = {key.to_user_string() for key in graph.get_all_asset_keys()}
-        assert len(keys) == 24
+        assert len(keys) == 36  # 18 assets per tenant
         assert {
             "raw_events",
             "acme/raw_events",
@@ -202,10 +202,10 @@ def test_dg_check_and_list_defs_show_every_definition(tmp_path):
     }
     dg_command("check", "defs", env=env)
     listed = json.loads(dg_command("list", "defs", "--json", env=env))
-    assert len(listed["assets"]) == 12
-    # ids_unique per core table, the data checks, row counts of the raw tables, and a
-    # column-schema check per asset.
-    assert len(listed["asset_checks"]) == 9 + 4 + 3 + 12
+    assert len(listed["assets"]) == 18  # 3 raw, 12 core, 3 mart
+    # ids_unique per core and mart table, the data, drift and mart checks, the raw tables' row
+    # counts, and a column-schema check per asset.
+    assert len(listed["asset_checks"]) == 15 + 9 + 3 + 18
     assert [job["name"] for job in listed["jobs"]] == ["refresh_all"]
     assert [schedule["name"] for schedule in listed["schedules"]] == ["refresh_all_schedule"]
     assert sorted(sensor["name"] for sensor in listed["sensors"]) == [
@@ -245,12 +245,12 @@ def test_every_asset_has_owners_code_references_and_core_tables_a_freshness_poli
         for assets in defs.assets
         for spec in getattr(assets, "specs", [])
     }
-    assert len(specs) == 12
+    assert len(specs) == 18
     for key, spec in specs.items():
         assert spec.owners == ["team:data"], key
         assert "dagster/code_references" in spec.metadata, key
         assert spec.kinds == {"duckdb"}, key
-        if key.startswith("core_"):
+        if key.startswith(("core_", "mart_")):
             policy = spec.freshness_policy
             assert policy.warn_window.to_timedelta() == timedelta(hours=7), key
             assert policy.fail_window.to_timedelta() == timedelta(hours=13), key

@@ -179,11 +179,12 @@ def test_upload_value_is_a_file_ref(database):
     assert (row["file_ref"], row["value_text"], row["value_number"]) == ("file-77", None, None)
 
 
-def test_unknown_field_type_is_kept_with_value_raw_only(database):
+def test_unknown_field_type_keeps_the_contract_columns_empty_and_is_typed_by_json_type(database):
     row = result(database, "t-unknown-type", "f-colour")
     assert row["field_type"] == "colourPicker"
     assert row["value_raw"] == "#ff0000"
     assert (row["value_number"], row["value_text"], row["file_ref"]) == (None, None, None)
+    assert (row["value_kind"], row["value_json_text"]) == ("json_string", "#ff0000")
 
 
 def test_field_missing_from_the_configuration_is_kept_unresolved(database):

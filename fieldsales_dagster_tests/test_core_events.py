@@ -146,7 +146,7 @@ def test_point_of_sale_address_and_location_groups_are_decoded(database):
         "Main St 1",
         "10115",
         "Berlin",
-        "",
+        None,  # "" from the API: empty means NULL in core.*
         "shop@example.com",
         ["lg1", "lg2"],
         ["North", "Urban"],

@@ -211,6 +211,9 @@ def test_resource_has_no_setting_it_ignores():
         "threads",
         "lock_timeout_s",
         "busy_timeout_s",
+        "pii",
+        "pii_hash_key",
+        "redact_pii_in_raw",
     }
 
 

@@ -68,7 +68,7 @@ def test_refresh_all_selects_every_asset_and_carries_the_concurrency_tag(project
     job = defs.resolve_job_def("refresh_all")
     every_asset = defs.get_repository_def().asset_graph.get_all_asset_keys()
     assert set(job.asset_layer.selected_asset_keys) == set(every_asset)
-    assert len(every_asset) == 12
+    assert len(every_asset) == 18
     assert job.tags[REFRESH_TAG] == "all"
 
 

@@ -3,13 +3,18 @@
 Blocking checks guard what must hold for a table to be used at all (unique ids). Data-quality
 findings that come from the API's data rather than from our decoding (values outside a slider's
 range, transactions whose event was not paged yet) are warnings with the offending rows named.
+Drift in the API's partly undocumented kinds (a new custom-report field type, a new event state)
+is a warning too: the data still loads, typed as well as it can be. The known kinds are listed
+once, in ``sql/field_type_kinds.sql`` and ``sql/known_event_states.sql``. The marts are checked
+against the core tables they summarise.
 """
 
 from collections.abc import Callable
 
 import dagster as dg
 
-from fieldsales_dagster.assets.core import CORE_TABLES, CoreTable
+from fieldsales_dagster.assets.core import CORE_TABLES, CoreTable, shared_macros_sql
+from fieldsales_dagster.assets.mart import MART_TABLES
 from fieldsales_dagster.names import InstanceNames
 from fieldsales_dagster.warehouse.resource import FieldSalesWarehouse, qualified, quote_ident
 
@@ -22,11 +27,14 @@ Evaluate = Callable[[FieldSalesWarehouse], dg.AssetCheckResult]
 
 def _fetch_one(warehouse: FieldSalesWarehouse, sql: str) -> tuple:
     with warehouse.get_connection() as conn:
+        if macros := shared_macros_sql(sql):
+            conn.execute(macros)
         return conn.execute(sql).fetchone()
 
 
-def _table(name: str) -> CoreTable:
-    return next(table for table in CORE_TABLES if table.table == name)
+def _asset_table(asset_name: str) -> CoreTable:
+    """The declared core or mart table behind an asset name."""
+    return next(t for t in (*CORE_TABLES, *MART_TABLES) if t.asset_name == asset_name)
 
 
 def _bind(
@@ -55,9 +63,21 @@ def _bind(
     return _check
 
 
+def ids_unique_description(table: CoreTable) -> str:
+    nullable = (
+        f" ({', '.join(table.nullable_key)} may be NULL; NULLs compare equal)"
+        if table.nullable_key
+        else ""
+    )
+    return (
+        f"Every row of {table.table} has a distinct, non-NULL ({', '.join(table.key)}){nullable}."
+    )
+
+
 def ids_unique(table: CoreTable) -> Evaluate:
     columns = ", ".join(quote_ident(c) for c in table.key)
-    any_null = " OR ".join(f"{quote_ident(c)} IS NULL" for c in table.key)
+    required = [c for c in table.key if c not in table.nullable_key]
+    any_null = " OR ".join(f"{quote_ident(c)} IS NULL" for c in required) or "false"
     key_text = " || ' / ' || ".join(
         f"coalesce({quote_ident(c)}::VARCHAR, 'NULL')" for c in table.key
     )
@@ -190,12 +210,123 @@ def coordinates_in_range(warehouse: FieldSalesWarehouse) -> dg.AssetCheckResult:
     )
 
 
+def field_types_known(warehouse: FieldSalesWarehouse) -> dg.AssetCheckResult:
+    new_types, values, known = _fetch_one(
+        warehouse,
+        """
+        SELECT
+            coalesce(list(field_type ORDER BY field_type) FILTER (WHERE NOT decoded), []),
+            coalesce(sum(result_count) FILTER (WHERE NOT decoded), 0),
+            (SELECT list(field_type ORDER BY field_type) FROM field_type_kinds())
+        FROM core.custom_report_field_types
+        """,
+    )
+    return dg.AssetCheckResult(
+        passed=not new_types,
+        severity=dg.AssetCheckSeverity.WARN,
+        metadata={
+            "new_field_types": ", ".join(new_types),
+            "values_of_new_types": int(values),
+            "known_field_types": ", ".join(known),
+        },
+    )
+
+
+def event_states_known(warehouse: FieldSalesWarehouse) -> dg.AssetCheckResult:
+    new_states, rows = _fetch_one(
+        warehouse,
+        """
+        WITH seen AS (
+            SELECT event_state AS state FROM core.events
+            UNION ALL SELECT state_old FROM core.event_status_history
+            UNION ALL SELECT state_new FROM core.event_status_history
+        ),
+        unknown AS (
+            SELECT state, count(*) AS n
+            FROM seen
+            WHERE state IS NOT NULL AND state NOT IN (SELECT state FROM known_event_states())
+            GROUP BY state
+        )
+        SELECT coalesce(list(state ORDER BY state), []), coalesce(sum(n), 0) FROM unknown
+        """,
+    )
+    return dg.AssetCheckResult(
+        passed=not new_states,
+        severity=dg.AssetCheckSeverity.WARN,
+        metadata={"new_states": ", ".join(new_states), "rows_with_new_states": int(rows)},
+    )
+
+
+def daily_sales_match_transactions(warehouse: FieldSalesWarehouse) -> dg.AssetCheckResult:
+    mart_n, core_n, mart_value, core_value = _fetch_one(
+        warehouse,
+        """
+        SELECT
+            (SELECT coalesce(sum(transactions), 0) FROM mart.daily_sales),
+            (SELECT count(*) FROM core.transactions),
+            (SELECT coalesce(sum(total_value), 0) FROM mart.daily_sales),
+            (SELECT coalesce(sum(total_value), 0) FROM core.transactions)
+        """,
+    )
+    return dg.AssetCheckResult(
+        passed=mart_n == core_n and abs(mart_value - core_value) < 0.01,
+        severity=dg.AssetCheckSeverity.ERROR,
+        metadata={
+            "mart_transactions": int(mart_n),
+            "core_transactions": int(core_n),
+            "mart_total_value": float(mart_value),
+            "core_total_value": float(core_value),
+        },
+    )
+
+
+def event_summary_matches_events(warehouse: FieldSalesWarehouse) -> dg.AssetCheckResult:
+    mart_n, core_n, mart_value, core_value = _fetch_one(
+        warehouse,
+        """
+        SELECT
+            (SELECT count(*) FROM mart.event_summary),
+            (SELECT count(*) FROM core.events),
+            (SELECT coalesce(sum(total_value), 0) FROM mart.event_summary),
+            (SELECT coalesce(sum(t.total_value), 0)
+             FROM core.transactions AS t SEMI JOIN core.events AS e USING (event_id))
+        """,
+    )
+    return dg.AssetCheckResult(
+        passed=mart_n == core_n and abs(mart_value - core_value) < 0.01,
+        severity=dg.AssetCheckSeverity.ERROR,
+        metadata={
+            "mart_events": int(mart_n),
+            "core_events": int(core_n),
+            "mart_total_value": float(mart_value),
+            "core_total_value_of_known_events": float(core_value),
+        },
+    )
+
+
+def user_activity_matches_status_changes(warehouse: FieldSalesWarehouse) -> dg.AssetCheckResult:
+    mart_n, core_n = _fetch_one(
+        warehouse,
+        """
+        SELECT
+            (SELECT coalesce(sum(status_changes), 0) FROM mart.user_activity),
+            (SELECT count(*) FROM core.event_status_history
+             WHERE user_id IS NOT NULL AND changed_at IS NOT NULL)
+        """,
+    )
+    return dg.AssetCheckResult(
+        passed=mart_n == core_n,
+        severity=dg.AssetCheckSeverity.ERROR,
+        metadata={"mart_status_changes": int(mart_n), "core_status_changes": int(core_n)},
+    )
+
+
 def build_core_checks(names: InstanceNames) -> list[dg.AssetChecksDefinition]:
     """Every check of the core tables: uniqueness from each table's key, then the data checks."""
-    transactions = _table("core.transactions")
-    events = _table("core.events")
-    results = _table("core.custom_report_results")
-    points_of_sale = _table("core.dim_point_of_sale")
+    transactions = _asset_table("core_transactions")
+    events = _asset_table("core_events")
+    results = _asset_table("core_custom_report_results")
+    points_of_sale = _asset_table("core_dim_point_of_sale")
     return [
         *(
             _bind(
@@ -203,12 +334,10 @@ def build_core_checks(names: InstanceNames) -> list[dg.AssetChecksDefinition]:
                 table,
                 ids_unique(table),
                 name="ids_unique",
-                description=(
-                    f"Every row of {table.table} has a distinct, non-NULL ({', '.join(table.key)})."
-                ),
+                description=ids_unique_description(table),
                 blocking=True,
             )
-            for table in CORE_TABLES
+            for table in (*CORE_TABLES, *MART_TABLES)
         ),
         _bind(
             names,
@@ -252,6 +381,67 @@ def build_core_checks(names: InstanceNames) -> list[dg.AssetChecksDefinition]:
                 "Point-of-sale coordinates (location and places-directory) are valid: longitude "
                 "within ±180, latitude within ±90. A failure usually means swapped or scaled "
                 "coordinates."
+            ),
+        ),
+        _bind(
+            names,
+            _asset_table("core_custom_report_field_types"),
+            field_types_known,
+            name="field_types_known",
+            also_reads=(),
+            description=(
+                "Every custom report field type seen is one this project decodes "
+                "(sql/field_type_kinds.sql). A warning: a new type's values still load, typed by "
+                "their JSON type (value_kind 'json_*'); add the type to the list to decode it."
+            ),
+        ),
+        _bind(
+            names,
+            _asset_table("core_event_status_history"),
+            event_states_known,
+            name="event_states_known",
+            also_reads=(_asset_table("core_events"),),
+            description=(
+                "Every event state (eventState, stateOld, stateNew) is one of the states the API "
+                "document lists (sql/known_event_states.sql). A warning: the API's transitions are "
+                "not documented, so a new state is drift to look at, not an error."
+            ),
+        ),
+        _bind(
+            names,
+            _asset_table("mart_daily_sales"),
+            daily_sales_match_transactions,
+            name="daily_sales_match_transactions",
+            also_reads=(_asset_table("core_transactions"),),
+            description=(
+                "mart.daily_sales adds up to core.transactions: the same number of transactions and"
+                " the same total value (to a cent), so no sale is lost or counted twice by the "
+                "joins."
+            ),
+        ),
+        _bind(
+            names,
+            _asset_table("mart_event_summary"),
+            event_summary_matches_events,
+            name="event_summary_matches_events",
+            also_reads=(
+                _asset_table("core_events"),
+                _asset_table("core_transactions"),
+            ),
+            description=(
+                "mart.event_summary has one row per core.events row, and its total value equals "
+                "that of the transactions whose event is known."
+            ),
+        ),
+        _bind(
+            names,
+            _asset_table("mart_user_activity"),
+            user_activity_matches_status_changes,
+            name="user_activity_matches_status_changes",
+            also_reads=(_asset_table("core_event_status_history"),),
+            description=(
+                "mart.user_activity counts every dated status change with a user exactly once: its "
+                "status_changes add up to those rows of core.event_status_history."
             ),
         ),
     ]

@@ -1,16 +1,27 @@
 """Core tables: typed, decoded tables built in DuckDB from the raw API items.
 
-Each core table is one query in ``sql/<schema>_<table>.sql``. An asset runs its query into a
-staging table, swaps it in for the previous table (a failed query leaves the previous table in
-place), and reports the table's schema, row count and a few rows.
+Each core table is one query in ``sql/<schema>_<table>.sql`` and its column meanings in
+``sql/<schema>_<table>.yaml``. An asset runs its query into a staging table (empty strings stored
+as NULL, personal columns as ``FieldSalesWarehouse.pii`` says, see ``columns.py``), writes the
+descriptions as DuckDB comments, swaps it in for the previous table (a failed query leaves the
+previous table in place), and reports the table's described schema, row count and a few rows.
 """
 
+from collections.abc import Callable
 from dataclasses import dataclass
 from importlib import resources
 
 import dagster as dg
 import duckdb
 
+from fieldsales_dagster.assets.columns import (
+    Column,
+    TableDoc,
+    column_schema,
+    comment_table,
+    publishing_query,
+    table_doc,
+)
 from fieldsales_dagster.assets.metadata import table_metadata
 from fieldsales_dagster.assets.raw import raw_asset_name
 from fieldsales_dagster.client.endpoints import EVENTS, TRANSACTIONS
@@ -35,6 +46,8 @@ class CoreTable:
     key: tuple[str, ...]
     description: str
     deps: tuple[str, ...]
+    #: Key columns that may be NULL (a mart's group-by key); the others must not be.
+    nullable_key: tuple[str, ...] = ()
 
     @property
     def asset_name(self) -> str:
@@ -43,6 +56,20 @@ class CoreTable:
     @property
     def query_file(self) -> str:
         return f"{self.asset_name}.sql"
+
+    @property
+    def schema(self) -> str:
+        return self.table.partition(".")[0]
+
+    @property
+    def doc(self) -> TableDoc:
+        """The column meanings declared in ``sql/<asset_name>.yaml``."""
+        return table_doc(self.asset_name)
+
+    @property
+    def columns(self) -> tuple[Column, ...]:
+        """Every column, in order: name, description, and whether it holds personal data."""
+        return self.doc.columns
 
 
 CORE_TABLES: tuple[CoreTable, ...] = (
@@ -91,11 +118,26 @@ CORE_TABLES: tuple[CoreTable, ...] = (
         (RAW_EVENTS, "core_events"),
     ),
     CoreTable(
+        "core.dim_point_of_sale_history",
+        ("pos_id", "version"),
+        "One row per point of sale and version of its name, address and coordinates, as the "
+        "events that embed it carried them: valid_from is the planned start of the first event "
+        "with that version, valid_to the start of the next version (NULL for the current one).",
+        (RAW_EVENTS, "core_events"),
+    ),
+    CoreTable(
         "core.event_status_history",
         ("event_id", "seq"),
         "One row per event status change (eventStateHistory), numbered 1, 2, ... in date order "
         "within each event.",
         (RAW_EVENTS,),
+    ),
+    CoreTable(
+        "core.event_state_durations",
+        ("event_id", "seq"),
+        "One row per event and stay in a state: when the event entered it, when it left it (its "
+        "next status change), and the seconds in between; NULL left_at for the current state.",
+        ("core_event_status_history",),
     ),
     CoreTable(
         "core.custom_report_fields",
@@ -108,9 +150,17 @@ CORE_TABLES: tuple[CoreTable, ...] = (
         "core.custom_report_results",
         ("source", "report_id", "field_id"),
         "One row per submitted custom report value, from transactions and events, resolved "
-        "against its field definition and typed by field type (number, text, file reference), "
+        "against its field definition and typed by field type (number, text, file reference, "
+        "boolean), or by JSON type where the field type is unknown (value_kind says which), "
         "with slider range and step validity.",
         (RAW_TRANSACTIONS, RAW_EVENTS, "core_custom_report_fields"),
+    ),
+    CoreTable(
+        "core.custom_report_field_types",
+        ("field_type",),
+        "One row per custom report field type seen in a configuration: how many fields, "
+        "configurations and values have it, and whether this project decodes it.",
+        ("core_custom_report_fields", "core_custom_report_results"),
     ),
 )
 
@@ -120,21 +170,31 @@ def core_query(table: CoreTable) -> str:
     return (resources.files("fieldsales_dagster") / "sql" / table.query_file).read_text("utf-8")
 
 
-#: Connection-scoped table macros the core queries share (``sql/<name>.sql``).
-SHARED_MACROS = ("raw_transactions_in_slices",)
+#: Connection-scoped macros the queries and checks share (``sql/<name>.sql``; a file defines
+#: the macro it is named after, and may define helpers beside it).
+SHARED_MACROS = ("raw_transactions_in_slices", "field_type_kinds", "known_event_states")
 
 
 def shared_macros_sql(query: str) -> str:
     """The macros ``query`` calls (DuckDB binds a macro's tables when it is created)."""
     files = resources.files("fieldsales_dagster") / "sql"
     used = [name for name in SHARED_MACROS if f"{name}(" in query]
-    return "\n".join((files / f"{name}.sql").read_text("utf-8") for name in used)
+    statements = [(files / f"{name}.sql").read_text("utf-8").strip().rstrip(";") for name in used]
+    return ";\n".join(statements)
 
 
-def build_table(conn: duckdb.DuckDBPyConnection, target: str, query: str) -> None:
+def build_table(
+    conn: duckdb.DuckDBPyConnection,
+    target: str,
+    query: str,
+    params: dict[str, object] | None = None,
+    before_swap: Callable[[str], None] | None = None,
+) -> None:
     """Run ``query`` into a staging table and swap it in for ``target``.
 
-    If the query fails, ``target`` keeps its previous contents; the error names the table.
+    ``before_swap(staged)`` runs on the staging table (comments, for example), so readers never
+    see the new table without it. If either fails, ``target`` keeps its previous contents; the
+    error names the table.
     """
     schema, _, name = target.partition(".")
     staged = f"{schema}.{name}__staging"
@@ -142,7 +202,9 @@ def build_table(conn: duckdb.DuckDBPyConnection, target: str, query: str) -> Non
     try:
         if macros := shared_macros_sql(query):
             conn.execute(macros)
-        conn.execute(f"CREATE OR REPLACE TABLE {qualified(staged)} AS\n{query}")
+        conn.execute(f"CREATE OR REPLACE TABLE {qualified(staged)} AS\n{query}", params or {})
+        if before_swap is not None:
+            before_swap(staged)
     except duckdb.Error as exc:
         conn.execute(f"DROP TABLE IF EXISTS {qualified(staged)}")
         raise RuntimeError(
@@ -151,12 +213,37 @@ def build_table(conn: duckdb.DuckDBPyConnection, target: str, query: str) -> Non
     replace_table(conn, staged, target)
 
 
+def build_described_table(
+    conn: duckdb.DuckDBPyConnection, table: CoreTable, warehouse: FieldSalesWarehouse
+) -> None:
+    """Build ``table`` from its query as stored for analysts, with its comments, and swap it in."""
+    query = core_query(table)
+    try:
+        if macros := shared_macros_sql(query):
+            conn.execute(macros)
+        published, params = publishing_query(conn, table.table, query, table.doc, warehouse)
+    except duckdb.Error as exc:
+        raise RuntimeError(
+            f"Building {table.table} failed; the previous {table.table} is left as it was. "
+            f"DuckDB: {exc}"
+        ) from exc
+
+    def describe(staged: str) -> None:
+        comment_table(conn, staged, table.description, table.doc, warehouse.pii)
+
+    build_table(conn, table.table, published, params, before_swap=describe)
+
+
 def materialize_core_table(
     warehouse: FieldSalesWarehouse, table: CoreTable
 ) -> dg.MaterializeResult:
     with warehouse.get_connection() as conn:
-        build_table(conn, table.table, core_query(table))
-        return dg.MaterializeResult(metadata=table_metadata(conn, warehouse.database, table.table))
+        build_described_table(conn, table, warehouse)
+        schema = column_schema(conn, table.table, table.doc, warehouse.pii)
+        metadata = table_metadata(
+            conn, warehouse.database, table.table, schema=schema, hidden=table.doc.pii_columns
+        )
+        return dg.MaterializeResult(metadata=metadata)
 
 
 def build_core_asset(

@@ -7,7 +7,7 @@ from pathlib import Path
 import dagster as dg
 import duckdb
 
-from fieldsales_dagster.warehouse.resource import qualified
+from fieldsales_dagster.warehouse.resource import qualified, quote_ident
 
 PREVIEW_ROWS = 5
 PREVIEW_CELL_CHARS = 40
@@ -28,9 +28,15 @@ def table_schema(conn: duckdb.DuckDBPyConnection, table: str) -> dg.TableSchema:
     return dg.TableSchema(columns=[dg.TableColumn(name=c, type=t) for c, t in columns])
 
 
-def markdown_preview(conn: duckdb.DuckDBPyConnection, table: str) -> str:
-    """The first rows of ``table`` as a markdown table (pandas), long cells shortened."""
-    frame = conn.execute(f"SELECT * FROM {qualified(table)} LIMIT {PREVIEW_ROWS}").df()
+def markdown_preview(
+    conn: duckdb.DuckDBPyConnection, table: str, hidden: tuple[str, ...] = ()
+) -> str:
+    """The first rows of ``table`` as a markdown table (pandas), long cells shortened.
+
+    ``hidden`` columns (personal data) are left out: run metadata is not the place for them.
+    """
+    exclude = f" EXCLUDE ({', '.join(quote_ident(c) for c in hidden)})" if hidden else ""
+    frame = conn.execute(f"SELECT *{exclude} FROM {qualified(table)} LIMIT {PREVIEW_ROWS}").df()
     frame = frame.map(
         lambda value: (
             value
@@ -42,17 +48,27 @@ def markdown_preview(conn: duckdb.DuckDBPyConnection, table: str) -> str:
 
 
 def table_metadata(
-    conn: duckdb.DuckDBPyConnection, database: str, table: str, *, preview: bool = True
+    conn: duckdb.DuckDBPyConnection,
+    database: str,
+    table: str,
+    *,
+    schema: dg.TableSchema | None = None,
+    preview: bool = True,
+    hidden: tuple[str, ...] = (),
 ) -> dict[str, object]:
-    """Row count, fully qualified name, column schema (and a preview) of ``table``."""
+    """Row count, fully qualified name, column schema (and a preview) of ``table``.
+
+    ``schema`` is the described schema where the table has one (``columns.column_schema``);
+    otherwise the bare one is read from DuckDB.
+    """
     (row_count,) = conn.execute(f"SELECT count(*) FROM {qualified(table)}").fetchone()
     metadata: dict[str, object] = {
         "dagster/row_count": int(row_count),
         "dagster/table_name": table_name(database, table),
-        "dagster/column_schema": table_schema(conn, table),
+        "dagster/column_schema": schema or table_schema(conn, table),
     }
     if preview:
-        metadata["preview"] = dg.MetadataValue.md(markdown_preview(conn, table))
+        metadata["preview"] = dg.MetadataValue.md(markdown_preview(conn, table, hidden))
     return metadata
 
 

@@ -6,6 +6,7 @@ server's total, swap it in, report what it cost.
 
 import dagster as dg
 
+from fieldsales_dagster.assets.columns import column_schema, prepare_raw_table, table_doc
 from fieldsales_dagster.assets.metadata import previous_row_count, table_metadata
 from fieldsales_dagster.client.endpoints import LIST_ENDPOINTS, ListEndpoint
 from fieldsales_dagster.client.resource import FieldSalesAPI
@@ -95,11 +96,28 @@ def build_raw_asset(
     def _raw_asset(context: dg.AssetExecutionContext) -> dg.MaterializeResult:
         api: FieldSalesAPI = getattr(context.resources, names.api_resource)
         warehouse: FieldSalesWarehouse = getattr(context.resources, names.warehouse_resource)
+        name = raw_asset_name(endpoint)
+        redacted: list[int] = []
         with warehouse.get_connection() as conn:
-            report = load_list(api, conn, endpoint, log=context.log.info)
-            metadata = table_metadata(conn, warehouse.database, endpoint.raw_table, preview=False)
+            report = load_list(
+                api,
+                conn,
+                endpoint,
+                log=context.log.info,
+                before_swap=lambda staged: redacted.append(
+                    prepare_raw_table(conn, staged, name, warehouse)
+                ),
+            )
+            schema = column_schema(conn, endpoint.raw_table, table_doc(name), warehouse.pii)
+            metadata = table_metadata(
+                conn, warehouse.database, endpoint.raw_table, schema=schema, preview=False
+            )
         return dg.MaterializeResult(
-            metadata={**metadata, **_load_metadata(report)},
+            metadata={
+                **metadata,
+                **_load_metadata(report),
+                "pii_redacted_rows": sum(redacted) if warehouse.redact_pii_in_raw else "not asked",
+            },
             check_results=[
                 row_count_check(report.rows, previous_row_count(context), ROW_COUNT_TOLERANCE)
             ],

@@ -14,12 +14,18 @@
 --     used by a transaction (config_last_used_at), then the greatest config_id, so the choice is
 --     deterministic;
 --   * where a result has no fieldId, its map key is the field id.
--- A value whose field is not found, or whose field type is not known, is kept with value_raw only.
 --
--- Typing by the matched field type (compared case-insensitively):
+-- Typing by the matched field type (compared case-insensitively; the list is field_type_kinds.sql):
 --   Slider, number     -> value_number (numbers, and numeric strings such as "12.5")
 --   text, textarea     -> value_text   (the text as received: "0042" stays "0042")
 --   upload             -> file_ref     (the file reference id)
+--   checkbox, boolean  -> value_bool   (JSON true/false, and 'true'/'yes'/'ja'/'1'/... as text)
+-- value_kind says which. A value whose field is not found, or whose field type is not in the list,
+-- is typed by its JSON type instead, and value_kind says so: 'json_number' -> value_json_number,
+-- 'json_string' -> value_json_text, 'json_boolean' -> value_bool, 'json_null', 'json_other'
+-- (arrays, objects). value_number and value_text keep the contract's meaning (numeric and text
+-- field types only), so a number of an unknown kind is in value_json_number, not value_number.
+-- A JSON boolean is value_bool whatever the field type.
 -- value_raw is the value as text: a JSON string without its quotes, anything else as JSON text.
 -- Slider values also get in_range (minimum..maximum) and on_step (a whole number of steps from
 -- minimum, or from 0 without a minimum). on_step allows a rounding error of 1e-9 of a step, so
@@ -34,17 +40,17 @@ transaction_reports AS (
     SELECT
         t.id AS transaction_id,
         t.event_id AS raw_event_id,
-        -- One parse per payload; the values are read as text (json_transform keeps a string's
-        -- characters, so "00123" stays "00123", and writes any other value as JSON text).
+        -- One parse per payload; each value is kept as JSON so its JSON type is known (a
+        -- string's characters are kept, so "00123" stays "00123").
         json_transform(t.payload, '{
             "eventId": "VARCHAR",
             "_customReport": {
                 "_customReportConfig": "VARCHAR",
-                "reportResults": "MAP(VARCHAR, STRUCT(value VARCHAR, name VARCHAR, fieldId VARCHAR))",
+                "reportResults": "MAP(VARCHAR, STRUCT(value JSON, name VARCHAR, fieldId VARCHAR))",
                 "_configcreatedTime": {"_id": "VARCHAR"},
                 "_customReport": {
                     "_customReportConfig": "VARCHAR",
-                    "reportResults": "MAP(VARCHAR, STRUCT(value VARCHAR, name VARCHAR, fieldId VARCHAR))",
+                    "reportResults": "MAP(VARCHAR, STRUCT(value JSON, name VARCHAR, fieldId VARCHAR))",
                     "_configcreatedTime": {"_id": "VARCHAR"}
                 }
             }
@@ -78,7 +84,7 @@ transaction_resolved AS (
         results.config_id,
         coalesce(results.result.value.fieldId, results.result.key) AS field_id,
         results.result.value.name AS result_name,
-        results.result.value.value AS value_raw,
+        results.result.value.value AS value_json,
         fields.field_name,
         fields.field_type,
         fields.slider_min,
@@ -97,7 +103,7 @@ event_reports AS (
             "customReportResult": [{
                 "_id": "VARCHAR",
                 "_event": "VARCHAR",
-                "reportResults": "MAP(VARCHAR, STRUCT(value VARCHAR, name VARCHAR, fieldId VARCHAR))"
+                "reportResults": "MAP(VARCHAR, STRUCT(value JSON, name VARCHAR, fieldId VARCHAR))"
             }]
         }').customReportResult) AS report
     FROM raw.events AS e
@@ -128,7 +134,7 @@ event_resolved AS (
         fields.config_id,
         coalesce(results.result.value.fieldId, results.result.key) AS field_id,
         results.result.value.name AS result_name,
-        results.result.value.value AS value_raw,
+        results.result.value.value AS value_json,
         fields.field_name,
         fields.field_type,
         fields.slider_min,
@@ -139,22 +145,35 @@ event_resolved AS (
         ON fields.field_id = coalesce(results.result.value.fieldId, results.result.key)
 ),
 
-typed AS (
+all_results AS (
     SELECT
-        *,
-        CASE
-            WHEN lower(field_type) IN ('slider', 'number') THEN 'number'
-            WHEN lower(field_type) IN ('text', 'textarea') THEN 'text'
-            WHEN lower(field_type) = 'upload' THEN 'upload'
-        END AS value_kind,
-        CASE
-            WHEN lower(field_type) IN ('slider', 'number') THEN TRY_CAST(value_raw AS DOUBLE)
-        END AS parsed_number
+        resolved.* EXCLUDE (value_json),
+        resolved.value_json ->> '$' AS value_raw,
+        json_type(resolved.value_json) AS json_type,
+        kinds.value_kind AS field_kind
     FROM (
         SELECT * FROM transaction_resolved
         UNION ALL
         SELECT * FROM event_resolved
-    )
+    ) AS resolved
+    LEFT JOIN field_type_kinds() AS kinds ON kinds.field_type = lower(resolved.field_type)
+),
+
+typed AS (
+    SELECT
+        *,
+        coalesce(
+            field_kind,
+            CASE
+                WHEN json_type IN ('BIGINT', 'UBIGINT', 'DOUBLE') THEN 'json_number'
+                WHEN json_type = 'VARCHAR' THEN 'json_string'
+                WHEN json_type = 'BOOLEAN' THEN 'json_boolean'
+                WHEN json_type IS NULL THEN 'json_null'
+                ELSE 'json_other'
+            END
+        ) AS value_kind,
+        CASE WHEN field_kind = 'number' THEN TRY_CAST(value_raw AS DOUBLE) END AS parsed_number
+    FROM all_results
 ),
 
 stepped AS (
@@ -180,6 +199,10 @@ SELECT
     CASE WHEN value_kind = 'text' THEN value_raw END AS value_text,
     CASE WHEN value_kind = 'upload' THEN value_raw END AS file_ref,
     CASE
+        WHEN json_type = 'BOOLEAN' THEN value_raw = 'true'
+        WHEN value_kind = 'boolean' THEN boolean_answer(value_raw)
+    END AS value_bool,
+    CASE
         WHEN lower(field_type) = 'slider' AND value_number IS NOT NULL
             THEN (slider_min IS NULL OR value_number >= slider_min)
                 AND (slider_max IS NULL OR value_number <= slider_max)
@@ -191,5 +214,8 @@ SELECT
     slider_min,
     slider_max,
     slider_step,
-    value_kind
+    value_kind,
+    CASE WHEN value_kind = 'json_number' THEN TRY_CAST(value_raw AS DOUBLE) END
+        AS value_json_number,
+    CASE WHEN value_kind = 'json_string' THEN value_raw END AS value_json_text
 FROM stepped

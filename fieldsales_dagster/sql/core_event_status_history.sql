@@ -2,7 +2,8 @@
 --
 -- seq numbers the entries 1, 2, ... in date order within the event, whatever order the array has;
 -- entries with the same date (or none) keep their array order, so seq is deterministic.
--- An empty stateOld (the first transition) becomes NULL.
+-- An empty stateOld (the first transition) becomes NULL. client_ip is personal data (see
+-- warehouse/pii.py).
 WITH entries AS (
     SELECT
         e.id AS event_id,
@@ -15,7 +16,8 @@ WITH entries AS (
                         "stateNew": "VARCHAR",
                         "date": "TIMESTAMPTZ",
                         "user": "VARCHAR",
-                        "historyType": "VARCHAR"
+                        "historyType": "VARCHAR",
+                        "ip": "VARCHAR"
                     }]
                 }').eventStateHistory,
                 lambda entry, position: {'entry': entry, 'position': position}
@@ -34,5 +36,6 @@ SELECT
     item.entry.stateNew AS state_new,
     item.entry.date AT TIME ZONE 'UTC' AS changed_at,
     item.entry.user AS user_id,
-    item.entry.historyType AS history_type
+    item.entry.historyType AS history_type,
+    item.entry.ip AS client_ip
 FROM entries

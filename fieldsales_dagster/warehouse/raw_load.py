@@ -291,8 +291,13 @@ def load_list(
     log: Callable[[str], None] = lambda message: None,
     spool_bytes: int = 32 * 1024 * 1024,
     spool_dir: Path | None = None,
+    before_swap: Callable[[str], None] | None = None,
 ) -> LoadReport:
-    """Replace ``endpoint.raw_table`` with every item the server lists, or leave it untouched."""
+    """Replace ``endpoint.raw_table`` with every item the server lists, or leave it untouched.
+
+    ``before_swap(staging_table)`` runs on the complete staging table just before it replaces
+    the old one (redaction, comments).
+    """
     started = time.monotonic()
     loaded_at = datetime.now(UTC)
     schema = endpoint.schema
@@ -354,6 +359,8 @@ def load_list(
             if complete:
                 if rows != distinct:
                     _drop_duplicate_ids(conn, stage)
+                if before_swap is not None:
+                    before_swap(stage)
                 replace_table(conn, stage, endpoint.raw_table)
                 report = LoadReport(
                     table=endpoint.raw_table,

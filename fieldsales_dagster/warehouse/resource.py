@@ -23,12 +23,13 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
+from typing import Literal
 
 import dagster as dg
 import duckdb
 import filelock
 import tenacity
-from pydantic import Field, PrivateAttr
+from pydantic import Field, PrivateAttr, model_validator
 
 DEFAULT_DUCKDB_PATH = "data/fieldsales.duckdb"
 MOTHERDUCK_PREFIX = "md:"
@@ -120,6 +121,41 @@ class FieldSalesWarehouse(dg.ConfigurableResource):
             "How long to retry when a program outside this project holds the working database."
         ),
     )
+    pii: Literal["keep", "hash", "drop"] = Field(
+        default="keep",
+        description=(
+            "FIELDSALES_PII: personal data (names, emails, client IPs) in core.* and mart.*: "
+            "keep as received, hash (keyed HMAC-SHA256 with pii_hash_key; joins still work) or "
+            "drop (stored as NULL). Default keep: the contract's core.users promises names and "
+            "emails, and raw.* holds them anyway unless redact_pii_in_raw is set, so hashing "
+            "core.* alone would only look private. See warehouse/pii.py."
+        ),
+    )
+    pii_hash_key: str | None = Field(
+        default=None,
+        description=(
+            "FIELDSALES_PII_HASH_KEY: the secret key of pii=hash, at least 16 characters. Give it "
+            "as an environment variable, never in YAML; a new key gives every value a new hash."
+        ),
+    )
+    redact_pii_in_raw: bool = Field(
+        default=False,
+        description=(
+            "FIELDSALES_REDACT_PII_IN_RAW: set the personal keys (firstName, lastName, email, ip) "
+            "of raw.* payloads to null at ingest, before the new table replaces the old one, for "
+            "teams that must not store them at all. raw.* then no longer holds them 'as received'."
+        ),
+    )
+
+    @model_validator(mode="after")
+    def _hash_needs_a_key(self) -> FieldSalesWarehouse:
+        if self.pii == "hash" and not self.pii_hash_key:
+            raise ValueError(
+                "pii='hash' (FIELDSALES_PII=hash) needs pii_hash_key: set "
+                "FIELDSALES_PII_HASH_KEY to a secret of at least 16 characters, or choose "
+                "pii='keep' or 'drop'."
+            )
+        return self
 
     _run_id: str | None = PrivateAttr(default=None)
     _wrote: bool = PrivateAttr(default=False)

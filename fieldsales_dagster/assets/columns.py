@@ -1,0 +1,196 @@
+"""What every column means, and how that reaches analysts: Dagster's column schema and DuckDB.
+
+Each table's columns are declared once, in ``sql/<schema>_<table>.yaml`` beside its query: a
+description per column, and ``pii: true`` where the column holds personal data. From that:
+
+- ``publishing_query`` wraps a core or mart query so that empty strings become NULL and, in
+  ``core.*``, personal columns follow ``FieldSalesWarehouse.pii`` (keep, hash, drop);
+- ``comment_table`` writes the descriptions as ``COMMENT ON TABLE`` / ``COMMENT ON COLUMN``;
+- ``column_schema`` gives the ``dagster/column_schema`` metadata, personal columns tagged ``pii``.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from functools import cache
+from importlib import resources
+
+import dagster as dg
+import duckdb
+import yaml
+
+from fieldsales_dagster.warehouse.pii import hmac_pads, hmac_sql, redact_pii_keys
+from fieldsales_dagster.warehouse.resource import FieldSalesWarehouse, qualified, quote_ident
+
+#: Tag on the column schema's personal-data columns.
+PII_TAG = "pii"
+#: Schemas whose text columns store an empty string as NULL (raw.* keeps payloads as received).
+EMPTY_IS_NULL_SCHEMAS = ("core", "mart")
+#: Schemas that read raw.* and apply the personal-data policy; mart.* reads core.* and inherits it.
+PII_POLICY_SCHEMAS = ("core",)
+
+EMPTY_IS_NULL_NOTE = "An empty string from the API is stored as NULL."
+PII_NOTES = {
+    "keep": "Personal data (FIELDSALES_PII=keep: stored as received).",
+    "hash": (
+        "Personal data (FIELDSALES_PII=hash: HMAC-SHA256 of the value under "
+        "FIELDSALES_PII_HASH_KEY, 64 hex digits; equal values have equal hashes)."
+    ),
+    "drop": "Personal data (FIELDSALES_PII=drop: always NULL).",
+}
+
+
+@dataclass(frozen=True)
+class Column:
+    name: str
+    description: str
+    pii: bool = False
+
+
+@dataclass(frozen=True)
+class TableDoc:
+    """A table's declared columns (and, for raw tables, its description)."""
+
+    columns: tuple[Column, ...]
+    description: str | None = None
+
+    def column(self, name: str) -> Column | None:
+        return next((c for c in self.columns if c.name == name), None)
+
+    @property
+    def pii_columns(self) -> tuple[str, ...]:
+        return tuple(c.name for c in self.columns if c.pii)
+
+
+@cache
+def table_doc(asset_name: str) -> TableDoc:
+    """``sql/<asset_name>.yaml``: column name -> description, or -> {description, pii}."""
+    path = resources.files("fieldsales_dagster") / "sql" / f"{asset_name}.yaml"
+    doc = yaml.safe_load(path.read_text("utf-8"))
+    columns = []
+    for name, spec in doc["columns"].items():
+        if isinstance(spec, str):
+            columns.append(Column(name, spec.strip()))
+        else:
+            columns.append(Column(name, spec["description"].strip(), bool(spec.get("pii"))))
+    return TableDoc(tuple(columns), doc.get("description"))
+
+
+def sql_literal(text: str) -> str:
+    """``text`` as a SQL string literal (COMMENT ON takes no parameters)."""
+    return "'" + text.replace("'", "''") + "'"
+
+
+def _schema_of(table: str) -> str:
+    return table.partition(".")[0]
+
+
+def _is_text(data_type: str) -> bool:
+    return data_type in ("VARCHAR", "VARCHAR[]")
+
+
+def publishing_query(
+    conn: duckdb.DuckDBPyConnection,
+    table: str,
+    query: str,
+    doc: TableDoc,
+    warehouse: FieldSalesWarehouse,
+) -> tuple[str, dict[str, object]]:
+    """``query`` as the table stores it: empty strings NULL, personal columns per policy.
+
+    Returns the SQL and its parameters (the hash key's pads, never in the SQL text). The query's
+    shared macros must exist on ``conn`` (DESCRIBE binds the query without running it).
+    """
+    schema = _schema_of(table)
+    described = conn.execute(f"DESCRIBE {query}").fetchall()
+    apply_policy = schema in PII_POLICY_SCHEMAS and warehouse.pii != "keep"
+    params: dict[str, object] = {}
+    if apply_policy and warehouse.pii == "hash" and doc.pii_columns:
+        params = hmac_pads(warehouse.pii_hash_key or "")
+    projections = []
+    for name, data_type, *_ in described:
+        column = quote_ident(name)
+        declared = doc.column(name)
+        if declared is not None and declared.pii and data_type != "VARCHAR":
+            raise ValueError(
+                f"{table}.{name} is declared personal data but is {data_type}; only VARCHAR "
+                "columns can be hashed or dropped. Fix sql/<table>.yaml or the query."
+            )
+        expression = column
+        if schema in EMPTY_IS_NULL_SCHEMAS and data_type == "VARCHAR":
+            expression = f"nullif({column}, '')"
+        elif schema in EMPTY_IS_NULL_SCHEMAS and data_type == "VARCHAR[]":
+            expression = f"list_transform({column}, lambda v: nullif(v, ''))"
+        if apply_policy and declared is not None and declared.pii:
+            expression = "NULL::VARCHAR" if warehouse.pii == "drop" else hmac_sql(expression)
+        projections.append(expression if expression == column else f"{expression} AS {column}")
+    return f"SELECT {', '.join(projections)}\nFROM (\n{query}\n) AS built", params
+
+
+def described_columns(
+    conn: duckdb.DuckDBPyConnection, table: str, doc: TableDoc, pii_policy: str
+) -> list[tuple[str, str, str, bool]]:
+    """``(name, type, description, pii)`` of ``table``'s columns as stored, notes appended."""
+    schema, _, name = table.partition(".")
+    rows = conn.execute(
+        "SELECT column_name, data_type FROM information_schema.columns "
+        "WHERE table_schema = ? AND table_name = ? ORDER BY ordinal_position",
+        [schema, name],
+    ).fetchall()
+    out = []
+    for column_name, data_type in rows:
+        declared = doc.column(column_name)
+        text = declared.description if declared else "(not described)"
+        pii = bool(declared and declared.pii)
+        notes = []
+        if schema in EMPTY_IS_NULL_SCHEMAS and _is_text(data_type):
+            notes.append(EMPTY_IS_NULL_NOTE)
+        if pii and schema in EMPTY_IS_NULL_SCHEMAS:
+            notes.append(PII_NOTES[pii_policy])
+        out.append((column_name, data_type, " ".join([text, *notes]), pii))
+    return out
+
+
+def comment_table(
+    conn: duckdb.DuckDBPyConnection,
+    table: str,
+    description: str,
+    doc: TableDoc,
+    pii_policy: str,
+) -> None:
+    """Write the table's and every column's description as DuckDB comments on ``table``."""
+    conn.execute(f"COMMENT ON TABLE {qualified(table)} IS {sql_literal(description)}")
+    for name, _, text, _ in described_columns(conn, table, doc, pii_policy):
+        conn.execute(
+            f"COMMENT ON COLUMN {qualified(table)}.{quote_ident(name)} IS {sql_literal(text)}"
+        )
+
+
+def column_schema(
+    conn: duckdb.DuckDBPyConnection, table: str, doc: TableDoc, pii_policy: str
+) -> dg.TableSchema:
+    """``dagster/column_schema``: every column's type and description, personal ones tagged."""
+    return dg.TableSchema(
+        columns=[
+            dg.TableColumn(
+                name=name,
+                type=data_type,
+                description=text,
+                tags={PII_TAG: ""} if pii else None,
+            )
+            for name, data_type, text, pii in described_columns(conn, table, doc, pii_policy)
+        ]
+    )
+
+
+def prepare_raw_table(
+    conn: duckdb.DuckDBPyConnection, staged: str, asset_name: str, warehouse: FieldSalesWarehouse
+) -> int:
+    """Before a raw table is swapped in: redact personal keys if asked, write its comments.
+
+    Returns how many rows were redacted.
+    """
+    redacted = redact_pii_keys(conn, staged) if warehouse.redact_pii_in_raw else 0
+    doc = table_doc(asset_name)
+    comment_table(conn, staged, doc.description or asset_name, doc, warehouse.pii)
+    return redacted
