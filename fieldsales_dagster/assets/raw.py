@@ -5,14 +5,34 @@ server's total, swap it in, report what it cost.
 """
 
 import dagster as dg
+from pydantic import Field, field_validator
 
 from fieldsales_dagster.client.endpoints import EVENT_GROUPS, EVENTS, TRANSACTIONS, ListEndpoint
 from fieldsales_dagster.client.resource import FieldSalesAPI
-from fieldsales_dagster.warehouse.raw_load import LoadReport, load_list
+from fieldsales_dagster.warehouse.incremental import RefreshPolicy, refresh_raw_list
+from fieldsales_dagster.warehouse.raw_load import LoadReport
+from fieldsales_dagster.warehouse.refresh_mode import validate_refresh_mode
 from fieldsales_dagster.warehouse.resource import FieldSalesWarehouse
 
 DUCKDB_POOL = "fieldsales_duckdb"
 TOTAL_CHECK = "row_count_matches_api_total"
+
+
+class RawRefreshConfig(dg.Config):
+    """Run config of a raw asset: force the refresh mode of one run."""
+
+    refresh_mode: str | None = Field(
+        default=None,
+        description=(
+            "auto | full | incremental for this run (raw_transactions; events and event groups "
+            "are always fetched whole). Empty: the warehouse's refresh_mode."
+        ),
+    )
+
+    @field_validator("refresh_mode", mode="before")
+    @classmethod
+    def _check(cls, value: object) -> object:
+        return validate_refresh_mode(value)
 
 
 def _metadata(report: LoadReport) -> dict[str, object]:
@@ -57,6 +77,8 @@ def build_raw_asset(endpoint: ListEndpoint, description: str) -> dg.AssetsDefini
         pool=DUCKDB_POOL,
         description=description,
         metadata={"table": endpoint.raw_table, "endpoint": endpoint.path},
+        # An incremental transaction refresh compares the event list just loaded with the last.
+        deps=["raw_events"] if endpoint is TRANSACTIONS else None,
         check_specs=[
             dg.AssetCheckSpec(
                 TOTAL_CHECK,
@@ -68,13 +90,23 @@ def build_raw_asset(endpoint: ListEndpoint, description: str) -> dg.AssetsDefini
     )
     def raw_asset(
         context: dg.AssetExecutionContext,
+        config: RawRefreshConfig,
         fieldsales_api: FieldSalesAPI,
         warehouse: FieldSalesWarehouse,
     ) -> dg.MaterializeResult:
+        policy = RefreshPolicy.of(warehouse, config.refresh_mode)
         with warehouse.get_connection() as conn:
-            report = load_list(fieldsales_api, conn, endpoint, log=context.log.info)
+            refresh = refresh_raw_list(
+                fieldsales_api,
+                conn,
+                endpoint,
+                policy,
+                log=context.log.info,
+                warn=context.log.warning,
+            )
         return dg.MaterializeResult(
-            metadata=_metadata(report), check_results=[_total_check(report)]
+            metadata={**_metadata(refresh.load), **refresh.metadata()},
+            check_results=[_total_check(refresh.load)],
         )
 
     return raw_asset

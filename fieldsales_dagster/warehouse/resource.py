@@ -11,7 +11,9 @@ from pathlib import Path
 import duckdb
 import filelock
 from dagster_duckdb import DuckDBResource
-from pydantic import Field
+from pydantic import Field, field_validator
+
+from fieldsales_dagster.warehouse.refresh_mode import validate_refresh_mode
 
 DEFAULT_DUCKDB_PATH = "data/fieldsales.duckdb"
 
@@ -53,6 +55,35 @@ class FieldSalesWarehouse(DuckDBResource):
         default=30.0,
         description="How long to retry when a program outside this project holds the file.",
     )
+    # Refresh modes of raw.transactions (see warehouse/incremental.py and the README).
+    refresh_mode: str = Field(
+        default="auto",
+        description=(
+            "auto | full | incremental (FIELDSALES_REFRESH_MODE). auto: incremental when a "
+            "complete load exists and the last full refresh is younger than "
+            "full_refresh_every_days, full otherwise. Run config on raw_transactions overrides it."
+        ),
+    )
+    full_refresh_every_days: float = Field(
+        default=7.0,
+        gt=0,
+        le=366,
+        description="In auto mode, a full refresh when the last one is at least this old.",
+    )
+    lookback_days: float = Field(
+        default=30.0,
+        ge=0,
+        le=3660,
+        description=(
+            "Incremental mode re-fetches the transactions of events whose last state change is "
+            "this recent, besides new and changed events."
+        ),
+    )
+
+    @field_validator("refresh_mode", mode="before")
+    @classmethod
+    def _check_refresh_mode(cls, value: object) -> object:
+        return validate_refresh_mode(value)
 
     @property
     def lock_path(self) -> Path:
