@@ -716,6 +716,18 @@ class Dataset:
                 summary[key] += value
         return summary
 
+    def delete_event(self, e: int) -> int:
+        """Delete base event ``e`` and its transactions; returns how many transactions went."""
+        txs = self.views["transactions"]
+        self.views["events"].remove(BASE_SRC, e, e + 1)
+        lo, hi = self.event_block(e)
+        removed = txs.remove(BASE_SRC, lo, hi, keep=self.is_orphan)
+        inserted = [i for src, a, b in txs.segments if src == INS_SRC for i in range(a, b)]
+        for i in inserted:
+            if self.tx_event_index(INS_SRC, i) == e:
+                removed += txs.remove(INS_SRC, i, i + 1)
+        return removed
+
     def _evolve_once(self, k: int) -> dict[str, int]:
         events, txs = self.views["events"], self.views["transactions"]
         listed = [i for src, a, b in events.segments if src == BASE_SRC for i in range(a, b)]
@@ -747,11 +759,7 @@ class Dataset:
                         out["transactions_deleted"] += txs.remove(BASE_SRC, i, i + 1)
                         break
         for e in deleted:
-            events.remove(BASE_SRC, e, e + 1)
-            lo, hi = self.event_block(e)
-            out["transactions_deleted"] += txs.remove(BASE_SRC, lo, hi, keep=self.is_orphan)
-            for i in [i for i, owner in self.tx_event.items() if owner == e]:
-                out["transactions_deleted"] += txs.remove(INS_SRC, i, i + 1)
+            out["transactions_deleted"] += self.delete_event(e)
         first_new = events.inserted
         events.mutate(insert=n_delete, at=events.count())
         for j in range(n_delete):
