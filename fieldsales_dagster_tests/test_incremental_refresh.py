@@ -256,13 +256,15 @@ def test_failure_mid_merge_leaves_previous_table_and_state_untouched(
     deleted = []
     real_delete = incremental._delete_replaced
 
-    def delete_then_fail(*args, **kwargs):
-        real_delete(*args, **kwargs)
-        deleted.append(True)
+    def delete(conn):
+        deleted.append(real_delete(conn))
+        return deleted[-1]
+
+    def fail_to_insert(conn):
         raise RuntimeError("disk full (simulated) between the delete and the insert")
 
-    monkeypatch.setattr(incremental, "_insert_staged", lambda conn: delete_then_fail(conn))
-    monkeypatch.setattr(incremental, "_delete_replaced", lambda conn: None)
+    monkeypatch.setattr(incremental, "_delete_replaced", delete)
+    monkeypatch.setattr(incremental, "_insert_staged", fail_to_insert)
 
     result = _materialize(demo_server, tmp_path, loaded, assets=raw_assets, raise_on_error=False)
 
@@ -319,6 +321,16 @@ def test_lookback_refetches_events_whose_last_state_change_is_recent(demo_server
     assert (meta["events_refetched"], meta["events_recent"]) == (events, events)
     assert (meta["transactions_added"], meta["transactions_changed"]) == (0, 0)
     assert meta["transactions_removed"] == 0
+
+
+def test_auto_runs_full_when_most_events_need_refetching(demo_server, tmp_path, loaded):
+    wide = _warehouse(tmp_path, "incremental.duckdb", lookback_days=3650)
+
+    result = _materialize(demo_server, tmp_path, wide)
+
+    meta = _refresh_metadata(result)
+    assert meta["refresh_mode"] == "full"
+    assert "paging the whole list is cheaper" in meta["refresh_reason"]
 
 
 def test_transactions_alone_without_fresh_events_run_full_in_auto(demo_server, tmp_path, loaded):

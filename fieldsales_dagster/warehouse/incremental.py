@@ -384,6 +384,7 @@ def _incremental(
             "paging the whole list is cheaper"
         )
     fetched = _Fetched()
+    planned = time.monotonic()
     conn.execute(raw_table_ddl(TRANSACTIONS, STAGE_TABLE))
     try:
         _fetch_by_event(api, conn, event_ids, fetched, started, log)
@@ -395,7 +396,12 @@ def _incremental(
                 "be checked",
                 fetched.stats.bytes,
             )
+        merging = time.monotonic()
         counts = _merge(conn, count_page.total, now, fetched.stats.bytes)
+        phases = (
+            f"plan {planned - started:.1f} s, fetch {merging - planned:.1f} s, "
+            f"merge {time.monotonic() - merging:.1f} s"
+        )
     finally:
         conn.execute(f"DROP TABLE IF EXISTS {qualified(STAGE_TABLE)}")
     stats = fetched.stats
@@ -414,7 +420,8 @@ def _incremental(
     log(
         f"transactions: merged {len(event_ids)} events: {counts['added']} added, "
         f"{counts['changed']} changed, {counts['removed']} removed; {report.rows} rows "
-        f"({stats.requests} requests, {stats.bytes / 1e6:.1f} MB, {report.seconds:.1f} s)"
+        f"({stats.requests} requests, {stats.bytes / 1e6:.1f} MB, {report.seconds:.1f} s: "
+        f"{phases})"
     )
     return RefreshReport(
         load=report,
@@ -524,36 +531,17 @@ def _merge(
 ) -> dict[str, int]:
     """Replace the re-fetched and removed events' transactions, check, record: one transaction."""
     target, stage = qualified(TRANSACTIONS.raw_table), qualified(STAGE_TABLE)
+    staged, distinct_staged = conn.execute(
+        f"SELECT count(*), count(DISTINCT id) FROM {stage}"
+    ).fetchone()
+    if staged != distinct_staged:
+        raise EventListMoved(
+            f"{staged - distinct_staged} transactions were listed under two events", bytes_fetched
+        )
+    new = dict(conn.execute(f"SELECT id, hash(payload::VARCHAR) FROM {stage}").fetchall())
     conn.execute("BEGIN TRANSACTION")
     try:
-        # Stored rows that go: those of re-fetched and disappeared events, and any stored copy of
-        # a re-fetched id (a transaction that moved to a re-fetched event).
-        conn.execute(
-            f"""
-            CREATE OR REPLACE TEMP TABLE _fs_replaced AS
-            SELECT id, payload::VARCHAR AS payload FROM {target}
-            WHERE event_id IN (SELECT event_id FROM _fs_refetch
-                               UNION ALL SELECT event_id FROM _fs_removed)
-               OR id IN (SELECT id FROM {stage})
-            """
-        )
-        added, changed, staged, distinct_staged = conn.execute(
-            f"""
-            SELECT count(*) FILTER (WHERE r.id IS NULL),
-                   count(*) FILTER (WHERE r.id IS NOT NULL AND r.payload <> s.payload::VARCHAR),
-                   count(*), count(DISTINCT s.id)
-            FROM {stage} s LEFT JOIN _fs_replaced r USING (id)
-            """
-        ).fetchone()
-        if staged != distinct_staged:
-            raise EventListMoved(
-                f"{staged - distinct_staged} transactions were listed under two events",
-                bytes_fetched,
-            )
-        removed = conn.execute(
-            f"SELECT count(*) FROM _fs_replaced WHERE id NOT IN (SELECT id FROM {stage})"
-        ).fetchone()[0]
-        _delete_replaced(conn)
+        old = _delete_replaced(conn)
         _insert_staged(conn)
         rows, distinct = conn.execute(
             f"SELECT count(*), count(DISTINCT id) FROM {target}"
@@ -570,13 +558,34 @@ def _merge(
     except BaseException:
         conn.execute("ROLLBACK")
         raise
-    return {"rows": rows, "added": added, "changed": changed, "removed": removed}
+    return {
+        "rows": rows,
+        "added": sum(1 for key in new if key not in old),
+        "changed": sum(1 for key, digest in new.items() if key in old and old[key] != digest),
+        "removed": sum(1 for key in old if key not in new),
+    }
 
 
-def _delete_replaced(conn: duckdb.DuckDBPyConnection) -> None:
-    conn.execute(
-        f"DELETE FROM {qualified(TRANSACTIONS.raw_table)} WHERE id IN (SELECT id FROM _fs_replaced)"
+def _delete_replaced(conn: duckdb.DuckDBPyConnection) -> dict[str, int]:
+    """Delete the stored rows that the staged ones replace; returns their ids and payload hashes.
+
+    Those are the rows of re-fetched and disappeared events, and any stored copy of a re-fetched
+    id (a transaction that moved to a re-fetched event). Two filters on narrow columns, so the
+    payload is read only for the rows deleted.
+    """
+    target = qualified(TRANSACTIONS.raw_table)
+    returning = "RETURNING id, hash(payload::VARCHAR)"
+    old = dict(
+        conn.execute(
+            f"DELETE FROM {target} WHERE event_id IN (SELECT event_id FROM _fs_refetch "
+            f"UNION ALL SELECT event_id FROM _fs_removed) {returning}"
+        ).fetchall()
     )
+    moved = f"WHERE id IN (SELECT id FROM {qualified(STAGE_TABLE)})"
+    # Rare, and a DELETE ... RETURNING reads the payload column whole: count first.
+    if conn.execute(f"SELECT count(*) FROM {target} {moved}").fetchone()[0]:
+        old.update(conn.execute(f"DELETE FROM {target} {moved} {returning}").fetchall())
+    return old
 
 
 def _insert_staged(conn: duckdb.DuckDBPyConnection) -> None:
