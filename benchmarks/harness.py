@@ -67,6 +67,7 @@ class DemoAPI:
         *,
         latency_ms: float = 0.0,
         seed: int = 0,
+        generation: int = 0,
         start_timeout_s: float = 600.0,
     ):
         self.args = [
@@ -83,6 +84,8 @@ class DemoAPI:
         ]
         if latency_ms:
             self.args += ["--latency-ms", str(latency_ms)]
+        if generation:
+            self.args += ["--generation", str(generation)]
         self.token = token
         self.log_path = log_path
         self.start_timeout_s = start_timeout_s

@@ -55,7 +55,7 @@ WORK_DIR = BENCH_DIR / "work"
 PAGE_SIZE = FieldSalesAPI.model_fields["page_size"].default
 
 STEPS = ("floor", "project_raw", "project_all", "publish", "dlt_fast", "dlt_default")
-ONLY_CHOICES = (*STEPS, "project", "latency")
+ONLY_CHOICES = (*STEPS, "project", "latency", "incremental")
 RAW_SELECTION = "raw_events,raw_transactions,raw_event_groups"
 PROJECT_TABLES = {
     "transactions": "raw.transactions",
@@ -77,7 +77,8 @@ OWN_ENV = (
     "FIELDSALES_CONCURRENCY",
     "DAGSTER_HOME",
 )
-STEP_LINE = re.compile(r'Finished execution of step "([^"]+)" in ([\d.]+)(ms|s|m)\b')
+STEP_LINE = re.compile(r'Finished execution of step "([^"]+)" in ((?:[\d.]+(?:ms|h|m|s))+)')
+DURATION_PART = re.compile(r"([\d.]+)(ms|h|m|s)")
 LOG_TIME = re.compile(r"^(\d{4}-\d\d-\d\d \d\d:\d\d:\d\d [+-]\d{4}) - dagster - .* - RUN_START -")
 
 
@@ -236,9 +237,12 @@ class Bench:
         selection: str,
         label: str,
         keep: bool = False,
+        database: Path | None = None,
         **env: str,
     ) -> StepResult:
-        database = where / f"{name}.duckdb"
+        # A database the caller passes in is the caller's to delete.
+        keep = keep or database is not None
+        database = database or where / f"{name}.duckdb"
         home = where / f"{name}.dagster_home"
         home.mkdir(parents=True, exist_ok=True)
         if (ROOT / "dagster.yaml").exists():
@@ -268,6 +272,8 @@ class Bench:
         self._verify(r, expected, database, PROJECT_TABLES, "id")
         if r.ok and selection == "*":
             r.m.extra["core_tables"] = _core_table_count(database)
+        if r.ok:
+            r.m.extra["refresh"] = _raw_metadata(home)
         if not keep:
             self._cleanup_db(database)
         return r
@@ -409,6 +415,53 @@ class Bench:
             return self.dlt(api, expected, where, "default")
         raise ValueError(step)
 
+    # -- the incremental scenario -------------------------------------------------------------
+
+    def run_incremental(self, size: int) -> tuple[Expected, list[StepResult], str]:
+        """Full load of generation 0; the demo data evolves (generation 1: ~1% of the events);
+        then the incremental refresh, and a full refresh of the same data into a fresh file."""
+        where = self.work / f"incremental-{size}"
+        token = secrets.token_hex(24)
+        self.token_values.append(token)
+        kept = where / "incremental.duckdb"
+        out: list[StepResult] = []
+        equal = "not compared"
+        print(f"\n== incremental: {size:,} transactions", flush=True)
+        try:
+            log = where / "demo_api-gen0.log"
+            with DemoAPI(size, token, log, seed=self.args.seed) as api:
+                expected = expected_counts(api)
+                print("   full refresh of generation 0 (setup) ...", end=" ", flush=True)
+                r = self.project(
+                    api, expected, where, "full_gen0", RAW_SELECTION,
+                    "full refresh, generation 0 (setup)", database=kept,
+                )  # fmt: skip
+                out.append(r)
+                print(_progress_line(r), flush=True)
+            log = where / "demo_api-gen1.log"
+            with DemoAPI(size, token, log, seed=self.args.seed, generation=1) as api:
+                expected = expected_counts(api)
+                steps = [
+                    ("incremental", "incremental refresh of generation 1", kept),
+                    ("full_gen1", "full refresh of generation 1 (fresh file)", None),
+                ]
+                for name, label, database in steps:
+                    print(f"   {label} ...", end=" ", flush=True)
+                    keep_full = where / "full_gen1.duckdb" if database is None else database
+                    r = self.project(
+                        api, expected, where, name, RAW_SELECTION, label, database=keep_full
+                    )
+                    out.append(r)
+                    print(_progress_line(r), flush=True)
+            if all(r.ok for r in out):
+                equal = _compare_raw(kept, where / "full_gen1.duckdb")
+        except (KeyboardInterrupt, Interrupted):
+            self._interrupted()
+        finally:
+            self._cleanup_db(kept)
+            self._cleanup_db(where / "full_gen1.duckdb")
+        return expected, out, equal
+
     # -- the latency scenario -----------------------------------------------------------------
 
     def run_latency(self) -> tuple[Expected, list[StepResult]]:
@@ -476,12 +529,53 @@ def _dagster_steps(log_path: Path) -> tuple[list[tuple[str, float]], float | Non
     for line in text.splitlines():
         if run_start is None and (match := LOG_TIME.match(line)):
             run_start = datetime.strptime(match.group(1), "%Y-%m-%d %H:%M:%S %z").timestamp()
-        if match := STEP_LINE.search(line):
-            value = float(match.group(2))
-            unit = match.group(3)
-            seconds = value / 1000 if unit == "ms" else value * 60 if unit == "m" else value
+        if match := STEP_LINE.search(line):  # "512ms", "4.39s", "1m15s"
+            unit_s = {"ms": 0.001, "s": 1.0, "m": 60.0, "h": 3600.0}
+            seconds = sum(
+                float(value) * unit_s[unit] for value, unit in DURATION_PART.findall(match[2])
+            )
             steps.append((match.group(1), seconds))
     return steps, run_start
+
+
+def _raw_metadata(home: Path) -> dict[str, dict[str, object]]:
+    """Metadata of the latest materialization of each raw asset, from the run's instance."""
+    import dagster as dg
+
+    out: dict[str, dict[str, object]] = {}
+    try:
+        with dg.DagsterInstance.from_config(str(home)) as instance:
+            for key in RAW_SELECTION.split(","):
+                entry = instance.get_latest_materialization_event(dg.AssetKey(key))
+                if entry is not None and entry.asset_materialization is not None:
+                    metadata = entry.asset_materialization.metadata
+                    out[key] = {name: value.value for name, value in metadata.items()}
+    except Exception as exc:  # the report says so; the run is not lost
+        out["error"] = {"message": str(exc)}
+    return out
+
+
+def _compare_raw(a: Path, b: Path) -> str:
+    """``yes`` when every raw table of a equals b's row for row (``loaded_at`` aside)."""
+    parts = []
+    config = {"memory_limit": "1GB", "preserve_insertion_order": False}
+    with duckdb.connect(str(a), read_only=True, config=config) as conn:
+        conn.execute(f"ATTACH '{b}' AS other (READ_ONLY)")
+        here = conn.execute("SELECT current_database()").fetchone()[0]
+        for table, columns in (  # md5 of the payload: the set operations stay small
+            ("events", "id, md5(payload::VARCHAR)"),
+            ("transactions", "id, event_id, md5(payload::VARCHAR)"),
+            ("event_groups", "id, md5(payload::VARCHAR)"),
+        ):
+            x, y = f"{here}.raw.{table}", f"other.raw.{table}"
+            only_a, only_b = conn.execute(
+                f"SELECT (SELECT count(*) FROM (SELECT {columns} FROM {x} EXCEPT ALL "
+                f"SELECT {columns} FROM {y})), (SELECT count(*) FROM (SELECT {columns} FROM {y} "
+                f"EXCEPT ALL SELECT {columns} FROM {x}))"
+            ).fetchone()
+            if only_a or only_b:
+                parts.append(f"raw.{table}: {only_a} rows only incremental, {only_b} only full")
+    return "; ".join(parts) or "yes"
 
 
 def _dlt_stages(stdout: str) -> dict[str, float]:
@@ -699,6 +793,68 @@ def latency_section(expected: Expected, results: list[StepResult], scrub, latenc
     return "\n".join(lines)
 
 
+def _refresh(r: StepResult) -> dict[str, dict[str, object]]:
+    return r.m.extra.get("refresh") or {}
+
+
+def _bytes(r: StepResult, key: str | None = None) -> float:
+    refresh = _refresh(r)
+    keys = [key] if key else RAW_SELECTION.split(",")
+    values = [refresh.get(k, {}).get("bytes_fetched") for k in keys]
+    return float(sum(values)) if values and None not in values else float("nan")
+
+
+def incremental_section(
+    size: int, expected: Expected, results: list[StepResult], equal: str
+) -> str:
+    lines = [
+        f"## Incremental refresh: {size:,} transactions, then ~1% of the events evolve",
+        "",
+        f"Generation 1 (`fieldsales-demo-api --generation 1`): {expected.transactions:,} "
+        f"transactions, {expected.events:,} events, {expected.event_groups:,} event groups. "
+        "Each row is `dagster asset materialize -m fieldsales_dagster --select "
+        f"{RAW_SELECTION}` with the default refresh_mode (auto).",
+        "",
+        "| step | mode used | wall s | raw_transactions step s | peak RSS (tree) | "
+        "bytes fetched (all) | transaction bytes | events re-fetched | tx added/changed/removed |",
+        "|---|---|---:|---:|---:|---:|---:|---:|---|",
+    ]
+    by_step = {r.step: r for r in results}
+    for r in results:
+        if not r.ok:
+            lines.append(f"| {r.label} | FAILED ({_why(r)}) | – | – | – | – | – | – | – |")
+            continue
+        tx = _refresh(r).get("raw_transactions", {})
+        step_s = dict(r.dagster_steps).get("raw_transactions", float("nan"))
+        changes = "/".join(
+            str(tx.get(f"transactions_{k}", "–")) for k in ("added", "changed", "removed")
+        )
+        lines.append(
+            f"| {r.label} | {tx.get('refresh_mode', '?')} | {_fmt_s(r.m.wall_s)} | "
+            f"{_fmt_s(step_s)} | {fmt_bytes(r.m.peak_rss)} | {fmt_bytes(_bytes(r))} | "
+            f"{fmt_bytes(_bytes(r, 'raw_transactions'))} | {tx.get('events_refetched', '–')} | "
+            f"{changes} |"
+        )
+    inc, full = by_step.get("incremental"), by_step.get("full_gen1")
+    if inc and full and inc.ok and full.ok:
+        step = [dict(r.dagster_steps).get("raw_transactions", float("nan")) for r in (full, inc)]
+        ratio = lambda a, b: "–" if a != a or b != b or b == 0 else f"{a / b:.1f}×"  # noqa: E731
+        lines += [
+            "",
+            "| full refresh / incremental refresh (same evolved data) | value |",
+            "|---|---:|",
+            f"| wall time | {ratio(full.m.wall_s, inc.m.wall_s)} |",
+            f"| raw_transactions step time | {ratio(*step)} |",
+            f"| transaction bytes fetched | "
+            f"{ratio(_bytes(full, 'raw_transactions'), _bytes(inc, 'raw_transactions'))} |",
+            f"| bytes fetched, all raw assets | {ratio(_bytes(full), _bytes(inc))} |",
+            f"| peak RSS (incremental / full) | {inc.m.peak_rss / max(full.m.peak_rss, 1):.2f} |",
+            "",
+            f"Incremental result equals the full refresh, raw tables row for row: {equal}.",
+        ]
+    return "\n".join(lines)
+
+
 def _version(package: str) -> str:
     try:
         return version(package)
@@ -756,7 +912,7 @@ def _parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--runs", type=int, default=1, help="repetitions of every step (median shown)")
     p.add_argument(
         "--only",
-        default="floor,project,publish,dlt_fast,dlt_default,latency",
+        default="floor,project,publish,dlt_fast,dlt_default,latency,incremental",
         help=f"steps to run, comma list of {', '.join(ONLY_CHOICES)} (project = raw + all)",
     )
     p.add_argument("--latency-size", type=int, default=20_000)
@@ -794,6 +950,7 @@ def _parse_args(argv: list[str] | None) -> argparse.Namespace:
         only.add("project_all")  # publishes what project all built
     args.steps = [s for s in STEPS if s in only]
     args.latency = "latency" in only
+    args.incremental = "incremental" in only
     if args.runs < 1:
         p.error("--runs must be >= 1")
     return args
@@ -821,6 +978,17 @@ def main(argv: list[str] | None = None) -> int:
                     continue
                 section = size_section(size, expected, results, bench.scrub, args.dlt_default_max)
                 sections.append((str(size), section))
+                if bench.interrupted:
+                    break
+        if args.incremental and not bench.interrupted:
+            for size in args.sizes:
+                try:
+                    expected, results, equal = bench.run_incremental(size)
+                    section = incremental_section(size, expected, results, equal)
+                except BenchmarkError as exc:
+                    print(f"   FAILED: {exc}", file=sys.stderr)
+                    section = f"## Incremental refresh, {size:,}\n\nFAILED: {exc}"
+                sections.append((f"incremental-{size}", section))
                 if bench.interrupted:
                     break
         if args.latency and not bench.interrupted:

@@ -55,6 +55,8 @@ _RANGES: dict[str, tuple[float, float, bool]] = {
     "page_size": (1, 10_000, True),
     "concurrency": (1, 64, True),
     "token_renew_after_days": (0, 60, False),
+    "full_refresh_every_days": (0, 366, False),
+    "lookback_days": (0, 3660, True),
 }
 
 
@@ -105,6 +107,9 @@ SETTINGS_HELP: dict[str, tuple[str, str]] = {
     ),
     "key_prefix": ("", "a name of letters, digits and underscores, starting with a letter"),
     "pii": ("FIELDSALES_PII", "keep, hash or drop"),
+    "refresh_mode": ("FIELDSALES_REFRESH_MODE", "auto, full or incremental"),
+    "full_refresh_every_days": ("", "a number of days above 0, at most 366"),
+    "lookback_days": ("", "a number of days from 0 to 3660"),
     "redact_pii_in_raw": ("FIELDSALES_REDACT_PII_IN_RAW", "true or false"),
 }
 
@@ -156,6 +161,24 @@ class FieldSalesComponent(dg.Component, dg.Model, dg.Resolvable):
         default=DEFAULT_RENEW_AFTER_DAYS,
         description="Renew the token once it is this old (FIELDSALES_TOKEN_RENEW_AFTER_DAYS).",
     )
+    refresh_mode: Literal["auto", "full", "incremental"] = Field(
+        default="auto",
+        description=(
+            "How raw.transactions is refreshed (FIELDSALES_REFRESH_MODE): auto, full or "
+            "incremental; run config on raw_transactions overrides it for one run."
+        ),
+    )
+    full_refresh_every_days: float = Field(
+        default=7.0,
+        description="In auto mode, a full refresh once the last one is this old (days).",
+    )
+    lookback_days: float = Field(
+        default=30.0,
+        description=(
+            "Incremental mode re-fetches the transactions of events whose last state change is "
+            "this recent (days)."
+        ),
+    )
     pii: Literal["keep", "hash", "drop"] = Field(
         default="keep",
         description=(
@@ -197,7 +220,13 @@ class FieldSalesComponent(dg.Component, dg.Model, dg.Resolvable):
         except FieldSalesAPIError as exc:
             raise ValueError(str(exc).rstrip(".")) from None
 
-    @field_validator("page_size", "concurrency", "token_renew_after_days")
+    @field_validator(
+        "page_size",
+        "concurrency",
+        "token_renew_after_days",
+        "full_refresh_every_days",
+        "lookback_days",
+    )
     @classmethod
     def _in_range(cls, value: float, info: ValidationInfo) -> float:
         low, high, inclusive = _RANGES[info.field_name]
@@ -283,6 +312,9 @@ class FieldSalesComponent(dg.Component, dg.Model, dg.Resolvable):
                 # A secret: only the variable's name reaches Dagster, and only when it is used.
                 pii_hash_key=dg.EnvVar(self.pii_hash_key_env_var) if self.pii == "hash" else None,
                 redact_pii_in_raw=self.redact_pii_in_raw,
+                refresh_mode=self.refresh_mode,
+                full_refresh_every_days=self.full_refresh_every_days,
+                lookback_days=self.lookback_days,
             ),
         }
 

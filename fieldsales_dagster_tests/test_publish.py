@@ -214,6 +214,9 @@ def test_resource_has_no_setting_it_ignores():
         "pii",
         "pii_hash_key",
         "redact_pii_in_raw",
+        "refresh_mode",
+        "full_refresh_every_days",
+        "lookback_days",
     }
 
 

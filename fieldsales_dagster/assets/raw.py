@@ -5,13 +5,16 @@ server's total, swap it in, report what it cost.
 """
 
 import dagster as dg
+from pydantic import Field, field_validator
 
 from fieldsales_dagster.assets.columns import column_schema, prepare_raw_table, table_doc
 from fieldsales_dagster.assets.metadata import previous_row_count, table_metadata
-from fieldsales_dagster.client.endpoints import LIST_ENDPOINTS, ListEndpoint
+from fieldsales_dagster.client.endpoints import EVENTS, LIST_ENDPOINTS, TRANSACTIONS, ListEndpoint
 from fieldsales_dagster.client.resource import FieldSalesAPI
 from fieldsales_dagster.names import InstanceNames
-from fieldsales_dagster.warehouse.raw_load import LoadReport, load_list
+from fieldsales_dagster.warehouse.incremental import RefreshPolicy, refresh_raw_list
+from fieldsales_dagster.warehouse.raw_load import LoadReport
+from fieldsales_dagster.warehouse.refresh_mode import validate_refresh_mode
 from fieldsales_dagster.warehouse.resource import FieldSalesWarehouse
 
 ROW_COUNT_CHECK = "row_count_near_previous_load"
@@ -22,6 +25,23 @@ ROW_COUNT_TOLERANCE = 0.2
 
 def raw_asset_name(endpoint: ListEndpoint) -> str:
     return f"raw_{endpoint.name}"
+
+
+class RawRefreshConfig(dg.Config):
+    """Run config of a raw asset: force the refresh mode of one run."""
+
+    refresh_mode: str | None = Field(
+        default=None,
+        description=(
+            "auto | full | incremental for this run (raw_transactions; events and event groups "
+            "are always fetched whole). Empty: the warehouse's refresh_mode."
+        ),
+    )
+
+    @field_validator("refresh_mode", mode="before")
+    @classmethod
+    def _check(cls, value: object) -> object:
+        return validate_refresh_mode(value)
 
 
 def _load_metadata(report: LoadReport) -> dict[str, object]:
@@ -81,6 +101,8 @@ def build_raw_asset(
         ),
         metadata={"endpoint": endpoint.path, "table": endpoint.raw_table},
         required_resource_keys={names.api_resource, names.warehouse_resource},
+        # An incremental transaction refresh compares the event list just loaded with the last.
+        deps=[names.asset_key(raw_asset_name(EVENTS))] if endpoint is TRANSACTIONS else None,
         check_specs=[
             dg.AssetCheckSpec(
                 ROW_COUNT_CHECK,
@@ -93,17 +115,22 @@ def build_raw_asset(
             )
         ],
     )
-    def _raw_asset(context: dg.AssetExecutionContext) -> dg.MaterializeResult:
+    def _raw_asset(
+        context: dg.AssetExecutionContext, config: RawRefreshConfig
+    ) -> dg.MaterializeResult:
         api: FieldSalesAPI = getattr(context.resources, names.api_resource)
         warehouse: FieldSalesWarehouse = getattr(context.resources, names.warehouse_resource)
         name = raw_asset_name(endpoint)
+        policy = RefreshPolicy.of(warehouse, config.refresh_mode)
         redacted: list[int] = []
         with warehouse.get_connection() as conn:
-            report = load_list(
+            refresh = refresh_raw_list(
                 api,
                 conn,
                 endpoint,
+                policy,
                 log=context.log.info,
+                warn=context.log.warning,
                 before_swap=lambda staged: redacted.append(
                     prepare_raw_table(conn, staged, name, warehouse)
                 ),
@@ -115,11 +142,12 @@ def build_raw_asset(
         return dg.MaterializeResult(
             metadata={
                 **metadata,
-                **_load_metadata(report),
+                **_load_metadata(refresh.load),
+                **refresh.metadata(),
                 "pii_redacted_rows": sum(redacted) if warehouse.redact_pii_in_raw else "not asked",
             },
             check_results=[
-                row_count_check(report.rows, previous_row_count(context), ROW_COUNT_TOLERANCE)
+                row_count_check(refresh.load.rows, previous_row_count(context), ROW_COUNT_TOLERANCE)
             ],
         )
 

@@ -6,7 +6,7 @@ envelope that holds one list (see ``api.py``), because the event list's envelope
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 
 @dataclass(frozen=True)
@@ -23,6 +23,12 @@ class ListEndpoint:
     raw_table: str
     #: Extra VARCHAR columns of the raw table: column name -> key of the item.
     extra_columns: tuple[tuple[str, str], ...] = ()
+    #: Query parameters sent with every page (filters such as ``eventId``), besides skip/limit.
+    params: tuple[tuple[str, str | int], ...] = ()
+
+    def with_params(self, **params: str | int) -> ListEndpoint:
+        """The same list, filtered: ``TRANSACTIONS.with_params(eventId=...)``."""
+        return replace(self, params=(*self.params, *params.items()))
 
     @property
     def schema(self) -> str:

@@ -411,7 +411,7 @@ class FieldSalesAPI(dg.ConfigurableResource):
         self.get(CHECK_TOKEN_PATH, token=token)
 
     def fetch_page(self, endpoint: ListEndpoint, skip: int, stats: ListStats | None = None) -> Page:
-        params = {"skip": skip, "limit": self.page_size}
+        params = {"skip": skip, "limit": self.page_size, **dict(endpoint.params)}
         where = f"GET {endpoint.path} (skip={skip})"
         holder: dict[str, int] = {}
 

@@ -35,6 +35,12 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--events", type=int, default=None, help="default: transactions // 40")
     p.add_argument("--event-groups", type=int, default=None, help="default: events // 10")
     p.add_argument("--seed", type=int, default=0)
+    p.add_argument(
+        "--generation",
+        type=int,
+        default=0,
+        help="serve the data as evolved to this generation (0: as generated; see Dataset.evolve)",
+    )
     p.add_argument("--token", default=None, help="initial bearer token (default: random)")
     p.add_argument("--latency-ms", type=float, default=0.0, help="added before each response")
     p.add_argument("--limit-cap", type=int, default=None, help="serve at most N items per page")
@@ -62,6 +68,7 @@ def main(argv: list[str] | None = None) -> int:
         server = DemoServer(config, host=args.host, port=args.port, token=args.token)
         server.behaviour.latency_s = max(0.0, args.latency_ms / 1000)
         server.behaviour.limit_cap = args.limit_cap
+        server.behaviour.evolve(args.generation)
         server.start()
     except (OSError, ValueError) as exc:
         print(f"fieldsales-demo-api: {exc}", file=sys.stderr)

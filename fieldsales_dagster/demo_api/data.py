@@ -15,7 +15,7 @@ from __future__ import annotations
 import hashlib
 import json
 import threading
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from functools import lru_cache
@@ -62,6 +62,8 @@ K_UNKNOWN_FIELD = 24
 K_POOL = 25
 K_FILE_INS = 26
 K_PLACE = 27
+K_EVOLVE = 28
+K_HISTORY_EVOLVED = 29
 
 
 class IdCodec:
@@ -205,6 +207,20 @@ STATE_PATHS_FUTURE = [
     ["Planned", "Published", "Accepted"],
     ["Planned", "Published", "Rejected", "Published"],
 ]
+#: The state an evolved event moves to next (``Dataset.evolve``).
+NEXT_STATE = {
+    "Planned": "Published",
+    "Published": "Accepted",
+    "Rejected": "Published",
+    "Accepted": "LoggedIn",
+    "LoggedIn": "LoggedOut",
+    "LoggedOut": "SalesReport",
+    "SalesReport": "SalesReportUploaded",
+    "SalesReportUploaded": "SalesReportAccepted",
+    "SalesReportAccepted": "Invoiced",
+    "Invoiced": "Paid",
+    "Paid": "Invoiced",
+}
 STATE_PATHS_PAST = [
     ["Planned", "Published", "Accepted", "LoggedIn", "LoggedOut"],
     ["Planned", "Published", "SalesReport", "SalesReportUploaded", "SalesReportAccepted"],
@@ -518,6 +534,33 @@ class ListView:
             for i in range(a, b):
                 yield src, i
 
+    def contains(self, src: int, idx: int) -> bool:
+        return any(s == src and a <= idx < b for s, a, b in self.segments)
+
+    def remove(self, src: int, lo: int, hi: int, keep: Callable[[int], bool] | None = None) -> int:
+        """Remove the items ``lo..hi`` of ``src`` wherever they are, except those ``keep`` spares.
+
+        Returns how many were removed.
+        """
+        with self._lock:
+            out: list[tuple[int, int, int]] = []
+            removed = 0
+            for s, a, b in self.segments:
+                if s != src or b <= lo or a >= hi:
+                    out.append((s, a, b))
+                    continue
+                if a < lo:
+                    out.append((s, a, lo))
+                for i in range(max(a, lo), min(b, hi)):
+                    if keep is not None and keep(i):
+                        out.append((s, i, i + 1))
+                    else:
+                        removed += 1
+                if b > hi:
+                    out.append((s, hi, b))
+            self.segments = out
+            return removed
+
 
 def _cut(segs: list[tuple[int, int, int]], lo: int, hi: int) -> list[tuple[int, int, int]]:
     """The segments with list positions ``lo..hi`` removed."""
@@ -599,6 +642,13 @@ class Dataset:
         ]
         self._qty += ["1"] * (256 - len(self._qty))
         self._credits = ["0"] * 240 + [_num(x) for x in (1.29, 2.5, 5, 7.95, 10, 0.99) * 3][:16]
+        #: How many times ``evolve`` ran.
+        self.generation = 0
+        #: Base event -> how many times ``evolve`` advanced its state.
+        self.event_version: dict[int, int] = {}
+        #: Inserted transaction -> its event, set by ``evolve`` (``n_events + i``: inserted event
+        #: ``i``); other inserted transactions belong to a random base event.
+        self.tx_event: dict[int, int] = {}
 
     # ---- views -----------------------------------------------------------------------------
 
@@ -637,6 +687,99 @@ class Dataset:
             return self.render_event(src, idx)
         return self.render_group(src, idx)
 
+    # ---- evolution between runs ---------------------------------------------------------------
+
+    def evolve(self, generation: int) -> dict[str, int]:
+        """Advance the data generation by generation up to ``generation``; returns what changed.
+
+        In each generation, over the base events still listed (ranked by a seeded hash):
+
+        * 1% of them (at least 3) advance their state one step (a new ``eventStateHistory``
+          entry, ``eventState``, ``eventStateTimestamps``) and every other transaction of theirs
+          may change (``qty``, ``exportDetails.processed``); one in three of them gains two
+          transactions, one in three loses one;
+        * 0.1% (at least 1) of the others are deleted, with their transactions;
+        * as many new events arrive, three new transactions each;
+        * 1% more event groups (at least 1) are listed.
+
+        Deterministic: the same seed and generation give the same data, whatever steps led there.
+        """
+        if generation < self.generation:
+            raise ValueError(f"already at generation {self.generation}; cannot go back")
+        summary = dict.fromkeys(
+            ("events_evolved", "events_deleted", "events_added", "transactions_changed",
+             "transactions_added", "transactions_deleted", "event_groups_added"), 0
+        )  # fmt: skip
+        while self.generation < generation:
+            self.generation += 1
+            for key, value in self._evolve_once(self.generation).items():
+                summary[key] += value
+        return summary
+
+    def delete_event(self, e: int) -> int:
+        """Delete base event ``e`` and its transactions; returns how many transactions went."""
+        txs = self.views["transactions"]
+        self.views["events"].remove(BASE_SRC, e, e + 1)
+        lo, hi = self.event_block(e)
+        removed = txs.remove(BASE_SRC, lo, hi, keep=self.is_orphan)
+        inserted = [i for src, a, b in txs.segments if src == INS_SRC for i in range(a, b)]
+        for i in inserted:
+            if self.tx_event_index(INS_SRC, i) == e:
+                removed += txs.remove(INS_SRC, i, i + 1)
+        return removed
+
+    def _evolve_once(self, k: int) -> dict[str, int]:
+        events, txs = self.views["events"], self.views["transactions"]
+        listed = [i for src, a, b in events.segments if src == BASE_SRC for i in range(a, b)]
+        listed.sort(key=lambda e: self.rng.bytes(K_EVOLVE, (k << 40) | e)[:8])
+        n_evolve = min(len(listed), max(3, self.n_events // 100))
+        n_delete = min(len(listed) - n_evolve, max(1, self.n_events // 1000))
+        evolved, deleted = listed[:n_evolve], listed[n_evolve : n_evolve + n_delete]
+        out = dict.fromkeys(("transactions_changed", "transactions_deleted"), 0)
+        new_tx_events: list[int] = []
+        for rank, e in enumerate(evolved):
+            version = self.event_version.get(e, 0) + 1
+            lo, hi = self.event_block(e)
+            touched = [
+                i
+                for i in range(lo, hi)
+                if (i + version) % 2 == 0 and not self.is_orphan(i) and txs.contains(BASE_SRC, i)
+            ]
+            before = [self.render_transaction(BASE_SRC, i) for i in touched]
+            self.event_version[e] = version
+            out["transactions_changed"] += sum(
+                self.render_transaction(BASE_SRC, i) != text
+                for i, text in zip(touched, before, strict=True)
+            )
+            if rank % 3 == 0:
+                new_tx_events += [e, e]
+            elif rank % 3 == 1:
+                for i in range(lo, hi):
+                    if not self.is_orphan(i) and txs.contains(BASE_SRC, i):
+                        out["transactions_deleted"] += txs.remove(BASE_SRC, i, i + 1)
+                        break
+        for e in deleted:
+            out["transactions_deleted"] += self.delete_event(e)
+        first_new = events.inserted
+        events.mutate(insert=n_delete, at=events.count())
+        for j in range(n_delete):
+            new_tx_events += [self.n_events + first_new + j] * 3
+        first_tx = txs.inserted
+        txs.mutate(insert=len(new_tx_events), at=txs.count())
+        for j, e in enumerate(new_tx_events):
+            self.tx_event[first_tx + j] = e
+        groups = self.views["event_groups"]
+        n_groups = max(1, self.n_groups // 100)
+        groups.mutate(insert=n_groups, at=groups.count())
+        return {
+            **out,
+            "events_evolved": n_evolve,
+            "events_deleted": n_delete,
+            "events_added": n_delete,
+            "transactions_added": len(new_tx_events),
+            "event_groups_added": n_groups,
+        }
+
     # ---- transactions ----------------------------------------------------------------------
 
     def is_orphan(self, i: int) -> bool:
@@ -645,6 +788,8 @@ class Dataset:
     def tx_event_index(self, src: int, idx: int) -> int:
         if src == BASE_SRC:
             return idx * self.n_events // self.n_tx
+        if idx in self.tx_event:
+            return self.tx_event[idx]
         d = self.rng.bytes(K_TX_INS, idx)
         return int.from_bytes(d[56:60], "big") % self.n_events
 
@@ -670,6 +815,14 @@ class Dataset:
             return []
         kind, e = parsed
         out: list[tuple[int, int, int]] = []
+        if kind == K_EVENT_INS:  # only ``evolve`` gives inserted events transactions
+            e += self.n_events
+            for src, a, b in segs:
+                if src == INS_SRC:
+                    out.extend(
+                        (INS_SRC, i, i + 1) for i in range(a, b) if self.tx_event.get(i) == e
+                    )
+            return out
         if kind == K_PHANTOM_EVENT and e < self.n_tx and self.is_orphan(e):
             for src, a, b in segs:
                 if src == BASE_SRC and a <= e < b:
@@ -701,17 +854,26 @@ class Dataset:
             d = self.rng.bytes(K_TX, idx)
             tid = ids.make(K_TX, idx)
             e = idx * self.n_events // self.n_tx
+            version = 0
             if idx % self.ORPHAN_EVERY == self._orphan_r:
                 eid = ids.make(K_PHANTOM_EVENT, idx)
             else:
                 eid = self.event_id(e)
+                version = self.event_version.get(e, 0) if self.event_version else 0
             fkind = K_FILE
         else:
             d = self.rng.bytes(K_TX_INS, idx)
             tid = ids.make(K_TX_INS, idx)
-            e = int.from_bytes(d[56:60], "big") % self.n_events
-            eid = self.event_id(e)
+            e = self.tx_event.get(idx, -1) if self.tx_event else -1
+            if e < 0:
+                e = int.from_bytes(d[56:60], "big") % self.n_events
+            eid = self.event_id(e) if e < self.n_events else self._ins_event_id(e)
+            version = 0
             fkind = K_FILE_INS
+        if version and (idx + version) % 2 == 0:
+            # An evolved event's transactions change: every other one gets another qty and is
+            # exported.
+            d = d[:1] + bytes([(d[1] + 37 * version) & 255]) + d[2:10] + b"\x00" + d[11:]
         start, dur_h = self.event_timing(e)
         pid, price, proxy = self._products[d[0] & 15]
         sale = start + (((d[2] << 8) | d[3]) * dur_h * HOUR_MS >> 16)
@@ -755,8 +917,17 @@ class Dataset:
     def _event_id(self, e: int) -> str:
         return self.codec.make(K_EVENT, e)
 
+    def _ins_event_id(self, e: int) -> str:
+        return self.codec.make(K_EVENT_INS, e - self.n_events)
+
     def _event_timing(self, e: int) -> tuple[int, int]:
-        """(start ms of the first planned time, duration hours) of base event ``e``."""
+        """(start ms of the first planned time, duration hours) of event ``e``.
+
+        ``e >= n_events`` is inserted event ``e - n_events`` (as ``event_obj`` numbers it).
+        """
+        if e >= self.n_events:
+            d = self.rng.bytes(K_EVENT_INS, e - self.n_events)
+            return (NOW_DAY + 5 + d[3] % 60) * DAY_MS + (8 + d[0] % 4) * HOUR_MS, 7
         d = self.rng.bytes(K_EVENT, e)
         day = FIRST_DAY + e * SPAN_DAYS // self.n_events
         start = day * DAY_MS + (8 + d[0] % 4) * HOUR_MS + (d[1] % 4) * 15 * 60_000
@@ -940,6 +1111,23 @@ class Dataset:
             t += (1 + d[19 + k] % 5) * DAY_MS if k < 2 else (2 + d[19 + k] % 9) * HOUR_MS
         r = 1 + d[24] % (len(history) - 1)
         history = history[r:] + history[:r]
+        state = path[-1]
+        for k in range(self.event_version.get(e, 0) if src == BASE_SRC else 0):  # evolve()
+            new = NEXT_STATE[state]
+            when = ts(t + k * DAY_MS)
+            history.append(
+                {
+                    "_id": self.codec.make(K_HISTORY_EVOLVED, e * 64 + k),
+                    "stateNew": new,
+                    "stateOld": state,
+                    "date": when,
+                    "historyType": "eventState",
+                    "ip": f"10.{d[16] % 200}.{d[17]}.{(d[18] + k) % 250 + 1}",
+                    "user": self.codec.make(K_USER, users[0]),
+                }
+            )
+            stamps.setdefault(new, []).append(when)
+            state = new
         area = self.area_obj(project, d[25] % 8)
         event: dict = {
             "_id": eid,
@@ -947,7 +1135,7 @@ class Dataset:
             "point_of_sale": self.pos_obj(pos, e, d),
             "pointOfSaleProjectStructure": {"area": area},
             "times": times,
-            "eventState": path[-1],
+            "eventState": state,
             "eventStateHistory": history,
             "eventStateTimestamps": stamps,
             "eventUser": [self.user_obj(u) for u in users],

@@ -99,6 +99,8 @@ class Behaviour:
         self.omit_totals: bool = False
         self._event_envelope = "list"
         self.latency_s: float = 0.0
+        #: Answer ``eventId``-filtered transaction lists as if no filter had been given.
+        self.ignore_event_filter: bool = False
         self.request_counts: collections.Counter[str] = collections.Counter()
 
     @property
@@ -164,6 +166,11 @@ class Behaviour:
             return
         with self._lock:
             self._mutations.append(_Mutation(list_name, after_requests, 0, insert, delete, at))
+
+    def evolve(self, generation: int) -> dict[str, int]:
+        """Advance the data to ``generation`` (see ``Dataset.evolve``); returns what changed."""
+        with self._lock:
+            return self._dataset.evolve(generation)
 
     # ---- used by the server ------------------------------------------------------------
 
@@ -531,7 +538,8 @@ class DemoServer:
         skip, limit, served = self._paging(query)
         event_id = query.get("eventId")
         type_ = query.get("type")
-        segs = self.dataset.transaction_segments(event_id, type_)
+        filter_id = None if self.behaviour.ignore_event_filter else event_id
+        segs = self.dataset.transaction_segments(filter_id, type_)
         debug = json.dumps(
             {"query": {"skip": skip, "limit": limit, "eventId": event_id, "type": type_ or "sale"}},
             separators=(",", ":"),

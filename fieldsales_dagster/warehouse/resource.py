@@ -29,7 +29,9 @@ import dagster as dg
 import duckdb
 import filelock
 import tenacity
-from pydantic import Field, PrivateAttr, model_validator
+from pydantic import Field, PrivateAttr, field_validator, model_validator
+
+from fieldsales_dagster.warehouse.refresh_mode import validate_refresh_mode
 
 DEFAULT_DUCKDB_PATH = "data/fieldsales.duckdb"
 MOTHERDUCK_PREFIX = "md:"
@@ -146,6 +148,35 @@ class FieldSalesWarehouse(dg.ConfigurableResource):
             "teams that must not store them at all. raw.* then no longer holds them 'as received'."
         ),
     )
+    # Refresh modes of raw.transactions (see warehouse/incremental.py and the README).
+    refresh_mode: str = Field(
+        default="auto",
+        description=(
+            "auto | full | incremental (FIELDSALES_REFRESH_MODE). auto: incremental when a "
+            "complete load exists and the last full refresh is younger than "
+            "full_refresh_every_days, full otherwise. Run config on raw_transactions overrides it."
+        ),
+    )
+    full_refresh_every_days: float = Field(
+        default=7.0,
+        gt=0,
+        le=366,
+        description="In auto mode, a full refresh when the last one is at least this old.",
+    )
+    lookback_days: float = Field(
+        default=30.0,
+        ge=0,
+        le=3660,
+        description=(
+            "Incremental mode re-fetches the transactions of events whose last state change is "
+            "this recent, besides new and changed events."
+        ),
+    )
+
+    @field_validator("refresh_mode", mode="before")
+    @classmethod
+    def _check_refresh_mode(cls, value: object) -> object:
+        return validate_refresh_mode(value)
 
     @model_validator(mode="after")
     def _hash_needs_a_key(self) -> FieldSalesWarehouse:

@@ -1,0 +1,110 @@
+"""The choice between a full and an incremental refresh of ``raw.transactions``: pure logic.
+
+``choose_mode`` takes what the state tables say about the last load and returns the mode to run
+and why; ``incremental.py`` reads the state, runs the mode and applies the guards.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from datetime import datetime, timedelta
+from typing import Literal
+
+from fieldsales_dagster.client.errors import FieldSalesAPIError
+
+REFRESH_MODES = ("auto", "full", "incremental")
+RefreshMode = Literal["auto", "full", "incremental"]
+
+
+def validate_refresh_mode(value: object) -> object:
+    """Pydantic ``before`` validator shared by the resource field and the run config."""
+    if value is None or type(value).__name__ == "EnvVar":  # resolved and validated at run time
+        return value
+    if not isinstance(value, str) or value.strip().lower() not in REFRESH_MODES:
+        raise ValueError(f"refresh_mode must be one of {', '.join(REFRESH_MODES)}; got {value!r}")
+    return value.strip().lower()
+
+
+class IncrementalRefreshError(FieldSalesAPIError):
+    """An incremental refresh was asked for and cannot be done safely."""
+
+
+@dataclass(frozen=True)
+class PreviousLoad:
+    """What the state tables say about the last complete load of ``raw.transactions``."""
+
+    last_full_at: datetime
+    last_load_at: datetime
+    rows_recorded: int
+    #: ``count(*)`` of ``raw.transactions`` now; ``None`` if the table is missing.
+    rows_stored: int | None
+    #: ``loaded_at`` of the ``raw.events`` the last load fingerprinted (``None``: there was none).
+    events_loaded_at_recorded: datetime | None
+    #: ``loaded_at`` of ``raw.events`` now (``None``: missing).
+    events_loaded_at_now: datetime | None
+
+
+@dataclass(frozen=True)
+class ModeDecision:
+    mode: Literal["full", "incremental"]
+    reason: str
+
+
+def _days(delta: timedelta) -> str:
+    return f"{delta.total_seconds() / 86400:.1f} days"
+
+
+def choose_mode(
+    requested: str,
+    previous: PreviousLoad | None,
+    *,
+    now: datetime,
+    full_refresh_every_days: float,
+) -> ModeDecision:
+    """Full or incremental, and why. Raises ``IncrementalRefreshError`` where ``incremental``
+    was asked for and running it would load the wrong data."""
+    if requested == "full":
+        return ModeDecision("full", "refresh_mode=full was asked for")
+    if previous is None:
+        return ModeDecision(
+            "full", "no previous complete load of raw.transactions is recorded (first load)"
+        )
+    if previous.rows_stored != previous.rows_recorded:
+        return ModeDecision(
+            "full",
+            f"raw.transactions holds {previous.rows_stored} rows but the last load recorded "
+            f"{previous.rows_recorded}: it was changed outside this loader",
+        )
+    if previous.events_loaded_at_recorded is None:
+        return ModeDecision("full", "the last load had no raw.events to fingerprint")
+    stale = (
+        previous.events_loaded_at_now is None
+        or previous.events_loaded_at_now <= previous.events_loaded_at_recorded
+    )
+    if stale:
+        why = (
+            "raw.events was not reloaded since the last transaction load, so it cannot tell "
+            "which events changed"
+        )
+        if requested == "incremental":
+            raise IncrementalRefreshError(
+                f"raw_transactions: refresh_mode=incremental, but {why}. Materialize raw_events "
+                "together with raw_transactions (or ask for refresh_mode=full)."
+            )
+        return ModeDecision("full", why)
+    age = now - previous.last_full_at
+    if requested == "incremental":
+        return ModeDecision(
+            "incremental", f"refresh_mode=incremental was asked for (last full {_days(age)} ago)"
+        )
+    if age >= timedelta(days=full_refresh_every_days):
+        return ModeDecision(
+            "full",
+            f"the last full refresh was {_days(age)} ago, full_refresh_every_days="
+            f"{full_refresh_every_days:g}",
+        )
+    return ModeDecision(
+        "incremental",
+        f"a complete load exists and the last full refresh was {_days(age)} ago "
+        f"(< full_refresh_every_days={full_refresh_every_days:g})",
+    )

@@ -1,0 +1,404 @@
+"""Refresh modes, for real: the demo API evolves between runs, the second run goes incremental,
+and every raw.* and core.* table must equal a fresh full load of the evolved data."""
+
+from __future__ import annotations
+
+import logging
+from datetime import UTC, datetime, timedelta
+
+import dagster as dg
+import duckdb
+import pytest
+
+from fieldsales_dagster.warehouse import incremental
+from fieldsales_dagster.warehouse.refresh_mode import (
+    IncrementalRefreshError,
+    PreviousLoad,
+    choose_mode,
+)
+from fieldsales_dagster.warehouse.resource import FieldSalesWarehouse
+from fieldsales_dagster_tests.conftest import make_api
+from fieldsales_dagster_tests.project import core_assets, raw_assets
+
+RAW_ASSETS = raw_assets()
+ALL_ASSETS = [*RAW_ASSETS, *core_assets()]
+NOW = datetime(2026, 6, 1, tzinfo=UTC)
+
+
+def _warehouse(tmp_path, name: str, **settings) -> FieldSalesWarehouse:
+    return FieldSalesWarehouse(database=str(tmp_path / name), busy_timeout_s=1.0, **settings)
+
+
+def _materialize(server, tmp_path, warehouse, assets=RAW_ASSETS, mode=None, **kwargs):
+    run_config = {"ops": {"raw_transactions": {"config": {"refresh_mode": mode}}}} if mode else None
+    return dg.materialize(
+        assets,
+        resources={"fieldsales_api": make_api(server, tmp_path), "warehouse": warehouse},
+        run_config=run_config,
+        **kwargs,
+    )
+
+
+def _refresh_metadata(result) -> dict[str, object]:
+    (event,) = result.asset_materializations_for_node("raw_transactions")
+    return {key: value.value for key, value in event.metadata.items()}
+
+
+def _tables(conn: duckdb.DuckDBPyConnection, database: str) -> list[tuple[str, str]]:
+    return conn.execute(
+        "SELECT schema_name, table_name FROM duckdb_tables() WHERE database_name = ? "
+        "AND schema_name IN ('raw', 'core') AND table_name NOT LIKE '\\_%' ESCAPE '\\' "
+        "ORDER BY ALL",
+        [database],
+    ).fetchall()
+
+
+def assert_same_tables(path_a: str, path_b: str) -> None:
+    """Every raw.* and core.* table of a equals b's, row for row, ``loaded_at`` aside."""
+    conn = duckdb.connect(path_a, read_only=True)
+    try:
+        conn.execute(f"ATTACH '{path_b}' AS other (READ_ONLY)")
+        here = conn.execute("SELECT current_database()").fetchone()[0]
+        tables = _tables(conn, here)
+        assert tables == _tables(conn, "other")
+        assert ("raw", "transactions") in tables
+        for schema, table in tables:
+            columns = [
+                row[0]
+                for row in conn.execute(
+                    "SELECT column_name FROM duckdb_columns() WHERE database_name = ? "
+                    "AND schema_name = ? AND table_name = ? AND column_name <> 'loaded_at' "
+                    "ORDER BY column_index",
+                    [here, schema, table],
+                ).fetchall()
+            ]
+            cols = ", ".join(f'"{c}"::VARCHAR' for c in columns)
+            a, b = f'{here}."{schema}"."{table}"', f'other."{schema}"."{table}"'
+            only_a, only_b, rows = conn.execute(
+                f"SELECT (SELECT count(*) FROM (SELECT {cols} FROM {a} EXCEPT ALL "
+                f"SELECT {cols} FROM {b})), (SELECT count(*) FROM (SELECT {cols} FROM {b} "
+                f"EXCEPT ALL SELECT {cols} FROM {a})), (SELECT count(*) FROM {a})"
+            ).fetchone()
+            assert (only_a, only_b) == (0, 0), f"{schema}.{table}: {only_a} rows only in the "
+            f"incremental load, {only_b} only in the full load (of {rows})"
+    finally:
+        conn.close()
+
+
+def _snapshot(path: str) -> tuple[list, list]:
+    with duckdb.connect(path, read_only=True) as conn:
+        rows = conn.execute(
+            "SELECT id, event_id, payload::VARCHAR, loaded_at FROM raw.transactions ORDER BY id"
+        ).fetchall()
+        state = conn.execute("SELECT * FROM meta.refresh_state").fetchall()
+    return rows, state
+
+
+def _first_load(server, tmp_path, assets) -> FieldSalesWarehouse:
+    warehouse = _warehouse(tmp_path, "incremental.duckdb")
+    first = _materialize(server, tmp_path, warehouse, assets=assets)
+    assert first.success
+    assert _refresh_metadata(first)["refresh_mode"] == "full"
+    return warehouse
+
+
+@pytest.fixture
+def loaded(demo_server, tmp_path):
+    """A warehouse after a first (full) refresh of the raw assets."""
+    return _first_load(demo_server, tmp_path, RAW_ASSETS)
+
+
+@pytest.fixture
+def loaded_all(demo_server, tmp_path):
+    """A warehouse after a first (full) refresh of every raw and core asset."""
+    return _first_load(demo_server, tmp_path, ALL_ASSETS)
+
+
+def _full_load_of_current_data(server, tmp_path, assets=RAW_ASSETS) -> FieldSalesWarehouse:
+    fresh = _warehouse(tmp_path, "full.duckdb")
+    assert _materialize(server, tmp_path, fresh, assets=assets, mode="full").success
+    return fresh
+
+
+def test_incremental_refresh_after_evolve_equals_a_fresh_full_load(
+    demo_server, tmp_path, loaded_all
+):
+    loaded = loaded_all
+    changes = demo_server.behaviour.evolve(1)
+    assert min(changes.values()) > 0  # every kind of change happened
+
+    second = _materialize(demo_server, tmp_path, loaded, assets=ALL_ASSETS)
+
+    assert second.success
+    meta = _refresh_metadata(second)
+    assert meta["refresh_mode"] == "incremental"
+    assert meta["events_new"] == changes["events_added"]
+    assert meta["events_changed"] == changes["events_evolved"]
+    assert meta["events_removed"] == changes["events_deleted"]
+    assert meta["events_refetched"] == changes["events_added"] + changes["events_evolved"]
+    assert meta["transactions_added"] == changes["transactions_added"]
+    assert meta["transactions_changed"] == changes["transactions_changed"]
+    assert meta["transactions_removed"] == changes["transactions_deleted"]
+    assert meta["dagster/row_count"] == demo_server.dataset.count("transactions")
+    assert meta["bytes_fetched"] > 0
+    fresh = _full_load_of_current_data(demo_server, tmp_path, ALL_ASSETS)
+    with duckdb.connect(loaded.database, read_only=True) as conn:
+        core = conn.execute(
+            "SELECT count(*) FROM duckdb_tables() WHERE schema_name = 'core'"
+        ).fetchone()[0]
+    assert core == len(core_assets())
+    assert_same_tables(loaded.database, fresh.database)
+
+
+def test_incremental_refresh_fetches_only_the_changed_events_transactions(
+    demo_server, tmp_path, loaded
+):
+    demo_server.behaviour.evolve(1)
+    demo_server.clear_requests()
+
+    assert _materialize(demo_server, tmp_path, loaded, assets=RAW_ASSETS).success
+
+    queries = [r.query for r in demo_server.requests if r.path.endswith("/transaction/all")]
+    unfiltered = [q for q in queries if "eventId" not in q]
+    assert [q["limit"] for q in unfiltered] == ["1"]  # the global count, nothing else
+    refetched = {q["eventId"] for q in queries if "eventId" in q}
+    assert len(refetched) == 4  # 3 evolved events and 1 new one (1200 transactions, 30 events)
+
+
+def test_second_generation_is_incremental_again_and_still_equal(demo_server, tmp_path, loaded):
+    for generation in (1, 2):
+        demo_server.behaviour.evolve(generation)
+        result = _materialize(demo_server, tmp_path, loaded)
+        assert _refresh_metadata(result)["refresh_mode"] == "incremental"
+    fresh = _full_load_of_current_data(demo_server, tmp_path)
+    assert_same_tables(loaded.database, fresh.database)
+
+
+def test_server_ignoring_event_id_falls_back_to_full_with_a_warning(demo_server, tmp_path, loaded):
+    demo_server.behaviour.evolve(1)
+    demo_server.behaviour.ignore_event_filter = True
+
+    instance = dg.DagsterInstance.ephemeral()
+
+    result = _materialize(demo_server, tmp_path, loaded, mode="incremental", instance=instance)
+
+    assert result.success
+    meta = _refresh_metadata(result)
+    assert meta["refresh_mode"] == "full"
+    assert "ignores the eventId filter" in meta["refresh_reason"]
+    warnings = [
+        entry.user_message
+        for entry in instance.all_logs(result.run_id)
+        if entry.level == logging.WARNING
+    ]
+    assert any("ignores the eventId filter" in message for message in warnings)
+    demo_server.behaviour.ignore_event_filter = False
+    fresh = _full_load_of_current_data(demo_server, tmp_path)
+    assert_same_tables(loaded.database, fresh.database)
+
+
+def test_global_count_disagreeing_falls_back_to_full_in_auto(demo_server, tmp_path, loaded):
+    # A settled event's transaction disappears: no event changed, so only the count can tell.
+    demo_server.behaviour.mutate("transactions", delete=1, at=0)
+
+    result = _materialize(demo_server, tmp_path, loaded)
+
+    meta = _refresh_metadata(result)
+    assert meta["refresh_mode"] == "full"
+    assert "server counts" in meta["refresh_reason"]
+    assert meta["dagster/row_count"] == demo_server.dataset.count("transactions")
+    fresh = _full_load_of_current_data(demo_server, tmp_path)
+    assert_same_tables(loaded.database, fresh.database)
+
+
+def test_global_count_disagreeing_fails_incremental_mode_and_keeps_tables(
+    demo_server, tmp_path, loaded
+):
+    before = _snapshot(loaded.database)
+    demo_server.behaviour.mutate("transactions", delete=1, at=0)
+
+    result = _materialize(
+        demo_server, tmp_path, loaded, assets=RAW_ASSETS, mode="incremental", raise_on_error=False
+    )
+
+    assert not result.success
+    failure = next(e for e in result.all_events if e.is_step_failure)
+    error = failure.step_failure_data.error
+    message = error.cause.message if error.cause else error.message
+    assert "server counts" in message and "refresh_mode=full" in message
+    assert _snapshot(loaded.database) == before
+
+
+def test_deleted_event_drops_its_transactions(demo_server, tmp_path, loaded):
+    gone = demo_server.dataset.item("events", 5)["_id"]
+    removed = demo_server.dataset.delete_event(5)
+    assert removed > 0
+
+    result = _materialize(demo_server, tmp_path, loaded)
+
+    meta = _refresh_metadata(result)
+    assert meta["refresh_mode"] == "incremental"
+    assert (meta["events_removed"], meta["transactions_removed"]) == (1, removed)
+    with duckdb.connect(loaded.database, read_only=True) as conn:
+        left = conn.execute(
+            "SELECT count(*) FROM raw.transactions WHERE event_id = ?", [gone]
+        ).fetchone()[0]
+    assert left == 0
+    fresh = _full_load_of_current_data(demo_server, tmp_path)
+    assert_same_tables(loaded.database, fresh.database)
+
+
+def test_failure_mid_merge_leaves_previous_table_and_state_untouched(
+    demo_server, tmp_path, loaded, monkeypatch
+):
+    before = _snapshot(loaded.database)
+    demo_server.behaviour.evolve(1)
+    deleted = []
+    real_delete = incremental._delete_replaced
+
+    def delete(conn):
+        deleted.append(real_delete(conn))
+        return deleted[-1]
+
+    def fail_to_insert(conn):
+        raise RuntimeError("disk full (simulated) between the delete and the insert")
+
+    monkeypatch.setattr(incremental, "_delete_replaced", delete)
+    monkeypatch.setattr(incremental, "_insert_staged", fail_to_insert)
+
+    result = _materialize(demo_server, tmp_path, loaded, assets=RAW_ASSETS, raise_on_error=False)
+
+    assert not result.success and deleted
+    assert _snapshot(loaded.database) == before
+    with duckdb.connect(loaded.database, read_only=True) as conn:
+        stages = conn.execute(
+            "SELECT count(*) FROM duckdb_tables() WHERE table_name LIKE '\\_stage%' ESCAPE '\\'"
+        ).fetchone()[0]
+    assert stages == 0
+
+
+def test_auto_runs_full_when_the_last_full_refresh_is_too_old(demo_server, tmp_path, loaded):
+    with duckdb.connect(str(loaded.working_path)) as conn:  # what the pipeline reads
+        conn.execute("UPDATE meta.refresh_state SET last_full_at = last_full_at - INTERVAL 8 DAY")
+
+    result = _materialize(demo_server, tmp_path, loaded, assets=RAW_ASSETS)
+
+    meta = _refresh_metadata(result)
+    assert meta["refresh_mode"] == "full"
+    assert "full_refresh_every_days=7" in meta["refresh_reason"]
+    with duckdb.connect(loaded.database, read_only=True) as conn:
+        last_full = conn.execute("SELECT last_full_at FROM meta.refresh_state").fetchone()[0]
+    assert datetime.now(UTC).replace(tzinfo=None) - last_full < timedelta(hours=1)
+
+
+def test_run_config_full_forces_a_full_refresh(demo_server, tmp_path, loaded):
+    result = _materialize(demo_server, tmp_path, loaded, assets=RAW_ASSETS, mode="full")
+
+    meta = _refresh_metadata(result)
+    assert (meta["refresh_mode"], meta["refresh_reason"]) == (
+        "full",
+        "refresh_mode=full was asked for",
+    )
+
+
+def test_warehouse_refresh_mode_full_forces_a_full_refresh(demo_server, tmp_path, loaded):
+    forced = _warehouse(tmp_path, "incremental.duckdb", refresh_mode="full")
+
+    result = _materialize(demo_server, tmp_path, forced, assets=RAW_ASSETS)
+
+    assert _refresh_metadata(result)["refresh_mode"] == "full"
+
+
+def test_lookback_refetches_events_whose_last_state_change_is_recent(demo_server, tmp_path, loaded):
+    # The demo's history dates lie in 2024-2025: a lookback of 10 years covers every event.
+    wide = _warehouse(tmp_path, "incremental.duckdb", lookback_days=3650)
+
+    result = _materialize(demo_server, tmp_path, wide, assets=RAW_ASSETS, mode="incremental")
+
+    meta = _refresh_metadata(result)
+    events = demo_server.dataset.count("events")
+    assert meta["refresh_mode"] == "incremental"
+    assert (meta["events_refetched"], meta["events_recent"]) == (events, events)
+    assert (meta["transactions_added"], meta["transactions_changed"]) == (0, 0)
+    assert meta["transactions_removed"] == 0
+
+
+def test_auto_runs_full_when_most_events_need_refetching(demo_server, tmp_path, loaded):
+    wide = _warehouse(tmp_path, "incremental.duckdb", lookback_days=3650)
+
+    result = _materialize(demo_server, tmp_path, wide)
+
+    meta = _refresh_metadata(result)
+    assert meta["refresh_mode"] == "full"
+    assert "paging the whole list is cheaper" in meta["refresh_reason"]
+
+
+def test_transactions_alone_without_fresh_events_run_full_in_auto(demo_server, tmp_path, loaded):
+    result = _materialize(demo_server, tmp_path, loaded, selection=["raw_transactions"])
+
+    meta = _refresh_metadata(result)
+    assert meta["refresh_mode"] == "full"
+    assert "raw.events was not reloaded" in meta["refresh_reason"]
+
+
+def test_every_raw_asset_reports_its_refresh_mode_and_bytes(demo_server, tmp_path, loaded):
+    result = _materialize(demo_server, tmp_path, loaded, assets=RAW_ASSETS)
+
+    for key in ("raw_events", "raw_event_groups", "raw_transactions"):
+        (event,) = result.asset_materializations_for_node(key)
+        assert {"refresh_mode", "refresh_reason", "bytes_fetched"} <= set(event.metadata)
+
+
+def test_refresh_mode_rejects_unknown_values():
+    with pytest.raises(ValueError, match="auto, full, incremental"):
+        FieldSalesWarehouse(database="x.duckdb", refresh_mode="sometimes")
+
+
+# --- choose_mode, the pure decision ----------------------------------------------------------
+
+
+def _previous(**changes) -> PreviousLoad:
+    settings = {
+        "last_full_at": NOW - timedelta(days=2),
+        "last_load_at": NOW - timedelta(days=1),
+        "rows_recorded": 100,
+        "rows_stored": 100,
+        "events_loaded_at_recorded": NOW - timedelta(days=1),
+        "events_loaded_at_now": NOW - timedelta(minutes=5),
+    }
+    return PreviousLoad(**{**settings, **changes})
+
+
+def _choose(requested, previous):
+    return choose_mode(requested, previous, now=NOW, full_refresh_every_days=7)
+
+
+def test_choose_mode_auto_is_incremental_after_a_recent_full_load():
+    assert _choose("auto", _previous()).mode == "incremental"
+
+
+def test_choose_mode_first_load_is_full_even_when_incremental_is_asked():
+    assert _choose("incremental", None).mode == "full"
+
+
+def test_choose_mode_auto_is_full_at_full_refresh_every_days():
+    decision = _choose("auto", _previous(last_full_at=NOW - timedelta(days=7)))
+    assert decision.mode == "full" and "7.0 days ago" in decision.reason
+
+
+def test_choose_mode_incremental_ignores_the_full_refresh_age():
+    assert _choose("incremental", _previous(last_full_at=NOW - timedelta(days=70))).mode == (
+        "incremental"
+    )
+
+
+def test_choose_mode_full_when_the_table_was_changed_outside_the_loader():
+    decision = _choose("auto", _previous(rows_stored=99))
+    assert decision.mode == "full" and "changed outside" in decision.reason
+
+
+def test_choose_mode_incremental_with_stale_events_fails_clearly():
+    stale = _previous(events_loaded_at_now=NOW - timedelta(days=1))
+    assert _choose("auto", stale).mode == "full"
+    with pytest.raises(IncrementalRefreshError, match="Materialize raw_events"):
+        _choose("incremental", stale)
