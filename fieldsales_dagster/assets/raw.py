@@ -72,7 +72,13 @@ def build_raw_asset(endpoint: ListEndpoint, description: str) -> dg.AssetsDefini
         warehouse: FieldSalesWarehouse,
     ) -> dg.MaterializeResult:
         with warehouse.get_connection() as conn:
-            report = load_list(fieldsales_api, conn, endpoint, log=context.log.info)
+            report = load_list(
+                fieldsales_api,
+                conn,
+                endpoint,
+                log=context.log.info,
+                max_shrink_fraction=warehouse.max_shrink_fraction,
+            )
         return dg.MaterializeResult(
             metadata=_metadata(report), check_results=[_total_check(report)]
         )

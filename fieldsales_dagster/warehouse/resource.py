@@ -53,6 +53,15 @@ class FieldSalesWarehouse(DuckDBResource):
         default=30.0,
         description="How long to retry when a program outside this project holds the file.",
     )
+    max_shrink_fraction: float = Field(
+        default=0.5,
+        ge=0.0,
+        le=1.0,
+        description=(
+            "Largest share of a raw table's rows a full refresh may drop (0.5: half). A refresh "
+            "that would shrink it more, or empty a non-empty table, fails and keeps the old one."
+        ),
+    )
 
     @property
     def lock_path(self) -> Path:
