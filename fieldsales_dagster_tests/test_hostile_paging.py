@@ -118,7 +118,7 @@ def test_null_items_are_reported_as_null_items(warehouse):
 
     with (
         HostileServer(no_total(page)) as server,
-        pytest.raises(PageFormatError, match=r"skip=200\) answered 5 `null` items"),
+        pytest.raises(PageFormatError, match=r"skip=\d+\) answered 5 `null` items among 5"),
     ):
         load(hostile_api(server), warehouse)
 
