@@ -217,6 +217,7 @@ def test_resource_has_no_setting_it_ignores():
         "refresh_mode",
         "full_refresh_every_days",
         "lookback_days",
+        "max_shrink_fraction",
     }
 
 

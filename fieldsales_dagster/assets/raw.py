@@ -28,13 +28,21 @@ def raw_asset_name(endpoint: ListEndpoint) -> str:
 
 
 class RawRefreshConfig(dg.Config):
-    """Run config of a raw asset: force the refresh mode of one run."""
+    """Run config of a raw asset: force the refresh mode of one run, or allow a large shrink."""
 
     refresh_mode: str | None = Field(
         default=None,
         description=(
             "auto | full | incremental for this run (raw_transactions; events and event groups "
             "are always fetched whole). Empty: the warehouse's refresh_mode."
+        ),
+    )
+
+    allow_shrink: bool = Field(
+        default=False,
+        description=(
+            "Let this run replace a raw table with one that is empty or more than "
+            "max_shrink_fraction smaller (a tenant whose data was really deleted)."
         ),
     )
 
@@ -131,6 +139,8 @@ def build_raw_asset(
                 policy,
                 log=context.log.info,
                 warn=context.log.warning,
+                max_shrink_fraction=warehouse.max_shrink_fraction,
+                allow_shrink=config.allow_shrink,
                 before_swap=lambda staged: redacted.append(
                     prepare_raw_table(conn, staged, name, warehouse)
                 ),

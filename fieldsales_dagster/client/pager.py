@@ -1,4 +1,21 @@
-"""One pass over a list endpoint: windows of ``skip``, several requests in flight."""
+"""One pass over a list endpoint: windows of ``skip``, several requests in flight.
+
+Rules a server cannot break without the pass stopping and saying what the server did:
+
+* ``skip`` advances by the items a page returned (SPEC): windows are planned from the latest
+  page's size, a page that returns less leaves the rest of its window to a follow-up request, and
+  a page that returns more than its window re-plans the stride (its overflow, which the next window
+  also holds, is dropped). Windows are planned lazily, a few ahead of the requests in flight, so a
+  claimed total of 1e12 costs no memory;
+* a page whose items are all ids already received brings nothing: after
+  ``NO_NEW_IDS_PAGES`` such pages the server is paging forever (it ignores ``skip``, or repeats a
+  page past the end) and the pass fails;
+* a pass holds at most ``max_pages_per_pass`` pages;
+* a total that equals a full first page may be the page's size, not the list's: the next page is
+  asked for, and must be empty, before the total is trusted;
+* an empty page far short of the total the server claims makes the total implausible;
+* ``null`` where an item belongs is an error naming the page.
+"""
 
 from __future__ import annotations
 
@@ -13,10 +30,22 @@ from typing import TYPE_CHECKING
 import msgspec
 
 from fieldsales_dagster.client.endpoints import ListEndpoint
-from fieldsales_dagster.client.errors import PageFormatError
+from fieldsales_dagster.client.errors import FieldSalesAPIError, PageFormatError
 
 if TYPE_CHECKING:
     from fieldsales_dagster.client.resource import FieldSalesAPI
+
+#: Pages whose ids were all received before, in one pass, that prove the server pages forever.
+#: A list that moves can shift a whole page of known ids under a window once; three cannot be
+#: told apart from a server that ignores ``skip``.
+NO_NEW_IDS_PAGES = 3
+
+#: Item keys decoded per item: ``_id`` first, then the endpoint's extra columns' keys.
+ItemKeys = tuple[str | int | float | None, ...]
+
+
+class PagingError(FieldSalesAPIError):
+    """The server's pages cannot be a list: it pages forever, or claims an implausible total."""
 
 
 @dataclass
@@ -27,6 +56,8 @@ class Page:
     items: list[msgspec.Raw]
     total: int | None
     nbytes: int
+    #: Each item's ``_id`` and extra-column keys (see ``item_keys``), where already decoded.
+    keys: list[ItemKeys] | None = None
 
     @property
     def n(self) -> int:
@@ -49,6 +80,14 @@ class ListStats:
     total: int | None = None
     #: Every distinct total the server reported during the pass, in order of arrival.
     totals_seen: list[int] = field(default_factory=list)
+    #: A request sent after another had answered reported a smaller total: items were deleted.
+    total_decreased: bool = False
+    #: The server's total turned out to be a page size (the page after it was not empty).
+    total_unreliable: bool = False
+    #: Largest total reported by a request that has answered.
+    max_total_answered: int | None = None
+    #: Every answered page as ``(skip, items, total)``: where the list moved under the pass.
+    answers: list[tuple[int, int, int | None]] = field(default_factory=list)
     _lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
 
     def count(self, **deltas: int) -> None:
@@ -56,15 +95,64 @@ class ListStats:
             for name, delta in deltas.items():
                 setattr(self, name, getattr(self, name) + delta)
 
+    def record_total(self, total: int, baseline: int | None) -> None:
+        """A page reported ``total``; ``baseline`` was ``max_total_answered`` when it was sent."""
+        with self._lock:
+            if not self.totals_seen or self.totals_seen[-1] != total:
+                self.totals_seen.append(total)
+            self.total = total
+            if baseline is not None and total < baseline:
+                self.total_decreased = True
+            if self.max_total_answered is None or total > self.max_total_answered:
+                self.max_total_answered = total
+
+
+def key_decoder(endpoint: ListEndpoint) -> msgspec.json.Decoder:
+    """Decodes an item's ``_id`` and extra-column keys, skipping every other field."""
+    keys = ("_id", *(key for _, key in endpoint.extra_columns))
+    struct = msgspec.defstruct(
+        "ItemKeys",
+        [
+            (f"k{i}", str | int | float | None, msgspec.field(default=None, name=key))
+            for i, key in enumerate(keys)
+        ],
+    )
+    return msgspec.json.Decoder(struct)
+
+
+_NULL = object()
+
+
+def item_keys(items: list[msgspec.Raw], decode: msgspec.json.Decoder) -> list[ItemKeys | object]:
+    """Each item's keys; ``_NULL`` for an item that is JSON ``null``."""
+    out: list[ItemKeys | object] = []
+    names = [f.encode_name for f in msgspec.structs.fields(decode.type)]
+    for item in items:
+        try:
+            out.append(msgspec.structs.astuple(decode.decode(item)))
+        except msgspec.ValidationError:  # not an object, or a key holding an object or a list
+            doc = msgspec.json.decode(item)
+            if doc is None:
+                out.append(_NULL)
+                continue
+            doc = doc if isinstance(doc, dict) else {}
+            values = [doc.get(name) for name in names]
+            out.append(tuple(v if isinstance(v, str | int | float) else None for v in values))
+    return out
+
+
+def _identity(keys: ItemKeys, item: msgspec.Raw) -> int:
+    """What tells items apart: the ``_id``, or the whole item where it has none."""
+    item_id = keys[0]
+    return hash(("id", str(item_id))) if item_id is not None else hash(bytes(item))
+
 
 class Pager:
-    """Schedules the requests of one pass.
+    """Schedules the requests of one pass over ``[start, stop)`` of a list.
 
-    Windows ``[start, end)`` of the list are asked for from ``start``; a page that returns fewer
-    items than its window holds leaves the rest of the window to a follow-up request, so a server
-    that caps ``limit`` (at any depth) still yields every item. The first page sets the stride.
-    With a total, every window is known at once and fetched concurrently; without one, windows
-    are opened ``concurrency`` ahead until a page comes back empty.
+    With a total, windows run up to it (and follow it when it grows); without one, windows are
+    opened ``concurrency`` ahead until a page comes back empty. ``stop`` bounds a partial pass
+    (the loader's repairs); the total is then recorded but not followed.
     """
 
     def __init__(
@@ -72,86 +160,194 @@ class Pager:
         api: FieldSalesAPI,
         endpoint: ListEndpoint,
         stats: ListStats,
-        progress: Callable[[ListStats], None] | None,
+        progress: Callable[[ListStats], None] | None = None,
+        *,
+        start: int = 0,
+        stop: int | None = None,
     ):
         self.api = api
         self.endpoint = endpoint
         self.stats = stats
         self.progress = progress
-        self.pending: deque[tuple[int, int]] = deque()
-        self.end: int | None = None  # first skip known to be past the list (no total)
-        self.opened_to = 0  # windows exist for [0, opened_to)
+        self.start = start
+        self.stop = stop
+        self.decode = key_decoder(endpoint)
+        self.followups: deque[tuple[int, int]] = deque()
+        self.limit: int | None = stop  # where windows end; None: until an empty page
+        self.end: int | None = None  # first skip known to be past the list
+        self.opened_to = start  # windows exist for [start, opened_to)
         self.stride = 0
+        self.pages = 0
+        self.seen: set[int] = set()
+        self.first_ids: set[int] = set()
+        self.no_new_pages = 0
+        self.use_totals = True
 
-    def _record(self, page: Page) -> None:
-        self.stats.count(pages=1, items=page.n, bytes=page.nbytes)
-        if page.total is not None:
-            with self.stats._lock:
-                if not self.stats.totals_seen or self.stats.totals_seen[-1] != page.total:
-                    self.stats.totals_seen.append(page.total)
-                self.stats.total = page.total
+    # --- checks of one page -------------------------------------------------------------
 
-    def _open_windows(self, limit: int) -> None:
-        """Plan windows up to ``limit`` (the total)."""
-        while self.opened_to < limit:
-            end = min(self.opened_to + self.stride, limit)
-            self.pending.append((self.opened_to, end))
-            self.opened_to = end
+    def _where(self, skip: int) -> str:
+        return f"GET {self.endpoint.path} (skip={skip})"
 
-    def _open_speculative(self, in_flight: int) -> None:
-        while self.end is None and len(self.pending) + in_flight < self.api.concurrency:
-            self.pending.append((self.opened_to, self.opened_to + self.stride))
-            self.opened_to += self.stride
+    def _admit(self, page: Page, baseline: int | None, keep: int | None = None) -> Page:
+        """Record the page, check it, and keep its first ``keep`` items (all by default)."""
+        self.pages += 1
+        self.stats.count(pages=1, bytes=page.nbytes)
+        self.stats.answers.append((page.skip, page.n, page.total if self.use_totals else None))
+        if page.total is not None and self.use_totals:
+            self.stats.record_total(page.total, baseline)
+        if self.pages > self.api.max_pages_per_pass:
+            raise PagingError(
+                f"{self._where(page.skip)}: {self.pages} pages in one pass over "
+                f"{self.endpoint.name} ({self.stats.items} items so far), more than "
+                f"max_pages_per_pass={self.api.max_pages_per_pass}: the server seems to page "
+                "forever. If the list really is that long, raise max_pages_per_pass."
+            )
+        keys = item_keys(page.items, self.decode)
+        nulls = sum(1 for k in keys if k is _NULL)
+        if nulls:
+            raise PageFormatError(
+                f"{self._where(page.skip)} answered {nulls} `null` items among {page.n}: the "
+                f"server sent null where an item of {self.endpoint.name} belongs, so the list "
+                "cannot be stored as received. Report it to the Field-Sales service."
+            )
+        keep = page.n if keep is None else keep
+        items, page_keys = page.items[:keep], keys[:keep]
+        ids = {_identity(k, item) for k, item in zip(page_keys, items, strict=True)}  # type: ignore[arg-type]
+        new = ids - self.seen
+        if self.pages == 1:
+            self.first_ids = ids
+        if ids and not new:
+            self.no_new_pages += 1
+            if self.no_new_pages >= NO_NEW_IDS_PAGES:
+                raise PagingError(self._no_new_ids_message(page, ids))
+        self.seen |= new
+        self.stats.count(items=len(items))
+        return Page(page.skip, items, page.total, page.nbytes, page_keys)  # type: ignore[arg-type]
+
+    def _no_new_ids_message(self, page: Page, ids: set[int]) -> str:
+        if page.skip != self.start and ids == self.first_ids:
+            what = (
+                f"the same items as skip={self.start}: the server ignores `skip`, so the list "
+                "cannot be paged"
+            )
+        else:
+            what = (
+                "only items already received on earlier pages: the server repeats pages (for "
+                "example its last page for any skip past the end) instead of answering an "
+                "empty page"
+            )
+        return (
+            f"{self._where(page.skip)} answered {page.n} items, {what}. {NO_NEW_IDS_PAGES} pages "
+            f"of {self.endpoint.name} brought no new id; stopped after {self.pages} pages. "
+            "Nothing was replaced; report it to the Field-Sales service."
+        )
+
+    def _check_empty(self, skip: int, page: Page) -> None:
+        """An empty page at ``skip``: the list ends here, unless the claimed total is absurd."""
+        claimed = page.total if page.total is not None and self.use_totals else None
+        if claimed is None and self.stop is None and self.use_totals:
+            claimed = self.limit
+        if claimed is not None and claimed > 2 * skip + max(self.stride, 1):
+            raise PagingError(
+                f"{self._where(skip)} answered no items while the server reports a total of "
+                f"{claimed} {self.endpoint.name}; the pages end at {skip}, far short of it. The "
+                "total is not plausible; nothing was replaced. Report it to the Field-Sales "
+                "service."
+            )
+        self.end = skip if self.end is None else min(self.end, skip)
+
+    # --- planning -----------------------------------------------------------------------
+
+    def _next_window(self, in_flight: int) -> tuple[int, int] | None:
+        if self.followups:
+            return self.followups.popleft()
+        if self.end is not None and self.opened_to >= self.end:
+            return None
+        if self.limit is not None:
+            if self.opened_to >= self.limit:
+                return None
+            window = (self.opened_to, min(self.opened_to + self.stride, self.limit))
+        elif in_flight < self.api.concurrency:
+            window = (self.opened_to, self.opened_to + self.stride)
+        else:
+            return None
+        self.opened_to = window[1]
+        return window
+
+    def _follow_total(self, page: Page) -> None:
+        grew = page.total is not None and (self.limit is None or page.total > self.limit)
+        if self.stop is None and self.use_totals and grew:
+            self.limit = page.total  # the list grew: ask for the rest
+
+    def _probe_total(self, first: Page) -> Iterator[Page]:
+        """A total equal to a full first page may be the page's size: the next page tells."""
+        if self.stop is not None or not (first.total is not None and first.total == first.n):
+            return
+        probe = self.api.fetch_page(self.endpoint, self.start + first.n, self.stats)
+        if probe.n == 0:
+            self.end = self.start + first.n
+            self._admit(probe, None)
+            return
+        # Every page reports its own size: page until an empty page, as without a total.
+        self.use_totals = False
+        self.limit = self.stop
+        with self.stats._lock:
+            self.stats.total_unreliable = True
+            self.stats.total = None
+            self.stats.totals_seen.clear()
+            self.stats.max_total_answered = None
+        page = self._admit(probe, None)
+        self.opened_to = probe.skip + probe.n
+        yield page
 
     def run(self) -> Iterator[Page]:
-        first = self.api.fetch_page(self.endpoint, 0, self.stats)
-        self._record(first)
-        started = time.monotonic()
-        last_progress = started
+        first = self._admit(self.api.fetch_page(self.endpoint, self.start, self.stats), None)
         yield first
         if first.n == 0:
+            self._check_empty(self.start, first)
             return
         self.stride = first.n
-        self.opened_to = first.n
-        first_item = bytes(first.items[0])
-        known_total = first.total
-        if known_total is not None:
-            self._open_windows(known_total)
+        self.opened_to = self.start + first.n
+        self._follow_total(first)
+        yield from self._probe_total(first)
+        last_progress = time.monotonic()
 
         pool = ThreadPoolExecutor(
             max_workers=self.api.concurrency, thread_name_prefix=f"fieldsales-{self.endpoint.name}"
         )
-        in_flight: dict[Future[Page], tuple[int, int]] = {}
+        in_flight: dict[Future[Page], tuple[int, int, int | None]] = {}
         try:
             while True:
-                if known_total is None:
-                    self._open_speculative(len(in_flight))
-                while self.pending and len(in_flight) < self.api.concurrency:
-                    start, end = self.pending.popleft()
+                while len(in_flight) < self.api.concurrency:
+                    window = self._next_window(len(in_flight))
+                    if window is None:
+                        break
+                    start, end = window
                     if self.end is not None and start >= self.end:
                         continue
                     future = pool.submit(self.api.fetch_page, self.endpoint, start, self.stats)
-                    in_flight[future] = (start, end)
+                    in_flight[future] = (start, end, self.stats.max_total_answered)
                 if not in_flight:
                     return
                 done, _ = wait(in_flight, return_when=FIRST_COMPLETED)
                 for future in done:
-                    start, end = in_flight.pop(future)
-                    page = future.result()
-                    self._record(page)
-                    if page.n and bytes(page.items[0]) == first_item:
-                        raise PageFormatError(
-                            f"GET {self.endpoint.path} (skip={start}) answered the same items as "
-                            "skip=0: the server ignores `skip`, so the list cannot be paged."
-                        )
-                    if page.n == 0:
-                        # The list ends here (or shrank under us: the loader's check decides).
-                        self.end = start if self.end is None else min(self.end, start)
-                    elif start + page.n < end:
-                        self.pending.appendleft((start + page.n, end))
-                    grew = page.total is not None and page.total > self.opened_to
-                    if grew and known_total is not None:
-                        self._open_windows(page.total)  # the list grew: ask for the rest
+                    start, end, baseline = in_flight.pop(future)
+                    answer = future.result()
+                    if answer.n == 0:
+                        self._admit(answer, baseline)
+                        self._check_empty(start, answer)
+                        continue
+                    if answer.n != end - start and answer.n != self.stride:
+                        self.stride = answer.n  # the server's page size changed: re-plan
+                    keep = None
+                    if start + answer.n < end:
+                        self.followups.appendleft((start + answer.n, end))
+                    elif end < self.opened_to:
+                        keep = end - start  # the overflow is the next window's, already planned
+                    else:
+                        self.opened_to = start + answer.n  # the last window brought more
+                    page = self._admit(answer, baseline, keep)
+                    self._follow_total(answer)
                     if page.n:
                         yield page
                 now = time.monotonic()
@@ -162,3 +358,26 @@ class Pager:
             for future in in_flight:
                 future.cancel()
             pool.shutdown(wait=True, cancel_futures=True)
+
+
+def gap_windows(
+    answers: list[tuple[int, int, int | None]], total_now: int, slack: int = 2
+) -> list[tuple[int, int]]:
+    """Where a pass may have missed items because the list grew while pages were in flight.
+
+    Two adjacent pages answered out of order around an insertion ahead of them: the lower one saw
+    the longer list (its items shifted further), so the items between the two were in neither.
+    Each such boundary gives the window ``[start, stop)`` (today's positions) that holds them.
+    """
+    gaps: list[tuple[int, int]] = []
+    ordered = sorted((a for a in answers if a[2] is not None and a[1] > 0), key=lambda a: a[0])
+    for (s1, n1, t1), (s2, _, t2) in zip(ordered, ordered[1:], strict=False):
+        if s1 < s2 <= s1 + n1 and t1 > t2:  # type: ignore[operator]
+            end = s1 + n1
+            start = max(0, end + total_now - t1 - slack)  # type: ignore[operator]
+            stop = end + total_now - t2 + slack  # type: ignore[operator]
+            if gaps and start <= gaps[-1][1]:
+                gaps[-1] = (gaps[-1][0], max(stop, gaps[-1][1]))
+            else:
+                gaps.append((start, stop))
+    return gaps

@@ -134,6 +134,15 @@ class FieldSalesAPI(dg.ConfigurableResource):
         ge=1,
         description="Passes over a list whose distinct ids disagree with the final total.",
     )
+    max_pages_per_pass: int = Field(
+        default=100_000,
+        ge=1,
+        le=10_000_000,
+        description=(
+            "Most pages one pass over a list may take (100,000 pages of 500 items is 50 million "
+            "items); a server that pages forever fails the load when it is reached."
+        ),
+    )
     max_retry_after_s: float = Field(
         default=300.0, ge=0, description="Longest Retry-After honoured before giving up."
     )

@@ -250,15 +250,20 @@ def refresh_raw_list(
     log: Callable[[str], None] = lambda message: None,
     warn: Callable[[str], None] = lambda message: None,
     before_swap: Callable[[str], None] | None = None,
+    max_shrink_fraction: float = 0.5,
+    allow_shrink: bool = False,
 ) -> RefreshReport:
     """Load one list into its raw table in the mode the policy calls for.
 
     ``before_swap(staging_table)`` runs on the rows about to be stored (the whole new table, or
     an incremental run's re-fetched rows) before they reach the raw table (redaction, comments).
     """
+    shrink = {"max_shrink_fraction": max_shrink_fraction, "allow_shrink": allow_shrink}
     if endpoint.raw_table == TRANSACTIONS.raw_table:
-        return refresh_transactions(api, conn, policy, log=log, warn=warn, before_swap=before_swap)
-    report = load_list(api, conn, endpoint, log=log, before_swap=before_swap)
+        return refresh_transactions(
+            api, conn, policy, log=log, warn=warn, before_swap=before_swap, shrink=shrink
+        )
+    report = load_list(api, conn, endpoint, log=log, before_swap=before_swap, **shrink)
     return RefreshReport(
         load=report,
         mode="full",
@@ -276,6 +281,7 @@ def refresh_transactions(
     warn: Callable[[str], None] = lambda message: None,
     now: datetime | None = None,
     before_swap: Callable[[str], None] | None = None,
+    shrink: dict[str, object] | None = None,
 ) -> RefreshReport:
     now = now or datetime.now(UTC)
     decision = choose_mode(
@@ -303,7 +309,7 @@ def refresh_transactions(
             decision = ModeDecision("full", f"fell back from incremental: {exc}")
             spent = exc.bytes_fetched
     _fingerprint_current_events(conn)
-    report = load_list(api, conn, TRANSACTIONS, log=log, before_swap=before_swap)
+    report = load_list(api, conn, TRANSACTIONS, log=log, before_swap=before_swap, **(shrink or {}))
     _write_state(conn, mode="full", at=now, rows=report.rows)
     return RefreshReport(
         load=report, mode="full", reason=decision.reason, bytes_fetched=report.bytes + spent

@@ -1,47 +1,58 @@
 """Load one list endpoint into its ``raw.*`` table: stream pages into a staging table, check, swap.
 
 Pages go to DuckDB as bytes. Each item (already validated JSON) becomes one spool line,
-``id \x01 [extra columns \x01] payload``, its ids read in Python by a decoder that skips every
-other field; every ``spool_bytes`` a separate thread hands the spool to DuckDB's CSV reader (one
-column per ``\x01``-separated field: valid JSON never holds a raw control byte) in one
-``INSERT``. Fetching, spooling and inserting overlap, and memory holds a few pages whatever the
-list's size; the spool waits on disk, not in memory.
+``id \x01 [extra columns \x01] payload``, its ids decoded once by the pager; every
+``spool_bytes`` a separate thread hands the spool to DuckDB's CSV reader (one column per
+``\x01``-separated field: valid JSON never holds a raw control byte) in one ``INSERT``. Fetching,
+spooling and inserting overlap, and memory holds a few pages whatever the list's size; the spool
+waits on disk beside the database (``<db dir>/.fieldsales_spool/``), not in memory.
 
-A pass is accepted only when nothing shows the list moved while it was paged: the total stayed
-the same, no id came twice, and the distinct ids equal the final total. Otherwise the whole list
-is paged again, up to ``max_list_passes`` times, before the load fails. The previous table is
-replaced only after that check, in one transaction.
+After a pass, ``judge_pass`` (a pure function of the pass's counts) decides: accept it, repair it
+(re-fetch the head and the tail of a list that grew while it was paged), page the list again, or
+fail saying what the server sent. The previous table is replaced only after that, in one
+transaction, and never by one that would empty it or shrink it by more than
+``max_shrink_fraction`` unless ``allow_shrink``. A load starts by removing what a killed load left
+behind: ``_stage_*`` tables and spool folders.
 """
 
 from __future__ import annotations
 
 import queue
+import shutil
 import tempfile
 import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import UTC, datetime
+from enum import StrEnum
 from pathlib import Path
-from typing import TypeVar
 
 import duckdb
 import msgspec
 
 from fieldsales_dagster.client.endpoints import ListEndpoint
 from fieldsales_dagster.client.errors import FieldSalesAPIError
-from fieldsales_dagster.client.pager import ListStats, Page
+from fieldsales_dagster.client.pager import (
+    ListStats,
+    Page,
+    Pager,
+    gap_windows,
+    item_keys,
+    key_decoder,
+)
 from fieldsales_dagster.client.resource import FieldSalesAPI
 from fieldsales_dagster.warehouse.resource import qualified, quote_ident, replace_table
-
-T = TypeVar("T")
 
 #: Longest item DuckDB's reader accepts; a longer one fails the load loudly, never silently.
 #: The reader's buffer is twice that: larger buffers measured slower and took more memory.
 MAX_ITEM_BYTES = 4 * 1024 * 1024
 FIELD_SEP = b"\x01"
-#: Pages fetched ahead of the spooler, beyond the requests in flight (memory is pages × ~5 MB).
-PREFETCH_PAGES = 2
+#: Repair rounds (head and tail re-fetched) of one pass before the list is paged again.
+MAX_REPAIRS = 5
+#: Folder beside the database that holds spools while a load runs.
+SPOOL_DIR_NAME = ".fieldsales_spool"
+STAGE_PREFIX = "_stage_"
 
 
 class RawLoadError(RuntimeError):
@@ -50,6 +61,10 @@ class RawLoadError(RuntimeError):
 
 class IncompleteListError(FieldSalesAPIError):
     """Every pass over a list disagreed with the server's total."""
+
+
+class ShrinkRefusedError(RawLoadError):
+    """A refresh would have emptied a raw table, or shrunk it beyond the allowed fraction."""
 
 
 @dataclass
@@ -68,6 +83,8 @@ class LoadReport:
     seconds: float
     #: Lone surrogate escapes replaced by U+FFFD (strings the server cut mid-emoji).
     surrogates_replaced: int = 0
+    #: Rounds in which the head and tail of a list that grew were re-fetched.
+    repairs: int = 0
 
     @property
     def rows_per_second(self) -> float:
@@ -100,20 +117,6 @@ def _insert_sql(endpoint: ListEndpoint, table: str) -> str:
     )
 
 
-def _key_decoder(endpoint: ListEndpoint) -> msgspec.json.Decoder:
-    """Decodes an item's ``_id`` and extra-column keys, skipping every other field."""
-    keys = ("_id", *(key for _, key in endpoint.extra_columns))
-    fields = [(f"k{i}", str | int | float | None, None) for i in range(len(keys))]
-    struct = msgspec.defstruct(
-        "ItemKeys",
-        [
-            (name, typ, msgspec.field(default=default, name=key))
-            for (name, typ, default), key in zip(fields, keys, strict=True)
-        ],
-    )
-    return msgspec.json.Decoder(struct)
-
-
 def _clean_key(value: object) -> bytes:
     if value is None or isinstance(value, bool):
         return b""
@@ -125,21 +128,14 @@ def _clean_key(value: object) -> bytes:
 
 def spool_lines(page: Page, decode: msgspec.json.Decoder) -> bytes:
     """The page's items as spool lines: ``id \x01 [extras \x01] payload``, one per line."""
+    keys = page.keys if page.keys is not None else item_keys(page.items, decode)
     lines = []
-    for item in page.items:
+    for item, values in zip(page.items, keys, strict=True):
         payload = bytes(item)
         if b"\n" in payload or b"\r" in payload:
             # Only whitespace between tokens can hold a raw line break in valid JSON.
             payload = payload.replace(b"\r", b" ").replace(b"\n", b" ")
-        try:
-            values = msgspec.structs.astuple(decode.decode(item))
-        except msgspec.ValidationError:  # a key holding an object or a list: such keys stay empty
-            doc = msgspec.json.decode(item)
-            doc = doc if isinstance(doc, dict) else {}
-            values = [doc.get(field.encode_name) for field in msgspec.structs.fields(decode.type)]
-            values = [v if isinstance(v, str | int | float) else None for v in values]
-        keys = [_clean_key(value) for value in values]
-        lines.append(FIELD_SEP.join((*keys, payload)))
+        lines.append(FIELD_SEP.join((*(_clean_key(v) for v in values), payload)))  # type: ignore[union-attr]
     lines.append(b"")
     return b"\n".join(lines)
 
@@ -158,7 +154,7 @@ class StagingWriter:
     ):
         self.table = table
         self.sql = _insert_sql(endpoint, table)
-        self.decode = _key_decoder(endpoint)
+        self.decode = key_decoder(endpoint)
         self.loaded_at = loaded_at.replace(tzinfo=None)
         self.spool_dir = spool_dir
         self.spool_bytes = spool_bytes
@@ -207,7 +203,7 @@ class StagingWriter:
         data = spool_lines(page, self.decode)
         if self._file is None:
             self._spools += 1
-            self._path = self.spool_dir / f"spool-{self._spools}.txt"
+            self._path = self.spool_dir / f"{self.table}-{id(self)}-{self._spools}.txt"
             self._file = self._path.open("wb")
         self._file.write(data)
         self._size += len(data)
@@ -239,48 +235,220 @@ class StagingWriter:
             self._inserter.join()
 
 
-def prefetch(iterator: Iterator[T], depth: int) -> Iterator[T]:
-    """Run ``iterator`` in a background thread, at most ``depth`` items ahead of the consumer."""
-    buffer: queue.Queue[tuple[str, object]] = queue.Queue(maxsize=max(1, depth))
-    stop = threading.Event()
+# --- the pass-acceptance rule -----------------------------------------------------------------
 
-    def put(kind: str, value: object) -> bool:
-        while not stop.is_set():
-            try:
-                buffer.put((kind, value), timeout=0.1)
-                return True
-            except queue.Full:
-                continue
-        return False
 
-    def pump() -> None:
-        try:
-            for item in iterator:
-                if not put("item", item):
-                    break
-        except BaseException as exc:  # handed to the consumer, raised there
-            put("error", exc)
-        else:
-            put("done", None)
-        finally:
-            close = getattr(iterator, "close", None)
-            if close:
-                close()
+class Action(StrEnum):
+    ACCEPT = "accept"
+    REPAIR = "repair"
+    REPAGE = "repage"
+    FAIL = "fail"
 
-    thread = threading.Thread(target=pump, name="fieldsales-prefetch", daemon=True)
-    thread.start()
+
+@dataclass(frozen=True)
+class PassFacts:
+    """What one pass (with its repairs so far) staged, and what the server said meanwhile."""
+
+    rows: int
+    distinct: int
+    #: Distinct totals in order of arrival; empty when the server reports none.
+    totals_seen: tuple[int, ...]
+    #: A request sent after another had answered reported a smaller total.
+    total_decreased: bool
+    pass_number: int
+    max_passes: int
+    repairs: int = 0
+    max_repairs: int = MAX_REPAIRS
+    #: ``(rows, distinct)`` of the previous pass of this load, if there was one.
+    previous: tuple[int, int] | None = None
+
+    @property
+    def total(self) -> int | None:
+        return self.totals_seen[-1] if self.totals_seen else None
+
+    def describe(self) -> str:
+        """What the server sent, in words."""
+        repeated = self.rows - self.distinct
+        sent = f"{self.rows} items with {self.distinct} distinct ids ({repeated} sent twice)"
+        if self.total is None:
+            return sent + "; the server reports no total"
+        if len(self.totals_seen) == 1:
+            return sent + f"; every page reported a total of {self.total}"
+        seen = ", ".join(map(str, self.totals_seen))
+        return sent + f"; the total moved while it was paged: {seen}"
+
+
+@dataclass(frozen=True)
+class Verdict:
+    action: Action
+    reason: str
+    #: For ``REPAIR``: re-fetch ``[0, head)`` and everything from ``tail_from`` to the end.
+    head: int = 0
+    tail_from: int = 0
+
+
+def judge_pass(facts: PassFacts) -> Verdict:
+    """Accept a pass, repair it, page the list again, or fail; with the reason.
+
+    A pass is complete when its distinct ids equal the server's final total and nothing shows a
+    deleted item was fetched (a total that went down). A list that only grew is repaired where
+    it grows (head and tail) rather than paged again; the same counts in two passes in a row
+    are the server's list as it is (say, ids it lists twice), not a list that moves.
+    """
+    f = facts
+    last = f.pass_number >= f.max_passes
+    same_as_before = f.previous == (f.rows, f.distinct)
+    repeated = f.rows - f.distinct
+    total = f.total
+    if total is None:
+        if repeated == 0:
+            return Verdict(Action.ACCEPT, "every id came once; the server reports no total")
+        if same_as_before:
+            return Verdict(
+                Action.ACCEPT, f"the server lists {repeated} ids twice, the same in two passes"
+            )
+        if not last:
+            return Verdict(Action.REPAGE, f"{repeated} ids came twice: the list moved")
+        return Verdict(
+            Action.FAIL,
+            f"{f.describe()}, differently in each of {f.pass_number} passes: the list kept "
+            "changing while it was paged",
+        )
+
+    moved = len(f.totals_seen) > 1
+    if f.distinct == total:
+        if repeated == 0 and not moved:
+            return Verdict(Action.ACCEPT, "the distinct ids equal a total that stayed the same")
+        if not f.total_decreased and moved:
+            return Verdict(Action.ACCEPT, "the list only grew and every id it counts is here")
+        if not moved and (same_as_before or last):
+            return Verdict(
+                Action.ACCEPT, f"the distinct ids equal a stable total; {repeated} repeats dropped"
+            )
+    if f.distinct < total and moved and not f.total_decreased and f.repairs < f.max_repairs:
+        missing = total - f.distinct
+        return Verdict(
+            Action.REPAIR,
+            f"{missing} ids missing from a list that grew",
+            head=2 * missing,
+            tail_from=max(0, total - 2 * missing),
+        )
+    if f.distinct < total and not moved and f.rows == total and same_as_before:
+        return Verdict(
+            Action.ACCEPT,
+            f"the server lists {repeated} ids twice and counts every copy in its total, "
+            "the same in two passes",
+        )
+    if not last:
+        return Verdict(Action.REPAGE, f.describe())
+    if moved:
+        why = "the list kept changing while it was paged"
+    elif f.distinct > total:
+        why = "the server lists more distinct ids than its total counts"
+    elif f.rows < total:
+        why = "the server delivers fewer items than its total counts"
+    else:
+        why = "the server lists ids more than once, differently in each pass"
+    return Verdict(Action.FAIL, f"{f.describe()}: {why}")
+
+
+# --- loading ------------------------------------------------------------------------------------
+
+
+def spool_root(conn: duckdb.DuckDBPyConnection) -> Path | None:
+    """Where spools go: ``<db dir>/.fieldsales_spool/<db file name>/``; ``None`` in memory."""
+    row = conn.execute(
+        "SELECT path FROM duckdb_databases() WHERE database_name = current_database()"
+    ).fetchone()
+    if not row or not row[0]:
+        return None
+    database = Path(row[0]).resolve()
+    return database.parent / SPOOL_DIR_NAME / database.name
+
+
+def clean_leftovers(conn: duckdb.DuckDBPyConnection, schema: str, spools: Path | None) -> list[str]:
+    """Drop ``_stage_*`` tables and spool folders a killed load left behind; returns what went.
+
+    Safe because the caller holds the warehouse's write lock: no other load of this database runs.
+    """
+    stale = [
+        name
+        for (name,) in conn.execute(
+            "SELECT table_name FROM duckdb_tables() WHERE schema_name = ? AND starts_with"
+            "(table_name, ?)",
+            [schema, STAGE_PREFIX],
+        ).fetchall()
+    ]
+    for name in stale:
+        conn.execute(f"DROP TABLE IF EXISTS {quote_ident(schema)}.{quote_ident(name)}")
+    removed = [f"{schema}.{name}" for name in stale]
+    if spools is not None and spools.is_dir():
+        for leftover in spools.iterdir():
+            shutil.rmtree(leftover, ignore_errors=True) if leftover.is_dir() else leftover.unlink(
+                missing_ok=True
+            )
+            removed.append(str(leftover))
+    return removed
+
+
+def _table_rows(conn: duckdb.DuckDBPyConnection, table: str) -> int | None:
+    schema, _, name = table.partition(".")
+    exists = conn.execute(
+        "SELECT count(*) FROM duckdb_tables() WHERE schema_name = ? AND table_name = ?",
+        [schema, name],
+    ).fetchone()[0]
+    if not exists:
+        return None
+    return conn.execute(f"SELECT count(*) FROM {qualified(table)}").fetchone()[0]
+
+
+def check_shrink(
+    table: str, old_rows: int | None, new_rows: int, max_shrink_fraction: float, allow: bool
+) -> None:
+    """Refuse a refresh that empties ``table`` or shrinks it by more than the fraction."""
+    if allow or not old_rows or new_rows >= old_rows:
+        return
+    lost = 1 - new_rows / old_rows
+    if new_rows == 0 or lost > max_shrink_fraction:
+        what = "empty it" if new_rows == 0 else f"shrink it by {lost:.0%}"
+        raise ShrinkRefusedError(
+            f"{table}: the server now lists {new_rows} items where the table holds {old_rows}; "
+            f"replacing it would {what} (more than max_shrink_fraction="
+            f"{max_shrink_fraction:.0%}), so {table} was left as it was. If the data really "
+            "went away, run again allowing it (allow_shrink)."
+        )
+
+
+def _staged_counts(conn: duckdb.DuckDBPyConnection, stage: str) -> tuple[int, int]:
+    rows, distinct = conn.execute(
+        f"SELECT count(*), count(DISTINCT id) FROM {qualified(stage)}"
+    ).fetchone()
+    return rows, distinct
+
+
+def _stage_pages(
+    conn: duckdb.DuckDBPyConnection,
+    endpoint: ListEndpoint,
+    stage: str,
+    loaded_at: datetime,
+    spools: Path,
+    spool_bytes: int,
+    pagers: list[Pager],
+) -> None:
+    """Every page of ``pagers`` into ``stage``, in one insert transaction."""
+    writer = StagingWriter(conn, endpoint, stage, loaded_at, spools, spool_bytes)
     try:
-        while True:
-            kind, value = buffer.get()
-            if kind == "item":
-                yield value  # type: ignore[misc]
-            elif kind == "error":
-                raise value  # type: ignore[misc]
-            else:
-                return
+        for pager in pagers:
+            for page in pager.run():
+                writer.add(page)
+        writer.finish()
     finally:
-        stop.set()
-        thread.join()
+        writer.close()  # joins the inserter (and its transaction) before anything else runs
+    if writer.rows_inserted != writer.items_written:
+        raise FieldSalesAPIError(
+            f"{endpoint.name}: DuckDB read {writer.rows_inserted} items from the pages "
+            f"but the API returned {writer.items_written}; nothing was replaced."
+        )
 
 
 def load_list(
@@ -292,17 +460,28 @@ def load_list(
     spool_bytes: int = 32 * 1024 * 1024,
     spool_dir: Path | None = None,
     before_swap: Callable[[str], None] | None = None,
+    max_shrink_fraction: float = 0.5,
+    allow_shrink: bool = False,
 ) -> LoadReport:
     """Replace ``endpoint.raw_table`` with every item the server lists, or leave it untouched.
 
     ``before_swap(staging_table)`` runs on the complete staging table just before it replaces
-    the old one (redaction, comments).
+    the old one (redaction, comments). ``max_shrink_fraction``: the largest share of the current
+    table's rows a refresh may lose; emptying a non-empty table is always refused unless
+    ``allow_shrink``.
     """
     started = time.monotonic()
     loaded_at = datetime.now(UTC)
     schema = endpoint.schema
-    stage = f"{schema}._stage_{endpoint.table}"
+    stage = f"{schema}.{STAGE_PREFIX}{endpoint.table}"
     conn.execute(f"CREATE SCHEMA IF NOT EXISTS {quote_ident(schema)}")
+    spools = spool_dir if spool_dir is not None else spool_root(conn)
+    # A given spool_dir may be shared: only the folder this module owns is emptied.
+    removed = clean_leftovers(conn, schema, None if spool_dir is not None else spools)
+    if removed:
+        log(f"{endpoint.name}: removed what an interrupted load left behind: {', '.join(removed)}")
+    if spools is not None:
+        spools.mkdir(parents=True, exist_ok=True)
     totals = ListStats()  # summed over passes
 
     def progress(stats: ListStats) -> None:
@@ -313,55 +492,73 @@ def load_list(
             f"{time.monotonic() - started:.1f} s"
         )
 
-    last_problem = ""
-    with tempfile.TemporaryDirectory(prefix="fieldsales-spool-", dir=spool_dir) as tmp:
+    def stage_pages(pagers: list[Pager]) -> None:
+        try:
+            _stage_pages(conn, endpoint, stage, loaded_at, tmp, spool_bytes, pagers)
+        except BaseException:
+            conn.execute(f"DROP TABLE IF EXISTS {qualified(stage)}")
+            raise
+
+    previous: tuple[int, int] | None = None
+    facts: PassFacts | None = None
+    with tempfile.TemporaryDirectory(prefix=f"{endpoint.table}-", dir=spools) as tmp_name:
+        tmp = Path(tmp_name)
         for attempt in range(1, api.max_list_passes + 1):
             conn.execute(raw_table_ddl(endpoint, stage))
             stats = ListStats()
-            writer = StagingWriter(conn, endpoint, stage, loaded_at, Path(tmp), spool_bytes)
-            try:
-                for page in prefetch(api.iter_pages(endpoint, stats, progress), PREFETCH_PAGES):
-                    writer.add(page)
-                writer.finish()
-            except BaseException:
-                conn.execute(f"DROP TABLE IF EXISTS {qualified(stage)}")
-                raise
-            finally:
-                writer.close()
+            stage_pages([Pager(api, endpoint, stats, progress)])
+            repairs = 0
+            while True:
+                rows, distinct = _staged_counts(conn, stage)
+                facts = PassFacts(
+                    rows=rows,
+                    distinct=distinct,
+                    totals_seen=tuple(stats.totals_seen),
+                    total_decreased=stats.total_decreased,
+                    pass_number=attempt,
+                    max_passes=api.max_list_passes,
+                    repairs=repairs,
+                    previous=previous,
+                )
+                verdict = judge_pass(facts)
+                if verdict.action is not Action.REPAIR:
+                    break
+                repairs += 1
+                log(
+                    f"{endpoint.name}: pass {attempt}: {verdict.reason}; re-fetching items "
+                    f"0-{verdict.head} and from {verdict.tail_from} (repair {repairs})."
+                )
+                windows = [(0, verdict.head)]
+                if repairs == 1:  # boundaries the pass's pages straddled while the list grew
+                    windows += gap_windows(stats.answers, facts.total or 0)
+                stage_pages(
+                    [
+                        *(
+                            Pager(api, endpoint, stats, progress, start=a, stop=b)
+                            for a, b in windows
+                        ),
+                        Pager(api, endpoint, stats, progress, start=verdict.tail_from),
+                    ]
+                )
             for name in ("requests", "retries", "pages", "bytes"):
                 totals.count(**{name: getattr(stats, name)})
 
-            if writer.rows_inserted != writer.items_written:
-                raise FieldSalesAPIError(
-                    f"{endpoint.name}: DuckDB read {writer.rows_inserted} items from the pages "
-                    f"but the API returned {writer.items_written}; nothing was replaced."
-                )
-            rows, distinct = conn.execute(
-                f"SELECT count(*), count(DISTINCT id) FROM {qualified(stage)}"
-            ).fetchone()
-            # The list may move while it is paged (items inserted or deleted ahead of the
-            # cursor shift the rest into or out of windows already fetched). A pass is trusted
-            # when nothing shows a move: the total stayed the same, no id came twice, and the
-            # distinct ids match the total. A shift can hide items while the counts still agree
-            # (as many deleted-but-fetched ids as shifted-and-missed ones), so every sign counts.
-            moved = len(stats.totals_seen) > 1
-            matches_total = stats.total is None or distinct == stats.total
-            complete = matches_total and not moved and rows == distinct
-            if not complete and attempt == api.max_list_passes:
-                # Last pass: a stable total that the distinct ids match is the best evidence
-                # there is; the repeated ids are dropped.
-                complete = stats.total is not None and matches_total and not moved
-            problem = (
-                f"{distinct} distinct ids against a final total of {stats.total}"
-                if stats.total is not None
-                else "no total reported"
-            ) + f", {rows - distinct} repeated ids"
-            if complete:
+            if verdict.action is Action.ACCEPT:
                 if rows != distinct:
                     _drop_duplicate_ids(conn, stage)
-                if before_swap is not None:
-                    before_swap(stage)
-                replace_table(conn, stage, endpoint.raw_table)
+                try:
+                    check_shrink(
+                        endpoint.raw_table,
+                        _table_rows(conn, endpoint.raw_table),
+                        distinct,
+                        max_shrink_fraction,
+                        allow_shrink,
+                    )
+                    if before_swap is not None:
+                        before_swap(stage)
+                    replace_table(conn, stage, endpoint.raw_table)
+                finally:
+                    conn.execute(f"DROP TABLE IF EXISTS {qualified(stage)}")
                 report = LoadReport(
                     table=endpoint.raw_table,
                     rows=distinct,
@@ -374,24 +571,23 @@ def load_list(
                     duplicates_dropped=rows - distinct,
                     seconds=time.monotonic() - started,
                     surrogates_replaced=stats.surrogates_replaced,  # in the rows kept
+                    repairs=repairs,
                 )
                 log(
                     f"{endpoint.name}: wrote {report.rows} rows to {report.table} "
-                    f"({report.pages} pages, {report.retries} retries, {report.seconds:.1f} s)"
+                    f"({report.pages} pages, {report.retries} retries, {repairs} repairs, "
+                    f"{report.seconds:.1f} s; {verdict.reason})"
                 )
                 return report
-            seen = ", ".join(map(str, stats.totals_seen))
-            last_problem = problem + (f" (totals seen: {seen})" if seen else "")
-            log(
-                f"{endpoint.name}: pass {attempt} found {last_problem}; the list changed while "
-                "it was paged, paging it again."
-            )
+            if verdict.action is Action.FAIL:
+                break
+            previous = (rows, distinct)
+            log(f"{endpoint.name}: pass {attempt}: {verdict.reason}; paging it again.")
     conn.execute(f"DROP TABLE IF EXISTS {qualified(stage)}")
     raise IncompleteListError(
-        f"{endpoint.name} ({endpoint.path}): after {api.max_list_passes} passes the server's "
-        f"list kept changing: {last_problem}. {endpoint.raw_table} was left as "
-        "it was. The list kept changing during the load (or the server miscounts); run again "
-        "later or raise max_list_passes."
+        f"{endpoint.name} ({endpoint.path}): after {facts.pass_number} passes, {verdict.reason}. "
+        f"{endpoint.raw_table} was left as it was. Run again later; if the server's list is "
+        "stable, report its counts to the Field-Sales service (or raise max_list_passes)."
     )
 
 

@@ -172,6 +172,15 @@ class FieldSalesWarehouse(dg.ConfigurableResource):
             "this recent, besides new and changed events."
         ),
     )
+    max_shrink_fraction: float = Field(
+        default=0.5,
+        ge=0.0,
+        le=1.0,
+        description=(
+            "Largest share of a raw table's rows a full refresh may drop (0.5: half). A refresh "
+            "that would shrink it more, or empty a non-empty table, fails and keeps the old one."
+        ),
+    )
 
     @field_validator("refresh_mode", mode="before")
     @classmethod

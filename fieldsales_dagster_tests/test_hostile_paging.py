@@ -1,0 +1,387 @@
+"""The raw load against hostile list servers of our own on 127.0.0.1 (issue 9, paging half)."""
+
+from __future__ import annotations
+
+import duckdb
+import pytest
+
+from fieldsales_dagster.client.endpoints import TRANSACTIONS
+from fieldsales_dagster.client.errors import PageFormatError
+from fieldsales_dagster.client.pager import PagingError
+from fieldsales_dagster.client.resource import FieldSalesAPI
+from fieldsales_dagster.warehouse.raw_load import (
+    MAX_ITEM_BYTES,
+    RawLoadError,
+    ShrinkRefusedError,
+    load_list,
+)
+from fieldsales_dagster_tests.hostile_lists import HostileServer, items
+
+
+def hostile_api(server: HostileServer, **overrides) -> FieldSalesAPI:
+    settings = {
+        "base_url": server.base_url,
+        "api_token": server.token,
+        "use_token_store": False,
+        "page_size": 100,
+        "concurrency": 4,
+        "backoff_initial_s": 0.01,
+        "backoff_max_s": 0.05,
+        "max_retries": 2,
+        "read_timeout_s": 10.0,
+    }
+    settings.update(overrides)
+    return FieldSalesAPI(**settings)
+
+
+def load(api, warehouse, endpoint=TRANSACTIONS, **kwargs):
+    with warehouse.get_connection() as conn:
+        return load_list(api, conn, endpoint, **kwargs)
+
+
+def raw_tables(warehouse) -> set[str]:
+    with duckdb.connect(str(warehouse.working_path), read_only=True) as conn:
+        rows = conn.execute(
+            "SELECT table_name FROM duckdb_tables() WHERE schema_name = 'raw'"
+        ).fetchall()
+    return {name for (name,) in rows}
+
+
+def row_count(warehouse, table: str = "raw.transactions") -> int:
+    with duckdb.connect(str(warehouse.working_path), read_only=True) as conn:
+        return conn.execute(f"SELECT count(*) FROM {table}").fetchone()[0]
+
+
+def transactions(total: int, *, count: int | None = None, huge_at: int | None = None):
+    """A well-behaved transaction list of ``total`` items (optionally one oversized item)."""
+
+    def answer(path: str, skip: int, limit: int):
+        page = items(skip, min(total, skip + limit))
+        if huge_at is not None and skip <= huge_at < skip + len(page):
+            page[huge_at - skip]["blob"] = "x" * (MAX_ITEM_BYTES + 10)
+        return {"transactions": page, "count": total if count is None else count}
+
+    return answer
+
+
+def test_load_failing_mid_insert_drops_its_staging_table_and_keeps_the_old_one(warehouse):
+    with HostileServer(transactions(600)) as good:
+        load(hostile_api(good), warehouse)
+    with (
+        HostileServer(transactions(600, huge_at=350)) as bad,
+        pytest.raises(RawLoadError, match=r"raw\._stage_transactions"),
+    ):
+        load(hostile_api(bad, concurrency=1), warehouse, spool_bytes=1)
+    assert raw_tables(warehouse) == {"transactions"}
+    assert row_count(warehouse) == 600
+
+
+# --- endless paging (defect 3) -------------------------------------------------------------
+
+
+def no_total(answer_items):
+    return lambda path, skip, limit: {"transactions": answer_items(skip, limit)}
+
+
+def test_list_without_total_repeating_its_last_page_past_the_end_stops_saying_so(warehouse):
+    def page(skip, limit):
+        return items(min(skip, 200), min(skip, 200) + limit) if skip < 300 else items(200, 300)
+
+    with HostileServer(no_total(page)) as server:
+        with pytest.raises(PagingError, match=r"repeats pages.*no new id"):
+            load(hostile_api(server), warehouse)
+        assert len(server.asked) < 20
+
+
+def test_server_ignoring_skip_with_different_bytes_stops_saying_so(warehouse):
+    served = iter(range(10**6))
+
+    def page(skip, limit):
+        return [{**item, "served": next(served)} for item in items(0, limit)]
+
+    with HostileServer(no_total(page)) as server:
+        with pytest.raises(PagingError, match=r"same items as skip=0: the server ignores `skip`"):
+            load(hostile_api(server), warehouse)
+        assert len(server.asked) < 20
+
+
+def test_pages_of_one_pass_are_bounded(warehouse):
+    with HostileServer(no_total(lambda skip, limit: items(skip, skip + limit))) as server:
+        with pytest.raises(PagingError, match=r"more than max_pages_per_pass=30"):
+            load(hostile_api(server, max_pages_per_pass=30), warehouse)
+        assert len(server.asked) <= 30 + 4
+
+
+def test_null_items_are_reported_as_null_items(warehouse):
+    def page(skip, limit):
+        return items(skip, skip + limit) if skip < 200 else [None] * 5
+
+    with (
+        HostileServer(no_total(page)) as server,
+        pytest.raises(PageFormatError, match=r"skip=\d+\) answered 5 `null` items among 5"),
+    ):
+        load(hostile_api(server), warehouse)
+
+
+def test_ids_a_stable_list_holds_twice_load_once_and_are_not_called_a_changing_list(warehouse):
+    listed = items(0, 290) + items(0, 10)  # the server lists ten ids twice, and counts them
+
+    def answer(path, skip, limit):
+        return {"transactions": listed[skip : skip + limit], "count": len(listed)}
+
+    with HostileServer(answer) as server:
+        report = load(hostile_api(server), warehouse)
+    assert report.rows == row_count(warehouse) == 290
+    assert report.duplicates_dropped == 10
+
+
+# --- skip by items, not stride (defect 4) ------------------------------------------------------
+
+
+def size_capped(total: int, with_count: bool):
+    """The first page holds 37 items, later ones 60: the server caps pages by bytes."""
+
+    def answer(path, skip, limit):
+        n = min(limit, 37 if skip == 0 else 60)
+        page = items(skip, min(total, skip + n))
+        return {"transactions": page, "count": total} if with_count else page
+
+    return answer
+
+
+@pytest.mark.parametrize("with_count", [True, False], ids=["transactions", "events"])
+def test_pages_that_grow_after_the_first_load_in_one_pass_without_overlap(warehouse, with_count):
+    with HostileServer(size_capped(1200, with_count)) as server:
+        report = load(hostile_api(server), warehouse)
+        asked = len(server.asked)
+    assert report.rows == row_count(warehouse) == 1200
+    assert report.passes == 1 and report.duplicates_dropped == 0
+    assert asked <= 1 + (1200 - 37) // 60 + 1 + 2 * 4  # the pages, re-planned within a round
+
+
+# --- a claimed total (defect 5, per-page count) -----------------------------------------------
+
+
+def test_absurd_total_fails_saying_what_the_server_claimed(warehouse):
+    with HostileServer(transactions(500, count=10**12)) as server:
+        with pytest.raises(PagingError, match=r"total of 1000000000000.*not plausible"):
+            load(hostile_api(server), warehouse)
+        assert len(server.asked) < 20
+
+
+def test_count_that_is_only_the_page_size_is_verified_and_every_item_loads(warehouse):
+    listed = items(0, 50)
+
+    def answer(path, skip, limit):
+        page = listed[skip : skip + 10]
+        return {"events": page, "count": len(page)}
+
+    with HostileServer(answer) as server:
+        report = load(hostile_api(server, page_size=10), warehouse)
+    assert report.rows == row_count(warehouse) == 50
+    assert report.api_total is None
+
+
+def test_total_equal_to_a_full_first_page_costs_one_empty_page(warehouse):
+    with HostileServer(transactions(100)) as server:
+        report = load(hostile_api(server), warehouse)
+        assert [a.skip for a in server.asked] == [0, 100]
+    assert report.rows == report.api_total == 100
+
+
+# --- a table emptied or halved ------------------------------------------------------------------
+
+
+def materialize_transactions(server, tmp_path, warehouse):
+    import dagster as dg
+
+    from fieldsales_dagster_tests.conftest import make_api
+    from fieldsales_dagster_tests.project import raw_assets
+
+    resources = {"fieldsales_api": make_api(server, tmp_path), "warehouse": warehouse}
+    return dg.materialize(
+        raw_assets(), resources=resources, selection=["raw_transactions"], raise_on_error=False
+    )
+
+
+def test_refresh_that_would_empty_a_table_fails_and_keeps_it(demo_server, tmp_path, warehouse):
+    assert materialize_transactions(demo_server, tmp_path, warehouse).success
+    demo_server.behaviour.mutate("transactions", delete=1200)
+    result = materialize_transactions(demo_server, tmp_path, warehouse)
+    assert not result.success
+    assert row_count(warehouse) == 1200
+    (failure,) = [e for e in result.all_events if e.event_type_value == "STEP_FAILURE"]
+    assert "would empty it" in str(failure.event_specific_data.error)
+
+
+def test_refresh_that_would_halve_a_table_fails_and_keeps_it(demo_server, tmp_path, warehouse):
+    assert materialize_transactions(demo_server, tmp_path, warehouse).success
+    demo_server.behaviour.mutate("transactions", delete=700)
+    assert not materialize_transactions(demo_server, tmp_path, warehouse).success
+    assert row_count(warehouse) == 1200
+
+
+def test_refresh_within_the_shrink_fraction_replaces_the_table(demo_server, tmp_path, warehouse):
+    assert materialize_transactions(demo_server, tmp_path, warehouse).success
+    demo_server.behaviour.mutate("transactions", delete=500)
+    assert materialize_transactions(demo_server, tmp_path, warehouse).success
+    assert row_count(warehouse) == 700
+
+
+def test_shrink_explicitly_allowed_replaces_the_table(demo_server, api, warehouse):
+    load(api, warehouse)
+    demo_server.behaviour.mutate("transactions", delete=1200)
+    with pytest.raises(ShrinkRefusedError, match=r"raw\.transactions.*allow_shrink"):
+        load(api, warehouse)
+    report = load(api, warehouse, allow_shrink=True)
+    assert report.rows == row_count(warehouse) == 0
+
+
+# --- a busy tenant --------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("at", [0, 1 << 40], ids=["front", "end"])
+def test_list_growing_while_it_is_paged_is_repaired_with_few_extra_requests(
+    tmp_path, warehouse, at
+):
+    """2 inserts a second during a 100k load is one per 10 requests: the same rate per request."""
+    from fieldsales_dagster.demo_api import DemoConfig, DemoServer
+    from fieldsales_dagster_tests.conftest import make_api
+
+    with DemoServer(DemoConfig(transactions=5000, seed=1), host="127.0.0.1") as server:
+        api = make_api(server, tmp_path)
+        load(api, warehouse)
+        quiet = server.behaviour.request_counts["transactions"]
+        for after in range(5, 120, 10):
+            server.behaviour.mutate("transactions", after_requests=after, insert=1, at=at)
+        report = load(api, warehouse)
+        busy = server.behaviour.request_counts["transactions"] - quiet
+        ids = sorted(server.dataset.ids("transactions"))
+    assert report.passes == 1
+    with duckdb.connect(str(warehouse.working_path), read_only=True) as conn:
+        loaded = [
+            r[0] for r in conn.execute("SELECT id FROM raw.transactions ORDER BY id").fetchall()
+        ]
+    assert loaded == ids and len(ids) > 5000
+    assert busy <= 1.3 * quiet
+
+
+# --- leftovers after kill -9 ----------------------------------------------------------------------
+
+KILLED_LOAD = """
+import sys
+from fieldsales_dagster.client.endpoints import TRANSACTIONS
+from fieldsales_dagster.client.resource import FieldSalesAPI
+from fieldsales_dagster.warehouse.raw_load import load_list
+from fieldsales_dagster.warehouse.resource import FieldSalesWarehouse
+
+base_url, token, database = sys.argv[1:]
+api = FieldSalesAPI(base_url=base_url, api_token=token, use_token_store=False, page_size=10,
+                    concurrency=1)
+with FieldSalesWarehouse(database=database).get_connection() as conn:
+    load_list(api, conn, TRANSACTIONS, spool_bytes=1 << 30)
+"""
+
+
+def test_load_killed_with_sigkill_leaves_nothing_after_the_next_load(demo_server, api, warehouse):
+    import subprocess
+    import sys
+    import time
+    from pathlib import Path
+
+    from fieldsales_dagster.client.endpoints import EVENTS
+
+    spools = Path(warehouse.database).parent / ".fieldsales_spool"
+    demo_server.behaviour.latency_s = 0.05  # 120 pages: about 6 s, killed early
+    child = subprocess.Popen(
+        [
+            sys.executable,
+            "-c",
+            KILLED_LOAD,
+            demo_server.base_url,
+            demo_server.token,
+            warehouse.database,
+        ]
+    )
+    try:
+        deadline = time.monotonic() + 60
+        while not any(spools.rglob("*.txt")) and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert any(spools.rglob("*.txt")), "the load never spooled"
+    finally:
+        child.kill()  # SIGKILL
+        child.wait()
+    demo_server.behaviour.latency_s = 0.0
+    assert raw_tables(warehouse) == {"_stage_transactions"}
+    assert any(spools.rglob("*.txt"))
+
+    load(api, warehouse, EVENTS)  # the next load, of another list
+    assert raw_tables(warehouse) == {"events"}
+    assert list(spools.rglob("*")) == [spools / warehouse.working_path.name]
+
+
+# --- the pass-acceptance rule, as a pure function ------------------------------------------------
+
+
+def facts(rows, distinct, totals=(), decreased=False, pass_number=1, **more):
+    from fieldsales_dagster.warehouse.raw_load import PassFacts
+
+    return PassFacts(rows, distinct, tuple(totals), decreased, pass_number, 3, **more)
+
+
+@pytest.mark.parametrize(
+    "case, expected",
+    [
+        (facts(100, 100, (100,)), "accept"),
+        (facts(100, 100), "accept"),
+        (facts(110, 100), "repage"),
+        (facts(110, 100, previous=(110, 100)), "accept"),
+        (facts(110, 100, pass_number=3), "fail"),
+        (facts(105, 100, (100, 105)), "repair"),
+        (facts(105, 105, (100, 105)), "accept"),
+        (facts(105, 100, (100, 105), repairs=5), "repage"),
+        (facts(100, 100, (100, 95), decreased=True), "repage"),
+        (facts(100, 100, (105, 100), decreased=True, pass_number=3), "fail"),
+        (facts(100, 95, (100,)), "repage"),
+        (facts(100, 95, (100,), previous=(100, 95)), "accept"),
+        (facts(90, 90, (100,), pass_number=3), "fail"),
+        (facts(100, 100, (90,), pass_number=3), "fail"),
+    ],
+)
+def test_pass_verdict(case, expected):
+    from fieldsales_dagster.warehouse.raw_load import judge_pass
+
+    assert judge_pass(case).action == expected
+
+
+def test_failed_verdict_says_what_the_server_sent():
+    from fieldsales_dagster.warehouse.raw_load import judge_pass
+
+    assert judge_pass(facts(90, 90, (100,), pass_number=3)).reason == (
+        "90 items with 90 distinct ids (0 sent twice); every page reported a total of 100: "
+        "the server delivers fewer items than its total counts"
+    )
+    assert "kept changing" in judge_pass(facts(100, 100, (105, 100), True, 3)).reason
+
+
+def test_repair_windows_cover_the_head_and_the_tail_of_what_is_missing():
+    from fieldsales_dagster.warehouse.raw_load import judge_pass
+
+    verdict = judge_pass(facts(1200, 1190, (1200, 1210)))
+    assert (verdict.head, verdict.tail_from) == (40, 1170)  # twice the 20 missing
+
+
+def test_gap_windows_find_items_between_pages_answered_out_of_order():
+    from fieldsales_dagster.client.pager import gap_windows
+
+    # 25 inserted at the front after skip=400 was served but before skip=300 was: skip=300
+    # held the items first at 275-374, skip=400 those at 400-499; 375-399 are now at 400-424.
+    answers = [
+        (0, 100, 1200),
+        (100, 100, 1200),
+        (300, 100, 1225),
+        (200, 100, 1200),
+        (400, 100, 1200),
+        (500, 100, 1225),
+    ]
+    assert gap_windows(answers, 1225, slack=0) == [(400, 425)]
