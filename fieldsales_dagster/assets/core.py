@@ -31,6 +31,7 @@ from fieldsales_dagster.warehouse.resource import (
     qualified,
     quote_ident,
     replace_table,
+    staging_table,
 )
 
 RAW_EVENTS = raw_asset_name(EVENTS)
@@ -197,7 +198,7 @@ def build_table(
     error names the table.
     """
     schema, _, name = target.partition(".")
-    staged = f"{schema}.{name}__staging"
+    staged = staging_table(target)
     conn.execute(f"CREATE SCHEMA IF NOT EXISTS {quote_ident(schema)}")
     try:
         if macros := shared_macros_sql(query):

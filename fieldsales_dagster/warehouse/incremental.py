@@ -49,12 +49,12 @@ from fieldsales_dagster.warehouse.refresh_mode import (
     choose_mode,
     validate_refresh_mode,
 )
-from fieldsales_dagster.warehouse.resource import qualified
+from fieldsales_dagster.warehouse.resource import qualified, staging_table
 
 STATE_SCHEMA = "meta"
 STATE_TABLE = "meta.refresh_state"
 FINGERPRINTS_TABLE = "meta.event_fingerprints"
-STAGE_TABLE = "raw._stage_transactions_by_event"
+STAGE_TABLE = staging_table(TRANSACTIONS.raw_table, "_by_event")
 
 #: In ``auto``, re-fetching more than this share of the events by ``eventId`` costs more
 #: requests than paging the whole list: a full refresh is chosen instead.

@@ -42,7 +42,13 @@ from fieldsales_dagster.client.pager import (
     key_decoder,
 )
 from fieldsales_dagster.client.resource import FieldSalesAPI
-from fieldsales_dagster.warehouse.resource import qualified, quote_ident, replace_table
+from fieldsales_dagster.warehouse.resource import (
+    STAGE_PREFIX,
+    qualified,
+    quote_ident,
+    replace_table,
+    staging_table,
+)
 
 #: Longest item DuckDB's reader accepts; a longer one fails the load loudly, never silently.
 #: The reader's buffer is twice that: larger buffers measured slower and took more memory.
@@ -52,7 +58,6 @@ FIELD_SEP = b"\x01"
 MAX_REPAIRS = 5
 #: Folder beside the database that holds spools while a load runs.
 SPOOL_DIR_NAME = ".fieldsales_spool"
-STAGE_PREFIX = "_stage_"
 
 
 class RawLoadError(RuntimeError):
@@ -473,7 +478,7 @@ def load_list(
     started = time.monotonic()
     loaded_at = datetime.now(UTC)
     schema = endpoint.schema
-    stage = f"{schema}.{STAGE_PREFIX}{endpoint.table}"
+    stage = staging_table(endpoint.raw_table)
     conn.execute(f"CREATE SCHEMA IF NOT EXISTS {quote_ident(schema)}")
     spools = spool_dir if spool_dir is not None else spool_root(conn)
     # A given spool_dir may be shared: only the folder this module owns is emptied.

@@ -459,6 +459,18 @@ def _fsync_dir(directory: Path) -> None:
         os.close(fd)
 
 
+#: Prefix of every staging table (raw loads, incremental merges, core builds): a table being
+#: built sits beside its target as ``<schema>._stage_<name>`` until it is swapped in, and a
+#: leftover of a killed run is recognised by the prefix.
+STAGE_PREFIX = "_stage_"
+
+
+def staging_table(target: str, suffix: str = "") -> str:
+    """``schema.table`` -> ``schema._stage_table[suffix]``, where ``target`` is built."""
+    schema, _, name = target.partition(".")
+    return f"{schema}.{STAGE_PREFIX}{name}{suffix}"
+
+
 def quote_ident(name: str) -> str:
     return '"' + name.replace('"', '""') + '"'
 
