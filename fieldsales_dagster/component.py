@@ -297,6 +297,15 @@ class FieldSalesComponent(dg.Component, dg.Model, dg.Resolvable):
                 "Set it to a token from your Field-Sales user profile (API tab; admin users "
                 "only); for the bundled demo API, the token fieldsales-demo-api printed."
             )
+        if (
+            self.pii == "hash"
+            and len((os.environ.get(self.pii_hash_key_env_var) or "").strip()) < 16
+        ):
+            raise SettingError(
+                f"pii: hash needs a secret key in {self.pii_hash_key_env_var} (at least 16 "
+                "characters; a new key gives every value a new hash). Set it, or choose pii: keep "
+                "or drop (FIELDSALES_PII)."
+            )
         return {
             self.names.api_resource: FieldSalesAPI(
                 base_url=self.base_url,

@@ -270,3 +270,17 @@ def test_token_with_a_trailing_line_break_loads(project_env, monkeypatch):
     assert load_project_defs().resources["fieldsales_api"].api_token == dg.EnvVar(
         "FIELDSALES_API_TOKEN"
     )
+
+
+def test_pii_hash_without_a_key_fails_the_load_naming_the_variable(project_env, monkeypatch):
+    monkeypatch.delenv("FIELDSALES_PII_HASH_KEY", raising=False)
+    message = load_failure(monkeypatch, FIELDSALES_PII="hash")
+    assert "pii: hash needs a secret key in FIELDSALES_PII_HASH_KEY" in message
+
+
+def test_pii_hash_key_reaches_the_warehouse_as_an_env_var(project_env, monkeypatch):
+    monkeypatch.setenv("FIELDSALES_PII", "hash")
+    monkeypatch.setenv("FIELDSALES_PII_HASH_KEY", "a-secret-key-of-32-characters-xx")
+    warehouse = load_project_defs().resources["warehouse"]
+    assert warehouse.pii == "hash"
+    assert warehouse.pii_hash_key == dg.EnvVar("FIELDSALES_PII_HASH_KEY")
