@@ -18,16 +18,6 @@ def table_name(database: str, table: str) -> str:
     return f"{Path(database).stem}.{table}"
 
 
-def table_schema(conn: duckdb.DuckDBPyConnection, table: str) -> dg.TableSchema:
-    schema, _, name = table.partition(".")
-    columns = conn.execute(
-        "SELECT column_name, data_type FROM information_schema.columns "
-        "WHERE table_schema = ? AND table_name = ? ORDER BY ordinal_position",
-        [schema, name],
-    ).fetchall()
-    return dg.TableSchema(columns=[dg.TableColumn(name=c, type=t) for c, t in columns])
-
-
 def markdown_preview(
     conn: duckdb.DuckDBPyConnection, table: str, hidden: tuple[str, ...] = ()
 ) -> str:
@@ -52,20 +42,17 @@ def table_metadata(
     database: str,
     table: str,
     *,
-    schema: dg.TableSchema | None = None,
+    schema: dg.TableSchema,
     preview: bool = True,
     hidden: tuple[str, ...] = (),
 ) -> dict[str, object]:
-    """Row count, fully qualified name, column schema (and a preview) of ``table``.
-
-    ``schema`` is the described schema where the table has one (``columns.column_schema``);
-    otherwise the bare one is read from DuckDB.
-    """
+    """Row count, fully qualified name, described column schema (``columns.column_schema``)
+    and a preview of ``table``."""
     (row_count,) = conn.execute(f"SELECT count(*) FROM {qualified(table)}").fetchone()
     metadata: dict[str, object] = {
         "dagster/row_count": int(row_count),
         "dagster/table_name": table_name(database, table),
-        "dagster/column_schema": schema or table_schema(conn, table),
+        "dagster/column_schema": schema,
     }
     if preview:
         metadata["preview"] = dg.MetadataValue.md(markdown_preview(conn, table, hidden))
