@@ -314,6 +314,8 @@ class DemoServer:
         self._rendered: dict[str, dict[tuple[int, int], bytes]] | None = None
         self._rendered_generation = 0
         self._rendered_lock = threading.Lock()
+        #: Responses served from pre-rendered items.
+        self.prerendered_responses = 0
         self._admin = {
             **self.dataset.user_obj(0),
             "usertype": "admin",
@@ -532,6 +534,7 @@ class DemoServer:
         """
         keys = take(segs, skip, limit)
         if self._rendered is not None and keys:
+            self.prerendered_responses += 1
             parts = self._rendered_items(name, keys)
             parts[0] = prefix.encode("latin-1") + parts[0]
             parts[-1] = parts[-1] + suffix.encode("latin-1")
