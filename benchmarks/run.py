@@ -383,6 +383,8 @@ class Bench:
                     for step in steps:
                         if step == "dlt_default" and size > self.args.dlt_default_max:
                             continue
+                        if step == "dlt_fast" and size > self.args.dlt_fast_max:
+                            continue
                         print(f"   run {run}: {step} ...", end=" ", flush=True)
                         r = self._one(step, api, expected, where)
                         self._last[step] = r
@@ -739,6 +741,7 @@ def size_section(
     results: dict[str, list[StepResult]],
     scrub,
     dlt_default_max: int,
+    dlt_fast_max: int | None = None,
 ) -> str:
     lines = [
         f"## {size:,} transactions",
@@ -753,6 +756,11 @@ def size_section(
             continue
         if results[step]:
             lines.append(_row(results[step], scrub))
+        elif step == "dlt_fast" and dlt_fast_max is not None and size > dlt_fast_max:
+            lines.append(
+                f"| dlt fast (max_table_nesting=0, jsonl) | skipped (> {dlt_fast_max:,} "
+                "transactions, `--dlt-fast-max`) | – | – | – | – | – | – | – |"
+            )
         elif step == "dlt_default" and size > dlt_default_max:
             lines.append(
                 f"| dlt default (nested child tables) | skipped (> {dlt_default_max:,} "
@@ -952,6 +960,12 @@ def _parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--latency-size", type=int, default=20_000)
     p.add_argument("--latency-ms", type=float, default=50.0)
     p.add_argument(
+        "--dlt-fast-max",
+        type=int,
+        default=10**12,
+        help="skip dlt fast above this many transactions (time: ~16 min at 1M)",
+    )
+    p.add_argument(
         "--dlt-default-max",
         type=int,
         default=100_000,
@@ -1016,7 +1030,9 @@ def main(argv: list[str] | None = None) -> int:
                     print(f"   FAILED: {exc}", file=sys.stderr)
                     sections.append((str(size), f"## {size:,} transactions\n\nFAILED: {exc}"))
                     continue
-                section = size_section(size, expected, results, bench.scrub, args.dlt_default_max)
+                section = size_section(
+                    size, expected, results, bench.scrub, args.dlt_default_max, args.dlt_fast_max
+                )
                 sections.append((str(size), section))
                 if bench.interrupted:
                     break
