@@ -335,7 +335,9 @@ def main() -> None:
     parser.add_argument("--database", type=Path, default=DEFAULT_DATABASE)
     parser.add_argument("--reuse", action="store_true", help="keep an existing raw database")
     parser.add_argument("--threads", type=int, default=None, help="DuckDB threads (default all)")
-    parser.add_argument("--memory-limit", default="1GB", help="as FieldSalesWarehouse (1GB)")
+    parser.add_argument(
+        "--memory-limit", default="192MB", help="as FieldSalesWarehouse's default (192MB)"
+    )
     args = parser.parse_args()
     if not (args.reuse and args.database.exists()):
         build_raw_tables(args.database, args.rows, args.transactions_per_event)

@@ -68,6 +68,7 @@ class DemoAPI:
         latency_ms: float = 0.0,
         seed: int = 0,
         generation: int = 0,
+        prerender: bool = False,
         start_timeout_s: float = 600.0,
     ):
         self.args = [
@@ -86,6 +87,8 @@ class DemoAPI:
             self.args += ["--latency-ms", str(latency_ms)]
         if generation:
             self.args += ["--generation", str(generation)]
+        if prerender:  # every item rendered once at start; pages served from memory
+            self.args.append("--prerender")
         self.token = token
         self.log_path = log_path
         self.start_timeout_s = start_timeout_s

@@ -364,7 +364,13 @@ class Bench:
         self.token_values.append(token)
         results: dict[str, list[StepResult]] = {s: [] for s in steps}
         print(f"\n== {size:,} transactions: starting the demo API", flush=True)
-        with DemoAPI(size, token, where_size / "demo_api.log", seed=self.args.seed) as api:
+        with DemoAPI(
+            size,
+            token,
+            where_size / "demo_api.log",
+            seed=self.args.seed,
+            prerender=not self.args.live_server,
+        ) as api:
             expected = expected_counts(api)
             print(
                 f"   server holds {expected.transactions:,} transactions, {expected.events:,} "
@@ -376,6 +382,8 @@ class Bench:
                     where = where_size / f"run-{run}"
                     for step in steps:
                         if step == "dlt_default" and size > self.args.dlt_default_max:
+                            continue
+                        if step == "dlt_fast" and size > self.args.dlt_fast_max:
                             continue
                         print(f"   run {run}: {step} ...", end=" ", flush=True)
                         r = self._one(step, api, expected, where)
@@ -429,7 +437,9 @@ class Bench:
         print(f"\n== incremental: {size:,} transactions", flush=True)
         try:
             log = where / "demo_api-gen0.log"
-            with DemoAPI(size, token, log, seed=self.args.seed) as api:
+            with DemoAPI(
+                size, token, log, seed=self.args.seed, prerender=not self.args.live_server
+            ) as api:
                 expected = expected_counts(api)
                 print("   full refresh of generation 0 (setup) ...", end=" ", flush=True)
                 r = self.project(
@@ -439,7 +449,14 @@ class Bench:
                 out.append(r)
                 print(_progress_line(r), flush=True)
             log = where / "demo_api-gen1.log"
-            with DemoAPI(size, token, log, seed=self.args.seed, generation=1) as api:
+            with DemoAPI(
+                size,
+                token,
+                log,
+                seed=self.args.seed,
+                prerender=not self.args.live_server,
+                generation=1,
+            ) as api:
                 expected = expected_counts(api)
                 steps = [
                     ("incremental", "incremental refresh of generation 1", kept),
@@ -480,6 +497,7 @@ class Bench:
             where / "demo_api.log",
             latency_ms=self.args.latency_ms,
             seed=self.args.seed,
+            prerender=not self.args.live_server,
         ) as api:
             expected = expected_counts(api)
             try:
@@ -705,12 +723,25 @@ def _ratio(a: list[StepResult] | None, b: list[StepResult] | None) -> str:
     return f"{wa / wb:.2f}×"
 
 
+def _server_share(floor: list[StepResult] | None) -> str:
+    """How many times the floor's wall time exceeds the server's CPU during it (>1: the demo
+    API is not what bounds the floor)."""
+    ok = [r for r in floor or [] if r.ok]
+    if not ok:
+        return "–"
+    wall, cpu = _wall(ok), _median([r.m.server_cpu_s for r in ok])
+    if wall != wall or cpu != cpu or cpu == 0:
+        return "–"
+    return f"{wall / cpu:.1f}× ({_fmt_s(cpu)} server CPU-s in {_fmt_s(wall)} s)"
+
+
 def size_section(
     size: int,
     expected: Expected,
     results: dict[str, list[StepResult]],
     scrub,
     dlt_default_max: int,
+    dlt_fast_max: int | None = None,
 ) -> str:
     lines = [
         f"## {size:,} transactions",
@@ -725,6 +756,11 @@ def size_section(
             continue
         if results[step]:
             lines.append(_row(results[step], scrub))
+        elif step == "dlt_fast" and dlt_fast_max is not None and size > dlt_fast_max:
+            lines.append(
+                f"| dlt fast (max_table_nesting=0, jsonl) | skipped (> {dlt_fast_max:,} "
+                "transactions, `--dlt-fast-max`) | – | – | – | – | – | – | – |"
+            )
         elif step == "dlt_default" and size > dlt_default_max:
             lines.append(
                 f"| dlt default (nested child tables) | skipped (> {dlt_default_max:,} "
@@ -739,6 +775,7 @@ def size_section(
         f"| project all / floor | {_ratio(get('project_all'), get('floor'))} |",
         f"| dlt fast / project all | {_ratio(get('dlt_fast'), get('project_all'))} |",
         f"| dlt default / project all | {_ratio(get('dlt_default'), get('project_all'))} |",
+        f"| floor wall / server CPU during the floor | {_server_share(get('floor'))} |",
     ]
     steps_lines = _dagster_breakdown(results)
     if steps_lines:
@@ -881,7 +918,7 @@ def _git_revision() -> str:
     return (rev or "unknown") + (" (uncommitted changes)" if dirty else "")
 
 
-def header(started: datetime, work: Path) -> str:
+def header(started: datetime, work: Path, live_server: bool = False) -> str:
     mem = psutil.virtual_memory().total
     cmd = " ".join(shlex.quote(a) for a in ["python", "-m", "benchmarks.run", *sys.argv[1:]])
     return "\n".join(
@@ -895,7 +932,12 @@ def header(started: datetime, work: Path) -> str:
             f"{_version('dagster')}, dlt {_version('dlt')}, requests {_version('requests')}",
             f"- project revision: {_git_revision()}",
             f"- page size {PAGE_SIZE}, concurrency 8 (project defaults; the floor copies them); "
-            "demo API in its own process on 127.0.0.1",
+            "demo API in its own process on 127.0.0.1, "
+            + (
+                "rendering every page per request (`--live-server`)"
+                if live_server
+                else "serving items rendered once at its start (`fieldsales-demo-api --prerender`)"
+            ),
             f"- logs: `{work}`",
         ]
     )
@@ -918,12 +960,24 @@ def _parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--latency-size", type=int, default=20_000)
     p.add_argument("--latency-ms", type=float, default=50.0)
     p.add_argument(
+        "--dlt-fast-max",
+        type=int,
+        default=10**12,
+        help="skip dlt fast above this many transactions (time: ~16 min at 1M)",
+    )
+    p.add_argument(
         "--dlt-default-max",
         type=int,
         default=100_000,
         help="skip dlt default above this many transactions (memory)",
     )
     p.add_argument("--seed", type=int, default=0)
+    p.add_argument(
+        "--live-server",
+        action="store_true",
+        help="the demo API renders every page per request (as before), instead of serving "
+        "pre-rendered items from memory; its CPU then bounds the floor",
+    )
     p.add_argument("--timeout", type=float, default=3 * 3600, help="seconds per measured command")
     p.add_argument(
         "--memory-cap-gib",
@@ -965,7 +1019,7 @@ def main(argv: list[str] | None = None) -> int:
     bench = Bench(args, work)
     signal.signal(signal.SIGTERM, _on_sigterm)
 
-    head = header(started, work)
+    head = header(started, work, args.live_server)
     sections: list[tuple[str, str]] = []  # (file suffix, markdown)
     try:
         if args.steps:
@@ -976,7 +1030,9 @@ def main(argv: list[str] | None = None) -> int:
                     print(f"   FAILED: {exc}", file=sys.stderr)
                     sections.append((str(size), f"## {size:,} transactions\n\nFAILED: {exc}"))
                     continue
-                section = size_section(size, expected, results, bench.scrub, args.dlt_default_max)
+                section = size_section(
+                    size, expected, results, bench.scrub, args.dlt_default_max, args.dlt_fast_max
+                )
                 sections.append((str(size), section))
                 if bench.interrupted:
                     break

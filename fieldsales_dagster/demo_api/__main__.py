@@ -45,6 +45,12 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--latency-ms", type=float, default=0.0, help="added before each response")
     p.add_argument("--limit-cap", type=int, default=None, help="serve at most N items per page")
     p.add_argument(
+        "--prerender",
+        action="store_true",
+        help="render every item once at start and serve pages from memory (for benchmarks: "
+        "serving then costs far less than loading; needs memory about the size of the data)",
+    )
+    p.add_argument(
         "--allow-remote", action="store_true", help="allow a --host that is not loopback"
     )
     return p
@@ -69,6 +75,8 @@ def main(argv: list[str] | None = None) -> int:
         server.behaviour.latency_s = max(0.0, args.latency_ms / 1000)
         server.behaviour.limit_cap = args.limit_cap
         server.behaviour.evolve(args.generation)
+        if args.prerender:
+            server.prerender()
         server.start()
     except (OSError, ValueError) as exc:
         print(f"fieldsales-demo-api: {exc}", file=sys.stderr)

@@ -310,6 +310,12 @@ class DemoServer:
         self._conns: set[socket.socket] = set()
         self._conns_lock = threading.Lock()
         self._docs = json.dumps(build_openapi(), separators=(",", ":")).encode()
+        #: list name -> (src, index) -> the item's bytes, once ``prerender`` ran (else None).
+        self._rendered: dict[str, dict[tuple[int, int], bytes]] | None = None
+        self._rendered_generation = 0
+        self._rendered_lock = threading.Lock()
+        #: Responses served from pre-rendered items.
+        self.prerendered_responses = 0
         self._admin = {
             **self.dataset.user_obj(0),
             "usertype": "admin",
@@ -526,13 +532,63 @@ class DemoServer:
         Items are wire text (see ``data.wire``); the envelope is glued to the first and last item
         so the page is built with one join and one latin-1 encode (two plain copies).
         """
+        keys = take(segs, skip, limit)
+        if self._rendered is not None and keys:
+            self.prerendered_responses += 1
+            parts = self._rendered_items(name, keys)
+            parts[0] = prefix.encode("latin-1") + parts[0]
+            parts[-1] = parts[-1] + suffix.encode("latin-1")
+            return b",".join(parts)
         render = self.dataset.render
-        items = [render(name, src, idx) for src, idx in take(segs, skip, limit)]
+        items = [render(name, src, idx) for src, idx in keys]
         if not items:
             return (prefix + suffix).encode()
         items[0] = prefix + items[0]
         items[-1] = items[-1] + suffix
         return ",".join(items).encode("latin-1")
+
+    # ---- pre-rendered items -----------------------------------------------------------------
+
+    def prerender(self) -> int:
+        """Render every listed item once and serve pages from memory from now on.
+
+        A page is then the stored bytes of its items joined, the same bytes as rendering them
+        (the items are wire text, so the latin-1 encoding of each item is its part of the body).
+        Items that appear later (``mutate``) are rendered on first use and kept; after ``evolve``
+        the store starts again, since an evolved item renders differently. Memory: about the
+        size of the data (~5 KB per transaction). Returns the number of items rendered.
+        """
+        with self._rendered_lock:
+            if self._rendered is None:
+                self._rendered = {name: {} for name in LIST_NAMES}
+                self._rendered_generation = self.dataset.generation
+        rendered = 0
+        for name in LIST_NAMES:
+            for src, a, b in self.dataset.views[name].segments:
+                self._rendered_items(name, [(src, i) for i in range(a, b)])
+                rendered += b - a
+        return rendered
+
+    @property
+    def prerendered(self) -> bool:
+        return self._rendered is not None
+
+    def _rendered_items(self, name: str, keys: list[tuple[int, int]]) -> list[bytes]:
+        generation = self.dataset.generation
+        if generation != self._rendered_generation:
+            with self._rendered_lock:
+                if generation != self._rendered_generation:
+                    self._rendered = {n: {} for n in LIST_NAMES}
+                    self._rendered_generation = generation
+        store = self._rendered[name]
+        render = self.dataset.render
+        out = []
+        for key in keys:
+            item = store.get(key)
+            if item is None:
+                item = store[key] = render(name, *key).encode("latin-1")
+            out.append(item)
+        return out
 
     def _transactions(self, query: dict[str, str]) -> _Response:
         skip, limit, served = self._paging(query)
