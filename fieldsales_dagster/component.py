@@ -18,6 +18,7 @@ from __future__ import annotations
 import os
 import re
 from datetime import UTC, datetime, timedelta
+from pathlib import Path
 from typing import Annotated, Any, Literal
 from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
 
@@ -46,6 +47,8 @@ from fieldsales_dagster.warehouse.resource import FieldSalesWarehouse
 _ENV_REFERENCE = re.compile(
     r"""^\{\{\s*env(?:\.(?P<attr>[A-Za-z_][A-Za-z0-9_]*)|\(\s*['"](?P<call>[A-Za-z_][A-Za-z0-9_]*)['"]\s*\))\s*\}\}$"""
 )
+#: Schemas the project writes: a DuckDB file may not be named after one (see ``_duckdb_path``).
+RESERVED_STEMS = frozenset({"raw", "core", "mart", "meta"})
 _IDENTIFIER = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 _MEMORY = re.compile(r"^\d+(\.\d+)?\s*(B|KB|MB|GB|TB|KiB|MiB|GiB|TiB)$", re.IGNORECASE)
 
@@ -233,6 +236,17 @@ class FieldSalesComponent(dg.Component, dg.Model, dg.Resolvable):
         inside = low <= value <= high if inclusive else low < value < high
         if not inside:
             raise ValueError("it is out of range")
+        return value
+
+    @field_validator("duckdb_path")
+    @classmethod
+    def _duckdb_path(cls, value: str) -> str:
+        # DuckDB names a file's catalog after its stem: raw.duckdb would shadow the raw schema.
+        if not value.startswith("md:") and Path(value).stem.lower() in RESERVED_STEMS:
+            raise ValueError(
+                f"a file named {Path(value).name} gives DuckDB a catalog named like one of the "
+                f"schemas ({', '.join(sorted(RESERVED_STEMS))})"
+            )
         return value
 
     @field_validator("duckdb_memory_limit")

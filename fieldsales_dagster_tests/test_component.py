@@ -284,3 +284,9 @@ def test_pii_hash_key_reaches_the_warehouse_as_an_env_var(project_env, monkeypat
     warehouse = load_project_defs().resources["warehouse"]
     assert warehouse.pii == "hash"
     assert warehouse.pii_hash_key == dg.EnvVar("FIELDSALES_PII_HASH_KEY")
+
+
+def test_duckdb_file_named_after_a_schema_fails_the_load(project_env, monkeypatch, tmp_path):
+    message = load_failure(monkeypatch, FIELDSALES_DUCKDB_PATH=str(tmp_path / "raw.duckdb"))
+    assert "duckdb_path (from FIELDSALES_DUCKDB_PATH) is invalid" in message
+    assert "raw.duckdb" in message
