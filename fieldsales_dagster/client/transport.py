@@ -96,26 +96,25 @@ def _attach_to_watch(conn: urllib3.connection.HTTPConnection) -> None:
         watch.attach(conn)
 
 
-class _WatchedHTTPConnection(urllib3.connection.HTTPConnection):
-    """Registers itself with the calling thread's watch (requests run in the caller's thread)."""
+class _Watched:
+    """Registers a connection with the calling thread's watch (requests run in the caller's
+    thread); mixed into urllib3's HTTP and HTTPS connections below."""
 
     def connect(self) -> None:
-        super().connect()
+        super().connect()  # type: ignore[misc]
         _attach_to_watch(self)
 
     def request(self, *args: object, **kwargs: object) -> None:
         _attach_to_watch(self)
-        super().request(*args, **kwargs)  # type: ignore[arg-type]
+        super().request(*args, **kwargs)  # type: ignore[misc]
 
 
-class _WatchedHTTPSConnection(urllib3.connection.HTTPSConnection):
-    def connect(self) -> None:
-        super().connect()
-        _attach_to_watch(self)
+class _WatchedHTTPConnection(_Watched, urllib3.connection.HTTPConnection):
+    pass
 
-    def request(self, *args: object, **kwargs: object) -> None:
-        _attach_to_watch(self)
-        super().request(*args, **kwargs)  # type: ignore[arg-type]
+
+class _WatchedHTTPSConnection(_Watched, urllib3.connection.HTTPSConnection):
+    pass
 
 
 class _WatchedHTTPPool(HTTPConnectionPool):
