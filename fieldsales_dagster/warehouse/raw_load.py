@@ -56,6 +56,10 @@ MAX_ITEM_BYTES = 4 * 1024 * 1024
 FIELD_SEP = b"\x01"
 #: Repair rounds (head and tail re-fetched) of one pass before the list is paged again.
 MAX_REPAIRS = 5
+#: Bytes of items per insert statement. Larger statements fill DuckDB row groups in the
+#: inserting threads (see ``ROW_GROUP_SIZE``); 128 MB measured faster than 32 MB (2.8 -> 2.2 s for
+#: 100k transactions). The spool waits on disk, not in memory.
+SPOOL_BYTES = 128 * 1024 * 1024
 #: Folder beside the database that holds spools while a load runs.
 SPOOL_DIR_NAME = ".fieldsales_spool"
 
@@ -462,7 +466,7 @@ def load_list(
     endpoint: ListEndpoint,
     *,
     log: Callable[[str], None] = lambda message: None,
-    spool_bytes: int = 32 * 1024 * 1024,
+    spool_bytes: int = SPOOL_BYTES,
     spool_dir: Path | None = None,
     before_swap: Callable[[str], None] | None = None,
     max_shrink_fraction: float = 0.5,

@@ -282,7 +282,7 @@ class FieldSalesWarehouse(dg.ConfigurableResource):
             reraise=True,
         )
         try:
-            return retrying(duckdb.connect, str(path), config=self._config(path))
+            return retrying(_open_database, path, self._config(path))
         except duckdb.IOException as exc:
             if not _is_lock_conflict(exc):
                 raise
@@ -419,6 +419,38 @@ def _materialized_in_run(
         if event is not None and event.asset_key is not None:
             keys[event.asset_key] = None
     return list(keys)
+
+
+#: Rows per row group of the pipeline's tables. DuckDB compresses and writes a row group as soon
+#: as an insert fills one, in the inserting thread; with its default (122,880 rows, ~600 MB of raw
+#: payloads) a load's rows wait in memory and are compressed in one thread at commit. 16,384 rows
+#: (~80 MB of payloads) measured 2.5x faster for 100k transactions (5.5 s -> 2.2 s), and readers
+#: get more row groups to scan in parallel. Set on every attach: it is not stored in the file.
+ROW_GROUP_SIZE = 16384
+
+
+def _open_database(path: Path, config: dict[str, object]) -> duckdb.DuckDBPyConnection:
+    """A connection whose default database is ``path``, attached with ``ROW_GROUP_SIZE``.
+
+    The database keeps the file's stem as its name, as ``duckdb.connect(path)`` would.
+    """
+    conn = duckdb.connect(config=config)
+    try:
+        conn.execute(f"ATTACH '{_sql_string(str(path))}' (ROW_GROUP_SIZE {ROW_GROUP_SIZE})")
+        (name,) = conn.execute(
+            "SELECT database_name FROM duckdb_databases() "
+            "WHERE NOT internal AND database_name <> 'memory'"
+        ).fetchone()
+        conn.execute(f"USE {quote_ident(name)}")
+        conn.execute("DETACH memory")
+    except BaseException:
+        conn.close()
+        raise
+    return conn
+
+
+def _sql_string(text: str) -> str:
+    return text.replace("'", "''")
 
 
 def _copy_file(source: Path, target: Path) -> str:
