@@ -319,6 +319,35 @@ def test_pretty_printed_items_and_odd_ids_are_stored_as_received(tmp_path):
 
 
 @pytest.mark.parametrize(
+    "items",
+    [
+        [{"_id": "a", "eventId": "e1"}, {"_id": "b", "eventId": "e2", "x": [1, {"_id": "n"}]}],
+        [{"_id": "a"}, {"eventId": "e2"}, {"_id": "", "eventId": ""}],  # absent and empty keys
+        [{"_id": 42, "eventId": "e1"}, {"_id": 1.5, "eventId": True}],  # not strings
+        [{"_id": "odd\u0001id", "eventId": "e1"}, {"_id": "a\nb", "eventId": "c\rd"}],
+        [{"_id": {"$oid": "abc"}, "eventId": ["e"]}],  # objects and lists as keys
+        [{"_id": "é✓😀", "eventId": "e\u00e9"}],
+    ],
+)
+def test_spool_lines_of_a_page_checked_for_line_breaks_equal_item_by_item_lines(items):
+    import json
+
+    from fieldsales_dagster.client.envelope import split_envelope
+    from fieldsales_dagster.client.pager import Page
+    from fieldsales_dagster.warehouse.raw_load import key_decoder, spool_lines
+
+    body = json.dumps({"transactions": items, "count": len(items)}).encode()
+    assert b"\n" not in body and b"\r" not in body
+    parsed, total = split_envelope(body, TRANSACTIONS, "test page")
+    decode = key_decoder(TRANSACTIONS)
+    checked = Page(skip=0, items=parsed, total=total, nbytes=len(body), line_breaks=False)
+    unchecked = Page(skip=0, items=parsed, total=total, nbytes=len(body))
+    lines = spool_lines(checked, decode)
+    assert lines == spool_lines(unchecked, decode)
+    assert lines.count(b"\n") == len(items) and lines.endswith(b"\n")
+
+
+@pytest.mark.parametrize(
     "body, expected_items, expected_total",
     [
         (b'{"transactions": [{"_id": "a"}], "count": 7}', 1, 7),

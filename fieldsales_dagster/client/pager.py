@@ -58,6 +58,8 @@ class Page:
     nbytes: int
     #: Each item's ``_id`` and extra-column keys (see ``item_keys``), where already decoded.
     keys: list[ItemKeys] | None = None
+    #: Whether the body may hold a raw line break (``False`` only where it was checked not to).
+    line_breaks: bool = True
 
     @property
     def n(self) -> int:
@@ -222,7 +224,7 @@ class Pager:
                 raise PagingError(self._no_new_ids_message(page, ids))
         self.seen |= new
         self.stats.count(items=len(items))
-        return Page(page.skip, items, page.total, page.nbytes, page_keys)  # type: ignore[arg-type]
+        return Page(page.skip, items, page.total, page.nbytes, page_keys, page.line_breaks)  # type: ignore[arg-type]
 
     def _no_new_ids_message(self, page: Page, ids: set[int]) -> str:
         if page.skip != self.start and ids == self.first_ids:

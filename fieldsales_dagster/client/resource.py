@@ -426,10 +426,17 @@ class FieldSalesAPI(dg.ConfigurableResource):
 
         def parse(body: bytes) -> tuple[list[msgspec.Raw], int | None]:
             holder["nbytes"] = len(body)
+            holder["line_breaks"] = b"\n" in body or b"\r" in body
             return split_envelope(body, endpoint, where)
 
         items, total = self.get(endpoint.path, params, parse=parse, stats=stats)  # type: ignore[misc]
-        return Page(skip=skip, items=items, total=total, nbytes=holder["nbytes"])
+        return Page(
+            skip=skip,
+            items=items,
+            total=total,
+            nbytes=holder["nbytes"],
+            line_breaks=bool(holder["line_breaks"]),
+        )
 
     def iter_pages(
         self,
