@@ -43,6 +43,10 @@ from fieldsales_dagster.client.urls import Origin, origin_of
 #: Bytes read (and decompressed) per step: large enough that the loop costs nothing next to the
 #: network, small enough that the cap is overshot by at most this much.
 CHUNK_BYTES = 1 << 20
+#: An uncompressed body that declares its length (within the cap) is read in steps of up to
+#: this: one read of a ~2.5 MB page instead of three, each copied again (0.6 -> 0.4 CPU-s per GB).
+#: A step is allocated before its bytes arrive, so a lying Content-Length costs at most this.
+WHOLE_BODY_BYTES = 32 << 20
 MAX_REDIRECTS = 5
 REDIRECT_STATUSES = frozenset({301, 302, 303, 307, 308})
 
@@ -244,11 +248,14 @@ def read_body(resp: requests.Response, where: str, max_bytes: int) -> bytes:
         )
 
     declared = resp.headers.get("Content-Length", "")
-    if inflater is None and declared.isdigit() and int(declared) > max_bytes:
-        raise too_large()
+    step = CHUNK_BYTES
+    if inflater is None and declared.isdigit():
+        if int(declared) > max_bytes:
+            raise too_large()
+        step = max(CHUNK_BYTES, min(int(declared), WHOLE_BODY_BYTES))
     parts: list[bytes] = []
     size = 0
-    while chunk := resp.raw.read(CHUNK_BYTES, decode_content=False):
+    while chunk := resp.raw.read(step, decode_content=False):
         pieces = inflater.feed(chunk) if inflater else (chunk,)
         for piece in pieces:
             size += len(piece)
