@@ -385,3 +385,21 @@ def test_gap_windows_find_items_between_pages_answered_out_of_order():
         (500, 100, 1225),
     ]
     assert gap_windows(answers, 1225, slack=0) == [(400, 425)]
+
+
+def test_seen_ids_tell_new_ids_from_received_ones_across_their_merges():
+    from fieldsales_dagster.client.pager import SeenIds
+
+    class Small(SeenIds):
+        RECENT = 4  # merge into the sorted array every few ids
+
+    seen = Small()
+    received: set[int] = set()
+    for page in range(40):
+        ids = {(-1) ** i * (page * 7 + i) * 2**40 for i in range(6)} | {3, -(2**63), 2**63 - 1}
+        new = seen.unseen(ids)
+        assert new == ids - received
+        seen.add(new)
+        received |= new
+    assert len(seen) == len(received)
+    assert seen.unseen(received) == set()
