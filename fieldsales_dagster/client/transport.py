@@ -19,8 +19,11 @@
 from __future__ import annotations
 
 import contextlib
+import heapq
+import itertools
 import socket
 import threading
+import time
 import zlib
 from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
@@ -58,10 +61,10 @@ class _Watch:
 
     def __init__(self, seconds: float):
         self.expired = False
+        self.done = False
+        self._seconds = seconds
         self._lock = threading.Lock()
         self._conn: urllib3.connection.HTTPConnection | None = None
-        self._timer = threading.Timer(seconds, self._expire)
-        self._timer.daemon = True
 
     def attach(self, conn: urllib3.connection.HTTPConnection) -> None:
         with self._lock:
@@ -70,8 +73,10 @@ class _Watch:
         if expired:
             self._shutdown(conn)
 
-    def _expire(self) -> None:
+    def expire(self) -> None:
         with self._lock:
+            if self.done:
+                return
             self.expired = True
             conn = self._conn
         if conn is not None:
@@ -86,12 +91,65 @@ class _Watch:
 
     def __enter__(self) -> _Watch:
         _current.watch = self
-        self._timer.start()
+        _WATCHDOG.watch(self, time.monotonic() + self._seconds)
         return self
 
     def __exit__(self, *exc_info: object) -> None:
-        self._timer.cancel()
+        with self._lock:
+            self.done = True
+        _WATCHDOG.forget()
         _current.watch = None
+
+
+class _Watchdog:
+    """One thread that expires each request's watch at its deadline.
+
+    A timer thread per request cost a thread start per page (milliseconds of latency on a busy
+    machine). Watches that ended are dropped from the heap lazily: when they reach its top, or
+    when they outnumber the live ones.
+    """
+
+    def __init__(self) -> None:
+        self._cond = threading.Condition()
+        self._heap: list[tuple[float, int, _Watch]] = []
+        self._order = itertools.count()
+        self._live = 0
+        self._thread: threading.Thread | None = None
+
+    def watch(self, watch: _Watch, deadline: float) -> None:
+        with self._cond:
+            self._live += 1
+            if len(self._heap) > 2 * self._live + 64:
+                self._heap = [entry for entry in self._heap if not entry[2].done]
+                heapq.heapify(self._heap)
+            heapq.heappush(self._heap, (deadline, next(self._order), watch))
+            if self._thread is None or not self._thread.is_alive():  # first use, or a fork
+                self._thread = threading.Thread(
+                    target=self._run, name="fieldsales-deadlines", daemon=True
+                )
+                self._thread.start()
+            self._cond.notify()
+
+    def forget(self) -> None:
+        with self._cond:
+            self._live -= 1
+
+    def _next_due(self) -> _Watch:
+        with self._cond:
+            while True:
+                while self._heap and self._heap[0][2].done:
+                    heapq.heappop(self._heap)
+                now = time.monotonic()
+                if self._heap and self._heap[0][0] <= now:
+                    return heapq.heappop(self._heap)[2]
+                self._cond.wait(self._heap[0][0] - now if self._heap else None)
+
+    def _run(self) -> None:
+        while True:
+            self._next_due().expire()
+
+
+_WATCHDOG = _Watchdog()
 
 
 def _attach_to_watch(conn: urllib3.connection.HTTPConnection) -> None:
