@@ -342,6 +342,21 @@ def test_body_dripping_a_byte_at_a_time_hits_the_request_deadline(tmp_path):
     assert EV in message
 
 
+def test_deadline_of_a_finished_request_does_not_cut_the_next_on_its_connection(tmp_path):
+    def handler(conn: Conn) -> None:
+        while (request := conn.read_request()) is not None:
+            if request.query.get("skip") != "0":
+                conn.server.stopping.wait(0.8)  # answers across the first request's deadline
+            conn.respond(200, b'[{"_id": "a"}]')
+
+    with HostileServer(handler) as server:
+        api = hostile_api(server, tmp_path, request_deadline_s=1.0, max_retries=0)
+        assert api.fetch_page(EVENTS, 0).n == 1
+        server.stopping.wait(0.5)
+        assert api.fetch_page(EVENTS, 1).n == 1  # from 0.5 s to 1.3 s: one connection
+    assert len(server.requests) == 2
+
+
 def test_headers_dripped_a_byte_at_a_time_hit_the_request_deadline(tmp_path):
     def handler(conn: Conn) -> None:
         while conn.read_request() is not None:
