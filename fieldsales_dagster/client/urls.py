@@ -10,6 +10,7 @@ rebuilt from urllib3's parts.
 
 from __future__ import annotations
 
+import functools
 import ipaddress
 from dataclasses import dataclass
 from urllib.parse import urlsplit
@@ -60,6 +61,7 @@ def _bad(base_url: str, why: str) -> FieldSalesAPIError:
     )
 
 
+@functools.lru_cache(maxsize=256)  # asked for on every request: parsing it cost ~0.1 ms each time
 def origin_of(url: str) -> Origin | None:
     """The origin urllib3 would connect to for ``url``, or ``None`` if it cannot parse it."""
     try:
@@ -71,6 +73,7 @@ def origin_of(url: str) -> Origin | None:
     return Origin(parts.scheme, parts.host, parts.port or {"http": 80, "https": 443}[parts.scheme])
 
 
+@functools.lru_cache(maxsize=256)  # pure; a refused URL raises every time (nothing is cached)
 def validate_base_url(base_url: str) -> str:
     """The base URL, rebuilt from urllib3's parts without a trailing slash.
 
