@@ -12,11 +12,11 @@ A check whose tables are all its asset or the asset's own upstream tables runs i
 on the connection that built the table (a check spec of the asset: one step per table, not one per
 check, and the asset's blocking checks fail that step, so nothing downstream builds on a table that
 failed them). It can still be run alone: the asset subsets to the checks selected. A check that
-reads a table its asset does not depend on (``event_ids_known`` reads ``core.events``) is an asset
-check of its own, run once both tables are built.
+reads a table its asset does not depend on (``event_ids_known`` reads ``core.events``) runs in one
+step with the other such checks, once every table they read is built.
 """
 
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 
 import dagster as dg
@@ -84,23 +84,27 @@ class CoreCheck:
         )
 
 
-def _standalone(names: InstanceNames, check: CoreCheck) -> dg.AssetChecksDefinition:
-    """``check`` as an asset check of its own (its own step), reading through the warehouse."""
+def _cross_table_checks(names: InstanceNames, checks: list[CoreCheck]) -> dg.AssetChecksDefinition:
+    """``checks`` (each reading a table its asset does not depend on) in one step of their own,
+    once every table they read is built; each can still be run alone (the step subsets)."""
+    by_key = {
+        dg.AssetCheckKey(names.asset_key(check.table.asset_name), check.name): check
+        for check in checks
+    }
 
-    @dg.asset_check(
-        asset=names.asset_key(check.table.asset_name),
-        name=check.name,
-        description=check.description,
-        blocking=check.blocking,
-        additional_deps=[names.asset_key(other.asset_name) for other in check.also_reads],
+    @dg.multi_asset_check(
+        specs=[check.spec(names) for check in checks],
+        name=names.asset_key("core_cross_table_checks").to_python_identifier(),
+        can_subset=True,
         required_resource_keys={names.warehouse_resource},
     )
-    def _check(context: dg.AssetCheckExecutionContext) -> dg.AssetCheckResult:
+    def _checks(context: dg.AssetCheckExecutionContext) -> Iterator[dg.AssetCheckResult]:
         warehouse: FieldSalesWarehouse = getattr(context.resources, names.warehouse_resource)
         with warehouse.get_connection() as conn:
-            return check.evaluate(conn)
+            for key in sorted(context.selected_asset_check_keys, key=str):
+                yield by_key[key].result(conn, names)
 
-    return _check
+    return _checks
 
 
 def ids_unique_description(table: CoreTable) -> str:
@@ -484,9 +488,10 @@ def checks_in_asset_step(table: CoreTable) -> list[CoreCheck]:
 
 
 def build_core_checks(names: InstanceNames) -> list[dg.AssetChecksDefinition]:
-    """The checks that run as steps of their own: those that read a table their asset does not
-    depend on. The others are check specs of their assets (``checks_in_asset_step``)."""
-    return [_standalone(names, c) for c in core_checks() if not c.runs_in_asset_step]
+    """The checks that run in a step of their own (one for all of them): those that read a table
+    their asset does not depend on. The others are check specs of their assets
+    (``checks_in_asset_step``)."""
+    return [_cross_table_checks(names, [c for c in core_checks() if not c.runs_in_asset_step])]
 
 
 def core_check_keys(names: InstanceNames) -> list[dg.AssetCheckKey]:
