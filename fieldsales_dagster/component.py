@@ -10,7 +10,9 @@ what it accepts. One instance becomes:
 * assets ``raw_*`` and ``core_*`` (under ``key_prefix`` for a second tenant), their checks;
 * the refresh job and its schedule, the token-renewal sensor and the core-table automation sensor.
 
-Subclasses may override ``build_assets`` or ``build_checks`` to add or change definitions.
+Subclasses may override ``build_assets`` or ``build_checks`` to add or change definitions. (Most
+core checks are check specs of their assets, evaluated in the asset's step: ``build_assets``
+wires them; ``build_checks`` holds the ones that run as steps of their own.)
 """
 
 from __future__ import annotations
@@ -26,7 +28,7 @@ import dagster as dg
 from dagster._utils.schedules import cron_string_iterator, is_valid_cron_string
 from pydantic import Field, ValidationError, ValidationInfo, field_validator
 
-from fieldsales_dagster.assets.checks import build_core_checks
+from fieldsales_dagster.assets.checks import build_core_checks, checks_in_asset_step
 from fieldsales_dagster.assets.core import build_core_assets
 from fieldsales_dagster.assets.mart import build_mart_assets
 from fieldsales_dagster.assets.raw import build_raw_assets
@@ -353,8 +355,8 @@ class FieldSalesComponent(dg.Component, dg.Model, dg.Resolvable):
         names = self.names
         return [
             *build_raw_assets(names, self.owners),
-            *build_core_assets(names, self.owners, self.freshness_policy()),
-            *build_mart_assets(names, self.owners, self.freshness_policy()),
+            *build_core_assets(names, self.owners, self.freshness_policy(), checks_in_asset_step),
+            *build_mart_assets(names, self.owners, self.freshness_policy(), checks_in_asset_step),
         ]
 
     def build_checks(self, assets: list[dg.AssetsDefinition]) -> list[dg.AssetChecksDefinition]:

@@ -300,7 +300,12 @@ def materialize_core(
     write_raw_tables(database, transactions=transactions, events=events)
     warehouse = FieldSalesWarehouse(database=str(database), threads=2, **warehouse_settings)
     return dg.materialize(
-        [*RAW_STAND_INS, *core_assets(), *mart_assets(), *(core_checks() if with_checks else [])],
+        [
+            *RAW_STAND_INS,
+            *core_assets(with_checks),
+            *mart_assets(with_checks),
+            *(core_checks() if with_checks else []),
+        ],
         resources={"warehouse": warehouse},
         raise_on_error=raise_on_error,
         selection=dg.AssetSelection.groups("core", "mart"),

@@ -5,7 +5,11 @@ from __future__ import annotations
 
 import dagster as dg
 
-from fieldsales_dagster.assets.checks import build_core_checks
+from fieldsales_dagster.assets.checks import (
+    build_core_checks,
+    checks_in_asset_step,
+    core_check_keys,
+)
 from fieldsales_dagster.assets.core import build_core_assets
 from fieldsales_dagster.assets.mart import build_mart_assets
 from fieldsales_dagster.assets.raw import build_raw_assets
@@ -19,16 +23,25 @@ def raw_assets() -> list[dg.AssetsDefinition]:
     return build_raw_assets(DEFAULT, OWNERS)
 
 
-def core_assets() -> list[dg.AssetsDefinition]:
-    return build_core_assets(DEFAULT, OWNERS, freshness_policy=None)
+def core_assets(with_checks: bool = False) -> list[dg.AssetsDefinition]:
+    """The core assets; ``with_checks``: with the checks their steps evaluate, as deployed."""
+    checks_for = checks_in_asset_step if with_checks else None
+    return build_core_assets(DEFAULT, OWNERS, freshness_policy=None, checks_for=checks_for)
 
 
-def mart_assets() -> list[dg.AssetsDefinition]:
-    return build_mart_assets(DEFAULT, OWNERS, freshness_policy=None)
+def mart_assets(with_checks: bool = False) -> list[dg.AssetsDefinition]:
+    checks_for = checks_in_asset_step if with_checks else None
+    return build_mart_assets(DEFAULT, OWNERS, freshness_policy=None, checks_for=checks_for)
 
 
 def core_checks() -> list[dg.AssetChecksDefinition]:
+    """The core checks that run as steps of their own (the others: ``core_assets(True)``)."""
     return build_core_checks(DEFAULT)
+
+
+def core_check_count() -> int:
+    """How many checks the core and mart tables have, wherever they run."""
+    return len(core_check_keys(DEFAULT))
 
 
 def load_project_defs() -> dg.Definitions:

@@ -6,7 +6,7 @@ import dagster as dg
 import pytest
 
 from fieldsales_dagster_tests import core_payloads as p
-from fieldsales_dagster_tests.project import core_checks
+from fieldsales_dagster_tests.project import core_check_count
 
 SLIDER = p.field("f-slider", "Slider", minimum=0, maximum=10, step=1)
 CONFIG = p.config("cfg-1", [SLIDER])
@@ -70,7 +70,7 @@ def duplicated(tmp_path_factory):
 def test_every_check_passes_on_clean_data(clean):
     failed = [key for key, evaluation in clean.items() if not evaluation.passed]
     assert failed == []
-    assert len(clean) == len(core_checks())
+    assert len(clean) == core_check_count()
 
 
 def test_duplicate_transaction_ids_fail_the_blocking_uniqueness_check(duplicated):

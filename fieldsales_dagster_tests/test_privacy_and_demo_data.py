@@ -39,7 +39,7 @@ def load(server, tmp_path_factory):
         folder = tmp_path_factory.mktemp(name)
         database = str(folder / "fieldsales.duckdb")
         result = dg.materialize(
-            [*raw_assets(), *core_assets(), *mart_assets(), *core_checks()],
+            [*raw_assets(), *core_assets(True), *mart_assets(True), *core_checks()],
             resources={
                 "fieldsales_api": make_api(server, folder),
                 "warehouse": FieldSalesWarehouse(database=database, threads=2, **settings),

@@ -7,11 +7,20 @@ Drift in the API's partly undocumented kinds (a new custom-report field type, a 
 is a warning too: the data still loads, typed as well as it can be. The known kinds are listed
 once, in ``sql/field_type_kinds.sql`` and ``sql/known_event_states.sql``. The marts are checked
 against the core tables they summarise.
+
+A check whose tables are all its asset or the asset's own upstream tables runs in its asset's step,
+on the connection that built the table (a check spec of the asset: one step per table, not one per
+check, and the asset's blocking checks fail that step, so nothing downstream builds on a table that
+failed them). It can still be run alone: the asset subsets to the checks selected. A check that
+reads a table its asset does not depend on (``event_ids_known`` reads ``core.events``) runs in one
+step with the other such checks, once every table they read is built.
 """
 
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
 
 import dagster as dg
+import duckdb
 
 from fieldsales_dagster.assets.core import CORE_TABLES, CoreTable, shared_macros_sql
 from fieldsales_dagster.assets.mart import MART_TABLES
@@ -21,15 +30,14 @@ from fieldsales_dagster.warehouse.resource import FieldSalesWarehouse, qualified
 #: How many offending rows a check names in its metadata.
 SAMPLE_SIZE = 5
 
-#: ``evaluate(warehouse) -> result``: the body of one check.
-Evaluate = Callable[[FieldSalesWarehouse], dg.AssetCheckResult]
+#: ``evaluate(connection) -> result``: the body of one check, on a warehouse connection.
+Evaluate = Callable[[duckdb.DuckDBPyConnection], dg.AssetCheckResult]
 
 
-def _fetch_one(warehouse: FieldSalesWarehouse, sql: str) -> tuple:
-    with warehouse.get_connection() as conn:
-        if macros := shared_macros_sql(sql):
-            conn.execute(macros)
-        return conn.execute(sql).fetchone()
+def _fetch_one(conn: duckdb.DuckDBPyConnection, sql: str) -> tuple:
+    if macros := shared_macros_sql(sql):
+        conn.execute(macros)
+    return conn.execute(sql).fetchone()
 
 
 def _asset_table(asset_name: str) -> CoreTable:
@@ -37,30 +45,66 @@ def _asset_table(asset_name: str) -> CoreTable:
     return next(t for t in (*CORE_TABLES, *MART_TABLES) if t.asset_name == asset_name)
 
 
-def _bind(
-    names: InstanceNames,
-    table: CoreTable,
-    evaluate: Evaluate,
-    *,
-    name: str,
-    description: str,
-    blocking: bool = False,
-    also_reads: tuple[CoreTable, ...] = (),
-) -> dg.AssetChecksDefinition:
-    """One check of ``table``'s asset in this instance, reading through its warehouse resource."""
+@dataclass(frozen=True)
+class CoreCheck:
+    """One check of a core or mart table: its name, what it promises, and how it is evaluated."""
 
-    @dg.asset_check(
-        asset=names.asset_key(table.asset_name),
-        name=name,
-        description=description,
-        blocking=blocking,
-        additional_deps=[names.asset_key(other.asset_name) for other in also_reads],
+    table: CoreTable
+    evaluate: Evaluate
+    name: str
+    description: str
+    blocking: bool = False
+    also_reads: tuple[CoreTable, ...] = ()
+
+    @property
+    def runs_in_asset_step(self) -> bool:
+        """True when every table it reads is its asset's or one the asset depends on: the
+        asset's step can evaluate it right after building the table."""
+        return all(other.asset_name in self.table.deps for other in self.also_reads)
+
+    def spec(self, names: InstanceNames) -> dg.AssetCheckSpec:
+        return dg.AssetCheckSpec(
+            name=self.name,
+            asset=names.asset_key(self.table.asset_name),
+            description=self.description,
+            blocking=self.blocking,
+            additional_deps=[names.asset_key(other.asset_name) for other in self.also_reads],
+        )
+
+    def result(self, conn: duckdb.DuckDBPyConnection, names: InstanceNames) -> dg.AssetCheckResult:
+        """The evaluation, addressed to this check (an asset step may evaluate several)."""
+        evaluation = self.evaluate(conn)
+        return dg.AssetCheckResult(
+            asset_key=names.asset_key(self.table.asset_name),
+            check_name=self.name,
+            passed=evaluation.passed,
+            severity=evaluation.severity,
+            metadata=evaluation.metadata,
+            description=evaluation.description,
+        )
+
+
+def _cross_table_checks(names: InstanceNames, checks: list[CoreCheck]) -> dg.AssetChecksDefinition:
+    """``checks`` (each reading a table its asset does not depend on) in one step of their own,
+    once every table they read is built; each can still be run alone (the step subsets)."""
+    by_key = {
+        dg.AssetCheckKey(names.asset_key(check.table.asset_name), check.name): check
+        for check in checks
+    }
+
+    @dg.multi_asset_check(
+        specs=[check.spec(names) for check in checks],
+        name=names.asset_key("core_cross_table_checks").to_python_identifier(),
+        can_subset=True,
         required_resource_keys={names.warehouse_resource},
     )
-    def _check(context: dg.AssetCheckExecutionContext) -> dg.AssetCheckResult:
-        return evaluate(getattr(context.resources, names.warehouse_resource))
+    def _checks(context: dg.AssetCheckExecutionContext) -> Iterator[dg.AssetCheckResult]:
+        warehouse: FieldSalesWarehouse = getattr(context.resources, names.warehouse_resource)
+        with warehouse.get_connection() as conn:
+            for key in sorted(context.selected_asset_check_keys, key=str):
+                yield by_key[key].result(conn, names)
 
-    return _check
+    return _checks
 
 
 def ids_unique_description(table: CoreTable) -> str:
@@ -98,8 +142,8 @@ def ids_unique(table: CoreTable) -> Evaluate:
     """
     key_label = ", ".join(table.key)
 
-    def _ids_unique(warehouse: FieldSalesWarehouse) -> dg.AssetCheckResult:
-        duplicated, with_null, sample = _fetch_one(warehouse, sql)
+    def _ids_unique(conn: duckdb.DuckDBPyConnection) -> dg.AssetCheckResult:
+        duplicated, with_null, sample = _fetch_one(conn, sql)
         return dg.AssetCheckResult(
             passed=duplicated == 0 and with_null == 0,
             severity=dg.AssetCheckSeverity.ERROR,
@@ -114,9 +158,9 @@ def ids_unique(table: CoreTable) -> Evaluate:
     return _ids_unique
 
 
-def event_ids_known(warehouse: FieldSalesWarehouse) -> dg.AssetCheckResult:
+def event_ids_known(conn: duckdb.DuckDBPyConnection) -> dg.AssetCheckResult:
     unknown, sample = _fetch_one(
-        warehouse,
+        conn,
         f"""
         SELECT
             count(*),
@@ -135,9 +179,9 @@ def event_ids_known(warehouse: FieldSalesWarehouse) -> dg.AssetCheckResult:
     )
 
 
-def slider_values_valid(warehouse: FieldSalesWarehouse) -> dg.AssetCheckResult:
+def slider_values_valid(conn: duckdb.DuckDBPyConnection) -> dg.AssetCheckResult:
     out_of_range, off_step, sample = _fetch_one(
-        warehouse,
+        conn,
         f"""
         SELECT
             count(*) FILTER (WHERE NOT in_range),
@@ -163,9 +207,9 @@ def slider_values_valid(warehouse: FieldSalesWarehouse) -> dg.AssetCheckResult:
     )
 
 
-def field_types_resolved(warehouse: FieldSalesWarehouse) -> dg.AssetCheckResult:
+def field_types_resolved(conn: duckdb.DuckDBPyConnection) -> dg.AssetCheckResult:
     unresolved, by_source, sample = _fetch_one(
-        warehouse,
+        conn,
         f"""
         WITH unresolved AS (
             SELECT * FROM core.custom_report_results WHERE field_type IS NULL
@@ -189,9 +233,9 @@ def field_types_resolved(warehouse: FieldSalesWarehouse) -> dg.AssetCheckResult:
     )
 
 
-def coordinates_in_range(warehouse: FieldSalesWarehouse) -> dg.AssetCheckResult:
+def coordinates_in_range(conn: duckdb.DuckDBPyConnection) -> dg.AssetCheckResult:
     invalid, sample = _fetch_one(
-        warehouse,
+        conn,
         f"""
         SELECT count(*), coalesce(list(pos_id ORDER BY pos_id), [])[1:{SAMPLE_SIZE}]
         FROM core.dim_point_of_sale
@@ -210,9 +254,9 @@ def coordinates_in_range(warehouse: FieldSalesWarehouse) -> dg.AssetCheckResult:
     )
 
 
-def field_types_known(warehouse: FieldSalesWarehouse) -> dg.AssetCheckResult:
+def field_types_known(conn: duckdb.DuckDBPyConnection) -> dg.AssetCheckResult:
     new_types, values, known = _fetch_one(
-        warehouse,
+        conn,
         """
         SELECT
             coalesce(list(field_type ORDER BY field_type) FILTER (WHERE NOT decoded), []),
@@ -232,9 +276,9 @@ def field_types_known(warehouse: FieldSalesWarehouse) -> dg.AssetCheckResult:
     )
 
 
-def event_states_known(warehouse: FieldSalesWarehouse) -> dg.AssetCheckResult:
+def event_states_known(conn: duckdb.DuckDBPyConnection) -> dg.AssetCheckResult:
     new_states, rows = _fetch_one(
-        warehouse,
+        conn,
         """
         WITH seen AS (
             SELECT event_state AS state FROM core.events
@@ -257,9 +301,9 @@ def event_states_known(warehouse: FieldSalesWarehouse) -> dg.AssetCheckResult:
     )
 
 
-def daily_sales_match_transactions(warehouse: FieldSalesWarehouse) -> dg.AssetCheckResult:
+def daily_sales_match_transactions(conn: duckdb.DuckDBPyConnection) -> dg.AssetCheckResult:
     mart_n, core_n, mart_value, core_value = _fetch_one(
-        warehouse,
+        conn,
         """
         SELECT
             (SELECT coalesce(sum(transactions), 0) FROM mart.daily_sales),
@@ -280,9 +324,9 @@ def daily_sales_match_transactions(warehouse: FieldSalesWarehouse) -> dg.AssetCh
     )
 
 
-def event_summary_matches_events(warehouse: FieldSalesWarehouse) -> dg.AssetCheckResult:
+def event_summary_matches_events(conn: duckdb.DuckDBPyConnection) -> dg.AssetCheckResult:
     mart_n, core_n, mart_value, core_value = _fetch_one(
-        warehouse,
+        conn,
         """
         SELECT
             (SELECT count(*) FROM mart.event_summary),
@@ -304,9 +348,9 @@ def event_summary_matches_events(warehouse: FieldSalesWarehouse) -> dg.AssetChec
     )
 
 
-def user_activity_matches_status_changes(warehouse: FieldSalesWarehouse) -> dg.AssetCheckResult:
+def user_activity_matches_status_changes(conn: duckdb.DuckDBPyConnection) -> dg.AssetCheckResult:
     mart_n, core_n = _fetch_one(
-        warehouse,
+        conn,
         """
         SELECT
             (SELECT coalesce(sum(status_changes), 0) FROM mart.user_activity),
@@ -321,16 +365,16 @@ def user_activity_matches_status_changes(warehouse: FieldSalesWarehouse) -> dg.A
     )
 
 
-def build_core_checks(names: InstanceNames) -> list[dg.AssetChecksDefinition]:
-    """Every check of the core tables: uniqueness from each table's key, then the data checks."""
+def core_checks() -> list[CoreCheck]:
+    """Every check of the core and mart tables: uniqueness from each table's key, then the data
+    checks."""
     transactions = _asset_table("core_transactions")
     events = _asset_table("core_events")
     results = _asset_table("core_custom_report_results")
     points_of_sale = _asset_table("core_dim_point_of_sale")
     return [
         *(
-            _bind(
-                names,
+            CoreCheck(
                 table,
                 ids_unique(table),
                 name="ids_unique",
@@ -339,8 +383,7 @@ def build_core_checks(names: InstanceNames) -> list[dg.AssetChecksDefinition]:
             )
             for table in (*CORE_TABLES, *MART_TABLES)
         ),
-        _bind(
-            names,
+        CoreCheck(
             transactions,
             event_ids_known,
             name="event_ids_known",
@@ -351,8 +394,7 @@ def build_core_checks(names: InstanceNames) -> list[dg.AssetChecksDefinition]:
                 "missing until the next refresh."
             ),
         ),
-        _bind(
-            names,
+        CoreCheck(
             results,
             slider_values_valid,
             name="slider_values_valid",
@@ -361,8 +403,7 @@ def build_core_checks(names: InstanceNames) -> list[dg.AssetChecksDefinition]:
                 "(counted from the minimum). Counts values that do not, and names a few."
             ),
         ),
-        _bind(
-            names,
+        CoreCheck(
             results,
             field_types_resolved,
             name="field_types_resolved",
@@ -372,8 +413,7 @@ def build_core_checks(names: InstanceNames) -> list[dg.AssetChecksDefinition]:
                 "only)."
             ),
         ),
-        _bind(
-            names,
+        CoreCheck(
             points_of_sale,
             coordinates_in_range,
             name="coordinates_in_range",
@@ -383,8 +423,7 @@ def build_core_checks(names: InstanceNames) -> list[dg.AssetChecksDefinition]:
                 "coordinates."
             ),
         ),
-        _bind(
-            names,
+        CoreCheck(
             _asset_table("core_custom_report_field_types"),
             field_types_known,
             name="field_types_known",
@@ -395,8 +434,7 @@ def build_core_checks(names: InstanceNames) -> list[dg.AssetChecksDefinition]:
                 "their JSON type (value_kind 'json_*'); add the type to the list to decode it."
             ),
         ),
-        _bind(
-            names,
+        CoreCheck(
             _asset_table("core_event_status_history"),
             event_states_known,
             name="event_states_known",
@@ -407,8 +445,7 @@ def build_core_checks(names: InstanceNames) -> list[dg.AssetChecksDefinition]:
                 "not documented, so a new state is drift to look at, not an error."
             ),
         ),
-        _bind(
-            names,
+        CoreCheck(
             _asset_table("mart_daily_sales"),
             daily_sales_match_transactions,
             name="daily_sales_match_transactions",
@@ -419,8 +456,7 @@ def build_core_checks(names: InstanceNames) -> list[dg.AssetChecksDefinition]:
                 "joins."
             ),
         ),
-        _bind(
-            names,
+        CoreCheck(
             _asset_table("mart_event_summary"),
             event_summary_matches_events,
             name="event_summary_matches_events",
@@ -433,8 +469,7 @@ def build_core_checks(names: InstanceNames) -> list[dg.AssetChecksDefinition]:
                 "that of the transactions whose event is known."
             ),
         ),
-        _bind(
-            names,
+        CoreCheck(
             _asset_table("mart_user_activity"),
             user_activity_matches_status_changes,
             name="user_activity_matches_status_changes",
@@ -445,3 +480,20 @@ def build_core_checks(names: InstanceNames) -> list[dg.AssetChecksDefinition]:
             ),
         ),
     ]
+
+
+def checks_in_asset_step(table: CoreTable) -> list[CoreCheck]:
+    """The checks of ``table`` its asset's step evaluates (see the module's docstring)."""
+    return [c for c in core_checks() if c.table == table and c.runs_in_asset_step]
+
+
+def build_core_checks(names: InstanceNames) -> list[dg.AssetChecksDefinition]:
+    """The checks that run in a step of their own (one for all of them): those that read a table
+    their asset does not depend on. The others are check specs of their assets
+    (``checks_in_asset_step``)."""
+    return [_cross_table_checks(names, [c for c in core_checks() if not c.runs_in_asset_step])]
+
+
+def core_check_keys(names: InstanceNames) -> list[dg.AssetCheckKey]:
+    """The key of every check of the core and mart tables, wherever it runs."""
+    return [dg.AssetCheckKey(names.asset_key(c.table.asset_name), c.name) for c in core_checks()]

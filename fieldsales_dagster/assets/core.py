@@ -7,9 +7,10 @@ descriptions as DuckDB comments, swaps it in for the previous table (a failed qu
 previous table in place), and reports the table's described schema, row count and a few rows.
 """
 
-from collections.abc import Callable
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from importlib import resources
+from typing import TYPE_CHECKING
 
 import dagster as dg
 import duckdb
@@ -33,6 +34,12 @@ from fieldsales_dagster.warehouse.resource import (
     replace_table,
     staging_table,
 )
+
+if TYPE_CHECKING:
+    from fieldsales_dagster.assets.checks import CoreCheck
+
+#: ``checks_for(table)``: the checks an asset's step evaluates after building ``table``.
+ChecksFor = Callable[["CoreTable"], Sequence["CoreCheck"]]
 
 RAW_EVENTS = raw_asset_name(EVENTS)
 RAW_TRANSACTIONS = raw_asset_name(TRANSACTIONS)
@@ -236,15 +243,14 @@ def build_described_table(
 
 
 def materialize_core_table(
-    warehouse: FieldSalesWarehouse, table: CoreTable
-) -> dg.MaterializeResult:
-    with warehouse.get_connection() as conn:
-        build_described_table(conn, table, warehouse)
-        schema = column_schema(conn, table.table, table.doc, warehouse.pii)
-        metadata = table_metadata(
-            conn, warehouse.database, table.table, schema=schema, hidden=table.doc.pii_columns
-        )
-        return dg.MaterializeResult(metadata=metadata)
+    conn: duckdb.DuckDBPyConnection, warehouse: FieldSalesWarehouse, table: CoreTable
+) -> dict[str, object]:
+    """Build ``table`` on ``conn`` and return its metadata (schema, row count, preview)."""
+    build_described_table(conn, table, warehouse)
+    schema = column_schema(conn, table.table, table.doc, warehouse.pii)
+    return table_metadata(
+        conn, warehouse.database, table.table, schema=schema, hidden=table.doc.pii_columns
+    )
 
 
 def build_core_asset(
@@ -252,27 +258,60 @@ def build_core_asset(
     table: CoreTable,
     owners: list[str],
     freshness_policy: dg.FreshnessPolicy | None,
+    checks: Sequence["CoreCheck"] = (),
 ) -> dg.AssetsDefinition:
-    @dg.asset(
-        key=names.asset_key(table.asset_name),
-        description=table.description,
-        group_name=names.group("core"),
-        kinds={"duckdb"},
+    """The asset that builds ``table``; its step then evaluates ``checks`` on the same connection.
+
+    It subsets: a run may select the table, any of its checks, or both (checks alone read the
+    table as it is).
+    """
+    key = names.asset_key(table.asset_name)
+    by_key = {dg.AssetCheckKey(key, check.name): check for check in checks}
+
+    @dg.multi_asset(
+        name=key.to_python_identifier(),
+        specs=[
+            dg.AssetSpec(
+                key=key,
+                description=table.description,
+                group_name=names.group("core"),
+                kinds={"duckdb"},
+                owners=owners,
+                deps=[names.asset_key(dep) for dep in table.deps],
+                automation_condition=dg.AutomationCondition.eager(),
+                freshness_policy=freshness_policy,
+                metadata={"table": table.table, "query": f"sql/{table.query_file}"},
+            )
+        ],
+        check_specs=[check.spec(names) for check in checks],
+        can_subset=True,
         pool=names.pool,
-        owners=owners,
-        deps=[names.asset_key(dep) for dep in table.deps],
-        automation_condition=dg.AutomationCondition.eager(),
-        freshness_policy=freshness_policy,
-        metadata={"table": table.table, "query": f"sql/{table.query_file}"},
         required_resource_keys={names.warehouse_resource},
     )
-    def _core_table(context: dg.AssetExecutionContext) -> dg.MaterializeResult:
-        return materialize_core_table(getattr(context.resources, names.warehouse_resource), table)
+    def _core_table(
+        context: dg.AssetExecutionContext,
+    ) -> Iterator[dg.MaterializeResult | dg.AssetCheckResult]:
+        warehouse: FieldSalesWarehouse = getattr(context.resources, names.warehouse_resource)
+        with warehouse.get_connection() as conn:
+            if key in context.selected_asset_keys:
+                metadata = materialize_core_table(conn, warehouse, table)
+                yield dg.MaterializeResult(asset_key=key, metadata=metadata)
+            for check_key in sorted(context.selected_asset_check_keys, key=str):
+                yield by_key[check_key].result(conn, names)
 
     return _core_table
 
 
 def build_core_assets(
-    names: InstanceNames, owners: list[str], freshness_policy: dg.FreshnessPolicy | None
+    names: InstanceNames,
+    owners: list[str],
+    freshness_policy: dg.FreshnessPolicy | None,
+    checks_for: ChecksFor | None = None,
 ) -> list[dg.AssetsDefinition]:
-    return [build_core_asset(names, table, owners, freshness_policy) for table in CORE_TABLES]
+    """One asset per core table; ``checks_for(table)`` are the checks its step evaluates."""
+    return [
+        build_core_asset(
+            names, table, owners, freshness_policy, checks_for(table) if checks_for else ()
+        )
+        for table in CORE_TABLES
+    ]

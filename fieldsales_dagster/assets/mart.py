@@ -7,7 +7,7 @@ personal-data policy applied there carries over. Its assets sit in the group ``m
 
 import dagster as dg
 
-from fieldsales_dagster.assets.core import CoreTable, build_core_asset
+from fieldsales_dagster.assets.core import ChecksFor, CoreTable, build_core_asset
 from fieldsales_dagster.names import InstanceNames
 
 MART_GROUP = "mart"
@@ -41,12 +41,20 @@ MART_TABLES: tuple[CoreTable, ...] = (
 
 
 def build_mart_assets(
-    names: InstanceNames, owners: list[str], freshness_policy: dg.FreshnessPolicy | None
+    names: InstanceNames,
+    owners: list[str],
+    freshness_policy: dg.FreshnessPolicy | None,
+    checks_for: ChecksFor | None = None,
 ) -> list[dg.AssetsDefinition]:
     def in_mart_group(spec: dg.AssetSpec) -> dg.AssetSpec:
         return spec.replace_attributes(group_name=names.group(MART_GROUP))
 
     return dg.map_asset_specs(
         in_mart_group,
-        [build_core_asset(names, table, owners, freshness_policy) for table in MART_TABLES],
+        [
+            build_core_asset(
+                names, table, owners, freshness_policy, checks_for(table) if checks_for else ()
+            )
+            for table in MART_TABLES
+        ],
     )
