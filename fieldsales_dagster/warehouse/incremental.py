@@ -150,7 +150,11 @@ def _events_loaded_at(conn: duckdb.DuckDBPyConnection) -> datetime | None:
 
 
 def _fingerprint_current_events(conn: duckdb.DuckDBPyConnection) -> None:
-    """``_fs_fingerprints``: per event of ``raw.events``, its state fingerprint and last change."""
+    """``_fs_fingerprints``: per event of ``raw.events``, its state fingerprint and last change.
+
+    Each payload is parsed once (``json_extract`` with a list of paths): three separate
+    extractions of ~3 KB documents ran out of DuckDB's 192 MB at 25,000 events.
+    """
     source = (
         qualified(EVENTS.raw_table)
         if _table_exists(conn, EVENTS.raw_table)
@@ -159,16 +163,18 @@ def _fingerprint_current_events(conn: duckdb.DuckDBPyConnection) -> None:
     conn.execute(
         f"""
         CREATE OR REPLACE TEMP TABLE _fs_fingerprints AS
-        SELECT id AS event_id,
+        SELECT event_id,
                md5(concat_ws(chr(1),
-                   coalesce(json_extract(payload, '$.eventState')::VARCHAR, 'null'),
-                   coalesce(json_extract(payload, '$.eventStateHistory')::VARCHAR, 'null'),
-                   coalesce(json_extract(payload, '$.eventStateTimestamps')::VARCHAR, 'null')))
-                   AS fingerprint,
+                   coalesce(state[1]::VARCHAR, 'null'),
+                   coalesce(state[2]::VARCHAR, 'null'),
+                   coalesce(state[3]::VARCHAR, 'null'))) AS fingerprint,
                list_max(list_transform(
-                   coalesce(json_extract_string(payload, '$.eventStateHistory[*].date'), []),
+                   coalesce(json_extract_string(state[2], '$[*].date'), []),
                    lambda d: try_cast(d AS TIMESTAMPTZ))) AS last_state_change
-        FROM {source}
+        FROM (SELECT id AS event_id,
+                     json_extract(payload, ['$.eventState', '$.eventStateHistory',
+                                            '$.eventStateTimestamps']) AS state
+              FROM {source})
         """
     )
 
