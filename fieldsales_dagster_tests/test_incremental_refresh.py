@@ -256,8 +256,8 @@ def test_failure_mid_merge_leaves_previous_table_and_state_untouched(
     deleted = []
     real_delete = incremental._delete_replaced
 
-    def delete(conn):
-        deleted.append(real_delete(conn))
+    def delete(conn, **kwargs):
+        deleted.append(real_delete(conn, **kwargs))
         return deleted[-1]
 
     def fail_to_insert(conn):
