@@ -53,7 +53,10 @@ from fieldsales_dagster.warehouse.resource import qualified, staging_table
 STATE_SCHEMA = "meta"
 STATE_TABLE = "meta.refresh_state"
 FINGERPRINTS_TABLE = "meta.event_fingerprints"
-STAGE_TABLE = staging_table(TRANSACTIONS.raw_table, "_by_event")
+#: The re-fetched transactions wait in a temporary table: it lives in this connection's memory
+#: (spilling to DuckDB's temp_directory past memory_limit), so they are compressed and written to
+#: the database once, when the merge inserts them, not a second time as a staging table.
+STAGE_TABLE = "temp." + staging_table(TRANSACTIONS.raw_table, "_by_event").partition(".")[2]
 
 #: In ``auto``, re-fetching more than this share of the events by ``eventId`` costs more
 #: requests than paging the whole list: a full refresh is chosen instead.
@@ -388,7 +391,11 @@ def _incremental(
         )
     fetched = _Fetched()
     planned = time.monotonic()
-    conn.execute(raw_table_ddl(TRANSACTIONS, STAGE_TABLE))
+    conn.execute(
+        raw_table_ddl(TRANSACTIONS, STAGE_TABLE).replace(
+            "CREATE OR REPLACE TABLE", "CREATE OR REPLACE TEMP TABLE", 1
+        )
+    )
     removed_ids = [row[0] for row in conn.execute("SELECT event_id FROM _fs_removed").fetchall()]
     # The stored rows about to be replaced are read while the pages are fetched.
     reader = ThreadPoolExecutor(max_workers=1, thread_name_prefix="fieldsales-replaced")
@@ -403,12 +410,10 @@ def _incremental(
                 "be checked",
                 fetched.stats.bytes,
             )
-        if before_swap is not None:
-            before_swap(STAGE_TABLE)
         fetched_at = time.monotonic()
         stored = replaced.result()
         merging = time.monotonic()
-        counts = _merge(conn, count_page.total, now, fetched.stats.bytes, stored)
+        counts = _merge(conn, count_page.total, now, fetched.stats.bytes, stored, before_swap)
         phases = (
             f"plan {planned - started:.2f} s, fetch {fetched_at - planned:.2f} s, "
             f"waiting for the stored rows {merging - fetched_at:.2f} s, "
@@ -617,11 +622,14 @@ def _merge(
     now: datetime,
     bytes_fetched: int,
     replaced: dict[str, int],
+    before_swap: Callable[[str], None] | None = None,
 ) -> dict[str, int]:
     """Replace the re-fetched and removed events' transactions, check, record: one transaction.
 
     ``replaced``: ids and payload hashes of the stored rows of the re-fetched and removed events
     (``_read_replaced``), for the counts of changed, added and removed transactions.
+    ``before_swap(stage)`` (redaction, comments) and the staging table's drop run inside the
+    transaction too: one commit for everything.
     """
     target, stage = qualified(TRANSACTIONS.raw_table), qualified(STAGE_TABLE)
     staged, distinct_staged = conn.execute(
@@ -631,7 +639,6 @@ def _merge(
         raise EventListMoved(
             f"{staged - distinct_staged} transactions were listed under two events", bytes_fetched
         )
-    new = dict(conn.execute(f"SELECT id, hash(payload::VARCHAR) FROM {stage}").fetchall())
     old = dict(replaced)
     # A staged id stored under an event that was not re-fetched: the transaction moved. Rare.
     # Counted first: a query that returns the payload reads it for every row it scans.
@@ -644,6 +651,10 @@ def _merge(
     stored = conn.execute(f"SELECT count(*) FROM {target}").fetchone()[0]
     conn.execute("BEGIN TRANSACTION")
     try:
+        if before_swap is not None:
+            before_swap(STAGE_TABLE)
+        # After before_swap: a redacted payload compares with the redacted one stored.
+        new = dict(conn.execute(f"SELECT id, hash(payload::VARCHAR) FROM {stage}").fetchall())
         deleted = _delete_replaced(conn, moved=len(old) > len(replaced))
         _insert_staged(conn)
         rows = conn.execute(f"SELECT count(*) FROM {target}").fetchone()[0]
@@ -659,6 +670,7 @@ def _merge(
                 bytes_fetched,
             )
         _write_state(conn, mode="incremental", at=now, rows=rows)
+        conn.execute(f"DROP TABLE {stage}")
         conn.execute("COMMIT")
     except BaseException:
         conn.execute("ROLLBACK")
