@@ -174,6 +174,21 @@ def test_second_generation_is_incremental_again_and_still_equal(demo_server, tmp
     assert_same_tables(loaded.database, fresh.database)
 
 
+def test_incremental_refresh_with_raw_redaction_equals_a_fresh_full_load(demo_server, tmp_path):
+    warehouse = _warehouse(tmp_path, "incremental.duckdb", redact_pii_in_raw=True)
+    assert _materialize(demo_server, tmp_path, warehouse).success
+    changes = demo_server.behaviour.evolve(1)
+
+    meta = _refresh_metadata(_materialize(demo_server, tmp_path, warehouse))
+
+    assert meta["refresh_mode"] == "incremental"
+    assert meta["transactions_changed"] == changes["transactions_changed"]
+    assert meta["transactions_added"] == changes["transactions_added"]
+    fresh = _warehouse(tmp_path, "full.duckdb", redact_pii_in_raw=True)
+    assert _materialize(demo_server, tmp_path, fresh, mode="full").success
+    assert_same_tables(warehouse.database, fresh.database)
+
+
 def test_server_ignoring_event_id_falls_back_to_full_with_a_warning(demo_server, tmp_path, loaded):
     demo_server.behaviour.evolve(1)
     demo_server.behaviour.ignore_event_filter = True
@@ -256,8 +271,8 @@ def test_failure_mid_merge_leaves_previous_table_and_state_untouched(
     deleted = []
     real_delete = incremental._delete_replaced
 
-    def delete(conn):
-        deleted.append(real_delete(conn))
+    def delete(conn, **kwargs):
+        deleted.append(real_delete(conn, **kwargs))
         return deleted[-1]
 
     def fail_to_insert(conn):
