@@ -173,7 +173,12 @@ def core_query(table: CoreTable) -> str:
 
 #: Connection-scoped macros the queries and checks share (``sql/<name>.sql``; a file defines
 #: the macro it is named after, and may define helpers beside it).
-SHARED_MACROS = ("raw_transactions_in_slices", "field_type_kinds", "known_event_states")
+SHARED_MACROS = (
+    "raw_transactions_in_slices",
+    "raw_events_in_slices",
+    "field_type_kinds",
+    "known_event_states",
+)
 
 
 def shared_macros_sql(query: str) -> str:
