@@ -155,18 +155,25 @@ def event_ids_known(warehouse: FieldSalesWarehouse) -> dg.AssetCheckResult:
 def slider_values_valid(warehouse: FieldSalesWarehouse) -> dg.AssetCheckResult:
     out_of_range, off_step, sample = _fetch_one(
         warehouse,
+        # Only the offending rows are read past the filter, and only the sample is formatted.
         f"""
+        WITH offending AS (
+            SELECT * FROM core.custom_report_results WHERE NOT in_range OR NOT on_step
+        )
         SELECT
             count(*) FILTER (WHERE NOT in_range),
             count(*) FILTER (WHERE NOT on_step),
-            coalesce(
-                list(
-                    source || ' ' || report_id || ' / ' || field_id || ' = ' || value_raw
+            (
+                SELECT coalesce(list(result), [])
+                FROM (
+                    SELECT source || ' ' || report_id || ' / ' || field_id || ' = ' || value_raw
+                        AS result
+                    FROM offending
                     ORDER BY source, report_id, field_id
-                ) FILTER (WHERE NOT in_range OR NOT on_step),
-                []
-            )[1:{SAMPLE_SIZE}]
-        FROM core.custom_report_results
+                    LIMIT {SAMPLE_SIZE}
+                )
+            )
+        FROM offending
         """,
     )
     return dg.AssetCheckResult(
