@@ -72,3 +72,63 @@ def test_failing_query_leaves_the_previous_table_intact(tmp_path):
         database,
         "SELECT count(*) FROM information_schema.tables WHERE table_name LIKE '%staging%'",
     ) == [(0,)]
+
+
+def _materialize_results_only(database) -> dg.ExecuteInProcessResult:
+    return dg.materialize(
+        [*p.RAW_STAND_INS, *core_assets()],
+        selection=["core_custom_report_results"],
+        resources={"warehouse": FieldSalesWarehouse(database=str(database))},
+    )
+
+
+def _report_transactions(database) -> list[tuple]:
+    return p.query(
+        database,
+        "SELECT DISTINCT transaction_id FROM core.custom_report_results "
+        "WHERE source = 'transaction' ORDER BY 1",
+    )
+
+
+REPORT_CONFIG = p.config("cfg-1", [p.field("f-1", "number")])
+
+
+def test_results_alone_read_raw_transactions_changed_since_core_transactions(tmp_path):
+    database = tmp_path / "t.duckdb"
+    p.materialize_core(
+        database,
+        transactions=[
+            p.transaction(
+                "t-old", report_config=REPORT_CONFIG, report_results=p.results(**{"f-1": 1})
+            )
+        ],
+    )
+    p.write_raw_tables(
+        database,
+        transactions=[
+            p.transaction(
+                "t-new", report_config=REPORT_CONFIG, report_results=p.results(**{"f-1": 2})
+            )
+        ],
+    )
+
+    assert _materialize_results_only(database).success
+    assert _report_transactions(database) == [("t-new",)]
+
+
+def test_results_alone_decode_raw_transactions_when_no_decode_is_stored(tmp_path):
+    database = tmp_path / "t.duckdb"
+    p.materialize_core(
+        database,
+        transactions=[
+            p.transaction(
+                "t-1", report_config=REPORT_CONFIG, report_results=p.results(**{"f-1": 1})
+            )
+        ],
+    )
+    working = FieldSalesWarehouse(database=str(database)).working_path
+    with duckdb.connect(str(working)) as conn:
+        conn.execute("DROP TABLE meta.transactions_decoded")
+
+    assert _materialize_results_only(database).success
+    assert _report_transactions(database) == [("t-1",)]

@@ -21,6 +21,7 @@ from fieldsales_dagster.assets.columns import (
     column_schema,
     comment_table,
     publishing_query,
+    sql_literal,
     table_doc,
 )
 from fieldsales_dagster.assets.metadata import table_metadata
@@ -46,6 +47,33 @@ RAW_TRANSACTIONS = raw_asset_name(TRANSACTIONS)
 
 
 @dataclass(frozen=True)
+class Decoded:
+    """A pipeline-internal table: one raw table's payloads parsed once, for several core tables.
+
+    Not part of the contract. It keeps the raw table's ``id`` and ``loaded_at``, so whether it
+    still matches the raw table can be told without parsing anything (``is_current``).
+    """
+
+    table: str
+    source: str
+    description: str
+
+    @property
+    def query_file(self) -> str:
+        return f"{self.table.replace('.', '_')}.sql"
+
+
+#: Every raw.transactions payload parsed once: core.transactions and core.custom_report_results
+#: read it instead of parsing the ~5 KB payloads once each.
+TRANSACTIONS_DECODED = Decoded(
+    "meta.transactions_decoded",
+    "raw.transactions",
+    "Pipeline-internal, not for analysis (use core.transactions and "
+    "core.custom_report_results): raw.transactions' payloads parsed once for the core tables.",
+)
+
+
+@dataclass(frozen=True)
 class CoreTable:
     """One core table: where its query lives and which assets it reads."""
 
@@ -56,6 +84,10 @@ class CoreTable:
     deps: tuple[str, ...]
     #: Key columns that may be NULL (a mart's group-by key); the others must not be.
     nullable_key: tuple[str, ...] = ()
+    #: A decoded table this table's query reads: rebuilt before the query when ``rebuilds`` is
+    #: set, else only when it no longer matches its raw table.
+    decoded: Decoded | None = None
+    rebuilds: bool = False
 
     @property
     def asset_name(self) -> str:
@@ -88,6 +120,8 @@ CORE_TABLES: tuple[CoreTable, ...] = (
         "creation times in UTC, invoice, credit and export state, and the custom report "
         "configuration id.",
         (RAW_TRANSACTIONS,),
+        decoded=TRANSACTIONS_DECODED,
+        rebuilds=True,
     ),
     CoreTable(
         "core.events",
@@ -162,6 +196,7 @@ CORE_TABLES: tuple[CoreTable, ...] = (
         "boolean), or by JSON type where the field type is unknown (value_kind says which), "
         "with slider range and step validity.",
         (RAW_TRANSACTIONS, RAW_EVENTS, "core_custom_report_fields"),
+        decoded=TRANSACTIONS_DECODED,
     ),
     CoreTable(
         "core.custom_report_field_types",
@@ -173,14 +208,53 @@ CORE_TABLES: tuple[CoreTable, ...] = (
 )
 
 
-def core_query(table: CoreTable) -> str:
+def core_query(table: CoreTable | Decoded) -> str:
     """The SQL that builds ``table``, as shipped in the package."""
     return (resources.files("fieldsales_dagster") / "sql" / table.query_file).read_text("utf-8")
 
 
+def _fingerprint(conn: duckdb.DuckDBPyConnection, table: str) -> tuple | None:
+    """Row count, latest load and a hash of every (id, loaded_at); ``None`` without the table."""
+    schema, _, name = table.partition(".")
+    (exists,) = conn.execute(
+        "SELECT count(*) FROM duckdb_tables() WHERE database_name = current_database() "
+        "AND schema_name = ? AND table_name = ?",
+        [schema, name],
+    ).fetchone()
+    if not exists:
+        return None
+    return conn.execute(
+        f"SELECT count(*), max(loaded_at), bit_xor(hash(id, loaded_at)) FROM {qualified(table)}"
+    ).fetchone()
+
+
+def is_current(conn: duckdb.DuckDBPyConnection, decoded: Decoded) -> bool:
+    """Whether ``decoded`` holds exactly the rows (ids and loads) its raw table holds now.
+
+    Every load stamps the rows it writes with its own ``loaded_at``, so a raw table refreshed
+    since the decode differs in its count, its latest load or the hash of its (id, loaded_at).
+    """
+    found = _fingerprint(conn, decoded.table)
+    return found is not None and found == _fingerprint(conn, decoded.source)
+
+
+def build_decoded(conn: duckdb.DuckDBPyConnection, decoded: Decoded) -> None:
+    """Parse ``decoded.source`` into ``decoded.table`` (staged and swapped like a core table)."""
+
+    def describe(staged: str) -> None:
+        conn.execute(f"COMMENT ON TABLE {qualified(staged)} IS {sql_literal(decoded.description)}")
+
+    build_table(conn, decoded.table, core_query(decoded), before_swap=describe)
+
+
 #: Connection-scoped macros the queries and checks share (``sql/<name>.sql``; a file defines
 #: the macro it is named after, and may define helpers beside it).
-SHARED_MACROS = ("raw_transactions_in_slices", "field_type_kinds", "known_event_states")
+SHARED_MACROS = (
+    "raw_transactions_in_slices",
+    "raw_events_in_slices",
+    "field_type_kinds",
+    "known_event_states",
+)
 
 
 def shared_macros_sql(query: str) -> str:
@@ -224,7 +298,19 @@ def build_table(
 def build_described_table(
     conn: duckdb.DuckDBPyConnection, table: CoreTable, warehouse: FieldSalesWarehouse
 ) -> None:
-    """Build ``table`` from its query as stored for analysts, with its comments, and swap it in."""
+    """Build ``table`` from its query as stored for analysts, with its comments, and swap it in.
+
+    A table reading a decoded table first rebuilds it (``rebuilds``), or makes sure it matches its
+    raw table, so the table never reads a decode older than the raw data.
+    """
+    if table.decoded is not None and (table.rebuilds or not is_current(conn, table.decoded)):
+        try:
+            build_decoded(conn, table.decoded)
+        except RuntimeError as exc:
+            raise RuntimeError(
+                f"Building {table.table} failed; the previous {table.table} is left as it was. "
+                f"It reads {table.decoded.table}: {exc}"
+            ) from exc
     query = core_query(table)
     try:
         if macros := shared_macros_sql(query):

@@ -30,32 +30,15 @@
 -- Slider values also get in_range (minimum..maximum) and on_step (a whole number of steps from
 -- minimum, or from 0 without a minimum). on_step allows a rounding error of 1e-9 of a step, so
 -- 0.3 is on a 0.1 grid although 0.3 / 0.1 = 2.9999999999999996 in binary floating point.
--- raw.transactions is read in slices to bound the JSON parser's memory: see
--- raw_transactions_in_slices.sql.
-WITH raw_transactions AS (
-    SELECT * FROM raw_transactions_in_slices()
-),
-
-transaction_reports AS (
+-- Transaction payloads are not parsed here: meta.transactions_decoded (see
+-- meta_transactions_decoded.sql) holds each one parsed once, for this table and
+-- core.transactions.
+WITH transaction_reports AS (
     SELECT
-        t.id AS transaction_id,
-        t.event_id AS raw_event_id,
-        -- One parse per payload; each value is kept as JSON so its JSON type is known (a
-        -- string's characters are kept, so "00123" stays "00123").
-        json_transform(t.payload, '{
-            "eventId": "VARCHAR",
-            "_customReport": {
-                "_customReportConfig": "VARCHAR",
-                "reportResults": "MAP(VARCHAR, STRUCT(value JSON, name VARCHAR, fieldId VARCHAR))",
-                "_configcreatedTime": {"_id": "VARCHAR"},
-                "_customReport": {
-                    "_customReportConfig": "VARCHAR",
-                    "reportResults": "MAP(VARCHAR, STRUCT(value JSON, name VARCHAR, fieldId VARCHAR))",
-                    "_configcreatedTime": {"_id": "VARCHAR"}
-                }
-            }
-        }') AS p
-    FROM raw_transactions AS t
+        id AS transaction_id,
+        event_id AS raw_event_id,
+        p
+    FROM meta.transactions_decoded
 ),
 
 transaction_results AS (

@@ -3,6 +3,7 @@
 -- The payload is parsed once into the struct below. project_id and point_of_sale are documented
 -- as embedded objects, but a reference may also arrive unpopulated as a bare id string; both
 -- shapes give the id.
+-- raw.events is read in slices to bound the JSON parser's memory: see raw_events_in_slices.sql.
 WITH decoded AS (
     SELECT
         e.id AS event_id,
@@ -17,7 +18,7 @@ WITH decoded AS (
             "eventStateHistory": [{"_id": "VARCHAR"}],
             "customReportResult": [{"_id": "VARCHAR"}]
         }') AS p
-    FROM raw.events AS e
+    FROM raw_events_in_slices() AS e
 ),
 
 embedded_references AS (

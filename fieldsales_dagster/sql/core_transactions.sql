@@ -1,46 +1,17 @@
 -- core.transactions: one row per transaction, typed.
 --
--- Each payload (~4 KB) is parsed exactly once: json_transform reads every path this table needs
--- into one struct, and the columns below only read that struct. Parsing per column would re-read
--- the whole payload once per column and dominate the run time.
+-- Each payload (~5 KB) is parsed exactly once per run, by meta.transactions_decoded
+-- (meta_transactions_decoded.sql): json_transform reads every path this table and
+-- core.custom_report_results need into one struct, and the columns below only read that struct.
 -- Timestamps arrive as ISO 8601 with an offset ('...Z'); they are read as TIMESTAMPTZ so that a
 -- non-UTC offset is honoured, then stored as plain UTC TIMESTAMP.
--- raw.transactions is read in slices to bound the JSON parser's memory: see
--- raw_transactions_in_slices.sql.
-WITH raw_transactions AS (
-    SELECT * FROM raw_transactions_in_slices()
-),
-
-decoded AS (
+WITH decoded AS (
     SELECT
-        t.id AS transaction_id,
-        t.event_id AS raw_event_id,
-        t.loaded_at,
-        json_transform(t.payload, '{
-            "eventId": "VARCHAR",
-            "productId": "VARCHAR",
-            "proxyProductName": "VARCHAR",
-            "price": "DOUBLE",
-            "qty": "DOUBLE",
-            "saleTime": "TIMESTAMPTZ",
-            "created": "TIMESTAMPTZ",
-            "date": "TIMESTAMPTZ",
-            "invoice_status": "VARCHAR",
-            "invoice_id": "VARCHAR[]",
-            "prev_invoice_id": "VARCHAR",
-            "credits": "DOUBLE",
-            "item_credit_state": "BOOLEAN",
-            "exportDetails": {"processed": "BOOLEAN"},
-            "_customReport": {
-                "_customReportConfig": "VARCHAR",
-                "_configcreatedTime": {"_id": "VARCHAR"},
-                "_customReport": {
-                    "_customReportConfig": "VARCHAR",
-                    "_configcreatedTime": {"_id": "VARCHAR"}
-                }
-            }
-        }') AS p
-    FROM raw_transactions AS t
+        id AS transaction_id,
+        event_id AS raw_event_id,
+        loaded_at,
+        p
+    FROM meta.transactions_decoded
 )
 
 SELECT
