@@ -93,23 +93,22 @@ def _report_transactions(database) -> list[tuple]:
 REPORT_CONFIG = p.config("cfg-1", [p.field("f-1", "number")])
 
 
+def _reported(transaction_id: str, value: int) -> dict[str, object]:
+    """A transaction whose custom report answers field f-1 with ``value``."""
+    return p.transaction(
+        transaction_id, report_config=REPORT_CONFIG, report_results=p.results(**{"f-1": value})
+    )
+
+
 def test_results_alone_read_raw_transactions_changed_since_core_transactions(tmp_path):
     database = tmp_path / "t.duckdb"
     p.materialize_core(
         database,
-        transactions=[
-            p.transaction(
-                "t-old", report_config=REPORT_CONFIG, report_results=p.results(**{"f-1": 1})
-            )
-        ],
+        transactions=[_reported("t-old", 1)],
     )
     p.write_raw_tables(
         database,
-        transactions=[
-            p.transaction(
-                "t-new", report_config=REPORT_CONFIG, report_results=p.results(**{"f-1": 2})
-            )
-        ],
+        transactions=[_reported("t-new", 2)],
     )
 
     assert _materialize_results_only(database).success
@@ -120,11 +119,7 @@ def test_results_alone_decode_raw_transactions_when_no_decode_is_stored(tmp_path
     database = tmp_path / "t.duckdb"
     p.materialize_core(
         database,
-        transactions=[
-            p.transaction(
-                "t-1", report_config=REPORT_CONFIG, report_results=p.results(**{"f-1": 1})
-            )
-        ],
+        transactions=[_reported("t-1", 1)],
     )
     working = FieldSalesWarehouse(database=str(database)).working_path
     with duckdb.connect(str(working)) as conn:
