@@ -808,9 +808,13 @@ def _dagster_breakdown(results: dict[str, list[StepResult]]) -> list[str]:
         top = sorted(r.dagster_steps, key=lambda s: -s[1])
         total = sum(s for _, s in r.dagster_steps)
         shown = ", ".join(f"`{name}` {s:.2f} s" for name, s in top[:8])
+        # The core and mart tables with the checks that run in their steps: the issue's
+        # "core assets" figure (the raw column-schema check step is left out).
+        core = sum(s for name, s in r.dagster_steps if name.startswith(("core_", "mart_")))
+        core_note = f"; core and mart steps: {core:.1f} s" if step == "project_all" else ""
         out.append(
             f"Dagster steps of {r.label} (run 1): {len(top)} steps, {total:.1f} s in steps of "
-            f"{r.m.wall_s:.1f} s wall; slowest: {shown}."
+            f"{r.m.wall_s:.1f} s wall{core_note}; slowest: {shown}."
         )
         out.append("")
     return out[:-1] if out else out
