@@ -325,6 +325,24 @@ def event_states_known(conn: duckdb.DuckDBPyConnection) -> dg.AssetCheckResult:
     )
 
 
+def _mart_totals_match(
+    counts: tuple[str, int, str, int], values: tuple[str, float, str, float]
+) -> dg.AssetCheckResult:
+    """A mart's row count and value total against core's: ``(mart name, n, core name, n)``."""
+    mart_count, mart_n, core_count, core_n = counts
+    mart_sum, mart_value, core_sum, core_value = values
+    return dg.AssetCheckResult(
+        passed=mart_n == core_n and abs(mart_value - core_value) < 0.01,
+        severity=dg.AssetCheckSeverity.ERROR,
+        metadata={
+            mart_count: int(mart_n),
+            core_count: int(core_n),
+            mart_sum: float(mart_value),
+            core_sum: float(core_value),
+        },
+    )
+
+
 def daily_sales_match_transactions(conn: duckdb.DuckDBPyConnection) -> dg.AssetCheckResult:
     mart_n, core_n, mart_value, core_value = _fetch_one(
         conn,
@@ -336,15 +354,9 @@ def daily_sales_match_transactions(conn: duckdb.DuckDBPyConnection) -> dg.AssetC
             (SELECT coalesce(sum(total_value), 0) FROM core.transactions)
         """,
     )
-    return dg.AssetCheckResult(
-        passed=mart_n == core_n and abs(mart_value - core_value) < 0.01,
-        severity=dg.AssetCheckSeverity.ERROR,
-        metadata={
-            "mart_transactions": int(mart_n),
-            "core_transactions": int(core_n),
-            "mart_total_value": float(mart_value),
-            "core_total_value": float(core_value),
-        },
+    return _mart_totals_match(
+        ("mart_transactions", mart_n, "core_transactions", core_n),
+        ("mart_total_value", mart_value, "core_total_value", core_value),
     )
 
 
@@ -360,15 +372,9 @@ def event_summary_matches_events(conn: duckdb.DuckDBPyConnection) -> dg.AssetChe
              FROM core.transactions AS t SEMI JOIN core.events AS e USING (event_id))
         """,
     )
-    return dg.AssetCheckResult(
-        passed=mart_n == core_n and abs(mart_value - core_value) < 0.01,
-        severity=dg.AssetCheckSeverity.ERROR,
-        metadata={
-            "mart_events": int(mart_n),
-            "core_events": int(core_n),
-            "mart_total_value": float(mart_value),
-            "core_total_value_of_known_events": float(core_value),
-        },
+    return _mart_totals_match(
+        ("mart_events", mart_n, "core_events", core_n),
+        ("mart_total_value", mart_value, "core_total_value_of_known_events", core_value),
     )
 
 
