@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import re
 
 import dagster as dg
@@ -127,3 +128,83 @@ def test_results_alone_decode_raw_transactions_when_no_decode_is_stored(tmp_path
 
     assert _materialize_results_only(database).success
     assert _report_transactions(database) == [("t-1",)]
+
+
+def _core_metadata(result: dg.ExecuteInProcessResult, asset: str) -> dict[str, object]:
+    (event,) = [m for m in result.get_asset_materialization_events() if m.asset_key.path == [asset]]
+    return {key: value.value for key, value in event.materialization.metadata.items()}
+
+
+def _rows(database, table: str) -> list[tuple]:
+    columns = [
+        name
+        for (name,) in p.query(
+            database,
+            "SELECT column_name FROM duckdb_columns() WHERE schema_name || '.' || table_name = ? "
+            "AND column_name <> 'loaded_at' ORDER BY column_index",
+            [table],
+        )
+    ]
+    select = ", ".join(f'"{c}"::VARCHAR' for c in columns)
+    return p.query(database, f"SELECT {select} FROM {table} ORDER BY ALL")
+
+
+def test_after_an_incremental_raw_load_only_the_rows_it_wrote_are_parsed(tmp_path):
+    database = tmp_path / "t.duckdb"
+    kept = [_reported(f"t-{i:02}", i) for i in range(20)]
+    first = p.materialize_core(database, transactions=kept)
+    assert _core_metadata(first, "core_transactions")["fieldsales/decode_payloads_parsed"] == 20
+    # What an incremental raw load does: the rows of re-fetched events are replaced by rows with
+    # the new load's loaded_at (t-05 with a new value), removed ones deleted (t-06), new appended.
+    changed, added = _reported("t-05", 500), _reported("t-new", 7)
+    working = FieldSalesWarehouse(database=str(database)).working_path
+    with duckdb.connect(str(working)) as conn:
+        conn.execute("DELETE FROM raw.transactions WHERE id IN ('t-05', 't-06')")
+        for item in (changed, added):
+            conn.execute(
+                "INSERT INTO raw.transactions VALUES (?, ?, ?, now()::TIMESTAMP)",
+                [item["_id"], item["eventId"], json.dumps(item)],
+            )
+
+    second = dg.materialize(
+        [*p.RAW_STAND_INS, *core_assets()],
+        selection=["core_transactions", "core_custom_report_fields", "core_custom_report_results"],
+        resources={"warehouse": FieldSalesWarehouse(database=str(database))},
+    )
+
+    assert second.success
+    metadata = _core_metadata(second, "core_transactions")
+    assert metadata["fieldsales/decode"] == (
+        "meta.transactions_decoded: incremental (2 payloads parsed)"
+    )
+    assert _core_metadata(second, "core_custom_report_results")["fieldsales/decode"] == (
+        "meta.transactions_decoded: current (0 payloads parsed)"
+    )
+    fresh = tmp_path / "fresh.duckdb"
+    now_raw = [t for t in kept if t["_id"] not in ("t-05", "t-06")] + [changed, added]
+    p.materialize_core(fresh, transactions=now_raw)
+    for table in ("meta.transactions_decoded", "core.transactions", "core.custom_report_results"):
+        assert _rows(database, table) == _rows(fresh, table), table
+    assert ("t-05", "500.0") in [
+        (r[0], r[1])
+        for r in p.query(
+            database,
+            "SELECT transaction_id, value_number::VARCHAR FROM core.custom_report_results",
+        )
+    ]
+
+
+def test_a_decode_with_most_rows_to_parse_is_rebuilt_whole(tmp_path):
+    database = tmp_path / "t.duckdb"
+    p.materialize_core(database, transactions=[_reported(f"t-{i}", i) for i in range(5)])
+    # A full raw load stamps every row anew.
+    p.write_raw_tables(database, transactions=[_reported(f"t-{i}", i + 1) for i in range(5)])
+
+    result = _materialize_results_only(database)
+
+    metadata = _core_metadata(result, "core_custom_report_results")
+    assert metadata["fieldsales/decode"] == "meta.transactions_decoded: full (5 payloads parsed)"
+    assert p.query(
+        database,
+        "SELECT min(value_number), max(value_number) FROM core.custom_report_results",
+    ) == [(1.0, 5.0)]

@@ -141,6 +141,17 @@ def test_incremental_refresh_after_evolve_equals_a_fresh_full_load(
     assert meta["transactions_removed"] == changes["transactions_deleted"]
     assert meta["dagster/row_count"] == demo_server.dataset.count("transactions")
     assert meta["bytes_fetched"] > 0
+    # The core tables parse only the transactions this load wrote: those of re-fetched events.
+    (core,) = second.asset_materializations_for_node("core_transactions")
+    parsed = core.metadata["fieldsales/decode_payloads_parsed"].value
+    assert core.metadata["fieldsales/decode"].value.endswith(
+        f"incremental ({parsed:,} payloads parsed)"
+    )
+    assert (
+        meta["transactions_added"] + meta["transactions_changed"]
+        <= parsed
+        < meta["dagster/row_count"]
+    )
     fresh = _full_load_of_current_data(demo_server, tmp_path, ALL_ASSETS)
     with duckdb.connect(loaded.database, read_only=True) as conn:
         core = conn.execute(

@@ -50,13 +50,17 @@ RAW_TRANSACTIONS = raw_asset_name(TRANSACTIONS)
 class Decoded:
     """A pipeline-internal table: one raw table's payloads parsed once, for several core tables.
 
-    Not part of the contract. It keeps the raw table's ``id`` and ``loaded_at``, so whether it
-    still matches the raw table can be told without parsing anything (``is_current``).
+    Not part of the contract. It keeps the raw table's ``id`` and ``loaded_at``: every load stamps
+    the rows it writes with its own ``loaded_at`` and keeps the others as they were, so the rows
+    the decode lacks, and those it holds in vain, are told apart without parsing anything. After
+    an incremental raw load only the re-fetched rows are parsed (``refresh_decoded``).
     """
 
     table: str
     source: str
     description: str
+    #: The whole source, as the full decode reads it (in slices, to bound the parser's memory).
+    whole_source: str
 
     @property
     def query_file(self) -> str:
@@ -70,7 +74,12 @@ TRANSACTIONS_DECODED = Decoded(
     "raw.transactions",
     "Pipeline-internal, not for analysis (use core.transactions and "
     "core.custom_report_results): raw.transactions' payloads parsed once for the core tables.",
+    whole_source="raw_transactions_in_slices()",
 )
+
+#: Above this share of its source's rows to parse, a decode is rebuilt whole: the full build reads
+#: in slices (bounded memory), and deleting most of a table costs more than writing it anew.
+DECODE_WHOLE_ABOVE = 0.2
 
 
 @dataclass(frozen=True)
@@ -84,10 +93,8 @@ class CoreTable:
     deps: tuple[str, ...]
     #: Key columns that may be NULL (a mart's group-by key); the others must not be.
     nullable_key: tuple[str, ...] = ()
-    #: A decoded table this table's query reads: rebuilt before the query when ``rebuilds`` is
-    #: set, else only when it no longer matches its raw table.
+    #: A decoded table this table's query reads: brought up to date with its raw table first.
     decoded: Decoded | None = None
-    rebuilds: bool = False
 
     @property
     def asset_name(self) -> str:
@@ -121,7 +128,6 @@ CORE_TABLES: tuple[CoreTable, ...] = (
         "configuration id.",
         (RAW_TRANSACTIONS,),
         decoded=TRANSACTIONS_DECODED,
-        rebuilds=True,
     ),
     CoreTable(
         "core.events",
@@ -238,13 +244,112 @@ def is_current(conn: duckdb.DuckDBPyConnection, decoded: Decoded) -> bool:
     return found is not None and found == _fingerprint(conn, decoded.source)
 
 
-def build_decoded(conn: duckdb.DuckDBPyConnection, decoded: Decoded) -> None:
-    """Parse ``decoded.source`` into ``decoded.table`` (staged and swapped like a core table)."""
+@dataclass(frozen=True)
+class DecodeRefresh:
+    """What ``refresh_decoded`` did: ``mode`` (current, incremental or full), rows parsed."""
+
+    mode: str
+    parsed: int
+
+    def metadata(self, decoded: Decoded) -> dict[str, object]:
+        return {
+            "fieldsales/decode": dg.MetadataValue.text(
+                f"{decoded.table}: {self.mode} ({self.parsed:,} payloads parsed)"
+            ),
+            "fieldsales/decode_payloads_parsed": dg.MetadataValue.int(self.parsed),
+        }
+
+
+def build_decoded(conn: duckdb.DuckDBPyConnection, decoded: Decoded) -> DecodeRefresh:
+    """Parse all of ``decoded.source`` into ``decoded.table`` (staged and swapped like a core
+    table)."""
 
     def describe(staged: str) -> None:
         conn.execute(f"COMMENT ON TABLE {qualified(staged)} IS {sql_literal(decoded.description)}")
 
+    _define_rows_to_decode(conn, f"SELECT * FROM {decoded.whole_source}")
     build_table(conn, decoded.table, core_query(decoded), before_swap=describe)
+    (rows,) = conn.execute(f"SELECT count(*) FROM {qualified(decoded.table)}").fetchone()
+    return DecodeRefresh("full", rows)
+
+
+def refresh_decoded(conn: duckdb.DuckDBPyConnection, decoded: Decoded) -> DecodeRefresh:
+    """Bring ``decoded`` up to date with its raw table; returns what it did.
+
+    ``"current"``: nothing to do. ``"incremental"``: only the source rows the decode lacks (by
+    ``id`` and ``loaded_at``) are parsed and inserted, and the rows no longer in the source are
+    deleted, in one transaction. ``"full"``: no decode yet, or more than ``DECODE_WHOLE_ABOVE`` of
+    the source to parse (after a full raw load, every row). Either way the result holds exactly
+    what a full decode of the source would hold.
+    """
+    if is_current(conn, decoded):
+        return DecodeRefresh("current", 0)
+    if _fingerprint(conn, decoded.table) is None:
+        return build_decoded(conn, decoded)
+    table, source = qualified(decoded.table), qualified(decoded.source)
+    same_row = "s.id = d.id AND s.loaded_at IS NOT DISTINCT FROM d.loaded_at"
+    # The keys of the rows to parse first: the anti join reads narrow columns only.
+    conn.execute(
+        "CREATE OR REPLACE TEMP TABLE _fs_to_decode AS SELECT s.id, s.loaded_at "
+        f"FROM {source} AS s ANTI JOIN {table} AS d ON {same_row}"
+    )
+    to_parse, first, last, undated = conn.execute(
+        "SELECT count(*), min(loaded_at), max(loaded_at), count(*) - count(loaded_at) "
+        "FROM _fs_to_decode"
+    ).fetchone()
+    (rows,) = conn.execute(f"SELECT count(*) FROM {source}").fetchone()
+    if to_parse > DECODE_WHOLE_ABOVE * rows:
+        return build_decoded(conn, decoded)
+    missing = _rows_to_parse(source, first, last, undated > 0)
+    _define_rows_to_decode(conn, missing)
+    query = core_query(decoded)
+    conn.execute("BEGIN TRANSACTION")
+    try:
+        conn.execute(
+            f"DELETE FROM {table} AS d WHERE NOT EXISTS (SELECT 1 FROM {source} AS s WHERE "
+            f"{same_row})"
+        )
+        conn.execute(f"INSERT INTO {table} BY NAME\n{query}")
+        conn.execute("COMMIT")
+    except duckdb.Error as exc:
+        conn.execute("ROLLBACK")
+        raise RuntimeError(
+            f"Updating {decoded.table} failed; it is left as it was. DuckDB: {exc}"
+        ) from exc
+    except BaseException:
+        conn.execute("ROLLBACK")
+        raise
+    return DecodeRefresh("incremental", to_parse)
+
+
+def _rows_to_parse(source: str, first: object, last: object, undated: bool) -> str:
+    """The source rows listed in ``_fs_to_decode``, payloads included, in four slices.
+
+    The ``loaded_at`` range lets DuckDB skip the row groups of older loads without reading their
+    payloads (the rows an incremental load wrote are its newest); the slices bound the JSON
+    parser's memory as ``raw_transactions_in_slices`` does for the whole table.
+    """
+    loads = "false" if first is None else f"s.loaded_at BETWEEN {_timestamp(first)} AND "
+    loads += "" if first is None else _timestamp(last)
+    if undated:
+        loads = f"({loads} OR s.loaded_at IS NULL)"
+    keys = "s.id = k.id AND s.loaded_at IS NOT DISTINCT FROM k.loaded_at"
+    return "\nUNION ALL\n".join(
+        f"SELECT s.* FROM {source} AS s SEMI JOIN _fs_to_decode AS k ON {keys} "
+        f"WHERE {loads} AND s.rowid % 4 = {part}"
+        for part in range(4)
+    )
+
+
+def _timestamp(value: object) -> str:
+    return f"TIMESTAMP {sql_literal(str(value))}"
+
+
+def _define_rows_to_decode(conn: duckdb.DuckDBPyConnection, rows: str) -> None:
+    """``rows_to_decode()``, the rows a decode query parses (``sql/meta_*.sql`` read it)."""
+    if macros := shared_macros_sql(rows):
+        conn.execute(macros)
+    conn.execute(f"CREATE OR REPLACE TEMP MACRO rows_to_decode() AS TABLE {rows}")
 
 
 #: Connection-scoped macros the queries and checks share (``sql/<name>.sql``; a file defines
@@ -297,15 +402,16 @@ def build_table(
 
 def build_described_table(
     conn: duckdb.DuckDBPyConnection, table: CoreTable, warehouse: FieldSalesWarehouse
-) -> None:
+) -> dict[str, object]:
     """Build ``table`` from its query as stored for analysts, with its comments, and swap it in.
 
-    A table reading a decoded table first rebuilds it (``rebuilds``), or makes sure it matches its
-    raw table, so the table never reads a decode older than the raw data.
+    A table reading a decoded table first brings it up to date with its raw table, so the table
+    never reads a decode older than the raw data; the returned metadata says how.
     """
-    if table.decoded is not None and (table.rebuilds or not is_current(conn, table.decoded)):
+    metadata: dict[str, object] = {}
+    if table.decoded is not None:
         try:
-            build_decoded(conn, table.decoded)
+            metadata = refresh_decoded(conn, table.decoded).metadata(table.decoded)
         except RuntimeError as exc:
             raise RuntimeError(
                 f"Building {table.table} failed; the previous {table.table} is left as it was. "
@@ -326,17 +432,21 @@ def build_described_table(
         comment_table(conn, staged, table.description, table.doc, warehouse.pii)
 
     build_table(conn, table.table, published, params, before_swap=describe)
+    return metadata
 
 
 def materialize_core_table(
     conn: duckdb.DuckDBPyConnection, warehouse: FieldSalesWarehouse, table: CoreTable
 ) -> dict[str, object]:
     """Build ``table`` on ``conn`` and return its metadata (schema, row count, preview)."""
-    build_described_table(conn, table, warehouse)
+    decode = build_described_table(conn, table, warehouse)
     schema = column_schema(conn, table.table, table.doc, warehouse.pii)
-    return table_metadata(
-        conn, warehouse.database, table.table, schema=schema, hidden=table.doc.pii_columns
-    )
+    return {
+        **table_metadata(
+            conn, warehouse.database, table.table, schema=schema, hidden=table.doc.pii_columns
+        ),
+        **decode,
+    }
 
 
 def build_core_asset(

@@ -1,16 +1,17 @@
 -- meta.transactions_decoded: every raw.transactions payload parsed once, into one struct
 -- holding every path that core.transactions and core.custom_report_results read. Pipeline-internal
--- (not part of the contract): the core_transactions asset rebuilds it before core.transactions,
--- and core.custom_report_results reads it instead of parsing each ~5 KB payload a second time
--- (it rebuilds it first if raw.transactions changed since; see core.py).
+-- (not part of the contract): both core tables bring it up to date before they read it, so each
+-- ~5 KB payload is parsed once (refresh_decoded in core.py).
+--
+-- rows_to_decode() is the rows this query parses: all of raw.transactions, read in slices to
+-- bound the JSON parser's memory (see raw_transactions_in_slices.sql), for a full decode; after
+-- an incremental raw load, only the rows the decode lacks (new ids, or a newer loaded_at).
 --
 -- json_transform reads each key independently (absent or mistyped: NULL), so the union of both
 -- tables' paths gives each table exactly what its own parse gave. Timestamps are read as
 -- TIMESTAMPTZ so that a non-UTC offset is honoured; the core tables store them as UTC TIMESTAMP.
 -- Each report value is kept as JSON so its JSON type is known (a string's characters are kept,
 -- so "00123" stays "00123").
--- raw.transactions is read in slices to bound the JSON parser's memory: see
--- raw_transactions_in_slices.sql.
 SELECT
     t.id,
     t.event_id,
@@ -41,4 +42,4 @@ SELECT
             }
         }
     }') AS p
-FROM raw_transactions_in_slices() AS t
+FROM rows_to_decode() AS t
