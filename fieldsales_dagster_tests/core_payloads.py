@@ -298,6 +298,19 @@ def materialize_core(
     ``warehouse_settings`` are further ``FieldSalesWarehouse`` fields (``pii``, ...).
     """
     write_raw_tables(database, transactions=transactions, events=events)
+    return materialize_core_only(
+        database, raise_on_error=raise_on_error, with_checks=with_checks, **warehouse_settings
+    )
+
+
+def materialize_core_only(
+    database: Path,
+    *,
+    raise_on_error: bool = True,
+    with_checks: bool = False,
+    **warehouse_settings: Any,
+) -> dg.ExecuteInProcessResult:
+    """Materialize every core and mart asset from the raw tables as they are."""
     warehouse = FieldSalesWarehouse(database=str(database), threads=2, **warehouse_settings)
     return dg.materialize(
         [

@@ -177,8 +177,15 @@ def test_after_an_incremental_raw_load_only_the_rows_it_wrote_are_parsed(tmp_pat
     assert metadata["fieldsales/decode"] == (
         "meta.transactions_decoded: incremental (2 payloads parsed)"
     )
-    assert _core_metadata(second, "core_custom_report_results")["fieldsales/decode"] == (
-        "meta.transactions_decoded: current (0 payloads parsed)"
+    results = _core_metadata(second, "core_custom_report_results")
+    assert results["fieldsales/decode"] == "meta.transactions_decoded: current (0 payloads parsed)"
+    assert results["fieldsales/build"] == (
+        "incremental: only meta.transactions_decoded changed since the previous build; replaced "
+        "the rows of its 2 new and 2 gone rows and rebuilt the rows that come from elsewhere"
+    )
+    assert metadata["fieldsales/build"] == (
+        "incremental: only meta.transactions_decoded changed since the previous build; replaced "
+        "the rows of its 2 new and 2 gone rows"
     )
     fresh = tmp_path / "fresh.duckdb"
     now_raw = [t for t in kept if t["_id"] not in ("t-05", "t-06")] + [changed, added]
@@ -208,3 +215,35 @@ def test_a_decode_with_most_rows_to_parse_is_rebuilt_whole(tmp_path):
         database,
         "SELECT min(value_number), max(value_number) FROM core.custom_report_results",
     ) == [(1.0, 5.0)]
+
+
+def test_results_are_rebuilt_whole_when_a_field_definition_changes(tmp_path):
+    database = tmp_path / "t.duckdb"
+    kept = [_reported(f"t-{i:02}", i) for i in range(20)]
+    p.materialize_core(database, transactions=kept)
+    # A new transaction carries a newer copy of the configuration: field f-1 is now text.
+    retyped = p.transaction(
+        "t-zz",
+        report_config=p.config("cfg-1", [p.field("f-1", "text")]),
+        report_results=p.results(**{"f-1": "0042"}),
+    )
+    working = FieldSalesWarehouse(database=str(database)).working_path
+    with duckdb.connect(str(working)) as conn:
+        conn.execute(
+            "INSERT INTO raw.transactions VALUES (?, ?, ?, now()::TIMESTAMP)",
+            [retyped["_id"], retyped["eventId"], json.dumps(retyped)],
+        )
+
+    second = p.materialize_core_only(database)
+
+    build = _core_metadata(second, "core_custom_report_results")["fieldsales/build"]
+    assert build.startswith("full: core.custom_report_fields (config_id, field_id, ")
+    fresh = tmp_path / "fresh.duckdb"
+    p.materialize_core(fresh, transactions=[*kept, retyped])
+    assert _rows(database, "core.custom_report_results") == _rows(
+        fresh, "core.custom_report_results"
+    )
+    assert p.query(
+        database,
+        "SELECT count(*) FROM core.custom_report_results WHERE value_kind = 'text'",
+    ) == [(21,)]

@@ -10,6 +10,7 @@ import dagster as dg
 import duckdb
 import pytest
 
+from fieldsales_dagster.assets import follow
 from fieldsales_dagster.warehouse import incremental
 from fieldsales_dagster.warehouse.refresh_mode import (
     IncrementalRefreshError,
@@ -152,6 +153,10 @@ def test_incremental_refresh_after_evolve_equals_a_fresh_full_load(
         <= parsed
         < meta["dagster/row_count"]
     )
+    # core.custom_report_results follows: only the changed transactions' rows are replaced.
+    (results,) = second.asset_materializations_for_node("core_custom_report_results")
+    assert results.metadata["fieldsales/build"].value.startswith("incremental: ")
+    assert core.metadata["fieldsales/build"].value.startswith("incremental: ")
     fresh = _full_load_of_current_data(demo_server, tmp_path, ALL_ASSETS)
     with duckdb.connect(loaded.database, read_only=True) as conn:
         core = conn.execute(
@@ -183,6 +188,61 @@ def test_second_generation_is_incremental_again_and_still_equal(demo_server, tmp
         assert _refresh_metadata(result)["refresh_mode"] == "incremental"
     fresh = _full_load_of_current_data(demo_server, tmp_path)
     assert_same_tables(loaded.database, fresh.database)
+
+
+def test_core_tables_follow_two_incremental_generations_and_still_equal(
+    demo_server, tmp_path, loaded_all
+):
+    for generation in (1, 2):
+        demo_server.behaviour.evolve(generation)
+        result = _materialize(demo_server, tmp_path, loaded_all, assets=ALL_ASSETS)
+        for node in ("core_transactions", "core_custom_report_results"):
+            (event,) = result.asset_materializations_for_node(node)
+            assert event.metadata["fieldsales/build"].value.startswith("incremental: "), node
+    fresh = _full_load_of_current_data(demo_server, tmp_path, ALL_ASSETS)
+    assert_same_tables(loaded_all.database, fresh.database)
+
+
+def test_failure_mid_core_update_leaves_the_core_tables_and_their_state_as_they_were(
+    demo_server, tmp_path, loaded_all, monkeypatch
+):
+    def core_rows() -> list:
+        with duckdb.connect(loaded_all.database, read_only=True) as conn:
+            return [
+                conn.execute(f"SELECT * FROM {table} ORDER BY ALL").fetchall()
+                for table in (
+                    "core.custom_report_results",
+                    "meta.custom_report_results_inputs",
+                    "meta.core_follow_state",
+                )
+            ]
+
+    before = core_rows()
+    demo_server.behaviour.evolve(1)
+
+    def fail(conn, table, *args):
+        raise duckdb.IOException("disk full (simulated) after the rows were replaced")
+
+    monkeypatch.setattr(follow, "_write_state", fail)
+    results_only = ["raw_events", "raw_transactions", "raw_event_groups"]
+    results_only += ["core_custom_report_fields", "core_custom_report_results"]
+    failed = _materialize(
+        demo_server,
+        tmp_path,
+        loaded_all,
+        assets=ALL_ASSETS,
+        selection=results_only,
+        raise_on_error=False,
+    )
+
+    assert not failed.success
+    (failure,) = [e for e in failed.all_events if e.is_step_failure]
+    assert "Updating core.custom_report_results failed" in str(failure.event_specific_data.error)
+    assert core_rows() == before
+    monkeypatch.undo()
+    assert _materialize(demo_server, tmp_path, loaded_all, assets=ALL_ASSETS).success
+    fresh = _full_load_of_current_data(demo_server, tmp_path, ALL_ASSETS)
+    assert_same_tables(loaded_all.database, fresh.database)
 
 
 def test_incremental_refresh_with_raw_redaction_equals_a_fresh_full_load(demo_server, tmp_path):

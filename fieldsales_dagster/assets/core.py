@@ -24,6 +24,12 @@ from fieldsales_dagster.assets.columns import (
     sql_literal,
     table_doc,
 )
+from fieldsales_dagster.assets.follow import (
+    Follows,
+    build_following,
+    define_decoded_rows,
+    loads_between,
+)
 from fieldsales_dagster.assets.metadata import table_metadata
 from fieldsales_dagster.assets.raw import raw_asset_name
 from fieldsales_dagster.client.endpoints import EVENTS, TRANSACTIONS
@@ -34,6 +40,7 @@ from fieldsales_dagster.warehouse.resource import (
     quote_ident,
     replace_table,
     staging_table,
+    table_exists,
 )
 
 if TYPE_CHECKING:
@@ -95,6 +102,8 @@ class CoreTable:
     nullable_key: tuple[str, ...] = ()
     #: A decoded table this table's query reads: brought up to date with its raw table first.
     decoded: Decoded | None = None
+    #: Set when the table follows the decoded table's changes rather than being rebuilt whole.
+    follows: Follows | None = None
 
     @property
     def asset_name(self) -> str:
@@ -128,6 +137,12 @@ CORE_TABLES: tuple[CoreTable, ...] = (
         "configuration id.",
         (RAW_TRANSACTIONS,),
         decoded=TRANSACTIONS_DECODED,
+        follows=Follows(
+            TRANSACTIONS_DECODED.table,
+            key="transaction_id",
+            from_decoded="true",
+            inputs="meta.core_transactions_inputs",
+        ),
     ),
     CoreTable(
         "core.events",
@@ -203,6 +218,22 @@ CORE_TABLES: tuple[CoreTable, ...] = (
         "with slider range and step validity.",
         (RAW_TRANSACTIONS, RAW_EVENTS, "core_custom_report_fields"),
         decoded=TRANSACTIONS_DECODED,
+        follows=Follows(
+            TRANSACTIONS_DECODED.table,
+            key="transaction_id",
+            from_decoded="source = 'transaction'",
+            inputs="meta.custom_report_results_inputs",
+            # What a transaction's results read of its configuration's fields (the SQL's
+            # transaction_resolved); event results also read config_last_used_at, but they
+            # are rebuilt every time.
+            resolved_against=(
+                (
+                    "core.custom_report_fields",
+                    "config_id, field_id, field_name, field_type, slider_min, slider_max, "
+                    "slider_step",
+                ),
+            ),
+        ),
     ),
     CoreTable(
         "core.custom_report_field_types",
@@ -221,13 +252,7 @@ def core_query(table: CoreTable | Decoded) -> str:
 
 def _fingerprint(conn: duckdb.DuckDBPyConnection, table: str) -> tuple | None:
     """Row count, latest load and a hash of every (id, loaded_at); ``None`` without the table."""
-    schema, _, name = table.partition(".")
-    (exists,) = conn.execute(
-        "SELECT count(*) FROM duckdb_tables() WHERE database_name = current_database() "
-        "AND schema_name = ? AND table_name = ?",
-        [schema, name],
-    ).fetchone()
-    if not exists:
+    if not table_exists(conn, table):
         return None
     return conn.execute(
         f"SELECT count(*), max(loaded_at), bit_xor(hash(id, loaded_at)) FROM {qualified(table)}"
@@ -311,6 +336,7 @@ def refresh_decoded(conn: duckdb.DuckDBPyConnection, decoded: Decoded) -> Decode
         )
         conn.execute(f"INSERT INTO {table} BY NAME\n{query}")
         conn.execute("COMMIT")
+        conn.execute("CHECKPOINT")  # frees the memory the changes hold (see follow.py)
     except duckdb.Error as exc:
         conn.execute("ROLLBACK")
         raise RuntimeError(
@@ -325,24 +351,16 @@ def refresh_decoded(conn: duckdb.DuckDBPyConnection, decoded: Decoded) -> Decode
 def _rows_to_parse(source: str, first: object, last: object, undated: bool) -> str:
     """The source rows listed in ``_fs_to_decode``, payloads included, in four slices.
 
-    The ``loaded_at`` range lets DuckDB skip the row groups of older loads without reading their
-    payloads (the rows an incremental load wrote are its newest); the slices bound the JSON
-    parser's memory as ``raw_transactions_in_slices`` does for the whole table.
+    The ``loaded_at`` range (``loads_between``) spares reading older loads' payloads; the slices
+    bound the JSON parser's memory as ``raw_transactions_in_slices`` does for the whole table.
     """
-    loads = "false" if first is None else f"s.loaded_at BETWEEN {_timestamp(first)} AND "
-    loads += "" if first is None else _timestamp(last)
-    if undated:
-        loads = f"({loads} OR s.loaded_at IS NULL)"
+    loads = loads_between("s", first, last, undated)
     keys = "s.id = k.id AND s.loaded_at IS NOT DISTINCT FROM k.loaded_at"
     return "\nUNION ALL\n".join(
         f"SELECT s.* FROM {source} AS s SEMI JOIN _fs_to_decode AS k ON {keys} "
         f"WHERE {loads} AND s.rowid % 4 = {part}"
         for part in range(4)
     )
-
-
-def _timestamp(value: object) -> str:
-    return f"TIMESTAMP {sql_literal(str(value))}"
 
 
 def _define_rows_to_decode(conn: duckdb.DuckDBPyConnection, rows: str) -> None:
@@ -418,9 +436,12 @@ def build_described_table(
                 f"It reads {table.decoded.table}: {exc}"
             ) from exc
     query = core_query(table)
+    macros = shared_macros_sql(query)
     try:
-        if macros := shared_macros_sql(query):
+        if macros:
             conn.execute(macros)
+        if table.follows is not None:
+            define_decoded_rows(conn, table.follows)
         published, params = publishing_query(conn, table.table, query, table.doc, warehouse)
     except duckdb.Error as exc:
         raise RuntimeError(
@@ -431,8 +452,16 @@ def build_described_table(
     def describe(staged: str) -> None:
         comment_table(conn, staged, table.description, table.doc, warehouse.pii)
 
-    build_table(conn, table.table, published, params, before_swap=describe)
-    return metadata
+    def build_whole() -> None:
+        build_table(conn, table.table, published, params, before_swap=describe)
+
+    if table.follows is None:
+        build_whole()
+        return metadata
+    followed = build_following(
+        conn, table.table, table.follows, published, params, build_whole, macros=macros
+    )
+    return {**metadata, **followed.metadata()}
 
 
 def materialize_core_table(

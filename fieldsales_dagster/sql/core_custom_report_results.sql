@@ -32,13 +32,15 @@
 -- 0.3 is on a 0.1 grid although 0.3 / 0.1 = 2.9999999999999996 in binary floating point.
 -- Transaction payloads are not parsed here: meta.transactions_decoded (see
 -- meta_transactions_decoded.sql) holds each one parsed once, for this table and
--- core.transactions.
+-- core.transactions. decoded_rows() is that table: all of it for a whole build; after an
+-- incremental raw load only its added rows, when this table follows their changes instead of
+-- being rebuilt (follow.py: the event rows are then rebuilt, the other rows kept).
 WITH transaction_reports AS (
     SELECT
         id AS transaction_id,
         event_id AS raw_event_id,
         p
-    FROM meta.transactions_decoded
+    FROM decoded_rows()
 ),
 
 transaction_results AS (

@@ -3,6 +3,8 @@
 -- Each payload (~5 KB) is parsed exactly once per run, by meta.transactions_decoded
 -- (meta_transactions_decoded.sql): json_transform reads every path this table and
 -- core.custom_report_results need into one struct, and the columns below only read that struct.
+-- decoded_rows() is that table: all of it for a whole build; after an incremental raw load only
+-- its added rows, whose rows replace those of the changed transactions (follow.py).
 -- Timestamps arrive as ISO 8601 with an offset ('...Z'); they are read as TIMESTAMPTZ so that a
 -- non-UTC offset is honoured, then stored as plain UTC TIMESTAMP.
 WITH decoded AS (
@@ -11,7 +13,7 @@ WITH decoded AS (
         event_id AS raw_event_id,
         loaded_at,
         p
-    FROM meta.transactions_decoded
+    FROM decoded_rows()
 )
 
 SELECT

@@ -48,7 +48,7 @@ from fieldsales_dagster.warehouse.refresh_mode import (
     choose_mode,
     validate_refresh_mode,
 )
-from fieldsales_dagster.warehouse.resource import qualified, staging_table
+from fieldsales_dagster.warehouse.resource import qualified, staging_table, table_exists
 
 STATE_SCHEMA = "meta"
 STATE_TABLE = "meta.refresh_state"
@@ -109,18 +109,8 @@ class RefreshPolicy:
 # --- state ------------------------------------------------------------------------------------
 
 
-def _table_exists(conn: duckdb.DuckDBPyConnection, table: str) -> bool:
-    schema, _, name = table.partition(".")
-    return bool(
-        conn.execute(
-            "SELECT count(*) FROM duckdb_tables() WHERE schema_name = ? AND table_name = ?",
-            [schema, name],
-        ).fetchone()[0]
-    )
-
-
 def read_previous_load(conn: duckdb.DuckDBPyConnection) -> PreviousLoad | None:
-    if not (_table_exists(conn, STATE_TABLE) and _table_exists(conn, FINGERPRINTS_TABLE)):
+    if not (table_exists(conn, STATE_TABLE) and table_exists(conn, FINGERPRINTS_TABLE)):
         return None
     row = conn.execute(
         f"SELECT last_full_at, last_load_at, rows, events_loaded_at FROM {STATE_TABLE} "
@@ -131,7 +121,7 @@ def read_previous_load(conn: duckdb.DuckDBPyConnection) -> PreviousLoad | None:
         return None
     rows_stored = (
         conn.execute(f"SELECT count(*) FROM {qualified(TRANSACTIONS.raw_table)}").fetchone()[0]
-        if _table_exists(conn, TRANSACTIONS.raw_table)
+        if table_exists(conn, TRANSACTIONS.raw_table)
         else None
     )
     return PreviousLoad(
@@ -145,7 +135,7 @@ def read_previous_load(conn: duckdb.DuckDBPyConnection) -> PreviousLoad | None:
 
 
 def _events_loaded_at(conn: duckdb.DuckDBPyConnection) -> datetime | None:
-    if not _table_exists(conn, EVENTS.raw_table):
+    if not table_exists(conn, EVENTS.raw_table):
         return None
     value = conn.execute(f"SELECT max(loaded_at) FROM {qualified(EVENTS.raw_table)}").fetchone()[0]
     return value.replace(tzinfo=UTC) if value else None
@@ -159,7 +149,7 @@ def _fingerprint_current_events(conn: duckdb.DuckDBPyConnection) -> None:
     """
     source = (
         qualified(EVENTS.raw_table)
-        if _table_exists(conn, EVENTS.raw_table)
+        if table_exists(conn, EVENTS.raw_table)
         else "(SELECT NULL::VARCHAR AS id, NULL::JSON AS payload WHERE false)"
     )
     conn.execute(

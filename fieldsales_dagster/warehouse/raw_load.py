@@ -50,6 +50,7 @@ from fieldsales_dagster.warehouse.resource import (
     quote_ident,
     replace_table,
     staging_table,
+    table_exists,
 )
 
 #: Longest item DuckDB's reader accepts; a longer one fails the load loudly, never silently.
@@ -460,12 +461,7 @@ def clean_leftovers(conn: duckdb.DuckDBPyConnection, schema: str, spools: Path |
 
 
 def _table_rows(conn: duckdb.DuckDBPyConnection, table: str) -> int | None:
-    schema, _, name = table.partition(".")
-    exists = conn.execute(
-        "SELECT count(*) FROM duckdb_tables() WHERE schema_name = ? AND table_name = ?",
-        [schema, name],
-    ).fetchone()[0]
-    if not exists:
+    if not table_exists(conn, table):
         return None
     return conn.execute(f"SELECT count(*) FROM {qualified(table)}").fetchone()[0]
 

@@ -513,6 +513,17 @@ def qualified(table: str) -> str:
     return f"{quote_ident(schema)}.{quote_ident(name)}"
 
 
+def table_exists(conn: duckdb.DuckDBPyConnection, table: str) -> bool:
+    """Whether ``schema.table`` exists in the connection's current database."""
+    schema, _, name = table.partition(".")
+    (found,) = conn.execute(
+        "SELECT count(*) FROM duckdb_tables() WHERE database_name = current_database() "
+        "AND schema_name = ? AND table_name = ?",
+        [schema, name],
+    ).fetchone()
+    return bool(found)
+
+
 def replace_table(conn: duckdb.DuckDBPyConnection, staged: str, target: str) -> None:
     """Swap a fully built staging table in for ``target`` in one transaction.
 

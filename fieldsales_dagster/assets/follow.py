@@ -1,0 +1,270 @@
+"""A core table that follows its decoded table's changes instead of being rebuilt whole.
+
+After an incremental raw load, ``meta.transactions_decoded`` changed in a few rows (the
+transactions of re-fetched events), and ``core.custom_report_results`` need only change in the
+rows those transactions give. A table that declares ``Follows`` is brought up to date so:
+
+- the decoded rows (``id``, ``loaded_at``) the table reflects are kept in ``Follows.inputs``;
+- the decoded rows added since, and those gone, are told apart by two anti joins on those keys;
+- the table's rows from the gone and the added decoded rows are deleted, its other rows (those
+  not from decoded rows, such as event results) too, and the table's query is run over the added
+  decoded rows only: it returns their rows and all the others again; all in one transaction.
+
+That equals a whole rebuild only while everything else a decoded row's table rows depend on is
+unchanged. ``Follows.resolved_against`` names those tables and the columns those rows read
+(``core.custom_report_fields``' field definitions), and their content, the query text and its
+macros are fingerprinted in ``STATE_TABLE``: any
+difference, a missing state, hashed personal columns (whose key is never stored, not even
+hashed), or more than ``whole_above`` of the decoded rows changed, and the table is rebuilt
+whole. A whole rebuild forgets the state first, so a crash between the swap and the new state
+leaves no state, and the next build is whole again.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import dagster as dg
+import duckdb
+
+from fieldsales_dagster.warehouse.resource import qualified, table_exists
+
+STATE_TABLE = "meta.core_follow_state"
+#: The macro a following table's query reads its decoded rows from.
+DECODED_ROWS_MACRO = "decoded_rows"
+
+_SAME_ROW = "{a}.id = {b}.id AND {a}.loaded_at IS NOT DISTINCT FROM {b}.loaded_at"
+
+
+@dataclass(frozen=True)
+class Follows:
+    """How a core table follows a decoded table (see the module docstring)."""
+
+    #: The decoded table whose rows the query reads through ``decoded_rows()``.
+    decoded: str
+    #: The table's column holding the decoded row's ``id`` its row comes from.
+    key: str
+    #: SQL predicate: the table's rows that come from decoded rows (the others are rebuilt).
+    from_decoded: str
+    #: Where the decoded rows the table reflects are kept.
+    inputs: str
+    #: What the decoded rows' table rows read of other tables: (table, its columns read). Any
+    #: change there, and the table is rebuilt whole. Only the rows from decoded rows are kept
+    #: across builds, so only the columns those rows read count.
+    resolved_against: tuple[tuple[str, str], ...] = ()
+    #: Above this share of the decoded rows added (new or changed), the table is rebuilt whole.
+    whole_above: float = 0.2
+
+
+@dataclass(frozen=True)
+class FollowResult:
+    """How a following table was brought up to date, for its materialization's metadata."""
+
+    mode: str  # "incremental" or "full"
+    why: str
+
+    def metadata(self) -> dict[str, object]:
+        return {"fieldsales/build": dg.MetadataValue.text(f"{self.mode}: {self.why}")}
+
+
+def define_decoded_rows(conn: duckdb.DuckDBPyConnection, follows: Follows, rows: str = "") -> None:
+    """``decoded_rows()``: all of the decoded table, or the rows ``rows`` selects."""
+    rows = rows or f"SELECT * FROM {qualified(follows.decoded)}"
+    conn.execute(f"CREATE OR REPLACE TEMP MACRO {DECODED_ROWS_MACRO}() AS TABLE {rows}")
+
+
+def build_following(
+    conn: duckdb.DuckDBPyConnection,
+    table: str,
+    follows: Follows,
+    query: str,
+    params: dict[str, object],
+    build_whole: Callable[[], None],
+    macros: str = "",
+) -> FollowResult:
+    """Bring ``table`` up to date: incrementally when it is safe, else ``build_whole()``.
+
+    ``query`` is the table's SQL as stored, reading its decoded rows from ``decoded_rows()``;
+    ``params`` are its parameters, ``macros`` the text of the shared macros it calls (a change
+    there changes the rows too, so it is fingerprinted with the query).
+    """
+    _ensure_state_table(conn)
+    query_fp = hashlib.sha256(f"{query}\n{macros}".encode()).hexdigest()
+    inputs_fp = _content_fingerprint(conn, follows.resolved_against)
+    why = _why_whole(conn, table, follows, query_fp, inputs_fp, params)
+    if why is None:
+        result = _incremental(conn, table, follows, query, params, query_fp, inputs_fp)
+        if result is not None:
+            return result
+        why = f"more than {follows.whole_above:.0%} of {follows.decoded} is new"
+    conn.execute(f"DELETE FROM {STATE_TABLE} WHERE table_name = ?", [table])
+    define_decoded_rows(conn, follows)
+    build_whole()
+    conn.execute("BEGIN TRANSACTION")
+    try:
+        conn.execute(
+            f"CREATE OR REPLACE TABLE {qualified(follows.inputs)} AS "
+            f"SELECT id, loaded_at FROM {qualified(follows.decoded)}"
+        )
+        _write_state(conn, table, query_fp, inputs_fp)
+        conn.execute("COMMIT")
+    except BaseException:
+        conn.execute("ROLLBACK")
+        raise
+    return FollowResult("full", why)
+
+
+def _why_whole(
+    conn: duckdb.DuckDBPyConnection,
+    table: str,
+    follows: Follows,
+    query_fp: str,
+    inputs_fp: str,
+    params: dict[str, object],
+) -> str | None:
+    if params:
+        return "personal columns are hashed (the key is never stored, so nothing compares)"
+    if not (table_exists(conn, table) and table_exists(conn, follows.inputs)):
+        return "no previous build"
+    state = conn.execute(
+        f"SELECT query_fingerprint, inputs_fingerprint FROM {STATE_TABLE} WHERE table_name = ?",
+        [table],
+    ).fetchone()
+    if state is None:
+        return "no record of the previous build"
+    if state[0] != query_fp:
+        return "the query changed"
+    if state[1] != inputs_fp:
+        changed = " or ".join(f"{table} ({columns})" for table, columns in follows.resolved_against)
+        return f"{changed} changed"
+    (unkeyed,) = conn.execute(
+        f"SELECT count(*) FROM {qualified(table)} WHERE ({follows.from_decoded}) "
+        f"AND {follows.key} IS NULL"
+    ).fetchone()
+    if unkeyed:
+        return f"{unkeyed} rows have no {follows.key}"
+    return None
+
+
+def _incremental(
+    conn: duckdb.DuckDBPyConnection,
+    table: str,
+    follows: Follows,
+    query: str,
+    params: dict[str, object],
+    query_fp: str,
+    inputs_fp: str,
+) -> FollowResult | None:
+    decoded, inputs = qualified(follows.decoded), qualified(follows.inputs)
+    conn.execute(
+        "CREATE OR REPLACE TEMP TABLE _fs_follow_added AS SELECT d.id, d.loaded_at "
+        f"FROM {decoded} AS d ANTI JOIN {inputs} AS i ON {_SAME_ROW.format(a='d', b='i')}"
+    )
+    conn.execute(
+        "CREATE OR REPLACE TEMP TABLE _fs_follow_gone AS SELECT i.id, i.loaded_at "
+        f"FROM {inputs} AS i ANTI JOIN {decoded} AS d ON {_SAME_ROW.format(a='d', b='i')}"
+    )
+    added, gone, rows = conn.execute(
+        "SELECT (SELECT count(*) FROM _fs_follow_added), (SELECT count(*) FROM _fs_follow_gone), "
+        f"(SELECT count(*) FROM {decoded})"
+    ).fetchone()
+    if added > follows.whole_above * rows:
+        return None
+    first, last, undated = conn.execute(
+        "SELECT min(loaded_at), max(loaded_at), count(*) - count(loaded_at) FROM _fs_follow_added"
+    ).fetchone()
+    in_range = loads_between("d", first, last, undated > 0)
+    define_decoded_rows(
+        conn,
+        follows,
+        f"SELECT d.* FROM {decoded} AS d SEMI JOIN _fs_follow_added AS a "
+        f"ON {_SAME_ROW.format(a='d', b='a')} WHERE {in_range}",
+    )
+    target = qualified(table)
+    try:
+        # The new rows are computed before the transaction: inside it, after the deletes, the
+        # query's memory and the transaction's would have to fit DuckDB's memory_limit at once.
+        conn.execute(f"CREATE OR REPLACE TEMP TABLE _fs_follow_rows AS\n{query}", params or {})
+        conn.execute(
+            "CREATE OR REPLACE TEMP TABLE _fs_follow_keys AS SELECT DISTINCT id FROM "
+            "(SELECT id FROM _fs_follow_added UNION ALL SELECT id FROM _fs_follow_gone)"
+        )
+        conn.execute("BEGIN TRANSACTION")
+        try:
+            conn.execute(f"DELETE FROM {target} WHERE ({follows.from_decoded}) IS NOT TRUE")
+            conn.execute(
+                f"DELETE FROM {target} AS t USING _fs_follow_keys AS k WHERE t.{follows.key} = k.id"
+            )
+            conn.execute(f"INSERT INTO {target} BY NAME SELECT * FROM _fs_follow_rows")
+            conn.execute(
+                f"DELETE FROM {inputs} AS i USING _fs_follow_gone AS g "
+                f"WHERE {_SAME_ROW.format(a='i', b='g')}"
+            )
+            conn.execute(f"INSERT INTO {inputs} SELECT id, loaded_at FROM _fs_follow_added")
+            _write_state(conn, table, query_fp, inputs_fp)
+            conn.execute("COMMIT")
+        except BaseException:
+            conn.execute("ROLLBACK")
+            raise
+        # Until a checkpoint the changes stay in memory, and the next query (the table's checks)
+        # would have to fit beside them in memory_limit: 1M transactions, 192 MB, out of memory.
+        conn.execute("CHECKPOINT")
+    except duckdb.Error as exc:
+        raise RuntimeError(
+            f"Updating {table} failed; the previous {table} is left as it was. DuckDB: {exc}"
+        ) from exc
+    finally:
+        define_decoded_rows(conn, follows)
+        conn.execute("DROP TABLE IF EXISTS _fs_follow_rows")
+    why = (
+        f"only {follows.decoded} changed since the previous build; replaced the rows of its "
+        f"{added:,} new and {gone:,} gone rows"
+    )
+    if follows.from_decoded != "true":
+        why += " and rebuilt the rows that come from elsewhere"
+    return FollowResult("incremental", why)
+
+
+def loads_between(alias: str, first: object, last: object, undated: bool) -> str:
+    """SQL: ``alias.loaded_at`` from ``first`` to ``last`` (or NULL, when ``undated``).
+
+    The rows an incremental load wrote are its newest: with this filter DuckDB skips the row
+    groups of older loads by their min/max, without reading their (wide) other columns.
+    """
+    within = "false"
+    if first is not None:
+        within = f"{alias}.loaded_at BETWEEN TIMESTAMP '{first}' AND TIMESTAMP '{last}'"
+    return f"({within} OR {alias}.loaded_at IS NULL)" if undated else within
+
+
+def _content_fingerprint(
+    conn: duckdb.DuckDBPyConnection, tables: tuple[tuple[str, str], ...]
+) -> str:
+    parts = []
+    for table, columns in tables:
+        if not table_exists(conn, table):
+            parts.append(f"{table}: missing")
+            continue
+        count, digest = conn.execute(
+            f"SELECT count(*), bit_xor(hash({columns})) FROM {qualified(table)}"
+        ).fetchone()
+        parts.append(f"{table} ({columns}): {count} {digest}")
+    return hashlib.sha256("\n".join(parts).encode()).hexdigest()
+
+
+def _ensure_state_table(conn: duckdb.DuckDBPyConnection) -> None:
+    conn.execute("CREATE SCHEMA IF NOT EXISTS meta")
+    conn.execute(
+        f"CREATE TABLE IF NOT EXISTS {STATE_TABLE} (table_name VARCHAR PRIMARY KEY, "
+        "query_fingerprint VARCHAR, inputs_fingerprint VARCHAR)"
+    )
+
+
+def _write_state(
+    conn: duckdb.DuckDBPyConnection, table: str, query_fp: str, inputs_fp: str
+) -> None:
+    conn.execute(
+        f"INSERT OR REPLACE INTO {STATE_TABLE} VALUES (?, ?, ?)", [table, query_fp, inputs_fp]
+    )
