@@ -632,7 +632,11 @@ def _compare_tables(a: Path, b: Path, core: bool = False) -> str:
     """``yes`` when every raw table of a equals b's row for row (``loaded_at`` aside), and with
     ``core`` every core and mart table too."""
     parts = []
-    config = {"memory_limit": "4GB", "preserve_insertion_order": False}
+    config = {
+        "memory_limit": "4GB",
+        "preserve_insertion_order": False,
+        "enable_progress_bar": False,
+    }
     with duckdb.connect(str(a), read_only=True, config=config) as conn:
         conn.execute(f"ATTACH '{b}' AS other (READ_ONLY)")
         here = conn.execute("SELECT current_database()").fetchone()[0]
