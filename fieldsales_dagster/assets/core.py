@@ -336,7 +336,6 @@ def refresh_decoded(conn: duckdb.DuckDBPyConnection, decoded: Decoded) -> Decode
         )
         conn.execute(f"INSERT INTO {table} BY NAME\n{query}")
         conn.execute("COMMIT")
-        conn.execute("CHECKPOINT")  # frees the memory the changes hold (see follow.py)
     except duckdb.Error as exc:
         conn.execute("ROLLBACK")
         raise RuntimeError(
@@ -345,6 +344,7 @@ def refresh_decoded(conn: duckdb.DuckDBPyConnection, decoded: Decoded) -> Decode
     except BaseException:
         conn.execute("ROLLBACK")
         raise
+    conn.execute("CHECKPOINT")  # frees the memory the changes hold (see follow.py)
     return DecodeRefresh("incremental", to_parse)
 
 

@@ -208,9 +208,6 @@ def _incremental(
         except BaseException:
             conn.execute("ROLLBACK")
             raise
-        # Until a checkpoint the changes stay in memory, and the next query (the table's checks)
-        # would have to fit beside them in memory_limit: 1M transactions, 192 MB, out of memory.
-        conn.execute("CHECKPOINT")
     except duckdb.Error as exc:
         raise RuntimeError(
             f"Updating {table} failed; the previous {table} is left as it was. DuckDB: {exc}"
@@ -218,6 +215,9 @@ def _incremental(
     finally:
         define_decoded_rows(conn, follows)
         conn.execute("DROP TABLE IF EXISTS _fs_follow_rows")
+    # Until a checkpoint the changes stay in memory, and the next query (the table's checks)
+    # would have to fit beside them in memory_limit: 1M transactions, 192 MB, out of memory.
+    conn.execute("CHECKPOINT")
     why = (
         f"only {follows.decoded} changed since the previous build; replaced the rows of its "
         f"{added:,} new and {gone:,} gone rows"
