@@ -25,10 +25,12 @@ from fieldsales_dagster.assets.columns import (
     table_doc,
 )
 from fieldsales_dagster.assets.follow import (
+    WHOLE_ABOVE,
     Follows,
     build_following,
     define_decoded_rows,
-    loads_between,
+    rows_missing,
+    same_row,
 )
 from fieldsales_dagster.assets.metadata import table_metadata
 from fieldsales_dagster.assets.raw import raw_asset_name
@@ -84,9 +86,20 @@ TRANSACTIONS_DECODED = Decoded(
     whole_source="raw_transactions_in_slices()",
 )
 
-#: Above this share of its source's rows to parse, a decode is rebuilt whole: the full build reads
-#: in slices (bounded memory), and deleting most of a table costs more than writing it anew.
-DECODE_WHOLE_ABOVE = 0.2
+
+def _follows_transactions(
+    inputs: str,
+    from_decoded: str = "true",
+    resolved_against: tuple[tuple[str, str], ...] = (),
+) -> Follows:
+    """How a core table with a ``transaction_id`` per row follows ``TRANSACTIONS_DECODED``."""
+    return Follows(
+        TRANSACTIONS_DECODED.table,
+        key="transaction_id",
+        from_decoded=from_decoded,
+        inputs=inputs,
+        resolved_against=resolved_against,
+    )
 
 
 @dataclass(frozen=True)
@@ -137,12 +150,7 @@ CORE_TABLES: tuple[CoreTable, ...] = (
         "configuration id.",
         (RAW_TRANSACTIONS,),
         decoded=TRANSACTIONS_DECODED,
-        follows=Follows(
-            TRANSACTIONS_DECODED.table,
-            key="transaction_id",
-            from_decoded="true",
-            inputs="meta.core_transactions_inputs",
-        ),
+        follows=_follows_transactions("meta.core_transactions_inputs"),
     ),
     CoreTable(
         "core.events",
@@ -218,11 +226,9 @@ CORE_TABLES: tuple[CoreTable, ...] = (
         "with slider range and step validity.",
         (RAW_TRANSACTIONS, RAW_EVENTS, "core_custom_report_fields"),
         decoded=TRANSACTIONS_DECODED,
-        follows=Follows(
-            TRANSACTIONS_DECODED.table,
-            key="transaction_id",
+        follows=_follows_transactions(
+            "meta.custom_report_results_inputs",
             from_decoded="source = 'transaction'",
-            inputs="meta.custom_report_results_inputs",
             # What a transaction's results read of its configuration's fields (the SQL's
             # transaction_resolved); event results also read config_last_used_at, but they
             # are rebuilt every time.
@@ -251,22 +257,17 @@ def core_query(table: CoreTable | Decoded) -> str:
 
 
 def _fingerprint(conn: duckdb.DuckDBPyConnection, table: str) -> tuple | None:
-    """Row count, latest load and a hash of every (id, loaded_at); ``None`` without the table."""
+    """Row count, latest load and a hash of every (id, loaded_at); ``None`` without the table.
+
+    Every load stamps the rows it writes with its own ``loaded_at``, so a decode holds exactly the
+    rows (ids and loads) its raw table holds when the two fingerprints are equal, and a raw table
+    refreshed since differs in its count, its latest load or the hash.
+    """
     if not table_exists(conn, table):
         return None
     return conn.execute(
         f"SELECT count(*), max(loaded_at), bit_xor(hash(id, loaded_at)) FROM {qualified(table)}"
     ).fetchone()
-
-
-def is_current(conn: duckdb.DuckDBPyConnection, decoded: Decoded) -> bool:
-    """Whether ``decoded`` holds exactly the rows (ids and loads) its raw table holds now.
-
-    Every load stamps the rows it writes with its own ``loaded_at``, so a raw table refreshed
-    since the decode differs in its count, its latest load or the hash of its (id, loaded_at).
-    """
-    found = _fingerprint(conn, decoded.table)
-    return found is not None and found == _fingerprint(conn, decoded.source)
 
 
 @dataclass(frozen=True)
@@ -303,36 +304,27 @@ def refresh_decoded(conn: duckdb.DuckDBPyConnection, decoded: Decoded) -> Decode
 
     ``"current"``: nothing to do. ``"incremental"``: only the source rows the decode lacks (by
     ``id`` and ``loaded_at``) are parsed and inserted, and the rows no longer in the source are
-    deleted, in one transaction. ``"full"``: no decode yet, or more than ``DECODE_WHOLE_ABOVE`` of
+    deleted, in one transaction. ``"full"``: no decode yet, or more than ``WHOLE_ABOVE`` of
     the source to parse (after a full raw load, every row). Either way the result holds exactly
     what a full decode of the source would hold.
     """
-    if is_current(conn, decoded):
+    found = _fingerprint(conn, decoded.table)
+    if found is None:
+        return build_decoded(conn, decoded)
+    raw = _fingerprint(conn, decoded.source)
+    if found == raw:
         return DecodeRefresh("current", 0)
-    if _fingerprint(conn, decoded.table) is None:
-        return build_decoded(conn, decoded)
     table, source = qualified(decoded.table), qualified(decoded.source)
-    same_row = "s.id = d.id AND s.loaded_at IS NOT DISTINCT FROM d.loaded_at"
-    # The keys of the rows to parse first: the anti join reads narrow columns only.
-    conn.execute(
-        "CREATE OR REPLACE TEMP TABLE _fs_to_decode AS SELECT s.id, s.loaded_at "
-        f"FROM {source} AS s ANTI JOIN {table} AS d ON {same_row}"
-    )
-    to_parse, first, last, undated = conn.execute(
-        "SELECT count(*), min(loaded_at), max(loaded_at), count(*) - count(loaded_at) "
-        "FROM _fs_to_decode"
-    ).fetchone()
-    (rows,) = conn.execute(f"SELECT count(*) FROM {source}").fetchone()
-    if to_parse > DECODE_WHOLE_ABOVE * rows:
+    missing = rows_missing(conn, decoded.source, decoded.table, "_fs_to_decode", slices=4)
+    if missing.count > WHOLE_ABOVE * raw[0]:
         return build_decoded(conn, decoded)
-    missing = _rows_to_parse(source, first, last, undated > 0)
-    _define_rows_to_decode(conn, missing)
+    _define_rows_to_decode(conn, missing.select)
     query = core_query(decoded)
     conn.execute("BEGIN TRANSACTION")
     try:
         conn.execute(
             f"DELETE FROM {table} AS d WHERE NOT EXISTS (SELECT 1 FROM {source} AS s WHERE "
-            f"{same_row})"
+            f"{same_row('s', 'd')})"
         )
         conn.execute(f"INSERT INTO {table} BY NAME\n{query}")
         conn.execute("COMMIT")
@@ -345,22 +337,7 @@ def refresh_decoded(conn: duckdb.DuckDBPyConnection, decoded: Decoded) -> Decode
         conn.execute("ROLLBACK")
         raise
     conn.execute("CHECKPOINT")  # frees the memory the changes hold (see follow.py)
-    return DecodeRefresh("incremental", to_parse)
-
-
-def _rows_to_parse(source: str, first: object, last: object, undated: bool) -> str:
-    """The source rows listed in ``_fs_to_decode``, payloads included, in four slices.
-
-    The ``loaded_at`` range (``loads_between``) spares reading older loads' payloads; the slices
-    bound the JSON parser's memory as ``raw_transactions_in_slices`` does for the whole table.
-    """
-    loads = loads_between("s", first, last, undated)
-    keys = "s.id = k.id AND s.loaded_at IS NOT DISTINCT FROM k.loaded_at"
-    return "\nUNION ALL\n".join(
-        f"SELECT s.* FROM {source} AS s SEMI JOIN _fs_to_decode AS k ON {keys} "
-        f"WHERE {loads} AND s.rowid % 4 = {part}"
-        for part in range(4)
-    )
+    return DecodeRefresh("incremental", missing.count)
 
 
 def _define_rows_to_decode(conn: duckdb.DuckDBPyConnection, rows: str) -> None:

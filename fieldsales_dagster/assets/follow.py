@@ -35,7 +35,55 @@ STATE_TABLE = "meta.core_follow_state"
 #: The macro a following table's query reads its decoded rows from.
 DECODED_ROWS_MACRO = "decoded_rows"
 
-_SAME_ROW = "{a}.id = {b}.id AND {a}.loaded_at IS NOT DISTINCT FROM {b}.loaded_at"
+#: Above this share of its source's rows to add, a table is rebuilt whole rather than updated:
+#: deleting and inserting most of a table costs more than writing it anew.
+WHOLE_ABOVE = 0.2
+
+
+def same_row(a: str, b: str) -> str:
+    """SQL: rows ``a`` and ``b`` are the same load of the same item (``id``, ``loaded_at``)."""
+    return f"{a}.id = {b}.id AND {a}.loaded_at IS NOT DISTINCT FROM {b}.loaded_at"
+
+
+@dataclass(frozen=True)
+class MissingRows:
+    """The rows of a table that another lacks, by ``id`` and ``loaded_at`` (``rows_missing``)."""
+
+    count: int
+    #: SQL selecting those rows, every column, from the table they are in.
+    select: str
+
+
+def rows_missing(
+    conn: duckdb.DuckDBPyConnection, source: str, target: str, keys: str, slices: int = 1
+) -> MissingRows:
+    """The rows of ``source`` whose (``id``, ``loaded_at``) ``target`` lacks.
+
+    Their keys go into the temporary table ``keys`` first: the anti join reads narrow columns
+    only. The returned SELECT reads the rows themselves within those keys' ``loaded_at`` range:
+    the rows a load wrote are its newest, so DuckDB skips older row groups by their min/max
+    without reading their wide columns. ``slices`` > 1 reads them in that many slices by rowid,
+    to bound the JSON parser's memory as ``raw_transactions_in_slices`` does.
+    """
+    conn.execute(
+        f"CREATE OR REPLACE TEMP TABLE {keys} AS SELECT s.id, s.loaded_at "
+        f"FROM {qualified(source)} AS s ANTI JOIN {qualified(target)} AS t ON {same_row('s', 't')}"
+    )
+    count, first, last, undated = conn.execute(
+        f"SELECT count(*), min(loaded_at), max(loaded_at), count(*) - count(loaded_at) FROM {keys}"
+    ).fetchone()
+    within = "false"
+    if first is not None:
+        within = f"s.loaded_at BETWEEN TIMESTAMP '{first}' AND TIMESTAMP '{last}'"
+    if undated:
+        within = f"({within} OR s.loaded_at IS NULL)"
+    rows = f"SELECT s.* FROM {qualified(source)} AS s SEMI JOIN {keys} AS k ON {same_row('s', 'k')}"
+    rows += f" WHERE {within}"
+    if slices == 1:
+        return MissingRows(count, rows)
+    return MissingRows(
+        count, "\nUNION ALL\n".join(f"{rows} AND s.rowid % {slices} = {i}" for i in range(slices))
+    )
 
 
 @dataclass(frozen=True)
@@ -55,7 +103,7 @@ class Follows:
     #: across builds, so only the columns those rows read count.
     resolved_against: tuple[tuple[str, str], ...] = ()
     #: Above this share of the decoded rows added (new or changed), the table is rebuilt whole.
-    whole_above: float = 0.2
+    whole_above: float = WHOLE_ABOVE
 
 
 @dataclass(frozen=True)
@@ -158,30 +206,12 @@ def _incremental(
     inputs_fp: str,
 ) -> FollowResult | None:
     decoded, inputs = qualified(follows.decoded), qualified(follows.inputs)
-    conn.execute(
-        "CREATE OR REPLACE TEMP TABLE _fs_follow_added AS SELECT d.id, d.loaded_at "
-        f"FROM {decoded} AS d ANTI JOIN {inputs} AS i ON {_SAME_ROW.format(a='d', b='i')}"
-    )
-    conn.execute(
-        "CREATE OR REPLACE TEMP TABLE _fs_follow_gone AS SELECT i.id, i.loaded_at "
-        f"FROM {inputs} AS i ANTI JOIN {decoded} AS d ON {_SAME_ROW.format(a='d', b='i')}"
-    )
-    added, gone, rows = conn.execute(
-        "SELECT (SELECT count(*) FROM _fs_follow_added), (SELECT count(*) FROM _fs_follow_gone), "
-        f"(SELECT count(*) FROM {decoded})"
-    ).fetchone()
-    if added > follows.whole_above * rows:
+    added = rows_missing(conn, follows.decoded, follows.inputs, "_fs_follow_added")
+    gone = rows_missing(conn, follows.inputs, follows.decoded, "_fs_follow_gone").count
+    (rows,) = conn.execute(f"SELECT count(*) FROM {decoded}").fetchone()
+    if added.count > follows.whole_above * rows:
         return None
-    first, last, undated = conn.execute(
-        "SELECT min(loaded_at), max(loaded_at), count(*) - count(loaded_at) FROM _fs_follow_added"
-    ).fetchone()
-    in_range = loads_between("d", first, last, undated > 0)
-    define_decoded_rows(
-        conn,
-        follows,
-        f"SELECT d.* FROM {decoded} AS d SEMI JOIN _fs_follow_added AS a "
-        f"ON {_SAME_ROW.format(a='d', b='a')} WHERE {in_range}",
-    )
+    define_decoded_rows(conn, follows, added.select)
     target = qualified(table)
     try:
         # The new rows are computed before the transaction: inside it, after the deletes, the
@@ -199,8 +229,7 @@ def _incremental(
             )
             conn.execute(f"INSERT INTO {target} BY NAME SELECT * FROM _fs_follow_rows")
             conn.execute(
-                f"DELETE FROM {inputs} AS i USING _fs_follow_gone AS g "
-                f"WHERE {_SAME_ROW.format(a='i', b='g')}"
+                f"DELETE FROM {inputs} AS i USING _fs_follow_gone AS g WHERE {same_row('i', 'g')}"
             )
             conn.execute(f"INSERT INTO {inputs} SELECT id, loaded_at FROM _fs_follow_added")
             _write_state(conn, table, query_fp, inputs_fp)
@@ -220,23 +249,11 @@ def _incremental(
     conn.execute("CHECKPOINT")
     why = (
         f"only {follows.decoded} changed since the previous build; replaced the rows of its "
-        f"{added:,} new and {gone:,} gone rows"
+        f"{added.count:,} new and {gone:,} gone rows"
     )
     if follows.from_decoded != "true":
         why += " and rebuilt the rows that come from elsewhere"
     return FollowResult("incremental", why)
-
-
-def loads_between(alias: str, first: object, last: object, undated: bool) -> str:
-    """SQL: ``alias.loaded_at`` from ``first`` to ``last`` (or NULL, when ``undated``).
-
-    The rows an incremental load wrote are its newest: with this filter DuckDB skips the row
-    groups of older loads by their min/max, without reading their (wide) other columns.
-    """
-    within = "false"
-    if first is not None:
-        within = f"{alias}.loaded_at BETWEEN TIMESTAMP '{first}' AND TIMESTAMP '{last}'"
-    return f"({within} OR {alias}.loaded_at IS NULL)" if undated else within
 
 
 def _content_fingerprint(
