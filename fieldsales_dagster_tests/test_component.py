@@ -14,6 +14,7 @@ import dagster as dg
 import duckdb
 import pytest
 
+from fieldsales_dagster.assets.publish import with_publish_steps
 from fieldsales_dagster.demo_api import DemoConfig, DemoServer
 from fieldsales_dagster_tests.project import error_chain, load_project_defs
 
@@ -46,8 +47,9 @@ def write_project(root: Path, instances: dict[str, str]) -> Path:
 
 
 def load_project(package: Path, monkeypatch) -> dg.Definitions:
+    """The project's definitions as ``definitions.py`` builds them (with the publish steps)."""
     monkeypatch.syspath_prepend(str(package.parent))
-    return dg.load_from_defs_folder(path_within_project=package)
+    return with_publish_steps(dg.load_from_defs_folder(path_within_project=package))
 
 
 # --- one settings model --------------------------------------------------------------------------
@@ -204,8 +206,8 @@ def test_dg_check_and_list_defs_show_every_definition(tmp_path):
     listed = json.loads(dg_command("list", "defs", "--json", env=env))
     assert len(listed["assets"]) == 18  # 3 raw, 12 core, 3 mart
     # ids_unique per core and mart table, the data, drift and mart checks, the raw tables' row
-    # counts, and a column-schema check per asset.
-    assert len(listed["asset_checks"]) == 15 + 9 + 3 + 18
+    # counts, a column-schema check per asset, and the publish step's check on every asset.
+    assert len(listed["asset_checks"]) == 15 + 9 + 3 + 18 + 18
     assert [job["name"] for job in listed["jobs"]] == ["refresh_all"]
     assert [schedule["name"] for schedule in listed["schedules"]] == ["refresh_all_schedule"]
     assert sorted(sensor["name"] for sensor in listed["sensors"]) == [

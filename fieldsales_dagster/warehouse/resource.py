@@ -3,11 +3,12 @@
 DuckDB allows one read-write process per file, or any number of read-only ones, never both. So
 the pipeline never opens the file analysts read (``database``, FIELDSALES_DUCKDB_PATH): every
 asset writes its own working database beside it (``working_database``, by default
-``<name>.working.duckdb``), one writer at a time behind a lock file. Once per run, when the run
-ends, the working database is published: checkpointed, copied to a temporary file beside
-``database``, fsynced, and renamed over ``database`` in one atomic step. A reader holding the old
-file keeps its consistent snapshot (the old inode); a connection opened after the rename sees the
-new tables; no reader ever makes a refresh wait, or sees a mix of old and new tables.
+``<name>.working.duckdb``), one writer at a time behind a lock file. The run's publish step
+(``assets/publish.py``), after its last writer, publishes the working database: checkpointed,
+copied to a temporary file beside ``database``, fsynced, and renamed over ``database`` in one
+atomic step. A reader holding the old file keeps its consistent snapshot (the old inode); a
+connection opened after the rename sees the new tables; no reader ever makes a refresh wait, or
+sees a mix of old and new tables.
 
 A MotherDuck database (``md:...``) is shared by the service itself: assets connect to it directly,
 without the local lock, the working copy or the publish step.
@@ -15,6 +16,7 @@ without the local lock, the working copy or the publish step.
 
 from __future__ import annotations
 
+import errno
 import os
 import secrets
 import time
@@ -29,7 +31,7 @@ import dagster as dg
 import duckdb
 import filelock
 import tenacity
-from pydantic import Field, PrivateAttr, field_validator, model_validator
+from pydantic import Field, field_validator, model_validator
 
 from fieldsales_dagster.warehouse.refresh_mode import validate_refresh_mode
 
@@ -70,6 +72,7 @@ class Publication:
             "fieldsales/published_path": dg.MetadataValue.path(str(self.path)),
             "fieldsales/published_at": dg.MetadataValue.timestamp(self.published_at),
             "fieldsales/publish_seconds": dg.MetadataValue.float(round(self.seconds, 3)),
+            "fieldsales/published_bytes": dg.MetadataValue.int(self.bytes),
             "fieldsales/published_megabytes": dg.MetadataValue.float(round(self.bytes / 1e6, 1)),
             "fieldsales/publish_copy_method": dg.MetadataValue.text(self.copy_method),
         }
@@ -80,9 +83,8 @@ class FieldSalesWarehouse(dg.ConfigurableResource):
 
     Assets call ``get_connection()``, which opens the working database; assets of this project
     queue on a lock file beside it (``<working database>.lock``) so that Dagster may run them in
-    parallel processes. When a run that materialized any asset ends, the working database is
-    published over ``database`` (see the module docstring) and the run's assets get an
-    observation saying when and at what cost.
+    parallel processes. ``publish()`` replaces ``database`` with the working database (see the
+    module docstring); every run that wrote calls it in its publish step.
     """
 
     database: str = Field(
@@ -197,9 +199,6 @@ class FieldSalesWarehouse(dg.ConfigurableResource):
             )
         return self
 
-    _run_id: str | None = PrivateAttr(default=None)
-    _wrote: bool = PrivateAttr(default=False)
-
     # --- where things live --------------------------------------------------------------------
 
     @property
@@ -227,7 +226,6 @@ class FieldSalesWarehouse(dg.ConfigurableResource):
     @contextmanager
     def get_connection(self) -> Iterator[duckdb.DuckDBPyConnection]:
         """A read-write connection to the working database (MotherDuck: to ``database``)."""
-        self._wrote = True
         working = self.working_path
         if working is None:
             conn = duckdb.connect(self.database, config=self._config(None))
@@ -317,7 +315,8 @@ class FieldSalesWarehouse(dg.ConfigurableResource):
 
         Holds the writer lock while it checkpoints and copies, so the copy is one consistent
         state. Returns ``None`` for MotherDuck (nothing to publish) or when there is no working
-        database yet.
+        database yet. Raises ``PublishError`` (naming the file, the reason and the space a
+        publish needs) when ``database`` could not be replaced; it is then left as it was.
         """
         working = self.working_path
         if working is None:
@@ -332,6 +331,12 @@ class FieldSalesWarehouse(dg.ConfigurableResource):
             conn = self._connect(working)
             try:
                 conn.execute("CHECKPOINT")
+            except duckdb.Error as exc:
+                raise PublishError(
+                    f"Publishing {working} to {published} failed: checkpointing the working "
+                    f"database failed (DuckDB: {exc}); analysts keep the previous {published}. "
+                    f"Free space beside {working} and run the refresh again."
+                ) from exc
             finally:
                 conn.close()
             try:
@@ -343,11 +348,7 @@ class FieldSalesWarehouse(dg.ConfigurableResource):
                 _fsync_dir(published.parent)
             except OSError as exc:
                 temporary.unlink(missing_ok=True)
-                raise PublishError(
-                    f"Publishing {working} to {published} failed ({exc}); analysts keep the "
-                    f"previous {published}. Free disk space beside it (a publish needs as much "
-                    "as the working file) and run the refresh again."
-                ) from exc
+                raise PublishError(_publish_failure(working, published, exc)) from exc
         return Publication(
             path=published,
             published_at=datetime.now(UTC),
@@ -356,69 +357,39 @@ class FieldSalesWarehouse(dg.ConfigurableResource):
             copy_method=method,
         )
 
-    # --- once per run -------------------------------------------------------------------------
 
-    def setup_for_execution(self, context: dg.InitResourceContext) -> None:
-        self._run_id = context.run.run_id if context.run is not None else None
-        self._wrote = False
-
-    def teardown_after_execution(self, context: dg.InitResourceContext) -> None:
-        """At the end of a run: publish if the run materialized anything, and say so in the UI."""
-        if self.is_motherduck or not self._wrote:
-            return
-        changed = _materialized_in_run(context.instance, self._run_id)
-        if changed is not None and not changed:
-            context.log.info(
-                f"No asset was materialized in this run; {self.database} is left as it was."
-            )
-            return
-        try:
-            publication = self.publish()
-        except PublishError as exc:
-            # Dagster logs a failed teardown as an error but still marks the run a success:
-            # the observation keeps the failure on the assets' pages too.
-            self._observe(context.instance, changed, {"fieldsales/publish_error": str(exc)})
-            raise
-        if publication is None:
-            return
-        context.log.info(
-            f"Published {self.working_path} to {publication.path}: "
-            f"{publication.bytes / 1e6:,.1f} MB in {publication.seconds:.2f} s "
-            f"({publication.copy_method})."
-        )
-        self._observe(context.instance, changed, publication.metadata())
-
-    def _observe(
-        self,
-        instance: dg.DagsterInstance | None,
-        keys: list[dg.AssetKey] | None,
-        metadata: dict[str, object],
-    ) -> None:
-        """An observation on each asset this run changed: the UI shows it on the asset's page."""
-        if instance is None or not keys:
-            return
-        metadata = {**metadata, "fieldsales/run_id": self._run_id or ""}
-        for key in keys:
-            instance.report_runless_asset_event(
-                dg.AssetObservation(asset_key=key, metadata=metadata)
-            )
+#: What to do about a failed publish, by the reason the operating system gave.
+_PUBLISH_REMEDIES = {
+    errno.ENOSPC: "Free disk space in {folder} (or grow the volume)",
+    errno.EDQUOT: "Raise the disk quota of {folder} or free space in it",
+    errno.EACCES: "Let the user running the refresh write to {folder} (and replace {file})",
+    errno.EPERM: "Let the user running the refresh write to {folder} (and replace {file})",
+    errno.EROFS: "Mount {folder} read-write",
+    errno.EXDEV: "Mount the folder {folder}, not the file {file} on its own",
+    errno.EBUSY: "Mount the folder {folder}, not the file {file} on its own",
+}
 
 
-def _materialized_in_run(
-    instance: dg.DagsterInstance | None, run_id: str | None
-) -> list[dg.AssetKey] | None:
-    """Asset keys materialized so far in this run; ``None`` when there is no run to ask."""
-    if instance is None or not run_id:
-        return None
-    records = instance.get_records_for_run(
-        run_id, of_type=dg.DagsterEventType.ASSET_MATERIALIZATION
-    ).records
-    keys: dict[dg.AssetKey, None] = {}
-    for record in records:
-        event = record.event_log_entry.dagster_event
-        if event is not None and event.asset_key is not None:
-            keys[event.asset_key] = None
-    return list(keys)
+def _publish_failure(working: Path, published: Path, exc: OSError) -> str:
+    """The message of a failed publish: the file, the reason, the space needed, what to do."""
+    folder = published.parent
+    needed = working.stat().st_size if working.exists() else 0
+    try:
+        usage = os.statvfs(folder)
+        free = f"{usage.f_bavail * usage.f_frsize / 1e6:,.1f} MB free there now"
+    except OSError:
+        free = "free space unknown"
+    remedy = _PUBLISH_REMEDIES.get(exc.errno, "Fix the cause in {folder}").format(
+        folder=folder, file=published.name
+    )
+    reason = exc.strerror or str(exc)
+    return (
+        f"Publishing the analysts' file {published} failed: {reason} "
+        f"({errno.errorcode.get(exc.errno or 0, 'error')}). A publish needs "
+        f"{needed / 1e6:,.1f} MB free in {folder} for a copy of {working} ({free}). Analysts "
+        f"keep the previous {published}, unchanged. {remedy}, then run the refresh again: the "
+        "next run publishes."
+    )
 
 
 #: Rows per row group of the pipeline's tables. DuckDB compresses and writes a row group as soon
@@ -453,6 +424,10 @@ def _sql_string(text: str) -> str:
     return text.replace("'", "''")
 
 
+#: Why ``copy_file_range`` may refuse where a plain copy works (old kernels, other file systems).
+_NO_COPY_FILE_RANGE = {errno.EXDEV, errno.ENOSYS, errno.EOPNOTSUPP, errno.EINVAL, errno.EBADF}
+
+
 def _copy_file(source: Path, target: Path) -> str:
     """Copy ``source`` to a new ``target`` and fsync it; returns how the bytes were copied.
 
@@ -471,7 +446,9 @@ def _copy_file(source: Path, target: Path) -> str:
                 if n == 0:
                     break
                 copied += n
-        except OSError:
+        except OSError as exc:
+            if exc.errno not in _NO_COPY_FILE_RANGE:
+                raise  # a full disk, say: a plain copy would fail the same way
             method = "read/write"
             src.seek(0)
             dst.seek(0)
