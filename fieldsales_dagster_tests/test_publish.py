@@ -15,6 +15,7 @@ import pytest
 
 from fieldsales_dagster.assets.publish import PUBLISHED_CHECK, with_publish_steps
 from fieldsales_dagster.demo_api import DemoConfig, DemoServer
+from fieldsales_dagster.token.store import TokenStore
 from fieldsales_dagster.warehouse import resource as warehouse_module
 from fieldsales_dagster.warehouse.resource import FieldSalesWarehouse
 from fieldsales_dagster_tests.conftest import make_api
@@ -285,6 +286,62 @@ def test_every_writer_of_the_code_location_is_followed_by_the_publish_step(demo_
     }
 
 
+def test_symlinked_paths_are_written_through_their_targets_and_the_links_stay(
+    demo_server, tmp_path
+):
+    volume = tmp_path / "volume"  # the mounted volume the links point at
+    volume.mkdir()
+    database, store = tmp_path / "fieldsales.duckdb", tmp_path / "token.json"
+    database.symlink_to(volume / "fieldsales.duckdb")
+    store.symlink_to(volume / "token.json")
+    resources = {
+        "fieldsales_api": make_api(demo_server, tmp_path, token_store_path=str(store)),
+        "warehouse": FieldSalesWarehouse(database=str(database)),
+    }
+    for _ in range(2):  # the first publish creates the target, the second replaces it
+        assert materialize(raw_assets(), resources=resources, selection=["raw_events"]).success
+
+    assert database.is_symlink() and store.is_symlink()
+    assert sorted(path.name for path in tmp_path.iterdir()) == [
+        "fieldsales.duckdb",
+        "token.json",
+        "volume",
+    ]
+    assert snapshot_raw_events(volume / "fieldsales.duckdb") == 30
+    assert (volume / "fieldsales.working.duckdb").is_file()
+    assert TokenStore(volume / "token.json").read().token == demo_server.token
+
+
+def snapshot_raw_events(database: Path) -> int:
+    with duckdb.connect(str(database), read_only=True) as conn:
+        return conn.execute("SELECT count(*) FROM raw.events").fetchone()[0]
+
+
+def test_missing_folder_fails_the_first_step_before_any_request_unless_create_dirs(
+    demo_server, tmp_path
+):
+    database = tmp_path / "new" / "fieldsales.duckdb"
+    resources = {
+        "fieldsales_api": make_api(demo_server, tmp_path),
+        "warehouse": FieldSalesWarehouse(database=str(database)),
+    }
+    failed = materialize(
+        raw_assets(), resources=resources, selection=["raw_events"], raise_on_error=False
+    )
+    assert not failed.success
+    (failure,) = [e for e in failed.all_events if e.event_type_value == "STEP_FAILURE"]
+    assert failure.step_key == "raw_events"
+    message = failure.step_failure_data.error.to_string()
+    assert "duckdb_path (from FIELDSALES_DUCKDB_PATH) is invalid" in message
+    assert f"mkdir -p {database.parent}" in message
+    assert sum(demo_server.behaviour.request_counts.values()) == 0
+    assert not database.parent.exists()
+
+    resources["warehouse"] = FieldSalesWarehouse(database=str(database), create_dirs=True)
+    assert materialize(raw_assets(), resources=resources, selection=["raw_events"]).success
+    assert snapshot_raw_events(database) == 30
+
+
 def test_first_run_seeds_the_working_database_from_an_existing_analysts_file(demo_server, tmp_path):
     database = tmp_path / "fieldsales.duckdb"
     with duckdb.connect(str(database)) as conn:  # the single-file layout's database
@@ -320,6 +377,7 @@ def test_resource_has_no_setting_it_ignores():
         "pii",
         "pii_hash_key",
         "redact_pii_in_raw",
+        "create_dirs",
         "refresh_mode",
         "full_refresh_every_days",
         "lookback_days",

@@ -36,6 +36,8 @@ from typing import Annotated
 import msgspec
 from filelock import FileLock, Timeout
 
+from fieldsales_dagster.paths import resolved
+from fieldsales_dagster.pause import pause_at
 from fieldsales_dagster.token.secret import TokenFormatError, clean_token
 
 FORMAT_VERSION = 1
@@ -147,7 +149,8 @@ class TokenStore:
     """The token file at ``path`` and its lock ``<path>.lock``."""
 
     def __init__(self, path: Path | str):
-        self.path = Path(path)
+        # A symlinked store is written through: the rename replaces the target, the link stays.
+        self.path = resolved(path)
         self.lock_path = self.path.with_name(self.path.name + ".lock")
 
     def __repr__(self) -> str:
@@ -313,9 +316,28 @@ class TokenStore:
                 f"Cannot lock the token store {self.lock_path}: {exc.strerror}."
             ) from None
         try:
+            self._finish_dead_writes()
             yield
         finally:
             lock.release()
+
+    def _finish_dead_writes(self) -> None:
+        """Under the lock: the temporary files of writers that died (no live one holds the lock).
+
+        A complete one newer than the store is the write a killed renewal was about to commit
+        (the server had already rotated the token), so it is committed now; any other is removed.
+        """
+        for leftover in self.path.parent.glob(f".{self.path.name}.*.tmp"):
+            try:
+                candidate = StoredToken.decode(leftover.read_bytes(), leftover)
+                stored = self.read()
+            except (OSError, TokenStoreError):
+                candidate = stored = None
+            if candidate is not None and (stored is None or candidate.issued_at > stored.issued_at):
+                os.replace(leftover, self.path)
+                self._fsync_directory(self.path.parent)
+            else:
+                leftover.unlink(missing_ok=True)
 
     def _ensure_directory(self) -> None:
         try:
@@ -348,6 +370,7 @@ class TokenStore:
                 os.fsync(fd)
             finally:
                 os.close(fd)
+            pause_at("token_store")
             os.replace(tmp_name, self.path)
         except OSError as exc:
             with contextlib.suppress(OSError):

@@ -19,6 +19,7 @@ from __future__ import annotations
 import errno
 import os
 import secrets
+import shutil
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -33,16 +34,28 @@ import filelock
 import tenacity
 from pydantic import Field, field_validator, model_validator
 
+from fieldsales_dagster.paths import PathSettingError, check_file_setting, resolved
+from fieldsales_dagster.pause import pause_at
 from fieldsales_dagster.warehouse.refresh_mode import validate_refresh_mode
 
 DEFAULT_DUCKDB_PATH = "data/fieldsales.duckdb"
 MOTHERDUCK_PREFIX = "md:"
 #: Suffix of the working database's stem: ``fieldsales.duckdb`` -> ``fieldsales.working.duckdb``.
 WORKING_SUFFIX = ".working"
+#: Temporary files, named so the next run recognises a dead run's: the working database being
+#: seeded (``<working>.seeding``) and a publish's copy (``.<database>.publish-<hex>``).
+SEEDING_SUFFIX = ".seeding"
+PUBLISH_INFIX = ".publish-"
+#: Spool files of raw loads: ``<folder>/.fieldsales_spool/<working database's name>/``.
+SPOOL_DIR_NAME = ".fieldsales_spool"
 
 
 class WarehouseBusyError(RuntimeError):
     """Another program holds the DuckDB file."""
+
+
+class WarehousePathError(ValueError):
+    """``database`` points somewhere the pipeline cannot write (see ``paths.py``)."""
 
 
 class PublishError(RuntimeError):
@@ -150,6 +163,13 @@ class FieldSalesWarehouse(dg.ConfigurableResource):
             "teams that must not store them at all. raw.* then no longer holds them 'as received'."
         ),
     )
+    create_dirs: bool = Field(
+        default=False,
+        description=(
+            "FIELDSALES_CREATE_DIRS: create the folder of database when it is missing. Off: a "
+            "missing folder fails the run's first step, naming the path."
+        ),
+    )
     # Refresh modes of raw.transactions (see warehouse/incremental.py and the README).
     refresh_mode: str = Field(
         default="auto",
@@ -206,13 +226,19 @@ class FieldSalesWarehouse(dg.ConfigurableResource):
         return is_motherduck(self.database)
 
     @property
+    def published_path(self) -> Path | None:
+        """The analysts' file, symlinks followed: a publish replaces the link's target, and the
+        link stays. ``None`` for MotherDuck."""
+        return None if self.is_motherduck else resolved(self.database)
+
+    @property
     def working_path(self) -> Path | None:
-        """The file assets write; ``None`` for MotherDuck (written in place)."""
-        if self.is_motherduck:
+        """The file assets write, beside the analysts' file; ``None`` for MotherDuck."""
+        published = self.published_path
+        if published is None:
             return None
         if self.working_database:
             return Path(self.working_database)
-        published = Path(self.database)
         return published.with_name(f"{published.stem}{WORKING_SUFFIX}{published.suffix}")
 
     @property
@@ -238,6 +264,10 @@ class FieldSalesWarehouse(dg.ConfigurableResource):
             self._seed_from_published(working)
             conn = self._connect(working)
             try:
+                if removed := drop_stale_stages(conn):
+                    dg.get_dagster_logger().info(
+                        f"Removed what an interrupted run left in {working}: {', '.join(removed)}"
+                    )
                 yield conn
             finally:
                 conn.close()
@@ -246,7 +276,7 @@ class FieldSalesWarehouse(dg.ConfigurableResource):
     def _writer_lock(self) -> Iterator[None]:
         working, lock_path = self.working_path, self.lock_path
         assert working is not None and lock_path is not None
-        working.parent.mkdir(parents=True, exist_ok=True)
+        self._check_folders(working)
         lock = filelock.FileLock(str(lock_path), timeout=self.lock_timeout_s)
         try:
             lock.acquire()
@@ -256,9 +286,60 @@ class FieldSalesWarehouse(dg.ConfigurableResource):
                 f"{working}; raise lock_timeout_s or look for a stuck run holding {lock_path}."
             ) from exc
         try:
+            if removed := self._remove_dead_runs_files(working):
+                dg.get_dagster_logger().info(
+                    f"Removed what an interrupted run left: {', '.join(removed)}"
+                )
             yield
         finally:
             lock.release()
+
+    def _remove_dead_runs_files(self, working: Path) -> list[str]:
+        """The files dead runs left, by their own name patterns; returns what went.
+
+        Called holding the writer lock: a live run writes these only while it holds the lock
+        (seeding, loading, building, publishing), so every one found now is a dead run's.
+        """
+        published = self.published_path
+        assert published is not None
+        stale = [
+            working.with_name(f"{working.name}{SEEDING_SUFFIX}"),
+            *published.parent.glob(f".{published.name}{PUBLISH_INFIX}*"),
+        ]
+        if not working.exists():  # a log without its database: a seeding cut short
+            stale.append(Path(f"{working}.wal"))
+        for folder in (self._temp_directory(working), spool_folder(working)):
+            if folder.is_dir():
+                stale.extend(folder.iterdir())
+        removed = []
+        for path in stale:
+            if path.is_dir() and not path.is_symlink():
+                shutil.rmtree(path, ignore_errors=True)
+            elif path.exists() or path.is_symlink():
+                path.unlink(missing_ok=True)
+            else:
+                continue
+            removed.append(str(path))
+        return removed
+
+    def _temp_directory(self, working: Path) -> Path:
+        """Where DuckDB spills: one folder per working database, so it is cleaned under its lock."""
+        return working.with_name(f"{working.name}.tmp")
+
+    def _check_folders(self, working: Path) -> None:
+        """Fail at once, naming the setting, unless the analysts' folder can take the file."""
+        try:
+            check_file_setting(
+                self.database,
+                setting="duckdb_path",
+                variable="FIELDSALES_DUCKDB_PATH",
+                create_dirs=self.create_dirs,
+                create=True,
+            )
+        except PathSettingError as exc:
+            raise WarehousePathError(str(exc)) from None
+        if self.working_database and self.create_dirs:
+            working.parent.mkdir(parents=True, exist_ok=True)
 
     def _config(self, path: Path | None) -> dict[str, object]:
         config: dict[str, object] = {
@@ -266,7 +347,7 @@ class FieldSalesWarehouse(dg.ConfigurableResource):
             "preserve_insertion_order": False,
         }
         if path is not None:
-            config["temp_directory"] = str(path.parent / ".duckdb_tmp")
+            config["temp_directory"] = str(self._temp_directory(path))
         if self.threads:
             config["threads"] = self.threads
         return config
@@ -297,11 +378,13 @@ class FieldSalesWarehouse(dg.ConfigurableResource):
         it, so readers holding it keep reading. The stale log is removed afterwards: the next
         publish replaces the file it belonged to.
         """
-        published = Path(self.database)
+        published = self.published_path
+        assert published is not None
         if working.exists() or not published.exists():
             return
-        partial = working.with_name(f"{working.name}.seeding")
+        partial = working.with_name(f"{working.name}{SEEDING_SUFFIX}")
         _copy_file(published, partial)
+        pause_at("seeding")
         wal = Path(f"{published}.wal")
         if wal.exists():
             _copy_file(wal, Path(f"{working}.wal"))
@@ -321,9 +404,9 @@ class FieldSalesWarehouse(dg.ConfigurableResource):
         working = self.working_path
         if working is None:
             return None
-        published = Path(self.database)
-        published.parent.mkdir(parents=True, exist_ok=True)
-        temporary = published.with_name(f".{published.name}.publish-{secrets.token_hex(4)}")
+        published = self.published_path
+        assert published is not None
+        temporary = published.with_name(f".{published.name}{PUBLISH_INFIX}{secrets.token_hex(4)}")
         started = time.monotonic()
         with self._writer_lock():
             if not working.exists():
@@ -342,6 +425,7 @@ class FieldSalesWarehouse(dg.ConfigurableResource):
             try:
                 method = _copy_file(working, temporary)
                 size = temporary.stat().st_size
+                pause_at("publish")
                 # A log left by the single-file layout would be replayed onto the new file.
                 Path(f"{published}.wal").unlink(missing_ok=True)
                 os.replace(temporary, published)
@@ -478,6 +562,27 @@ def staging_table(target: str, suffix: str = "") -> str:
     """``schema.table`` -> ``schema._stage_table[suffix]``, where ``target`` is built."""
     schema, _, name = target.partition(".")
     return f"{schema}.{STAGE_PREFIX}{name}{suffix}"
+
+
+def drop_stale_stages(conn: duckdb.DuckDBPyConnection) -> list[str]:
+    """Drop the ``_stage_*`` tables a killed step left (in any schema); returns what went.
+
+    Called holding the writer lock: a live step's staging table exists only while it holds it.
+    """
+    stale = conn.execute(
+        "SELECT schema_name, table_name FROM duckdb_tables() WHERE database_name = "
+        "current_database() AND NOT temporary AND starts_with(table_name, ?)",
+        [STAGE_PREFIX],
+    ).fetchall()
+    for schema, name in stale:
+        conn.execute(f"DROP TABLE IF EXISTS {quote_ident(schema)}.{quote_ident(name)}")
+    return [f"{schema}.{name}" for schema, name in stale]
+
+
+def spool_folder(database: Path) -> Path:
+    """Where raw loads of ``database`` (a working database) spool pages."""
+    database = database.resolve()
+    return database.parent / SPOOL_DIR_NAME / database.name
 
 
 def quote_ident(name: str) -> str:
