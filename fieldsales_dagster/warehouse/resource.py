@@ -314,7 +314,7 @@ class FieldSalesWarehouse(dg.ConfigurableResource):
         removed = []
         for path in stale:
             if path.is_dir() and not path.is_symlink():
-                shutil.rmtree(path, ignore_errors=True)
+                shutil.rmtree(path)  # a leftover that cannot be removed fails the step, named
             elif path.exists() or path.is_symlink():
                 path.unlink(missing_ok=True)
             else:
