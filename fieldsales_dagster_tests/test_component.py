@@ -165,9 +165,21 @@ def test_two_tenants_in_one_code_location_each_load_exactly_their_own_data(tmp_p
         assert {job.name for job in defs.jobs} == {"refresh_all", "acme_refresh_all"}
 
         with dg.instance_for_test() as instance:
-            for job_name in ("refresh_all", "acme_refresh_all"):
+            for job_name, tenant in (("refresh_all", "main"), ("acme_refresh_all", "acme")):
                 result = defs.resolve_job_def(job_name).execute_in_process(instance=instance)
                 assert result.success
+                # Each load's log lines say whose file they wrote, as two tenants share a UI.
+                wrote = [
+                    entry.user_message
+                    for entry in instance.all_logs(result.run_id)
+                    if " rows to raw." in entry.user_message
+                ]
+                label = "acme" if tenant == "acme" else "default"
+                assert len(wrote) == 3, wrote
+                assert all(
+                    line.startswith(f"[{label}: {tmp_path / (tenant + '.duckdb')}] ")
+                    for line in wrote
+                ), wrote
 
     for name, server in (("main", first), ("acme", second)):
         with duckdb.connect(str(tmp_path / f"{name}.duckdb"), read_only=True) as conn:
