@@ -6,7 +6,7 @@ them. The demo data breaks a few rules on purpose (see ``EXPECTED_DEMO_FINDINGS`
 are named and marked as expected, and any other failing check makes the command fail.
 
 The run is recorded in a persistent Dagster home (``.dagster_home/`` by default, holding a copy
-of the project's ``dagster.yaml``): start ``dagster dev`` with ``DAGSTER_HOME`` pointing there
+of the project's ``instance/dagster.yaml``): start ``dg dev`` with ``DAGSTER_HOME`` pointing there
 and the UI shows this run, its metadata and its check results.
 """
 
@@ -26,6 +26,8 @@ import duckdb
 from fieldsales_dagster.warehouse.resource import DEFAULT_DUCKDB_PATH
 
 DEFAULT_DAGSTER_HOME = ".dagster_home"
+#: The local instance settings, copied into the demo's Dagster home (run from the project folder).
+INSTANCE_YAML = Path("instance") / "dagster.yaml"
 DEMO_TRANSACTIONS = 20_000
 
 #: Checks that the demo data fails on purpose: (asset, check) -> what in the data trips it.
@@ -45,7 +47,7 @@ EXPECTED_DEMO_FINDINGS = {
 def prepare_dagster_home(home: Path, instance_yaml: Path | None = None) -> Path:
     """Create ``home`` with a copy of the project's ``dagster.yaml`` (kept up to date)."""
     home.mkdir(parents=True, exist_ok=True)
-    source = instance_yaml or Path("dagster.yaml")
+    source = instance_yaml or INSTANCE_YAML
     if source.is_file():
         shutil.copyfile(source, home / "dagster.yaml")
     return home.resolve()
@@ -211,7 +213,7 @@ def main(argv: list[str] | None = None) -> int:
             status = run_and_report(job, instance, args.database)
     print(
         f"\nThe run is recorded in {home}. To browse it: DAGSTER_HOME={home} "
-        ".venv/bin/dagster dev (see the README)."
+        ".venv/bin/dg dev (see the README)."
     )
     return status
 
