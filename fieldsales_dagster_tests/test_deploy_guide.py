@@ -33,7 +33,8 @@ from fieldsales_dagster_tests.processes import process_group, tail
 ROOT = Path(__file__).resolve().parents[1]
 BIN = Path(sys.executable).parent
 GUIDE = ROOT / "deploy" / "README.md"
-DEADLINE_S = 150.0
+#: A guard against a hang, not a timing (the test's phases are printed; see the report).
+DEADLINE_S = 360.0
 DEMO_TRANSACTIONS = 300
 
 
