@@ -9,9 +9,12 @@ import dagster as dg
 from pydantic import ValidationError
 
 from fieldsales_dagster.component import SettingError
+from fieldsales_dagster.tenancy import TenantConflictError
 from fieldsales_dagster.token.secret import TokenFormatError
 
 DEFS_FOLDER = Path(__file__).parent / "defs"
+#: Errors whose message is the whole story of a bad configuration.
+CONFIGURATION_ERRORS = (SettingError, TokenFormatError, TenantConflictError)
 #: What Dagster's component loader says first: "Error while loading component fieldsales[0]: ...".
 _COMPONENT = re.compile(r"component (?P<folder>[^\s\[:]+)")
 
@@ -30,12 +33,12 @@ def configuration_problems(exc: BaseException) -> list[str]:
     seen: set[int] = set()
     while exc is not None and id(exc) not in seen:
         seen.add(id(exc))
-        if isinstance(exc, SettingError | TokenFormatError):
+        if isinstance(exc, CONFIGURATION_ERRORS):
             found.append(str(exc))
         elif isinstance(exc, ValidationError):
             for error in exc.errors():
                 cause = (error.get("ctx") or {}).get("error")
-                if isinstance(cause, SettingError | TokenFormatError):
+                if isinstance(cause, CONFIGURATION_ERRORS):
                     found.append(str(cause))
         exc = exc.__cause__ or exc.__context__
     return list(dict.fromkeys(found))

@@ -246,6 +246,24 @@ def test_a_bad_setting_is_the_last_thing_dg_launch_prints(tmp_path):
     assert len(lines) < 80, f"{len(lines)} lines:\n" + "\n".join(lines)
 
 
+def test_configuration_problems_are_found_under_dagsters_wrapping():
+    from fieldsales_dagster.definitions import configuration_problems
+    from fieldsales_dagster.tenancy import TenantConflictError
+
+    def wrapped(cause: Exception) -> Exception:
+        try:
+            try:
+                raise cause
+            except Exception as inner:
+                raise RuntimeError("Error while loading component acme[0]:") from inner
+        except RuntimeError as outer:
+            return outer
+
+    clash = TenantConflictError("Field-Sales components defs/a and defs/b share duckdb_path")
+    assert configuration_problems(wrapped(clash)) == [str(clash)]
+    assert configuration_problems(wrapped(KeyError("a bug, not a setting"))) == []
+
+
 def test_dg_check_defs_as_documented_never_says_success_for_a_failing_load(tmp_path):
     done = subprocess.run(
         [str(BIN / "dg"), "check", "defs", "--no-check-yaml"],
