@@ -686,8 +686,10 @@ class Dataset:
         return json.loads(from_wire(self.render(name, *keys[0])))
 
     def item_id(self, name: str, src: int, idx: int) -> str:
+        if name == "events" and src == BASE_SRC:
+            return self.event_id(idx)
         if name == "events":
-            return self.event_id(idx) if src == BASE_SRC else self._ins_event_id(self.n_events + idx)
+            return self._ins_event_id(self.n_events + idx)
         return self.codec.make(_ID_KINDS[name][src], idx)
 
     def render(self, name: str, src: int, idx: int) -> str:
