@@ -230,3 +230,39 @@ def test_values_that_cannot_be_typed_are_null_and_counted_with_ids_and_raw_value
     assert p.query(
         database, "SELECT longitude, latitude FROM core.dim_point_of_sale WHERE pos_id = 'pos-odd'"
     ) == [(None, 52.5)]
+
+
+def test_nan_and_infinity_are_null_in_every_typed_core_column(tmp_path):
+    slider = p.field("f-slider", "Slider", minimum="NaN", maximum=10, step="Infinity")
+    config = p.config("cfg-1", [slider])
+    transactions = [
+        p.transaction("t-1", report_config=config, report_results=p.results(**{"f-slider": "NaN"}))
+    ]
+    places = {"place_id": "ChIJ1", "rating": "Infinity", "geometry": {"location": {"lat": "NaN"}}}
+    events = [
+        p.event(
+            "e1",
+            pos=p.point_of_sale("pos1", location=["NaN", 52.5], googleResult=places),
+            history=[p.history_entry("h-1", "", "Planned", "infinity")],
+            starts=("infinity",),
+        )
+    ]
+    database = tmp_path / "finite.duckdb"
+    checks = _evaluations(
+        p.materialize_core(database, transactions=transactions, events=events, with_checks=True)
+    )
+
+    assert p.query(
+        database, "SELECT slider_min, slider_max, slider_step FROM core.custom_report_fields"
+    ) == [(None, 10.0, None)]
+    assert p.query(database, "SELECT value_raw, value_number FROM core.custom_report_results") == [
+        ("NaN", None)
+    ]
+    assert p.query(database, "SELECT changed_at FROM core.event_status_history") == [(None,)]
+    assert p.query(database, "SELECT planned_start FROM core.events") == [(None,)]
+    assert p.query(
+        database, "SELECT longitude, latitude, rating, place_lat FROM core.dim_point_of_sale"
+    ) == [(None, 52.5, None, None)]
+    assert p.query(database, "SELECT longitude FROM core.dim_point_of_sale_history") == [(None,)]
+    for table in ("core_custom_report_results", "core_dim_point_of_sale", "core_events"):
+        assert not checks[(table, "values_finite")].passed, table
