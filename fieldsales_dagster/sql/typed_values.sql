@@ -15,10 +15,12 @@
 CREATE OR REPLACE TEMP MACRO finite_or_null(x) AS CASE WHEN isfinite(x) THEN x END;
 
 CREATE OR REPLACE TEMP MACRO json_number(j) AS finite_or_null(
+    -- TRY_CAST even where the JSON type says it succeeds: DuckDB may evaluate a CASE branch's
+    -- expression for every row (a subexpression it finds twice is computed once, before the CASE).
     CASE json_type(j)
-        WHEN 'DOUBLE' THEN j::DOUBLE
-        WHEN 'BIGINT' THEN j::DOUBLE
-        WHEN 'UBIGINT' THEN j::DOUBLE
+        WHEN 'DOUBLE' THEN TRY_CAST(j AS DOUBLE)
+        WHEN 'BIGINT' THEN TRY_CAST(j AS DOUBLE)
+        WHEN 'UBIGINT' THEN TRY_CAST(j AS DOUBLE)
         WHEN 'VARCHAR' THEN CASE
             WHEN regexp_full_match(j ->> '$', '[+-]?(\d+\.?\d*|\.\d+)([eE][+-]?\d+)?')
                 THEN TRY_CAST(j ->> '$' AS DOUBLE)
@@ -29,7 +31,7 @@ CREATE OR REPLACE TEMP MACRO json_number(j) AS finite_or_null(
 -- A whole number (user_ratings_total, ...): json_number without a fraction, as BIGINT.
 CREATE OR REPLACE TEMP MACRO json_integer(j) AS CASE
     WHEN json_number(j) = trunc(json_number(j)) AND abs(json_number(j)) < 9.2e18
-        THEN json_number(j)::BIGINT
+        THEN TRY_CAST(json_number(j) AS BIGINT)
 END;
 
 -- NaN or ±infinity as a number or a numeric string ("NaN", "Infinity", 1e309).
@@ -47,7 +49,7 @@ CREATE OR REPLACE TEMP MACRO json_timestamp(j) AS CASE
 END;
 
 CREATE OR REPLACE TEMP MACRO json_boolean(j) AS CASE json_type(j)
-    WHEN 'BOOLEAN' THEN j::BOOLEAN
+    WHEN 'BOOLEAN' THEN TRY_CAST(j AS BOOLEAN)
     WHEN 'VARCHAR' THEN CASE lower(j ->> '$') WHEN 'true' THEN true WHEN 'false' THEN false END
 END;
 
