@@ -14,6 +14,7 @@ import dagster as dg
 import duckdb
 import pytest
 
+from fieldsales_dagster.assets.checks import UNTYPED_VALUES_TABLES
 from fieldsales_dagster.demo_api import DemoConfig, DemoServer
 from fieldsales_dagster_tests.project import error_chain, load_project_defs
 
@@ -216,8 +217,9 @@ def test_dg_check_and_list_defs_show_every_definition(tmp_path):
     listed = json.loads(dg_command("list", "defs", "--json", env=env))
     assert len(listed["assets"]) == 18  # 3 raw, 12 core, 3 mart
     # ids_unique per core and mart table, the data, drift and mart checks, the raw tables' row
-    # counts, and a column-schema check per asset.
-    assert len(listed["asset_checks"]) == 15 + 9 + 3 + 18
+    # counts, a column-schema check per asset, and values_typed and values_finite on the four
+    # tables of UNTYPED_VALUES_TABLES.
+    assert len(listed["asset_checks"]) == 15 + 9 + 3 + 18 + 2 * len(UNTYPED_VALUES_TABLES)
     assert [job["name"] for job in listed["jobs"]] == ["refresh_all"]
     assert [schedule["name"] for schedule in listed["schedules"]] == ["refresh_all_schedule"]
     assert sorted(sensor["name"] for sensor in listed["sensors"]) == [
