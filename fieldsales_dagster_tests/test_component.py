@@ -203,9 +203,10 @@ def test_dg_check_and_list_defs_show_every_definition(tmp_path):
     dg_command("check", "defs", env=env)
     listed = json.loads(dg_command("list", "defs", "--json", env=env))
     assert len(listed["assets"]) == 18  # 3 raw, 12 core, 3 mart
-    # ids_unique per core and mart table, the data, drift and mart checks, the raw tables' row
-    # counts, and a column-schema check per asset.
-    assert len(listed["asset_checks"]) == 15 + 9 + 3 + 18
+    # ids_unique per core and mart table, the data, drift and mart checks, values_typed and
+    # values_finite on four core tables, the raw tables' row counts, and a column-schema check
+    # per asset.
+    assert len(listed["asset_checks"]) == 15 + 9 + 2 * 4 + 3 + 18
     assert [job["name"] for job in listed["jobs"]] == ["refresh_all"]
     assert [schedule["name"] for schedule in listed["schedules"]] == ["refresh_all_schedule"]
     assert sorted(sensor["name"] for sensor in listed["sensors"]) == [
