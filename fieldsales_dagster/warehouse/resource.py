@@ -37,6 +37,9 @@ DEFAULT_DUCKDB_PATH = "data/fieldsales.duckdb"
 MOTHERDUCK_PREFIX = "md:"
 #: Suffix of the working database's stem: ``fieldsales.duckdb`` -> ``fieldsales.working.duckdb``.
 WORKING_SUFFIX = ".working"
+#: The schemas the project writes and rebuilds. Anything else in the database (``analytics``, a
+#: team's own schema) belongs to its users: carried along by every publish, never dropped.
+PROJECT_SCHEMAS = frozenset({"raw", "core", "mart", "meta"})
 
 
 class WarehouseBusyError(RuntimeError):
