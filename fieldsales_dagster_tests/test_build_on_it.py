@@ -9,6 +9,7 @@ loopback and write real DuckDB files; the automation is the project's own sensor
 
 from __future__ import annotations
 
+import importlib
 import os
 import re
 import shutil
@@ -24,28 +25,17 @@ from dagster._core.definitions.automation_condition_sensor_definition import (
 )
 
 import fieldsales_dagster
-from fieldsales_dagster_tests.project import error_chain, load_project, write_project
+from fieldsales_dagster_tests.project import error_chain, write_project
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
 README = REPO_ROOT / "README.md"
-PROJECT_DEFS = Path(fieldsales_dagster.__file__).parent / "defs"
+PROJECT = Path(fieldsales_dagster.__file__).parent
 BIN = Path(sys.executable).parent
 USER_ASSETS = {dg.AssetKey("daily_revenue"), dg.AssetKey("product_sales")}
-
-#: The user location's code location, as the project's own ``definitions.py`` builds it.
-DEFINITIONS = """
-from pathlib import Path
-
-import dagster as dg
-
-
-@dg.definitions
-def defs() -> dg.Definitions:
-    return dg.Definitions.merge(
-        dg.load_from_defs_folder(path_within_project=Path(__file__).parent),
-        dg.Definitions(executor=dg.in_process_executor),
-    )
-"""
+#: What core.transactions is built from, itself included.
+TRANSACTIONS_LINEAGE = [
+    dg.AssetKey(name) for name in ("raw_events", "raw_transactions", "core_transactions")
+]
 
 
 def readme_examples() -> dict[str, str]:
@@ -58,20 +48,32 @@ def readme_examples() -> dict[str, str]:
     return examples
 
 
-def write_user_location(root: Path, extra: dict[str, str] | None = None) -> Path:
-    """The project's ``defs/`` (its env-driven ``defs.yaml``) plus the README's examples."""
-    package = write_project(root, {})
-    shutil.copytree(PROJECT_DEFS / "fieldsales", package / "defs" / "fieldsales")
-    (package / "definitions.py").write_text(DEFINITIONS)
-    examples = readme_examples()
-    assert sorted(examples) == [
-        "defs/analytics/daily_revenue.py",
-        "defs/analytics/product_sales.py",
-    ]
-    for path, code in {**examples, **(extra or {})}.items():
+def write_user_location(
+    root: Path, files: dict[str, str], instances: dict[str, str] | None = None
+) -> Path:
+    """A code location of its own: the project's ``definitions.py``, its ``defs/fieldsales`` (the
+    env-driven ``defs.yaml``) unless ``instances`` replace it, and ``files`` under the package."""
+    package = write_project(root, instances or {})
+    if instances is None:
+        shutil.copytree(PROJECT / "defs" / "fieldsales", package / "defs" / "fieldsales")
+    shutil.copy(PROJECT / "definitions.py", package / "definitions.py")
+    for path, code in files.items():
         (package / path).parent.mkdir(parents=True, exist_ok=True)
         (package / path).write_text(code)
     return package
+
+
+def load_user_location(package: Path, monkeypatch) -> dg.Definitions:
+    """The location's definitions, as ``dagster -m <package>.definitions`` loads them."""
+    monkeypatch.syspath_prepend(str(package.parent))
+    return importlib.import_module(f"{package.name}.definitions").defs()
+
+
+def test_readme_holds_the_two_examples():
+    assert sorted(readme_examples()) == [
+        "defs/analytics/daily_revenue.py",
+        "defs/analytics/product_sales.py",
+    ]
 
 
 # --- what the two examples should hold, computed from core.transactions in the same file --------
@@ -149,7 +151,7 @@ def user_env(demo_server, tmp_path, monkeypatch) -> dict[str, str]:
 
 
 def test_readme_examples_build_with_everything_and_survive_a_raw_only_run(user_env, tmp_path):
-    package = write_user_location(tmp_path / "location")
+    package = write_user_location(tmp_path / "location", readme_examples())
     database = tmp_path / "fieldsales.duckdb"
     env = {**user_env, "DAGSTER_HOME": str(tmp_path)}
 
@@ -191,11 +193,13 @@ def evaluate_sensor(defs: dg.Definitions, instance: dg.DagsterInstance, cursor: 
 def test_automation_sensor_brings_user_assets_up_to_date_after_the_scheduled_refresh(
     user_env, demo_server, tmp_path, monkeypatch
 ):
-    defs = load_project(write_user_location(tmp_path / "location"), monkeypatch)
+    defs = load_user_location(
+        write_user_location(tmp_path / "location", readme_examples()), monkeypatch
+    )
     database = tmp_path / "fieldsales.duckdb"
-    everything = defs.resolve_implicit_global_asset_job_def()
     with dg.instance_for_test() as instance:
-        assert everything.execute_in_process(instance=instance).success
+        # Built once, with the tables they read.
+        assert run_assets(defs, instance, [*TRANSACTIONS_LINEAGE, *USER_ASSETS]).success
         before = user_tables(database)
         first = evaluate_sensor(defs, instance, None)
         assert not first.run_requests
@@ -246,17 +250,13 @@ def shadows_core() -> pd.DataFrame:
 
 
 def test_pandas_input_loads_only_the_columns_its_metadata_names(user_env, tmp_path, monkeypatch):
-    defs = load_project(
+    defs = load_user_location(
         write_user_location(tmp_path / "location", {"defs/analytics/probes.py": PROBES}),
         monkeypatch,
     )
-    selection = [
-        dg.AssetKey(name)
-        for name in ("raw_events", "raw_transactions", "core_transactions")
-        + ("columns_selected", "columns_all")
-    ]
+    probes = [dg.AssetKey("columns_selected"), dg.AssetKey("columns_all")]
     with dg.instance_for_test() as instance:
-        assert run_assets(defs, instance, selection).success
+        assert run_assets(defs, instance, [*TRANSACTIONS_LINEAGE, *probes]).success
     with duckdb.connect(str(tmp_path / "fieldsales.duckdb"), read_only=True) as conn:
         (rows,) = conn.execute("SELECT count(*) FROM core.transactions").fetchone()
         columns = [r[0] for r in conn.execute("DESCRIBE core.transactions").fetchall()]
@@ -271,7 +271,7 @@ def test_pandas_input_loads_only_the_columns_its_metadata_names(user_env, tmp_pa
 def test_pandas_output_into_a_project_schema_is_refused_naming_the_table(
     user_env, tmp_path, monkeypatch
 ):
-    defs = load_project(
+    defs = load_user_location(
         write_user_location(tmp_path / "location", {"defs/analytics/probes.py": PROBES}),
         monkeypatch,
     )
@@ -306,9 +306,10 @@ def test_second_tenant_has_its_own_prefixed_io_manager_on_its_own_file(
     demo_server, tmp_path, monkeypatch
 ):
     monkeypatch.setenv("ACME_TOKEN", demo_server.token)
-    package = write_project(
-        tmp_path,
-        {
+    package = write_user_location(
+        tmp_path / "location",
+        {"defs/analytics/events.py": TENANT_ASSET},
+        instances={
             "acme": f"""
                 base_url: {demo_server.base_url}
                 api_token: "{{{{ env.ACME_TOKEN }}}}"
@@ -318,9 +319,7 @@ def test_second_tenant_has_its_own_prefixed_io_manager_on_its_own_file(
             """
         },
     )
-    (package / "defs" / "analytics").mkdir()
-    (package / "defs" / "analytics" / "events.py").write_text(TENANT_ASSET)
-    defs = load_project(package, monkeypatch)
+    defs = load_user_location(package, monkeypatch)
     assert "acme_fieldsales_io_manager" in defs.resources
     assert "fieldsales_io_manager" not in defs.resources
     selection = [dg.AssetKey(["acme", "raw_events"]), dg.AssetKey(["acme", "core_events"])]
@@ -333,22 +332,14 @@ def test_second_tenant_has_its_own_prefixed_io_manager_on_its_own_file(
 
 
 def test_user_schema_that_is_a_project_schema_fails_the_load(tmp_path, monkeypatch):
-    monkeypatch.setenv("FIELDSALES_BASE_URL", "http://127.0.0.1:9")
     monkeypatch.setenv("FIELDSALES_API_TOKEN", "user-schema-test-token")
-    package = write_project(
-        tmp_path,
-        {
-            "main": f"""
-                base_url: http://127.0.0.1:9
-                duckdb_path: {tmp_path / "x.duckdb"}
-                user_schema: core
-            """
-        },
-    )
+    instance = f"base_url: http://127.0.0.1:9\nduckdb_path: {tmp_path / 'x.duckdb'}\n"
+    package = write_user_location(tmp_path, {}, {"main": instance + "user_schema: core"})
     with pytest.raises(Exception) as failure:
-        load_project(package, monkeypatch)
+        load_user_location(package, monkeypatch)
     message = error_chain(failure.value)
-    assert "user_schema" in message and "rebuilds that schema" in message
+    assert "Field-Sales setting user_schema is invalid" in message
+    assert "the project rebuilds that schema" in message
 
 
 def test_warehouse_is_importable_from_the_package_and_is_the_resource_of_the_key_warehouse(
@@ -358,5 +349,7 @@ def test_warehouse_is_importable_from_the_package_and_is_the_resource_of_the_key
     from fieldsales_dagster.warehouse.resource import FieldSalesWarehouse as resource_class
 
     assert FieldSalesWarehouse is resource_class
-    defs = load_project(write_user_location(tmp_path / "location"), monkeypatch)
+    defs = load_user_location(
+        write_user_location(tmp_path / "location", readme_examples()), monkeypatch
+    )
     assert isinstance(defs.resources["warehouse"], FieldSalesWarehouse)
