@@ -243,6 +243,14 @@ def columns_all(core_transactions: pd.DataFrame) -> pd.DataFrame:
     return seen(core_transactions)
 
 
+@dg.asset(
+    io_manager_key="fieldsales_io_manager",
+    ins={"core_transactions": dg.AssetIn(metadata={"columns": ["no_such_column"]})},
+)
+def columns_unknown(core_transactions: pd.DataFrame) -> pd.DataFrame:
+    return seen(core_transactions)
+
+
 @dg.asset(io_manager_key="fieldsales_io_manager", metadata={"schema": "core"})
 def shadows_core() -> pd.DataFrame:
     return pd.DataFrame({"transaction_id": ["x"]})
@@ -257,6 +265,7 @@ def test_pandas_input_loads_only_the_columns_its_metadata_names(user_env, tmp_pa
     probes = [dg.AssetKey("columns_selected"), dg.AssetKey("columns_all")]
     with dg.instance_for_test() as instance:
         assert run_assets(defs, instance, [*TRANSACTIONS_LINEAGE, *probes]).success
+        unknown = run_assets(defs, instance, [dg.AssetKey("columns_unknown")], raise_on_error=False)
     with duckdb.connect(str(tmp_path / "fieldsales.duckdb"), read_only=True) as conn:
         (rows,) = conn.execute("SELECT count(*) FROM core.transactions").fetchone()
         columns = [r[0] for r in conn.execute("DESCRIBE core.transactions").fetchall()]
@@ -266,6 +275,9 @@ def test_pandas_input_loads_only_the_columns_its_metadata_names(user_env, tmp_pa
         }
     assert seen["columns_selected"] == [("transaction_id", rows), ("qty", rows)]
     assert seen["columns_all"] == [(column, rows) for column in columns]
+    failure = unknown.get_step_failure_events()[0].step_failure_data.error.to_string()
+    assert "could not load core.transactions for input 'core_transactions'" in failure
+    assert "no_such_column" in failure
 
 
 def test_pandas_output_into_a_project_schema_is_refused_naming_the_table(

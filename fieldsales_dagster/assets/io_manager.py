@@ -134,13 +134,13 @@ class FieldSalesIOManager(DbIOManager):
     def load_input(self, context: dg.InputContext) -> object:
         try:
             return super().load_input(context)
-        except duckdb.CatalogException as exc:
+        except (duckdb.CatalogException, duckdb.BinderException) as exc:
             table_slice = self._get_table_slice(context, context.upstream_output)
             raise dg.Failure(
                 f"fieldsales_io_manager could not load {_table(table_slice)} for input "
                 f"{context.name!r} of {context.asset_key.to_user_string()} ({exc}). Materialize "
-                f"{context.upstream_output.asset_key.to_user_string()} first, and check the "
-                "input's 'columns' metadata names columns of that table."
+                f"{context.upstream_output.asset_key.to_user_string()} first, and check that "
+                "the input's 'columns' metadata names columns of that table."
             ) from exc
 
 
