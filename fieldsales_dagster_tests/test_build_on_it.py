@@ -32,9 +32,11 @@ README = REPO_ROOT / "README.md"
 PROJECT = Path(fieldsales_dagster.__file__).parent
 BIN = Path(sys.executable).parent
 USER_ASSETS = {dg.AssetKey("daily_revenue"), dg.AssetKey("product_sales")}
-#: What core.transactions is built from, itself included.
+#: What core.transactions is built from, itself included, and core.events, which a check of
+#: core.transactions reads.
 TRANSACTIONS_LINEAGE = [
-    dg.AssetKey(name) for name in ("raw_events", "raw_transactions", "core_transactions")
+    dg.AssetKey(name)
+    for name in ("raw_events", "raw_transactions", "core_transactions", "core_events")
 ]
 
 
@@ -168,13 +170,20 @@ def test_readme_examples_build_with_everything_and_survive_a_raw_only_run(user_e
 
 
 def run_assets(
-    defs: dg.Definitions, instance: dg.DagsterInstance, keys: list[dg.AssetKey], **kwargs
+    defs: dg.Definitions,
+    instance: dg.DagsterInstance,
+    keys: list[dg.AssetKey],
+    checks: list[dg.AssetCheckKey] | None = None,
+    **kwargs,
 ) -> dg.ExecuteInProcessResult:
-    """A run of these assets in this process, with the checks their own steps evaluate (not the
-    checks in steps of their own, which read other tables)."""
+    """A run of these assets in this process: with every check on them, as a run the UI or the
+    CLI launches for them, or with exactly ``checks``, as a sensor's run request says."""
+    selection = dg.AssetSelection.assets(*keys)
+    if checks is not None:
+        selection = selection.without_checks() | dg.AssetSelection.checks(*checks)
     return dg.materialize(
         [*defs.assets, *defs.asset_checks],
-        selection=dg.AssetSelection.assets(*keys) - dg.AssetSelection.checks(*defs.asset_checks),
+        selection=selection,
         resources=defs.resources,
         instance=instance,
         **kwargs,
@@ -216,7 +225,8 @@ def test_automation_sensor_brings_user_assets_up_to_date_after_the_scheduled_ref
         requested = {key for request in second.run_requests for key in request.asset_selection}
         assert requested == USER_ASSETS
         for request in second.run_requests:
-            assert run_assets(defs, instance, request.asset_selection, tags=request.tags).success
+            keys, checks = request.asset_selection, request.asset_check_keys or []
+            assert run_assets(defs, instance, keys, checks, tags=request.tags).success
     after = user_tables(database)
     assert after != before
 
