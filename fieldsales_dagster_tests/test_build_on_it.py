@@ -274,7 +274,9 @@ def test_pandas_input_loads_only_the_columns_its_metadata_names(user_env, tmp_pa
     )
     probes = [dg.AssetKey("columns_selected"), dg.AssetKey("columns_all")]
     with dg.instance_for_test() as instance:
-        assert run_assets(defs, instance, [*TRANSACTIONS_LINEAGE, *probes]).success
+        assert run_assets(defs, instance, TRANSACTIONS_LINEAGE).success
+        # A run of pandas assets alone publishes what they wrote, too.
+        assert run_assets(defs, instance, probes).success
         unknown = run_assets(defs, instance, [dg.AssetKey("columns_unknown")], raise_on_error=False)
     with duckdb.connect(str(tmp_path / "fieldsales.duckdb"), read_only=True) as conn:
         (rows,) = conn.execute("SELECT count(*) FROM core.transactions").fetchone()
