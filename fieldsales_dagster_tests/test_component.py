@@ -12,6 +12,7 @@ import dagster as dg
 import duckdb
 import pytest
 
+from fieldsales_dagster.assets.checks import UNTYPED_VALUES_TABLES
 from fieldsales_dagster.demo_api import DemoConfig, DemoServer
 from fieldsales_dagster_tests.project import (
     error_chain,
@@ -139,9 +140,21 @@ def test_two_tenants_in_one_code_location_each_load_exactly_their_own_data(tmp_p
         assert {job.name for job in defs.jobs} == {"refresh_all", "acme_refresh_all"}
 
         with dg.instance_for_test() as instance:
-            for job_name in ("refresh_all", "acme_refresh_all"):
+            for job_name, tenant in (("refresh_all", "main"), ("acme_refresh_all", "acme")):
                 result = defs.resolve_job_def(job_name).execute_in_process(instance=instance)
                 assert result.success
+                # Each load's log lines say whose file they wrote, as two tenants share a UI.
+                wrote = [
+                    entry.user_message
+                    for entry in instance.all_logs(result.run_id)
+                    if " rows to raw." in entry.user_message
+                ]
+                label = "acme" if tenant == "acme" else "default"
+                assert len(wrote) == 3, wrote
+                assert all(
+                    line.startswith(f"[{label}: {tmp_path / (tenant + '.duckdb')}] ")
+                    for line in wrote
+                ), wrote
 
     for name, server in (("main", first), ("acme", second)):
         with duckdb.connect(str(tmp_path / f"{name}.duckdb"), read_only=True) as conn:
@@ -178,8 +191,9 @@ def test_dg_check_and_list_defs_show_every_definition(tmp_path):
     listed = json.loads(dg_command("list", "defs", "--json", env=env))
     assert len(listed["assets"]) == 18  # 3 raw, 12 core, 3 mart
     # ids_unique per core and mart table, the data, drift and mart checks, the raw tables' row
-    # counts, and a column-schema check per asset.
-    assert len(listed["asset_checks"]) == 15 + 9 + 3 + 18
+    # counts, a column-schema check per asset, and values_typed and values_finite on the four
+    # tables of UNTYPED_VALUES_TABLES.
+    assert len(listed["asset_checks"]) == 15 + 9 + 3 + 18 + 2 * len(UNTYPED_VALUES_TABLES)
     assert [job["name"] for job in listed["jobs"]] == ["refresh_all"]
     assert [schedule["name"] for schedule in listed["schedules"]] == ["refresh_all_schedule"]
     assert sorted(sensor["name"] for sensor in listed["sensors"]) == [
