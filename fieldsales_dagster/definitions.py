@@ -8,6 +8,7 @@ from pathlib import Path
 import dagster as dg
 from pydantic import ValidationError
 
+from fieldsales_dagster.assets.publish import with_publish_steps
 from fieldsales_dagster.component import SettingError
 from fieldsales_dagster.tenancy import TenantConflictError
 from fieldsales_dagster.token.secret import TokenFormatError
@@ -61,7 +62,11 @@ def _component_file(exc: BaseException) -> str:
 @dg.definitions
 def defs() -> dg.Definitions:
     try:
-        loaded = dg.load_from_defs_folder(path_within_project=Path(__file__).parent)
+        # Every asset that writes a warehouse (the project's, and any user asset in defs/ taking
+        # the warehouse resource) is followed by that warehouse's publish step: assets/publish.py.
+        loaded = with_publish_steps(
+            dg.load_from_defs_folder(path_within_project=Path(__file__).parent)
+        )
     except Exception as exc:
         problems = configuration_problems(exc)
         if not problems:

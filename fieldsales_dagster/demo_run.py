@@ -203,6 +203,8 @@ def main(argv: list[str] | None = None) -> int:
         os.environ["FIELDSALES_BASE_URL"] = server.base_url
         os.environ["FIELDSALES_API_TOKEN"] = server.token
         os.environ["FIELDSALES_DUCKDB_PATH"] = args.database
+        # The demo owns its data folder (data/ by default): create it on first use.
+        os.environ["FIELDSALES_CREATE_DIRS"] = "true"
         os.environ["DAGSTER_HOME"] = str(home)
         print(f"Demo API on {server.base_url}; loading into {args.database}", flush=True)
 

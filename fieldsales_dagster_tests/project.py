@@ -16,6 +16,7 @@ from fieldsales_dagster.assets.checks import (
 )
 from fieldsales_dagster.assets.core import build_core_assets
 from fieldsales_dagster.assets.mart import build_mart_assets
+from fieldsales_dagster.assets.publish import publish_steps, with_publish_steps
 from fieldsales_dagster.assets.raw import build_raw_assets
 from fieldsales_dagster.names import InstanceNames
 
@@ -46,6 +47,15 @@ def core_checks() -> list[dg.AssetChecksDefinition]:
 def core_check_count() -> int:
     """How many checks the core and mart tables have, wherever they run."""
     return len(core_check_keys(DEFAULT))
+
+
+def materialize(
+    assets: list[dg.AssetsDefinition], *, resources: dict[str, object], **kwargs: object
+) -> dg.ExecuteInProcessResult:
+    """``dg.materialize`` with the publish step the code location adds after the writers."""
+    return dg.materialize(
+        [*assets, *publish_steps(assets, resources)], resources=resources, **kwargs
+    )
 
 
 def load_project_defs() -> dg.Definitions:
@@ -89,5 +99,6 @@ def write_project(root: Path, instances: dict[str, str]) -> Path:
 
 
 def load_project(package: Path, monkeypatch) -> dg.Definitions:
+    """The project's definitions as ``definitions.py`` builds them (with the publish steps)."""
     monkeypatch.syspath_prepend(str(package.parent))
-    return dg.load_from_defs_folder(path_within_project=package)
+    return with_publish_steps(dg.load_from_defs_folder(path_within_project=package))

@@ -29,7 +29,7 @@ from fieldsales_dagster.token.secret import TokenFormatError, clean_token, mask_
 from fieldsales_dagster.token.store import TokenStore, TokenStoreError
 from fieldsales_dagster_tests.conftest import make_api
 from fieldsales_dagster_tests.hostile import Conn, HostileServer, closed_port
-from fieldsales_dagster_tests.project import raw_assets
+from fieldsales_dagster_tests.project import materialize, raw_assets
 
 EV = EVENTS.path
 TOKEN = "hostile-test-token-" + "k" * 24
@@ -58,7 +58,7 @@ def events_handler(events: list[bytes], *, gzipped: bool = False):
 
 
 def materialize_events(api, warehouse, instance=None):
-    return dg.materialize(
+    return materialize(
         raw_assets(),
         selection=["raw_events"],
         resources={"fieldsales_api": api, "warehouse": warehouse},
