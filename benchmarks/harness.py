@@ -11,7 +11,6 @@ import json
 import math
 import os
 import resource
-import shutil
 import signal
 import subprocess
 import sys
@@ -186,13 +185,14 @@ def expected_counts(api: DemoAPI) -> Expected:
 def prepare_dagster_home(home: Path, env: dict[str, str]) -> None:
     """An initialised ``DAGSTER_HOME`` at ``home``, as a deployment has before its nightly run.
 
-    Copies the project's ``instance/dagster.yaml`` and creates the instance's storage
+    Writes the project's ``dagster.yaml`` there as ``make demo`` does (its settings, the home's
+    own storage) and creates the instance's storage
     (``dagster instance migrate``: the sqlite run, event log and schedule databases), so that a
     measured run does not pay their creation. Untimed.
     """
-    home.mkdir(parents=True, exist_ok=True)
-    if (ROOT / "instance" / "dagster.yaml").exists():
-        shutil.copy(ROOT / "instance" / "dagster.yaml", home / "dagster.yaml")
+    from fieldsales_dagster.demo_run import prepare_dagster_home as write_instance_yaml
+
+    write_instance_yaml(home, ROOT / "dagster.yaml")
     done = subprocess.run(
         [str(BIN / "dagster"), "instance", "migrate"],
         env={**env, "DAGSTER_HOME": str(home)},

@@ -5,9 +5,10 @@ file, then prints the tables written with their row counts and the result of eve
 them. The demo data breaks a few rules on purpose (see ``EXPECTED_DEMO_FINDINGS``); those checks
 are named and marked as expected, and any other failing check makes the command fail.
 
-The run is recorded in a persistent Dagster home (``.dagster_home/`` by default, holding a copy
-of the project's ``instance/dagster.yaml``): start ``dg dev`` with ``DAGSTER_HOME`` pointing there
-and the UI shows this run, its metadata and its check results.
+The run is recorded in a persistent Dagster home (``.dagster_home/`` by default, holding the
+project's ``dagster.yaml`` without its storage keys): ``dg dev``, started from the project folder
+with ``DAGSTER_HOME`` unset, reads the project's ``dagster.yaml``, whose storage is that same
+folder, and the UI shows this run, its metadata and its check results.
 """
 
 from __future__ import annotations
@@ -15,19 +16,22 @@ from __future__ import annotations
 import argparse
 import logging
 import os
-import shutil
 import sys
 from collections import defaultdict
 from pathlib import Path
 
 import dagster as dg
 import duckdb
+import yaml
 
 from fieldsales_dagster.warehouse.resource import DEFAULT_DUCKDB_PATH
 
 DEFAULT_DAGSTER_HOME = ".dagster_home"
 #: The local instance settings, copied into the demo's Dagster home (run from the project folder).
-INSTANCE_YAML = Path("instance") / "dagster.yaml"
+INSTANCE_YAML = Path("dagster.yaml")
+#: The keys of ``dagster.yaml`` that place the storage (in ``.dagster_home/``, for ``dg dev``). A
+#: copy in a Dagster home leaves them out: their defaults there are that home's own folders.
+STORAGE_KEYS = ("storage", "local_artifact_storage", "compute_logs")
 DEMO_TRANSACTIONS = 20_000
 
 #: Checks that the demo data fails on purpose: (asset, check) -> what in the data trips it.
@@ -45,11 +49,19 @@ EXPECTED_DEMO_FINDINGS = {
 
 
 def prepare_dagster_home(home: Path, instance_yaml: Path | None = None) -> Path:
-    """Create ``home`` with a copy of the project's ``dagster.yaml`` (kept up to date)."""
+    """Create ``home`` with the project's ``dagster.yaml`` (kept up to date), storage keys left out.
+
+    The home then keeps its runs in itself, wherever it is; for the default ``.dagster_home/``
+    that is where the project's ``dagster.yaml`` points ``dg dev``'s storage.
+    """
     home.mkdir(parents=True, exist_ok=True)
     source = instance_yaml or INSTANCE_YAML
     if source.is_file():
-        shutil.copyfile(source, home / "dagster.yaml")
+        config = yaml.safe_load(source.read_text()) or {}
+        settings = {key: value for key, value in config.items() if key not in STORAGE_KEYS}
+        header = f"# Written from {source} by fieldsales-demo-run (its storage keys left out).\n"
+        text = yaml.safe_dump(settings, sort_keys=False) if settings else ""
+        (home / "dagster.yaml").write_text(header + text)
     return home.resolve()
 
 
@@ -214,8 +226,8 @@ def main(argv: list[str] | None = None) -> int:
         with dg.DagsterInstance.from_config(str(home)) as instance:
             status = run_and_report(job, instance, args.database)
     print(
-        f"\nThe run is recorded in {home}. To browse it: DAGSTER_HOME={home} "
-        ".venv/bin/dg dev (see the README)."
+        f"\nThe run is recorded in {home}. To browse it: .venv/bin/dg dev from the project "
+        "folder, DAGSTER_HOME unset (see the README)."
     )
     return status
 

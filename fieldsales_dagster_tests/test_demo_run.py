@@ -4,11 +4,15 @@ intended, and the run recorded in a persistent Dagster home the UI can open."""
 from __future__ import annotations
 
 import re
+from pathlib import Path
 
 import dagster as dg
+from dagster._cli.utils import get_possibly_temporary_instance_for_cli
 
 from fieldsales_dagster import demo_run
 from fieldsales_dagster_tests.project import load_project_defs
+
+ROOT = Path(__file__).resolve().parents[1]
 
 
 def test_demo_prints_checks_names_intended_failures_and_records_the_run(
@@ -17,19 +21,16 @@ def test_demo_prints_checks_names_intended_failures_and_records_the_run(
     # main() points the environment at its demo server; restore it after the test.
     for variable in ("FIELDSALES_BASE_URL", "FIELDSALES_API_TOKEN", "DAGSTER_HOME"):
         monkeypatch.setenv(variable, "")
-    home = tmp_path / "home"
+    # `make demo` runs from the project folder: here a copy of it holding the project's
+    # dagster.yaml, so that the demo's default home is project/.dagster_home.
+    project = tmp_path / "project"
+    project.mkdir()
+    (project / "dagster.yaml").write_bytes((ROOT / "dagster.yaml").read_bytes())
+    monkeypatch.chdir(project)
+    home = project / demo_run.DEFAULT_DAGSTER_HOME
     (tmp_path / "dagster.yaml").write_text("telemetry:\n  enabled: false\n")
     demo_run.prepare_dagster_home(home, tmp_path / "dagster.yaml")
-    status = demo_run.main(
-        [
-            "--transactions",
-            "600",
-            "--database",
-            str(tmp_path / "demo.duckdb"),
-            "--dagster-home",
-            str(home),
-        ]
-    )
+    status = demo_run.main(["--transactions", "600", "--database", str(tmp_path / "demo.duckdb")])
     captured = capsys.readouterr()
     out = captured.out
 
@@ -53,6 +54,13 @@ def test_demo_prints_checks_names_intended_failures_and_records_the_run(
             if entry.dagster_event is not None
         }
         assert {"STEP_START", "STEP_OUTPUT", "STEP_SUCCESS", "ASSET_MATERIALIZATION"} <= events
+
+    # ... and the instance the README's `dg dev` opens (DAGSTER_HOME unset: a temporary home
+    # configured by the project's dagster.yaml) lists that same run.
+    monkeypatch.delenv("DAGSTER_HOME")
+    with get_possibly_temporary_instance_for_cli("dg dev") as ui_instance:
+        assert [r.run_id for r in ui_instance.get_runs()] == [run.run_id]
+        assert ui_instance.get_run_by_id(run.run_id).status == dg.DagsterRunStatus.SUCCESS
 
     # ... while the terminal shows one line per finished step, then the summary: no DEBUG event.
     terminal = captured.out + captured.err

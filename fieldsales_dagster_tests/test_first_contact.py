@@ -30,7 +30,7 @@ CONFIG_FILES = [
     "deploy/run_launcher.k8s.yaml",
     "deploy/docker-compose.yaml",
     "deploy/workspace.docker.yaml",
-    "instance/dagster.yaml",
+    "dagster.yaml",
     "Dockerfile",
     "Makefile",
 ]
@@ -53,11 +53,11 @@ def git_ignored(path: str) -> bool:
 
 
 def dagster_home(tmp_path: Path) -> Path:
-    """A Dagster home as the README's: a copy of instance/dagster.yaml (so no telemetry notice)."""
-    home = tmp_path / "dagster_home"
-    home.mkdir(exist_ok=True)
-    (home / "dagster.yaml").write_bytes((ROOT / "instance" / "dagster.yaml").read_bytes())
-    return home
+    """A Dagster home as `make demo` writes one: the project's dagster.yaml (so no telemetry
+    notice), without the storage keys that point at the project's .dagster_home/."""
+    from fieldsales_dagster.demo_run import prepare_dagster_home
+
+    return prepare_dagster_home(tmp_path / "dagster_home", ROOT / "dagster.yaml")
 
 
 def named_paths(text: str) -> set[str]:
@@ -141,12 +141,14 @@ def free_port() -> int:
 
 
 def test_dg_dev_as_documented_starts_without_a_warning(tmp_path):
-    """The README's `dg dev`, with its DAGSTER_HOME: no "dagster.yaml ... will not be used"."""
-    home = dagster_home(tmp_path)
+    """The README's `dg dev`, DAGSTER_HOME unset: no "dagster.yaml ... will not be used"."""
+    commands = readme_commands()
+    (at,) = [i for i, line in enumerate(commands) if line.startswith(".venv/bin/dg dev")]
+    assert any(line.startswith("unset DAGSTER_HOME") for line in commands[:at])
+    assert not any("DAGSTER_HOME=" in line for line in commands[:at])
     port = free_port()
     env = {
-        **os.environ,
-        "DAGSTER_HOME": str(home),
+        **{k: v for k, v in os.environ.items() if k != "DAGSTER_HOME"},
         "FIELDSALES_BASE_URL": "http://127.0.0.1:9",
         "FIELDSALES_API_TOKEN": "first-contact-token",
         "FIELDSALES_DUCKDB_PATH": str(tmp_path / "fieldsales.duckdb"),
