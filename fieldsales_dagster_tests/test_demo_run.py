@@ -40,6 +40,7 @@ def test_demo_prints_checks_names_intended_failures_and_records_the_run(
         (line,) = [line for line in out.splitlines() if f"  {check}: " in line]
         assert "as intended" in line or "passed" in line
     assert "ids_unique: passed" in out
+    assert "published: passed on 18 tables" in out  # the publish step, in one line
     assert (home / "dagster.yaml").is_file()
     with dg.DagsterInstance.from_config(str(home)) as instance:
         (run,) = instance.get_runs()
