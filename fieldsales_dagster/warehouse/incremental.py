@@ -35,6 +35,7 @@ from fieldsales_dagster.client.endpoints import EVENTS, TRANSACTIONS, ListEndpoi
 from fieldsales_dagster.client.errors import FieldSalesAPIError, PageFormatError
 from fieldsales_dagster.client.pager import ListStats, Page, item_keys, key_decoder
 from fieldsales_dagster.client.resource import FieldSalesAPI
+from fieldsales_dagster.warehouse.lake import run_transaction
 from fieldsales_dagster.warehouse.raw_load import (
     LoadReport,
     StagingWriter,
@@ -48,7 +49,12 @@ from fieldsales_dagster.warehouse.refresh_mode import (
     choose_mode,
     validate_refresh_mode,
 )
-from fieldsales_dagster.warehouse.resource import qualified, staging_table, table_exists
+from fieldsales_dagster.warehouse.resource import (
+    qualified,
+    same_database_cursor,
+    staging_table,
+    table_exists,
+)
 
 STATE_SCHEMA = "meta"
 STATE_TABLE = "meta.refresh_state"
@@ -176,17 +182,23 @@ def _write_state(conn: duckdb.DuckDBPyConnection, *, mode: str, at: datetime, ro
     naive = at.astimezone(UTC).replace(tzinfo=None)
     events_loaded_at = _events_loaded_at(conn)
     conn.execute(f"CREATE SCHEMA IF NOT EXISTS {STATE_SCHEMA}")
+    # One row per table, kept by delete-then-insert: a DuckLake has no PRIMARY KEY (files made
+    # before it keep theirs, which the same statements respect).
     conn.execute(
-        f"CREATE TABLE IF NOT EXISTS {STATE_TABLE} (table_name VARCHAR PRIMARY KEY, "
+        f"CREATE TABLE IF NOT EXISTS {STATE_TABLE} (table_name VARCHAR, "
         "last_full_at TIMESTAMP, last_load_at TIMESTAMP, last_mode VARCHAR, rows BIGINT, "
         "events_loaded_at TIMESTAMP)"
     )
+    (last_full_at,) = conn.execute(
+        f"SELECT max(last_full_at) FROM {STATE_TABLE} WHERE table_name = ?",
+        [TRANSACTIONS.raw_table],
+    ).fetchone()
+    conn.execute(f"DELETE FROM {STATE_TABLE} WHERE table_name = ?", [TRANSACTIONS.raw_table])
     conn.execute(
-        f"INSERT INTO {STATE_TABLE} VALUES ($table, $at, $at, $mode, $rows, $events) "
-        "ON CONFLICT (table_name) DO UPDATE SET "
-        "last_full_at = CASE WHEN $mode = 'full' THEN $at ELSE last_full_at END, "
-        "last_load_at = $at, last_mode = $mode, rows = $rows, events_loaded_at = $events",
+        f"INSERT INTO {STATE_TABLE} VALUES ($table, "
+        "CASE WHEN $mode = 'full' THEN $at ELSE $last_full_at END, $at, $mode, $rows, $events)",
         {
+            "last_full_at": last_full_at,
             "table": TRANSACTIONS.raw_table,
             "at": naive,
             "mode": mode,
@@ -389,7 +401,7 @@ def _incremental(
     removed_ids = [row[0] for row in conn.execute("SELECT event_id FROM _fs_removed").fetchall()]
     # The stored rows about to be replaced are read while the pages are fetched.
     reader = ThreadPoolExecutor(max_workers=1, thread_name_prefix="fieldsales-replaced")
-    replaced = reader.submit(_read_replaced, conn.cursor(), event_ids + removed_ids)
+    replaced = reader.submit(_read_replaced, same_database_cursor(conn), event_ids + removed_ids)
     try:
         _fetch_by_event(api, conn, event_ids, fetched, started, log)
         count_page = api.fetch_page(TRANSACTIONS.with_params(limit=1), 0, fetched.stats)
@@ -639,8 +651,8 @@ def _merge(
             conn.execute(f"SELECT id, hash(payload::VARCHAR) FROM {target} {moved}").fetchall()
         )
     stored = conn.execute(f"SELECT count(*) FROM {target}").fetchone()[0]
-    conn.execute("BEGIN TRANSACTION")
-    try:
+
+    def merge() -> tuple[int, dict[int, int]]:
         if before_swap is not None:
             before_swap(STAGE_TABLE)
         # After before_swap: a redacted payload compares with the redacted one stored.
@@ -661,10 +673,9 @@ def _merge(
             )
         _write_state(conn, mode="incremental", at=now, rows=rows)
         conn.execute(f"DROP TABLE {stage}")
-        conn.execute("COMMIT")
-    except BaseException:
-        conn.execute("ROLLBACK")
-        raise
+        return rows, new
+
+    rows, new = run_transaction(conn, TRANSACTIONS.raw_table, merge)
     return {
         "rows": rows,
         "added": sum(1 for key in new if key not in old),

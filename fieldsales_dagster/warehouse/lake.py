@@ -36,7 +36,8 @@ import importlib.util
 import os
 import random
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TypeVar
@@ -229,10 +230,28 @@ def connect(
                 f"FIELDSALES_DUCKLAKE_DATA_PATH).{hint} DuckDB: {exc}"
             ) from exc
         conn.execute(f"USE {quote(lake.alias)}")
+        if not read_only:
+            _set_options(conn, lake)
     except BaseException:
         conn.close()
         raise
     return conn
+
+
+#: Options of the lake, stored in its catalog: zstd suits the raw tables' ~5 KB JSON documents.
+LAKE_OPTIONS = {"parquet_compression": "zstd"}
+
+
+def _set_options(conn: duckdb.DuckDBPyConnection, lake: Lake) -> None:
+    """Set ``LAKE_OPTIONS`` once per lake (each change is a commit of the catalog)."""
+    current = dict(
+        conn.execute(f"SELECT option_name, value FROM {quote(lake.alias)}.options()").fetchall()
+    )
+    for name, value in LAKE_OPTIONS.items():
+        if current.get(name) != value:
+            conn.execute(
+                f"CALL {quote(lake.alias)}.set_option({sql_literal(name)}, {sql_literal(value)})"
+            )
 
 
 def is_conflict(exc: BaseException) -> bool:
@@ -282,6 +301,22 @@ def run_transaction(
                 on_conflict(attempt, exc)
             time.sleep(random.uniform(0.05, 0.2) * attempt)
     raise AssertionError("unreachable")
+
+
+@contextmanager
+def one_transaction(conn: duckdb.DuckDBPyConnection) -> Iterator[None]:
+    """Run the block in a transaction of its own, or in the caller's if one is already open."""
+    try:
+        conn.execute("BEGIN TRANSACTION")
+    except duckdb.TransactionException:  # "cannot start a transaction within a transaction"
+        yield
+        return
+    try:
+        yield
+        conn.execute("COMMIT")
+    except BaseException:
+        _rollback(conn)
+        raise
 
 
 def _rollback(conn: duckdb.DuckDBPyConnection) -> None:

@@ -44,6 +44,7 @@ from fieldsales_dagster.client.pager import (
     key_decoder,
 )
 from fieldsales_dagster.client.resource import FieldSalesAPI
+from fieldsales_dagster.warehouse.lake import is_lake
 from fieldsales_dagster.warehouse.resource import (
     STAGE_PREFIX,
     qualified,
@@ -103,13 +104,15 @@ class LoadReport:
         return self.rows / self.seconds if self.seconds > 0 else 0.0
 
 
-def raw_table_ddl(endpoint: ListEndpoint, table: str) -> str:
+def raw_table_ddl(endpoint: ListEndpoint, table: str, lake: bool = False) -> str:
     # zstd suits ~5 KB JSON documents: measured 2.6x faster to write than DuckDB's default
-    # dictionary/FSST choice for them, smaller on disk, and faster to read back.
+    # dictionary/FSST choice for them, smaller on disk, and faster to read back. A lake's
+    # Parquet files take no per-column compression (its files are zstd: see lake.py).
     extra = "".join(f", {quote_ident(col)} VARCHAR" for col, _ in endpoint.extra_columns)
+    compression = "" if lake else " USING COMPRESSION zstd"
     return (
         f"CREATE OR REPLACE TABLE {qualified(table)} "
-        f"(id VARCHAR, payload JSON USING COMPRESSION zstd, loaded_at TIMESTAMP{extra})"
+        f"(id VARCHAR, payload JSON{compression}, loaded_at TIMESTAMP{extra})"
     )
 
 
@@ -427,25 +430,32 @@ def judge_pass(facts: PassFacts) -> Verdict:
 def spool_root(conn: duckdb.DuckDBPyConnection) -> Path | None:
     """Where spools go: ``<db dir>/.fieldsales_spool/<db file name>/``; ``None`` in memory."""
     row = conn.execute(
-        "SELECT path FROM duckdb_databases() WHERE database_name = current_database()"
+        "SELECT path, type FROM duckdb_databases() WHERE database_name = current_database()"
     ).fetchone()
     if not row or not row[0]:
         return None
+    if row[1] == "ducklake":  # the catalog is elsewhere: spool beside the local temp_directory
+        (temp,) = conn.execute("SELECT current_setting('temp_directory')").fetchone()
+        return Path(temp).resolve().parent / SPOOL_DIR_NAME
     database = Path(row[0]).resolve()
     return database.parent / SPOOL_DIR_NAME / database.name
 
 
-def clean_leftovers(conn: duckdb.DuckDBPyConnection, schema: str, spools: Path | None) -> list[str]:
+def clean_leftovers(
+    conn: duckdb.DuckDBPyConnection, schema: str, spools: Path | None, table: str | None = None
+) -> list[str]:
     """Drop ``_stage_*`` tables and spool folders a killed load left behind; returns what went.
 
     Safe because the caller holds the warehouse's write lock: no other load of this database runs.
+    On a lake, whose writers of other tables run at once, ``table`` limits it to that table's.
     """
+    prefix = STAGE_PREFIX + (table or "")
     stale = [
         name
         for (name,) in conn.execute(
-            "SELECT table_name FROM duckdb_tables() WHERE schema_name = ? AND starts_with"
-            "(table_name, ?)",
-            [schema, STAGE_PREFIX],
+            "SELECT table_name FROM duckdb_tables() WHERE database_name = current_database() "
+            "AND schema_name = ? AND starts_with(table_name, ?)",
+            [schema, prefix],
         ).fetchall()
     ]
     for name in stale:
@@ -453,6 +463,8 @@ def clean_leftovers(conn: duckdb.DuckDBPyConnection, schema: str, spools: Path |
     removed = [f"{schema}.{name}" for name in stale]
     if spools is not None and spools.is_dir():
         for leftover in spools.iterdir():
+            if table is not None and not leftover.name.startswith(f"{table}-"):
+                continue
             shutil.rmtree(leftover, ignore_errors=True) if leftover.is_dir() else leftover.unlink(
                 missing_ok=True
             )
@@ -541,7 +553,12 @@ def load_list(
     conn.execute(f"CREATE SCHEMA IF NOT EXISTS {quote_ident(schema)}")
     spools = spool_dir if spool_dir is not None else spool_root(conn)
     # A given spool_dir may be shared: only the folder this module owns is emptied.
-    removed = clean_leftovers(conn, schema, None if spool_dir is not None else spools)
+    removed = clean_leftovers(
+        conn,
+        schema,
+        None if spool_dir is not None else spools,
+        endpoint.table if is_lake(conn) else None,
+    )
     if removed:
         log(f"{endpoint.name}: removed what an interrupted load left behind: {', '.join(removed)}")
     if spools is not None:
@@ -568,7 +585,7 @@ def load_list(
     with tempfile.TemporaryDirectory(prefix=f"{endpoint.table}-", dir=spools) as tmp_name:
         tmp = Path(tmp_name)
         for attempt in range(1, api.max_list_passes + 1):
-            conn.execute(raw_table_ddl(endpoint, stage))
+            conn.execute(raw_table_ddl(endpoint, stage, lake=is_lake(conn)))
             stats = ListStats()
             stage_pages([Pager(api, endpoint, stats, progress)])
             repairs = 0

@@ -11,6 +11,12 @@ new tables; no reader ever makes a refresh wait, or sees a mix of old and new ta
 
 A MotherDuck database (``md:...``) is shared by the service itself: assets connect to it directly,
 without the local lock, the working copy or the publish step.
+
+``storage: ducklake`` keeps the warehouse in a DuckLake instead (``warehouse/lake.py``): a catalog
+database (PostgreSQL for several machines) and Parquet files under ``ducklake_data_path``. Readers
+see the last committed snapshot, so there is no working copy and no publish either: every asset
+writes the lake directly, each table change in one transaction retried on a conflict
+(``run_transaction``), and the asset pools keep one writer per table.
 """
 
 from __future__ import annotations
@@ -19,7 +25,7 @@ import os
 import secrets
 import time
 from collections.abc import Iterator
-from contextlib import contextmanager
+from contextlib import contextmanager, nullcontext
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
@@ -31,6 +37,8 @@ import filelock
 import tenacity
 from pydantic import Field, PrivateAttr, field_validator, model_validator
 
+from fieldsales_dagster.warehouse.lake import Lake, run_transaction
+from fieldsales_dagster.warehouse.lake import connect as connect_lake
 from fieldsales_dagster.warehouse.refresh_mode import validate_refresh_mode
 
 DEFAULT_DUCKDB_PATH = "data/fieldsales.duckdb"
@@ -100,6 +108,37 @@ class FieldSalesWarehouse(dg.ConfigurableResource):
             "beside database, named <name>.working.duckdb. Must be on the same file system as "
             "database for a cheap copy."
         ),
+    )
+    storage: Literal["file", "ducklake"] = Field(
+        default="file",
+        description=(
+            "FIELDSALES_STORAGE: file (one DuckDB file, published after each run) or ducklake "
+            "(a DuckLake: catalog database plus Parquet files; written in place)."
+        ),
+    )
+    ducklake_catalog: str | None = Field(
+        default=None,
+        description=(
+            "FIELDSALES_DUCKLAKE_CATALOG (storage: ducklake): postgres:dbname=... host=... "
+            "user=... (no password: it is read from ducklake_password_env_var), sqlite:<file> "
+            "or a DuckDB file <name>.ducklake for one host."
+        ),
+    )
+    ducklake_data_path: str | None = Field(
+        default=None,
+        description="FIELDSALES_DUCKLAKE_DATA_PATH (storage: ducklake): a folder or s3://... URL.",
+    )
+    ducklake_schema: str | None = Field(
+        default=None,
+        description=(
+            "storage: ducklake: this tenant's schema in the catalog database (DuckLake's "
+            "METADATA_SCHEMA), so that several tenants share one catalog database; its files go "
+            "under <data_path>/<schema>."
+        ),
+    )
+    ducklake_password_env_var: str = Field(
+        default="FIELDSALES_DUCKLAKE_PASSWORD",
+        description="The variable holding the PostgreSQL catalog's password (never the password).",
     )
     memory_limit: str = Field(
         default="192MB",
@@ -197,6 +236,16 @@ class FieldSalesWarehouse(dg.ConfigurableResource):
             )
         return self
 
+    @model_validator(mode="after")
+    def _lake_needs_a_place(self) -> FieldSalesWarehouse:
+        if self.storage == "ducklake" and not (self.ducklake_catalog and self.ducklake_data_path):
+            raise ValueError(
+                "storage='ducklake' (FIELDSALES_STORAGE=ducklake) needs ducklake_catalog "
+                "(FIELDSALES_DUCKLAKE_CATALOG) and ducklake_data_path "
+                "(FIELDSALES_DUCKLAKE_DATA_PATH): set both, or choose storage='file'."
+            )
+        return self
+
     _run_id: str | None = PrivateAttr(default=None)
     _wrote: bool = PrivateAttr(default=False)
 
@@ -207,9 +256,27 @@ class FieldSalesWarehouse(dg.ConfigurableResource):
         return is_motherduck(self.database)
 
     @property
+    def is_lake(self) -> bool:
+        return self.storage == "ducklake"
+
+    @property
+    def lake(self) -> Lake | None:
+        """Where the DuckLake lives (storage: ducklake); ``None`` for a DuckDB file."""
+        if not self.is_lake:
+            return None
+        assert self.ducklake_catalog and self.ducklake_data_path
+        return Lake(
+            catalog=self.ducklake_catalog,
+            data_path=self.ducklake_data_path,
+            schema=self.ducklake_schema,
+            password_env_var=self.ducklake_password_env_var,
+            alias=Path(self.database).stem,
+        )
+
+    @property
     def working_path(self) -> Path | None:
-        """The file assets write; ``None`` for MotherDuck (written in place)."""
-        if self.is_motherduck:
+        """The file assets write; ``None`` for MotherDuck and DuckLake (written in place)."""
+        if self.is_motherduck or self.is_lake:
             return None
         if self.working_database:
             return Path(self.working_database)
@@ -218,7 +285,12 @@ class FieldSalesWarehouse(dg.ConfigurableResource):
 
     @property
     def lock_path(self) -> Path | None:
-        """The lock file writers of this project queue on; ``None`` for MotherDuck."""
+        """The lock file writers of this project queue on; ``None`` for MotherDuck, and for a
+        lake whose catalog several processes may open at once (PostgreSQL, SQLite)."""
+        here = self.lake
+        if here is not None:
+            only_one = here.catalog_file is not None and not here.is_sqlite
+            return Path(f"{here.catalog_file}.lock") if only_one else None
         working = self.working_path
         return None if working is None else Path(f"{working}.lock")
 
@@ -228,6 +300,15 @@ class FieldSalesWarehouse(dg.ConfigurableResource):
     def get_connection(self) -> Iterator[duckdb.DuckDBPyConnection]:
         """A read-write connection to the working database (MotherDuck: to ``database``)."""
         self._wrote = True
+        here = self.lake
+        if here is not None:
+            with self._writer_lock() if self.lock_path is not None else nullcontext():
+                conn = connect_lake(here, self._config(self._lake_tmp(here)))
+                try:
+                    yield conn
+                finally:
+                    conn.close()
+            return
         working = self.working_path
         if working is None:
             conn = duckdb.connect(self.database, config=self._config(None))
@@ -244,10 +325,15 @@ class FieldSalesWarehouse(dg.ConfigurableResource):
             finally:
                 conn.close()
 
+    def _lake_tmp(self, here: Lake) -> Path:
+        """A local folder for a lake's spills and spools, one per tenant's lake."""
+        return Path(self.database).parent / ".duckdb_tmp" / f"lake-{here.key}" / "db"
+
     @contextmanager
     def _writer_lock(self) -> Iterator[None]:
-        working, lock_path = self.working_path, self.lock_path
-        assert working is not None and lock_path is not None
+        lock_path = self.lock_path
+        assert lock_path is not None
+        working = self.working_path or lock_path.with_suffix("")
         working.parent.mkdir(parents=True, exist_ok=True)
         lock = filelock.FileLock(str(lock_path), timeout=self.lock_timeout_s)
         try:
@@ -364,7 +450,7 @@ class FieldSalesWarehouse(dg.ConfigurableResource):
 
     def teardown_after_execution(self, context: dg.InitResourceContext) -> None:
         """At the end of a run: publish if the run materialized anything, and say so in the UI."""
-        if self.is_motherduck or not self._wrote:
+        if self.is_motherduck or self.is_lake or not self._wrote:
             return
         changed = _materialized_in_run(context.instance, self._run_id)
         if changed is not None and not changed:
@@ -513,6 +599,19 @@ def qualified(table: str) -> str:
     return f"{quote_ident(schema)}.{quote_ident(name)}"
 
 
+def same_database_cursor(conn: duckdb.DuckDBPyConnection) -> duckdb.DuckDBPyConnection:
+    """A cursor of ``conn`` whose current database is ``conn``'s.
+
+    DuckDB 1.5 starts a cursor on the connection's default database, not on the one ``USE``
+    chose: the DuckDB file's connections have detached it ("Catalog does not exist"), and a
+    lake's would read the empty in-memory database.
+    """
+    (name,) = conn.execute("SELECT current_database()").fetchone()
+    cursor = conn.cursor()
+    cursor.execute(f"USE {quote_ident(name)}")
+    return cursor
+
+
 def table_exists(conn: duckdb.DuckDBPyConnection, table: str) -> bool:
     """Whether ``schema.table`` exists in the connection's current database."""
     schema, _, name = table.partition(".")
@@ -528,14 +627,13 @@ def replace_table(conn: duckdb.DuckDBPyConnection, staged: str, target: str) -> 
     """Swap a fully built staging table in for ``target`` in one transaction.
 
     Both are ``schema.table`` names in the same schema; readers see the old table or the new one,
-    never a half-written one, and a failure before this call leaves the old table untouched.
+    never a half-written one, and a failure before this call leaves the old table untouched. On a
+    lake, a conflict with another writer is retried (``run_transaction``).
     """
     schema, _, name = target.partition(".")
-    conn.execute("BEGIN TRANSACTION")
-    try:
+
+    def swap() -> None:
         conn.execute(f"DROP TABLE IF EXISTS {qualified(target)}")
         conn.execute(f"ALTER TABLE {qualified(staged)} RENAME TO {quote_ident(name)}")
-        conn.execute("COMMIT")
-    except BaseException:
-        conn.execute("ROLLBACK")
-        raise
+
+    run_transaction(conn, target, swap)
