@@ -486,7 +486,7 @@ def build_core_asset(
         ],
         check_specs=[check.spec(names) for check in checks],
         can_subset=True,
-        pool=names.pool,
+        pool=names.pool_for(table.asset_name),
         required_resource_keys={names.warehouse_resource},
     )
     def _core_table(

@@ -335,3 +335,67 @@ def checkpoint(conn: duckdb.DuckDBPyConnection) -> None:
     """
     if not is_lake(conn):
         conn.execute("CHECKPOINT")
+
+
+# --- upkeep -------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class StoredFiles:
+    """The lake's data and delete files in storage (a local data path) or in its catalog."""
+
+    files: int
+    bytes: int
+    where: str
+
+
+def stored_files(conn: duckdb.DuckDBPyConnection, lake: Lake) -> StoredFiles:
+    """What the lake holds in storage now: every Parquet file under a local ``data_folder``;
+    for an object store, the files its catalog lists (live, or waiting for deletion)."""
+    if "://" not in lake.data_folder:
+        sizes = [p.stat().st_size for p in Path(lake.data_folder).rglob("*.parquet")]
+        return StoredFiles(len(sizes), sum(sizes), "storage")
+    metadata = f"{quote('__ducklake_metadata_' + lake.alias)}.{quote(lake.schema or 'main')}"
+    files, size = conn.execute(
+        f"SELECT count(*), coalesce(sum(file_size_bytes), 0) FROM (SELECT file_size_bytes FROM "
+        f"{metadata}.ducklake_data_file UNION ALL SELECT file_size_bytes FROM "
+        f"{metadata}.ducklake_delete_file)"
+    ).fetchone()
+    (waiting,) = conn.execute(
+        f"SELECT count(*) FROM {metadata}.ducklake_files_scheduled_for_deletion"
+    ).fetchone()
+    return StoredFiles(int(files) + int(waiting), int(size), "catalog")
+
+
+@dataclass(frozen=True)
+class Upkeep:
+    before: StoredFiles
+    after: StoredFiles
+    snapshots_before: int
+    snapshots_after: int
+    last_snapshot: int
+
+
+def upkeep(conn: duckdb.DuckDBPyConnection, lake: Lake, retain_days: float) -> Upkeep:
+    """Merge adjacent small files, expire snapshots older than ``retain_days``, delete the files
+    no snapshot needs any more. The last snapshot stays readable; time travel reaches back
+    ``retain_days``."""
+    name = sql_literal(lake.alias)
+    before = stored_files(conn, lake)
+    snapshots_before = _snapshots(conn, lake)
+    seconds = max(0.0, retain_days * 86400.0)
+    for statement in (
+        f"CALL ducklake_merge_adjacent_files({name})",
+        f"CALL ducklake_expire_snapshots({name}, older_than => now() - "
+        f"to_microseconds({int(seconds * 1e6)}))",
+        f"CALL ducklake_cleanup_old_files({name}, cleanup_all => true)",
+    ):
+        run_transaction(conn, lake.alias, lambda s=statement: conn.execute(s).fetchall())
+    (last,) = conn.execute(
+        f"SELECT max(snapshot_id) FROM {quote(lake.alias)}.snapshots()"
+    ).fetchone()
+    return Upkeep(before, stored_files(conn, lake), snapshots_before, _snapshots(conn, lake), last)
+
+
+def _snapshots(conn: duckdb.DuckDBPyConnection, lake: Lake) -> int:
+    return conn.execute(f"SELECT count(*) FROM {quote(lake.alias)}.snapshots()").fetchone()[0]
