@@ -64,6 +64,9 @@ CONFLICT_ATTEMPTS = 5
 
 T = TypeVar("T")
 
+#: Connections (by id) inside ``run_transaction``'s body.
+_IN_TRANSACTION: set[int] = set()
+
 
 class LakeError(RuntimeError):
     """The lake could not be opened: an extension, the catalog or its password is missing."""
@@ -282,6 +285,7 @@ def run_transaction(
     """
     for attempt in range(1, attempts + 1):
         conn.execute("BEGIN TRANSACTION")
+        _IN_TRANSACTION.add(id(conn))
         try:
             result = body()
             conn.execute("COMMIT")
@@ -300,17 +304,21 @@ def run_transaction(
             if on_conflict is not None:
                 on_conflict(attempt, exc)
             time.sleep(random.uniform(0.05, 0.2) * attempt)
+        finally:
+            _IN_TRANSACTION.discard(id(conn))
     raise AssertionError("unreachable")
 
 
 @contextmanager
 def one_transaction(conn: duckdb.DuckDBPyConnection) -> Iterator[None]:
-    """Run the block in a transaction of its own, or in the caller's if one is already open."""
-    try:
-        conn.execute("BEGIN TRANSACTION")
-    except duckdb.TransactionException:  # "cannot start a transaction within a transaction"
+    """Run the block in a transaction of its own, or in ``run_transaction``'s if one is open.
+
+    (A failed BEGIN would abort the open transaction, so open ones are tracked instead.)
+    """
+    if id(conn) in _IN_TRANSACTION:
         yield
         return
+    conn.execute("BEGIN TRANSACTION")
     try:
         yield
         conn.execute("COMMIT")
