@@ -105,7 +105,7 @@ def as_text(column: str, data_type: str) -> str:
     """A column as text to compare; floating-point sums to 9 significant digits (their last bits
     depend on the order the rows were added in, which differs between any two scans)."""
     if data_type in ("DOUBLE", "FLOAT"):
-        return f'printf(\'%.9g\', "{column}")'
+        return f"printf('%.9g', \"{column}\")"
     return f'"{column}"::VARCHAR'
 
 
