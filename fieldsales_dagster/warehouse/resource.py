@@ -539,7 +539,8 @@ def same_database_cursor(conn: duckdb.DuckDBPyConnection) -> duckdb.DuckDBPyConn
     """A cursor of ``conn`` whose default database is ``conn``'s.
 
     A DuckDB 1.5 cursor starts in the connection's original default database (``memory``, which
-    ``_open_database`` detached), not in the one ``USE`` chose.
+    ``_open_database`` detached, and which a lake's connection keeps, empty), not in the one
+    ``USE`` chose.
     """
     (name,) = conn.execute("SELECT current_database()").fetchone()
     cursor = conn.cursor()
@@ -609,19 +610,6 @@ def qualified(table: str) -> str:
     """``schema.table`` -> ``"schema"."table"``."""
     schema, _, name = table.partition(".")
     return f"{quote_ident(schema)}.{quote_ident(name)}"
-
-
-def same_database_cursor(conn: duckdb.DuckDBPyConnection) -> duckdb.DuckDBPyConnection:
-    """A cursor of ``conn`` whose current database is ``conn``'s.
-
-    DuckDB 1.5 starts a cursor on the connection's default database, not on the one ``USE``
-    chose: the DuckDB file's connections have detached it ("Catalog does not exist"), and a
-    lake's would read the empty in-memory database.
-    """
-    (name,) = conn.execute("SELECT current_database()").fetchone()
-    cursor = conn.cursor()
-    cursor.execute(f"USE {quote_ident(name)}")
-    return cursor
 
 
 def table_exists(conn: duckdb.DuckDBPyConnection, table: str) -> bool:
