@@ -459,6 +459,9 @@ class FieldSalesComponent(dg.Component, dg.Model, dg.Resolvable):
             Claim("pool", self.names.pool, "key_prefix"),
             Claim("token store", str(Path(self.token_store_path).resolve()), "token_store_path"),
         ]
+        if self.storage == "ducklake":
+            lake = f"{self.ducklake_catalog} (schema {self.ducklake_schema or 'main'})"
+            return [*claims, Claim("DuckLake", lake, "ducklake_catalog and ducklake_schema")]
         if is_motherduck(self.duckdb_path):
             return [*claims, Claim("MotherDuck database", self.duckdb_path, "duckdb_path")]
         working = FieldSalesWarehouse(database=self.duckdb_path).working_path
