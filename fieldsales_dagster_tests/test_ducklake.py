@@ -23,10 +23,17 @@ from fieldsales_dagster.warehouse.lake import (
     connect,
     run_transaction,
 )
-from fieldsales_dagster.warehouse.resource import FieldSalesWarehouse
+from fieldsales_dagster.warehouse.resource import STORAGE_VERSION, FieldSalesWarehouse
 from fieldsales_dagster_tests.conftest import make_api
 from fieldsales_dagster_tests.postgres import Postgres, running_postgres
-from fieldsales_dagster_tests.project import DEFAULT, core_assets, mart_assets, raw_assets
+from fieldsales_dagster_tests.project import (
+    DEFAULT,
+    core_assets,
+    error_chain,
+    load_project_defs,
+    mart_assets,
+    raw_assets,
+)
 
 PASSWORD_VARIABLE = "FIELDSALES_DUCKLAKE_PASSWORD"
 RAW = raw_assets()
@@ -309,3 +316,77 @@ def test_a_wrong_catalog_password_names_the_variable_and_never_shows_the_passwor
     message = str(failure.value)
     assert PASSWORD_VARIABLE in message and "FIELDSALES_DUCKLAKE_CATALOG" in message
     assert "not-the-password-4711" not in message
+
+
+def test_the_analysts_file_is_written_in_the_storage_format_duckdb_1_4_and_1_5_read(tmp_path):
+    """storage: file: the format is set explicitly (STORAGE_VERSION), not left to the writer."""
+    warehouse = FieldSalesWarehouse(database=str(tmp_path / "fieldsales.duckdb"))
+    with warehouse.get_connection() as conn:
+        conn.execute("CREATE SCHEMA raw")
+        conn.execute("CREATE TABLE raw.events AS SELECT 'e1' AS id")
+    assert warehouse.publish() is not None
+    with duckdb.connect(warehouse.database, read_only=True) as reader:  # a DuckDB 1.5 client
+        (version,) = reader.execute(
+            "SELECT tags['storage_version'] FROM duckdb_databases() "
+            "WHERE database_name = current_database()"
+        ).fetchone()
+        assert reader.execute("SELECT id FROM raw.events").fetchall() == [("e1",)]
+    assert version == f"{STORAGE_VERSION}+" == "v1.4.0+"
+
+
+@pytest.fixture
+def project_env(monkeypatch):
+    monkeypatch.setenv("FIELDSALES_BASE_URL", "http://127.0.0.1:9")
+    monkeypatch.setenv("FIELDSALES_API_TOKEN", "component-test-token")
+
+
+def test_storage_ducklake_is_set_from_the_environment_alone(project_env, monkeypatch, tmp_path):
+    monkeypatch.setenv("FIELDSALES_STORAGE", "ducklake")
+    monkeypatch.setenv("FIELDSALES_DUCKLAKE_CATALOG", "postgres:dbname=lake host=db user=etl")
+    monkeypatch.setenv("FIELDSALES_DUCKLAKE_DATA_PATH", str(tmp_path / "files"))
+    defs = load_project_defs()
+    warehouse = defs.resources["warehouse"]
+    assert (warehouse.storage, warehouse.ducklake_catalog, warehouse.ducklake_data_path) == (
+        "ducklake",
+        "postgres:dbname=lake host=db user=etl",
+        str(tmp_path / "files"),
+    )
+    assert warehouse.working_path is None and warehouse.lock_path is None  # nothing to publish
+    schedule = defs.get_schedule_def("ducklake_upkeep_schedule")
+    assert schedule.default_status == dg.DefaultScheduleStatus.RUNNING
+    graph = defs.resolve_asset_graph()
+    pools = [frozenset(graph.get(key).pools) for key in graph.get_all_asset_keys()]
+    assert len(pools) == len(set(pools))  # one writer per table: a pool per asset
+    assert "ducklake_upkeep" in {key.to_user_string() for key in graph.get_all_asset_keys()}
+
+
+def test_storage_file_has_no_upkeep_and_one_pool(project_env):
+    defs = load_project_defs()
+    assert defs.resources["warehouse"].storage == "file"
+    assert "ducklake_upkeep_schedule" not in {s.name for s in defs.schedules}
+    graph = defs.resolve_asset_graph()
+    assert {p for key in graph.get_all_asset_keys() for p in graph.get(key).pools} == {
+        "fieldsales_duckdb"
+    }
+
+
+@pytest.mark.parametrize(
+    ("missing", "variable"),
+    [
+        ("FIELDSALES_DUCKLAKE_CATALOG", "FIELDSALES_DUCKLAKE_CATALOG"),
+        ("FIELDSALES_DUCKLAKE_DATA_PATH", "FIELDSALES_DUCKLAKE_DATA_PATH"),
+    ],
+)
+def test_storage_ducklake_without_its_place_fails_naming_setting_and_variable(
+    project_env, monkeypatch, missing, variable
+):
+    monkeypatch.setenv("FIELDSALES_STORAGE", "ducklake")
+    monkeypatch.setenv("FIELDSALES_DUCKLAKE_CATALOG", "postgres:dbname=lake host=db")
+    monkeypatch.setenv("FIELDSALES_DUCKLAKE_DATA_PATH", "/srv/lake")
+    monkeypatch.delenv(missing)
+    with pytest.raises(Exception) as failure:
+        load_project_defs()
+    message = error_chain(failure.value)
+    setting = variable.removeprefix("FIELDSALES_").lower()
+    assert f"Field-Sales setting {setting} (from {variable}) is not set" in message
+    assert "storage: ducklake (FIELDSALES_STORAGE)" in message

@@ -513,16 +513,25 @@ def _materialized_in_run(
 #: (~80 MB of payloads) measured 2.5x faster for 100k transactions (5.5 s -> 2.2 s), and readers
 #: get more row groups to scan in parallel. Set on every attach: it is not stored in the file.
 ROW_GROUP_SIZE = 16384
+#: The storage format a new working database (and so the analysts' copy) is written in: the
+#: oldest DuckDB release analysts are likely to open it with. 1.4 and 1.5 clients (the DuckDB CLI,
+#: DBeaver's driver, MotherDuck, which accepts 1.4-1.5) read it; set explicitly so that a newer
+#: DuckDB writing the file never silently moves it out of their reach. Kept by an existing file.
+STORAGE_VERSION = "v1.4.0"
 
 
 def _open_database(path: Path, config: dict[str, object]) -> duckdb.DuckDBPyConnection:
-    """A connection whose default database is ``path``, attached with ``ROW_GROUP_SIZE``.
+    """A connection whose default database is ``path``, attached with ``ROW_GROUP_SIZE`` (and,
+    when it creates the file, ``STORAGE_VERSION``).
 
     The database keeps the file's stem as its name, as ``duckdb.connect(path)`` would.
     """
     conn = duckdb.connect(config=config)
     try:
-        conn.execute(f"ATTACH '{_sql_string(str(path))}' (ROW_GROUP_SIZE {ROW_GROUP_SIZE})")
+        conn.execute(
+            f"ATTACH '{_sql_string(str(path))}' "
+            f"(ROW_GROUP_SIZE {ROW_GROUP_SIZE}, STORAGE_VERSION '{STORAGE_VERSION}')"
+        )
         (name,) = conn.execute(
             "SELECT database_name FROM duckdb_databases() "
             "WHERE NOT internal AND database_name <> 'memory'"
