@@ -121,25 +121,33 @@ def assert_lake_equals_file(lake: FieldSalesWarehouse, file: FieldSalesWarehouse
     (``loaded_at`` aside), with the same columns and types. Returns how many tables."""
     with lake.get_connection() as conn:
         conn.execute(f"ATTACH '{file.working_path}' AS file_backend (READ_ONLY)")
-        here = conn.execute("SELECT current_database()").fetchone()[0]
-        names = tables(conn, here)
-        assert names == tables(conn, "file_backend")
-        assert {schema for schema, _ in names} == {"raw", "core", "mart"}
-        for schema, table in names:
-            cols = columns(conn, here, schema, table)
-            assert cols == columns(conn, "file_backend", schema, table), f"{schema}.{table}"
-            listed = ", ".join(as_text(c, t) for c, t in cols if c != "loaded_at")
-            a, b = f'{here}."{schema}"."{table}"', f'file_backend."{schema}"."{table}"'
-            only_lake, only_file, rows = conn.execute(
-                f"SELECT (SELECT count(*) FROM (SELECT {listed} FROM {a} EXCEPT ALL "
-                f"SELECT {listed} FROM {b})), (SELECT count(*) FROM (SELECT {listed} FROM {b} "
-                f"EXCEPT ALL SELECT {listed} FROM {a})), (SELECT count(*) FROM {a})"
-            ).fetchone()
-            assert (only_lake, only_file) == (0, 0), (
-                f"{schema}.{table}: {only_lake} rows only on the lake, {only_file} only in the "
-                f"file (of {rows})"
-            )
-        return len(names)
+        try:
+            return _compare(conn)
+        finally:
+            conn.execute("DETACH file_backend")  # the lake's instance outlives the connection
+
+
+def _compare(conn: duckdb.DuckDBPyConnection) -> int:
+    """The comparison of ``assert_lake_equals_file`` (the file attached as file_backend)."""
+    here = conn.execute("SELECT current_database()").fetchone()[0]
+    names = tables(conn, here)
+    assert names == tables(conn, "file_backend")
+    assert {schema for schema, _ in names} == {"raw", "core", "mart"}
+    for schema, table in names:
+        cols = columns(conn, here, schema, table)
+        assert cols == columns(conn, "file_backend", schema, table), f"{schema}.{table}"
+        listed = ", ".join(as_text(c, t) for c, t in cols if c != "loaded_at")
+        a, b = f'{here}."{schema}"."{table}"', f'file_backend."{schema}"."{table}"'
+        only_lake, only_file, rows = conn.execute(
+            f"SELECT (SELECT count(*) FROM (SELECT {listed} FROM {a} EXCEPT ALL "
+            f"SELECT {listed} FROM {b})), (SELECT count(*) FROM (SELECT {listed} FROM {b} "
+            f"EXCEPT ALL SELECT {listed} FROM {a})), (SELECT count(*) FROM {a})"
+        ).fetchone()
+        assert (only_lake, only_file) == (0, 0), (
+            f"{schema}.{table}: {only_lake} rows only on the lake, {only_file} only in the "
+            f"file (of {rows})"
+        )
+    return len(names)
 
 
 def test_every_table_on_ducklake_equals_the_file_backend_after_a_full_and_an_incremental_refresh(

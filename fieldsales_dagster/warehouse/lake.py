@@ -35,6 +35,7 @@ import hashlib
 import importlib.util
 import os
 import random
+import threading
 import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
@@ -255,6 +256,36 @@ def _set_options(conn: duckdb.DuckDBPyConnection, lake: Lake) -> None:
             conn.execute(
                 f"CALL {quote(lake.alias)}.set_option({sql_literal(name)}, {sql_literal(value)})"
             )
+
+
+#: One DuckDB instance per process and lake, with the extensions loaded and the lake attached:
+#: loading the DuckLake extension and attaching the catalog take about a second, and an asset
+#: opens a connection or two. Connections are its cursors (each its own transaction context and
+#: its own TEMP objects).
+_INSTANCES: dict[tuple[object, ...], duckdb.DuckDBPyConnection] = {}
+_INSTANCES_LOCK = threading.Lock()
+
+
+def writer_connection(lake: Lake, config: dict[str, object]) -> duckdb.DuckDBPyConnection:
+    """A new read-write connection to ``lake`` (``USE <alias>``), from this process's instance.
+
+    A DuckDB-file catalog, which one process at a time may open, is opened anew each time (and
+    closed with the connection) so that other processes get their turn.
+    """
+    if lake.catalog_file is not None and not lake.is_sqlite:
+        return connect(lake, config)
+    key = (os.getpid(), lake, tuple(sorted((k, str(v)) for k, v in config.items())))
+    with _INSTANCES_LOCK:
+        instance = _INSTANCES.get(key)
+        if instance is None:
+            instance = _INSTANCES[key] = connect(lake, config)
+        cursor = instance.cursor()
+    try:
+        cursor.execute(f"USE {quote(lake.alias)}")  # a cursor starts in the default database
+    except BaseException:
+        cursor.close()
+        raise
+    return cursor
 
 
 def is_conflict(exc: BaseException) -> bool:

@@ -37,8 +37,7 @@ import filelock
 import tenacity
 from pydantic import Field, PrivateAttr, field_validator, model_validator
 
-from fieldsales_dagster.warehouse.lake import Lake, run_transaction
-from fieldsales_dagster.warehouse.lake import connect as connect_lake
+from fieldsales_dagster.warehouse.lake import Lake, run_transaction, writer_connection
 from fieldsales_dagster.warehouse.refresh_mode import validate_refresh_mode
 
 DEFAULT_DUCKDB_PATH = "data/fieldsales.duckdb"
@@ -303,7 +302,7 @@ class FieldSalesWarehouse(dg.ConfigurableResource):
         here = self.lake
         if here is not None:
             with self._writer_lock() if self.lock_path is not None else nullcontext():
-                conn = connect_lake(here, self._config(self._lake_tmp(here)))
+                conn = writer_connection(here, self._config(self._lake_tmp(here)))
                 try:
                     yield conn
                 finally:
