@@ -5,6 +5,8 @@ DuckLake and postgres extensions from their wheels, the demo API over HTTP, real
 from __future__ import annotations
 
 import os
+import subprocess
+import sys
 import threading
 from collections.abc import Iterator
 from pathlib import Path
@@ -398,3 +400,38 @@ def test_storage_ducklake_without_its_place_fails_naming_setting_and_variable(
     setting = variable.removeprefix("FIELDSALES_").lower()
     assert f"Field-Sales setting {setting} (from {variable}) is not set" in message
     assert "storage: ducklake (FIELDSALES_STORAGE)" in message
+
+
+def test_dagster_asset_materialize_writes_the_lake_from_environment_variables_alone(
+    small_demo, tmp_path, catalog
+):
+    """``FIELDSALES_STORAGE=ducklake dagster asset materialize``: no YAML edit, a real process."""
+    root = Path(__file__).resolve().parents[1]
+    env = {
+        **{k: v for k, v in os.environ.items() if not k.startswith(("FIELDSALES_", "DAGSTER_"))},
+        "DAGSTER_HOME": str(tmp_path),
+        "FIELDSALES_BASE_URL": small_demo.base_url,
+        "FIELDSALES_API_TOKEN": small_demo.token,
+        "FIELDSALES_TOKEN_STORE": str(tmp_path / "token.json"),
+        "FIELDSALES_DUCKDB_PATH": str(tmp_path / "local" / "fieldsales.duckdb"),
+        "FIELDSALES_STORAGE": "ducklake",
+        "FIELDSALES_DUCKLAKE_CATALOG": catalog,
+        "FIELDSALES_DUCKLAKE_DATA_PATH": str(tmp_path / "lake_files"),
+        PASSWORD_VARIABLE: os.environ[PASSWORD_VARIABLE],
+    }
+    done = subprocess.run(
+        [str(Path(sys.executable).parent / "dagster"), "asset", "materialize"]
+        + ["-m", "fieldsales_dagster", "--select", "raw_events"],
+        cwd=root,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    assert os.environ[PASSWORD_VARIABLE] not in done.stdout + done.stderr
+    lake = lake_warehouse(tmp_path, catalog)
+    with connect(lake.lake, read_only=True) as conn:
+        ids = {row[0] for row in conn.execute("SELECT id FROM raw.events").fetchall()}
+    assert ids == set(small_demo.dataset.ids("events"))
+    assert not list((tmp_path / "local").glob("*.duckdb"))  # no DuckDB file, no publish
