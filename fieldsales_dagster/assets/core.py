@@ -7,6 +7,8 @@ descriptions as DuckDB comments, swaps it in for the previous table (a failed qu
 previous table in place), and reports the table's described schema, row count and a few rows.
 """
 
+import functools
+import re
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from importlib import resources
@@ -353,15 +355,27 @@ SHARED_MACROS = (
     "raw_events_in_slices",
     "field_type_kinds",
     "known_event_states",
+    "typed_values",
 )
 
 
+@functools.cache
+def _macro_file(name: str) -> tuple[str, tuple[str, ...]]:
+    """``sql/<name>.sql`` as one statement list, and the names of the macros it defines."""
+    text = (resources.files("fieldsales_dagster") / "sql" / f"{name}.sql").read_text("utf-8")
+    defined = tuple(re.findall(r"CREATE OR REPLACE TEMP MACRO (\w+)\(", text))
+    return text.strip().rstrip(";"), defined
+
+
 def shared_macros_sql(query: str) -> str:
-    """The macros ``query`` calls (DuckDB binds a macro's tables when it is created)."""
-    files = resources.files("fieldsales_dagster") / "sql"
-    used = [name for name in SHARED_MACROS if f"{name}(" in query]
-    statements = [(files / f"{name}.sql").read_text("utf-8").strip().rstrip(";") for name in used]
-    return ";\n".join(statements)
+    """The macro files ``query`` calls a macro of (DuckDB binds a macro's tables when it is
+    created)."""
+    used = [
+        text
+        for text, defined in map(_macro_file, SHARED_MACROS)
+        if any(f"{macro}(" in query for macro in defined)
+    ]
+    return ";\n".join(used)
 
 
 def build_table(

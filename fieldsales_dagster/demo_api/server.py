@@ -52,6 +52,8 @@ class DemoConfig:
     events: int | None = None  # default max(1, transactions // 40)
     event_groups: int | None = None  # default max(1, events // 10)
     seed: int = 0
+    #: Events' ``_id`` as JSON numbers (see ``Dataset.numeric_event_ids``).
+    numeric_event_ids: bool = False
 
     def resolved(self) -> tuple[int, int, int]:
         events = self.events if self.events is not None else max(1, self.transactions // 40)
@@ -298,7 +300,9 @@ class DemoServer:
     ) -> None:
         self.config = config or DemoConfig()
         n_tx, n_events, n_groups = self.config.resolved()
-        self.dataset = Dataset(n_tx, n_events, n_groups, self.config.seed)
+        self.dataset = Dataset(
+            n_tx, n_events, n_groups, self.config.seed, self.config.numeric_event_ids
+        )
         self.behaviour = Behaviour(self.dataset)
         self._requests: collections.deque[RequestRecord] = collections.deque(maxlen=10_000)
         self.host = host

@@ -33,7 +33,7 @@ import duckdb
 
 from fieldsales_dagster.client.endpoints import EVENTS, TRANSACTIONS, ListEndpoint
 from fieldsales_dagster.client.errors import FieldSalesAPIError, PageFormatError
-from fieldsales_dagster.client.pager import ListStats, Page, item_keys, key_decoder
+from fieldsales_dagster.client.pager import ListStats, Page, id_text, item_keys, key_decoder
 from fieldsales_dagster.client.resource import FieldSalesAPI
 from fieldsales_dagster.warehouse.lake import run_transaction
 from fieldsales_dagster.warehouse.raw_load import (
@@ -518,12 +518,14 @@ def _fetch_by_event(
             )
         new: set[object] = set()
         for item, (item_id, item_event) in zip(page.items, keys, strict=True):  # type: ignore[misc]
-            if item_event != event_id:
+            # Ids compare as text: eventId 1002 (a JSON number) is event "1002".
+            if id_text(item_event) != event_id:
                 raise EventFilterIgnored(
                     f"GET {TRANSACTIONS.path}?eventId={event_id} returned a transaction of "
                     f"event {item_event!r}: the server ignores the eventId filter"
                 )
-            new.add(("id", str(item_id)) if item_id is not None else bytes(item))
+            item_text = id_text(item_id)
+            new.add(("id", item_text) if item_text is not None else bytes(item))
         if page.total is not None and (not state.totals or state.totals[-1] != page.total):
             state.totals.append(page.total)
         if page.n and not (new - state.ids):
