@@ -19,7 +19,7 @@ from fieldsales_dagster.warehouse.refresh_mode import (
 )
 from fieldsales_dagster.warehouse.resource import FieldSalesWarehouse
 from fieldsales_dagster_tests.conftest import make_api
-from fieldsales_dagster_tests.project import core_assets, raw_assets
+from fieldsales_dagster_tests.project import core_assets, materialize, raw_assets
 
 RAW_ASSETS = raw_assets()
 ALL_ASSETS = [*RAW_ASSETS, *core_assets()]
@@ -32,7 +32,7 @@ def _warehouse(tmp_path, name: str, **settings) -> FieldSalesWarehouse:
 
 def _materialize(server, tmp_path, warehouse, assets=RAW_ASSETS, mode=None, **kwargs):
     run_config = {"ops": {"raw_transactions": {"config": {"refresh_mode": mode}}}} if mode else None
-    return dg.materialize(
+    return materialize(
         assets,
         resources={"fieldsales_api": make_api(server, tmp_path), "warehouse": warehouse},
         run_config=run_config,

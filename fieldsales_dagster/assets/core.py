@@ -38,6 +38,7 @@ from fieldsales_dagster.assets.metadata import table_metadata
 from fieldsales_dagster.assets.raw import raw_asset_name
 from fieldsales_dagster.client.endpoints import EVENTS, TRANSACTIONS
 from fieldsales_dagster.names import InstanceNames
+from fieldsales_dagster.pause import pause_at
 from fieldsales_dagster.warehouse.lake import checkpoint, run_transaction
 from fieldsales_dagster.warehouse.resource import (
     FieldSalesWarehouse,
@@ -400,6 +401,7 @@ def build_table(
         conn.execute(f"CREATE OR REPLACE TABLE {qualified(staged)} AS\n{query}", params or {})
         if before_swap is not None:
             before_swap(staged)
+        pause_at("core")
     except duckdb.Error as exc:
         conn.execute(f"DROP TABLE IF EXISTS {qualified(staged)}")
         raise RuntimeError(

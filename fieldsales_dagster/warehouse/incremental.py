@@ -35,12 +35,14 @@ from fieldsales_dagster.client.endpoints import EVENTS, TRANSACTIONS, ListEndpoi
 from fieldsales_dagster.client.errors import FieldSalesAPIError, PageFormatError
 from fieldsales_dagster.client.pager import ListStats, Page, id_text, item_keys, key_decoder
 from fieldsales_dagster.client.resource import FieldSalesAPI
+from fieldsales_dagster.pause import pause_at
 from fieldsales_dagster.warehouse.lake import run_transaction
 from fieldsales_dagster.warehouse.raw_load import (
     LoadReport,
     StagingWriter,
     load_list,
     raw_table_ddl,
+    spool_root,
 )
 from fieldsales_dagster.warehouse.refresh_mode import (
     IncrementalRefreshError,
@@ -562,7 +564,10 @@ def _fetch_by_event(
             )
         fetched.events_done += 1
 
-    with tempfile.TemporaryDirectory(prefix="fieldsales-spool-") as tmp:
+    spools = spool_root(conn)
+    if spools is not None:
+        spools.mkdir(parents=True, exist_ok=True)
+    with tempfile.TemporaryDirectory(prefix="transactions-by-event-", dir=spools) as tmp:
         writer = StagingWriter(conn, TRANSACTIONS, STAGE_TABLE, loaded_at, Path(tmp), 32 << 20)
         pool = ThreadPoolExecutor(max_workers=api.concurrency, thread_name_prefix="fieldsales-ev")
         in_flight: dict[Future[Page], tuple[str, int]] = {}
@@ -660,6 +665,7 @@ def _merge(
         # After before_swap: a redacted payload compares with the redacted one stored.
         new = dict(conn.execute(f"SELECT id, hash(payload::VARCHAR) FROM {stage}").fetchall())
         deleted = _delete_replaced(conn, moved=len(old) > len(replaced))
+        pause_at("merge")
         _insert_staged(conn)
         rows = conn.execute(f"SELECT count(*) FROM {target}").fetchone()[0]
         # Every id stays distinct by construction: the stored table was (a full load drops

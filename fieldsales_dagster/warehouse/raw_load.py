@@ -22,7 +22,6 @@ from __future__ import annotations
 import os
 import queue
 import re
-import shutil
 import tempfile
 import threading
 import time
@@ -48,12 +47,13 @@ from fieldsales_dagster.client.pager import (
     key_decoder,
 )
 from fieldsales_dagster.client.resource import FieldSalesAPI
+from fieldsales_dagster.pause import pause_at
 from fieldsales_dagster.warehouse.lake import is_lake
 from fieldsales_dagster.warehouse.resource import (
-    STAGE_PREFIX,
     qualified,
     quote_ident,
     replace_table,
+    spool_folder,
     staging_table,
     table_exists,
 )
@@ -74,7 +74,6 @@ MAX_REPAIRS = 5
 #: 100k transactions). The spool waits on disk, not in memory.
 SPOOL_BYTES = 128 * 1024 * 1024
 #: Folder beside the database that holds spools while a load runs.
-SPOOL_DIR_NAME = ".fieldsales_spool"
 
 
 class RawLoadError(RuntimeError):
@@ -462,40 +461,8 @@ def spool_root(conn: duckdb.DuckDBPyConnection) -> Path | None:
         return None
     if row[1] == "ducklake":  # the catalog is elsewhere: spool beside the local temp_directory
         (temp,) = conn.execute("SELECT current_setting('temp_directory')").fetchone()
-        return Path(temp).resolve().parent / SPOOL_DIR_NAME
-    database = Path(row[0]).resolve()
-    return database.parent / SPOOL_DIR_NAME / database.name
-
-
-def clean_leftovers(
-    conn: duckdb.DuckDBPyConnection, schema: str, spools: Path | None, table: str | None = None
-) -> list[str]:
-    """Drop ``_stage_*`` tables and spool folders a killed load left behind; returns what went.
-
-    Safe because the caller holds the warehouse's write lock: no other load of this database runs.
-    On a lake, whose writers of other tables run at once, ``table`` limits it to that table's.
-    """
-    prefix = STAGE_PREFIX + (table or "")
-    stale = [
-        name
-        for (name,) in conn.execute(
-            "SELECT table_name FROM duckdb_tables() WHERE database_name = current_database() "
-            "AND schema_name = ? AND starts_with(table_name, ?)",
-            [schema, prefix],
-        ).fetchall()
-    ]
-    for name in stale:
-        conn.execute(f"DROP TABLE IF EXISTS {quote_ident(schema)}.{quote_ident(name)}")
-    removed = [f"{schema}.{name}" for name in stale]
-    if spools is not None and spools.is_dir():
-        for leftover in spools.iterdir():
-            if table is not None and not leftover.name.startswith(f"{table}-"):
-                continue
-            shutil.rmtree(leftover, ignore_errors=True) if leftover.is_dir() else leftover.unlink(
-                missing_ok=True
-            )
-            removed.append(str(leftover))
-    return removed
+        return spool_folder(Path(temp).parent / "lake")
+    return spool_folder(Path(row[0]))
 
 
 def _table_rows(conn: duckdb.DuckDBPyConnection, table: str) -> int | None:
@@ -543,6 +510,7 @@ def _stage_pages(
         for pager in pagers:
             for page in pager.run():
                 writer.add(page)
+                pause_at("loading")
         writer.finish()
     finally:
         writer.close()  # joins the inserter (and its transaction) before anything else runs
@@ -578,15 +546,6 @@ def load_list(
     stage = staging_table(endpoint.raw_table)
     conn.execute(f"CREATE SCHEMA IF NOT EXISTS {quote_ident(schema)}")
     spools = spool_dir if spool_dir is not None else spool_root(conn)
-    # A given spool_dir may be shared: only the folder this module owns is emptied.
-    removed = clean_leftovers(
-        conn,
-        schema,
-        None if spool_dir is not None else spools,
-        endpoint.table if is_lake(conn) else None,
-    )
-    if removed:
-        log(f"{endpoint.name}: removed what an interrupted load left behind: {', '.join(removed)}")
     if spools is not None:
         spools.mkdir(parents=True, exist_ok=True)
     totals = ListStats()  # summed over passes
