@@ -157,7 +157,9 @@ def test_every_table_on_ducklake_equals_the_file_backend_after_a_full_and_an_inc
 ):
     small_demo = demo_server  # 1,200 transactions: few enough changed events for incremental
     lake = lake_warehouse(tmp_path, catalog)
-    file = FieldSalesWarehouse(database=str(tmp_path / "file" / "fieldsales.duckdb"))
+    file = FieldSalesWarehouse(
+        database=str(tmp_path / "file" / "fieldsales.duckdb"), create_dirs=True
+    )
 
     for warehouse in (lake, file):
         assert refresh_mode(refresh(small_demo, tmp_path, warehouse)) == "full"
