@@ -409,6 +409,7 @@ def test_dagster_asset_materialize_writes_the_lake_from_environment_variables_al
 ):
     """``FIELDSALES_STORAGE=ducklake dagster asset materialize``: no YAML edit, a real process."""
     root = Path(__file__).resolve().parents[1]
+    (tmp_path / "local").mkdir()  # duckdb_path's folder must exist (it holds local spill files)
     env = {
         **{k: v for k, v in os.environ.items() if not k.startswith(("FIELDSALES_", "DAGSTER_"))},
         "DAGSTER_HOME": str(tmp_path),
