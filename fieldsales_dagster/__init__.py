@@ -5,6 +5,9 @@ Importing the package builds nothing and reads no environment: ``code_location``
 ``@dg.definitions`` function of ``definitions.py``, so even the demo API
 (``fieldsales_dagster.demo_api``) imports none of the pipeline. (Not named ``defs``: that is the
 ``defs/`` folder's module, which replaces such an attribute once it is imported.)
+
+``FieldSalesWarehouse``, the warehouse resource, is the public extension point for assets of
+your own in SQL (README, "Build on it"); it is looked up lazily too.
 """
 
 from __future__ import annotations
@@ -17,8 +20,12 @@ def __getattr__(name: str) -> Any:
         from fieldsales_dagster.definitions import defs
 
         return defs
+    if name == "FieldSalesWarehouse":
+        from fieldsales_dagster.warehouse.resource import FieldSalesWarehouse
+
+        return FieldSalesWarehouse
     raise AttributeError(f"module 'fieldsales_dagster' has no attribute {name!r}")
 
 
 def __dir__() -> list[str]:
-    return ["code_location"]
+    return ["FieldSalesWarehouse", "code_location"]

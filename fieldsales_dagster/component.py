@@ -30,6 +30,7 @@ from pydantic import Field, ValidationError, ValidationInfo, field_validator, mo
 
 from fieldsales_dagster.assets.checks import build_core_checks, checks_in_asset_step
 from fieldsales_dagster.assets.core import build_core_assets
+from fieldsales_dagster.assets.io_manager import DEFAULT_USER_SCHEMA, build_io_manager
 from fieldsales_dagster.assets.mart import build_mart_assets
 from fieldsales_dagster.assets.raw import build_raw_assets
 from fieldsales_dagster.assets.upkeep import build_upkeep_asset, build_upkeep_job_and_schedule
@@ -46,14 +47,18 @@ from fieldsales_dagster.paths import PathSettingError, check_file_setting
 from fieldsales_dagster.tenancy import Claim, refuse_shared_claims
 from fieldsales_dagster.token.renewal import DEFAULT_RENEW_AFTER_DAYS, RenewalPolicy
 from fieldsales_dagster.token.secret import clean_token
-from fieldsales_dagster.warehouse.resource import FieldSalesWarehouse, is_motherduck
+from fieldsales_dagster.warehouse.resource import (
+    PROJECT_SCHEMAS,
+    FieldSalesWarehouse,
+    is_motherduck,
+)
 
 #: ``{{ env.NAME }}`` or ``{{ env('NAME') }}``: the only accepted form of a secret in YAML.
 _ENV_REFERENCE = re.compile(
     r"""^\{\{\s*env(?:\.(?P<attr>[A-Za-z_][A-Za-z0-9_]*)|\(\s*['"](?P<call>[A-Za-z_][A-Za-z0-9_]*)['"]\s*\))\s*\}\}$"""
 )
 #: Schemas the project writes: a DuckDB file may not be named after one (see ``_duckdb_path``).
-RESERVED_STEMS = frozenset({"raw", "core", "mart", "meta"})
+RESERVED_STEMS = PROJECT_SCHEMAS
 _IDENTIFIER = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 _MEMORY = re.compile(r"^\d+(\.\d+)?\s*(B|KB|MB|GB|TB|KiB|MiB|GiB|TiB)$", re.IGNORECASE)
 
@@ -132,6 +137,7 @@ SETTINGS_HELP: dict[str, tuple[str, str]] = {
     ),
     "ducklake_schema": ("", "a plain name: this tenant's schema in the catalog database"),
     "retain_snapshots_days": ("", "a number of days above 0, at most 3660"),
+    "user_schema": ("", "a plain name other than raw, core, mart and meta, e.g. analytics"),
     "create_dirs": ("FIELDSALES_CREATE_DIRS", "true or false"),
 }
 
@@ -273,6 +279,13 @@ class FieldSalesComponent(dg.Component, dg.Model, dg.Resolvable):
         default_factory=lambda: ["team:data"],
         description="Owners shown on every asset (emails or team:NAME).",
     )
+    user_schema: str = Field(
+        default=DEFAULT_USER_SCHEMA,
+        description=(
+            "Where fieldsales_io_manager stores user assets' DataFrames (schema.<asset name>); "
+            "never one of the project's schemas (raw, core, mart, meta)."
+        ),
+    )
 
     # --- validation: one paragraph per bad setting ------------------------------------------
 
@@ -370,6 +383,15 @@ class FieldSalesComponent(dg.Component, dg.Model, dg.Resolvable):
             raise ValueError("it is not a plain name")
         return value or None
 
+    @field_validator("user_schema")
+    @classmethod
+    def _user_schema(cls, value: str) -> str:
+        if not _IDENTIFIER.match(value):
+            raise ValueError("it is not a plain name")
+        if value.lower() in PROJECT_SCHEMAS:
+            raise ValueError("the project rebuilds that schema, so it would overwrite your tables")
+        return value
+
     # Defined last, so it wraps every validator above.
     @field_validator("*", mode="wrap")
     @classmethod
@@ -387,7 +409,7 @@ class FieldSalesComponent(dg.Component, dg.Model, dg.Resolvable):
             self.key_prefix, self.group_prefix, pool_per_table=self.storage == "ducklake"
         )
 
-    def build_resources(self) -> dict[str, dg.ConfigurableResource]:
+    def build_resources(self) -> dict[str, dg.ConfigurableResource | dg.IOManagerDefinition]:
         token_variable = self.api_token_env_var
         if token_variable == NOT_AN_ENV_REFERENCE:
             raise SettingError(
@@ -439,6 +461,10 @@ class FieldSalesComponent(dg.Component, dg.Model, dg.Resolvable):
                 full_refresh_every_days=self.full_refresh_every_days,
                 lookback_days=self.lookback_days,
             ),
+            # User assets' DataFrames, through the warehouse above (assets/io_manager.py).
+            self.names.io_manager: build_io_manager(
+                self.names.warehouse_resource, self.user_schema
+            ),
         }
 
     def check_paths(self) -> None:
@@ -466,11 +492,12 @@ class FieldSalesComponent(dg.Component, dg.Model, dg.Resolvable):
         )
 
     def build_assets(self) -> list[dg.AssetsDefinition]:
-        names = self.names
+        names, policy = self.names, self.freshness_policy()
+        # Every table loads as a pandas input of a user asset through the IO manager.
         return [
-            *build_raw_assets(names, self.owners),
-            *build_core_assets(names, self.owners, self.freshness_policy(), checks_in_asset_step),
-            *build_mart_assets(names, self.owners, self.freshness_policy(), checks_in_asset_step),
+            *build_raw_assets(names, self.owners, names.io_manager),
+            *build_core_assets(names, self.owners, policy, checks_in_asset_step, names.io_manager),
+            *build_mart_assets(names, self.owners, policy, checks_in_asset_step, names.io_manager),
         ]
 
     def build_checks(self, assets: list[dg.AssetsDefinition]) -> list[dg.AssetChecksDefinition]:
@@ -523,7 +550,8 @@ class FieldSalesComponent(dg.Component, dg.Model, dg.Resolvable):
                 build_token_renewal_sensor(
                     names, RenewalPolicy(renew_after=timedelta(days=self.token_renew_after_days))
                 ),
-                build_core_automation_sensor(names, selection),
+                # Also the user assets downstream of this instance's tables (README: Build on it).
+                build_core_automation_sensor(names, selection.downstream()),
             ],
             resources=self.build_resources(),
         )

@@ -60,6 +60,11 @@ class InstanceNames:
         return self._prefixed("warehouse")
 
     @property
+    def io_manager(self) -> str:
+        """The pandas IO manager of user assets (``assets/io_manager.py``)."""
+        return self._prefixed("fieldsales_io_manager")
+
+    @property
     def refresh_job(self) -> str:
         return self._prefixed("refresh_all")
 

@@ -3,6 +3,10 @@ location loaded from ``defs/`` the way ``dg`` and ``dagster`` load it."""
 
 from __future__ import annotations
 
+import textwrap
+import uuid
+from pathlib import Path
+
 import dagster as dg
 
 from fieldsales_dagster.assets.checks import (
@@ -12,7 +16,7 @@ from fieldsales_dagster.assets.checks import (
 )
 from fieldsales_dagster.assets.core import build_core_assets
 from fieldsales_dagster.assets.mart import build_mart_assets
-from fieldsales_dagster.assets.publish import publish_steps
+from fieldsales_dagster.assets.publish import publish_steps, with_publish_steps
 from fieldsales_dagster.assets.raw import build_raw_assets
 from fieldsales_dagster.names import InstanceNames
 
@@ -68,3 +72,33 @@ def error_chain(exc: BaseException) -> str:
         texts.append(str(exc))
         exc = exc.__cause__ or exc.__context__
     return "\n".join(texts)
+
+
+def write_project(root: Path, instances: dict[str, str]) -> Path:
+    """A dg project of its own at ``root`` whose ``defs/`` holds one folder per instance.
+
+    Each gets a package name of its own: Python caches imported modules by name.
+    """
+    module = f"tenants_{uuid.uuid4().hex[:12]}"
+    package = root / module
+    (package / "defs").mkdir(parents=True)
+    (package / "__init__.py").write_text("")
+    (package / "defs" / "__init__.py").write_text("")
+    (root / "pyproject.toml").write_text(
+        f'[tool.dg]\ndirectory_type = "project"\n[tool.dg.project]\nroot_module = "{module}"\n'
+    )
+    for name, attributes in instances.items():
+        folder = package / "defs" / name
+        folder.mkdir()
+        (folder / "defs.yaml").write_text(
+            "type: fieldsales_dagster.component.FieldSalesComponent\nattributes:\n"
+            + textwrap.indent(textwrap.dedent(attributes).strip(), "  ")
+            + "\n"
+        )
+    return package
+
+
+def load_project(package: Path, monkeypatch) -> dg.Definitions:
+    """The project's definitions as ``definitions.py`` builds them (with the publish steps)."""
+    monkeypatch.syspath_prepend(str(package.parent))
+    return with_publish_steps(dg.load_from_defs_folder(path_within_project=package))

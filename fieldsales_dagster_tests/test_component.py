@@ -6,8 +6,6 @@ import json
 import os
 import subprocess
 import sys
-import textwrap
-import uuid
 from pathlib import Path
 
 import dagster as dg
@@ -15,43 +13,17 @@ import duckdb
 import pytest
 
 from fieldsales_dagster.assets.checks import UNTYPED_VALUES_TABLES
-from fieldsales_dagster.assets.publish import with_publish_steps
 from fieldsales_dagster.demo_api import DemoConfig, DemoServer
 from fieldsales_dagster_tests.namespaces import private_tmpfs
-from fieldsales_dagster_tests.project import error_chain, load_project_defs
+from fieldsales_dagster_tests.project import (
+    error_chain,
+    load_project,
+    load_project_defs,
+    write_project,
+)
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
 BIN = Path(sys.executable).parent
-
-
-def write_project(root: Path, instances: dict[str, str]) -> Path:
-    """A dg project of its own at ``root`` whose ``defs/`` holds one folder per instance.
-
-    Each gets a package name of its own: Python caches imported modules by name.
-    """
-    module = f"tenants_{uuid.uuid4().hex[:12]}"
-    package = root / module
-    (package / "defs").mkdir(parents=True)
-    (package / "__init__.py").write_text("")
-    (package / "defs" / "__init__.py").write_text("")
-    (root / "pyproject.toml").write_text(
-        f'[tool.dg]\ndirectory_type = "project"\n[tool.dg.project]\nroot_module = "{module}"\n'
-    )
-    for name, attributes in instances.items():
-        folder = package / "defs" / name
-        folder.mkdir()
-        (folder / "defs.yaml").write_text(
-            "type: fieldsales_dagster.component.FieldSalesComponent\nattributes:\n"
-            + textwrap.indent(textwrap.dedent(attributes).strip(), "  ")
-            + "\n"
-        )
-    return package
-
-
-def load_project(package: Path, monkeypatch) -> dg.Definitions:
-    """The project's definitions as ``definitions.py`` builds them (with the publish steps)."""
-    monkeypatch.syspath_prepend(str(package.parent))
-    return with_publish_steps(dg.load_from_defs_folder(path_within_project=package))
 
 
 # --- one settings model --------------------------------------------------------------------------

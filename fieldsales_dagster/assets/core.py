@@ -476,30 +476,31 @@ def build_core_asset(
     owners: list[str],
     freshness_policy: dg.FreshnessPolicy | None,
     checks: Sequence["CoreCheck"] = (),
+    io_manager_key: str | None = None,
 ) -> dg.AssetsDefinition:
     """The asset that builds ``table``; its step then evaluates ``checks`` on the same connection.
 
     It subsets: a run may select the table, any of its checks, or both (checks alone read the
-    table as it is).
+    table as it is). ``io_manager_key`` loads the table as a downstream asset's input (the
+    component's ``fieldsales_io_manager``, which reads the ``table`` metadata).
     """
     key = names.asset_key(table.asset_name)
     by_key = {dg.AssetCheckKey(key, check.name): check for check in checks}
+    spec = dg.AssetSpec(
+        key=key,
+        description=table.description,
+        group_name=names.group("core"),
+        kinds={"duckdb"},
+        owners=owners,
+        deps=[names.asset_key(dep) for dep in table.deps],
+        automation_condition=dg.AutomationCondition.eager(),
+        freshness_policy=freshness_policy,
+        metadata={"table": table.table, "query": f"sql/{table.query_file}"},
+    )
 
     @dg.multi_asset(
         name=key.to_python_identifier(),
-        specs=[
-            dg.AssetSpec(
-                key=key,
-                description=table.description,
-                group_name=names.group("core"),
-                kinds={"duckdb"},
-                owners=owners,
-                deps=[names.asset_key(dep) for dep in table.deps],
-                automation_condition=dg.AutomationCondition.eager(),
-                freshness_policy=freshness_policy,
-                metadata={"table": table.table, "query": f"sql/{table.query_file}"},
-            )
-        ],
+        specs=[spec.with_io_manager_key(io_manager_key) if io_manager_key else spec],
         check_specs=[check.spec(names) for check in checks],
         can_subset=True,
         pool=names.pool_for(table.asset_name),
@@ -524,11 +525,17 @@ def build_core_assets(
     owners: list[str],
     freshness_policy: dg.FreshnessPolicy | None,
     checks_for: ChecksFor | None = None,
+    io_manager_key: str | None = None,
 ) -> list[dg.AssetsDefinition]:
     """One asset per core table; ``checks_for(table)`` are the checks its step evaluates."""
     return [
         build_core_asset(
-            names, table, owners, freshness_policy, checks_for(table) if checks_for else ()
+            names,
+            table,
+            owners,
+            freshness_policy,
+            checks_for(table) if checks_for else (),
+            io_manager_key,
         )
         for table in CORE_TABLES
     ]

@@ -45,6 +45,7 @@ def build_mart_assets(
     owners: list[str],
     freshness_policy: dg.FreshnessPolicy | None,
     checks_for: ChecksFor | None = None,
+    io_manager_key: str | None = None,
 ) -> list[dg.AssetsDefinition]:
     def in_mart_group(spec: dg.AssetSpec) -> dg.AssetSpec:
         return spec.replace_attributes(group_name=names.group(MART_GROUP))
@@ -53,7 +54,12 @@ def build_mart_assets(
         in_mart_group,
         [
             build_core_asset(
-                names, table, owners, freshness_policy, checks_for(table) if checks_for else ()
+                names,
+                table,
+                owners,
+                freshness_policy,
+                checks_for(table) if checks_for else (),
+                io_manager_key,
             )
             for table in MART_TABLES
         ],

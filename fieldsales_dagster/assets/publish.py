@@ -104,12 +104,15 @@ def materialized_in_run(instance: dg.DagsterInstance, run_id: str) -> set[dg.Ass
 
 
 def writer_keys(resources: Mapping[str, object], warehouse_key: str) -> set[str]:
-    """``warehouse_key`` and the keys of resources that hold that warehouse (an IO manager)."""
+    """``warehouse_key`` and the keys of resources that hold or require that warehouse."""
     warehouse = resources[warehouse_key]
     keys = {warehouse_key}
     for key, resource in resources.items():
         fields = getattr(type(resource), "model_fields", {})
         if any(getattr(resource, name, None) == warehouse for name in fields):
+            keys.add(key)
+        # An IO manager that depends on the warehouse by key (fieldsales_io_manager).
+        if warehouse_key in getattr(resource, "required_resource_keys", ()):
             keys.add(key)
     return keys
 

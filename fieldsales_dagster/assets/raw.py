@@ -92,12 +92,18 @@ def row_count_check(rows: int, previous: int | None, tolerance: float) -> dg.Ass
 
 
 def build_raw_asset(
-    names: InstanceNames, endpoint: ListEndpoint, owners: list[str]
+    names: InstanceNames,
+    endpoint: ListEndpoint,
+    owners: list[str],
+    io_manager_key: str | None = None,
 ) -> dg.AssetsDefinition:
+    """``io_manager_key``: what loads the table as a downstream asset's input (the component's
+    ``fieldsales_io_manager``); the asset itself stores nothing through it."""
     key = names.asset_key(raw_asset_name(endpoint))
 
     @dg.asset(
         key=key,
+        io_manager_key=io_manager_key,
         group_name=names.group("raw"),
         kinds={"duckdb"},
         pool=names.pool_for(raw_asset_name(endpoint)),
@@ -166,5 +172,7 @@ def build_raw_asset(
     return _raw_asset
 
 
-def build_raw_assets(names: InstanceNames, owners: list[str]) -> list[dg.AssetsDefinition]:
-    return [build_raw_asset(names, endpoint, owners) for endpoint in LIST_ENDPOINTS]
+def build_raw_assets(
+    names: InstanceNames, owners: list[str], io_manager_key: str | None = None
+) -> list[dg.AssetsDefinition]:
+    return [build_raw_asset(names, endpoint, owners, io_manager_key) for endpoint in LIST_ENDPOINTS]

@@ -46,9 +46,11 @@ def build_token_renewal_sensor(names: InstanceNames, policy: RenewalPolicy) -> d
 def build_core_automation_sensor(
     names: InstanceNames, target: dg.AssetSelection
 ) -> dg.AutomationConditionSensorDefinition:
-    """Evaluates the core assets' ``AutomationCondition.eager()``: after any raw table is
-    refreshed (the schedule, the UI, the CLI) the core tables that read it are rebuilt. On by
-    default, like the schedule; Dagster's own default automation sensor starts stopped."""
+    """Evaluates the automation conditions of ``target``: the core assets'
+    ``AutomationCondition.eager()`` (after any raw table is refreshed, by the schedule, the UI or
+    the CLI, the core tables that read it are rebuilt), and those of user assets downstream of
+    them (README, "Build on it"). On by default, like the schedule; Dagster's own default
+    automation sensor starts stopped."""
     return dg.AutomationConditionSensorDefinition(
         names.automation_sensor,
         target=target,
@@ -56,6 +58,7 @@ def build_core_automation_sensor(
         minimum_interval_seconds=60,
         description=(
             "Rebuilds core tables once their raw parents were refreshed "
-            "(AutomationCondition.eager)."
+            "(AutomationCondition.eager), and any asset downstream of them that has an "
+            "automation condition (your own assets on the core and mart tables)."
         ),
     )

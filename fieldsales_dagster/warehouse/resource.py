@@ -49,6 +49,9 @@ DEFAULT_DUCKDB_PATH = "data/fieldsales.duckdb"
 MOTHERDUCK_PREFIX = "md:"
 #: Suffix of the working database's stem: ``fieldsales.duckdb`` -> ``fieldsales.working.duckdb``.
 WORKING_SUFFIX = ".working"
+#: The schemas the project writes and rebuilds. Anything else in the database (``analytics``, a
+#: team's own schema) belongs to its users: carried along by every publish, never dropped.
+PROJECT_SCHEMAS = frozenset({"raw", "core", "mart", "meta"})
 #: Temporary files, named so the next run recognises a dead run's: the working database being
 #: seeded (``<working>.seeding``) and a publish's copy (``.<database>.publish-<hex>``).
 SEEDING_SUFFIX = ".seeding"
