@@ -26,13 +26,14 @@ from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
 
 import dagster as dg
 from dagster._utils.schedules import cron_string_iterator, is_valid_cron_string
-from pydantic import Field, ValidationError, ValidationInfo, field_validator
+from pydantic import Field, ValidationError, ValidationInfo, field_validator, model_validator
 
 from fieldsales_dagster.assets.checks import build_core_checks, checks_in_asset_step
 from fieldsales_dagster.assets.core import build_core_assets
 from fieldsales_dagster.assets.io_manager import DEFAULT_USER_SCHEMA, build_io_manager
 from fieldsales_dagster.assets.mart import build_mart_assets
 from fieldsales_dagster.assets.raw import build_raw_assets
+from fieldsales_dagster.assets.upkeep import build_upkeep_asset, build_upkeep_job_and_schedule
 from fieldsales_dagster.automation.schedule import build_refresh_job, build_refresh_schedule
 from fieldsales_dagster.automation.sensors import (
     build_core_automation_sensor,
@@ -69,6 +70,7 @@ _RANGES: dict[str, tuple[float, float, bool]] = {
     "token_renew_after_days": (0, 60, False),
     "full_refresh_every_days": (0, 366, False),
     "lookback_days": (0, 3660, True),
+    "retain_snapshots_days": (0, 3660, False),
 }
 
 
@@ -123,6 +125,18 @@ SETTINGS_HELP: dict[str, tuple[str, str]] = {
     "full_refresh_every_days": ("", "a number of days above 0, at most 366"),
     "lookback_days": ("", "a number of days from 0 to 3660"),
     "redact_pii_in_raw": ("FIELDSALES_REDACT_PII_IN_RAW", "true or false"),
+    "storage": ("FIELDSALES_STORAGE", "file or ducklake"),
+    "ducklake_catalog": (
+        "FIELDSALES_DUCKLAKE_CATALOG",
+        "the lake's catalog database: postgres:dbname=NAME host=HOST user=USER (the password in "
+        "FIELDSALES_DUCKLAKE_PASSWORD), sqlite:FILE or a DuckDB file NAME.ducklake",
+    ),
+    "ducklake_data_path": (
+        "FIELDSALES_DUCKLAKE_DATA_PATH",
+        "the folder (or s3:// URL) the lake's Parquet files go to",
+    ),
+    "ducklake_schema": ("", "a plain name: this tenant's schema in the catalog database"),
+    "retain_snapshots_days": ("", "a number of days above 0, at most 3660"),
     "user_schema": ("", "a plain name other than raw, core, mart and meta, e.g. analytics"),
     "create_dirs": ("FIELDSALES_CREATE_DIRS", "true or false"),
 }
@@ -163,6 +177,43 @@ class FieldSalesComponent(dg.Component, dg.Model, dg.Resolvable):
         default="192MB",
         description="DuckDB memory_limit; larger work spills to disk "
         "(FIELDSALES_DUCKDB_MEMORY_LIMIT).",
+    )
+    storage: Literal["file", "ducklake"] = Field(
+        default="file",
+        description=(
+            "Where the warehouse lives (FIELDSALES_STORAGE): file (one DuckDB file, published to "
+            "analysts after each run) or ducklake (a catalog database plus Parquet files, written "
+            "in place; several machines can run and read it)."
+        ),
+    )
+    ducklake_catalog: str | None = Field(
+        default=None,
+        description=(
+            "storage: ducklake: the catalog database (FIELDSALES_DUCKLAKE_CATALOG), e.g. "
+            "postgres:dbname=fieldsales_lake host=db user=fieldsales."
+        ),
+    )
+    ducklake_data_path: str | None = Field(
+        default=None,
+        description="storage: ducklake: its Parquet files' folder (FIELDSALES_DUCKLAKE_DATA_PATH).",
+    )
+    ducklake_schema: str | None = Field(
+        default=None,
+        description=(
+            "storage: ducklake: this tenant's schema in the catalog database, so that tenants "
+            "share one catalog (default: the whole catalog)."
+        ),
+    )
+    ducklake_password_env_var: str = Field(
+        default="FIELDSALES_DUCKLAKE_PASSWORD",
+        description="The variable holding the PostgreSQL catalog's password (never the password).",
+    )
+    retain_snapshots_days: float = Field(
+        default=7.0,
+        description=(
+            "storage: ducklake: the upkeep expires snapshots older than this (days); time travel "
+            "reaches back this far."
+        ),
     )
     # Ranges are checked by validators below, not Field(ge=...): Dagster copies Field
     # constraints onto the YAML model, where the value is still a "{{ env... }}" template.
@@ -254,6 +305,7 @@ class FieldSalesComponent(dg.Component, dg.Model, dg.Resolvable):
         "token_renew_after_days",
         "full_refresh_every_days",
         "lookback_days",
+        "retain_snapshots_days",
     )
     @classmethod
     def _in_range(cls, value: float, info: ValidationInfo) -> float:
@@ -297,6 +349,33 @@ class FieldSalesComponent(dg.Component, dg.Model, dg.Resolvable):
             raise ValueError("it is not an IANA time zone") from None
         return value.strip()
 
+    @field_validator("ducklake_catalog", "ducklake_data_path", mode="before")
+    @classmethod
+    def _blank_is_unset(cls, value: Any) -> Any:
+        # The default YAML reads an unset variable as an empty string.
+        return value.strip() or None if isinstance(value, str) else value
+
+    @field_validator("ducklake_schema")
+    @classmethod
+    def _lake_schema(cls, value: str | None) -> str | None:
+        if value and not _IDENTIFIER.match(value):
+            raise ValueError("it is not a plain name")
+        return value or None
+
+    @model_validator(mode="after")
+    def _lake_needs_a_place(self) -> FieldSalesComponent:
+        if self.storage != "ducklake":
+            return self
+        for field in ("ducklake_catalog", "ducklake_data_path"):
+            if not getattr(self, field):
+                variable, accepts = SETTINGS_HELP[field]
+                raise SettingError(
+                    f"Field-Sales setting {field} (from {variable}) is not set, and storage: "
+                    f"ducklake (FIELDSALES_STORAGE) needs it. It takes {accepts}; set it in "
+                    f"defs.yaml or through {variable}, or choose storage: file, and load again."
+                )
+        return self
+
     @field_validator("key_prefix", "group_prefix")
     @classmethod
     def _prefix(cls, value: str | None) -> str | None:
@@ -326,7 +405,9 @@ class FieldSalesComponent(dg.Component, dg.Model, dg.Resolvable):
 
     @property
     def names(self) -> InstanceNames:
-        return InstanceNames(self.key_prefix, self.group_prefix)
+        return InstanceNames(
+            self.key_prefix, self.group_prefix, pool_per_table=self.storage == "ducklake"
+        )
 
     def build_resources(self) -> dict[str, dg.ConfigurableResource | dg.IOManagerDefinition]:
         token_variable = self.api_token_env_var
@@ -365,6 +446,11 @@ class FieldSalesComponent(dg.Component, dg.Model, dg.Resolvable):
             ),
             self.names.warehouse_resource: FieldSalesWarehouse(
                 database=self.duckdb_path,
+                storage=self.storage,
+                ducklake_catalog=self.ducklake_catalog,
+                ducklake_data_path=self.ducklake_data_path,
+                ducklake_schema=self.ducklake_schema,
+                ducklake_password_env_var=self.ducklake_password_env_var,
                 memory_limit=self.duckdb_memory_limit,
                 pii=self.pii,
                 # A secret: only the variable's name reaches Dagster, and only when it is used.
@@ -427,6 +513,9 @@ class FieldSalesComponent(dg.Component, dg.Model, dg.Resolvable):
             Claim("pool", self.names.pool, "key_prefix"),
             Claim("token store", str(Path(self.token_store_path).resolve()), "token_store_path"),
         ]
+        if self.storage == "ducklake":
+            lake = f"{self.ducklake_catalog} (schema {self.ducklake_schema or 'main'})"
+            return [*claims, Claim("DuckLake", lake, "ducklake_catalog and ducklake_schema")]
         if is_motherduck(self.duckdb_path):
             return [*claims, Claim("MotherDuck database", self.duckdb_path, "duckdb_path")]
         working = FieldSalesWarehouse(database=self.duckdb_path).working_path
@@ -442,13 +531,21 @@ class FieldSalesComponent(dg.Component, dg.Model, dg.Resolvable):
         assets = self.build_assets()
         selection = dg.AssetSelection.assets(*assets)
         job = build_refresh_job(names, selection)
+        jobs: list[Any] = [job]
+        schedules = [build_refresh_schedule(names, job, self.schedule_cron, self.schedule_timezone)]
+        upkeep: list[dg.AssetsDefinition] = []
+        if self.storage == "ducklake":
+            upkeep = [build_upkeep_asset(names, self.owners, self.retain_snapshots_days)]
+            upkeep_job, upkeep_schedule = build_upkeep_job_and_schedule(
+                names, upkeep[0], self.schedule_timezone
+            )
+            jobs.append(upkeep_job)
+            schedules.append(upkeep_schedule)
         return dg.Definitions(
-            assets=dg.with_source_code_references(assets),
+            assets=dg.with_source_code_references([*assets, *upkeep]),
             asset_checks=self.build_checks(assets),
-            jobs=[job],
-            schedules=[
-                build_refresh_schedule(names, job, self.schedule_cron, self.schedule_timezone)
-            ],
+            jobs=jobs,
+            schedules=schedules,
             sensors=[
                 build_token_renewal_sensor(
                     names, RenewalPolicy(renew_after=timedelta(days=self.token_renew_after_days))

@@ -382,6 +382,11 @@ def test_resource_has_no_setting_it_ignores():
         "full_refresh_every_days",
         "lookback_days",
         "max_shrink_fraction",
+        "storage",
+        "ducklake_catalog",
+        "ducklake_data_path",
+        "ducklake_schema",
+        "ducklake_password_env_var",
     }
 
 

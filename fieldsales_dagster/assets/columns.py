@@ -19,6 +19,7 @@ import dagster as dg
 import duckdb
 import yaml
 
+from fieldsales_dagster.warehouse.lake import one_transaction
 from fieldsales_dagster.warehouse.pii import hmac_pads, hmac_sql, redact_pii_keys
 from fieldsales_dagster.warehouse.resource import FieldSalesWarehouse, qualified, quote_ident
 
@@ -158,12 +159,16 @@ def comment_table(
     doc: TableDoc,
     pii_policy: str,
 ) -> None:
-    """Write the table's and every column's description as DuckDB comments on ``table``."""
-    conn.execute(f"COMMENT ON TABLE {qualified(table)} IS {sql_literal(description)}")
-    for name, _, text, _ in described_columns(conn, table, doc, pii_policy):
-        conn.execute(
-            f"COMMENT ON COLUMN {qualified(table)}.{quote_ident(name)} IS {sql_literal(text)}"
-        )
+    """Write the table's and every column's description as DuckDB comments on ``table``.
+
+    In one transaction (the caller's, if one is open): on a lake each commit is a snapshot.
+    """
+    with one_transaction(conn):
+        conn.execute(f"COMMENT ON TABLE {qualified(table)} IS {sql_literal(description)}")
+        for name, _, text, _ in described_columns(conn, table, doc, pii_policy):
+            conn.execute(
+                f"COMMENT ON COLUMN {qualified(table)}.{quote_ident(name)} IS {sql_literal(text)}"
+            )
 
 
 def column_schema(

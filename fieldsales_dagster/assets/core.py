@@ -39,6 +39,7 @@ from fieldsales_dagster.assets.raw import raw_asset_name
 from fieldsales_dagster.client.endpoints import EVENTS, TRANSACTIONS
 from fieldsales_dagster.names import InstanceNames
 from fieldsales_dagster.pause import pause_at
+from fieldsales_dagster.warehouse.lake import checkpoint, run_transaction
 from fieldsales_dagster.warehouse.resource import (
     FieldSalesWarehouse,
     qualified,
@@ -323,23 +324,21 @@ def refresh_decoded(conn: duckdb.DuckDBPyConnection, decoded: Decoded) -> Decode
         return build_decoded(conn, decoded)
     _define_rows_to_decode(conn, missing.select)
     query = core_query(decoded)
-    conn.execute("BEGIN TRANSACTION")
-    try:
+
+    def update() -> None:
         conn.execute(
             f"DELETE FROM {table} AS d WHERE NOT EXISTS (SELECT 1 FROM {source} AS s WHERE "
             f"{same_row('s', 'd')})"
         )
         conn.execute(f"INSERT INTO {table} BY NAME\n{query}")
-        conn.execute("COMMIT")
+
+    try:
+        run_transaction(conn, decoded.table, update)
     except duckdb.Error as exc:
-        conn.execute("ROLLBACK")
         raise RuntimeError(
             f"Updating {decoded.table} failed; it is left as it was. DuckDB: {exc}"
         ) from exc
-    except BaseException:
-        conn.execute("ROLLBACK")
-        raise
-    conn.execute("CHECKPOINT")  # frees the memory the changes hold (see follow.py)
+    checkpoint(conn)  # frees the memory the changes hold (see follow.py)
     return DecodeRefresh("incremental", missing.count)
 
 
@@ -504,7 +503,7 @@ def build_core_asset(
         specs=[spec.with_io_manager_key(io_manager_key) if io_manager_key else spec],
         check_specs=[check.spec(names) for check in checks],
         can_subset=True,
-        pool=names.pool,
+        pool=names.pool_for(table.asset_name),
         required_resource_keys={names.warehouse_resource},
     )
     def _core_table(

@@ -29,6 +29,7 @@ from dataclasses import dataclass
 import dagster as dg
 import duckdb
 
+from fieldsales_dagster.warehouse.lake import checkpoint, run_transaction
 from fieldsales_dagster.warehouse.resource import qualified, table_exists
 
 STATE_TABLE = "meta.core_follow_state"
@@ -150,17 +151,15 @@ def build_following(
     conn.execute(f"DELETE FROM {STATE_TABLE} WHERE table_name = ?", [table])
     define_decoded_rows(conn, follows)
     build_whole()
-    conn.execute("BEGIN TRANSACTION")
-    try:
+
+    def record() -> None:
         conn.execute(
             f"CREATE OR REPLACE TABLE {qualified(follows.inputs)} AS "
             f"SELECT id, loaded_at FROM {qualified(follows.decoded)}"
         )
         _write_state(conn, table, query_fp, inputs_fp)
-        conn.execute("COMMIT")
-    except BaseException:
-        conn.execute("ROLLBACK")
-        raise
+
+    run_transaction(conn, follows.inputs, record)
     return FollowResult("full", why)
 
 
@@ -221,8 +220,8 @@ def _incremental(
             "CREATE OR REPLACE TEMP TABLE _fs_follow_keys AS SELECT DISTINCT id FROM "
             "(SELECT id FROM _fs_follow_added UNION ALL SELECT id FROM _fs_follow_gone)"
         )
-        conn.execute("BEGIN TRANSACTION")
-        try:
+
+        def update() -> None:
             conn.execute(f"DELETE FROM {target} WHERE ({follows.from_decoded}) IS NOT TRUE")
             conn.execute(
                 f"DELETE FROM {target} AS t USING _fs_follow_keys AS k WHERE t.{follows.key} = k.id"
@@ -233,10 +232,8 @@ def _incremental(
             )
             conn.execute(f"INSERT INTO {inputs} SELECT id, loaded_at FROM _fs_follow_added")
             _write_state(conn, table, query_fp, inputs_fp)
-            conn.execute("COMMIT")
-        except BaseException:
-            conn.execute("ROLLBACK")
-            raise
+
+        run_transaction(conn, table, update)
     except duckdb.Error as exc:
         raise RuntimeError(
             f"Updating {table} failed; the previous {table} is left as it was. DuckDB: {exc}"
@@ -246,7 +243,7 @@ def _incremental(
         conn.execute("DROP TABLE IF EXISTS _fs_follow_rows")
     # Until a checkpoint the changes stay in memory, and the next query (the table's checks)
     # would have to fit beside them in memory_limit: 1M transactions, 192 MB, out of memory.
-    conn.execute("CHECKPOINT")
+    checkpoint(conn)
     why = (
         f"only {follows.decoded} changed since the previous build; replaced the rows of its "
         f"{added.count:,} new and {gone:,} gone rows"
@@ -274,7 +271,7 @@ def _content_fingerprint(
 def _ensure_state_table(conn: duckdb.DuckDBPyConnection) -> None:
     conn.execute("CREATE SCHEMA IF NOT EXISTS meta")
     conn.execute(
-        f"CREATE TABLE IF NOT EXISTS {STATE_TABLE} (table_name VARCHAR PRIMARY KEY, "
+        f"CREATE TABLE IF NOT EXISTS {STATE_TABLE} (table_name VARCHAR, "
         "query_fingerprint VARCHAR, inputs_fingerprint VARCHAR)"
     )
 
@@ -282,6 +279,6 @@ def _ensure_state_table(conn: duckdb.DuckDBPyConnection) -> None:
 def _write_state(
     conn: duckdb.DuckDBPyConnection, table: str, query_fp: str, inputs_fp: str
 ) -> None:
-    conn.execute(
-        f"INSERT OR REPLACE INTO {STATE_TABLE} VALUES (?, ?, ?)", [table, query_fp, inputs_fp]
-    )
+    # Delete-then-insert: a DuckLake has no PRIMARY KEY (files made before keep theirs).
+    conn.execute(f"DELETE FROM {STATE_TABLE} WHERE table_name = ?", [table])
+    conn.execute(f"INSERT INTO {STATE_TABLE} VALUES (?, ?, ?)", [table, query_fp, inputs_fp])

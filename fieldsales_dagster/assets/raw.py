@@ -106,7 +106,7 @@ def build_raw_asset(
         io_manager_key=io_manager_key,
         group_name=names.group("raw"),
         kinds={"duckdb"},
-        pool=names.pool,
+        pool=names.pool_for(raw_asset_name(endpoint)),
         owners=owners,
         description=(
             f"Every {endpoint.name.replace('_', ' ')} item (GET {endpoint.path}) as received: "

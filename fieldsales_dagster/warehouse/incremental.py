@@ -36,6 +36,7 @@ from fieldsales_dagster.client.errors import FieldSalesAPIError, PageFormatError
 from fieldsales_dagster.client.pager import ListStats, Page, id_text, item_keys, key_decoder
 from fieldsales_dagster.client.resource import FieldSalesAPI
 from fieldsales_dagster.pause import pause_at
+from fieldsales_dagster.warehouse.lake import run_transaction
 from fieldsales_dagster.warehouse.raw_load import (
     LoadReport,
     StagingWriter,
@@ -183,17 +184,23 @@ def _write_state(conn: duckdb.DuckDBPyConnection, *, mode: str, at: datetime, ro
     naive = at.astimezone(UTC).replace(tzinfo=None)
     events_loaded_at = _events_loaded_at(conn)
     conn.execute(f"CREATE SCHEMA IF NOT EXISTS {STATE_SCHEMA}")
+    # One row per table, kept by delete-then-insert: a DuckLake has no PRIMARY KEY (files made
+    # before it keep theirs, which the same statements respect).
     conn.execute(
-        f"CREATE TABLE IF NOT EXISTS {STATE_TABLE} (table_name VARCHAR PRIMARY KEY, "
+        f"CREATE TABLE IF NOT EXISTS {STATE_TABLE} (table_name VARCHAR, "
         "last_full_at TIMESTAMP, last_load_at TIMESTAMP, last_mode VARCHAR, rows BIGINT, "
         "events_loaded_at TIMESTAMP)"
     )
+    (last_full_at,) = conn.execute(
+        f"SELECT max(last_full_at) FROM {STATE_TABLE} WHERE table_name = ?",
+        [TRANSACTIONS.raw_table],
+    ).fetchone()
+    conn.execute(f"DELETE FROM {STATE_TABLE} WHERE table_name = ?", [TRANSACTIONS.raw_table])
     conn.execute(
-        f"INSERT INTO {STATE_TABLE} VALUES ($table, $at, $at, $mode, $rows, $events) "
-        "ON CONFLICT (table_name) DO UPDATE SET "
-        "last_full_at = CASE WHEN $mode = 'full' THEN $at ELSE last_full_at END, "
-        "last_load_at = $at, last_mode = $mode, rows = $rows, events_loaded_at = $events",
+        f"INSERT INTO {STATE_TABLE} VALUES ($table, "
+        "CASE WHEN $mode = 'full' THEN $at ELSE $last_full_at END, $at, $mode, $rows, $events)",
         {
+            "last_full_at": last_full_at,
             "table": TRANSACTIONS.raw_table,
             "at": naive,
             "mode": mode,
@@ -651,8 +658,8 @@ def _merge(
             conn.execute(f"SELECT id, hash(payload::VARCHAR) FROM {target} {moved}").fetchall()
         )
     stored = conn.execute(f"SELECT count(*) FROM {target}").fetchone()[0]
-    conn.execute("BEGIN TRANSACTION")
-    try:
+
+    def merge() -> tuple[int, dict[int, int]]:
         if before_swap is not None:
             before_swap(STAGE_TABLE)
         # After before_swap: a redacted payload compares with the redacted one stored.
@@ -674,10 +681,9 @@ def _merge(
             )
         _write_state(conn, mode="incremental", at=now, rows=rows)
         conn.execute(f"DROP TABLE {stage}")
-        conn.execute("COMMIT")
-    except BaseException:
-        conn.execute("ROLLBACK")
-        raise
+        return rows, new
+
+    rows, new = run_transaction(conn, TRANSACTIONS.raw_table, merge)
     return {
         "rows": rows,
         "added": sum(1 for key in new if key not in old),

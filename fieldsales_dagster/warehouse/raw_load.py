@@ -48,6 +48,7 @@ from fieldsales_dagster.client.pager import (
 )
 from fieldsales_dagster.client.resource import FieldSalesAPI
 from fieldsales_dagster.pause import pause_at
+from fieldsales_dagster.warehouse.lake import is_lake
 from fieldsales_dagster.warehouse.resource import (
     qualified,
     quote_ident,
@@ -111,13 +112,15 @@ class LoadReport:
         return self.rows / self.seconds if self.seconds > 0 else 0.0
 
 
-def raw_table_ddl(endpoint: ListEndpoint, table: str) -> str:
+def raw_table_ddl(endpoint: ListEndpoint, table: str, lake: bool = False) -> str:
     # zstd suits ~5 KB JSON documents: measured 2.6x faster to write than DuckDB's default
-    # dictionary/FSST choice for them, smaller on disk, and faster to read back.
+    # dictionary/FSST choice for them, smaller on disk, and faster to read back. A lake's
+    # Parquet files take no per-column compression (its files are zstd: see lake.py).
     extra = "".join(f", {quote_ident(col)} VARCHAR" for col, _ in endpoint.extra_columns)
+    compression = "" if lake else " USING COMPRESSION zstd"
     return (
         f"CREATE OR REPLACE TABLE {qualified(table)} "
-        f"(id VARCHAR, payload JSON USING COMPRESSION zstd, loaded_at TIMESTAMP{extra})"
+        f"(id VARCHAR, payload JSON{compression}, loaded_at TIMESTAMP{extra})"
     )
 
 
@@ -452,10 +455,13 @@ def judge_pass(facts: PassFacts) -> Verdict:
 def spool_root(conn: duckdb.DuckDBPyConnection) -> Path | None:
     """Where spools go: ``<db dir>/.fieldsales_spool/<db file name>/``; ``None`` in memory."""
     row = conn.execute(
-        "SELECT path FROM duckdb_databases() WHERE database_name = current_database()"
+        "SELECT path, type FROM duckdb_databases() WHERE database_name = current_database()"
     ).fetchone()
     if not row or not row[0]:
         return None
+    if row[1] == "ducklake":  # the catalog is elsewhere: spool beside the local temp_directory
+        (temp,) = conn.execute("SELECT current_setting('temp_directory')").fetchone()
+        return spool_folder(Path(temp).parent / "lake")
     return spool_folder(Path(row[0]))
 
 
@@ -564,7 +570,7 @@ def load_list(
     with tempfile.TemporaryDirectory(prefix=f"{endpoint.table}-", dir=spools) as tmp_name:
         tmp = Path(tmp_name)
         for attempt in range(1, api.max_list_passes + 1):
-            conn.execute(raw_table_ddl(endpoint, stage))
+            conn.execute(raw_table_ddl(endpoint, stage, lake=is_lake(conn)))
             stats = ListStats()
             stage_pages([Pager(api, endpoint, stats, progress)])
             repairs = 0

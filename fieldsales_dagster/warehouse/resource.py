@@ -12,6 +12,12 @@ sees a mix of old and new tables.
 
 A MotherDuck database (``md:...``) is shared by the service itself: assets connect to it directly,
 without the local lock, the working copy or the publish step.
+
+``storage: ducklake`` keeps the warehouse in a DuckLake instead (``warehouse/lake.py``): a catalog
+database (PostgreSQL for several machines) and Parquet files under ``ducklake_data_path``. Readers
+see the last committed snapshot, so there is no working copy and no publish either: every asset
+writes the lake directly, each table change in one transaction retried on a conflict
+(``run_transaction``), and the asset pools keep one writer per table.
 """
 
 from __future__ import annotations
@@ -22,7 +28,7 @@ import secrets
 import shutil
 import time
 from collections.abc import Iterator
-from contextlib import contextmanager
+from contextlib import contextmanager, nullcontext
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
@@ -36,6 +42,7 @@ from pydantic import Field, field_validator, model_validator
 
 from fieldsales_dagster.paths import PathSettingError, check_file_setting, resolved
 from fieldsales_dagster.pause import pause_at
+from fieldsales_dagster.warehouse.lake import Lake, run_transaction, writer_connection
 from fieldsales_dagster.warehouse.refresh_mode import validate_refresh_mode
 
 DEFAULT_DUCKDB_PATH = "data/fieldsales.duckdb"
@@ -118,6 +125,37 @@ class FieldSalesWarehouse(dg.ConfigurableResource):
             "beside database, named <name>.working.duckdb. Must be on the same file system as "
             "database for a cheap copy."
         ),
+    )
+    storage: Literal["file", "ducklake"] = Field(
+        default="file",
+        description=(
+            "FIELDSALES_STORAGE: file (one DuckDB file, published after each run) or ducklake "
+            "(a DuckLake: catalog database plus Parquet files; written in place)."
+        ),
+    )
+    ducklake_catalog: str | None = Field(
+        default=None,
+        description=(
+            "FIELDSALES_DUCKLAKE_CATALOG (storage: ducklake): postgres:dbname=... host=... "
+            "user=... (no password: it is read from ducklake_password_env_var), sqlite:<file> "
+            "or a DuckDB file <name>.ducklake for one host."
+        ),
+    )
+    ducklake_data_path: str | None = Field(
+        default=None,
+        description="FIELDSALES_DUCKLAKE_DATA_PATH (storage: ducklake): a folder or s3://... URL.",
+    )
+    ducklake_schema: str | None = Field(
+        default=None,
+        description=(
+            "storage: ducklake: this tenant's schema in the catalog database (DuckLake's "
+            "METADATA_SCHEMA), so that several tenants share one catalog database; its files go "
+            "under <data_path>/<schema>."
+        ),
+    )
+    ducklake_password_env_var: str = Field(
+        default="FIELDSALES_DUCKLAKE_PASSWORD",
+        description="The variable holding the PostgreSQL catalog's password (never the password).",
     )
     memory_limit: str = Field(
         default="192MB",
@@ -222,6 +260,16 @@ class FieldSalesWarehouse(dg.ConfigurableResource):
             )
         return self
 
+    @model_validator(mode="after")
+    def _lake_needs_a_place(self) -> FieldSalesWarehouse:
+        if self.storage == "ducklake" and not (self.ducklake_catalog and self.ducklake_data_path):
+            raise ValueError(
+                "storage='ducklake' (FIELDSALES_STORAGE=ducklake) needs ducklake_catalog "
+                "(FIELDSALES_DUCKLAKE_CATALOG) and ducklake_data_path "
+                "(FIELDSALES_DUCKLAKE_DATA_PATH): set both, or choose storage='file'."
+            )
+        return self
+
     # --- where things live --------------------------------------------------------------------
 
     @property
@@ -229,10 +277,28 @@ class FieldSalesWarehouse(dg.ConfigurableResource):
         return is_motherduck(self.database)
 
     @property
+    def is_lake(self) -> bool:
+        return self.storage == "ducklake"
+
+    @property
+    def lake(self) -> Lake | None:
+        """Where the DuckLake lives (storage: ducklake); ``None`` for a DuckDB file."""
+        if not self.is_lake:
+            return None
+        assert self.ducklake_catalog and self.ducklake_data_path
+        return Lake(
+            catalog=self.ducklake_catalog,
+            data_path=self.ducklake_data_path,
+            schema=self.ducklake_schema,
+            password_env_var=self.ducklake_password_env_var,
+            alias=Path(self.database).stem,
+        )
+
+    @property
     def published_path(self) -> Path | None:
         """The analysts' file, symlinks followed: a publish replaces the link's target, and the
-        link stays. ``None`` for MotherDuck."""
-        return None if self.is_motherduck else resolved(self.database)
+        link stays. ``None`` for MotherDuck and DuckLake (written in place)."""
+        return None if self.is_motherduck or self.is_lake else resolved(self.database)
 
     @property
     def working_path(self) -> Path | None:
@@ -246,7 +312,12 @@ class FieldSalesWarehouse(dg.ConfigurableResource):
 
     @property
     def lock_path(self) -> Path | None:
-        """The lock file writers of this project queue on; ``None`` for MotherDuck."""
+        """The lock file writers of this project queue on; ``None`` for MotherDuck, and for a
+        lake whose catalog several processes may open at once (PostgreSQL, SQLite)."""
+        here = self.lake
+        if here is not None:
+            only_one = here.catalog_file is not None and not here.is_sqlite
+            return Path(f"{here.catalog_file}.lock") if only_one else None
         working = self.working_path
         return None if working is None else Path(f"{working}.lock")
 
@@ -255,6 +326,15 @@ class FieldSalesWarehouse(dg.ConfigurableResource):
     @contextmanager
     def get_connection(self) -> Iterator[duckdb.DuckDBPyConnection]:
         """A read-write connection to the working database (MotherDuck: to ``database``)."""
+        here = self.lake
+        if here is not None:
+            with self._writer_lock() if self.lock_path is not None else nullcontext():
+                conn = writer_connection(here, self._config(self._lake_tmp(here)))
+                try:
+                    yield conn
+                finally:
+                    conn.close()
+            return
         working = self.working_path
         if working is None:
             conn = duckdb.connect(self.database, config=self._config(None))
@@ -275,11 +355,20 @@ class FieldSalesWarehouse(dg.ConfigurableResource):
             finally:
                 conn.close()
 
+    def _lake_tmp(self, here: Lake) -> Path:
+        """A local folder for a lake's spills and spools, one per tenant's lake."""
+        return Path(self.database).parent / ".duckdb_tmp" / f"lake-{here.key}" / "db"
+
     @contextmanager
     def _writer_lock(self) -> Iterator[None]:
-        working, lock_path = self.working_path, self.lock_path
-        assert working is not None and lock_path is not None
-        self._check_folders(working)
+        lock_path = self.lock_path
+        assert lock_path is not None
+        working = self.working_path
+        if working is None:  # a lake's DuckDB-file catalog: the lock sits beside it
+            lock_path.parent.mkdir(parents=True, exist_ok=True)
+            working = lock_path.with_suffix("")
+        else:
+            self._check_folders(working)
         lock = filelock.FileLock(str(lock_path), timeout=self.lock_timeout_s)
         try:
             lock.acquire()
@@ -485,16 +574,25 @@ def _publish_failure(working: Path, published: Path, exc: OSError) -> str:
 #: (~80 MB of payloads) measured 2.5x faster for 100k transactions (5.5 s -> 2.2 s), and readers
 #: get more row groups to scan in parallel. Set on every attach: it is not stored in the file.
 ROW_GROUP_SIZE = 16384
+#: The storage format a new working database (and so the analysts' copy) is written in: the
+#: oldest DuckDB release analysts are likely to open it with. 1.4 and 1.5 clients (the DuckDB CLI,
+#: DBeaver's driver, MotherDuck, which accepts 1.4-1.5) read it; set explicitly so that a newer
+#: DuckDB writing the file never silently moves it out of their reach. Kept by an existing file.
+STORAGE_VERSION = "v1.4.0"
 
 
 def _open_database(path: Path, config: dict[str, object]) -> duckdb.DuckDBPyConnection:
-    """A connection whose default database is ``path``, attached with ``ROW_GROUP_SIZE``.
+    """A connection whose default database is ``path``, attached with ``ROW_GROUP_SIZE`` (and,
+    when it creates the file, ``STORAGE_VERSION``).
 
     The database keeps the file's stem as its name, as ``duckdb.connect(path)`` would.
     """
     conn = duckdb.connect(config=config)
     try:
-        conn.execute(f"ATTACH '{_sql_string(str(path))}' (ROW_GROUP_SIZE {ROW_GROUP_SIZE})")
+        conn.execute(
+            f"ATTACH '{_sql_string(str(path))}' "
+            f"(ROW_GROUP_SIZE {ROW_GROUP_SIZE}, STORAGE_VERSION '{STORAGE_VERSION}')"
+        )
         (name,) = conn.execute(
             "SELECT database_name FROM duckdb_databases() "
             "WHERE NOT internal AND database_name <> 'memory'"
@@ -511,7 +609,8 @@ def same_database_cursor(conn: duckdb.DuckDBPyConnection) -> duckdb.DuckDBPyConn
     """A cursor of ``conn`` whose default database is ``conn``'s.
 
     A DuckDB 1.5 cursor starts in the connection's original default database (``memory``, which
-    ``_open_database`` detached), not in the one ``USE`` chose.
+    ``_open_database`` detached, and which a lake's connection keeps, empty), not in the one
+    ``USE`` chose.
     """
     (name,) = conn.execute("SELECT current_database()").fetchone()
     cursor = conn.cursor()
@@ -625,14 +724,13 @@ def replace_table(conn: duckdb.DuckDBPyConnection, staged: str, target: str) -> 
     """Swap a fully built staging table in for ``target`` in one transaction.
 
     Both are ``schema.table`` names in the same schema; readers see the old table or the new one,
-    never a half-written one, and a failure before this call leaves the old table untouched.
+    never a half-written one, and a failure before this call leaves the old table untouched. On a
+    lake, a conflict with another writer is retried (``run_transaction``).
     """
     schema, _, name = target.partition(".")
-    conn.execute("BEGIN TRANSACTION")
-    try:
+
+    def swap() -> None:
         conn.execute(f"DROP TABLE IF EXISTS {qualified(target)}")
         conn.execute(f"ALTER TABLE {qualified(staged)} RENAME TO {quote_ident(name)}")
-        conn.execute("COMMIT")
-    except BaseException:
-        conn.execute("ROLLBACK")
-        raise
+
+    run_transaction(conn, target, swap)

@@ -1,0 +1,98 @@
+"""storage: ducklake: the lake's upkeep, an asset with its own job and schedule.
+
+Every refresh leaves files behind: a full refresh replaces a table's files, an incremental merge
+adds small ones and marks deleted rows. ``ducklake_upkeep`` merges adjacent small files, expires
+snapshots older than ``retain_snapshots_days`` (time travel reaches back that far) and deletes
+the files no remaining snapshot needs. Its materialization shows the files and bytes before and
+after. It is only defined for ``storage: ducklake`` (a DuckDB file is rewritten whole by every
+publish), and scheduled by default, weekly.
+"""
+
+import dagster as dg
+from dagster._core.definitions.unresolved_asset_job_definition import UnresolvedAssetJobDefinition
+
+from fieldsales_dagster.names import InstanceNames
+from fieldsales_dagster.warehouse.lake import upkeep
+from fieldsales_dagster.warehouse.resource import FieldSalesWarehouse
+
+UPKEEP_ASSET = "ducklake_upkeep"
+#: Sundays at 03:00, before the default 05:00 refresh.
+DEFAULT_UPKEEP_CRON = "0 3 * * 0"
+
+
+class UpkeepConfig(dg.Config):
+    retain_snapshots_days: float | None = None
+    """Override the component's retain_snapshots_days for this run (0: keep the last only)."""
+
+
+def build_upkeep_asset(
+    names: InstanceNames, owners: list[str], retain_snapshots_days: float
+) -> dg.AssetsDefinition:
+    @dg.asset(
+        key=names.asset_key(UPKEEP_ASSET),
+        group_name=names.group("upkeep"),
+        kinds={"ducklake"},
+        owners=owners,
+        pool=names.pool_for(UPKEEP_ASSET),
+        required_resource_keys={names.warehouse_resource},
+        description=(
+            "The DuckLake's upkeep: merges adjacent small files, expires snapshots older than "
+            f"retain_snapshots_days ({retain_snapshots_days:g} days) and deletes the files no "
+            "snapshot needs; the last snapshot always stays readable."
+        ),
+    )
+    def _upkeep(context: dg.AssetExecutionContext, config: UpkeepConfig) -> dg.MaterializeResult:
+        warehouse: FieldSalesWarehouse = getattr(context.resources, names.warehouse_resource)
+        lake = warehouse.lake
+        if lake is None:
+            raise dg.Failure(
+                f"{UPKEEP_ASSET} is for storage: ducklake; the warehouse is the DuckDB file "
+                f"{warehouse.database} (storage: file). Set FIELDSALES_STORAGE=ducklake, or do "
+                "not run it."
+            )
+        days = (
+            retain_snapshots_days
+            if config.retain_snapshots_days is None
+            else config.retain_snapshots_days
+        )
+        with warehouse.get_connection() as conn:
+            done = upkeep(conn, lake, days)
+        context.log.info(
+            f"Upkeep of {lake.alias}: {done.before.files} -> {done.after.files} files, "
+            f"{done.before.bytes / 1e6:,.1f} -> {done.after.bytes / 1e6:,.1f} MB, "
+            f"{done.snapshots_before} -> {done.snapshots_after} snapshots."
+        )
+        return dg.MaterializeResult(
+            metadata={
+                "files_before": done.before.files,
+                "files_after": done.after.files,
+                "bytes_before": done.before.bytes,
+                "bytes_after": done.after.bytes,
+                "counted_in": done.before.where,
+                "snapshots_before": done.snapshots_before,
+                "snapshots_after": done.snapshots_after,
+                "last_snapshot": done.last_snapshot,
+                "retain_snapshots_days": days,
+            }
+        )
+
+    return _upkeep
+
+
+def build_upkeep_job_and_schedule(
+    names: InstanceNames, asset: dg.AssetsDefinition, timezone: str
+) -> tuple[UnresolvedAssetJobDefinition, dg.ScheduleDefinition]:
+    job = dg.define_asset_job(
+        name=f"{names.refresh_job.removesuffix('refresh_all')}ducklake_upkeep",
+        selection=dg.AssetSelection.assets(asset),
+        description="The DuckLake's upkeep (see the ducklake_upkeep asset).",
+    )
+    schedule = dg.ScheduleDefinition(
+        name=f"{job.name}_schedule",
+        job=job,
+        cron_schedule=DEFAULT_UPKEEP_CRON,
+        execution_timezone=timezone,
+        default_status=dg.DefaultScheduleStatus.RUNNING,
+        description="Weekly upkeep of the DuckLake (storage: ducklake).",
+    )
+    return job, schedule
