@@ -377,3 +377,35 @@ def test_warehouse_is_importable_from_the_package_and_is_the_resource_of_the_key
         write_user_location(tmp_path / "location", readme_examples()), monkeypatch
     )
     assert isinstance(defs.resources["warehouse"], FieldSalesWarehouse)
+
+
+def test_readme_examples_build_on_storage_ducklake(user_env, tmp_path):
+    """The same two examples on ``storage: ducklake`` (a DuckDB-file catalog, one host): their
+    tables land in the lake's ``analytics`` schema, beside the core tables they read."""
+    from fieldsales_dagster.warehouse.lake import connect
+    from fieldsales_dagster.warehouse.resource import FieldSalesWarehouse
+
+    package = write_user_location(tmp_path / "location", readme_examples())
+    (tmp_path / "local").mkdir()
+    env = {
+        **user_env,
+        "DAGSTER_HOME": str(tmp_path),
+        "FIELDSALES_DUCKDB_PATH": str(tmp_path / "local" / "fieldsales.duckdb"),
+        "FIELDSALES_STORAGE": "ducklake",
+        "FIELDSALES_DUCKLAKE_CATALOG": str(tmp_path / "catalog.ducklake"),
+        "FIELDSALES_DUCKLAKE_DATA_PATH": str(tmp_path / "lake_files"),
+    }
+    materialize(package, env, "*")
+
+    lake = FieldSalesWarehouse(
+        database=env["FIELDSALES_DUCKDB_PATH"],
+        storage="ducklake",
+        ducklake_catalog=env["FIELDSALES_DUCKLAKE_CATALOG"],
+        ducklake_data_path=env["FIELDSALES_DUCKLAKE_DATA_PATH"],
+    )
+    with connect(lake.lake, read_only=True) as conn:
+        revenue = daily_revenue(conn, "analytics.daily_revenue")
+        sales = product_sales(conn, "analytics.product_sales")
+        assert revenue and revenue == expected_daily_revenue(conn)
+        assert sales and sales == expected_product_sales(conn)
+    assert not list((tmp_path / "local").glob("*.duckdb"))  # nothing published: no file at all

@@ -364,6 +364,7 @@ class FieldSalesWarehouse(dg.ConfigurableResource):
         lock_path = self.lock_path
         assert lock_path is not None
         working = self.working_path
+        is_file = working is not None
         if working is None:  # a lake's DuckDB-file catalog: the lock sits beside it
             lock_path.parent.mkdir(parents=True, exist_ok=True)
             working = lock_path.with_suffix("")
@@ -378,7 +379,8 @@ class FieldSalesWarehouse(dg.ConfigurableResource):
                 f"{working}; raise lock_timeout_s or look for a stuck run holding {lock_path}."
             ) from exc
         try:
-            if removed := self._remove_dead_runs_files(working):
+            # A dead run's working-copy and publish files exist only beside a DuckDB file.
+            if is_file and (removed := self._remove_dead_runs_files(working)):
                 dg.get_dagster_logger().info(
                     f"Removed what an interrupted run left: {', '.join(removed)}"
                 )
