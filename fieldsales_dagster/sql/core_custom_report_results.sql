@@ -34,7 +34,8 @@
 -- meta_transactions_decoded.sql) holds each one parsed once, for this table and
 -- core.transactions. decoded_rows() is that table: all of it for a whole build; after an
 -- incremental raw load only its added rows, when this table follows their changes instead of
--- being rebuilt (follow.py: the event rows are then rebuilt, the other rows kept).
+-- being rebuilt (follow.py: the event rows are then rebuilt, the other rows kept). Event payloads
+-- are not parsed here either: meta.events_decoded (meta_events_decoded.sql) holds them parsed.
 WITH transaction_reports AS (
     SELECT
         id AS transaction_id,
@@ -84,14 +85,8 @@ transaction_resolved AS (
 event_reports AS (
     SELECT
         e.id AS event_id,
-        unnest(json_transform(e.payload, '{
-            "customReportResult": [{
-                "_id": "VARCHAR",
-                "_event": "VARCHAR",
-                "reportResults": "MAP(VARCHAR, STRUCT(value JSON, name VARCHAR, fieldId VARCHAR))"
-            }]
-        }').customReportResult) AS report
-    FROM raw.events AS e
+        unnest(e.report_results) AS report
+    FROM meta.events_decoded AS e
 ),
 
 event_results AS (

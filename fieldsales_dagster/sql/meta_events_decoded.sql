@@ -1,0 +1,63 @@
+-- meta.events_decoded: every raw.events payload parsed once, into the columns the event tables
+-- read (core.events, core.projects, core.areas, core.users, core.dim_point_of_sale,
+-- core.dim_point_of_sale_history, core.event_status_history, core.custom_report_results).
+-- Pipeline-internal (not part of the contract); each of those tables brings it up to date before
+-- reading it (refresh_decoded in core.py).
+--
+-- Why: parsing a payload holds the whole parsed document, ~2.7 times its text, for every row of
+-- the 2,048-row vector being parsed. With event payloads of ~14 KB (long status histories, many
+-- custom-report results, full point-of-sale objects) one vector is ~75 MB per thread, so each of
+-- those eight queries parsing raw.events on its own needed 150-180 MB of the 192 MB
+-- memory_limit before doing any work. Parsed once here, in slices (rows_to_decode() reads
+-- raw_events_in_slices(), see there, for a full decode), the tables read narrow, typed columns.
+--
+-- json_transform reads each key independently (absent or mistyped: NULL), so the union of the
+-- paths gives each table what its own parse gave. The embedded objects that a table reads as
+-- JSON (a reference may arrive as a bare id string, or the keys are not known in advance) stay
+-- JSON here; they are a few hundred bytes to a few KB, not the whole payload.
+SELECT
+    parsed.id,
+    parsed.loaded_at,
+    p.project_id AS project,
+    p.point_of_sale,
+    p.pointOfSaleProjectStructure.area AS area,
+    p.eventState AS event_state,
+    p.times,
+    p.eventUser AS event_users,
+    p.eventStateHistory AS state_history,
+    p.customReportResult AS report_results
+FROM (
+    SELECT
+        e.id,
+        e.loaded_at,
+        json_transform(e.payload, '{
+            "project_id": "JSON",
+            "point_of_sale": "JSON",
+            "pointOfSaleProjectStructure": {"area": "JSON"},
+            "eventState": "VARCHAR",
+            "times": [{"start": "TIMESTAMPTZ", "stop": "TIMESTAMPTZ"}],
+            "eventUser": [{
+                "_id": "VARCHAR",
+                "firstName": "VARCHAR",
+                "lastName": "VARCHAR",
+                "email": "VARCHAR",
+                "language": "VARCHAR",
+                "usertype": "VARCHAR"
+            }],
+            "eventStateHistory": [{
+                "_id": "VARCHAR",
+                "stateOld": "VARCHAR",
+                "stateNew": "VARCHAR",
+                "date": "TIMESTAMPTZ",
+                "user": "VARCHAR",
+                "historyType": "VARCHAR",
+                "ip": "VARCHAR"
+            }],
+            "customReportResult": [{
+                "_id": "VARCHAR",
+                "_event": "VARCHAR",
+                "reportResults": "MAP(VARCHAR, STRUCT(value JSON, name VARCHAR, fieldId VARCHAR))"
+            }]
+        }') AS p
+    FROM rows_to_decode() AS e
+) AS parsed
