@@ -3,7 +3,7 @@
 -- The payload is parsed once, by meta.events_decoded (meta_events_decoded.sql); this query reads
 -- its columns. project_id and point_of_sale are documented as embedded objects, but a reference
 -- may also arrive unpopulated as a bare id string; both shapes give the id.
-WITH embedded_references AS (
+WITH embedded AS (
     SELECT
         e.id AS event_id,
         e.loaded_at,
@@ -12,22 +12,39 @@ WITH embedded_references AS (
         e.event_users,
         len(e.state_history) AS status_changes,
         len(e.report_results) AS custom_reports,
-        CASE json_type(e.project)
-            WHEN 'VARCHAR' THEN json_extract_string(e.project, '$')
-            ELSE json_extract_string(e.project, '$._id')
-        END AS project_id,
-        json_extract_string(e.project, '$.name') AS project_name,
-        CASE json_type(e.point_of_sale)
-            WHEN 'VARCHAR' THEN json_extract_string(e.point_of_sale, '$')
-            ELSE json_extract_string(e.point_of_sale, '$._id')
-        END AS pos_id,
-        json_extract_string(e.point_of_sale, '$.name') AS pos_name,
-        CASE json_type(e.area)
-            WHEN 'VARCHAR' THEN json_extract_string(e.area, '$')
-            ELSE json_extract_string(e.area, '$._id')
-        END AS area_id,
-        json_extract_string(e.area, '$.name') AS area_name
+        e.project,
+        e.point_of_sale,
+        e.area,
+        -- Each embedded object is parsed once: every JSON function call parses its argument anew,
+        -- and a vector's parsed documents stay in memory until the vector is done, so the
+        -- id and name of a few-KB point of sale read by separate calls cost several times the
+        -- memory. A bare id string is told by its opening quote (the stored JSON is minified).
+        json_transform(e.project, '{"_id": "VARCHAR", "name": "VARCHAR"}') AS project_ref,
+        json_transform(e.point_of_sale, '{"_id": "VARCHAR", "name": "VARCHAR"}') AS pos_ref,
+        json_transform(e.area, '{"_id": "VARCHAR", "name": "VARCHAR"}') AS area_ref
     FROM meta.events_decoded AS e
+),
+
+embedded_references AS (
+    SELECT
+        * EXCLUDE (project, point_of_sale, area, project_ref, pos_ref, area_ref),
+        CASE
+            WHEN starts_with(project::VARCHAR, '"') THEN json_extract_string(project, '$')
+            ELSE project_ref._id
+        END AS project_id,
+        project_ref.name AS project_name,
+        CASE
+            WHEN starts_with(point_of_sale::VARCHAR, '"')
+                THEN json_extract_string(point_of_sale, '$')
+            ELSE pos_ref._id
+        END AS pos_id,
+        pos_ref.name AS pos_name,
+        CASE
+            WHEN starts_with(area::VARCHAR, '"') THEN json_extract_string(area, '$')
+            ELSE area_ref._id
+        END AS area_id,
+        area_ref.name AS area_name
+    FROM embedded
 )
 
 SELECT
