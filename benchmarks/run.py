@@ -83,7 +83,7 @@ OWN_ENV = (
     "DAGSTER_HOME",
 )
 STEP_FAILURE_LINE = re.compile(r'STEP_FAILURE - Execution of step "([^"]+)" failed')
-DUCKDB_ERROR = re.compile(r"(Out of Memory Error: [^\n]*|DuckDB: [^\n]*)")
+DUCKDB_ERROR = re.compile(r"DuckDB: (.*)|OutOfMemoryException: (.*)")
 STEP_LINE = re.compile(r'Finished execution of step "([^"]+)" in ((?:[\d.]+(?:ms|h|m|s))+)')
 DURATION_PART = re.compile(r"([\d.]+)(ms|h|m|s)")
 IN_PROCESS_LINE = re.compile(r"Finished steps in process \(pid: \d+\) in ((?:[\d.]+(?:ms|h|m|s))+)")
@@ -944,14 +944,17 @@ def _dagster_breakdown(results: dict[str, list[StepResult]]) -> list[str]:
 
 
 def _failed_steps(log_path: Path) -> list[str]:
-    """The Dagster steps a run's log reports failed, each with its first DuckDB error."""
+    """The Dagster steps a run's log reports failed, each with the DuckDB error that follows."""
     try:
         text = log_path.read_text("utf-8", "replace")
     except OSError:
         return []
-    failed = list(dict.fromkeys(STEP_FAILURE_LINE.findall(text)))
-    error = DUCKDB_ERROR.search(text)
-    return [f"`{step}`" + (f": {error.group(1)}" if error else "") for step in failed]
+    out: dict[str, str] = {}
+    for found in STEP_FAILURE_LINE.finditer(text):
+        error = DUCKDB_ERROR.search(text, found.end())
+        reason = next(g for g in error.groups() if g) if error else ""
+        out.setdefault(found.group(1), f"`{found.group(1)}`" + (f": {reason}" if reason else ""))
+    return list(out.values())
 
 
 def heavy_section(size: int, expected: Expected, results: list[StepResult], scrub) -> str:
@@ -970,8 +973,13 @@ def heavy_section(size: int, expected: Expected, results: list[StepResult], scru
     if results:
         lines.append(_row(results, scrub))
     for r in results:
-        if not r.ok and (failed := _failed_steps(r.m.log_path)):
-            lines += ["", f"Failed steps ({r.m.log_path.parent.name}): {'; '.join(failed)}."]
+        if not r.ok:
+            lines += [
+                "",
+                f"{r.m.log_path.parent.name} failed after {_fmt_s(r.m.wall_s)} s wall, peak RSS "
+                f"{fmt_bytes(r.m.peak_rss)} (PSS {fmt_bytes(r.m.peak_pss)}); failed steps: "
+                f"{'; '.join(_failed_steps(r.m.log_path)) or 'none named in the log'}.",
+            ]
     steps_lines = _dagster_breakdown({"project_all": results})
     if steps_lines:
         lines += ["", *steps_lines]

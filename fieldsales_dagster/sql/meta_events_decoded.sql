@@ -25,7 +25,10 @@ SELECT
     p.times,
     p.eventUser AS event_users,
     p.eventStateHistory AS state_history,
-    p.customReportResult AS report_results
+    p.customReportResult AS report_results,
+    -- core.events counts both lists: counted here, it need not read them.
+    len(p.eventStateHistory) AS status_change_count,
+    len(p.customReportResult) AS custom_report_count
 FROM (
     SELECT
         e.id,

@@ -22,12 +22,12 @@ from __future__ import annotations
 
 import tempfile
 import time
-from importlib import resources
 from collections import deque
 from collections.abc import Callable
 from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
+from importlib import resources
 from pathlib import Path
 
 import duckdb
