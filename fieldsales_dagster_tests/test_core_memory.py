@@ -35,9 +35,9 @@ def _why(error: str) -> str:
 
 @pytest.fixture(scope="module")
 def heavy_raw(tmp_path_factory):
-    """Raw tables of a heavy tenant (2,000 events, 8,000 transactions) loaded over HTTP."""
+    """Raw tables of a heavy tenant (2,100 events: more than a 2,048-row vector) over HTTP."""
     database = tmp_path_factory.mktemp("heavy") / "heavy.duckdb"
-    config = DemoConfig(transactions=8000, events=2000, seed=7, shape=PROFILES["heavy"])
+    config = DemoConfig(transactions=4200, events=2100, seed=7, shape=PROFILES["heavy"])
     with DemoServer(config, host="127.0.0.1", port=0) as server:
         api = make_api(server, database.parent, page_size=500)
         result = dg.materialize(
