@@ -41,9 +41,10 @@ from fieldsales_dagster.client.errors import FieldSalesAPIError
 from fieldsales_dagster.client.resource import FieldSalesAPI
 from fieldsales_dagster.client.urls import validate_base_url
 from fieldsales_dagster.names import InstanceNames
+from fieldsales_dagster.tenancy import Claim, refuse_shared_claims
 from fieldsales_dagster.token.renewal import DEFAULT_RENEW_AFTER_DAYS, RenewalPolicy
 from fieldsales_dagster.token.secret import clean_token
-from fieldsales_dagster.warehouse.resource import FieldSalesWarehouse
+from fieldsales_dagster.warehouse.resource import FieldSalesWarehouse, is_motherduck
 
 #: ``{{ env.NAME }}`` or ``{{ env('NAME') }}``: the only accepted form of a secret in YAML.
 _ENV_REFERENCE = re.compile(
@@ -365,7 +366,24 @@ class FieldSalesComponent(dg.Component, dg.Model, dg.Resolvable):
             *dg.build_column_schema_change_checks(assets=assets),
         ]
 
+    def tenant_claims(self) -> list[Claim]:
+        """What this instance must have to itself in a code location (see ``tenancy.py``)."""
+        claims = [
+            Claim("key prefix", self.key_prefix or "(none)", "key_prefix"),
+            Claim("pool", self.names.pool, "key_prefix"),
+            Claim("token store", str(Path(self.token_store_path).resolve()), "token_store_path"),
+        ]
+        if is_motherduck(self.duckdb_path):
+            return [*claims, Claim("MotherDuck database", self.duckdb_path, "duckdb_path")]
+        working = FieldSalesWarehouse(database=self.duckdb_path).working_path
+        return [
+            *claims,
+            Claim("DuckDB file", str(Path(self.duckdb_path).resolve()), "duckdb_path"),
+            Claim("DuckDB file", str(Path(working).resolve()), "working file of duckdb_path"),
+        ]
+
     def build_defs(self, context: dg.ComponentLoadContext) -> dg.Definitions:
+        refuse_shared_claims(context, FieldSalesComponent)
         names = self.names
         assets = self.build_assets()
         selection = dg.AssetSelection.assets(*assets)

@@ -28,7 +28,9 @@ def make_api(server, tmp_path, **overrides) -> FieldSalesAPI:
     settings = {
         "base_url": server.base_url,
         "api_token": server.token,
-        "token_store_path": str(tmp_path / "token_store.json"),
+        # A token store belongs to one server (another server's client refuses it): tests that
+        # refresh from two demo servers get a store per server.
+        "token_store_path": str(tmp_path / f"token_store_{server.port}.json"),
         "page_size": 100,
         "concurrency": 4,
         "backoff_initial_s": 0.01,

@@ -66,7 +66,7 @@ def personal_values(kept) -> set[str]:
             f"""
             SELECT DISTINCT node.value ->> '$'
             FROM raw.events, json_tree(raw.events.payload) AS node
-            WHERE node.key IN ({keys}) AND node.type = 'VARCHAR' AND node.value ->> '$' <> ''
+            WHERE node.key IN ({keys}) AND node.type = 'VARCHAR' AND (node.value ->> '$') <> ''
             """
         ).fetchall()
     values = {v for (v,) in rows}

@@ -65,7 +65,7 @@ def test_raw_transactions_keep_payload_and_event_id(demo_server, api, warehouse)
         }
         mismatched = conn.execute(
             "SELECT count(*) FROM raw.transactions "
-            "WHERE id <> payload->>'_id' OR event_id IS DISTINCT FROM payload->>'eventId'"
+            "WHERE id <> (payload->>'_id') OR event_id IS DISTINCT FROM (payload->>'eventId')"
         ).fetchone()[0]
         assert mismatched == 0
 

@@ -254,8 +254,8 @@ RENEWER_SCRIPT = textwrap.dedent(
     if mode == "crash":
         real_write = TokenStore._write_atomically
 
-        def write_then_die(self, stored):
-            real_write(self, stored)
+        def write_then_die(self, stored, *prepared):
+            real_write(self, stored, *prepared)
             if stored.source == "renewal":
                 os._exit(3)  # the process dies right after the store write
 
@@ -466,3 +466,45 @@ def test_sensor_is_on_by_default_every_few_hours_and_exported(server, monkeypatc
         "core_automation_sensor",
         "token_renewal_sensor",
     ]
+
+
+def test_renewal_under_a_frozen_clock_stores_the_new_token(server, store_path):
+    """freezegun's clock hands out a ``datetime`` subclass; the store must still write it.
+
+    The store is seeded now, then the clock jumps 46 days ahead (ticking, so timeouts still
+    run): the renewal is due and goes to the demo API's real generatetoken.
+    """
+    from freezegun import freeze_time
+
+    old_token = server.token
+    api = make_api(server, store_path)
+    tick(api)
+    with freeze_time(datetime.now(UTC) + timedelta(days=46), tick=True):
+        message = skip_message(tick(api))
+    assert message.startswith("token renewed; valid until ")
+    assert requests_to(server, GENERATE_TOKEN_PATH) == 1
+    assert stored_token(store_path) == server.token != old_token
+    assert accepted(server, stored_token(store_path))
+    issued = datetime.fromisoformat(json.loads(store_path.read_text())["issued_at"])
+    assert issued - datetime.now(UTC) > timedelta(days=45)  # the frozen clock's time
+
+
+def test_renewal_prepares_the_store_write_before_the_server_rotates(
+    server, store_path, monkeypatch
+):
+    """Encoding the new store file can fail only before generatetoken is called, never after."""
+    from fieldsales_dagster.token import store as store_module
+
+    api = make_api(server, store_path)
+    tick(api)
+    backdate(store_path, 46)
+    old_token = server.token
+
+    def broken_encoder(_file):
+        raise TypeError("cannot encode the store file")
+
+    monkeypatch.setattr(store_module.msgspec.json, "encode", broken_encoder)
+    with pytest.raises(TokenStoreError, match="cannot be encoded"):
+        tick(api)
+    assert requests_to(server, GENERATE_TOKEN_PATH) == 0
+    assert server.token == old_token == stored_token(store_path)

@@ -268,3 +268,94 @@ def test_store_whose_directory_cannot_take_a_file_is_reported_as_unwritable(tmp_
     blocker.write_text("")
     with pytest.raises(TokenStoreError, match="cannot be written"):
         TokenStore(blocker / "fieldsales_token.json").ensure_writable()
+
+
+# --- the server a store serves -----------------------------------------------------------------
+
+
+@pytest.fixture
+def two_servers():
+    from fieldsales_dagster.demo_api import DemoConfig, DemoServer
+
+    with (
+        DemoServer(DemoConfig(transactions=20, seed=1), port=0) as first,
+        DemoServer(DemoConfig(transactions=20, seed=2), port=0) as second,
+    ):
+        yield first, second
+
+
+def client_of(server, store_path: Path):
+    from fieldsales_dagster.client.resource import FieldSalesAPI
+
+    return FieldSalesAPI(
+        base_url=server.base_url, api_token=server.token, token_store_path=str(store_path)
+    )
+
+
+def test_store_of_one_server_is_refused_by_a_client_of_another_and_no_token_is_sent(
+    two_servers, tmp_path: Path
+):
+    first, second = two_servers
+    shared = tmp_path / "shared_token.json"
+    client_of(first, shared).check_token()
+    second.clear_requests()
+    with pytest.raises(TokenStoreError) as excinfo:
+        client_of(second, shared).check_token()
+    message = str(excinfo.value)
+    assert str(shared) in message
+    assert first.base_url in message and second.base_url in message
+    assert first.token not in message and second.token not in message
+    assert second.requests == []  # neither token went to the second server
+    assert json.loads(shared.read_text())["token"] == first.token
+    client_of(first, shared).check_token()  # the first tenant still works
+
+
+def test_store_written_before_origins_were_recorded_is_adopted_once(two_servers, tmp_path: Path):
+    first, second = two_servers
+    path = tmp_path / "old_token.json"
+    client_of(first, path).check_token()
+    doc = json.loads(path.read_text())
+    doc.pop("origin", None)  # as an older version wrote it
+    path.write_text(json.dumps(doc))
+    client_of(first, path).check_token()
+    assert json.loads(path.read_text())["origin"] == first.base_url
+    with pytest.raises(TokenStoreError, match="serves"):
+        client_of(second, path).check_token()
+
+
+def test_symlinked_store_is_held_to_the_origin_of_its_target(two_servers, tmp_path: Path):
+    first, second = two_servers
+    real = tmp_path / "first_token.json"
+    link = tmp_path / "second_token.json"
+    client_of(first, real).check_token()
+    link.symlink_to(real)
+    second.clear_requests()
+    with pytest.raises(TokenStoreError) as excinfo:
+        client_of(second, link).check_token()
+    message = str(excinfo.value)
+    assert str(real) in message and str(link) in message
+    assert second.requests == []
+    assert link.is_symlink()
+
+
+def test_symlinked_store_is_written_through_its_target_and_the_link_kept(tmp_path: Path):
+    real = tmp_path / "volume" / "fieldsales_token.json"
+    real.parent.mkdir()
+    link = tmp_path / "fieldsales_token.json"
+    link.symlink_to(real)
+    store = TokenStore(link)
+    store.current_token(ENV_TOKEN)
+    store.rotate(ENV_TOKEN, renewer("renewed-token-1"), renew_after=timedelta(0))
+    assert link.is_symlink()
+    assert json.loads(real.read_text())["token"] == "renewed-token-1"
+
+
+def test_store_owned_by_another_user_is_refused(store: TokenStore):
+    """Root (as on CI and here) can give a file away; the running user then does not own it."""
+    store.current_token(ENV_TOKEN)
+    os.chown(store.path, 65534, 65534)
+    with pytest.raises(TokenStoreError) as excinfo:
+        store.current_token(ENV_TOKEN)
+    message = str(excinfo.value)
+    assert str(store.path) in message and "owned by" in message
+    assert ENV_TOKEN not in message

@@ -170,7 +170,10 @@ class FieldSalesAPI(dg.ConfigurableResource):
         return session
 
     def token_store(self) -> TokenStore | None:
-        return TokenStore(self.token_store_path) if self.use_token_store else None
+        """The store of this instance's token, bound to its origin: another server's is refused."""
+        if not self.use_token_store:
+            return None
+        return TokenStore(self.token_store_path, origin=str(self.origin))
 
     def env_token(self) -> str:
         """``api_token`` without surrounding whitespace; refuses one a header cannot carry."""

@@ -183,7 +183,6 @@ def renew_or_check(
     now = now or datetime.now(UTC)
     stored = store.current(api.api_token)
     if stored.age(now) >= policy.renew_after:
-        store.ensure_writable()  # before the server invalidates the old token, not after
         rotation = store.rotate(
             api.api_token,
             lambda old_token: generate_token(api, old_token),

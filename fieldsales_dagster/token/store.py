@@ -3,21 +3,29 @@
 Renewing a token (``GET /api/bearer/generatetoken``) invalidates the old one at once, so the new
 token must reach the disk before anything else happens, and every process must find it there:
 
-* the file holds the token, when it was issued (or first seen) and a SHA-256 fingerprint of the
-  ``FIELDSALES_API_TOKEN`` it was seeded from, never that environment token in clear;
+* the file holds the token, when it was issued (or first seen), a SHA-256 fingerprint of the
+  ``FIELDSALES_API_TOKEN`` it was seeded from (never that environment token in clear) and the
+  origin (``scheme://host:port``) of the server the token belongs to: a store of another origin is
+  refused before its token is sent anywhere, and a store written before origins were recorded is
+  adopted by the first client that uses it;
+* the path is resolved first (a symlinked store is read and written through its target, the link
+  kept), and a file not owned by the running user, or readable by others, is refused;
 * writes go to a temporary file in the same directory (created 0600), are flushed and fsynced,
   then ``os.replace``-d over the store and the directory is fsynced: a reader sees the old token
   or the new one, never half a file, and a crash never loses a renewal that was written;
 * seeding and renewing hold ``<path>.lock`` (a ``filelock.FileLock``), so across threads and
   processes one renewal happens at a time, and the one that waited re-reads the store and finds
   the renewal already done (double-checked locking, see ``TokenStore.rotate``);
+* a renewal prepares its write (the lock, the temporary file in the store's directory, the
+  encoding, with the timestamp written as an explicit ISO string) before the server rotates the
+  token: after that call only the write and the rename remain;
 * once seeded, the store wins over the environment, whose token a renewal has made stale; a new
   environment token (a person regenerated it in the UI) re-seeds the store once the server has
   accepted it, while a token the store already replaced does not: a process started with an old
   environment never writes its invalid token back over the current one, and a mistyped new one
   never throws away the valid renewed token.
 
-Interface the API client relies on: ``TokenStore(path).current_token(env_token, accept)``.
+Interface the API client relies on: ``TokenStore(path, origin).current_token(env_token, accept)``.
 """
 
 from __future__ import annotations
@@ -58,6 +66,12 @@ def _utcnow() -> datetime:
     return datetime.now(UTC)
 
 
+def _timestamp(moment: datetime) -> str:
+    """``moment`` in UTC as ISO 8601 text, written explicitly: a ``datetime`` subclass (a frozen
+    clock's) encodes like any other, and the encoding cannot fail once the value is known."""
+    return moment.astimezone(UTC).isoformat()
+
+
 @dataclass(frozen=True)
 class StoredToken:
     """What the store file holds. ``repr`` hides the token."""
@@ -70,6 +84,8 @@ class StoredToken:
     #: ``"environment"`` (seeded) or ``"renewal"``.
     source: str = "environment"
     retired_env_fingerprints: tuple[str, ...] = ()
+    #: ``scheme://host:port`` of the server the token belongs to; ``None`` in older stores.
+    origin: str | None = None
 
     def age(self, now: datetime | None = None) -> timedelta:
         return (now or _utcnow()) - self.issued_at
@@ -77,10 +93,11 @@ class StoredToken:
     def encode(self) -> bytes:
         file = _StoreFile(
             token=self.token,
-            issued_at=self.issued_at.astimezone(UTC),
+            issued_at=_timestamp(self.issued_at),
             env_token_sha256=self.env_fingerprint,
             source=self.source,
             retired_env_token_sha256=list(self.retired_env_fingerprints),
+            origin=self.origin,
         )
         return msgspec.json.format(msgspec.json.encode(file), indent=2) + b"\n"
 
@@ -88,8 +105,11 @@ class StoredToken:
     def decode(cls, raw: bytes, path: Path) -> StoredToken:
         try:
             file, why = _STORE_FILE.decode(raw), ""
+            issued = datetime.fromisoformat(file.issued_at)
         except (msgspec.DecodeError, msgspec.ValidationError) as exc:
             file, why = None, str(exc)  # msgspec names the field and the rule, never the value
+        except ValueError:
+            file, why = None, "issued_at is not an ISO 8601 timestamp"
         if file is None:
             # Raised outside the except block: no decoder error is even attached as context.
             raise TokenStoreError(
@@ -104,13 +124,13 @@ class StoredToken:
             raise TokenStoreError(
                 f"{exc} Or delete {path}: it is seeded again from FIELDSALES_API_TOKEN."
             ) from None
-        issued = file.issued_at
         return cls(
             token=token,
             issued_at=issued if issued.tzinfo else issued.replace(tzinfo=UTC),
             env_fingerprint=file.env_token_sha256,
             source=file.source,
             retired_env_fingerprints=tuple(file.retired_env_token_sha256),
+            origin=file.origin,
         )
 
 
@@ -122,10 +142,13 @@ class _StoreFile(msgspec.Struct, kw_only=True):
 
     version: int = FORMAT_VERSION
     token: Annotated[str, msgspec.Meta(min_length=1)]
-    issued_at: datetime
+    #: ISO 8601, parsed by ``StoredToken.decode`` (written by ``_timestamp``).
+    issued_at: Annotated[str, msgspec.Meta(min_length=10)]
     source: str = "environment"
     env_token_sha256: Fingerprint
     retired_env_token_sha256: list[Fingerprint] = []
+    #: Added after version 1 was first written: older stores have none (and are adopted).
+    origin: str | None = None
 
 
 _STORE_FILE = msgspec.json.Decoder(_StoreFile)
@@ -144,45 +167,99 @@ class Rotation:
 
 
 class TokenStore:
-    """The token file at ``path`` and its lock ``<path>.lock``."""
+    """The token file at ``path`` (symlinks resolved) and its lock ``<path>.lock``.
 
-    def __init__(self, path: Path | str):
-        self.path = Path(path)
+    ``origin`` (``scheme://host:port``) is the server this client sends the token to: a store
+    holding another server's token is refused. ``None`` (tests of the store alone) checks nothing.
+    """
+
+    def __init__(self, path: Path | str, origin: str | None = None):
+        #: The path as configured; ``path`` is where it leads (the same unless a symlink).
+        self.given_path = Path(path)
+        try:
+            self.path = self.given_path.resolve()
+        except (OSError, RuntimeError) as exc:  # a symlink loop (RuntimeError before 3.13)
+            raise TokenStoreError(
+                f"Token store {self.given_path} cannot be resolved ({exc}); point "
+                "FIELDSALES_TOKEN_STORE (token_store_path) at a file or a link to one."
+            ) from None
+        self.origin = origin
         self.lock_path = self.path.with_name(self.path.name + ".lock")
 
     def __repr__(self) -> str:
         return f"TokenStore({str(self.path)!r})"
 
+    @property
+    def where(self) -> str:
+        """The store's file for a message, with the link it was reached through, if any."""
+        if self.given_path.absolute() == self.path:
+            return str(self.path)
+        return f"{self.path} (reached through {self.given_path})"
+
     # --- reading (no lock needed: the file is only ever replaced whole) --------------------
 
     def read(self) -> StoredToken | None:
-        """The stored token, or ``None`` when the store does not exist yet."""
+        """The stored token, or ``None`` when the store does not exist yet.
+
+        Refuses a file another user owns or could read, and one that holds another server's
+        token (see ``origin``), before anything uses the token.
+        """
         try:
-            fd = os.open(self.path, os.O_RDONLY)
+            # The path is resolved already: a link put in its place since is not followed.
+            fd = os.open(self.path, os.O_RDONLY | getattr(os, "O_NOFOLLOW", 0))
         except FileNotFoundError:
             return None
         except OSError as exc:
-            raise TokenStoreError(f"Cannot read token store {self.path}: {exc.strerror}.") from None
+            raise TokenStoreError(
+                f"Cannot read token store {self.where}: {exc.strerror}."
+            ) from None
         try:
             self._check_permissions(os.fstat(fd))
             with os.fdopen(fd, "rb", closefd=False) as file:
                 raw = file.read()
         except OSError as exc:
-            raise TokenStoreError(f"Cannot read token store {self.path}: {exc.strerror}.") from None
+            raise TokenStoreError(
+                f"Cannot read token store {self.where}: {exc.strerror}."
+            ) from None
         finally:
             os.close(fd)
-        return StoredToken.decode(raw, self.path)
+        stored = StoredToken.decode(raw, self.path)
+        self._check_origin(stored)
+        return stored
 
     def _check_permissions(self, st: os.stat_result) -> None:
         if os.name != "posix":
             return
+        if st.st_uid != os.geteuid():
+            raise TokenStoreError(
+                f"Token store {self.where} is owned by another user (uid {st.st_uid}; this process "
+                f"runs as uid {os.geteuid()}): whoever owns it chooses the token sent to the "
+                "server. Delete it (it is seeded again from FIELDSALES_API_TOKEN) or `chown` it to "
+                "the user that runs Dagster."
+            )
         mode = stat.S_IMODE(st.st_mode)
         if mode & 0o077:
             raise TokenStoreError(
-                f"Token store {self.path} is readable or writable by other users (mode "
+                f"Token store {self.where} is readable or writable by other users (mode "
                 f"{mode:04o}); it holds the API token. Run `chmod 600 {self.path}` and check who "
                 "could read it; regenerate the token if in doubt."
             )
+
+    def _check_origin(self, stored: StoredToken) -> None:
+        if self.origin is None or stored.origin is None or stored.origin == self.origin:
+            return
+        raise TokenStoreError(
+            f"Token store {self.where} holds the token of {stored.origin}, but this instance "
+            f"serves {self.origin}: a token is only ever sent to the server it belongs to, so "
+            "the store is not used and no token was sent. Give each Field-Sales instance a "
+            "token_store_path of its own (FIELDSALES_TOKEN_STORE); if the instance really moved "
+            "to the new address, delete the store and it is seeded again from "
+            "FIELDSALES_API_TOKEN."
+        )
+
+    def _must_adopt(self, stored: StoredToken) -> bool:
+        """A store written before origins were recorded: the first client to use it claims it."""
+        return stored.origin is None and self.origin is not None
 
     # --- the token to use ------------------------------------------------------------------
 
@@ -194,10 +271,12 @@ class TokenStore:
         a valid renewed token. Refused, the stored token stays in use.
         """
         stored = self.read()
-        if stored is not None and not self._must_reseed(stored, env_token):
-            return stored
-        if stored is not None and accept is not None and not accept(env_token):
-            return stored
+        if stored is not None:
+            if self._must_reseed(stored, env_token):
+                if accept is not None and not accept(env_token):
+                    return stored
+            elif not self._must_adopt(stored):
+                return stored
         with self._locked():
             return self._read_or_seed(env_token)
 
@@ -218,21 +297,26 @@ class TokenStore:
         return env_fp != stored.env_fingerprint and env_fp not in stored.retired_env_fingerprints
 
     def _read_or_seed(self, env_token: str) -> StoredToken:
-        """Under the lock: the stored token, after seeding it from ``env_token`` where due."""
+        """Under the lock: the stored token, after seeding (or adopting) it where due."""
         stored = self.read()
         if stored is not None and not self._must_reseed(stored, env_token):
+            if self._must_adopt(stored):
+                stored = replace(stored, origin=self.origin)
+                self._write_atomically(stored)
             return stored
         if not env_token:
             raise TokenStoreError(
-                f"Token store {self.path} is empty and FIELDSALES_API_TOKEN is not set: generate a "
-                "token in your Field-Sales user profile (API tab) and set FIELDSALES_API_TOKEN."
+                f"Token store {self.where} is empty and FIELDSALES_API_TOKEN is not set: generate "
+                "a token in your Field-Sales user profile (API tab) and set FIELDSALES_API_TOKEN."
             )
         env_fp = fingerprint(env_token)
         if stored is None:
-            seeded = StoredToken(token=env_token, issued_at=_utcnow(), env_fingerprint=env_fp)
+            seeded = StoredToken(
+                token=env_token, issued_at=_utcnow(), env_fingerprint=env_fp, origin=self.origin
+            )
         elif stored.token == env_token:
             # The environment was set to the token the store already holds: same age.
-            seeded = replace(stored, env_fingerprint=env_fp)
+            seeded = replace(stored, env_fingerprint=env_fp, origin=self.origin or stored.origin)
         else:
             retired = (*stored.retired_env_fingerprints, stored.env_fingerprint)
             seeded = StoredToken(
@@ -240,6 +324,7 @@ class TokenStore:
                 issued_at=_utcnow(),
                 env_fingerprint=env_fp,
                 retired_env_fingerprints=retired[-MAX_RETIRED_FINGERPRINTS:],
+                origin=self.origin or stored.origin,
             )
         self._write_atomically(seeded)
         return seeded
@@ -256,46 +341,29 @@ class TokenStore:
     ) -> Rotation:
         """Renew the token if it is older than ``renew_after``, once across all processes.
 
-        ``renew(old_token) -> new_token`` performs the HTTP renewal. Under the lock the store is
-        read again, because another process may have renewed while this one waited; only if
-        renewal is still due is ``renew`` called, and its token is written durably before this
-        method returns, before any log line or any other use of the answer.
+        ``renew(old_token) -> new_token`` performs the HTTP renewal, which invalidates the old
+        token: everything that can fail is done before it. Under the lock the store is read
+        again, because another process may have renewed while this one waited; only if renewal
+        is still due is the write prepared (a temporary file in the store's directory, the
+        record encoded) and ``renew`` called. Its token is then written and renamed into place
+        before this method returns, before any log line or any other use of the answer.
         """
         with self._locked(lock_timeout_s):
             stored = self._read_or_seed(env_token)
             if stored.age() < renew_after:
                 return Rotation(renewed=False, stored=stored)
-            new_token = renew(stored.token)
-            renewed = replace(stored, token=new_token, issued_at=_utcnow(), source="renewal")
-            try:
-                self._write_atomically(renewed)
-            except TokenStoreError as exc:
-                raise TokenStoreError(
-                    f"{exc} The token was renewed, so the stored one is no longer valid: "
-                    "regenerate the token in your Field-Sales user profile (API tab) and set "
-                    "FIELDSALES_API_TOKEN, then fix the store's directory."
-                ) from None
+            renewed = replace(stored, issued_at=_utcnow(), source="renewal")
+            with self._prepared_write(renewed, renewing=True) as pending:
+                renewed = replace(renewed, token=renew(stored.token))
+                self._write_atomically(renewed, pending)
             return Rotation(renewed=True, stored=renewed)
 
     # --- plumbing ----------------------------------------------------------------------------
 
     def ensure_writable(self) -> None:
-        """Raise ``TokenStoreError`` unless a new token could be written beside the store now.
-
-        Called before a renewal: once the server has rotated the token, a failed write would lose
-        the only valid one.
-        """
-        try:
-            self.path.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
-            fd, probe = tempfile.mkstemp(dir=self.path.parent, prefix=f".{self.path.name}.probe.")
-            os.close(fd)
-            os.unlink(probe)
-        except OSError as exc:
-            raise TokenStoreError(
-                f"Token store {self.path} cannot be written ({exc.strerror}); not renewing the "
-                "token, because the renewed token could not be kept. Fix the permissions or the "
-                "space of its directory (or set FIELDSALES_TOKEN_STORE to a writable path)."
-            ) from None
+        """Raise ``TokenStoreError`` unless a new token could be written beside the store now."""
+        with self._prepared_write(None, renewing=True):
+            pass
 
     @contextlib.contextmanager
     def _locked(self, timeout_s: float = LOCK_TIMEOUT_S) -> Iterator[None]:
@@ -322,40 +390,56 @@ class TokenStore:
             self.path.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
         except OSError as exc:
             raise TokenStoreError(
-                f"Cannot create the directory of token store {self.path}: {exc.strerror}."
+                f"Cannot create the directory of token store {self.where}: {exc.strerror}."
             ) from None
 
-    def _write_atomically(self, stored: StoredToken) -> None:
-        """Temp file (0600) beside the store, write, fsync, ``os.replace``, fsync the directory."""
-        data = stored.encode()
-        directory = self.path.parent
+    def _write_atomically(self, stored: StoredToken, pending: _PendingWrite | None = None) -> None:
+        """Temp file (0600) beside the store, write, fsync, ``os.replace``, fsync the directory.
+
+        ``pending``: the temporary file ``_prepared_write`` opened before an irreversible call.
+        """
+        if pending is not None:
+            pending.commit(stored)
+            return
+        with self._prepared_write(stored) as prepared:
+            prepared.commit(stored)
+
+    @contextlib.contextmanager
+    def _prepared_write(
+        self, shape: StoredToken | None, *, renewing: bool = False
+    ) -> Iterator[_PendingWrite]:
+        """Everything a write needs that can fail, done before the caller's irreversible step.
+
+        ``shape`` (the record to come, its token still unknown) is encoded once, and a temporary
+        file (0600) is opened in the store's directory. What is left, ``commit``, only writes,
+        fsyncs and renames. A temporary file never committed is removed.
+        """
+        not_renewing = " not renewing the token, because it could not be kept;" if renewing else ""
+        if shape is not None:
+            try:
+                replace(shape, token="prepared").encode()
+            except (TypeError, ValueError, msgspec.EncodeError) as exc:
+                raise TokenStoreError(
+                    f"Token store {self.where}: the record cannot be encoded ({exc});"
+                    f"{not_renewing} this is a bug, please report it."
+                ) from None
         try:
+            self.path.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
             # mkstemp opens with O_EXCL and mode 0600 whatever the umask; fchmod says so anyway.
             fd, tmp_name = tempfile.mkstemp(
-                dir=directory, prefix=f".{self.path.name}.", suffix=".tmp"
+                dir=self.path.parent, prefix=f".{self.path.name}.", suffix=".tmp"
             )
         except OSError as exc:
             raise TokenStoreError(
-                f"Cannot write token store {self.path}: {exc.strerror}."
+                f"Token store {self.where} cannot be written ({exc.strerror});{not_renewing} fix "
+                "the permissions or the space of its directory (or set FIELDSALES_TOKEN_STORE to "
+                "a writable path)."
             ) from None
+        pending = _PendingWrite(self, fd, Path(tmp_name), renewing)
         try:
-            try:
-                if hasattr(os, "fchmod"):
-                    os.fchmod(fd, 0o600)
-                view = memoryview(data)
-                while view:
-                    view = view[os.write(fd, view) :]
-                os.fsync(fd)
-            finally:
-                os.close(fd)
-            os.replace(tmp_name, self.path)
-        except OSError as exc:
-            with contextlib.suppress(OSError):
-                os.unlink(tmp_name)
-            raise TokenStoreError(
-                f"Cannot write token store {self.path}: {exc.strerror}."
-            ) from None
-        self._fsync_directory(directory)
+            yield pending
+        finally:
+            pending.discard()
 
     @staticmethod
     def _fsync_directory(directory: Path) -> None:
@@ -369,3 +453,53 @@ class TokenStore:
                 os.fsync(dir_fd)
             finally:
                 os.close(dir_fd)
+
+
+@dataclass
+class _PendingWrite:
+    """A temporary file opened beside the store: ``commit`` writes a record and renames it."""
+
+    store: TokenStore
+    fd: int
+    tmp_path: Path
+    renewing: bool
+    done: bool = False
+
+    def commit(self, stored: StoredToken) -> None:
+        data = stored.encode()
+        try:
+            try:
+                if hasattr(os, "fchmod"):
+                    os.fchmod(self.fd, 0o600)
+                view = memoryview(data)
+                while view:
+                    view = view[os.write(self.fd, view) :]
+                os.fsync(self.fd)
+            finally:
+                self._close()
+            os.replace(self.tmp_path, self.store.path)
+            self.done = True
+        except OSError as exc:
+            after = (
+                " The token was renewed, so the stored one is no longer valid: regenerate the "
+                "token in your Field-Sales user profile (API tab) and set FIELDSALES_API_TOKEN, "
+                "then fix the store's directory."
+                if self.renewing
+                else ""
+            )
+            raise TokenStoreError(
+                f"Cannot write token store {self.store.where}: {exc.strerror}.{after}"
+            ) from None
+        self.store._fsync_directory(self.store.path.parent)
+
+    def _close(self) -> None:
+        if self.fd >= 0:
+            fd, self.fd = self.fd, -1
+            os.close(fd)
+
+    def discard(self) -> None:
+        """Close and remove the temporary file unless it was committed."""
+        self._close()
+        if not self.done:
+            with contextlib.suppress(OSError):
+                os.unlink(self.tmp_path)

@@ -49,7 +49,12 @@ from fieldsales_dagster.warehouse.refresh_mode import (
     choose_mode,
     validate_refresh_mode,
 )
-from fieldsales_dagster.warehouse.resource import qualified, staging_table, table_exists
+from fieldsales_dagster.warehouse.resource import (
+    qualified,
+    same_database_cursor,
+    staging_table,
+    table_exists,
+)
 
 STATE_SCHEMA = "meta"
 STATE_TABLE = "meta.refresh_state"
@@ -393,7 +398,7 @@ def _incremental(
     removed_ids = [row[0] for row in conn.execute("SELECT event_id FROM _fs_removed").fetchall()]
     # The stored rows about to be replaced are read while the pages are fetched.
     reader = ThreadPoolExecutor(max_workers=1, thread_name_prefix="fieldsales-replaced")
-    replaced = reader.submit(_read_replaced, conn.cursor(), event_ids + removed_ids)
+    replaced = reader.submit(_read_replaced, same_database_cursor(conn), event_ids + removed_ids)
     try:
         _fetch_by_event(api, conn, event_ids, fetched, started, log)
         count_page = api.fetch_page(TRANSACTIONS.with_params(limit=1), 0, fetched.stats)

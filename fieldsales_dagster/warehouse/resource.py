@@ -449,6 +449,18 @@ def _open_database(path: Path, config: dict[str, object]) -> duckdb.DuckDBPyConn
     return conn
 
 
+def same_database_cursor(conn: duckdb.DuckDBPyConnection) -> duckdb.DuckDBPyConnection:
+    """A cursor of ``conn`` whose default database is ``conn``'s.
+
+    A DuckDB 1.5 cursor starts in the connection's original default database (``memory``, which
+    ``_open_database`` detached), not in the one ``USE`` chose.
+    """
+    (name,) = conn.execute("SELECT current_database()").fetchone()
+    cursor = conn.cursor()
+    cursor.execute(f"USE {quote_ident(name)}")
+    return cursor
+
+
 def _sql_string(text: str) -> str:
     return text.replace("'", "''")
 

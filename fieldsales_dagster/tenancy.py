@@ -1,0 +1,110 @@
+"""Tenants are isolated by construction: two instances never share a file, a token or a pool.
+
+Every Field-Sales component of a code location (one ``defs/<tenant>/defs.yaml`` each) claims its
+DuckDB file and the working file beside it, its token store (symlinks followed), its key prefix
+and its pool. When Dagster builds one component's definitions, the claims of every other
+Field-Sales component the code location declares are compared with its own, and a shared one
+fails the load (``dg check defs``, ``dagster asset materialize``, the webserver) naming both
+components and what they share: otherwise the second tenant's runs replace the first tenant's
+tables, or send one tenant's token to the other's server.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Protocol
+
+import dagster as dg
+from dagster.components.core.component_tree import TestComponentTree
+from dagster.components.core.defs_module import ComponentPath
+
+
+@dataclass(frozen=True)
+class Claim:
+    """One thing a tenant must have to itself: ``thing`` ``value``, from its ``setting``."""
+
+    thing: str  # "DuckDB file", "token store", "key prefix", "pool"
+    value: str  # a resolved path or a name
+    setting: str  # where it comes from, e.g. "duckdb_path" or "working file of duckdb_path"
+
+
+class Tenant(Protocol):
+    key_prefix: str | None
+
+    def tenant_claims(self) -> list[Claim]: ...
+
+
+class TenantConflictError(ValueError):
+    """Two components of one code location share a file, a token store, a key prefix or a pool."""
+
+
+def refuse_shared_claims(context: dg.ComponentLoadContext, of_type: type[Tenant]) -> None:
+    """Raise ``TenantConflictError`` if the component being built shares a claim with another
+    component of ``of_type`` in this code location."""
+    tenants = dict(_tenants(context, of_type))
+    this = context.component_loc
+    if this not in tenants:  # built outside a defs folder: nothing to compare with
+        return
+    root = context.component_tree.defs_module_path.parent
+    mine = tenants.pop(this)
+    for loc, other in tenants.items():
+        shared = _shared(
+            (_label(this, root), mine.tenant_claims()), (_label(loc, root), other.tenant_claims())
+        )
+        if shared:
+            raise TenantConflictError(
+                f"Field-Sales components {_describe(this, mine, root)} and "
+                f"{_describe(loc, other, root)} share "
+                + "; ".join(shared)
+                + ". Two tenants would replace each other's tables, send one tenant's token to "
+                "the other's server, or queue on one pool. Give each defs/<tenant>/defs.yaml its "
+                "own duckdb_path (FIELDSALES_DUCKDB_PATH), token_store_path "
+                "(FIELDSALES_TOKEN_STORE) and key_prefix (the pool follows it), then load again."
+            )
+
+
+def _tenants(
+    context: dg.ComponentLoadContext, of_type: type[Tenant]
+) -> Iterator[tuple[ComponentPath, Tenant]]:
+    """Every component of ``of_type`` the code location declares, by where it is declared."""
+    tree = context.component_tree
+    if isinstance(tree, TestComponentTree):  # one component built on its own, as tests do
+        return
+    for loc, decl in tree.find_root_decl().iterate_loc_component_decl_pairs():
+        kind = decl.component_type
+        if isinstance(loc, ComponentPath) and isinstance(kind, type) and issubclass(kind, of_type):
+            yield loc, tree.load_component(loc)
+
+
+def _label(loc: ComponentPath, root: Path) -> str:
+    where = loc.file_path.relative_to(root).as_posix()
+    return where if loc.instance_key in (None, 0) else f"{where}[{loc.instance_key}]"
+
+
+def _describe(loc: ComponentPath, tenant: Tenant, root: Path) -> str:
+    prefix = f"key_prefix {tenant.key_prefix}" if tenant.key_prefix else "no key_prefix"
+    return f"{_label(loc, root)} ({prefix})"
+
+
+def _shared(mine: tuple[str, list[Claim]], theirs: tuple[str, list[Claim]]) -> list[str]:
+    """What two tenants' claims have in common, as phrases naming whose setting each is:
+    'the pool x (key_prefix of both)', 'the DuckDB file y (duckdb_path of defs/a, working file
+    of duckdb_path of defs/b)'."""
+    (my_label, my_claims), (their_label, their_claims) = mine, theirs
+    phrases = []
+    for thing, value in dict.fromkeys((claim.thing, claim.value) for claim in my_claims):
+        my_settings = [c.setting for c in my_claims if (c.thing, c.value) == (thing, value)]
+        their_settings = [c.setting for c in their_claims if (c.thing, c.value) == (thing, value)]
+        if not their_settings:
+            continue
+        if my_settings == their_settings:
+            whose = f"{' and '.join(my_settings)} of both"
+        else:
+            whose = (
+                f"{' and '.join(my_settings)} of {my_label}, "
+                f"{' and '.join(their_settings)} of {their_label}"
+            )
+        phrases.append(f"the {thing} {value} ({whose})")
+    return phrases

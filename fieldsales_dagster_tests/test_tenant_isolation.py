@@ -1,0 +1,177 @@
+"""Tenants of one code location never share a file, a token store, a key prefix or a pool.
+
+Each test writes a real dg project of its own in ``tmp_path`` with one ``defs/<tenant>/defs.yaml``
+per tenant and loads it the way ``dg`` and ``dagster`` do.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+from pathlib import Path
+
+import pytest
+
+from fieldsales_dagster_tests.project import error_chain
+from fieldsales_dagster_tests.test_component import BIN, load_project, write_project
+
+BASE_URL = "http://127.0.0.1:9"
+
+
+@pytest.fixture(autouse=True)
+def tenant_env(monkeypatch):
+    monkeypatch.setenv("MAIN_TOKEN", "tenant-isolation-main-token")
+    monkeypatch.setenv("ACME_TOKEN", "tenant-isolation-acme-token")
+
+
+def tenant(token_variable: str, **settings: object) -> str:
+    lines = [f"base_url: {BASE_URL}", f'api_token: "{{{{ env.{token_variable} }}}}"']
+    given = [f"{key}: {value}" for key, value in settings.items() if value is not None]
+    return "\n".join(lines + given)
+
+
+def two_tenants(tmp_path: Path, main: dict[str, object], acme: dict[str, object]) -> Path:
+    """``defs/main`` (no key prefix) and ``defs/acme``; each gets files of its own unless told."""
+    main = {
+        "duckdb_path": tmp_path / "main.duckdb",
+        "token_store_path": tmp_path / "main_token.json",
+        **main,
+    }
+    acme = {
+        "duckdb_path": tmp_path / "acme.duckdb",
+        "token_store_path": tmp_path / "acme_token.json",
+        "key_prefix": "acme",
+        **acme,
+    }
+    return write_project(
+        tmp_path / "project",
+        {"main": tenant("MAIN_TOKEN", **main), "acme": tenant("ACME_TOKEN", **acme)},
+    )
+
+
+def refusal(package: Path, monkeypatch) -> str:
+    with pytest.raises(Exception) as failure:
+        load_project(package, monkeypatch)
+    return error_chain(failure.value)
+
+
+def test_tenants_with_their_own_files_prefix_and_pool_load(tmp_path, monkeypatch):
+    defs = load_project(two_tenants(tmp_path, {}, {}), monkeypatch)
+    assert {job.name for job in defs.jobs} == {"refresh_all", "acme_refresh_all"}
+
+
+def test_second_tenant_on_the_first_tenants_duckdb_file_is_refused_at_load(tmp_path, monkeypatch):
+    shared = tmp_path / "main.duckdb"
+    message = refusal(two_tenants(tmp_path, {}, {"duckdb_path": shared}), monkeypatch)
+    assert "defs/main" in message and "defs/acme" in message
+    assert "key_prefix acme" in message
+    assert f"the DuckDB file {shared} (duckdb_path of both)" in message
+    assert "working file" in message  # the working files are the same file too
+    assert "tenant-isolation" not in message  # no token
+
+
+def test_tenant_whose_duckdb_path_is_a_link_to_another_tenants_file_is_refused(
+    tmp_path, monkeypatch
+):
+    volume = tmp_path / "volume"
+    volume.mkdir()
+    (volume / "fieldsales.duckdb").write_bytes(b"")
+    link = tmp_path / "acme_link.duckdb"
+    link.symlink_to(volume / "fieldsales.duckdb")
+    package = two_tenants(
+        tmp_path, {"duckdb_path": volume / "fieldsales.duckdb"}, {"duckdb_path": link}
+    )
+    message = refusal(package, monkeypatch)
+    assert f"the DuckDB file {volume / 'fieldsales.duckdb'}" in message
+    assert "defs/main" in message and "defs/acme" in message
+
+
+def test_tenant_whose_duckdb_file_is_another_tenants_working_file_is_refused(tmp_path, monkeypatch):
+    working = tmp_path / "main.working.duckdb"
+    message = refusal(two_tenants(tmp_path, {}, {"duckdb_path": working}), monkeypatch)
+    assert f"the DuckDB file {working} (" in message
+    assert "working file of duckdb_path of defs/main" in message
+    assert "duckdb_path of defs/acme" in message
+
+
+def test_tenants_sharing_a_token_store_are_refused_at_load(tmp_path, monkeypatch):
+    shared = tmp_path / "main_token.json"
+    message = refusal(two_tenants(tmp_path, {}, {"token_store_path": shared}), monkeypatch)
+    assert f"the token store {shared} (token_store_path of both)" in message
+    assert "defs/main" in message and "defs/acme" in message
+
+
+def test_token_store_linked_to_another_tenants_store_is_refused_at_load(tmp_path, monkeypatch):
+    real = tmp_path / "stores" / "main_token.json"
+    real.parent.mkdir()
+    link = tmp_path / "acme_token.json"
+    link.symlink_to(real)  # the store need not exist yet: the link is followed anyway
+    package = two_tenants(tmp_path, {"token_store_path": real}, {"token_store_path": link})
+    message = refusal(package, monkeypatch)
+    assert f"the token store {real}" in message
+
+
+def test_tenants_with_one_key_prefix_are_refused_naming_the_prefix_and_the_pool(
+    tmp_path, monkeypatch
+):
+    package = two_tenants(tmp_path, {"key_prefix": "acme"}, {})
+    message = refusal(package, monkeypatch)
+    assert "defs/main" in message and "defs/acme" in message
+    assert "the key prefix acme" in message
+    assert "the pool fieldsales_duckdb_acme" in message
+
+
+def test_two_tenants_without_a_key_prefix_are_refused(tmp_path, monkeypatch):
+    package = two_tenants(tmp_path, {}, {"key_prefix": None})
+    message = refusal(package, monkeypatch)
+    assert "the key prefix (none)" in message
+    assert "the pool fieldsales_duckdb" in message
+
+
+def test_dg_check_defs_and_dagster_materialize_refuse_tenants_sharing_a_file(tmp_path):
+    """The CLIs operators run: both fail before any run, naming both tenants and the file."""
+    shared = tmp_path / "main.duckdb"
+    package = two_tenants(tmp_path, {}, {"duckdb_path": shared})
+    (package / "definitions.py").write_text(
+        "from pathlib import Path\n\nimport dagster as dg\n\n\n@dg.definitions\ndef defs():\n"
+        "    return dg.load_from_defs_folder(path_within_project=Path(__file__).parent)\n"
+    )
+    env = {
+        **os.environ,
+        "PYTHONPATH": str(package.parent),
+        "DAGSTER_HOME": str(tmp_path),
+        "MAIN_TOKEN": "tenant-isolation-main-token",
+        "ACME_TOKEN": "tenant-isolation-acme-token",
+    }
+    commands = [
+        [str(BIN / "dg"), "check", "defs"],
+        [
+            str(BIN / "dagster"),
+            "asset",
+            "materialize",
+            "-m",
+            f"{package.name}.definitions",
+            "--select",
+            "*",
+        ],
+    ]
+    for command in commands:
+        done = subprocess.run(
+            command, cwd=package.parent, env=env, capture_output=True, text=True, timeout=180
+        )
+        output = done.stdout + done.stderr
+        assert done.returncode != 0, output[-3000:]
+        assert f"the DuckDB file {shared}" in output, output[-3000:]
+        assert "defs/main" in output and "defs/acme" in output
+    assert not shared.exists()  # refused before anything was written
+
+
+def test_a_component_built_on_its_own_is_compared_with_nothing(monkeypatch):
+    """Dagster's test helper builds one component outside any defs folder: nothing to compare."""
+    from dagster.components.core.load_defs import build_defs_for_component
+
+    from fieldsales_dagster.component import FieldSalesComponent
+
+    monkeypatch.setenv("FIELDSALES_API_TOKEN", "tenant-isolation-main-token")
+    defs = build_defs_for_component(FieldSalesComponent(base_url=BASE_URL))
+    assert len(defs.assets) == 18
