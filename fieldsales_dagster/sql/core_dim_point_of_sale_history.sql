@@ -10,25 +10,15 @@
 -- valid_from of the next version (NULL for the current one). Empty strings count as NULL, so
 -- "" and a missing key are the same version.
 --
--- Memory: each copy is cut down to what a version compares (meta.events_decoded holds the point
--- of sale already parsed) before it meets core.events, so the join, the windows and the grouping
--- carry ~100 bytes per event, never the payload or the whole embedded object (joining raw.events
--- carried every payload through the join and ran out of the 192 MB memory_limit at 20,000 events
--- of a few KB).
+-- Memory: each copy is cut down to what a version compares (meta.events_decoded holds those
+-- fields of the point of sale already parsed, pos_fields) before it meets core.events, so the
+-- join, the windows and the grouping carry ~100 bytes per event, never the payload or the whole
+-- embedded object (joining raw.events carried every payload through the join and ran out of the
+-- 192 MB memory_limit at 20,000 events of a few KB).
 WITH carried AS (
     SELECT
         e.id AS event_id,
-        json_transform(e.point_of_sale, '{
-            "name": "VARCHAR",
-            "address": {
-                "company": "VARCHAR",
-                "streetnumber": "VARCHAR",
-                "postal": "VARCHAR",
-                "city": "VARCHAR",
-                "additional": "VARCHAR"
-            },
-            "location": "JSON"
-        }') AS p
+        e.pos_fields AS p
     FROM meta.events_decoded AS e
 ),
 

@@ -15,12 +15,13 @@ WITH embedded AS (
         e.project,
         e.point_of_sale,
         e.area,
-        -- Each embedded object is parsed once: every JSON function call parses its argument anew,
-        -- and a vector's parsed documents stay in memory until the vector is done, so the
-        -- id and name of a few-KB point of sale read by separate calls cost several times the
-        -- memory. A bare id string is told by its opening quote (the stored JSON is minified).
+        -- Each embedded object is parsed once (the point of sale by meta.events_decoded): every
+        -- JSON function call parses its argument anew, and a vector's parsed documents stay in
+        -- memory until the vector is done, so an id and a name read by separate calls cost
+        -- several times the memory. A bare id string is told by its opening quote (the stored
+        -- JSON is minified).
         json_transform(e.project, '{"_id": "VARCHAR", "name": "VARCHAR"}') AS project_ref,
-        json_transform(e.point_of_sale, '{"_id": "VARCHAR", "name": "VARCHAR"}') AS pos_ref,
+        e.pos_fields AS pos_ref,
         json_transform(e.area, '{"_id": "VARCHAR", "name": "VARCHAR"}') AS area_ref
     FROM meta.events_decoded AS e
 ),
