@@ -70,6 +70,9 @@ class Decoded:
     description: str
     #: The whole source, as the full decode reads it (in slices, to bound the parser's memory).
     whole_source: str
+    #: False: dropped at the end of the step that built it, so that it never outlives the step
+    #: (it holds personal values, which core.* hashes or drops as ``pii`` says).
+    kept: bool = True
 
     @property
     def query_file(self) -> str:
@@ -95,6 +98,7 @@ EVENTS_DECODED = Decoded(
     "Pipeline-internal, not for analysis (use core.events and the other core tables): "
     "raw.events' payloads parsed once for the core tables.",
     whole_source="raw_events_in_slices()",
+    kept=False,
 )
 
 
@@ -460,13 +464,18 @@ def build_described_table(
     def build_whole() -> None:
         build_table(conn, table.table, published, params, before_swap=describe)
 
-    if table.follows is None:
-        build_whole()
-        return metadata
-    followed = build_following(
-        conn, table.table, table.follows, published, params, build_whole, macros=macros
-    )
-    return {**metadata, **followed.metadata()}
+    try:
+        if table.follows is None:
+            build_whole()
+            return metadata
+        followed = build_following(
+            conn, table.table, table.follows, published, params, build_whole, macros=macros
+        )
+        return {**metadata, **followed.metadata()}
+    finally:
+        for decoded in table.decoded:
+            if not decoded.kept:
+                conn.execute(f"DROP TABLE IF EXISTS {qualified(decoded.table)}")
 
 
 def materialize_core_table(

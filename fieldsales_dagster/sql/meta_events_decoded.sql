@@ -1,8 +1,9 @@
 -- meta.events_decoded: every raw.events payload parsed once, into the columns the event tables
 -- read (core.events, core.projects, core.areas, core.users, core.dim_point_of_sale,
 -- core.dim_point_of_sale_history, core.event_status_history, core.custom_report_results).
--- Pipeline-internal (not part of the contract); each of those tables brings it up to date before
--- reading it (refresh_decoded in core.py).
+-- Pipeline-internal (not part of the contract); each of those tables builds it in its own step,
+-- reads it and drops it (core.py: Decoded.kept): it holds personal values (names, emails, IPs)
+-- that core.* hashes or drops as the pii setting says, so it never outlives the step.
 --
 -- Why: parsing a payload holds the whole parsed document, ~2.7 times its text, for every row of
 -- the 2,048-row vector being parsed. With event payloads of ~14 KB (long status histories, many
