@@ -9,8 +9,12 @@ $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install --quiet --upgrade pip
 
-install: $(BIN)/python
+# Installs again only when pyproject.toml changed since the last install (a stamp in the venv).
+$(VENV)/.installed: pyproject.toml | $(BIN)/python
 	$(BIN)/python -m pip install --quiet -e .
+	touch $@
+
+install: $(VENV)/.installed
 
 # Start the bundled demo API on loopback, materialize every asset into data/fieldsales.duckdb,
 # print a summary of the tables written.
@@ -18,8 +22,11 @@ demo: install
 	$(BIN)/fieldsales-demo-run
 
 # Install the test dependencies and run the whole suite (what .ci/run calls).
-test: $(BIN)/python
+$(VENV)/.installed-test: pyproject.toml | $(BIN)/python
 	$(BIN)/python -m pip install --quiet -e '.[test]'
+	touch $@ $(VENV)/.installed
+
+test: $(VENV)/.installed-test
 	$(BIN)/python -m pytest
 
 # Floor vs this project vs dlt on the same demo data (not part of the test suite).

@@ -189,13 +189,13 @@ def expected_counts(api: DemoAPI) -> Expected:
 def prepare_dagster_home(home: Path, env: dict[str, str]) -> None:
     """An initialised ``DAGSTER_HOME`` at ``home``, as a deployment has before its nightly run.
 
-    Copies the project's ``dagster.yaml`` and creates the instance's storage (``dagster instance
-    migrate``: the sqlite run, event log and schedule databases), so that a measured run does
-    not pay their creation. Untimed.
+    Copies the project's ``instance/dagster.yaml`` and creates the instance's storage
+    (``dagster instance migrate``: the sqlite run, event log and schedule databases), so that a
+    measured run does not pay their creation. Untimed.
     """
     home.mkdir(parents=True, exist_ok=True)
-    if (ROOT / "dagster.yaml").exists():
-        shutil.copy(ROOT / "dagster.yaml", home / "dagster.yaml")
+    if (ROOT / "instance" / "dagster.yaml").exists():
+        shutil.copy(ROOT / "instance" / "dagster.yaml", home / "dagster.yaml")
     done = subprocess.run(
         [str(BIN / "dagster"), "instance", "migrate"],
         env={**env, "DAGSTER_HOME": str(home)},

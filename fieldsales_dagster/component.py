@@ -41,6 +41,7 @@ from fieldsales_dagster.client.errors import FieldSalesAPIError
 from fieldsales_dagster.client.resource import FieldSalesAPI
 from fieldsales_dagster.client.urls import validate_base_url
 from fieldsales_dagster.names import InstanceNames
+from fieldsales_dagster.paths import PathSettingError, check_file_setting
 from fieldsales_dagster.tenancy import Claim, refuse_shared_claims
 from fieldsales_dagster.token.renewal import DEFAULT_RENEW_AFTER_DAYS, RenewalPolicy
 from fieldsales_dagster.token.secret import clean_token
@@ -117,6 +118,7 @@ SETTINGS_HELP: dict[str, tuple[str, str]] = {
     "full_refresh_every_days": ("", "a number of days above 0, at most 366"),
     "lookback_days": ("", "a number of days from 0 to 3660"),
     "redact_pii_in_raw": ("FIELDSALES_REDACT_PII_IN_RAW", "true or false"),
+    "create_dirs": ("FIELDSALES_CREATE_DIRS", "true or false"),
 }
 
 
@@ -143,6 +145,13 @@ class FieldSalesComponent(dg.Component, dg.Model, dg.Resolvable):
     duckdb_path: str = Field(
         default="data/fieldsales.duckdb",
         description="The analysts' DuckDB file (FIELDSALES_DUCKDB_PATH).",
+    )
+    create_dirs: bool = Field(
+        default=False,
+        description=(
+            "Create a missing folder of duckdb_path or token_store_path (FIELDSALES_CREATE_DIRS). "
+            "Off by default: a mistyped volume path fails the load instead of filling local disk."
+        ),
     )
     duckdb_memory_limit: str = Field(
         default="192MB",
@@ -314,6 +323,7 @@ class FieldSalesComponent(dg.Component, dg.Model, dg.Resolvable):
                 "Set it to a token from your Field-Sales user profile (API tab; admin users "
                 "only); for the bundled demo API, the token fieldsales-demo-api printed."
             )
+        self.check_paths()
         if (
             self.pii == "hash"
             and len((os.environ.get(self.pii_hash_key_env_var) or "").strip()) < 16
@@ -338,11 +348,28 @@ class FieldSalesComponent(dg.Component, dg.Model, dg.Resolvable):
                 # A secret: only the variable's name reaches Dagster, and only when it is used.
                 pii_hash_key=dg.EnvVar(self.pii_hash_key_env_var) if self.pii == "hash" else None,
                 redact_pii_in_raw=self.redact_pii_in_raw,
+                create_dirs=self.create_dirs,
                 refresh_mode=self.refresh_mode,
                 full_refresh_every_days=self.full_refresh_every_days,
                 lookback_days=self.lookback_days,
             ),
         }
+
+    def check_paths(self) -> None:
+        """Fail the load at once if a file setting points where the pipeline cannot write."""
+        settings = {"token_store_path": self.token_store_path}
+        if not self.duckdb_path.startswith("md:"):
+            settings["duckdb_path"] = self.duckdb_path
+        for setting, path in settings.items():
+            try:
+                check_file_setting(
+                    path,
+                    setting=setting,
+                    variable=SETTINGS_HELP[setting][0],
+                    create_dirs=self.create_dirs,
+                )
+            except PathSettingError as exc:
+                raise SettingError(str(exc)) from None
 
     def freshness_policy(self) -> dg.FreshnessPolicy:
         """Core tables are fresh if refreshed within one schedule interval (plus an hour of slack

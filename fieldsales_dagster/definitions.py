@@ -2,15 +2,81 @@
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 
 import dagster as dg
+from pydantic import ValidationError
+
+from fieldsales_dagster.assets.publish import with_publish_steps
+from fieldsales_dagster.component import SettingError
+from fieldsales_dagster.tenancy import TenantConflictError
+from fieldsales_dagster.token.secret import TokenFormatError
+
+DEFS_FOLDER = Path(__file__).parent / "defs"
+#: Errors whose message is the whole story of a bad configuration.
+CONFIGURATION_ERRORS = (SettingError, TokenFormatError, TenantConflictError)
+#: What Dagster's component loader says first: "Error while loading component fieldsales[0]: ...".
+_COMPONENT = re.compile(r"component (?P<folder>[^\s\[:]+)")
+
+
+class FieldSalesConfigError(Exception):
+    """A setting of a Field-Sales instance is wrong: the message is all a user needs to fix it.
+
+    Raised without its chain, so that a command-line traceback ends with the cause (the setting,
+    its variable, what it accepts) instead of Dagster's and pydantic's frames around it.
+    """
+
+
+def configuration_problems(exc: BaseException) -> list[str]:
+    """The setting errors in ``exc``'s chain (a component's load error wraps them), in order."""
+    found: list[str] = []
+    seen: set[int] = set()
+    while exc is not None and id(exc) not in seen:
+        seen.add(id(exc))
+        if isinstance(exc, CONFIGURATION_ERRORS):
+            found.append(str(exc))
+        elif isinstance(exc, ValidationError):
+            for error in exc.errors():
+                cause = (error.get("ctx") or {}).get("error")
+                if isinstance(cause, CONFIGURATION_ERRORS):
+                    found.append(str(cause))
+        exc = exc.__cause__ or exc.__context__
+    return list(dict.fromkeys(found))
+
+
+def _component_file(exc: BaseException) -> str:
+    """The defs.yaml a component load error is about, as a path from the working directory."""
+    while exc is not None:
+        match = _COMPONENT.search(str(exc).splitlines()[0] if str(exc) else "")
+        if match and (DEFS_FOLDER / match["folder"] / "defs.yaml").is_file():
+            path = (DEFS_FOLDER / match["folder"] / "defs.yaml").resolve()
+            try:
+                return str(path.relative_to(Path.cwd().resolve()))
+            except ValueError:
+                return str(path)
+        exc = exc.__cause__
+    return str(DEFS_FOLDER / "<instance>" / "defs.yaml")
 
 
 @dg.definitions
 def defs() -> dg.Definitions:
+    try:
+        # Every asset that writes a warehouse (the project's, and any user asset in defs/ taking
+        # the warehouse resource) is followed by that warehouse's publish step: assets/publish.py.
+        loaded = with_publish_steps(
+            dg.load_from_defs_folder(path_within_project=Path(__file__).parent)
+        )
+    except Exception as exc:
+        problems = configuration_problems(exc)
+        if not problems:
+            raise
+        raise FieldSalesConfigError(
+            f"The Field-Sales instance in {_component_file(exc)} is not configured correctly:\n"
+            + "\n".join(f"- {problem}" for problem in problems)
+        ) from None
     return dg.Definitions.merge(
-        dg.load_from_defs_folder(path_within_project=Path(__file__).parent),
+        loaded,
         # Every asset writes one DuckDB file, and DuckDB allows one writer per file: steps would
         # queue on its lock anyway, so running them in the run's own process saves a Python
         # process (and its start-up) per step. Separate runs (schedule, UI, CLI) still meet at

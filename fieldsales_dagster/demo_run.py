@@ -6,24 +6,28 @@ them. The demo data breaks a few rules on purpose (see ``EXPECTED_DEMO_FINDINGS`
 are named and marked as expected, and any other failing check makes the command fail.
 
 The run is recorded in a persistent Dagster home (``.dagster_home/`` by default, holding a copy
-of the project's ``dagster.yaml``): start ``dagster dev`` with ``DAGSTER_HOME`` pointing there
+of the project's ``instance/dagster.yaml``): start ``dg dev`` with ``DAGSTER_HOME`` pointing there
 and the UI shows this run, its metadata and its check results.
 """
 
 from __future__ import annotations
 
 import argparse
+import logging
 import os
 import shutil
 import sys
 from collections import defaultdict
 from pathlib import Path
 
+import dagster as dg
 import duckdb
 
 from fieldsales_dagster.warehouse.resource import DEFAULT_DUCKDB_PATH
 
 DEFAULT_DAGSTER_HOME = ".dagster_home"
+#: The local instance settings, copied into the demo's Dagster home (run from the project folder).
+INSTANCE_YAML = Path("instance") / "dagster.yaml"
 DEMO_TRANSACTIONS = 20_000
 
 #: Checks that the demo data fails on purpose: (asset, check) -> what in the data trips it.
@@ -43,7 +47,7 @@ EXPECTED_DEMO_FINDINGS = {
 def prepare_dagster_home(home: Path, instance_yaml: Path | None = None) -> Path:
     """Create ``home`` with a copy of the project's ``dagster.yaml`` (kept up to date)."""
     home.mkdir(parents=True, exist_ok=True)
-    source = instance_yaml or Path("dagster.yaml")
+    source = instance_yaml or INSTANCE_YAML
     if source.is_file():
         shutil.copyfile(source, home / "dagster.yaml")
     return home.resolve()
@@ -109,14 +113,69 @@ def summarize(database: str, evaluations: list | None = None) -> tuple[str, list
     return "\n".join(lines), unexpected
 
 
+class _ProgressHandler(logging.Handler):
+    """One line per finished step, and every warning or error a step logs; nothing else."""
+
+    def __init__(self, stream=None) -> None:
+        super().__init__(logging.DEBUG)
+        self.stream = stream
+        self.done = 0
+
+    def emit(self, record: logging.LogRecord) -> None:
+        meta = getattr(record, "dagster_meta", None) or {}
+        event = meta.get("dagster_event")
+        step = meta.get("step_key") or "run"
+        if event is None:
+            line = None
+            if record.levelno >= logging.WARNING:
+                line = f"  {logging.getLevelName(record.levelno).lower()}: {step}: "
+                line += str(meta.get("orig_message", record.getMessage()))
+        elif event.event_type_value == "STEP_SUCCESS":
+            self.done += 1
+            seconds = event.event_specific_data.duration_ms / 1000
+            line = f"  {self.done:>2}. {step} ({seconds:.1f} s)"
+        elif event.event_type_value == "STEP_FAILURE":
+            line = f"  FAILED: {step}: {event.event_specific_data.error.message.strip()}"
+        else:
+            line = None
+        if line is not None:
+            print(line, file=self.stream or sys.stdout, flush=True)
+
+
+@dg.logger(description="Progress of the demo run on the terminal; the full log is in the instance.")
+def progress_logger(init_context: dg.InitLoggerContext) -> logging.Logger:
+    logger = logging.getLogger("fieldsales_dagster.demo_run.progress")
+    logger.propagate = False
+    logger.handlers = [_ProgressHandler()]
+    logger.setLevel(logging.DEBUG)
+    return logger
+
+
 def run_and_report(job, instance, database: str) -> int:
-    """Run ``job`` on ``instance``, print the tables and checks; 0 unless something went wrong."""
-    result = job.execute_in_process(instance=instance, raise_on_error=False)
+    """Run ``job`` on ``instance``, print the tables and checks; 0 unless something went wrong.
+
+    The terminal shows one line per finished step (and any warning); Dagster's own DEBUG events
+    stay in the instance, where the UI shows them. The run carries its asset selection, so the
+    UI's runs list names its target.
+    """
+    keys = sorted(job.asset_layer.executable_asset_keys)
+    print(f"Materializing {len(keys)} assets; each line is a step that finished:", flush=True)
+    quiet = job.with_logger_defs({"progress": progress_logger})
+    result = quiet.execute_in_process(
+        run_config={"loggers": {"progress": {}}},
+        instance=instance,
+        raise_on_error=False,
+        asset_selection=keys,
+    )
     print()
     text, unexpected = summarize(database, result.get_asset_check_evaluations())
     print(text)
     if not result.success:
-        print("The run failed; see the log above.", file=sys.stderr)
+        print(
+            f"The run {result.run_id} failed; its full log is in the Dagster instance "
+            "(see the README to open it in the UI).",
+            file=sys.stderr,
+        )
         return 1
     return 1 if unexpected else 0
 
@@ -144,10 +203,10 @@ def main(argv: list[str] | None = None) -> int:
         os.environ["FIELDSALES_BASE_URL"] = server.base_url
         os.environ["FIELDSALES_API_TOKEN"] = server.token
         os.environ["FIELDSALES_DUCKDB_PATH"] = args.database
+        # The demo owns its data folder (data/ by default): create it on first use.
+        os.environ["FIELDSALES_CREATE_DIRS"] = "true"
         os.environ["DAGSTER_HOME"] = str(home)
         print(f"Demo API on {server.base_url}; loading into {args.database}", flush=True)
-
-        import dagster as dg
 
         from fieldsales_dagster.definitions import defs
 
@@ -156,7 +215,7 @@ def main(argv: list[str] | None = None) -> int:
             status = run_and_report(job, instance, args.database)
     print(
         f"\nThe run is recorded in {home}. To browse it: DAGSTER_HOME={home} "
-        ".venv/bin/dagster dev (see the README)."
+        ".venv/bin/dg dev (see the README)."
     )
     return status
 

@@ -34,6 +34,11 @@ class InstanceNames:
         return f"{prefix}_{layer}" if prefix else layer
 
     @property
+    def tenant(self) -> str:
+        """How log lines name this instance: its key prefix, or "default" for the first."""
+        return self.key_prefix or "default"
+
+    @property
     def pool(self) -> str:
         """DuckDB allows one writer per file: every asset of one instance sits in this pool."""
         return f"fieldsales_duckdb_{self.key_prefix}" if self.key_prefix else "fieldsales_duckdb"

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import urllib.parse
+
 import pytest
 
 from fieldsales_dagster.client.resource import FieldSalesAPI
@@ -30,7 +32,9 @@ def make_api(server, tmp_path, **overrides) -> FieldSalesAPI:
         "api_token": server.token,
         # A token store belongs to one server (another server's client refuses it): tests that
         # refresh from two demo servers get a store per server.
-        "token_store_path": str(tmp_path / f"token_store_{server.port}.json"),
+        "token_store_path": str(
+            tmp_path / f"token_store_{urllib.parse.urlsplit(server.base_url).port}.json"
+        ),
         "page_size": 100,
         "concurrency": 4,
         "backoff_initial_s": 0.01,

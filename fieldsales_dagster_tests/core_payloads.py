@@ -11,7 +11,7 @@ import dagster as dg
 import duckdb
 
 from fieldsales_dagster.warehouse.resource import FieldSalesWarehouse
-from fieldsales_dagster_tests.project import core_assets, core_checks, mart_assets
+from fieldsales_dagster_tests.project import core_assets, core_checks, mart_assets, materialize
 
 T0 = "2025-03-04T09:30:00.000Z"
 
@@ -312,7 +312,7 @@ def materialize_core_only(
 ) -> dg.ExecuteInProcessResult:
     """Materialize every core and mart asset from the raw tables as they are."""
     warehouse = FieldSalesWarehouse(database=str(database), threads=2, **warehouse_settings)
-    return dg.materialize(
+    return materialize(
         [
             *RAW_STAND_INS,
             *core_assets(with_checks),

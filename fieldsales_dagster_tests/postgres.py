@@ -35,6 +35,8 @@ class Postgres:
     user: str
     password: str
     database: str
+    #: The server's client programs (psql, createdb, ...).
+    bin_dir: Path | None = None
 
     @property
     def url(self) -> str:
@@ -43,6 +45,16 @@ class Postgres:
 
     def connect(self):
         return psycopg2.connect(self.url)
+
+    def client_env(self) -> dict[str, str]:
+        """What psql and createdb read to connect as this user (PGHOST, PGPORT, ...)."""
+        return {
+            "PGHOST": self.host,
+            "PGPORT": str(self.port),
+            "PGUSER": self.user,
+            "PGPASSWORD": self.password,
+            "PGDATABASE": self.database,
+        }
 
 
 def _pgserver_install() -> Path:
@@ -61,8 +73,12 @@ def _free_port() -> int:
 
 
 @contextmanager
-def running_postgres(database: str = "dagster") -> Iterator[Postgres]:
-    """Start a throw-away PostgreSQL 16 on 127.0.0.1 with password authentication; stop it after."""
+def running_postgres(database: str | None = "dagster") -> Iterator[Postgres]:
+    """Start a throw-away PostgreSQL 16 on 127.0.0.1 with password authentication; stop it after.
+
+    Yields the superuser ``fieldsales`` connected to ``database``, created empty; with ``None``,
+    to the ``postgres`` database (the caller creates what it needs).
+    """
     root = Path(tempfile.mkdtemp(prefix="fieldsales-pg-"))
     run_as: dict[str, int] = {}
     install = _pgserver_install()
@@ -138,10 +154,13 @@ def running_postgres(database: str = "dagster") -> Iterator[Postgres]:
                     ) from None
                 time.sleep(0.2)
         conn.autocommit = True
-        with conn.cursor() as cur:
-            cur.execute(f'CREATE DATABASE "{database}"')
+        if database is not None:
+            with conn.cursor() as cur:
+                cur.execute(f'CREATE DATABASE "{database}"')
         conn.close()
-        yield Postgres("127.0.0.1", port, "fieldsales", password, database)
+        yield Postgres(
+            "127.0.0.1", port, "fieldsales", password, database or "postgres", bin_dir=bin_dir
+        )
     finally:
         if server is not None:
             server.send_signal(signal.SIGINT)  # fast shutdown: disconnects clients

@@ -12,6 +12,7 @@ from fieldsales_dagster.assets.checks import (
 )
 from fieldsales_dagster.assets.core import build_core_assets
 from fieldsales_dagster.assets.mart import build_mart_assets
+from fieldsales_dagster.assets.publish import publish_steps
 from fieldsales_dagster.assets.raw import build_raw_assets
 from fieldsales_dagster.names import InstanceNames
 
@@ -42,6 +43,15 @@ def core_checks() -> list[dg.AssetChecksDefinition]:
 def core_check_count() -> int:
     """How many checks the core and mart tables have, wherever they run."""
     return len(core_check_keys(DEFAULT))
+
+
+def materialize(
+    assets: list[dg.AssetsDefinition], *, resources: dict[str, object], **kwargs: object
+) -> dg.ExecuteInProcessResult:
+    """``dg.materialize`` with the publish step the code location adds after the writers."""
+    return dg.materialize(
+        [*assets, *publish_steps(assets, resources)], resources=resources, **kwargs
+    )
 
 
 def load_project_defs() -> dg.Definitions:

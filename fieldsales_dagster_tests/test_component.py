@@ -14,7 +14,10 @@ import dagster as dg
 import duckdb
 import pytest
 
+from fieldsales_dagster.assets.checks import UNTYPED_VALUES_TABLES
+from fieldsales_dagster.assets.publish import with_publish_steps
 from fieldsales_dagster.demo_api import DemoConfig, DemoServer
+from fieldsales_dagster_tests.namespaces import private_tmpfs
 from fieldsales_dagster_tests.project import error_chain, load_project_defs
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
@@ -46,8 +49,9 @@ def write_project(root: Path, instances: dict[str, str]) -> Path:
 
 
 def load_project(package: Path, monkeypatch) -> dg.Definitions:
+    """The project's definitions as ``definitions.py`` builds them (with the publish steps)."""
     monkeypatch.syspath_prepend(str(package.parent))
-    return dg.load_from_defs_folder(path_within_project=package)
+    return with_publish_steps(dg.load_from_defs_folder(path_within_project=package))
 
 
 # --- one settings model --------------------------------------------------------------------------
@@ -165,9 +169,21 @@ def test_two_tenants_in_one_code_location_each_load_exactly_their_own_data(tmp_p
         assert {job.name for job in defs.jobs} == {"refresh_all", "acme_refresh_all"}
 
         with dg.instance_for_test() as instance:
-            for job_name in ("refresh_all", "acme_refresh_all"):
+            for job_name, tenant in (("refresh_all", "main"), ("acme_refresh_all", "acme")):
                 result = defs.resolve_job_def(job_name).execute_in_process(instance=instance)
                 assert result.success
+                # Each load's log lines say whose file they wrote, as two tenants share a UI.
+                wrote = [
+                    entry.user_message
+                    for entry in instance.all_logs(result.run_id)
+                    if " rows to raw." in entry.user_message
+                ]
+                label = "acme" if tenant == "acme" else "default"
+                assert len(wrote) == 3, wrote
+                assert all(
+                    line.startswith(f"[{label}: {tmp_path / (tenant + '.duckdb')}] ")
+                    for line in wrote
+                ), wrote
 
     for name, server in (("main", first), ("acme", second)):
         with duckdb.connect(str(tmp_path / f"{name}.duckdb"), read_only=True) as conn:
@@ -204,8 +220,9 @@ def test_dg_check_and_list_defs_show_every_definition(tmp_path):
     listed = json.loads(dg_command("list", "defs", "--json", env=env))
     assert len(listed["assets"]) == 18  # 3 raw, 12 core, 3 mart
     # ids_unique per core and mart table, the data, drift and mart checks, the raw tables' row
-    # counts, and a column-schema check per asset.
-    assert len(listed["asset_checks"]) == 15 + 9 + 3 + 18
+    # counts, a column-schema check per asset, values_typed and values_finite on the four
+    # tables of UNTYPED_VALUES_TABLES, and the publish step's check on every asset.
+    assert len(listed["asset_checks"]) == 15 + 9 + 3 + 18 + 2 * len(UNTYPED_VALUES_TABLES) + 18
     assert [job["name"] for job in listed["jobs"]] == ["refresh_all"]
     assert [schedule["name"] for schedule in listed["schedules"]] == ["refresh_all_schedule"]
     assert sorted(sensor["name"] for sensor in listed["sensors"]) == [
@@ -284,6 +301,82 @@ def test_pii_hash_key_reaches_the_warehouse_as_an_env_var(project_env, monkeypat
     warehouse = load_project_defs().resources["warehouse"]
     assert warehouse.pii == "hash"
     assert warehouse.pii_hash_key == dg.EnvVar("FIELDSALES_PII_HASH_KEY")
+
+
+# --- paths as users give them ----------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("setting", "variable"),
+    [("duckdb_path", "FIELDSALES_DUCKDB_PATH"), ("token_store_path", "FIELDSALES_TOKEN_STORE")],
+)
+def test_a_directory_as_a_file_setting_fails_the_load_naming_it(
+    project_env, monkeypatch, tmp_path, setting, variable
+):
+    message = load_failure(monkeypatch, **{variable: str(tmp_path)})
+    assert f"{setting} (from {variable}) is invalid: {tmp_path} is a directory, not a file" in (
+        message
+    )
+    assert f"Give the path of a file in it, e.g. {tmp_path}/" in message
+
+
+def test_a_parent_that_is_a_file_fails_the_load_naming_it(project_env, monkeypatch, tmp_path):
+    blocker = tmp_path / "volume"
+    blocker.write_text("")
+    message = load_failure(monkeypatch, FIELDSALES_DUCKDB_PATH=str(blocker / "fieldsales.duckdb"))
+    assert "duckdb_path (from FIELDSALES_DUCKDB_PATH) is invalid" in message
+    assert f"cannot be created: {blocker} is a file, not a folder" in message
+
+
+def test_a_missing_folder_fails_the_load_unless_create_dirs_asks_for_it(
+    project_env, monkeypatch, tmp_path
+):
+    mistyped = tmp_path / "volumne" / "fieldsales_token.json"
+    message = load_failure(monkeypatch, FIELDSALES_TOKEN_STORE=str(mistyped))
+    assert "token_store_path (from FIELDSALES_TOKEN_STORE) is invalid" in message
+    assert f"is in a folder that does not exist ({mistyped.parent})" in message
+    assert f"mkdir -p {mistyped.parent}" in message and "FIELDSALES_CREATE_DIRS=true" in message
+    assert not mistyped.parent.exists()
+
+    monkeypatch.setenv("FIELDSALES_CREATE_DIRS", "true")
+    defs = load_project_defs()
+    assert defs.resources["warehouse"].create_dirs
+    assert not mistyped.parent.exists()  # loading creates nothing; the run that needs it does
+
+
+UNWRITABLE_LOAD = """
+from fieldsales_dagster_tests.project import error_chain, load_project_defs
+try:
+    load_project_defs()
+except Exception as exc:
+    print(error_chain(exc))
+"""
+
+
+def test_an_unwritable_folder_fails_the_load_naming_it(tmp_path):
+    """A real read-only file system: a tmpfs mounted read-only in a private mount namespace."""
+    volume = tmp_path / "volume"
+    env = {
+        **{k: v for k, v in os.environ.items() if not k.startswith("FIELDSALES_")},
+        "FIELDSALES_BASE_URL": "http://127.0.0.1:9",
+        "FIELDSALES_API_TOKEN": "component-test-token",
+        "FIELDSALES_DUCKDB_PATH": str(volume / "fieldsales.duckdb"),
+        "FIELDSALES_TOKEN_STORE": str(tmp_path / "token.json"),
+    }
+    with private_tmpfs(volume, "1m", read_only=True) as fs:
+        done = subprocess.run(
+            fs.enter([sys.executable, "-c", UNWRITABLE_LOAD], REPO_ROOT),
+            cwd=REPO_ROOT,
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=120,
+        )
+    assert "duckdb_path (from FIELDSALES_DUCKDB_PATH) is invalid" in done.stdout, done.stderr
+    assert f"is in a folder this user cannot write ({volume}: a read-only file system)" in (
+        done.stdout
+    )
+    assert f"Mount {volume} read-write" in done.stdout
 
 
 def test_duckdb_file_named_after_a_schema_fails_the_load(project_env, monkeypatch, tmp_path):

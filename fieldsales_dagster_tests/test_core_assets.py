@@ -11,7 +11,7 @@ import duckdb
 from fieldsales_dagster.assets.core import CORE_TABLES
 from fieldsales_dagster.warehouse.resource import FieldSalesWarehouse
 from fieldsales_dagster_tests import core_payloads as p
-from fieldsales_dagster_tests.project import core_assets
+from fieldsales_dagster_tests.project import core_assets, materialize
 
 
 def test_every_core_table_has_an_asset_in_group_core_following_its_raw_parents():
@@ -58,7 +58,7 @@ def test_failing_query_leaves_the_previous_table_intact(tmp_path):
         )
         conn.execute("INSERT INTO raw.transactions VALUES ('t-new', 'e1', now()::TIMESTAMP)")
 
-    result = dg.materialize(
+    result = materialize(
         [*p.RAW_STAND_INS, *core_assets()],
         selection=["core_transactions"],
         resources={"warehouse": FieldSalesWarehouse(database=str(database))},
@@ -76,7 +76,7 @@ def test_failing_query_leaves_the_previous_table_intact(tmp_path):
 
 
 def _materialize_results_only(database) -> dg.ExecuteInProcessResult:
-    return dg.materialize(
+    return materialize(
         [*p.RAW_STAND_INS, *core_assets()],
         selection=["core_custom_report_results"],
         resources={"warehouse": FieldSalesWarehouse(database=str(database))},
@@ -166,7 +166,7 @@ def test_after_an_incremental_raw_load_only_the_rows_it_wrote_are_parsed(tmp_pat
                 [item["_id"], item["eventId"], json.dumps(item)],
             )
 
-    second = dg.materialize(
+    second = materialize(
         [*p.RAW_STAND_INS, *core_assets()],
         selection=["core_transactions", "core_custom_report_fields", "core_custom_report_results"],
         resources={"warehouse": FieldSalesWarehouse(database=str(database))},

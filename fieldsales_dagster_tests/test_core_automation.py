@@ -2,8 +2,9 @@
 
 import dagster as dg
 
+from fieldsales_dagster.assets.publish import PUBLISHED_CHECK, with_publish_steps
 from fieldsales_dagster_tests.conftest import make_api
-from fieldsales_dagster_tests.project import core_assets, load_project_defs, raw_assets
+from fieldsales_dagster_tests.project import core_assets, load_project_defs, materialize, raw_assets
 
 
 def test_automation_sensor_is_on_by_default_and_targets_every_asset(demo_env):
@@ -20,16 +21,16 @@ def test_refreshed_raw_transactions_request_the_core_tables_that_read_them(
 ):
     assets = [*raw_assets(), *core_assets()]
     resources = {"fieldsales_api": make_api(demo_server, tmp_path), "warehouse": warehouse}
-    defs = dg.Definitions(assets=assets, resources=resources)
+    defs = with_publish_steps(dg.Definitions(assets=assets, resources=resources))
     with dg.instance_for_test() as instance:
         # Everything built once: nothing is due.
-        assert dg.materialize(assets, resources=resources, instance=instance).success
+        assert materialize(assets, resources=resources, instance=instance).success
         first = dg.evaluate_automation_conditions(defs=defs, instance=instance)
         assert first.total_requested == 0
 
         # A manual refresh of raw transactions alone.
         selection = ["raw_transactions"]
-        assert dg.materialize(
+        assert materialize(
             assets, resources=resources, instance=instance, selection=selection
         ).success
         second = dg.evaluate_automation_conditions(
@@ -38,3 +39,8 @@ def test_refreshed_raw_transactions_request_the_core_tables_that_read_them(
         assert second.get_num_requested(dg.AssetKey("core_transactions")) == 1
         assert second.get_num_requested(dg.AssetKey("core_custom_report_results")) == 1
         assert second.get_num_requested(dg.AssetKey("core_events")) == 0  # reads raw_events
+        # Each rebuilt table brings its publish check, and so the publish step, into the run.
+        requested = {r.key for r in second.results if r.true_subset.size}
+        published = {key.asset_key for key in requested if isinstance(key, dg.AssetCheckKey)}
+        assert published == {key for key in requested if isinstance(key, dg.AssetKey)}
+        assert dg.AssetCheckKey(dg.AssetKey("core_transactions"), PUBLISHED_CHECK) in requested

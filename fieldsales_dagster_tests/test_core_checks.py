@@ -5,6 +5,7 @@ from __future__ import annotations
 import dagster as dg
 import pytest
 
+from fieldsales_dagster.assets.publish import PUBLISHED_CHECK
 from fieldsales_dagster_tests import core_payloads as p
 from fieldsales_dagster_tests.project import core_check_count
 
@@ -16,6 +17,7 @@ def evaluations(result: dg.ExecuteInProcessResult) -> dict[tuple[str, str], obje
     return {
         (e.asset_key.to_user_string(), e.check_name): e
         for e in result.get_asset_check_evaluations()
+        if e.check_name != PUBLISHED_CHECK
     }
 
 

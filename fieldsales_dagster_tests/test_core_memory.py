@@ -76,7 +76,8 @@ def test_every_core_and_mart_query_runs_on_a_heavy_tenant_under_a_small_memory_l
             assert _materialize(database, table, "2GB").success, table.table
 
     assert failures == {}
-    with duckdb.connect(str(database), read_only=True) as conn:
+    working = FieldSalesWarehouse(database=str(database)).working_path
+    with duckdb.connect(str(working), read_only=True) as conn:
         for table in (*CORE_TABLES, *MART_TABLES):
             (rows,) = conn.execute(f"SELECT count(*) FROM {table.table}").fetchone()
             assert rows > 0, table.table

@@ -10,14 +10,11 @@ from __future__ import annotations
 
 import itertools
 import json
-import os
 import shutil
-import signal
 import subprocess
 import sys
 import time
 from collections.abc import Iterator
-from contextlib import contextmanager
 from pathlib import Path
 
 import dagster as dg
@@ -27,6 +24,7 @@ from dagster._core.scheduler.instigation import TickStatus
 
 from fieldsales_dagster.assets.core import CORE_TABLES
 from fieldsales_dagster_tests.postgres import Postgres, running_postgres
+from fieldsales_dagster_tests.processes import clean_env, process_group, tail
 
 ROOT = Path(__file__).resolve().parents[1]
 BIN = Path(sys.executable).parent
@@ -45,43 +43,6 @@ API_TUNING = {"FIELDSALES_PAGE_SIZE": "100", "FIELDSALES_CONCURRENCY": "1"}
 def postgres() -> Iterator[Postgres]:
     with running_postgres() as pg:
         yield pg
-
-
-@contextmanager
-def process_group(argv: list[str], log: Path, env: dict[str, str], **kwargs):
-    """Start ``argv`` in its own process group; on exit, end that group (and only it)."""
-    with log.open("wb") as out:
-        proc = subprocess.Popen(
-            argv,
-            stdout=kwargs.pop("stdout", out),
-            stderr=out,
-            stdin=subprocess.DEVNULL,
-            env=env,
-            start_new_session=True,
-            **kwargs,
-        )
-    try:
-        yield proc
-    finally:
-        for sig, wait_s in ((signal.SIGTERM, 30), (signal.SIGKILL, 10)):
-            try:
-                os.killpg(proc.pid, sig)
-            except ProcessLookupError:
-                break
-            try:
-                proc.wait(wait_s)
-                break
-            except subprocess.TimeoutExpired:
-                continue
-
-
-def clean_env(**extra: str) -> dict[str, str]:
-    env = {k: v for k, v in os.environ.items() if not k.startswith(("FIELDSALES_", "DAGSTER_"))}
-    return {**env, "PYTHONUNBUFFERED": "1", **extra}
-
-
-def tail(path: Path, lines: int = 40) -> str:
-    return "\n".join(path.read_text(errors="replace").splitlines()[-lines:])
 
 
 def ticks(instance: dg.DagsterInstance, name: str) -> list:

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import gzip
 import json
+import re
 import types
 
 import dagster as dg
@@ -28,7 +29,7 @@ from fieldsales_dagster.token.secret import TokenFormatError, clean_token, mask_
 from fieldsales_dagster.token.store import TokenStore, TokenStoreError
 from fieldsales_dagster_tests.conftest import make_api
 from fieldsales_dagster_tests.hostile import Conn, HostileServer, closed_port
-from fieldsales_dagster_tests.project import raw_assets
+from fieldsales_dagster_tests.project import materialize, raw_assets
 
 EV = EVENTS.path
 TOKEN = "hostile-test-token-" + "k" * 24
@@ -57,7 +58,7 @@ def events_handler(events: list[bytes], *, gzipped: bool = False):
 
 
 def materialize_events(api, warehouse, instance=None):
-    return dg.materialize(
+    return materialize(
         raw_assets(),
         selection=["raw_events"],
         resources={"fieldsales_api": api, "warehouse": warehouse},
@@ -484,7 +485,47 @@ def test_unreachable_instance_fails_naming_host_and_logs_each_retry(tmp_path, wa
     warnings = [
         entry.user_message
         for entry in instance.all_logs(result.run_id)
-        if entry.level >= 30 and "retry" in entry.user_message
+        if entry.level >= 30 and " failed, next in " in entry.user_message
     ]
     assert len(warnings) == api.max_retries
     assert all(f"127.0.0.1:{port}" in warning for warning in warnings)
+
+
+@pytest.mark.parametrize(
+    "overrides",
+    [
+        {"max_retries": 3},  # every retry used
+        # The budget cuts the series short of max_retries (was: "retry 3 of 6", then "gave up
+        # after 4 attempts").
+        {
+            "max_retries": 6,
+            "unreachable_budget_s": 0.5,
+            "backoff_initial_s": 0.1,
+            "backoff_max_s": 0.2,
+        },
+    ],
+)
+def test_retry_warnings_and_the_final_error_count_attempts_alike(tmp_path, warehouse, overrides):
+    port = closed_port()
+    api = make_api(
+        types.SimpleNamespace(base_url=f"http://127.0.0.1:{port}", token=TOKEN),
+        tmp_path,
+        **overrides,
+    )
+    instance = dg.DagsterInstance.ephemeral()
+    result = materialize_events(api, warehouse, instance)
+    assert not result.success
+    most = overrides["max_retries"] + 1
+    warned = [
+        re.search(r"attempt (\d+) of at most (\d+) failed, next in", entry.user_message)
+        for entry in instance.all_logs(result.run_id)
+        if entry.level >= 30 and f"127.0.0.1:{port}" in entry.user_message
+    ]
+    assert warned and all(warned), "every warning counts attempts"
+    counted = [int(match.group(1)) for match in warned]
+    assert counted == list(range(1, len(counted) + 1))
+    assert {int(match.group(2)) for match in warned} == {most}
+    final = re.search(r"gave up after attempt (\d+) of at most (\d+)", failure_message(result))
+    assert final, failure_message(result)
+    assert (int(final.group(1)), int(final.group(2))) == (counted[-1] + 1, most)
+    assert "retry" not in failure_message(result).split("gave up")[1].split(".")[0]

@@ -193,13 +193,11 @@ def test_total_equal_to_a_full_first_page_costs_one_empty_page(warehouse):
 
 
 def materialize_transactions(server, tmp_path, warehouse):
-    import dagster as dg
-
     from fieldsales_dagster_tests.conftest import make_api
-    from fieldsales_dagster_tests.project import raw_assets
+    from fieldsales_dagster_tests.project import materialize, raw_assets
 
     resources = {"fieldsales_api": make_api(server, tmp_path), "warehouse": warehouse}
-    return dg.materialize(
+    return materialize(
         raw_assets(), resources=resources, selection=["raw_transactions"], raise_on_error=False
     )
 

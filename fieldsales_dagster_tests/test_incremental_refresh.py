@@ -19,7 +19,7 @@ from fieldsales_dagster.warehouse.refresh_mode import (
 )
 from fieldsales_dagster.warehouse.resource import FieldSalesWarehouse
 from fieldsales_dagster_tests.conftest import make_api
-from fieldsales_dagster_tests.project import core_assets, raw_assets
+from fieldsales_dagster_tests.project import core_assets, materialize, raw_assets
 
 RAW_ASSETS = raw_assets()
 ALL_ASSETS = [*RAW_ASSETS, *core_assets()]
@@ -32,7 +32,7 @@ def _warehouse(tmp_path, name: str, **settings) -> FieldSalesWarehouse:
 
 def _materialize(server, tmp_path, warehouse, assets=RAW_ASSETS, mode=None, **kwargs):
     run_config = {"ops": {"raw_transactions": {"config": {"refresh_mode": mode}}}} if mode else None
-    return dg.materialize(
+    return materialize(
         assets,
         resources={"fieldsales_api": make_api(server, tmp_path), "warehouse": warehouse},
         run_config=run_config,
@@ -281,6 +281,32 @@ def test_server_ignoring_event_id_falls_back_to_full_with_a_warning(demo_server,
     demo_server.behaviour.ignore_event_filter = False
     fresh = _full_load_of_current_data(demo_server, tmp_path)
     assert_same_tables(loaded.database, fresh.database)
+
+
+def test_numeric_event_ids_stay_incremental_and_equal_a_full_refresh(tmp_path):
+    # Events' _id are JSON numbers (1002); transactions carry eventId as 1002 or "1002".
+    from fieldsales_dagster.demo_api import DemoConfig, DemoServer
+
+    config = DemoConfig(transactions=400, events=20, seed=4, numeric_event_ids=True)
+    with DemoServer(config, host="127.0.0.1", port=0) as server:
+        warehouse = _first_load(server, tmp_path, ALL_ASSETS)
+        server.behaviour.evolve(1)
+
+        second = _materialize(server, tmp_path, warehouse, assets=ALL_ASSETS)
+
+        assert second.success
+        meta = _refresh_metadata(second)
+        assert meta["refresh_mode"] == "incremental", meta["refresh_reason"]
+        assert meta["events_refetched"] > 0
+        fresh = _full_load_of_current_data(server, tmp_path, ALL_ASSETS)
+    assert_same_tables(warehouse.database, fresh.database)
+    with duckdb.connect(warehouse.database, read_only=True) as conn:
+        # The ids are the numbers' text, and every transaction finds its event.
+        assert conn.execute("SELECT min(id) FROM raw.events").fetchone() == ("1000",)
+        assert conn.execute(
+            "SELECT count(*) FROM core.transactions WHERE event_id NOT IN "
+            "(SELECT event_id FROM core.events)"
+        ).fetchone() == (len([i for i in range(400) if server.dataset.is_orphan(i)]),)
 
 
 def test_global_count_disagreeing_falls_back_to_full_in_auto(demo_server, tmp_path, loaded):

@@ -18,7 +18,13 @@ from fieldsales_dagster.warehouse.pii import (
 )
 from fieldsales_dagster.warehouse.resource import FieldSalesWarehouse
 from fieldsales_dagster_tests.conftest import make_api
-from fieldsales_dagster_tests.project import core_assets, core_checks, mart_assets, raw_assets
+from fieldsales_dagster_tests.project import (
+    core_assets,
+    core_checks,
+    mart_assets,
+    materialize,
+    raw_assets,
+)
 
 HASH_KEY = "test-key-0123456789abcdef"
 
@@ -38,7 +44,7 @@ def load(server, tmp_path_factory):
     def run(name: str, **settings) -> tuple[str, dg.ExecuteInProcessResult]:
         folder = tmp_path_factory.mktemp(name)
         database = str(folder / "fieldsales.duckdb")
-        result = dg.materialize(
+        result = materialize(
             [*raw_assets(), *core_assets(True), *mart_assets(True), *core_checks()],
             resources={
                 "fieldsales_api": make_api(server, folder),

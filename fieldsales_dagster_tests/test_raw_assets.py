@@ -11,7 +11,7 @@ import duckdb
 
 from fieldsales_dagster.assets.raw import ROW_COUNT_CHECK, row_count_check
 from fieldsales_dagster_tests.conftest import make_api
-from fieldsales_dagster_tests.project import raw_assets
+from fieldsales_dagster_tests.project import materialize, raw_assets
 
 RAW_KEYS = ["raw_events", "raw_transactions", "raw_event_groups"]
 
@@ -19,7 +19,7 @@ RAW_KEYS = ["raw_events", "raw_transactions", "raw_event_groups"]
 def test_raw_assets_materialize_with_metadata_and_passing_row_count_checks(
     demo_server, tmp_path, warehouse
 ):
-    result = dg.materialize(
+    result = materialize(
         raw_assets(),
         resources={"fieldsales_api": make_api(demo_server, tmp_path), "warehouse": warehouse},
     )
@@ -33,7 +33,7 @@ def test_raw_assets_materialize_with_metadata_and_passing_row_count_checks(
         assert metadata["dagster/table_name"].value == f"fieldsales.raw.{name}"
         columns = [column.name for column in metadata["dagster/column_schema"].value.columns]
         assert columns[:3] == ["id", "payload", "loaded_at"]
-    checks = result.get_asset_check_evaluations()
+    checks = row_count_checks(result)
     assert {c.check_name for c in checks} == {ROW_COUNT_CHECK}
     assert len(checks) == 3 and all(c.passed for c in checks)
     with duckdb.connect(warehouse.database, read_only=True) as conn:
@@ -50,9 +50,9 @@ def test_failed_raw_asset_run_reports_failure_and_keeps_previous_table(
 ):
     resources = {"fieldsales_api": make_api(demo_server, tmp_path), "warehouse": warehouse}
     assets = raw_assets()
-    assert dg.materialize(assets, resources=resources, selection=["raw_transactions"]).success
+    assert materialize(assets, resources=resources, selection=["raw_transactions"]).success
     demo_server.behaviour.inject("/public/v1/api/transaction/all", "status", times=999, status=500)
-    result = dg.materialize(
+    result = materialize(
         assets, resources=resources, selection=["raw_transactions"], raise_on_error=False
     )
     assert not result.success
@@ -61,7 +61,7 @@ def test_failed_raw_asset_run_reports_failure_and_keeps_previous_table(
 
 
 def test_token_never_appears_in_run_config_metadata_or_logs(demo_server, tmp_path, warehouse):
-    result = dg.materialize(
+    result = materialize(
         raw_assets(),
         resources={"fieldsales_api": make_api(demo_server, tmp_path), "warehouse": warehouse},
     )
@@ -116,24 +116,28 @@ def test_row_count_check_warns_when_a_load_moves_beyond_the_tolerance_of_the_pre
     assert not row_count_check(5, 0, 0.2).passed  # from empty to something is a move too
 
 
+def row_count_checks(result: dg.ExecuteInProcessResult) -> list:
+    return [c for c in result.get_asset_check_evaluations() if c.check_name == ROW_COUNT_CHECK]
+
+
 def test_row_count_check_compares_with_the_previous_materialization(
     demo_server, tmp_path, warehouse
 ):
     resources = {"fieldsales_api": make_api(demo_server, tmp_path), "warehouse": warehouse}
     assets = raw_assets()
     with dg.instance_for_test() as instance:
-        first = dg.materialize(
+        first = materialize(
             assets, resources=resources, selection=["raw_events"], instance=instance
         )
-        (check,) = first.get_asset_check_evaluations()
+        (check,) = row_count_checks(first)
         assert check.passed and "previous_rows" not in check.metadata
         before = demo_server.dataset.count("events")
         # 30 % fewer: past the check's 20 % tolerance, short of the loader's 50 % shrink guard.
         demo_server.behaviour.mutate("events", delete=before * 3 // 10)
-        second = dg.materialize(
+        second = materialize(
             assets, resources=resources, selection=["raw_events"], instance=instance
         )
-        (check,) = second.get_asset_check_evaluations()
+        (check,) = row_count_checks(second)
         assert not check.passed
         assert check.metadata["previous_rows"].value == before
         assert check.metadata["rows"].value == demo_server.dataset.count("events") < before

@@ -314,7 +314,8 @@ def test_pretty_printed_items_and_odd_ids_are_stored_as_received(tmp_path):
     assert [json.loads(payload) for _, _, payload in rows] == items
     ids = [row[0] for row in rows]
     assert ids[:2] == ["a", "42"]
-    assert all(ids) and len(set(ids)) == 5  # missing or unusable ids: a content hash
+    assert ids[3] == "odd\u0001id\nx"  # as received, never hashed
+    assert all(ids) and len(set(ids)) == 5  # missing ids, or objects: a content hash
     assert [row[1] for row in rows] == ["e1", None, "e2", "e3", "e4"]
 
 

@@ -173,5 +173,6 @@ def test_a_component_built_on_its_own_is_compared_with_nothing(monkeypatch):
     from fieldsales_dagster.component import FieldSalesComponent
 
     monkeypatch.setenv("FIELDSALES_API_TOKEN", "tenant-isolation-main-token")
-    defs = build_defs_for_component(FieldSalesComponent(base_url=BASE_URL))
+    # The default paths' folder (data/) need not exist here: create_dirs lets the load pass.
+    defs = build_defs_for_component(FieldSalesComponent(base_url=BASE_URL, create_dirs=True))
     assert len(defs.assets) == 18

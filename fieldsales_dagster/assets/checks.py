@@ -16,6 +16,7 @@ reads a table its asset does not depend on (``event_ids_known`` reads ``core.eve
 step with the other such checks, once every table they read is built.
 """
 
+import json
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 
@@ -325,6 +326,95 @@ def event_states_known(conn: duckdb.DuckDBPyConnection) -> dg.AssetCheckResult:
     )
 
 
+#: The tables whose query names, per row, the values it could not type (``untyped_values``, see
+#: ``sql/typed_values.sql``): the values_typed and values_finite checks count them.
+UNTYPED_VALUES_TABLES = (
+    "core_transactions",
+    "core_events",
+    "core_custom_report_results",
+    "core_dim_point_of_sale",
+)
+NOT_FINITE = "not finite"
+
+
+def untyped_values_found(table: CoreTable, not_finite: bool) -> Evaluate:
+    """Rows of ``table`` with a present value that could not be typed: NaN and infinity when
+    ``not_finite``, every other kind otherwise; with a count per field and a sample."""
+    key_text = " || ' / ' || ".join(
+        f"coalesce({quote_ident(c)}::VARCHAR, 'NULL')" for c in table.key
+    )
+    kind = "=" if not_finite else "<>"
+    sql = f"""
+        WITH entries AS (
+            SELECT {key_text} AS row_key, unnest(untyped_values) AS entry
+            FROM {qualified(table.table)}
+            WHERE untyped_values IS NOT NULL
+        ),
+        counted AS (
+            SELECT row_key, entry.field AS field, entry.value AS value, entry.problem AS problem
+            FROM entries
+            WHERE entry.problem {kind} '{NOT_FINITE}'
+        )
+        SELECT
+            count(DISTINCT row_key),
+            (SELECT coalesce(string_agg(field || ': ' || n, ', ' ORDER BY n DESC, field), '')
+             FROM (SELECT field, count(*) AS n FROM counted GROUP BY field)),
+            (SELECT coalesce(list([row_key, field, value, problem]), [])
+             FROM (SELECT * FROM counted ORDER BY row_key, field LIMIT {SAMPLE_SIZE}))
+        FROM counted
+    """
+    label = "rows_with_nan_or_infinity" if not_finite else "rows_with_untyped_values"
+
+    def _untyped_values(conn: duckdb.DuckDBPyConnection) -> dg.AssetCheckResult:
+        rows, by_field, sample = _fetch_one(conn, sql)
+        return dg.AssetCheckResult(
+            passed=rows == 0,
+            severity=dg.AssetCheckSeverity.WARN,
+            metadata={
+                label: int(rows),
+                "values_by_field": by_field,
+                # Ids and values may hold any character: shown as JSON strings.
+                "sample": "\n".join(
+                    f"{json.dumps(key)}: {field} = {json.dumps(value)} ({problem})"
+                    for key, field, value, problem in sample
+                ),
+            },
+        )
+
+    return _untyped_values
+
+
+def _untyped_values_checks() -> list[CoreCheck]:
+    """values_typed and values_finite, on every table of ``UNTYPED_VALUES_TABLES``."""
+    checks = []
+    for table in map(_asset_table, UNTYPED_VALUES_TABLES):
+        checks += [
+            CoreCheck(
+                table,
+                untyped_values_found(table, not_finite=False),
+                name="values_typed",
+                description=(
+                    f"Every value {table.table} types was typed: counts the rows where a present, "
+                    "non-empty value (a number, timestamp, boolean, object or array) could not "
+                    "be, so its column is NULL, with a sample of ids and values as received "
+                    "(untyped_values names them; raw.* keeps them). A warning: the data loads."
+                ),
+            ),
+            CoreCheck(
+                table,
+                untyped_values_found(table, not_finite=True),
+                name="values_finite",
+                description=(
+                    f"No NaN or infinity was sent for a value of {table.table}: counts the rows "
+                    'where one was ("NaN", "Infinity", 1e309, ...), stored as NULL, with a '
+                    "sample of ids. A warning: the data loads, and sums over the column stay "
+                    "numbers."
+                ),
+            ),
+        ]
+    return checks
+
+
 def _mart_totals_match(
     counts: tuple[str, int, str, int], values: tuple[str, float, str, float]
 ) -> dg.AssetCheckResult:
@@ -413,6 +503,7 @@ def core_checks() -> list[CoreCheck]:
             )
             for table in (*CORE_TABLES, *MART_TABLES)
         ),
+        *_untyped_values_checks(),
         CoreCheck(
             transactions,
             event_ids_known,

@@ -7,6 +7,8 @@ descriptions as DuckDB comments, swaps it in for the previous table (a failed qu
 previous table in place), and reports the table's described schema, row count and a few rows.
 """
 
+import functools
+import re
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from importlib import resources
@@ -36,6 +38,7 @@ from fieldsales_dagster.assets.metadata import table_metadata
 from fieldsales_dagster.assets.raw import raw_asset_name
 from fieldsales_dagster.client.endpoints import EVENTS, TRANSACTIONS
 from fieldsales_dagster.names import InstanceNames
+from fieldsales_dagster.pause import pause_at
 from fieldsales_dagster.warehouse.resource import (
     FieldSalesWarehouse,
     qualified,
@@ -385,15 +388,27 @@ SHARED_MACROS = (
     "raw_events_in_slices",
     "field_type_kinds",
     "known_event_states",
+    "typed_values",
 )
 
 
+@functools.cache
+def _macro_file(name: str) -> tuple[str, tuple[str, ...]]:
+    """``sql/<name>.sql`` as one statement list, and the names of the macros it defines."""
+    text = (resources.files("fieldsales_dagster") / "sql" / f"{name}.sql").read_text("utf-8")
+    defined = tuple(re.findall(r"CREATE OR REPLACE TEMP MACRO (\w+)\(", text))
+    return text.strip().rstrip(";"), defined
+
+
 def shared_macros_sql(query: str) -> str:
-    """The macros ``query`` calls (DuckDB binds a macro's tables when it is created)."""
-    files = resources.files("fieldsales_dagster") / "sql"
-    used = [name for name in SHARED_MACROS if f"{name}(" in query]
-    statements = [(files / f"{name}.sql").read_text("utf-8").strip().rstrip(";") for name in used]
-    return ";\n".join(statements)
+    """The macro files ``query`` calls a macro of (DuckDB binds a macro's tables when it is
+    created)."""
+    used = [
+        text
+        for text, defined in map(_macro_file, SHARED_MACROS)
+        if any(f"{macro}(" in query for macro in defined)
+    ]
+    return ";\n".join(used)
 
 
 def build_table(
@@ -418,6 +433,7 @@ def build_table(
         conn.execute(f"CREATE OR REPLACE TABLE {qualified(staged)} AS\n{query}", params or {})
         if before_swap is not None:
             before_swap(staged)
+        pause_at("core")
     except duckdb.Error as exc:
         conn.execute(f"DROP TABLE IF EXISTS {qualified(staged)}")
         raise RuntimeError(

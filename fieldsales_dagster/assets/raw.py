@@ -131,14 +131,16 @@ def build_raw_asset(
         name = raw_asset_name(endpoint)
         policy = RefreshPolicy.of(warehouse, config.refresh_mode)
         redacted: list[int] = []
+        # Two instances can run in one code location: every line names whose file it writes.
+        tenant = f"[{names.tenant}: {warehouse.database}] "
         with warehouse.get_connection() as conn:
             refresh = refresh_raw_list(
                 api,
                 conn,
                 endpoint,
                 policy,
-                log=context.log.info,
-                warn=context.log.warning,
+                log=lambda message: context.log.info(tenant + message),
+                warn=lambda message: context.log.warning(tenant + message),
                 max_shrink_fraction=warehouse.max_shrink_fraction,
                 allow_shrink=config.allow_shrink,
                 before_swap=lambda staged: redacted.append(

@@ -45,6 +45,14 @@ NO_NEW_IDS_PAGES = 3
 ItemKeys = tuple[str | int | float | None, ...]
 
 
+def id_text(value: object) -> str | None:
+    """An id as it is stored and compared: text. A JSON number ``1002`` is ``"1002"``, the id
+    ``"1002"`` is; ``None`` where there is no id (absent, ``null``, a boolean)."""
+    if value is None or isinstance(value, bool):
+        return None
+    return value if isinstance(value, str) else str(value)
+
+
 class PagingError(FieldSalesAPIError):
     """The server's pages cannot be a list: it pages forever, or claims an implausible total."""
 
@@ -146,8 +154,8 @@ def item_keys(items: list[msgspec.Raw], decode: msgspec.json.Decoder) -> list[It
 
 def _identity(keys: ItemKeys, item: msgspec.Raw) -> int:
     """What tells items apart: the ``_id``, or the whole item where it has none."""
-    item_id = keys[0]
-    return hash(("id", str(item_id))) if item_id is not None else hash(bytes(item))
+    item_id = id_text(keys[0])
+    return hash(("id", item_id)) if item_id is not None else hash(bytes(item))
 
 
 class SeenIds:

@@ -378,11 +378,14 @@ class FieldSalesAPI(dg.ConfigurableResource):
             if stats:
                 stats.count(retries=1)
             exc = state.outcome.exception() if state.outcome else None
+            # Counted in attempts, as the final error is: attempt 1 is the first request.
             log.warning(
-                f"{exc}; retry {state.attempt_number} of {retries} in {state.upcoming_sleep:.1f} s"
+                f"{exc}; attempt {attempts} of at most {retries + 1} failed, next in "
+                f"{state.upcoming_sleep:.1f} s"
             )
 
         while True:
+            attempts = 0  # a re-read token starts a new series of attempts
             retrying = tenacity.Retrying(
                 retry=tenacity.retry_if_exception_type(TransientHTTPError),
                 stop=stop,
@@ -393,11 +396,15 @@ class FieldSalesAPI(dg.ConfigurableResource):
             try:
                 return retrying(attempt)
             except TransientHTTPError as exc:
-                spent = f"gave up after {attempts} attempts in {time.monotonic() - started:.1f} s"
+                spent = (
+                    f"gave up after attempt {attempts} of at most {retries + 1}, "
+                    f"{time.monotonic() - started:.1f} s after the first"
+                )
                 if exc.unreachable:
                     raise UnreachableError(
-                        f"{exc}; {spent}. Check FIELDSALES_BASE_URL ({self.origin}) and that the "
-                        "instance is up and reachable from here."
+                        f"{exc}; {spent} (unreachable_budget_s={self.unreachable_budget_s:g}). "
+                        f"Check FIELDSALES_BASE_URL ({self.origin}) and that the instance is up "
+                        "and reachable from here."
                     ) from None
                 raise FieldSalesAPIError(
                     f"{exc}; {spent} (max_retries={retries}, retry_budget_s="

@@ -66,6 +66,12 @@ def _parser() -> argparse.ArgumentParser:
         default=0,
         help="serve the data as evolved to this generation (0: as generated; see Dataset.evolve)",
     )
+    p.add_argument(
+        "--numeric-event-ids",
+        action="store_true",
+        help="send events' _id as JSON numbers (1002), and transactions' eventId as a number or "
+        "its digits in a string, alternately",
+    )
     p.add_argument("--token", default=None, help="initial bearer token (default: random)")
     p.add_argument("--latency-ms", type=float, default=0.0, help="added before each response")
     p.add_argument("--limit-cap", type=int, default=None, help="serve at most N items per page")
@@ -107,6 +113,7 @@ def main(argv: list[str] | None = None) -> int:
             event_groups=args.event_groups,
             seed=args.seed,
             shape=_shape(args),
+            numeric_event_ids=args.numeric_event_ids,
         )
         server = DemoServer(config, host=args.host, port=args.port, token=args.token)
         server.behaviour.latency_s = max(0.0, args.latency_ms / 1000)

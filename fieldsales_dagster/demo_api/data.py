@@ -670,11 +670,22 @@ class Dataset:
     """Counts, ids and JSON rendering of every list the demo server holds."""
 
     ORPHAN_EVERY = 1000  # one transaction in this many references an event that does not exist
+    #: With ``numeric_event_ids``, event ``e`` (inserted ones after the base ones) is this + e.
+    NUMERIC_EVENT_ID_BASE = 1000
 
     def __init__(
-        self, transactions: int, events: int, event_groups: int, seed: int, shape: Shape = Shape()
+        self,
+        transactions: int,
+        events: int,
+        event_groups: int,
+        seed: int,
+        shape: Shape = Shape(),
+        numeric_event_ids: bool = False,
     ) -> None:
         self.n_tx = transactions
+        #: Events' ``_id`` as JSON numbers (``1002``), as some instances send them; transactions
+        #: then carry ``eventId`` as a number or as its digits in a string, alternately.
+        self.numeric_event_ids = numeric_event_ids
         self.n_events = events
         self.n_groups = event_groups
         self.seed = seed
@@ -720,12 +731,9 @@ class Dataset:
 
     def ids(self, name: str) -> Iterator[str]:
         """The ``_id`` of every item of list ``name`` currently on the server, in list order."""
-        make = self.codec.make
-        kinds = _ID_KINDS[name]
         for src, a, b in self.views[name].segments:
-            kind = kinds[src]
             for i in range(a, b):
-                yield make(kind, i)
+                yield self.item_id(name, src, i)
 
     def keys(self, name: str, skip: int = 0, limit: int | None = None) -> list[tuple[int, int]]:
         """``(src, index)`` keys of list positions ``skip..skip+limit``."""
@@ -740,6 +748,10 @@ class Dataset:
         return json.loads(from_wire(self.render(name, *keys[0])))
 
     def item_id(self, name: str, src: int, idx: int) -> str:
+        if name == "events" and src == BASE_SRC:
+            return self.event_id(idx)
+        if name == "events":
+            return self._ins_event_id(self.n_events + idx)
         return self.codec.make(_ID_KINDS[name][src], idx)
 
     def render(self, name: str, src: int, idx: int) -> str:
@@ -873,7 +885,7 @@ class Dataset:
             return []
         if event_id is None:
             return segs
-        parsed = self.codec.parse(event_id)
+        parsed = self._parse_event_id(event_id) or self.codec.parse(event_id)
         if parsed is None:
             return []
         kind, e = parsed
@@ -956,7 +968,8 @@ class Dataset:
         date = f',"date":"{sale_s[:11]}00:00:00.000Z"' if d[7] < 100 else ""
         credits = self._credits[d[8]]
         head = (
-            f'{{"_id":"{tid}","price":{price},"qty":{self._qty[d[1]]},"eventId":"{eid}",'
+            f'{{"_id":"{tid}","price":{price},"qty":{self._qty[d[1]]},'
+            f'"eventId":{self._event_id_json(eid, idx)},'
             f'"productId":"{pid}"{proxy if d[9] < 200 else ""},"saleTime":"{sale_s}",'
             f'"created":"{ts(created)}"{date}{invoice},"credits":{credits},'
             f'"item_credit_state":{"false" if credits == "0" else "true"},'
@@ -978,10 +991,30 @@ class Dataset:
     # ---- events ------------------------------------------------------------------------------
 
     def _event_id(self, e: int) -> str:
+        if self.numeric_event_ids:
+            return str(self.NUMERIC_EVENT_ID_BASE + e)
         return self.codec.make(K_EVENT, e)
 
     def _ins_event_id(self, e: int) -> str:
+        if self.numeric_event_ids:
+            return str(self.NUMERIC_EVENT_ID_BASE + e)
         return self.codec.make(K_EVENT_INS, e - self.n_events)
+
+    def _parse_event_id(self, text: str) -> tuple[int, int] | None:
+        """``(kind, index)`` of a numeric event id (``numeric_event_ids``); None otherwise."""
+        if not (self.numeric_event_ids and text.isascii() and text.isdigit()):
+            return None
+        e = int(text) - self.NUMERIC_EVENT_ID_BASE
+        if e < 0:
+            return None
+        return (K_EVENT, e) if e < self.n_events else (K_EVENT_INS, e - self.n_events)
+
+    def _event_id_json(self, eid: str, idx: int) -> str:
+        """An event id as a transaction's ``eventId``: a JSON string, or with
+        ``numeric_event_ids`` a JSON number for every other transaction."""
+        if self.numeric_event_ids and idx % 2 == 0 and eid.isdigit():
+            return eid
+        return f'"{eid}"'
 
     def _event_timing(self, e: int) -> tuple[int, int]:
         """(start ms of the first planned time, duration hours) of event ``e``.
@@ -1125,13 +1158,13 @@ class Dataset:
         if src == BASE_SRC:
             e = idx
             d = self.rng.bytes(K_EVENT, e)
-            eid = self.codec.make(K_EVENT, e)
+            eid = self.event_id(e)
             start, dur_h = self.event_timing(e)
             project = self.project_of_group(self.group_of_event(e))
         else:
             e = self.n_events + idx  # a virtual index for the per-event sub-ids
             d = self.rng.bytes(K_EVENT_INS, idx)
-            eid = self.codec.make(K_EVENT_INS, idx)
+            eid = self._ins_event_id(e)
             day = NOW_DAY + 5 + d[3] % 60
             start = day * DAY_MS + (8 + d[0] % 4) * HOUR_MS
             dur_h = 7
@@ -1205,7 +1238,7 @@ class Dataset:
             state = new
         area = self.area_obj(project, d[25] % 8)
         event: dict = {
-            "_id": eid,
+            "_id": int(eid) if self.numeric_event_ids else eid,
             "project_id": self.project_obj(project),
             "point_of_sale": self.pos_obj(pos, e, d),
             "pointOfSaleProjectStructure": {"area": area},
@@ -1259,7 +1292,7 @@ class Dataset:
             out.append(
                 {
                     "_id": self.codec.make(K_CRR, sub + k),
-                    "_event": eid,
+                    "_event": int(eid) if self.numeric_event_ids else eid,
                     "_project": project_id,
                     "created": ts(start + (k + 1) * 9 * HOUR_MS),
                     "reportResults": results,

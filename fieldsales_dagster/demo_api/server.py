@@ -53,6 +53,8 @@ class DemoConfig:
     event_groups: int | None = None  # default max(1, events // 10)
     seed: int = 0
     shape: Shape = Shape()
+    #: Events' ``_id`` as JSON numbers (see ``Dataset.numeric_event_ids``).
+    numeric_event_ids: bool = False
 
     def resolved(self) -> tuple[int, int, int]:
         events = self.events if self.events is not None else max(1, self.transactions // 40)
@@ -299,7 +301,14 @@ class DemoServer:
     ) -> None:
         self.config = config or DemoConfig()
         n_tx, n_events, n_groups = self.config.resolved()
-        self.dataset = Dataset(n_tx, n_events, n_groups, self.config.seed, self.config.shape)
+        self.dataset = Dataset(
+            n_tx,
+            n_events,
+            n_groups,
+            self.config.seed,
+            self.config.shape,
+            self.config.numeric_event_ids,
+        )
         self.behaviour = Behaviour(self.dataset)
         self._requests: collections.deque[RequestRecord] = collections.deque(maxlen=10_000)
         self.host = host

@@ -38,5 +38,5 @@ SELECT
     area.channel AS channel_ids,
     area.relatedUsers AS related_user_ids,
     area.active AS active,
-    area.created AT TIME ZONE 'UTC' AS created
+    finite_or_null(area.created) AT TIME ZONE 'UTC' AS created
 FROM latest_copy

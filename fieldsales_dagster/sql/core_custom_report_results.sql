@@ -41,7 +41,18 @@ WITH transaction_reports AS (
         id AS transaction_id,
         event_id AS raw_event_id,
         p
-    FROM decoded_rows()
+    -- In four slices (as raw_transactions_in_slices.sql reads raw.transactions): reportResults is
+    -- parsed here (report_results_map), and a slice hands the parser vectors of ~512 rows; the
+    -- heavy tenant's 2,048-row vectors did not fit test_core_memory's memory limit.
+    FROM (
+        SELECT * FROM decoded_rows() WHERE hash(id) % 4 = 0
+        UNION ALL
+        SELECT * FROM decoded_rows() WHERE hash(id) % 4 = 1
+        UNION ALL
+        SELECT * FROM decoded_rows() WHERE hash(id) % 4 = 2
+        UNION ALL
+        SELECT * FROM decoded_rows() WHERE hash(id) % 4 = 3
+    )
 ),
 
 transaction_results AS (
@@ -55,9 +66,9 @@ transaction_results AS (
             p._customReport._customReport._configcreatedTime._id
         ) AS config_id,
         -- reportResults is documented at _customReport; the nested shape is accepted too.
-        unnest(map_entries(coalesce(
+        unnest(map_entries(report_results_map(coalesce(
             p._customReport.reportResults, p._customReport._customReport.reportResults
-        ))) AS result
+        )))) AS result
     FROM transaction_reports
 ),
 
@@ -127,7 +138,7 @@ event_resolved AS (
 
 all_results AS (
     SELECT
-        resolved.* EXCLUDE (value_json),
+        resolved.*,
         resolved.value_json ->> '$' AS value_raw,
         json_type(resolved.value_json) AS json_type,
         kinds.value_kind AS field_kind
@@ -152,16 +163,22 @@ typed AS (
                 ELSE 'json_other'
             END
         ) AS value_kind,
-        CASE WHEN field_kind = 'number' THEN TRY_CAST(value_raw AS DOUBLE) END AS parsed_number
+        -- typed_values.sql: numbers and numeric strings; NaN and infinity are NULL.
+        CASE WHEN field_kind = 'number' THEN json_number(value_json) END AS value_number
     FROM all_results
 ),
 
 stepped AS (
     SELECT
         *,
-        CASE WHEN isfinite(parsed_number) THEN parsed_number END AS value_number,
         -- Slider values as a count of steps from the minimum (from 0 without a minimum).
-        (parsed_number - coalesce(slider_min, 0)) / nullif(slider_step, 0) AS steps
+        (value_number - coalesce(slider_min, 0)) / nullif(slider_step, 0) AS steps,
+        CASE
+            WHEN json_type = 'BOOLEAN' THEN value_raw = 'true'
+            WHEN value_kind = 'boolean' THEN boolean_answer(value_raw)
+        END AS value_bool,
+        CASE WHEN value_kind = 'json_number' THEN json_number(value_json) END
+            AS value_json_number
     FROM typed
 )
 
@@ -178,10 +195,7 @@ SELECT
     value_number,
     CASE WHEN value_kind = 'text' THEN value_raw END AS value_text,
     CASE WHEN value_kind = 'upload' THEN value_raw END AS file_ref,
-    CASE
-        WHEN json_type = 'BOOLEAN' THEN value_raw = 'true'
-        WHEN value_kind = 'boolean' THEN boolean_answer(value_raw)
-    END AS value_bool,
+    value_bool,
     CASE
         WHEN lower(field_type) = 'slider' AND value_number IS NOT NULL
             THEN (slider_min IS NULL OR value_number >= slider_min)
@@ -195,7 +209,14 @@ SELECT
     slider_max,
     slider_step,
     value_kind,
-    CASE WHEN value_kind = 'json_number' THEN TRY_CAST(value_raw AS DOUBLE) END
-        AS value_json_number,
-    CASE WHEN value_kind = 'json_string' THEN value_raw END AS value_json_text
+    value_json_number,
+    CASE WHEN value_kind = 'json_string' THEN value_raw END AS value_json_text,
+    -- A number or boolean field's answer that is neither (values_typed, values_finite checks).
+    untyped_values([
+        CASE value_kind
+            WHEN 'number' THEN untyped('value', value_json, value_number, 'a number')
+            WHEN 'json_number' THEN untyped('value', value_json, value_json_number, 'a number')
+            WHEN 'boolean' THEN untyped('value', value_json, value_bool, 'a boolean')
+        END
+    ]) AS untyped_values
 FROM stepped

@@ -57,7 +57,8 @@ decoded AS (
                     OR json_exists(entry.value, '$.formatted_address')
                     OR json_exists(entry.value, '$.geometry')
                 )
-        )[1] AS places_entry
+        )[1] AS places_entry,
+        pos
     FROM pos_objects
 )
 
@@ -74,24 +75,56 @@ SELECT
     p.address.email AS email,
     p.address.fax AS fax,
     p.address.website AS website,
-    TRY_CAST(coalesce(
-        json_extract_string(p.location, '$[0]'),
-        json_extract_string(p.location, '$.coordinates[0]')
-    ) AS DOUBLE) AS longitude,
-    TRY_CAST(coalesce(
-        json_extract_string(p.location, '$[1]'),
-        json_extract_string(p.location, '$.coordinates[1]')
-    ) AS DOUBLE) AS latitude,
+    location_longitude(p.location) AS longitude,
+    location_latitude(p.location) AS latitude,
     list_transform(p.locationGroups, lambda g: g._id) AS location_group_ids,
     list_transform(p.locationGroups, lambda g: g.name) AS location_group_names,
     places_entry.key AS places_source,
     json_extract_string(places_entry.value, '$.place_id') AS place_id,
     json_extract_string(places_entry.value, '$.formatted_address') AS formatted_address,
-    TRY_CAST(json_extract_string(places_entry.value, '$.rating') AS DOUBLE) AS rating,
-    TRY_CAST(json_extract_string(places_entry.value, '$.user_ratings_total') AS BIGINT)
-        AS user_ratings_total,
-    TRY_CAST(json_extract_string(places_entry.value, '$.geometry.location.lat') AS DOUBLE)
-        AS place_lat,
-    TRY_CAST(json_extract_string(places_entry.value, '$.geometry.location.lng') AS DOUBLE)
-        AS place_lng
-FROM decoded
+    json_number(places.rating) AS rating,
+    json_integer(places.user_ratings_total) AS user_ratings_total,
+    json_number(places.place_lat) AS place_lat,
+    json_number(places.place_lng) AS place_lng,
+    -- typed_values.sql: what could not be typed (the values_typed and values_finite checks).
+    untyped_values([
+        untyped(
+            'location',
+            p.location,
+            location_longitude(p.location) + location_latitude(p.location),
+            'a [longitude, latitude] pair'
+        ),
+        untyped_shape('address', pos, '$.address', shapes[1], 'OBJECT'),
+        untyped_shape('locationGroups', pos, '$.locationGroups', shapes[2], 'ARRAY'),
+        untyped('placesResult.rating', places.rating, json_number(places.rating), 'a number'),
+        untyped(
+            'placesResult.user_ratings_total',
+            places.user_ratings_total,
+            json_integer(places.user_ratings_total),
+            'a whole number'
+        ),
+        untyped(
+            'placesResult.geometry.location.lat',
+            places.place_lat,
+            json_number(places.place_lat),
+            'a number'
+        ),
+        untyped(
+            'placesResult.geometry.location.lng',
+            places.place_lng,
+            json_number(places.place_lng),
+            'a number'
+        )
+    ]) AS untyped_values
+FROM (
+    SELECT
+        *,
+        json_type(pos, ['$.address', '$.locationGroups']) AS shapes,
+        {
+            'rating': json_extract(places_entry.value, '$.rating'),
+            'user_ratings_total': json_extract(places_entry.value, '$.user_ratings_total'),
+            'place_lat': json_extract(places_entry.value, '$.geometry.location.lat'),
+            'place_lng': json_extract(places_entry.value, '$.geometry.location.lng')
+        } AS places
+    FROM decoded
+)

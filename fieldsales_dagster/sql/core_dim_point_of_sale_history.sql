@@ -34,14 +34,8 @@ copies AS (
             'postal': nullif(p.address.postal, ''),
             'city': nullif(p.address.city, ''),
             'additional': nullif(p.address.additional, ''),
-            'longitude': TRY_CAST(coalesce(
-                json_extract_string(p.location, '$[0]'),
-                json_extract_string(p.location, '$.coordinates[0]')
-            ) AS DOUBLE),
-            'latitude': TRY_CAST(coalesce(
-                json_extract_string(p.location, '$[1]'),
-                json_extract_string(p.location, '$.coordinates[1]')
-            ) AS DOUBLE)
+            'longitude': location_longitude(p.location),
+            'latitude': location_latitude(p.location)
         } AS copy
     FROM carried
     JOIN core.events AS events ON events.event_id = carried.event_id

@@ -24,7 +24,7 @@ SELECT
     item.entry._id AS history_id,
     nullif(trim(item.entry.stateOld), '') AS state_old,
     item.entry.stateNew AS state_new,
-    item.entry.date AT TIME ZONE 'UTC' AS changed_at,
+    finite_or_null(item.entry.date) AT TIME ZONE 'UTC' AS changed_at,
     item.entry.user AS user_id,
     item.entry.historyType AS history_type,
     item.entry.ip AS client_ip

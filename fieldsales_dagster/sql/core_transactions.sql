@@ -5,14 +5,27 @@
 -- core.custom_report_results need into one struct, and the columns below only read that struct.
 -- decoded_rows() is that table: all of it for a whole build; after an incremental raw load only
 -- its added rows, whose rows replace those of the changed transactions (follow.py).
--- Timestamps arrive as ISO 8601 with an offset ('...Z'); they are read as TIMESTAMPTZ so that a
--- non-UTC offset is honoured, then stored as plain UTC TIMESTAMP.
+-- Numbers, timestamps, booleans and the invoice list are typed by typed_values.sql: timestamps
+-- arrive as ISO 8601 with an offset ('...Z'), which is honoured, and are stored as plain UTC
+-- TIMESTAMP; NaN and infinity are NULL. untyped_values names every present value that could not
+-- be typed (the values_typed and values_finite checks count them).
 WITH decoded AS (
     SELECT
         id AS transaction_id,
         event_id AS raw_event_id,
         loaded_at,
-        p
+        p,
+        json_number(p.price) AS price,
+        json_number(p.qty) AS qty,
+        json_timestamp(p.saleTime) AS sale_time,
+        json_timestamp(p.created) AS created,
+        json_timestamp(p.date) AS date,
+        json_text_list(p.invoice_id) AS invoice_ids,
+        json_number(p.credits) AS credits,
+        json_boolean(p.item_credit_state) AS item_credit_state,
+        json_boolean(p.exportDetails.processed) AS export_processed,
+        coalesce(p._customReport.reportResults, p._customReport._customReport.reportResults)
+            AS report_results
     FROM decoded_rows()
 )
 
@@ -21,18 +34,18 @@ SELECT
     coalesce(p.eventId, raw_event_id) AS event_id,
     p.productId AS product_id,
     p.proxyProductName AS proxy_product_name,
-    p.price AS price,
-    p.qty AS qty,
-    p.price * p.qty AS total_value,
-    p.saleTime AT TIME ZONE 'UTC' AS sale_time,
-    p.created AT TIME ZONE 'UTC' AS created,
-    p.date AT TIME ZONE 'UTC' AS date,
+    price,
+    qty,
+    finite_or_null(price * qty) AS total_value,
+    sale_time,
+    created,
+    date,
     p.invoice_status AS invoice_status,
-    p.invoice_id AS invoice_ids,
+    invoice_ids,
     p.prev_invoice_id AS prev_invoice_id,
-    p.credits AS credits,
-    p.item_credit_state AS item_credit_state,
-    p.exportDetails.processed AS export_processed,
+    credits,
+    item_credit_state,
+    export_processed,
     -- The configuration sits at _customReport or one level deeper, depending on the response
     -- shape; _customReportConfig names it, and the embedded configuration's _id is the fallback.
     coalesce(
@@ -48,5 +61,22 @@ SELECT
         OR p._customReport._customReport._configcreatedTime IS NOT NULL,
         false
     ) AS custom_report_config_embedded,
-    loaded_at
+    loaded_at,
+    untyped_values([
+        untyped('price', p.price, price, 'a number'),
+        untyped('qty', p.qty, qty, 'a number'),
+        untyped('saleTime', p.saleTime, sale_time, 'a timestamp'),
+        untyped('created', p.created, created, 'a timestamp'),
+        untyped('date', p.date, date, 'a timestamp'),
+        untyped('invoice_id', p.invoice_id, invoice_ids, 'an array'),
+        untyped('credits', p.credits, credits, 'a number'),
+        untyped('item_credit_state', p.item_credit_state, item_credit_state, 'a boolean'),
+        untyped('exportDetails.processed', p.exportDetails.processed, export_processed, 'a boolean'),
+        untyped(
+            '_customReport.reportResults',
+            report_results,
+            CASE WHEN json_type(report_results) = 'OBJECT' THEN true END,
+            'an object'
+        )
+    ]) AS untyped_values
 FROM decoded

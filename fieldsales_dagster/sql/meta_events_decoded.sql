@@ -23,6 +23,7 @@ SELECT
     p.point_of_sale,
     p.pointOfSaleProjectStructure.area AS area,
     p.eventState AS event_state,
+    -- start and stop as JSON: core.events types them (json_timestamp) and names what it cannot.
     p.times,
     p.eventUser AS event_users,
     p.eventStateHistory AS state_history,
@@ -44,7 +45,27 @@ SELECT
             "additional": "VARCHAR"
         },
         "location": "JSON"
-    }') AS pos_fields
+    }') AS pos_fields,
+    -- The lists and reports the parse gave NULL for, as received where they are present (a list
+    -- that is not an array, a reportResults that is not an object): core.events names them in
+    -- untyped_values (typed_values.sql) without reading the payload. The payload is read again
+    -- only for such rows, and only here: computing the untyped_values entries in this query took
+    -- it past the memory a heavy tenant's decode fits in.
+    CASE WHEN p.times IS NULL THEN json_extract(parsed.payload, '$.times') END AS unparsed_times,
+    CASE
+        WHEN p.eventUser IS NULL THEN json_extract(parsed.payload, '$.eventUser')
+    END AS unparsed_event_users,
+    CASE
+        WHEN p.eventStateHistory IS NULL THEN json_extract(parsed.payload, '$.eventStateHistory')
+    END AS unparsed_state_history,
+    CASE
+        WHEN p.customReportResult IS NULL THEN json_extract(parsed.payload, '$.customReportResult')
+    END AS unparsed_report_results,
+    CASE
+        WHEN list_contains(
+            list_transform(p.customReportResult, lambda r: r.reportResults IS NULL), true
+        ) THEN json_extract(parsed.payload, '$.customReportResult[*].reportResults')
+    END AS unparsed_report_result_maps
 FROM (
     SELECT
         e.id,
@@ -54,7 +75,7 @@ FROM (
             "point_of_sale": "JSON",
             "pointOfSaleProjectStructure": {"area": "JSON"},
             "eventState": "VARCHAR",
-            "times": [{"start": "TIMESTAMPTZ", "stop": "TIMESTAMPTZ"}],
+            "times": [{"start": "JSON", "stop": "JSON"}],
             "eventUser": [{
                 "_id": "VARCHAR",
                 "firstName": "VARCHAR",
@@ -77,6 +98,7 @@ FROM (
                 "_event": "VARCHAR",
                 "reportResults": "MAP(VARCHAR, STRUCT(value JSON, name VARCHAR, fieldId VARCHAR))"
             }]
-        }') AS p
+        }') AS p,
+        e.payload
     FROM rows_to_decode() AS e
 ) AS parsed

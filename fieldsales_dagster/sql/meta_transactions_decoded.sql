@@ -7,11 +7,11 @@
 -- bound the JSON parser's memory (see raw_transactions_in_slices.sql), for a full decode; after
 -- an incremental raw load, only the rows the decode lacks (new ids, or a newer loaded_at).
 --
--- json_transform reads each key independently (absent or mistyped: NULL), so the union of both
--- tables' paths gives each table exactly what its own parse gave. Timestamps are read as
--- TIMESTAMPTZ so that a non-UTC offset is honoured; the core tables store them as UTC TIMESTAMP.
--- Each report value is kept as JSON so its JSON type is known (a string's characters are kept,
--- so "00123" stays "00123").
+-- json_transform reads each key independently (absent: NULL), so the union of both tables' paths
+-- gives each table exactly what its own parse gave. Values the core tables type (numbers,
+-- timestamps, booleans, the invoice list, reportResults) are kept as JSON: the core queries type
+-- them with typed_values.sql, and name those that cannot be typed. Each report value is kept as
+-- JSON too, so its JSON type is known (a string's characters are kept: "00123" stays "00123").
 SELECT
     t.id,
     t.event_id,
@@ -20,24 +20,24 @@ SELECT
         "eventId": "VARCHAR",
         "productId": "VARCHAR",
         "proxyProductName": "VARCHAR",
-        "price": "DOUBLE",
-        "qty": "DOUBLE",
-        "saleTime": "TIMESTAMPTZ",
-        "created": "TIMESTAMPTZ",
-        "date": "TIMESTAMPTZ",
+        "price": "JSON",
+        "qty": "JSON",
+        "saleTime": "JSON",
+        "created": "JSON",
+        "date": "JSON",
         "invoice_status": "VARCHAR",
-        "invoice_id": "VARCHAR[]",
+        "invoice_id": "JSON",
         "prev_invoice_id": "VARCHAR",
-        "credits": "DOUBLE",
-        "item_credit_state": "BOOLEAN",
-        "exportDetails": {"processed": "BOOLEAN"},
+        "credits": "JSON",
+        "item_credit_state": "JSON",
+        "exportDetails": {"processed": "JSON"},
         "_customReport": {
             "_customReportConfig": "VARCHAR",
-            "reportResults": "MAP(VARCHAR, STRUCT(value JSON, name VARCHAR, fieldId VARCHAR))",
+            "reportResults": "JSON",
             "_configcreatedTime": {"_id": "VARCHAR"},
             "_customReport": {
                 "_customReportConfig": "VARCHAR",
-                "reportResults": "MAP(VARCHAR, STRUCT(value JSON, name VARCHAR, fieldId VARCHAR))",
+                "reportResults": "JSON",
                 "_configcreatedTime": {"_id": "VARCHAR"}
             }
         }

@@ -44,6 +44,7 @@ from typing import Annotated
 import msgspec
 from filelock import FileLock, Timeout
 
+from fieldsales_dagster.pause import pause_at
 from fieldsales_dagster.token.secret import TokenFormatError, clean_token
 
 FORMAT_VERSION = 1
@@ -381,9 +382,29 @@ class TokenStore:
                 f"Cannot lock the token store {self.lock_path}: {exc.strerror}."
             ) from None
         try:
+            self._finish_dead_writes()
             yield
         finally:
             lock.release()
+
+    def _finish_dead_writes(self) -> None:
+        """Under the lock: the temporary files of writers that died (no live one holds the lock).
+
+        A complete one newer than the store is the write a killed renewal was about to commit
+        (the server had already rotated the token), so it is committed now; any other is removed.
+        """
+        for leftover in self.path.parent.glob(f".{self.path.name}.*.tmp"):
+            try:
+                candidate = StoredToken.decode(leftover.read_bytes(), leftover)
+                self._check_origin(candidate)
+                stored = self.read()
+            except (OSError, TokenStoreError):
+                candidate = stored = None
+            if candidate is not None and (stored is None or candidate.issued_at > stored.issued_at):
+                os.replace(leftover, self.path)
+                self._fsync_directory(self.path.parent)
+            else:
+                leftover.unlink(missing_ok=True)
 
     def _ensure_directory(self) -> None:
         try:
@@ -477,6 +498,7 @@ class _PendingWrite:
                 os.fsync(self.fd)
             finally:
                 self._close()
+            pause_at("token_store")
             os.replace(self.tmp_path, self.store.path)
             self.done = True
         except OSError as exc:

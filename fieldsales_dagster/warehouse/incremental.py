@@ -34,13 +34,15 @@ import duckdb
 
 from fieldsales_dagster.client.endpoints import EVENTS, TRANSACTIONS, ListEndpoint
 from fieldsales_dagster.client.errors import FieldSalesAPIError, PageFormatError
-from fieldsales_dagster.client.pager import ListStats, Page, item_keys, key_decoder
+from fieldsales_dagster.client.pager import ListStats, Page, id_text, item_keys, key_decoder
 from fieldsales_dagster.client.resource import FieldSalesAPI
+from fieldsales_dagster.pause import pause_at
 from fieldsales_dagster.warehouse.raw_load import (
     LoadReport,
     StagingWriter,
     load_list,
     raw_table_ddl,
+    spool_root,
 )
 from fieldsales_dagster.warehouse.refresh_mode import (
     IncrementalRefreshError,
@@ -515,12 +517,14 @@ def _fetch_by_event(
             )
         new: set[object] = set()
         for item, (item_id, item_event) in zip(page.items, keys, strict=True):  # type: ignore[misc]
-            if item_event != event_id:
+            # Ids compare as text: eventId 1002 (a JSON number) is event "1002".
+            if id_text(item_event) != event_id:
                 raise EventFilterIgnored(
                     f"GET {TRANSACTIONS.path}?eventId={event_id} returned a transaction of "
                     f"event {item_event!r}: the server ignores the eventId filter"
                 )
-            new.add(("id", str(item_id)) if item_id is not None else bytes(item))
+            item_text = id_text(item_id)
+            new.add(("id", item_text) if item_text is not None else bytes(item))
         if page.total is not None and (not state.totals or state.totals[-1] != page.total):
             state.totals.append(page.total)
         if page.n and not (new - state.ids):
@@ -557,7 +561,10 @@ def _fetch_by_event(
             )
         fetched.events_done += 1
 
-    with tempfile.TemporaryDirectory(prefix="fieldsales-spool-") as tmp:
+    spools = spool_root(conn)
+    if spools is not None:
+        spools.mkdir(parents=True, exist_ok=True)
+    with tempfile.TemporaryDirectory(prefix="transactions-by-event-", dir=spools) as tmp:
         writer = StagingWriter(conn, TRANSACTIONS, STAGE_TABLE, loaded_at, Path(tmp), 32 << 20)
         pool = ThreadPoolExecutor(max_workers=api.concurrency, thread_name_prefix="fieldsales-ev")
         in_flight: dict[Future[Page], tuple[str, int]] = {}
@@ -655,6 +662,7 @@ def _merge(
         # After before_swap: a redacted payload compares with the redacted one stored.
         new = dict(conn.execute(f"SELECT id, hash(payload::VARCHAR) FROM {stage}").fetchall())
         deleted = _delete_replaced(conn, moved=len(old) > len(replaced))
+        pause_at("merge")
         _insert_staged(conn)
         rows = conn.execute(f"SELECT count(*) FROM {target}").fetchone()[0]
         # Every id stays distinct by construction: the stored table was (a full load drops

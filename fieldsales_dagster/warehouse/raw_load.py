@@ -3,7 +3,9 @@
 Pages go to DuckDB as bytes. Each item (already validated JSON) becomes one spool line,
 ``id \x01 [extra columns \x01] payload``, its ids decoded once by the pager; every
 ``spool_bytes`` a separate thread hands the spool to DuckDB's CSV reader (one column per
-``\x01``-separated field: valid JSON never holds a raw control byte) in one ``INSERT``. Fetching,
+``\x01``-separated field: valid JSON never holds a raw control byte) in one ``INSERT``. An id
+holding a control character (a line break, the separator) rides escaped as a JSON string and is
+decoded back by the insert, so every id is stored exactly as received (``spool_field``). Fetching,
 spooling and inserting overlap, and memory holds a few pages whatever the list's size; the spool
 waits on disk beside the database (``<db dir>/.fieldsales_spool/``), not in memory.
 
@@ -19,7 +21,7 @@ from __future__ import annotations
 
 import os
 import queue
-import shutil
+import re
 import tempfile
 import threading
 import time
@@ -40,15 +42,17 @@ from fieldsales_dagster.client.pager import (
     Page,
     Pager,
     gap_windows,
+    id_text,
     item_keys,
     key_decoder,
 )
 from fieldsales_dagster.client.resource import FieldSalesAPI
+from fieldsales_dagster.pause import pause_at
 from fieldsales_dagster.warehouse.resource import (
-    STAGE_PREFIX,
     qualified,
     quote_ident,
     replace_table,
+    spool_folder,
     staging_table,
     table_exists,
 )
@@ -57,6 +61,11 @@ from fieldsales_dagster.warehouse.resource import (
 #: The reader's buffer is twice that: larger buffers measured slower and took more memory.
 MAX_ITEM_BYTES = 4 * 1024 * 1024
 FIELD_SEP = b"\x01"
+#: Starts a spool field that holds its id as a JSON string (see ``spool_field``).
+ESCAPED_FIELD = b"\x02"
+#: Characters an id cannot carry in a spool line as it is: the separators, line breaks, and (so
+#: that no id that rides as it is starts with ``ESCAPED_FIELD``) every other control character.
+_CONTROL = re.compile("[\x00-\x1f]")
 #: Repair rounds (head and tail re-fetched) of one pass before the list is paged again.
 MAX_REPAIRS = 5
 #: Bytes of items per insert statement. Larger statements fill DuckDB row groups in the
@@ -64,7 +73,6 @@ MAX_REPAIRS = 5
 #: 100k transactions). The spool waits on disk, not in memory.
 SPOOL_BYTES = 128 * 1024 * 1024
 #: Folder beside the database that holds spools while a load runs.
-SPOOL_DIR_NAME = ".fieldsales_spool"
 
 
 class RawLoadError(RuntimeError):
@@ -121,21 +129,37 @@ def _insert_sql(endpoint: ListEndpoint, table: str) -> str:
     # content hash, so identical copies collapse and distinct items stay distinct.
     return (
         f"INSERT INTO {qualified(table)} (id, payload, loaded_at{''.join(', ' + c for c in extra)})"
-        f" SELECT coalesce(id, md5(payload)), payload::JSON, $loaded_at"
-        f"{''.join(', ' + c for c in extra)}"
+        f" SELECT coalesce({_unescaped('id')}, md5(payload)), payload::JSON, $loaded_at"
+        f"{''.join(', ' + _unescaped(c) for c in extra)}"
         f" FROM read_csv($path, columns = {{{columns}}}, delim = chr(1), quote = '',"
         f" escape = '', header = false, auto_detect = false, nullstr = '',"
         f" max_line_size = {MAX_ITEM_BYTES}, buffer_size = {2 * MAX_ITEM_BYTES})"
     )
 
 
-def _clean_key(value: object) -> bytes:
-    if value is None or isinstance(value, bool):
+def _unescaped(column: str) -> str:
+    """SQL giving the id a spool field holds (``spool_field``), escaped or not."""
+    escaped = ESCAPED_FIELD.decode()
+    return (
+        f"CASE WHEN starts_with({column}, chr({ord(escaped)})) "
+        f"THEN json_extract_string(substr({column}, 2), '$') ELSE {column} END"
+    )
+
+
+def spool_field(value: object) -> bytes:
+    """An id (``_id`` or an extra column's key) as one spool field; empty where there is none.
+
+    Ids are text (``id_text``: the JSON number 1002 is "1002"). An id holding a control
+    character, a line break or the separator for example, cannot ride a spool line as it is: it
+    rides as ``ESCAPED_FIELD`` + the id as a JSON string (which holds no raw control character),
+    and the insert decodes it back, so the id is stored exactly as received.
+    """
+    text = id_text(value)
+    if not text:
         return b""
-    text = str(value).encode()
-    # An id holding the separator or a line break (decoded from a JSON escape) cannot ride in
-    # the spool; DuckDB then hashes the payload instead, which keeps the item distinct.
-    return b"" if FIELD_SEP in text or b"\n" in text or b"\r" in text else text
+    if _CONTROL.search(text):
+        return ESCAPED_FIELD + msgspec.json.encode(text)
+    return text.encode()
 
 
 def _item_lines(items: list[msgspec.Raw], keys: list[ItemKeys]) -> bytes:
@@ -146,7 +170,7 @@ def _item_lines(items: list[msgspec.Raw], keys: list[ItemKeys]) -> bytes:
         if b"\n" in payload or b"\r" in payload:
             # Only whitespace between tokens can hold a raw line break in valid JSON.
             payload = payload.replace(b"\r", b" ").replace(b"\n", b" ")
-        lines.append(FIELD_SEP.join((*(_clean_key(v) for v in values), payload)))
+        lines.append(FIELD_SEP.join((*(spool_field(v) for v in values), payload)))
     lines.append(b"")
     return b"\n".join(lines)
 
@@ -160,8 +184,9 @@ def _page_parts(page: Page, keys: list[ItemKeys]) -> list[bytes | msgspec.Raw] |
     """The same lines as ``_item_lines``, as buffers to write in order, built in a few C-level
     passes over the whole page (no copy of the payloads).
 
-    Only for the usual page: every key a string (or absent), none holding the separator or a line
-    break, and a body known to hold no raw line break; ``None`` otherwise.
+    Only for the usual page: every key a string (or absent), none holding a control character
+    (``spool_field`` escapes those), and a body known to hold no raw line break; ``None``
+    otherwise.
     """
     items = page.items
     if page.line_breaks or not items:
@@ -173,7 +198,7 @@ def _page_parts(page: Page, keys: list[ItemKeys]) -> list[bytes | msgspec.Raw] |
         keys = [tuple(value or "" for value in values) for values in keys]
         flat = [value or "" for value in flat]
     joined = "".join(flat)  # type: ignore[arg-type]
-    if "\x01" in joined or "\n" in joined or "\r" in joined:
+    if _CONTROL.search(joined):
         return None
     # b"id\x01extra\x01" per item, encoded in one call (the ids hold no line break to split on).
     prefixes = ("\x01\n".join(map("\x01".join, keys)) + "\x01").encode().split(b"\n")  # type: ignore[arg-type]
@@ -431,33 +456,7 @@ def spool_root(conn: duckdb.DuckDBPyConnection) -> Path | None:
     ).fetchone()
     if not row or not row[0]:
         return None
-    database = Path(row[0]).resolve()
-    return database.parent / SPOOL_DIR_NAME / database.name
-
-
-def clean_leftovers(conn: duckdb.DuckDBPyConnection, schema: str, spools: Path | None) -> list[str]:
-    """Drop ``_stage_*`` tables and spool folders a killed load left behind; returns what went.
-
-    Safe because the caller holds the warehouse's write lock: no other load of this database runs.
-    """
-    stale = [
-        name
-        for (name,) in conn.execute(
-            "SELECT table_name FROM duckdb_tables() WHERE schema_name = ? AND starts_with"
-            "(table_name, ?)",
-            [schema, STAGE_PREFIX],
-        ).fetchall()
-    ]
-    for name in stale:
-        conn.execute(f"DROP TABLE IF EXISTS {quote_ident(schema)}.{quote_ident(name)}")
-    removed = [f"{schema}.{name}" for name in stale]
-    if spools is not None and spools.is_dir():
-        for leftover in spools.iterdir():
-            shutil.rmtree(leftover, ignore_errors=True) if leftover.is_dir() else leftover.unlink(
-                missing_ok=True
-            )
-            removed.append(str(leftover))
-    return removed
+    return spool_folder(Path(row[0]))
 
 
 def _table_rows(conn: duckdb.DuckDBPyConnection, table: str) -> int | None:
@@ -505,6 +504,7 @@ def _stage_pages(
         for pager in pagers:
             for page in pager.run():
                 writer.add(page)
+                pause_at("loading")
         writer.finish()
     finally:
         writer.close()  # joins the inserter (and its transaction) before anything else runs
@@ -540,10 +540,6 @@ def load_list(
     stage = staging_table(endpoint.raw_table)
     conn.execute(f"CREATE SCHEMA IF NOT EXISTS {quote_ident(schema)}")
     spools = spool_dir if spool_dir is not None else spool_root(conn)
-    # A given spool_dir may be shared: only the folder this module owns is emptied.
-    removed = clean_leftovers(conn, schema, None if spool_dir is not None else spools)
-    if removed:
-        log(f"{endpoint.name}: removed what an interrupted load left behind: {', '.join(removed)}")
     if spools is not None:
         spools.mkdir(parents=True, exist_ok=True)
     totals = ListStats()  # summed over passes

@@ -3,11 +3,12 @@
 DuckDB allows one read-write process per file, or any number of read-only ones, never both. So
 the pipeline never opens the file analysts read (``database``, FIELDSALES_DUCKDB_PATH): every
 asset writes its own working database beside it (``working_database``, by default
-``<name>.working.duckdb``), one writer at a time behind a lock file. Once per run, when the run
-ends, the working database is published: checkpointed, copied to a temporary file beside
-``database``, fsynced, and renamed over ``database`` in one atomic step. A reader holding the old
-file keeps its consistent snapshot (the old inode); a connection opened after the rename sees the
-new tables; no reader ever makes a refresh wait, or sees a mix of old and new tables.
+``<name>.working.duckdb``), one writer at a time behind a lock file. The run's publish step
+(``assets/publish.py``), after its last writer, publishes the working database: checkpointed,
+copied to a temporary file beside ``database``, fsynced, and renamed over ``database`` in one
+atomic step. A reader holding the old file keeps its consistent snapshot (the old inode); a
+connection opened after the rename sees the new tables; no reader ever makes a refresh wait, or
+sees a mix of old and new tables.
 
 A MotherDuck database (``md:...``) is shared by the service itself: assets connect to it directly,
 without the local lock, the working copy or the publish step.
@@ -15,8 +16,10 @@ without the local lock, the working copy or the publish step.
 
 from __future__ import annotations
 
+import errno
 import os
 import secrets
+import shutil
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -29,18 +32,30 @@ import dagster as dg
 import duckdb
 import filelock
 import tenacity
-from pydantic import Field, PrivateAttr, field_validator, model_validator
+from pydantic import Field, field_validator, model_validator
 
+from fieldsales_dagster.paths import PathSettingError, check_file_setting, resolved
+from fieldsales_dagster.pause import pause_at
 from fieldsales_dagster.warehouse.refresh_mode import validate_refresh_mode
 
 DEFAULT_DUCKDB_PATH = "data/fieldsales.duckdb"
 MOTHERDUCK_PREFIX = "md:"
 #: Suffix of the working database's stem: ``fieldsales.duckdb`` -> ``fieldsales.working.duckdb``.
 WORKING_SUFFIX = ".working"
+#: Temporary files, named so the next run recognises a dead run's: the working database being
+#: seeded (``<working>.seeding``) and a publish's copy (``.<database>.publish-<hex>``).
+SEEDING_SUFFIX = ".seeding"
+PUBLISH_INFIX = ".publish-"
+#: Spool files of raw loads: ``<folder>/.fieldsales_spool/<working database's name>/``.
+SPOOL_DIR_NAME = ".fieldsales_spool"
 
 
 class WarehouseBusyError(RuntimeError):
     """Another program holds the DuckDB file."""
+
+
+class WarehousePathError(ValueError):
+    """``database`` points somewhere the pipeline cannot write (see ``paths.py``)."""
 
 
 class PublishError(RuntimeError):
@@ -70,6 +85,7 @@ class Publication:
             "fieldsales/published_path": dg.MetadataValue.path(str(self.path)),
             "fieldsales/published_at": dg.MetadataValue.timestamp(self.published_at),
             "fieldsales/publish_seconds": dg.MetadataValue.float(round(self.seconds, 3)),
+            "fieldsales/published_bytes": dg.MetadataValue.int(self.bytes),
             "fieldsales/published_megabytes": dg.MetadataValue.float(round(self.bytes / 1e6, 1)),
             "fieldsales/publish_copy_method": dg.MetadataValue.text(self.copy_method),
         }
@@ -80,9 +96,8 @@ class FieldSalesWarehouse(dg.ConfigurableResource):
 
     Assets call ``get_connection()``, which opens the working database; assets of this project
     queue on a lock file beside it (``<working database>.lock``) so that Dagster may run them in
-    parallel processes. When a run that materialized any asset ends, the working database is
-    published over ``database`` (see the module docstring) and the run's assets get an
-    observation saying when and at what cost.
+    parallel processes. ``publish()`` replaces ``database`` with the working database (see the
+    module docstring); every run that wrote calls it in its publish step.
     """
 
     database: str = Field(
@@ -148,6 +163,13 @@ class FieldSalesWarehouse(dg.ConfigurableResource):
             "teams that must not store them at all. raw.* then no longer holds them 'as received'."
         ),
     )
+    create_dirs: bool = Field(
+        default=False,
+        description=(
+            "FIELDSALES_CREATE_DIRS: create the folder of database when it is missing. Off: a "
+            "missing folder fails the run's first step, naming the path."
+        ),
+    )
     # Refresh modes of raw.transactions (see warehouse/incremental.py and the README).
     refresh_mode: str = Field(
         default="auto",
@@ -197,9 +219,6 @@ class FieldSalesWarehouse(dg.ConfigurableResource):
             )
         return self
 
-    _run_id: str | None = PrivateAttr(default=None)
-    _wrote: bool = PrivateAttr(default=False)
-
     # --- where things live --------------------------------------------------------------------
 
     @property
@@ -207,13 +226,19 @@ class FieldSalesWarehouse(dg.ConfigurableResource):
         return is_motherduck(self.database)
 
     @property
+    def published_path(self) -> Path | None:
+        """The analysts' file, symlinks followed: a publish replaces the link's target, and the
+        link stays. ``None`` for MotherDuck."""
+        return None if self.is_motherduck else resolved(self.database)
+
+    @property
     def working_path(self) -> Path | None:
-        """The file assets write; ``None`` for MotherDuck (written in place)."""
-        if self.is_motherduck:
+        """The file assets write, beside the analysts' file; ``None`` for MotherDuck."""
+        published = self.published_path
+        if published is None:
             return None
         if self.working_database:
             return Path(self.working_database)
-        published = Path(self.database)
         return published.with_name(f"{published.stem}{WORKING_SUFFIX}{published.suffix}")
 
     @property
@@ -227,7 +252,6 @@ class FieldSalesWarehouse(dg.ConfigurableResource):
     @contextmanager
     def get_connection(self) -> Iterator[duckdb.DuckDBPyConnection]:
         """A read-write connection to the working database (MotherDuck: to ``database``)."""
-        self._wrote = True
         working = self.working_path
         if working is None:
             conn = duckdb.connect(self.database, config=self._config(None))
@@ -240,6 +264,10 @@ class FieldSalesWarehouse(dg.ConfigurableResource):
             self._seed_from_published(working)
             conn = self._connect(working)
             try:
+                if removed := drop_stale_stages(conn):
+                    dg.get_dagster_logger().info(
+                        f"Removed what an interrupted run left in {working}: {', '.join(removed)}"
+                    )
                 yield conn
             finally:
                 conn.close()
@@ -248,7 +276,7 @@ class FieldSalesWarehouse(dg.ConfigurableResource):
     def _writer_lock(self) -> Iterator[None]:
         working, lock_path = self.working_path, self.lock_path
         assert working is not None and lock_path is not None
-        working.parent.mkdir(parents=True, exist_ok=True)
+        self._check_folders(working)
         lock = filelock.FileLock(str(lock_path), timeout=self.lock_timeout_s)
         try:
             lock.acquire()
@@ -258,9 +286,60 @@ class FieldSalesWarehouse(dg.ConfigurableResource):
                 f"{working}; raise lock_timeout_s or look for a stuck run holding {lock_path}."
             ) from exc
         try:
+            if removed := self._remove_dead_runs_files(working):
+                dg.get_dagster_logger().info(
+                    f"Removed what an interrupted run left: {', '.join(removed)}"
+                )
             yield
         finally:
             lock.release()
+
+    def _remove_dead_runs_files(self, working: Path) -> list[str]:
+        """The files dead runs left, by their own name patterns; returns what went.
+
+        Called holding the writer lock: a live run writes these only while it holds the lock
+        (seeding, loading, building, publishing), so every one found now is a dead run's.
+        """
+        published = self.published_path
+        assert published is not None
+        stale = [
+            working.with_name(f"{working.name}{SEEDING_SUFFIX}"),
+            *published.parent.glob(f".{published.name}{PUBLISH_INFIX}*"),
+        ]
+        if not working.exists():  # a log without its database: a seeding cut short
+            stale.append(Path(f"{working}.wal"))
+        for folder in (self._temp_directory(working), spool_folder(working)):
+            if folder.is_dir():
+                stale.extend(folder.iterdir())
+        removed = []
+        for path in stale:
+            if path.is_dir() and not path.is_symlink():
+                shutil.rmtree(path)  # a leftover that cannot be removed fails the step, named
+            elif path.exists() or path.is_symlink():
+                path.unlink(missing_ok=True)
+            else:
+                continue
+            removed.append(str(path))
+        return removed
+
+    def _temp_directory(self, working: Path) -> Path:
+        """Where DuckDB spills: one folder per working database, so it is cleaned under its lock."""
+        return working.with_name(f"{working.name}.tmp")
+
+    def _check_folders(self, working: Path) -> None:
+        """Fail at once, naming the setting, unless the analysts' folder can take the file."""
+        try:
+            check_file_setting(
+                self.database,
+                setting="duckdb_path",
+                variable="FIELDSALES_DUCKDB_PATH",
+                create_dirs=self.create_dirs,
+                create=True,
+            )
+        except PathSettingError as exc:
+            raise WarehousePathError(str(exc)) from None
+        if self.working_database and self.create_dirs:
+            working.parent.mkdir(parents=True, exist_ok=True)
 
     def _config(self, path: Path | None) -> dict[str, object]:
         config: dict[str, object] = {
@@ -268,7 +347,7 @@ class FieldSalesWarehouse(dg.ConfigurableResource):
             "preserve_insertion_order": False,
         }
         if path is not None:
-            config["temp_directory"] = str(path.parent / ".duckdb_tmp")
+            config["temp_directory"] = str(self._temp_directory(path))
         if self.threads:
             config["threads"] = self.threads
         return config
@@ -299,11 +378,13 @@ class FieldSalesWarehouse(dg.ConfigurableResource):
         it, so readers holding it keep reading. The stale log is removed afterwards: the next
         publish replaces the file it belonged to.
         """
-        published = Path(self.database)
+        published = self.published_path
+        assert published is not None
         if working.exists() or not published.exists():
             return
-        partial = working.with_name(f"{working.name}.seeding")
+        partial = working.with_name(f"{working.name}{SEEDING_SUFFIX}")
         _copy_file(published, partial)
+        pause_at("seeding")
         wal = Path(f"{published}.wal")
         if wal.exists():
             _copy_file(wal, Path(f"{working}.wal"))
@@ -317,14 +398,15 @@ class FieldSalesWarehouse(dg.ConfigurableResource):
 
         Holds the writer lock while it checkpoints and copies, so the copy is one consistent
         state. Returns ``None`` for MotherDuck (nothing to publish) or when there is no working
-        database yet.
+        database yet. Raises ``PublishError`` (naming the file, the reason and the space a
+        publish needs) when ``database`` could not be replaced; it is then left as it was.
         """
         working = self.working_path
         if working is None:
             return None
-        published = Path(self.database)
-        published.parent.mkdir(parents=True, exist_ok=True)
-        temporary = published.with_name(f".{published.name}.publish-{secrets.token_hex(4)}")
+        published = self.published_path
+        assert published is not None
+        temporary = published.with_name(f".{published.name}{PUBLISH_INFIX}{secrets.token_hex(4)}")
         started = time.monotonic()
         with self._writer_lock():
             if not working.exists():
@@ -332,22 +414,25 @@ class FieldSalesWarehouse(dg.ConfigurableResource):
             conn = self._connect(working)
             try:
                 conn.execute("CHECKPOINT")
+            except duckdb.Error as exc:
+                raise PublishError(
+                    f"Publishing {working} to {published} failed: checkpointing the working "
+                    f"database failed (DuckDB: {exc}); analysts keep the previous {published}. "
+                    f"Free space beside {working} and run the refresh again."
+                ) from exc
             finally:
                 conn.close()
             try:
                 method = _copy_file(working, temporary)
                 size = temporary.stat().st_size
+                pause_at("publish")
                 # A log left by the single-file layout would be replayed onto the new file.
                 Path(f"{published}.wal").unlink(missing_ok=True)
                 os.replace(temporary, published)
                 _fsync_dir(published.parent)
             except OSError as exc:
                 temporary.unlink(missing_ok=True)
-                raise PublishError(
-                    f"Publishing {working} to {published} failed ({exc}); analysts keep the "
-                    f"previous {published}. Free disk space beside it (a publish needs as much "
-                    "as the working file) and run the refresh again."
-                ) from exc
+                raise PublishError(_publish_failure(working, published, exc)) from exc
         return Publication(
             path=published,
             published_at=datetime.now(UTC),
@@ -356,69 +441,39 @@ class FieldSalesWarehouse(dg.ConfigurableResource):
             copy_method=method,
         )
 
-    # --- once per run -------------------------------------------------------------------------
 
-    def setup_for_execution(self, context: dg.InitResourceContext) -> None:
-        self._run_id = context.run.run_id if context.run is not None else None
-        self._wrote = False
-
-    def teardown_after_execution(self, context: dg.InitResourceContext) -> None:
-        """At the end of a run: publish if the run materialized anything, and say so in the UI."""
-        if self.is_motherduck or not self._wrote:
-            return
-        changed = _materialized_in_run(context.instance, self._run_id)
-        if changed is not None and not changed:
-            context.log.info(
-                f"No asset was materialized in this run; {self.database} is left as it was."
-            )
-            return
-        try:
-            publication = self.publish()
-        except PublishError as exc:
-            # Dagster logs a failed teardown as an error but still marks the run a success:
-            # the observation keeps the failure on the assets' pages too.
-            self._observe(context.instance, changed, {"fieldsales/publish_error": str(exc)})
-            raise
-        if publication is None:
-            return
-        context.log.info(
-            f"Published {self.working_path} to {publication.path}: "
-            f"{publication.bytes / 1e6:,.1f} MB in {publication.seconds:.2f} s "
-            f"({publication.copy_method})."
-        )
-        self._observe(context.instance, changed, publication.metadata())
-
-    def _observe(
-        self,
-        instance: dg.DagsterInstance | None,
-        keys: list[dg.AssetKey] | None,
-        metadata: dict[str, object],
-    ) -> None:
-        """An observation on each asset this run changed: the UI shows it on the asset's page."""
-        if instance is None or not keys:
-            return
-        metadata = {**metadata, "fieldsales/run_id": self._run_id or ""}
-        for key in keys:
-            instance.report_runless_asset_event(
-                dg.AssetObservation(asset_key=key, metadata=metadata)
-            )
+#: What to do about a failed publish, by the reason the operating system gave.
+_PUBLISH_REMEDIES = {
+    errno.ENOSPC: "Free disk space in {folder} (or grow the volume)",
+    errno.EDQUOT: "Raise the disk quota of {folder} or free space in it",
+    errno.EACCES: "Let the user running the refresh write to {folder} (and replace {file})",
+    errno.EPERM: "Let the user running the refresh write to {folder} (and replace {file})",
+    errno.EROFS: "Mount {folder} read-write",
+    errno.EXDEV: "Mount the folder {folder}, not the file {file} on its own",
+    errno.EBUSY: "Mount the folder {folder}, not the file {file} on its own",
+}
 
 
-def _materialized_in_run(
-    instance: dg.DagsterInstance | None, run_id: str | None
-) -> list[dg.AssetKey] | None:
-    """Asset keys materialized so far in this run; ``None`` when there is no run to ask."""
-    if instance is None or not run_id:
-        return None
-    records = instance.get_records_for_run(
-        run_id, of_type=dg.DagsterEventType.ASSET_MATERIALIZATION
-    ).records
-    keys: dict[dg.AssetKey, None] = {}
-    for record in records:
-        event = record.event_log_entry.dagster_event
-        if event is not None and event.asset_key is not None:
-            keys[event.asset_key] = None
-    return list(keys)
+def _publish_failure(working: Path, published: Path, exc: OSError) -> str:
+    """The message of a failed publish: the file, the reason, the space needed, what to do."""
+    folder = published.parent
+    needed = working.stat().st_size if working.exists() else 0
+    try:
+        usage = os.statvfs(folder)
+        free = f"{usage.f_bavail * usage.f_frsize / 1e6:,.1f} MB free there now"
+    except OSError:
+        free = "free space unknown"
+    remedy = _PUBLISH_REMEDIES.get(exc.errno, "Fix the cause in {folder}").format(
+        folder=folder, file=published.name
+    )
+    reason = exc.strerror or str(exc)
+    return (
+        f"Publishing the analysts' file {published} failed: {reason} "
+        f"({errno.errorcode.get(exc.errno or 0, 'error')}). A publish needs "
+        f"{needed / 1e6:,.1f} MB free in {folder} for a copy of {working} ({free}). Analysts "
+        f"keep the previous {published}, unchanged. {remedy}, then run the refresh again: the "
+        "next run publishes."
+    )
 
 
 #: Rows per row group of the pipeline's tables. DuckDB compresses and writes a row group as soon
@@ -465,6 +520,10 @@ def _sql_string(text: str) -> str:
     return text.replace("'", "''")
 
 
+#: Why ``copy_file_range`` may refuse where a plain copy works (old kernels, other file systems).
+_NO_COPY_FILE_RANGE = {errno.EXDEV, errno.ENOSYS, errno.EOPNOTSUPP, errno.EINVAL, errno.EBADF}
+
+
 def _copy_file(source: Path, target: Path) -> str:
     """Copy ``source`` to a new ``target`` and fsync it; returns how the bytes were copied.
 
@@ -483,7 +542,9 @@ def _copy_file(source: Path, target: Path) -> str:
                 if n == 0:
                     break
                 copied += n
-        except OSError:
+        except OSError as exc:
+            if exc.errno not in _NO_COPY_FILE_RANGE:
+                raise  # a full disk, say: a plain copy would fail the same way
             method = "read/write"
             src.seek(0)
             dst.seek(0)
@@ -513,6 +574,27 @@ def staging_table(target: str, suffix: str = "") -> str:
     """``schema.table`` -> ``schema._stage_table[suffix]``, where ``target`` is built."""
     schema, _, name = target.partition(".")
     return f"{schema}.{STAGE_PREFIX}{name}{suffix}"
+
+
+def drop_stale_stages(conn: duckdb.DuckDBPyConnection) -> list[str]:
+    """Drop the ``_stage_*`` tables a killed step left (in any schema); returns what went.
+
+    Called holding the writer lock: a live step's staging table exists only while it holds it.
+    """
+    stale = conn.execute(
+        "SELECT schema_name, table_name FROM duckdb_tables() WHERE database_name = "
+        "current_database() AND NOT temporary AND starts_with(table_name, ?)",
+        [STAGE_PREFIX],
+    ).fetchall()
+    for schema, name in stale:
+        conn.execute(f"DROP TABLE IF EXISTS {quote_ident(schema)}.{quote_ident(name)}")
+    return [f"{schema}.{name}" for schema, name in stale]
+
+
+def spool_folder(database: Path) -> Path:
+    """Where raw loads of ``database`` (a working database) spool pages."""
+    database = database.resolve()
+    return database.parent / SPOOL_DIR_NAME / database.name
 
 
 def quote_ident(name: str) -> str:

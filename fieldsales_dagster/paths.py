@@ -1,0 +1,93 @@
+"""File settings as users give them: symlinks followed, folders checked, created only when asked.
+
+``duckdb_path`` and ``token_store_path`` name files the pipeline replaces (a rename over them).
+A symlink is followed to its target, so the rename replaces the target and the link stays; the
+folder that receives the rename is the target's. ``check_file_setting`` says at once, naming the
+setting and its variable, what is wrong with a path: a directory, a parent that is a file, a
+missing folder (created only with ``create_dirs``), a folder the user cannot write.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+
+class PathSettingError(ValueError):
+    """A file setting points somewhere the pipeline cannot write."""
+
+
+def resolved(path: str | Path) -> Path:
+    """``path`` with every symlink followed (a dangling link gives the file it would create)."""
+    return Path(os.path.realpath(Path(path).expanduser()))
+
+
+def check_file_setting(
+    path: str | Path, *, setting: str, variable: str, create_dirs: bool, create: bool = False
+) -> Path:
+    """The resolved ``path``, once it is known that the pipeline can replace the file there.
+
+    ``create``: make a missing folder now (only with ``create_dirs``); otherwise a missing folder
+    is accepted only with ``create_dirs``, if its nearest existing ancestor is writable.
+    """
+    given = Path(path).expanduser()
+    target = resolved(given)
+    shown = str(given) if target == given.absolute() else f"{given} (a link to {target})"
+
+    def fail(why: str, what_to_do: str) -> PathSettingError:
+        return PathSettingError(
+            f"Field-Sales setting {setting} (from {variable}) is invalid: {shown} {why}. "
+            f"{what_to_do}; set it in defs.yaml or through {variable} and load again."
+        )
+
+    if target.is_dir():
+        return_name = "fieldsales.duckdb" if setting == "duckdb_path" else "fieldsales_token.json"
+        raise fail(
+            "is a directory, not a file",
+            f"Give the path of a file in it, e.g. {target / return_name}",
+        )
+    folder = target.parent
+    existing = folder
+    while not existing.exists() and existing != existing.parent:
+        existing = existing.parent
+    if not existing.is_dir():
+        raise fail(
+            f"cannot be created: {existing} is a file, not a folder",
+            f"Move that file away or choose another path for {setting}",
+        )
+    if existing != folder:
+        if not create_dirs:
+            raise fail(
+                f"is in a folder that does not exist ({folder})",
+                f"Create it (mkdir -p {folder}), or set create_dirs: true "
+                "(FIELDSALES_CREATE_DIRS=true) to let the pipeline create it, or fix a mistyped "
+                "path",
+            )
+        if create:
+            try:
+                folder.mkdir(parents=True, exist_ok=True)
+            except OSError as exc:
+                raise fail(
+                    f"is in a folder that could not be created ({folder}: {exc.strerror})",
+                    f"Create {folder} yourself",
+                ) from None
+            existing = folder
+    if not os.access(existing, os.W_OK | os.X_OK):
+        read_only = _read_only(existing)
+        raise fail(
+            f"is in a folder this user cannot write ({existing}"
+            f"{': a read-only file system' if read_only else ''})",
+            (
+                f"Mount {existing} read-write"
+                if read_only
+                else f"Give the user running Dagster (uid {os.getuid()}) write access to {existing}"
+            ),
+        )
+    return target
+
+
+def _read_only(folder: Path) -> bool:
+    try:
+        return bool(os.statvfs(folder).f_flag & os.ST_RDONLY)
+    except OSError:
+        return False

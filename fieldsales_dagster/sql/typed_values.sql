@@ -1,0 +1,110 @@
+-- How every core query types a JSON value (the README's "Values"), written once. Each macro takes
+-- the value as JSON (absent or JSON null: SQL NULL) and returns the typed value, or NULL where
+-- the value cannot be typed:
+--   numbers     a JSON number, or a string holding a decimal number ("12.5", "-3", "1e3"); NaN and
+--               ±infinity ("NaN", "Infinity", "-Infinity", or a literal too large such as 1e309)
+--               are NULL, so no typed column holds them;
+--   timestamps  an ISO 8601 string (the API's only form); an offset is honoured, the result is
+--               UTC. Epoch numbers (1704103200000) are not decoded: the API document never sends
+--               them and does not say their unit;
+--   booleans    JSON true/false, and the strings "true"/"false" in any case;
+--   references  an object's _id, or the id itself (a string, or a number read as its text).
+-- A present, non-empty value that types to NULL is named by untyped() (or, for an object or an
+-- array of the wrong JSON type, untyped_shape()) in the row's untyped_values column, and counted by
+-- the values_typed and values_finite checks. raw.* keeps every value as received.
+CREATE OR REPLACE TEMP MACRO finite_or_null(x) AS CASE WHEN isfinite(x) THEN x END;
+
+CREATE OR REPLACE TEMP MACRO json_number(j) AS finite_or_null(
+    -- TRY_CAST even where the JSON type says it succeeds: DuckDB may evaluate a CASE branch's
+    -- expression for every row (a subexpression it finds twice is computed once, before the CASE).
+    CASE json_type(j)
+        WHEN 'DOUBLE' THEN TRY_CAST(j AS DOUBLE)
+        WHEN 'BIGINT' THEN TRY_CAST(j AS DOUBLE)
+        WHEN 'UBIGINT' THEN TRY_CAST(j AS DOUBLE)
+        WHEN 'VARCHAR' THEN CASE
+            WHEN regexp_full_match(j ->> '$', '[+-]?(\d+\.?\d*|\.\d+)([eE][+-]?\d+)?')
+                THEN TRY_CAST(j ->> '$' AS DOUBLE)
+        END
+    END
+);
+
+-- A whole number (user_ratings_total, ...): json_number without a fraction, as BIGINT.
+CREATE OR REPLACE TEMP MACRO json_integer(j) AS CASE
+    WHEN json_number(j) = trunc(json_number(j)) AND abs(json_number(j)) < 9.2e18
+        THEN TRY_CAST(json_number(j) AS BIGINT)
+END;
+
+-- NaN or ±infinity as a number or a numeric string ("NaN", "Infinity", 1e309).
+CREATE OR REPLACE TEMP MACRO json_not_finite(j) AS coalesce(
+    CASE WHEN json_type(j) IN ('DOUBLE', 'VARCHAR') THEN NOT isfinite(TRY_CAST(j ->> '$' AS DOUBLE)) END,
+    false
+);
+
+-- A string shaped "YYYY-...": DuckDB's cast also reads words such as 'epoch' (1970) and
+-- 'infinity', which the API never means. (A character test, not a regular expression: it runs for
+-- three timestamps of every transaction.)
+CREATE OR REPLACE TEMP MACRO json_timestamp(j) AS CASE
+    WHEN json_type(j) = 'VARCHAR' AND (j ->> '$')[5] = '-'
+        THEN finite_or_null(TRY_CAST(j ->> '$' AS TIMESTAMPTZ)) AT TIME ZONE 'UTC'
+END;
+
+CREATE OR REPLACE TEMP MACRO json_boolean(j) AS CASE json_type(j)
+    WHEN 'BOOLEAN' THEN TRY_CAST(j AS BOOLEAN)
+    WHEN 'VARCHAR' THEN CASE lower(j ->> '$') WHEN 'true' THEN true WHEN 'false' THEN false END
+END;
+
+-- A list of strings (invoice ids): a JSON array, its items as text.
+CREATE OR REPLACE TEMP MACRO json_text_list(j) AS CASE
+    WHEN json_type(j) = 'ARRAY' THEN json_transform(j, '["VARCHAR"]')
+END;
+
+CREATE OR REPLACE TEMP MACRO json_reference_id(j) AS CASE json_type(j)
+    WHEN 'OBJECT' THEN json_extract_string(j, '$._id')
+    WHEN 'VARCHAR' THEN j ->> '$'
+    WHEN 'BIGINT' THEN j ->> '$'
+    WHEN 'UBIGINT' THEN j ->> '$'
+END;
+
+-- Present and not empty: neither absent, nor JSON null, nor "".
+CREATE OR REPLACE TEMP MACRO json_present(j) AS
+    coalesce(json_type(j) <> 'NULL' AND j::VARCHAR <> '""', false);
+
+-- One entry of untyped_values: {field, value (as received, as text, cut at 200 characters),
+-- problem} where a present, non-empty value j typed to NULL; NULL otherwise.
+CREATE OR REPLACE TEMP MACRO untyped(field, j, typed, expected) AS CASE
+    WHEN typed IS NULL AND json_present(j) THEN {
+        'field': field,
+        'value': left(CASE json_type(j) WHEN 'VARCHAR' THEN j ->> '$' ELSE j::VARCHAR END, 200),
+        'problem': CASE WHEN json_not_finite(j) THEN 'not finite' ELSE 'not ' || expected END
+    }
+END;
+
+-- The same for an object or array found with another JSON type: found is json_type(doc, path),
+-- expected 'OBJECT' or 'ARRAY'. The value is read from doc only for such rows.
+CREATE OR REPLACE TEMP MACRO untyped_shape(field, doc, path, found, expected) AS CASE
+    WHEN found <> expected AND found <> 'NULL' THEN untyped(
+        field,
+        json_extract(doc, path),
+        NULL,
+        CASE expected WHEN 'OBJECT' THEN 'an object' ELSE 'an array' END
+    )
+END;
+
+-- untyped_values: the entries that are not NULL; NULL when there is none.
+CREATE OR REPLACE TEMP MACRO untyped_values(entries) AS CASE
+    WHEN list_count(entries) > 0 THEN list_filter(entries, lambda entry: entry IS NOT NULL)
+END;
+
+-- reportResults (a map keyed by field id) as a MAP; NULL unless it is an object.
+CREATE OR REPLACE TEMP MACRO report_results_map(j) AS CASE
+    WHEN json_type(j) = 'OBJECT'
+        THEN json_transform(j, '"MAP(VARCHAR, STRUCT(value JSON, name VARCHAR, fieldId VARCHAR))"')
+END;
+
+-- A point of sale's location ([longitude, latitude], or a GeoJSON point's coordinates) as numbers.
+CREATE OR REPLACE TEMP MACRO location_longitude(location) AS json_number(
+    coalesce(json_extract(location, '$[0]'), json_extract(location, '$.coordinates[0]'))
+);
+CREATE OR REPLACE TEMP MACRO location_latitude(location) AS json_number(
+    coalesce(json_extract(location, '$[1]'), json_extract(location, '$.coordinates[1]'))
+);
