@@ -69,6 +69,7 @@ class DemoAPI:
         seed: int = 0,
         generation: int = 0,
         prerender: bool = False,
+        profile: str = "demo",
         start_timeout_s: float = 600.0,
     ):
         self.args = [
@@ -89,6 +90,8 @@ class DemoAPI:
             self.args += ["--generation", str(generation)]
         if prerender:  # every item rendered once at start; pages served from memory
             self.args.append("--prerender")
+        if profile != "demo":  # how heavy the items are (demo_api.data.PROFILES)
+            self.args += ["--profile", profile]
         self.token = token
         self.log_path = log_path
         self.start_timeout_s = start_timeout_s

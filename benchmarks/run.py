@@ -57,7 +57,7 @@ WORK_DIR = BENCH_DIR / "work"
 PAGE_SIZE = FieldSalesAPI.model_fields["page_size"].default
 
 STEPS = ("floor", "project_raw", "project_all", "publish", "dlt_fast", "dlt_default")
-ONLY_CHOICES = (*STEPS, "project", "latency", "incremental")
+ONLY_CHOICES = (*STEPS, "project", "latency", "incremental", "heavy")
 RAW_SELECTION = "raw_events,raw_transactions,raw_event_groups"
 #: Core assets whose materializations say how they were built (whole, or following changes).
 FOLLOWING_CORE = ("core_transactions", "core_custom_report_results")
@@ -82,6 +82,8 @@ OWN_ENV = (
     "FIELDSALES_CONCURRENCY",
     "DAGSTER_HOME",
 )
+STEP_FAILURE_LINE = re.compile(r'STEP_FAILURE - Execution of step "([^"]+)" failed')
+DUCKDB_ERROR = re.compile(r"DuckDB: (.*)|OutOfMemoryException: (.*)")
 STEP_LINE = re.compile(r'Finished execution of step "([^"]+)" in ((?:[\d.]+(?:ms|h|m|s))+)')
 DURATION_PART = re.compile(r"([\d.]+)(ms|h|m|s)")
 IN_PROCESS_LINE = re.compile(r"Finished steps in process \(pid: \d+\) in ((?:[\d.]+(?:ms|h|m|s))+)")
@@ -523,6 +525,40 @@ class Bench:
         r.dagster_steps, _ = _dagster_steps(m.log_path)
         return r
 
+    # -- the heavy tenant -----------------------------------------------------------------------
+
+    def run_heavy(self) -> tuple[Expected, list[StepResult]]:
+        """The nightly run (every asset, default settings) on a tenant of realistic weight: the
+        demo API's ``heavy`` profile (event payloads ~4x the demo's, twice the custom-report
+        results per transaction), ``--heavy-size`` transactions."""
+        size = self.args.heavy_size
+        where = self.work / f"heavy-{size}"
+        token = secrets.token_hex(24)
+        self.token_values.append(token)
+        out: list[StepResult] = []
+        print(f"\n== heavy profile: {size:,} transactions: starting the demo API", flush=True)
+        with DemoAPI(
+            size,
+            token,
+            where / "demo_api.log",
+            seed=self.args.seed,
+            prerender=not self.args.live_server,
+            profile="heavy",
+        ) as api:
+            expected = expected_counts(api)
+            try:
+                for run in range(1, self.args.runs + 1):
+                    print(f"   run {run}: every asset, heavy profile ...", end=" ", flush=True)
+                    r = self.project(
+                        api, expected, where / f"run-{run}", "heavy_all", "*",
+                        "project all (`--select '*'`), heavy profile",
+                    )  # fmt: skip
+                    out.append(r)
+                    print(_progress_line(r), flush=True)
+            except (KeyboardInterrupt, Interrupted):
+                self._interrupted()
+        return expected, out
+
     # -- the latency scenario -----------------------------------------------------------------
 
     def run_latency(self) -> tuple[Expected, list[StepResult]]:
@@ -907,6 +943,49 @@ def _dagster_breakdown(results: dict[str, list[StepResult]]) -> list[str]:
     return out[:-1] if out else out
 
 
+def _failed_steps(log_path: Path) -> list[str]:
+    """The Dagster steps a run's log reports failed, each with the DuckDB error that follows."""
+    try:
+        text = log_path.read_text("utf-8", "replace")
+    except OSError:
+        return []
+    out: dict[str, str] = {}
+    for found in STEP_FAILURE_LINE.finditer(text):
+        error = DUCKDB_ERROR.search(text, found.end())
+        reason = next(g for g in error.groups() if g) if error else ""
+        out.setdefault(found.group(1), f"`{found.group(1)}`" + (f": {reason}" if reason else ""))
+    return list(out.values())
+
+
+def heavy_section(size: int, expected: Expected, results: list[StepResult], scrub) -> str:
+    lines = [
+        f"## Heavy profile: {size:,} transactions, the nightly run on default settings",
+        "",
+        f"`fieldsales-demo-api --profile heavy`: {expected.transactions:,} transactions, "
+        f"{expected.events:,} events, {expected.event_groups:,} event groups; event payloads "
+        "~4x the demo's (20 status changes, 4 custom reports, a point of sale of ~3.3 KB with 48 "
+        "more attributes, 25 events per point of sale), transactions with twice the "
+        "custom-report results. `dagster asset materialize -m fieldsales_dagster --select '*'` "
+        "with every setting at its default (`duckdb_memory_limit` 192MB).",
+        "",
+        TABLE_HEAD,
+    ]
+    if results:
+        lines.append(_row(results, scrub))
+    for r in results:
+        if not r.ok:
+            lines += [
+                "",
+                f"{r.m.log_path.parent.name} failed after {_fmt_s(r.m.wall_s)} s wall, peak RSS "
+                f"{fmt_bytes(r.m.peak_rss)} (PSS {fmt_bytes(r.m.peak_pss)}); failed steps: "
+                f"{'; '.join(_failed_steps(r.m.log_path)) or 'none named in the log'}.",
+            ]
+    steps_lines = _dagster_breakdown({"project_all": results})
+    if steps_lines:
+        lines += ["", *steps_lines]
+    return "\n".join(lines)
+
+
 def latency_section(expected: Expected, results: list[StepResult], scrub, latency_ms: float):
     by_step: dict[str, list[StepResult]] = {}
     for r in results:
@@ -1120,10 +1199,16 @@ def _parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--runs", type=int, default=1, help="repetitions of every step (median shown)")
     p.add_argument(
         "--only",
-        default="floor,project,publish,dlt_fast,dlt_default,latency,incremental",
+        default="floor,project,publish,dlt_fast,dlt_default,latency,incremental,heavy",
         help=f"steps to run, comma list of {', '.join(ONLY_CHOICES)} (project = raw + all)",
     )
     p.add_argument("--latency-size", type=int, default=20_000)
+    p.add_argument(
+        "--heavy-size",
+        type=int,
+        default=1_000_000,
+        help="transactions of the heavy-profile run (`--only heavy`)",
+    )
     p.add_argument("--latency-ms", type=float, default=50.0)
     p.add_argument(
         "--dlt-fast-max",
@@ -1171,6 +1256,7 @@ def _parse_args(argv: list[str] | None) -> argparse.Namespace:
     args.steps = [s for s in STEPS if s in only]
     args.latency = "latency" in only
     args.incremental = "incremental" in only
+    args.heavy = "heavy" in only
     if args.runs < 1:
         p.error("--runs must be >= 1")
     return args
@@ -1214,6 +1300,15 @@ def main(argv: list[str] | None = None) -> int:
                 sections.append((f"incremental-{size}", section))
                 if bench.interrupted:
                     break
+        if args.heavy and not bench.interrupted:
+            suffix = f"heavy-{args.heavy_size}"
+            try:
+                expected, results = bench.run_heavy()
+                section = heavy_section(args.heavy_size, expected, results, bench.scrub)
+            except BenchmarkError as exc:
+                print(f"   FAILED: {exc}", file=sys.stderr)
+                section = f"## Heavy profile\n\nFAILED: {exc}"
+            sections.append((suffix, section))
         if args.latency and not bench.interrupted:
             suffix = f"latency-{args.latency_size}"
             try:

@@ -596,3 +596,52 @@ def test_cli_prints_json_line_and_exits_on_sigterm():
         if proc.poll() is None:
             proc.kill()
             proc.wait()
+
+
+def _event_weight(server: DemoServer) -> dict[str, float]:
+    """Mean event and transaction bytes, status changes, reports, results, events per store."""
+    headers = {"Authorization": f"Bearer {server.token}"}
+    events = requests.get(f"{server.base_url}{EV}?limit=400", headers=headers, timeout=30)
+    tx = requests.get(f"{server.base_url}{TX}?limit=200", headers=headers, timeout=30)
+    items = json.loads(events.content)
+    stores = {e["point_of_sale"]["_id"] for e in items}
+    reports = [r for e in items for r in e.get("customReportResult", [])]
+    return {
+        "event_bytes": len(events.content) / len(items),
+        "tx_results": sum(
+            len(t.get("_customReport", {}).get("reportResults", {}))
+            for t in tx.json()["transactions"]
+        ),
+        "history": min(len(e["eventStateHistory"]) for e in items),
+        "reports": min(len(e.get("customReportResult", [])) for e in items),
+        "results_per_report": sum(len(r["reportResults"]) for r in reports) / len(reports),
+        "events_per_store": len(items) / len(stores),
+        "pos_bytes": sum(len(json.dumps(e["point_of_sale"])) for e in items) / len(items),
+    }
+
+
+def test_heavy_profile_serves_events_about_four_times_the_demos_weight():
+    from fieldsales_dagster.demo_api.data import PROFILES
+
+    config = {"transactions": 16000, "events": 400, "seed": 0}
+    with DemoServer(DemoConfig(**config)) as demo:
+        light = _event_weight(demo)
+    with DemoServer(DemoConfig(**config, shape=PROFILES["heavy"])) as heavy_server:
+        heavy = _event_weight(heavy_server)
+
+    assert 3.5 <= heavy["event_bytes"] / light["event_bytes"] <= 4.5
+    assert heavy["history"] >= 20 > light["history"]
+    assert heavy["reports"] == 4 and light["reports"] == 0
+    assert heavy["results_per_report"] > 1.8 * light["results_per_report"]
+    assert heavy["tx_results"] > 1.8 * light["tx_results"]
+    assert heavy["events_per_store"] > 4 * light["events_per_store"]
+    assert heavy["pos_bytes"] > 4 * light["pos_bytes"]
+
+
+def test_cli_shape_knobs_override_the_profile_and_are_checked(capsys):
+    from fieldsales_dagster.demo_api.__main__ import _parser, _shape, main
+
+    shape = _shape(_parser().parse_args(["--profile", "heavy", "--event-reports", "2"]))
+    assert (shape.event_reports, shape.status_history) == (2, 20)
+    assert main(["--port", "0", "--report-fields", "9"]) == 1
+    assert "report_fields must be 1..6, got 9" in capsys.readouterr().err

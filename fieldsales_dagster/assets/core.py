@@ -74,6 +74,9 @@ class Decoded:
     description: str
     #: The whole source, as the full decode reads it (in slices, to bound the parser's memory).
     whole_source: str
+    #: False: dropped at the end of the step that built it, so that it never outlives the step
+    #: (it holds personal values, which core.* hashes or drops as ``pii`` says).
+    kept: bool = True
 
     @property
     def query_file(self) -> str:
@@ -88,6 +91,18 @@ TRANSACTIONS_DECODED = Decoded(
     "Pipeline-internal, not for analysis (use core.transactions and "
     "core.custom_report_results): raw.transactions' payloads parsed once for the core tables.",
     whole_source="raw_transactions_in_slices()",
+)
+
+
+#: Every raw.events payload parsed once: the eight tables that read events read it instead of
+#: parsing the payloads (up to ~14 KB each) once each; see meta_events_decoded.sql.
+EVENTS_DECODED = Decoded(
+    "meta.events_decoded",
+    "raw.events",
+    "Pipeline-internal, not for analysis (use core.events and the other core tables): "
+    "raw.events' payloads parsed once for the core tables.",
+    whole_source="raw_events_in_slices()",
+    kept=False,
 )
 
 
@@ -117,8 +132,8 @@ class CoreTable:
     deps: tuple[str, ...]
     #: Key columns that may be NULL (a mart's group-by key); the others must not be.
     nullable_key: tuple[str, ...] = ()
-    #: A decoded table this table's query reads: brought up to date with its raw table first.
-    decoded: Decoded | None = None
+    #: The decoded tables this table's query reads: brought up to date with their raw tables first.
+    decoded: tuple[Decoded, ...] = ()
     #: Set when the table follows the decoded table's changes rather than being rebuilt whole.
     follows: Follows | None = None
 
@@ -153,7 +168,7 @@ CORE_TABLES: tuple[CoreTable, ...] = (
         "creation times in UTC, invoice, credit and export state, and the custom report "
         "configuration id.",
         (RAW_TRANSACTIONS,),
-        decoded=TRANSACTIONS_DECODED,
+        decoded=(TRANSACTIONS_DECODED,),
         follows=_follows_transactions("meta.core_transactions_inputs"),
     ),
     CoreTable(
@@ -162,6 +177,7 @@ CORE_TABLES: tuple[CoreTable, ...] = (
         "One row per event: project, point of sale, area, current state, planned start (earliest "
         "times[].start) and stop (latest times[].stop) in UTC, and the assigned user ids.",
         (RAW_EVENTS,),
+        decoded=(EVENTS_DECODED,),
     ),
     CoreTable(
         "core.projects",
@@ -169,6 +185,7 @@ CORE_TABLES: tuple[CoreTable, ...] = (
         "One row per project id, from the project objects embedded in events (the copy in the "
         "event with the latest planned start).",
         (RAW_EVENTS, "core_events"),
+        decoded=(EVENTS_DECODED,),
     ),
     CoreTable(
         "core.areas",
@@ -176,6 +193,7 @@ CORE_TABLES: tuple[CoreTable, ...] = (
         "One row per area id, from pointOfSaleProjectStructure.area embedded in events (the copy "
         "in the event with the latest planned start).",
         (RAW_EVENTS, "core_events"),
+        decoded=(EVENTS_DECODED,),
     ),
     CoreTable(
         "core.users",
@@ -183,6 +201,7 @@ CORE_TABLES: tuple[CoreTable, ...] = (
         "One row per user id, from the users assigned to events (eventUser; the copy in the "
         "event with the latest planned start).",
         (RAW_EVENTS, "core_events"),
+        decoded=(EVENTS_DECODED,),
     ),
     CoreTable(
         "core.dim_point_of_sale",
@@ -191,6 +210,7 @@ CORE_TABLES: tuple[CoreTable, ...] = (
         "groups and places-directory data, from the copy embedded in the event with the latest "
         "planned start.",
         (RAW_EVENTS, "core_events"),
+        decoded=(EVENTS_DECODED,),
     ),
     CoreTable(
         "core.dim_point_of_sale_history",
@@ -199,6 +219,7 @@ CORE_TABLES: tuple[CoreTable, ...] = (
         "events that embed it carried them: valid_from is the planned start of the first event "
         "with that version, valid_to the start of the next version (NULL for the current one).",
         (RAW_EVENTS, "core_events"),
+        decoded=(EVENTS_DECODED,),
     ),
     CoreTable(
         "core.event_status_history",
@@ -206,6 +227,7 @@ CORE_TABLES: tuple[CoreTable, ...] = (
         "One row per event status change (eventStateHistory), numbered 1, 2, ... in date order "
         "within each event.",
         (RAW_EVENTS,),
+        decoded=(EVENTS_DECODED,),
     ),
     CoreTable(
         "core.event_state_durations",
@@ -229,7 +251,7 @@ CORE_TABLES: tuple[CoreTable, ...] = (
         "boolean), or by JSON type where the field type is unknown (value_kind says which), "
         "with slider range and step validity.",
         (RAW_TRANSACTIONS, RAW_EVENTS, "core_custom_report_fields"),
-        decoded=TRANSACTIONS_DECODED,
+        decoded=(TRANSACTIONS_DECODED, EVENTS_DECODED),
         follows=_follows_transactions(
             "meta.custom_report_results_inputs",
             from_decoded="source = 'transaction'",
@@ -281,13 +303,22 @@ class DecodeRefresh:
     mode: str
     parsed: int
 
-    def metadata(self, decoded: Decoded) -> dict[str, object]:
-        return {
-            "fieldsales/decode": dg.MetadataValue.text(
-                f"{decoded.table}: {self.mode} ({self.parsed:,} payloads parsed)"
-            ),
-            "fieldsales/decode_payloads_parsed": dg.MetadataValue.int(self.parsed),
-        }
+    def describe(self, decoded: Decoded) -> str:
+        return f"{decoded.table}: {self.mode} ({self.parsed:,} payloads parsed)"
+
+
+def decode_metadata(refreshed: Sequence[tuple[Decoded, DecodeRefresh]]) -> dict[str, object]:
+    """What bringing a table's decoded tables up to date did (nothing when it reads none)."""
+    if not refreshed:
+        return {}
+    return {
+        "fieldsales/decode": dg.MetadataValue.text(
+            "; ".join(done.describe(decoded) for decoded, done in refreshed)
+        ),
+        "fieldsales/decode_payloads_parsed": dg.MetadataValue.int(
+            sum(done.parsed for _, done in refreshed)
+        ),
+    }
 
 
 def build_decoded(conn: duckdb.DuckDBPyConnection, decoded: Decoded) -> DecodeRefresh:
@@ -418,15 +449,16 @@ def build_described_table(
     A table reading a decoded table first brings it up to date with its raw table, so the table
     never reads a decode older than the raw data; the returned metadata says how.
     """
-    metadata: dict[str, object] = {}
-    if table.decoded is not None:
+    refreshed: list[tuple[Decoded, DecodeRefresh]] = []
+    for decoded in table.decoded:
         try:
-            metadata = refresh_decoded(conn, table.decoded).metadata(table.decoded)
+            refreshed.append((decoded, refresh_decoded(conn, decoded)))
         except RuntimeError as exc:
             raise RuntimeError(
                 f"Building {table.table} failed; the previous {table.table} is left as it was. "
-                f"It reads {table.decoded.table}: {exc}"
+                f"It reads {decoded.table}: {exc}"
             ) from exc
+    metadata = decode_metadata(refreshed)
     query = core_query(table)
     macros = shared_macros_sql(query)
     try:
@@ -447,13 +479,18 @@ def build_described_table(
     def build_whole() -> None:
         build_table(conn, table.table, published, params, before_swap=describe)
 
-    if table.follows is None:
-        build_whole()
-        return metadata
-    followed = build_following(
-        conn, table.table, table.follows, published, params, build_whole, macros=macros
-    )
-    return {**metadata, **followed.metadata()}
+    try:
+        if table.follows is None:
+            build_whole()
+            return metadata
+        followed = build_following(
+            conn, table.table, table.follows, published, params, build_whole, macros=macros
+        )
+        return {**metadata, **followed.metadata()}
+    finally:
+        for decoded in table.decoded:
+            if not decoded.kept:
+                conn.execute(f"DROP TABLE IF EXISTS {qualified(decoded.table)}")
 
 
 def materialize_core_table(

@@ -6,13 +6,28 @@ When ready it prints one line of JSON, ``{"base_url": ..., "token": ...}``, and 
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import ipaddress
 import json
 import signal
 import sys
 import threading
 
+from fieldsales_dagster.demo_api.data import PROFILES, Shape
 from fieldsales_dagster.demo_api.server import DemoConfig, DemoServer
+
+#: The shape's knobs on the command line: option -> (Shape field, help).
+SHAPE_OPTIONS = {
+    "--events-per-pos": ("events_per_pos", "events per point of sale"),
+    "--status-history": ("status_history", "at least this many status-history entries per event"),
+    "--event-reports": ("event_reports", "custom reports on every event (0: on ~40%%, 1-2 each)"),
+    "--report-fields": (
+        "report_fields",
+        "repeat each custom-report configuration's fields N times (N times the results per "
+        "transaction and per event report)",
+    ),
+    "--pos-extra-fields": ("pos_extra_fields", "extra attributes in every point-of-sale object"),
+}
 
 
 def _is_loopback(host: str) -> bool:
@@ -35,6 +50,16 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--events", type=int, default=None, help="default: transactions // 40")
     p.add_argument("--event-groups", type=int, default=None, help="default: events // 10")
     p.add_argument("--seed", type=int, default=0)
+    p.add_argument(
+        "--profile",
+        choices=sorted(PROFILES),
+        default="demo",
+        help="how heavy the items are: demo (default) or heavy (a real tenant's weight: event "
+        "payloads ~4x the demo's, twice the custom-report results per transaction); the "
+        "options below override single knobs of it",
+    )
+    for option, (_, text) in SHAPE_OPTIONS.items():
+        p.add_argument(option, type=int, default=None, help=text)
     p.add_argument(
         "--generation",
         type=int,
@@ -62,6 +87,17 @@ def _parser() -> argparse.ArgumentParser:
     return p
 
 
+def _shape(args: argparse.Namespace) -> Shape:
+    """The profile's shape with the knobs given on the command line."""
+    knobs = {
+        name: getattr(args, option[2:].replace("-", "_"))
+        for option, (name, _) in SHAPE_OPTIONS.items()
+    }
+    return dataclasses.replace(
+        PROFILES[args.profile], **{k: v for k, v in knobs.items() if v is not None}
+    )
+
+
 def main(argv: list[str] | None = None) -> int:
     args = _parser().parse_args(argv)
     if not _is_loopback(args.host) and not args.allow_remote:
@@ -70,14 +106,15 @@ def main(argv: list[str] | None = None) -> int:
             file=sys.stderr,
         )
         return 2
-    config = DemoConfig(
-        transactions=args.transactions,
-        events=args.events,
-        event_groups=args.event_groups,
-        seed=args.seed,
-        numeric_event_ids=args.numeric_event_ids,
-    )
     try:
+        config = DemoConfig(
+            transactions=args.transactions,
+            events=args.events,
+            event_groups=args.event_groups,
+            seed=args.seed,
+            shape=_shape(args),
+            numeric_event_ids=args.numeric_event_ids,
+        )
         server = DemoServer(config, host=args.host, port=args.port, token=args.token)
         server.behaviour.latency_s = max(0.0, args.latency_ms / 1000)
         server.behaviour.limit_cap = args.limit_cap

@@ -64,6 +64,8 @@ K_FILE_INS = 26
 K_PLACE = 27
 K_EVOLVE = 28
 K_HISTORY_EVOLVED = 29
+K_HISTORY_MORE = 30
+K_FILE_EVENT = 31
 
 
 class IdCodec:
@@ -232,6 +234,56 @@ STATE_PATHS_PAST = [
 
 
 # --------------------------------------------------------------------------------------------
+# How heavy the items are.
+
+
+@dataclass(frozen=True)
+class Shape:
+    """The weight of the generated items; the defaults are the demo's (``PROFILES``).
+
+    ``events_per_pos``: events per point of sale (each event embeds its own copy of it).
+    ``status_history``: at least this many ``eventStateHistory`` entries per event (0: the 2-5 of
+    the state path; more are Published/Rejected rounds after the first entry).
+    ``event_reports``: custom reports on every event (0: one or two, on ~40% of the events).
+    ``report_fields``: each custom-report configuration's fields, repeated this many times, so
+    this many times the results per transaction and per event report.
+    ``pos_extra_fields``: extra attributes in every point-of-sale object's ``genericFields``.
+    """
+
+    events_per_pos: int = 4
+    status_history: int = 0
+    event_reports: int = 0
+    report_fields: int = 1
+    pos_extra_fields: int = 0
+
+    def __post_init__(self) -> None:
+        limits = {
+            "events_per_pos": (1, 10_000),
+            "status_history": (0, 200),
+            "event_reports": (0, 8),
+            "report_fields": (1, 6),
+            "pos_extra_fields": (0, 1000),
+        }
+        for name, (lo, hi) in limits.items():
+            value = getattr(self, name)
+            if not lo <= value <= hi:
+                raise ValueError(f"shape: {name} must be {lo}..{hi}, got {value}")
+
+
+#: Named shapes: ``demo`` (the default, small and uniform) and ``heavy`` (a real tenant's weight:
+#: event payloads about 4x the demo's, twice the custom-report results per transaction).
+PROFILES = {
+    "demo": Shape(),
+    "heavy": Shape(
+        events_per_pos=25,
+        status_history=20,
+        event_reports=4,
+        report_fields=2,
+        pos_extra_fields=48,
+    ),
+}
+
+# --------------------------------------------------------------------------------------------
 # Custom-report configurations.
 
 FILE = object()  # pool sentinel: a per-transaction file reference id goes here
@@ -392,11 +444,17 @@ def _value_pool(rng_bytes: bytes, field_type: str, params: dict, required: bool)
     return pool
 
 
-def build_configs(ids: IdCodec, rng: Rng) -> list[Config]:
+def build_configs(ids: IdCodec, rng: Rng, report_fields: int = 1) -> list[Config]:
+    """The configurations; ``report_fields`` > 1 repeats each one's fields (numbered copies)."""
     configs = []
     fno = 0
-    for ci, (cname, ctype, tconfig, specs) in enumerate(CONFIG_SPECS):
+    for ci, (cname, ctype, tconfig, base_specs) in enumerate(CONFIG_SPECS):
         cid = ids.make(K_CONFIG, ci)
+        specs = [
+            (f"{fname} {copy + 1}" if copy else fname, ftype, params)
+            for copy in range(report_fields)
+            for fname, ftype, params in base_specs
+        ]
         entries = []
         fields = []
         for k, (fname, ftype, params) in enumerate(specs):
@@ -621,6 +679,7 @@ class Dataset:
         events: int,
         event_groups: int,
         seed: int,
+        shape: Shape = Shape(),
         numeric_event_ids: bool = False,
     ) -> None:
         self.n_tx = transactions
@@ -632,7 +691,10 @@ class Dataset:
         self.seed = seed
         self.codec = IdCodec(seed)
         self.rng = Rng(seed)
-        self.configs = build_configs(self.codec, self.rng)
+        self.shape = shape
+        self.configs = build_configs(self.codec, self.rng, shape.report_fields)
+        #: Transaction file ids are ``idx * stride + field position``: unique per field.
+        self._file_stride = max(16, max(len(c.fields) for c in self.configs))
         self.views = {
             "transactions": ListView(transactions),
             "events": ListView(events),
@@ -644,7 +706,7 @@ class Dataset:
             pid = self.codec.make(K_PRODUCT, k)
             proxy_part = wire(',"proxyProductName":' + json.dumps(pname, ensure_ascii=False))
             self._products.append((pid, _num(price), proxy_part if proxy else ""))
-        self._n_pos = max(1, events // 4)
+        self._n_pos = max(1, events // shape.events_per_pos)
         self._n_users = max(12, events // 8)
         self.event_id = lru_cache(maxsize=8192)(self._event_id)
         self.event_timing = lru_cache(maxsize=8192)(self._event_timing)
@@ -921,7 +983,7 @@ class Dataset:
         vals = [pool[b] for pool, b in zip(cfg.entries[with_id >> 2], d[12:], strict=False)]
         for k, pre, suf, suf_id in cfg.uploads:
             if vals[k]:
-                fid = ids.make(fkind, idx * 16 + k)
+                fid = ids.make(fkind, idx * self._file_stride + k)
                 vals[k] = f',{pre}"{fid}"{suf_id if with_id else suf}'
         tail = cfg.tail_nested if b11 & 8 else cfg.tail_flat
         return f'{head},"_customReport":{{"reportResults":{{{"".join(vals)[1:]}{tail}'
@@ -1057,6 +1119,11 @@ class Dataset:
                 "opening_hours": None if variant == 1 else "Mo-Sa 07:00-21:00",
             },
         }
+        for k in range(self.shape.pos_extra_fields):  # a fuller object (Shape.pos_extra_fields)
+            b = d[(25 + k) % 64] ^ k
+            obj["genericFields"][f"attribute_{k:03d}"] = (
+                f"{LOCATION_GROUP_NAMES[b % 5]}: {TEXT_WORDS[(b >> 3) % len(TEXT_WORDS)]} ({b})"
+            )
         if d[20] < 150:
             obj["googleResult"] = {
                 "formatted_address": f"{street}, {plz} {city}, Deutschland",
@@ -1116,10 +1183,14 @@ class Dataset:
                     "duration": dur_h,
                 }
             )
-        # Status history: 2-5 entries, array order rotated so it is never time order.
+        # Status history: 2-5 entries (at least shape.status_history: Published/Rejected rounds
+        # after the first), array order rotated so it is never time order.
         future = start // DAY_MS > NOW_DAY
         paths = STATE_PATHS_FUTURE if future else STATE_PATHS_PAST
         path = paths[d[8] % len(paths)]
+        if self.shape.status_history > len(path):
+            rounds = (self.shape.status_history - len(path) + 1) // 2
+            path = [path[0], *(["Published", "Rejected"] * rounds), *path[1:]]
         users = [(d[9 + k] * 131 + e) % self._n_users for k in range(1 + (d[12] % 3 == 0))]
         planner = self.codec.make(K_USER, d[13] % self._n_users)
         t = start - (20 + d[14] % 30) * DAY_MS + (d[15] % 10) * HOUR_MS
@@ -1131,7 +1202,9 @@ class Dataset:
             user = planner if k < 2 else self.codec.make(K_USER, users[0])
             history.append(
                 {
-                    "_id": self.codec.make(K_HISTORY, sub + k),
+                    "_id": self.codec.make(K_HISTORY, sub + k)
+                    if k < 8
+                    else self.codec.make(K_HISTORY_MORE, e * 256 + k),
                     "stateNew": state,
                     "stateOld": prev,
                     "date": when,
@@ -1142,7 +1215,8 @@ class Dataset:
             )
             stamps.setdefault(state, []).append(when)
             prev = state
-            t += (1 + d[19 + k] % 5) * DAY_MS if k < 2 else (2 + d[19 + k] % 9) * HOUR_MS
+            b = d[(19 + k) % 64]
+            t += (1 + b % 5) * DAY_MS if k < 2 else (2 + b % 9) * HOUR_MS
         r = 1 + d[24] % (len(history) - 1)
         history = history[r:] + history[:r]
         state = path[-1]
@@ -1186,7 +1260,7 @@ class Dataset:
                 for k, u in enumerate(users)
             ],
         }
-        if d[30] < 100:
+        if self.shape.event_reports or d[30] < 100:
             project_id = event["project_id"]["_id"]
             event["customReportResult"] = self._event_report(d, eid, project_id, sub, start)
         return event
@@ -1195,16 +1269,20 @@ class Dataset:
         self, d: bytes, eid: str, project_id: str, sub: int, start: int
     ) -> list[dict]:
         out = []
-        for k in range(1 + (d[31] < 40)):
+        for k in range(self.shape.event_reports or 1 + (d[31] < 40)):
             cfg = self.configs[(d[32] + k) % len(self.configs)]
             results: dict = {}
             for j, f in enumerate(cfg.fields):
-                v = f.pool[d[33 + j]]
+                # Reports after the second draw their values from other bytes.
+                v = f.pool[d[(33 + j + 7 * (k // 2)) % 64]]
                 if v is None:
                     continue
-                value = (
-                    self.codec.make(K_FILE, (1 << 50) | (sub + j)) if v is FILE else json.loads(v)
-                )
+                if v is not FILE:
+                    value = json.loads(v)
+                elif j < 8:
+                    value = self.codec.make(K_FILE, (1 << 50) | (sub + j))
+                else:
+                    value = self.codec.make(K_FILE_EVENT, (sub + k) * 64 + j)
                 results[f.field_id] = {"name": f.name, "value": value}
             if d[50] < 40 and k == 0:  # a field no configuration defines
                 results[self.codec.make(K_UNKNOWN_FIELD, sub)] = {

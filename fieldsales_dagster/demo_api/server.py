@@ -23,7 +23,7 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any, NamedTuple
 from urllib.parse import parse_qsl, urlsplit
 
-from fieldsales_dagster.demo_api.data import LIST_NAMES, Dataset, take
+from fieldsales_dagster.demo_api.data import LIST_NAMES, Dataset, Shape, take
 from fieldsales_dagster.demo_api.openapi import build_openapi
 
 TRANSACTIONS_PATH = "/public/v1/api/transaction/all"
@@ -46,12 +46,13 @@ _JSON = "application/json; charset=utf-8"
 
 @dataclass
 class DemoConfig:
-    """Size and seed of the demo dataset."""
+    """Size, seed and shape (how heavy each item is, ``data.PROFILES``) of the demo dataset."""
 
     transactions: int = 2000
     events: int | None = None  # default max(1, transactions // 40)
     event_groups: int | None = None  # default max(1, events // 10)
     seed: int = 0
+    shape: Shape = Shape()
     #: Events' ``_id`` as JSON numbers (see ``Dataset.numeric_event_ids``).
     numeric_event_ids: bool = False
 
@@ -301,7 +302,12 @@ class DemoServer:
         self.config = config or DemoConfig()
         n_tx, n_events, n_groups = self.config.resolved()
         self.dataset = Dataset(
-            n_tx, n_events, n_groups, self.config.seed, self.config.numeric_event_ids
+            n_tx,
+            n_events,
+            n_groups,
+            self.config.seed,
+            self.config.shape,
+            self.config.numeric_event_ids,
         )
         self.behaviour = Behaviour(self.dataset)
         self._requests: collections.deque[RequestRecord] = collections.deque(maxlen=10_000)

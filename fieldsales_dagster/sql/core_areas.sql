@@ -5,20 +5,16 @@
 WITH embedded AS (
     SELECT
         e.id AS event_id,
-        json_transform(e.payload, '{
-            "pointOfSaleProjectStructure": {
-                "area": {
-                    "_id": "VARCHAR",
-                    "name": "VARCHAR",
-                    "number": "VARCHAR",
-                    "channel": "VARCHAR[]",
-                    "relatedUsers": "VARCHAR[]",
-                    "active": "BOOLEAN",
-                    "created": "TIMESTAMPTZ"
-                }
-            }
-        }').pointOfSaleProjectStructure.area AS area
-    FROM raw.events AS e
+        json_transform(e.area, '{
+            "_id": "VARCHAR",
+            "name": "VARCHAR",
+            "number": "VARCHAR",
+            "channel": "VARCHAR[]",
+            "relatedUsers": "VARCHAR[]",
+            "active": "BOOLEAN",
+            "created": "TIMESTAMPTZ"
+        }') AS area
+    FROM meta.events_decoded AS e
 ),
 
 latest_copy AS (

@@ -1,8 +1,9 @@
 -- core.dim_point_of_sale: one row per point of sale, from the copy embedded in the event with the
 -- latest planned start (then the greatest event id, so the choice is deterministic).
 --
--- Only the chosen events' payloads are parsed. location is [longitude, latitude] (GeoJSON order);
--- a GeoJSON point object {"coordinates": [lng, lat]} is read the same way.
+-- Only the chosen events' point-of-sale objects are parsed (meta.events_decoded holds them as
+-- JSON). location is [longitude, latitude] (GeoJSON order); a GeoJSON point object
+-- {"coordinates": [lng, lat]} is read the same way.
 -- The places-directory object is documented as placesResult, but its real key carries the
 -- provider's name (googleResult, ...). It is recognised by its shape: an object value of
 -- point_of_sale holding place_id, formatted_address or geometry (address and genericFields, which
@@ -22,9 +23,9 @@ WITH chosen_events AS (
 pos_objects AS (
     SELECT
         chosen_events.pos_id,
-        json_extract(e.payload, '$.point_of_sale') AS pos
+        e.point_of_sale AS pos
     FROM chosen_events
-    JOIN raw.events AS e ON e.id = chosen_events.event_id
+    JOIN meta.events_decoded AS e ON e.id = chosen_events.event_id
 ),
 
 decoded AS (

@@ -9,21 +9,11 @@ WITH entries AS (
         e.id AS event_id,
         unnest(
             list_transform(
-                json_transform(e.payload, '{
-                    "eventStateHistory": [{
-                        "_id": "VARCHAR",
-                        "stateOld": "VARCHAR",
-                        "stateNew": "VARCHAR",
-                        "date": "TIMESTAMPTZ",
-                        "user": "VARCHAR",
-                        "historyType": "VARCHAR",
-                        "ip": "VARCHAR"
-                    }]
-                }').eventStateHistory,
+                e.state_history,
                 lambda entry, position: {'entry': entry, 'position': position}
             )
         ) AS item
-    FROM raw.events AS e
+    FROM meta.events_decoded AS e
 )
 
 SELECT

@@ -1,51 +1,82 @@
 -- core.events: one row per event.
 --
--- The payload is parsed once into the struct below. project_id and point_of_sale are documented
--- as embedded objects, but a reference may also arrive unpopulated as a bare id (a string, or a
--- number read as its text); both shapes give the id (json_reference_id, typed_values.sql).
+-- The payload is parsed once, by meta.events_decoded (meta_events_decoded.sql); this query reads
+-- its columns, never the payload. project_id and point_of_sale are documented as embedded
+-- objects, but a reference may also arrive unpopulated as a bare id (a string, or a number read
+-- as its text); both shapes give the id (json_reference_id, typed_values.sql).
 -- untyped_values names what could not be typed: a reference that gives no id, a planned time
 -- that is not a timestamp, a list that is not an array, an event report whose reportResults is
--- not an object (json_type reads those shapes in a second pass over the payload).
--- raw.events is read in slices to bound the JSON parser's memory: see raw_events_in_slices.sql.
-WITH decoded AS (
+-- not an object (meta.events_decoded keeps those values as received: unparsed_*).
+WITH embedded AS (
     SELECT
         e.id AS event_id,
         e.loaded_at,
-        json_transform(e.payload, '{
-            "project_id": "JSON",
-            "point_of_sale": "JSON",
-            "pointOfSaleProjectStructure": {"area": "JSON"},
-            "eventState": "VARCHAR",
-            "times": [{"start": "JSON", "stop": "JSON"}],
-            "eventUser": [{"_id": "VARCHAR"}],
-            "eventStateHistory": [{"_id": "VARCHAR"}],
-            "customReportResult": [{"_id": "VARCHAR"}]
-        }') AS p,
-        json_type(e.payload, ['$.times', '$.eventUser', '$.eventStateHistory',
-            '$.customReportResult']) AS list_types,
-        json_type(e.payload, '$.customReportResult[*].reportResults') AS report_results_types,
-        e.payload
-    FROM raw_events_in_slices() AS e
+        e.event_state,
+        e.times AS raw_times,
+        e.event_users,
+        e.status_change_count AS status_changes,
+        e.custom_report_count AS custom_reports,
+        e.project,
+        e.point_of_sale,
+        e.area,
+        e.unparsed_times,
+        e.unparsed_event_users,
+        e.unparsed_state_history,
+        e.unparsed_report_results,
+        e.unparsed_report_result_maps,
+        -- Each embedded object is parsed once (the point of sale by meta.events_decoded): every
+        -- JSON function call parses its argument anew, and a vector's parsed documents stay in
+        -- memory until the vector is done, so an id and a name read by separate calls cost
+        -- several times the memory.
+        json_transform(e.project, '{"_id": "VARCHAR", "name": "VARCHAR"}') AS project_ref,
+        e.pos_fields AS pos_ref,
+        json_transform(e.area, '{"_id": "VARCHAR", "name": "VARCHAR"}') AS area_ref
+    FROM meta.events_decoded AS e
 ),
 
 embedded_references AS (
     SELECT
-        event_id,
-        loaded_at,
-        p,
-        list_types,
-        report_results_types,
-        payload,
-        json_reference_id(p.project_id) AS project_id,
-        json_extract_string(p.project_id, '$.name') AS project_name,
-        json_reference_id(p.point_of_sale) AS pos_id,
-        json_extract_string(p.point_of_sale, '$.name') AS pos_name,
-        json_reference_id(p.pointOfSaleProjectStructure.area) AS area_id,
-        json_extract_string(p.pointOfSaleProjectStructure.area, '$.name') AS area_name,
+        * EXCLUDE (project_ref, pos_ref, area_ref),
+        -- A reference is an object (its _id parsed above) or a bare id (json_reference_id). An
+        -- object is told by its opening brace (the stored JSON is minified): json_type would parse
+        -- every point-of-sale object anew (a few KB, 2,048 rows at a time).
+        CASE
+            WHEN starts_with(project::VARCHAR, '{') THEN project_ref._id
+            ELSE json_reference_id(
+                CASE WHEN NOT starts_with(project::VARCHAR, '{') THEN project END
+            )
+        END AS project_id,
+        project_ref.name AS project_name,
+        CASE
+            WHEN starts_with(point_of_sale::VARCHAR, '{') THEN pos_ref._id
+            ELSE json_reference_id(
+                CASE WHEN NOT starts_with(point_of_sale::VARCHAR, '{') THEN point_of_sale END
+            )
+        END AS pos_id,
+        pos_ref.name AS pos_name,
+        CASE
+            WHEN starts_with(area::VARCHAR, '{') THEN area_ref._id
+            ELSE json_reference_id(
+                CASE WHEN NOT starts_with(area::VARCHAR, '{') THEN area END
+            )
+        END AS area_id,
+        area_ref.name AS area_name,
         list_transform(
-            p.times, lambda t: {'start': json_timestamp(t.start), 'stop': json_timestamp(t.stop)}
+            raw_times,
+            lambda t: {'start': json_timestamp(t.start), 'stop': json_timestamp(t.stop)}
         ) AS times
-    FROM decoded
+    FROM embedded
+),
+
+-- The references that gave no id, for untyped_values: untyped reads its value's JSON type, and
+-- reading it for every point-of-sale object would parse each anew.
+references_read AS (
+    SELECT
+        *,
+        CASE WHEN project_id IS NULL THEN project END AS unread_project,
+        CASE WHEN pos_id IS NULL THEN point_of_sale END AS unread_pos,
+        CASE WHEN area_id IS NULL THEN area END AS unread_area
+    FROM embedded_references
 )
 
 SELECT
@@ -56,52 +87,42 @@ SELECT
     pos_name,
     area_id,
     area_name,
-    p.eventState AS event_state,
+    event_state,
     list_min(list_transform(times, lambda t: t.start)) AS planned_start,
     list_max(list_transform(times, lambda t: t.stop)) AS planned_stop,
     coalesce(
-        list_filter(list_transform(p.eventUser, lambda u: u._id), lambda i: i IS NOT NULL),
+        list_filter(list_transform(event_users, lambda u: u._id), lambda i: i IS NOT NULL),
         []::VARCHAR[]
     ) AS assigned_user_ids,
-    coalesce(len(p.eventStateHistory), 0) AS status_change_count,
-    coalesce(len(p.customReportResult), 0) AS custom_report_count,
+    coalesce(status_changes, 0) AS status_change_count,
+    coalesce(custom_reports, 0) AS custom_report_count,
     loaded_at,
     untyped_values(flatten([
         [
-            untyped('project_id', p.project_id, project_id, 'a reference'),
-            untyped('point_of_sale', p.point_of_sale, pos_id, 'a reference'),
-            untyped(
-                'pointOfSaleProjectStructure.area',
-                p.pointOfSaleProjectStructure.area,
-                area_id,
-                'a reference'
-            ),
-            untyped_shape('times', payload, '$.times', list_types[1], 'ARRAY'),
-            untyped_shape('eventUser', payload, '$.eventUser', list_types[2], 'ARRAY'),
-            untyped_shape(
-                'eventStateHistory', payload, '$.eventStateHistory', list_types[3], 'ARRAY'
-            ),
-            untyped_shape(
-                'customReportResult', payload, '$.customReportResult', list_types[4], 'ARRAY'
-            )
+            -- Only a reference that gave no id is read again (untyped parses its value).
+            untyped('project_id', unread_project, project_id, 'a reference'),
+            untyped('point_of_sale', unread_pos, pos_id, 'a reference'),
+            untyped('pointOfSaleProjectStructure.area', unread_area, area_id, 'a reference')
         ],
         list_transform(
-            list_zip(p.times, times),
+            list_zip(raw_times, times),
             lambda pair: untyped('times[].start', pair[1].start, pair[2].start, 'a timestamp')
         ),
         list_transform(
-            list_zip(p.times, times),
+            list_zip(raw_times, times),
             lambda pair: untyped('times[].stop', pair[1].stop, pair[2].stop, 'a timestamp')
         ),
+        [
+            untyped('times', unparsed_times, NULL, 'an array'),
+            untyped('eventUser', unparsed_event_users, NULL, 'an array'),
+            untyped('eventStateHistory', unparsed_state_history, NULL, 'an array'),
+            untyped('customReportResult', unparsed_report_results, NULL, 'an array')
+        ],
         list_transform(
-            report_results_types,
-            lambda found, i: untyped_shape(
-                'customReportResult[].reportResults',
-                payload,
-                '$.customReportResult[' || (i - 1) || '].reportResults',
-                found,
-                'OBJECT'
-            )
+            unparsed_report_result_maps,
+            lambda j: CASE WHEN json_type(j) <> 'OBJECT' THEN untyped(
+                'customReportResult[].reportResults', j, NULL, 'an object'
+            ) END
         )
     ])) AS untyped_values
-FROM embedded_references
+FROM references_read

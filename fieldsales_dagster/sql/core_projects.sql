@@ -6,18 +6,16 @@
 WITH embedded AS (
     SELECT
         e.id AS event_id,
-        json_transform(e.payload, '{
-            "project_id": {
-                "_id": "VARCHAR",
-                "name": "VARCHAR",
-                "eventSettings": {
-                    "isCRMLeads": "BOOLEAN",
-                    "enableMessenger": "BOOLEAN",
-                    "useTargets": "BOOLEAN"
-                }
+        json_transform(e.project, '{
+            "_id": "VARCHAR",
+            "name": "VARCHAR",
+            "eventSettings": {
+                "isCRMLeads": "BOOLEAN",
+                "enableMessenger": "BOOLEAN",
+                "useTargets": "BOOLEAN"
             }
-        }').project_id AS project
-    FROM raw.events AS e
+        }') AS project
+    FROM meta.events_decoded AS e
 ),
 
 copies AS (

@@ -5,17 +5,8 @@
 WITH assigned AS (
     SELECT
         e.id AS event_id,
-        unnest(json_transform(e.payload, '{
-            "eventUser": [{
-                "_id": "VARCHAR",
-                "firstName": "VARCHAR",
-                "lastName": "VARCHAR",
-                "email": "VARCHAR",
-                "language": "VARCHAR",
-                "usertype": "VARCHAR"
-            }]
-        }').eventUser) AS app_user
-    FROM raw.events AS e
+        unnest(e.event_users) AS app_user
+    FROM meta.events_decoded AS e
 ),
 
 latest_copy AS (

@@ -1,9 +1,10 @@
 -- raw_events_in_slices(): raw.events, read as four slices (by rowid) instead of in one pass, for
--- core.events, which parses every payload and keeps several embedded objects as JSON. Like
--- raw_transactions_in_slices (see there), it bounds the JSON parser's memory: in one pass, 2,048
--- parsed ~3.4 KB event documents per thread, beside the table being written in 16,384-row
--- groups, exceeded the 192 MB memory_limit at 25,000 events (1M transactions). Every row is in
--- exactly one slice.
+-- the queries that parse every payload: meta.events_decoded (the one parse the core tables read)
+-- and the incremental refresh's event fingerprints. Like raw_transactions_in_slices (see there),
+-- it bounds the JSON parser's memory: in one pass, 2,048 parsed ~3.4 KB event documents per
+-- thread, beside the table being written in 16,384-row groups, exceeded the 192 MB memory_limit
+-- at 25,000 events (1M transactions); ~14 KB documents need ~75 MB per thread per 2,048 rows,
+-- ~19 MB per 512. Every row is in exactly one slice.
 CREATE OR REPLACE TEMP MACRO raw_events_in_slices() AS TABLE
     SELECT * FROM raw.events WHERE rowid % 4 = 0
     UNION ALL
