@@ -330,7 +330,7 @@ def test_a_wrong_catalog_password_names_the_variable_and_never_shows_the_passwor
     assert "not-the-password-4711" not in message
 
 
-def test_the_analysts_file_is_written_in_the_storage_format_duckdb_1_4_and_1_5_read(tmp_path):
+def test_the_analysts_file_is_written_in_a_storage_format_every_duckdb_client_reads(tmp_path):
     """storage: file: the format is set explicitly (STORAGE_VERSION), not left to the writer."""
     warehouse = FieldSalesWarehouse(database=str(tmp_path / "fieldsales.duckdb"))
     with warehouse.get_connection() as conn:
@@ -343,7 +343,7 @@ def test_the_analysts_file_is_written_in_the_storage_format_duckdb_1_4_and_1_5_r
             "WHERE database_name = current_database()"
         ).fetchone()
         assert reader.execute("SELECT id FROM raw.events").fetchall() == [("e1",)]
-    assert version == f"{STORAGE_VERSION}+" == "v1.4.0+"
+    assert version == f"{STORAGE_VERSION}+" == "v1.0.0+"
 
 
 @pytest.fixture

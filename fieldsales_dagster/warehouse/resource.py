@@ -576,11 +576,12 @@ def _publish_failure(working: Path, published: Path, exc: OSError) -> str:
 #: (~80 MB of payloads) measured 2.5x faster for 100k transactions (5.5 s -> 2.2 s), and readers
 #: get more row groups to scan in parallel. Set on every attach: it is not stored in the file.
 ROW_GROUP_SIZE = 16384
-#: The storage format a new working database (and so the analysts' copy) is written in: the
-#: oldest DuckDB release analysts are likely to open it with. 1.4 and 1.5 clients (the DuckDB CLI,
-#: DBeaver's driver, MotherDuck, which accepts 1.4-1.5) read it; set explicitly so that a newer
-#: DuckDB writing the file never silently moves it out of their reach. Kept by an existing file.
-STORAGE_VERSION = "v1.4.0"
+#: The storage format a new working database (and so the analysts' copy) is written in: every
+#: DuckDB client from 1.0 on reads it (the CLI, DBeaver's driver, MotherDuck, BI tools); set
+#: explicitly so that a newer DuckDB writing the file never silently moves it out of their reach.
+#: Not v1.4.0: under it the heavy tenant's event decode needed more than 64MB
+#: (test_core_memory.py), and it would shut out pre-1.4 clients. Kept by an existing file.
+STORAGE_VERSION = "v1.0.0"
 
 
 def _open_database(path: Path, config: dict[str, object]) -> duckdb.DuckDBPyConnection:
