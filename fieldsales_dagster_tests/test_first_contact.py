@@ -35,7 +35,11 @@ CONFIG_FILES = [
     "Makefile",
 ]
 #: Paths the docs name as examples of what a user creates, not as files of the repository.
-EXAMPLES = {"fieldsales_dagster/defs/acme/defs.yaml"}
+EXAMPLES = {
+    "fieldsales_dagster/defs/acme/defs.yaml",
+    # "Build on it": where a team puts its own assets; by design not in the default location.
+    "fieldsales_dagster/defs/analytics/",
+}
 #: A path-like token: folders and a file name, a glob star allowed in the last part.
 _PATH = re.compile(r"(?<![\w./$<-])((?:\.?[\w-]+/)+[\w.*-]*)")
 
