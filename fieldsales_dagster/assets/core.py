@@ -39,7 +39,7 @@ from fieldsales_dagster.assets.raw import raw_asset_name
 from fieldsales_dagster.client.endpoints import EVENTS, TRANSACTIONS
 from fieldsales_dagster.names import InstanceNames
 from fieldsales_dagster.pause import pause_at
-from fieldsales_dagster.warehouse.lake import checkpoint, run_transaction
+from fieldsales_dagster.warehouse.lake import checkpoint, drop_table, run_transaction
 from fieldsales_dagster.warehouse.resource import (
     FieldSalesWarehouse,
     qualified,
@@ -434,7 +434,7 @@ def build_table(
             before_swap(staged)
         pause_at("core")
     except duckdb.Error as exc:
-        conn.execute(f"DROP TABLE IF EXISTS {qualified(staged)}")
+        drop_table(conn, qualified(staged))
         raise RuntimeError(
             f"Building {target} failed; the previous {target} is left as it was. DuckDB: {exc}"
         ) from exc
@@ -490,14 +490,17 @@ def build_described_table(
     finally:
         for decoded in table.decoded:
             if not decoded.kept:
-                conn.execute(f"DROP TABLE IF EXISTS {qualified(decoded.table)}")
+                drop_table(conn, qualified(decoded.table))
 
 
 def materialize_core_table(
     conn: duckdb.DuckDBPyConnection, warehouse: FieldSalesWarehouse, table: CoreTable
 ) -> dict[str, object]:
-    """Build ``table`` on ``conn`` and return its metadata (schema, row count, preview)."""
-    decode = build_described_table(conn, table, warehouse)
+    """Build ``table`` on ``conn`` (on a lake: one commit) and return its metadata (schema, row
+    count, preview)."""
+    decode = warehouse.one_commit(
+        conn, table.table, lambda: build_described_table(conn, table, warehouse)
+    )
     schema = column_schema(conn, table.table, table.doc, warehouse.pii)
     return {
         **table_metadata(

@@ -29,7 +29,7 @@ from dataclasses import dataclass
 import dagster as dg
 import duckdb
 
-from fieldsales_dagster.warehouse.lake import checkpoint, run_transaction
+from fieldsales_dagster.warehouse.lake import checkpoint, cleanup, run_transaction
 from fieldsales_dagster.warehouse.resource import qualified, table_exists
 
 STATE_TABLE = "meta.core_follow_state"
@@ -239,8 +239,9 @@ def _incremental(
             f"Updating {table} failed; the previous {table} is left as it was. DuckDB: {exc}"
         ) from exc
     finally:
-        define_decoded_rows(conn, follows)
-        conn.execute("DROP TABLE IF EXISTS _fs_follow_rows")
+        with cleanup(conn):
+            define_decoded_rows(conn, follows)
+            conn.execute("DROP TABLE IF EXISTS _fs_follow_rows")
     # Until a checkpoint the changes stay in memory, and the next query (the table's checks)
     # would have to fit beside them in memory_limit: 1M transactions, 192 MB, out of memory.
     checkpoint(conn)

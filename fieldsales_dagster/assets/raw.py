@@ -12,7 +12,11 @@ from fieldsales_dagster.assets.metadata import previous_row_count, table_metadat
 from fieldsales_dagster.client.endpoints import EVENTS, LIST_ENDPOINTS, TRANSACTIONS, ListEndpoint
 from fieldsales_dagster.client.resource import FieldSalesAPI
 from fieldsales_dagster.names import InstanceNames
-from fieldsales_dagster.warehouse.incremental import RefreshPolicy, refresh_raw_list
+from fieldsales_dagster.warehouse.incremental import (
+    RefreshPolicy,
+    RefreshReport,
+    refresh_raw_list,
+)
 from fieldsales_dagster.warehouse.raw_load import LoadReport
 from fieldsales_dagster.warehouse.refresh_mode import validate_refresh_mode
 from fieldsales_dagster.warehouse.resource import FieldSalesWarehouse
@@ -140,19 +144,24 @@ def build_raw_asset(
         # Two instances can run in one code location: every line names whose file it writes.
         tenant = f"[{names.tenant}: {warehouse.database}] "
         with warehouse.get_connection() as conn:
-            refresh = refresh_raw_list(
-                api,
-                conn,
-                endpoint,
-                policy,
-                log=lambda message: context.log.info(tenant + message),
-                warn=lambda message: context.log.warning(tenant + message),
-                max_shrink_fraction=warehouse.max_shrink_fraction,
-                allow_shrink=config.allow_shrink,
-                before_swap=lambda staged: redacted.append(
-                    prepare_raw_table(conn, staged, name, warehouse)
-                ),
-            )
+
+            def load() -> RefreshReport:
+                redacted.clear()  # a lake's write that lost a conflict runs again
+                return refresh_raw_list(
+                    api,
+                    conn,
+                    endpoint,
+                    policy,
+                    log=lambda message: context.log.info(tenant + message),
+                    warn=lambda message: context.log.warning(tenant + message),
+                    max_shrink_fraction=warehouse.max_shrink_fraction,
+                    allow_shrink=config.allow_shrink,
+                    before_swap=lambda staged: redacted.append(
+                        prepare_raw_table(conn, staged, name, warehouse)
+                    ),
+                )
+
+            refresh = warehouse.one_commit(conn, endpoint.raw_table, load)
             schema = column_schema(conn, endpoint.raw_table, table_doc(name), warehouse.pii)
             metadata = table_metadata(
                 conn, warehouse.database, endpoint.raw_table, schema=schema, preview=False

@@ -37,7 +37,7 @@ from fieldsales_dagster.client.errors import FieldSalesAPIError, PageFormatError
 from fieldsales_dagster.client.pager import ListStats, Page, id_text, item_keys, key_decoder
 from fieldsales_dagster.client.resource import FieldSalesAPI
 from fieldsales_dagster.pause import pause_at
-from fieldsales_dagster.warehouse.lake import run_transaction
+from fieldsales_dagster.warehouse.lake import drop_table, run_transaction
 from fieldsales_dagster.warehouse.raw_load import (
     LoadReport,
     StagingWriter,
@@ -325,8 +325,16 @@ def refresh_transactions(
             decision = ModeDecision("full", f"fell back from incremental: {exc}")
             spent = exc.bytes_fetched
     _fingerprint_current_events(conn)
-    report = load_list(api, conn, TRANSACTIONS, log=log, before_swap=before_swap, **(shrink or {}))
-    _write_state(conn, mode="full", at=now, rows=report.rows)
+    report = load_list(
+        api,
+        conn,
+        TRANSACTIONS,
+        log=log,
+        before_swap=before_swap,
+        # The state is recorded in the swap's transaction: never a new table with old state.
+        after_swap=lambda rows: _write_state(conn, mode="full", at=now, rows=rows),
+        **(shrink or {}),
+    )
     return RefreshReport(
         load=report, mode="full", reason=decision.reason, bytes_fetched=report.bytes + spent
     )
@@ -429,7 +437,7 @@ def _incremental(
         )
     finally:
         reader.shutdown(wait=True)
-        conn.execute(f"DROP TABLE IF EXISTS {qualified(STAGE_TABLE)}")
+        drop_table(conn, qualified(STAGE_TABLE))
     stats = fetched.stats
     report = LoadReport(
         table=TRANSACTIONS.raw_table,

@@ -312,8 +312,14 @@ def run_transaction(
 
     A commit that conflicts with another writer's (only a lake's writers can) runs ``body`` again
     in a new transaction, up to ``attempts`` times in all, after a short random pause; then it
-    fails naming ``table``. ``body`` must therefore only read and write the database.
+    fails naming ``table``. ``body`` must therefore be safe to run again: it reads and writes the
+    database, or (an asset's whole write on a lake) fetches again what it stores.
+
+    Called inside another ``run_transaction``'s body, it runs ``body`` in that transaction: the
+    outer one commits, or retries, everything together (one lake snapshot per asset write).
     """
+    if in_transaction(conn):
+        return body()
     for attempt in range(1, attempts + 1):
         conn.execute("BEGIN TRANSACTION")
         _IN_TRANSACTION.add(id(conn))
@@ -340,13 +346,36 @@ def run_transaction(
     raise AssertionError("unreachable")
 
 
+def in_transaction(conn: duckdb.DuckDBPyConnection) -> bool:
+    """Whether ``conn`` is inside ``run_transaction``'s body (which commits or rolls back)."""
+    return id(conn) in _IN_TRANSACTION
+
+
+@contextmanager
+def cleanup(conn: duckdb.DuckDBPyConnection) -> Iterator[None]:
+    """Statements that tidy up after a failure too: inside ``run_transaction``'s body, a DuckDB
+    error aborts the transaction, whose rollback undoes everything, so they are skipped there
+    (and the first error, not "transaction is aborted", reaches the user)."""
+    try:
+        yield
+    except duckdb.TransactionException as exc:
+        if not (in_transaction(conn) and "aborted" in str(exc).lower()):
+            raise
+
+
+def drop_table(conn: duckdb.DuckDBPyConnection, table: str) -> None:
+    """``DROP TABLE IF EXISTS table`` (a quoted name), also after a failure (``cleanup``)."""
+    with cleanup(conn):
+        conn.execute(f"DROP TABLE IF EXISTS {table}")
+
+
 @contextmanager
 def one_transaction(conn: duckdb.DuckDBPyConnection) -> Iterator[None]:
     """Run the block in a transaction of its own, or in ``run_transaction``'s if one is open.
 
     (A failed BEGIN would abort the open transaction, so open ones are tracked instead.)
     """
-    if id(conn) in _IN_TRANSACTION:
+    if in_transaction(conn):
         yield
         return
     conn.execute("BEGIN TRANSACTION")

@@ -48,7 +48,7 @@ from fieldsales_dagster.client.pager import (
 )
 from fieldsales_dagster.client.resource import FieldSalesAPI
 from fieldsales_dagster.pause import pause_at
-from fieldsales_dagster.warehouse.lake import is_lake
+from fieldsales_dagster.warehouse.lake import drop_table, in_transaction, is_lake, run_transaction
 from fieldsales_dagster.warehouse.resource import (
     qualified,
     quote_ident,
@@ -263,6 +263,8 @@ class StagingWriter:
         self._size = 0
         self._ready: queue.Queue[Path | None] = queue.Queue(maxsize=1)
         self._error: BaseException | None = None
+        #: Inside an asset's transaction (a lake's write), which commits or rolls back the rows.
+        self._own_transaction = not in_transaction(conn)
         self._inserter = threading.Thread(
             target=self._insert_spools, args=(conn,), name="fieldsales-insert", daemon=True
         )
@@ -272,7 +274,8 @@ class StagingWriter:
         # One transaction for the whole pass: DuckDB then writes full row groups straight to
         # the file. Committing each ~7k-row spool instead sends every byte through the WAL and
         # compresses it again at checkpoint (measured 101 -> 177 MB/s).
-        conn.execute("BEGIN TRANSACTION")
+        if self._own_transaction:
+            conn.execute("BEGIN TRANSACTION")
         while (path := self._ready.get()) is not None:
             try:
                 if self._error is None:
@@ -282,6 +285,8 @@ class StagingWriter:
                 self._error = exc
             finally:
                 path.unlink(missing_ok=True)
+        if not self._own_transaction:
+            return
         try:
             conn.execute("ROLLBACK" if self._error is not None else "COMMIT")
         except BaseException as exc:
@@ -530,15 +535,17 @@ def load_list(
     spool_bytes: int = SPOOL_BYTES,
     spool_dir: Path | None = None,
     before_swap: Callable[[str], None] | None = None,
+    after_swap: Callable[[int], None] | None = None,
     max_shrink_fraction: float = 0.5,
     allow_shrink: bool = False,
 ) -> LoadReport:
     """Replace ``endpoint.raw_table`` with every item the server lists, or leave it untouched.
 
     ``before_swap(staging_table)`` runs on the complete staging table just before it replaces
-    the old one (redaction, comments). ``max_shrink_fraction``: the largest share of the current
-    table's rows a refresh may lose; emptying a non-empty table is always refused unless
-    ``allow_shrink``.
+    the old one (redaction, comments); ``after_swap(rows)`` records the load in the swap's
+    transaction (the state of an incremental refresh). ``max_shrink_fraction``: the largest share
+    of the current table's rows a refresh may lose; emptying a non-empty table is always refused
+    unless ``allow_shrink``.
     """
     started = time.monotonic()
     loaded_at = datetime.now(UTC)
@@ -562,7 +569,7 @@ def load_list(
         try:
             _stage_pages(conn, endpoint, stage, loaded_at, tmp, spool_bytes, pagers)
         except BaseException:
-            conn.execute(f"DROP TABLE IF EXISTS {qualified(stage)}")
+            drop_table(conn, qualified(stage))
             raise
 
     previous: tuple[int, int] | None = None
@@ -622,9 +629,15 @@ def load_list(
                     )
                     if before_swap is not None:
                         before_swap(stage)
-                    replace_table(conn, stage, endpoint.raw_table)
+
+                    def swap(rows: int = distinct) -> None:
+                        replace_table(conn, stage, endpoint.raw_table)
+                        if after_swap is not None:
+                            after_swap(rows)
+
+                    run_transaction(conn, endpoint.raw_table, swap)
                 finally:
-                    conn.execute(f"DROP TABLE IF EXISTS {qualified(stage)}")
+                    drop_table(conn, qualified(stage))
                 report = LoadReport(
                     table=endpoint.raw_table,
                     rows=distinct,
@@ -649,7 +662,7 @@ def load_list(
                 break
             previous = (rows, distinct)
             log(f"{endpoint.name}: pass {attempt}: {verdict.reason}; paging it again.")
-    conn.execute(f"DROP TABLE IF EXISTS {qualified(stage)}")
+    drop_table(conn, qualified(stage))
     raise IncompleteListError(
         f"{endpoint.name} ({endpoint.path}): after {facts.pass_number} passes, {verdict.reason}. "
         f"{endpoint.raw_table} was left as it was. Run again later; if the server's list is "

@@ -27,12 +27,12 @@ import os
 import secrets
 import shutil
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager, nullcontext
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
-from typing import Literal
+from typing import Literal, TypeVar
 
 import dagster as dg
 import duckdb
@@ -44,6 +44,8 @@ from fieldsales_dagster.paths import PathSettingError, check_file_setting, resol
 from fieldsales_dagster.pause import pause_at
 from fieldsales_dagster.warehouse.lake import Lake, run_transaction, writer_connection
 from fieldsales_dagster.warehouse.refresh_mode import validate_refresh_mode
+
+T = TypeVar("T")
 
 DEFAULT_DUCKDB_PATH = "data/fieldsales.duckdb"
 MOTHERDUCK_PREFIX = "md:"
@@ -322,6 +324,12 @@ class FieldSalesWarehouse(dg.ConfigurableResource):
         return None if working is None else Path(f"{working}.lock")
 
     # --- connections --------------------------------------------------------------------------
+
+    def one_commit(self, conn: duckdb.DuckDBPyConnection, table: str, write: Callable[[], T]) -> T:
+        """An asset's ``write`` of ``table`` and its state: on a lake one transaction, so one
+        snapshot, retried whole on a conflict (``run_transaction``); on a file as it is, since
+        the run's publish shows a run's writes to analysts at once."""
+        return run_transaction(conn, table, write) if self.is_lake else write()
 
     @contextmanager
     def get_connection(self) -> Iterator[duckdb.DuckDBPyConnection]:
