@@ -17,6 +17,7 @@ import pytest
 
 from fieldsales_dagster.assets.upkeep import build_upkeep_asset
 from fieldsales_dagster.demo_api import DemoConfig, DemoServer
+from fieldsales_dagster.warehouse import incremental
 from fieldsales_dagster.warehouse.lake import (
     CONFLICT_ATTEMPTS,
     Lake,
@@ -438,3 +439,64 @@ def test_dagster_asset_materialize_writes_the_lake_from_environment_variables_al
         ids = {row[0] for row in conn.execute("SELECT id FROM raw.events").fetchall()}
     assert ids == set(small_demo.dataset.ids("events"))
     assert not list((tmp_path / "local").glob("*.duckdb"))  # no DuckDB file, no publish
+
+
+def lake_snapshots(warehouse: FieldSalesWarehouse) -> int:
+    with warehouse.get_connection() as conn:
+        return conn.execute("SELECT count(*) FROM ducklake_snapshots('fieldsales')").fetchone()[0]
+
+
+def test_each_asset_write_on_a_lake_is_one_snapshot(small_demo, tmp_path, catalog):
+    """Staging, swap and state records commit together: a reader (or time travel) never meets
+    a staging table, or a new table beside its old state."""
+    lake = lake_warehouse(tmp_path, catalog)
+    core = {asset.key.to_user_string(): asset for asset in core_assets(True)}
+    # Raw loads (the transactions' with its refresh state), a following core table (decode,
+    # table and following state) and one reading the events' decode (built and dropped).
+    steps = [*RAW, core["core_transactions"], core["core_events"]]
+    added: dict[str, list[int]] = {}
+    for round_ in range(2):  # a full refresh, then the incremental one
+        if round_:
+            small_demo.behaviour.evolve(1)
+        for asset in steps:
+            before = lake_snapshots(lake)
+            refresh(small_demo, tmp_path, lake, assets=[asset])
+            added.setdefault(asset.key.to_user_string(), []).append(lake_snapshots(lake) - before)
+    assert added == {name: [1, 1] for name in added}
+
+
+def test_a_write_that_fails_after_its_swap_leaves_the_lake_unchanged(
+    small_demo, tmp_path, catalog, monkeypatch
+):
+    """A failure between the new raw.transactions and its refresh state (recorded in the same
+    transaction) leaves the table, the state and the lake's snapshots as they were."""
+    lake = lake_warehouse(tmp_path, catalog)
+    refresh(small_demo, tmp_path, lake, assets=RAW)
+    small_demo.behaviour.evolve(1)
+    state = (
+        "SELECT (SELECT bit_xor(hash(id, payload::VARCHAR)) FROM raw.transactions), "
+        "(SELECT list(last_load_at) FROM meta.refresh_state), "
+        "(SELECT count(*) FROM ducklake_snapshots('fieldsales'))"
+    )
+    with lake.get_connection() as conn:
+        before = conn.execute(state).fetchone()
+
+    def state_write_fails(*args, **kwargs):
+        raise RuntimeError("injected: the refresh state could not be written")
+
+    monkeypatch.setattr(incremental, "_write_state", state_write_fails)
+    result = dg.materialize(
+        [asset for asset in RAW if asset.key.to_user_string() == "raw_transactions"],
+        resources={"fieldsales_api": make_api(small_demo, tmp_path), "warehouse": lake},
+        run_config={"ops": {"raw_transactions": {"config": {"refresh_mode": "full"}}}},
+        raise_on_error=False,
+    )
+    assert not result.success
+    assert "injected" in str(result.get_step_failure_events()[0].event_specific_data.error)
+    with lake.get_connection() as conn:
+        assert conn.execute(state).fetchone() == before
+        staged = conn.execute(
+            "SELECT count(*) FROM duckdb_tables() WHERE database_name = 'fieldsales' "
+            "AND starts_with(table_name, '_stage_')"
+        ).fetchone()
+    assert staged == (0,)
