@@ -43,7 +43,11 @@ from fieldsales_dagster.client.errors import FieldSalesAPIError
 from fieldsales_dagster.client.resource import FieldSalesAPI
 from fieldsales_dagster.client.urls import validate_base_url
 from fieldsales_dagster.names import InstanceNames
-from fieldsales_dagster.paths import PathSettingError, check_file_setting
+from fieldsales_dagster.paths import (
+    PathSettingError,
+    check_file_setting,
+    check_own_folder_setting,
+)
 from fieldsales_dagster.tenancy import Claim, refuse_shared_claims
 from fieldsales_dagster.token.renewal import DEFAULT_RENEW_AFTER_DAYS, RenewalPolicy
 from fieldsales_dagster.token.secret import clean_token
@@ -51,6 +55,7 @@ from fieldsales_dagster.warehouse.resource import (
     PROJECT_SCHEMAS,
     FieldSalesWarehouse,
     is_motherduck,
+    lake_local_folder,
 )
 
 #: ``{{ env.NAME }}`` or ``{{ env('NAME') }}``: the only accepted form of a secret in YAML.
@@ -470,18 +475,30 @@ class FieldSalesComponent(dg.Component, dg.Model, dg.Resolvable):
     def check_paths(self) -> None:
         """Fail the load at once if a file setting points where the pipeline cannot write."""
         settings = {"token_store_path": self.token_store_path}
-        if not self.duckdb_path.startswith("md:"):
+        if not self.duckdb_path.startswith("md:") and self.storage == "file":
             settings["duckdb_path"] = self.duckdb_path
-        for setting, path in settings.items():
-            try:
+        try:
+            for setting, path in settings.items():
                 check_file_setting(
                     path,
                     setting=setting,
                     variable=SETTINGS_HELP[setting][0],
                     create_dirs=self.create_dirs,
                 )
-            except PathSettingError as exc:
-                raise SettingError(str(exc)) from None
+            if self.storage == "ducklake":  # no DuckDB file there: only the local spill folder
+                spills = lake_local_folder(self.duckdb_path)
+                check_own_folder_setting(
+                    spills,
+                    setting="duckdb_path",
+                    variable=SETTINGS_HELP["duckdb_path"][0],
+                    used_for=(
+                        "on storage: ducklake no DuckDB file is written there, its folder only "
+                        "holds DuckDB's spill and spool files"
+                    ),
+                    create_dirs=self.create_dirs,
+                )
+        except PathSettingError as exc:
+            raise SettingError(str(exc)) from None
 
     def freshness_policy(self) -> dg.FreshnessPolicy:
         """Core tables are fresh if refreshed within one schedule interval (plus an hour of slack

@@ -10,6 +10,7 @@ missing folder (created only with ``create_dirs``), a folder the user cannot wri
 from __future__ import annotations
 
 import os
+from collections.abc import Callable
 from pathlib import Path
 
 
@@ -46,7 +47,38 @@ def check_file_setting(
             "is a directory, not a file",
             f"Give the path of a file in it, e.g. {target / return_name}",
         )
-    folder = target.parent
+    _check_folder(target.parent, setting, fail, create_dirs, create)
+    return target
+
+
+def check_own_folder_setting(
+    folder: str | Path, *, setting: str, variable: str, used_for: str, create_dirs: bool
+) -> Path:
+    """The resolved ``folder``, one the pipeline makes itself, once it is known that it can: its
+    parent exists (or may be created: ``create_dirs``) and is writable. ``used_for`` tells in
+    the message what the setting places there."""
+    given = Path(folder).expanduser()
+    target = resolved(given)
+    shown = str(given) if target == given.absolute() else f"{given} (a link to {target})"
+
+    def fail(why: str, what_to_do: str) -> PathSettingError:
+        return PathSettingError(
+            f"Field-Sales setting {setting} (from {variable}) is invalid: {used_for}; {shown} "
+            f"{why}. {what_to_do}; set it in defs.yaml or through {variable} and load again."
+        )
+
+    _check_folder(target.parent, setting, fail, create_dirs, create=False)
+    return target
+
+
+def _check_folder(
+    folder: Path,
+    setting: str,
+    fail: Callable[[str, str], PathSettingError],
+    create_dirs: bool,
+    create: bool,
+) -> None:
+    """Fail unless ``folder`` exists (or may be created: ``create_dirs``) and is writable."""
     existing = folder
     while not existing.exists() and existing != existing.parent:
         existing = existing.parent
@@ -83,7 +115,6 @@ def check_file_setting(
                 else f"Give the user running Dagster (uid {os.getuid()}) write access to {existing}"
             ),
         )
-    return target
 
 
 def _read_only(folder: Path) -> bool:

@@ -383,6 +383,31 @@ def test_storage_file_has_no_upkeep_and_one_pool(project_env):
     }
 
 
+def test_on_a_lake_duckdb_path_is_checked_as_the_spill_folder_it_is(
+    project_env, monkeypatch, tmp_path
+):
+    """On storage: ducklake duckdb_path's folder holds only spill and spool files: the load-time
+    check says so, and checks that folder's place rather than a DuckDB file."""
+    monkeypatch.setenv("FIELDSALES_STORAGE", "ducklake")
+    monkeypatch.setenv("FIELDSALES_DUCKLAKE_CATALOG", "postgres:dbname=lake host=db user=etl")
+    monkeypatch.setenv("FIELDSALES_DUCKLAKE_DATA_PATH", str(tmp_path / "files"))
+    mistyped = tmp_path / "scratch"
+    monkeypatch.setenv("FIELDSALES_DUCKDB_PATH", str(mistyped / "fieldsales.duckdb"))
+    with pytest.raises(Exception) as failure:
+        load_project_defs()
+    message = error_chain(failure.value)
+    assert (
+        "duckdb_path (from FIELDSALES_DUCKDB_PATH) is invalid: on storage: ducklake no DuckDB "
+        "file is written there, its folder only holds DuckDB's spill and spool files; "
+        f"{mistyped}/.duckdb_tmp is in a folder that does not exist ({mistyped})"
+    ) in message
+    assert f"mkdir -p {mistyped}" in message and "FIELDSALES_CREATE_DIRS=true" in message
+
+    monkeypatch.setenv("FIELDSALES_CREATE_DIRS", "true")
+    assert load_project_defs().resources["warehouse"].storage == "ducklake"
+    assert not mistyped.exists()  # loading creates nothing
+
+
 @pytest.mark.parametrize(
     ("missing", "variable"),
     [

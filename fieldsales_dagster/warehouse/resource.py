@@ -60,6 +60,14 @@ SEEDING_SUFFIX = ".seeding"
 PUBLISH_INFIX = ".publish-"
 #: Spool files of raw loads: ``<folder>/.fieldsales_spool/<working database's name>/``.
 SPOOL_DIR_NAME = ".fieldsales_spool"
+#: A lake's local folder beside duckdb_path (``lake_local_folder``).
+LAKE_LOCAL_DIR_NAME = ".duckdb_tmp"
+
+
+def lake_local_folder(database: str) -> Path:
+    """``storage: ducklake``: where ``database`` (duckdb_path) places the only local files, DuckDB's
+    spills and the raw loads' spools: ``<its folder>/.duckdb_tmp``. No DuckDB file is written."""
+    return Path(database).parent / LAKE_LOCAL_DIR_NAME
 
 
 class WarehouseBusyError(RuntimeError):
@@ -365,7 +373,7 @@ class FieldSalesWarehouse(dg.ConfigurableResource):
 
     def _lake_tmp(self, here: Lake) -> Path:
         """A local folder for a lake's spills and spools, one per tenant's lake."""
-        return Path(self.database).parent / ".duckdb_tmp" / f"lake-{here.key}" / "db"
+        return lake_local_folder(self.database) / f"lake-{here.key}" / "db"
 
     @contextmanager
     def _writer_lock(self) -> Iterator[None]:
