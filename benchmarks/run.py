@@ -48,6 +48,8 @@ from benchmarks.harness import (
     prepare_dagster_home,
 )
 from fieldsales_dagster.client.resource import FieldSalesAPI  # noqa: E402
+from fieldsales_dagster.warehouse.lake import Lake
+from fieldsales_dagster.warehouse.lake import connect as connect_lake
 from fieldsales_dagster.warehouse.resource import FieldSalesWarehouse
 
 BENCH_DIR = Path(__file__).resolve().parent
@@ -57,8 +59,10 @@ WORK_DIR = BENCH_DIR / "work"
 PAGE_SIZE = FieldSalesAPI.model_fields["page_size"].default
 
 STEPS = ("floor", "project_raw", "project_all", "publish", "dlt_fast", "dlt_default")
-ONLY_CHOICES = (*STEPS, "project", "latency", "incremental", "heavy")
+ONLY_CHOICES = (*STEPS, "project", "latency", "incremental", "heavy", "ducklake")
 RAW_SELECTION = "raw_events,raw_transactions,raw_event_groups"
+#: What the refresh job (the nightly schedule's run) selects: every asset but a lake's upkeep.
+REFRESH_SELECTION = "not key:ducklake_upkeep"
 #: Core assets whose materializations say how they were built (whole, or following changes).
 FOLLOWING_CORE = ("core_transactions", "core_custom_report_results")
 NOOP_DEFS = BENCH_DIR / "noop_defs.py"
@@ -80,6 +84,10 @@ OWN_ENV = (
     "FIELDSALES_TOKEN_STORE",
     "FIELDSALES_PAGE_SIZE",
     "FIELDSALES_CONCURRENCY",
+    "FIELDSALES_STORAGE",
+    "FIELDSALES_DUCKLAKE_CATALOG",
+    "FIELDSALES_DUCKLAKE_DATA_PATH",
+    "FIELDSALES_DUCKLAKE_PASSWORD",
     "DAGSTER_HOME",
 )
 STEP_FAILURE_LINE = re.compile(r'STEP_FAILURE - Execution of step "([^"]+)" failed')
@@ -148,9 +156,9 @@ class Bench:
             text = text.replace(token, "***")
         return text
 
-    def _count(self, database: Path, tables: dict[str, str], id_column: str) -> dict:
+    def _count(self, database: Path | Lake, tables: dict[str, str], id_column: str) -> dict:
         loaded: dict[str, tuple[int, int]] = {}
-        with duckdb.connect(str(database), read_only=True) as conn:
+        with _read_only(database) as conn:
             for name, table in tables.items():
                 try:
                     rows, distinct = conn.execute(
@@ -161,7 +169,9 @@ class Bench:
                 loaded[name] = (int(rows), int(distinct))
         return loaded
 
-    def _verify(self, r: StepResult, expected: Expected, database: Path, tables, id_col) -> None:
+    def _verify(
+        self, r: StepResult, expected: Expected, database: Path | Lake, tables, id_col
+    ) -> None:
         if not r.ok:
             return
         try:
@@ -247,6 +257,8 @@ class Bench:
         keep: bool = False,
         database: Path | None = None,
         home: Path | None = None,
+        lake: Lake | None = None,
+        count_writes: bool = False,
         **env: str,
     ) -> StepResult:
         # A database the caller passes in is the caller's to delete.
@@ -266,6 +278,9 @@ class Bench:
             "--select",
             selection,
         ]
+        writes = where / f"{name}.io.json"
+        if count_writes:  # the bytes the run's process tree wrote (benchmarks/io_written.py)
+            argv = [self.python, "-m", "benchmarks.io_written", str(writes), "--", *argv]
         run_env = self._env(
             api,
             FIELDSALES_DUCKDB_PATH=str(database),
@@ -280,11 +295,14 @@ class Bench:
         r.m.extra["in_run_s"] = _in_process_s(m.log_path)
         if run_start is not None:
             r.m.extra["startup_s"] = max(0.0, run_start - started_at)
-        self._verify(r, expected, database, PROJECT_TABLES, "id")
-        if r.ok and selection == "*":
-            r.m.extra["core_tables"] = _core_table_count(database)
+        if count_writes and writes.exists():
+            r.m.extra["io"] = json.loads(writes.read_text())
+        self._verify(r, expected, lake or database, PROJECT_TABLES, "id")
+        every_asset = selection in ("*", REFRESH_SELECTION)
+        if r.ok and every_asset:
+            r.m.extra["core_tables"] = _core_table_count(lake or database)
         if r.ok:
-            keys = RAW_SELECTION.split(",") + (list(FOLLOWING_CORE) if selection == "*" else [])
+            keys = RAW_SELECTION.split(",") + (list(FOLLOWING_CORE) if every_asset else [])
             r.m.extra["refresh"] = _latest_metadata(home, keys)
         if not keep:
             self._cleanup_db(database)
@@ -525,6 +543,95 @@ class Bench:
         r.dagster_steps, _ = _dagster_steps(m.log_path)
         return r
 
+    # -- the storages side by side -------------------------------------------------------------
+
+    def run_ducklake(self, size: int) -> tuple[Expected, list[StepResult]]:
+        """``storage: file`` and ``storage: ducklake`` (a PostgreSQL catalog from pgserver,
+        Parquet files in the work folder), each a full refresh of every asset (generation 0),
+        then the nightly run on the evolved data (generation 1, auto: incremental), as the
+        same deployment (its files and DAGSTER_HOME). Besides time and memory, what each run
+        writes: its process tree's bytes to storage, and what it adds to the warehouse."""
+        from fieldsales_dagster_tests.postgres import running_postgres
+
+        where = self.work / f"ducklake-{size}"
+        token = secrets.token_hex(24)
+        self.token_values.append(token)
+        out: list[StepResult] = []
+        expected = Expected(0, 0, 0)
+        print(f"\n== storage file vs ducklake: {size:,} transactions", flush=True)
+        with running_postgres(None) as pg:
+            self.token_values.append(pg.password)
+            catalog = "fieldsales_lake"
+            conn = pg.connect()
+            conn.autocommit = True
+            with conn.cursor() as cur:
+                cur.execute(f"CREATE DATABASE {catalog}")
+            conn.close()
+            lake = Lake(
+                catalog=f"postgres:dbname={catalog} host={pg.host} port={pg.port} user={pg.user}",
+                data_path=str(where / "lake_files"),
+            )
+            lake_env = {
+                "FIELDSALES_STORAGE": "ducklake",
+                "FIELDSALES_DUCKLAKE_CATALOG": lake.catalog,
+                "FIELDSALES_DUCKLAKE_DATA_PATH": lake.data_path,
+                "FIELDSALES_DUCKLAKE_PASSWORD": pg.password,
+            }
+            backends = {
+                "file": (where / "file" / "fieldsales.duckdb", None, {}),
+                "ducklake": (where / "lake_local" / "fieldsales.duckdb", lake, lake_env),
+            }
+            for path, _, _ in backends.values():
+                path.parent.mkdir(parents=True, exist_ok=True)
+
+            def stored(backend: str) -> dict[str, int]:
+                database, here, _ = backends[backend]
+                if here is None:
+                    working = FieldSalesWarehouse(database=str(database)).working_path
+                    return {str(p): p.stat().st_size for p in (database, working) if p.exists()}
+                files = Path(here.data_path).rglob("*.parquet")
+                sizes = {str(p): p.stat().st_size for p in files}
+                conn = pg.connect()
+                try:
+                    with conn.cursor() as cur:
+                        cur.execute("SELECT pg_database_size(%s)", [catalog])
+                        sizes["catalog"] = cur.fetchone()[0]
+                finally:
+                    conn.close()
+                return sizes
+
+            try:
+                for generation, run in ((0, "full"), (1, "nightly")):
+                    with DemoAPI(
+                        size,
+                        token,
+                        where / f"demo_api-gen{generation}.log",
+                        seed=self.args.seed,
+                        prerender=not self.args.live_server,
+                        generation=generation,
+                    ) as api:
+                        expected = expected_counts(api)
+                        for backend, (database, here, env) in backends.items():
+                            label = f"{backend}: {run} run, every asset"
+                            print(f"   {label} ...", end=" ", flush=True)
+                            before = stored(backend)
+                            r = self.project(
+                                api, expected, where, f"{backend}_{run}", REFRESH_SELECTION, label,
+                                database=database, lake=here, count_writes=True,
+                                home=where / f"{backend}_full.dagster_home" if generation else None,
+                                **env,
+                            )  # fmt: skip
+                            r.m.extra["stored"] = (before, stored(backend))
+                            out.append(r)
+                            print(_progress_line(r), flush=True)
+            except (KeyboardInterrupt, Interrupted):
+                self._interrupted()
+            finally:
+                for database, _, _ in backends.values():
+                    self._cleanup_db(database)
+                shutil.rmtree(where / "lake_files", ignore_errors=True)
+        return expected, out
+
     # -- the heavy tenant -----------------------------------------------------------------------
 
     def run_heavy(self) -> tuple[Expected, list[StepResult]]:
@@ -744,11 +851,19 @@ def _dlt_stages(stdout: str) -> dict[str, float]:
     return {}
 
 
-def _core_table_count(database: Path) -> int | None:
+def _read_only(database: Path | Lake) -> duckdb.DuckDBPyConnection:
+    """A read-only connection to a DuckDB file, or to a lake (as an analyst attaches it)."""
+    if isinstance(database, Lake):
+        return connect_lake(database, read_only=True)
+    return duckdb.connect(str(database), read_only=True)
+
+
+def _core_table_count(database: Path | Lake) -> int | None:
     try:
-        with duckdb.connect(str(database), read_only=True) as conn:
+        with _read_only(database) as conn:
             return conn.execute(
-                "SELECT count(*) FROM information_schema.tables WHERE table_schema = 'core'"
+                "SELECT count(*) FROM information_schema.tables WHERE table_schema = 'core' "
+                "AND table_catalog = current_database()"
             ).fetchone()[0]
     except duckdb.Error:
         return None
@@ -1113,6 +1228,67 @@ def incremental_section(
     return "\n".join(lines)
 
 
+def ducklake_section(size: int, expected: Expected, results: list[StepResult]) -> str:
+    lines = [
+        f"## Storage: file vs DuckLake, {size:,} transactions, full run then nightly run",
+        "",
+        f"Generation 1: {expected.transactions:,} transactions, {expected.events:,} events, "
+        f"{expected.event_groups:,} event groups. Each row is `dagster asset materialize -m "
+        f"fieldsales_dagster --select '{REFRESH_SELECTION}'` (the refresh job's assets: every "
+        "asset but the lake's weekly upkeep; refresh_mode auto): a full run into an empty "
+        "warehouse, then the nightly run of the same deployment after ~1% of the events evolved "
+        "(`fieldsales-demo-api --generation 1`). DuckLake: `FIELDSALES_STORAGE=ducklake`, the "
+        "catalog a PostgreSQL database (pgserver, on this machine), the Parquet files in the "
+        "work folder. *In the run*: Dagster's `Finished steps in process`; the rest of *wall* "
+        "is the CLI's start-up and exit. *Written by the run*: `write_bytes` of the run's "
+        "process tree (`benchmarks/io_written.py`: spills, spools and Dagster's own logs "
+        "included; the PostgreSQL server's writes are not the run's). *Added to the warehouse*: "
+        "file: the published copy the run wrote (the whole database, every run); DuckLake: the "
+        "Parquet files the run added plus the catalog database's growth. *Warehouse size*: the "
+        "analysts' file, or every Parquet file plus the catalog database.",
+        "",
+        "| storage, run | raw_transactions mode | wall s | in the run s | peak RSS (tree) | "
+        "written by the run | added to the warehouse | of which catalog | warehouse size |",
+        "|---|---|---:|---:|---:|---:|---:|---:|---:|",
+    ]
+    for r in results:
+        if not r.ok:
+            lines.append(f"| {r.label} | FAILED ({_why(r)}) |" + " – |" * 7)
+            continue
+        tx = _refresh(r).get("raw_transactions", {})
+        written = (r.m.extra.get("io") or {}).get("write_bytes", float("nan"))
+        added, catalog, total = _stored_change(r)
+        lines.append(
+            f"| {r.label} | {tx.get('refresh_mode', '–')} | {_fmt_s(r.m.wall_s)} | "
+            f"{_fmt_s(_in_run(r))} | {fmt_bytes(r.m.peak_rss)} | {fmt_bytes(written)} | "
+            f"{fmt_bytes(added)} | {fmt_bytes(catalog)} | {fmt_bytes(total)} |"
+        )
+    by_step = {r.step: r for r in results if r.ok}
+    file, lake = by_step.get("file_nightly"), by_step.get("ducklake_nightly")
+    if file and lake:
+        file_added, lake_added = _stored_change(file)[0], _stored_change(lake)[0]
+        lines += [
+            "",
+            f"Nightly run, DuckLake / file: wall {lake.m.wall_s / file.m.wall_s:.2f}×, in the "
+            f"run {_in_run(lake) / _in_run(file):.2f}×, added to the warehouse "
+            f"{lake_added / file_added:.3f}× ({fmt_bytes(lake_added)} against the file "
+            f"backend's whole copy of {fmt_bytes(file_added)}), peak RSS "
+            f"{lake.m.peak_rss / file.m.peak_rss:.2f}×.",
+        ]
+    return "\n".join(lines)
+
+
+def _stored_change(r: StepResult) -> tuple[float, float, float]:
+    """What a run added to the warehouse, of which the catalog's growth, and its size after."""
+    before, after = r.m.extra.get("stored") or ({}, {})
+    if "catalog" not in after:  # a file: its publish wrote a whole copy of the database
+        published = [size for path, size in after.items() if ".working." not in path]
+        return float(sum(published)), float("nan"), float(sum(published))
+    catalog = after["catalog"] - before.get("catalog", 0)
+    new_files = sum(size for path, size in after.items() if path not in before)  # Parquet only
+    return float(new_files + catalog), float(catalog), float(sum(after.values()))
+
+
 def _step_s(r: StepResult, step: str) -> float:
     return dict(r.dagster_steps).get(step, float("nan"))
 
@@ -1199,7 +1375,7 @@ def _parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--runs", type=int, default=1, help="repetitions of every step (median shown)")
     p.add_argument(
         "--only",
-        default="floor,project,publish,dlt_fast,dlt_default,latency,incremental,heavy",
+        default="floor,project,publish,dlt_fast,dlt_default,latency,incremental,heavy,ducklake",
         help=f"steps to run, comma list of {', '.join(ONLY_CHOICES)} (project = raw + all)",
     )
     p.add_argument("--latency-size", type=int, default=20_000)
@@ -1210,6 +1386,12 @@ def _parse_args(argv: list[str] | None) -> argparse.Namespace:
         help="transactions of the heavy-profile run (`--only heavy`)",
     )
     p.add_argument("--latency-ms", type=float, default=50.0)
+    p.add_argument(
+        "--ducklake-size",
+        type=int,
+        default=1_000_000,
+        help="transactions of the file vs DuckLake comparison (`--only ducklake`)",
+    )
     p.add_argument(
         "--dlt-fast-max",
         type=int,
@@ -1257,6 +1439,7 @@ def _parse_args(argv: list[str] | None) -> argparse.Namespace:
     args.latency = "latency" in only
     args.incremental = "incremental" in only
     args.heavy = "heavy" in only
+    args.ducklake = "ducklake" in only
     if args.runs < 1:
         p.error("--runs must be >= 1")
     return args
@@ -1308,6 +1491,15 @@ def main(argv: list[str] | None = None) -> int:
             except BenchmarkError as exc:
                 print(f"   FAILED: {exc}", file=sys.stderr)
                 section = f"## Heavy profile\n\nFAILED: {exc}"
+            sections.append((suffix, section))
+        if args.ducklake and not bench.interrupted:
+            suffix = f"ducklake-{args.ducklake_size}"
+            try:
+                expected, results = bench.run_ducklake(args.ducklake_size)
+                section = ducklake_section(args.ducklake_size, expected, results)
+            except BenchmarkError as exc:
+                print(f"   FAILED: {exc}", file=sys.stderr)
+                section = f"## Storage: file vs DuckLake\n\nFAILED: {exc}"
             sections.append((suffix, section))
         if args.latency and not bench.interrupted:
             suffix = f"latency-{args.latency_size}"

@@ -242,8 +242,11 @@ def connect(
     return conn
 
 
-#: Options of the lake, stored in its catalog: zstd suits the raw tables' ~5 KB JSON documents.
-LAKE_OPTIONS = {"parquet_compression": "zstd"}
+#: Options of the lake, stored in its catalog (values as the catalog stores them): zstd suits the
+#: raw tables' ~5 KB JSON documents; Parquet row groups of at most 16 MB (16000000 bytes), since
+#: by rows (122,880 by default) one row group of payloads is held in memory whole: a raw load's
+#: 100 MB spool of 20,000 transactions ran out of the default memory_limit (192MB).
+LAKE_OPTIONS = {"parquet_compression": "zstd", "parquet_row_group_size_bytes": "16000000"}
 
 
 def _set_options(conn: duckdb.DuckDBPyConnection, lake: Lake) -> None:
