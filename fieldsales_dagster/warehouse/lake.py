@@ -242,11 +242,14 @@ def connect(
     return conn
 
 
-#: Options of the lake, stored in its catalog (values as the catalog stores them): zstd suits the
-#: raw tables' ~5 KB JSON documents; Parquet row groups of at most 16 MB (16000000 bytes), since
-#: by rows (122,880 by default) one row group of payloads is held in memory whole: a raw load's
-#: 100 MB spool of 20,000 transactions ran out of the default memory_limit (192MB).
-LAKE_OPTIONS = {"parquet_compression": "zstd", "parquet_row_group_size_bytes": "16000000"}
+#: Options of the lake, stored in its catalog: name -> (value set, value as the catalog stores
+#: it). zstd suits the raw tables' ~5 KB JSON documents; Parquet row groups of at most 16 MB,
+#: since by rows (122,880 by default) one row group of payloads is held in memory whole: a raw
+#: load's 100 MB spool of 20,000 transactions ran out of the default memory_limit (192MB).
+LAKE_OPTIONS = {
+    "parquet_compression": ("zstd", "zstd"),
+    "parquet_row_group_size_bytes": ("16MB", "16000000"),
+}
 
 
 def _set_options(conn: duckdb.DuckDBPyConnection, lake: Lake) -> None:
@@ -254,8 +257,8 @@ def _set_options(conn: duckdb.DuckDBPyConnection, lake: Lake) -> None:
     current = dict(
         conn.execute(f"SELECT option_name, value FROM {quote(lake.alias)}.options()").fetchall()
     )
-    for name, value in LAKE_OPTIONS.items():
-        if current.get(name) != value:
+    for name, (value, stored) in LAKE_OPTIONS.items():
+        if current.get(name) != stored:
             conn.execute(
                 f"CALL {quote(lake.alias)}.set_option({sql_literal(name)}, {sql_literal(value)})"
             )
