@@ -561,6 +561,8 @@ class Bench:
         print(f"\n== storage file vs ducklake: {size:,} transactions", flush=True)
         with running_postgres(None) as pg:
             self.token_values.append(pg.password)
+            # For this process's own reads of the lake (the row counts); runs get it in env.
+            os.environ["FIELDSALES_DUCKLAKE_PASSWORD"] = pg.password
             catalog = "fieldsales_lake"
             conn = pg.connect()
             conn.autocommit = True
@@ -630,6 +632,7 @@ class Bench:
                 for database, _, _ in backends.values():
                     self._cleanup_db(database)
                 shutil.rmtree(where / "lake_files", ignore_errors=True)
+                os.environ.pop("FIELDSALES_DUCKLAKE_PASSWORD", None)
         return expected, out
 
     # -- the heavy tenant -----------------------------------------------------------------------

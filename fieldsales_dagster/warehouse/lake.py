@@ -166,11 +166,13 @@ def extension_file(name: str) -> Path:
 
 
 def lake_config() -> dict[str, object]:
-    """Connection settings of a lake connection: no download of extensions, ever."""
+    """Connection settings of a lake connection: no download of extensions, ever; and no
+    insertion order kept, which the lake's row groups by size (``LAKE_OPTIONS``) need to write."""
     return {
         "extension_directory": str(extension_directory()),
         "autoinstall_known_extensions": False,
         "autoload_known_extensions": False,
+        "preserve_insertion_order": False,
     }
 
 
@@ -245,7 +247,8 @@ def connect(
 #: Options of the lake, stored in its catalog: name -> (value set, value as the catalog stores
 #: it). zstd suits the raw tables' ~5 KB JSON documents; Parquet row groups of at most 16 MB,
 #: since by rows (122,880 by default) one row group of payloads is held in memory whole: a raw
-#: load's 100 MB spool of 20,000 transactions ran out of the default memory_limit (192MB).
+#: load's 100 MB spool of 20,000 transactions ran out of the default memory_limit (192MB). A
+#: writer must then run with ``preserve_insertion_order=false`` (DuckDB says so otherwise).
 LAKE_OPTIONS = {
     "parquet_compression": ("zstd", "zstd"),
     "parquet_row_group_size_bytes": ("16MB", "16000000"),
