@@ -53,6 +53,7 @@ from fieldsales_dagster.warehouse.refresh_mode import (
     validate_refresh_mode,
 )
 from fieldsales_dagster.warehouse.resource import (
+    FieldSalesWarehouse,
     qualified,
     same_database_cursor,
     staging_table,
@@ -100,18 +101,19 @@ class TooManyEvents(_FallBack):
 
 @dataclass(frozen=True)
 class RefreshPolicy:
-    mode: str = "auto"
-    full_refresh_every_days: float = 7.0
-    lookback_days: float = 30.0
+    """The warehouse's refresh settings (validated there; defaults in ``settings.py``)."""
+
+    mode: str
+    full_refresh_every_days: float
+    lookback_days: float
 
     @classmethod
-    def of(cls, settings: object, override: str | None = None) -> RefreshPolicy:
-        """The policy of a resource holding the three fields, ``override`` (run config) first."""
-        mode = override or getattr(settings, "refresh_mode", "auto")
+    def of(cls, warehouse: FieldSalesWarehouse, override: str | None = None) -> RefreshPolicy:
+        """The warehouse's policy, ``override`` (run config) first."""
         return cls(
-            mode=str(validate_refresh_mode(mode)),
-            full_refresh_every_days=float(getattr(settings, "full_refresh_every_days", 7.0)),
-            lookback_days=float(getattr(settings, "lookback_days", 30.0)),
+            mode=str(validate_refresh_mode(override)) if override else warehouse.refresh_mode,
+            full_refresh_every_days=warehouse.full_refresh_every_days,
+            lookback_days=warehouse.lookback_days,
         )
 
 
