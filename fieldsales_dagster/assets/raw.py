@@ -13,7 +13,7 @@ from fieldsales_dagster.client.endpoints import EVENTS, LIST_ENDPOINTS, TRANSACT
 from fieldsales_dagster.client.resource import FieldSalesAPI
 from fieldsales_dagster.names import InstanceNames
 from fieldsales_dagster.warehouse.incremental import RefreshPolicy, refresh_raw_list
-from fieldsales_dagster.warehouse.raw_load import LoadReport
+from fieldsales_dagster.warehouse.raw_load import LoadReport, ShrinkGuard
 from fieldsales_dagster.warehouse.refresh_mode import validate_refresh_mode
 from fieldsales_dagster.warehouse.resource import FieldSalesWarehouse
 
@@ -147,8 +147,7 @@ def build_raw_asset(
                 policy,
                 log=lambda message: context.log.info(tenant + message),
                 warn=lambda message: context.log.warning(tenant + message),
-                max_shrink_fraction=warehouse.max_shrink_fraction,
-                allow_shrink=config.allow_shrink,
+                shrink=ShrinkGuard(warehouse.max_shrink_fraction, config.allow_shrink),
                 before_swap=lambda staged: redacted.append(
                     prepare_raw_table(conn, staged, name, warehouse)
                 ),
