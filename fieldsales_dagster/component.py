@@ -1,7 +1,8 @@
 """The Field-Sales component: one instance of the service, configured in YAML, as Dagster defs.
 
 A ``defs.yaml`` of this type is the project's one settings model: every knob is a validated field
-below, read from the YAML (whose defaults read the ``FIELDSALES_*`` environment variables). A bad
+below, read from the YAML (the default one reads the ``FIELDSALES_*`` environment variables), its
+default, range and meaning defined once in ``settings.py``. A bad
 value fails the definitions load at once, with one paragraph naming the setting, its variable and
 what it accepts. One instance becomes:
 

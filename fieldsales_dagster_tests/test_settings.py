@@ -193,6 +193,18 @@ def test_the_readme_shows_each_settings_variable_default_and_range(name):
     assert setting.range_text in meaning
 
 
+def test_every_other_readme_table_that_names_a_variable_shows_its_settings_default():
+    """Tables elsewhere (Personal data) name settings by variable: their defaults agree too."""
+    by_variable = {setting.variable: setting for setting in SETTINGS.values() if setting.variable}
+    checked = []
+    for line in README.read_text().split("\n## Configuration", 1)[1].splitlines():
+        cells = [cell.strip().replace("`", "") for cell in line.strip().strip("|").split("|")]
+        if line.startswith("|") and len(cells) >= 3 and cells[0] in by_variable:
+            checked.append(cells[0])
+            assert cells[-1] == by_variable[cells[0]].shown_default, line
+    assert {"FIELDSALES_PII", "FIELDSALES_REDACT_PII_IN_RAW"} <= set(checked)
+
+
 def test_the_readme_table_names_no_setting_that_does_not_exist():
     assert set(readme_settings_rows()) == set(SETTINGS)
 
