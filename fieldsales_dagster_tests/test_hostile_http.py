@@ -345,7 +345,7 @@ def test_body_dripping_a_byte_at_a_time_hits_the_request_deadline(tmp_path):
 
 def test_body_without_a_length_dripping_is_abandoned_at_the_request_deadline(tmp_path):
     """A body without Content-Length ends when the server closes, so http.client takes the
-    socket away from the connection (a watchdog that shut the connection's socket found none);
+    socket away from the connection (shutting the connection's socket down would miss it);
     gzip-encoded, urllib3 decodes while reading, and a file name that never ends decodes to
     nothing. The client must still hang up at the deadline, not wait for the server to finish."""
     body = b"\x1f\x8b\x08\x08" + b"\x00" * 6 + b"n" * 50
