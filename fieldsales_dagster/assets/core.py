@@ -5,6 +5,8 @@ Each core table is one query in ``sql/<schema>_<table>.sql`` and its column mean
 as NULL, personal columns as ``FieldSalesWarehouse.pii`` says, see ``columns.py``), writes the
 descriptions as DuckDB comments, swaps it in for the previous table (a failed query leaves the
 previous table in place), and reports the table's described schema, row count and a few rows.
+The asset's deps are the tables its query's FROM and JOIN clauses read (``upstream_of``), so a
+new JOIN is a new dependency without a line of Python.
 """
 
 import functools
