@@ -31,6 +31,7 @@ from dagster_duckdb_pandas import DuckDBPandasTypeHandler
 
 from fieldsales_dagster.assets.columns import TableDoc, column_schema
 from fieldsales_dagster.assets.metadata import table_metadata
+from fieldsales_dagster.names import ResourceKey
 from fieldsales_dagster.warehouse.resource import (
     PROJECT_SCHEMAS,
     FieldSalesWarehouse,
@@ -147,9 +148,10 @@ class FieldSalesIOManager(DbIOManager):
 def build_io_manager(warehouse_key: str, schema: str) -> dg.IOManagerDefinition:
     """The IO manager on the warehouse resource under ``warehouse_key`` (the very instance the
     project's assets use, so its run publishes what user assets wrote)."""
+    warehouse = ResourceKey(warehouse_key, FieldSalesWarehouse)
 
     @dg.io_manager(
-        required_resource_keys={warehouse_key},
+        required_resource_keys={warehouse.key},
         description=(
             f"Pandas DataFrames in the Field-Sales warehouse ({warehouse_key}): inputs from the "
             f"project's tables (raw.*, core.*, mart.*), outputs to {schema}.<asset name>, "
@@ -157,6 +159,6 @@ def build_io_manager(warehouse_key: str, schema: str) -> dg.IOManagerDefinition:
         ),
     )
     def _fieldsales_io_manager(context: dg.InitResourceContext) -> FieldSalesIOManager:
-        return FieldSalesIOManager(getattr(context.resources, warehouse_key), schema)
+        return FieldSalesIOManager(warehouse.of(context), schema)
 
     return _fieldsales_io_manager

@@ -13,7 +13,6 @@ from dagster._core.definitions.unresolved_asset_job_definition import Unresolved
 
 from fieldsales_dagster.names import InstanceNames
 from fieldsales_dagster.warehouse.lake import upkeep
-from fieldsales_dagster.warehouse.resource import FieldSalesWarehouse
 
 UPKEEP_ASSET = "ducklake_upkeep"
 #: Sundays at 03:00, before the default 05:00 refresh.
@@ -34,7 +33,7 @@ def build_upkeep_asset(
         kinds={"ducklake"},
         owners=owners,
         pool=names.pool_for(UPKEEP_ASSET),
-        required_resource_keys={names.warehouse_resource},
+        required_resource_keys={names.warehouse.key},
         description=(
             "The DuckLake's upkeep: merges adjacent small files, expires snapshots older than "
             f"retain_snapshots_days ({retain_snapshots_days:g} days) and deletes the files no "
@@ -42,7 +41,7 @@ def build_upkeep_asset(
         ),
     )
     def _upkeep(context: dg.AssetExecutionContext, config: UpkeepConfig) -> dg.MaterializeResult:
-        warehouse: FieldSalesWarehouse = getattr(context.resources, names.warehouse_resource)
+        warehouse = names.warehouse.of(context)
         lake = warehouse.lake
         if lake is None:
             raise dg.Failure(
