@@ -25,7 +25,7 @@ import duckdb
 import yaml
 
 from fieldsales_dagster.assets.publish import PUBLISHED_CHECK
-from fieldsales_dagster.warehouse.resource import DEFAULT_DUCKDB_PATH
+from fieldsales_dagster.settings import SETTINGS
 
 DEFAULT_DAGSTER_HOME = ".dagster_home"
 #: The local instance settings, copied into the demo's Dagster home (run from the project folder).
@@ -207,8 +207,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument(
         "--database",
-        default=DEFAULT_DUCKDB_PATH,
-        help=f"DuckDB file to write (default: {DEFAULT_DUCKDB_PATH})",
+        default=SETTINGS["duckdb_path"].default,
+        help=f"DuckDB file to write (default: {SETTINGS['duckdb_path'].default})",
     )
     parser.add_argument(
         "--dagster-home",

@@ -39,9 +39,6 @@ from fieldsales_dagster.warehouse.resource import (
     table_exists,
 )
 
-#: Where user assets' tables land unless the component or the asset says otherwise.
-DEFAULT_USER_SCHEMA = "analytics"
-
 
 def _table(table_slice: TableSlice) -> str:
     return f"{table_slice.schema}.{table_slice.table}"
@@ -104,7 +101,7 @@ class WholeTablePandasHandler(DuckDBPandasTypeHandler):
 class FieldSalesIOManager(DbIOManager):
     """Loads inputs from, and stores outputs in, the warehouse's working database as DataFrames."""
 
-    def __init__(self, warehouse: FieldSalesWarehouse, schema: str = DEFAULT_USER_SCHEMA) -> None:
+    def __init__(self, warehouse: FieldSalesWarehouse, schema: str) -> None:
         super().__init__(
             type_handlers=[WholeTablePandasHandler(warehouse.database)],
             db_client=WarehouseClient(warehouse),

@@ -12,7 +12,7 @@ from fieldsales_dagster.assets.metadata import previous_row_count, table_metadat
 from fieldsales_dagster.client.endpoints import EVENTS, LIST_ENDPOINTS, TRANSACTIONS, ListEndpoint
 from fieldsales_dagster.names import InstanceNames
 from fieldsales_dagster.warehouse.incremental import RefreshPolicy, refresh_raw_list
-from fieldsales_dagster.warehouse.raw_load import LoadReport
+from fieldsales_dagster.warehouse.raw_load import LoadReport, ShrinkGuard
 from fieldsales_dagster.warehouse.refresh_mode import validate_refresh_mode
 
 ROW_COUNT_CHECK = "row_count_near_previous_load"
@@ -144,8 +144,7 @@ def build_raw_asset(
                 policy,
                 log=lambda message: context.log.info(tenant + message),
                 warn=lambda message: context.log.warning(tenant + message),
-                max_shrink_fraction=warehouse.max_shrink_fraction,
-                allow_shrink=config.allow_shrink,
+                shrink=ShrinkGuard(warehouse.max_shrink_fraction, config.allow_shrink),
                 before_swap=lambda staged: redacted.append(
                     prepare_raw_table(conn, staged, name, warehouse)
                 ),
