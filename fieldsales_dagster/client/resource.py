@@ -28,7 +28,7 @@ from __future__ import annotations
 
 import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 
 import dagster as dg
 import msgspec
@@ -48,7 +48,7 @@ from fieldsales_dagster.client.errors import (
     TransientHTTPError,
     UnreachableError,
 )
-from fieldsales_dagster.client.pager import ListStats, Page, Pager
+from fieldsales_dagster.client.pager import ListStats, Page
 from fieldsales_dagster.client.transport import Answer, Limits, fetch, new_session
 from fieldsales_dagster.client.urls import Origin, origin_of, validate_base_url
 from fieldsales_dagster.token.secret import TokenFormatError, clean_token, mask_secrets
@@ -447,18 +447,3 @@ class FieldSalesAPI(dg.ConfigurableResource):
             nbytes=holder["nbytes"],
             line_breaks=bool(holder["line_breaks"]),
         )
-
-    def iter_pages(
-        self,
-        endpoint: ListEndpoint,
-        stats: ListStats | None = None,
-        progress: Callable[[ListStats], None] | None = None,
-    ) -> Iterator[Page]:
-        """Every page of one pass over ``endpoint``, in arrival order.
-
-        At most ``concurrency`` requests are in flight and pages are yielded as they arrive, so
-        memory holds a few pages whatever the list's size. ``stats`` collects what the pass cost;
-        ``stats.total`` ends as the last total the server reported.
-        """
-        stats = stats if stats is not None else ListStats()
-        yield from Pager(self, endpoint, stats, progress).run()

@@ -212,15 +212,11 @@ def _page_parts(page: Page, keys: list[ItemKeys]) -> list[bytes | msgspec.Raw] |
 
 
 def spool_parts(page: Page, decode: msgspec.json.Decoder) -> list[bytes | msgspec.Raw]:
-    """The page's spool lines (see ``spool_lines``) as buffers to write one after the other."""
+    """The page's items as spool lines, ``id \x01 [extras \x01] payload`` each, as buffers to
+    write one after the other."""
     keys = page.keys if page.keys is not None else item_keys(page.items, decode)
     parts = _page_parts(page, keys)  # type: ignore[arg-type]
     return parts if parts is not None else [_item_lines(page.items, keys)]  # type: ignore[arg-type]
-
-
-def spool_lines(page: Page, decode: msgspec.json.Decoder) -> bytes:
-    """The page's items as spool lines: ``id \x01 [extras \x01] payload``, one per line."""
-    return b"".join(spool_parts(page, decode))
 
 
 def _write_all(fd: int, parts: list[bytes | msgspec.Raw]) -> int:
