@@ -21,7 +21,7 @@ import os
 import re
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
-from typing import Annotated, Any, Literal
+from typing import Annotated, Any, Literal, cast
 from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
 
 import dagster as dg
@@ -309,7 +309,7 @@ class FieldSalesComponent(dg.Component, dg.Model, dg.Resolvable):
     )
     @classmethod
     def _in_range(cls, value: float, info: ValidationInfo) -> float:
-        low, high, inclusive = _RANGES[info.field_name]
+        low, high, inclusive = _RANGES[cast(str, info.field_name)]  # set for field validators
         inside = low <= value <= high if inclusive else low < value < high
         if not inside:
             raise ValueError("it is out of range")
@@ -438,7 +438,7 @@ class FieldSalesComponent(dg.Component, dg.Model, dg.Resolvable):
             )
         return {
             self.names.api_resource: FieldSalesAPI(
-                base_url=self.base_url,
+                base_url=cast(str, self.base_url),  # _base_url refuses None
                 api_token=dg.EnvVar(token_variable),
                 token_store_path=self.token_store_path,
                 page_size=self.page_size,
@@ -519,6 +519,7 @@ class FieldSalesComponent(dg.Component, dg.Model, dg.Resolvable):
         if is_motherduck(self.duckdb_path):
             return [*claims, Claim("MotherDuck database", self.duckdb_path, "duckdb_path")]
         working = FieldSalesWarehouse(database=self.duckdb_path).working_path
+        assert working is not None  # a DuckDB file always has a working copy
         return [
             *claims,
             Claim("DuckDB file", str(Path(self.duckdb_path).resolve()), "duckdb_path"),

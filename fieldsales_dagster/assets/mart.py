@@ -5,6 +5,8 @@ meanings in ``sql/mart_<name>.yaml``) and built the same way; it reads ``core.*`
 personal-data policy applied there carries over. Its assets sit in the group ``mart``.
 """
 
+from collections.abc import Sequence
+
 import dagster as dg
 
 from fieldsales_dagster.assets.core import ChecksFor, CoreTable, build_core_asset
@@ -46,7 +48,7 @@ def build_mart_assets(
     freshness_policy: dg.FreshnessPolicy | None,
     checks_for: ChecksFor | None = None,
     io_manager_key: str | None = None,
-) -> list[dg.AssetsDefinition]:
+) -> Sequence[dg.AssetsDefinition]:
     def in_mart_group(spec: dg.AssetSpec) -> dg.AssetSpec:
         return spec.replace_attributes(group_name=names.group(MART_GROUP))
 

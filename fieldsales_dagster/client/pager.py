@@ -25,7 +25,7 @@ from collections import deque
 from collections.abc import Callable, Iterator
 from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, cast
 
 import msgspec
 import numpy as np
@@ -262,8 +262,9 @@ class Pager:
                 "cannot be stored as received. Report it to the Field-Sales service."
             )
         keep = page.n if keep is None else keep
-        items, page_keys = page.items[:keep], keys[:keep]
-        ids = {_identity(k, item) for k, item in zip(page_keys, items, strict=True)}  # type: ignore[arg-type]
+        # No item is null past the check above: every entry holds an item's keys.
+        items, page_keys = page.items[:keep], cast("list[ItemKeys]", keys[:keep])
+        ids = {_identity(k, item) for k, item in zip(page_keys, items, strict=True)}
         new = self.seen.unseen(ids)
         if self.pages == 1:
             self.first_ids = ids
@@ -273,7 +274,7 @@ class Pager:
                 raise PagingError(self._no_new_ids_message(page, ids))
         self.seen.add(new)
         self.stats.count(items=len(items))
-        return Page(page.skip, items, page.total, page.nbytes, page_keys, page.line_breaks)  # type: ignore[arg-type]
+        return Page(page.skip, items, page.total, page.nbytes, page_keys, page.line_breaks)
 
     def _no_new_ids_message(self, page: Page, ids: set[int]) -> str:
         if page.skip != self.start and ids == self.first_ids:
@@ -421,12 +422,14 @@ def gap_windows(
     Each such boundary gives the window ``[start, stop)`` (today's positions) that holds them.
     """
     gaps: list[tuple[int, int]] = []
-    ordered = sorted((a for a in answers if a[2] is not None and a[1] > 0), key=lambda a: a[0])
+    ordered = sorted(
+        ((s, n, t) for s, n, t in answers if t is not None and n > 0), key=lambda a: a[0]
+    )
     for (s1, n1, t1), (s2, _, t2) in zip(ordered, ordered[1:], strict=False):
-        if s1 < s2 <= s1 + n1 and t1 > t2:  # type: ignore[operator]
+        if s1 < s2 <= s1 + n1 and t1 > t2:
             end = s1 + n1
-            start = max(0, end + total_now - t1 - slack)  # type: ignore[operator]
-            stop = end + total_now - t2 + slack  # type: ignore[operator]
+            start = max(0, end + total_now - t1 - slack)
+            stop = end + total_now - t2 + slack
             if gaps and start <= gaps[-1][1]:
                 gaps[-1] = (gaps[-1][0], max(stop, gaps[-1][1]))
             else:

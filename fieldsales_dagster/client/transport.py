@@ -27,6 +27,7 @@ import time
 import zlib
 from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
 from urllib.parse import urljoin
 
 import requests
@@ -52,6 +53,9 @@ CHUNK_BYTES = 1 << 20
 WHOLE_BODY_BYTES = 32 << 20
 MAX_REDIRECTS = 5
 REDIRECT_STATUSES = frozenset({301, 302, 303, 307, 308})
+
+#: A request's query parameters (skip, limit, filters such as eventId).
+QueryParams = Mapping[str, str | int]
 
 _current = threading.local()
 
@@ -158,17 +162,23 @@ def _attach_to_watch(conn: urllib3.connection.HTTPConnection) -> None:
         watch.attach(conn)
 
 
-class _Watched:
+if TYPE_CHECKING:
+    _Connection = urllib3.connection.HTTPConnection  # what _Watched is mixed into
+else:
+    _Connection = object
+
+
+class _Watched(_Connection):
     """Registers a connection with the calling thread's watch (requests run in the caller's
     thread); mixed into urllib3's HTTP and HTTPS connections below."""
 
     def connect(self) -> None:
-        super().connect()  # type: ignore[misc]
+        super().connect()
         _attach_to_watch(self)
 
-    def request(self, *args: object, **kwargs: object) -> None:
+    def request(self, *args: Any, **kwargs: Any) -> None:
         _attach_to_watch(self)
-        super().request(*args, **kwargs)  # type: ignore[misc]
+        super().request(*args, **kwargs)
 
 
 class _WatchedHTTPConnection(_Watched, urllib3.connection.HTTPConnection):
@@ -191,11 +201,11 @@ _POOLS = {"http": _WatchedHTTPPool, "https": _WatchedHTTPSPool}
 
 
 class _WatchedAdapter(HTTPAdapter):
-    def init_poolmanager(self, *args: object, **kwargs: object) -> None:
-        super().init_poolmanager(*args, **kwargs)  # type: ignore[arg-type]
+    def init_poolmanager(self, *args: Any, **kwargs: Any) -> None:
+        super().init_poolmanager(*args, **kwargs)
         self.poolmanager.pool_classes_by_scheme = _POOLS
 
-    def proxy_manager_for(self, proxy: str, **kwargs: object):  # type: ignore[no-untyped-def]
+    def proxy_manager_for(self, proxy: str, **kwargs: Any) -> urllib3.ProxyManager:
         manager = super().proxy_manager_for(proxy, **kwargs)
         manager.pool_classes_by_scheme = _POOLS
         return manager
@@ -346,7 +356,7 @@ def fetch(
     origin: Origin,
     url: str,
     *,
-    params: Mapping[str, object] | None,
+    params: QueryParams | None,
     token: str,
     where: str,
     limits: Limits,
@@ -392,7 +402,7 @@ def fetch(
 def _send(
     session: requests.Session,
     url: str,
-    params: Mapping[str, object] | None,
+    params: QueryParams | None,
     token: str,
     on: str,
     limits: Limits,

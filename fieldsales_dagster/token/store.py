@@ -389,6 +389,7 @@ class TokenStore:
         (the server had already rotated the token), so it is committed now; any other is removed.
         """
         for leftover in self.path.parent.glob(f".{self.path.name}.*.tmp"):
+            candidate: StoredToken | None
             try:
                 candidate = StoredToken.decode(leftover.read_bytes(), leftover)
                 self._check_origin(candidate)

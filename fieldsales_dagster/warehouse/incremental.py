@@ -29,12 +29,20 @@ from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 from importlib import resources
 from pathlib import Path
+from typing import Any, TypedDict, cast
 
 import duckdb
 
 from fieldsales_dagster.client.endpoints import EVENTS, TRANSACTIONS, ListEndpoint
 from fieldsales_dagster.client.errors import FieldSalesAPIError, PageFormatError
-from fieldsales_dagster.client.pager import ListStats, Page, id_text, item_keys, key_decoder
+from fieldsales_dagster.client.pager import (
+    ItemKeys,
+    ListStats,
+    Page,
+    id_text,
+    item_keys,
+    key_decoder,
+)
 from fieldsales_dagster.client.resource import FieldSalesAPI
 from fieldsales_dagster.pause import pause_at
 from fieldsales_dagster.warehouse.lake import run_transaction
@@ -58,6 +66,7 @@ from fieldsales_dagster.warehouse.resource import (
     staging_table,
     table_exists,
 )
+from fieldsales_dagster.warehouse.rows import one_row
 
 STATE_SCHEMA = "meta"
 STATE_TABLE = "meta.refresh_state"
@@ -98,6 +107,14 @@ class TooManyEvents(_FallBack):
     pass
 
 
+class Shrink(TypedDict, total=False):
+    """How far a full load may shrink a table: ``load_list``'s arguments of the same names (its
+    defaults where absent)."""
+
+    max_shrink_fraction: float
+    allow_shrink: bool
+
+
 @dataclass(frozen=True)
 class RefreshPolicy:
     mode: str = "auto"
@@ -129,7 +146,7 @@ def read_previous_load(conn: duckdb.DuckDBPyConnection) -> PreviousLoad | None:
     if row is None:
         return None
     rows_stored = (
-        conn.execute(f"SELECT count(*) FROM {qualified(TRANSACTIONS.raw_table)}").fetchone()[0]
+        one_row(conn, f"SELECT count(*) FROM {qualified(TRANSACTIONS.raw_table)}")[0]
         if table_exists(conn, TRANSACTIONS.raw_table)
         else None
     )
@@ -146,7 +163,7 @@ def read_previous_load(conn: duckdb.DuckDBPyConnection) -> PreviousLoad | None:
 def _events_loaded_at(conn: duckdb.DuckDBPyConnection) -> datetime | None:
     if not table_exists(conn, EVENTS.raw_table):
         return None
-    value = conn.execute(f"SELECT max(loaded_at) FROM {qualified(EVENTS.raw_table)}").fetchone()[0]
+    value = one_row(conn, f"SELECT max(loaded_at) FROM {qualified(EVENTS.raw_table)}")[0]
     return value.replace(tzinfo=UTC) if value else None
 
 
@@ -195,10 +212,11 @@ def _write_state(conn: duckdb.DuckDBPyConnection, *, mode: str, at: datetime, ro
         "last_full_at TIMESTAMP, last_load_at TIMESTAMP, last_mode VARCHAR, rows BIGINT, "
         "events_loaded_at TIMESTAMP)"
     )
-    (last_full_at,) = conn.execute(
+    (last_full_at,) = one_row(
+        conn,
         f"SELECT max(last_full_at) FROM {STATE_TABLE} WHERE table_name = ?",
         [TRANSACTIONS.raw_table],
-    ).fetchone()
+    )
     conn.execute(f"DELETE FROM {STATE_TABLE} WHERE table_name = ?", [TRANSACTIONS.raw_table])
     conn.execute(
         f"INSERT INTO {STATE_TABLE} VALUES ($table, "
@@ -235,8 +253,8 @@ class RefreshReport:
     transactions_changed: int | None = None
     transactions_removed: int | None = None
 
-    def metadata(self) -> dict[str, object]:
-        out: dict[str, object] = {
+    def metadata(self) -> dict[str, Any]:
+        out: dict[str, Any] = {
             "refresh_mode": self.mode,
             "refresh_reason": self.reason,
             "bytes_fetched": self.bytes_fetched,
@@ -274,7 +292,7 @@ def refresh_raw_list(
     ``before_swap(staging_table)`` runs on the rows about to be stored (the whole new table, or
     an incremental run's re-fetched rows) before they reach the raw table (redaction, comments).
     """
-    shrink = {"max_shrink_fraction": max_shrink_fraction, "allow_shrink": allow_shrink}
+    shrink = Shrink(max_shrink_fraction=max_shrink_fraction, allow_shrink=allow_shrink)
     if endpoint.raw_table == TRANSACTIONS.raw_table:
         return refresh_transactions(
             api, conn, policy, log=log, warn=warn, before_swap=before_swap, shrink=shrink
@@ -297,7 +315,7 @@ def refresh_transactions(
     warn: Callable[[str], None] = lambda message: None,
     now: datetime | None = None,
     before_swap: Callable[[str], None] | None = None,
-    shrink: dict[str, object] | None = None,
+    shrink: Shrink | None = None,
 ) -> RefreshReport:
     now = now or datetime.now(UTC)
     decision = choose_mode(
@@ -325,7 +343,9 @@ def refresh_transactions(
             decision = ModeDecision("full", f"fell back from incremental: {exc}")
             spent = exc.bytes_fetched
     _fingerprint_current_events(conn)
-    report = load_list(api, conn, TRANSACTIONS, log=log, before_swap=before_swap, **(shrink or {}))
+    report = load_list(
+        api, conn, TRANSACTIONS, log=log, before_swap=before_swap, **(shrink or Shrink())
+    )
     _write_state(conn, mode="full", at=now, rows=report.rows)
     return RefreshReport(
         load=report, mode="full", reason=decision.reason, bytes_fetched=report.bytes + spent
@@ -367,11 +387,11 @@ def _plan(conn: duckdb.DuckDBPyConnection, lookback_days: float, now: datetime) 
     )
     counts = dict(conn.execute("SELECT why, count(*) FROM _fs_refetch GROUP BY why").fetchall())
     return {
-        "events": conn.execute("SELECT count(*) FROM _fs_fingerprints").fetchone()[0],
+        "events": one_row(conn, "SELECT count(*) FROM _fs_fingerprints")[0],
         "new": counts.get("new", 0),
         "changed": counts.get("changed", 0),
         "recent": counts.get("recent", 0),
-        "removed": conn.execute("SELECT count(*) FROM _fs_removed").fetchone()[0],
+        "removed": one_row(conn, "SELECT count(*) FROM _fs_removed")[0],
     }
 
 
@@ -523,7 +543,9 @@ def _fetch_by_event(
                 "raw.transactions was left as it was. Report it to the Field-Sales service."
             )
         new: set[object] = set()
-        for item, (item_id, item_event) in zip(page.items, keys, strict=True):  # type: ignore[misc]
+        # No item is null past the check above: every entry holds an item's keys.
+        checked = cast("list[ItemKeys]", keys)
+        for item, (item_id, item_event) in zip(page.items, checked, strict=True):
             # Ids compare as text: eventId 1002 (a JSON number) is event "1002".
             if id_text(item_event) != event_id:
                 raise EventFilterIgnored(
@@ -541,7 +563,7 @@ def _fetch_by_event(
             )
         state.ids |= new
         state.items += page.n
-        page.keys = keys  # type: ignore[assignment]
+        page.keys = checked
         writer.add(page)
         following = skip + page.n
         more = page.n > 0 and (
@@ -645,9 +667,7 @@ def _merge(
     transaction too: one commit for everything.
     """
     target, stage = qualified(TRANSACTIONS.raw_table), qualified(STAGE_TABLE)
-    staged, distinct_staged = conn.execute(
-        f"SELECT count(*), count(DISTINCT id) FROM {stage}"
-    ).fetchone()
+    staged, distinct_staged = one_row(conn, f"SELECT count(*), count(DISTINCT id) FROM {stage}")
     if staged != distinct_staged:
         raise EventListMoved(
             f"{staged - distinct_staged} transactions were listed under two events", bytes_fetched
@@ -657,13 +677,13 @@ def _merge(
     # Counted first: a query that returns the payload reads it for every row it scans.
     moved = f"WHERE id IN (SELECT id FROM {stage}) AND NOT event_id IN (SELECT event_id FROM "
     moved += "_fs_refetch UNION ALL SELECT event_id FROM _fs_removed)"
-    if conn.execute(f"SELECT count(*) FROM {target} {moved}").fetchone()[0]:
+    if one_row(conn, f"SELECT count(*) FROM {target} {moved}")[0]:
         old.update(
             conn.execute(f"SELECT id, hash(payload::VARCHAR) FROM {target} {moved}").fetchall()
         )
-    stored = conn.execute(f"SELECT count(*) FROM {target}").fetchone()[0]
+    stored = one_row(conn, f"SELECT count(*) FROM {target}")[0]
 
-    def merge() -> tuple[int, dict[int, int]]:
+    def merge() -> tuple[int, dict[str, int]]:
         if before_swap is not None:
             before_swap(STAGE_TABLE)
         # After before_swap: a redacted payload compares with the redacted one stored.
@@ -671,7 +691,7 @@ def _merge(
         deleted = _delete_replaced(conn, moved=len(old) > len(replaced))
         pause_at("merge")
         _insert_staged(conn)
-        rows = conn.execute(f"SELECT count(*) FROM {target}").fetchone()[0]
+        rows = one_row(conn, f"SELECT count(*) FROM {target}")[0]
         # Every id stays distinct by construction: the stored table was (a full load drops
         # repeats, and so did every merge), the staged ids are, and every stored copy of a
         # staged id was just deleted. So the rows must add up, and match the server's count.
@@ -704,14 +724,15 @@ def _delete_replaced(conn: duckdb.DuckDBPyConnection, moved: bool) -> int:
     Filters on narrow columns only: no payload is read.
     """
     target = qualified(TRANSACTIONS.raw_table)
-    (deleted,) = conn.execute(
+    (deleted,) = one_row(
+        conn,
         f"DELETE FROM {target} WHERE event_id IN ("
-        "SELECT event_id FROM _fs_refetch UNION ALL SELECT event_id FROM _fs_removed)"
-    ).fetchone()
+        "SELECT event_id FROM _fs_refetch UNION ALL SELECT event_id FROM _fs_removed)",
+    )
     if moved:
-        (more,) = conn.execute(
-            f"DELETE FROM {target} WHERE id IN (SELECT id FROM {qualified(STAGE_TABLE)})"
-        ).fetchone()
+        (more,) = one_row(
+            conn, f"DELETE FROM {target} WHERE id IN (SELECT id FROM {qualified(STAGE_TABLE)})"
+        )
         deleted += more
     return deleted
 
