@@ -25,6 +25,8 @@ from typing import Annotated, Any, Literal, cast
 from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
 
 import dagster as dg
+
+# Dagster's own cron rules and tick times (its schedules use them): 1.13 has no public API for them.
 from dagster._utils.schedules import cron_string_iterator, is_valid_cron_string
 from pydantic import Field, ValidationError, ValidationInfo, field_validator, model_validator
 

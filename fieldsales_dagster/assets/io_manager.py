@@ -26,6 +26,8 @@ from typing import Any, cast
 import dagster as dg
 import duckdb
 import pandas as pd
+
+# The base dagster-duckdb builds its own IO manager on: Dagster 1.13 does not export it.
 from dagster._core.storage.db_io_manager import DbIOManager, TableSlice
 from dagster_duckdb.io_manager import DuckDbClient
 from dagster_duckdb_pandas import DuckDBPandasTypeHandler
