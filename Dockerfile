@@ -21,3 +21,7 @@ COPY deploy/workspace.docker.yaml /opt/fieldsales/workspace.docker.yaml
 RUN useradd --create-home --uid 1000 fieldsales && mkdir -p /data \
     && chown fieldsales /data /opt/dagster/dagster_home
 USER fieldsales
+
+# By default the container is the code server (service "code" of deploy/docker-compose.yaml); the
+# webserver and the daemon give their own command. Its port is for them only: a private network.
+CMD ["dagster", "code-server", "start", "-h", "0.0.0.0", "-p", "4000", "-m", "fieldsales_dagster"]

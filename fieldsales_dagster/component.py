@@ -1,7 +1,8 @@
 """The Field-Sales component: one instance of the service, configured in YAML, as Dagster defs.
 
 A ``defs.yaml`` of this type is the project's one settings model: every knob is a validated field
-below, read from the YAML (whose defaults read the ``FIELDSALES_*`` environment variables). A bad
+below, read from the YAML (the default one reads the ``FIELDSALES_*`` environment variables), its
+default, range and meaning defined once in ``settings.py``. A bad
 value fails the definitions load at once, with one paragraph naming the setting, its variable and
 what it accepts. One instance becomes:
 
@@ -28,11 +29,12 @@ import dagster as dg
 
 # Dagster's own cron rules and tick times (its schedules use them): 1.13 has no public API for them.
 from dagster._utils.schedules import cron_string_iterator, is_valid_cron_string
-from pydantic import Field, ValidationError, ValidationInfo, field_validator, model_validator
+from pydantic import ValidationError, ValidationInfo, field_validator, model_validator
+from pydantic_core import PydanticUndefined
 
 from fieldsales_dagster.assets.checks import build_core_checks, checks_in_asset_step
 from fieldsales_dagster.assets.core import build_core_assets
-from fieldsales_dagster.assets.io_manager import DEFAULT_USER_SCHEMA, build_io_manager
+from fieldsales_dagster.assets.io_manager import build_io_manager
 from fieldsales_dagster.assets.mart import build_mart_assets
 from fieldsales_dagster.assets.raw import build_raw_assets
 from fieldsales_dagster.assets.upkeep import build_upkeep_asset, build_upkeep_job_and_schedule
@@ -46,9 +48,11 @@ from fieldsales_dagster.client.resource import FieldSalesAPI
 from fieldsales_dagster.client.urls import validate_base_url
 from fieldsales_dagster.names import InstanceNames
 from fieldsales_dagster.paths import PathSettingError, check_file_setting
+from fieldsales_dagster.settings import SETTINGS, setting_field
 from fieldsales_dagster.tenancy import Claim, refuse_shared_claims
-from fieldsales_dagster.token.renewal import DEFAULT_RENEW_AFTER_DAYS, RenewalPolicy
+from fieldsales_dagster.token.renewal import RenewalPolicy
 from fieldsales_dagster.token.secret import clean_token
+from fieldsales_dagster.warehouse.refresh_mode import RefreshMode
 from fieldsales_dagster.warehouse.resource import (
     PROJECT_SCHEMAS,
     FieldSalesWarehouse,
@@ -63,17 +67,6 @@ _ENV_REFERENCE = re.compile(
 RESERVED_STEMS = PROJECT_SCHEMAS
 _IDENTIFIER = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 _MEMORY = re.compile(r"^\d+(\.\d+)?\s*(B|KB|MB|GB|TB|KiB|MiB|GiB|TiB)$", re.IGNORECASE)
-
-
-#: Numeric settings: (low, high, bounds included).
-_RANGES: dict[str, tuple[float, float, bool]] = {
-    "page_size": (1, 10_000, True),
-    "concurrency": (1, 64, True),
-    "token_renew_after_days": (0, 60, False),
-    "full_refresh_every_days": (0, 366, False),
-    "lookback_days": (0, 3660, True),
-    "retain_snapshots_days": (0, 3660, False),
-}
 
 
 class SettingError(ValueError):
@@ -96,60 +89,13 @@ def _secret_env_var(context: dg.ResolutionContext, raw: Any) -> str:
     return (match.group("attr") or match.group("call")) if match else NOT_AN_ENV_REFERENCE
 
 
-#: Setting -> (environment variable the default YAML reads, what it accepts).
-SETTINGS_HELP: dict[str, tuple[str, str]] = {
-    "base_url": (
-        "FIELDSALES_BASE_URL",
-        "an https:// URL of your instance, e.g. https://yourcompany.example.com (plain http:// "
-        "only for loopback hosts such as the bundled demo API)",
-    ),
-    "api_token": ("FIELDSALES_API_TOKEN", "a token from your Field-Sales profile's API tab"),
-    "token_store_path": ("FIELDSALES_TOKEN_STORE", "a file path on a persistent volume"),
-    "duckdb_path": ("FIELDSALES_DUCKDB_PATH", "a file path, e.g. data/fieldsales.duckdb"),
-    "duckdb_memory_limit": (
-        "FIELDSALES_DUCKDB_MEMORY_LIMIT",
-        "a size such as 192MB or 2GB",
-    ),
-    "page_size": ("FIELDSALES_PAGE_SIZE", "a whole number from 1 to 10000"),
-    "concurrency": ("FIELDSALES_CONCURRENCY", "a whole number from 1 to 64"),
-    "schedule_cron": ("FIELDSALES_SCHEDULE_CRON", "a cron expression such as '0 5 * * *'"),
-    "schedule_timezone": (
-        "FIELDSALES_SCHEDULE_TIMEZONE",
-        "an IANA time zone such as UTC or Europe/Vienna",
-    ),
-    "token_renew_after_days": (
-        "FIELDSALES_TOKEN_RENEW_AFTER_DAYS",
-        "a number of days above 0 and below 60 (the token's lifetime)",
-    ),
-    "key_prefix": ("", "a name of letters, digits and underscores, starting with a letter"),
-    "pii": ("FIELDSALES_PII", "keep, hash or drop"),
-    "refresh_mode": ("FIELDSALES_REFRESH_MODE", "auto, full or incremental"),
-    "full_refresh_every_days": ("", "a number of days above 0, at most 366"),
-    "lookback_days": ("", "a number of days from 0 to 3660"),
-    "redact_pii_in_raw": ("FIELDSALES_REDACT_PII_IN_RAW", "true or false"),
-    "storage": ("FIELDSALES_STORAGE", "file or ducklake"),
-    "ducklake_catalog": (
-        "FIELDSALES_DUCKLAKE_CATALOG",
-        "the lake's catalog database: postgres:dbname=NAME host=HOST user=USER (the password in "
-        "FIELDSALES_DUCKLAKE_PASSWORD), sqlite:FILE or a DuckDB file NAME.ducklake",
-    ),
-    "ducklake_data_path": (
-        "FIELDSALES_DUCKLAKE_DATA_PATH",
-        "the folder (or s3:// URL) the lake's Parquet files go to",
-    ),
-    "ducklake_schema": ("", "a plain name: this tenant's schema in the catalog database"),
-    "retain_snapshots_days": ("", "a number of days above 0, at most 3660"),
-    "user_schema": ("", "a plain name other than raw, core, mart and meta, e.g. analytics"),
-    "create_dirs": ("FIELDSALES_CREATE_DIRS", "true or false"),
-}
-
-
 class FieldSalesComponent(dg.Component, dg.Model, dg.Resolvable):
     """One Field-Sales instance, loaded into one DuckDB file and kept fresh."""
 
-    base_url: str | None = Field(
-        description="Base URL of the instance (FIELDSALES_BASE_URL).",
-    )
+    # Defaults, ranges and meanings: settings.py. Ranges are checked by ``_in_range`` below, not
+    # Field(ge=...): Dagster copies Field constraints onto the YAML model, where the value is still
+    # a "{{ env... }}" template.
+    base_url: str | None = setting_field("base_url", bounded=False)
     api_token_env_var: Annotated[
         str,
         dg.Resolver(
@@ -157,137 +103,34 @@ class FieldSalesComponent(dg.Component, dg.Model, dg.Resolvable):
             model_field_name="api_token",
             model_field_type=str,
             inject_before_resolve=False,
-            description="'{{ env.FIELDSALES_API_TOKEN }}': the variable holding the API token.",
+            description=SETTINGS["api_token"].description + ".",
         ),
-    ] = "FIELDSALES_API_TOKEN"
-    token_store_path: str = Field(
-        default="data/fieldsales_token.json",
-        description="Where the current (renewed) token is kept (FIELDSALES_TOKEN_STORE).",
-    )
-    duckdb_path: str = Field(
-        default="data/fieldsales.duckdb",
-        description="The analysts' DuckDB file (FIELDSALES_DUCKDB_PATH).",
-    )
-    create_dirs: bool = Field(
-        default=False,
-        description=(
-            "Create a missing folder of duckdb_path or token_store_path (FIELDSALES_CREATE_DIRS). "
-            "Off by default: a mistyped volume path fails the load instead of filling local disk."
-        ),
-    )
-    duckdb_memory_limit: str = Field(
-        default="192MB",
-        description="DuckDB memory_limit; larger work spills to disk "
-        "(FIELDSALES_DUCKDB_MEMORY_LIMIT).",
-    )
-    storage: Literal["file", "ducklake"] = Field(
-        default="file",
-        description=(
-            "Where the warehouse lives (FIELDSALES_STORAGE): file (one DuckDB file, published to "
-            "analysts after each run) or ducklake (a catalog database plus Parquet files, written "
-            "in place; several machines can run and read it)."
-        ),
-    )
-    ducklake_catalog: str | None = Field(
-        default=None,
-        description=(
-            "storage: ducklake: the catalog database (FIELDSALES_DUCKLAKE_CATALOG), e.g. "
-            "postgres:dbname=fieldsales_lake host=db user=fieldsales."
-        ),
-    )
-    ducklake_data_path: str | None = Field(
-        default=None,
-        description="storage: ducklake: its Parquet files' folder (FIELDSALES_DUCKLAKE_DATA_PATH).",
-    )
-    ducklake_schema: str | None = Field(
-        default=None,
-        description=(
-            "storage: ducklake: this tenant's schema in the catalog database, so that tenants "
-            "share one catalog (default: the whole catalog)."
-        ),
-    )
-    ducklake_password_env_var: str = Field(
-        default="FIELDSALES_DUCKLAKE_PASSWORD",
-        description="The variable holding the PostgreSQL catalog's password (never the password).",
-    )
-    retain_snapshots_days: float = Field(
-        default=7.0,
-        description=(
-            "storage: ducklake: the upkeep expires snapshots older than this (days); time travel "
-            "reaches back this far."
-        ),
-    )
-    # Ranges are checked by validators below, not Field(ge=...): Dagster copies Field
-    # constraints onto the YAML model, where the value is still a "{{ env... }}" template.
-    page_size: int = Field(
-        default=500, description="`limit` asked for per page (FIELDSALES_PAGE_SIZE)."
-    )
-    concurrency: int = Field(
-        default=8, description="Pages in flight at once (FIELDSALES_CONCURRENCY)."
-    )
-    schedule_cron: str = Field(
-        default="0 5 * * *", description="When the refresh runs (FIELDSALES_SCHEDULE_CRON)."
-    )
-    schedule_timezone: str = Field(
-        default="UTC", description="Time zone of the cron (FIELDSALES_SCHEDULE_TIMEZONE)."
-    )
-    token_renew_after_days: float = Field(
-        default=DEFAULT_RENEW_AFTER_DAYS,
-        description="Renew the token once it is this old (FIELDSALES_TOKEN_RENEW_AFTER_DAYS).",
-    )
-    refresh_mode: Literal["auto", "full", "incremental"] = Field(
-        default="auto",
-        description=(
-            "How raw.transactions is refreshed (FIELDSALES_REFRESH_MODE): auto, full or "
-            "incremental; run config on raw_transactions overrides it for one run."
-        ),
-    )
-    full_refresh_every_days: float = Field(
-        default=7.0,
-        description="In auto mode, a full refresh once the last one is this old (days).",
-    )
-    lookback_days: float = Field(
-        default=30.0,
-        description=(
-            "Incremental mode re-fetches the transactions of events whose last state change is "
-            "this recent (days)."
-        ),
-    )
-    pii: Literal["keep", "hash", "drop"] = Field(
-        default="keep",
-        description=(
-            "Personal data in core.* and mart.*: keep, hash (keyed; joins still work) or drop "
-            "(FIELDSALES_PII)."
-        ),
-    )
-    pii_hash_key_env_var: str = Field(
-        default="FIELDSALES_PII_HASH_KEY",
-        description="The variable holding the secret key of pii: hash (never the key itself).",
-    )
-    redact_pii_in_raw: bool = Field(
-        default=False,
-        description=(
-            "Null personal keys in raw.* payloads at ingest (FIELDSALES_REDACT_PII_IN_RAW)."
-        ),
-    )
-    key_prefix: str | None = Field(
-        default=None,
-        description="Asset-key prefix of this instance; set it for every tenant but the first.",
-    )
-    group_prefix: str | None = Field(
-        default=None, description="Prefix of the asset groups (default: key_prefix)."
-    )
-    owners: list[str] = Field(
-        default_factory=lambda: ["team:data"],
-        description="Owners shown on every asset (emails or team:NAME).",
-    )
-    user_schema: str = Field(
-        default=DEFAULT_USER_SCHEMA,
-        description=(
-            "Where fieldsales_io_manager stores user assets' DataFrames (schema.<asset name>); "
-            "never one of the project's schemas (raw, core, mart, meta)."
-        ),
-    )
+    ] = SETTINGS["api_token"].variable
+    token_store_path: str = setting_field("token_store_path", bounded=False)
+    duckdb_path: str = setting_field("duckdb_path", bounded=False)
+    create_dirs: bool = setting_field("create_dirs", bounded=False)
+    duckdb_memory_limit: str = setting_field("duckdb_memory_limit", bounded=False)
+    storage: Literal["file", "ducklake"] = setting_field("storage", bounded=False)
+    ducklake_catalog: str | None = setting_field("ducklake_catalog", bounded=False)
+    ducklake_data_path: str | None = setting_field("ducklake_data_path", bounded=False)
+    ducklake_schema: str | None = setting_field("ducklake_schema", bounded=False)
+    ducklake_password_env_var: str = setting_field("ducklake_password_env_var", bounded=False)
+    retain_snapshots_days: float = setting_field("retain_snapshots_days", bounded=False)
+    page_size: int = setting_field("page_size", bounded=False)
+    concurrency: int = setting_field("concurrency", bounded=False)
+    schedule_cron: str = setting_field("schedule_cron", bounded=False)
+    schedule_timezone: str = setting_field("schedule_timezone", bounded=False)
+    token_renew_after_days: float = setting_field("token_renew_after_days", bounded=False)
+    refresh_mode: RefreshMode = setting_field("refresh_mode", bounded=False)
+    full_refresh_every_days: float = setting_field("full_refresh_every_days", bounded=False)
+    lookback_days: float = setting_field("lookback_days", bounded=False)
+    pii: Literal["keep", "hash", "drop"] = setting_field("pii", bounded=False)
+    pii_hash_key_env_var: str = setting_field("pii_hash_key_env_var", bounded=False)
+    redact_pii_in_raw: bool = setting_field("redact_pii_in_raw", bounded=False)
+    key_prefix: str | None = setting_field("key_prefix", bounded=False)
+    group_prefix: str | None = setting_field("group_prefix", bounded=False)
+    owners: list[str] = setting_field("owners", bounded=False)
+    user_schema: str = setting_field("user_schema", bounded=False)
 
     # --- validation: one paragraph per bad setting ------------------------------------------
 
@@ -301,19 +144,27 @@ class FieldSalesComponent(dg.Component, dg.Model, dg.Resolvable):
         except FieldSalesAPIError as exc:
             raise ValueError(str(exc).rstrip(".")) from None
 
-    @field_validator(
-        "page_size",
-        "concurrency",
-        "token_renew_after_days",
-        "full_refresh_every_days",
-        "lookback_days",
-        "retain_snapshots_days",
-    )
+    @model_validator(mode="before")
+    @classmethod
+    def _unset_is_default(cls, values: Any) -> Any:
+        # defs.yaml reads each setting as "{{ env.FIELDSALES_... }}": an unset (or empty)
+        # variable renders as None (or ""), which leaves the setting at its default.
+        if not isinstance(values, dict):
+            return values
+        return {
+            key: value
+            for key, value in values.items()
+            if not (
+                value in (None, "")
+                and key in SETTINGS
+                and SETTINGS[key].default is not PydanticUndefined
+            )
+        }
+
+    @field_validator(*(name for name, setting in SETTINGS.items() if setting.bounds))
     @classmethod
     def _in_range(cls, value: float, info: ValidationInfo) -> float:
-        low, high, inclusive = _RANGES[cast(str, info.field_name)]  # set for field validators
-        inside = low <= value <= high if inclusive else low < value < high
-        if not inside:
+        if not SETTINGS[cast(str, info.field_name)].inside(value):  # set for field validators
             raise ValueError("it is out of range")
         return value
 
@@ -370,7 +221,7 @@ class FieldSalesComponent(dg.Component, dg.Model, dg.Resolvable):
             return self
         for field in ("ducklake_catalog", "ducklake_data_path"):
             if not getattr(self, field):
-                variable, accepts = SETTINGS_HELP[field]
+                variable, accepts = SETTINGS[field].variable, SETTINGS[field].help
                 raise SettingError(
                     f"Field-Sales setting {field} (from {variable}) is not set, and storage: "
                     f"ducklake (FIELDSALES_STORAGE) needs it. It takes {accepts}; set it in "
@@ -479,7 +330,7 @@ class FieldSalesComponent(dg.Component, dg.Model, dg.Resolvable):
                 check_file_setting(
                     path,
                     setting=setting,
-                    variable=SETTINGS_HELP[setting][0],
+                    variable=SETTINGS[setting].variable,
                     create_dirs=self.create_dirs,
                 )
             except PathSettingError as exc:
@@ -551,7 +402,7 @@ class FieldSalesComponent(dg.Component, dg.Model, dg.Resolvable):
             schedules=schedules,
             sensors=[
                 build_token_renewal_sensor(
-                    names, RenewalPolicy(renew_after=timedelta(days=self.token_renew_after_days))
+                    names, RenewalPolicy.after_days(self.token_renew_after_days)
                 ),
                 # Also the user assets downstream of this instance's tables (README: Build on it).
                 build_core_automation_sensor(names, selection.downstream()),
@@ -562,7 +413,8 @@ class FieldSalesComponent(dg.Component, dg.Model, dg.Resolvable):
 
 def _explain_setting(field: str | None, value: Any, exc: Exception) -> str:
     field = field or "?"
-    variable, accepts = SETTINGS_HELP.get(field, ("", "a valid value"))
+    known = SETTINGS.get(field)
+    variable, accepts = (known.variable, known.help) if known else ("", "a valid value")
     if isinstance(exc, ValidationError):
         why = "; ".join(error["msg"].removeprefix("Value error, ") for error in exc.errors())
     else:

@@ -25,7 +25,7 @@ import duckdb
 import yaml
 
 from fieldsales_dagster.assets.publish import PUBLISHED_CHECK
-from fieldsales_dagster.warehouse.resource import DEFAULT_DUCKDB_PATH
+from fieldsales_dagster.settings import SETTINGS
 from fieldsales_dagster.warehouse.rows import one_row
 
 DEFAULT_DAGSTER_HOME = ".dagster_home"
@@ -209,8 +209,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument(
         "--database",
-        default=DEFAULT_DUCKDB_PATH,
-        help=f"DuckDB file to write (default: {DEFAULT_DUCKDB_PATH})",
+        default=SETTINGS["duckdb_path"].default,
+        help=f"DuckDB file to write (default: {SETTINGS['duckdb_path'].default})",
     )
     parser.add_argument(
         "--dagster-home",

@@ -9,11 +9,41 @@ and so on, so two instances in one code location never collide.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any, Generic, TypeVar
 
 import dagster as dg
 
+from fieldsales_dagster.client.resource import FieldSalesAPI
+from fieldsales_dagster.warehouse.resource import FieldSalesWarehouse
+
 #: Run tag every refresh carries; the instance's run queue allows one such run per tag value.
 REFRESH_TAG = "fieldsales/refresh"
+
+R = TypeVar("R")
+
+
+@dataclass(frozen=True)
+class ResourceKey(Generic[R]):
+    """One resource a definition needs: the key it is declared under, and what it must be.
+
+    A factory declares ``required_resource_keys={handle.key}`` and its body reads
+    ``handle.of(context)``: both come from the one value, so the key read is the key declared,
+    and a key the definitions do not supply fails when they load, not in a run.
+    """
+
+    key: str
+    kind: type[R]
+
+    def of(self, context: Any) -> R:
+        """The resource, from the context of a step or a sensor tick that declared ``key``."""
+        resource = getattr(context.resources, self.key)
+        if not isinstance(resource, self.kind):
+            raise TypeError(
+                f"The resource {self.key!r} is a {type(resource).__name__}, where the Field-Sales "
+                f"definitions need a {self.kind.__name__}: bind a {self.kind.__name__} to "
+                f"{self.key!r} in the Definitions' resources."
+            )
+        return resource
 
 
 @dataclass(frozen=True)
@@ -58,6 +88,14 @@ class InstanceNames:
     @property
     def warehouse_resource(self) -> str:
         return self._prefixed("warehouse")
+
+    @property
+    def api(self) -> ResourceKey[FieldSalesAPI]:
+        return ResourceKey(self.api_resource, FieldSalesAPI)
+
+    @property
+    def warehouse(self) -> ResourceKey[FieldSalesWarehouse]:
+        return ResourceKey(self.warehouse_resource, FieldSalesWarehouse)
 
     @property
     def io_manager(self) -> str:

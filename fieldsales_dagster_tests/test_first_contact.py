@@ -16,7 +16,6 @@ import time
 from pathlib import Path
 
 import pytest
-import yaml
 
 from fieldsales_dagster_tests.project import load_project_defs
 
@@ -32,6 +31,7 @@ CONFIG_FILES = [
     "deploy/workspace.docker.yaml",
     "dagster.yaml",
     "Dockerfile",
+    ".dockerignore",
     "Makefile",
 ]
 #: Paths the docs name as examples of what a user creates, not as files of the repository.
@@ -289,77 +289,7 @@ def test_dg_check_defs_as_documented_never_says_success_for_a_failing_load(tmp_p
     assert "dg check defs --no-check-yaml" in " ".join(readme_commands())
 
 
-# --- Docker: parsed, as no container engine runs here -------------------------------------------
-
-
-def dockerfile_instructions() -> list[tuple[str, str]]:
-    text = (ROOT / "Dockerfile").read_text().replace("\\\n", " ")
-    return [
-        (line.split(None, 1)[0].upper(), line.split(None, 1)[1].strip())
-        for line in text.splitlines()
-        if line.strip() and not line.lstrip().startswith("#")
-    ]
-
-
-def test_dockerfile_copies_what_exists_and_installs_as_the_guide_does():
-    steps = dockerfile_instructions()
-    copied = []
-    for instruction, args in steps:
-        if instruction == "COPY":
-            *sources, _target = shlex.split(args)
-            copied += sources
-    assert copied and all((ROOT / source).exists() for source in copied), copied
-    # Everything pip needs to build the package: its metadata, its readme, its code.
-    project = __import__("tomllib").loads((ROOT / "pyproject.toml").read_text())["project"]
-    assert {"pyproject.toml", project["readme"], "fieldsales_dagster"} <= set(copied)
-    installs = [args for instruction, args in steps if "pip install" in args]
-    assert installs == ["pip install --no-cache-dir '.[production]'"]
-    # ... the guide's install line, without -e (an image holds a fixed copy).
-    guide = (ROOT / "deploy" / "README.md").read_text()
-    assert ".venv/bin/pip install -e '.[production]'" in guide
-    env = dict(args.split("=", 1) for instruction, args in steps if instruction == "ENV")
-    assert any(
-        instruction == "COPY" and args.split()[-1] == f"{env['DAGSTER_HOME']}/dagster.yaml"
-        for instruction, args in steps
-    )
-
-
-def test_compose_file_runs_the_four_processes_from_the_image():
-    compose = yaml.safe_load((ROOT / "deploy" / "docker-compose.yaml").read_text())
-    services = compose["services"]
-    assert set(services) == {"postgres", "code", "webserver", "daemon"}
-    build = services["code"]["build"]
-    assert (ROOT / "deploy" / build["context"] / build["dockerfile"]).resolve() == (
-        ROOT / "Dockerfile"
-    )
-    image = services["code"]["image"]
-    assert services["webserver"]["image"] == services["daemon"]["image"] == image
-    commands = {name: services[name]["command"] for name in ("code", "webserver", "daemon")}
-    assert commands["code"][:3] == ["dagster", "code-server", "start"]
-    assert commands["webserver"][0] == "dagster-webserver"
-    assert commands["daemon"][:2] == ["dagster-daemon", "run"]
-    # The webserver and the daemon read the code server through the workspace the image holds.
-    workspace = yaml.safe_load((ROOT / "deploy" / "workspace.docker.yaml").read_text())
-    (server,) = [entry["grpc_server"] for entry in workspace["load_from"]]
-    assert server["host"] == "code" and str(server["port"]) in commands["code"]
-    assert (
-        commands["webserver"][-1]
-        == commands["daemon"][-1]
-        == "/opt/fieldsales/workspace.docker.yaml"
-    )
-    # The UI has no authentication: published on the host's loopback only.
-    assert services["webserver"]["ports"] == ["127.0.0.1:3000:3000"]
-    # The code server runs the runs and the sensors: it holds the data volume and the settings.
-    assert "fieldsales-data:/data" in services["code"]["volumes"]
-    code_env = services["code"]["environment"]
-    assert code_env["FIELDSALES_DUCKDB_PATH"] == "/data/fieldsales.duckdb"
-    assert code_env["FIELDSALES_TOKEN_STORE"] == "/data/fieldsales_token.json"
-    assert "@postgres:5432/dagster" in code_env["DAGSTER_POSTGRES_URL"]
-    # The deploy guide uses it.
-    assert (
-        "docker compose -f deploy/docker-compose.yaml up"
-        in (ROOT / "deploy" / "README.md").read_text()
-    )
+# --- the deploy guide (the Dockerfile and the compose file: test_docker_image.py) -------------
 
 
 def test_every_non_loopback_bind_in_the_guide_warns_that_the_ui_has_no_authentication():

@@ -343,6 +343,33 @@ def test_body_dripping_a_byte_at_a_time_hits_the_request_deadline(tmp_path):
     assert EV in message
 
 
+def test_body_without_a_length_dripping_is_abandoned_at_the_request_deadline(tmp_path):
+    """A body without Content-Length ends when the server closes, so http.client takes the
+    socket away from the connection (shutting the connection's socket down would miss it);
+    gzip-encoded, urllib3 decodes while reading, and a file name that never ends decodes to
+    nothing. The client must still hang up at the deadline, not wait for the server to finish."""
+    body = b"\x1f\x8b\x08\x08" + b"\x00" * 6 + b"n" * 50
+    hung_up_at: list[int] = []
+
+    def handler(conn: Conn) -> None:
+        while conn.read_request() is not None:
+            conn.send(b"HTTP/1.1 200 OK\r\nContent-Encoding: gzip\r\n\r\n")
+            for i in range(len(body)):
+                if not conn.send(body[i : i + 1]):
+                    hung_up_at.append(i)
+                    return
+                if conn.server.stopping.wait(0.05):
+                    return
+
+    with HostileServer(handler) as server:
+        api = hostile_api(server, tmp_path, request_deadline_s=1.0, retry_budget_s=1.5)
+        with pytest.raises(FieldSalesAPIError) as raised:
+            api.fetch_page(EVENTS, 0)
+    message = str(raised.value)
+    assert "request_deadline_s=1" in message and EV in message
+    assert hung_up_at, "the client waited for the whole body instead of hanging up at its deadline"
+
+
 def test_deadline_of_a_finished_request_does_not_cut_the_next_on_its_connection(tmp_path):
     def handler(conn: Conn) -> None:
         while (request := conn.read_request()) is not None:

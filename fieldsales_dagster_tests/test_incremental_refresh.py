@@ -368,11 +368,11 @@ def test_failure_mid_merge_leaves_previous_table_and_state_untouched(
     deleted = []
     real_delete = incremental._delete_replaced
 
-    def delete(conn, **kwargs):
-        deleted.append(real_delete(conn, **kwargs))
+    def delete(conn, *args, **kwargs):
+        deleted.append(real_delete(conn, *args, **kwargs))
         return deleted[-1]
 
-    def fail_to_insert(conn):
+    def fail_to_insert(conn, stage):
         raise RuntimeError("disk full (simulated) between the delete and the insert")
 
     monkeypatch.setattr(incremental, "_delete_replaced", delete)

@@ -3,7 +3,9 @@
 * Crash-only: a run killed with SIGKILL at each phase (held there by ``FIELDSALES_TEST_PAUSE_AT``,
   see ``fieldsales_dagster/pause.py``) leaves nothing that blocks, misleads or fills the next
   run; the next run removes what it left and succeeds, and the analysts' file never changes
-  until a publish.
+  until a publish. Each phase starts from its own copy of one published state (a full run,
+  shared by the module's tests), and two phases run at a time: a phase's processes wait on
+  each other, the phases do not.
 * A full disk at publish, on a real small tmpfs in a private mount namespace: the run fails,
   naming the file, the reason and the space needed; the analysts' file stays as it was; the next
   run after space is freed publishes.
@@ -19,6 +21,8 @@ import sys
 import tempfile
 import threading
 from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
 from pathlib import Path
 
 import duckdb
@@ -49,6 +53,34 @@ KEPT = {
 def small_server() -> Iterator[DemoServer]:
     with DemoServer(DemoConfig(transactions=200, seed=5), host="127.0.0.1", port=0) as server:
         yield server
+
+
+@dataclass(frozen=True)
+class Published:
+    """A data folder and a Dagster home after one successful run of every asset."""
+
+    data: Path
+    home: Path
+    counts: list[int]
+
+    def copy_to(self, data: Path, home: Path) -> tuple[Path, Path]:
+        """The data folder and the home, copied to ``data`` (which may be a mount point) and
+        ``home``."""
+        shutil.copytree(self.data, data, dirs_exist_ok=True)
+        shutil.copytree(self.home, home)
+        return data, home
+
+
+@pytest.fixture(scope="module")
+def published(small_server, tmp_path_factory) -> Published:
+    base = tmp_path_factory.mktemp("published")
+    data, home = base / "data", base / "home"
+    data.mkdir()
+    home.mkdir()
+    assert_succeeded(run(materialize_argv(), run_env(small_server, data, home)))
+    counts = snapshot(data / "fieldsales.duckdb")
+    assert counts[:2] == [200, 200] and counts[2] == counts[3] > 0
+    return Published(data, home, counts)
 
 
 def run_env(server: DemoServer, data: Path, home: Path, **extra: str) -> dict[str, str]:
@@ -164,49 +196,58 @@ PHASES = {
 }
 
 
-def test_a_run_killed_at_any_phase_never_blocks_the_next_one(small_server, tmp_path):
-    data, home = tmp_path / "data", tmp_path / "home"
-    data.mkdir()
-    home.mkdir()
-    env = run_env(small_server, data, home)
+def test_a_run_killed_at_any_phase_never_blocks_the_next_one(small_server, published, tmp_path):
+    workers = min(2, os.cpu_count() or 1)
+    with ThreadPoolExecutor(max_workers=workers) as pool:
+        outcomes = {
+            phase: pool.submit(kill_then_rerun, phase, small_server, published, tmp_path / phase)
+            for phase in PHASES
+        }
+    for outcome in outcomes.values():
+        outcome.result()  # a phase's failure, raised here with its own traceback
+
+
+def kill_then_rerun(phase: str, server: DemoServer, published: Published, folder: Path) -> None:
+    """On a copy of the published state: kill a run at ``phase``, then run again."""
+    select, left = PHASES[phase]
+    data, home = published.copy_to(folder / "data", folder / "home")
+    env = run_env(server, data, home)
     database = data / "fieldsales.duckdb"
-    assert_succeeded(run(materialize_argv(), env))
-    published = snapshot(database)
-    assert published[:2] == [200, 200] and published[2] == published[3] > 0
+    if phase == "token_store":
+        (data / "fieldsales_token.json").unlink()
+    if phase == "seeding":
+        for path in data.glob("fieldsales.working.duckdb*"):
+            path.unlink()
+    before = database.stat()
 
-    for phase, (select, left) in PHASES.items():
-        if phase == "token_store":
-            (data / "fieldsales_token.json").unlink()
-        if phase == "seeding":
-            for path in data.glob("fieldsales.working.duckdb*"):
-                path.unlink()
-        before = database.stat()
+    killed_at(phase, materialize_argv(select), env)
 
-        killed_at(phase, materialize_argv(select), env)
+    if left is not None:
+        assert list(data.glob(left)), f"{phase}: the kill left no {left}"
+    after = database.stat()
+    assert (after.st_ino, after.st_mtime_ns) == (before.st_ino, before.st_mtime_ns), phase
+    assert snapshot(database) == published.counts, phase
 
-        if left is not None:
-            assert list(data.glob(left)), f"{phase}: the kill left no {left}"
-        after = database.stat()
-        assert (after.st_ino, after.st_mtime_ns) == (before.st_ino, before.st_mtime_ns), phase
-        assert snapshot(database) == published, phase
-
-        assert_succeeded(run(materialize_argv(select), env))
-        assert snapshot(database) == published, phase
-        assert leftovers(data) == [], phase
+    assert_succeeded(run(materialize_argv(select), env))
+    assert snapshot(database) == published.counts, phase
+    assert leftovers(data) == [], phase
 
 
 # --- a full disk at publish ---------------------------------------------------------------------
 
 
-def test_full_disk_at_publish_fails_the_run_and_the_next_run_publishes(small_server, tmp_path):
-    data, home = tmp_path / "volume", tmp_path / "home"
-    home.mkdir()
-    env = run_env(small_server, data, home)
+def test_full_disk_at_publish_fails_the_run_and_the_next_run_publishes(
+    small_server, published, tmp_path
+):
+    data = tmp_path / "volume"
     with private_tmpfs(data, "64m") as volume:
-        assert_succeeded(run(volume.enter(materialize_argv(), ROOT), env))
+        # The published state of a full run: its data on the small volume, its home beside it.
+        published.copy_to(volume.seen(data), tmp_path / "home")
+        env = run_env(small_server, data, tmp_path / "home")
         database = volume.seen(data / "fieldsales.duckdb")
         working = volume.seen(data / "fieldsales.working.duckdb")
-        before, published = database.stat(), snapshot(database)
+        before = database.stat()
+        assert snapshot(database) == published.counts
         # Leave room for a small load, not for a second copy of the working database.
         free = shutil.disk_usage(volume.seen(data)).free
         ballast = volume.seen(data / "ballast")
@@ -224,10 +265,10 @@ def test_full_disk_at_publish_fails_the_run_and_the_next_run_publishes(small_ser
         assert f"MB free in {data} for a copy of" in failed.stderr
         after = database.stat()
         assert (after.st_ino, after.st_mtime_ns) == (before.st_ino, before.st_mtime_ns)
-        assert snapshot(database) == published
+        assert snapshot(database) == published.counts
         assert list(volume.seen(data).glob(".fieldsales.duckdb.publish-*")) == []
 
         ballast.unlink()
         assert_succeeded(run(volume.enter(materialize_argv("raw_event_groups"), ROOT), env))
         assert database.stat().st_ino != before.st_ino
-        assert snapshot(database) == published
+        assert snapshot(database) == published.counts

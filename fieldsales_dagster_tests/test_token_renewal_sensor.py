@@ -24,11 +24,14 @@ from fieldsales_dagster.client.pager import ListStats
 from fieldsales_dagster.client.resource import FieldSalesAPI
 from fieldsales_dagster.demo_api import DemoConfig, DemoServer
 from fieldsales_dagster.names import InstanceNames
+from fieldsales_dagster.settings import SETTINGS
 from fieldsales_dagster.token.renewal import RenewalPolicy, TokenRenewalError
 from fieldsales_dagster.token.store import TokenStore, TokenStoreError
 from fieldsales_dagster_tests.project import load_project_defs
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
+#: The component's default threshold (45 days).
+DEFAULT_POLICY = RenewalPolicy.after_days(SETTINGS["token_renew_after_days"].default)
 
 
 @pytest.fixture
@@ -59,7 +62,7 @@ def make_api(server, store_path: Path, env_token: str | None = None) -> FieldSal
 def tick(
     api: FieldSalesAPI, cursor: str | None = None, policy: RenewalPolicy | None = None
 ) -> dg.SensorResult:
-    sensor = build_token_renewal_sensor(InstanceNames(), policy or RenewalPolicy())
+    sensor = build_token_renewal_sensor(InstanceNames(), policy or DEFAULT_POLICY)
     with dg.build_sensor_context(cursor=cursor, resources={"fieldsales_api": api}) as context:
         result = sensor(context)
     assert isinstance(result, dg.SensorResult)
@@ -238,6 +241,7 @@ RENEWER_SCRIPT = textwrap.dedent(
     from fieldsales_dagster.automation.sensors import build_token_renewal_sensor
     from fieldsales_dagster.names import InstanceNames
     from fieldsales_dagster.token import renewal
+    from fieldsales_dagster.settings import SETTINGS
     from fieldsales_dagster.token.renewal import RenewalPolicy
     from fieldsales_dagster.client.resource import FieldSalesAPI
     from fieldsales_dagster.token.store import TokenStore
@@ -265,7 +269,8 @@ RENEWER_SCRIPT = textwrap.dedent(
     Path(f"{go_file}.ready.{os.getpid()}").touch()
     while not Path(go_file).exists():
         time.sleep(0.01)
-    sensor = build_token_renewal_sensor(InstanceNames(), RenewalPolicy())
+    policy = RenewalPolicy.after_days(SETTINGS["token_renew_after_days"].default)
+    sensor = build_token_renewal_sensor(InstanceNames(), policy)
     with dg.build_sensor_context(resources={"fieldsales_api": api}) as context:
         print(sensor(context).skip_reason.skip_message)
     """

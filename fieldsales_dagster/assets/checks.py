@@ -26,7 +26,7 @@ import duckdb
 from fieldsales_dagster.assets.core import CORE_TABLES, CoreTable, shared_macros_sql
 from fieldsales_dagster.assets.mart import MART_TABLES
 from fieldsales_dagster.names import InstanceNames
-from fieldsales_dagster.warehouse.resource import FieldSalesWarehouse, qualified, quote_ident
+from fieldsales_dagster.warehouse.resource import qualified, quote_ident
 from fieldsales_dagster.warehouse.rows import one_row
 
 #: How many offending rows a check names in its metadata.
@@ -98,10 +98,10 @@ def _cross_table_checks(names: InstanceNames, checks: list[CoreCheck]) -> dg.Ass
         specs=[check.spec(names) for check in checks],
         name=names.asset_key("core_cross_table_checks").to_python_identifier(),
         can_subset=True,
-        required_resource_keys={names.warehouse_resource},
+        required_resource_keys={names.warehouse.key},
     )
     def _checks(context: dg.AssetCheckExecutionContext) -> Iterator[dg.AssetCheckResult]:
-        warehouse: FieldSalesWarehouse = getattr(context.resources, names.warehouse_resource)
+        warehouse = names.warehouse.of(context)
         with warehouse.get_connection() as conn:
             for key in sorted(context.selected_asset_check_keys, key=str):
                 yield by_key[key].result(conn, names)

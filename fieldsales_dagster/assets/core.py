@@ -5,6 +5,8 @@ Each core table is one query in ``sql/<schema>_<table>.sql`` and its column mean
 as NULL, personal columns as ``FieldSalesWarehouse.pii`` says, see ``columns.py``), writes the
 descriptions as DuckDB comments, swaps it in for the previous table (a failed query leaves the
 previous table in place), and reports the table's described schema, row count and a few rows.
+The asset's deps are the tables its query's FROM and JOIN clauses read (``upstream_of``), so a
+new JOIN is a new dependency without a line of Python.
 """
 
 import functools
@@ -34,9 +36,10 @@ from fieldsales_dagster.assets.follow import (
     rows_missing,
     same_row,
 )
+from fieldsales_dagster.assets.lineage import QueryReadError, Reads, reads_of
 from fieldsales_dagster.assets.metadata import table_metadata
 from fieldsales_dagster.assets.raw import raw_asset_name
-from fieldsales_dagster.client.endpoints import EVENTS, TRANSACTIONS
+from fieldsales_dagster.client.endpoints import LIST_ENDPOINTS
 from fieldsales_dagster.names import InstanceNames
 from fieldsales_dagster.pause import pause_at
 from fieldsales_dagster.warehouse.lake import checkpoint, run_transaction
@@ -55,9 +58,6 @@ if TYPE_CHECKING:
 
 #: ``checks_for(table)``: the checks an asset's step evaluates after building ``table``.
 ChecksFor = Callable[["CoreTable"], Sequence["CoreCheck"]]
-
-RAW_EVENTS = raw_asset_name(EVENTS)
-RAW_TRANSACTIONS = raw_asset_name(TRANSACTIONS)
 
 
 @dataclass(frozen=True)
@@ -124,17 +124,14 @@ def _follows_transactions(
 
 @dataclass(frozen=True)
 class CoreTable:
-    """One core table: where its query lives and which assets it reads."""
+    """One core table: where its query lives; what it reads is read from the query."""
 
     table: str
     #: Columns that identify a row; checked for uniqueness by ``checks.py``.
     key: tuple[str, ...]
     description: str
-    deps: tuple[str, ...]
     #: Key columns that may be NULL (a mart's group-by key); the others must not be.
     nullable_key: tuple[str, ...] = ()
-    #: The decoded tables this table's query reads: brought up to date with their raw tables first.
-    decoded: tuple[Decoded, ...] = ()
     #: Set when the table follows the decoded table's changes rather than being rebuilt whole.
     follows: Follows | None = None
 
@@ -160,6 +157,21 @@ class CoreTable:
         """Every column, in order: name, description, and whether it holds personal data."""
         return self.doc.columns
 
+    @functools.cached_property
+    def upstream(self) -> "Upstream":
+        """What the table's query reads (parsed on first use, when the definitions load)."""
+        return upstream_of(self, core_query(self))
+
+    @property
+    def deps(self) -> tuple[str, ...]:
+        """The assets whose tables the query reads: the asset's ``deps``."""
+        return self.upstream.deps
+
+    @property
+    def decoded(self) -> tuple[Decoded, ...]:
+        """The decoded tables the query reads: brought up to date with their raw tables first."""
+        return self.upstream.decoded
+
 
 CORE_TABLES: tuple[CoreTable, ...] = (
     CoreTable(
@@ -168,8 +180,6 @@ CORE_TABLES: tuple[CoreTable, ...] = (
         "One row per transaction: product, price, quantity, total value (price * qty), sale and "
         "creation times in UTC, invoice, credit and export state, and the custom report "
         "configuration id.",
-        (RAW_TRANSACTIONS,),
-        decoded=(TRANSACTIONS_DECODED,),
         follows=_follows_transactions("meta.core_transactions_inputs"),
     ),
     CoreTable(
@@ -177,32 +187,24 @@ CORE_TABLES: tuple[CoreTable, ...] = (
         ("event_id",),
         "One row per event: project, point of sale, area, current state, planned start (earliest "
         "times[].start) and stop (latest times[].stop) in UTC, and the assigned user ids.",
-        (RAW_EVENTS,),
-        decoded=(EVENTS_DECODED,),
     ),
     CoreTable(
         "core.projects",
         ("project_id",),
         "One row per project id, from the project objects embedded in events (the copy in the "
         "event with the latest planned start).",
-        (RAW_EVENTS, "core_events"),
-        decoded=(EVENTS_DECODED,),
     ),
     CoreTable(
         "core.areas",
         ("area_id",),
         "One row per area id, from pointOfSaleProjectStructure.area embedded in events (the copy "
         "in the event with the latest planned start).",
-        (RAW_EVENTS, "core_events"),
-        decoded=(EVENTS_DECODED,),
     ),
     CoreTable(
         "core.users",
         ("user_id",),
         "One row per user id, from the users assigned to events (eventUser; the copy in the "
         "event with the latest planned start).",
-        (RAW_EVENTS, "core_events"),
-        decoded=(EVENTS_DECODED,),
     ),
     CoreTable(
         "core.dim_point_of_sale",
@@ -210,8 +212,6 @@ CORE_TABLES: tuple[CoreTable, ...] = (
         "One row per point of sale: address, coordinates ([longitude, latitude]), location "
         "groups and places-directory data, from the copy embedded in the event with the latest "
         "planned start.",
-        (RAW_EVENTS, "core_events"),
-        decoded=(EVENTS_DECODED,),
     ),
     CoreTable(
         "core.dim_point_of_sale_history",
@@ -219,30 +219,24 @@ CORE_TABLES: tuple[CoreTable, ...] = (
         "One row per point of sale and version of its name, address and coordinates, as the "
         "events that embed it carried them: valid_from is the planned start of the first event "
         "with that version, valid_to the start of the next version (NULL for the current one).",
-        (RAW_EVENTS, "core_events"),
-        decoded=(EVENTS_DECODED,),
     ),
     CoreTable(
         "core.event_status_history",
         ("event_id", "seq"),
         "One row per event status change (eventStateHistory), numbered 1, 2, ... in date order "
         "within each event.",
-        (RAW_EVENTS,),
-        decoded=(EVENTS_DECODED,),
     ),
     CoreTable(
         "core.event_state_durations",
         ("event_id", "seq"),
         "One row per event and stay in a state: when the event entered it, when it left it (its "
         "next status change), and the seconds in between; NULL left_at for the current state.",
-        ("core_event_status_history",),
     ),
     CoreTable(
         "core.custom_report_fields",
         ("config_id", "field_id"),
         "One row per (custom report configuration, field), from the configurations embedded in "
         "transactions: field type and, for sliders, minimum, maximum and step.",
-        (RAW_TRANSACTIONS, "core_transactions"),
     ),
     CoreTable(
         "core.custom_report_results",
@@ -251,8 +245,6 @@ CORE_TABLES: tuple[CoreTable, ...] = (
         "against its field definition and typed by field type (number, text, file reference, "
         "boolean), or by JSON type where the field type is unknown (value_kind says which), "
         "with slider range and step validity.",
-        (RAW_TRANSACTIONS, RAW_EVENTS, "core_custom_report_fields"),
-        decoded=(TRANSACTIONS_DECODED, EVENTS_DECODED),
         follows=_follows_transactions(
             "meta.custom_report_results_inputs",
             from_decoded="source = 'transaction'",
@@ -273,7 +265,6 @@ CORE_TABLES: tuple[CoreTable, ...] = (
         ("field_type",),
         "One row per custom report field type seen in a configuration: how many fields, "
         "configurations and values have it, and whether this project decodes it.",
-        ("core_custom_report_fields", "core_custom_report_results"),
     ),
 )
 
@@ -401,15 +392,92 @@ def _macro_file(name: str) -> tuple[str, tuple[str, ...]]:
     return text.strip().rstrip(";"), defined
 
 
+def _macro_files_called(query: str) -> list[str]:
+    """The names of the macro files ``query`` calls a macro of."""
+    return [
+        name
+        for name in SHARED_MACROS
+        if any(f"{macro}(" in query for macro in _macro_file(name)[1])
+    ]
+
+
 def shared_macros_sql(query: str) -> str:
     """The macro files ``query`` calls a macro of (DuckDB binds a macro's tables when it is
     created)."""
-    used = [
-        text
-        for text, defined in map(_macro_file, SHARED_MACROS)
-        if any(f"{macro}(" in query for macro in defined)
-    ]
-    return ";\n".join(used)
+    return ";\n".join(_macro_file(name)[0] for name in _macro_files_called(query))
+
+
+#: Every decoded table, in the order a table reading several brings them up to date.
+DECODED_TABLES: tuple[Decoded, ...] = (TRANSACTIONS_DECODED, EVENTS_DECODED)
+#: The schemas whose tables this project builds: a query may read only these.
+BUILT_SCHEMAS = ("raw", "meta", "core", "mart")
+
+
+@dataclass(frozen=True)
+class Upstream:
+    """What a core or mart table's query reads, as the assets and decoded tables behind it."""
+
+    #: Asset names, sorted: the asset's ``deps``.
+    deps: tuple[str, ...]
+    decoded: tuple[Decoded, ...]
+
+
+def query_reads(query: str, where: str) -> Reads:
+    """The tables ``query`` reads, with those the bodies of the shared macros it calls read."""
+    reads = reads_of(query, where)
+    for name in _macro_files_called(query):
+        reads |= reads_of(_macro_file(name)[0], f"sql/{name}.sql")
+    return reads
+
+
+def upstream_of(table: CoreTable, query: str) -> Upstream:
+    """The assets and decoded tables ``query`` (``table``'s) reads, from its FROM and JOIN clauses.
+
+    ``raw.*``: the raw asset of that list. ``core.*``, ``mart.*``: the asset building the table.
+    A decoded ``meta.*`` table, or ``decoded_rows()`` of a table that follows one: the decoded
+    table, and the raw asset it decodes. Other ``meta.*`` tables are pipeline state, no asset's.
+    A table in any other schema (the user's own, for one) is refused: the project's tables are
+    built before the user's assets, never from them.
+    """
+    where = f"sql/{table.query_file}"
+    reads = query_reads(query, where)
+    decoded_by_table = {decoded.table: decoded for decoded in DECODED_TABLES}
+    raw_assets = {endpoint.raw_table: raw_asset_name(endpoint) for endpoint in LIST_ENDPOINTS}
+    read_decoded = {name for name in reads.tables if name in decoded_by_table}
+    if "decoded_rows" in reads.table_functions:
+        if table.follows is None:
+            raise QueryReadError(
+                f"{where} calls decoded_rows(), which only a table that follows a decoded table "
+                "defines: read the decoded meta.* table by name, or give the table a Follows."
+            )
+        read_decoded.add(table.follows.decoded)
+    deps: set[str] = set()
+    for name in reads.tables - read_decoded:
+        schema = name.partition(".")[0]
+        if schema not in BUILT_SCHEMAS:
+            raise QueryReadError(
+                f"{where} reads {name}, in schema {schema}, which this project does not build "
+                f"(it builds {', '.join(BUILT_SCHEMAS)}): a core or mart table may not read the "
+                "user's own tables, which are built after it. Read the project's tables only."
+            )
+        if schema == "raw":
+            if name not in raw_assets:
+                raise QueryReadError(
+                    f"{where} reads {name}, which no raw asset loads (they load "
+                    f"{', '.join(sorted(raw_assets))}). Fix the table name."
+                )
+            deps.add(raw_assets[name])
+        elif schema in ("core", "mart"):
+            asset = name.replace(".", "_")
+            if not (resources.files("fieldsales_dagster") / "sql" / f"{asset}.sql").is_file():
+                raise QueryReadError(
+                    f"{where} reads {name}, which no query of this project builds (there is no "
+                    f"sql/{asset}.sql). Fix the table name."
+                )
+            deps.add(asset)
+    decoded = tuple(d for d in DECODED_TABLES if d.table in read_decoded)
+    deps.update(raw_assets[d.source] for d in decoded)
+    return Upstream(tuple(sorted(deps)), decoded)
 
 
 def build_table(
@@ -528,7 +596,7 @@ def build_core_asset(
     spec = dg.AssetSpec(
         key=key,
         description=table.description,
-        group_name=names.group("core"),
+        group_name=names.group(table.schema),
         kinds={"duckdb"},
         owners=owners,
         deps=[names.asset_key(dep) for dep in table.deps],
@@ -543,12 +611,12 @@ def build_core_asset(
         check_specs=[check.spec(names) for check in checks],
         can_subset=True,
         pool=names.pool_for(table.asset_name),
-        required_resource_keys={names.warehouse_resource},
+        required_resource_keys={names.warehouse.key},
     )
     def _core_table(
         context: dg.AssetExecutionContext,
     ) -> Iterator[dg.MaterializeResult | dg.AssetCheckResult]:
-        warehouse: FieldSalesWarehouse = getattr(context.resources, names.warehouse_resource)
+        warehouse = names.warehouse.of(context)
         with warehouse.get_connection() as conn:
             if key in context.selected_asset_keys:
                 metadata = materialize_core_table(conn, warehouse, table)
@@ -565,8 +633,10 @@ def build_core_assets(
     freshness_policy: dg.FreshnessPolicy | None,
     checks_for: ChecksFor | None = None,
     io_manager_key: str | None = None,
+    tables: Sequence[CoreTable] = CORE_TABLES,
 ) -> list[dg.AssetsDefinition]:
-    """One asset per core table; ``checks_for(table)`` are the checks its step evaluates."""
+    """One asset per table of ``tables`` (the core tables; ``mart.py`` passes the marts), in the
+    group named after its schema; ``checks_for(table)`` are the checks its step evaluates."""
     return [
         build_core_asset(
             names,
@@ -576,5 +646,5 @@ def build_core_assets(
             checks_for(table) if checks_for else (),
             io_manager_key,
         )
-        for table in CORE_TABLES
+        for table in tables
     ]

@@ -34,15 +34,13 @@ from dagster_duckdb_pandas import DuckDBPandasTypeHandler
 
 from fieldsales_dagster.assets.columns import TableDoc, column_schema
 from fieldsales_dagster.assets.metadata import table_metadata
+from fieldsales_dagster.names import ResourceKey
 from fieldsales_dagster.warehouse.resource import (
     PROJECT_SCHEMAS,
     FieldSalesWarehouse,
     qualified,
     table_exists,
 )
-
-#: Where user assets' tables land unless the component or the asset says otherwise.
-DEFAULT_USER_SCHEMA = "analytics"
 
 
 def _table(table_slice: TableSlice) -> str:
@@ -108,7 +106,7 @@ class WholeTablePandasHandler(DuckDBPandasTypeHandler):
 class FieldSalesIOManager(DbIOManager):
     """Loads inputs from, and stores outputs in, the warehouse's working database as DataFrames."""
 
-    def __init__(self, warehouse: FieldSalesWarehouse, schema: str = DEFAULT_USER_SCHEMA) -> None:
+    def __init__(self, warehouse: FieldSalesWarehouse, schema: str) -> None:
         super().__init__(
             type_handlers=[WholeTablePandasHandler(warehouse.database)],
             db_client=WarehouseClient(warehouse),
@@ -154,9 +152,10 @@ class FieldSalesIOManager(DbIOManager):
 def build_io_manager(warehouse_key: str, schema: str) -> dg.IOManagerDefinition:
     """The IO manager on the warehouse resource under ``warehouse_key`` (the very instance the
     project's assets use, so its run publishes what user assets wrote)."""
+    warehouse = ResourceKey(warehouse_key, FieldSalesWarehouse)
 
     @dg.io_manager(
-        required_resource_keys={warehouse_key},
+        required_resource_keys={warehouse.key},
         description=(
             f"Pandas DataFrames in the Field-Sales warehouse ({warehouse_key}): inputs from the "
             f"project's tables (raw.*, core.*, mart.*), outputs to {schema}.<asset name>, "
@@ -164,6 +163,6 @@ def build_io_manager(warehouse_key: str, schema: str) -> dg.IOManagerDefinition:
         ),
     )
     def _fieldsales_io_manager(context: dg.InitResourceContext) -> FieldSalesIOManager:
-        return FieldSalesIOManager(getattr(context.resources, warehouse_key), schema)
+        return FieldSalesIOManager(warehouse.of(context), schema)
 
     return _fieldsales_io_manager

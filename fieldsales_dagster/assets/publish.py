@@ -23,6 +23,7 @@ from typing import Any
 
 import dagster as dg
 
+from fieldsales_dagster.names import ResourceKey
 from fieldsales_dagster.warehouse.resource import FieldSalesWarehouse
 
 #: The check every writing asset carries: the analysts' file holds what this run built.
@@ -40,6 +41,7 @@ def build_publish_step(
     warehouse_key: str, targets: Sequence[dg.AssetKey]
 ) -> dg.AssetChecksDefinition:
     """The step that publishes warehouse ``warehouse_key`` after ``targets`` (its writers)."""
+    warehouse_resource = ResourceKey(warehouse_key, FieldSalesWarehouse)
 
     @dg.multi_asset_check(
         specs=[
@@ -57,11 +59,11 @@ def build_publish_step(
         ],
         name=publish_step_name(warehouse_key),
         can_subset=True,
-        required_resource_keys={warehouse_key},
+        required_resource_keys={warehouse_resource.key},
         description=f"Publishes the working database of resource {warehouse_key} to analysts.",
     )
     def _publish(context: dg.AssetCheckExecutionContext) -> Iterator[dg.AssetCheckResult]:
-        warehouse: FieldSalesWarehouse = getattr(context.resources, warehouse_key)
+        warehouse = warehouse_resource.of(context)
         selected = sorted(context.selected_asset_check_keys, key=str)
         changed = materialized_in_run(context.instance, context.run.run_id)
         metadata: dict[str, Any]

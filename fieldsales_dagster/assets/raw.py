@@ -12,12 +12,10 @@ from pydantic import Field, field_validator
 from fieldsales_dagster.assets.columns import column_schema, prepare_raw_table, table_doc
 from fieldsales_dagster.assets.metadata import previous_row_count, table_metadata
 from fieldsales_dagster.client.endpoints import EVENTS, LIST_ENDPOINTS, TRANSACTIONS, ListEndpoint
-from fieldsales_dagster.client.resource import FieldSalesAPI
 from fieldsales_dagster.names import InstanceNames
 from fieldsales_dagster.warehouse.incremental import RefreshPolicy, refresh_raw_list
-from fieldsales_dagster.warehouse.raw_load import LoadReport
+from fieldsales_dagster.warehouse.raw_load import LoadReport, ShrinkGuard
 from fieldsales_dagster.warehouse.refresh_mode import validate_refresh_mode
-from fieldsales_dagster.warehouse.resource import FieldSalesWarehouse
 
 ROW_COUNT_CHECK = "row_count_near_previous_load"
 #: A load whose row count moved by more than this fraction of the previous load's warns. (The
@@ -116,7 +114,7 @@ def build_raw_asset(
             f"{''.join(', ' + column for column, _ in endpoint.extra_columns)})."
         ),
         metadata={"endpoint": endpoint.path, "table": endpoint.raw_table},
-        required_resource_keys={names.api_resource, names.warehouse_resource},
+        required_resource_keys={names.api.key, names.warehouse.key},
         # An incremental transaction refresh compares the event list just loaded with the last.
         deps=[names.asset_key(raw_asset_name(EVENTS))] if endpoint is TRANSACTIONS else None,
         check_specs=[
@@ -134,8 +132,7 @@ def build_raw_asset(
     def _raw_asset(
         context: dg.AssetExecutionContext, config: RawRefreshConfig
     ) -> dg.MaterializeResult:
-        api: FieldSalesAPI = getattr(context.resources, names.api_resource)
-        warehouse: FieldSalesWarehouse = getattr(context.resources, names.warehouse_resource)
+        api, warehouse = names.api.of(context), names.warehouse.of(context)
         name = raw_asset_name(endpoint)
         policy = RefreshPolicy.of(warehouse, config.refresh_mode)
         redacted: list[int] = []
@@ -149,8 +146,7 @@ def build_raw_asset(
                 policy,
                 log=lambda message: context.log.info(tenant + message),
                 warn=lambda message: context.log.warning(tenant + message),
-                max_shrink_fraction=warehouse.max_shrink_fraction,
-                allow_shrink=config.allow_shrink,
+                shrink=ShrinkGuard(warehouse.max_shrink_fraction, config.allow_shrink),
                 before_swap=lambda staged: redacted.append(
                     prepare_raw_table(conn, staged, name, warehouse)
                 ),

@@ -14,7 +14,6 @@ import dagster as dg
 
 from fieldsales_dagster.names import InstanceNames
 from fieldsales_dagster.warehouse.lake import upkeep
-from fieldsales_dagster.warehouse.resource import FieldSalesWarehouse
 
 if TYPE_CHECKING:
     # The type define_asset_job returns: Dagster 1.13 does not export it (only an annotation here,
@@ -42,7 +41,7 @@ def build_upkeep_asset(
         kinds={"ducklake"},
         owners=owners,
         pool=names.pool_for(UPKEEP_ASSET),
-        required_resource_keys={names.warehouse_resource},
+        required_resource_keys={names.warehouse.key},
         description=(
             "The DuckLake's upkeep: merges adjacent small files, expires snapshots older than "
             f"retain_snapshots_days ({retain_snapshots_days:g} days) and deletes the files no "
@@ -50,7 +49,7 @@ def build_upkeep_asset(
         ),
     )
     def _upkeep(context: dg.AssetExecutionContext, config: UpkeepConfig) -> dg.MaterializeResult:
-        warehouse: FieldSalesWarehouse = getattr(context.resources, names.warehouse_resource)
+        warehouse = names.warehouse.of(context)
         lake = warehouse.lake
         if lake is None:
             raise dg.Failure(

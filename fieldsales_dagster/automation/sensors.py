@@ -2,7 +2,6 @@
 
 import dagster as dg
 
-from fieldsales_dagster.client.resource import FieldSalesAPI
 from fieldsales_dagster.names import InstanceNames
 from fieldsales_dagster.token.renewal import RenewalPolicy, renew_or_check
 
@@ -15,7 +14,7 @@ def build_token_renewal_sensor(names: InstanceNames, policy: RenewalPolicy) -> d
         name=names.token_renewal_sensor,
         minimum_interval_seconds=int(policy.tick_interval.total_seconds()),
         default_status=dg.DefaultSensorStatus.RUNNING,
-        required_resource_keys={names.api_resource},
+        required_resource_keys={names.api.key},
         description=(
             "Renews the Field-Sales API token (valid 2 months) once it is older than "
             f"{renew_days:g} days (token_renew_after_days, FIELDSALES_TOKEN_RENEW_AFTER_DAYS): "
@@ -28,7 +27,7 @@ def build_token_renewal_sensor(names: InstanceNames, policy: RenewalPolicy) -> d
         context: dg.SensorEvaluationContext, **resources: object
     ) -> dg.SensorResult | dg.SkipReason:
         # Invoked directly (tests), Dagster hands the required resources over as keywords.
-        api: FieldSalesAPI = getattr(context.resources, names.api_resource)
+        api = names.api.of(context)
         store = api.token_store()
         if store is None:
             return dg.SkipReason(

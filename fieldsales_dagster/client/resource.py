@@ -52,6 +52,7 @@ from fieldsales_dagster.client.errors import (
 from fieldsales_dagster.client.pager import ListStats, Page
 from fieldsales_dagster.client.transport import Answer, Limits, QueryParams, fetch, new_session
 from fieldsales_dagster.client.urls import Origin, origin_of, validate_base_url
+from fieldsales_dagster.settings import setting_field
 from fieldsales_dagster.token.secret import TokenFormatError, clean_token, mask_secrets
 from fieldsales_dagster.token.store import TokenStore
 
@@ -79,7 +80,7 @@ class FieldSalesAPI(dg.ConfigurableResource):
     store, which the renewal sensor keeps current.
     """
 
-    base_url: str = Field(description="Base URL of the instance, e.g. https://example.com.")
+    base_url: str = setting_field("base_url")
     api_token: str = Field(
         description="API token; set it with EnvVar('FIELDSALES_API_TOKEN'), never as a literal.",
         repr=False,
@@ -88,16 +89,10 @@ class FieldSalesAPI(dg.ConfigurableResource):
         default=True,
         description="Read the current token from the token store (seeded from api_token).",
     )
-    token_store_path: str = Field(
-        default="data/fieldsales_token.json",
-        description="Token store file (FIELDSALES_TOKEN_STORE); must be on a persistent volume.",
-    )
-    page_size: int = Field(
-        default=500,
-        ge=1,
-        description="`limit` asked for on each page (8 in flight at ~5 KB an item: ~20 MB).",
-    )
-    concurrency: int = Field(default=8, ge=1, le=64, description="Pages in flight at once.")
+    # The component's settings: default and range from settings.py.
+    token_store_path: str = setting_field("token_store_path")
+    page_size: int = setting_field("page_size")
+    concurrency: int = setting_field("concurrency")
     connect_timeout_s: float = Field(default=10.0, gt=0)
     read_timeout_s: float = Field(default=120.0, gt=0)
     request_deadline_s: float = Field(

@@ -32,15 +32,14 @@ from fieldsales_dagster.client.errors import (
     AuthenticationError,
     FieldSalesAPIError,
 )
+from fieldsales_dagster.settings import TOKEN_LIFETIME_DAYS
 from fieldsales_dagster.token.secret import TokenFormatError, clean_token
 from fieldsales_dagster.token.store import StoredToken, TokenStore, TokenStoreError
 
 if TYPE_CHECKING:
     from fieldsales_dagster.client.resource import FieldSalesAPI
 
-#: "A token is valid for 2 months" (API document, section 5).
-TOKEN_LIFETIME = timedelta(days=60)
-DEFAULT_RENEW_AFTER_DAYS = 45.0
+TOKEN_LIFETIME = timedelta(days=TOKEN_LIFETIME_DAYS)
 #: How often a token that is not due for renewal is tested against the server.
 CHECK_EVERY = timedelta(days=1)
 #: How often the renewal sensor ticks.
@@ -64,7 +63,7 @@ class TokenRenewalError(FieldSalesAPIError):
 class RenewalPolicy:
     """Renew a token once it is ``renew_after`` old; test it every ``check_every`` otherwise."""
 
-    renew_after: timedelta = timedelta(days=DEFAULT_RENEW_AFTER_DAYS)
+    renew_after: timedelta
     lifetime: timedelta = TOKEN_LIFETIME
     check_every: timedelta = CHECK_EVERY
     tick_interval: timedelta = TICK_INTERVAL
@@ -73,9 +72,13 @@ class RenewalPolicy:
         if not timedelta(0) < self.renew_after < self.lifetime:
             raise ValueError(
                 f"token_renew_after_days={self.renew_after.total_seconds() / 86400:g} must lie "
-                f"between 0 and {self.lifetime.days} days (the token's lifetime); the default is "
-                f"{DEFAULT_RENEW_AFTER_DAYS:g}."
+                f"between 0 and {self.lifetime.days} days (the token's lifetime)."
             )
+
+    @classmethod
+    def after_days(cls, days: float) -> RenewalPolicy:
+        """The policy of the component's ``token_renew_after_days``."""
+        return cls(renew_after=timedelta(days=days))
 
     def check_due(self, last_check: datetime | None, now: datetime) -> bool:
         # Half a tick of slack, so 6-hour ticks test the token every 24 hours, not every 30.

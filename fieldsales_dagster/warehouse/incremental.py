@@ -48,6 +48,7 @@ from fieldsales_dagster.pause import pause_at
 from fieldsales_dagster.warehouse.lake import run_transaction
 from fieldsales_dagster.warehouse.raw_load import (
     LoadReport,
+    ShrinkGuard,
     StagingWriter,
     load_list,
     raw_table_ddl,
@@ -61,6 +62,7 @@ from fieldsales_dagster.warehouse.refresh_mode import (
     validate_refresh_mode,
 )
 from fieldsales_dagster.warehouse.resource import (
+    FieldSalesWarehouse,
     qualified,
     same_database_cursor,
     staging_table,
@@ -75,6 +77,12 @@ FINGERPRINTS_TABLE = "meta.event_fingerprints"
 #: (spilling to DuckDB's temp_directory past memory_limit), so they are compressed and written to
 #: the database once, when the merge inserts them, not a second time as a staging table.
 STAGE_TABLE = "temp." + staging_table(TRANSACTIONS.raw_table, "_by_event").partition(".")[2]
+
+#: Temporary tables of one refresh (this connection only): the current events' fingerprints, and
+#: an incremental refresh's events to re-fetch and events that disappeared (see ``RefetchPlan``).
+FINGERPRINTS_NOW = "_fs_fingerprints"
+REFETCH_TABLE = "_fs_refetch"
+REMOVED_TABLE = "_fs_removed"
 
 #: In ``auto``, re-fetching more than this share of the events by ``eventId`` costs more
 #: requests than paging the whole list: a full refresh is chosen instead.
@@ -117,18 +125,19 @@ class Shrink(TypedDict, total=False):
 
 @dataclass(frozen=True)
 class RefreshPolicy:
-    mode: str = "auto"
-    full_refresh_every_days: float = 7.0
-    lookback_days: float = 30.0
+    """The warehouse's refresh settings (validated there; defaults in ``settings.py``)."""
+
+    mode: str
+    full_refresh_every_days: float
+    lookback_days: float
 
     @classmethod
-    def of(cls, settings: object, override: str | None = None) -> RefreshPolicy:
-        """The policy of a resource holding the three fields, ``override`` (run config) first."""
-        mode = override or getattr(settings, "refresh_mode", "auto")
+    def of(cls, warehouse: FieldSalesWarehouse, override: str | None = None) -> RefreshPolicy:
+        """The warehouse's policy, ``override`` (run config) first."""
         return cls(
-            mode=str(validate_refresh_mode(mode)),
-            full_refresh_every_days=float(getattr(settings, "full_refresh_every_days", 7.0)),
-            lookback_days=float(getattr(settings, "lookback_days", 30.0)),
+            mode=str(validate_refresh_mode(override)) if override else warehouse.refresh_mode,
+            full_refresh_every_days=warehouse.full_refresh_every_days,
+            lookback_days=warehouse.lookback_days,
         )
 
 
@@ -167,8 +176,9 @@ def _events_loaded_at(conn: duckdb.DuckDBPyConnection) -> datetime | None:
     return value.replace(tzinfo=UTC) if value else None
 
 
-def _fingerprint_current_events(conn: duckdb.DuckDBPyConnection) -> None:
-    """``_fs_fingerprints``: per event of ``raw.events``, its state fingerprint and last change.
+def _fingerprint_current_events(conn: duckdb.DuckDBPyConnection) -> str:
+    """A temporary table (``FINGERPRINTS_NOW``, returned): per event of ``raw.events``, its state
+    fingerprint and last change.
 
     Each payload is parsed once (``json_extract`` with a list of paths): three separate
     extractions of ~3 KB documents ran out of DuckDB's 192 MB at 25,000 events. The table is read
@@ -183,7 +193,7 @@ def _fingerprint_current_events(conn: duckdb.DuckDBPyConnection) -> None:
         source = "(SELECT NULL::VARCHAR AS id, NULL::JSON AS payload WHERE false)"
     conn.execute(
         f"""
-        CREATE OR REPLACE TEMP TABLE _fs_fingerprints AS
+        CREATE OR REPLACE TEMP TABLE {FINGERPRINTS_NOW} AS
         SELECT event_id,
                md5(concat_ws(chr(1),
                    coalesce(state[1]::VARCHAR, 'null'),
@@ -198,10 +208,14 @@ def _fingerprint_current_events(conn: duckdb.DuckDBPyConnection) -> None:
               FROM {source})
         """
     )
+    return FINGERPRINTS_NOW
 
 
-def _write_state(conn: duckdb.DuckDBPyConnection, *, mode: str, at: datetime, rows: int) -> None:
-    """Record a complete load (inside the caller's transaction, if any)."""
+def _write_state(
+    conn: duckdb.DuckDBPyConnection, *, fingerprints: str, mode: str, at: datetime, rows: int
+) -> None:
+    """Record a complete load and the ``fingerprints`` table of the events it saw (inside the
+    caller's transaction, if any)."""
     naive = at.astimezone(UTC).replace(tzinfo=None)
     events_loaded_at = _events_loaded_at(conn)
     conn.execute(f"CREATE SCHEMA IF NOT EXISTS {STATE_SCHEMA}")
@@ -230,7 +244,7 @@ def _write_state(conn: duckdb.DuckDBPyConnection, *, mode: str, at: datetime, ro
             "events": events_loaded_at.replace(tzinfo=None) if events_loaded_at else None,
         },
     )
-    conn.execute(f"CREATE OR REPLACE TABLE {FINGERPRINTS_TABLE} AS SELECT * FROM _fs_fingerprints")
+    conn.execute(f"CREATE OR REPLACE TABLE {FINGERPRINTS_TABLE} AS SELECT * FROM {fingerprints}")
 
 
 # --- the refresh ------------------------------------------------------------------------------
@@ -284,20 +298,18 @@ def refresh_raw_list(
     log: Callable[[str], None] = lambda message: None,
     warn: Callable[[str], None] = lambda message: None,
     before_swap: Callable[[str], None] | None = None,
-    max_shrink_fraction: float = 0.5,
-    allow_shrink: bool = False,
+    shrink: ShrinkGuard,
 ) -> RefreshReport:
     """Load one list into its raw table in the mode the policy calls for.
 
     ``before_swap(staging_table)`` runs on the rows about to be stored (the whole new table, or
     an incremental run's re-fetched rows) before they reach the raw table (redaction, comments).
     """
-    shrink = Shrink(max_shrink_fraction=max_shrink_fraction, allow_shrink=allow_shrink)
     if endpoint.raw_table == TRANSACTIONS.raw_table:
         return refresh_transactions(
             api, conn, policy, log=log, warn=warn, before_swap=before_swap, shrink=shrink
         )
-    report = load_list(api, conn, endpoint, log=log, before_swap=before_swap, **shrink)
+    report = _load_whole(api, conn, endpoint, log, before_swap, shrink)
     return RefreshReport(
         load=report,
         mode="full",
@@ -315,7 +327,7 @@ def refresh_transactions(
     warn: Callable[[str], None] = lambda message: None,
     now: datetime | None = None,
     before_swap: Callable[[str], None] | None = None,
-    shrink: Shrink | None = None,
+    shrink: ShrinkGuard,
 ) -> RefreshReport:
     now = now or datetime.now(UTC)
     decision = choose_mode(
@@ -342,13 +354,31 @@ def refresh_transactions(
             )
             decision = ModeDecision("full", f"fell back from incremental: {exc}")
             spent = exc.bytes_fetched
-    _fingerprint_current_events(conn)
-    report = load_list(
-        api, conn, TRANSACTIONS, log=log, before_swap=before_swap, **(shrink or Shrink())
-    )
-    _write_state(conn, mode="full", at=now, rows=report.rows)
+    fingerprints = _fingerprint_current_events(conn)
+    report = _load_whole(api, conn, TRANSACTIONS, log, before_swap, shrink)
+    _write_state(conn, fingerprints=fingerprints, mode="full", at=now, rows=report.rows)
     return RefreshReport(
         load=report, mode="full", reason=decision.reason, bytes_fetched=report.bytes + spent
+    )
+
+
+def _load_whole(
+    api: FieldSalesAPI,
+    conn: duckdb.DuckDBPyConnection,
+    endpoint: ListEndpoint,
+    log: Callable[[str], None],
+    before_swap: Callable[[str], None] | None,
+    shrink: ShrinkGuard,
+) -> LoadReport:
+    """A full load of ``endpoint``, refused if it would shrink the table beyond ``shrink``."""
+    return load_list(
+        api,
+        conn,
+        endpoint,
+        log=log,
+        before_swap=before_swap,
+        max_shrink_fraction=shrink.max_fraction,
+        allow_shrink=shrink.allow,
     )
 
 
@@ -358,18 +388,46 @@ class _Fetched:
     events_done: int = 0
 
 
-def _plan(conn: duckdb.DuckDBPyConnection, lookback_days: float, now: datetime) -> dict[str, int]:
-    """``_fs_refetch(event_id, why)`` and ``_fs_removed(event_id)``; returns their counts."""
-    _fingerprint_current_events(conn)
+@dataclass(frozen=True)
+class RefetchPlan:
+    """What an incremental refresh decided, and the temporary tables that hold it.
+
+    ``fingerprints``: per current event, its fingerprint (recorded by ``_write_state``);
+    ``refetch``: ``(event_id, why)`` of the events whose transactions are fetched again;
+    ``removed``: ``event_id`` of the events that disappeared since the last load; ``stage``: the
+    table the re-fetched transactions are staged in (created by ``_incremental``).
+    """
+
+    fingerprints: str
+    refetch: str
+    removed: str
+    stage: str
+    event_ids: list[str]
+    removed_ids: list[str]
+    events: int
+    new: int
+    changed: int
+    recent: int
+
+    @property
+    def replaced_events(self) -> str:
+        """A query of the events whose stored transactions the merge replaces."""
+        return f"SELECT event_id FROM {self.refetch} UNION ALL SELECT event_id FROM {self.removed}"
+
+
+def _plan(conn: duckdb.DuckDBPyConnection, lookback_days: float, now: datetime) -> RefetchPlan:
+    """Which events to re-fetch (new, changed, or changed within ``lookback_days``) and which
+    disappeared, against the fingerprints recorded at the last load."""
+    fingerprints = _fingerprint_current_events(conn)
     since = now - timedelta(days=lookback_days)
     conn.execute(
         f"""
-        CREATE OR REPLACE TEMP TABLE _fs_refetch AS
+        CREATE OR REPLACE TEMP TABLE {REFETCH_TABLE} AS
         SELECT n.event_id,
                CASE WHEN o.event_id IS NULL THEN 'new'
                     WHEN o.fingerprint IS DISTINCT FROM n.fingerprint THEN 'changed'
                     ELSE 'recent' END AS why
-        FROM _fs_fingerprints n LEFT JOIN {FINGERPRINTS_TABLE} o USING (event_id)
+        FROM {fingerprints} n LEFT JOIN {FINGERPRINTS_TABLE} o USING (event_id)
         WHERE o.event_id IS NULL
            OR o.fingerprint IS DISTINCT FROM n.fingerprint
            -- no history to date it: treated as recent
@@ -380,19 +438,30 @@ def _plan(conn: duckdb.DuckDBPyConnection, lookback_days: float, now: datetime) 
     )
     conn.execute(
         f"""
-        CREATE OR REPLACE TEMP TABLE _fs_removed AS
+        CREATE OR REPLACE TEMP TABLE {REMOVED_TABLE} AS
         SELECT event_id FROM {FINGERPRINTS_TABLE}
-        EXCEPT SELECT event_id FROM _fs_fingerprints
+        EXCEPT SELECT event_id FROM {fingerprints}
         """
     )
-    counts = dict(conn.execute("SELECT why, count(*) FROM _fs_refetch GROUP BY why").fetchall())
-    return {
-        "events": one_row(conn, "SELECT count(*) FROM _fs_fingerprints")[0],
-        "new": counts.get("new", 0),
-        "changed": counts.get("changed", 0),
-        "recent": counts.get("recent", 0),
-        "removed": one_row(conn, "SELECT count(*) FROM _fs_removed")[0],
-    }
+    counts = dict(
+        conn.execute(f"SELECT why, count(*) FROM {REFETCH_TABLE} GROUP BY why").fetchall()
+    )
+    return RefetchPlan(
+        fingerprints=fingerprints,
+        refetch=REFETCH_TABLE,
+        removed=REMOVED_TABLE,
+        stage=STAGE_TABLE,
+        event_ids=[
+            row[0] for row in conn.execute(f"SELECT event_id FROM {REFETCH_TABLE}").fetchall()
+        ],
+        removed_ids=[
+            row[0] for row in conn.execute(f"SELECT event_id FROM {REMOVED_TABLE}").fetchall()
+        ],
+        events=one_row(conn, f"SELECT count(*) FROM {fingerprints}")[0],
+        new=counts.get("new", 0),
+        changed=counts.get("changed", 0),
+        recent=counts.get("recent", 0),
+    )
 
 
 def _incremental(
@@ -406,28 +475,25 @@ def _incremental(
 ) -> RefreshReport:
     started = time.monotonic()
     plan = _plan(conn, policy.lookback_days, now)
-    event_ids = [row[0] for row in conn.execute("SELECT event_id FROM _fs_refetch").fetchall()]
+    event_ids = plan.event_ids
     log(
-        f"transactions: re-fetching {len(event_ids)} of {plan['events']} events by eventId "
-        f"({plan['new']} new, {plan['changed']} changed, {plan['recent']} within "
-        f"{policy.lookback_days:g} days); {plan['removed']} events disappeared"
+        f"transactions: re-fetching {len(event_ids)} of {plan.events} events by eventId "
+        f"({plan.new} new, {plan.changed} changed, {plan.recent} within "
+        f"{policy.lookback_days:g} days); {len(plan.removed_ids)} events disappeared"
     )
-    if policy.mode == "auto" and len(event_ids) > MAX_REFETCH_SHARE * max(plan["events"], 1):
+    if policy.mode == "auto" and len(event_ids) > MAX_REFETCH_SHARE * max(plan.events, 1):
         raise TooManyEvents(
-            f"{len(event_ids)} of {plan['events']} events need their transactions re-fetched; "
+            f"{len(event_ids)} of {plan.events} events need their transactions re-fetched; "
             "paging the whole list is cheaper"
         )
     fetched = _Fetched()
     planned = time.monotonic()
-    conn.execute(
-        raw_table_ddl(TRANSACTIONS, STAGE_TABLE).replace(
-            "CREATE OR REPLACE TABLE", "CREATE OR REPLACE TEMP TABLE", 1
-        )
-    )
-    removed_ids = [row[0] for row in conn.execute("SELECT event_id FROM _fs_removed").fetchall()]
+    conn.execute(raw_table_ddl(TRANSACTIONS, plan.stage, temporary=True))
     # The stored rows about to be replaced are read while the pages are fetched.
     reader = ThreadPoolExecutor(max_workers=1, thread_name_prefix="fieldsales-replaced")
-    replaced = reader.submit(_read_replaced, same_database_cursor(conn), event_ids + removed_ids)
+    replaced = reader.submit(
+        _read_replaced, same_database_cursor(conn), event_ids + plan.removed_ids
+    )
     try:
         _fetch_by_event(api, conn, event_ids, fetched, started, log)
         count_page = api.fetch_page(TRANSACTIONS.with_params(limit=1), 0, fetched.stats)
@@ -441,7 +507,7 @@ def _incremental(
         fetched_at = time.monotonic()
         stored = replaced.result()
         merging = time.monotonic()
-        counts = _merge(conn, count_page.total, now, fetched.stats.bytes, stored, before_swap)
+        counts = _merge(conn, plan, count_page.total, now, fetched.stats.bytes, stored, before_swap)
         phases = (
             f"plan {planned - started:.2f} s, fetch {fetched_at - planned:.2f} s, "
             f"waiting for the stored rows {merging - fetched_at:.2f} s, "
@@ -449,7 +515,7 @@ def _incremental(
         )
     finally:
         reader.shutdown(wait=True)
-        conn.execute(f"DROP TABLE IF EXISTS {qualified(STAGE_TABLE)}")
+        conn.execute(f"DROP TABLE IF EXISTS {qualified(plan.stage)}")
     stats = fetched.stats
     report = LoadReport(
         table=TRANSACTIONS.raw_table,
@@ -475,10 +541,10 @@ def _incremental(
         reason=decision.reason,
         bytes_fetched=stats.bytes,
         events_refetched=len(event_ids),
-        events_new=plan["new"],
-        events_changed=plan["changed"],
-        events_recent=plan["recent"],
-        events_removed=plan["removed"],
+        events_new=plan.new,
+        events_changed=plan.changed,
+        events_recent=plan.recent,
+        events_removed=len(plan.removed_ids),
         transactions_added=counts["added"],
         transactions_changed=counts["changed"],
         transactions_removed=counts["removed"],
@@ -653,6 +719,7 @@ def _read_replaced(cursor: duckdb.DuckDBPyConnection, event_ids: list[str]) -> d
 
 def _merge(
     conn: duckdb.DuckDBPyConnection,
+    plan: RefetchPlan,
     server_count: int,
     now: datetime,
     bytes_fetched: int,
@@ -666,7 +733,7 @@ def _merge(
     ``before_swap(stage)`` (redaction, comments) and the staging table's drop run inside the
     transaction too: one commit for everything.
     """
-    target, stage = qualified(TRANSACTIONS.raw_table), qualified(STAGE_TABLE)
+    target, stage = qualified(TRANSACTIONS.raw_table), qualified(plan.stage)
     staged, distinct_staged = one_row(conn, f"SELECT count(*), count(DISTINCT id) FROM {stage}")
     if staged != distinct_staged:
         raise EventListMoved(
@@ -675,8 +742,7 @@ def _merge(
     old = dict(replaced)
     # A staged id stored under an event that was not re-fetched: the transaction moved. Rare.
     # Counted first: a query that returns the payload reads it for every row it scans.
-    moved = f"WHERE id IN (SELECT id FROM {stage}) AND NOT event_id IN (SELECT event_id FROM "
-    moved += "_fs_refetch UNION ALL SELECT event_id FROM _fs_removed)"
+    moved = f"WHERE id IN (SELECT id FROM {stage}) AND NOT event_id IN ({plan.replaced_events})"
     if one_row(conn, f"SELECT count(*) FROM {target} {moved}")[0]:
         old.update(
             conn.execute(f"SELECT id, hash(payload::VARCHAR) FROM {target} {moved}").fetchall()
@@ -685,12 +751,12 @@ def _merge(
 
     def merge() -> tuple[int, dict[str, int]]:
         if before_swap is not None:
-            before_swap(STAGE_TABLE)
+            before_swap(plan.stage)
         # After before_swap: a redacted payload compares with the redacted one stored.
         new = dict(conn.execute(f"SELECT id, hash(payload::VARCHAR) FROM {stage}").fetchall())
-        deleted = _delete_replaced(conn, moved=len(old) > len(replaced))
+        deleted = _delete_replaced(conn, plan, moved=len(old) > len(replaced))
         pause_at("merge")
-        _insert_staged(conn)
+        _insert_staged(conn, plan.stage)
         rows = one_row(conn, f"SELECT count(*) FROM {target}")[0]
         # Every id stays distinct by construction: the stored table was (a full load drops
         # repeats, and so did every merge), the staged ids are, and every stored copy of a
@@ -703,7 +769,7 @@ def _merge(
                 "mode cannot see",
                 bytes_fetched,
             )
-        _write_state(conn, mode="incremental", at=now, rows=rows)
+        _write_state(conn, fingerprints=plan.fingerprints, mode="incremental", at=now, rows=rows)
         conn.execute(f"DROP TABLE {stage}")
         return rows, new
 
@@ -716,7 +782,7 @@ def _merge(
     }
 
 
-def _delete_replaced(conn: duckdb.DuckDBPyConnection, moved: bool) -> int:
+def _delete_replaced(conn: duckdb.DuckDBPyConnection, plan: RefetchPlan, moved: bool) -> int:
     """Delete the stored rows that the staged ones replace; returns how many.
 
     Those are the rows of re-fetched and disappeared events, and, when ``moved``, the stored
@@ -724,21 +790,16 @@ def _delete_replaced(conn: duckdb.DuckDBPyConnection, moved: bool) -> int:
     Filters on narrow columns only: no payload is read.
     """
     target = qualified(TRANSACTIONS.raw_table)
-    (deleted,) = one_row(
-        conn,
-        f"DELETE FROM {target} WHERE event_id IN ("
-        "SELECT event_id FROM _fs_refetch UNION ALL SELECT event_id FROM _fs_removed)",
-    )
+    (deleted,) = one_row(conn, f"DELETE FROM {target} WHERE event_id IN ({plan.replaced_events})")
     if moved:
         (more,) = one_row(
-            conn, f"DELETE FROM {target} WHERE id IN (SELECT id FROM {qualified(STAGE_TABLE)})"
+            conn, f"DELETE FROM {target} WHERE id IN (SELECT id FROM {qualified(plan.stage)})"
         )
         deleted += more
     return deleted
 
 
-def _insert_staged(conn: duckdb.DuckDBPyConnection) -> None:
+def _insert_staged(conn: duckdb.DuckDBPyConnection, stage: str) -> None:
     conn.execute(
-        f"INSERT INTO {qualified(TRANSACTIONS.raw_table)} BY NAME "
-        f"SELECT * FROM {qualified(STAGE_TABLE)}"
+        f"INSERT INTO {qualified(TRANSACTIONS.raw_table)} BY NAME SELECT * FROM {qualified(stage)}"
     )

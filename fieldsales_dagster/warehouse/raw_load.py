@@ -115,14 +115,17 @@ class LoadReport:
         return self.rows / self.seconds if self.seconds > 0 else 0.0
 
 
-def raw_table_ddl(endpoint: ListEndpoint, table: str, lake: bool = False) -> str:
+def raw_table_ddl(
+    endpoint: ListEndpoint, table: str, lake: bool = False, temporary: bool = False
+) -> str:
     # zstd suits ~5 KB JSON documents: measured 2.6x faster to write than DuckDB's default
     # dictionary/FSST choice for them, smaller on disk, and faster to read back. A lake's
     # Parquet files take no per-column compression (its files are zstd: see lake.py).
     extra = "".join(f", {quote_ident(col)} VARCHAR" for col, _ in endpoint.extra_columns)
     compression = "" if lake else " USING COMPRESSION zstd"
+    kind = "TEMP TABLE" if temporary else "TABLE"
     return (
-        f"CREATE OR REPLACE TABLE {qualified(table)} "
+        f"CREATE OR REPLACE {kind} {qualified(table)} "
         f"(id VARCHAR, payload JSON{compression}, loaded_at TIMESTAMP{extra})"
     )
 
@@ -474,6 +477,15 @@ def _table_rows(conn: duckdb.DuckDBPyConnection, table: str) -> int | None:
     if not table_exists(conn, table):
         return None
     return one_row(conn, f"SELECT count(*) FROM {qualified(table)}")[0]
+
+
+@dataclass(frozen=True)
+class ShrinkGuard:
+    """How much a full refresh may shrink a raw table (``check_shrink``): the warehouse's
+    ``max_shrink_fraction``, unless the run's config allows any shrink."""
+
+    max_fraction: float
+    allow: bool
 
 
 def check_shrink(

@@ -42,16 +42,16 @@ from pydantic import Field, field_validator, model_validator
 
 from fieldsales_dagster.paths import PathSettingError, check_file_setting, resolved
 from fieldsales_dagster.pause import pause_at
+from fieldsales_dagster.settings import setting_field
 from fieldsales_dagster.warehouse.lake import (
     DuckDBConfig,
     Lake,
     run_transaction,
     writer_connection,
 )
-from fieldsales_dagster.warehouse.refresh_mode import validate_refresh_mode
+from fieldsales_dagster.warehouse.refresh_mode import RefreshMode, validate_refresh_mode
 from fieldsales_dagster.warehouse.rows import one_row
 
-DEFAULT_DUCKDB_PATH = "data/fieldsales.duckdb"
 MOTHERDUCK_PREFIX = "md:"
 #: Suffix of the working database's stem: ``fieldsales.duckdb`` -> ``fieldsales.working.duckdb``.
 WORKING_SUFFIX = ".working"
@@ -116,14 +116,7 @@ class FieldSalesWarehouse(dg.ConfigurableResource):
     module docstring); every run that wrote calls it in its publish step.
     """
 
-    database: str = Field(
-        default=DEFAULT_DUCKDB_PATH,
-        description=(
-            "The DuckDB file analysts and BI tools open read-only (FIELDSALES_DUCKDB_PATH); "
-            "replaced atomically at the end of every run that changed tables. An md: path is a "
-            "MotherDuck database, written directly."
-        ),
-    )
+    database: str = setting_field("duckdb_path")
     working_database: str | None = Field(
         default=None,
         description=(
@@ -132,44 +125,12 @@ class FieldSalesWarehouse(dg.ConfigurableResource):
             "database for a cheap copy."
         ),
     )
-    storage: Literal["file", "ducklake"] = Field(
-        default="file",
-        description=(
-            "FIELDSALES_STORAGE: file (one DuckDB file, published after each run) or ducklake "
-            "(a DuckLake: catalog database plus Parquet files; written in place)."
-        ),
-    )
-    ducklake_catalog: str | None = Field(
-        default=None,
-        description=(
-            "FIELDSALES_DUCKLAKE_CATALOG (storage: ducklake): postgres:dbname=... host=... "
-            "user=... (no password: it is read from ducklake_password_env_var), sqlite:<file> "
-            "or a DuckDB file <name>.ducklake for one host."
-        ),
-    )
-    ducklake_data_path: str | None = Field(
-        default=None,
-        description="FIELDSALES_DUCKLAKE_DATA_PATH (storage: ducklake): a folder or s3://... URL.",
-    )
-    ducklake_schema: str | None = Field(
-        default=None,
-        description=(
-            "storage: ducklake: this tenant's schema in the catalog database (DuckLake's "
-            "METADATA_SCHEMA), so that several tenants share one catalog database; its files go "
-            "under <data_path>/<schema>."
-        ),
-    )
-    ducklake_password_env_var: str = Field(
-        default="FIELDSALES_DUCKLAKE_PASSWORD",
-        description="The variable holding the PostgreSQL catalog's password (never the password).",
-    )
-    memory_limit: str = Field(
-        default="192MB",
-        description=(
-            "DuckDB memory_limit; larger work spills to temp_directory. Kept small so a nightly "
-            "refresh of millions of rows runs in well under a gigabyte."
-        ),
-    )
+    storage: Literal["file", "ducklake"] = setting_field("storage")
+    ducklake_catalog: str | None = setting_field("ducklake_catalog")
+    ducklake_data_path: str | None = setting_field("ducklake_data_path")
+    ducklake_schema: str | None = setting_field("ducklake_schema")
+    ducklake_password_env_var: str = setting_field("ducklake_password_env_var")
+    memory_limit: str = setting_field("duckdb_memory_limit")
     threads: int | None = Field(
         default=None, ge=1, le=256, description="DuckDB threads (default: all cores)."
     )
@@ -185,16 +146,7 @@ class FieldSalesWarehouse(dg.ConfigurableResource):
             "How long to retry when a program outside this project holds the working database."
         ),
     )
-    pii: Literal["keep", "hash", "drop"] = Field(
-        default="keep",
-        description=(
-            "FIELDSALES_PII: personal data (names, emails, client IPs) in core.* and mart.*: "
-            "keep as received, hash (keyed HMAC-SHA256 with pii_hash_key; joins still work) or "
-            "drop (stored as NULL). Default keep: the contract's core.users promises names and "
-            "emails, and raw.* holds them anyway unless redact_pii_in_raw is set, so hashing "
-            "core.* alone would only look private. See warehouse/pii.py."
-        ),
-    )
+    pii: Literal["keep", "hash", "drop"] = setting_field("pii")
     pii_hash_key: str | None = Field(
         default=None,
         description=(
@@ -202,45 +154,12 @@ class FieldSalesWarehouse(dg.ConfigurableResource):
             "as an environment variable, never in YAML; a new key gives every value a new hash."
         ),
     )
-    redact_pii_in_raw: bool = Field(
-        default=False,
-        description=(
-            "FIELDSALES_REDACT_PII_IN_RAW: set the personal keys (firstName, lastName, email, ip) "
-            "of raw.* payloads to null at ingest, before the new table replaces the old one, for "
-            "teams that must not store them at all. raw.* then no longer holds them 'as received'."
-        ),
-    )
-    create_dirs: bool = Field(
-        default=False,
-        description=(
-            "FIELDSALES_CREATE_DIRS: create the folder of database when it is missing. Off: a "
-            "missing folder fails the run's first step, naming the path."
-        ),
-    )
+    redact_pii_in_raw: bool = setting_field("redact_pii_in_raw")
+    create_dirs: bool = setting_field("create_dirs")
     # Refresh modes of raw.transactions (see warehouse/incremental.py and the README).
-    refresh_mode: str = Field(
-        default="auto",
-        description=(
-            "auto | full | incremental (FIELDSALES_REFRESH_MODE). auto: incremental when a "
-            "complete load exists and the last full refresh is younger than "
-            "full_refresh_every_days, full otherwise. Run config on raw_transactions overrides it."
-        ),
-    )
-    full_refresh_every_days: float = Field(
-        default=7.0,
-        gt=0,
-        le=366,
-        description="In auto mode, a full refresh when the last one is at least this old.",
-    )
-    lookback_days: float = Field(
-        default=30.0,
-        ge=0,
-        le=3660,
-        description=(
-            "Incremental mode re-fetches the transactions of events whose last state change is "
-            "this recent, besides new and changed events."
-        ),
-    )
+    refresh_mode: RefreshMode = setting_field("refresh_mode")
+    full_refresh_every_days: float = setting_field("full_refresh_every_days")
+    lookback_days: float = setting_field("lookback_days")
     max_shrink_fraction: float = Field(
         default=0.5,
         ge=0.0,

@@ -1,0 +1,68 @@
+"""Which tables a query reads, from its SQL: the source of every core and mart table's deps.
+
+A query is parsed with sqlglot's DuckDB dialect, so a CTE named like a table, a table in a
+comment or a string, and a column named ``from`` are told apart from the tables a ``FROM`` or
+``JOIN`` reads. The macros of ``sql/<name>.sql`` that a query calls are read the same way: a
+table their bodies read is read by the query.
+"""
+
+from __future__ import annotations
+
+import functools
+from dataclasses import dataclass
+
+import sqlglot
+from sqlglot import exp
+
+
+class QueryReadError(ValueError):
+    """A query reads something its dependencies cannot be told from."""
+
+
+@dataclass(frozen=True)
+class Reads:
+    """What a query reads: schema-qualified tables and the table functions it calls by name."""
+
+    tables: frozenset[str]
+    table_functions: frozenset[str]
+
+    def __or__(self, other: Reads) -> Reads:
+        return Reads(self.tables | other.tables, self.table_functions | other.table_functions)
+
+
+@functools.cache
+def reads_of(sql: str, where: str) -> Reads:
+    """The tables and table functions ``sql`` (one or more statements) reads.
+
+    A ``CREATE MACRO`` statement reads what its body reads, not the macro it creates. A table
+    without a schema must be one of the query's CTEs; ``where`` names the query in the error.
+    Built-in table functions (``range``, ``read_parquet``, ...) read no table and are left out.
+    """
+    try:
+        statements = [s for s in sqlglot.parse(sql, read="duckdb") if s is not None]
+    except sqlglot.errors.ParseError as exc:
+        raise QueryReadError(
+            f"{where}: sqlglot cannot parse the query (DuckDB dialect), so the tables it reads "
+            f"(its asset's deps) cannot be known. Fix the SQL, or report the parser's gap. {exc}"
+        ) from exc
+    tables: set[str] = set()
+    functions: set[str] = set()
+    for statement in statements:
+        body = statement.expression if isinstance(statement, exp.Create) else statement
+        if body is None:
+            continue
+        ctes = {cte.alias_or_name.lower() for cte in body.find_all(exp.CTE)}
+        for table in body.find_all(exp.Table):
+            if isinstance(table.this, exp.Anonymous):
+                functions.add(table.this.name.lower())
+            elif not isinstance(table.this, exp.Identifier):
+                continue  # a built-in table function, parsed as its own expression
+            elif table.db:
+                tables.add(f"{table.db}.{table.name}".lower())
+            elif table.name.lower() not in ctes:
+                raise QueryReadError(
+                    f"{where} reads {table.name}, which is neither one of its CTEs nor a table "
+                    "named with its schema (core.events, raw.transactions, ...): name the "
+                    "schema, so that the table's asset can be found and made a dependency."
+                )
+    return Reads(frozenset(tables), frozenset(functions))

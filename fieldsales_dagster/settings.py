@@ -1,0 +1,332 @@
+"""Every setting of a Field-Sales instance, defined once: default, range, variable and meaning.
+
+The component's model (``component.py``) declares each setting as a field made here
+(``setting_field``); a resource or policy that receives a setting (``FieldSalesAPI``,
+``FieldSalesWarehouse``) declares its field the same way, so a resource built by hand (README,
+"Build on it") has the component's default and range, and no number is written twice. The
+default ``defs.yaml`` only names each setting's variable (an unset one leaves the default
+below), and a test walks every setting against the component, the resources, ``defs.yaml`` and
+the README's table. No Dagster here, and nothing is read from the environment.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from pydantic import Field
+from pydantic_core import PydanticUndefined
+
+#: The key of a field's ``json_schema_extra`` that names the setting it holds.
+SETTING_KEY = "fieldsales_setting"
+#: "A token is valid for 2 months" (API document, section 5): renewal must come before that.
+TOKEN_LIFETIME_DAYS = 60
+
+
+@dataclass(frozen=True)
+class Setting:
+    """One setting: its default (``PydanticUndefined``: required), the ``FIELDSALES_*`` variable
+    the default ``defs.yaml`` reads it from (``""``: none), and what it accepts, in words."""
+
+    name: str
+    default: Any
+    description: str
+    accepts: str
+    variable: str = ""
+    #: Numeric bounds: ``gt``/``ge`` below, ``lt``/``le`` above (one of each, or none).
+    gt: float | None = None
+    ge: float | None = None
+    lt: float | None = None
+    le: float | None = None
+    #: What an unset (``None``) default means, for the README and the field's description.
+    unset: str = "none"
+
+    @property
+    def bounds(self) -> dict[str, float]:
+        given = {"gt": self.gt, "ge": self.ge, "lt": self.lt, "le": self.le}
+        return {key: value for key, value in given.items() if value is not None}
+
+    @property
+    def range_text(self) -> str:
+        """The bounds in words, e.g. ``from 1 to 10000`` or ``above 0, at most 366``."""
+        if not self.bounds:
+            return ""
+        if self.ge is not None and self.le is not None:
+            return f"from {self.ge:g} to {self.le:g}"
+        low = f"above {self.gt:g}" if self.gt is not None else f"at least {self.ge:g}"
+        high = f"and below {self.lt:g}" if self.lt is not None else f"at most {self.le:g}"
+        return f"{low}{',' if self.le is not None else ''} {high}"
+
+    @property
+    def help(self) -> str:
+        """What the setting accepts, as an error message says it (``accepts`` names the range
+        with ``{range}``)."""
+        return self.accepts.format(range=self.range_text)
+
+    @property
+    def shown_default(self) -> str:
+        """The default as the README shows it."""
+        if self.default is PydanticUndefined:
+            return "required"
+        if self.default is None:
+            return self.unset
+        if isinstance(self.default, bool):
+            return str(self.default).lower()
+        if isinstance(self.default, float):
+            return f"{self.default:g}"
+        if isinstance(self.default, list):
+            return ", ".join(self.default)
+        return str(self.default)
+
+    def inside(self, value: float) -> bool:
+        return (
+            (self.gt is None or value > self.gt)
+            and (self.ge is None or value >= self.ge)
+            and (self.lt is None or value < self.lt)
+            and (self.le is None or value <= self.le)
+        )
+
+    def field(self, *, bounded: bool = True) -> Any:
+        """The pydantic field: default, description and (if ``bounded``) the range."""
+        where = f" ({self.variable})" if self.variable else ""
+        unset = f" Default: {self.unset}." if self.default is None else ""
+        if isinstance(self.default, list):
+            default: dict[str, Any] = {"default_factory": lambda: list(self.default)}
+        else:
+            default = {"default": self.default}
+        bounds: dict[str, Any] = self.bounds if bounded else {}  # ge/gt/le/lt
+        return Field(
+            **default,
+            description=f"{self.description}{where}.{unset}",
+            # Names the setting a resource's field receives (the field's name may differ).
+            json_schema_extra={SETTING_KEY: self.name},
+            **bounds,
+        )
+
+
+_DAYS = "a number of days {range}"
+
+SETTINGS: dict[str, Setting] = {
+    setting.name: setting
+    for setting in (
+        Setting(
+            "base_url",
+            PydanticUndefined,
+            "Base URL of the instance, e.g. https://yourcompany.example.com",
+            "an https:// URL of your instance, e.g. https://yourcompany.example.com (plain "
+            "http:// only for loopback hosts such as the bundled demo API)",
+            "FIELDSALES_BASE_URL",
+        ),
+        Setting(
+            "api_token",
+            PydanticUndefined,
+            "'{{ env.FIELDSALES_API_TOKEN }}': the variable holding the API token",
+            "a token from your Field-Sales profile's API tab",
+            "FIELDSALES_API_TOKEN",
+        ),
+        Setting(
+            "token_store_path",
+            "data/fieldsales_token.json",
+            "Where the current (renewed) token is kept; must be on a persistent volume",
+            "a file path on a persistent volume",
+            "FIELDSALES_TOKEN_STORE",
+        ),
+        Setting(
+            "duckdb_path",
+            "data/fieldsales.duckdb",
+            "The DuckDB file analysts and BI tools open read-only, replaced atomically at the end "
+            "of every run that changed tables; an md: path is a MotherDuck database, written "
+            "directly",
+            "a file path, e.g. data/fieldsales.duckdb",
+            "FIELDSALES_DUCKDB_PATH",
+        ),
+        Setting(
+            "create_dirs",
+            False,
+            "Create a missing folder of duckdb_path or token_store_path. Off by default: a "
+            "mistyped volume path fails the load instead of filling local disk",
+            "true or false",
+            "FIELDSALES_CREATE_DIRS",
+        ),
+        Setting(
+            "duckdb_memory_limit",
+            "192MB",
+            "DuckDB memory_limit; larger work spills to disk. Kept small so a nightly refresh "
+            "of millions of rows runs in well under a gigabyte",
+            "a size such as 192MB or 2GB",
+            "FIELDSALES_DUCKDB_MEMORY_LIMIT",
+        ),
+        Setting(
+            "storage",
+            "file",
+            "Where the warehouse lives: file (one DuckDB file, published to analysts after each "
+            "run) or ducklake (a catalog database plus Parquet files, written in place; several "
+            "machines can run and read it)",
+            "file or ducklake",
+            "FIELDSALES_STORAGE",
+        ),
+        Setting(
+            "ducklake_catalog",
+            None,
+            "storage: ducklake: the catalog database, postgres:dbname=... host=... user=... (no "
+            "password: it is read from ducklake_password_env_var), sqlite:<file> or a DuckDB "
+            "file <name>.ducklake for one host",
+            "the lake's catalog database: postgres:dbname=NAME host=HOST user=USER (the password "
+            "in FIELDSALES_DUCKLAKE_PASSWORD), sqlite:FILE or a DuckDB file NAME.ducklake",
+            "FIELDSALES_DUCKLAKE_CATALOG",
+            unset="required for ducklake",
+        ),
+        Setting(
+            "ducklake_data_path",
+            None,
+            "storage: ducklake: the folder (or s3:// URL) of its Parquet files",
+            "the folder (or s3:// URL) the lake's Parquet files go to",
+            "FIELDSALES_DUCKLAKE_DATA_PATH",
+            unset="required for ducklake",
+        ),
+        Setting(
+            "ducklake_schema",
+            None,
+            "storage: ducklake: this tenant's schema in the catalog database (DuckLake's "
+            "METADATA_SCHEMA), so that tenants share one catalog; its files go under "
+            "<data_path>/<schema>",
+            "a plain name: this tenant's schema in the catalog database",
+            unset="the whole catalog",
+        ),
+        Setting(
+            "ducklake_password_env_var",
+            "FIELDSALES_DUCKLAKE_PASSWORD",
+            "The variable holding the PostgreSQL catalog's password (never the password)",
+            "the name of an environment variable",
+        ),
+        Setting(
+            "retain_snapshots_days",
+            7.0,
+            "storage: ducklake: the upkeep expires snapshots older than this (days); time travel "
+            "reaches back this far",
+            _DAYS,
+            gt=0,
+            le=3660,
+        ),
+        Setting(
+            "page_size",
+            500,
+            "`limit` asked for per page (8 in flight at ~5 KB an item: ~20 MB)",
+            "a whole number {range}",
+            "FIELDSALES_PAGE_SIZE",
+            ge=1,
+            le=10_000,
+        ),
+        Setting(
+            "concurrency",
+            8,
+            "Pages in flight at once",
+            "a whole number {range}",
+            "FIELDSALES_CONCURRENCY",
+            ge=1,
+            le=64,
+        ),
+        Setting(
+            "schedule_cron",
+            "0 5 * * *",
+            "When the refresh runs",
+            "a cron expression such as '0 5 * * *'",
+            "FIELDSALES_SCHEDULE_CRON",
+        ),
+        Setting(
+            "schedule_timezone",
+            "UTC",
+            "Time zone of the cron",
+            "an IANA time zone such as UTC or Europe/Vienna",
+            "FIELDSALES_SCHEDULE_TIMEZONE",
+        ),
+        Setting(
+            "token_renew_after_days",
+            45.0,
+            "Renew the token once it is this old (days)",
+            _DAYS + " (the token's lifetime)",
+            "FIELDSALES_TOKEN_RENEW_AFTER_DAYS",
+            gt=0,
+            lt=TOKEN_LIFETIME_DAYS,
+        ),
+        Setting(
+            "refresh_mode",
+            "auto",
+            "How raw.transactions is refreshed: auto (incremental when a complete load exists "
+            "and the last full refresh is younger than full_refresh_every_days, full otherwise), "
+            "full or incremental; run config on raw_transactions overrides it for one run",
+            "auto, full or incremental",
+            "FIELDSALES_REFRESH_MODE",
+        ),
+        Setting(
+            "full_refresh_every_days",
+            7.0,
+            "In auto mode, a full refresh once the last one is this old (days)",
+            _DAYS,
+            gt=0,
+            le=366,
+        ),
+        Setting(
+            "lookback_days",
+            30.0,
+            "Incremental mode re-fetches the transactions of events whose last state change is "
+            "this recent (days), besides new and changed events",
+            _DAYS,
+            ge=0,
+            le=3660,
+        ),
+        Setting(
+            "pii",
+            "keep",
+            "Personal data (names, emails, client IPs) in core.* and mart.*: keep as received, "
+            "hash (keyed HMAC-SHA256; joins still work) or drop (stored as NULL). See "
+            "warehouse/pii.py",
+            "keep, hash or drop",
+            "FIELDSALES_PII",
+        ),
+        Setting(
+            "pii_hash_key_env_var",
+            "FIELDSALES_PII_HASH_KEY",
+            "The variable holding the secret key of pii: hash (never the key itself)",
+            "the name of an environment variable",
+        ),
+        Setting(
+            "redact_pii_in_raw",
+            False,
+            "Set the personal keys (firstName, lastName, email, ip) of raw.* payloads to null at "
+            "ingest, before the new table replaces the old one",
+            "true or false",
+            "FIELDSALES_REDACT_PII_IN_RAW",
+        ),
+        Setting(
+            "key_prefix",
+            None,
+            "Asset-key prefix of this instance; set it for every tenant but the first",
+            "a name of letters, digits and underscores, starting with a letter",
+        ),
+        Setting(
+            "group_prefix",
+            None,
+            "Prefix of the asset groups (unset: key_prefix)",
+            "a name of letters, digits and underscores, starting with a letter",
+        ),
+        Setting(
+            "owners",
+            ["team:data"],
+            "Owners shown on every asset (emails or team:NAME)",
+            "a list of emails or team:NAME",
+        ),
+        Setting(
+            "user_schema",
+            "analytics",
+            "Where fieldsales_io_manager stores user assets' DataFrames (schema.<asset name>); "
+            "never one of the project's schemas (raw, core, mart, meta)",
+            "a plain name other than raw, core, mart and meta, e.g. analytics",
+        ),
+    )
+}
+
+
+def setting_field(name: str, *, bounded: bool = True) -> Any:
+    """The pydantic field of setting ``name`` (see ``Setting.field``)."""
+    return SETTINGS[name].field(bounded=bounded)

@@ -1,0 +1,115 @@
+"""The incremental refresh's decision is a value (``RefetchPlan``): the events it re-fetches and
+why, the events that disappeared, and the temporary tables that hold them. The functions after
+``_plan`` read only the tables the plan names. Real DuckDB files in ``tmp_path``."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+from datetime import UTC, datetime
+
+import duckdb
+import pytest
+
+from fieldsales_dagster.client.endpoints import EVENTS, TRANSACTIONS
+from fieldsales_dagster.warehouse import incremental
+from fieldsales_dagster.warehouse.raw_load import raw_table_ddl
+
+NOW = datetime(2026, 6, 1, tzinfo=UTC)
+LONG_AGO = "2020-01-01T00:00:00Z"
+
+
+def event(event_id: str, state: str, last_change: str = LONG_AGO) -> str:
+    return json.dumps(
+        {
+            "_id": event_id,
+            "eventState": state,
+            "eventStateHistory": [{"state": state, "date": last_change}],
+            "eventStateTimestamps": {state: last_change},
+        }
+    )
+
+
+def store_events(conn: duckdb.DuckDBPyConnection, events: dict[str, str]) -> None:
+    conn.execute(raw_table_ddl(EVENTS, EVENTS.raw_table))
+    conn.executemany(
+        f"INSERT INTO {EVENTS.raw_table} VALUES (?, ?, ?)",
+        [(event_id, payload, NOW.replace(tzinfo=None)) for event_id, payload in events.items()],
+    )
+
+
+@pytest.fixture
+def conn(tmp_path):
+    """A warehouse whose last load saw events a (unchanged since), b (about to change) and c
+    (about to disappear), two transactions each; the event list now also holds a new event d."""
+    with duckdb.connect(str(tmp_path / "plan.duckdb")) as conn:
+        conn.execute("CREATE SCHEMA raw")
+        store_events(conn, {"a": event("a", "done"), "b": event("b", "open"), "c": event("c", "x")})
+        conn.execute(raw_table_ddl(TRANSACTIONS, TRANSACTIONS.raw_table))
+        conn.executemany(
+            f"INSERT INTO {TRANSACTIONS.raw_table} (id, payload, loaded_at, event_id) "
+            "VALUES (?, '{}', ?, ?)",
+            [(f"{e}{n}", NOW.replace(tzinfo=None), e) for e in "abc" for n in (1, 2)],
+        )
+        fingerprints = incremental._fingerprint_current_events(conn)
+        incremental._write_state(conn, fingerprints=fingerprints, mode="full", at=NOW, rows=6)
+        store_events(
+            conn,
+            {
+                "a": event("a", "done"),
+                "b": event("b", "closed"),
+                "d": event("d", "open", "2026-05-30T00:00:00Z"),
+            },
+        )
+        yield conn
+
+
+def test_the_plan_carries_which_events_are_refetched_and_which_disappeared(conn):
+    plan = incremental._plan(conn, lookback_days=30, now=NOW)
+
+    assert sorted(plan.event_ids) == ["b", "d"]
+    assert plan.removed_ids == ["c"]
+    assert (plan.events, plan.new, plan.changed, plan.recent) == (3, 1, 1, 0)
+
+
+def test_the_merge_deletes_the_events_of_the_tables_its_plan_names(conn):
+    plan = incremental._plan(conn, lookback_days=30, now=NOW)
+    # Other tables under other names: a function that found its tables by name would miss them.
+    conn.execute(f"CREATE TEMP TABLE chosen_refetch AS SELECT * FROM {plan.refetch}")
+    conn.execute(f"CREATE TEMP TABLE chosen_removed AS SELECT * FROM {plan.removed}")
+    conn.execute(f"DELETE FROM {plan.refetch}")
+    conn.execute(f"DELETE FROM {plan.removed}")
+    chosen = dataclasses.replace(plan, refetch="chosen_refetch", removed="chosen_removed")
+
+    deleted = incremental._delete_replaced(conn, chosen, moved=False)
+
+    assert deleted == 4  # b's two and c's two; d had none stored
+    left = conn.execute(f"SELECT id FROM {TRANSACTIONS.raw_table} ORDER BY id").fetchall()
+    assert [row[0] for row in left] == ["a1", "a2"]
+
+
+def test_the_state_records_the_fingerprints_table_it_is_given(conn):
+    plan = incremental._plan(conn, lookback_days=30, now=NOW)
+    conn.execute(f"CREATE TEMP TABLE chosen_fingerprints AS SELECT * FROM {plan.fingerprints}")
+    conn.execute(f"DELETE FROM {plan.fingerprints}")
+
+    incremental._write_state(
+        conn, fingerprints="chosen_fingerprints", mode="incremental", at=NOW, rows=4
+    )
+
+    recorded = conn.execute(
+        f"SELECT event_id FROM {incremental.FINGERPRINTS_TABLE} ORDER BY event_id"
+    ).fetchall()
+    assert [row[0] for row in recorded] == ["a", "b", "d"]
+
+
+def test_the_staging_table_is_created_temporary_by_its_ddl(conn):
+    stage = incremental.STAGE_TABLE
+    conn.execute(raw_table_ddl(TRANSACTIONS, stage, temporary=True))
+
+    (temporary,) = conn.execute(
+        "SELECT temporary FROM duckdb_tables() WHERE table_name = ?", [stage.partition(".")[2]]
+    ).fetchone()
+    assert temporary
+    columns = conn.execute(f"SELECT * FROM {stage}").description
+    assert [column[0] for column in columns] == ["id", "payload", "loaded_at", "event_id"]
