@@ -29,7 +29,7 @@ from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 from importlib import resources
 from pathlib import Path
-from typing import Any, TypedDict, cast
+from typing import Any, cast
 
 import duckdb
 
@@ -113,14 +113,6 @@ class EventListMoved(_FallBack):
 
 class TooManyEvents(_FallBack):
     pass
-
-
-class Shrink(TypedDict, total=False):
-    """How far a full load may shrink a table: ``load_list``'s arguments of the same names (its
-    defaults where absent)."""
-
-    max_shrink_fraction: float
-    allow_shrink: bool
 
 
 @dataclass(frozen=True)
