@@ -34,7 +34,7 @@ from pathlib import Path
 import duckdb
 
 from fieldsales_dagster.client.endpoints import TRANSACTIONS
-from fieldsales_dagster.client.pager import ListStats, Pager, key_decoder
+from fieldsales_dagster.client.pager import ListStats, PageExecutor, Stream, key_decoder
 from fieldsales_dagster.client.resource import FieldSalesAPI
 from fieldsales_dagster.warehouse.raw_load import (
     _insert_sql,
@@ -61,7 +61,9 @@ def _fetch(api: FieldSalesAPI, spool: Path | None) -> tuple[int, int]:
     stats = ListStats()
     decode = key_decoder(TRANSACTIONS)
     with open(spool or os.devnull, "wb", buffering=0) as out:
-        for page in Pager(api, TRANSACTIONS, stats).run():
+        for _, page in PageExecutor(api, None, label="fetch", spent=stats).pages(
+            [Stream(TRANSACTIONS)]
+        ):
             if spool is not None:
                 _write_all(out.fileno(), spool_parts(page, decode))
     return stats.items, stats.bytes

@@ -1,8 +1,9 @@
 """A hostile list server on 127.0.0.1: each test decides what a page answers (paging cases).
 
 ``HostileServer(answer)`` serves every GET with ``answer(path, skip, limit)``, which returns the
-JSON document to send (any shape) or raises ``Refuse`` for an HTTP error. Every request is
-recorded, so a test can assert on what the client asked for.
+JSON document to send (any shape) or raises ``Refuse`` for an HTTP error; with
+``with_params=True`` the other query parameters (``eventId``) follow as a fourth argument, a
+dict. Every request is recorded, so a test can assert on what the client asked for.
 """
 
 from __future__ import annotations
@@ -21,6 +22,7 @@ class Asked(NamedTuple):
     path: str
     skip: int
     limit: int
+    params: tuple[tuple[str, str], ...] = ()
 
 
 Answer = Callable[[str, int, int], Any]
@@ -36,10 +38,14 @@ class _Handler(BaseHTTPRequestHandler):
     def do_GET(self) -> None:  # noqa: N802 - stdlib naming
         url = urlsplit(self.path)
         query = dict(parse_qsl(url.query))
-        asked = Asked(url.path, int(query.get("skip", 0)), int(query.get("limit", 100)))
+        skip, limit = int(query.pop("skip", 0)), int(query.pop("limit", 100))
+        asked = Asked(url.path, skip, limit, tuple(sorted(query.items())))
         with self.server.lock:
             self.server.asked.append(asked)
-        doc = self.server.answer(*asked)
+        if self.server.with_params:
+            doc = self.server.answer(url.path, skip, limit, query)
+        else:
+            doc = self.server.answer(url.path, skip, limit)
         body = doc if isinstance(doc, bytes) else json.dumps(doc).encode()
         self.send_response(200)
         self.send_header("Content-Type", "application/json")
@@ -50,15 +56,17 @@ class _Handler(BaseHTTPRequestHandler):
 
 class _Server(ThreadingHTTPServer):
     daemon_threads = True
-    answer: Answer
+    answer: Callable[..., Any]
+    with_params: bool
     asked: list[Asked]
     lock: threading.Lock
 
 
 class HostileServer:
-    def __init__(self, answer: Answer):
+    def __init__(self, answer: Callable[..., Any], with_params: bool = False):
         self._httpd = _Server(("127.0.0.1", 0), _Handler)
         self._httpd.answer = answer
+        self._httpd.with_params = with_params
         self._httpd.asked = []
         self._httpd.lock = threading.Lock()
         self._thread = threading.Thread(target=self._httpd.serve_forever, daemon=True)

@@ -89,7 +89,7 @@ def test_list_without_total_repeating_its_last_page_past_the_end_stops_saying_so
 
     with HostileServer(no_total(page)) as server:
         with pytest.raises(PagingError, match=r"repeats pages.*no new id"):
-            load(hostile_api(server), warehouse)
+            load(hostile_api(server, max_pages_per_pass=200), warehouse)  # bounded if it fails
         assert len(server.asked) < 20
 
 
@@ -101,7 +101,7 @@ def test_server_ignoring_skip_with_different_bytes_stops_saying_so(warehouse):
 
     with HostileServer(no_total(page)) as server:
         with pytest.raises(PagingError, match=r"same items as skip=0: the server ignores `skip`"):
-            load(hostile_api(server), warehouse)
+            load(hostile_api(server, max_pages_per_pass=200), warehouse)
         assert len(server.asked) < 20
 
 
@@ -322,7 +322,7 @@ def test_load_killed_with_sigkill_leaves_nothing_after_the_next_load(demo_server
 
 
 def facts(rows, distinct, totals=(), decreased=False, pass_number=1, **more):
-    from fieldsales_dagster.warehouse.raw_load import PassFacts
+    from fieldsales_dagster.client.completeness import PassFacts
 
     return PassFacts(rows, distinct, tuple(totals), decreased, pass_number, 3, **more)
 
@@ -347,13 +347,13 @@ def facts(rows, distinct, totals=(), decreased=False, pass_number=1, **more):
     ],
 )
 def test_pass_verdict(case, expected):
-    from fieldsales_dagster.warehouse.raw_load import judge_pass
+    from fieldsales_dagster.client.completeness import judge_pass
 
     assert judge_pass(case).action == expected
 
 
 def test_failed_verdict_says_what_the_server_sent():
-    from fieldsales_dagster.warehouse.raw_load import judge_pass
+    from fieldsales_dagster.client.completeness import judge_pass
 
     assert judge_pass(facts(90, 90, (100,), pass_number=3)).reason == (
         "90 items with 90 distinct ids (0 sent twice); every page reported a total of 100: "
@@ -363,14 +363,14 @@ def test_failed_verdict_says_what_the_server_sent():
 
 
 def test_repair_windows_cover_the_head_and_the_tail_of_what_is_missing():
-    from fieldsales_dagster.warehouse.raw_load import judge_pass
+    from fieldsales_dagster.client.completeness import judge_pass
 
     verdict = judge_pass(facts(1200, 1190, (1200, 1210)))
     assert (verdict.head, verdict.tail_from) == (40, 1170)  # twice the 20 missing
 
 
 def test_gap_windows_find_items_between_pages_answered_out_of_order():
-    from fieldsales_dagster.client.pager import gap_windows
+    from fieldsales_dagster.client.completeness import gap_windows
 
     # 25 inserted at the front after skip=400 was served but before skip=300 was: skip=300
     # held the items first at 275-374, skip=400 those at 400-499; 375-399 are now at 400-424.
@@ -385,19 +385,128 @@ def test_gap_windows_find_items_between_pages_answered_out_of_order():
     assert gap_windows(answers, 1225, slack=0) == [(400, 425)]
 
 
-def test_seen_ids_tell_new_ids_from_received_ones_across_their_merges():
-    from fieldsales_dagster.client.pager import SeenIds
+def test_offset_windows_ask_for_the_rest_of_a_short_page_and_drop_an_overflow():
+    """The page strategy alone, as a pure object: what it asks for after each answer."""
+    from fieldsales_dagster.client.pager import OffsetWindows, Page
 
-    class Small(SeenIds):
-        RECENT = 4  # merge into the sorted array every few ids
+    def page(skip, n, total=1000):
+        return Page(skip, [b"{}"] * n, total, 0)
 
-    seen = Small()
-    received: set[int] = set()
-    for page in range(40):
-        ids = {(-1) ** i * (page * 7 + i) * 2**40 for i in range(6)} | {3, -(2**63), 2**63 - 1}
-        new = seen.unseen(ids)
-        assert new == ids - received
-        seen.add(new)
-        received |= new
-    assert len(seen) == len(received)
-    assert seen.unseen(received) == set()
+    plan = OffsetWindows(concurrency=2)
+    assert plan.next_window(0) == (0, None) and plan.next_window(1) is None  # one first page
+    assert plan.answered((0, None), page(0, 100)).keep is None
+    assert [plan.next_window(0), plan.next_window(1)] == [(100, 200), (200, 300)]
+    assert plan.answered((100, 200), page(100, 60)).keep is None  # short: the rest is asked for
+    assert plan.next_window(1) == (160, 200)
+    assert plan.answered((200, 300), page(200, 60)).keep is None
+    assert plan.next_window(1) == (260, 300)
+    assert plan.next_window(2) == (300, 360)  # the stride follows the server's page size
+    assert plan.answered((260, 300), page(260, 60)).keep == 40  # the overflow is 300-320's
+    # An empty page at 360 of a list claiming 1000 items: the total is not plausible.
+    assert plan.answered((360, 420), page(360, 0)).implausible_total == 1000
+
+
+def test_total_equal_to_a_full_first_page_is_probed_before_it_is_trusted():
+    from fieldsales_dagster.client.pager import OffsetWindows, Page
+
+    plan = OffsetWindows(concurrency=4)
+    plan.next_window(0)
+    plan.answered((0, None), Page(0, [b"{}"] * 10, 10, 0))
+    assert plan.next_window(0) == (10, None) and plan.next_window(1) is None
+    step = plan.answered((10, None), Page(10, [b"{}"] * 10, 10, 0))
+    assert step.totals_unreliable and plan.limit is None  # paged as a list without a total
+    assert plan.next_window(0) == (20, 30)
+
+
+# --- the recovery paths: each has a test that fails without it ---------------------------------
+
+
+def short_pages(total: int, with_count: bool):
+    """The first page holds 60 items, later ones 40: every window planned at 60 comes back short."""
+
+    def answer(path, skip, limit):
+        page = items(skip, min(total, skip + min(limit, 60 if skip == 0 else 40)))
+        return {"transactions": page, "count": total} if with_count else page
+
+    return answer
+
+
+@pytest.mark.parametrize("with_count", [True, False], ids=["transactions", "events"])
+def test_pages_shorter_than_their_window_are_completed_by_follow_up_requests(warehouse, with_count):
+    with HostileServer(short_pages(1200, with_count)) as server:
+        report = load(hostile_api(server), warehouse)
+        asked = sorted({a.skip for a in server.asked})
+    assert report.rows == row_count(warehouse) == 1200
+    assert report.passes == 1 and report.repairs == 0
+    assert 160 in asked  # the rest of the window [100, 160)
+
+
+def test_items_between_pages_answered_out_of_order_are_fetched_by_a_gap_repair(warehouse):
+    """25 items inserted at the front after skip=400 answered, before skip=300 did: the items
+    then at 375-399 were in neither page. The head and the tail of the list hold none of them."""
+    import threading
+
+    listed = items(0, 1200)
+    lock = threading.Lock()
+    answered = {skip: threading.Event() for skip in (100, 200, 400)}
+
+    def answer(path, skip, limit):
+        if skip == 300:
+            for event in answered.values():
+                event.wait(timeout=10)
+            with lock:
+                if listed[0]["_id"].startswith("t-"):
+                    listed[:0] = items(0, 25, prefix="new")
+        with lock:
+            doc = {"transactions": listed[skip : skip + limit], "count": len(listed)}
+        if skip in answered:
+            answered[skip].set()
+        return doc
+
+    with HostileServer(answer) as server:
+        report = load(hostile_api(server), warehouse)
+    with duckdb.connect(str(warehouse.working_path), read_only=True) as conn:
+        loaded = {r[0] for r in conn.execute("SELECT id FROM raw.transactions").fetchall()}
+    assert loaded == {item["_id"] for item in listed} and len(loaded) == 1225
+    assert report.passes == 1 and report.repairs == 1
+
+
+def test_an_event_list_that_moved_is_paged_again_alone(tmp_path):
+    """The per-event lists share the executor and its rule: the one whose total went down while
+    it was paged is paged again, its first pass's rows forgotten; the others are not asked again."""
+    from datetime import UTC, datetime
+
+    from fieldsales_dagster.client.pager import PageExecutor, Stream
+    from fieldsales_dagster.warehouse.raw_load import Staging, raw_table_ddl
+
+    def event_items(event, start, stop):
+        return [{"_id": f"{event}-{i:03d}", "eventId": event} for i in range(start, stop)]
+
+    served = {"moving": 0}
+
+    def answer(path, skip, limit, params):
+        event = params["eventId"]
+        listed = event_items(event, 0, 30 if event == "calm" else 150)
+        if event == "moving":
+            served["moving"] += 1
+            if served["moving"] > 1:  # one item deleted after the first page was served
+                del listed[5]
+        return {"transactions": listed[skip : skip + limit], "count": len(listed)}
+
+    with HostileServer(answer, with_params=True) as server:
+        api = hostile_api(server)
+        conn = duckdb.connect(str(tmp_path / "stage.duckdb"))
+        conn.execute("CREATE SCHEMA raw")
+        conn.execute(raw_table_ddl(TRANSACTIONS, "raw.stage"))
+        staging = Staging(
+            conn, TRANSACTIONS, "raw.stage", datetime.now(UTC), tmp_path, 1 << 20, "event_id"
+        )
+        lists = [  # as the incremental refresh builds them: a short page's total is trusted
+            Stream(TRANSACTIONS.with_params(eventId=e), e, api.page_size)
+            for e in ("moving", "calm")
+        ]
+        results = PageExecutor(api, staging, label="by event").run(lists)
+        asked = [dict(a.params)["eventId"] for a in server.asked]
+    assert {key: result.passes for key, result in results.items()} == {"moving": 2, "calm": 1}
+    assert staging.counts() == {"moving": (149, 149), "calm": (30, 30)}
+    assert asked.count("calm") == 1

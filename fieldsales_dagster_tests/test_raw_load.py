@@ -7,6 +7,7 @@ import logging
 import duckdb
 import pytest
 
+from fieldsales_dagster.client.completeness import IncompleteListError
 from fieldsales_dagster.client.endpoints import EVENT_GROUPS, EVENTS, TRANSACTIONS, ListEndpoint
 from fieldsales_dagster.client.errors import (
     AuthenticationError,
@@ -16,7 +17,7 @@ from fieldsales_dagster.client.errors import (
     PageFormatError,
 )
 from fieldsales_dagster.client.resource import FieldSalesAPI
-from fieldsales_dagster.warehouse.raw_load import IncompleteListError, load_list
+from fieldsales_dagster.warehouse.raw_load import load_list
 from fieldsales_dagster_tests.conftest import make_api
 
 TX = TRANSACTIONS.path

@@ -1,20 +1,31 @@
-"""One pass over a list endpoint: windows of ``skip``, several requests in flight.
+"""Paging, once for every list: a page strategy per list and one executor for all of them.
 
-Rules a server cannot break without the pass stopping and saying what the server did:
+``OffsetWindows`` is the strategy: a small, pure object that says which ``skip`` window to ask
+for next and when a list has ended (dlt's paginators and Airbyte's ``OffsetIncrement`` have the
+same shape). Its rules:
 
 * ``skip`` advances by the items a page returned (SPEC): windows are planned from the latest
   page's size, a page that returns less leaves the rest of its window to a follow-up request, and
   a page that returns more than its window re-plans the stride (its overflow, which the next window
   also holds, is dropped). Windows are planned lazily, a few ahead of the requests in flight, so a
   claimed total of 1e12 costs no memory;
-* a page whose items are all ids already received brings nothing: after
-  ``NO_NEW_IDS_PAGES`` such pages the server is paging forever (it ignores ``skip``, or repeats a
-  page past the end) and the pass fails;
-* a pass holds at most ``max_pages_per_pass`` pages;
 * a total that equals a full first page may be the page's size, not the list's: the next page is
   asked for, and must be empty, before the total is trusted;
-* an empty page far short of the total the server claims makes the total implausible;
-* ``null`` where an item belongs is an error naming the page.
+* an empty page far short of the total the server claims makes the total implausible.
+
+``PageExecutor`` runs many lists (``Stream``: an endpoint with fixed parameters, such as
+``eventId``) over one thread pool of ``api.concurrency`` requests. It owns what every list shares:
+
+* the pass budget: a pass over one list holds at most ``max_pages_per_pass`` pages;
+* a page whose ids exactly repeat an earlier page of the pass brings nothing: after
+  ``NO_NEW_IDS_PAGES`` such pages the server is paging forever (it ignores ``skip``, or repeats a
+  page past the end) and the pass fails. One hash per page is kept, not one per id;
+* ``null`` where an item belongs, or an item that contradicts the list's filter (``eventId``),
+  is an error naming the page;
+* a progress line every ``PROGRESS_EVERY_S`` seconds;
+* the completeness rule (``completeness.py``): after a pass, each list's distinct ids (counted
+  where the pages were stored, ``Staging.counts``) must equal the server's final total, or the list
+  is repaired or paged again, within ``max_list_passes`` passes.
 """
 
 from __future__ import annotations
@@ -22,24 +33,33 @@ from __future__ import annotations
 import threading
 import time
 from collections import deque
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Hashable, Iterator
 from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, cast
+from typing import TYPE_CHECKING, Protocol
 
 import msgspec
-import numpy as np
 
+from fieldsales_dagster.client.completeness import (
+    Action,
+    IncompleteListError,
+    PassFacts,
+    Verdict,
+    gap_windows,
+    judge_pass,
+)
 from fieldsales_dagster.client.endpoints import ListEndpoint
 from fieldsales_dagster.client.errors import FieldSalesAPIError, PageFormatError
 
 if TYPE_CHECKING:
     from fieldsales_dagster.client.resource import FieldSalesAPI
 
-#: Pages whose ids were all received before, in one pass, that prove the server pages forever.
-#: A list that moves can shift a whole page of known ids under a window once; three cannot be
-#: told apart from a server that ignores ``skip``.
+#: Pages of one pass that repeat the ids of an earlier page, which prove the server pages
+#: forever. A list that moves can shift a whole page of known ids under a window once; three
+#: cannot be told apart from a server that ignores ``skip``.
 NO_NEW_IDS_PAGES = 3
+#: Seconds between two progress lines.
+PROGRESS_EVERY_S = 5.0
 
 #: Item keys decoded per item: ``_id`` first, then the endpoint's extra columns' keys.
 ItemKeys = tuple[str | int | float | None, ...]
@@ -55,6 +75,10 @@ def id_text(value: object) -> str | None:
 
 class PagingError(FieldSalesAPIError):
     """The server's pages cannot be a list: it pages forever, or claims an implausible total."""
+
+
+class FilterIgnoredError(PagingError):
+    """A filtered list (``eventId=X``) returned an item the filter excludes."""
 
 
 @dataclass
@@ -77,7 +101,11 @@ class Page:
 
 @dataclass
 class ListStats:
-    """What one pass over a list cost, for asset metadata and progress lines."""
+    """What one pass over a list cost, for asset metadata and progress lines.
+
+    Counts added to a ``ListStats`` with a ``parent`` are added to the parent too: the executor
+    sums every list's requests, pages and bytes while they happen.
+    """
 
     requests: int = 0
     retries: int = 0
@@ -99,12 +127,15 @@ class ListStats:
     max_total_answered: int | None = None
     #: Every answered page as ``(skip, items, total)``: where the list moved under the pass.
     answers: list[tuple[int, int, int | None]] = field(default_factory=list)
+    parent: ListStats | None = field(default=None, repr=False)
     _lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
 
     def count(self, **deltas: int) -> None:
         with self._lock:
             for name, delta in deltas.items():
                 setattr(self, name, getattr(self, name) + delta)
+        if self.parent is not None:
+            self.parent.count(**deltas)
 
     def record_total(self, total: int, baseline: int | None) -> None:
         """A page reported ``total``; ``baseline`` was ``max_total_answered`` when it was sent."""
@@ -116,6 +147,14 @@ class ListStats:
                 self.total_decreased = True
             if self.max_total_answered is None or total > self.max_total_answered:
                 self.max_total_answered = total
+
+    def forget_totals(self) -> None:
+        """The totals were page sizes: the list is paged as one without a total."""
+        with self._lock:
+            self.total_unreliable = True
+            self.total = None
+            self.totals_seen.clear()
+            self.max_total_answered = None
 
 
 def key_decoder(endpoint: ListEndpoint) -> msgspec.json.Decoder:
@@ -158,128 +197,480 @@ def _identity(keys: ItemKeys, item: msgspec.Raw) -> int:
     return hash(("id", item_id)) if item_id is not None else hash(bytes(item))
 
 
-class SeenIds:
-    """The identities (see ``_identity``) one pass has received, in 8 bytes each.
+# --- the strategy: pure -------------------------------------------------------------------------
 
-    The latest ones sit in a set; every ``RECENT`` of them move into one sorted array. A Python
-    set of a million ints takes ~75 MB, which made a pass's memory grow with the list; the array
-    takes 8 MB.
-    """
-
-    RECENT = 1 << 16
-
-    def __init__(self) -> None:
-        self._recent: set[int] = set()
-        self._sorted = np.empty(0, dtype=np.int64)
-
-    def __len__(self) -> int:
-        return len(self._recent) + len(self._sorted)
-
-    def unseen(self, ids: set[int]) -> set[int]:
-        """Those of ``ids`` not received before."""
-        new = ids - self._recent
-        if new and len(self._sorted):
-            candidates = np.fromiter(new, dtype=np.int64, count=len(new))
-            at = np.searchsorted(self._sorted, candidates)
-            at[at == len(self._sorted)] = 0
-            known = self._sorted[at] == candidates
-            if known.any():
-                new = set(candidates[~known].tolist())
-        return new
-
-    def add(self, new: set[int]) -> None:
-        """Record ``new``, ids ``unseen`` returned (so none is recorded already)."""
-        self._recent |= new
-        if len(self._recent) >= self.RECENT:
-            batch = np.fromiter(self._recent, dtype=np.int64, count=len(self._recent))
-            batch.sort()
-            # Two sorted runs: the stable sort (a merge sort) joins them in linear time.
-            self._sorted = np.sort(np.concatenate((self._sorted, batch)), kind="stable")
-            self._recent = set()
+#: ``[start, end)`` of a list; ``end`` is ``None`` for a page kept whole (the first, the probe).
+Window = tuple[int, int | None]
 
 
-class Pager:
-    """Schedules the requests of one pass over ``[start, stop)`` of a list.
+@dataclass(frozen=True)
+class Step:
+    """What the strategy made of one answer."""
+
+    #: Items of the page to keep (its first ``keep``); ``None``: all.
+    keep: int | None = None
+    #: The page proved the totals to be page sizes: forget them.
+    totals_unreliable: bool = False
+    #: An empty page came far short of this claimed total.
+    implausible_total: int | None = None
+
+
+class OffsetWindows:
+    """Which ``skip`` windows of ``[start, stop)`` of one list to ask for, and when it ended.
 
     With a total, windows run up to it (and follow it when it grows); without one, windows are
     opened ``concurrency`` ahead until a page comes back empty. ``stop`` bounds a partial pass
-    (the loader's repairs); the total is then recorded but not followed.
+    (a repair); the total is then recorded but not followed. A first page whose total equals its
+    size (and has at least ``doubt_total_from`` items) is followed by a probe of the next page.
+    Holds no I/O: ``next_window`` and ``answered`` are the whole interface.
+    """
+
+    def __init__(
+        self,
+        start: int = 0,
+        stop: int | None = None,
+        *,
+        concurrency: int,
+        doubt_total_from: int = 1,
+    ):
+        self.start = start
+        self.stop = stop
+        self.concurrency = concurrency
+        self.doubt_total_from = doubt_total_from
+        self.phase = "first"  # "first" page, the "probe", then "windows"
+        self.waiting = False  # the first page or the probe is in flight: nothing else is asked
+        self.followups: deque[Window] = deque()
+        self.limit: int | None = stop  # where windows end; None: until an empty page
+        self.end: int | None = None  # first skip known to be past the list
+        self.opened_to = start  # windows exist for [start, opened_to)
+        self.stride = 0
+        self.use_totals = True
+
+    def next_window(self, in_flight: int) -> Window | None:
+        """The next window to ask for (``in_flight`` of this list's are out), or ``None``."""
+        if self.waiting:
+            return None
+        if self.phase != "windows":
+            self.waiting = True
+            return (self.start if self.phase == "first" else self.opened_to, None)
+        while True:
+            if self.followups:
+                window = self.followups.popleft()
+            elif self.end is not None and self.opened_to >= self.end:
+                return None
+            elif self.limit is not None:
+                if self.opened_to >= self.limit:
+                    return None
+                window = (self.opened_to, min(self.opened_to + self.stride, self.limit))
+                self.opened_to = window[1]
+            elif in_flight < self.concurrency:
+                window = (self.opened_to, self.opened_to + self.stride)
+                self.opened_to = window[1]
+            else:
+                return None
+            if self.end is None or window[0] < self.end:
+                return window
+
+    def answered(self, window: Window, page: Page) -> Step:
+        """Plan on from ``page``, the answer to ``window``."""
+        start, end = window
+        if self.phase == "first":
+            self.waiting = False
+            self.phase = "windows"
+            if page.n == 0:
+                return Step(implausible_total=self._ended(start, page))
+            self.stride = page.n
+            self.opened_to = start + page.n
+            self._follow_total(page)
+            doubt = page.total == page.n and page.n >= self.doubt_total_from
+            if self.stop is None and doubt:
+                self.phase = "probe"
+            return Step()
+        if self.phase == "probe":
+            self.waiting = False
+            self.phase = "windows"
+            if page.n == 0:
+                self.end = start
+                return Step()
+            # Every page reports its own size: page until an empty page, as without a total.
+            self.use_totals = False
+            self.limit = self.stop
+            self.opened_to = start + page.n
+            return Step(totals_unreliable=True)
+        if page.n == 0:
+            return Step(implausible_total=self._ended(start, page))
+        assert end is not None
+        if page.n != end - start and page.n != self.stride:
+            self.stride = page.n  # the server's page size changed: re-plan
+        keep = None
+        if start + page.n < end:
+            self.followups.appendleft((start + page.n, end))
+        elif end < self.opened_to:
+            keep = end - start  # the overflow is the next window's, already planned
+        else:
+            self.opened_to = start + page.n  # the last window brought more
+        self._follow_total(page)
+        return Step(keep=keep)
+
+    def _follow_total(self, page: Page) -> None:
+        grew = page.total is not None and (self.limit is None or page.total > self.limit)
+        if self.stop is None and self.use_totals and grew:
+            self.limit = page.total  # the list grew: ask for the rest
+
+    def _ended(self, skip: int, page: Page) -> int | None:
+        """An empty page at ``skip``: the list ends here. Returns the claimed total if that
+        total is absurd next to where the pages end."""
+        claimed = page.total if page.total is not None and self.use_totals else None
+        if claimed is None and self.stop is None and self.use_totals:
+            claimed = self.limit
+        self.end = skip if self.end is None else min(self.end, skip)
+        if claimed is not None and claimed > 2 * skip + max(self.stride, 1):
+            return claimed
+        return None
+
+
+# --- the executor -------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Stream:
+    """One list to page: an endpoint with fixed parameters, and the key its pages are stored
+    under (``None`` for a whole list, the event id for ``eventId=X``)."""
+
+    endpoint: ListEndpoint
+    key: Hashable = None
+    #: A first page's total equal to its size is doubted (and probed) from this many items.
+    doubt_total_from: int = 1
+
+    @property
+    def url(self) -> str:
+        """The endpoint's path with its fixed parameters."""
+        query = "&".join(f"{k}={v}" for k, v in self.endpoint.params)
+        return self.endpoint.path + (f"?{query}" if query else "")
+
+    def where(self, skip: int) -> str:
+        return f"GET {self.url} (skip={skip})"
+
+    def filters(self) -> list[tuple[int, str, str]]:
+        """``(index in item keys, key, value)`` of each parameter that an item also carries."""
+        params = dict(self.endpoint.params)
+        return [
+            (i + 1, key, str(params[key]))
+            for i, (_, key) in enumerate(self.endpoint.extra_columns)
+            if key in params
+        ]
+
+
+class Staging(Protocol):
+    """Where the executor's pages are stored, and counted per list."""
+
+    def write(self, pages: Iterator[tuple[Stream, Page]]) -> None:
+        """Store every page; returns when they are all stored (raises if one was lost)."""
+
+    def counts(self) -> dict[Hashable, tuple[int, int]]:
+        """``(rows, distinct ids)`` stored per stream key."""
+
+    def forget(self, keys: list[Hashable]) -> None:
+        """Remove what is stored for these lists: they are paged again."""
+
+
+class _ListPass:
+    """One pass (or one repair window) over one list: its strategy and what it received."""
+
+    def __init__(
+        self,
+        stream: Stream,
+        stats: ListStats,
+        strategy: OffsetWindows,
+        decode: msgspec.json.Decoder,
+    ):
+        self.stream = stream
+        self.stats = stats
+        self.strategy: OffsetWindows | None = strategy
+        self.decode = decode
+        self.filters = stream.filters()
+        self.pages = 0
+        self.in_flight = 0
+        self.finished = False
+        self.page_hashes: set[int] = set()
+        self.first_hash: int | None = None
+        self.repeated_pages = 0
+        self.repairs = 0
+        #: A whole pass over the list, not a repair window.
+        self.whole = strategy.start == 0 and strategy.stop is None
+
+
+@dataclass
+class ListResult:
+    """A list the executor accepted: its last pass's stats and the rule's verdict."""
+
+    stream: Stream
+    stats: ListStats
+    facts: PassFacts
+    verdict: Verdict
+    passes: int
+    repairs: int
+
+
+class PageExecutor:
+    """Pages many lists over one thread pool into ``staging`` until each is complete.
+
+    ``spent`` sums every request, retry, page and byte of every pass of every list.
     """
 
     def __init__(
         self,
         api: FieldSalesAPI,
-        endpoint: ListEndpoint,
-        stats: ListStats,
-        progress: Callable[[ListStats], None] | None = None,
+        staging: Staging | None,
         *,
-        start: int = 0,
-        stop: int | None = None,
+        label: str,
+        log: Callable[[str], None] = lambda message: None,
+        spent: ListStats | None = None,
     ):
         self.api = api
-        self.endpoint = endpoint
-        self.stats = stats
-        self.progress = progress
-        self.start = start
-        self.stop = stop
-        self.decode = key_decoder(endpoint)
-        self.followups: deque[tuple[int, int]] = deque()
-        self.limit: int | None = stop  # where windows end; None: until an empty page
-        self.end: int | None = None  # first skip known to be past the list
-        self.opened_to = start  # windows exist for [start, opened_to)
-        self.stride = 0
-        self.pages = 0
-        self.seen = SeenIds()
-        self.first_ids: set[int] = set()
-        self.no_new_pages = 0
-        self.use_totals = True
+        self.staging = staging
+        self.label = label
+        self.log = log
+        self.spent = spent if spent is not None else ListStats()
+        self._decoders: dict[ListEndpoint, msgspec.json.Decoder] = {}
+        self._started = time.monotonic()
+        self._lists = 0
+        self._lists_done = 0
 
-    # --- checks of one page -------------------------------------------------------------
+    # --- the completeness rule, pass by pass ----------------------------------------------
 
-    def _where(self, skip: int) -> str:
-        return f"GET {self.endpoint.path} (skip={skip})"
+    def run(self, lists: list[Stream]) -> dict[Hashable, ListResult]:
+        """Page every list, each until the rule accepts it; raises ``IncompleteListError``."""
+        max_passes = self.api.max_list_passes
+        staging = self.staging
+        assert staging is not None, "run() pages into a staging table"
+        results: dict[Hashable, ListResult] = {}
+        previous: dict[Hashable, tuple[int, int]] = {}
+        todo = lists
+        self._lists = len(lists)
+        for number in range(1, max_passes + 1):
+            passes = [self._pass(stream, ListStats(parent=self.spent)) for stream in todo]
+            self._stage(passes)
+            judged: list[tuple[_ListPass, PassFacts, Verdict]] = []
+            unjudged = passes
+            while unjudged:
+                counts = staging.counts()
+                repairing: list[_ListPass] = []
+                windows: list[_ListPass] = []
+                for lp in unjudged:
+                    rows, distinct = counts.get(lp.stream.key, (0, 0))
+                    facts = PassFacts(
+                        rows=rows,
+                        distinct=distinct,
+                        totals_seen=tuple(lp.stats.totals_seen),
+                        total_decreased=lp.stats.total_decreased,
+                        pass_number=number,
+                        max_passes=max_passes,
+                        repairs=lp.repairs,
+                        previous=previous.get(lp.stream.key),
+                    )
+                    verdict = judge_pass(facts)
+                    if verdict.action is Action.REPAIR:
+                        repairing.append(lp)
+                        windows.extend(self._repairs(lp, verdict, facts, number))
+                    else:
+                        judged.append((lp, facts, verdict))
+                self._stage(windows)
+                unjudged = repairing
+            repage: list[Stream] = []
+            for lp, facts, verdict in judged:
+                if verdict.action is Action.ACCEPT:
+                    results[lp.stream.key] = ListResult(
+                        lp.stream, lp.stats, facts, verdict, number, lp.repairs
+                    )
+                elif verdict.action is Action.FAIL:
+                    endpoint = lp.stream.endpoint
+                    raise IncompleteListError(
+                        f"{endpoint.name} ({lp.stream.url}): after "
+                        f"{facts.pass_number} passes, {verdict.reason}. {endpoint.raw_table} was "
+                        "left as it was. Run again later; if the server's list is stable, report "
+                        "its counts to the Field-Sales service (or raise max_list_passes)."
+                    )
+                else:
+                    previous[lp.stream.key] = (facts.rows, facts.distinct)
+                    self.log(
+                        f"{lp.stream.endpoint.name}: pass {number}: {verdict.reason}; paging it "
+                        "again."
+                    )
+                    repage.append(lp.stream)
+            if not repage:
+                break
+            staging.forget([stream.key for stream in repage])
+            todo = repage
+        return results
 
-    def _admit(self, page: Page, baseline: int | None, keep: int | None = None) -> Page:
-        """Record the page, check it, and keep its first ``keep`` items (all by default)."""
-        self.pages += 1
-        self.stats.count(pages=1, bytes=page.nbytes)
-        self.stats.answers.append((page.skip, page.n, page.total if self.use_totals else None))
-        if page.total is not None and self.use_totals:
-            self.stats.record_total(page.total, baseline)
-        if self.pages > self.api.max_pages_per_pass:
+    def pages(self, lists: list[Stream]) -> Iterator[tuple[Stream, Page]]:
+        """Every page of one pass over ``lists`` as it arrives, stored nowhere and held to no
+        completeness rule: the fetch alone, as the benchmarks measure it."""
+        return self._fetch([self._pass(stream, ListStats(parent=self.spent)) for stream in lists])
+
+    def _pass(self, stream: Stream, stats: ListStats, start: int = 0, stop: int | None = None):
+        decode = self._decoders.get(stream.endpoint)
+        if decode is None:
+            decode = self._decoders[stream.endpoint] = key_decoder(stream.endpoint)
+        strategy = OffsetWindows(
+            start,
+            stop,
+            concurrency=self.api.concurrency,
+            doubt_total_from=stream.doubt_total_from,
+        )
+        return _ListPass(stream, stats, strategy, decode)
+
+    def _repairs(
+        self, lp: _ListPass, verdict: Verdict, facts: PassFacts, number: int
+    ) -> list[_ListPass]:
+        """The windows that re-fetch the head and the tail of a list that grew (and, the first
+        time, the gaps its out-of-order answers left); they count into the pass's stats."""
+        lp.repairs += 1
+        self.log(
+            f"{lp.stream.endpoint.name}: pass {number}: {verdict.reason}; re-fetching items "
+            f"0-{verdict.head} and from {verdict.tail_from} (repair {lp.repairs})."
+        )
+        windows: list[tuple[int, int | None]] = [(0, verdict.head)]
+        if lp.repairs == 1:  # boundaries the pass's pages straddled while the list grew
+            windows += gap_windows(lp.stats.answers, facts.total or 0)
+        windows.append((verdict.tail_from, None))
+        return [self._pass(lp.stream, lp.stats, start, stop) for start, stop in windows]
+
+    def _stage(self, passes: list[_ListPass]) -> None:
+        if passes:
+            assert self.staging is not None
+            self.staging.write(self._fetch(passes))
+
+    # --- requests -------------------------------------------------------------------------
+
+    def _fetch(self, passes: list[_ListPass]) -> Iterator[tuple[Stream, Page]]:
+        """Every page of ``passes``, as it arrives; ``api.concurrency`` requests in flight.
+
+        Lists that have started go first, so a list's pages follow each other and few lists are
+        open at once; the others start as requests come free.
+        """
+        api = self.api
+        waiting = deque(passes)
+        active: list[_ListPass] = []
+        pool = ThreadPoolExecutor(max_workers=api.concurrency, thread_name_prefix="fieldsales")
+        in_flight: dict[Future[Page], tuple[_ListPass, Window, int | None]] = {}
+        last_progress = time.monotonic()
+
+        def fill(lp: _ListPass) -> None:
+            while len(in_flight) < api.concurrency:
+                window = lp.strategy.next_window(lp.in_flight)  # type: ignore[union-attr]
+                if window is None:
+                    if lp.in_flight == 0:
+                        lp.finished = True
+                        lp.strategy = None
+                        lp.page_hashes = set()
+                        self._lists_done += lp.whole
+                    return
+                endpoint = lp.stream.endpoint
+                future = pool.submit(api.fetch_page, endpoint, window[0], lp.stats)
+                in_flight[future] = (lp, window, lp.stats.max_total_answered)
+                lp.in_flight += 1
+
+        try:
+            while True:
+                for lp in active:
+                    fill(lp)
+                while waiting and len(in_flight) < api.concurrency:
+                    active.append(waiting.popleft())
+                    fill(active[-1])
+                active = [lp for lp in active if not lp.finished]
+                if not in_flight:
+                    return
+                done, _ = wait(in_flight, return_when=FIRST_COMPLETED)
+                for future in done:
+                    lp, window, baseline = in_flight.pop(future)
+                    lp.in_flight -= 1
+                    page = self._admit(lp, window, future.result(), baseline)
+                    if page.n:
+                        yield lp.stream, page
+                now = time.monotonic()
+                if now - last_progress >= PROGRESS_EVERY_S:
+                    last_progress = now
+                    self.log(self._progress_line())
+        finally:
+            for future in in_flight:
+                future.cancel()
+            pool.shutdown(wait=True, cancel_futures=True)
+
+    def _progress_line(self) -> str:
+        spent = self.spent
+        lists = f"{self._lists_done}/{self._lists} lists, " if self._lists > 1 else ""
+        return (
+            f"{self.label}: {lists}{spent.items} items in {spent.pages} pages, "
+            f"{spent.bytes / 1e6:.0f} MB, {spent.retries} retries, "
+            f"{time.monotonic() - self._started:.1f} s"
+        )
+
+    # --- checks of one page ---------------------------------------------------------------
+
+    def _admit(self, lp: _ListPass, window: Window, page: Page, baseline: int | None) -> Page:
+        """Plan on from the page, record it, check it, and return what of it to keep."""
+        step = lp.strategy.answered(window, page)  # type: ignore[union-attr]
+        stats, stream = lp.stats, lp.stream
+        if step.totals_unreliable:
+            stats.forget_totals()
+        use_totals = lp.strategy.use_totals  # type: ignore[union-attr]
+        lp.pages += 1
+        stats.count(pages=1, bytes=page.nbytes)
+        stats.answers.append((page.skip, page.n, page.total if use_totals else None))
+        if page.total is not None and use_totals:
+            stats.record_total(page.total, baseline)
+        max_pages = self.api.max_pages_per_pass
+        if lp.pages > max_pages:
             raise PagingError(
-                f"{self._where(page.skip)}: {self.pages} pages in one pass over "
-                f"{self.endpoint.name} ({self.stats.items} items so far), more than "
-                f"max_pages_per_pass={self.api.max_pages_per_pass}: the server seems to page "
-                "forever. If the list really is that long, raise max_pages_per_pass."
+                f"{stream.where(page.skip)}: {lp.pages} pages in one pass over "
+                f"{stream.endpoint.name} ({stats.items} items so far), more than "
+                f"max_pages_per_pass={max_pages}: the server seems to page forever. If the list "
+                "really is that long, raise max_pages_per_pass."
             )
-        keys = item_keys(page.items, self.decode)
+        keys = item_keys(page.items, lp.decode)
         nulls = sum(1 for k in keys if k is _NULL)
         if nulls:
             raise PageFormatError(
-                f"{self._where(page.skip)} answered {nulls} `null` items among {page.n}: the "
-                f"server sent null where an item of {self.endpoint.name} belongs, so the list "
+                f"{stream.where(page.skip)} answered {nulls} `null` items among {page.n}: the "
+                f"server sent null where an item of {stream.endpoint.name} belongs, so the list "
                 "cannot be stored as received. Report it to the Field-Sales service."
             )
-        keep = page.n if keep is None else keep
-        # No item is null past the check above: every entry holds an item's keys.
-        items, page_keys = page.items[:keep], cast("list[ItemKeys]", keys[:keep])
-        ids = {_identity(k, item) for k, item in zip(page_keys, items, strict=True)}
-        new = self.seen.unseen(ids)
-        if self.pages == 1:
-            self.first_ids = ids
-        if ids and not new:
-            self.no_new_pages += 1
-            if self.no_new_pages >= NO_NEW_IDS_PAGES:
-                raise PagingError(self._no_new_ids_message(page, ids))
-        self.seen.add(new)
-        self.stats.count(items=len(items))
-        return Page(page.skip, items, page.total, page.nbytes, page_keys, page.line_breaks)
+        if step.implausible_total is not None:
+            raise PagingError(
+                f"{stream.where(page.skip)} answered no items while the server reports a total "
+                f"of {step.implausible_total} {stream.endpoint.name}; the pages end at "
+                f"{page.skip}, far short of it. The total is not plausible; nothing was "
+                "replaced. Report it to the Field-Sales service."
+            )
+        keep = page.n if step.keep is None else step.keep
+        items, page_keys = page.items[:keep], keys[:keep]
+        for index, key, value in lp.filters:
+            for item_key in page_keys:
+                if id_text(item_key[index]) != value:  # type: ignore[index]
+                    raise FilterIgnoredError(
+                        f"{stream.where(page.skip)} returned an item of {stream.endpoint.name} "
+                        f"with {key} {item_key[index]!r}: the server ignores the {key} filter"  # type: ignore[index]
+                    )
+        if items:
+            ids = frozenset(_identity(k, i) for k, i in zip(page_keys, items, strict=True))  # type: ignore[arg-type]
+            page_hash = hash(ids)
+            if lp.first_hash is None:
+                lp.first_hash = page_hash
+            if page_hash in lp.page_hashes:
+                lp.repeated_pages += 1
+                if lp.repeated_pages >= NO_NEW_IDS_PAGES:
+                    raise PagingError(self._repeats_message(lp, page, page_hash))
+            lp.page_hashes.add(page_hash)
+        stats.count(items=len(items))
+        return Page(page.skip, items, page.total, page.nbytes, page_keys, page.line_breaks)  # type: ignore[arg-type]
 
-    def _no_new_ids_message(self, page: Page, ids: set[int]) -> str:
-        if page.skip != self.start and ids == self.first_ids:
+    def _repeats_message(self, lp: _ListPass, page: Page, page_hash: int) -> str:
+        start = lp.strategy.start  # type: ignore[union-attr]
+        if page.skip != start and page_hash == lp.first_hash:
             what = (
-                f"the same items as skip={self.start}: the server ignores `skip`, so the list "
+                f"the same items as skip={start}: the server ignores `skip`, so the list "
                 "cannot be paged"
             )
         else:
@@ -289,149 +680,7 @@ class Pager:
                 "empty page"
             )
         return (
-            f"{self._where(page.skip)} answered {page.n} items, {what}. {NO_NEW_IDS_PAGES} pages "
-            f"of {self.endpoint.name} brought no new id; stopped after {self.pages} pages. "
-            "Nothing was replaced; report it to the Field-Sales service."
+            f"{lp.stream.where(page.skip)} answered {page.n} items, {what}. {NO_NEW_IDS_PAGES} "
+            f"pages of {lp.stream.endpoint.name} brought no new id; stopped after {lp.pages} "
+            "pages. Nothing was replaced; report it to the Field-Sales service."
         )
-
-    def _check_empty(self, skip: int, page: Page) -> None:
-        """An empty page at ``skip``: the list ends here, unless the claimed total is absurd."""
-        claimed = page.total if page.total is not None and self.use_totals else None
-        if claimed is None and self.stop is None and self.use_totals:
-            claimed = self.limit
-        if claimed is not None and claimed > 2 * skip + max(self.stride, 1):
-            raise PagingError(
-                f"{self._where(skip)} answered no items while the server reports a total of "
-                f"{claimed} {self.endpoint.name}; the pages end at {skip}, far short of it. The "
-                "total is not plausible; nothing was replaced. Report it to the Field-Sales "
-                "service."
-            )
-        self.end = skip if self.end is None else min(self.end, skip)
-
-    # --- planning -----------------------------------------------------------------------
-
-    def _next_window(self, in_flight: int) -> tuple[int, int] | None:
-        if self.followups:
-            return self.followups.popleft()
-        if self.end is not None and self.opened_to >= self.end:
-            return None
-        if self.limit is not None:
-            if self.opened_to >= self.limit:
-                return None
-            window = (self.opened_to, min(self.opened_to + self.stride, self.limit))
-        elif in_flight < self.api.concurrency:
-            window = (self.opened_to, self.opened_to + self.stride)
-        else:
-            return None
-        self.opened_to = window[1]
-        return window
-
-    def _follow_total(self, page: Page) -> None:
-        grew = page.total is not None and (self.limit is None or page.total > self.limit)
-        if self.stop is None and self.use_totals and grew:
-            self.limit = page.total  # the list grew: ask for the rest
-
-    def _probe_total(self, first: Page) -> Iterator[Page]:
-        """A total equal to a full first page may be the page's size: the next page tells."""
-        if self.stop is not None or not (first.total is not None and first.total == first.n):
-            return
-        probe = self.api.fetch_page(self.endpoint, self.start + first.n, self.stats)
-        if probe.n == 0:
-            self.end = self.start + first.n
-            self._admit(probe, None)
-            return
-        # Every page reports its own size: page until an empty page, as without a total.
-        self.use_totals = False
-        self.limit = self.stop
-        with self.stats._lock:
-            self.stats.total_unreliable = True
-            self.stats.total = None
-            self.stats.totals_seen.clear()
-            self.stats.max_total_answered = None
-        page = self._admit(probe, None)
-        self.opened_to = probe.skip + probe.n
-        yield page
-
-    def run(self) -> Iterator[Page]:
-        first = self._admit(self.api.fetch_page(self.endpoint, self.start, self.stats), None)
-        yield first
-        if first.n == 0:
-            self._check_empty(self.start, first)
-            return
-        self.stride = first.n
-        self.opened_to = self.start + first.n
-        self._follow_total(first)
-        yield from self._probe_total(first)
-        last_progress = time.monotonic()
-
-        pool = ThreadPoolExecutor(
-            max_workers=self.api.concurrency, thread_name_prefix=f"fieldsales-{self.endpoint.name}"
-        )
-        in_flight: dict[Future[Page], tuple[int, int, int | None]] = {}
-        try:
-            while True:
-                while len(in_flight) < self.api.concurrency:
-                    window = self._next_window(len(in_flight))
-                    if window is None:
-                        break
-                    start, end = window
-                    if self.end is not None and start >= self.end:
-                        continue
-                    future = pool.submit(self.api.fetch_page, self.endpoint, start, self.stats)
-                    in_flight[future] = (start, end, self.stats.max_total_answered)
-                if not in_flight:
-                    return
-                done, _ = wait(in_flight, return_when=FIRST_COMPLETED)
-                for future in done:
-                    start, end, baseline = in_flight.pop(future)
-                    answer = future.result()
-                    if answer.n == 0:
-                        self._admit(answer, baseline)
-                        self._check_empty(start, answer)
-                        continue
-                    if answer.n != end - start and answer.n != self.stride:
-                        self.stride = answer.n  # the server's page size changed: re-plan
-                    keep = None
-                    if start + answer.n < end:
-                        self.followups.appendleft((start + answer.n, end))
-                    elif end < self.opened_to:
-                        keep = end - start  # the overflow is the next window's, already planned
-                    else:
-                        self.opened_to = start + answer.n  # the last window brought more
-                    page = self._admit(answer, baseline, keep)
-                    self._follow_total(answer)
-                    if page.n:
-                        yield page
-                now = time.monotonic()
-                if self.progress and now - last_progress >= 5.0:
-                    last_progress = now
-                    self.progress(self.stats)
-        finally:
-            for future in in_flight:
-                future.cancel()
-            pool.shutdown(wait=True, cancel_futures=True)
-
-
-def gap_windows(
-    answers: list[tuple[int, int, int | None]], total_now: int, slack: int = 2
-) -> list[tuple[int, int]]:
-    """Where a pass may have missed items because the list grew while pages were in flight.
-
-    Two adjacent pages answered out of order around an insertion ahead of them: the lower one saw
-    the longer list (its items shifted further), so the items between the two were in neither.
-    Each such boundary gives the window ``[start, stop)`` (today's positions) that holds them.
-    """
-    gaps: list[tuple[int, int]] = []
-    ordered = sorted(
-        ((s, n, t) for s, n, t in answers if t is not None and n > 0), key=lambda a: a[0]
-    )
-    for (s1, n1, t1), (s2, _, t2) in zip(ordered, ordered[1:], strict=False):
-        if s1 < s2 <= s1 + n1 and t1 > t2:
-            end = s1 + n1
-            start = max(0, end + total_now - t1 - slack)
-            stop = end + total_now - t2 + slack
-            if gaps and start <= gaps[-1][1]:
-                gaps[-1] = (gaps[-1][0], max(stop, gaps[-1][1]))
-            else:
-                gaps.append((start, stop))
-    return gaps

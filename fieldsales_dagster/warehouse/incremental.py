@@ -22,26 +22,24 @@ from __future__ import annotations
 
 import tempfile
 import time
-from collections import deque
 from collections.abc import Callable
-from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 from importlib import resources
 from pathlib import Path
-from typing import Any, cast
+from typing import Any
 
 import duckdb
 
+from fieldsales_dagster.client.completeness import IncompleteListError
 from fieldsales_dagster.client.endpoints import EVENTS, TRANSACTIONS, ListEndpoint
-from fieldsales_dagster.client.errors import FieldSalesAPIError, PageFormatError
 from fieldsales_dagster.client.pager import (
-    ItemKeys,
+    FilterIgnoredError,
     ListStats,
-    Page,
-    id_text,
-    item_keys,
-    key_decoder,
+    PageExecutor,
+    PagingError,
+    Stream,
 )
 from fieldsales_dagster.client.resource import FieldSalesAPI
 from fieldsales_dagster.pause import pause_at
@@ -49,7 +47,7 @@ from fieldsales_dagster.warehouse.lake import run_transaction
 from fieldsales_dagster.warehouse.raw_load import (
     LoadReport,
     ShrinkGuard,
-    StagingWriter,
+    Staging,
     load_list,
     raw_table_ddl,
     spool_root,
@@ -543,16 +541,6 @@ def _incremental(
     )
 
 
-@dataclass
-class _EventPass:
-    """What the pages of one event's ``eventId`` list brought so far."""
-
-    items: int = 0
-    pages: int = 0
-    ids: set[object] = field(default_factory=set)
-    totals: list[int] = field(default_factory=list)
-
-
 def _fetch_by_event(
     api: FieldSalesAPI,
     conn: duckdb.DuckDBPyConnection,
@@ -564,128 +552,34 @@ def _fetch_by_event(
     """Page ``transaction/all?eventId=X`` for every X into the staging table; raises a
     ``_FallBack`` when a guard fails.
 
-    One scheduler keeps ``api.concurrency`` requests in flight across all events: the first page
-    of every event is queued, and an event's next page goes to the front of the queue when its
-    previous page said there is more (``skip + n < total``, or no total and a non-empty page).
-    Most events fit one page, so most cost one request. A full page (``n == page_size``) whose
-    total equals its size is followed by one more request, which must come back empty: the total
-    might be the page's size, not the list's. (A server that caps pages below ``page_size`` and
-    reports each page's size as its total would still lose items: the global count after the
-    merge catches that.) Pages are checked and spooled in this thread as they arrive.
+    Each event's list is a stream of the paging executor, which pages them all over one thread
+    pool and holds each to the completeness rule (per event: the distinct ids staged under it
+    equal its final total, or it is paged again). Most events fit one page, so most cost one
+    request; a full first page whose total equals its size is probed (the total might be the
+    page's size). A server that caps pages below ``page_size`` and reports each page's size as
+    its total would still lose items: the global count after the merge catches that.
     """
-    decode = key_decoder(TRANSACTIONS)
-    endpoints = {event_id: TRANSACTIONS.with_params(eventId=event_id) for event_id in event_ids}
-    passes = {event_id: _EventPass() for event_id in event_ids}
-    tasks: deque[tuple[str, int]] = deque((event_id, 0) for event_id in event_ids)
-    last_progress = time.monotonic()
-    loaded_at = datetime.now(UTC)
-    stats = fetched.stats
-
-    def where(event_id: str, skip: int) -> str:
-        return f"GET {TRANSACTIONS.path}?eventId={event_id} (skip={skip})"
-
-    def admit(event_id: str, skip: int, page: Page) -> None:
-        """Check one page, spool it, and queue the event's next page if there is one."""
-        state = passes[event_id]
-        state.pages += 1
-        stats.count(pages=1, bytes=page.nbytes, items=page.n)
-        if state.pages > api.max_pages_per_pass:
-            raise EventListMoved(
-                f"{where(event_id, skip)}: more than max_pages_per_pass="
-                f"{api.max_pages_per_pass} pages for one event"
-            )
-        keys = item_keys(page.items, decode)
-        if not all(isinstance(k, tuple) for k in keys):  # an item that is JSON null
-            raise PageFormatError(
-                f"{where(event_id, skip)} answered `null` where a transaction belongs; "
-                "raw.transactions was left as it was. Report it to the Field-Sales service."
-            )
-        new: set[object] = set()
-        # No item is null past the check above: every entry holds an item's keys.
-        checked = cast("list[ItemKeys]", keys)
-        for item, (item_id, item_event) in zip(page.items, checked, strict=True):
-            # Ids compare as text: eventId 1002 (a JSON number) is event "1002".
-            if id_text(item_event) != event_id:
-                raise EventFilterIgnored(
-                    f"GET {TRANSACTIONS.path}?eventId={event_id} returned a transaction of "
-                    f"event {item_event!r}: the server ignores the eventId filter"
-                )
-            item_text = id_text(item_id)
-            new.add(("id", item_text) if item_text is not None else bytes(item))
-        if page.total is not None and (not state.totals or state.totals[-1] != page.total):
-            state.totals.append(page.total)
-        if page.n and not (new - state.ids):
-            raise EventListMoved(
-                f"{where(event_id, skip)} answered only transactions already received for this "
-                "event: the server repeats pages or ignores skip"
-            )
-        state.ids |= new
-        state.items += page.n
-        page.keys = checked
-        writer.add(page)
-        following = skip + page.n
-        more = page.n > 0 and (
-            page.total is None
-            or following < page.total
-            or (skip == 0 and page.n == page.total and page.n >= api.page_size)
-        )
-        if more:
-            tasks.appendleft((event_id, following))
-        else:
-            finished(event_id)
-
-    def finished(event_id: str) -> None:
-        state = passes.pop(event_id)
-        total = state.totals[-1] if state.totals else None
-        if (
-            len(state.totals) > 1
-            or len(state.ids) != state.items
-            or total not in (None, state.items)
-        ):
-            raise EventListMoved(
-                f"the transactions of event {event_id} changed while they were paged "
-                f"({state.items} items, {len(state.ids)} distinct, totals seen {state.totals})"
-            )
-        fetched.events_done += 1
-
+    lists = [
+        Stream(TRANSACTIONS.with_params(eventId=event_id), event_id, api.page_size)
+        for event_id in event_ids
+    ]
     spools = spool_root(conn)
     if spools is not None:
         spools.mkdir(parents=True, exist_ok=True)
     with tempfile.TemporaryDirectory(prefix="transactions-by-event-", dir=spools) as tmp:
-        writer = StagingWriter(conn, TRANSACTIONS, STAGE_TABLE, loaded_at, Path(tmp), 32 << 20)
-        pool = ThreadPoolExecutor(max_workers=api.concurrency, thread_name_prefix="fieldsales-ev")
-        in_flight: dict[Future[Page], tuple[str, int]] = {}
-        try:
-            while tasks or in_flight:
-                while tasks and len(in_flight) < api.concurrency:
-                    event_id, skip = tasks.popleft()
-                    future = pool.submit(api.fetch_page, endpoints[event_id], skip, stats)
-                    in_flight[future] = (event_id, skip)
-                done, _ = wait(in_flight, return_when=FIRST_COMPLETED)
-                for future in done:
-                    event_id, skip = in_flight.pop(future)
-                    admit(event_id, skip, future.result())
-                now = time.monotonic()
-                if now - last_progress >= 5.0:
-                    last_progress = now
-                    log(
-                        f"transactions: {fetched.events_done}/{len(event_ids)} events "
-                        f"re-fetched, {stats.bytes / 1e6:.0f} MB, {now - started:.1f} s"
-                    )
-            writer.finish()
-        except _FallBack as exc:
-            exc.bytes_fetched = stats.bytes
-            raise
-        finally:
-            for future in in_flight:
-                future.cancel()
-            pool.shutdown(wait=True, cancel_futures=True)
-            writer.close()
-    if writer.rows_inserted != writer.items_written:
-        raise FieldSalesAPIError(
-            f"transactions: DuckDB read {writer.rows_inserted} items from the pages but the API "
-            f"returned {writer.items_written}; raw.transactions was left as it was."
+        staging = Staging(
+            conn, TRANSACTIONS, STAGE_TABLE, datetime.now(UTC), Path(tmp), 32 << 20, "event_id"
         )
+        executor = PageExecutor(
+            api, staging, label="transactions by eventId", log=log, spent=fetched.stats
+        )
+        try:
+            executor.run(lists)
+        except FilterIgnoredError as exc:
+            raise EventFilterIgnored(str(exc), fetched.stats.bytes) from None
+        except (PagingError, IncompleteListError) as exc:
+            raise EventListMoved(str(exc), fetched.stats.bytes) from None
+    fetched.events_done = len(event_ids)
 
 
 def _read_replaced(cursor: duckdb.DuckDBPyConnection, event_ids: list[str]) -> dict[str, int]:

@@ -9,9 +9,10 @@ decoded back by the insert, so every id is stored exactly as received (``spool_f
 spooling and inserting overlap, and memory holds a few pages whatever the list's size; the spool
 waits on disk beside the database (``<db dir>/.fieldsales_spool/``), not in memory.
 
-After a pass, ``judge_pass`` (a pure function of the pass's counts) decides: accept it, repair it
-(re-fetch the head and the tail of a list that grew while it was paged), page the list again, or
-fail saying what the server sent. The previous table is replaced only after that, in one
+The paging executor (``client/pager.py``) fills the staging table (``Staging``) and asks it
+for the distinct ids after each pass; its completeness rule (``client/completeness.py``) accepts
+the pass, repairs it, pages the list again, or fails saying what the server sent. The previous
+table is replaced only after that, in one
 transaction, and never by one that would empty it or shrink it by more than
 ``max_shrink_fraction`` unless ``allow_shrink``. A load starts by removing what a killed load left
 behind: ``_stage_*`` tables and spool folders.
@@ -26,10 +27,9 @@ import re
 import tempfile
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Hashable, Iterator
 from dataclasses import dataclass
 from datetime import UTC, datetime
-from enum import StrEnum
 from pathlib import Path
 from typing import cast
 
@@ -40,10 +40,9 @@ from fieldsales_dagster.client.endpoints import ListEndpoint
 from fieldsales_dagster.client.errors import FieldSalesAPIError
 from fieldsales_dagster.client.pager import (
     ItemKeys,
-    ListStats,
     Page,
-    Pager,
-    gap_windows,
+    PageExecutor,
+    Stream,
     id_text,
     item_keys,
     key_decoder,
@@ -70,8 +69,6 @@ ESCAPED_FIELD = b"\x02"
 #: Characters an id cannot carry in a spool line as it is: the separators, line breaks, and (so
 #: that no id that rides as it is starts with ``ESCAPED_FIELD``) every other control character.
 _CONTROL = re.compile("[\x00-\x1f]")
-#: Repair rounds (head and tail re-fetched) of one pass before the list is paged again.
-MAX_REPAIRS = 5
 #: Bytes of items per insert statement. Larger statements fill DuckDB row groups in the
 #: inserting threads (see ``ROW_GROUP_SIZE``); 128 MB measured faster than 32 MB (2.8 -> 2.2 s for
 #: 100k transactions). The spool waits on disk, not in memory.
@@ -81,10 +78,6 @@ SPOOL_BYTES = 128 * 1024 * 1024
 
 class RawLoadError(RuntimeError):
     """Fetched pages could not be stored."""
-
-
-class IncompleteListError(FieldSalesAPIError):
-    """Every pass over a list disagreed with the server's total."""
 
 
 class ShrinkRefusedError(RawLoadError):
@@ -340,123 +333,6 @@ class StagingWriter:
             self._inserter.join()
 
 
-# --- the pass-acceptance rule -----------------------------------------------------------------
-
-
-class Action(StrEnum):
-    ACCEPT = "accept"
-    REPAIR = "repair"
-    REPAGE = "repage"
-    FAIL = "fail"
-
-
-@dataclass(frozen=True)
-class PassFacts:
-    """What one pass (with its repairs so far) staged, and what the server said meanwhile."""
-
-    rows: int
-    distinct: int
-    #: Distinct totals in order of arrival; empty when the server reports none.
-    totals_seen: tuple[int, ...]
-    #: A request sent after another had answered reported a smaller total.
-    total_decreased: bool
-    pass_number: int
-    max_passes: int
-    repairs: int = 0
-    max_repairs: int = MAX_REPAIRS
-    #: ``(rows, distinct)`` of the previous pass of this load, if there was one.
-    previous: tuple[int, int] | None = None
-
-    @property
-    def total(self) -> int | None:
-        return self.totals_seen[-1] if self.totals_seen else None
-
-    def describe(self) -> str:
-        """What the server sent, in words."""
-        repeated = self.rows - self.distinct
-        sent = f"{self.rows} items with {self.distinct} distinct ids ({repeated} sent twice)"
-        if self.total is None:
-            return sent + "; the server reports no total"
-        if len(self.totals_seen) == 1:
-            return sent + f"; every page reported a total of {self.total}"
-        seen = ", ".join(map(str, self.totals_seen))
-        return sent + f"; the total moved while it was paged: {seen}"
-
-
-@dataclass(frozen=True)
-class Verdict:
-    action: Action
-    reason: str
-    #: For ``REPAIR``: re-fetch ``[0, head)`` and everything from ``tail_from`` to the end.
-    head: int = 0
-    tail_from: int = 0
-
-
-def judge_pass(facts: PassFacts) -> Verdict:
-    """Accept a pass, repair it, page the list again, or fail; with the reason.
-
-    A pass is complete when its distinct ids equal the server's final total and nothing shows a
-    deleted item was fetched (a total that went down). A list that only grew is repaired where
-    it grows (head and tail) rather than paged again; the same counts in two passes in a row
-    are the server's list as it is (say, ids it lists twice), not a list that moves.
-    """
-    f = facts
-    last = f.pass_number >= f.max_passes
-    same_as_before = f.previous == (f.rows, f.distinct)
-    repeated = f.rows - f.distinct
-    total = f.total
-    if total is None:
-        if repeated == 0:
-            return Verdict(Action.ACCEPT, "every id came once; the server reports no total")
-        if same_as_before:
-            return Verdict(
-                Action.ACCEPT, f"the server lists {repeated} ids twice, the same in two passes"
-            )
-        if not last:
-            return Verdict(Action.REPAGE, f"{repeated} ids came twice: the list moved")
-        return Verdict(
-            Action.FAIL,
-            f"{f.describe()}, differently in each of {f.pass_number} passes: the list kept "
-            "changing while it was paged",
-        )
-
-    moved = len(f.totals_seen) > 1
-    if f.distinct == total:
-        if repeated == 0 and not moved:
-            return Verdict(Action.ACCEPT, "the distinct ids equal a total that stayed the same")
-        if not f.total_decreased and moved:
-            return Verdict(Action.ACCEPT, "the list only grew and every id it counts is here")
-        if not moved and (same_as_before or last):
-            return Verdict(
-                Action.ACCEPT, f"the distinct ids equal a stable total; {repeated} repeats dropped"
-            )
-    if f.distinct < total and moved and not f.total_decreased and f.repairs < f.max_repairs:
-        missing = total - f.distinct
-        return Verdict(
-            Action.REPAIR,
-            f"{missing} ids missing from a list that grew",
-            head=2 * missing,
-            tail_from=max(0, total - 2 * missing),
-        )
-    if f.distinct < total and not moved and f.rows == total and same_as_before:
-        return Verdict(
-            Action.ACCEPT,
-            f"the server lists {repeated} ids twice and counts every copy in its total, "
-            "the same in two passes",
-        )
-    if not last:
-        return Verdict(Action.REPAGE, f.describe())
-    if moved:
-        why = "the list kept changing while it was paged"
-    elif f.distinct > total:
-        why = "the server lists more distinct ids than its total counts"
-    elif f.rows < total:
-        why = "the server delivers fewer items than its total counts"
-    else:
-        why = "the server lists ids more than once, differently in each pass"
-    return Verdict(Action.FAIL, f"{f.describe()}: {why}")
-
-
 # --- loading ------------------------------------------------------------------------------------
 
 
@@ -505,35 +381,72 @@ def check_shrink(
         )
 
 
-def _staged_counts(conn: duckdb.DuckDBPyConnection, stage: str) -> tuple[int, int]:
-    rows, distinct = one_row(conn, f"SELECT count(*), count(DISTINCT id) FROM {qualified(stage)}")
-    return rows, distinct
+class Staging:
+    """A staging table that receives the executor's pages, counted per list.
 
+    ``by``: the column that tells the lists apart (``event_id`` for the per-event transaction
+    lists); ``None`` for one whole list. Each ``write`` is one insert transaction.
+    """
 
-def _stage_pages(
-    conn: duckdb.DuckDBPyConnection,
-    endpoint: ListEndpoint,
-    stage: str,
-    loaded_at: datetime,
-    spools: Path,
-    spool_bytes: int,
-    pagers: list[Pager],
-) -> None:
-    """Every page of ``pagers`` into ``stage``, in one insert transaction."""
-    writer = StagingWriter(conn, endpoint, stage, loaded_at, spools, spool_bytes)
-    try:
-        for pager in pagers:
-            for page in pager.run():
+    def __init__(
+        self,
+        conn: duckdb.DuckDBPyConnection,
+        endpoint: ListEndpoint,
+        table: str,
+        loaded_at: datetime,
+        spool_dir: Path,
+        spool_bytes: int,
+        by: str | None = None,
+    ):
+        self.conn = conn
+        self.endpoint = endpoint
+        self.table = table
+        self.loaded_at = loaded_at
+        self.spool_dir = spool_dir
+        self.spool_bytes = spool_bytes
+        self.by = by
+
+    def create(self) -> None:
+        self.conn.execute(raw_table_ddl(self.endpoint, self.table, lake=is_lake(self.conn)))
+
+    def write(self, pages: Iterator[tuple[Stream, Page]]) -> None:
+        writer = StagingWriter(
+            self.conn, self.endpoint, self.table, self.loaded_at, self.spool_dir, self.spool_bytes
+        )
+        try:
+            for _, page in pages:
                 writer.add(page)
                 pause_at("loading")
-        writer.finish()
-    finally:
-        writer.close()  # joins the inserter (and its transaction) before anything else runs
-    if writer.rows_inserted != writer.items_written:
-        raise FieldSalesAPIError(
-            f"{endpoint.name}: DuckDB read {writer.rows_inserted} items from the pages "
-            f"but the API returned {writer.items_written}; nothing was replaced."
-        )
+            writer.finish()
+        finally:
+            writer.close()  # joins the inserter (and its transaction) before anything else runs
+        if writer.rows_inserted != writer.items_written:
+            raise FieldSalesAPIError(
+                f"{self.endpoint.name}: DuckDB read {writer.rows_inserted} items from the pages "
+                f"but the API returned {writer.items_written}; {self.endpoint.raw_table} was left "
+                "as it was."
+            )
+
+    def counts(self) -> dict[Hashable, tuple[int, int]]:
+        table = qualified(self.table)
+        if self.by is None:
+            rows, distinct = one_row(self.conn, f"SELECT count(*), count(DISTINCT id) FROM {table}")
+            return {None: (rows, distinct)}
+        by = quote_ident(self.by)
+        found = self.conn.execute(
+            f"SELECT {by}, count(*), count(DISTINCT id) FROM {table} GROUP BY {by}"
+        ).fetchall()
+        return {key: (rows, distinct) for key, rows, distinct in found}
+
+    def forget(self, keys: list[Hashable]) -> None:
+        if self.by is None:
+            self.create()
+        else:
+            self.conn.execute(
+                f"DELETE FROM {qualified(self.table)} WHERE {quote_ident(self.by)} "
+                "IN (SELECT unnest($keys))",
+                {"keys": keys},
+            )
 
 
 def load_list(
@@ -557,119 +470,53 @@ def load_list(
     """
     started = time.monotonic()
     loaded_at = datetime.now(UTC)
-    schema = endpoint.schema
     stage = staging_table(endpoint.raw_table)
-    conn.execute(f"CREATE SCHEMA IF NOT EXISTS {quote_ident(schema)}")
+    conn.execute(f"CREATE SCHEMA IF NOT EXISTS {quote_ident(endpoint.schema)}")
     spools = spool_dir if spool_dir is not None else spool_root(conn)
     if spools is not None:
         spools.mkdir(parents=True, exist_ok=True)
-    totals = ListStats()  # summed over passes
-
-    def progress(stats: ListStats) -> None:
-        of = f"/{stats.total}" if stats.total is not None else ""
-        log(
-            f"{endpoint.name}: {stats.items}{of} items in {stats.pages} pages, "
-            f"{stats.bytes / 1e6:.0f} MB, {stats.retries} retries, "
-            f"{time.monotonic() - started:.1f} s"
-        )
-
-    def stage_pages(pagers: list[Pager]) -> None:
+    with tempfile.TemporaryDirectory(prefix=f"{endpoint.table}-", dir=spools) as tmp:
+        staging = Staging(conn, endpoint, stage, loaded_at, Path(tmp), spool_bytes)
+        executor = PageExecutor(api, staging, label=endpoint.name, log=log)
         try:
-            _stage_pages(conn, endpoint, stage, loaded_at, tmp, spool_bytes, pagers)
-        except BaseException:
+            staging.create()
+            (result,) = executor.run([Stream(endpoint)]).values()
+            rows, distinct = result.facts.rows, result.facts.distinct
+            if rows != distinct:
+                _drop_duplicate_ids(conn, stage)
+            check_shrink(
+                endpoint.raw_table,
+                _table_rows(conn, endpoint.raw_table),
+                distinct,
+                max_shrink_fraction,
+                allow_shrink,
+            )
+            if before_swap is not None:
+                before_swap(stage)
+            replace_table(conn, stage, endpoint.raw_table)
+        finally:
             conn.execute(f"DROP TABLE IF EXISTS {qualified(stage)}")
-            raise
-
-    previous: tuple[int, int] | None = None
-    facts: PassFacts | None = None
-    with tempfile.TemporaryDirectory(prefix=f"{endpoint.table}-", dir=spools) as tmp_name:
-        tmp = Path(tmp_name)
-        for attempt in range(1, api.max_list_passes + 1):
-            conn.execute(raw_table_ddl(endpoint, stage, lake=is_lake(conn)))
-            stats = ListStats()
-            stage_pages([Pager(api, endpoint, stats, progress)])
-            repairs = 0
-            while True:
-                rows, distinct = _staged_counts(conn, stage)
-                facts = PassFacts(
-                    rows=rows,
-                    distinct=distinct,
-                    totals_seen=tuple(stats.totals_seen),
-                    total_decreased=stats.total_decreased,
-                    pass_number=attempt,
-                    max_passes=api.max_list_passes,
-                    repairs=repairs,
-                    previous=previous,
-                )
-                verdict = judge_pass(facts)
-                if verdict.action is not Action.REPAIR:
-                    break
-                repairs += 1
-                log(
-                    f"{endpoint.name}: pass {attempt}: {verdict.reason}; re-fetching items "
-                    f"0-{verdict.head} and from {verdict.tail_from} (repair {repairs})."
-                )
-                windows = [(0, verdict.head)]
-                if repairs == 1:  # boundaries the pass's pages straddled while the list grew
-                    windows += gap_windows(stats.answers, facts.total or 0)
-                stage_pages(
-                    [
-                        *(
-                            Pager(api, endpoint, stats, progress, start=a, stop=b)
-                            for a, b in windows
-                        ),
-                        Pager(api, endpoint, stats, progress, start=verdict.tail_from),
-                    ]
-                )
-            for name in ("requests", "retries", "pages", "bytes"):
-                totals.count(**{name: getattr(stats, name)})
-
-            if verdict.action is Action.ACCEPT:
-                if rows != distinct:
-                    _drop_duplicate_ids(conn, stage)
-                try:
-                    check_shrink(
-                        endpoint.raw_table,
-                        _table_rows(conn, endpoint.raw_table),
-                        distinct,
-                        max_shrink_fraction,
-                        allow_shrink,
-                    )
-                    if before_swap is not None:
-                        before_swap(stage)
-                    replace_table(conn, stage, endpoint.raw_table)
-                finally:
-                    conn.execute(f"DROP TABLE IF EXISTS {qualified(stage)}")
-                report = LoadReport(
-                    table=endpoint.raw_table,
-                    rows=distinct,
-                    api_total=stats.total,
-                    passes=attempt,
-                    pages=totals.pages,
-                    requests=totals.requests,
-                    retries=totals.retries,
-                    bytes=totals.bytes,
-                    duplicates_dropped=rows - distinct,
-                    seconds=time.monotonic() - started,
-                    surrogates_replaced=stats.surrogates_replaced,  # in the rows kept
-                    repairs=repairs,
-                )
-                log(
-                    f"{endpoint.name}: wrote {report.rows} rows to {report.table} "
-                    f"({report.pages} pages, {report.retries} retries, {repairs} repairs, "
-                    f"{report.seconds:.1f} s; {verdict.reason})"
-                )
-                return report
-            if verdict.action is Action.FAIL:
-                break
-            previous = (rows, distinct)
-            log(f"{endpoint.name}: pass {attempt}: {verdict.reason}; paging it again.")
-    conn.execute(f"DROP TABLE IF EXISTS {qualified(stage)}")
-    raise IncompleteListError(
-        f"{endpoint.name} ({endpoint.path}): after {attempt} passes, {verdict.reason}. "
-        f"{endpoint.raw_table} was left as it was. Run again later; if the server's list is "
-        "stable, report its counts to the Field-Sales service (or raise max_list_passes)."
+    spent, stats = executor.spent, result.stats
+    report = LoadReport(
+        table=endpoint.raw_table,
+        rows=distinct,
+        api_total=stats.total,
+        passes=result.passes,
+        pages=spent.pages,
+        requests=spent.requests,
+        retries=spent.retries,
+        bytes=spent.bytes,
+        duplicates_dropped=rows - distinct,
+        seconds=time.monotonic() - started,
+        surrogates_replaced=stats.surrogates_replaced,  # in the rows kept
+        repairs=result.repairs,
     )
+    log(
+        f"{endpoint.name}: wrote {report.rows} rows to {report.table} "
+        f"({report.pages} pages, {report.retries} retries, {report.repairs} repairs, "
+        f"{report.seconds:.1f} s; {result.verdict.reason})"
+    )
+    return report
 
 
 def _drop_duplicate_ids(conn: duckdb.DuckDBPyConnection, table: str) -> None:
