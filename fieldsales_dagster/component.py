@@ -22,10 +22,12 @@ import os
 import re
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
-from typing import Annotated, Any, Literal
+from typing import Annotated, Any, Literal, cast
 from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
 
 import dagster as dg
+
+# Dagster's own cron rules and tick times (its schedules use them): 1.13 has no public API for them.
 from dagster._utils.schedules import cron_string_iterator, is_valid_cron_string
 from pydantic import ValidationError, ValidationInfo, field_validator, model_validator
 from pydantic_core import PydanticUndefined
@@ -167,7 +169,7 @@ class FieldSalesComponent(dg.Component, dg.Model, dg.Resolvable):
     @field_validator(*(name for name, setting in SETTINGS.items() if setting.bounds))
     @classmethod
     def _in_range(cls, value: float, info: ValidationInfo) -> float:
-        if not SETTINGS[info.field_name].inside(value):
+        if not SETTINGS[cast(str, info.field_name)].inside(value):  # set for field validators
             raise ValueError("it is out of range")
         return value
 
@@ -294,7 +296,7 @@ class FieldSalesComponent(dg.Component, dg.Model, dg.Resolvable):
             )
         return {
             self.names.api_resource: FieldSalesAPI(
-                base_url=self.base_url,
+                base_url=cast(str, self.base_url),  # _base_url refuses None
                 api_token=dg.EnvVar(token_variable),
                 token_store_path=self.token_store_path,
                 page_size=self.page_size,
@@ -387,6 +389,7 @@ class FieldSalesComponent(dg.Component, dg.Model, dg.Resolvable):
         if is_motherduck(self.duckdb_path):
             return [*claims, Claim("MotherDuck database", self.duckdb_path, "duckdb_path")]
         working = FieldSalesWarehouse(database=self.duckdb_path).working_path
+        assert working is not None  # a DuckDB file always has a working copy
         return [
             *claims,
             Claim("DuckDB file", str(Path(self.duckdb_path).resolve()), "duckdb_path"),

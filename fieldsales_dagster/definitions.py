@@ -28,7 +28,7 @@ class FieldSalesConfigError(Exception):
     """
 
 
-def configuration_problems(exc: BaseException) -> list[str]:
+def configuration_problems(exc: BaseException | None) -> list[str]:
     """The setting errors in ``exc``'s chain (a component's load error wraps them), in order."""
     found: list[str] = []
     seen: set[int] = set()
@@ -45,7 +45,7 @@ def configuration_problems(exc: BaseException) -> list[str]:
     return list(dict.fromkeys(found))
 
 
-def _component_file(exc: BaseException) -> str:
+def _component_file(exc: BaseException | None) -> str:
     """The defs.yaml a component load error is about, as a path from the working directory."""
     while exc is not None:
         match = _COMPONENT.search(str(exc).splitlines()[0] if str(exc) else "")

@@ -26,6 +26,7 @@ import yaml
 
 from fieldsales_dagster.assets.publish import PUBLISHED_CHECK
 from fieldsales_dagster.settings import SETTINGS
+from fieldsales_dagster.warehouse.rows import one_row
 
 DEFAULT_DAGSTER_HOME = ".dagster_home"
 #: The local instance settings, copied into the demo's Dagster home (run from the project folder).
@@ -76,7 +77,7 @@ def table_rows(database: str) -> list[tuple[str, int]]:
         return [
             (
                 f"{schema}.{name}",
-                conn.execute(f'SELECT count(*) FROM "{schema}"."{name}"').fetchone()[0],
+                one_row(conn, f'SELECT count(*) FROM "{schema}"."{name}"')[0],
             )
             for schema, name in tables
         ]
@@ -163,7 +164,8 @@ class _ProgressHandler(logging.Handler):
             print(line, file=self.stream or sys.stdout, flush=True)
 
 
-@dg.logger(description="Progress of the demo run on the terminal; the full log is in the instance.")
+# config_schema=None (the default) given by position: Dagster types no overload without it.
+@dg.logger(None, "Progress of the demo run on the terminal; the full log is in the instance.")
 def progress_logger(init_context: dg.InitLoggerContext) -> logging.Logger:
     logger = logging.getLogger("fieldsales_dagster.demo_run.progress")
     logger.propagate = False

@@ -94,12 +94,13 @@ class Setting:
             default: dict[str, Any] = {"default_factory": lambda: list(self.default)}
         else:
             default = {"default": self.default}
+        bounds: dict[str, Any] = self.bounds if bounded else {}  # ge/gt/le/lt
         return Field(
             **default,
             description=f"{self.description}{where}.{unset}",
             # Names the setting a resource's field receives (the field's name may differ).
             json_schema_extra={SETTING_KEY: self.name},
-            **(self.bounds if bounded else {}),
+            **bounds,
         )
 
 

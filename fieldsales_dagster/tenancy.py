@@ -14,7 +14,7 @@ from __future__ import annotations
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Protocol
+from typing import Protocol, cast
 
 import dagster as dg
 from dagster.components.core.component_tree import TestComponentTree
@@ -75,7 +75,7 @@ def _tenants(
     for loc, decl in tree.find_root_decl().iterate_loc_component_decl_pairs():
         kind = decl.component_type
         if isinstance(loc, ComponentPath) and isinstance(kind, type) and issubclass(kind, of_type):
-            yield loc, tree.load_component(loc)
+            yield loc, cast(Tenant, tree.load_component(loc))  # its class is a Tenant
 
 
 def _label(loc: ComponentPath, root: Path) -> str:

@@ -336,7 +336,10 @@ def test_spool_lines_of_a_page_checked_for_line_breaks_equal_item_by_item_lines(
 
     from fieldsales_dagster.client.envelope import split_envelope
     from fieldsales_dagster.client.pager import Page
-    from fieldsales_dagster.warehouse.raw_load import key_decoder, spool_lines
+    from fieldsales_dagster.warehouse.raw_load import key_decoder, spool_parts
+
+    def spool_lines(page: Page, decode) -> bytes:
+        return b"".join(spool_parts(page, decode))
 
     body = json.dumps({"transactions": items, "count": len(items)}).encode()
     assert b"\n" not in body and b"\r" not in body

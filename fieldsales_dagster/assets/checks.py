@@ -27,6 +27,7 @@ from fieldsales_dagster.assets.core import CORE_TABLES, CoreTable, shared_macros
 from fieldsales_dagster.assets.mart import MART_TABLES
 from fieldsales_dagster.names import InstanceNames
 from fieldsales_dagster.warehouse.resource import qualified, quote_ident
+from fieldsales_dagster.warehouse.rows import one_row
 
 #: How many offending rows a check names in its metadata.
 SAMPLE_SIZE = 5
@@ -38,7 +39,7 @@ Evaluate = Callable[[duckdb.DuckDBPyConnection], dg.AssetCheckResult]
 def _fetch_one(conn: duckdb.DuckDBPyConnection, sql: str) -> tuple:
     if macros := shared_macros_sql(sql):
         conn.execute(macros)
-    return conn.execute(sql).fetchone()
+    return one_row(conn, sql)
 
 
 def _asset_table(asset_name: str) -> CoreTable:

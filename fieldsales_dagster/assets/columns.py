@@ -107,7 +107,7 @@ def publishing_query(
     apply_policy = schema in PII_POLICY_SCHEMAS and warehouse.pii != "keep"
     params: dict[str, object] = {}
     if apply_policy and warehouse.pii == "hash" and doc.pii_columns:
-        params = hmac_pads(warehouse.pii_hash_key or "")
+        params.update(hmac_pads(warehouse.pii_hash_key or ""))
     projections = []
     for name, data_type, *_ in described:
         column = quote_ident(name)

@@ -14,7 +14,7 @@ import re
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from importlib import resources
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import dagster as dg
 import duckdb
@@ -51,6 +51,7 @@ from fieldsales_dagster.warehouse.resource import (
     staging_table,
     table_exists,
 )
+from fieldsales_dagster.warehouse.rows import one_row
 
 if TYPE_CHECKING:
     from fieldsales_dagster.assets.checks import CoreCheck
@@ -298,7 +299,7 @@ class DecodeRefresh:
         return f"{decoded.table}: {self.mode} ({self.parsed:,} payloads parsed)"
 
 
-def decode_metadata(refreshed: Sequence[tuple[Decoded, DecodeRefresh]]) -> dict[str, object]:
+def decode_metadata(refreshed: Sequence[tuple[Decoded, DecodeRefresh]]) -> dict[str, Any]:
     """What bringing a table's decoded tables up to date did (nothing when it reads none)."""
     if not refreshed:
         return {}
@@ -321,7 +322,7 @@ def build_decoded(conn: duckdb.DuckDBPyConnection, decoded: Decoded) -> DecodeRe
 
     _define_rows_to_decode(conn, f"SELECT * FROM {decoded.whole_source}")
     build_table(conn, decoded.table, core_query(decoded), before_swap=describe)
-    (rows,) = conn.execute(f"SELECT count(*) FROM {qualified(decoded.table)}").fetchone()
+    (rows,) = one_row(conn, f"SELECT count(*) FROM {qualified(decoded.table)}")
     return DecodeRefresh("full", rows)
 
 
@@ -338,6 +339,7 @@ def refresh_decoded(conn: duckdb.DuckDBPyConnection, decoded: Decoded) -> Decode
     if found is None:
         return build_decoded(conn, decoded)
     raw = _fingerprint(conn, decoded.source)
+    assert raw is not None, f"{decoded.table} exists without its source {decoded.source}"
     if found == raw:
         return DecodeRefresh("current", 0)
     table, source = qualified(decoded.table), qualified(decoded.source)
@@ -511,7 +513,7 @@ def build_table(
 
 def build_described_table(
     conn: duckdb.DuckDBPyConnection, table: CoreTable, warehouse: FieldSalesWarehouse
-) -> dict[str, object]:
+) -> dict[str, Any]:
     """Build ``table`` from its query as stored for analysts, with its comments, and swap it in.
 
     A table reading a decoded table first brings it up to date with its raw table, so the table
@@ -563,7 +565,7 @@ def build_described_table(
 
 def materialize_core_table(
     conn: duckdb.DuckDBPyConnection, warehouse: FieldSalesWarehouse, table: CoreTable
-) -> dict[str, object]:
+) -> dict[str, Any]:
     """Build ``table`` on ``conn`` (on a lake: one commit) and return its metadata (schema, row
     count, preview)."""
     decode = warehouse.one_commit(

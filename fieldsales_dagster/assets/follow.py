@@ -25,12 +25,14 @@ from __future__ import annotations
 import hashlib
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import Any
 
 import dagster as dg
 import duckdb
 
 from fieldsales_dagster.warehouse.lake import checkpoint, cleanup, run_transaction
 from fieldsales_dagster.warehouse.resource import qualified, table_exists
+from fieldsales_dagster.warehouse.rows import one_row
 
 STATE_TABLE = "meta.core_follow_state"
 #: The macro a following table's query reads its decoded rows from.
@@ -70,9 +72,10 @@ def rows_missing(
         f"CREATE OR REPLACE TEMP TABLE {keys} AS SELECT s.id, s.loaded_at "
         f"FROM {qualified(source)} AS s ANTI JOIN {qualified(target)} AS t ON {same_row('s', 't')}"
     )
-    count, first, last, undated = conn.execute(
-        f"SELECT count(*), min(loaded_at), max(loaded_at), count(*) - count(loaded_at) FROM {keys}"
-    ).fetchone()
+    count, first, last, undated = one_row(
+        conn,
+        f"SELECT count(*), min(loaded_at), max(loaded_at), count(*) - count(loaded_at) FROM {keys}",
+    )
     within = "false"
     if first is not None:
         within = f"s.loaded_at BETWEEN TIMESTAMP '{first}' AND TIMESTAMP '{last}'"
@@ -114,7 +117,7 @@ class FollowResult:
     mode: str  # "incremental" or "full"
     why: str
 
-    def metadata(self) -> dict[str, object]:
+    def metadata(self) -> dict[str, Any]:
         return {"fieldsales/build": dg.MetadataValue.text(f"{self.mode}: {self.why}")}
 
 
@@ -186,10 +189,11 @@ def _why_whole(
     if state[1] != inputs_fp:
         changed = " or ".join(f"{table} ({columns})" for table, columns in follows.resolved_against)
         return f"{changed} changed"
-    (unkeyed,) = conn.execute(
+    (unkeyed,) = one_row(
+        conn,
         f"SELECT count(*) FROM {qualified(table)} WHERE ({follows.from_decoded}) "
-        f"AND {follows.key} IS NULL"
-    ).fetchone()
+        f"AND {follows.key} IS NULL",
+    )
     if unkeyed:
         return f"{unkeyed} rows have no {follows.key}"
     return None
@@ -207,7 +211,7 @@ def _incremental(
     decoded, inputs = qualified(follows.decoded), qualified(follows.inputs)
     added = rows_missing(conn, follows.decoded, follows.inputs, "_fs_follow_added")
     gone = rows_missing(conn, follows.inputs, follows.decoded, "_fs_follow_gone").count
-    (rows,) = conn.execute(f"SELECT count(*) FROM {decoded}").fetchone()
+    (rows,) = one_row(conn, f"SELECT count(*) FROM {decoded}")
     if added.count > follows.whole_above * rows:
         return None
     define_decoded_rows(conn, follows, added.select)
@@ -262,9 +266,9 @@ def _content_fingerprint(
         if not table_exists(conn, table):
             parts.append(f"{table}: missing")
             continue
-        count, digest = conn.execute(
-            f"SELECT count(*), bit_xor(hash({columns})) FROM {qualified(table)}"
-        ).fetchone()
+        count, digest = one_row(
+            conn, f"SELECT count(*), bit_xor(hash({columns})) FROM {qualified(table)}"
+        )
         parts.append(f"{table} ({columns}): {count} {digest}")
     return hashlib.sha256("\n".join(parts).encode()).hexdigest()
 

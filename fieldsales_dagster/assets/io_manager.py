@@ -21,10 +21,13 @@ from __future__ import annotations
 from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
 from pathlib import Path
+from typing import Any, cast
 
 import dagster as dg
 import duckdb
 import pandas as pd
+
+# The base dagster-duckdb builds its own IO manager on: Dagster 1.13 does not export it.
 from dagster._core.storage.db_io_manager import DbIOManager, TableSlice
 from dagster_duckdb.io_manager import DuckDbClient
 from dagster_duckdb_pandas import DuckDBPandasTypeHandler
@@ -54,6 +57,8 @@ class WarehouseClient(DuckDbClient):
     def __init__(self, warehouse: FieldSalesWarehouse) -> None:
         self._warehouse = warehouse
 
+    # DuckDbClient.connect is a static method reading the resource's config; this client connects
+    # through its warehouse, so it is an instance method: a deliberate [override].
     @contextmanager
     def connect(self, context, table_slice: TableSlice) -> Iterator[duckdb.DuckDBPyConnection]:  # type: ignore[override]
         with self._warehouse.get_connection() as conn:
@@ -82,7 +87,7 @@ class WholeTablePandasHandler(DuckDBPandasTypeHandler):
 
     def handle_output(
         self, context: dg.OutputContext, table_slice: TableSlice, obj: pd.DataFrame, connection
-    ) -> Mapping[str, object] | None:
+    ) -> Mapping[str, Any] | None:
         if table_slice.partition_dimensions:
             return super().handle_output(context, table_slice, obj, connection)
         table = _table(table_slice)
@@ -133,11 +138,13 @@ class FieldSalesIOManager(DbIOManager):
         try:
             return super().load_input(context)
         except (duckdb.CatalogException, duckdb.BinderException) as exc:
-            table_slice = self._get_table_slice(context, context.upstream_output)
+            # An asset input has an upstream output (DbIOManager.load_input casts it too).
+            upstream = cast("dg.OutputContext", context.upstream_output)
+            table_slice = self._get_table_slice(context, upstream)
             raise dg.Failure(
                 f"fieldsales_io_manager could not load {_table(table_slice)} for input "
                 f"{context.name!r} of {context.asset_key.to_user_string()} ({exc}). Materialize "
-                f"{context.upstream_output.asset_key.to_user_string()} first, and check that "
+                f"{upstream.asset_key.to_user_string()} first, and check that "
                 "the input's 'columns' metadata names columns of that table."
             ) from exc
 

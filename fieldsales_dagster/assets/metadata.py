@@ -3,11 +3,13 @@
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 import dagster as dg
 import duckdb
 
 from fieldsales_dagster.warehouse.resource import qualified, quote_ident
+from fieldsales_dagster.warehouse.rows import one_row
 
 PREVIEW_ROWS = 5
 PREVIEW_CELL_CHARS = 40
@@ -45,11 +47,11 @@ def table_metadata(
     schema: dg.TableSchema,
     preview: bool = True,
     hidden: tuple[str, ...] = (),
-) -> dict[str, object]:
+) -> dict[str, Any]:
     """Row count, fully qualified name, described column schema (``columns.column_schema``)
     and a preview of ``table``."""
-    (row_count,) = conn.execute(f"SELECT count(*) FROM {qualified(table)}").fetchone()
-    metadata: dict[str, object] = {
+    (row_count,) = one_row(conn, f"SELECT count(*) FROM {qualified(table)}")
+    metadata: dict[str, Any] = {
         "dagster/row_count": int(row_count),
         "dagster/table_name": table_name(database, table),
         "dagster/column_schema": schema,

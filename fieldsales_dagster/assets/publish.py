@@ -19,6 +19,7 @@ resource) is published with the run that builds it, without any wiring of its ow
 """
 
 from collections.abc import Iterator, Mapping, Sequence
+from typing import Any
 
 import dagster as dg
 
@@ -65,7 +66,7 @@ def build_publish_step(
         warehouse = warehouse_resource.of(context)
         selected = sorted(context.selected_asset_check_keys, key=str)
         changed = materialized_in_run(context.instance, context.run.run_id)
-        metadata: dict[str, object]
+        metadata: dict[str, Any]
         if not any(check.asset_key in changed for check in selected):
             metadata = {"fieldsales/publish": "nothing was materialized in this run"}
             context.log.info(f"No table changed in this run; {warehouse.database} is left alone.")

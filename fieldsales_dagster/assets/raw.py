@@ -4,6 +4,8 @@ Each asset reads like the sentence it is: page the list into a staging table, ch
 server's total, swap it in, report what it cost.
 """
 
+from typing import Any
+
 import dagster as dg
 from pydantic import Field, field_validator
 
@@ -54,7 +56,7 @@ class RawRefreshConfig(dg.Config):
         return validate_refresh_mode(value)
 
 
-def _load_metadata(report: LoadReport) -> dict[str, object]:
+def _load_metadata(report: LoadReport) -> dict[str, Any]:
     return {
         "api_total": dg.MetadataValue.int(report.api_total)
         if report.api_total is not None

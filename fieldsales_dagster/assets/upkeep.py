@@ -8,11 +8,19 @@ after. It is only defined for ``storage: ducklake`` (a DuckDB file is rewritten 
 publish), and scheduled by default, weekly.
 """
 
+from typing import TYPE_CHECKING
+
 import dagster as dg
-from dagster._core.definitions.unresolved_asset_job_definition import UnresolvedAssetJobDefinition
 
 from fieldsales_dagster.names import InstanceNames
 from fieldsales_dagster.warehouse.lake import upkeep
+
+if TYPE_CHECKING:
+    # The type define_asset_job returns: Dagster 1.13 does not export it (only an annotation here,
+    # so a Dagster upgrade that moves it breaks the type check, never the load).
+    from dagster._core.definitions.unresolved_asset_job_definition import (
+        UnresolvedAssetJobDefinition,
+    )
 
 UPKEEP_ASSET = "ducklake_upkeep"
 #: Sundays at 03:00, before the default 05:00 refresh.
@@ -80,7 +88,7 @@ def build_upkeep_asset(
 
 def build_upkeep_job_and_schedule(
     names: InstanceNames, asset: dg.AssetsDefinition, timezone: str
-) -> tuple[UnresolvedAssetJobDefinition, dg.ScheduleDefinition]:
+) -> tuple["UnresolvedAssetJobDefinition", dg.ScheduleDefinition]:
     job = dg.define_asset_job(
         name=f"{names.refresh_job.removesuffix('refresh_all')}ducklake_upkeep",
         selection=dg.AssetSelection.assets(asset),

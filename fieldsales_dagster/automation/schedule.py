@@ -5,10 +5,18 @@ queued or in progress (and says which run), and the instance's run queue (``dags
 runs tagged ``fieldsales/refresh`` to one at a time, which also covers runs launched by hand.
 """
 
+from typing import TYPE_CHECKING
+
 import dagster as dg
-from dagster._core.definitions.unresolved_asset_job_definition import UnresolvedAssetJobDefinition
 
 from fieldsales_dagster.names import REFRESH_TAG, InstanceNames
+
+if TYPE_CHECKING:
+    # The type define_asset_job returns: Dagster 1.13 does not export it (only an annotation here,
+    # so a Dagster upgrade that moves it breaks the type check, never the load).
+    from dagster._core.definitions.unresolved_asset_job_definition import (
+        UnresolvedAssetJobDefinition,
+    )
 
 #: Runs that hold (or will soon hold) the DuckDB file: a new refresh waits for them.
 ACTIVE_RUN_STATUSES = [
@@ -22,7 +30,7 @@ ACTIVE_RUN_STATUSES = [
 
 def build_refresh_job(
     names: InstanceNames, selection: dg.AssetSelection
-) -> UnresolvedAssetJobDefinition:
+) -> "UnresolvedAssetJobDefinition":
     return dg.define_asset_job(
         name=names.refresh_job,
         selection=selection,
@@ -36,7 +44,7 @@ def build_refresh_job(
 
 def build_refresh_schedule(
     names: InstanceNames,
-    job: UnresolvedAssetJobDefinition,
+    job: "UnresolvedAssetJobDefinition",
     cron: str,
     timezone: str,
 ) -> dg.ScheduleDefinition:

@@ -147,12 +147,14 @@ def gap_windows(
     ``answers`` holds ``(skip, items, total)`` per answered page.
     """
     gaps: list[tuple[int, int]] = []
-    ordered = sorted((a for a in answers if a[2] is not None and a[1] > 0), key=lambda a: a[0])
+    ordered = sorted(
+        ((s, n, t) for s, n, t in answers if t is not None and n > 0), key=lambda a: a[0]
+    )
     for (s1, n1, t1), (s2, _, t2) in zip(ordered, ordered[1:], strict=False):
-        if s1 < s2 <= s1 + n1 and t1 > t2:  # type: ignore[operator]
+        if s1 < s2 <= s1 + n1 and t1 > t2:
             end = s1 + n1
-            start = max(0, end + total_now - t1 - slack)  # type: ignore[operator]
-            stop = end + total_now - t2 + slack  # type: ignore[operator]
+            start = max(0, end + total_now - t1 - slack)
+            stop = end + total_now - t2 + slack
             if gaps and start <= gaps[-1][1]:
                 gaps[-1] = (gaps[-1][0], max(stop, gaps[-1][1]))
             else:

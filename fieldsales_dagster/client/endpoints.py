@@ -1,7 +1,8 @@
 """The Field-Sales API as data: every endpoint path and raw table, written once.
 
 Each list endpoint names the envelope keys the API document shows; the client still copes with any
-envelope that holds one list (see ``api.py``), because the event list's envelope is not documented.
+envelope that holds one list (see ``envelope.py``), because the event list's envelope is not
+documented.
 """
 
 from __future__ import annotations

@@ -442,6 +442,8 @@ class PageExecutor:
     def run(self, lists: list[Stream]) -> dict[Hashable, ListResult]:
         """Page every list, each until the rule accepts it; raises ``IncompleteListError``."""
         max_passes = self.api.max_list_passes
+        staging = self.staging
+        assert staging is not None, "run() pages into a staging table"
         results: dict[Hashable, ListResult] = {}
         previous: dict[Hashable, tuple[int, int]] = {}
         todo = lists
@@ -452,7 +454,7 @@ class PageExecutor:
             judged: list[tuple[_ListPass, PassFacts, Verdict]] = []
             unjudged = passes
             while unjudged:
-                counts = self.staging.counts()
+                counts = staging.counts()
                 repairing: list[_ListPass] = []
                 windows: list[_ListPass] = []
                 for lp in unjudged:
@@ -498,7 +500,7 @@ class PageExecutor:
                     repage.append(lp.stream)
             if not repage:
                 break
-            self.staging.forget([stream.key for stream in repage])
+            staging.forget([stream.key for stream in repage])
             todo = repage
         return results
 

@@ -29,6 +29,7 @@ from __future__ import annotations
 import threading
 import time
 from collections.abc import Callable
+from typing import cast
 
 import dagster as dg
 import msgspec
@@ -49,7 +50,7 @@ from fieldsales_dagster.client.errors import (
     UnreachableError,
 )
 from fieldsales_dagster.client.pager import ListStats, Page
-from fieldsales_dagster.client.transport import Answer, Limits, fetch, new_session
+from fieldsales_dagster.client.transport import Answer, Limits, QueryParams, fetch, new_session
 from fieldsales_dagster.client.urls import Origin, origin_of, validate_base_url
 from fieldsales_dagster.settings import setting_field
 from fieldsales_dagster.token.secret import TokenFormatError, clean_token, mask_secrets
@@ -214,7 +215,7 @@ class FieldSalesAPI(dg.ConfigurableResource):
         return self._scrub(text, token, limit=SNIPPET_CHARS)
 
     def _get_once(
-        self, path: str, params: dict[str, object] | None, token: str, deadline_s: float
+        self, path: str, params: QueryParams | None, token: str, deadline_s: float
     ) -> Answer:
         """One GET; returns the 200 answer or raises ``TransientHTTPError``/an API error."""
         where = f"GET {path}" + (f" (skip={params['skip']})" if params and "skip" in params else "")
@@ -315,7 +316,7 @@ class FieldSalesAPI(dg.ConfigurableResource):
     def get(
         self,
         path: str,
-        params: dict[str, object] | None = None,
+        params: QueryParams | None = None,
         *,
         token: str | None = None,
         parse: Callable[[bytes], object] | None = None,
@@ -338,7 +339,7 @@ class FieldSalesAPI(dg.ConfigurableResource):
                 fixed_token = clean_token(fixed_token, "the token given")
             except TokenFormatError as exc:
                 raise AuthenticationError(str(exc)) from None
-        token = fixed_token or self.current_token()
+        current = fixed_token or self.current_token()
         where = f"GET {path}" + (f" (skip={params['skip']})" if params and "skip" in params else "")
         on = f"{where} on {self.origin.netloc}"
         reread = False
@@ -353,10 +354,10 @@ class FieldSalesAPI(dg.ConfigurableResource):
                 stats.count(requests=1)
             remaining = self.retry_budget_s - (time.monotonic() - started)
             deadline_s = min(self.request_deadline_s, max(remaining, 1.0))
-            answer = self._get_once(path, params, token, deadline_s)
+            answer = self._get_once(path, params, current, deadline_s)
             if parse is None:
                 return answer.body
-            return self._parse(answer, parse, on, token, stats)
+            return self._parse(answer, parse, on, current, stats)
 
         def stop(state: tenacity.RetryCallState) -> bool:
             if state.attempt_number > retries:
@@ -411,8 +412,8 @@ class FieldSalesAPI(dg.ConfigurableResource):
                 if not reread and fixed_token is None and self.use_token_store:
                     reread = True
                     fresh = self.current_token()
-                    if fresh != token:
-                        token = fresh
+                    if fresh != current:
+                        current = fresh
                         if stats:
                             stats.count(token_rereads=1)
                         continue
@@ -434,7 +435,10 @@ class FieldSalesAPI(dg.ConfigurableResource):
             holder["line_breaks"] = b"\n" in body or b"\r" in body
             return split_envelope(body, endpoint, where)
 
-        items, total = self.get(endpoint.path, params, parse=parse, stats=stats)  # type: ignore[misc]
+        items, total = cast(
+            "tuple[list[msgspec.Raw], int | None]",  # what parse returns
+            self.get(endpoint.path, params, parse=parse, stats=stats),
+        )
         return Page(
             skip=skip,
             items=items,

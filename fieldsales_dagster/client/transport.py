@@ -59,6 +59,9 @@ REDIRECT_STATUSES = frozenset({301, 302, 303, 307, 308})
 ACCEPT_ENCODING = "gzip, deflate"
 _DECODED = frozenset({"identity", "gzip", "x-gzip", "deflate"})
 
+#: A request's query parameters (skip, limit, filters such as eventId).
+QueryParams = Mapping[str, str | int]
+
 #: The deadline (``time.monotonic()``) of the request the calling thread is sending: requests and
 #: urllib3 have no parameter that reaches the response they build, and they build it in this thread.
 _sending = threading.local()
@@ -229,7 +232,7 @@ def fetch(
     origin: Origin,
     url: str,
     *,
-    params: Mapping[str, object] | None,
+    params: QueryParams | None,
     token: str,
     where: str,
     limits: Limits,
@@ -279,7 +282,7 @@ def fetch(
 def _send(
     session: requests.Session,
     url: str,
-    params: Mapping[str, object] | None,
+    params: QueryParams | None,
     token: str,
     on: str,
     limits: Limits,

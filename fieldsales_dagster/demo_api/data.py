@@ -19,6 +19,7 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from functools import lru_cache
+from typing import Any
 
 LIST_NAMES = ("transactions", "events", "event_groups")
 
@@ -300,7 +301,8 @@ _VISIBILITY = {
 }
 
 # (config name, type, transactionConfig or None, fields); a field is (name, fieldType, params).
-CONFIG_SPECS = [
+ConfigSpec = tuple[str, str, dict[str, Any] | None, list[tuple[str, str, dict[str, Any]]]]
+CONFIG_SPECS: list[ConfigSpec] = [
     (
         "Verkostung Feedback",
         "transactionFixedProduct",
@@ -395,7 +397,7 @@ class Config:
     tail_nested: str
     # Per fieldId variant (without, with), per field: 256 ready result entries, each with a
     # leading comma; "" where the value is absent, _FILE_MARK where a file id goes in.
-    entries: tuple[list[list[str]], list[list[str]]]
+    entries: tuple[list[list[str]], ...]  # (without fieldId, with fieldId)
     uploads: list[tuple[int, str, str, str]]  # (position, pre, suf, suf_id) of upload fields
 
 
@@ -456,7 +458,7 @@ def build_configs(ids: IdCodec, rng: Rng, report_fields: int = 1) -> list[Config
             for fname, ftype, params in base_specs
         ]
         entries = []
-        fields = []
+        fields: list[Field] = []
         for k, (fname, ftype, params) in enumerate(specs):
             fid = ids.make(K_FIELD, fno)
             required = k % 3 == 0
@@ -515,7 +517,7 @@ def build_configs(ids: IdCodec, rng: Rng, report_fields: int = 1) -> list[Config
             obj["transactionConfig"] = tconfig
         obj["customFields"] = entries
         text = _dumps(obj)
-        entries = tuple(
+        variants = tuple(
             [
                 [
                     ""
@@ -546,7 +548,7 @@ def build_configs(ids: IdCodec, rng: Rng, report_fields: int = 1) -> list[Config
                     f'}},"_customReportConfig":"{cid}",'
                     f'"_customReport":{{"_configcreatedTime":{text}}}}}}}'
                 ),
-                entries=entries,
+                entries=variants,
                 uploads=uploads,
             )
         )

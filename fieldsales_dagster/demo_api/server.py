@@ -337,7 +337,7 @@ class DemoServer:
     def start(self) -> DemoServer:
         if self._httpd is not None:
             return self
-        server_cls = _HTTPServer
+        server_cls: type[_HTTPServer] = _HTTPServer
         if ":" in self.host:
             server_cls = type("_HTTPServer6", (_HTTPServer,), {"address_family": socket.AF_INET6})
         httpd = server_cls((self.host, self._port), _Handler)
@@ -480,7 +480,7 @@ class DemoServer:
         kind, opts = fault.kind, fault.options
         if kind == "status":
             status = int(opts["status"])
-            headers = ()
+            headers: tuple[tuple[str, str], ...] = ()
             if opts.get("retry_after") is not None:
                 headers = (("Retry-After", str(opts["retry_after"])),)
             resp = _error(status, "injected fault")
@@ -590,7 +590,9 @@ class DemoServer:
                 if generation != self._rendered_generation:
                     self._rendered = {n: {} for n in LIST_NAMES}
                     self._rendered_generation = generation
-        store = self._rendered[name]
+        rendered = self._rendered
+        assert rendered is not None, "pages are served from memory only once prerender ran"
+        store = rendered[name]
         render = self.dataset.render
         out = []
         for key in keys:

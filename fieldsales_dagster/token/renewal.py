@@ -22,7 +22,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, cast
 
 import msgspec
 
@@ -140,7 +140,7 @@ def generate_token(api: FieldSalesAPI, old_token: str) -> str:
             f"{RENEW_TOKEN_INSTRUCTION}"
         ) from None
     try:
-        new_token = _GENERATED_TOKEN.decode(body).token  # type: ignore[arg-type]
+        new_token = _GENERATED_TOKEN.decode(cast(bytes, body)).token  # get() without parse: bytes
     except (msgspec.DecodeError, msgspec.ValidationError):
         new_token = ""  # the decoder's message may quote the body: never chain it
     try:

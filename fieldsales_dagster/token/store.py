@@ -284,11 +284,6 @@ class TokenStore:
     def current_token(self, env_token: str, accept: Callable[[str], bool] | None = None) -> str:
         return self.current(env_token, accept).token
 
-    def env_token_pending(self, env_token: str) -> bool:
-        """True when ``env_token`` is one the store has never seen (a person set a new one)."""
-        stored = self.read()
-        return stored is not None and self._must_reseed(stored, env_token)
-
     @staticmethod
     def _must_reseed(stored: StoredToken, env_token: str) -> bool:
         """A new environment token, one this store never saw, means a person regenerated it."""
@@ -394,6 +389,7 @@ class TokenStore:
         (the server had already rotated the token), so it is committed now; any other is removed.
         """
         for leftover in self.path.parent.glob(f".{self.path.name}.*.tmp"):
+            candidate: StoredToken | None
             try:
                 candidate = StoredToken.decode(leftover.read_bytes(), leftover)
                 self._check_origin(candidate)

@@ -28,6 +28,7 @@ from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 from importlib import resources
 from pathlib import Path
+from typing import Any
 
 import duckdb
 
@@ -65,6 +66,7 @@ from fieldsales_dagster.warehouse.resource import (
     staging_table,
     table_exists,
 )
+from fieldsales_dagster.warehouse.rows import one_row
 
 STATE_SCHEMA = "meta"
 STATE_TABLE = "meta.refresh_state"
@@ -143,7 +145,7 @@ def read_previous_load(conn: duckdb.DuckDBPyConnection) -> PreviousLoad | None:
     if row is None:
         return None
     rows_stored = (
-        conn.execute(f"SELECT count(*) FROM {qualified(TRANSACTIONS.raw_table)}").fetchone()[0]
+        one_row(conn, f"SELECT count(*) FROM {qualified(TRANSACTIONS.raw_table)}")[0]
         if table_exists(conn, TRANSACTIONS.raw_table)
         else None
     )
@@ -160,7 +162,7 @@ def read_previous_load(conn: duckdb.DuckDBPyConnection) -> PreviousLoad | None:
 def _events_loaded_at(conn: duckdb.DuckDBPyConnection) -> datetime | None:
     if not table_exists(conn, EVENTS.raw_table):
         return None
-    value = conn.execute(f"SELECT max(loaded_at) FROM {qualified(EVENTS.raw_table)}").fetchone()[0]
+    value = one_row(conn, f"SELECT max(loaded_at) FROM {qualified(EVENTS.raw_table)}")[0]
     return value.replace(tzinfo=UTC) if value else None
 
 
@@ -214,10 +216,11 @@ def _write_state(
         "last_full_at TIMESTAMP, last_load_at TIMESTAMP, last_mode VARCHAR, rows BIGINT, "
         "events_loaded_at TIMESTAMP)"
     )
-    (last_full_at,) = conn.execute(
+    (last_full_at,) = one_row(
+        conn,
         f"SELECT max(last_full_at) FROM {STATE_TABLE} WHERE table_name = ?",
         [TRANSACTIONS.raw_table],
-    ).fetchone()
+    )
     conn.execute(f"DELETE FROM {STATE_TABLE} WHERE table_name = ?", [TRANSACTIONS.raw_table])
     conn.execute(
         f"INSERT INTO {STATE_TABLE} VALUES ($table, "
@@ -254,8 +257,8 @@ class RefreshReport:
     transactions_changed: int | None = None
     transactions_removed: int | None = None
 
-    def metadata(self) -> dict[str, object]:
-        out: dict[str, object] = {
+    def metadata(self) -> dict[str, Any]:
+        out: dict[str, Any] = {
             "refresh_mode": self.mode,
             "refresh_reason": self.reason,
             "bytes_fetched": self.bytes_fetched,
@@ -457,7 +460,7 @@ def _plan(conn: duckdb.DuckDBPyConnection, lookback_days: float, now: datetime) 
         removed_ids=[
             row[0] for row in conn.execute(f"SELECT event_id FROM {REMOVED_TABLE}").fetchall()
         ],
-        events=conn.execute(f"SELECT count(*) FROM {fingerprints}").fetchone()[0],
+        events=one_row(conn, f"SELECT count(*) FROM {fingerprints}")[0],
         new=counts.get("new", 0),
         changed=counts.get("changed", 0),
         recent=counts.get("recent", 0),
@@ -630,9 +633,7 @@ def _merge(
     transaction too: one commit for everything.
     """
     target, stage = qualified(TRANSACTIONS.raw_table), qualified(plan.stage)
-    staged, distinct_staged = conn.execute(
-        f"SELECT count(*), count(DISTINCT id) FROM {stage}"
-    ).fetchone()
+    staged, distinct_staged = one_row(conn, f"SELECT count(*), count(DISTINCT id) FROM {stage}")
     if staged != distinct_staged:
         raise EventListMoved(
             f"{staged - distinct_staged} transactions were listed under two events", bytes_fetched
@@ -641,13 +642,13 @@ def _merge(
     # A staged id stored under an event that was not re-fetched: the transaction moved. Rare.
     # Counted first: a query that returns the payload reads it for every row it scans.
     moved = f"WHERE id IN (SELECT id FROM {stage}) AND NOT event_id IN ({plan.replaced_events})"
-    if conn.execute(f"SELECT count(*) FROM {target} {moved}").fetchone()[0]:
+    if one_row(conn, f"SELECT count(*) FROM {target} {moved}")[0]:
         old.update(
             conn.execute(f"SELECT id, hash(payload::VARCHAR) FROM {target} {moved}").fetchall()
         )
-    stored = conn.execute(f"SELECT count(*) FROM {target}").fetchone()[0]
+    stored = one_row(conn, f"SELECT count(*) FROM {target}")[0]
 
-    def merge() -> tuple[int, dict[int, int]]:
+    def merge() -> tuple[int, dict[str, int]]:
         if before_swap is not None:
             before_swap(plan.stage)
         # After before_swap: a redacted payload compares with the redacted one stored.
@@ -655,7 +656,7 @@ def _merge(
         deleted = _delete_replaced(conn, plan, moved=len(old) > len(replaced))
         pause_at("merge")
         _insert_staged(conn, plan.stage)
-        rows = conn.execute(f"SELECT count(*) FROM {target}").fetchone()[0]
+        rows = one_row(conn, f"SELECT count(*) FROM {target}")[0]
         # Every id stays distinct by construction: the stored table was (a full load drops
         # repeats, and so did every merge), the staged ids are, and every stored copy of a
         # staged id was just deleted. So the rows must add up, and match the server's count.
@@ -688,13 +689,11 @@ def _delete_replaced(conn: duckdb.DuckDBPyConnection, plan: RefetchPlan, moved: 
     Filters on narrow columns only: no payload is read.
     """
     target = qualified(TRANSACTIONS.raw_table)
-    (deleted,) = conn.execute(
-        f"DELETE FROM {target} WHERE event_id IN ({plan.replaced_events})"
-    ).fetchone()
+    (deleted,) = one_row(conn, f"DELETE FROM {target} WHERE event_id IN ({plan.replaced_events})")
     if moved:
-        (more,) = conn.execute(
-            f"DELETE FROM {target} WHERE id IN (SELECT id FROM {qualified(plan.stage)})"
-        ).fetchone()
+        (more,) = one_row(
+            conn, f"DELETE FROM {target} WHERE id IN (SELECT id FROM {qualified(plan.stage)})"
+        )
         deleted += more
     return deleted
 

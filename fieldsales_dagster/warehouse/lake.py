@@ -31,6 +31,7 @@ stored in the catalog (every macro is ``TEMP``, per connection), no ``ENUM`` col
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import importlib.util
 import os
@@ -41,10 +42,12 @@ from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TypeVar
+from typing import Any, TypeVar
 
 import duckdb
 import filelock
+
+from fieldsales_dagster.warehouse.rows import one_row
 
 #: The DuckDB release the extension wheels serve; duckdb itself is pinned to the same release.
 EXTENSION_VERSION = "v1.5.5"
@@ -165,7 +168,11 @@ def extension_file(name: str) -> Path:
     return path
 
 
-def lake_config() -> dict[str, object]:
+#: What ``duckdb.connect(config=...)`` takes.
+DuckDBConfig = dict[str, str | bool | int | float | list[str]]
+
+
+def lake_config() -> DuckDBConfig:
     """Connection settings of a lake connection: no download of extensions, ever; and no
     insertion order kept, which the lake's row groups by size (``LAKE_OPTIONS``) need to write."""
     return {
@@ -184,10 +191,11 @@ def load_extensions(conn: duckdb.DuckDBPyConnection, lake: Lake) -> None:
         return
     installed_as = EXTENSIONS[scanner][1]
     assert installed_as is not None
-    (installed,) = conn.execute(
+    (installed,) = one_row(
+        conn,
         "SELECT count(*) FROM duckdb_extensions() WHERE extension_name = ? AND installed",
         [installed_as],
-    ).fetchone()
+    )
     if not installed:
         directory = extension_directory()
         directory.mkdir(parents=True, exist_ok=True)
@@ -198,7 +206,7 @@ def load_extensions(conn: duckdb.DuckDBPyConnection, lake: Lake) -> None:
 
 
 def connect(
-    lake: Lake, config: dict[str, object] | None = None, read_only: bool = False
+    lake: Lake, config: DuckDBConfig | None = None, read_only: bool = False
 ) -> duckdb.DuckDBPyConnection:
     """A connection whose current database is the lake (``USE <alias>``).
 
@@ -275,7 +283,7 @@ _INSTANCES: dict[tuple[object, ...], duckdb.DuckDBPyConnection] = {}
 _INSTANCES_LOCK = threading.Lock()
 
 
-def writer_connection(lake: Lake, config: dict[str, object]) -> duckdb.DuckDBPyConnection:
+def writer_connection(lake: Lake, config: DuckDBConfig) -> duckdb.DuckDBPyConnection:
     """A new read-write connection to ``lake`` (``USE <alias>``), from this process's instance.
 
     A DuckDB-file catalog, which one process at a time may open, is opened anew each time (and
@@ -307,7 +315,7 @@ def is_lake(conn: duckdb.DuckDBPyConnection) -> bool:
     row = conn.execute(
         "SELECT type FROM duckdb_databases() WHERE database_name = current_database()"
     ).fetchone()
-    return bool(row) and row[0] == "ducklake"
+    return row is not None and row[0] == "ducklake"
 
 
 def run_transaction(
@@ -433,14 +441,15 @@ def stored_files(conn: duckdb.DuckDBPyConnection, lake: Lake) -> StoredFiles:
         sizes = [p.stat().st_size for p in Path(lake.data_folder).rglob("*.parquet")]
         return StoredFiles(len(sizes), sum(sizes), "storage")
     metadata = f"{quote('__ducklake_metadata_' + lake.alias)}.{quote(lake.schema or 'main')}"
-    files, size = conn.execute(
+    files, size = one_row(
+        conn,
         f"SELECT count(*), coalesce(sum(file_size_bytes), 0) FROM (SELECT file_size_bytes FROM "
         f"{metadata}.ducklake_data_file UNION ALL SELECT file_size_bytes FROM "
-        f"{metadata}.ducklake_delete_file)"
-    ).fetchone()
-    (waiting,) = conn.execute(
-        f"SELECT count(*) FROM {metadata}.ducklake_files_scheduled_for_deletion"
-    ).fetchone()
+        f"{metadata}.ducklake_delete_file)",
+    )
+    (waiting,) = one_row(
+        conn, f"SELECT count(*) FROM {metadata}.ducklake_files_scheduled_for_deletion"
+    )
     return StoredFiles(int(files) + int(waiting), int(size), "catalog")
 
 
@@ -461,18 +470,20 @@ def upkeep(conn: duckdb.DuckDBPyConnection, lake: Lake, retain_days: float) -> U
     before = stored_files(conn, lake)
     snapshots_before = _snapshots(conn, lake)
     seconds = max(0.0, retain_days * 86400.0)
+
+    def call(statement: str) -> list[Any]:
+        return conn.execute(statement).fetchall()
+
     for statement in (
         f"CALL ducklake_merge_adjacent_files({name})",
         f"CALL ducklake_expire_snapshots({name}, older_than => now() - "
         f"to_microseconds({int(seconds * 1e6)}))",
         f"CALL ducklake_cleanup_old_files({name}, cleanup_all => true)",
     ):
-        run_transaction(conn, lake.alias, lambda s=statement: conn.execute(s).fetchall())
-    (last,) = conn.execute(
-        f"SELECT max(snapshot_id) FROM {quote(lake.alias)}.snapshots()"
-    ).fetchone()
+        run_transaction(conn, lake.alias, functools.partial(call, statement))
+    (last,) = one_row(conn, f"SELECT max(snapshot_id) FROM {quote(lake.alias)}.snapshots()")
     return Upkeep(before, stored_files(conn, lake), snapshots_before, _snapshots(conn, lake), last)
 
 
 def _snapshots(conn: duckdb.DuckDBPyConnection, lake: Lake) -> int:
-    return conn.execute(f"SELECT count(*) FROM {quote(lake.alias)}.snapshots()").fetchone()[0]
+    return one_row(conn, f"SELECT count(*) FROM {quote(lake.alias)}.snapshots()")[0]

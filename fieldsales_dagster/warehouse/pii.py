@@ -25,6 +25,7 @@ from typing import Literal
 import duckdb
 
 from fieldsales_dagster.warehouse.resource import qualified
+from fieldsales_dagster.warehouse.rows import one_row
 
 PiiPolicy = Literal["keep", "hash", "drop"]
 
@@ -88,10 +89,11 @@ def redact_pii_keys(conn: duckdb.DuckDBPyConnection, table: str) -> int:
     """
     mentions = " OR ".join(f"contains(payload::VARCHAR, '\"{key}\"')" for key in PII_PAYLOAD_KEYS)
     pattern = _redact_pattern()
-    (changed,) = conn.execute(
+    (changed,) = one_row(
+        conn,
         f"UPDATE {qualified(table)} "
         r"""SET payload = regexp_replace(payload::VARCHAR, $pattern, '"\1"\2:\3null', 'g')::JSON """
         f"WHERE ({mentions}) AND regexp_matches(payload::VARCHAR, $pattern)",
         {"pattern": pattern},
-    ).fetchone()
+    )
     return int(changed)

@@ -20,6 +20,7 @@ behind: ``_stage_*`` tables and spool folders.
 
 from __future__ import annotations
 
+import io
 import os
 import queue
 import re
@@ -30,6 +31,7 @@ from collections.abc import Callable, Hashable, Iterator
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
+from typing import cast
 
 import duckdb
 import msgspec
@@ -56,6 +58,7 @@ from fieldsales_dagster.warehouse.resource import (
     staging_table,
     table_exists,
 )
+from fieldsales_dagster.warehouse.rows import one_row
 
 #: Longest item DuckDB's reader accepts; a longer one fails the load loudly, never silently.
 #: The reader's buffer is twice that: larger buffers measured slower and took more memory.
@@ -196,11 +199,12 @@ def _page_parts(page: Page, keys: list[ItemKeys]) -> list[bytes | msgspec.Raw] |
     if None in flat:
         keys = [tuple(value or "" for value in values) for values in keys]
         flat = [value or "" for value in flat]
-    joined = "".join(flat)  # type: ignore[arg-type]
+    joined = "".join(cast("list[str]", flat))  # every key is a string by now (checked above)
     if _CONTROL.search(joined):
         return None
     # b"id\x01extra\x01" per item, encoded in one call (the ids hold no line break to split on).
-    prefixes = ("\x01\n".join(map("\x01".join, keys)) + "\x01").encode().split(b"\n")  # type: ignore[arg-type]
+    lines = map("\x01".join, cast("list[tuple[str, ...]]", keys))
+    prefixes = ("\x01\n".join(lines) + "\x01").encode().split(b"\n")
     parts: list[bytes | msgspec.Raw] = [b"\n"] * (3 * len(items))
     parts[0::3] = prefixes
     parts[1::3] = items
@@ -208,15 +212,16 @@ def _page_parts(page: Page, keys: list[ItemKeys]) -> list[bytes | msgspec.Raw] |
 
 
 def spool_parts(page: Page, decode: msgspec.json.Decoder) -> list[bytes | msgspec.Raw]:
-    """The page's spool lines (see ``spool_lines``) as buffers to write one after the other."""
-    keys = page.keys if page.keys is not None else item_keys(page.items, decode)
-    parts = _page_parts(page, keys)  # type: ignore[arg-type]
-    return parts if parts is not None else [_item_lines(page.items, keys)]  # type: ignore[arg-type]
-
-
-def spool_lines(page: Page, decode: msgspec.json.Decoder) -> bytes:
-    """The page's items as spool lines: ``id \x01 [extras \x01] payload``, one per line."""
-    return b"".join(spool_parts(page, decode))
+    """The page's items as spool lines, ``id \x01 [extras \x01] payload`` each, as buffers to
+    write one after the other."""
+    # Pages reach the spool through the pager, which refuses null items: keys, never _NULL.
+    keys = (
+        page.keys
+        if page.keys is not None
+        else cast("list[ItemKeys]", item_keys(page.items, decode))
+    )
+    parts = _page_parts(page, keys)
+    return parts if parts is not None else [_item_lines(page.items, keys)]
 
 
 def _write_all(fd: int, parts: list[bytes | msgspec.Raw]) -> int:
@@ -255,7 +260,7 @@ class StagingWriter:
         self.items_written = 0
         self.rows_inserted = 0
         self._spools = 0
-        self._file = None
+        self._file: io.FileIO | None = None
         self._size = 0
         self._ready: queue.Queue[Path | None] = queue.Queue(maxsize=1)
         self._error: BaseException | None = None
@@ -276,7 +281,7 @@ class StagingWriter:
             try:
                 if self._error is None:
                     params = {"path": str(path), "loaded_at": self.loaded_at}
-                    self.rows_inserted += conn.execute(self.sql, params).fetchone()[0]
+                    self.rows_inserted += one_row(conn, self.sql, params)[0]
             except BaseException as exc:  # raised in the caller's thread at the next call
                 self._error = exc
             finally:
@@ -344,7 +349,7 @@ def spool_root(conn: duckdb.DuckDBPyConnection) -> Path | None:
     if not row or not row[0]:
         return None
     if row[1] == "ducklake":  # the catalog is elsewhere: spool beside the local temp_directory
-        (temp,) = conn.execute("SELECT current_setting('temp_directory')").fetchone()
+        (temp,) = one_row(conn, "SELECT current_setting('temp_directory')")
         return spool_folder(Path(temp).parent / "lake")
     return spool_folder(Path(row[0]))
 
@@ -352,7 +357,7 @@ def spool_root(conn: duckdb.DuckDBPyConnection) -> Path | None:
 def _table_rows(conn: duckdb.DuckDBPyConnection, table: str) -> int | None:
     if not table_exists(conn, table):
         return None
-    return conn.execute(f"SELECT count(*) FROM {qualified(table)}").fetchone()[0]
+    return one_row(conn, f"SELECT count(*) FROM {qualified(table)}")[0]
 
 
 @dataclass(frozen=True)
@@ -430,9 +435,7 @@ class Staging:
     def counts(self) -> dict[Hashable, tuple[int, int]]:
         table = qualified(self.table)
         if self.by is None:
-            rows, distinct = self.conn.execute(
-                f"SELECT count(*), count(DISTINCT id) FROM {table}"
-            ).fetchone()
+            rows, distinct = one_row(self.conn, f"SELECT count(*), count(DISTINCT id) FROM {table}")
             return {None: (rows, distinct)}
         by = quote_ident(self.by)
         found = self.conn.execute(

@@ -43,8 +43,14 @@ from pydantic import Field, field_validator, model_validator
 from fieldsales_dagster.paths import PathSettingError, check_file_setting, resolved
 from fieldsales_dagster.pause import pause_at
 from fieldsales_dagster.settings import setting_field
-from fieldsales_dagster.warehouse.lake import Lake, run_transaction, writer_connection
+from fieldsales_dagster.warehouse.lake import (
+    DuckDBConfig,
+    Lake,
+    run_transaction,
+    writer_connection,
+)
 from fieldsales_dagster.warehouse.refresh_mode import RefreshMode, validate_refresh_mode
+from fieldsales_dagster.warehouse.rows import one_row
 
 T = TypeVar("T")
 
@@ -370,8 +376,8 @@ class FieldSalesWarehouse(dg.ConfigurableResource):
         if self.working_database and self.create_dirs:
             working.parent.mkdir(parents=True, exist_ok=True)
 
-    def _config(self, path: Path | None) -> dict[str, object]:
-        config: dict[str, object] = {
+    def _config(self, path: Path | None) -> DuckDBConfig:
+        config: DuckDBConfig = {
             "memory_limit": self.memory_limit,
             "preserve_insertion_order": False,
         }
@@ -472,7 +478,8 @@ class FieldSalesWarehouse(dg.ConfigurableResource):
 
 
 #: What to do about a failed publish, by the reason the operating system gave.
-_PUBLISH_REMEDIES = {
+#: By ``OSError.errno`` (``None`` for an error without one).
+_PUBLISH_REMEDIES: dict[int | None, str] = {
     errno.ENOSPC: "Free disk space in {folder} (or grow the volume)",
     errno.EDQUOT: "Raise the disk quota of {folder} or free space in it",
     errno.EACCES: "Let the user running the refresh write to {folder} (and replace {file})",
@@ -519,7 +526,7 @@ ROW_GROUP_SIZE = 16384
 STORAGE_VERSION = "v1.0.0"
 
 
-def _open_database(path: Path, config: dict[str, object]) -> duckdb.DuckDBPyConnection:
+def _open_database(path: Path, config: DuckDBConfig) -> duckdb.DuckDBPyConnection:
     """A connection whose default database is ``path``, attached with ``ROW_GROUP_SIZE`` (and,
     when it creates the file, ``STORAGE_VERSION``).
 
@@ -531,10 +538,11 @@ def _open_database(path: Path, config: dict[str, object]) -> duckdb.DuckDBPyConn
             f"ATTACH '{_sql_string(str(path))}' "
             f"(ROW_GROUP_SIZE {ROW_GROUP_SIZE}, STORAGE_VERSION '{STORAGE_VERSION}')"
         )
-        (name,) = conn.execute(
+        (name,) = one_row(
+            conn,
             "SELECT database_name FROM duckdb_databases() "
-            "WHERE NOT internal AND database_name <> 'memory'"
-        ).fetchone()
+            "WHERE NOT internal AND database_name <> 'memory'",
+        )
         conn.execute(f"USE {quote_ident(name)}")
         conn.execute("DETACH memory")
     except BaseException:
@@ -550,7 +558,7 @@ def same_database_cursor(conn: duckdb.DuckDBPyConnection) -> duckdb.DuckDBPyConn
     ``_open_database`` detached, and which a lake's connection keeps, empty), not in the one
     ``USE`` chose.
     """
-    (name,) = conn.execute("SELECT current_database()").fetchone()
+    (name,) = one_row(conn, "SELECT current_database()")
     cursor = conn.cursor()
     cursor.execute(f"USE {quote_ident(name)}")
     return cursor
@@ -650,11 +658,12 @@ def qualified(table: str) -> str:
 def table_exists(conn: duckdb.DuckDBPyConnection, table: str) -> bool:
     """Whether ``schema.table`` exists in the connection's current database."""
     schema, _, name = table.partition(".")
-    (found,) = conn.execute(
+    (found,) = one_row(
+        conn,
         "SELECT count(*) FROM duckdb_tables() WHERE database_name = current_database() "
         "AND schema_name = ? AND table_name = ?",
         [schema, name],
-    ).fetchone()
+    )
     return bool(found)
 
 

@@ -1,0 +1,22 @@
+"""``one_row``: run a query that always returns one row, such as ``SELECT count(*)``."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import duckdb
+
+
+def one_row(conn: duckdb.DuckDBPyConnection, sql: str, params: object = None) -> tuple[Any, ...]:
+    """The row of ``sql``, a query that always returns one (an aggregate, a setting).
+
+    DuckDB types ``fetchone()`` as "a row or ``None``": ``None`` here would be a bug in the
+    query, named at once instead of surfacing later as "cannot unpack ``None``".
+    """
+    row = conn.execute(sql, params).fetchone()
+    if row is None:
+        raise RuntimeError(
+            f"DuckDB returned no row for a query that always returns one ({sql[:80]!r}): a bug "
+            "in fieldsales_dagster; please report it with this traceback."
+        )
+    return row

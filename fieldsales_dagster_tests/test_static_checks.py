@@ -1,0 +1,109 @@
+"""The static checks CI runs as part of the suite: the type check, and the README's Layout.
+
+The type check is the README's command (``.venv/bin/mypy`` from the project's root: its
+``[tool.mypy]`` in pyproject.toml says what to check and how strictly), run as a subprocess so
+that it reads the same configuration a developer's run does.
+"""
+
+from __future__ import annotations
+
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+PACKAGE = ROOT / "fieldsales_dagster"
+#: A cold run (a fresh clone) takes about half a minute alone; the bound leaves room for a
+#: loaded machine without letting a hung checker hold the suite.
+MYPY_TIMEOUT_S = 600
+
+
+def mypy(*args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "mypy", *args],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=MYPY_TIMEOUT_S,
+    )
+
+
+def test_the_package_passes_the_type_check():
+    result = mypy()
+    output = result.stdout + result.stderr
+    assert result.returncode == 0, f"mypy found problems (run .venv/bin/mypy):\n{output}"
+    # The configuration's files: the whole package, not whatever mypy found by default.
+    checked = re.search(r"no issues found in (\d+) source files", output)
+    modules = len(list(PACKAGE.rglob("*.py")))
+    assert checked and int(checked[1]) == modules, output
+
+
+@pytest.mark.parametrize(
+    ("line", "complaint"),
+    [
+        ("x: int = 1  # type: ignore[assignment]", 'Unused "type: ignore" comment'),
+        ('x: int = "one"  # type: ignore', '"type: ignore" comment without error code'),
+    ],
+    ids=["unneeded", "without-code"],
+)
+def test_the_type_check_refuses_a_type_ignore_that_is_not_specific_and_needed(
+    tmp_path, line, complaint
+):
+    # A file named on the command line replaces the configuration's files, nothing else: the
+    # check reads the project's configuration and only this line (and a few stdlib modules).
+    snippet = tmp_path / "snippet.py"
+    snippet.write_text(line + "\n")
+    result = mypy(str(snippet))
+    assert result.returncode == 1, result.stdout + result.stderr
+    assert complaint in result.stdout, result.stdout + result.stderr
+
+
+def layout_entries(readme: str) -> dict[str, str]:
+    """The README's Layout block: each entry's name (``client/``, ``names.py``) -> its text."""
+    section = readme.split("\n## Layout\n", 1)[1]
+    block = section.split("```", 2)[1]
+    entries: dict[str, str] = {}
+    name = ""
+    for line in block.splitlines():
+        if re.match(r"^  \S", line):  # an entry of fieldsales_dagster/ ...
+            name, _, text = line.strip().partition(" ")
+            entries[name] = text
+        elif re.match(r"^ {3,}\S", line) and name:  # ... or its continuation
+            entries[name] += " " + line.strip()
+        else:
+            name = ""
+    return entries
+
+
+def unlisted_modules(readme: str) -> list[str]:
+    entries = layout_entries(readme)
+    missing = []
+    for path in sorted(PACKAGE.rglob("*.py")):
+        module = path.relative_to(PACKAGE)
+        if module.name == "__init__.py":
+            continue
+        if len(module.parts) == 1:
+            listed = module.name in entries
+        else:
+            folder = "/".join(module.parts[:-1]) + "/"
+            text = entries.get(folder, "")
+            listed = re.search(rf"(?<![\w.]){re.escape(module.name)}\b", text) is not None
+        if not listed:
+            missing.append(str(module))
+    return missing
+
+
+def test_the_readme_layout_lists_every_module_of_the_package():
+    missing = unlisted_modules((ROOT / "README.md").read_text())
+    assert not missing, (
+        f"README.md's Layout section does not list {missing}: add each beside its folder "
+        "(one line, what it does)."
+    )
+
+
+def test_the_layout_check_sees_a_module_left_out():
+    readme = (ROOT / "README.md").read_text()
+    assert unlisted_modules(readme.replace("follow.py (", "(")) == ["assets/follow.py"]
