@@ -23,6 +23,24 @@ def resolved(path: str | Path) -> Path:
     return Path(os.path.realpath(Path(path).expanduser()))
 
 
+def _resolve_setting(
+    path: str | Path, setting: str, variable: str, lead: str = ""
+) -> tuple[Path, Callable[[str, str], PathSettingError]]:
+    """``path`` resolved, and how to say what is wrong with it: the error names the setting, its
+    variable, the path as given (and the link's target) and what to do."""
+    given = Path(path).expanduser()
+    target = resolved(given)
+    shown = str(given) if target == given.absolute() else f"{given} (a link to {target})"
+
+    def fail(why: str, what_to_do: str) -> PathSettingError:
+        return PathSettingError(
+            f"Field-Sales setting {setting} (from {variable}) is invalid: {lead}{shown} {why}. "
+            f"{what_to_do}; set it in defs.yaml or through {variable} and load again."
+        )
+
+    return target, fail
+
+
 def check_file_setting(
     path: str | Path, *, setting: str, variable: str, create_dirs: bool, create: bool = False
 ) -> Path:
@@ -31,16 +49,7 @@ def check_file_setting(
     ``create``: make a missing folder now (only with ``create_dirs``); otherwise a missing folder
     is accepted only with ``create_dirs``, if its nearest existing ancestor is writable.
     """
-    given = Path(path).expanduser()
-    target = resolved(given)
-    shown = str(given) if target == given.absolute() else f"{given} (a link to {target})"
-
-    def fail(why: str, what_to_do: str) -> PathSettingError:
-        return PathSettingError(
-            f"Field-Sales setting {setting} (from {variable}) is invalid: {shown} {why}. "
-            f"{what_to_do}; set it in defs.yaml or through {variable} and load again."
-        )
-
+    target, fail = _resolve_setting(path, setting, variable)
     if target.is_dir():
         return_name = "fieldsales.duckdb" if setting == "duckdb_path" else "fieldsales_token.json"
         raise fail(
@@ -57,16 +66,7 @@ def check_own_folder_setting(
     """The resolved ``folder``, one the pipeline makes itself, once it is known that it can: its
     parent exists (or may be created: ``create_dirs``) and is writable. ``used_for`` tells in
     the message what the setting places there."""
-    given = Path(folder).expanduser()
-    target = resolved(given)
-    shown = str(given) if target == given.absolute() else f"{given} (a link to {target})"
-
-    def fail(why: str, what_to_do: str) -> PathSettingError:
-        return PathSettingError(
-            f"Field-Sales setting {setting} (from {variable}) is invalid: {used_for}; {shown} "
-            f"{why}. {what_to_do}; set it in defs.yaml or through {variable} and load again."
-        )
-
+    target, fail = _resolve_setting(folder, setting, variable, f"{used_for}; ")
     _check_folder(target.parent, setting, fail, create_dirs, create=False)
     return target
 

@@ -386,6 +386,7 @@ def check_shrink(
         )
 
 
+@dataclass
 class Staging:
     """A staging table that receives the executor's pages, counted per list.
 
@@ -393,23 +394,13 @@ class Staging:
     lists); ``None`` for one whole list. Each ``write`` is one insert transaction.
     """
 
-    def __init__(
-        self,
-        conn: duckdb.DuckDBPyConnection,
-        endpoint: ListEndpoint,
-        table: str,
-        loaded_at: datetime,
-        spool_dir: Path,
-        spool_bytes: int,
-        by: str | None = None,
-    ):
-        self.conn = conn
-        self.endpoint = endpoint
-        self.table = table
-        self.loaded_at = loaded_at
-        self.spool_dir = spool_dir
-        self.spool_bytes = spool_bytes
-        self.by = by
+    conn: duckdb.DuckDBPyConnection
+    endpoint: ListEndpoint
+    table: str
+    loaded_at: datetime
+    spool_dir: Path
+    spool_bytes: int
+    by: str | None = None
 
     def create(self) -> None:
         self.conn.execute(raw_table_ddl(self.endpoint, self.table, lake=is_lake(self.conn)))
