@@ -170,12 +170,9 @@ def key_decoder(endpoint: ListEndpoint) -> msgspec.json.Decoder:
     return msgspec.json.Decoder(struct)
 
 
-_NULL = object()
-
-
-def item_keys(items: list[msgspec.Raw], decode: msgspec.json.Decoder) -> list[ItemKeys | object]:
-    """Each item's keys; ``_NULL`` for an item that is JSON ``null``."""
-    out: list[ItemKeys | object] = []
+def item_keys(items: list[msgspec.Raw], decode: msgspec.json.Decoder) -> list[ItemKeys | None]:
+    """Each item's keys; ``None`` for an item that is JSON ``null``."""
+    out: list[ItemKeys | None] = []
     names = [f.encode_name for f in msgspec.structs.fields(decode.type)]
     for item in items:
         try:
@@ -183,7 +180,7 @@ def item_keys(items: list[msgspec.Raw], decode: msgspec.json.Decoder) -> list[It
         except msgspec.ValidationError:  # not an object, or a key holding an object or a list
             doc = msgspec.json.decode(item)
             if doc is None:
-                out.append(_NULL)
+                out.append(None)
                 continue
             doc = doc if isinstance(doc, dict) else {}
             values = [doc.get(name) for name in names]
@@ -386,7 +383,7 @@ class _ListPass:
     ):
         self.stream = stream
         self.stats = stats
-        self.strategy: OffsetWindows | None = strategy
+        self.strategy = strategy
         self.decode = decode
         self.filters = stream.filters()
         self.pages = 0
@@ -559,11 +556,10 @@ class PageExecutor:
 
         def fill(lp: _ListPass) -> None:
             while len(in_flight) < api.concurrency:
-                window = lp.strategy.next_window(lp.in_flight)  # type: ignore[union-attr]
+                window = lp.strategy.next_window(lp.in_flight)
                 if window is None:
                     if lp.in_flight == 0:
                         lp.finished = True
-                        lp.strategy = None
                         lp.page_hashes = set()
                         self._lists_done += lp.whole
                     return
@@ -611,11 +607,11 @@ class PageExecutor:
 
     def _admit(self, lp: _ListPass, window: Window, page: Page, baseline: int | None) -> Page:
         """Plan on from the page, record it, check it, and return what of it to keep."""
-        step = lp.strategy.answered(window, page)  # type: ignore[union-attr]
+        step = lp.strategy.answered(window, page)
         stats, stream = lp.stats, lp.stream
         if step.totals_unreliable:
             stats.forget_totals()
-        use_totals = lp.strategy.use_totals  # type: ignore[union-attr]
+        use_totals = lp.strategy.use_totals
         lp.pages += 1
         stats.count(pages=1, bytes=page.nbytes)
         stats.answers.append((page.skip, page.n, page.total if use_totals else None))
@@ -630,7 +626,7 @@ class PageExecutor:
                 "really is that long, raise max_pages_per_pass."
             )
         keys = item_keys(page.items, lp.decode)
-        nulls = sum(1 for k in keys if k is _NULL)
+        nulls = sum(1 for k in keys if k is None)
         if nulls:
             raise PageFormatError(
                 f"{stream.where(page.skip)} answered {nulls} `null` items among {page.n}: the "
@@ -645,16 +641,17 @@ class PageExecutor:
                 "replaced. Report it to the Field-Sales service."
             )
         keep = page.n if step.keep is None else step.keep
-        items, page_keys = page.items[:keep], keys[:keep]
+        items = page.items[:keep]
+        page_keys = [k for k in keys[:keep] if k is not None]  # none is: checked above
         for index, key, value in lp.filters:
             for item_key in page_keys:
-                if id_text(item_key[index]) != value:  # type: ignore[index]
+                if id_text(item_key[index]) != value:
                     raise FilterIgnoredError(
                         f"{stream.where(page.skip)} returned an item of {stream.endpoint.name} "
-                        f"with {key} {item_key[index]!r}: the server ignores the {key} filter"  # type: ignore[index]
+                        f"with {key} {item_key[index]!r}: the server ignores the {key} filter"
                     )
         if items:
-            ids = frozenset(_identity(k, i) for k, i in zip(page_keys, items, strict=True))  # type: ignore[arg-type]
+            ids = frozenset(_identity(k, i) for k, i in zip(page_keys, items, strict=True))
             page_hash = hash(ids)
             if lp.first_hash is None:
                 lp.first_hash = page_hash
@@ -664,10 +661,10 @@ class PageExecutor:
                     raise PagingError(self._repeats_message(lp, page, page_hash))
             lp.page_hashes.add(page_hash)
         stats.count(items=len(items))
-        return Page(page.skip, items, page.total, page.nbytes, page_keys, page.line_breaks)  # type: ignore[arg-type]
+        return Page(page.skip, items, page.total, page.nbytes, page_keys, page.line_breaks)
 
     def _repeats_message(self, lp: _ListPass, page: Page, page_hash: int) -> str:
-        start = lp.strategy.start  # type: ignore[union-attr]
+        start = lp.strategy.start
         if page.skip != start and page_hash == lp.first_hash:
             what = (
                 f"the same items as skip={start}: the server ignores `skip`, so the list "

@@ -214,7 +214,7 @@ def _page_parts(page: Page, keys: list[ItemKeys]) -> list[bytes | msgspec.Raw] |
 def spool_parts(page: Page, decode: msgspec.json.Decoder) -> list[bytes | msgspec.Raw]:
     """The page's items as spool lines, ``id \x01 [extras \x01] payload`` each, as buffers to
     write one after the other."""
-    # Pages reach the spool through the pager, which refuses null items: keys, never _NULL.
+    # Pages reach the spool through the pager, which refuses null items: keys, never None.
     keys = (
         page.keys
         if page.keys is not None
