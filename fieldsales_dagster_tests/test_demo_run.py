@@ -19,7 +19,15 @@ def test_demo_prints_checks_names_intended_failures_and_records_the_run(
     tmp_path, capsys, monkeypatch
 ):
     # main() points the environment at its demo server; restore it after the test.
-    for variable in ("FIELDSALES_BASE_URL", "FIELDSALES_API_TOKEN", "DAGSTER_HOME"):
+    # Every variable main() sets, or a later test in this process would inherit it (a leaked
+    # FIELDSALES_CREATE_DIRS=true hid the missing-folder checks of later tests).
+    for variable in (
+        "FIELDSALES_BASE_URL",
+        "FIELDSALES_API_TOKEN",
+        "FIELDSALES_DUCKDB_PATH",
+        "FIELDSALES_CREATE_DIRS",
+        "DAGSTER_HOME",
+    ):
         monkeypatch.setenv(variable, "")
     # `make demo` runs from the project folder: here a copy of it holding the project's
     # dagster.yaml, so that the demo's default home is project/.dagster_home.
