@@ -518,12 +518,16 @@ def _publish_failure(working: Path, published: Path, exc: OSError) -> str:
 #: (~80 MB of payloads) measured 2.5x faster for 100k transactions (5.5 s -> 2.2 s), and readers
 #: get more row groups to scan in parallel. Set on every attach: it is not stored in the file.
 ROW_GROUP_SIZE = 16384
-#: The storage format a new working database (and so the analysts' copy) is written in: every
-#: DuckDB client from 1.0 on reads it (the CLI, DBeaver's driver, MotherDuck, BI tools); set
-#: explicitly so that a newer DuckDB writing the file never silently moves it out of their reach.
-#: Not v1.4.0: under it the heavy tenant's event decode needed more than 64MB
-#: (test_core_memory.py), and it would shut out pre-1.4 clients. Kept by an existing file.
-STORAGE_VERSION = "v1.0.0"
+#: The storage format a new working database (and so the analysts' copy) is written in; set
+#: explicitly so that a newer DuckDB writing the file never silently moves it out of older
+#: clients' reach: every DuckDB client from 1.2 on reads it (the CLI, DBeaver's driver, MotherDuck,
+#: BI tools). v1.2.0, not v1.0.0: v1.0.0 stores strings longer than a few KB (the raw JSON
+#: payloads, most of the file) uncompressed, 5.4 GiB at 1M demo transactions; v1.2.0 compresses
+#: them with ZSTD, ~6x smaller (test_ducklake.py). Not v1.4.0: larger again (20k transactions'
+#: payloads: v1.0.0 101 MiB, v1.2.0 10 MiB, v1.4.0 48 MiB), and under it the heavy tenant's event
+#: decode needed more than 64MB (test_core_memory.py). Kept by an existing file: a file made
+#: under v1.0.0 stays in it until it is rebuilt (README, "Storage format").
+STORAGE_VERSION = "v1.2.0"
 
 
 def _open_database(path: Path, config: DuckDBConfig) -> duckdb.DuckDBPyConnection:
