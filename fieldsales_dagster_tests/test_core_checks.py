@@ -3,8 +3,11 @@
 from __future__ import annotations
 
 import dagster as dg
+import duckdb
 import pytest
 
+from fieldsales_dagster.assets import checks
+from fieldsales_dagster.assets.core import CORE_TABLES
 from fieldsales_dagster.assets.publish import PUBLISHED_CHECK
 from fieldsales_dagster_tests import core_payloads as p
 from fieldsales_dagster_tests.project import core_check_count
@@ -122,3 +125,31 @@ def test_unresolved_results_are_counted(bad):
     assert evaluation.severity == dg.AssetCheckSeverity.WARN
     assert evaluation.metadata["unresolved"].value == 1
     assert evaluation.metadata["unresolved_by_source"].value == "event: 1"
+
+
+@pytest.fixture(scope="module")
+def many_report_results(tmp_path_factory):
+    """A core.custom_report_results of 5.5M keys (1M transactions' worth), two of them shared."""
+    path = tmp_path_factory.mktemp("many") / "t.duckdb"
+    with duckdb.connect(str(path)) as conn:
+        conn.execute("CREATE SCHEMA core")
+        conn.execute(
+            "CREATE TABLE core.custom_report_results AS SELECT 'transaction' AS source, "
+            "'tx-' || (range // 5) AS report_id, 'field-' || (range % 5) AS field_id "
+            "FROM range(5500000) UNION ALL SELECT 'transaction', 'tx-7', 'field-2'"
+        )
+    return path
+
+
+def test_uniqueness_check_of_millions_of_keys_fits_a_small_memory_limit(many_report_results):
+    # The screen grouped every key at once: 5.5M groups needed more than 32MB (DuckDB: "Out of
+    # Memory Error: failed to pin block"), and after a nightly update of the table at 1M
+    # transactions more than the 192MB memory_limit had left. In buckets it fits, and still finds
+    # the one duplicate (equal keys fall in the same bucket) and names it.
+    (table,) = [t for t in CORE_TABLES if t.table == "core.custom_report_results"]
+    config = {"memory_limit": "32MB", "threads": 2, "preserve_insertion_order": False}
+    with duckdb.connect(str(many_report_results), config=config) as conn:
+        result = checks.ids_unique(table)(conn)
+    assert not result.passed
+    assert result.metadata["duplicated_rows"].value == 2
+    assert result.metadata["offending_keys"].value == "transaction / tx-7 / field-2"

@@ -31,15 +31,17 @@ from fieldsales_dagster.warehouse.rows import one_row
 
 #: How many offending rows a check names in its metadata.
 SAMPLE_SIZE = 5
+#: Rows per bucket of the ids_unique screen (see there): ~1M hash groups fit the memory limit.
+SCREEN_BUCKET_ROWS = 1_000_000
 
 #: ``evaluate(connection) -> result``: the body of one check, on a warehouse connection.
 Evaluate = Callable[[duckdb.DuckDBPyConnection], dg.AssetCheckResult]
 
 
-def _fetch_one(conn: duckdb.DuckDBPyConnection, sql: str) -> tuple:
+def _fetch_one(conn: duckdb.DuckDBPyConnection, sql: str, params: object = None) -> tuple:
     if macros := shared_macros_sql(sql):
         conn.execute(macros)
-    return one_row(conn, sql)
+    return one_row(conn, sql, params)
 
 
 def _asset_table(asset_name: str) -> CoreTable:
@@ -127,42 +129,57 @@ def ids_unique(table: CoreTable) -> Evaluate:
     key_text = " || ' / ' || ".join(
         f"coalesce({quote_ident(c)}::VARCHAR, 'NULL')" for c in table.key
     )
+    # Both queries read one bucket of key hashes at a time: equal keys have equal hashes, so a
+    # duplicate never spans two buckets, and a query's hash table holds at most about
+    # SCREEN_BUCKET_ROWS groups whatever the table's size. All 5.5M keys of
+    # core.custom_report_results (1M transactions) grouped at once needed more than 32MB; after
+    # a nightly update of that table, more than the 192MB memory_limit had left.
+    in_bucket = f"hash({columns}) % $buckets = $bucket"
     sql = f"""
         WITH keys AS (
             SELECT {key_text} AS key_text, bool_or({any_null}) AS has_null, count(*) AS n
             FROM {qualified(table.table)}
+            WHERE {in_bucket}
             GROUP BY {columns}
         )
         SELECT
             coalesce(sum(n) FILTER (WHERE n > 1), 0) AS duplicated_rows,
             coalesce(sum(n) FILTER (WHERE has_null), 0) AS rows_with_null_key,
             coalesce(
-                list(key_text ORDER BY n DESC, key_text) FILTER (WHERE n > 1 OR has_null),
+                list((n, key_text) ORDER BY n DESC, key_text) FILTER (WHERE n > 1 OR has_null),
                 []
             )[1:{SAMPLE_SIZE}] AS sample
         FROM keys
     """
     # A screen first: rows grouped by a 64-bit hash of the key (cheap to group, unlike the key's
-    # text; 5.5M custom report results: 2.2 -> 0.7 CPU-s). Equal keys have equal hashes, so no
-    # hash shared by two rows and no NULL key means no duplicate; otherwise (a duplicate, a NULL,
-    # or a rare hash collision) the exact query above counts and names the offending keys.
+    # text; 5.5M custom report results: 2.2 -> 0.7 CPU-s). No hash shared by two rows and no
+    # NULL key means no duplicate in the bucket; otherwise (a duplicate, a NULL, or a rare hash
+    # collision) the exact query above counts and names the bucket's offending keys.
     screen = f"""
-        SELECT count(*) FILTER (WHERE n > 1), coalesce(sum(with_null), 0)
+        SELECT count(*) FILTER (WHERE n > 1) + coalesce(sum(with_null), 0)
         FROM (
             SELECT hash({columns}) AS key_hash, count(*) AS n,
                 count(*) FILTER (WHERE {any_null}) AS with_null
             FROM {qualified(table.table)}
+            WHERE {in_bucket}
             GROUP BY key_hash
         )
     """
     key_label = ", ".join(table.key)
 
     def _ids_unique(conn: duckdb.DuckDBPyConnection) -> dg.AssetCheckResult:
-        shared_hashes, with_null = _fetch_one(conn, screen)
-        if shared_hashes == 0 and with_null == 0:
-            duplicated, sample = 0, []
-        else:
-            duplicated, with_null, sample = _fetch_one(conn, sql)
+        (rows,) = _fetch_one(conn, f"SELECT count(*) FROM {qualified(table.table)}")
+        buckets = 1 + rows // SCREEN_BUCKET_ROWS
+        duplicated = with_null = 0
+        samples: list[tuple[int, str]] = []
+        for bucket in range(buckets):
+            params = {"buckets": buckets, "bucket": bucket}
+            if _fetch_one(conn, screen, params) == (0,):
+                continue
+            bucket_duplicated, bucket_null, sample = _fetch_one(conn, sql, params)
+            duplicated, with_null = duplicated + bucket_duplicated, with_null + bucket_null
+            samples.extend(sample)
+        offending = [key for _, key in sorted(samples, key=lambda s: (-s[0], s[1]))]
         return dg.AssetCheckResult(
             passed=duplicated == 0 and with_null == 0,
             severity=dg.AssetCheckSeverity.ERROR,
@@ -170,7 +187,7 @@ def ids_unique(table: CoreTable) -> Evaluate:
                 "key": key_label,
                 "duplicated_rows": int(duplicated),
                 "rows_with_null_key": int(with_null),
-                "offending_keys": ", ".join(sample),
+                "offending_keys": ", ".join(offending[:SAMPLE_SIZE]),
             },
         )
 
