@@ -37,29 +37,12 @@ WITH embedded AS (
 embedded_references AS (
     SELECT
         * EXCLUDE (project_ref, pos_ref, area_ref),
-        -- A reference is an object (its _id parsed above) or a bare id (json_reference_id). An
-        -- object is told by its opening brace (the stored JSON is minified): json_type would parse
-        -- every point-of-sale object anew (a few KB, 2,048 rows at a time).
-        CASE
-            WHEN starts_with(project::VARCHAR, '{') THEN project_ref._id
-            ELSE json_reference_id(
-                CASE WHEN NOT starts_with(project::VARCHAR, '{') THEN project END
-            )
-        END AS project_id,
+        -- A reference is an object (its _id parsed above) or a bare id (typed_values.sql).
+        embedded_reference_id(project, project_ref._id) AS project_id,
         project_ref.name AS project_name,
-        CASE
-            WHEN starts_with(point_of_sale::VARCHAR, '{') THEN pos_ref._id
-            ELSE json_reference_id(
-                CASE WHEN NOT starts_with(point_of_sale::VARCHAR, '{') THEN point_of_sale END
-            )
-        END AS pos_id,
+        embedded_reference_id(point_of_sale, pos_ref._id) AS pos_id,
         pos_ref.name AS pos_name,
-        CASE
-            WHEN starts_with(area::VARCHAR, '{') THEN area_ref._id
-            ELSE json_reference_id(
-                CASE WHEN NOT starts_with(area::VARCHAR, '{') THEN area END
-            )
-        END AS area_id,
+        embedded_reference_id(area, area_ref._id) AS area_id,
         area_ref.name AS area_name,
         list_transform(
             raw_times,

@@ -65,6 +65,14 @@ CREATE OR REPLACE TEMP MACRO json_reference_id(j) AS CASE json_type(j)
     WHEN 'UBIGINT' THEN j ->> '$'
 END;
 
+-- The id of an embedded reference j that is an object (its _id, parsed by the caller: parsed_id)
+-- or a bare id. An object is told by its opening brace (the stored JSON is minified): json_type
+-- would parse every point-of-sale object anew (a few KB, 2,048 rows at a time).
+CREATE OR REPLACE TEMP MACRO embedded_reference_id(j, parsed_id) AS CASE
+    WHEN starts_with(j::VARCHAR, '{') THEN parsed_id
+    ELSE json_reference_id(CASE WHEN NOT starts_with(j::VARCHAR, '{') THEN j END)
+END;
+
 -- Present and not empty: neither absent, nor JSON null, nor "".
 CREATE OR REPLACE TEMP MACRO json_present(j) AS
     coalesce(json_type(j) <> 'NULL' AND j::VARCHAR <> '""', false);
