@@ -526,7 +526,7 @@ ROW_GROUP_SIZE = 16384
 #: them with ZSTD, ~6x smaller (test_ducklake.py). Not v1.4.0: larger again (20k transactions'
 #: payloads: v1.0.0 101 MiB, v1.2.0 10 MiB, v1.4.0 48 MiB), and under it the heavy tenant's event
 #: decode needed more than 64MB (test_core_memory.py). Kept by an existing file: a file made
-#: under v1.0.0 stays in it until it is rebuilt (README, "Storage format").
+#: under v1.0.0 stays in it until it is rebuilt (README, "Storage format of the analysts' file").
 STORAGE_VERSION = "v1.2.0"
 
 
