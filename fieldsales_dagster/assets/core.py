@@ -627,7 +627,7 @@ def build_core_asset(
         if not context.selected_asset_check_keys:
             return
         # The checks get a connection of their own: DuckDB 1.5 keeps what a checkpoint loaded
-        # of every table's deleted rows (16 KiB per 2,048-row vector holding one) in memory,
+        # of every table's deleted rows (~32 KiB per 2,048-row vector holding one) in memory,
         # unevictable, until the database is closed. After a nightly update of the tables that
         # follow transactions at 1M transactions that was 164 MB of the 192MB memory_limit,
         # and the check after it ran out of memory.
