@@ -183,28 +183,33 @@ class FieldSalesAPI(dg.ConfigurableResource):
         store = self.token_store()
         if store is None:
             return env_token
-        return store.current_token(env_token, accept=self._server_accepts)
+        return store.current_token(env_token, accept=self.server_accepts)
 
-    def _server_accepts(self, env_token: str) -> bool:
-        """Whether the server takes a new ``FIELDSALES_API_TOKEN`` the store has never seen.
+    def server_accepts(self, token: str) -> bool:
+        """Whether the server takes ``token``, before the token store records it for this origin.
 
-        Asked once per process and token. Until the server accepts it, the store's token stays in
-        use, and a warning says so (the new token may be mistyped; the stored one was renewed).
+        Asked once per process and token. Until the server accepts it, nothing is written: a
+        mistyped base URL or token leaves the store as it was (the stored token, if this
+        server's, stays in use), and a warning says so.
         """
         verdicts = self._env_verdicts
-        if env_token not in verdicts:
+        if token not in verdicts:
             try:
-                self.get(CHECK_TOKEN_PATH, token=env_token, max_retries=1)
-                verdicts[env_token] = True
+                self.get(CHECK_TOKEN_PATH, token=token, max_retries=1)
+                verdicts[token] = True
             except FieldSalesAPIError as exc:
-                verdicts[env_token] = False
+                verdicts[token] = False
                 dg.get_dagster_logger().warning(
-                    "FIELDSALES_API_TOKEN holds a token the token store has not seen, but it "
-                    f"could not be confirmed ({type(exc).__name__}: the server refused it or did "
-                    f"not answer); keeping the stored token from {self.token_store_path}. Check "
-                    "the new token for a typo if you meant to replace the stored one."
+                    f"FIELDSALES_API_TOKEN could not be confirmed on {self.origin} "
+                    f"({type(exc).__name__}: the server refused it or did not answer); the token "
+                    f"store {self.token_store_path} is left as it was. Check the base URL and "
+                    "the token for a typo."
                 )
-        return verdicts[env_token]
+        return verdicts[token]
+
+    def accepted_already(self, token: str) -> bool:
+        """The server accepted ``token`` in this process already (``server_accepts``)."""
+        return self._env_verdicts.get(token) is True
 
     def _scrub(self, text: str, *tokens: str, limit: int | None = None) -> str:
         return mask_secrets(text, (self.api_token, self.api_token.strip(), *tokens), limit)
