@@ -86,7 +86,7 @@ def tick(
         return Tick(skip_message(result), result.cursor, ran=False)
     (request,) = result.run_requests
     run = sensor.job.execute_in_process(resources={"fieldsales_api": api}, tags=request.tags)
-    return Tick(run.output_for_node(names.token_renewal_job), result.cursor, ran=True)
+    return Tick(run.output_for_node(names.token_renewal_op), result.cursor, ran=True)
 
 
 def skip_message(result: dg.SensorResult) -> str:
@@ -291,7 +291,7 @@ RENEWER_SCRIPT = textwrap.dedent(
     policy = RenewalPolicy.after_days(SETTINGS["token_renew_after_days"].default)
     job = build_token_renewal_sensor(InstanceNames(), policy).job
     run = job.execute_in_process(resources={"fieldsales_api": api})
-    print(run.output_for_node(InstanceNames().token_renewal_job))
+    print(run.output_for_node(InstanceNames().token_renewal_op))
     """
 )
 

@@ -446,9 +446,7 @@ def test_renewed_token_of_a_moved_instance_is_not_sent_to_the_new_address(
     assert json.loads(path.read_text())["origin"] == second.base_url
 
 
-def test_lost_or_corrupt_store_is_seeded_again_once_the_server_accepts(
-    two_servers, tmp_path: Path
-):
+def test_lost_or_corrupt_store_is_seeded_again_once_the_server_accepts(two_servers, tmp_path: Path):
     first, _ = two_servers
     path = tmp_path / "fieldsales_token.json"
     client_at(first.base_url, first.token, path).check_token()

@@ -11,7 +11,7 @@ def build_token_renewal_job(names: InstanceNames, policy: RenewalPolicy) -> dg.J
     """One op that renews the token if due, else tests it: a run with a log, visible failures."""
 
     @dg.op(
-        name=names.token_renewal_job,
+        name=names.token_renewal_op,
         required_resource_keys={names.api.key},
         description="Renews the Field-Sales API token if due (else tests it); see the sensor.",
     )
