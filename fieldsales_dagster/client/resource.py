@@ -145,6 +145,7 @@ class FieldSalesAPI(dg.ConfigurableResource):
 
     _local: threading.local = PrivateAttr(default_factory=threading.local)
     _env_verdicts: dict[str, bool] = PrivateAttr(default_factory=dict)
+    _settled: bool = PrivateAttr(default=False)
 
     # --- plumbing ---------------------------------------------------------------------------
 
@@ -185,31 +186,35 @@ class FieldSalesAPI(dg.ConfigurableResource):
             return env_token
         return store.current_token(env_token, accept=self.server_accepts)
 
-    def server_accepts(self, token: str) -> bool:
-        """Whether the server takes ``token``, before the token store records it for this origin.
+    def server_accepts(self, env_token: str) -> bool:
+        """Whether the server takes a new ``FIELDSALES_API_TOKEN`` the store has never seen.
 
-        Asked once per process and token. Until the server accepts it, nothing is written: a
-        mistyped base URL or token leaves the store as it was (the stored token, if this
-        server's, stays in use), and a warning says so.
+        Asked once per process and token. Until the server accepts it, the store's token stays in
+        use, and a warning says so (the new token may be mistyped; the stored one was renewed).
         """
         verdicts = self._env_verdicts
-        if token not in verdicts:
+        if env_token not in verdicts:
             try:
-                self.get(CHECK_TOKEN_PATH, token=token, max_retries=1)
-                verdicts[token] = True
+                self.get(CHECK_TOKEN_PATH, token=env_token, max_retries=1)
+                verdicts[env_token] = True
             except FieldSalesAPIError as exc:
-                verdicts[token] = False
+                verdicts[env_token] = False
                 dg.get_dagster_logger().warning(
-                    f"FIELDSALES_API_TOKEN could not be confirmed on {self.origin} "
-                    f"({type(exc).__name__}: the server refused it or did not answer); the token "
-                    f"store {self.token_store_path} is left as it was. Check the base URL and "
-                    "the token for a typo."
+                    "FIELDSALES_API_TOKEN holds a token the token store has not seen, but it "
+                    f"could not be confirmed ({type(exc).__name__}: the server refused it or did "
+                    f"not answer); keeping the stored token from {self.token_store_path}. Check "
+                    "the new token for a typo if you meant to replace the stored one."
                 )
-        return verdicts[token]
+        return verdicts[env_token]
 
-    def accepted_already(self, token: str) -> bool:
-        """The server accepted ``token`` in this process already (``server_accepts``)."""
-        return self._env_verdicts.get(token) is True
+    def _settle(self, token: str) -> None:
+        """A request with ``token`` succeeded: the store may record it now (once per resource)."""
+        if self._settled or not self.use_token_store:
+            return
+        store = self.token_store()
+        if store is not None:
+            store.settle(self.env_token(), token)
+        self._settled = True
 
     def _scrub(self, text: str, *tokens: str, limit: int | None = None) -> str:
         return mask_secrets(text, (self.api_token, self.api_token.strip(), *tokens), limit)
@@ -395,7 +400,7 @@ class FieldSalesAPI(dg.ConfigurableResource):
                 reraise=True,
             )
             try:
-                return retrying(attempt)
+                answer = retrying(attempt)
             except TransientHTTPError as exc:
                 spent = (
                     f"gave up after attempt {attempts} of at most {retries + 1}, "
@@ -423,6 +428,9 @@ class FieldSalesAPI(dg.ConfigurableResource):
                             stats.count(token_rereads=1)
                         continue
                 raise refused.error() from None
+            if fixed_token is None:
+                self._settle(current)  # the server accepted it: the store may record it now
+            return answer
 
     # --- endpoints --------------------------------------------------------------------------
 

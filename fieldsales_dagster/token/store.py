@@ -269,32 +269,47 @@ class TokenStore:
     # --- the token to use ------------------------------------------------------------------
 
     def current(self, env_token: str, accept: Callable[[str], bool] | None = None) -> StoredToken:
-        """The token to use; the store is (re-)seeded only once the server accepted the token.
+        """The token to use; with ``accept`` (a client), nothing is written the server has not
+        accepted.
 
-        What would change the file (a first seed, a new environment token, a store written
-        before origins were recorded, or the same token at a new address) is written only if
-        ``accept(token)`` says this server takes it (when ``accept`` is given). Refused, nothing
-        is written: the stored token stays in use if it is this server's, else the environment
-        token is used unsaved, and the request fails with the server's own answer. A store of
-        another server is used only if it holds the very token the environment gives this
-        instance (the same token at a new address, as the demo API's new port): another
-        server's token is never sent here.
+        A new environment token beside this server's stored one replaces it only if
+        ``accept(env_token)`` says the server takes it: a mistyped replacement must never throw
+        away a valid renewed token (refused, the stored token stays in use). A record not yet
+        written (a first seed, a store written before origins were recorded, the same token at
+        a new address) is returned unsaved; the client writes it with ``settle`` once a request
+        with it succeeded, so a mistyped base URL leaves the file as it was. A store of another
+        server is used only if it holds the very token the environment gives this instance (the
+        demo API's new port): another server's token is never sent here. Without ``accept``
+        (the store on its own) every record is written at once.
         """
         stored = self._read_any()
         pending = self._pending(stored, env_token)
         if pending is None:
             assert stored is not None  # _pending only returns None for a usable stored token
             return stored
-        if accept is not None and not accept(pending.token):
-            return stored if stored is not None and not self._foreign(stored) else pending
-        with self._locked():
-            stored = self._read_any()
-            pending = self._pending(stored, env_token)
-            if pending is None:
-                assert stored is not None
+        if accept is not None:
+            if stored is None or self._foreign(stored) or not self._must_reseed(stored, env_token):
+                return pending  # written by settle() after the server's first 200
+            if not accept(pending.token):
                 return stored
-            self._write_atomically(pending)
-            return pending
+        with self._locked():
+            return self._write_pending(env_token) or pending
+
+    def settle(self, env_token: str, token: str) -> None:
+        """The server just accepted ``token``: write the record ``current`` left unsaved for it."""
+        pending = self._pending(self._read_any(), env_token)
+        if pending is not None and pending.token == token:
+            with self._locked():
+                self._write_pending(env_token, token)
+
+    def _write_pending(self, env_token: str, token: str | None = None) -> StoredToken | None:
+        """Under the lock: write what is still pending (for ``token``, if given); else the store."""
+        stored = self._read_any()
+        pending = self._pending(stored, env_token)
+        if pending is None or (token is not None and pending.token != token):
+            return stored
+        self._write_atomically(pending)
+        return pending
 
     def peek(self, env_token: str) -> StoredToken:
         """What ``current`` would use, without writing anything or asking the server (a sensor's
