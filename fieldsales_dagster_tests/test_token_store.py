@@ -471,3 +471,21 @@ def test_env_token_is_reseeded_only_after_the_server_accepts_it(two_servers, tmp
     assert path.read_bytes() == seeded
     client_at(first.base_url, regenerated, path).check_token()  # the documented re-seed
     assert json.loads(path.read_text())["token"] == regenerated
+
+
+def test_a_client_store_writes_a_first_seed_only_when_settled_with_that_token(tmp_path: Path):
+    store = TokenStore(tmp_path / "fieldsales_token.json", origin="http://127.0.0.1:8765")
+    asked: list[str] = []
+
+    def accept(token: str) -> bool:
+        asked.append(token)
+        return True
+
+    assert store.current_token(ENV_TOKEN, accept=accept) == ENV_TOKEN
+    assert asked == [] and not store.path.exists()  # no probe, no file
+    store.settle(ENV_TOKEN, "some-other-token")  # a 200 for another token settles nothing
+    assert not store.path.exists()
+    store.settle(ENV_TOKEN, ENV_TOKEN)
+    stored = store.read()
+    assert stored is not None and stored.token == ENV_TOKEN
+    assert stored.origin == "http://127.0.0.1:8765"

@@ -9,8 +9,10 @@ token must reach the disk before anything else happens, and every process must f
   refused before its token is sent anywhere (unless the environment gives this client that very
   token: the same token at a new address), and a store written before origins were recorded is
   adopted by the first client whose server accepts its token;
-* nothing is written until the server accepted the token: a first seed, a re-seed, a new address
-  are recorded only after ``accept(token)``, so a mistyped base URL leaves the file as it was;
+* nothing is written until the server accepted the token: a first seed, an adoption or a new
+  address is written by ``settle`` after the server's first 200 with it, a new environment token
+  beside a stored one only after ``accept`` (see ``current``), so a mistyped base URL or token
+  leaves the file as it was;
 * the path is resolved first (a symlinked store is read and written through its target, the link
   kept), and a file not owned by the running user, or readable by others, is refused;
 * writes go to a temporary file in the same directory (created 0600), are flushed and fsynced,
@@ -28,7 +30,8 @@ token must reach the disk before anything else happens, and every process must f
   environment never writes its invalid token back over the current one, and a mistyped new one
   never throws away the valid renewed token.
 
-Interface the API client relies on: ``TokenStore(path, origin).current_token(env_token, accept)``.
+Interface the API client relies on: ``TokenStore(path, origin).current_token(env_token, accept)``
+and ``settle(env_token, token)`` after a request with that token succeeded.
 """
 
 from __future__ import annotations
@@ -208,6 +211,13 @@ class TokenStore:
         Refuses a file another user owns or could read, and one that holds another server's
         token (see ``origin``), before anything uses the token.
         """
+        stored = self._read_any()
+        if stored is not None:
+            self._check_origin(stored)
+        return stored
+
+    def _read_any(self) -> StoredToken | None:
+        """``read`` without the origin check: ``_pending`` decides about another server's store."""
         try:
             # The path is resolved already: a link put in its place since is not followed.
             fd = os.open(self.path, os.O_RDONLY | getattr(os, "O_NOFOLLOW", 0))
@@ -227,9 +237,7 @@ class TokenStore:
             ) from None
         finally:
             os.close(fd)
-        stored = StoredToken.decode(raw, self.path)
-        self._check_origin(stored)
-        return stored
+        return StoredToken.decode(raw, self.path)
 
     def _check_permissions(self, st: os.stat_result) -> None:
         if os.name != "posix":
@@ -320,14 +328,6 @@ class TokenStore:
 
     def current_token(self, env_token: str, accept: Callable[[str], bool] | None = None) -> str:
         return self.current(env_token, accept).token
-
-    def _read_any(self) -> StoredToken | None:
-        """``read`` without the origin check: ``_pending`` decides about another server's store."""
-        origin, self.origin = self.origin, None
-        try:
-            return self.read()
-        finally:
-            self.origin = origin
 
     def _pending(self, stored: StoredToken | None, env_token: str) -> StoredToken | None:
         """The record to write before ``stored`` can be used here, or ``None`` if it can as is."""
