@@ -77,7 +77,7 @@ class FieldSalesAPI(dg.ConfigurableResource):
     """Client of one Field-Sales instance's read API.
 
     The token comes from ``FIELDSALES_API_TOKEN`` (an ``EnvVar``) and, once seen, from the token
-    store, which the renewal sensor keeps current.
+    store, which the renewal job (requested by the renewal sensor) keeps current.
     """
 
     base_url: str = setting_field("base_url")
