@@ -9,7 +9,8 @@ what it accepts. One instance becomes:
 * resources: the API client (its token a Dagster ``EnvVar``, so the UI shows the variable's name,
   never the token) and the DuckDB warehouse;
 * assets ``raw_*`` and ``core_*`` (under ``key_prefix`` for a second tenant), their checks;
-* the refresh job and its schedule, the token-renewal sensor and the core-table automation sensor.
+* the refresh job and its schedule, the token-renewal sensor and its job, and the core-table
+  automation sensor.
 
 Subclasses may override ``build_assets`` or ``build_checks`` to add or change definitions. (Most
 core checks are check specs of their assets, evaluated in the asset's step: ``build_assets``

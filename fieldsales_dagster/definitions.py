@@ -50,13 +50,21 @@ def _component_file(exc: BaseException | None) -> str:
     while exc is not None:
         match = _COMPONENT.search(str(exc).splitlines()[0] if str(exc) else "")
         if match and (DEFS_FOLDER / match["folder"] / "defs.yaml").is_file():
-            path = (DEFS_FOLDER / match["folder"] / "defs.yaml").resolve()
-            try:
-                return str(path.relative_to(Path.cwd().resolve()))
-            except ValueError:
-                return str(path)
+            return _shown(DEFS_FOLDER / match["folder"] / "defs.yaml")
         exc = exc.__cause__
-    return str(DEFS_FOLDER / "<instance>" / "defs.yaml")
+    found = sorted(DEFS_FOLDER.glob("*/defs.yaml"))
+    # A load error not tied to a folder (a path setting checked later): name the only one there
+    # is, or the folder that holds them all, never a placeholder.
+    return _shown(found[0]) if len(found) == 1 else f"one of {_shown(DEFS_FOLDER)}/*/defs.yaml"
+
+
+def _shown(path: Path) -> str:
+    """``path`` from the working directory when it lies below it, else absolute."""
+    path = path.resolve()
+    try:
+        return str(path.relative_to(Path.cwd().resolve()))
+    except ValueError:
+        return str(path)
 
 
 @dg.definitions

@@ -19,6 +19,7 @@ import os
 import sys
 from collections import defaultdict
 from pathlib import Path
+from typing import Protocol
 
 import dagster as dg
 import duckdb
@@ -35,6 +36,9 @@ INSTANCE_YAML = Path("dagster.yaml")
 #: copy in a Dagster home leaves them out: their defaults there are that home's own folders.
 STORAGE_KEYS = ("storage", "local_artifact_storage", "compute_logs")
 DEMO_TRANSACTIONS = 20_000
+#: The demo API's token: the same on every start (on a new port each time), so the token store
+#: follows the demo API to its new address (docs/token-lifecycle.md) and `make demo` runs again.
+DEMO_TOKEN = "demo-token"
 
 #: Checks that the demo data fails on purpose: (asset, check) -> what in the data trips it.
 EXPECTED_DEMO_FINDINGS = {
@@ -135,6 +139,36 @@ def summarize(database: str, evaluations: list | None = None) -> tuple[str, list
     return "\n".join(lines), unexpected
 
 
+class ErrorInfo(Protocol):
+    """What a step failure's error (Dagster's serializable error info) tells."""
+
+    @property
+    def message(self) -> str: ...
+    @property
+    def cls_name(self) -> str | None: ...
+    @property
+    def cause(self) -> ErrorInfo | None: ...
+
+
+def root_cause(error: ErrorInfo) -> str:
+    """The innermost error of a Dagster failure, in one line: ``TokenStoreError: Token store ...``
+    rather than Dagster's own wrapper ("Error occurred while executing op ...")."""
+    while error.cause is not None:
+        error = error.cause
+    first = next((line for line in error.message.splitlines() if line.strip()), "").strip()
+    name = f"{error.cls_name}: " if error.cls_name else ""
+    return name + first.split(name, 1)[-1] if name and name in first else first
+
+
+def failure_causes(result: dg.ExecuteInProcessResult) -> list[str]:
+    """``step: root cause`` of every failed step of a run, in the order they failed."""
+    return [
+        f"{event.step_key}: {root_cause(event.step_failure_data.error)}"
+        for event in result.all_events
+        if event.is_step_failure and event.step_failure_data.error is not None
+    ]
+
+
 class _ProgressHandler(logging.Handler):
     """One line per finished step, and every warning or error a step logs; nothing else."""
 
@@ -157,7 +191,7 @@ class _ProgressHandler(logging.Handler):
             seconds = event.event_specific_data.duration_ms / 1000
             line = f"  {self.done:>2}. {step} ({seconds:.1f} s)"
         elif event.event_type_value == "STEP_FAILURE":
-            line = f"  FAILED: {step}: {event.event_specific_data.error.message.strip()}"
+            line = f"  FAILED: {step}: {root_cause(event.event_specific_data.error)}"
         else:
             line = None
         if line is not None:
@@ -191,15 +225,18 @@ def run_and_report(job, instance, database: str) -> int:
         asset_selection=keys,
     )
     print()
-    text, unexpected = summarize(database, result.get_asset_check_evaluations())
-    print(text)
     if not result.success:
+        # No table summary: the file holds what an earlier run wrote, not this run's work.
+        causes = failure_causes(result) or ["(no step failed; see the run's log)"]
         print(
-            f"The run {result.run_id} failed; its full log is in the Dagster instance "
-            "(see the README to open it in the UI).",
+            f"The run {result.run_id} FAILED, so no table is summarized (the tables in "
+            f"{database}, if any, are an earlier run's). Its full log is in the Dagster "
+            "instance (see the README to open it in the UI). The cause:\n  " + causes[0],
             file=sys.stderr,
         )
         return 1
+    text, unexpected = summarize(database, result.get_asset_check_evaluations())
+    print(text)
     return 1 if unexpected else 0
 
 
@@ -222,7 +259,8 @@ def main(argv: list[str] | None = None) -> int:
     from fieldsales_dagster.demo_api import DemoConfig, DemoServer
 
     home = prepare_dagster_home(Path(args.dagster_home))
-    with DemoServer(DemoConfig(transactions=args.transactions, seed=args.seed)) as server:
+    config = DemoConfig(transactions=args.transactions, seed=args.seed)
+    with DemoServer(config, token=DEMO_TOKEN) as server:
         os.environ["FIELDSALES_BASE_URL"] = server.base_url
         os.environ["FIELDSALES_API_TOKEN"] = server.token
         os.environ["FIELDSALES_DUCKDB_PATH"] = args.database

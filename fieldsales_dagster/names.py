@@ -119,5 +119,13 @@ class InstanceNames:
         return self._prefixed("token_renewal_sensor")
 
     @property
+    def token_renewal_job(self) -> str:
+        return self._prefixed("renew_token")
+
+    @property
+    def token_renewal_op(self) -> str:
+        return self._prefixed("renew_or_test_token")
+
+    @property
     def automation_sensor(self) -> str:
         return self._prefixed("core_automation_sensor")

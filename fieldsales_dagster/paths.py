@@ -1,10 +1,13 @@
-"""File settings as users give them: symlinks followed, folders checked, created only when asked.
+"""File settings as users give them: symlinks followed, folders checked, created only when asked
+(or when the setting is left at the project's default: its data/ folder is the project's own).
 
 ``duckdb_path`` and ``token_store_path`` name files the pipeline replaces (a rename over them).
 A symlink is followed to its target, so the rename replaces the target and the link stays; the
 folder that receives the rename is the target's. ``check_file_setting`` says at once, naming the
 setting and its variable, what is wrong with a path: a directory, a parent that is a file, a
-missing folder (created only with ``create_dirs``), a folder the user cannot write.
+missing folder (created only with ``create_dirs``, or for the default path: a fresh clone has no
+data/ yet, while a mistyped volume path must never fill the local disk), a folder the user cannot
+write.
 """
 
 from __future__ import annotations
@@ -47,8 +50,10 @@ def check_file_setting(
     """The resolved ``path``, once it is known that the pipeline can replace the file there.
 
     ``create``: make a missing folder now (only with ``create_dirs``); otherwise a missing folder
-    is accepted only with ``create_dirs``, if its nearest existing ancestor is writable.
+    is accepted only with ``create_dirs``, if its nearest existing ancestor is writable. A path
+    left at the setting's default counts as ``create_dirs``.
     """
+    create_dirs = create_dirs or is_default(path, setting)
     target, fail = _resolve_setting(path, setting, variable)
     if target.is_dir():
         return_name = "fieldsales.duckdb" if setting == "duckdb_path" else "fieldsales_token.json"
@@ -58,6 +63,14 @@ def check_file_setting(
         )
     _check_folder(target.parent, setting, fail, create_dirs, create)
     return target
+
+
+def is_default(path: str | Path, setting: str) -> bool:
+    """``path`` is the setting's default (``data/...``), whose folder the project may create."""
+    from fieldsales_dagster.settings import SETTINGS  # settings imports nothing of ours
+
+    known = SETTINGS.get(setting)
+    return known is not None and str(path) == known.default
 
 
 def check_own_folder_setting(

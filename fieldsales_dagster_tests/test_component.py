@@ -195,7 +195,7 @@ def test_dg_check_and_list_defs_show_every_definition(tmp_path):
     # counts, a column-schema check per asset, values_typed and values_finite on the four
     # tables of UNTYPED_VALUES_TABLES, and the publish step's check on every asset.
     assert len(listed["asset_checks"]) == 15 + 9 + 3 + 18 + 2 * len(UNTYPED_VALUES_TABLES) + 18
-    assert [job["name"] for job in listed["jobs"]] == ["refresh_all"]
+    assert sorted(job["name"] for job in listed["jobs"]) == ["refresh_all", "renew_token"]
     assert [schedule["name"] for schedule in listed["schedules"]] == ["refresh_all_schedule"]
     assert sorted(sensor["name"] for sensor in listed["sensors"]) == [
         "core_automation_sensor",

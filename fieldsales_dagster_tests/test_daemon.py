@@ -31,6 +31,7 @@ BIN = Path(sys.executable).parent
 JOB = "refresh_all"
 SCHEDULE = "refresh_all_schedule"
 TOKEN_SENSOR = "token_renewal_sensor"
+RENEWAL_JOB = "renew_token"
 #: The whole test gives up after this long (start-up + up to a minute to the first tick + run).
 DEADLINE_S = 360.0
 #: 2,000 transactions in pages of 100, one request at a time, 3 s per answer: about 25 requests,
@@ -84,6 +85,7 @@ def test_daemon_fires_the_schedule_and_never_overlaps_refreshes(postgres, tmp_pa
             monkeypatch.setenv("DAGSTER_POSTGRES_URL", postgres.url)
             with dg.DagsterInstance.from_config(str(home)) as instance:
                 first = wait_for_first_refresh(instance, started, daemon_log)
+                renewal = wait_for_renewal_run(instance, started, daemon_log)
                 schedule_ticks = ticks(instance, SCHEDULE)
                 sensor_ticks = ticks(instance, TOKEN_SENSOR)
                 runs = instance.get_run_records(dg.RunsFilter(job_name=JOB))
@@ -124,6 +126,21 @@ def test_daemon_fires_the_schedule_and_never_overlaps_refreshes(postgres, tmp_pa
         cur.execute("SELECT count(*) FROM job_ticks WHERE type = 'SENSOR'")
         (sensor_rows,) = cur.fetchone()
     assert sensor_rows >= len(sensor_ticks)
+    # The sensor only decided: its first tick requested the renewal job (the token's daily test),
+    # which ran as a run of its own, with a log, and succeeded.
+    assert any(renewal.dagster_run.run_id in t.run_ids for t in sensor_ticks)
+    assert renewal.dagster_run.status == dg.DagsterRunStatus.SUCCESS
+
+
+def wait_for_renewal_run(
+    instance: dg.DagsterInstance, started: float, daemon_log: Path
+) -> dg.RunRecord:
+    while time.monotonic() - started < DEADLINE_S:
+        records = instance.get_run_records(dg.RunsFilter(job_name=RENEWAL_JOB), ascending=True)
+        if records and records[0].dagster_run.is_finished:
+            return records[0]
+        time.sleep(1)
+    pytest.fail(f"no finished renewal run within {DEADLINE_S:.0f} s:\n{tail(daemon_log)}")
 
 
 def wait_for_first_refresh(

@@ -3,6 +3,7 @@ intended, and the run recorded in a persistent Dagster home the UI can open."""
 
 from __future__ import annotations
 
+import json
 import re
 from pathlib import Path
 
@@ -77,3 +78,49 @@ def test_demo_prints_checks_names_intended_failures_and_records_the_run(
     steps = [line for line in out.splitlines() if re.match(r"^ +\d+\. \S+ \(\d+\.\d s\)$", line)]
     assert {line.split()[1] for line in steps} >= {key.to_user_string() for key in keys}
     assert len(terminal.splitlines()) < 100, terminal
+
+
+def summary_of(out: str) -> list[str]:
+    """The summary's table and check lines: what must be the same on every run."""
+    return [
+        line for line in out.splitlines() if re.match(r"^(raw|core|mart)\.|^checks: |^ {8,}", line)
+    ]
+
+
+def test_demo_runs_three_times_in_a_row_with_the_same_counts_and_a_failure_says_why(
+    tmp_path, capsys, monkeypatch
+):
+    for variable in (
+        "FIELDSALES_BASE_URL",
+        "FIELDSALES_API_TOKEN",
+        "FIELDSALES_DUCKDB_PATH",
+        "FIELDSALES_CREATE_DIRS",
+        "FIELDSALES_TOKEN_STORE",
+        "DAGSTER_HOME",
+    ):
+        monkeypatch.setenv(variable, "")
+    project = tmp_path / "project"  # one clone: its default data/ and .dagster_home/
+    project.mkdir()
+    (project / "dagster.yaml").write_text("telemetry:\n  enabled: false\n")
+    monkeypatch.chdir(project)
+    summaries = []
+    for _ in range(3):  # each start of the demo API takes a new port
+        status = demo_run.main(["--transactions", "300"])
+        out = capsys.readouterr().out
+        assert status == 0, out
+        summaries.append(summary_of(out))
+    assert summaries[0] and summaries[0] == summaries[1] == summaries[2]
+    assert any(line.startswith("raw.transactions ") for line in summaries[0])
+    store = project / demo_run.DEFAULT_DAGSTER_HOME / "fieldsales_token.json"
+    assert json.loads(store.read_text())["token"] == demo_run.DEMO_TOKEN
+
+    # A failed run says so and why, in one line, and prints no (stale) table as if fresh.
+    store.write_text('{"token": ')
+    status = demo_run.main(["--transactions", "300"])
+    captured = capsys.readouterr()
+    assert status == 1
+    assert summary_of(captured.out) == []
+    assert "FAILED, so no table is summarized" in captured.err
+    cause = captured.err.strip().splitlines()[-1]
+    assert "TokenStoreError: Token store" in cause and "is corrupt" in cause, captured.err
+    assert "DagsterExecutionStepExecutionError" not in captured.out + captured.err

@@ -7,6 +7,7 @@ from __future__ import annotations
 import os
 import re
 import shlex
+import shutil
 import signal
 import socket
 import stat
@@ -299,3 +300,68 @@ def test_every_non_loopback_bind_in_the_guide_warns_that_the_ui_has_no_authentic
     assert binds
     for paragraph in binds:
         assert "no authentication" in paragraph and "reverse proxy" in paragraph, paragraph
+
+
+# --- a fresh clone -------------------------------------------------------------------------------
+
+
+def fresh_clone(tmp_path: Path) -> Path:
+    """The project's files as a clone has them: no data/, no .dagster_home/, no caches."""
+    clone = tmp_path / "clone"
+    clone.mkdir()
+    for name in ("pyproject.toml", "workspace.yaml", "dagster.yaml"):
+        (clone / name).write_bytes((ROOT / name).read_bytes())
+    shutil.copytree(
+        ROOT / "fieldsales_dagster",
+        clone / "fieldsales_dagster",
+        ignore=shutil.ignore_patterns("__pycache__"),
+    )
+    return clone
+
+
+def clean_clone_env(**extra: str) -> dict[str, str]:
+    """The environment of a newcomer: only the base URL and the token set."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("FIELDSALES_", "DAGSTER_"))}
+    return {
+        **env,
+        "FIELDSALES_BASE_URL": "http://127.0.0.1:9",
+        "FIELDSALES_API_TOKEN": "t",
+        **extra,
+    }
+
+
+def test_defaults_load_in_a_fresh_clone_with_only_the_url_and_the_token(tmp_path):
+    clone = fresh_clone(tmp_path)
+    for command in (["check", "defs"], ["list", "defs", "--json"]):
+        done = subprocess.run(
+            [str(BIN / "dg"), *command],
+            cwd=clone,
+            env=clean_clone_env(),
+            capture_output=True,
+            text=True,
+            timeout=300,
+        )
+        assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-3000:]
+    assert '"renew_token"' in done.stdout
+    assert not (clone / "data").exists()  # loading creates nothing; the run that writes does
+
+
+def test_a_path_the_user_set_must_exist_and_its_error_ends_dg_launch(tmp_path):
+    clone = fresh_clone(tmp_path)
+    mistyped = tmp_path / "volumne" / "fieldsales.duckdb"
+    done = subprocess.run(
+        [str(BIN / "dg"), "launch", "--assets", "*"],
+        cwd=clone,
+        env=clean_clone_env(
+            FIELDSALES_DUCKDB_PATH=str(mistyped), DAGSTER_HOME=str(dagster_home(tmp_path))
+        ),
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert done.returncode != 0
+    lines = [line for line in (done.stdout + done.stderr).splitlines() if line.strip()]
+    assert f"is in a folder that does not exist ({mistyped.parent})" in lines[-1], lines[-15:]
+    assert "fieldsales_dagster/defs/fieldsales/defs.yaml is not configured correctly" in lines[-2]
+    assert "<instance>" not in done.stdout + done.stderr
+    assert not mistyped.parent.exists()

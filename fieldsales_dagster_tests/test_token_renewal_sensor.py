@@ -1,4 +1,5 @@
-"""The token-renewal sensor against the bundled demo API, over real HTTP on loopback."""
+"""The token-renewal sensor and the run it requests, against the bundled demo API over real HTTP
+on loopback: the sensor only reads the store, the run renews."""
 
 from __future__ import annotations
 
@@ -10,6 +11,7 @@ import sys
 import textwrap
 import threading
 import time
+from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
@@ -59,15 +61,32 @@ def make_api(server, store_path: Path, env_token: str | None = None) -> FieldSal
     )
 
 
+@dataclass(frozen=True)
+class Tick:
+    """One sensor tick and the renewal run it requested (if any)."""
+
+    message: str
+    cursor: str | None
+    ran: bool
+
+
 def tick(
     api: FieldSalesAPI, cursor: str | None = None, policy: RenewalPolicy | None = None
-) -> dg.SensorResult:
-    sensor = build_token_renewal_sensor(InstanceNames(), policy or DEFAULT_POLICY)
+) -> Tick:
+    """Evaluate the sensor, which must change nothing, then run the job it requests in process."""
+    names = InstanceNames()
+    sensor = build_token_renewal_sensor(names, policy or DEFAULT_POLICY)
+    path = Path(api.token_store_path)
+    before = path.read_bytes() if path.exists() else None
     with dg.build_sensor_context(cursor=cursor, resources={"fieldsales_api": api}) as context:
         result = sensor(context)
+    assert (path.read_bytes() if path.exists() else None) == before  # the sensor only decides
     assert isinstance(result, dg.SensorResult)
-    assert not result.run_requests
-    return result
+    if not result.run_requests:
+        return Tick(skip_message(result), result.cursor, ran=False)
+    (request,) = result.run_requests
+    run = sensor.job.execute_in_process(resources={"fieldsales_api": api}, tags=request.tags)
+    return Tick(run.output_for_node(names.token_renewal_op), result.cursor, ran=True)
 
 
 def skip_message(result: dg.SensorResult) -> str:
@@ -103,7 +122,7 @@ def accepted(server, token: str) -> bool:
 
 def test_fresh_token_is_not_renewed(server, store_path):
     env_token = server.token
-    message = skip_message(tick(make_api(server, store_path)))
+    message = tick(make_api(server, store_path)).message
     assert message.startswith("not yet due: 45.0 days left before renewal")
     assert requests_to(server, GENERATE_TOKEN_PATH) == 0
     assert server.token == env_token == stored_token(store_path)
@@ -113,7 +132,7 @@ def test_token_past_the_threshold_is_renewed_and_stored(server, store_path):
     api = make_api(server, store_path)
     tick(api)
     backdate(store_path, 46)
-    message = skip_message(tick(api))
+    message = tick(api).message
     assert message.startswith("token renewed; valid until ")
     assert requests_to(server, GENERATE_TOKEN_PATH) == 1
     assert stored_token(store_path) == server.token
@@ -123,9 +142,9 @@ def test_threshold_comes_from_the_policy(server, store_path):
     api = make_api(server, store_path)
     tick(api)
     backdate(store_path, 11)
-    assert skip_message(tick(api)).startswith("not yet due")
+    assert tick(api).message.startswith("not yet due")
     policy = RenewalPolicy(renew_after=timedelta(days=10))
-    assert skip_message(tick(api, policy=policy)).startswith("token renewed")
+    assert tick(api, policy=policy).message.startswith("token renewed")
 
 
 def test_threshold_comes_from_the_environment_through_the_component(server, monkeypatch):
@@ -216,7 +235,7 @@ def test_concurrent_renewers_in_threads_renew_exactly_once(server, store_path):
         api = make_api(server, store_path)
         start.wait()
         try:
-            messages.append(skip_message(tick(api)))
+            messages.append(tick(api).message)
         except BaseException as exc:
             errors.append(exc)
 
@@ -270,9 +289,9 @@ RENEWER_SCRIPT = textwrap.dedent(
     while not Path(go_file).exists():
         time.sleep(0.01)
     policy = RenewalPolicy.after_days(SETTINGS["token_renew_after_days"].default)
-    sensor = build_token_renewal_sensor(InstanceNames(), policy)
-    with dg.build_sensor_context(resources={"fieldsales_api": api}) as context:
-        print(sensor(context).skip_reason.skip_message)
+    job = build_token_renewal_sensor(InstanceNames(), policy).job
+    run = job.execute_in_process(resources={"fieldsales_api": api})
+    print(run.output_for_node(InstanceNames().token_renewal_op))
     """
 )
 
@@ -419,7 +438,7 @@ def test_new_env_token_after_regeneration_in_the_ui_reseeds_the_store(server, st
     tick(make_api(server, store_path))
     server.expire_token()  # the refresh button in the UI
     regenerated = server.token
-    message = skip_message(tick(make_api(server, store_path, env_token=regenerated)))
+    message = tick(make_api(server, store_path, env_token=regenerated)).message
     assert message.startswith("not yet due")
     assert stored_token(store_path) == regenerated
 
@@ -431,11 +450,11 @@ def test_token_never_appears_in_logs_results_or_errors(server, store_path, caplo
     caplog.set_level(logging.DEBUG)
     tokens = [server.token]
     api = make_api(server, store_path)
-    texts = [skip_message(tick(api))]
+    texts = [tick(api).message]
     backdate(store_path, 46)
     renewed = tick(api)
     tokens.append(server.token)
-    texts += [skip_message(renewed), str(renewed.cursor), repr(renewed)]
+    texts += [renewed.message, str(renewed.cursor), repr(renewed)]
     texts += [repr(TokenStore(store_path).read()), repr(api)]
 
     server.expire_token()  # the refresh button in the UI
@@ -485,7 +504,7 @@ def test_renewal_under_a_frozen_clock_stores_the_new_token(server, store_path):
     api = make_api(server, store_path)
     tick(api)
     with freeze_time(datetime.now(UTC) + timedelta(days=46), tick=True):
-        message = skip_message(tick(api))
+        message = tick(api).message
     assert message.startswith("token renewed; valid until ")
     assert requests_to(server, GENERATE_TOKEN_PATH) == 1
     assert stored_token(store_path) == server.token != old_token
@@ -513,3 +532,47 @@ def test_renewal_prepares_the_store_write_before_the_server_rotates(
         tick(api)
     assert requests_to(server, GENERATE_TOKEN_PATH) == 0
     assert server.token == old_token == stored_token(store_path)
+
+
+# --- a sensor decides, a run acts ----------------------------------------------------------------
+
+
+def test_sensor_preview_changes_nothing_and_requests_the_renewal_run(server, store_path):
+    api = make_api(server, store_path)
+    tick(api)
+    backdate(store_path, 46)
+    before, token = store_path.read_bytes(), server.token
+    server.clear_requests()
+    sensor = build_token_renewal_sensor(InstanceNames(), DEFAULT_POLICY)
+    for _ in range(3):  # `dagster sensor preview` evaluates it like this, as often as asked
+        with dg.build_sensor_context(resources={"fieldsales_api": api}) as context:
+            result = sensor(context)
+        assert isinstance(result, dg.SensorResult)
+        (request,) = result.run_requests
+        assert request.tags == {"fieldsales/token": "renewal due"}
+    assert sensor.job.name == InstanceNames().token_renewal_job == "renew_token"
+    assert store_path.read_bytes() == before
+    assert server.token == token
+    assert server.requests == []  # not even a test of the token
+
+
+def test_failed_renewal_is_a_failed_run_and_the_store_is_kept(server, store_path):
+    api = make_api(server, store_path)
+    tick(api)
+    backdate(store_path, 46)
+    before = store_path.read_bytes()
+    server.expire_token()  # the refresh button in the UI: the stored token is refused
+    job = build_token_renewal_sensor(InstanceNames(), DEFAULT_POLICY).job
+    run = job.execute_in_process(resources={"fieldsales_api": api}, raise_on_error=False)
+    assert not run.success
+    (failure,) = [e for e in run.all_events if e.event_type_value == "STEP_FAILURE"]
+    cause = failure.event_specific_data.error.cause  # Dagster wraps the op's own error
+    assert cause.cls_name == "TokenRenewalError" and "Token renewal refused" in cause.message
+    assert store_path.read_bytes() == before
+
+
+def test_renewal_job_is_in_the_project_definitions(server, monkeypatch):
+    monkeypatch.setenv("FIELDSALES_BASE_URL", server.base_url)
+    monkeypatch.setenv("FIELDSALES_API_TOKEN", server.token)
+    defs = load_project_defs()
+    assert defs.get_job_def("renew_token").name == "renew_token"

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import socket
 import stat
 import threading
 import time
@@ -361,3 +362,130 @@ def test_store_owned_by_another_user_is_refused(store: TokenStore):
     message = str(excinfo.value)
     assert str(store.path) in message and "owned by" in message
     assert ENV_TOKEN not in message
+
+
+# --- the store records only what a server accepted (docs/token-lifecycle.md) -------------------
+
+
+def closed_port_url() -> str:
+    """A loopback URL nothing listens on: connections are refused at once."""
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port = sock.getsockname()[1]
+    return f"http://127.0.0.1:{port}"
+
+
+def client_at(base_url: str, token: str, store_path: Path):
+    from fieldsales_dagster.client.resource import FieldSalesAPI
+
+    return FieldSalesAPI(
+        base_url=base_url,
+        api_token=token,
+        token_store_path=str(store_path),
+        max_retries=0,
+        unreachable_budget_s=0.2,
+    )
+
+
+def test_wrong_url_then_right_url_never_touches_the_store(two_servers, tmp_path: Path):
+    from fieldsales_dagster.client.errors import AuthenticationError, UnreachableError
+
+    first, second = two_servers
+    path = tmp_path / "fieldsales_token.json"
+    # A first run on a mistyped port: refused connection, and no store is written.
+    with pytest.raises(UnreachableError):
+        client_at(closed_port_url(), first.token, path).check_token()
+    assert not path.exists()
+    client_at(first.base_url, first.token, path).check_token()  # the right URL: seeded now
+    seeded = path.read_bytes()
+    assert json.loads(seeded)["origin"] == first.base_url
+    # Later runs on a wrong URL (nothing listens; another server refuses the token with 401)
+    # fail with their own error and leave the store byte for byte as it was.
+    with pytest.raises(UnreachableError):
+        client_at(closed_port_url(), first.token, path).check_token()
+    with pytest.raises(AuthenticationError):
+        client_at(second.base_url, first.token, path).check_token()
+    assert path.read_bytes() == seeded
+    client_at(first.base_url, first.token, path).check_token()  # the right URL still works
+    assert path.read_bytes() == seeded
+
+
+def test_restarted_demo_api_on_a_new_port_with_the_same_token_works(tmp_path: Path):
+    from fieldsales_dagster.demo_api import DemoConfig, DemoServer
+
+    path = tmp_path / "fieldsales_token.json"
+    config = DemoConfig(transactions=20, seed=1)
+    with DemoServer(config, port=0, token="demo-token") as before:
+        client_at(before.base_url, "demo-token", path).check_token()
+        old_origin = before.base_url
+    with DemoServer(config, port=0, token="demo-token") as after:
+        assert after.base_url != old_origin
+        client_at(after.base_url, "demo-token", path).check_token()
+        doc = json.loads(path.read_text())
+        assert doc["origin"] == after.base_url and doc["token"] == "demo-token"
+
+
+def test_renewed_token_of_a_moved_instance_is_not_sent_to_the_new_address(
+    two_servers, tmp_path: Path
+):
+    """A moved instance whose store holds a renewed token: one step, a fresh token and the store
+    deleted (docs/token-lifecycle.md); until then the renewed token stays home."""
+    first, second = two_servers
+    path = tmp_path / "fieldsales_token.json"
+    env_token = first.token
+    client_at(first.base_url, env_token, path).check_token()
+    TokenStore(path, origin=first.base_url).rotate(
+        env_token, lambda old: first.renew_token(), renew_after=timedelta(0)
+    )
+    second.clear_requests()
+    with pytest.raises(TokenStoreError, match="delete the store"):
+        client_at(second.base_url, env_token, path).check_token()
+    assert second.requests == []
+    path.unlink()  # the documented step, with FIELDSALES_API_TOKEN set to the new address's token
+    client_at(second.base_url, second.token, path).check_token()
+    assert json.loads(path.read_text())["origin"] == second.base_url
+
+
+def test_lost_or_corrupt_store_is_seeded_again_once_the_server_accepts(two_servers, tmp_path: Path):
+    first, _ = two_servers
+    path = tmp_path / "fieldsales_token.json"
+    client_at(first.base_url, first.token, path).check_token()
+    path.write_text('{"token": ')  # corrupt
+    with pytest.raises(TokenStoreError, match="Delete it"):
+        client_at(first.base_url, first.token, path).check_token()
+    path.unlink()  # the documented step (a lost store needs none)
+    client_at(first.base_url, first.token, path).check_token()
+    assert json.loads(path.read_text())["token"] == first.token
+
+
+def test_env_token_is_reseeded_only_after_the_server_accepts_it(two_servers, tmp_path: Path):
+    first, _ = two_servers
+    path = tmp_path / "fieldsales_token.json"
+    client_at(first.base_url, first.token, path).check_token()
+    regenerated = first.expire_token()  # regenerated in the UI: the stored token is refused now
+    seeded = path.read_bytes()
+    from fieldsales_dagster.client.errors import AuthenticationError
+
+    with pytest.raises(AuthenticationError):
+        client_at(first.base_url, "a-mistyped-token-123", path).check_token()
+    assert path.read_bytes() == seeded
+    client_at(first.base_url, regenerated, path).check_token()  # the documented re-seed
+    assert json.loads(path.read_text())["token"] == regenerated
+
+
+def test_a_client_store_writes_a_first_seed_only_when_settled_with_that_token(tmp_path: Path):
+    store = TokenStore(tmp_path / "fieldsales_token.json", origin="http://127.0.0.1:8765")
+    asked: list[str] = []
+
+    def accept(token: str) -> bool:
+        asked.append(token)
+        return True
+
+    assert store.current_token(ENV_TOKEN, accept=accept) == ENV_TOKEN
+    assert asked == [] and not store.path.exists()  # no probe, no file
+    store.settle(ENV_TOKEN, "some-other-token")  # a 200 for another token settles nothing
+    assert not store.path.exists()
+    store.settle(ENV_TOKEN, ENV_TOKEN)
+    stored = store.read()
+    assert stored is not None and stored.token == ENV_TOKEN
+    assert stored.origin == "http://127.0.0.1:8765"

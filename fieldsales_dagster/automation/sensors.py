@@ -1,26 +1,57 @@
-"""The instance's sensors: token renewal (orchestration only) and core-table automation."""
+"""The instance's sensors: token renewal (the sensor decides, its job renews) and core-table
+automation."""
 
 import dagster as dg
 
 from fieldsales_dagster.names import InstanceNames
-from fieldsales_dagster.token.renewal import RenewalPolicy, renew_or_check
+from fieldsales_dagster.token.renewal import RenewalPolicy, decide, renew_or_check
+
+
+def build_token_renewal_job(names: InstanceNames, policy: RenewalPolicy) -> dg.JobDefinition:
+    """One op that renews the token if due, else tests it: a run with a log, visible failures."""
+
+    @dg.op(
+        name=names.token_renewal_op,
+        required_resource_keys={names.api.key},
+        description="Renews the Field-Sales API token if due (else tests it); see the sensor.",
+    )
+    def _renew_token(context: dg.OpExecutionContext) -> str:
+        api = names.api.of(context)
+        store = api.token_store()
+        if store is None:
+            raise dg.Failure(
+                "Token renewal is off: use_token_store is False, so a renewed token could not be "
+                "kept; FIELDSALES_API_TOKEN is used as it is."
+            )
+        outcome = renew_or_check(api, store, policy)
+        where = f"; stored in {store.path}" if outcome.renewed else ""
+        context.log.info(f"Field-Sales API {outcome.message}{where}.")
+        return outcome.message
+
+    @dg.job(name=names.token_renewal_job, description=_renew_token.description)
+    def _job() -> None:
+        _renew_token()
+
+    return _job
 
 
 def build_token_renewal_sensor(names: InstanceNames, policy: RenewalPolicy) -> dg.SensorDefinition:
-    """Each tick renews the token if due (``token/renewal.py`` holds the policy and the calls)."""
+    """Each tick decides from the token store alone; the job it requests renews (or tests)."""
     renew_days = policy.renew_after.total_seconds() / 86400
 
     @dg.sensor(
         name=names.token_renewal_sensor,
+        job=build_token_renewal_job(names, policy),
         minimum_interval_seconds=int(policy.tick_interval.total_seconds()),
         default_status=dg.DefaultSensorStatus.RUNNING,
         required_resource_keys={names.api.key},
         description=(
-            "Renews the Field-Sales API token (valid 2 months) once it is older than "
-            f"{renew_days:g} days (token_renew_after_days, FIELDSALES_TOKEN_RENEW_AFTER_DAYS): "
-            "stores the new token durably in the token store, then tests it. Tests the current "
-            "token once a day otherwise. A refused token fails the tick: regenerate it in your "
-            "Field-Sales user profile (API tab) and set FIELDSALES_API_TOKEN. Requests no runs."
+            "Requests a run of the renewal job once the Field-Sales API token (valid 2 months) is "
+            f"older than {renew_days:g} days (token_renew_after_days, "
+            "FIELDSALES_TOKEN_RENEW_AFTER_DAYS), and once a day to test it. The run stores the new "
+            "token durably in the token store, then tests it; a refused token fails the run: "
+            "regenerate it in your Field-Sales user profile (API tab) and set "
+            "FIELDSALES_API_TOKEN. The sensor itself only reads the store."
         ),
     )
     def _token_renewal(
@@ -34,10 +65,13 @@ def build_token_renewal_sensor(names: InstanceNames, policy: RenewalPolicy) -> d
                 "token renewal is off: use_token_store is False, so a renewed token could not be "
                 "kept; FIELDSALES_API_TOKEN is used as it is."
             )
-        outcome = renew_or_check(api, store, policy, context.cursor)
-        if outcome.renewed:
-            context.log.info(f"Field-Sales API {outcome.message}; stored in {store.path}.")
-        return dg.SensorResult(skip_reason=outcome.message, cursor=outcome.cursor)
+        decision = decide(store, api.env_token(), policy, context.cursor)
+        if not decision.run:
+            return dg.SensorResult(skip_reason=decision.message, cursor=decision.cursor)
+        request = dg.RunRequest(
+            run_key=decision.cursor, tags={"fieldsales/token": decision.message}
+        )
+        return dg.SensorResult(run_requests=[request], cursor=decision.cursor)
 
     return _token_renewal
 

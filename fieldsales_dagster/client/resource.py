@@ -77,7 +77,7 @@ class FieldSalesAPI(dg.ConfigurableResource):
     """Client of one Field-Sales instance's read API.
 
     The token comes from ``FIELDSALES_API_TOKEN`` (an ``EnvVar``) and, once seen, from the token
-    store, which the renewal sensor keeps current.
+    store, which the renewal job (requested by the renewal sensor) keeps current.
     """
 
     base_url: str = setting_field("base_url")
@@ -145,6 +145,7 @@ class FieldSalesAPI(dg.ConfigurableResource):
 
     _local: threading.local = PrivateAttr(default_factory=threading.local)
     _env_verdicts: dict[str, bool] = PrivateAttr(default_factory=dict)
+    _settled: bool = PrivateAttr(default=False)
 
     # --- plumbing ---------------------------------------------------------------------------
 
@@ -183,9 +184,9 @@ class FieldSalesAPI(dg.ConfigurableResource):
         store = self.token_store()
         if store is None:
             return env_token
-        return store.current_token(env_token, accept=self._server_accepts)
+        return store.current_token(env_token, accept=self.server_accepts)
 
-    def _server_accepts(self, env_token: str) -> bool:
+    def server_accepts(self, env_token: str) -> bool:
         """Whether the server takes a new ``FIELDSALES_API_TOKEN`` the store has never seen.
 
         Asked once per process and token. Until the server accepts it, the store's token stays in
@@ -205,6 +206,15 @@ class FieldSalesAPI(dg.ConfigurableResource):
                     "the new token for a typo if you meant to replace the stored one."
                 )
         return verdicts[env_token]
+
+    def _settle(self, token: str) -> None:
+        """A request with ``token`` succeeded: the store may record it now (once per resource)."""
+        if self._settled or not self.use_token_store:
+            return
+        store = self.token_store()
+        if store is not None:
+            store.settle(self.env_token(), token)
+        self._settled = True
 
     def _scrub(self, text: str, *tokens: str, limit: int | None = None) -> str:
         return mask_secrets(text, (self.api_token, self.api_token.strip(), *tokens), limit)
@@ -390,7 +400,7 @@ class FieldSalesAPI(dg.ConfigurableResource):
                 reraise=True,
             )
             try:
-                return retrying(attempt)
+                answer = retrying(attempt)
             except TransientHTTPError as exc:
                 spent = (
                     f"gave up after attempt {attempts} of at most {retries + 1}, "
@@ -418,6 +428,9 @@ class FieldSalesAPI(dg.ConfigurableResource):
                             stats.count(token_rereads=1)
                         continue
                 raise refused.error() from None
+            if fixed_token is None:
+                self._settle(current)  # the server accepted it: the store may record it now
+            return answer
 
     # --- endpoints --------------------------------------------------------------------------
 

@@ -1,4 +1,4 @@
-"""When and how the API token is renewed: the policy, the renewal call, and one tick's work.
+"""When and how the API token is renewed: the policy, the sensor's decision, the run's work.
 
 A Field-Sales token is valid for two months (API document, section 5). Past ``renew_after`` the
 token is renewed through ``TokenStore.rotate``: ``GET /api/bearer/generatetoken`` with the current
@@ -9,13 +9,14 @@ is not documented and may be a whole list, so every tick would be more traffic t
 changes every 45 days deserves, while a daily test still reports a token regenerated in the UI or
 expired before the next refresh fails.
 
-Everything here fits inside one sensor tick, whose default timeout is 60 s (Dagster's sensor
-evaluation timeout). Each request gets ``TICK_CONNECT_TIMEOUT_S`` + ``TICK_READ_TIMEOUT_S`` = 15 s:
-a renewal tick is at most one renewal (15 s, never retried) plus one test (15 s, not retried);
-a test tick is at most two attempts (15 s each) with ``TICK_BACKOFF_S`` = 1 s between them. Both
-stay near 31 s, and waiting for another renewer's lock is bounded by ``TICK_LOCK_TIMEOUT_S``.
+A sensor decides, a run acts: ``decide`` reads the store and nothing else (a sensor preview
+changes nothing), and ``renew_or_check`` is the work of the renewal run it requests. Each request
+of that run gets ``TICK_CONNECT_TIMEOUT_S`` + ``TICK_READ_TIMEOUT_S`` = 15 s: a renewal is at most
+one renewal (15 s, never retried) plus one test (15 s, not retried); a test is at most two
+attempts (15 s each) with ``TICK_BACKOFF_S`` = 1 s between them, and waiting for another
+renewer's lock is bounded by ``TICK_LOCK_TIMEOUT_S``.
 
-No Dagster here: the sensor (``automation/sensors.py``) only orchestrates.
+No Dagster here: the sensor and the job (``automation/sensors.py``) only orchestrate.
 """
 
 from __future__ import annotations
@@ -90,10 +91,9 @@ class RenewalPolicy:
 
 @dataclass(frozen=True)
 class TickOutcome:
-    """What one tick did, in words for the tick's message, and the cursor to keep."""
+    """What one renewal run did, in words for its log and output."""
 
     message: str
-    cursor: str | None
     renewed: bool = False
 
 
@@ -172,19 +172,53 @@ def _parse_cursor(cursor: str | None) -> datetime | None:
         return None
 
 
+@dataclass(frozen=True)
+class Decision:
+    """What a sensor tick decided, from the store alone: request a run, or say why not."""
+
+    run: bool
+    message: str
+    cursor: str | None
+
+
+def decide(
+    store: TokenStore,
+    env_token: str,
+    policy: RenewalPolicy,
+    cursor: str | None,
+    now: datetime | None = None,
+) -> Decision:
+    """A run is due if the token is ``renew_after`` old, or a day passed since the last test.
+
+    Reads the store and nothing else: no request, no write (``TokenStore.peek``). ``cursor`` is
+    when the last run was requested (ISO); the decision carries the new one.
+    """
+    now = now or datetime.now(UTC)
+    stored = store.peek(env_token)
+    if stored.age(now) >= policy.renew_after:
+        return Decision(True, "renewal due", now.isoformat())
+    if policy.check_due(_parse_cursor(cursor), now):
+        return Decision(True, "daily test of the token due", now.isoformat())
+    return Decision(False, _not_yet_due(policy, stored, now, checked=False), cursor)
+
+
+def _not_yet_due(policy: RenewalPolicy, stored: StoredToken, now: datetime, checked: bool) -> str:
+    days_left = (policy.renew_after - stored.age(now)).total_seconds() / 86400
+    return (
+        f"not yet due: {days_left:.1f} days left before renewal (token valid until about "
+        f"{policy.valid_until(stored)}{'; accepted by the server' if checked else ''})"
+    )
+
+
 def renew_or_check(
     api: FieldSalesAPI,
     store: TokenStore,
     policy: RenewalPolicy,
-    cursor: str | None,
     now: datetime | None = None,
 ) -> TickOutcome:
-    """One tick: renew the token if it is due, else test it if a day has passed since the last test.
-
-    ``cursor`` is the time of the last test (ISO); the outcome carries the new one.
-    """
+    """The renewal run: renew the token if it is due, else test it on the server."""
     now = now or datetime.now(UTC)
-    stored = store.current(api.api_token)
+    stored = store.current(api.env_token(), accept=api.server_accepts)
     if stored.age(now) >= policy.renew_after:
         rotation = store.rotate(
             api.api_token,
@@ -196,28 +230,19 @@ def renew_or_check(
         verb = "renewed" if rotation.renewed else "renewed by another process"
         return TickOutcome(
             message=f"token {verb}; valid until {policy.valid_until(rotation.stored)}",
-            cursor=now.isoformat(),
             renewed=rotation.renewed,
         )
-
-    checked = policy.check_due(_parse_cursor(cursor), now)
-    if checked:
-        check_token(api, None, "The current API token", retries=TICK_CHECK_RETRIES)
-    days_left = (policy.renew_after - stored.age(now)).total_seconds() / 86400
-    return TickOutcome(
-        message=(
-            f"not yet due: {days_left:.1f} days left before renewal (token valid until about "
-            f"{policy.valid_until(stored)}{'; accepted by the server' if checked else ''})"
-        ),
-        cursor=now.isoformat() if checked else cursor,
-    )
+    check_token(api, None, "The current API token", retries=TICK_CHECK_RETRIES)
+    return TickOutcome(message=_not_yet_due(policy, stored, now, checked=True))
 
 
 __all__ = [
+    "Decision",
     "RenewalPolicy",
     "TickOutcome",
     "TokenRenewalError",
     "TokenStoreError",
+    "decide",
     "generate_token",
     "renew_or_check",
 ]

@@ -6,8 +6,13 @@ token must reach the disk before anything else happens, and every process must f
 * the file holds the token, when it was issued (or first seen), a SHA-256 fingerprint of the
   ``FIELDSALES_API_TOKEN`` it was seeded from (never that environment token in clear) and the
   origin (``scheme://host:port``) of the server the token belongs to: a store of another origin is
-  refused before its token is sent anywhere, and a store written before origins were recorded is
-  adopted by the first client that uses it;
+  refused before its token is sent anywhere (unless the environment gives this client that very
+  token: the same token at a new address), and a store written before origins were recorded is
+  adopted by the first client whose server accepts its token;
+* nothing is written until the server accepted the token: a first seed, an adoption or a new
+  address is written by ``settle`` after the server's first 200 with it, a new environment token
+  beside a stored one only after ``accept`` (see ``current``), so a mistyped base URL or token
+  leaves the file as it was;
 * the path is resolved first (a symlinked store is read and written through its target, the link
   kept), and a file not owned by the running user, or readable by others, is refused;
 * writes go to a temporary file in the same directory (created 0600), are flushed and fsynced,
@@ -25,7 +30,8 @@ token must reach the disk before anything else happens, and every process must f
   environment never writes its invalid token back over the current one, and a mistyped new one
   never throws away the valid renewed token.
 
-Interface the API client relies on: ``TokenStore(path, origin).current_token(env_token, accept)``.
+Interface the API client relies on: ``TokenStore(path, origin).current_token(env_token, accept)``
+and ``settle(env_token, token)`` after a request with that token succeeded.
 """
 
 from __future__ import annotations
@@ -39,7 +45,7 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
-from typing import Annotated
+from typing import Annotated, cast
 
 import msgspec
 from filelock import FileLock, Timeout
@@ -205,6 +211,13 @@ class TokenStore:
         Refuses a file another user owns or could read, and one that holds another server's
         token (see ``origin``), before anything uses the token.
         """
+        stored = self._read_any()
+        if stored is not None:
+            self._check_origin(stored)
+        return stored
+
+    def _read_any(self) -> StoredToken | None:
+        """``read`` without the origin check: ``_pending`` decides about another server's store."""
         try:
             # The path is resolved already: a link put in its place since is not followed.
             fd = os.open(self.path, os.O_RDONLY | getattr(os, "O_NOFOLLOW", 0))
@@ -224,9 +237,7 @@ class TokenStore:
             ) from None
         finally:
             os.close(fd)
-        stored = StoredToken.decode(raw, self.path)
-        self._check_origin(stored)
-        return stored
+        return StoredToken.decode(raw, self.path)
 
     def _check_permissions(self, st: os.stat_result) -> None:
         if os.name != "posix":
@@ -247,42 +258,107 @@ class TokenStore:
             )
 
     def _check_origin(self, stored: StoredToken) -> None:
-        if self.origin is None or stored.origin is None or stored.origin == self.origin:
+        if not self._foreign(stored):
             return
         raise TokenStoreError(
             f"Token store {self.where} holds the token of {stored.origin}, but this instance "
             f"serves {self.origin}: a token is only ever sent to the server it belongs to, so "
             "the store is not used and no token was sent. Give each Field-Sales instance a "
             "token_store_path of its own (FIELDSALES_TOKEN_STORE); if the instance really moved "
-            "to the new address, delete the store and it is seeded again from "
-            "FIELDSALES_API_TOKEN."
+            "to the new address, set FIELDSALES_API_TOKEN to its current token (regenerate it "
+            "in your Field-Sales user profile, API tab) and delete the store: it is seeded again "
+            "once the new address accepts that token (docs/token-lifecycle.md)."
         )
 
-    def _must_adopt(self, stored: StoredToken) -> bool:
-        """A store written before origins were recorded: the first client to use it claims it."""
-        return stored.origin is None and self.origin is not None
+    def _foreign(self, stored: StoredToken) -> bool:
+        """The store holds the token of another server than this client's."""
+        return None not in (self.origin, stored.origin) and stored.origin != self.origin
 
     # --- the token to use ------------------------------------------------------------------
 
     def current(self, env_token: str, accept: Callable[[str], bool] | None = None) -> StoredToken:
-        """The stored token, seeding (or re-seeding) the store from ``env_token`` if needed.
+        """The token to use; with ``accept`` (a client), nothing is written the server has not
+        accepted.
 
-        A new environment token replaces a stored one only if ``accept(env_token)`` says the
-        server takes it (when ``accept`` is given): a mistyped replacement must never throw away
-        a valid renewed token. Refused, the stored token stays in use.
+        A new environment token beside this server's stored one replaces it only if
+        ``accept(env_token)`` says the server takes it: a mistyped replacement must never throw
+        away a valid renewed token (refused, the stored token stays in use). A record not yet
+        written (a first seed, a store written before origins were recorded, the same token at
+        a new address) is returned unsaved; the client writes it with ``settle`` once a request
+        with it succeeded, so a mistyped base URL leaves the file as it was. A store of another
+        server is used only if it holds the very token the environment gives this instance (the
+        demo API's new port): another server's token is never sent here. Without ``accept``
+        (the store on its own) every record is written at once.
         """
-        stored = self.read()
-        if stored is not None:
-            if self._must_reseed(stored, env_token):
-                if accept is not None and not accept(env_token):
-                    return stored
-            elif not self._must_adopt(stored):
+        stored = self._read_any()
+        pending = self._pending(stored, env_token)
+        if pending is None:
+            assert stored is not None  # _pending only returns None for a usable stored token
+            return stored
+        if accept is not None:
+            if stored is None or self._foreign(stored) or not self._must_reseed(stored, env_token):
+                return pending  # written by settle() after the server's first 200
+            if not accept(pending.token):
                 return stored
         with self._locked():
-            return self._read_or_seed(env_token)
+            return self._write_pending(env_token) or pending
+
+    def settle(self, env_token: str, token: str) -> None:
+        """The server just accepted ``token``: write the record ``current`` left unsaved for it."""
+        pending = self._pending(self._read_any(), env_token)
+        if pending is not None and pending.token == token:
+            with self._locked():
+                self._write_pending(env_token, token)
+
+    def _write_pending(self, env_token: str, token: str | None = None) -> StoredToken | None:
+        """Under the lock: write what is still pending (for ``token``, if given); else the store."""
+        stored = self._read_any()
+        pending = self._pending(stored, env_token)
+        if pending is None or (token is not None and pending.token != token):
+            return stored
+        self._write_atomically(pending)
+        return pending
+
+    def peek(self, env_token: str) -> StoredToken:
+        """What ``current`` would use, without writing anything or asking the server (a sensor's
+        decision): a token not yet stored is new (age 0)."""
+        stored = self._read_any()
+        pending = self._pending(stored, env_token)
+        return pending or cast(StoredToken, stored)
 
     def current_token(self, env_token: str, accept: Callable[[str], bool] | None = None) -> str:
         return self.current(env_token, accept).token
+
+    def _pending(self, stored: StoredToken | None, env_token: str) -> StoredToken | None:
+        """The record to write before ``stored`` can be used here, or ``None`` if it can as is."""
+        if stored is not None and self._foreign(stored) and stored.token != env_token:
+            self._check_origin(stored)  # raises: another server's token is never sent here
+        if stored is not None and not self._must_reseed(stored, env_token):
+            if stored.origin == self.origin or self.origin is None:
+                return None
+            # Written before origins were recorded, or this very token at a new address.
+            return replace(stored, origin=self.origin)
+        if not env_token:
+            raise TokenStoreError(
+                f"Token store {self.where} is empty and FIELDSALES_API_TOKEN is not set: generate "
+                "a token in your Field-Sales user profile (API tab) and set FIELDSALES_API_TOKEN."
+            )
+        env_fp = fingerprint(env_token)
+        if stored is None or self._foreign(stored):
+            return StoredToken(
+                token=env_token, issued_at=_utcnow(), env_fingerprint=env_fp, origin=self.origin
+            )
+        if stored.token == env_token:
+            # The environment was set to the token the store already holds: same age.
+            return replace(stored, env_fingerprint=env_fp, origin=self.origin or stored.origin)
+        retired = (*stored.retired_env_fingerprints, stored.env_fingerprint)
+        return StoredToken(
+            token=env_token,
+            issued_at=_utcnow(),
+            env_fingerprint=env_fp,
+            retired_env_fingerprints=retired[-MAX_RETIRED_FINGERPRINTS:],
+            origin=self.origin or stored.origin,
+        )
 
     @staticmethod
     def _must_reseed(stored: StoredToken, env_token: str) -> bool:
@@ -291,39 +367,6 @@ class TokenStore:
             return False
         env_fp = fingerprint(env_token)
         return env_fp != stored.env_fingerprint and env_fp not in stored.retired_env_fingerprints
-
-    def _read_or_seed(self, env_token: str) -> StoredToken:
-        """Under the lock: the stored token, after seeding (or adopting) it where due."""
-        stored = self.read()
-        if stored is not None and not self._must_reseed(stored, env_token):
-            if self._must_adopt(stored):
-                stored = replace(stored, origin=self.origin)
-                self._write_atomically(stored)
-            return stored
-        if not env_token:
-            raise TokenStoreError(
-                f"Token store {self.where} is empty and FIELDSALES_API_TOKEN is not set: generate "
-                "a token in your Field-Sales user profile (API tab) and set FIELDSALES_API_TOKEN."
-            )
-        env_fp = fingerprint(env_token)
-        if stored is None:
-            seeded = StoredToken(
-                token=env_token, issued_at=_utcnow(), env_fingerprint=env_fp, origin=self.origin
-            )
-        elif stored.token == env_token:
-            # The environment was set to the token the store already holds: same age.
-            seeded = replace(stored, env_fingerprint=env_fp, origin=self.origin or stored.origin)
-        else:
-            retired = (*stored.retired_env_fingerprints, stored.env_fingerprint)
-            seeded = StoredToken(
-                token=env_token,
-                issued_at=_utcnow(),
-                env_fingerprint=env_fp,
-                retired_env_fingerprints=retired[-MAX_RETIRED_FINGERPRINTS:],
-                origin=self.origin or stored.origin,
-            )
-        self._write_atomically(seeded)
-        return seeded
 
     # --- renewal -----------------------------------------------------------------------------
 
@@ -342,10 +385,13 @@ class TokenStore:
         again, because another process may have renewed while this one waited; only if renewal
         is still due is the write prepared (a temporary file in the store's directory, the
         record encoded) and ``renew`` called. Its token is then written and renamed into place
-        before this method returns, before any log line or any other use of the answer.
+        before this method returns, before any log line or any other use of the answer. Nothing
+        is written unless the server renewed: a token not yet stored is not due (age 0).
         """
         with self._locked(lock_timeout_s):
-            stored = self._read_or_seed(env_token)
+            stored = self._read_any()
+            stored = self._pending(stored, env_token) or stored
+            assert stored is not None  # _pending seeds an empty store or raises
             if stored.age() < renew_after:
                 return Rotation(renewed=False, stored=stored)
             renewed = replace(stored, issued_at=_utcnow(), source="renewal")
