@@ -225,9 +225,10 @@ def test_dg_dev_as_documented_starts_without_a_warning(tmp_path):
     assert "README.md" in documented
     for name in documented:
         commands = doc_commands(name)
-        (at,) = [i for i, line in enumerate(commands) if line.startswith(".venv/bin/dg dev")]
-        assert any(line.startswith("unset DAGSTER_HOME") for line in commands[:at]), name
-        assert not any("DAGSTER_HOME=" in line for line in commands[:at]), name
+        starts = [i for i, line in enumerate(commands) if line.startswith(".venv/bin/dg dev")]
+        for at in starts:
+            assert any(line.startswith("unset DAGSTER_HOME") for line in commands[:at]), name
+            assert not any("DAGSTER_HOME=" in line for line in commands[:at]), name
     port = free_port()
     env = {
         **{k: v for k, v in os.environ.items() if k != "DAGSTER_HOME"},
