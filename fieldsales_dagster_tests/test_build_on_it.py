@@ -1,7 +1,7 @@
-"""Building on the tables (README, "Build on it"), for real.
+"""Building on the tables (docs/building-on-it.md), for real.
 
 A user code location in ``tmp_path``: the project's own ``defs.yaml`` plus a ``defs/analytics/``
-folder holding the README's two examples, copied from README.md's code blocks as they stand (so
+folder holding the page's two examples, copied from its code blocks as they stand (so
 the docs are what is tested): one SQL asset through ``FieldSalesWarehouse``, one pandas asset
 through ``fieldsales_io_manager``, both on ``core.transactions``. Runs go to the demo API over
 loopback and write real DuckDB files; the automation is the project's own sensor, evaluated.
@@ -28,7 +28,7 @@ import fieldsales_dagster
 from fieldsales_dagster_tests.project import error_chain, write_project
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
-README = REPO_ROOT / "README.md"
+BUILD_ON_IT = REPO_ROOT / "docs" / "building-on-it.md"
 PROJECT = Path(fieldsales_dagster.__file__).parent
 BIN = Path(sys.executable).parent
 USER_ASSETS = {dg.AssetKey("daily_revenue"), dg.AssetKey("product_sales")}
@@ -42,7 +42,7 @@ TRANSACTIONS_LINEAGE = [
 
 def readme_examples() -> dict[str, str]:
     """The "Build on it" section's Python blocks that start with ``# defs/analytics/<file>.py``."""
-    section = README.read_text("utf-8").split("\n## Build on it\n", 1)[1].split("\n## ", 1)[0]
+    section = BUILD_ON_IT.read_text("utf-8").split("# Build on it\n", 1)[1].split("\n## ", 1)[0]
     examples = {}
     for block in re.findall(r"```python\n(.*?)```", section, flags=re.DOTALL):
         if match := re.fullmatch(r"# (defs/analytics/\w+\.py)", block.partition("\n")[0]):

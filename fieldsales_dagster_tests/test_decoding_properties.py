@@ -1,6 +1,6 @@
 """Property-based decoding: generated transaction and event payloads, odd but valid values
 included, decoded by the core queries into a real DuckDB file, equal a small, independent Python
-decoding of the same payloads (the README's "Values" rules, written again in Python).
+decoding of the same payloads (the "Values" rules of docs/tables.md, written again in Python).
 
 Examples are bounded and derandomized, so a run is deterministic and takes seconds.
 """

@@ -1,5 +1,6 @@
-"""What a newcomer meets first: the docs name only what exists and count right, the README's
-commands warn about nothing, `make` installs only when it must, and a bad setting ends the output.
+"""What a newcomer meets first: the docs name only what exists and count right, their links
+resolve, the README stays a front page, the documented commands warn about nothing, `make`
+installs only when it must, and a bad setting ends the output.
 """
 
 from __future__ import annotations
@@ -22,7 +23,11 @@ from fieldsales_dagster_tests.project import load_project_defs
 
 ROOT = Path(__file__).resolve().parents[1]
 BIN = Path(sys.executable).parent
-DOCS = ["README.md", "deploy/README.md", "benchmarks/README.md"]
+#: The front page and the documentation pages (docs/*.md): what the user reads.
+USER_DOCS = ["README.md", *sorted(f"docs/{p.name}" for p in (ROOT / "docs").glob("*.md"))]
+DOCS = [*USER_DOCS, "deploy/README.md", "benchmarks/README.md"]
+#: The README is a front page: what it is, the set-up, a short tour, links.
+README_MAX_LINES = 160
 #: Files whose text names repository paths too (comments included).
 CONFIG_FILES = [
     "deploy/dagster.yaml",
@@ -98,6 +103,65 @@ def test_links_stay_inside_the_repository_and_resolve(name):
         assert resolved.exists(), f"{name} links {target}, which does not exist"
 
 
+def github_anchor(heading: str) -> str:
+    """The anchor GitHub gives a heading: lower case, punctuation dropped, spaces to hyphens."""
+    text = re.sub(r"[^\w\- ]", "", heading.strip().lower().replace("`", ""))
+    return text.replace(" ", "-")
+
+
+def anchors(doc: Path) -> set[str]:
+    """The anchors of a markdown file's headings (outside code blocks)."""
+    found, in_code = set(), False
+    for line in doc.read_text().splitlines():
+        if line.startswith("```"):
+            in_code = not in_code
+        elif not in_code and (heading := re.match(r"^#{1,6} (.+)$", line)):
+            found.add(github_anchor(heading[1]))
+    return found
+
+
+def broken_links(doc: Path) -> list[str]:
+    """Relative links of ``doc`` whose file, or whose #anchor in that file, does not exist."""
+    broken = []
+    for target in re.findall(r"\]\(([^)\s]+)\)", doc.read_text()):
+        if re.match(r"^[a-z]+:", target):
+            continue
+        path, _, anchor = target.partition("#")
+        resolved = (doc.parent / path).resolve() if path else doc
+        if not resolved.exists():
+            broken.append(f"{target} (no such file)")
+        elif anchor and (resolved.suffix != ".md" or anchor not in anchors(resolved)):
+            broken.append(f"{target} (no such heading)")
+    return broken
+
+
+@pytest.mark.parametrize("name", USER_DOCS)
+def test_every_relative_link_of_the_readme_and_the_docs_resolves_to_a_file_and_heading(name):
+    assert broken_links(ROOT / name) == [], f"{name} links what does not exist"
+
+
+def test_the_link_check_sees_a_missing_file_and_a_missing_heading(tmp_path):
+    (tmp_path / "other.md").write_text("# Other page\n\n```\n# not a heading\n```\n")
+    doc = tmp_path / "doc.md"
+    doc.write_text(
+        "# The `dg` commands: here\n[a](other.md#other-page) [b](#the-dg-commands-here) "
+        "[c](gone.md) [d](other.md#not-a-heading) [e](https://example.com/x#y)\n"
+    )
+    assert broken_links(doc) == [
+        "gone.md (no such file)",
+        "other.md#not-a-heading (no such heading)",
+    ]
+
+
+def test_the_readme_is_a_front_page_and_links_every_docs_page():
+    readme = (ROOT / "README.md").read_text()
+    assert len(readme.splitlines()) <= README_MAX_LINES
+    # The SPEC's two set-up commands, exactly.
+    assert "\nmake demo\n" in readme and "\nmake test\n" in readme
+    linked = {target.split("#")[0] for target in re.findall(r"\]\(([^)\s]+)\)", readme)}
+    assert {name for name in USER_DOCS if name != "README.md"} <= linked
+
+
 def test_the_path_check_sees_what_it_must():
     # The checks above only mean something if the scanner finds paths in prose and code.
     found = named_paths(
@@ -109,23 +173,30 @@ def test_the_path_check_sees_what_it_must():
 # --- counts and commands -----------------------------------------------------------------------
 
 
-def test_readme_counts_the_assets_the_definitions_hold(monkeypatch):
+def test_the_docs_count_the_assets_the_definitions_hold(monkeypatch):
     monkeypatch.setenv("FIELDSALES_BASE_URL", "http://127.0.0.1:9")
     monkeypatch.setenv("FIELDSALES_API_TOKEN", "first-contact-token")
     assets = len(load_project_defs().resolve_all_asset_keys())
+    for name in USER_DOCS:
+        counts = {int(n) for n in re.findall(r"\b(\d+) assets\b", (ROOT / name).read_text())}
+        assert counts <= {assets}, f"{name} says {counts} assets; the definitions hold {assets}"
     readme = (ROOT / "README.md").read_text()
-    counts = {int(n) for n in re.findall(r"\b(\d+) assets\b", readme)}
-    assert counts == {assets}, f"README says {counts} assets; the definitions hold {assets}"
+    assert {int(n) for n in re.findall(r"\b(\d+) assets\b", readme)} == {assets}
+
+
+def doc_commands(name: str) -> list[str]:
+    """Every shell line of a doc: its bash blocks and its inline `.venv/bin/...` commands."""
+    text = (ROOT / name).read_text()
+    lines = []
+    for block in re.findall(r"```(?:bash|sh)\n(.*?)```", text, flags=re.S):
+        lines += [line.strip() for line in block.splitlines() if line.strip()]
+    lines += re.findall(r"`([^`]*\.venv/bin/[^`]*)`", text)
+    return lines
 
 
 def readme_commands() -> list[str]:
-    """Every shell line of the README: its bash blocks and its inline `.venv/bin/...` commands."""
-    readme = (ROOT / "README.md").read_text()
-    lines = []
-    for block in re.findall(r"```(?:bash|sh)\n(.*?)```", readme, flags=re.S):
-        lines += [line.strip() for line in block.splitlines() if line.strip()]
-    lines += re.findall(r"`([^`]*\.venv/bin/[^`]*)`", readme)
-    return lines
+    """The shell lines of the README and of every docs page."""
+    return [line for name in USER_DOCS for line in doc_commands(name)]
 
 
 def test_readme_commands_use_no_superseded_dagster_cli():
@@ -139,18 +210,40 @@ def test_readme_commands_use_no_superseded_dagster_cli():
     assert not superseded
 
 
+def tail(log: Path, lines: int = 30) -> str:
+    return "\n".join(log.read_text(errors="replace").splitlines()[-lines:])
+
+
 def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return s.getsockname()[1]
 
 
-def test_dg_dev_as_documented_starts_without_a_warning(tmp_path):
-    """The README's `dg dev`, DAGSTER_HOME unset: no "dagster.yaml ... will not be used"."""
-    commands = readme_commands()
-    (at,) = [i for i, line in enumerate(commands) if line.startswith(".venv/bin/dg dev")]
-    assert any(line.startswith("unset DAGSTER_HOME") for line in commands[:at])
-    assert not any("DAGSTER_HOME=" in line for line in commands[:at])
+#: docs/web-ui.md: Ctrl-C or `kill -INT` stops `dg dev` in a few seconds (a guard, not a timing).
+DG_DEV_STOP_S = 60
+
+
+def interruptible() -> None:
+    """Start a process as a terminal (or a script after `set -m`) does: SIGINT not ignored."""
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+
+
+def test_dg_dev_as_documented_starts_without_a_warning_and_stops_on_sigint(tmp_path):
+    """The docs' `dg dev`, DAGSTER_HOME unset: no "dagster.yaml ... will not be used"; and, as
+    docs/web-ui.md says, SIGINT stops it and it removes its `.tmp_dagster_home_*`."""
+    documented = [
+        name
+        for name in USER_DOCS
+        if any(line.startswith(".venv/bin/dg dev") for line in doc_commands(name))
+    ]
+    assert "README.md" in documented
+    for name in documented:
+        commands = doc_commands(name)
+        starts = [i for i, line in enumerate(commands) if line.startswith(".venv/bin/dg dev")]
+        for at in starts:
+            assert any(line.startswith("unset DAGSTER_HOME") for line in commands[:at]), name
+            assert not any("DAGSTER_HOME=" in line for line in commands[:at]), name
     port = free_port()
     env = {
         **{k: v for k, v in os.environ.items() if k != "DAGSTER_HOME"},
@@ -168,6 +261,7 @@ def test_dg_dev_as_documented_starts_without_a_warning(tmp_path):
             stderr=subprocess.STDOUT,
             stdin=subprocess.DEVNULL,
             start_new_session=True,
+            preexec_fn=interruptible,
         )
     try:
         deadline = time.monotonic() + 120
@@ -175,16 +269,22 @@ def test_dg_dev_as_documented_starts_without_a_warning(tmp_path):
             assert proc.poll() is None, log.read_text(errors="replace")
             assert time.monotonic() < deadline, log.read_text(errors="replace")
             time.sleep(0.5)
-    finally:
-        os.killpg(proc.pid, signal.SIGTERM)
+        output = log.read_text(errors="replace")
+        assert " - WARNING - " not in output, output
+        assert "will not be used to configure Dagster" not in output
+        # Stopped as the docs say: `kill -INT <pid>` (Ctrl-C sends the same to the group).
+        proc.send_signal(signal.SIGINT)
         try:
-            proc.wait(30)
+            proc.wait(DG_DEV_STOP_S)
         except subprocess.TimeoutExpired:
+            pytest.fail(f"dg dev still runs {DG_DEV_STOP_S} s after SIGINT:\n{tail(log)}")
+    finally:
+        if proc.poll() is None:
             os.killpg(proc.pid, signal.SIGKILL)
             proc.wait()
     output = log.read_text(errors="replace")
-    assert " - WARNING - " not in output, output
-    assert "will not be used to configure Dagster" not in output
+    (home,) = re.findall(r"Using temporary directory (\S+) for storage", output)
+    assert Path(home).name.startswith(".tmp_dagster_home_") and not Path(home).exists(), output
 
 
 # --- the Makefile ------------------------------------------------------------------------------

@@ -1,5 +1,6 @@
 """Each setting is defined once (``settings.py``): the component, the resources that receive it,
-the default ``defs.yaml`` and the README's settings table all agree with that one definition."""
+the default ``defs.yaml`` and the settings table of docs/configuration.md all agree with that one
+definition."""
 
 from __future__ import annotations
 
@@ -17,7 +18,9 @@ from fieldsales_dagster.settings import SETTING_KEY, SETTINGS, Setting
 from fieldsales_dagster.warehouse.resource import FieldSalesWarehouse
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
-README = REPO_ROOT / "README.md"
+CONFIGURATION = REPO_ROOT / "docs" / "configuration.md"
+#: The pages a user reads: the README and docs/*.md.
+USER_DOCS = [REPO_ROOT / "README.md", *sorted((REPO_ROOT / "docs").glob("*.md"))]
 DEFS_YAML = REPO_ROOT / "fieldsales_dagster" / "defs" / "fieldsales" / "defs.yaml"
 RESOURCES = (FieldSalesAPI, FieldSalesWarehouse)
 #: Enough for a component or a resource to be built; the setting under test is added.
@@ -165,8 +168,8 @@ def test_defs_yaml_reads_each_setting_from_its_variable_and_states_no_default():
 
 
 def readme_settings_rows() -> dict[str, tuple[str, str, str]]:
-    """README's Configuration table: setting -> (variable, meaning, default), backticks off."""
-    section = README.read_text().split("## Configuration", 1)[1].split("\n## ", 1)[0]
+    """docs/configuration.md's table: setting -> (variable, meaning, default), backticks off."""
+    section = CONFIGURATION.read_text().split("# Configuration", 1)[1].split("\n## ", 1)[0]
     rows: dict[str, tuple[str, str, str]] = {}
     for line in section.splitlines():
         cells = [cell.strip().replace("`", "") for cell in line.strip().strip("|").split("|")]
@@ -194,10 +197,14 @@ def test_the_readme_shows_each_settings_variable_default_and_range(name):
 
 
 def test_every_other_readme_table_that_names_a_variable_shows_its_settings_default():
-    """Tables elsewhere (Personal data) name settings by variable: their defaults agree too."""
+    """Tables elsewhere (Personal data, in any page) name settings by variable: their defaults
+    agree too."""
     by_variable = {setting.variable: setting for setting in SETTINGS.values() if setting.variable}
     checked = []
-    for line in README.read_text().split("\n## Configuration", 1)[1].splitlines():
+    lines = [
+        line for doc in USER_DOCS if doc != CONFIGURATION for line in doc.read_text().splitlines()
+    ]
+    for line in lines:
         cells = [cell.strip().replace("`", "") for cell in line.strip().strip("|").split("|")]
         if line.startswith("|") and len(cells) >= 3 and cells[0] in by_variable:
             checked.append(cells[0])

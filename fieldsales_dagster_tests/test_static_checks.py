@@ -1,8 +1,9 @@
-"""The static checks CI runs as part of the suite: the type check, and the README's Layout.
+"""The static checks CI runs as part of the suite: the type check, and the Layout of
+docs/development.md.
 
-The type check is the README's command (``.venv/bin/mypy`` from the project's root: its
-``[tool.mypy]`` in pyproject.toml says what to check and how strictly), run as a subprocess so
-that it reads the same configuration a developer's run does.
+The type check is the command of docs/development.md (``.venv/bin/mypy`` from the project's
+root: its ``[tool.mypy]`` in pyproject.toml says what to check and how strictly), run as a
+subprocess so that it reads the same configuration a developer's run does.
 """
 
 from __future__ import annotations
@@ -16,6 +17,7 @@ import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
 PACKAGE = ROOT / "fieldsales_dagster"
+DEVELOPMENT = ROOT / "docs" / "development.md"
 #: A cold run (a fresh clone) takes about half a minute alone; the bound leaves room for a
 #: loaded machine without letting a hung checker hold the suite.
 MYPY_TIMEOUT_S = 600
@@ -62,7 +64,8 @@ def test_the_type_check_refuses_a_type_ignore_that_is_not_specific_and_needed(
 
 
 def layout_entries(readme: str) -> dict[str, str]:
-    """The README's Layout block: each entry's name (``client/``, ``names.py``) -> its text."""
+    """docs/development.md's Layout block: each entry's name (``client/``, ``names.py``) -> its
+    text."""
     section = readme.split("\n## Layout\n", 1)[1]
     block = section.split("```", 2)[1]
     entries: dict[str, str] = {}
@@ -97,13 +100,13 @@ def unlisted_modules(readme: str) -> list[str]:
 
 
 def test_the_readme_layout_lists_every_module_of_the_package():
-    missing = unlisted_modules((ROOT / "README.md").read_text())
+    missing = unlisted_modules(DEVELOPMENT.read_text())
     assert not missing, (
-        f"README.md's Layout section does not list {missing}: add each beside its folder "
+        f"docs/development.md's Layout section does not list {missing}: add each beside its folder "
         "(one line, what it does)."
     )
 
 
 def test_the_layout_check_sees_a_module_left_out():
-    readme = (ROOT / "README.md").read_text()
+    readme = DEVELOPMENT.read_text()
     assert unlisted_modules(readme.replace("follow.py (", "(")) == ["assets/follow.py"]
