@@ -26,9 +26,6 @@ from typing import Annotated, Any, Literal, cast
 from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
 
 import dagster as dg
-
-# Dagster's own cron rules and tick times (its schedules use them): 1.13 has no public API for them.
-from dagster._utils.schedules import cron_string_iterator, is_valid_cron_string
 from pydantic import ValidationError, ValidationInfo, field_validator, model_validator
 from pydantic_core import PydanticUndefined
 
@@ -194,8 +191,10 @@ class FieldSalesComponent(dg.Component, dg.Model, dg.Resolvable):
     @field_validator("schedule_cron")
     @classmethod
     def _cron(cls, value: str) -> str:
-        if not is_valid_cron_string(value.strip()):
-            raise ValueError("it is not a cron expression")
+        try:
+            _ticks(value.strip(), "UTC")
+        except dg.DagsterInvalidDefinitionError:
+            raise ValueError("it is not a cron expression") from None
         return value.strip()
 
     @field_validator("schedule_timezone")
@@ -444,8 +443,24 @@ def _explain_setting(field: str | None, value: Any, exc: Exception) -> str:
     )
 
 
+def _ticks(cron: str, timezone: str) -> dg.TimeWindowPartitionsDefinition:
+    """The next few ticks of ``cron``, as the windows of a time-partitioned definition: Dagster's
+    public way to its own cron rules and tick times (its schedules use the same). An invalid
+    expression raises ``DagsterInvalidDefinitionError``."""
+    return dg.TimeWindowPartitionsDefinition(
+        cron_schedule=cron,
+        start=datetime.now(UTC),
+        timezone=timezone,
+        fmt="%Y-%m-%dT%H:%M:%S",
+        end_offset=8,
+    )
+
+
 def schedule_interval(cron: str, timezone: str) -> timedelta:
     """The longest gap between two of the next few ticks of ``cron``."""
-    ticks = cron_string_iterator(datetime.now(UTC).timestamp(), cron, timezone)
-    times = [next(ticks) for _ in range(8)]
-    return max(later - earlier for earlier, later in zip(times, times[1:], strict=False))
+    ticks = _ticks(cron, timezone)
+    windows = [
+        ticks.time_window_for_partition_key(key)
+        for key in ticks.get_partition_keys(current_time=datetime.now(UTC))
+    ]
+    return max(window.end - window.start for window in windows)
