@@ -49,6 +49,7 @@ from fieldsales_dagster.paths import (
     check_file_setting,
     check_own_folder_setting,
 )
+from fieldsales_dagster.scaffold import FieldSalesScaffolder
 from fieldsales_dagster.settings import SETTINGS, setting_field
 from fieldsales_dagster.tenancy import Claim, refuse_shared_claims
 from fieldsales_dagster.token.renewal import RenewalPolicy
@@ -91,8 +92,13 @@ def _secret_env_var(context: dg.ResolutionContext, raw: Any) -> str:
     return (match.group("attr") or match.group("call")) if match else NOT_AN_ENV_REFERENCE
 
 
+@dg.scaffold_with(FieldSalesScaffolder)
 class FieldSalesComponent(dg.Component, dg.Model, dg.Resolvable):
-    """One Field-Sales instance, loaded into one DuckDB file and kept fresh."""
+    """One Field-Sales instance, loaded into one DuckDB file and kept fresh.
+
+    ``dg scaffold defs fieldsales_dagster.FieldSalesComponent acme`` adds a tenant: a folder
+    ``defs/acme`` whose ``defs.yaml`` reads ``ACME_FIELDSALES_*`` variables (``scaffold.py``).
+    """
 
     # Defaults, ranges and meanings: settings.py. Ranges are checked by ``_in_range`` below, not
     # Field(ge=...): Dagster copies Field constraints onto the YAML model, where the value is still
