@@ -35,6 +35,11 @@ from fieldsales_dagster.assets.io_manager import build_io_manager
 from fieldsales_dagster.assets.mart import build_mart_assets
 from fieldsales_dagster.assets.raw import build_raw_assets
 from fieldsales_dagster.assets.upkeep import build_upkeep_asset, build_upkeep_job_and_schedule
+from fieldsales_dagster.automation.alerts import (
+    AlertSettings,
+    build_alert_sensors,
+    renewal_alert,
+)
 from fieldsales_dagster.automation.schedule import build_refresh_job, build_refresh_schedule
 from fieldsales_dagster.automation.sensors import (
     build_core_automation_sensor,
@@ -135,6 +140,14 @@ class FieldSalesComponent(dg.Component, dg.Model, dg.Resolvable):
     pii: Literal["keep", "hash", "drop"] = setting_field("pii", bounded=False)
     pii_hash_key_env_var: str = setting_field("pii_hash_key_env_var", bounded=False)
     redact_pii_in_raw: bool = setting_field("redact_pii_in_raw", bounded=False)
+    alert_webhook_url_env_var: str = setting_field("alert_webhook_url_env_var", bounded=False)
+    alert_email_to: str | None = setting_field("alert_email_to", bounded=False)
+    alert_email_from: str = setting_field("alert_email_from", bounded=False)
+    alert_smtp_host: str = setting_field("alert_smtp_host", bounded=False)
+    alert_smtp_port: int = setting_field("alert_smtp_port", bounded=False)
+    alert_smtp_user: str | None = setting_field("alert_smtp_user", bounded=False)
+    alert_smtp_password_env_var: str = setting_field("alert_smtp_password_env_var", bounded=False)
+    ui_base_url: str | None = setting_field("ui_base_url", bounded=False)
     key_prefix: str | None = setting_field("key_prefix", bounded=False)
     group_prefix: str | None = setting_field("group_prefix", bounded=False)
     owners: list[str] = setting_field("owners", bounded=False)
@@ -238,6 +251,21 @@ class FieldSalesComponent(dg.Component, dg.Model, dg.Resolvable):
                     f"defs.yaml or through {variable}, or choose storage: file, and load again."
                 )
         return self
+
+    @field_validator("alert_email_to", "alert_email_from")
+    @classmethod
+    def _addresses(cls, value: str | None) -> str | None:
+        addresses = [a.strip() for a in (value or "").split(",") if a.strip()]
+        if any("@" not in address or " " in address for address in addresses):
+            raise ValueError("it is not a list of e-mail addresses")
+        return ", ".join(addresses) or None
+
+    @field_validator("ui_base_url")
+    @classmethod
+    def _ui_url(cls, value: str | None) -> str | None:
+        if value and not re.match(r"^https?://[^/\s]+", value.strip()):
+            raise ValueError("it is not an http:// or https:// URL")
+        return value.strip().rstrip("/") if value else None
 
     @field_validator("key_prefix", "group_prefix")
     @classmethod
@@ -381,6 +409,26 @@ class FieldSalesComponent(dg.Component, dg.Model, dg.Resolvable):
             *dg.build_column_schema_change_checks(assets=assets),
         ]
 
+    def alert_settings(self) -> AlertSettings:
+        """Where this instance's alerts go (``automation/alerts.py``); off unless configured."""
+        return AlertSettings(
+            tenant=self.names.tenant,
+            webhook_url_env_var=self.alert_webhook_url_env_var,
+            email_to=tuple(a.strip() for a in (self.alert_email_to or "").split(",") if a),
+            email_from=self.alert_email_from,
+            smtp_host=self.alert_smtp_host,
+            smtp_port=self.alert_smtp_port,
+            smtp_user=self.alert_smtp_user,
+            smtp_password_env_var=self.alert_smtp_password_env_var,
+            ui_base_url=self.ui_base_url,
+            secret_env_vars=(
+                self.api_token_env_var,
+                self.pii_hash_key_env_var,
+                self.ducklake_password_env_var,
+            ),
+            token_store_path=self.token_store_path,
+        )
+
     def tenant_claims(self) -> list[Claim]:
         """What this instance must have to itself in a code location (see ``tenancy.py``)."""
         claims = [
@@ -417,6 +465,13 @@ class FieldSalesComponent(dg.Component, dg.Model, dg.Resolvable):
             )
             jobs.append(upkeep_job)
             schedules.append(upkeep_schedule)
+        alerts = self.alert_settings()
+        alert_sensors = build_alert_sensors(
+            names,
+            alerts,
+            job_names=[j.name for j in jobs],
+            asset_keys=[key for a in [*assets, *upkeep] for key in a.keys],
+        )
         return dg.Definitions(
             assets=dg.with_source_code_references([*assets, *upkeep]),
             asset_checks=self.build_checks(assets),
@@ -424,10 +479,13 @@ class FieldSalesComponent(dg.Component, dg.Model, dg.Resolvable):
             schedules=schedules,
             sensors=[
                 build_token_renewal_sensor(
-                    names, RenewalPolicy.after_days(self.token_renew_after_days)
+                    names,
+                    RenewalPolicy.after_days(self.token_renew_after_days),
+                    on_failure=renewal_alert(alerts) if alerts.enabled else None,
                 ),
                 # Also the user assets downstream of this instance's tables (README: Build on it).
                 build_core_automation_sensor(names, selection.downstream()),
+                *alert_sensors,
             ],
             resources=self.build_resources(),
         )

@@ -18,6 +18,8 @@ from fieldsales_dagster.warehouse.resource import FieldSalesWarehouse
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
 README = REPO_ROOT / "README.md"
+#: Settings documented outside the README, each in its own page's Configuration table.
+SETTINGS_DOCS = (README, REPO_ROOT / "docs" / "alerts.md")
 DEFS_YAML = REPO_ROOT / "fieldsales_dagster" / "defs" / "fieldsales" / "defs.yaml"
 RESOURCES = (FieldSalesAPI, FieldSalesWarehouse)
 #: Enough for a component or a resource to be built; the setting under test is added.
@@ -165,10 +167,14 @@ def test_defs_yaml_reads_each_setting_from_its_variable_and_states_no_default():
 
 
 def readme_settings_rows() -> dict[str, tuple[str, str, str]]:
-    """README's Configuration table: setting -> (variable, meaning, default), backticks off."""
-    section = README.read_text().split("## Configuration", 1)[1].split("\n## ", 1)[0]
+    """The Configuration tables of the README and docs/alerts.md: setting -> (variable,
+    meaning, default), backticks off."""
+    sections = [
+        doc.read_text().split("## Configuration", 1)[1].split("\n## ", 1)[0]
+        for doc in SETTINGS_DOCS
+    ]
     rows: dict[str, tuple[str, str, str]] = {}
-    for line in section.splitlines():
+    for line in "\n".join(sections).splitlines():
         cells = [cell.strip().replace("`", "") for cell in line.strip().strip("|").split("|")]
         if len(cells) != 4 or cells[0] in ("setting (YAML)", "---") or set(cells[0]) <= {"-"}:
             continue

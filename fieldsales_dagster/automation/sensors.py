@@ -1,13 +1,20 @@
 """The instance's sensors: token renewal (orchestration only) and core-table automation."""
 
+from collections.abc import Callable
+
 import dagster as dg
 
 from fieldsales_dagster.names import InstanceNames
 from fieldsales_dagster.token.renewal import RenewalPolicy, renew_or_check
 
 
-def build_token_renewal_sensor(names: InstanceNames, policy: RenewalPolicy) -> dg.SensorDefinition:
-    """Each tick renews the token if due (``token/renewal.py`` holds the policy and the calls)."""
+def build_token_renewal_sensor(
+    names: InstanceNames,
+    policy: RenewalPolicy,
+    on_failure: Callable[[Exception], None] | None = None,
+) -> dg.SensorDefinition:
+    """Each tick renews the token if due (``token/renewal.py`` holds the policy and the calls);
+    ``on_failure`` (the alert, ``automation/alerts.py``) hears of a tick that fails."""
     renew_days = policy.renew_after.total_seconds() / 86400
 
     @dg.sensor(
@@ -34,7 +41,12 @@ def build_token_renewal_sensor(names: InstanceNames, policy: RenewalPolicy) -> d
                 "token renewal is off: use_token_store is False, so a renewed token could not be "
                 "kept; FIELDSALES_API_TOKEN is used as it is."
             )
-        outcome = renew_or_check(api, store, policy, context.cursor)
+        try:
+            outcome = renew_or_check(api, store, policy, context.cursor)
+        except Exception as exc:
+            if on_failure is not None:
+                on_failure(exc)
+            raise
         if outcome.renewed:
             context.log.info(f"Field-Sales API {outcome.message}; stored in {store.path}.")
         return dg.SensorResult(skip_reason=outcome.message, cursor=outcome.cursor)
