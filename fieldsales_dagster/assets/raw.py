@@ -10,7 +10,12 @@ import dagster as dg
 from pydantic import Field, field_validator
 
 from fieldsales_dagster.assets.columns import column_schema, prepare_raw_table, table_doc
-from fieldsales_dagster.assets.metadata import previous_row_count, table_metadata
+from fieldsales_dagster.assets.metadata import (
+    previous_row_count,
+    storage_metadata,
+    table_metadata,
+)
+from fieldsales_dagster.assets.provenance import record_load_run
 from fieldsales_dagster.client.endpoints import EVENTS, LIST_ENDPOINTS, TRANSACTIONS, ListEndpoint
 from fieldsales_dagster.names import InstanceNames
 from fieldsales_dagster.warehouse.incremental import (
@@ -146,7 +151,7 @@ def build_raw_asset(
 
             def load() -> RefreshReport:
                 redacted.clear()  # a lake's write that lost a conflict runs again
-                return refresh_raw_list(
+                report = refresh_raw_list(
                     api,
                     conn,
                     endpoint,
@@ -158,6 +163,9 @@ def build_raw_asset(
                         prepare_raw_table(conn, staged, name, warehouse)
                     ),
                 )
+                # In the load's commit: each row's loaded_at leads to this run.
+                record_load_run(conn, endpoint.raw_table, context.run_id, key.to_user_string())
+                return report
 
             refresh = warehouse.one_commit(conn, endpoint.raw_table, load)
             schema = column_schema(conn, endpoint.raw_table, table_doc(name), warehouse.pii)
@@ -167,6 +175,7 @@ def build_raw_asset(
         return dg.MaterializeResult(
             metadata={
                 **metadata,
+                **storage_metadata(warehouse, endpoint.raw_table),
                 **_load_metadata(refresh.load),
                 **refresh.metadata(),
                 "pii_redacted_rows": sum(redacted) if warehouse.redact_pii_in_raw else "not asked",
