@@ -135,6 +135,11 @@ def test_column_lineage_follows_expressions_and_joins(refreshed):
 
     assert sources("mart_daily_sales", "sale_date") == {"core_transactions.sale_time"}
     assert sources("mart_daily_sales", "project_id") == {"core_events.project_id"}
+    # An aggregate's FILTER clause: placed by the columns the upstream tables are known to have.
+    assert sources("mart_event_summary", "planned_at") == {
+        "core_event_state_durations.entered_at",
+        "core_event_state_durations.state",
+    }
     assert sources("core_events", "event_id") == {"raw_events.id"}
     assert sources("core_events", "project_id") == {"raw_events.payload"}
     assert sources("core_event_state_durations", "event_id") == {

@@ -488,6 +488,15 @@ def query_code_version(table: CoreTable) -> str:
     return hashlib.sha256(f"{query}\n{shared_macros_sql(query)}".encode()).hexdigest()[:16]
 
 
+def _columns_of(asset: str) -> tuple[str, ...]:
+    """The columns of the table asset ``asset`` writes (a raw table's, or a query's)."""
+    for endpoint in LIST_ENDPOINTS:
+        if raw_asset_name(endpoint) == asset:
+            extra = tuple(column for column, _ in endpoint.extra_columns)
+            return ("id", "payload", "loaded_at", *extra)
+    return tuple(column.name for column in table_doc(asset).columns)
+
+
 def column_lineage(names: InstanceNames, table: CoreTable) -> dg.TableColumnLineage:
     """Each column's source columns, read from the query (``lineage.column_sources``), as the
     assets behind them: a decoded ``meta.*`` table's columns come from its raw table's
@@ -496,7 +505,12 @@ def column_lineage(names: InstanceNames, table: CoreTable) -> dg.TableColumnLine
     if table.follows is not None:
         decoded_by_table["decoded_rows"] = decoded_by_table[table.follows.decoded]
     raw_assets = {endpoint.raw_table: raw_asset_name(endpoint) for endpoint in LIST_ENDPOINTS}
-    sources = column_sources(core_query(table), tuple(column.name for column in table.columns))
+    known = tuple(
+        (f"{dep.partition('_')[0]}.{dep.partition('_')[2]}", _columns_of(dep)) for dep in table.deps
+    )
+    sources = column_sources(
+        core_query(table), tuple(column.name for column in table.columns), known
+    )
     deps: dict[str, list[dg.TableColumnDep]] = {}
     for column, pairs in sources.items():
         found: set[tuple[str, str]] = set()

@@ -69,9 +69,18 @@ def reads_of(sql: str, where: str) -> Reads:
     return Reads(frozenset(tables), frozenset(functions))
 
 
+#: ``((schema.table, (column, ...)), ...)``: the columns of tables a query reads, where known.
+KnownColumns = tuple[tuple[str, tuple[str, ...]], ...]
+
+
 @functools.cache
-def column_sources(sql: str, columns: tuple[str, ...]) -> dict[str, frozenset[tuple[str, str]]]:
+def column_sources(
+    sql: str, columns: tuple[str, ...], known: KnownColumns = ()
+) -> dict[str, frozenset[tuple[str, str]]]:
     """Where each of ``columns`` of the query's result comes from: ``(table, column)`` pairs.
+
+    ``known`` columns of the tables read let sqlglot place an unqualified column (inside an
+    aggregate's ``FILTER``, say) in its table.
 
     ``table`` is schema-qualified (``core.events``) or, for a table function, its name
     (``decoded_rows``). sqlglot's lineage follows CTEs, subqueries and expressions down to the
@@ -80,10 +89,14 @@ def column_sources(sql: str, columns: tuple[str, ...]) -> dict[str, frozenset[tu
     """
     statements = [s for s in sqlglot.parse(sql, read="duckdb") if s is not None]
     query = statements[-1]
+    schema: dict[str, dict[str, dict[str, str]]] = {}
+    for table, names in known:
+        db, _, name = table.partition(".")
+        schema.setdefault(db, {})[name] = dict.fromkeys(names, "VARCHAR")
     found: dict[str, frozenset[tuple[str, str]]] = {}
     for column in columns:
         try:
-            node = lineage(column, query, {}, dialect="duckdb")
+            node = lineage(column, query, schema, dialect="duckdb")
         except (sqlglot.errors.SqlglotError, ValueError, KeyError):
             found[column] = frozenset()  # a form sqlglot cannot follow: no lineage, not wrong
             continue
