@@ -90,8 +90,8 @@ def column_sources(
     statements = [s for s in sqlglot.parse(sql, read="duckdb") if s is not None]
     query = statements[-1]
     schema: dict[str, dict[str, dict[str, str]]] = {}
-    for table, names in known:
-        db, _, name = table.partition(".")
+    for qualified_name, names in known:
+        db, _, name = qualified_name.partition(".")
         schema.setdefault(db, {})[name] = dict.fromkeys(names, "VARCHAR")
     found: dict[str, frozenset[tuple[str, str]]] = {}
     for column in columns:
@@ -105,12 +105,12 @@ def column_sources(
             table = step.expression
             if not isinstance(table, exp.Table):
                 continue
-            name = step.name.rpartition(".")[2]
-            if name == "*":
+            source = step.name.rpartition(".")[2]
+            if source == "*":
                 continue
             if isinstance(table.this, exp.Anonymous):
-                sources.add((table.this.name.lower(), name))
+                sources.add((table.this.name.lower(), source))
             elif table.db:
-                sources.add((f"{table.db}.{table.name}".lower(), name))
+                sources.add((f"{table.db}.{table.name}".lower(), source))
         found[column] = frozenset(sources)
     return found
