@@ -93,7 +93,12 @@ def test_every_instance_config_retries_a_run_whose_worker_died(tmp_path, config_
     validated, _ = dagster_instance_config(str(tmp_path))
     assert validated["run_retries"]["enabled"] is True
     assert validated["run_retries"]["max_retries"] >= 1
+    # Only a dead worker is retried (a step's failure would repeat), and only monitoring sees it.
+    assert validated["run_retries"]["retry_on_asset_or_op_failure"] is False
+    assert validated["run_monitoring"]["enabled"] is True
     if snippet is None:  # the container launchers need a Docker or Kubernetes API to start
         instance = DagsterInstance.from_config(str(tmp_path))
         assert instance.run_retries_enabled
         assert instance.run_retries_max_retries == validated["run_retries"]["max_retries"]
+        assert not instance.run_retries_retry_on_asset_or_op_failure
+        assert instance.run_monitoring_enabled
