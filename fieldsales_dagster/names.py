@@ -124,10 +124,10 @@ class InstanceNames:
 
     @property
     def alert_sensor(self) -> str:
-        """Alerts on a failed run (``automation/alerts.py``)."""
+        """Alerts on a failed run (``automation/sensors.py``)."""
         return self._prefixed("run_failure_alert_sensor")
 
     @property
     def check_alert_sensor(self) -> str:
-        """Alerts on a failed check of ERROR severity (``automation/alerts.py``)."""
+        """Alerts on a failed check of ERROR severity (``automation/sensors.py``)."""
         return self._prefixed("check_failure_alert_sensor")

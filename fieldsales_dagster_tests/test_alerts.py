@@ -15,15 +15,15 @@ import dagster as dg
 import pytest
 from aiosmtpd.controller import Controller
 
-from fieldsales_dagster.automation.alerts import (
+from fieldsales_dagster.automation.sensors import (
     HIDDEN,
     Alert,
     AlertSettings,
     build_alert_sensors,
+    build_token_renewal_sensor,
     renewal_alert,
     send_alert,
 )
-from fieldsales_dagster.automation.sensors import build_token_renewal_sensor
 from fieldsales_dagster.client.resource import FieldSalesAPI
 from fieldsales_dagster.names import InstanceNames
 from fieldsales_dagster.token.renewal import RenewalPolicy, TokenRenewalError

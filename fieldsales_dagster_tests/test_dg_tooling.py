@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from fieldsales_dagster.scaffold import ScaffoldNameError, tenant_defs_yaml
+from fieldsales_dagster.component import ScaffoldNameError, tenant_defs_yaml
 from fieldsales_dagster.settings import SETTINGS
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
