@@ -141,6 +141,9 @@ def test_column_lineage_follows_expressions_and_joins(refreshed):
         "core_event_state_durations.state",
     }
     assert sources("core_events", "event_id") == {"raw_events.id"}
+    # ... and shown in the open-source UI, which does not draw dagster/column_lineage.
+    shown = latest_metadata(instance, "core_events")["fieldsales/column_lineage"].value
+    assert "| event_id | raw_events.id |" in shown.splitlines()
     assert sources("core_events", "project_id") == {"raw_events.payload"}
     assert sources("core_event_state_durations", "event_id") == {
         "core_event_status_history.event_id"
