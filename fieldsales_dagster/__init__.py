@@ -7,7 +7,10 @@ Importing the package builds nothing and reads no environment: ``code_location``
 ``defs/`` folder's module, which replaces such an attribute once it is imported.)
 
 ``FieldSalesWarehouse``, the warehouse resource, is the public extension point for assets of
-your own in SQL (README, "Build on it"); it is looked up lazily too.
+your own in SQL (README, "Build on it"); it is looked up lazily too. So is
+``FieldSalesComponent``: the package is ``dg``'s registry module (the
+``dagster_dg_cli.registry_modules`` entry point), so ``dg list components`` lists it and
+``dg scaffold defs fieldsales_dagster.FieldSalesComponent acme`` adds a tenant.
 """
 
 from __future__ import annotations
@@ -20,6 +23,10 @@ def __getattr__(name: str) -> Any:
         from fieldsales_dagster.definitions import defs
 
         return defs
+    if name == "FieldSalesComponent":  # what `dg list components` and `dg scaffold defs` find
+        from fieldsales_dagster.component import FieldSalesComponent
+
+        return FieldSalesComponent
     if name == "FieldSalesWarehouse":
         from fieldsales_dagster.warehouse.resource import FieldSalesWarehouse
 
@@ -28,4 +35,4 @@ def __getattr__(name: str) -> Any:
 
 
 def __dir__() -> list[str]:
-    return ["FieldSalesWarehouse", "code_location"]
+    return ["FieldSalesComponent", "FieldSalesWarehouse", "code_location"]

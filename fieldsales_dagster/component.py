@@ -27,9 +27,6 @@ from typing import Annotated, Any, Literal, cast
 from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
 
 import dagster as dg
-
-# Dagster's own cron rules and tick times (its schedules use them): 1.13 has no public API for them.
-from dagster._utils.schedules import cron_string_iterator, is_valid_cron_string
 from pydantic import ValidationError, ValidationInfo, field_validator, model_validator
 from pydantic_core import PydanticUndefined
 
@@ -39,6 +36,7 @@ from fieldsales_dagster.assets.io_manager import build_io_manager
 from fieldsales_dagster.assets.mart import build_mart_assets
 from fieldsales_dagster.assets.raw import build_raw_assets
 from fieldsales_dagster.assets.upkeep import build_upkeep_asset, build_upkeep_job_and_schedule
+from fieldsales_dagster.automation.alerts import AlertSettings, build_alert_sensors
 from fieldsales_dagster.automation.schedule import build_refresh_job, build_refresh_schedule
 from fieldsales_dagster.automation.sensors import (
     build_core_automation_sensor,
@@ -95,8 +93,88 @@ def _secret_env_var(context: dg.ResolutionContext, raw: Any) -> str:
     return (match.group("attr") or match.group("call")) if match else NOT_AN_ENV_REFERENCE
 
 
+# --- `dg scaffold defs fieldsales_dagster.FieldSalesComponent <folder>`: a new tenant ---------
+#
+# The folder's name becomes the tenant's key prefix, and every setting a tenant must have to itself
+# (its API, token, DuckDB file and token store) reads an environment variable named after it, so
+# the new folder loads beside the shipped one (tenancy.py refuses shared files) and no secret is
+# ever written into the YAML. `requirements: env:` lists the variables it reads (`dg list env`).
+
+#: Variables a scaffolded tenant reads, by setting: ``{PREFIX}`` is the tenant's name, upper case.
+TENANT_VARIABLES = {
+    "base_url": "{PREFIX}_FIELDSALES_BASE_URL",
+    "api_token": "{PREFIX}_FIELDSALES_API_TOKEN",
+    "duckdb_path": "{PREFIX}_FIELDSALES_DUCKDB_PATH",
+    "token_store_path": "{PREFIX}_FIELDSALES_TOKEN_STORE",
+}
+
+
+class ScaffoldNameError(ValueError):
+    """The scaffolded folder's name cannot be a key prefix."""
+
+
+def tenant_defs_yaml(type_name: str, tenant: str) -> str:
+    """The ``defs.yaml`` of tenant ``tenant`` (also its key prefix)."""
+    if not (_IDENTIFIER.match(tenant) and tenant[0].isalpha()):
+        raise ScaffoldNameError(
+            f"dg scaffold defs {type_name} {tenant}: the folder's name becomes the tenant's "
+            "key_prefix, which must be a name of letters, digits and underscores, starting with "
+            "a letter (e.g. acme). Choose such a name and scaffold again."
+        )
+    variables = {
+        setting: pattern.format(PREFIX=tenant.upper())
+        for setting, pattern in TENANT_VARIABLES.items()
+    }
+    home_store = f"((env.DAGSTER_HOME or 'data') ~ '/{tenant}_token.json')"
+    values = {
+        "base_url": f"env.{variables['base_url']}",
+        "api_token": f"env.{variables['api_token']}",
+        "duckdb_path": f"env.{variables['duckdb_path']} or 'data/{tenant}.duckdb'",
+        "token_store_path": f"env.{variables['token_store_path']} or {home_store}",
+    }
+    template = {name: '"{{ ' + value + ' }}"' for name, value in values.items()}
+    requirements = "\n".join(f"    - {variable}" for variable in variables.values())
+    return (
+        f"# Field-Sales tenant {tenant!r}: its own API, token, DuckDB file and token store, each\n"
+        "# read from an environment variable (only a variable's name is written here, never a\n"
+        "# token). Every other setting keeps its default (fieldsales_dagster/settings.py); add it\n"
+        "# under attributes to change it.\n"
+        f"type: {type_name}\n"
+        "\n"
+        "attributes:\n"
+        f"  base_url: {template['base_url']}\n"
+        f"  api_token: {template['api_token']}\n"
+        f"  # Assets {tenant}/raw_events ..., job {tenant}_refresh_all, pool "
+        f"fieldsales_duckdb_{tenant}.\n"
+        f"  key_prefix: {tenant}\n"
+        f"  duckdb_path: {template['duckdb_path']}\n"
+        f"  token_store_path: {template['token_store_path']}\n"
+        "\n"
+        "requirements:\n"
+        "  env:\n"
+        f"{requirements}\n"
+    )
+
+
+class FieldSalesScaffolder(dg.Scaffolder):
+    """Writes a tenant's ``defs.yaml`` (see ``tenant_defs_yaml``)."""
+
+    def scaffold(self, request: dg.ScaffoldRequest[Any]) -> None:
+        if request.scaffold_format != "yaml":
+            dg.scaffold_component(request)
+            return
+        (request.target_path / "defs.yaml").write_text(
+            tenant_defs_yaml(request.type_name, request.target_path.name), encoding="utf-8"
+        )
+
+
+@dg.scaffold_with(FieldSalesScaffolder)
 class FieldSalesComponent(dg.Component, dg.Model, dg.Resolvable):
-    """One Field-Sales instance, loaded into one DuckDB file and kept fresh."""
+    """One Field-Sales instance, loaded into one DuckDB file and kept fresh.
+
+    ``dg scaffold defs fieldsales_dagster.FieldSalesComponent acme`` adds a tenant: a folder
+    ``defs/acme`` whose ``defs.yaml`` reads ``ACME_FIELDSALES_*`` variables (``tenant_defs_yaml``).
+    """
 
     # Defaults, ranges and meanings: settings.py. Ranges are checked by ``_in_range`` below, not
     # Field(ge=...): Dagster copies Field constraints onto the YAML model, where the value is still
@@ -133,6 +211,14 @@ class FieldSalesComponent(dg.Component, dg.Model, dg.Resolvable):
     pii: Literal["keep", "hash", "drop"] = setting_field("pii", bounded=False)
     pii_hash_key_env_var: str = setting_field("pii_hash_key_env_var", bounded=False)
     redact_pii_in_raw: bool = setting_field("redact_pii_in_raw", bounded=False)
+    alert_webhook_url_env_var: str = setting_field("alert_webhook_url_env_var", bounded=False)
+    alert_email_to: str | None = setting_field("alert_email_to", bounded=False)
+    alert_email_from: str = setting_field("alert_email_from", bounded=False)
+    alert_smtp_host: str = setting_field("alert_smtp_host", bounded=False)
+    alert_smtp_port: int = setting_field("alert_smtp_port", bounded=False)
+    alert_smtp_user: str | None = setting_field("alert_smtp_user", bounded=False)
+    alert_smtp_password_env_var: str = setting_field("alert_smtp_password_env_var", bounded=False)
+    ui_base_url: str | None = setting_field("ui_base_url", bounded=False)
     key_prefix: str | None = setting_field("key_prefix", bounded=False)
     group_prefix: str | None = setting_field("group_prefix", bounded=False)
     owners: list[str] = setting_field("owners", bounded=False)
@@ -195,8 +281,10 @@ class FieldSalesComponent(dg.Component, dg.Model, dg.Resolvable):
     @field_validator("schedule_cron")
     @classmethod
     def _cron(cls, value: str) -> str:
-        if not is_valid_cron_string(value.strip()):
-            raise ValueError("it is not a cron expression")
+        try:
+            _ticks(value.strip(), "UTC")
+        except dg.DagsterInvalidDefinitionError:
+            raise ValueError("it is not a cron expression") from None
         return value.strip()
 
     @field_validator("schedule_timezone")
@@ -234,6 +322,21 @@ class FieldSalesComponent(dg.Component, dg.Model, dg.Resolvable):
                     f"defs.yaml or through {variable}, or choose storage: file, and load again."
                 )
         return self
+
+    @field_validator("alert_email_to", "alert_email_from")
+    @classmethod
+    def _addresses(cls, value: str | None) -> str | None:
+        addresses = [a.strip() for a in (value or "").split(",") if a.strip()]
+        if any("@" not in address or " " in address for address in addresses):
+            raise ValueError("it is not a list of e-mail addresses")
+        return ", ".join(addresses) or None
+
+    @field_validator("ui_base_url")
+    @classmethod
+    def _ui_url(cls, value: str | None) -> str | None:
+        if value and not re.match(r"^https?://[^/\s]+", value.strip()):
+            raise ValueError("it is not an http:// or https:// URL")
+        return value.strip().rstrip("/") if value else None
 
     @field_validator("key_prefix", "group_prefix")
     @classmethod
@@ -377,6 +480,26 @@ class FieldSalesComponent(dg.Component, dg.Model, dg.Resolvable):
             *dg.build_column_schema_change_checks(assets=assets),
         ]
 
+    def alert_settings(self) -> AlertSettings:
+        """Where this instance's alerts go (``automation/sensors.py``); off unless configured."""
+        return AlertSettings(
+            tenant=self.names.tenant,
+            webhook_url_env_var=self.alert_webhook_url_env_var,
+            email_to=tuple(a.strip() for a in (self.alert_email_to or "").split(",") if a),
+            email_from=self.alert_email_from,
+            smtp_host=self.alert_smtp_host,
+            smtp_port=self.alert_smtp_port,
+            smtp_user=self.alert_smtp_user,
+            smtp_password_env_var=self.alert_smtp_password_env_var,
+            ui_base_url=self.ui_base_url,
+            secret_env_vars=(
+                self.api_token_env_var,
+                self.pii_hash_key_env_var,
+                self.ducklake_password_env_var,
+            ),
+            token_store_path=self.token_store_path,
+        )
+
     def tenant_claims(self) -> list[Claim]:
         """What this instance must have to itself in a code location (see ``tenancy.py``)."""
         claims = [
@@ -413,6 +536,13 @@ class FieldSalesComponent(dg.Component, dg.Model, dg.Resolvable):
             )
             jobs.append(upkeep_job)
             schedules.append(upkeep_schedule)
+        alerts = self.alert_settings()
+        alert_sensors = build_alert_sensors(
+            names,
+            alerts,
+            job_names=[*(j.name for j in jobs), names.token_renewal_job],
+            asset_keys=[key for a in [*assets, *upkeep] for key in a.keys],
+        )
         return dg.Definitions(
             assets=dg.with_source_code_references([*assets, *upkeep]),
             asset_checks=self.build_checks(assets),
@@ -420,10 +550,12 @@ class FieldSalesComponent(dg.Component, dg.Model, dg.Resolvable):
             schedules=schedules,
             sensors=[
                 build_token_renewal_sensor(
-                    names, RenewalPolicy.after_days(self.token_renew_after_days)
+                    names,
+                    RenewalPolicy.after_days(self.token_renew_after_days),
                 ),
                 # Also the user assets downstream of this instance's tables (README: Build on it).
                 build_core_automation_sensor(names, selection.downstream()),
+                *alert_sensors,
             ],
             resources=self.build_resources(),
         )
@@ -445,8 +577,24 @@ def _explain_setting(field: str | None, value: Any, exc: Exception) -> str:
     )
 
 
+def _ticks(cron: str, timezone: str) -> dg.TimeWindowPartitionsDefinition:
+    """The next few ticks of ``cron``, as the windows of a time-partitioned definition: Dagster's
+    public way to its own cron rules and tick times (its schedules use the same). An invalid
+    expression raises ``DagsterInvalidDefinitionError``."""
+    return dg.TimeWindowPartitionsDefinition(
+        cron_schedule=cron,
+        start=datetime.now(UTC),
+        timezone=timezone,
+        fmt="%Y-%m-%dT%H:%M:%S",
+        end_offset=8,
+    )
+
+
 def schedule_interval(cron: str, timezone: str) -> timedelta:
     """The longest gap between two of the next few ticks of ``cron``."""
-    ticks = cron_string_iterator(datetime.now(UTC).timestamp(), cron, timezone)
-    times = [next(ticks) for _ in range(8)]
-    return max(later - earlier for earlier, later in zip(times, times[1:], strict=False))
+    ticks = _ticks(cron, timezone)
+    windows = [
+        ticks.time_window_for_partition_key(key)
+        for key in ticks.get_partition_keys(current_time=datetime.now(UTC))
+    ]
+    return max(window.end - window.start for window in windows)

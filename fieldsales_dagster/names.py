@@ -129,3 +129,13 @@ class InstanceNames:
     @property
     def automation_sensor(self) -> str:
         return self._prefixed("core_automation_sensor")
+
+    @property
+    def alert_sensor(self) -> str:
+        """Alerts on a failed run (``automation/sensors.py``)."""
+        return self._prefixed("run_failure_alert_sensor")
+
+    @property
+    def check_alert_sensor(self) -> str:
+        """Alerts on a failed check of ERROR severity (``automation/sensors.py``)."""
+        return self._prefixed("check_failure_alert_sensor")

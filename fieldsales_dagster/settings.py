@@ -299,6 +299,69 @@ SETTINGS: dict[str, Setting] = {
             "FIELDSALES_REDACT_PII_IN_RAW",
         ),
         Setting(
+            "alert_webhook_url_env_var",
+            "FIELDSALES_ALERT_WEBHOOK_URL",
+            "The variable holding the webhook URL alerts are posted to, as Slack-compatible JSON "
+            "(a webhook URL is a secret, so the YAML names only its variable); setting that "
+            "variable turns alerts on (docs/alerts.md)",
+            "the name of an environment variable",
+        ),
+        Setting(
+            "alert_email_to",
+            None,
+            "Comma-separated addresses alerts are mailed to through SMTP; setting it turns "
+            "alerts on (docs/alerts.md)",
+            "e-mail addresses separated by commas",
+            "FIELDSALES_ALERT_EMAIL_TO",
+            unset="no e-mail",
+        ),
+        Setting(
+            "alert_email_from",
+            "fieldsales-dagster@localhost",
+            "The sender of alert e-mails",
+            "an e-mail address",
+            "FIELDSALES_ALERT_EMAIL_FROM",
+        ),
+        Setting(
+            "alert_smtp_host",
+            "localhost",
+            "The SMTP server alert e-mails go through (STARTTLS when it offers it)",
+            "a host name",
+            "FIELDSALES_ALERT_SMTP_HOST",
+        ),
+        Setting(
+            "alert_smtp_port",
+            25,
+            "The SMTP server's port",
+            "a port number {range}",
+            "FIELDSALES_ALERT_SMTP_PORT",
+            ge=1,
+            le=65535,
+        ),
+        Setting(
+            "alert_smtp_user",
+            None,
+            "The SMTP login, if the server wants one (its password in alert_smtp_password_env_var)",
+            "a user name",
+            "FIELDSALES_ALERT_SMTP_USER",
+            unset="no login",
+        ),
+        Setting(
+            "alert_smtp_password_env_var",
+            "FIELDSALES_ALERT_SMTP_PASSWORD",
+            "The variable holding the SMTP password (never the password)",
+            "the name of an environment variable",
+        ),
+        Setting(
+            "ui_base_url",
+            None,
+            "The Dagster UI's address, e.g. https://dagster.example.com: an alert links to its "
+            "run there",
+            "an http:// or https:// URL",
+            "FIELDSALES_UI_BASE_URL",
+            unset="no link",
+        ),
+        Setting(
             "key_prefix",
             None,
             "Asset-key prefix of this instance; set it for every tenant but the first",

@@ -11,7 +11,12 @@ from fieldsales_dagster_tests.project import load_project_defs
 def test_package_exposes_the_lazy_definitions_dagster_loads_with_dash_m(monkeypatch):
     import fieldsales_dagster
 
-    assert dir(fieldsales_dagster) == ["FieldSalesWarehouse", "code_location"]
+    # FieldSalesComponent: what `dg list components` finds in the registry module (the package).
+    assert dir(fieldsales_dagster) == [
+        "FieldSalesComponent",
+        "FieldSalesWarehouse",
+        "code_location",
+    ]
     monkeypatch.setenv("FIELDSALES_BASE_URL", "http://127.0.0.1:9")
     monkeypatch.setenv("FIELDSALES_API_TOKEN", "definitions-test-token")
     defs = load_project_defs()

@@ -11,6 +11,7 @@ from pathlib import Path
 
 import pytest
 import yaml
+from dagster import DagsterInstance
 from dagster._config import process_config
 from dagster._core.instance.config import dagster_instance_config
 
@@ -70,3 +71,34 @@ def test_misspelt_run_launcher_setting_is_refused(tmp_path):
     run_launcher = config["run_launcher"]
     run_launcher["config"]["job_namespaces"] = run_launcher["config"].pop("job_namespace")
     assert run_launcher_errors(run_launcher)
+
+
+@pytest.mark.parametrize(
+    ("config_file", "snippet"),
+    [
+        ("deploy/dagster.yaml", None),
+        ("deploy/dagster.yaml", "run_launcher.docker.yaml"),
+        ("deploy/dagster.yaml", "run_launcher.k8s.yaml"),
+        ("dagster.yaml", None),
+    ],
+)
+def test_every_instance_config_retries_a_run_whose_worker_died(tmp_path, config_file, snippet):
+    # A run killed by its host (evicted pod, OOM-killed container) is launched again by the
+    # daemon: the instance, as Dagster builds it from the file, has run retries on.
+    config = yaml.safe_load((DEPLOY.parent / config_file).read_text())
+    if snippet:
+        config.update(yaml.safe_load((DEPLOY / snippet).read_text()))
+    config.pop("storage", None)  # PostgreSQL, or a folder relative to the project: not here
+    (tmp_path / "dagster.yaml").write_text(yaml.safe_dump(config))
+    validated, _ = dagster_instance_config(str(tmp_path))
+    assert validated["run_retries"]["enabled"] is True
+    assert validated["run_retries"]["max_retries"] >= 1
+    # Only a dead worker is retried (a step's failure would repeat), and only monitoring sees it.
+    assert validated["run_retries"]["retry_on_asset_or_op_failure"] is False
+    assert validated["run_monitoring"]["enabled"] is True
+    if snippet is None:  # the container launchers need a Docker or Kubernetes API to start
+        instance = DagsterInstance.from_config(str(tmp_path))
+        assert instance.run_retries_enabled
+        assert instance.run_retries_max_retries == validated["run_retries"]["max_retries"]
+        assert not instance.run_retries_retry_on_asset_or_op_failure
+        assert instance.run_monitoring_enabled

@@ -95,3 +95,47 @@ def test_unknown_timezone_fails_the_load_naming_setting_and_variable(project_env
     assert "schedule_timezone (from FIELDSALES_SCHEDULE_TIMEZONE) is invalid" in message
     assert "'Mars/Olympus_Mons'" in message
     assert "IANA time zone such as UTC" in message
+
+
+@pytest.mark.parametrize("cron", ["0 25 * * *", "every day", "0 5 * *"])
+def test_invalid_cron_fails_the_load_naming_setting_and_variable(project_env, monkeypatch, cron):
+    monkeypatch.setenv("FIELDSALES_SCHEDULE_CRON", cron)
+    with pytest.raises(Exception) as failure:
+        load_project_defs()
+    message = error_chain(failure.value)
+    assert "schedule_cron (from FIELDSALES_SCHEDULE_CRON) is invalid: it is not a cron" in message
+    assert repr(cron) in message
+
+
+@pytest.mark.parametrize(
+    ("cron", "timezone", "hours"),
+    [
+        ("0 5 * * *", "UTC", 24),
+        ("30 2 * * 1-5", "Europe/Vienna", 72),  # Friday to Monday
+        ("*/15 * * * *", "UTC", 0.25),
+        ("0 0 1 * *", "UTC", 31 * 24),
+    ],
+)
+def test_the_freshness_window_follows_the_longest_gap_between_ticks(cron, timezone, hours):
+    from datetime import timedelta
+
+    from fieldsales_dagster.component import schedule_interval
+
+    assert schedule_interval(cron, timezone) == timedelta(hours=hours)
+
+
+def test_the_component_imports_no_private_dagster_module():
+    # dagster._* changes without notice at an upgrade; the cron rules come from public APIs.
+    import ast
+    import inspect
+
+    from fieldsales_dagster import component
+
+    tree = ast.parse(inspect.getsource(component))
+    imported = [
+        node.module if isinstance(node, ast.ImportFrom) else alias.name
+        for node in ast.walk(tree)
+        if isinstance(node, ast.Import | ast.ImportFrom)
+        for alias in node.names
+    ]
+    assert [name for name in imported if name and name.startswith("dagster._")] == []

@@ -21,6 +21,8 @@ REPO_ROOT = Path(__file__).resolve().parents[1]
 CONFIGURATION = REPO_ROOT / "docs" / "configuration.md"
 #: The pages a user reads: the README and docs/*.md.
 USER_DOCS = [REPO_ROOT / "README.md", *sorted((REPO_ROOT / "docs").glob("*.md"))]
+#: The pages whose Configuration table documents settings (alerts have a page of their own).
+SETTINGS_DOCS = (CONFIGURATION, REPO_ROOT / "docs" / "alerts.md")
 DEFS_YAML = REPO_ROOT / "fieldsales_dagster" / "defs" / "fieldsales" / "defs.yaml"
 RESOURCES = (FieldSalesAPI, FieldSalesWarehouse)
 #: Enough for a component or a resource to be built; the setting under test is added.
@@ -168,10 +170,15 @@ def test_defs_yaml_reads_each_setting_from_its_variable_and_states_no_default():
 
 
 def readme_settings_rows() -> dict[str, tuple[str, str, str]]:
-    """docs/configuration.md's table: setting -> (variable, meaning, default), backticks off."""
-    section = CONFIGURATION.read_text().split("# Configuration", 1)[1].split("\n## ", 1)[0]
+    """The Configuration tables of docs/configuration.md and docs/alerts.md: setting ->
+    (variable, meaning, default), backticks off."""
+    sections = [
+        doc.read_text().split("# Configuration", 1)[1].split("
+## ", 1)[0]
+        for doc in SETTINGS_DOCS
+    ]
     rows: dict[str, tuple[str, str, str]] = {}
-    for line in section.splitlines():
+    for line in "\n".join(sections).splitlines():
         cells = [cell.strip().replace("`", "") for cell in line.strip().strip("|").split("|")]
         if len(cells) != 4 or cells[0] in ("setting (YAML)", "---") or set(cells[0]) <= {"-"}:
             continue

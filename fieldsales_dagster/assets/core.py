@@ -10,6 +10,7 @@ new JOIN is a new dependency without a line of Python.
 """
 
 import functools
+import hashlib
 import re
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
@@ -36,8 +37,8 @@ from fieldsales_dagster.assets.follow import (
     rows_missing,
     same_row,
 )
-from fieldsales_dagster.assets.lineage import QueryReadError, Reads, reads_of
-from fieldsales_dagster.assets.metadata import table_metadata
+from fieldsales_dagster.assets.lineage import QueryReadError, Reads, column_sources, reads_of
+from fieldsales_dagster.assets.metadata import storage_metadata, table_metadata
 from fieldsales_dagster.assets.raw import raw_asset_name
 from fieldsales_dagster.client.endpoints import LIST_ENDPOINTS
 from fieldsales_dagster.names import InstanceNames
@@ -480,6 +481,67 @@ def upstream_of(table: CoreTable, query: str) -> Upstream:
     return Upstream(tuple(sorted(deps)), decoded)
 
 
+def query_code_version(table: CoreTable) -> str:
+    """The asset's code version: a hash of its query and of the shared macros it calls, so the
+    UI marks the table changed when its SQL changes (dagster-dbt's convention)."""
+    query = core_query(table)
+    return hashlib.sha256(f"{query}\n{shared_macros_sql(query)}".encode()).hexdigest()[:16]
+
+
+def _columns_of(asset: str) -> tuple[str, ...]:
+    """The columns of the table asset ``asset`` writes (a raw table's, or a query's)."""
+    for endpoint in LIST_ENDPOINTS:
+        if raw_asset_name(endpoint) == asset:
+            extra = tuple(column for column, _ in endpoint.extra_columns)
+            return ("id", "payload", "loaded_at", *extra)
+    return tuple(column.name for column in table_doc(asset).columns)
+
+
+def column_lineage(names: InstanceNames, table: CoreTable) -> dg.TableColumnLineage:
+    """Each column's source columns, read from the query (``lineage.column_sources``), as the
+    assets behind them: a decoded ``meta.*`` table's columns come from its raw table's
+    ``payload`` (its ``id`` and ``loaded_at`` from theirs); macros' constant lists are no asset."""
+    decoded_by_table: dict[str, Decoded] = {decoded.table: decoded for decoded in DECODED_TABLES}
+    if table.follows is not None:
+        decoded_by_table["decoded_rows"] = decoded_by_table[table.follows.decoded]
+    raw_assets = {endpoint.raw_table: raw_asset_name(endpoint) for endpoint in LIST_ENDPOINTS}
+    known = tuple(
+        (f"{dep.partition('_')[0]}.{dep.partition('_')[2]}", _columns_of(dep)) for dep in table.deps
+    )
+    sources = column_sources(
+        core_query(table), tuple(column.name for column in table.columns), known
+    )
+    deps: dict[str, list[dg.TableColumnDep]] = {}
+    for column, pairs in sources.items():
+        found: set[tuple[str, str]] = set()
+        for source, source_column in pairs:
+            if source in decoded_by_table:
+                asset = raw_assets[decoded_by_table[source].source]
+                kept = source_column in ("id", "loaded_at")
+                found.add((asset, source_column if kept else "payload"))
+            elif source in raw_assets:
+                found.add((raw_assets[source], source_column))
+            elif source.partition(".")[0] in ("core", "mart"):
+                found.add((source.replace(".", "_"), source_column))
+        if found:
+            deps[column] = [
+                dg.TableColumnDep(asset_key=names.asset_key(asset), column_name=name)
+                for asset, name in sorted(found)
+            ]
+    return dg.TableColumnLineage(deps_by_column=deps)
+
+
+def lineage_markdown(lineage: dg.TableColumnLineage) -> str:
+    """``lineage`` as a markdown table: each column and the upstream columns it comes from."""
+    rows = [
+        f"| {column} | "
+        + ", ".join(f"{dep.asset_key.to_user_string()}.{dep.column_name}" for dep in deps)
+        + " |"
+        for column, deps in lineage.deps_by_column.items()
+    ]
+    return "\n".join(["| column | comes from |", "|---|---|", *rows])
+
+
 def build_table(
     conn: duckdb.DuckDBPyConnection,
     target: str,
@@ -576,6 +638,7 @@ def materialize_core_table(
         **table_metadata(
             conn, warehouse.database, table.table, schema=schema, hidden=table.doc.pii_columns
         ),
+        **storage_metadata(warehouse, table.table),
         **decode,
     }
 
@@ -606,6 +669,7 @@ def build_core_asset(
         automation_condition=dg.AutomationCondition.eager(),
         freshness_policy=freshness_policy,
         metadata={"table": table.table, "query": f"sql/{table.query_file}"},
+        code_version=query_code_version(table),
     )
 
     @dg.multi_asset(
@@ -623,6 +687,10 @@ def build_core_asset(
         if key in context.selected_asset_keys:
             with warehouse.get_connection() as conn:
                 metadata = materialize_core_table(conn, warehouse, table)
+            lineage = column_lineage(names, table)
+            metadata["dagster/column_lineage"] = lineage
+            # The open-source UI does not show dagster/column_lineage: the same, as a table.
+            metadata["fieldsales/column_lineage"] = dg.MetadataValue.md(lineage_markdown(lineage))
             yield dg.MaterializeResult(asset_key=key, metadata=metadata)
         if not context.selected_asset_check_keys:
             return

@@ -1,4 +1,4 @@
-"""Which tables a query reads, from its SQL: the source of every core and mart table's deps.
+"""Which tables a query reads, and which columns each column comes from, from its SQL.
 
 A query is parsed with sqlglot's DuckDB dialect, so a CTE named like a table, a table in a
 comment or a string, and a column named ``from`` are told apart from the tables a ``FROM`` or
@@ -13,6 +13,7 @@ from dataclasses import dataclass
 
 import sqlglot
 from sqlglot import exp
+from sqlglot.lineage import lineage
 
 
 class QueryReadError(ValueError):
@@ -66,3 +67,50 @@ def reads_of(sql: str, where: str) -> Reads:
                     "schema, so that the table's asset can be found and made a dependency."
                 )
     return Reads(frozenset(tables), frozenset(functions))
+
+
+#: ``((schema.table, (column, ...)), ...)``: the columns of tables a query reads, where known.
+KnownColumns = tuple[tuple[str, tuple[str, ...]], ...]
+
+
+@functools.cache
+def column_sources(
+    sql: str, columns: tuple[str, ...], known: KnownColumns = ()
+) -> dict[str, frozenset[tuple[str, str]]]:
+    """Where each of ``columns`` of the query's result comes from: ``(table, column)`` pairs.
+
+    ``known`` columns of the tables read let sqlglot place an unqualified column (inside an
+    aggregate's ``FILTER``, say) in its table.
+
+    ``table`` is schema-qualified (``core.events``) or, for a table function, its name
+    (``decoded_rows``). sqlglot's lineage follows CTEs, subqueries and expressions down to the
+    tables read; a column computed from none (a literal) has no source. The query is the last
+    statement of ``sql`` (the others define macros).
+    """
+    statements = [s for s in sqlglot.parse(sql, read="duckdb") if s is not None]
+    query = statements[-1]
+    schema: dict[str, dict[str, dict[str, str]]] = {}
+    for qualified_name, names in known:
+        db, _, name = qualified_name.partition(".")
+        schema.setdefault(db, {})[name] = dict.fromkeys(names, "VARCHAR")
+    found: dict[str, frozenset[tuple[str, str]]] = {}
+    for column in columns:
+        try:
+            node = lineage(column, query, schema, dialect="duckdb")
+        except (sqlglot.errors.SqlglotError, ValueError, KeyError):
+            found[column] = frozenset()  # a form sqlglot cannot follow: no lineage, not wrong
+            continue
+        sources: set[tuple[str, str]] = set()
+        for step in node.walk():
+            table = step.expression
+            if not isinstance(table, exp.Table):
+                continue
+            source = step.name.rpartition(".")[2]
+            if source == "*":
+                continue
+            if isinstance(table.this, exp.Anonymous):
+                sources.add((table.this.name.lower(), source))
+            elif table.db:
+                sources.add((f"{table.db}.{table.name}".lower(), source))
+        found[column] = frozenset(sources)
+    return found

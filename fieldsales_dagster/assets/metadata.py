@@ -8,7 +8,12 @@ from typing import Any
 import dagster as dg
 import duckdb
 
-from fieldsales_dagster.warehouse.resource import qualified, quote_ident
+from fieldsales_dagster.warehouse.resource import (
+    FieldSalesWarehouse,
+    is_motherduck,
+    qualified,
+    quote_ident,
+)
 from fieldsales_dagster.warehouse.rows import one_row
 
 PREVIEW_ROWS = 5
@@ -59,6 +64,26 @@ def table_metadata(
     if preview:
         metadata["preview"] = dg.MetadataValue.md(markdown_preview(conn, table, hidden))
     return metadata
+
+
+def storage_metadata(warehouse: FieldSalesWarehouse, table: str) -> dict[str, str]:
+    """``dagster/storage_kind`` and ``dagster/uri`` of ``table``: where a reader finds it.
+
+    A DuckDB file: ``duckdb:///<absolute path>?table=core.events`` (the file analysts open);
+    MotherDuck: ``md:<database>?table=...``; a lake: ``ducklake:<catalog>?table=...`` (and its
+    ``metadata_schema``). The catalog setting never holds a password (it is read from a variable).
+    """
+    if warehouse.storage == "ducklake":
+        schema = (
+            f"&metadata_schema={warehouse.ducklake_schema}" if warehouse.ducklake_schema else ""
+        )
+        uri = f"ducklake:{warehouse.ducklake_catalog}?table={table}{schema}"
+        kind = "ducklake"
+    elif is_motherduck(warehouse.database):
+        uri, kind = f"{warehouse.database}?table={table}", "duckdb"
+    else:
+        uri, kind = f"duckdb://{Path(warehouse.database).resolve()}?table={table}", "duckdb"
+    return {"dagster/storage_kind": kind, "dagster/uri": uri}
 
 
 def previous_row_count(context: dg.AssetExecutionContext) -> int | None:

@@ -4,13 +4,19 @@ Each asset reads like the sentence it is: page the list into a staging table, ch
 server's total, swap it in, report what it cost.
 """
 
+from datetime import UTC, datetime
 from typing import Any
 
 import dagster as dg
+import duckdb
 from pydantic import Field, field_validator
 
 from fieldsales_dagster.assets.columns import column_schema, prepare_raw_table, table_doc
-from fieldsales_dagster.assets.metadata import previous_row_count, table_metadata
+from fieldsales_dagster.assets.metadata import (
+    previous_row_count,
+    storage_metadata,
+    table_metadata,
+)
 from fieldsales_dagster.client.endpoints import EVENTS, LIST_ENDPOINTS, TRANSACTIONS, ListEndpoint
 from fieldsales_dagster.names import InstanceNames
 from fieldsales_dagster.warehouse.incremental import (
@@ -20,6 +26,8 @@ from fieldsales_dagster.warehouse.incremental import (
 )
 from fieldsales_dagster.warehouse.raw_load import LoadReport, ShrinkGuard
 from fieldsales_dagster.warehouse.refresh_mode import validate_refresh_mode
+from fieldsales_dagster.warehouse.resource import qualified
+from fieldsales_dagster.warehouse.rows import one_row
 
 ROW_COUNT_CHECK = "row_count_near_previous_load"
 #: A load whose row count moved by more than this fraction of the previous load's warns. (The
@@ -54,6 +62,51 @@ class RawRefreshConfig(dg.Config):
     @classmethod
     def _check(cls, value: object) -> object:
         return validate_refresh_mode(value)
+
+
+# --- provenance: which run wrote a row ---------------------------------------------------
+# ``meta.load_runs`` holds one record per load of a raw table.
+#
+# Every raw load stamps the rows it writes with its own ``loaded_at`` and keeps the rows it did not
+# re-fetch as they were (``warehouse/raw_load.py``), so ``(table, loaded_at)`` names the load a row
+# came from, and this table names that load's run (compare dlt's ``_dlt_load_id``)::
+#
+#     SELECT e.id, r.run_id
+#     FROM raw.events AS e
+#     JOIN meta.load_runs AS r ON r.table_name = 'raw.events' AND r.loaded_at = e.loaded_at
+#
+# The record is written in the load's own commit (``FieldSalesWarehouse.one_commit``): a load
+# that fails leaves none.
+
+#: One record per load of a raw table: which run wrote the rows stamped with its loaded_at.
+LOAD_RUNS = "meta.load_runs"
+
+
+def record_load_run(
+    conn: duckdb.DuckDBPyConnection, table: str, run_id: str, asset_key: str
+) -> None:
+    """Record that run ``run_id`` (asset ``asset_key``) wrote ``table``'s newest load."""
+    (loaded_at,) = one_row(conn, f"SELECT max(loaded_at) FROM {qualified(table)}")
+    if loaded_at is None:  # an empty table: no row to trace
+        return
+    conn.execute("CREATE SCHEMA IF NOT EXISTS meta")
+    conn.execute(
+        f"CREATE TABLE IF NOT EXISTS {qualified(LOAD_RUNS)} (table_name VARCHAR, "
+        "loaded_at TIMESTAMP, run_id VARCHAR, asset_key VARCHAR, recorded_at TIMESTAMP)"
+    )
+    # A load that wrote no row (nothing changed) leaves the newest stamp to its earlier run.
+    conn.execute(
+        f"INSERT INTO {qualified(LOAD_RUNS)} SELECT $table, $loaded_at, $run_id, $asset_key, "
+        f"$now WHERE NOT EXISTS (SELECT 1 FROM {qualified(LOAD_RUNS)} "
+        "WHERE table_name = $table AND loaded_at = $loaded_at)",
+        {
+            "table": table,
+            "loaded_at": loaded_at,
+            "run_id": run_id,
+            "asset_key": asset_key,
+            "now": datetime.now(UTC).replace(tzinfo=None),
+        },
+    )
 
 
 def _load_metadata(report: LoadReport) -> dict[str, Any]:
@@ -146,7 +199,7 @@ def build_raw_asset(
 
             def load() -> RefreshReport:
                 redacted.clear()  # a lake's write that lost a conflict runs again
-                return refresh_raw_list(
+                report = refresh_raw_list(
                     api,
                     conn,
                     endpoint,
@@ -158,6 +211,9 @@ def build_raw_asset(
                         prepare_raw_table(conn, staged, name, warehouse)
                     ),
                 )
+                # In the load's commit: each row's loaded_at leads to this run.
+                record_load_run(conn, endpoint.raw_table, context.run_id, key.to_user_string())
+                return report
 
             refresh = warehouse.one_commit(conn, endpoint.raw_table, load)
             schema = column_schema(conn, endpoint.raw_table, table_doc(name), warehouse.pii)
@@ -167,6 +223,7 @@ def build_raw_asset(
         return dg.MaterializeResult(
             metadata={
                 **metadata,
+                **storage_metadata(warehouse, endpoint.raw_table),
                 **_load_metadata(refresh.load),
                 **refresh.metadata(),
                 "pii_redacted_rows": sum(redacted) if warehouse.redact_pii_in_raw else "not asked",

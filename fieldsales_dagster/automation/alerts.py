@@ -1,0 +1,340 @@
+"""Alerts: a failed run (a refresh, a token renewal, any run of the tenant's assets) or a failed
+check of ERROR severity, told to a webhook (Slack-compatible JSON) or by e-mail."""
+
+import logging
+import os
+import re
+import smtplib
+import ssl
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
+from email.message import EmailMessage
+from urllib.parse import urlsplit
+
+import dagster as dg
+import requests
+
+from fieldsales_dagster.names import InstanceNames
+from fieldsales_dagster.token.store import TokenStore
+
+# Off by default. Setting the variable named by ``alert_webhook_url_env_var``
+# (``FIELDSALES_ALERT_WEBHOOK_URL``) posts a Slack-compatible JSON message (``{"text": ...}``) to
+# that URL; setting ``alert_email_to`` (``FIELDSALES_ALERT_EMAIL_TO``) mails it through SMTP. Either
+# one turns the two sensors below on:
+#
+# * a run-failure sensor (``dg.run_failure_sensor``) on this tenant's runs: its jobs, and any run
+#   of its assets (the automation sensor's, the UI's), and its token-renewal job;
+# * a sensor on this tenant's successful runs that reads the run's check evaluations: a failed
+#   check does not fail its run (dagster #29896), so the run-failure sensor never hears of it.
+#
+# A message names the tenant, the asset or check, the cause in one line, and a link to the run when
+# ``ui_base_url`` is set. Every secret the tenant knows (its API token, the renewed token in the
+# token store, the SMTP password, the webhook URL itself, the PII key, the lake's password) is
+# replaced by ``***`` before anything is sent or logged. A receiver that is down is logged and
+# skipped: an alert never fails a run or a tick.
+
+#: Seconds a receiver gets to answer: a sensor tick must not hang on it.
+SEND_TIMEOUT_S = 10
+#: Longest cause a message carries (its first line, shortened).
+CAUSE_CHARS = 300
+HIDDEN = "***"
+
+logger = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class AlertSettings:
+    """Where one tenant's alerts go, and which variables hold its secrets (never the values)."""
+
+    tenant: str
+    webhook_url_env_var: str = "FIELDSALES_ALERT_WEBHOOK_URL"
+    email_to: tuple[str, ...] = ()
+    email_from: str = "fieldsales-dagster@localhost"
+    smtp_host: str = "localhost"
+    smtp_port: int = 25
+    smtp_user: str | None = None
+    smtp_password_env_var: str = "FIELDSALES_ALERT_SMTP_PASSWORD"
+    ui_base_url: str | None = None
+    #: Variables whose values never appear in a message (the API token's, the PII key's, ...).
+    secret_env_vars: tuple[str, ...] = ()
+    #: The token store: a renewed token is a secret too.
+    token_store_path: str | None = None
+
+    @property
+    def webhook_url(self) -> str | None:
+        return (os.environ.get(self.webhook_url_env_var) or "").strip() or None
+
+    @property
+    def enabled(self) -> bool:
+        return bool(self.webhook_url or self.email_to)
+
+    def secrets(self) -> list[str]:
+        """Every secret value a message must not carry, longest first."""
+        names = (*self.secret_env_vars, self.smtp_password_env_var, self.webhook_url_env_var)
+        values = [(os.environ.get(name) or "").strip() for name in names]
+        if self.webhook_url:  # a Slack webhook's path is its secret
+            values.append(urlsplit(self.webhook_url).path)
+        if self.token_store_path:
+            try:
+                stored = TokenStore(self.token_store_path).read()
+            except Exception:  # an unreadable store holds nothing to hide from here
+                stored = None
+            if stored is not None:
+                values.append(stored.token)
+        return sorted({v for v in values if len(v) >= 4}, key=len, reverse=True)
+
+    def scrub(self, text: str) -> str:
+        for secret in self.secrets():
+            text = text.replace(secret, HIDDEN)
+        return text
+
+    def run_url(self, run_id: str) -> str | None:
+        return f"{self.ui_base_url.rstrip('/')}/runs/{run_id}" if self.ui_base_url else None
+
+
+@dataclass(frozen=True)
+class Alert:
+    """One thing that went wrong: what (a job, asset or check), why, and in which run."""
+
+    tenant: str
+    headline: str
+    subject: str
+    cause: str
+    run_id: str | None = None
+
+    def text(self, settings: AlertSettings) -> str:
+        lines = [
+            f"Field-Sales [{self.tenant}]: {self.headline}",
+            f"{self.subject}",
+            f"Cause: {one_line(self.cause)}",
+        ]
+        if self.run_id:
+            url = settings.run_url(self.run_id)
+            lines.append(f"Run: {url}" if url else f"Run id: {self.run_id}")
+        return settings.scrub("\n".join(lines))
+
+
+def one_line(text: str) -> str:
+    """The first non-empty line of ``text``, at most ``CAUSE_CHARS`` long."""
+    line = next((line.strip() for line in text.splitlines() if line.strip()), "no cause given")
+    return line if len(line) <= CAUSE_CHARS else line[: CAUSE_CHARS - 1] + "…"
+
+
+@dataclass
+class Delivery:
+    """What sending one alert did: the channels it reached and the failures, already scrubbed."""
+
+    sent: list[str] = field(default_factory=list)
+    failed: list[str] = field(default_factory=list)
+
+
+def send_alert(
+    settings: AlertSettings, alert: Alert, warn: Callable[[str], None] | None = None
+) -> Delivery:
+    """Post ``alert`` to the webhook and mail it, as configured. Never raises: a failure is
+    logged (through ``warn`` too, the sensor's log) and returned."""
+    text = alert.text(settings)
+    delivery = Delivery()
+    channels: list[tuple[str, Callable[[], None]]] = []
+    if url := settings.webhook_url:
+        channels.append(("webhook", lambda: _post(url, text)))
+    if settings.email_to:
+        channels.append(("email", lambda: _mail(settings, text)))
+    for name, send in channels:
+        try:
+            send()
+        except Exception as exc:
+            variable = (
+                settings.webhook_url_env_var
+                if name == "webhook"
+                else "FIELDSALES_ALERT_SMTP_HOST/FIELDSALES_ALERT_SMTP_PORT"
+            )
+            message = settings.scrub(
+                f"Field-Sales [{alert.tenant}]: the {name} alert ({alert.headline}) could not be "
+                f"sent: {type(exc).__name__}: {one_line(str(exc))}. The run is not affected; "
+                f"check {variable} and that the receiver is up."
+            )
+            logger.warning(message)
+            if warn is not None:
+                warn(message)
+            delivery.failed.append(message)
+        else:
+            delivery.sent.append(name)
+    return delivery
+
+
+def _post(url: str, text: str) -> None:
+    response = requests.post(url, json={"text": text}, timeout=SEND_TIMEOUT_S)
+    response.raise_for_status()
+
+
+def _mail(settings: AlertSettings, text: str) -> None:
+    message = EmailMessage()
+    message["Subject"] = text.splitlines()[0]
+    message["From"] = settings.email_from
+    message["To"] = ", ".join(settings.email_to)
+    message.set_content(text)
+    with smtplib.SMTP(settings.smtp_host, settings.smtp_port, timeout=SEND_TIMEOUT_S) as smtp:
+        smtp.ehlo()
+        if smtp.has_extn("starttls"):
+            smtp.starttls(context=ssl.create_default_context())
+            smtp.ehlo()
+        if settings.smtp_user:
+            smtp.login(settings.smtp_user, os.environ.get(settings.smtp_password_env_var) or "")
+        smtp.send_message(message)
+
+
+# --- the sensors ------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Owned:
+    """What makes a run this tenant's: one of its jobs, or any of its assets or checks."""
+
+    job_names: frozenset[str]
+    asset_keys: frozenset[dg.AssetKey]
+
+    def owns(self, run: dg.DagsterRun, instance: dg.DagsterInstance) -> bool:
+        if run.job_name in self.job_names:
+            return True
+        selected = set(run.asset_selection or ()) | {
+            key.asset_key for key in (run.asset_check_selection or ())
+        }
+        if not selected:  # a run of a whole job (of every asset): the assets it planned
+            records = instance.get_records_for_run(
+                run.run_id, of_type=dg.DagsterEventType.ASSET_MATERIALIZATION_PLANNED
+            ).records
+            selected = {
+                record.event_log_entry.dagster_event.asset_key
+                for record in records
+                if record.event_log_entry.dagster_event is not None
+                and record.event_log_entry.dagster_event.asset_key is not None
+            }
+        return bool(selected & self.asset_keys)
+
+
+def _failed_steps(context: dg.RunFailureSensorContext) -> list[tuple[str, str]]:
+    """(step, cause) of every failed step of the run."""
+    steps = []
+    for event in context.get_step_failure_events():
+        error = event.step_failure_data.error if event.step_failure_data else None
+        while error is not None and error.cause is not None:  # the root cause, not the wrappers
+            error = error.cause
+        # Dagster's message starts "package.module.ClassName: ..."; the class name is enough.
+        cause = re.sub(r"^(?:\w+\.)+(\w+): ", r"\1: ", error.message) if error else ""
+        steps.append((event.step_key or "?", cause or event.message or ""))
+    return steps
+
+
+def run_failure_alert(context: dg.RunFailureSensorContext, tenant: str) -> Alert:
+    """The alert for a failed run: its failed steps (assets), or the run's own failure."""
+    run = context.dagster_run
+    steps = _failed_steps(context)
+    if steps:
+        subject = "Failed: " + ", ".join(step for step, _ in steps)
+        cause = steps[0][1]
+    else:
+        subject = f"Job: {run.job_name}"
+        cause = context.failure_event.message or "the run failed"
+    return Alert(tenant, f"run of {run.job_name} failed", subject, cause, run.run_id)
+
+
+def failed_error_checks(
+    instance: dg.DagsterInstance, run_id: str
+) -> list[tuple[dg.AssetCheckKey, str]]:
+    """(check, cause) of every check of ERROR severity that failed in run ``run_id``."""
+    records = instance.get_records_for_run(
+        run_id, of_type=dg.DagsterEventType.ASSET_CHECK_EVALUATION
+    ).records
+    failed = []
+    for record in records:
+        event = record.event_log_entry.dagster_event
+        evaluation = event.asset_check_evaluation_data if event else None
+        if evaluation is None or evaluation.passed:
+            continue
+        if evaluation.severity != dg.AssetCheckSeverity.ERROR:
+            continue
+        cause = evaluation.description or _metadata_cause(evaluation.metadata) or "check failed"
+        failed.append((evaluation.asset_check_key, cause))
+    return failed
+
+
+def _metadata_cause(metadata: Mapping[str, object]) -> str:
+    return "; ".join(
+        f"{key}: {getattr(value, 'value', value)}"
+        for key, value in list(metadata.items())[:3]
+        if not key.startswith("dagster/")
+    )
+
+
+def check_alerts(
+    instance: dg.DagsterInstance,
+    run: dg.DagsterRun,
+    tenant: str,
+    asset_keys: frozenset[dg.AssetKey] | None = None,
+) -> list[Alert]:
+    """One alert per failed ERROR check of ``run`` (on one of ``asset_keys``, if given)."""
+    return [
+        Alert(
+            tenant,
+            f"check {key.name} failed (ERROR)",
+            f"Check: {key.asset_key.to_user_string()} / {key.name}",
+            cause,
+            run.run_id,
+        )
+        for key, cause in failed_error_checks(instance, run.run_id)
+        if asset_keys is None or key.asset_key in asset_keys
+    ]
+
+
+def build_alert_sensors(
+    names: InstanceNames,
+    settings: AlertSettings,
+    job_names: Iterable[str],
+    asset_keys: Iterable[dg.AssetKey],
+) -> Sequence[dg.SensorDefinition]:
+    """The run-failure and failed-check sensors of one tenant; none when alerts are off."""
+    if not settings.enabled:
+        return []
+    owned = Owned(frozenset(job_names), frozenset(asset_keys))
+    where = ", ".join(
+        channel
+        for channel, on in (("webhook", settings.webhook_url), ("email", settings.email_to))
+        if on
+    )
+
+    @dg.run_failure_sensor(
+        name=names.alert_sensor,
+        default_status=dg.DefaultSensorStatus.RUNNING,
+        minimum_interval_seconds=30,
+        description=(
+            f"Alerts ({where}) when a run of this Field-Sales instance ({names.tenant}) fails: "
+            "its refresh, its token renewal, or any run of its assets (docs/alerts.md)."
+        ),
+    )
+    def _run_failed(context: dg.RunFailureSensorContext) -> dg.SkipReason | None:
+        if not owned.owns(context.dagster_run, context.instance):
+            return dg.SkipReason(f"not a run of {names.tenant}")
+        alert = run_failure_alert(context, names.tenant)
+        send_alert(settings, alert, warn=context.log.warning)
+        return None
+
+    @dg.run_status_sensor(
+        name=names.check_alert_sensor,
+        run_status=dg.DagsterRunStatus.SUCCESS,
+        default_status=dg.DefaultSensorStatus.RUNNING,
+        minimum_interval_seconds=30,
+        description=(
+            f"Alerts ({where}) when a check of ERROR severity fails in a successful run of this "
+            f"Field-Sales instance ({names.tenant}): a failed check does not fail its run."
+        ),
+    )
+    def _checks_failed(context: dg.RunStatusSensorContext) -> dg.SkipReason | None:
+        if not owned.owns(context.dagster_run, context.instance):
+            return dg.SkipReason(f"not a run of {names.tenant}")
+        alerts = check_alerts(context.instance, context.dagster_run, names.tenant, owned.asset_keys)
+        for alert in alerts:
+            send_alert(settings, alert, warn=context.log.warning)
+        return None if alerts else dg.SkipReason("no check of ERROR severity failed")
+
+    return [_run_failed, _checks_failed]

@@ -1,0 +1,372 @@
+"""Alerts: a failed run, a failed renewal and a failed ERROR check reach a real webhook receiver
+and a real SMTP server on 127.0.0.1; a receiver that is down is logged and fails nothing; no
+secret is ever in a message."""
+
+from __future__ import annotations
+
+import json
+import logging
+import socket
+import threading
+from email import message_from_bytes, policy
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+import dagster as dg
+import pytest
+from aiosmtpd.controller import Controller
+
+from fieldsales_dagster.automation.alerts import (
+    HIDDEN,
+    Alert,
+    AlertSettings,
+    build_alert_sensors,
+    send_alert,
+)
+from fieldsales_dagster.names import InstanceNames
+from fieldsales_dagster_tests.project import load_project_defs
+
+WEBHOOK_PATH = "/services/T0001/B0002/webhook-secret-part-0123456789"
+UI = "http://dagster.example:3000"
+
+
+class Receiver:
+    """A webhook receiver: every POST's JSON body, kept in order."""
+
+    def __init__(self) -> None:
+        received: list[dict] = []
+        paths: list[str] = []
+
+        class Handler(BaseHTTPRequestHandler):
+            def do_POST(self) -> None:  # noqa: N802 (http.server's name)
+                body = self.rfile.read(int(self.headers["Content-Length"]))
+                received.append(json.loads(body))
+                paths.append(self.path)
+                self.send_response(200)
+                self.end_headers()
+                self.wfile.write(b"ok")
+
+            def log_message(self, *args: object) -> None:
+                pass
+
+        self.received, self.paths = received, paths
+        self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.thread = threading.Thread(target=self.server.serve_forever, daemon=True)
+        self.thread.start()
+        self.url = f"http://127.0.0.1:{self.server.server_address[1]}{WEBHOOK_PATH}"
+
+    def close(self) -> None:
+        self.server.shutdown()
+        self.server.server_close()
+
+
+class Mailbox:
+    """aiosmtpd's handler: every message the SMTP server accepted."""
+
+    def __init__(self) -> None:
+        self.messages: list = []
+
+    async def handle_DATA(self, server, session, envelope) -> str:  # noqa: N802 (aiosmtpd's name)
+        self.messages.append(
+            (envelope.rcpt_tos, message_from_bytes(envelope.content, policy=policy.default))
+        )
+        return "250 Message accepted for delivery"
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+@pytest.fixture
+def receiver():
+    receiver = Receiver()
+    yield receiver
+    receiver.close()
+
+
+@pytest.fixture
+def mailbox():
+    mailbox = Mailbox()
+    controller = Controller(mailbox, hostname="127.0.0.1", port=free_port())
+    controller.start()
+    mailbox.port = controller.port
+    yield mailbox
+    controller.stop()
+
+
+@pytest.fixture
+def alerts_on(monkeypatch, receiver, mailbox):
+    monkeypatch.setenv("FIELDSALES_ALERT_WEBHOOK_URL", receiver.url)
+    monkeypatch.setenv("FIELDSALES_ALERT_EMAIL_TO", "data@example.com, oncall@example.com")
+    monkeypatch.setenv("FIELDSALES_ALERT_EMAIL_FROM", "dagster@example.com")
+    monkeypatch.setenv("FIELDSALES_ALERT_SMTP_HOST", "127.0.0.1")
+    monkeypatch.setenv("FIELDSALES_ALERT_SMTP_PORT", str(mailbox.port))
+    monkeypatch.setenv("FIELDSALES_UI_BASE_URL", UI + "/")
+
+
+@pytest.fixture
+def instance(tmp_path):
+    (tmp_path / "dagster_home").mkdir()
+    with dg.instance_for_test(temp_dir=str(tmp_path / "dagster_home")) as instance:
+        yield instance
+
+
+def settings_to(monkeypatch, webhook_url: str, smtp_port: int, **overrides) -> AlertSettings:
+    """Alerts to ``webhook_url`` (read from its variable, as deployed) and the SMTP port."""
+    monkeypatch.setenv("FIELDSALES_ALERT_WEBHOOK_URL", webhook_url)
+    return AlertSettings(
+        tenant=overrides.pop("tenant", "default"),
+        email_to=("data@example.com",),
+        smtp_host="127.0.0.1",
+        smtp_port=smtp_port,
+        ui_base_url=UI,
+        **overrides,
+    )
+
+
+# --- off by default -----------------------------------------------------------------------------
+
+
+def test_alerts_are_off_by_default(demo_env, monkeypatch):
+    for variable in ("FIELDSALES_ALERT_WEBHOOK_URL", "FIELDSALES_ALERT_EMAIL_TO"):
+        monkeypatch.delenv(variable, raising=False)
+    names = {sensor.name for sensor in load_project_defs().sensors}
+    assert names == {"token_renewal_sensor", "core_automation_sensor"}
+
+
+def test_one_variable_turns_them_on(demo_env, monkeypatch, receiver):
+    monkeypatch.delenv("FIELDSALES_ALERT_EMAIL_TO", raising=False)
+    monkeypatch.setenv("FIELDSALES_ALERT_WEBHOOK_URL", receiver.url)
+    names = {sensor.name for sensor in load_project_defs().sensors}
+    assert {"run_failure_alert_sensor", "check_failure_alert_sensor"} <= names
+
+
+# --- a failed refresh -----------------------------------------------------------------------
+
+
+def failed_refresh(instance: dg.DagsterInstance, demo_server) -> tuple[dg.Definitions, object]:
+    """A real run of refresh_all that fails: the server refuses the token."""
+    defs = load_project_defs()
+    demo_server.expire_token()
+    result = defs.resolve_job_def("refresh_all").execute_in_process(
+        instance=instance, raise_on_error=False
+    )
+    assert not result.success
+    return defs, result
+
+
+def evaluate_failure_sensor(defs, instance, result, name="run_failure_alert_sensor"):
+    sensor = defs.get_sensor_def(name)
+    context = dg.build_run_status_sensor_context(
+        sensor_name=name,
+        dagster_event=result.get_run_failure_event(),
+        dagster_instance=instance,
+        dagster_run=instance.get_run_by_id(result.run_id),
+    ).for_run_failure()
+    return sensor(context)
+
+
+def test_a_failed_refresh_is_posted_and_mailed_with_tenant_asset_cause_and_run_link(
+    demo_env, alerts_on, receiver, mailbox, instance
+):
+    token = demo_env.token
+    defs, result = failed_refresh(instance, demo_env)
+    evaluate_failure_sensor(defs, instance, result)
+
+    (posted,) = receiver.received
+    text = posted["text"]
+    lines = text.splitlines()
+    assert lines[0] == "Field-Sales [default]: run of refresh_all failed"
+    assert lines[1].startswith("Failed: ") and "raw_events" in lines[1]
+    # The root cause, not Dagster's wrapper around it.
+    assert lines[2].startswith("Cause: AuthenticationError: GET /public/v1/api/")
+    assert "refused the API token (HTTP 401)" in lines[2] and len(lines[2]) <= 340
+    assert lines[3] == f"Run: {UI}/runs/{result.run_id}"
+    assert receiver.paths == [WEBHOOK_PATH]
+
+    (recipients, mail) = mailbox.messages[0]
+    assert recipients == ["data@example.com", "oncall@example.com"]
+    assert mail["Subject"] == lines[0]
+    assert mail["From"] == "dagster@example.com"
+    assert mail.get_content().replace("\r\n", "\n").strip() == text
+
+    for sent in (text, mail.as_string()):
+        assert token not in sent
+        assert WEBHOOK_PATH not in sent
+
+
+def test_a_run_of_another_tenant_is_not_alerted(
+    demo_env, alerts_on, receiver, mailbox, instance, monkeypatch
+):
+    defs, result = failed_refresh(instance, demo_env)
+    other = build_alert_sensors(
+        InstanceNames("acme"),
+        settings_to(monkeypatch, receiver.url, mailbox.port, tenant="acme"),
+        job_names=["acme_refresh_all"],
+        asset_keys=[dg.AssetKey(["acme", "raw_events"])],
+    )[0]
+    context = dg.build_run_status_sensor_context(
+        sensor_name=other.name,
+        dagster_event=result.get_run_failure_event(),
+        dagster_instance=instance,
+        dagster_run=instance.get_run_by_id(result.run_id),
+    ).for_run_failure()
+    skipped = other(context)
+    assert isinstance(skipped, dg.SkipReason) and "not a run of acme" in skipped.skip_message
+    assert receiver.received == [] and mailbox.messages == []
+
+
+# --- failed checks --------------------------------------------------------------------------
+
+
+def checked_assets() -> list:
+    @dg.asset(
+        key=dg.AssetKey("core_events"),
+        check_specs=[
+            dg.AssetCheckSpec("ids_unique", asset="core_events"),
+            dg.AssetCheckSpec("drift", asset="core_events"),
+        ],
+    )
+    def core_events() -> dg.MaterializeResult:
+        return dg.MaterializeResult(
+            check_results=[
+                dg.AssetCheckResult(
+                    check_name="ids_unique",
+                    passed=False,
+                    severity=dg.AssetCheckSeverity.ERROR,
+                    description="3 event_id values occur more than once",
+                ),
+                dg.AssetCheckResult(
+                    check_name="drift", passed=False, severity=dg.AssetCheckSeverity.WARN
+                ),
+            ]
+        )
+
+    return [core_events]
+
+
+def evaluate_check_sensor(sensor, instance, run_id):
+    run = instance.get_run_by_id(run_id)
+    (success,) = instance.get_records_for_run(
+        run_id, of_type=dg.DagsterEventType.RUN_SUCCESS
+    ).records
+    context = dg.build_run_status_sensor_context(
+        sensor_name=sensor.name,
+        dagster_event=success.event_log_entry.dagster_event,
+        dagster_instance=instance,
+        dagster_run=run,
+    )
+    return sensor(context)
+
+
+def test_a_failed_error_check_in_a_successful_run_is_alerted_and_a_warning_is_not(
+    receiver, mailbox, instance, monkeypatch
+):
+    result = dg.materialize(checked_assets(), instance=instance)
+    assert result.success  # a failed check does not fail the run (dagster #29896)
+    sensors = build_alert_sensors(
+        InstanceNames(),
+        settings_to(monkeypatch, receiver.url, mailbox.port),
+        job_names=["refresh_all"],
+        asset_keys=[dg.AssetKey("core_events")],
+    )
+    evaluate_check_sensor(sensors[1], instance, result.run_id)
+    (posted,) = receiver.received
+    assert posted["text"].splitlines() == [
+        "Field-Sales [default]: check ids_unique failed (ERROR)",
+        "Check: core_events / ids_unique",
+        "Cause: 3 event_id values occur more than once",
+        f"Run: {UI}/runs/{result.run_id}",
+    ]
+    assert len(mailbox.messages) == 1
+
+
+def test_a_receiver_that_is_down_is_logged_and_fails_nothing(instance, caplog, monkeypatch):
+    down = f"http://127.0.0.1:{free_port()}{WEBHOOK_PATH}"
+    monkeypatch.setenv("FIELDSALES_ALERT_WEBHOOK_URL", down)
+    result = dg.materialize(checked_assets(), instance=instance)
+    sensors = build_alert_sensors(
+        InstanceNames(),
+        settings_to(monkeypatch, down, free_port()),
+        job_names=[],
+        asset_keys=[dg.AssetKey("core_events")],
+    )
+    with caplog.at_level(logging.WARNING):
+        evaluate_check_sensor(sensors[1], instance, result.run_id)  # does not raise
+    warnings = [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING]
+    assert any("the webhook alert" in w and "FIELDSALES_ALERT_WEBHOOK_URL" in w for w in warnings)
+    assert any("the email alert" in w and "FIELDSALES_ALERT_SMTP_HOST" in w for w in warnings)
+    assert all(WEBHOOK_PATH not in w for w in warnings)
+    assert instance.get_run_by_id(result.run_id).status == dg.DagsterRunStatus.SUCCESS
+
+
+# --- token renewal --------------------------------------------------------------------------
+
+
+def test_a_failed_token_renewal_is_alerted_without_the_token(
+    demo_env, alerts_on, receiver, mailbox, instance
+):
+    """Renewal is a run of its own job: its failure reaches the run-failure alert."""
+    defs = load_project_defs()
+    demo_env.expire_token()
+    result = defs.resolve_job_def("renew_token").execute_in_process(
+        instance=instance, raise_on_error=False
+    )
+    assert not result.success
+    evaluate_failure_sensor(defs, instance, result)
+    (posted,) = receiver.received
+    lines = posted["text"].splitlines()
+    assert lines[0] == "Field-Sales [default]: run of renew_token failed"
+    assert lines[2].startswith("Cause: ") and "401" in lines[2]
+    assert demo_env.token not in posted["text"]
+    assert len(mailbox.messages) == 1
+
+
+# --- secrets --------------------------------------------------------------------------------
+
+
+def test_no_secret_the_instance_knows_is_ever_in_a_message(
+    receiver, mailbox, monkeypatch, tmp_path
+):
+    from fieldsales_dagster.token.store import TokenStore
+
+    api_token, renewed = "env-token-abcdef0123456789", "renewed-token-9876543210fedcba"
+    monkeypatch.setenv("FIELDSALES_API_TOKEN", api_token)
+    monkeypatch.setenv("FIELDSALES_ALERT_SMTP_PASSWORD", "smtp-password-xyz")
+    monkeypatch.setenv("FIELDSALES_ALERT_WEBHOOK_URL", receiver.url)
+    store = TokenStore(tmp_path / "token.json")
+    from datetime import timedelta
+
+    store.rotate(api_token, lambda current: renewed, renew_after=timedelta(0))
+    settings = settings_to(
+        monkeypatch,
+        receiver.url,
+        mailbox.port,
+        secret_env_vars=("FIELDSALES_API_TOKEN",),
+        token_store_path=str(tmp_path / "token.json"),
+    )
+    stored = store.read()
+    assert stored is not None and stored.token == renewed
+    cause = (
+        f"401 for Bearer {api_token} (stored {stored.token}); smtp-password-xyz; "
+        f"posted to {receiver.url}"
+    )
+    delivery = send_alert(settings, Alert("default", "run of refresh_all failed", "x", cause))
+    assert delivery.sent == ["webhook", "email"]
+    text = receiver.received[0]["text"]
+    for secret in (api_token, stored.token, "smtp-password-xyz", WEBHOOK_PATH):
+        assert secret not in text
+        assert secret not in mailbox.messages[0][1].as_string()
+    assert HIDDEN in text
+
+
+def test_bad_alert_settings_fail_the_load_naming_setting_and_variable(demo_env, monkeypatch):
+    from fieldsales_dagster_tests.project import error_chain
+
+    monkeypatch.setenv("FIELDSALES_ALERT_EMAIL_TO", "data-team")
+    with pytest.raises(Exception) as failure:
+        load_project_defs()
+    message = error_chain(failure.value)
+    assert "alert_email_to (from FIELDSALES_ALERT_EMAIL_TO) is invalid" in message
+    assert "e-mail addresses separated by commas" in message

@@ -1,0 +1,201 @@
+"""Metadata the UI reads, from real materializations: each SQL asset's code version is a hash of
+its SQL, each core and mart table's column lineage comes from its SQL, every table names its
+storage kind and URI, and every raw row traces to the run that loaded it."""
+
+from __future__ import annotations
+
+import hashlib
+from pathlib import Path
+
+import dagster as dg
+import duckdb
+import pytest
+
+from fieldsales_dagster.assets import core
+from fieldsales_dagster.assets.core import CORE_TABLES, build_core_asset, query_code_version
+from fieldsales_dagster.assets.mart import MART_TABLES
+from fieldsales_dagster.assets.metadata import storage_metadata
+from fieldsales_dagster.assets.raw import LOAD_RUNS
+from fieldsales_dagster.warehouse.resource import FieldSalesWarehouse
+from fieldsales_dagster_tests.project import DEFAULT, OWNERS, load_project_defs
+
+SQL_TABLES = (*CORE_TABLES, *MART_TABLES)
+RAW_TABLES = ("raw.events", "raw.event_groups", "raw.transactions")
+
+
+@pytest.fixture(scope="module")
+def refreshed(tmp_path_factory):
+    """One real refresh_all run against the demo API, on an instance of its own."""
+    from fieldsales_dagster.demo_api import DemoConfig, DemoServer
+
+    tmp = tmp_path_factory.mktemp("metadata")
+    database = tmp / "fieldsales.duckdb"
+    env = {
+        "FIELDSALES_TOKEN_STORE": str(tmp / "token.json"),
+        "FIELDSALES_DUCKDB_PATH": str(database),
+    }
+    with (
+        DemoServer(DemoConfig(transactions=300, seed=5), host="127.0.0.1", port=0) as server,
+        pytest.MonkeyPatch.context() as monkeypatch,
+        dg.instance_for_test(temp_dir=str(tmp)) as instance,
+    ):
+        for name, value in {
+            **env,
+            "FIELDSALES_BASE_URL": server.base_url,
+            "FIELDSALES_API_TOKEN": server.token,
+        }.items():
+            monkeypatch.setenv(name, value)
+        defs = load_project_defs()
+        result = defs.resolve_job_def("refresh_all").execute_in_process(instance=instance)
+        assert result.success
+        yield defs, instance, result, database
+
+
+def latest_metadata(instance: dg.DagsterInstance, asset: str) -> dict:
+    event = instance.get_latest_materialization_event(dg.AssetKey(asset))
+    assert event is not None and event.asset_materialization is not None, asset
+    return dict(event.asset_materialization.metadata)
+
+
+def table_columns(database: Path, table: str) -> set[str]:
+    schema, _, name = table.partition(".")
+    with duckdb.connect(str(database), read_only=True) as conn:
+        return {
+            row[0]
+            for row in conn.execute(
+                "SELECT column_name FROM information_schema.columns "
+                "WHERE table_schema = ? AND table_name = ?",
+                [schema, name],
+            ).fetchall()
+        }
+
+
+# --- code version -------------------------------------------------------------------------
+
+
+def test_sql_assets_carry_a_hash_of_their_sql_as_code_version(refreshed):
+    defs, instance, _, _ = refreshed
+    for table in SQL_TABLES:
+        query = core.core_query(table)
+        expected = hashlib.sha256(f"{query}\n{core.shared_macros_sql(query)}".encode()).hexdigest()[
+            :16
+        ]
+        key = dg.AssetKey(table.asset_name)
+        (spec,) = [s for a in defs.assets for s in getattr(a, "specs", []) if s.key == key]
+        assert spec.code_version == expected, table.table
+        # The UI compares this with the code version each materialization recorded.
+        assert instance.get_latest_materialization_code_versions([key]) == {key: expected}
+
+
+def test_a_changed_query_changes_the_code_version(monkeypatch):
+    table = CORE_TABLES[1]
+    before = query_code_version(table)
+    shipped = core.core_query
+    monkeypatch.setattr(
+        core, "core_query", lambda t: shipped(t) + "\n-- a changed query" if t is table else ""
+    )
+    assert query_code_version(table) != before
+    (spec,) = build_core_asset(DEFAULT, table, OWNERS, None).specs
+    assert spec.code_version == query_code_version(table)
+
+
+# --- column lineage -----------------------------------------------------------------------
+
+
+def test_every_core_and_mart_table_reports_column_lineage_from_its_sql(refreshed):
+    defs, instance, _, database = refreshed
+    deps_of = {
+        s.key: {d.asset_key for d in s.deps} for a in defs.assets for s in getattr(a, "specs", [])
+    }
+    table_of = {dg.AssetKey(t.asset_name): t.table for t in SQL_TABLES}
+    table_of.update({dg.AssetKey(t.replace(".", "_")): t for t in RAW_TABLES})
+    for table in SQL_TABLES:
+        key = dg.AssetKey(table.asset_name)
+        lineage = latest_metadata(instance, table.asset_name)["dagster/column_lineage"].value
+        assert isinstance(lineage, dg.TableColumnLineage), table.table
+        assert lineage.deps_by_column, table.table
+        assert set(lineage.deps_by_column) <= table_columns(database, table.table)
+        for column, deps in lineage.deps_by_column.items():
+            for dep in deps:
+                # A column comes from a table the asset depends on, and from a column it has.
+                assert dep.asset_key in deps_of[key], (table.table, column, dep)
+                upstream = table_columns(database, table_of[dep.asset_key])
+                assert dep.column_name in upstream, (table.table, column, dep)
+
+
+def test_column_lineage_follows_expressions_and_joins(refreshed):
+    _, instance, _, _ = refreshed
+
+    def sources(asset: str, column: str) -> set[str]:
+        lineage = latest_metadata(instance, asset)["dagster/column_lineage"].value
+        return {
+            f"{d.asset_key.to_user_string()}.{d.column_name}"
+            for d in lineage.deps_by_column[column]
+        }
+
+    assert sources("mart_daily_sales", "sale_date") == {"core_transactions.sale_time"}
+    assert sources("mart_daily_sales", "project_id") == {"core_events.project_id"}
+    # An aggregate's FILTER clause: placed by the columns the upstream tables are known to have.
+    assert sources("mart_event_summary", "planned_at") == {
+        "core_event_state_durations.entered_at",
+        "core_event_state_durations.state",
+    }
+    assert sources("core_events", "event_id") == {"raw_events.id"}
+    # ... and shown in the open-source UI, which does not draw dagster/column_lineage.
+    shown = latest_metadata(instance, "core_events")["fieldsales/column_lineage"].value
+    assert "| event_id | raw_events.id |" in shown.splitlines()
+    assert sources("core_events", "project_id") == {"raw_events.payload"}
+    assert sources("core_event_state_durations", "event_id") == {
+        "core_event_status_history.event_id"
+    }
+
+
+# --- storage kind and URI -----------------------------------------------------------------
+
+
+def test_every_table_asset_names_its_storage_kind_and_uri(refreshed):
+    _, instance, _, database = refreshed
+    for table in (*RAW_TABLES, *(t.table for t in SQL_TABLES)):
+        metadata = latest_metadata(instance, table.replace(".", "_"))
+        assert metadata["dagster/storage_kind"].value == "duckdb", table
+        assert metadata["dagster/uri"].value == f"duckdb://{database.resolve()}?table={table}"
+
+
+def test_a_lake_and_motherduck_name_theirs(tmp_path):
+    lake = FieldSalesWarehouse(
+        database=str(tmp_path / "fieldsales.duckdb"),
+        storage="ducklake",
+        ducklake_catalog="postgres:dbname=lake host=db user=dagster",
+        ducklake_data_path=str(tmp_path / "lake"),
+        ducklake_schema="acme",
+    )
+    assert storage_metadata(lake, "core.events") == {
+        "dagster/storage_kind": "ducklake",
+        "dagster/uri": (
+            "ducklake:postgres:dbname=lake host=db user=dagster?table=core.events"
+            "&metadata_schema=acme"
+        ),
+    }
+    motherduck = FieldSalesWarehouse(database="md:fieldsales")
+    assert storage_metadata(motherduck, "raw.events")["dagster/uri"] == (
+        "md:fieldsales?table=raw.events"
+    )
+
+
+# --- run id -------------------------------------------------------------------------------
+
+
+def test_every_raw_row_traces_to_the_run_that_loaded_it(refreshed):
+    _, _, result, database = refreshed
+    with duckdb.connect(str(database), read_only=True) as conn:
+        for table in RAW_TABLES:
+            runs = conn.execute(
+                f"SELECT r.run_id, count(*) FROM {table} AS t LEFT JOIN {LOAD_RUNS} AS r "
+                "ON r.table_name = ? AND r.loaded_at = t.loaded_at GROUP BY ALL",
+                [table],
+            ).fetchall()
+            assert runs and [run for run, _ in runs] == [result.run_id], table
+            (asset,) = conn.execute(
+                f"SELECT DISTINCT asset_key FROM {LOAD_RUNS} WHERE table_name = ?", [table]
+            ).fetchone()
+            assert asset == table.replace(".", "_")
