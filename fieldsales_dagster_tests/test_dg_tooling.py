@@ -102,7 +102,12 @@ def test_scaffolded_tenant_folder_loads_beside_the_shipped_one(tmp_path):
     dg("check", "defs", cwd=project, env=env)
     # The copy's definitions were loaded (the acme folder exists only there), both tenants in it.
     listed = json.loads(dg("list", "defs", "--json", cwd=project, env=env))
-    assert sorted(job["name"] for job in listed["jobs"]) == ["acme_refresh_all", "refresh_all"]
+    assert sorted(job["name"] for job in listed["jobs"]) == [
+        "acme_refresh_all",
+        "acme_renew_token",
+        "refresh_all",
+        "renew_token",
+    ]
     keys = {asset["asset_key"] for asset in listed["assets"]}
     assert {"acme/raw_events", "raw_events"} <= keys
     assert token not in written.read_text()
