@@ -185,7 +185,7 @@ def test_count_that_is_only_the_page_size_is_verified_and_every_item_loads(wareh
 def test_total_equal_to_a_full_first_page_costs_one_empty_page(warehouse):
     with HostileServer(transactions(100)) as server:
         report = load(hostile_api(server), warehouse)
-        assert [a.skip for a in server.asked] == [0, 100]
+        assert [a.skip for a in server.asked] == [0, 99]  # the probe re-reads item 99 too
     assert report.rows == report.api_total == 100
 
 
@@ -438,20 +438,23 @@ def test_pages_shorter_than_their_window_are_completed_by_follow_up_requests(war
         asked = sorted({a.skip for a in server.asked})
     assert report.rows == row_count(warehouse) == 1200
     assert report.passes == 1 and report.repairs == 0
-    assert 160 in asked  # the rest of the window [100, 160)
+    # Windows of 59 (60 less the item each re-reads): [60, 119) brought 39 items; the rest of it,
+    # [99, 119), is asked from one item early.
+    assert 98 in asked
 
 
 def test_items_between_pages_answered_out_of_order_are_fetched_by_a_gap_repair(warehouse):
-    """25 items inserted at the front after skip=400 answered, before skip=300 did: the items
-    then at 375-399 were in neither page. The head and the tail of the list hold none of them."""
+    """25 items inserted at the front after the window at 397 answered, before the one at 298
+    did: the items then at 372-396 were in neither page. The head and the tail of the list hold
+    none of them. (Windows are 99 items, each asked from one item early: skip=297 for 298.)"""
     import threading
 
     listed = items(0, 1200)
     lock = threading.Lock()
-    answered = {skip: threading.Event() for skip in (100, 200, 400)}
+    answered = {skip: threading.Event() for skip in (99, 198, 396)}
 
     def answer(path, skip, limit):
-        if skip == 300:
+        if skip == 297:
             for event in answered.values():
                 event.wait(timeout=10)
             with lock:

@@ -39,6 +39,7 @@ import msgspec
 from fieldsales_dagster.client.endpoints import ListEndpoint
 from fieldsales_dagster.client.errors import FieldSalesAPIError
 from fieldsales_dagster.client.pager import (
+    NAMED_IDS,
     ItemKeys,
     Page,
     PageExecutor,
@@ -434,6 +435,20 @@ class Staging:
         ).fetchall()
         return {key: (rows, distinct) for key, rows, distinct in found}
 
+    def differing(self, key: Hashable) -> tuple[int, list[str]]:
+        table = qualified(self.table)
+        where, params = "", {}
+        if self.by is not None:
+            where, params = f"WHERE {quote_ident(self.by)} = $key", {"key": key}
+        count, ids = one_row(
+            self.conn,
+            f"SELECT count(*), list(id ORDER BY id)[1:{NAMED_IDS}] FROM ("
+            f"  SELECT id FROM {table} {where} GROUP BY id"
+            "   HAVING count(*) > 1 AND min(md5(payload::VARCHAR)) <> max(md5(payload::VARCHAR)))",
+            params,
+        )
+        return count, list(ids or [])
+
     def forget(self, keys: list[Hashable]) -> None:
         if self.by is None:
             self.create()
@@ -524,7 +539,8 @@ def load_list(
 
 
 def _drop_duplicate_ids(conn: duckdb.DuckDBPyConnection, table: str) -> None:
-    """Keep the first copy of each id (the list changed while it was paged)."""
+    """Keep one copy of each id: the copies are identical (the completeness rule pages a list
+    again, or fails it, while copies of an id differ)."""
     conn.execute(
         f"DELETE FROM {qualified(table)} WHERE rowid IN ("
         f"  SELECT rowid FROM (SELECT rowid, row_number() OVER (PARTITION BY id ORDER BY rowid)"
