@@ -93,6 +93,10 @@ class FilterIgnoredError(PagingError):
     """A filtered list (``eventId=X``) returned an item the filter excludes."""
 
 
+class ItemTooLargeError(FieldSalesAPIError):
+    """An item is larger than ``max_item_mb``."""
+
+
 @dataclass
 class Page:
     """One answer of a list endpoint: its items as raw JSON, and the total it reported."""
@@ -710,6 +714,8 @@ class PageExecutor:
         keep = page.n if step.keep is None else step.keep
         items = page.items[:keep]
         page_keys = [k for k in keys[:keep] if k is not None]  # none is: checked above
+        if items and max(map(len, items)) > self.api.max_item_mb << 20:
+            raise self._too_large(stream, page, items, page_keys)
         for index, key, value in lp.filters:
             for item_key in page_keys:
                 if id_text(item_key[index]) != value:
@@ -734,6 +740,21 @@ class PageExecutor:
             lp.page_hashes.add(page_hash)
         stats.count(items=len(items))
         return Page(page.skip, items, page.total, page.nbytes, page_keys, page.line_breaks)
+
+    def _too_large(
+        self, stream: Stream, page: Page, items: list[msgspec.Raw], keys: list[ItemKeys]
+    ) -> ItemTooLargeError:
+        limit = self.api.max_item_mb
+        size, item_id = max(
+            (len(item), id_text(key[0]) or "without _id")
+            for item, key in zip(items, keys, strict=True)
+        )
+        return ItemTooLargeError(
+            f"{stream.where(page.skip)}: item {item_id} of {stream.endpoint.name} is "
+            f"{size / (1 << 20):.1f} MB ({size} bytes), over the per-item limit of {limit} MB "
+            f"(max_item_mb, FIELDSALES_MAX_ITEM_MB). Nothing was replaced. To load it, raise "
+            "max_item_mb above its size (and duckdb_memory_limit to 16 times max_item_mb)."
+        )
 
     def _edge(self, lp: _ListPass, at: int, keys: ItemKeys | None, item: msgspec.Raw) -> None:
         """Record the item a page held at ``at``, a window's edge; a different item there from

@@ -93,6 +93,7 @@ class FieldSalesAPI(dg.ConfigurableResource):
     token_store_path: str = setting_field("token_store_path")
     page_size: int = setting_field("page_size")
     concurrency: int = setting_field("concurrency")
+    max_item_mb: int = setting_field("max_item_mb")
     connect_timeout_s: float = Field(default=10.0, gt=0)
     read_timeout_s: float = Field(default=120.0, gt=0)
     request_deadline_s: float = Field(
