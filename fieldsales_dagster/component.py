@@ -82,6 +82,15 @@ _UNITS = {"b": 1e-6, "kb": 1e-3, "mb": 1, "gb": 1e3, "tb": 1e6}
 _UNITS |= {"kib": 1024 / 1e6, "mib": 1.048576, "gib": 1073.741824, "tib": 1099511.627776}
 
 
+def trimmed(value: Any) -> Any:
+    """A setting's value without whitespace around it (each item of a list too)."""
+    if isinstance(value, str):
+        return value.strip()
+    if isinstance(value, list):
+        return [trimmed(item) for item in value]
+    return value
+
+
 def memory_megabytes(limit: str) -> float:
     """A DuckDB size such as ``192MB`` or ``2GiB``, in MB (``_MEMORY`` matched it already)."""
     match = re.match(r"^(\d+(?:\.\d+)?)\s*([A-Za-z]+)$", limit.strip())
@@ -165,9 +174,11 @@ class FieldSalesComponent(dg.Component, dg.Model, dg.Resolvable):
     @classmethod
     def _unset_is_default(cls, values: Any) -> Any:
         # defs.yaml reads each setting as "{{ env.FIELDSALES_... }}": an unset (or empty)
-        # variable renders as None (or ""), which leaves the setting at its default.
+        # variable renders as None (or ""), which leaves the setting at its default. Whitespace
+        # around a value (a stray space in an env file or compose file) is trimmed first.
         if not isinstance(values, dict):
             return values
+        values = {key: trimmed(value) for key, value in values.items()}
         return {
             key: value
             for key, value in values.items()
