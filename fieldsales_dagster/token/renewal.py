@@ -32,6 +32,7 @@ from fieldsales_dagster.client.errors import (
     AuthenticationError,
     FieldSalesAPIError,
 )
+from fieldsales_dagster.clock import from_the_future
 from fieldsales_dagster.settings import TOKEN_LIFETIME_DAYS
 from fieldsales_dagster.token.secret import TokenFormatError, clean_token
 from fieldsales_dagster.token.store import StoredToken, TokenStore, TokenStoreError
@@ -185,7 +186,8 @@ def renew_or_check(
     """
     now = now or datetime.now(UTC)
     stored = store.current(api.api_token)
-    if stored.age(now) >= policy.renew_after:
+    future = from_the_future(stored.issued_at, now, f"the token store's issued_at ({store.path})")
+    if future is not None or stored.age(now) >= policy.renew_after:
         rotation = store.rotate(
             api.api_token,
             lambda old_token: generate_token(api, old_token),
@@ -194,13 +196,17 @@ def renew_or_check(
         )
         check_token(api, rotation.token, "The renewed token (stored already)", retries=0)
         verb = "renewed" if rotation.renewed else "renewed by another process"
+        why = f" because {future}" if future is not None else ""
         return TickOutcome(
-            message=f"token {verb}; valid until {policy.valid_until(rotation.stored)}",
+            message=f"token {verb}{why}; valid until {policy.valid_until(rotation.stored)}",
             cursor=now.isoformat(),
             renewed=rotation.renewed,
         )
 
-    checked = policy.check_due(_parse_cursor(cursor), now)
+    last_check = _parse_cursor(cursor)
+    if from_the_future(last_check, now, "the last token test"):
+        last_check = None  # unknown: test now
+    checked = policy.check_due(last_check, now)
     if checked:
         check_token(api, None, "The current API token", retries=TICK_CHECK_RETRIES)
     days_left = (policy.renew_after - stored.age(now)).total_seconds() / 86400
