@@ -5,6 +5,12 @@ deleted, moved to another page, or edited (the same id with new content). The ra
 ends green holding exactly a set of ids the server held at one moment, or fails, the previous
 table intact. The property test generates such lists; the examples below are the cases the
 issue names, each of which ended green with the wrong rows before.
+
+The limit of any paging check, stated: two changes between the same two answers that cancel each
+other's shift inside one page (an item deleted and another inserted a few positions apart, with
+the total moved by a third change) leave every page boundary and the count as they would be for
+a real state; only re-reading the whole list would see them. The generated changes each happen
+at a request of their own.
 """
 
 from __future__ import annotations
@@ -173,7 +179,7 @@ changes = st.builds(
     cap=st.one_of(st.none(), st.integers(2, 8)),
     concurrency=st.integers(1, 4),
     with_total=st.booleans(),
-    script=st.lists(changes, min_size=1, max_size=3),
+    script=st.lists(changes, min_size=1, max_size=3, unique_by=lambda change: change.at),
 )
 def test_a_green_load_holds_a_set_the_server_had_and_any_other_ends_failed_and_intact(
     switchboard, size, page_size, cap, concurrency, with_total, script
