@@ -275,3 +275,14 @@ def test_an_item_moved_to_an_earlier_page_is_not_lost(tmp_path, with_total):
     before, after, error = run_moving(tmp_path, listed)
     assert error is None and frozenset(after) in listed.states
     assert len(after) == 60
+
+
+def test_a_smaller_total_answered_last_of_a_growing_list_is_not_its_final_total():
+    """Pages in flight answer out of order: one computed before the last insert arrives after one
+    that counted it. The list only grew, so the largest total is the newest: 5005 distinct ids
+    of a list of 5006 are repaired, not accepted (a busy tenant once lost an item so)."""
+    from fieldsales_dagster.client.completeness import PassFacts, judge_pass
+
+    facts = PassFacts(5005, 5005, (5004, 5006, 5005), False, 1, 3)
+    assert facts.total == 5006
+    assert judge_pass(facts).action == "repair"

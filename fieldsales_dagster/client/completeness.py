@@ -56,7 +56,11 @@ class PassFacts:
 
     @property
     def total(self) -> int | None:
-        return self.totals_seen[-1] if self.totals_seen else None
+        """The server's final total. Answers arrive out of order: while the total only grew,
+        the largest is the newest (an answer computed before an insert may arrive after it)."""
+        if not self.totals_seen:
+            return None
+        return self.totals_seen[-1] if self.total_decreased else max(self.totals_seen)
 
     def moves(self) -> str:
         """The signs that the list moved while it was paged, in words ("" for none)."""

@@ -109,6 +109,8 @@ class Page:
     keys: list[ItemKeys] | None = None
     #: Whether the body may hold a raw line break (``False`` only where it was checked not to).
     line_breaks: bool = True
+    #: Lone surrogate escapes replaced in the body (``ListStats.surrogates_replaced``).
+    surrogates_replaced: int = 0
 
     @property
     def n(self) -> int:
@@ -676,6 +678,9 @@ class PageExecutor:
         if overlap:  # the page before's last item(s), asked again: the boundary check
             for offset in range(overlap):
                 self._edge(lp, page.skip + offset, all_keys[offset], page.items[offset])
+            if page.surrogates_replaced:  # counted once, with the page that keeps the item
+                again = sum(bytes(item).count(b"\\ufffd") for item in page.items[:overlap])
+                lp.stats.count(surrogates_replaced=-min(again, page.surrogates_replaced))
             page = Page(window[0], page.items[overlap:], page.total, page.nbytes)
             page.line_breaks = asked.line_breaks
         step = lp.strategy.answered(window, page)

@@ -436,9 +436,10 @@ class FieldSalesAPI(dg.ConfigurableResource):
             holder["line_breaks"] = b"\n" in body or b"\r" in body
             return split_envelope(body, endpoint, where)
 
+        counted = ListStats(parent=stats)  # this page's counts, added to the list's too
         items, total = cast(
             "tuple[list[msgspec.Raw], int | None]",  # what parse returns
-            self.get(endpoint.path, params, parse=parse, stats=stats),
+            self.get(endpoint.path, params, parse=parse, stats=counted),
         )
         return Page(
             skip=skip,
@@ -446,4 +447,5 @@ class FieldSalesAPI(dg.ConfigurableResource):
             total=total,
             nbytes=holder["nbytes"],
             line_breaks=bool(holder["line_breaks"]),
+            surrogates_replaced=counted.surrogates_replaced,
         )
