@@ -389,18 +389,20 @@ def test_incomplete_json_is_a_decode_error_for_the_retry_loop(body):
 
 
 def test_item_longer_than_the_reader_accepts_fails_loudly(tmp_path):
+    """The writer alone (the pager refuses such an item first, naming it: max_item_mb)."""
     from datetime import UTC, datetime
 
     from fieldsales_dagster.client.envelope import split_envelope
     from fieldsales_dagster.client.pager import Page
     from fieldsales_dagster.warehouse.raw_load import (
+        LINE_SLACK,
         MAX_ITEM_BYTES,
         RawLoadError,
         StagingWriter,
         raw_table_ddl,
     )
 
-    big = b'{"_id": "big", "blob": "' + b"x" * (MAX_ITEM_BYTES + 10) + b'"}'
+    big = b'{"_id": "big", "blob": "' + b"x" * (MAX_ITEM_BYTES + LINE_SLACK + 10) + b'"}'
     body = b'{"transactions": [' + big + b'], "count": 1}'
     items, total = split_envelope(body, TRANSACTIONS, "test page")
     with duckdb.connect(str(tmp_path / "w.duckdb")) as conn:
