@@ -45,7 +45,7 @@ class Change:
     """What happens to the list just before the server answers request number ``at``."""
 
     at: int
-    kind: str  # insert, delete, move, edit
+    kind: str  # insert, delete, move, edit, repeat
     where: float  # a position, as a share of the list's length
     to: float = 0.0  # move: the new position
 
@@ -82,6 +82,8 @@ class MovingList:
         elif change.kind == "move":
             item = self.listed.pop(at)
             self.listed.insert(min(int(change.to * n), n - 1), item)
+        elif change.kind == "repeat":  # the server lists one item twice from now on
+            self.listed.insert(int(change.to * (n + 1)), dict(self.listed[at]))
         else:  # edit: the same id, new content (an event whose state moved)
             self.listed[at] = {**self.listed[at], "edited": self.listed[at].get("edited", 0) + 1}
         self.states.append(self.ids())
@@ -166,7 +168,7 @@ def _load_twice(listed, page_size, concurrency, database, server):
 changes = st.builds(
     Change,
     at=st.integers(2, 12),
-    kind=st.sampled_from(["insert", "delete", "move", "edit"]),
+    kind=st.sampled_from(["insert", "delete", "move", "edit", "repeat"]),
     where=st.floats(0, 1),
     to=st.floats(0, 1),
 )
