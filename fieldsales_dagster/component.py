@@ -51,7 +51,7 @@ from fieldsales_dagster.paths import (
     check_file_setting,
     check_own_folder_setting,
 )
-from fieldsales_dagster.settings import SETTINGS, setting_field
+from fieldsales_dagster.settings import ITEM_SHARE_OF_MEMORY, SETTINGS, setting_field
 from fieldsales_dagster.tenancy import Claim, refuse_shared_claims
 from fieldsales_dagster.token.renewal import RenewalPolicy
 from fieldsales_dagster.token.secret import clean_token
@@ -75,6 +75,26 @@ _MEMORY = re.compile(r"^\d+(\.\d+)?\s*(B|KB|MB|GB|TB|KiB|MiB|GiB|TiB)$", re.IGNO
 
 class SettingError(ValueError):
     """A setting of the component is missing or out of range."""
+
+
+_UNITS = {"b": 1e-6, "kb": 1e-3, "mb": 1, "gb": 1e3, "tb": 1e6}
+_UNITS |= {"kib": 1024 / 1e6, "mib": 1.048576, "gib": 1073.741824, "tib": 1099511.627776}
+
+
+def trimmed(value: Any) -> Any:
+    """A setting's value without whitespace around it (each item of a list too)."""
+    if isinstance(value, str):
+        return value.strip()
+    if isinstance(value, list):
+        return [trimmed(item) for item in value]
+    return value
+
+
+def memory_megabytes(limit: str) -> float:
+    """A DuckDB size such as ``192MB`` or ``2GiB``, in MB (``_MEMORY`` matched it already)."""
+    match = re.match(r"^(\d+(?:\.\d+)?)\s*([A-Za-z]+)$", limit.strip())
+    assert match is not None, limit
+    return float(match.group(1)) * _UNITS[match.group(2).lower()]
 
 
 #: What ``api_token`` resolves to when the YAML holds anything but an ``env`` reference. The load
@@ -202,6 +222,7 @@ class FieldSalesComponent(dg.Component, dg.Model, dg.Resolvable):
     retain_snapshots_days: float = setting_field("retain_snapshots_days", bounded=False)
     page_size: int = setting_field("page_size", bounded=False)
     concurrency: int = setting_field("concurrency", bounded=False)
+    max_item_mb: int = setting_field("max_item_mb", bounded=False)
     schedule_cron: str = setting_field("schedule_cron", bounded=False)
     schedule_timezone: str = setting_field("schedule_timezone", bounded=False)
     token_renew_after_days: float = setting_field("token_renew_after_days", bounded=False)
@@ -240,9 +261,11 @@ class FieldSalesComponent(dg.Component, dg.Model, dg.Resolvable):
     @classmethod
     def _unset_is_default(cls, values: Any) -> Any:
         # defs.yaml reads each setting as "{{ env.FIELDSALES_... }}": an unset (or empty)
-        # variable renders as None (or ""), which leaves the setting at its default.
+        # variable renders as None (or ""), which leaves the setting at its default. Whitespace
+        # around a value (a stray space in an env file or compose file) is trimmed first.
         if not isinstance(values, dict):
             return values
+        values = {key: trimmed(value) for key, value in values.items()}
         return {
             key: value
             for key, value in values.items()
@@ -389,6 +412,7 @@ class FieldSalesComponent(dg.Component, dg.Model, dg.Resolvable):
                 "only); for the bundled demo API, the token fieldsales-demo-api printed."
             )
         self.check_paths()
+        self.check_item_size()
         if (
             self.pii == "hash"
             and len((os.environ.get(self.pii_hash_key_env_var) or "").strip()) < 16
@@ -405,6 +429,7 @@ class FieldSalesComponent(dg.Component, dg.Model, dg.Resolvable):
                 token_store_path=self.token_store_path,
                 page_size=self.page_size,
                 concurrency=self.concurrency,
+                max_item_mb=self.max_item_mb,
             ),
             self.names.warehouse_resource: FieldSalesWarehouse(
                 database=self.duckdb_path,
@@ -428,6 +453,20 @@ class FieldSalesComponent(dg.Component, dg.Model, dg.Resolvable):
                 self.names.warehouse_resource, self.user_schema
             ),
         }
+
+    def check_item_size(self) -> None:
+        """Fail the load at once if ``max_item_mb`` is more than the memory limit can decode."""
+        memory_mb = memory_megabytes(self.duckdb_memory_limit)
+        if self.max_item_mb * ITEM_SHARE_OF_MEMORY > memory_mb:
+            share = f"1/{ITEM_SHARE_OF_MEMORY}"
+            raise SettingError(
+                f"Field-Sales setting max_item_mb (FIELDSALES_MAX_ITEM_MB) is {self.max_item_mb}, "
+                f"but duckdb_memory_limit (FIELDSALES_DUCKDB_MEMORY_LIMIT) "
+                f"{self.duckdb_memory_limit} decodes items of at most "
+                f"{int(memory_mb // ITEM_SHARE_OF_MEMORY)} MB ({share} of it). Raise "
+                f"duckdb_memory_limit to at least {self.max_item_mb * ITEM_SHARE_OF_MEMORY}MB, "
+                "or lower max_item_mb, and load again."
+            )
 
     def check_paths(self) -> None:
         """Fail the load at once if a file setting points where the pipeline cannot write."""

@@ -55,6 +55,7 @@ def check_file_setting(
     """
     create_dirs = create_dirs or is_default(path, setting)
     target, fail = _resolve_setting(path, setting, variable)
+    _check_whitespace(target, fail)
     if target.is_dir():
         return_name = "fieldsales.duckdb" if setting == "duckdb_path" else "fieldsales_token.json"
         raise fail(
@@ -80,8 +81,33 @@ def check_own_folder_setting(
     parent exists (or may be created: ``create_dirs``) and is writable. ``used_for`` tells in
     the message what the setting places there."""
     target, fail = _resolve_setting(folder, setting, variable, f"{used_for}; ")
+    _check_whitespace(target, fail)
     _check_folder(target.parent, setting, fail, create_dirs, create=False)
     return target
+
+
+def _check_whitespace(target: Path, fail: Callable[[str, str], PathSettingError]) -> None:
+    """Refuse a name with whitespace around it, and one that differs from an existing file or
+    folder beside it only by such whitespace: a stray space in a variable once wrote new files
+    there, and the other one holds the data analysts read."""
+    name = target.name
+    if name != name.strip():
+        raise fail(
+            "has whitespace around its name",
+            "Remove the whitespace (a stray space or line break in an env file is the usual cause)",
+        )
+    try:
+        twins = [
+            e.name for e in os.scandir(target.parent) if e.name != name and e.name.strip() == name
+        ]
+    except OSError:  # no folder yet (or none readable): _check_folder says so
+        return
+    if twins:
+        raise fail(
+            f"differs only by whitespace from {target.parent / twins[0]!r}, which exists",
+            "A setting with a stray space wrote there once. Keep one of the two (rename or remove "
+            "the other), then point the setting at it",
+        )
 
 
 def _check_folder(

@@ -21,6 +21,10 @@ from pydantic_core import PydanticUndefined
 SETTING_KEY = "fieldsales_setting"
 #: "A token is valid for 2 months" (API document, section 5): renewal must come before that.
 TOKEN_LIFETIME_DAYS = 60
+#: DuckDB reads and decodes an item of up to this share of its memory limit. Measured under the
+#: default 192MB: a 20 MB item is read into a table, 12 MB are decoded (``payload->>'key'``), 16 MB
+#: run out of memory; under 1GB an 80 MB item is decoded.
+ITEM_SHARE_OF_MEMORY = 16
 
 
 @dataclass(frozen=True)
@@ -216,6 +220,16 @@ SETTINGS: dict[str, Setting] = {
             "FIELDSALES_PAGE_SIZE",
             ge=1,
             le=10_000,
+        ),
+        Setting(
+            "max_item_mb",
+            4,
+            "The largest item (one transaction, event, ...) a list may hold, in MB; a larger one "
+            "fails the load naming it. duckdb_memory_limit must be 16 times as large",
+            "a whole number of MB {range}, at most a sixteenth of duckdb_memory_limit",
+            "FIELDSALES_MAX_ITEM_MB",
+            ge=1,
+            le=256,  # the largest page an answer may hold (max_page_bytes)
         ),
         Setting(
             "concurrency",

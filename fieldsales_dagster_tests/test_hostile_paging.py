@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+import json
+
 import duckdb
 import pytest
 
 from fieldsales_dagster.client.endpoints import TRANSACTIONS
 from fieldsales_dagster.client.errors import PageFormatError
-from fieldsales_dagster.client.pager import PagingError
+from fieldsales_dagster.client.pager import ItemTooLargeError, PagingError
 from fieldsales_dagster.client.resource import FieldSalesAPI
 from fieldsales_dagster.warehouse.raw_load import (
     MAX_ITEM_BYTES,
@@ -52,28 +54,95 @@ def row_count(warehouse, table: str = "raw.transactions") -> int:
         return conn.execute(f"SELECT count(*) FROM {table}").fetchone()[0]
 
 
-def transactions(total: int, *, count: int | None = None, huge_at: int | None = None):
-    """A well-behaved transaction list of ``total`` items (optionally one oversized item)."""
+def transactions(
+    total: int,
+    *,
+    count: int | None = None,
+    huge_at: int | None = None,
+    blob: int = MAX_ITEM_BYTES + 10,
+):
+    """A well-behaved transaction list of ``total`` items (optionally one of ``blob`` bytes)."""
 
     def answer(path: str, skip: int, limit: int):
         page = items(skip, min(total, skip + limit))
         if huge_at is not None and skip <= huge_at < skip + len(page):
-            page[huge_at - skip]["blob"] = "x" * (MAX_ITEM_BYTES + 10)
+            page[huge_at - skip]["blob"] = "x" * blob
         return {"transactions": page, "count": total if count is None else count}
 
     return answer
 
 
 def test_load_failing_mid_insert_drops_its_staging_table_and_keeps_the_old_one(warehouse):
+    """A 40 MB item let through by a hand-built client (max_item_mb=48) that the warehouse's
+    192MB cannot read (the component refuses that pair): DuckDB fails mid-insert, after earlier
+    pages were inserted."""
+    with HostileServer(transactions(600)) as good:
+        load(hostile_api(good), warehouse)
+    with (
+        HostileServer(transactions(600, huge_at=350, blob=40 << 20)) as bad,
+        pytest.raises(RawLoadError, match=r"raw\._stage_transactions"),
+    ):
+        load(hostile_api(bad, concurrency=1, max_item_mb=48), warehouse, spool_bytes=1)
+    assert raw_tables(warehouse) == {"transactions"}
+    assert row_count(warehouse) == 600
+
+
+def test_an_item_over_max_item_mb_fails_naming_it_before_anything_is_written(warehouse):
+    """Before: a DuckDB error about a CSV reader's line size, naming nothing."""
     with HostileServer(transactions(600)) as good:
         load(hostile_api(good), warehouse)
     with (
         HostileServer(transactions(600, huge_at=350)) as bad,
-        pytest.raises(RawLoadError, match=r"raw\._stage_transactions"),
+        pytest.raises(ItemTooLargeError) as raised,
     ):
         load(hostile_api(bad, concurrency=1), warehouse, spool_bytes=1)
+    size = len(json.dumps(items(350, 351)[0] | {"blob": "x" * (MAX_ITEM_BYTES + 10)}))
+    message = str(raised.value)
+    assert f"item t-000350 of transactions is 4.0 MB ({size} bytes)" in message
+    assert "over the per-item limit of 4 MB (max_item_mb, FIELDSALES_MAX_ITEM_MB)" in message
+    assert "raise max_item_mb" in message
     assert raw_tables(warehouse) == {"transactions"}
     assert row_count(warehouse) == 600
+
+
+def test_an_item_as_large_as_the_memory_limit_reads_is_stored_and_decoded_whole(warehouse):
+    """max_item_mb raised to the largest the default duckdb_memory_limit allows (1/16)."""
+    from fieldsales_dagster.component import memory_megabytes
+    from fieldsales_dagster.settings import ITEM_SHARE_OF_MEMORY, SETTINGS
+
+    assert warehouse.memory_limit == SETTINGS["duckdb_memory_limit"].default
+    largest_mb = int(memory_megabytes(warehouse.memory_limit) // ITEM_SHARE_OF_MEMORY)
+    blob = (largest_mb << 20) - 200  # the item, with its other keys, just under the limit
+    with HostileServer(transactions(300, huge_at=150, blob=blob)) as server:
+        report = load(hostile_api(server, max_item_mb=largest_mb), warehouse)
+    assert report.rows == 300
+    with duckdb.connect(str(warehouse.working_path), read_only=True) as conn:
+        conn.execute(f"SET memory_limit = '{warehouse.memory_limit}'")
+        length, n = conn.execute(
+            "SELECT length(payload->>'blob'), (payload->>'n')::INT FROM raw.transactions "
+            "WHERE id = 't-000150'"
+        ).fetchone()
+    assert (length, n) == (blob, 150)
+    assert largest_mb << 20 >= blob + 60 > MAX_ITEM_BYTES
+
+
+def test_max_item_mb_above_what_the_memory_limit_decodes_fails_the_load_naming_both(
+    monkeypatch, tmp_path
+):
+    from fieldsales_dagster.component import FieldSalesComponent, SettingError
+
+    monkeypatch.setenv("FIELDSALES_API_TOKEN", "item-size-test-token")
+
+    def build(**settings):
+        paths = {"token_store_path": str(tmp_path / "t.json"), "duckdb_path": str(tmp_path / "w")}
+        component = FieldSalesComponent(base_url="http://127.0.0.1:9", **paths, **settings)
+        return component.build_resources()
+
+    build(max_item_mb=12)  # 192MB decodes 12 MB
+    build(max_item_mb=62, duckdb_memory_limit="1GB")
+    with pytest.raises(SettingError, match=r"max_item_mb .* is 13, but duckdb_memory_limit") as e:
+        build(max_item_mb=13)
+    assert "Raise duckdb_memory_limit to at least 208MB" in str(e.value)
 
 
 # --- endless paging (defect 3) -------------------------------------------------------------
@@ -185,7 +254,7 @@ def test_count_that_is_only_the_page_size_is_verified_and_every_item_loads(wareh
 def test_total_equal_to_a_full_first_page_costs_one_empty_page(warehouse):
     with HostileServer(transactions(100)) as server:
         report = load(hostile_api(server), warehouse)
-        assert [a.skip for a in server.asked] == [0, 100]
+        assert [a.skip for a in server.asked] == [0, 99]  # the probe re-reads item 99 too
     assert report.rows == report.api_total == 100
 
 
@@ -438,20 +507,23 @@ def test_pages_shorter_than_their_window_are_completed_by_follow_up_requests(war
         asked = sorted({a.skip for a in server.asked})
     assert report.rows == row_count(warehouse) == 1200
     assert report.passes == 1 and report.repairs == 0
-    assert 160 in asked  # the rest of the window [100, 160)
+    # Windows of 59 (60 less the item each re-reads): [60, 119) brought 39 items; the rest of it,
+    # [99, 119), is asked from one item early.
+    assert 98 in asked
 
 
 def test_items_between_pages_answered_out_of_order_are_fetched_by_a_gap_repair(warehouse):
-    """25 items inserted at the front after skip=400 answered, before skip=300 did: the items
-    then at 375-399 were in neither page. The head and the tail of the list hold none of them."""
+    """25 items inserted at the front after the window at 397 answered, before the one at 298
+    did: the items then at 372-396 were in neither page. The head and the tail of the list hold
+    none of them. (Windows are 99 items, each asked from one item early: skip=297 for 298.)"""
     import threading
 
     listed = items(0, 1200)
     lock = threading.Lock()
-    answered = {skip: threading.Event() for skip in (100, 200, 400)}
+    answered = {skip: threading.Event() for skip in (99, 198, 396)}
 
     def answer(path, skip, limit):
-        if skip == 300:
+        if skip == 297:
             for event in answered.values():
                 event.wait(timeout=10)
             with lock:

@@ -137,6 +137,7 @@ def test_the_resources_receive_every_setting_from_the_component(monkeypatch, tmp
         ducklake_password_env_var="ACME_LAKE_PASSWORD",
         page_size=123,
         concurrency=5,
+        max_item_mb=50,
         refresh_mode="full",
         full_refresh_every_days=366,
         lookback_days=3,

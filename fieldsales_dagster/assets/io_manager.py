@@ -14,10 +14,18 @@ run's publish; nothing here ever opens the analysts' file.
   whole table (its columns may change from run to run); a partitioned one replaces its
   partitions, as dagster-duckdb does. The project's own schemas are refused: their tables are
   rebuilt by the project and would overwrite it, or be overwritten.
+* What is stored is exactly what the frame holds (``storable_frame``), or nothing: an index
+  becomes columns (a ``groupby`` result keeps its keys; only an unnamed integer index, pandas'
+  row numbering, is left out), and a frame DuckDB would store otherwise (two columns of one name,
+  which it renames; an object column of mixed types, which it turns into text; a lone surrogate,
+  which breaks the database) fails the run naming the column and what to do.
 """
 
 from __future__ import annotations
 
+import datetime as dt
+import decimal
+import re
 from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
 from pathlib import Path
@@ -25,6 +33,7 @@ from typing import Any, cast
 
 import dagster as dg
 import duckdb
+import numpy as np
 import pandas as pd
 
 # The base dagster-duckdb builds its own IO manager on: Dagster 1.13 does not export it.
@@ -45,6 +54,144 @@ from fieldsales_dagster.warehouse.resource import (
 
 def _table(table_slice: TableSlice) -> str:
     return f"{table_slice.schema}.{table_slice.table}"
+
+
+class FrameNotStorableError(ValueError):
+    """A DataFrame holds something DuckDB would not store as it is."""
+
+
+#: A UTF-16 surrogate code point: a string cut in the middle of a pair, which UTF-8 cannot hold.
+_SURROGATE = re.compile("[\ud800-\udfff]")
+#: Kinds of values an object column may hold, one kind per column (``None``/NaN/NaT aside).
+_KINDS: tuple[tuple[type, str], ...] = (
+    (bool, "bool"),
+    (int, "int"),
+    (float, "float"),
+    (decimal.Decimal, "Decimal"),
+    (str, "str"),
+    (bytes, "bytes"),
+    (dt.datetime, "datetime"),
+    (dt.date, "date"),
+    (dt.time, "time"),
+    (dt.timedelta, "timedelta"),
+)
+
+
+def _kind(value: object) -> str:
+    if isinstance(value, np.generic):  # numpy's scalars: their Python value's kind
+        value = value.item()
+    for kind, name in _KINDS:
+        if isinstance(value, kind):
+            if name == "datetime":  # naive and zoned times are different things
+                return "datetime" if cast(dt.datetime, value).tzinfo is None else "zoned datetime"
+            return name
+    return type(value).__name__
+
+
+def storable_frame(frame: pd.DataFrame, table: str) -> tuple[pd.DataFrame, dict[str, str]]:
+    """``frame`` as DuckDB will store it, exactly: its index as columns (but pandas' row
+    numbering), every column name a distinct string, numpy scalars as Python values; or
+    ``FrameNotStorableError`` naming the column and what to do. Also the kind of value each
+    object column holds (``check_stored`` holds the stored table to it)."""
+
+    def refuse(column: object, why: str, what_to_do: str) -> FrameNotStorableError:
+        return FrameNotStorableError(
+            f"fieldsales_io_manager cannot store this DataFrame in {table} as it is: column "
+            f"{column!r} {why}. {what_to_do}. Nothing was written; {table} is as it was."
+        )
+
+    if isinstance(frame.columns, pd.MultiIndex):
+        raise refuse(
+            frame.columns[0],
+            "is one of several column levels (a pivot or an aggregation with several functions)",
+            "Flatten the columns first, e.g. df.columns = ['_'.join(map(str, c)) for c in "
+            "df.columns]",
+        )
+    index = frame.index
+    row_numbers = index.nlevels == 1 and index.name is None and pd.api.types.is_integer_dtype(index)
+    if not row_numbers:
+        names = [name if name is not None else "index" for name in index.names]
+        if index.nlevels > 1:
+            names = [
+                name if name is not None else f"level_{i}" for i, name in enumerate(index.names)
+            ]
+        taken = {str(c).lower() for c in frame.columns}
+        for name in names:
+            if str(name).lower() in taken:
+                raise refuse(
+                    name,
+                    "is both an index level and a column",
+                    "Rename the index level (df.index.names = [...]) or drop it "
+                    "(df.reset_index(drop=True))",
+                )
+        frame = frame.reset_index(names=names)
+    if len(frame.columns) == 0:
+        raise refuse("", "is missing: the frame has no columns", "Return at least one column")
+    seen: dict[str, int] = {}
+    for position, column in enumerate(frame.columns):
+        other = frame.columns[seen.setdefault(str(column).lower(), position)]
+        if seen[str(column).lower()] != position:
+            raise refuse(
+                column,
+                f"has the name of column {other!r} (DuckDB's names ignore case and type: it would "
+                "rename one of them)",
+                "Rename one of them, e.g. with df.columns = [...]",
+            )
+    if not all(isinstance(column, str) for column in frame.columns):
+        frame = frame.set_axis([str(column) for column in frame.columns], axis="columns")
+    held: dict[str, str] = {}
+    for position, column in enumerate(frame.columns):
+        values = frame.iloc[:, position]
+        if values.dtype == object:
+            present = values[values.notna()]
+            if any(isinstance(value, np.generic) for value in present):  # DuckDB makes them text
+                values = values.map(lambda v: v.item() if isinstance(v, np.generic) else v)
+                frame = frame.assign(**{column: values})
+            kinds = sorted({_kind(value) for value in present})
+            if len(kinds) > 1 or (kinds and kinds[0] not in {name for _, name in _KINDS}):
+                raise refuse(
+                    column,
+                    f"holds values of {len(kinds)} kinds ({', '.join(kinds)}); DuckDB would turn "
+                    "them into one (text, or a map of text)",
+                    f"Convert it to one type first, e.g. df[{column!r}].astype(str), or "
+                    f"df[{column!r}].map(json.dumps) for dicts and lists",
+                )
+            if not kinds:  # no value to tell the type: text, as an empty object column is
+                frame = frame.astype({column: "string"})
+            held[column] = kinds[0] if kinds else "str"
+        if values.dtype == object or isinstance(values.dtype, pd.StringDtype):
+            cut = values[values.astype(str).str.contains(_SURROGATE, na=False) & values.notna()]
+            if len(cut):
+                raise refuse(
+                    column,
+                    f"holds a lone surrogate (half of a UTF-16 pair, e.g. a string cut mid-emoji) "
+                    f"in row {cut.index.tolist()[0]!r} and {len(cut) - 1} more rows, which UTF-8 "
+                    "cannot hold",
+                    f"Replace them first, e.g. df[{column!r}] = df[{column!r}].str.encode("
+                    "'utf-8', 'replace').str.decode('utf-8')",
+                )
+    return frame, held
+
+
+def check_stored(connection: duckdb.DuckDBPyConnection, table: str, held: dict[str, str]) -> None:
+    """Fail if DuckDB stored an object column of non-text values as text (it does so for value
+    types it does not know): the frame's values would come back as strings."""
+    schema, _, name = table.partition(".")
+    types = dict(
+        connection.execute(
+            "SELECT column_name, data_type FROM duckdb_columns() "
+            "WHERE schema_name = $schema AND table_name = $table",
+            {"schema": schema, "table": name},
+        ).fetchall()
+    )
+    for column, kind in held.items():
+        if kind != "str" and types.get(column) == "VARCHAR":
+            raise FrameNotStorableError(
+                f"fieldsales_io_manager cannot store this DataFrame in {table} as it is: column "
+                f"{column!r} holds {kind} values, which DuckDB would store as text. Convert it to "
+                f"a pandas type first (e.g. df[{column!r}].astype(...)). Nothing was written; "
+                f"{table} is as it was."
+            )
 
 
 class WarehouseClient(DuckDbClient):
@@ -88,9 +235,15 @@ class WholeTablePandasHandler(DuckDBPandasTypeHandler):
     def handle_output(
         self, context: dg.OutputContext, table_slice: TableSlice, obj: pd.DataFrame, connection
     ) -> Mapping[str, Any] | None:
+        table = _table(table_slice)
+        held: dict[str, str] = {}
+        if isinstance(obj, pd.DataFrame):
+            try:
+                obj, held = storable_frame(obj, table)
+            except FrameNotStorableError as exc:
+                raise dg.Failure(str(exc)) from None
         if table_slice.partition_dimensions:
             return super().handle_output(context, table_slice, obj, connection)
-        table = _table(table_slice)
         connection.register("_fieldsales_frame", obj)
         try:
             connection.execute(
@@ -98,6 +251,10 @@ class WholeTablePandasHandler(DuckDBPandasTypeHandler):
             )
         finally:
             connection.unregister("_fieldsales_frame")
+        try:
+            check_stored(connection, table, held)  # the client rolls the table back on failure
+        except FrameNotStorableError as exc:
+            raise dg.Failure(str(exc)) from None
         # No preview: a user table may hold personal data the project cannot see.
         schema = column_schema(connection, table, TableDoc(()), "keep")
         return table_metadata(connection, self._database, table, schema=schema, preview=False)

@@ -1,8 +1,10 @@
 """When a paged list is complete: a pure rule over one pass's counts, tested as a table.
 
-A pass is complete when its distinct ids equal the server's final total and nothing shows that a
-deleted item was fetched (a total that went down). Otherwise the list is repaired where it grew
-(head, tail, and the gaps a pass's out-of-order answers left), paged again, or, after
+A pass is complete when its distinct ids equal the server's final total and nothing shows that the
+list moved under it: no total that went down, no id that came twice with different content, no
+page boundary where two pages held different items. A count alone is never the proof. Otherwise
+the list is repaired where it grew (head, tail, and the gaps a pass's out-of-order answers left),
+paged again, or, after
 ``max_list_passes``, refused with what the server sent. The executor (``pager.py``) applies the
 rule to every list it pages: the full lists and the per-event transaction lists alike.
 """
@@ -45,15 +47,49 @@ class PassFacts:
     max_repairs: int = MAX_REPAIRS
     #: ``(rows, distinct)`` of the previous pass of this load, if there was one.
     previous: tuple[int, int] | None = None
+    #: Ids that came more than once with different content, and a few of them.
+    differing: int = 0
+    differing_ids: tuple[str, ...] = ()
+    #: Page boundaries where two pages held different items, and a few of them in words.
+    shifts: int = 0
+    shifted_at: tuple[str, ...] = ()
 
     @property
     def total(self) -> int | None:
-        return self.totals_seen[-1] if self.totals_seen else None
+        """The server's final total. Answers arrive out of order: while the total only grew,
+        the largest is the newest (an answer computed before an insert may arrive after it)."""
+        if not self.totals_seen:
+            return None
+        return self.totals_seen[-1] if self.total_decreased else max(self.totals_seen)
+
+    def moves(self) -> str:
+        """The signs that the list moved while it was paged, in words ("" for none)."""
+        signs = []
+        if self.differing:
+            named = ", ".join(self.differing_ids)
+            more = f" and {self.differing - len(self.differing_ids)} more" * (
+                self.differing > len(self.differing_ids)
+            )
+            signs.append(
+                f"{self.differing} ids came more than once with different content ({named}{more})"
+            )
+        if self.shifts:
+            named = "; ".join(self.shifted_at)
+            more = f"; and {self.shifts - len(self.shifted_at)} more" * (
+                self.shifts > len(self.shifted_at)
+            )
+            signs.append(
+                f"the list shifted under {self.shifts} page boundaries (position: the id one "
+                f"page held there, then the id another held: {named}{more})"
+            )
+        return "; ".join(signs)
 
     def describe(self) -> str:
         """What the server sent, in words."""
         repeated = self.rows - self.distinct
         sent = f"{self.rows} items with {self.distinct} distinct ids ({repeated} sent twice)"
+        if self.moves():
+            sent += f"; {self.moves()}"
         if self.total is None:
             return sent + "; the server reports no total"
         if len(self.totals_seen) == 1:
@@ -84,6 +120,18 @@ def judge_pass(facts: PassFacts) -> Verdict:
     same_as_before = f.previous == (f.rows, f.distinct)
     repeated = f.rows - f.distinct
     total = f.total
+    # Copies that differ, or pages that disagree at a boundary: the list moved under the pass,
+    # so no count can vouch for it. A list whose total only grew is repaired below instead: its
+    # new items shift the boundaries, and the head, tail and gap windows fetch what they pushed.
+    grew = len(f.totals_seen) > 1 and not f.total_decreased
+    if f.differing or (f.shifts and not grew):
+        if not last:
+            return Verdict(Action.REPAGE, f"{f.moves()}: the list moved while it was paged")
+        return Verdict(
+            Action.FAIL,
+            f"{f.describe()}: the list kept changing while it was paged, so no pass holds a set of "
+            "items the server had at one moment",
+        )
     if total is None:
         if repeated == 0:
             return Verdict(Action.ACCEPT, "every id came once; the server reports no total")

@@ -11,7 +11,14 @@ same shape). Its rules:
   claimed total of 1e12 costs no memory;
 * a total that equals a full first page may be the page's size, not the list's: the next page is
   asked for, and must be empty, before the total is trusted;
-* an empty page far short of the total the server claims makes the total implausible.
+* an empty page far short of the total the server claims makes the total implausible;
+* windows overlap (``overlap`` items): every window after a pass's first is asked from one item
+  before it, and that item must be the one the neighbouring page held there. A list that shifts
+  under the pager (an item deleted or inserted behind its position, an item moved between pages)
+  fails that check at the boundaries the shift crossed, whatever the counts say;
+* the end is proven, not assumed from a total: windows that reach the total with a full page are
+  followed by one more, which must be empty (a page that brings items past the total follows
+  them).
 
 ``PageExecutor`` runs many lists (``Stream``: an endpoint with fixed parameters, such as
 ``eventId``) over one thread pool of ``api.concurrency`` requests. It owns what every list shares:
@@ -24,8 +31,9 @@ same shape). Its rules:
   is an error naming the page;
 * a progress line every ``PROGRESS_EVERY_S`` seconds;
 * the completeness rule (``completeness.py``): after a pass, each list's distinct ids (counted
-  where the pages were stored, ``Staging.counts``) must equal the server's final total, or the list
-  is repaired or paged again, within ``max_list_passes`` passes.
+  where the pages were stored, ``Staging.counts``) must equal the server's final total, no id may
+  have come twice with different content (``Staging.differing``) and no page boundary may have
+  shifted, or the list is repaired or paged again, within ``max_list_passes`` passes.
 """
 
 from __future__ import annotations
@@ -36,7 +44,7 @@ from collections import deque
 from collections.abc import Callable, Hashable, Iterator
 from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Protocol
+from typing import TYPE_CHECKING, Protocol, cast
 
 import msgspec
 
@@ -60,6 +68,10 @@ if TYPE_CHECKING:
 NO_NEW_IDS_PAGES = 3
 #: Seconds between two progress lines.
 PROGRESS_EVERY_S = 5.0
+#: Items each window after a pass's first re-reads of the page before it (the boundary check).
+OVERLAP = 1
+#: Ids named in a message about ids or boundaries; the rest are counted.
+NAMED_IDS = 5
 
 #: Item keys decoded per item: ``_id`` first, then the endpoint's extra columns' keys.
 ItemKeys = tuple[str | int | float | None, ...]
@@ -81,6 +93,10 @@ class FilterIgnoredError(PagingError):
     """A filtered list (``eventId=X``) returned an item the filter excludes."""
 
 
+class ItemTooLargeError(FieldSalesAPIError):
+    """An item is larger than ``max_item_mb``."""
+
+
 @dataclass
 class Page:
     """One answer of a list endpoint: its items as raw JSON, and the total it reported."""
@@ -93,6 +109,8 @@ class Page:
     keys: list[ItemKeys] | None = None
     #: Whether the body may hold a raw line break (``False`` only where it was checked not to).
     line_breaks: bool = True
+    #: Lone surrogate escapes replaced in the body (``ListStats.surrogates_replaced``).
+    surrogates_replaced: int = 0
 
     @property
     def n(self) -> int:
@@ -127,6 +145,8 @@ class ListStats:
     max_total_answered: int | None = None
     #: Every answered page as ``(skip, items, total)``: where the list moved under the pass.
     answers: list[tuple[int, int, int | None]] = field(default_factory=list)
+    #: Page boundaries where two pages held different items: ``(position, id, other id)``.
+    shifts: list[tuple[int, str, str]] = field(default_factory=list)
     parent: ListStats | None = field(default=None, repr=False)
     _lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
 
@@ -229,11 +249,16 @@ class OffsetWindows:
         *,
         concurrency: int,
         doubt_total_from: int = 1,
+        overlap: int = 0,
     ):
         self.start = start
         self.stop = stop
         self.concurrency = concurrency
         self.doubt_total_from = doubt_total_from
+        #: Items of the page before that each later window re-reads (see ``asked_skip``).
+        self.overlap = overlap
+        #: The most items one answer held (with its overlap): the server's page size.
+        self.widest = 0
         self.phase = "first"  # "first" page, the "probe", then "windows"
         self.waiting = False  # the first page or the probe is in flight: nothing else is asked
         self.followups: deque[Window] = deque()
@@ -268,15 +293,22 @@ class OffsetWindows:
             if self.end is None or window[0] < self.end:
                 return window
 
+    def asked_skip(self, window: Window) -> int:
+        """The ``skip`` that asks for ``window``: ``overlap`` items early, but for the first."""
+        return window[0] - self.overlap if window[0] > self.start else window[0]
+
     def answered(self, window: Window, page: Page) -> Step:
-        """Plan on from ``page``, the answer to ``window``."""
+        """Plan on from ``page``, the answer to ``window`` (its overlap already taken off)."""
         start, end = window
+        self.widest = max(self.widest, page.n + (start - self.asked_skip(window)))
         if self.phase == "first":
             self.waiting = False
             self.phase = "windows"
             if page.n == 0:
                 return Step(implausible_total=self._ended(start, page))
-            self.stride = page.n
+            if page.n <= self.overlap:  # pages of one item cannot overlap
+                self.overlap = 0
+            self.stride = page.n - self.overlap
             self.opened_to = start + page.n
             self._follow_total(page)
             doubt = page.total == page.n and page.n >= self.doubt_total_from
@@ -307,7 +339,24 @@ class OffsetWindows:
         else:
             self.opened_to = start + page.n  # the last window brought more
         self._follow_total(page)
+        self._prove_end(start, page)
         return Step(keep=keep)
+
+    def _prove_end(self, start: int, page: Page) -> None:
+        """A total is a claim: the windows that reach it end with a page that shows the end.
+
+        A page that brings items past the total (or a full page that ends on it) is followed by
+        one more window, which must come back empty; a short page is the end.
+        """
+        if self.stop is not None or self.limit is None or self.end is not None:
+            return
+        reached = start + page.n
+        if reached < self.limit or self.opened_to > reached:
+            return
+        full = page.n + self.overlap >= self.widest
+        if reached > self.limit or full:
+            self.limit = reached + self.stride  # one window past what the total claims
+            self.opened_to = reached
 
     def _follow_total(self, page: Page) -> None:
         grew = page.total is not None and (self.limit is None or page.total > self.limit)
@@ -370,6 +419,10 @@ class Staging(Protocol):
     def forget(self, keys: list[Hashable]) -> None:
         """Remove what is stored for these lists: they are paged again."""
 
+    def differing(self, key: Hashable) -> tuple[int, list[str]]:
+        """Ids of one list stored more than once with different content: how many, and a
+        few of them (``NAMED_IDS``)."""
+
 
 class _ListPass:
     """One pass (or one repair window) over one list: its strategy and what it received."""
@@ -393,6 +446,8 @@ class _ListPass:
         self.first_hash: int | None = None
         self.repeated_pages = 0
         self.repairs = 0
+        #: What the pages held at a window's edge: position -> (identity, id as text).
+        self.edges: dict[int, tuple[int, str]] = {}
         #: A whole pass over the list, not a repair window.
         self.whole = strategy.start == 0 and strategy.stop is None
 
@@ -456,6 +511,10 @@ class PageExecutor:
                 windows: list[_ListPass] = []
                 for lp in unjudged:
                     rows, distinct = counts.get(lp.stream.key, (0, 0))
+                    differing, differing_ids = (
+                        staging.differing(lp.stream.key) if rows > distinct else (0, [])
+                    )
+                    shifts = lp.stats.shifts
                     facts = PassFacts(
                         rows=rows,
                         distinct=distinct,
@@ -465,6 +524,10 @@ class PageExecutor:
                         max_passes=max_passes,
                         repairs=lp.repairs,
                         previous=previous.get(lp.stream.key),
+                        differing=differing,
+                        differing_ids=tuple(differing_ids),
+                        shifts=len(shifts),
+                        shifted_at=tuple(f"{at}: {a} then {b}" for at, a, b in shifts[:NAMED_IDS]),
                     )
                     verdict = judge_pass(facts)
                     if verdict.action is Action.REPAIR:
@@ -515,6 +578,7 @@ class PageExecutor:
             stop,
             concurrency=self.api.concurrency,
             doubt_total_from=stream.doubt_total_from,
+            overlap=OVERLAP,
         )
         return _ListPass(stream, stats, strategy, decode)
 
@@ -564,7 +628,8 @@ class PageExecutor:
                         self._lists_done += lp.whole
                     return
                 endpoint = lp.stream.endpoint
-                future = pool.submit(api.fetch_page, endpoint, window[0], lp.stats)
+                skip = lp.strategy.asked_skip(window)
+                future = pool.submit(api.fetch_page, endpoint, skip, lp.stats)
                 in_flight[future] = (lp, window, lp.stats.max_total_answered)
                 lp.in_flight += 1
 
@@ -607,6 +672,17 @@ class PageExecutor:
 
     def _admit(self, lp: _ListPass, window: Window, page: Page, baseline: int | None) -> Page:
         """Plan on from the page, record it, check it, and return what of it to keep."""
+        asked = page
+        all_keys = item_keys(page.items, lp.decode)
+        overlap = min(window[0] - page.skip, page.n)
+        if overlap:  # the page before's last item(s), asked again: the boundary check
+            for offset in range(overlap):
+                self._edge(lp, page.skip + offset, all_keys[offset], page.items[offset])
+            if page.surrogates_replaced:  # counted once, with the page that keeps the item
+                again = sum(bytes(item).count(b"\\ufffd") for item in page.items[:overlap])
+                lp.stats.count(surrogates_replaced=-min(again, page.surrogates_replaced))
+            page = Page(window[0], page.items[overlap:], page.total, page.nbytes)
+            page.line_breaks = asked.line_breaks
         step = lp.strategy.answered(window, page)
         stats, stream = lp.stats, lp.stream
         if step.totals_unreliable:
@@ -625,11 +701,11 @@ class PageExecutor:
                 f"max_pages_per_pass={max_pages}: the server seems to page forever. If the list "
                 "really is that long, raise max_pages_per_pass."
             )
-        keys = item_keys(page.items, lp.decode)
-        nulls = sum(1 for k in keys if k is None)
+        keys = all_keys[overlap:]
+        nulls = sum(1 for k in all_keys if k is None)
         if nulls:
             raise PageFormatError(
-                f"{stream.where(page.skip)} answered {nulls} `null` items among {page.n}: the "
+                f"{stream.where(asked.skip)} answered {nulls} `null` items among {asked.n}: the "
                 f"server sent null where an item of {stream.endpoint.name} belongs, so the list "
                 "cannot be stored as received. Report it to the Field-Sales service."
             )
@@ -643,6 +719,8 @@ class PageExecutor:
         keep = page.n if step.keep is None else step.keep
         items = page.items[:keep]
         page_keys = [k for k in keys[:keep] if k is not None]  # none is: checked above
+        if items and max(map(len, items)) > self.api.max_item_mb << 20:
+            raise self._too_large(stream, page, items, page_keys)
         for index, key, value in lp.filters:
             for item_key in page_keys:
                 if id_text(item_key[index]) != value:
@@ -651,7 +729,12 @@ class PageExecutor:
                         f"with {key} {item_key[index]!r}: the server ignores the {key} filter"
                     )
         if items:
-            ids = frozenset(_identity(k, i) for k, i in zip(page_keys, items, strict=True))
+            self._edge(lp, page.skip + len(items) - 1, page_keys[-1], items[-1])
+            # The repeat check hashes the page as asked, its overlap included: a server that
+            # ignores `skip` answers every window with the same ids as the first page.
+            answered_keys = cast("list[ItemKeys]", all_keys[: overlap + len(items)])
+            answered = zip(answered_keys, asked.items, strict=False)
+            ids = frozenset(_identity(k, i) for k, i in answered)
             page_hash = hash(ids)
             if lp.first_hash is None:
                 lp.first_hash = page_hash
@@ -662,6 +745,31 @@ class PageExecutor:
             lp.page_hashes.add(page_hash)
         stats.count(items=len(items))
         return Page(page.skip, items, page.total, page.nbytes, page_keys, page.line_breaks)
+
+    def _too_large(
+        self, stream: Stream, page: Page, items: list[msgspec.Raw], keys: list[ItemKeys]
+    ) -> ItemTooLargeError:
+        limit = self.api.max_item_mb
+        size, item_id = max(
+            (len(item), id_text(key[0]) or "without _id")
+            for item, key in zip(items, keys, strict=True)
+        )
+        return ItemTooLargeError(
+            f"{stream.where(page.skip)}: item {item_id} of {stream.endpoint.name} is "
+            f"{size / (1 << 20):.1f} MB ({size} bytes), over the per-item limit of {limit} MB "
+            f"(max_item_mb, FIELDSALES_MAX_ITEM_MB). Nothing was replaced. To load it, raise "
+            "max_item_mb above its size (and duckdb_memory_limit to 16 times max_item_mb)."
+        )
+
+    def _edge(self, lp: _ListPass, at: int, keys: ItemKeys | None, item: msgspec.Raw) -> None:
+        """Record the item a page held at ``at``, a window's edge; a different item there from
+        another page of the pass means the list shifted between the two answers."""
+        if keys is None:
+            return  # a null item: refused with the page
+        seen = (_identity(keys, item), id_text(keys[0]) or "an item without _id")
+        other = lp.edges.setdefault(at, seen)
+        if other[0] != seen[0]:
+            lp.stats.shifts.append((at, other[1], seen[1]))
 
     def _repeats_message(self, lp: _ListPass, page: Page, page_hash: int) -> str:
         start = lp.strategy.start

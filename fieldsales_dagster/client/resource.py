@@ -93,6 +93,7 @@ class FieldSalesAPI(dg.ConfigurableResource):
     token_store_path: str = setting_field("token_store_path")
     page_size: int = setting_field("page_size")
     concurrency: int = setting_field("concurrency")
+    max_item_mb: int = setting_field("max_item_mb")
     connect_timeout_s: float = Field(default=10.0, gt=0)
     read_timeout_s: float = Field(default=120.0, gt=0)
     request_deadline_s: float = Field(
@@ -448,9 +449,10 @@ class FieldSalesAPI(dg.ConfigurableResource):
             holder["line_breaks"] = b"\n" in body or b"\r" in body
             return split_envelope(body, endpoint, where)
 
+        counted = ListStats(parent=stats)  # this page's counts, added to the list's too
         items, total = cast(
             "tuple[list[msgspec.Raw], int | None]",  # what parse returns
-            self.get(endpoint.path, params, parse=parse, stats=stats),
+            self.get(endpoint.path, params, parse=parse, stats=counted),
         )
         return Page(
             skip=skip,
@@ -458,4 +460,5 @@ class FieldSalesAPI(dg.ConfigurableResource):
             total=total,
             nbytes=holder["nbytes"],
             line_breaks=bool(holder["line_breaks"]),
+            surrogates_replaced=counted.surrogates_replaced,
         )

@@ -33,6 +33,7 @@ from fieldsales_dagster.client.errors import (
     AuthenticationError,
     FieldSalesAPIError,
 )
+from fieldsales_dagster.clock import from_the_future
 from fieldsales_dagster.settings import TOKEN_LIFETIME_DAYS
 from fieldsales_dagster.token.secret import TokenFormatError, clean_token
 from fieldsales_dagster.token.store import StoredToken, TokenStore, TokenStoreError
@@ -195,9 +196,15 @@ def decide(
     """
     now = now or datetime.now(UTC)
     stored = store.peek(env_token)
+    future = from_the_future(stored.issued_at, now, f"the token store's issued_at ({store.path})")
+    if future is not None:
+        return Decision(True, f"renewal due because {future}", now.isoformat())
     if stored.age(now) >= policy.renew_after:
         return Decision(True, "renewal due", now.isoformat())
-    if policy.check_due(_parse_cursor(cursor), now):
+    last_run = _parse_cursor(cursor)
+    if from_the_future(last_run, now, "the last token test"):
+        last_run = None  # unknown: test now
+    if policy.check_due(last_run, now):
         return Decision(True, "daily test of the token due", now.isoformat())
     return Decision(False, _not_yet_due(policy, stored, now, checked=False), cursor)
 
@@ -219,7 +226,8 @@ def renew_or_check(
     """The renewal run: renew the token if it is due, else test it on the server."""
     now = now or datetime.now(UTC)
     stored = store.current(api.env_token(), accept=api.server_accepts)
-    if stored.age(now) >= policy.renew_after:
+    future = from_the_future(stored.issued_at, now, f"the token store's issued_at ({store.path})")
+    if future is not None or stored.age(now) >= policy.renew_after:
         rotation = store.rotate(
             api.api_token,
             lambda old_token: generate_token(api, old_token),
@@ -228,8 +236,9 @@ def renew_or_check(
         )
         check_token(api, rotation.token, "The renewed token (stored already)", retries=0)
         verb = "renewed" if rotation.renewed else "renewed by another process"
+        why = f" because {future}" if future is not None else ""
         return TickOutcome(
-            message=f"token {verb}; valid until {policy.valid_until(rotation.stored)}",
+            message=f"token {verb}{why}; valid until {policy.valid_until(rotation.stored)}",
             renewed=rotation.renewed,
         )
     check_token(api, None, "The current API token", retries=TICK_CHECK_RETRIES)

@@ -50,6 +50,7 @@ from typing import Annotated, cast
 import msgspec
 from filelock import FileLock, Timeout
 
+from fieldsales_dagster.clock import from_the_future
 from fieldsales_dagster.pause import pause_at
 from fieldsales_dagster.token.secret import TokenFormatError, clean_token
 
@@ -392,7 +393,9 @@ class TokenStore:
             stored = self._read_any()
             stored = self._pending(stored, env_token) or stored
             assert stored is not None  # _pending seeds an empty store or raises
-            if stored.age() < renew_after:
+            now = _utcnow()
+            future = from_the_future(stored.issued_at, now, "issued_at")
+            if stored.age(now) < renew_after and future is None:
                 return Rotation(renewed=False, stored=stored)
             renewed = replace(stored, issued_at=_utcnow(), source="renewal")
             with self._prepared_write(renewed, renewing=True) as pending:

@@ -581,7 +581,14 @@ def _fetch_by_event(
         spools.mkdir(parents=True, exist_ok=True)
     with tempfile.TemporaryDirectory(prefix="transactions-by-event-", dir=spools) as tmp:
         staging = Staging(
-            conn, TRANSACTIONS, STAGE_TABLE, datetime.now(UTC), Path(tmp), 32 << 20, "event_id"
+            conn,
+            TRANSACTIONS,
+            STAGE_TABLE,
+            datetime.now(UTC),
+            Path(tmp),
+            32 << 20,
+            "event_id",
+            api.max_item_mb << 20,
         )
         executor = PageExecutor(
             api, staging, label="transactions by eventId", log=log, spent=fetched.stats

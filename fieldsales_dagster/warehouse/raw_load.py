@@ -39,6 +39,7 @@ import msgspec
 from fieldsales_dagster.client.endpoints import ListEndpoint
 from fieldsales_dagster.client.errors import FieldSalesAPIError
 from fieldsales_dagster.client.pager import (
+    NAMED_IDS,
     ItemKeys,
     Page,
     PageExecutor,
@@ -49,6 +50,7 @@ from fieldsales_dagster.client.pager import (
 )
 from fieldsales_dagster.client.resource import FieldSalesAPI
 from fieldsales_dagster.pause import pause_at
+from fieldsales_dagster.settings import SETTINGS
 from fieldsales_dagster.warehouse.lake import drop_table, in_transaction, is_lake, run_transaction
 from fieldsales_dagster.warehouse.resource import (
     qualified,
@@ -60,9 +62,12 @@ from fieldsales_dagster.warehouse.resource import (
 )
 from fieldsales_dagster.warehouse.rows import one_row
 
-#: Longest item DuckDB's reader accepts; a longer one fails the load loudly, never silently.
-#: The reader's buffer is twice that: larger buffers measured slower and took more memory.
-MAX_ITEM_BYTES = 4 * 1024 * 1024
+#: Longest item DuckDB's reader accepts by default (``max_item_mb``): the pager refuses a longer
+#: one naming it, and a raised setting gives the reader that size. The reader's buffer is twice
+#: that: larger buffers measured slower and took more memory.
+MAX_ITEM_BYTES = SETTINGS["max_item_mb"].default << 20
+#: Room for an item's id and extra columns on its spool line.
+LINE_SLACK = 64 * 1024
 FIELD_SEP = b"\x01"
 #: Starts a spool field that holds its id as a JSON string (see ``spool_field``).
 ESCAPED_FIELD = b"\x02"
@@ -123,10 +128,11 @@ def raw_table_ddl(
     )
 
 
-def _insert_sql(endpoint: ListEndpoint, table: str) -> str:
+def _insert_sql(endpoint: ListEndpoint, table: str, max_item_bytes: int = MAX_ITEM_BYTES) -> str:
     extra = [quote_ident(col) for col, _ in endpoint.extra_columns]
     fields = ["id", *extra, "payload"]
     columns = ", ".join(f"'{name.strip(chr(34))}': 'VARCHAR'" for name in fields)
+    max_line = max(max_item_bytes, MAX_ITEM_BYTES) + LINE_SLACK
     # `_id` where present; an item without one (event groups' shape is not documented) gets a
     # content hash, so identical copies collapse and distinct items stay distinct.
     return (
@@ -135,7 +141,7 @@ def _insert_sql(endpoint: ListEndpoint, table: str) -> str:
         f"{''.join(', ' + _unescaped(c) for c in extra)}"
         f" FROM read_csv($path, columns = {{{columns}}}, delim = chr(1), quote = '',"
         f" escape = '', header = false, auto_detect = false, nullstr = '',"
-        f" max_line_size = {MAX_ITEM_BYTES}, buffer_size = {2 * MAX_ITEM_BYTES})"
+        f" max_line_size = {max_line}, buffer_size = {2 * max_line})"
     )
 
 
@@ -250,9 +256,10 @@ class StagingWriter:
         loaded_at: datetime,
         spool_dir: Path,
         spool_bytes: int,
+        max_item_bytes: int = MAX_ITEM_BYTES,
     ):
         self.table = table
-        self.sql = _insert_sql(endpoint, table)
+        self.sql = _insert_sql(endpoint, table, max_item_bytes)
         self.decode = key_decoder(endpoint)
         self.loaded_at = loaded_at.replace(tzinfo=None)
         self.spool_dir = spool_dir
@@ -401,13 +408,21 @@ class Staging:
     spool_dir: Path
     spool_bytes: int
     by: str | None = None
+    #: The longest item the pager lets through (``max_item_mb``): the reader's line size.
+    max_item_bytes: int = MAX_ITEM_BYTES
 
     def create(self) -> None:
         self.conn.execute(raw_table_ddl(self.endpoint, self.table, lake=is_lake(self.conn)))
 
     def write(self, pages: Iterator[tuple[Stream, Page]]) -> None:
         writer = StagingWriter(
-            self.conn, self.endpoint, self.table, self.loaded_at, self.spool_dir, self.spool_bytes
+            self.conn,
+            self.endpoint,
+            self.table,
+            self.loaded_at,
+            self.spool_dir,
+            self.spool_bytes,
+            self.max_item_bytes,
         )
         try:
             for _, page in pages:
@@ -433,6 +448,20 @@ class Staging:
             f"SELECT {by}, count(*), count(DISTINCT id) FROM {table} GROUP BY {by}"
         ).fetchall()
         return {key: (rows, distinct) for key, rows, distinct in found}
+
+    def differing(self, key: Hashable) -> tuple[int, list[str]]:
+        table = qualified(self.table)
+        where, params = "", {}
+        if self.by is not None:
+            where, params = f"WHERE {quote_ident(self.by)} = $key", {"key": key}
+        count, ids = one_row(
+            self.conn,
+            f"SELECT count(*), list(id ORDER BY id)[1:{NAMED_IDS}] FROM ("
+            f"  SELECT id FROM {table} {where} GROUP BY id"
+            "   HAVING count(*) > 1 AND min(md5(payload::VARCHAR)) <> max(md5(payload::VARCHAR)))",
+            params,
+        )
+        return count, list(ids or [])
 
     def forget(self, keys: list[Hashable]) -> None:
         if self.by is None:
@@ -474,7 +503,15 @@ def load_list(
     if spools is not None:
         spools.mkdir(parents=True, exist_ok=True)
     with tempfile.TemporaryDirectory(prefix=f"{endpoint.table}-", dir=spools) as tmp:
-        staging = Staging(conn, endpoint, stage, loaded_at, Path(tmp), spool_bytes)
+        staging = Staging(
+            conn,
+            endpoint,
+            stage,
+            loaded_at,
+            Path(tmp),
+            spool_bytes,
+            max_item_bytes=api.max_item_mb << 20,
+        )
         executor = PageExecutor(api, staging, label=endpoint.name, log=log)
         try:
             staging.create()
@@ -524,7 +561,8 @@ def load_list(
 
 
 def _drop_duplicate_ids(conn: duckdb.DuckDBPyConnection, table: str) -> None:
-    """Keep the first copy of each id (the list changed while it was paged)."""
+    """Keep one copy of each id: the copies are identical (the completeness rule pages a list
+    again, or fails it, while copies of an id differ)."""
     conn.execute(
         f"DELETE FROM {qualified(table)} WHERE rowid IN ("
         f"  SELECT rowid FROM (SELECT rowid, row_number() OVER (PARTITION BY id ORDER BY rowid)"

@@ -11,6 +11,7 @@ from datetime import datetime, timedelta
 from typing import Literal
 
 from fieldsales_dagster.client.errors import FieldSalesAPIError
+from fieldsales_dagster.clock import from_the_future
 
 REFRESH_MODES = ("auto", "full", "incremental")
 RefreshMode = Literal["auto", "full", "incremental"]
@@ -93,6 +94,9 @@ def choose_mode(
             )
         return ModeDecision("full", why)
     age = now - previous.last_full_at
+    future = from_the_future(previous.last_full_at, now, "the last full refresh")
+    if future is not None and requested != "incremental":
+        return ModeDecision("full", future)
     if requested == "incremental":
         return ModeDecision(
             "incremental", f"refresh_mode=incremental was asked for (last full {_days(age)} ago)"

@@ -1,0 +1,110 @@
+"""Whitespace around a setting (issue 31, class 4): a stray space in an env file or a compose
+file is trimmed for every setting, and a path that differs from an existing one only by
+whitespace is refused, naming the setting.
+
+Before: a trailing space in FIELDSALES_DUCKDB_PATH gave a green run that wrote a new file whose
+name ends in a space, while the analysts' file stayed stale.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+from pydantic_core import PydanticUndefined
+
+from fieldsales_dagster.component import FieldSalesComponent, SettingError
+from fieldsales_dagster.settings import SETTINGS
+from fieldsales_dagster.warehouse.resource import FieldSalesWarehouse
+from fieldsales_dagster_tests.project import load_project_defs
+
+BASE_URL = "http://127.0.0.1:9"
+#: The component field of each setting (the token's field holds its variable's name).
+COMPONENT_FIELD = {"api_token": "api_token_env_var"}
+#: A valid value of the settings whose default is unset (or required), as a variable holds it.
+SAMPLES = {
+    "base_url": BASE_URL,
+    "api_token": "ACME_FIELDSALES_TOKEN",
+    "ducklake_catalog": "acme.ducklake",
+    "ducklake_data_path": "lake_files",
+    "ducklake_schema": "acme",
+    "key_prefix": "acme",
+    "group_prefix": "acme_group",
+}
+PADDING = [" ", "\t", "\r\n", " \n "]
+
+
+def sample(name: str) -> Any:
+    """A valid value of setting ``name`` as an env file gives it: text (a list stays a list)."""
+    default = SETTINGS[name].default
+    if name in SAMPLES or default is None or default is PydanticUndefined:
+        return SAMPLES[name]
+    if isinstance(default, bool):
+        return str(default).lower()
+    return default if isinstance(default, list) else str(default)
+
+
+def padded(value: Any, pad: str) -> Any:
+    if isinstance(value, list):
+        return [f"{pad}{item}{pad}" for item in value]
+    return f"{pad}{value}{pad}"
+
+
+def build(**settings: Any) -> FieldSalesComponent:
+    return FieldSalesComponent(**{"base_url": BASE_URL, **settings})
+
+
+@pytest.mark.parametrize("pad", PADDING, ids=repr)
+@pytest.mark.parametrize("name", sorted(SETTINGS))
+def test_whitespace_around_every_setting_is_trimmed(name, pad):
+    field = COMPONENT_FIELD.get(name, name)
+    value = sample(name)
+    clean = getattr(build(**{field: value}), field)
+    assert getattr(build(**{field: padded(value, pad)}), field) == clean
+    if isinstance(clean, str):
+        assert clean == clean.strip()
+
+
+def test_a_trailing_space_in_the_duckdb_path_variable_reaches_the_warehouse_trimmed(
+    monkeypatch, tmp_path
+):
+    """The issue's case, through defs.yaml and the environment as a deployment sets it."""
+    monkeypatch.setenv("FIELDSALES_BASE_URL", BASE_URL + " ")
+    monkeypatch.setenv("FIELDSALES_API_TOKEN", "whitespace-test-token")
+    monkeypatch.setenv("FIELDSALES_DUCKDB_PATH", f"{tmp_path / 'fieldsales.duckdb'} ")
+    monkeypatch.setenv("FIELDSALES_TOKEN_STORE", f" {tmp_path / 'token.json'}\r\n")
+    monkeypatch.setenv("FIELDSALES_PAGE_SIZE", " 250 ")
+    monkeypatch.setenv("FIELDSALES_STORAGE", "file ")
+    defs = load_project_defs()
+    api, warehouse = defs.resources["fieldsales_api"], defs.resources["warehouse"]
+    assert warehouse.database == str(tmp_path / "fieldsales.duckdb")
+    assert api.token_store_path == str(tmp_path / "token.json")
+    assert (api.base_url, api.page_size) == (BASE_URL, 250)
+
+
+@pytest.mark.parametrize("setting", ["duckdb_path", "token_store_path"])
+def test_a_path_that_differs_from_an_existing_one_only_by_whitespace_is_refused(
+    monkeypatch, tmp_path, setting
+):
+    """An earlier run with a stray space left ``name `` beside ``name``: which one holds the
+    data? The load refuses to guess, naming the setting and both files."""
+    monkeypatch.setenv("FIELDSALES_API_TOKEN", "whitespace-test-token")
+    paths = {"duckdb_path": tmp_path / "fieldsales.duckdb", "token_store_path": tmp_path / "t.json"}
+    twin = tmp_path / f"{paths[setting].name} "
+    twin.write_text("written by a run whose setting ended in a space")
+    component = build(**{key: str(path) for key, path in paths.items()})
+    with pytest.raises(SettingError) as raised:
+        component.build_resources()
+    message = str(raised.value)
+    assert f"setting {setting} (from {SETTINGS[setting].variable})" in message
+    assert "differs only by whitespace" in message and repr(str(twin)) in message
+
+
+def test_a_warehouse_built_by_hand_with_a_spaced_file_name_is_refused(tmp_path):
+    warehouse = FieldSalesWarehouse(database=f"{tmp_path / 'fieldsales.duckdb'} ")
+    with (
+        pytest.raises(Exception, match=r"duckdb_path .* has whitespace around its name"),
+        warehouse.get_connection(),
+    ):
+        pass
+    assert list(tmp_path.iterdir()) == []
