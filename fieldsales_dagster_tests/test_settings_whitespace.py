@@ -30,6 +30,9 @@ SAMPLES = {
     "ducklake_schema": "acme",
     "key_prefix": "acme",
     "group_prefix": "acme_group",
+    "alert_email_to": "data@example.com, oncall@example.com",
+    "alert_smtp_user": "alerts",
+    "ui_base_url": "http://dagster.example:3000",
 }
 PADDING = [" ", "\t", "\r\n", " \n "]
 
