@@ -173,8 +173,7 @@ def readme_settings_rows() -> dict[str, tuple[str, str, str]]:
     """The Configuration tables of docs/configuration.md and docs/alerts.md: setting ->
     (variable, meaning, default), backticks off."""
     sections = [
-        doc.read_text().split("# Configuration", 1)[1].split("\n## ", 1)[0]
-        for doc in SETTINGS_DOCS
+        doc.read_text().split("# Configuration", 1)[1].split("\n## ", 1)[0] for doc in SETTINGS_DOCS
     ]
     rows: dict[str, tuple[str, str, str]] = {}
     for line in "\n".join(sections).splitlines():
