@@ -42,7 +42,7 @@ from fieldsales_dagster.assets.raw import raw_asset_name
 from fieldsales_dagster.client.endpoints import LIST_ENDPOINTS
 from fieldsales_dagster.names import InstanceNames
 from fieldsales_dagster.pause import pause_at
-from fieldsales_dagster.warehouse.lake import checkpoint, drop_table, run_transaction
+from fieldsales_dagster.warehouse.lake import drop_table, run_transaction
 from fieldsales_dagster.warehouse.resource import (
     FieldSalesWarehouse,
     qualified,
@@ -362,7 +362,6 @@ def refresh_decoded(conn: duckdb.DuckDBPyConnection, decoded: Decoded) -> Decode
         raise RuntimeError(
             f"Updating {decoded.table} failed; it is left as it was. DuckDB: {exc}"
         ) from exc
-    checkpoint(conn)  # frees the memory the changes hold (see follow.py)
     return DecodeRefresh("incremental", missing.count)
 
 
@@ -574,7 +573,7 @@ def materialize_core_table(
     schema = column_schema(conn, table.table, table.doc, warehouse.pii)
     return {
         **table_metadata(
-            conn, warehouse.database, table.table, schema=schema, hidden=table.doc.pii_columns
+            conn, warehouse.name, table.table, schema=schema, hidden=table.doc.pii_columns
         ),
         **decode,
     }

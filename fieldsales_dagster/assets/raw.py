@@ -140,8 +140,8 @@ def build_raw_asset(
         name = raw_asset_name(endpoint)
         policy = RefreshPolicy.of(warehouse, config.refresh_mode)
         redacted: list[int] = []
-        # Two instances can run in one code location: every line names whose file it writes.
-        tenant = f"[{names.tenant}: {warehouse.database}] "
+        # Two instances can run in one code location: every line names whose lake it writes.
+        tenant = f"[{names.tenant}: {warehouse.lake.catalog}] "
         with warehouse.get_connection() as conn:
 
             def load() -> RefreshReport:
@@ -162,7 +162,7 @@ def build_raw_asset(
             refresh = warehouse.one_commit(conn, endpoint.raw_table, load)
             schema = column_schema(conn, endpoint.raw_table, table_doc(name), warehouse.pii)
             metadata = table_metadata(
-                conn, warehouse.database, endpoint.raw_table, schema=schema, preview=False
+                conn, warehouse.name, endpoint.raw_table, schema=schema, preview=False
             )
         return dg.MaterializeResult(
             metadata={

@@ -49,7 +49,7 @@ from fieldsales_dagster.client.pager import (
 )
 from fieldsales_dagster.client.resource import FieldSalesAPI
 from fieldsales_dagster.pause import pause_at
-from fieldsales_dagster.warehouse.lake import drop_table, in_transaction, is_lake, run_transaction
+from fieldsales_dagster.warehouse.lake import drop_table, in_transaction, run_transaction
 from fieldsales_dagster.warehouse.resource import (
     qualified,
     quote_ident,
@@ -403,7 +403,7 @@ class Staging:
     by: str | None = None
 
     def create(self) -> None:
-        self.conn.execute(raw_table_ddl(self.endpoint, self.table, lake=is_lake(self.conn)))
+        self.conn.execute(raw_table_ddl(self.endpoint, self.table, lake=True))
 
     def write(self, pages: Iterator[tuple[Stream, Page]]) -> None:
         writer = StagingWriter(
