@@ -220,12 +220,12 @@ class FieldSalesWarehouse(dg.ConfigurableResource):
             conn.close()
 
     def _config(self) -> DuckDBConfig:
+        mine = self.local_folder / f"{PROCESS_DIR_PREFIX}{os.getpid()}"
+        mine.mkdir(parents=True, exist_ok=True)  # DuckDB makes the last folder of its own only
         config: DuckDBConfig = {
             "memory_limit": self.memory_limit,
             "preserve_insertion_order": False,
-            "temp_directory": str(
-                self.local_folder / f"{PROCESS_DIR_PREFIX}{os.getpid()}" / "db.tmp"
-            ),
+            "temp_directory": str(mine / "db.tmp"),
         }
         if self.threads:
             config["threads"] = self.threads
