@@ -47,6 +47,7 @@ from fieldsales_dagster.automation.sensors import (
 from fieldsales_dagster.client.errors import FieldSalesAPIError
 from fieldsales_dagster.client.resource import FieldSalesAPI
 from fieldsales_dagster.client.urls import validate_base_url
+from fieldsales_dagster.loading.refresh_mode import RefreshMode
 from fieldsales_dagster.names import InstanceNames
 from fieldsales_dagster.paths import PathSettingError, check_file_setting
 from fieldsales_dagster.settings import RETIRED_SETTINGS, SETTINGS, setting_field
@@ -54,7 +55,6 @@ from fieldsales_dagster.tenancy import Claim, refuse_shared_claims
 from fieldsales_dagster.token.renewal import RenewalPolicy
 from fieldsales_dagster.token.secret import clean_token
 from fieldsales_dagster.warehouse.lake import Lake, check_catalog, old_warehouse_warning
-from fieldsales_dagster.warehouse.refresh_mode import RefreshMode
 from fieldsales_dagster.warehouse.resource import PROJECT_SCHEMAS, FieldSalesWarehouse
 
 #: ``{{ env.NAME }}`` or ``{{ env('NAME') }}``: the only accepted form of a secret in YAML.

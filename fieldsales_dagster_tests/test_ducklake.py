@@ -19,7 +19,7 @@ import pytest
 
 from fieldsales_dagster.assets.upkeep import build_upkeep_asset
 from fieldsales_dagster.demo_api import DemoConfig, DemoServer
-from fieldsales_dagster.warehouse import incremental
+from fieldsales_dagster.loading import incremental
 from fieldsales_dagster.warehouse.lake import (
     CONFLICT_ATTEMPTS,
     Lake,

@@ -11,7 +11,7 @@ from fieldsales_dagster.client.endpoints import TRANSACTIONS
 from fieldsales_dagster.client.errors import PageFormatError
 from fieldsales_dagster.client.pager import PagingError
 from fieldsales_dagster.client.resource import FieldSalesAPI
-from fieldsales_dagster.warehouse.raw_load import (
+from fieldsales_dagster.loading.raw_load import (
     MAX_ITEM_BYTES,
     RawLoadError,
     ShrinkRefusedError,
@@ -273,7 +273,7 @@ KILLED_LOAD = """
 import sys
 from fieldsales_dagster.client.endpoints import TRANSACTIONS
 from fieldsales_dagster.client.resource import FieldSalesAPI
-from fieldsales_dagster.warehouse.raw_load import load_list
+from fieldsales_dagster.loading.raw_load import load_list
 from fieldsales_dagster.warehouse.resource import FieldSalesWarehouse
 
 base_url, token, catalog, data_path = sys.argv[1:]
@@ -484,7 +484,7 @@ def test_an_event_list_that_moved_is_paged_again_alone(tmp_path):
     from datetime import UTC, datetime
 
     from fieldsales_dagster.client.pager import PageExecutor, Stream
-    from fieldsales_dagster.warehouse.raw_load import Staging, raw_table_ddl
+    from fieldsales_dagster.loading.raw_load import Staging, raw_table_ddl
 
     def event_items(event, start, stop):
         return [{"_id": f"{event}-{i:03d}", "eventId": event} for i in range(start, stop)]

@@ -13,8 +13,8 @@ import duckdb
 import pytest
 
 from fieldsales_dagster.assets import follow
-from fieldsales_dagster.warehouse import incremental
-from fieldsales_dagster.warehouse.refresh_mode import (
+from fieldsales_dagster.loading import incremental
+from fieldsales_dagster.loading.refresh_mode import (
     IncrementalRefreshError,
     PreviousLoad,
     choose_mode,

@@ -10,7 +10,7 @@ import json
 import dagster as dg
 
 from fieldsales_dagster.client.endpoints import EVENTS, TRANSACTIONS
-from fieldsales_dagster.warehouse.raw_load import load_list
+from fieldsales_dagster.loading.raw_load import load_list
 from fieldsales_dagster_tests import core_payloads as p
 from fieldsales_dagster_tests.conftest import lake_at, read_lake
 from fieldsales_dagster_tests.hostile_lists import HostileServer

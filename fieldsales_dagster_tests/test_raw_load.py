@@ -17,7 +17,7 @@ from fieldsales_dagster.client.errors import (
     PageFormatError,
 )
 from fieldsales_dagster.client.resource import FieldSalesAPI
-from fieldsales_dagster.warehouse.raw_load import load_list
+from fieldsales_dagster.loading.raw_load import load_list
 from fieldsales_dagster_tests.conftest import make_api, read_lake
 
 TX = TRANSACTIONS.path
@@ -205,7 +205,7 @@ def test_insertions_without_totals_are_paged_again_until_no_id_repeats(demo_serv
 
 
 def test_repeated_ids_keep_their_first_copy(tmp_path):
-    from fieldsales_dagster.warehouse.raw_load import _drop_duplicate_ids
+    from fieldsales_dagster.loading.raw_load import _drop_duplicate_ids
 
     with duckdb.connect(str(tmp_path / "d.duckdb")) as conn:
         conn.execute("CREATE SCHEMA raw")
@@ -263,7 +263,7 @@ def test_pretty_printed_items_and_odd_ids_are_stored_as_received(tmp_path):
 
     from fieldsales_dagster.client.envelope import split_envelope
     from fieldsales_dagster.client.pager import Page
-    from fieldsales_dagster.warehouse.raw_load import StagingWriter, raw_table_ddl
+    from fieldsales_dagster.loading.raw_load import StagingWriter, raw_table_ddl
 
     items = [
         {"_id": "a", "eventId": "e1", "note": "line\nbreak", "n": 1},
@@ -306,7 +306,7 @@ def test_spool_lines_of_a_page_checked_for_line_breaks_equal_item_by_item_lines(
 
     from fieldsales_dagster.client.envelope import split_envelope
     from fieldsales_dagster.client.pager import Page
-    from fieldsales_dagster.warehouse.raw_load import key_decoder, spool_parts
+    from fieldsales_dagster.loading.raw_load import key_decoder, spool_parts
 
     def spool_lines(page: Page, decode) -> bytes:
         return b"".join(spool_parts(page, decode))
@@ -362,7 +362,7 @@ def test_item_longer_than_the_reader_accepts_fails_loudly(tmp_path):
 
     from fieldsales_dagster.client.envelope import split_envelope
     from fieldsales_dagster.client.pager import Page
-    from fieldsales_dagster.warehouse.raw_load import (
+    from fieldsales_dagster.loading.raw_load import (
         MAX_ITEM_BYTES,
         RawLoadError,
         StagingWriter,

@@ -12,14 +12,14 @@ from pydantic import Field, field_validator
 from fieldsales_dagster.assets.columns import column_schema, prepare_raw_table, table_doc
 from fieldsales_dagster.assets.metadata import previous_row_count, table_metadata
 from fieldsales_dagster.client.endpoints import EVENTS, LIST_ENDPOINTS, TRANSACTIONS, ListEndpoint
-from fieldsales_dagster.names import InstanceNames
-from fieldsales_dagster.warehouse.incremental import (
+from fieldsales_dagster.loading.incremental import (
     RefreshPolicy,
     RefreshReport,
     refresh_raw_list,
 )
-from fieldsales_dagster.warehouse.raw_load import LoadReport, ShrinkGuard
-from fieldsales_dagster.warehouse.refresh_mode import validate_refresh_mode
+from fieldsales_dagster.loading.raw_load import LoadReport, ShrinkGuard
+from fieldsales_dagster.loading.refresh_mode import validate_refresh_mode
+from fieldsales_dagster.names import InstanceNames
 
 ROW_COUNT_CHECK = "row_count_near_previous_load"
 #: A load whose row count moved by more than this fraction of the previous load's warns. (The

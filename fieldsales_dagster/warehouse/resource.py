@@ -29,6 +29,7 @@ import dagster as dg
 import duckdb
 from pydantic import Field, field_validator, model_validator
 
+from fieldsales_dagster.loading.refresh_mode import RefreshMode, validate_refresh_mode
 from fieldsales_dagster.paths import resolved
 from fieldsales_dagster.pause import pause_at
 from fieldsales_dagster.settings import setting_field
@@ -45,7 +46,6 @@ from fieldsales_dagster.warehouse.lake import (
     run_transaction,
     writer_connection,
 )
-from fieldsales_dagster.warehouse.refresh_mode import RefreshMode, validate_refresh_mode
 from fieldsales_dagster.warehouse.rows import one_row
 
 T = TypeVar("T")
@@ -121,7 +121,7 @@ class FieldSalesWarehouse(dg.ConfigurableResource):
     )
     redact_pii_in_raw: bool = setting_field("redact_pii_in_raw")
     create_dirs: bool = setting_field("create_dirs")
-    # Refresh modes of raw.transactions (see warehouse/incremental.py and the README).
+    # Refresh modes of raw.transactions (see loading/incremental.py and the README).
     refresh_mode: RefreshMode = setting_field("refresh_mode")
     full_refresh_every_days: float = setting_field("full_refresh_every_days")
     lookback_days: float = setting_field("lookback_days")
