@@ -9,8 +9,8 @@ process, DuckDB's included; the server's CPU is not counted) and wall seconds:
 * ``insert``: that spool file into a fresh staging table, the load's own INSERT, then CHECKPOINT;
 * ``load``: ``load_list`` end to end into a fresh working file, then CHECKPOINT.
 
-The DuckDB files are attached with the row group size the file engine used (``ROW_GROUP_SIZE``) with its
-default ``memory_limit``.
+The DuckDB files are attached with the row group size the file engine used (``ROW_GROUP_SIZE``)
+and the warehouse's default ``memory_limit``.
 
     FIELDSALES_API_TOKEN=... python -m benchmarks.raw_layers --base-url http://127.0.0.1:8765
 
