@@ -251,3 +251,15 @@ def test_upkeep_is_scheduled_by_default(demo_env):
     assert schedule.default_status == dg.DefaultScheduleStatus.RUNNING
     assert schedule.cron_schedule == "0 3 * * 0"
     assert schedule.job.name == "lake_upkeep"
+
+
+def test_storage_never_imports_the_http_client():
+    """The lake module and the warehouse resource load without the API client."""
+    code = (
+        "import sys, fieldsales_dagster.warehouse.lake, fieldsales_dagster.warehouse.resource; "
+        "print(sorted(m for m in sys.modules if m.startswith('fieldsales_dagster.client')))"
+    )
+    done = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, timeout=60, check=True
+    )
+    assert done.stdout.strip() == "[]"

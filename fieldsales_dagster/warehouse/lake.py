@@ -106,6 +106,14 @@ class LakeTenantError(LakeError):
     """The lake belongs to another tenant."""
 
 
+def default_data_path(catalog: str) -> str:
+    """Where a lake's files go when no data path is set: ``lake/`` beside a SQLite catalog
+    (``data/lake`` for the default one)."""
+    if catalog.startswith(SQLITE_PREFIX):
+        return str(Path(catalog.removeprefix(SQLITE_PREFIX)).parent / "lake")
+    return DEFAULT_DATA_PATH
+
+
 def check_catalog(catalog: str) -> str:
     """``catalog`` if it is a catalog this project opens, else a ``ValueError`` saying which."""
     if catalog.startswith(SQLITE_PREFIX) and catalog.removeprefix(SQLITE_PREFIX).strip():
@@ -886,3 +894,41 @@ def old_warehouse_warning(lake: Lake, export_path: str | None) -> str | None:
             found = old_warehouse_message(path, lake)
             return f"Field-Sales: no lake yet at {lake.catalog_file}, and {found}"
     return None
+
+
+# --- the analysts' lines ------------------------------------------------------------------------
+
+
+def analyst_sql(lake: Lake) -> str:
+    """The SQL that opens ``lake`` read-only in a DuckDB 1.5.5 client (the CLI: ``duckdb -init``),
+    offline: the extensions from this project's wheels, by their paths on this machine."""
+    scanner = "postgres" if lake.is_postgres else "sqlite"
+    lines = [
+        "-- Opens the Field-Sales lake read-only (docs/storage.md). Written by",
+        "-- python -m fieldsales_dagster.warehouse.lake for this install.",
+        "SET autoinstall_known_extensions = false;",
+        "SET autoload_known_extensions = false;",
+        f"SET extension_directory = {sql_literal(str(extension_directory()))};",
+        f"INSTALL {sql_literal(str(extension_file(scanner)))};",
+        f"LOAD {EXTENSIONS[scanner][1]};",
+        f"LOAD {sql_literal(str(extension_file('ducklake')))};",
+    ]
+    if lake.is_postgres:
+        lines.append(
+            f"-- the password: CREATE TEMPORARY SECRET (TYPE postgres, PASSWORD '...'); "
+            f"(from {lake.password_env_var})"
+        )
+    lines += [f"{lake.attach_sql(read_only=True)};", f"USE {quote(lake.alias)};"]
+    return "\n".join(lines) + "\n"
+
+
+def main() -> None:
+    """Print ``analyst_sql`` for the lake the environment names (``FIELDSALES_DUCKLAKE_*``), or
+    the default one."""
+    catalog = os.environ.get(CATALOG_VARIABLE) or DEFAULT_CATALOG
+    data_path = os.environ.get(DATA_PATH_VARIABLE) or default_data_path(catalog)
+    print(analyst_sql(Lake(check_catalog(catalog), data_path)), end="")
+
+
+if __name__ == "__main__":
+    main()

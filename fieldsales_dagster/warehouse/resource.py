@@ -29,19 +29,18 @@ import dagster as dg
 import duckdb
 from pydantic import Field, field_validator, model_validator
 
-from fieldsales_dagster.loading.refresh_mode import RefreshMode, validate_refresh_mode
+from fieldsales_dagster.loading.modes import RefreshMode, validate_refresh_mode
 from fieldsales_dagster.paths import resolved
 from fieldsales_dagster.pause import pause_at
 from fieldsales_dagster.settings import setting_field
 from fieldsales_dagster.warehouse.lake import (
     DEFAULT_CATALOG,
-    DEFAULT_DATA_PATH,
-    SQLITE_PREFIX,
     DuckDBConfig,
     Export,
     Lake,
     check_catalog,
     connect,
+    default_data_path,
     export_snapshot,
     run_transaction,
     writer_connection,
@@ -162,14 +161,9 @@ class FieldSalesWarehouse(dg.ConfigurableResource):
         """Where the lake lives: the settings, or the embedded default under ``data/``. Without
         a data path, a SQLite catalog's files go to ``lake/`` beside it (``data/lake``)."""
         catalog = self.ducklake_catalog or DEFAULT_CATALOG
-        default_data = (
-            str(Path(catalog.removeprefix(SQLITE_PREFIX)).parent / "lake")
-            if catalog.startswith(SQLITE_PREFIX)
-            else DEFAULT_DATA_PATH
-        )
         return Lake(
             catalog=catalog,
-            data_path=self.ducklake_data_path or default_data,
+            data_path=self.ducklake_data_path or default_data_path(catalog),
             schema=self.ducklake_schema,
             password_env_var=self.ducklake_password_env_var,
             data_path_is_default=not self.ducklake_data_path,
