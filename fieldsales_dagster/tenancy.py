@@ -92,8 +92,7 @@ def _describe(loc: ComponentPath, tenant: Tenant, root: Path) -> str:
 
 def _shared(mine: tuple[str, list[Claim]], theirs: tuple[str, list[Claim]]) -> list[str]:
     """What two tenants' claims have in common, as phrases naming whose setting each is:
-    'the pool x (key_prefix of both)', 'the DuckDB file y (duckdb_path of defs/a, working file
-    of duckdb_path of defs/b)'."""
+    'the pool x (key_prefix of both)', 'the DuckDB export y (duckdb_path of both)'."""
     (my_label, my_claims), (their_label, their_claims) = mine, theirs
     phrases = []
     for thing, value in dict.fromkeys((claim.thing, claim.value) for claim in my_claims):

@@ -625,11 +625,8 @@ def build_core_asset(
             yield dg.MaterializeResult(asset_key=key, metadata=metadata)
         if not context.selected_asset_check_keys:
             return
-        # The checks get a connection of their own: DuckDB 1.5 keeps what a checkpoint loaded
-        # of every table's deleted rows (~32 KiB per 2,048-row vector holding one) in memory,
-        # unevictable, until the database is closed. After a nightly update of the tables that
-        # follow transactions at 1M transactions that was 164 MB of the 192MB memory_limit,
-        # and the check after it ran out of memory.
+        # The checks get a connection of their own (a cursor of the lake's instance): its own
+        # transaction context and TEMP objects, none of the build's left over.
         with warehouse.get_connection() as conn:
             for check_key in sorted(context.selected_asset_check_keys, key=str):
                 yield by_key[check_key].result(conn, names)

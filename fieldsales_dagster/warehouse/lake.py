@@ -216,7 +216,7 @@ def extension_file(name: str) -> Path:
     spec = importlib.util.find_spec(module)
     if spec is None or not spec.submodule_search_locations:
         raise LakeError(
-            f"storage: ducklake needs the DuckDB extension {name!r} from the Python package "
+            f"The lake needs the DuckDB extension {name!r} from the Python package "
             f"{module.replace('_', '-')}=={EXTENSION_VERSION[1:]}, which is not installed: "
             "pip install the project again (it is a dependency)."
         )
