@@ -9,8 +9,8 @@ process, DuckDB's included; the server's CPU is not counted) and wall seconds:
 * ``insert``: that spool file into a fresh staging table, the load's own INSERT, then CHECKPOINT;
 * ``load``: ``load_list`` end to end into a fresh working file, then CHECKPOINT.
 
-The DuckDB files are attached as the warehouse attaches them (``ROW_GROUP_SIZE``) with its
-default ``memory_limit``.
+The DuckDB files are attached with the row group size the file engine used (``ROW_GROUP_SIZE``)
+and the warehouse's default ``memory_limit``.
 
     FIELDSALES_API_TOKEN=... python -m benchmarks.raw_layers --base-url http://127.0.0.1:8765
 
@@ -36,16 +36,20 @@ import duckdb
 from fieldsales_dagster.client.endpoints import TRANSACTIONS
 from fieldsales_dagster.client.pager import ListStats, PageExecutor, Stream, key_decoder
 from fieldsales_dagster.client.resource import FieldSalesAPI
-from fieldsales_dagster.warehouse.raw_load import (
+from fieldsales_dagster.loading.raw_load import (
     _insert_sql,
     _write_all,
     load_list,
     raw_table_ddl,
     spool_parts,
 )
-from fieldsales_dagster.warehouse.resource import ROW_GROUP_SIZE, FieldSalesWarehouse
+from fieldsales_dagster.warehouse.resource import FieldSalesWarehouse
 
 LAYERS = ("fetch", "spool", "insert", "load")
+
+
+#: Rows per row group of the DuckDB files compared here (the retired file engine used 16,384).
+ROW_GROUP_SIZE = 16384
 
 
 def _connect(path: Path) -> duckdb.DuckDBPyConnection:

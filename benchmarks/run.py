@@ -1,7 +1,7 @@
 """Floor vs this project vs dlt, on the same demo API process and the same data.
 
     python -m benchmarks.run [--sizes 100000,1000000] [--runs 1]
-                             [--only floor,project,publish,dlt_fast,dlt_default,latency]
+                             [--only floor,project,dlt_fast,dlt_default,latency]
 
 For each size (transactions; events = size/40, event groups = events/10) one demo API process
 serves every measured command. Each command runs as a subprocess; its wall time, CPU time, peak
@@ -15,6 +15,7 @@ See ``benchmarks/README.md`` for what each row means.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import os
 import platform
@@ -51,7 +52,6 @@ from benchmarks.harness import (
 from fieldsales_dagster.client.resource import FieldSalesAPI  # noqa: E402
 from fieldsales_dagster.warehouse.lake import Lake
 from fieldsales_dagster.warehouse.lake import connect as connect_lake
-from fieldsales_dagster.warehouse.resource import FieldSalesWarehouse
 
 BENCH_DIR = Path(__file__).resolve().parent
 RESULTS_DIR = BENCH_DIR / "results"
@@ -59,8 +59,8 @@ WORK_DIR = BENCH_DIR / "work"
 # The project's default page size, which the floor and dlt copy.
 PAGE_SIZE = FieldSalesAPI.model_fields["page_size"].default
 
-STEPS = ("floor", "project_raw", "project_all", "publish", "dlt_fast", "dlt_default")
-ONLY_CHOICES = (*STEPS, "project", "latency", "incremental", "heavy", "ducklake")
+STEPS = ("floor", "project_raw", "project_all", "dlt_fast", "dlt_default")
+ONLY_CHOICES = (*STEPS, "project", "latency", "incremental", "heavy")
 RAW_SELECTION = "raw_events,raw_transactions,raw_event_groups"
 #: What the refresh job (the nightly schedule's run) selects: every asset but a lake's upkeep.
 REFRESH_SELECTION = "not key:ducklake_upkeep"
@@ -200,12 +200,12 @@ class Bench:
     def _cleanup_db(self, database: Path) -> None:
         if self.args.keep_databases:
             return
-        # The analysts' file, the working database beside it, their logs, locks and temp files.
-        working = FieldSalesWarehouse(database=str(database)).working_path
-        for pattern in (database.name + "*", working.name + "*", f".{database.name}.*"):
-            for path in database.parent.glob(pattern):
-                if path.is_file():
-                    path.unlink()
+        # A DuckDB file (dlt's), or the lake a project step named by this path.
+        lake = _lake_of(database)
+        for path in (database, *database.parent.glob(Path(lake.catalog[7:]).name + "*")):
+            if path.is_file():
+                path.unlink()
+        shutil.rmtree(lake.data_path, ignore_errors=True)
 
     # -- the steps ------------------------------------------------------------------------------
 
@@ -265,6 +265,9 @@ class Bench:
         # A database the caller passes in is the caller's to delete.
         keep = keep or database is not None
         database = database or where / f"{name}.duckdb"
+        lake = lake or _lake_of(database)
+        if lake.is_sqlite:
+            Path(lake.data_path).mkdir(parents=True, exist_ok=True)  # a data path set must exist
         # A DAGSTER_HOME the caller passes in was prepared by an earlier step (a second run of the
         # same deployment); a fresh one is prepared, untimed, as a deployment has it.
         if home is None:
@@ -284,7 +287,8 @@ class Bench:
             argv = [self.python, "-m", "benchmarks.io_written", str(writes), "--", *argv]
         run_env = self._env(
             api,
-            FIELDSALES_DUCKDB_PATH=str(database),
+            FIELDSALES_DUCKLAKE_CATALOG=lake.catalog,
+            FIELDSALES_DUCKLAKE_DATA_PATH=lake.data_path,
             FIELDSALES_TOKEN_STORE=str(where / f"{name}.token.json"),
             DAGSTER_HOME=str(home),
             **env,
@@ -298,48 +302,15 @@ class Bench:
             r.m.extra["startup_s"] = max(0.0, run_start - started_at)
         if count_writes and writes.exists():
             r.m.extra["io"] = json.loads(writes.read_text())
-        self._verify(r, expected, lake or database, PROJECT_TABLES, "id")
+        self._verify(r, expected, lake, PROJECT_TABLES, "id")
         every_asset = selection in ("*", REFRESH_SELECTION)
         if r.ok and every_asset:
-            r.m.extra["core_tables"] = _core_table_count(lake or database)
+            r.m.extra["core_tables"] = _core_table_count(lake)
         if r.ok:
             keys = RAW_SELECTION.split(",") + (list(FOLLOWING_CORE) if every_asset else [])
             r.m.extra["refresh"] = _latest_metadata(home, keys)
         if not keep:
             self._cleanup_db(database)
-        return r
-
-    def publish(self, api: DemoAPI, where: Path, built: StepResult | None) -> StepResult:
-        """Publish project_all's working database over its analysts' copy once more."""
-        database = where / "project_all.duckdb"
-        argv = [self.python, "-m", "benchmarks.publish", "--database", str(database)]
-        argv.append("--compare-compact")
-        label = "publish (checkpoint, copy, fsync, rename) after project all"
-        if built is None or not built.ok:
-            m = Measurement("publish", argv, where / "publish.log", returncode=-3)
-            r = StepResult("publish", label, m, note="project all failed: nothing to publish")
-            self._cleanup_db(database)
-            return r
-        m = self._measure("publish", argv, where / "publish.log", self._env(api), api)
-        r = StepResult("publish", label, m)
-        if m.ok:
-            out = json.loads(m.stdout.strip().splitlines()[-1])
-            r.rows = built.rows
-            r.exact = built.exact
-            compact = out.get("compact") or {}
-            r.note = (
-                f"in-process publish {out['seconds']:.2f} s; working file "
-                f"{fmt_bytes(out['working_bytes'])}, published copy "
-                f"{fmt_bytes(out['published_bytes'])} ({out['copy_method']}); disk: working + "
-                f"published = {fmt_bytes(out['working_bytes'] + out['published_bytes'])}, plus "
-                "one more copy while a reader holds the previous one"
-            )
-            if compact:
-                r.note += (
-                    f"; alternative COPY FROM DATABASE: {compact['seconds']:.2f} s, "
-                    f"{fmt_bytes(compact['bytes'])}"
-                )
-        self._cleanup_db(database)
         return r
 
     def dlt(self, api: DemoAPI, expected: Expected, where: Path, mode: str) -> StepResult:
@@ -444,10 +415,7 @@ class Bench:
                 "project_all",
                 "*",
                 "project all (`--select '*'`)",
-                keep="publish" in self.args.steps,
             )
-        if step == "publish":
-            return self.publish(api, where, self._last.get("project_all"))
         if step == "dlt_fast":
             return self.dlt(api, expected, where, "fast")
         if step == "dlt_default":
@@ -543,100 +511,6 @@ class Bench:
         r = StepResult("noop", "a materialization that does nothing (Dagster's floor)", m)
         r.dagster_steps, _ = _dagster_steps(m.log_path)
         return r
-
-    # -- the storages side by side -------------------------------------------------------------
-
-    def run_ducklake(self, size: int) -> tuple[Expected, list[StepResult]]:
-        """``storage: file`` and ``storage: ducklake`` (a PostgreSQL catalog from pgserver,
-        Parquet files in the work folder), each a full refresh of every asset (generation 0),
-        then the nightly run on the evolved data (generation 1, auto: incremental), as the
-        same deployment (its files and DAGSTER_HOME). Besides time and memory, what each run
-        writes: its process tree's bytes to storage, and what it adds to the warehouse."""
-        from fieldsales_dagster_tests.postgres import running_postgres
-
-        where = self.work / f"ducklake-{size}"
-        token = secrets.token_hex(24)
-        self.token_values.append(token)
-        out: list[StepResult] = []
-        expected = Expected(0, 0, 0)
-        print(f"\n== storage file vs ducklake: {size:,} transactions", flush=True)
-        with running_postgres(None) as pg:
-            self.token_values.append(pg.password)
-            # For this process's own reads of the lake (the row counts); runs get it in env.
-            os.environ["FIELDSALES_DUCKLAKE_PASSWORD"] = pg.password
-            catalog = "fieldsales_lake"
-            conn = pg.connect()
-            conn.autocommit = True
-            with conn.cursor() as cur:
-                cur.execute(f"CREATE DATABASE {catalog}")
-            conn.close()
-            lake = Lake(
-                catalog=f"postgres:dbname={catalog} host={pg.host} port={pg.port} user={pg.user}",
-                data_path=str(where / "lake_files"),
-            )
-            lake_env = {
-                "FIELDSALES_STORAGE": "ducklake",
-                "FIELDSALES_DUCKLAKE_CATALOG": lake.catalog,
-                "FIELDSALES_DUCKLAKE_DATA_PATH": lake.data_path,
-                "FIELDSALES_DUCKLAKE_PASSWORD": pg.password,
-            }
-            backends = {
-                "file": (where / "file" / "fieldsales.duckdb", None, {}),
-                "ducklake": (where / "lake_local" / "fieldsales.duckdb", lake, lake_env),
-            }
-            for path, _, _ in backends.values():
-                path.parent.mkdir(parents=True, exist_ok=True)
-
-            def stored(backend: str) -> dict[str, int]:
-                database, here, _ = backends[backend]
-                if here is None:
-                    working = FieldSalesWarehouse(database=str(database)).working_path
-                    return {str(p): p.stat().st_size for p in (database, working) if p.exists()}
-                files = Path(here.data_path).rglob("*.parquet")
-                sizes = {str(p): p.stat().st_size for p in files}
-                conn = pg.connect()
-                try:
-                    with conn.cursor() as cur:
-                        cur.execute("SELECT pg_database_size(%s)", [catalog])
-                        sizes["catalog"] = cur.fetchone()[0]
-                finally:
-                    conn.close()
-                return sizes
-
-            try:
-                for generation, run in ((0, "full"), (1, "nightly")):
-                    with DemoAPI(
-                        size,
-                        token,
-                        where / f"demo_api-gen{generation}.log",
-                        seed=self.args.seed,
-                        prerender=not self.args.live_server,
-                        generation=generation,
-                    ) as api:
-                        expected = expected_counts(api)
-                        for backend, (database, here, env) in backends.items():
-                            label = f"{backend}: {run} run, every asset"
-                            print(f"   {label} ...", end=" ", flush=True)
-                            before = stored(backend)
-                            r = self.project(
-                                api, expected, where, f"{backend}_{run}", REFRESH_SELECTION, label,
-                                database=database, lake=here, count_writes=True,
-                                home=where / f"{backend}_full.dagster_home" if generation else None,
-                                **env,
-                            )  # fmt: skip
-                            r.m.extra["stored"] = (before, stored(backend))
-                            out.append(r)
-                            print(_progress_line(r), flush=True)
-            except (KeyboardInterrupt, Interrupted):
-                self._interrupted()
-            finally:
-                for database, _, _ in backends.values():
-                    self._cleanup_db(database)
-                shutil.rmtree(where / "lake_files", ignore_errors=True)
-                os.environ.pop("FIELDSALES_DUCKLAKE_PASSWORD", None)
-        return expected, out
-
-    # -- the heavy tenant -----------------------------------------------------------------------
 
     def run_heavy(self) -> tuple[Expected, list[StepResult]]:
         """The nightly run (every asset, default settings) on a tenant of realistic weight: the
@@ -744,7 +618,7 @@ def _dagster_steps(log_path: Path) -> tuple[list[tuple[str, float]], float | Non
 
 
 def _in_process_s(log_path: Path) -> float:
-    """The run's own time: Dagster's ``Finished steps in process ... in 4.92s`` (publish too)."""
+    """The run's own time: Dagster's ``Finished steps in process ... in 4.92s``."""
     try:
         match = IN_PROCESS_LINE.search(log_path.read_text("utf-8", "replace"))
     except OSError:
@@ -775,7 +649,7 @@ def _latest_metadata(home: Path, keys: list[str]) -> dict[str, dict[str, object]
     return out
 
 
-def _compare_tables(a: Path, b: Path, core: bool = False) -> str:
+def _compare_tables(a_path: Path, b_path: Path, core: bool = False) -> str:
     """``yes`` when every raw table of a equals b's row for row (``loaded_at`` aside), and with
     ``core`` every core and mart table too."""
     parts = []
@@ -784,8 +658,9 @@ def _compare_tables(a: Path, b: Path, core: bool = False) -> str:
         "preserve_insertion_order": False,
         "enable_progress_bar": False,
     }
-    with duckdb.connect(str(a), read_only=True, config=config) as conn:
-        conn.execute(f"ATTACH '{b}' AS other (READ_ONLY)")
+    a, b = _lake_of(a_path), dataclasses.replace(_lake_of(b_path), alias="other")
+    with connect_lake(a, config, read_only=True) as conn:
+        conn.execute(b.attach_sql(read_only=True))
         here = conn.execute("SELECT current_database()").fetchone()[0]
         tables = [  # md5 of the payload: the set operations stay small
             ("raw.events", "id, md5(payload::VARCHAR)"),
@@ -837,10 +712,10 @@ def _md5_of_row(conn: duckdb.DuckDBPyConnection, database: str, table: str) -> s
 
 
 def _copy_deployment(database: Path, to: Path, home: Path, to_home: Path) -> None:
-    """A copy of a deployment's files (the published and working DuckDB files, DAGSTER_HOME)."""
-    working = FieldSalesWarehouse(database=str(database)).working_path
-    shutil.copy(database, to)
-    shutil.copy(working, FieldSalesWarehouse(database=str(to)).working_path)
+    """A copy of a deployment's lake (catalog and data folder) and its DAGSTER_HOME."""
+    source, target = _lake_of(database), _lake_of(to)
+    shutil.copy(source.catalog.removeprefix("sqlite:"), target.catalog.removeprefix("sqlite:"))
+    shutil.copytree(source.data_path, target.data_path)
     shutil.copytree(home, to_home)
 
 
@@ -855,8 +730,17 @@ def _dlt_stages(stdout: str) -> dict[str, float]:
     return {}
 
 
+def _lake_of(database: Path) -> Lake:
+    """The lake a step names by a path, as the steps named DuckDB files: the catalog
+    ``<stem>.ducklake.sqlite`` and the data folder ``<stem>_lake`` beside it."""
+    return Lake(
+        catalog=f"sqlite:{database.with_name(database.stem + '.ducklake.sqlite')}",
+        data_path=str(database.with_name(database.stem + "_lake")),
+    )
+
+
 def _read_only(database: Path | Lake) -> duckdb.DuckDBPyConnection:
-    """A read-only connection to a DuckDB file, or to a lake (as an analyst attaches it)."""
+    """A read-only connection to a DuckDB file (dlt's), or to a lake (as an analyst attaches it)."""
     if isinstance(database, Lake):
         return connect_lake(database, read_only=True)
     return duckdb.connect(str(database), read_only=True)
@@ -1157,7 +1041,7 @@ def incremental_section(
         "(`'*'`, what the nightly schedule refreshes). The incremental rows are the setup "
         "deployment's next run (its files and DAGSTER_HOME, copied for the raw-only one); the full "
         "rows are first runs into fresh files. *In the run* is the run's own time (from the "
-        "run's start to its end, the publish included: Dagster's `Finished steps in process`); "
+        "run's start to its end: Dagster's `Finished steps in process`); "
         "the rest of *wall* is the CLI's start-up and exit.",
         "",
         "| step | mode used | wall s | in the run s | raw_transactions step s | core steps s | "
@@ -1230,67 +1114,6 @@ def incremental_section(
             f"to take {full_raw.m.wall_s / 10:.2f} s.",
         ]
     return "\n".join(lines)
-
-
-def ducklake_section(size: int, expected: Expected, results: list[StepResult]) -> str:
-    lines = [
-        f"## Storage: file vs DuckLake, {size:,} transactions, full run then nightly run",
-        "",
-        f"Generation 1: {expected.transactions:,} transactions, {expected.events:,} events, "
-        f"{expected.event_groups:,} event groups. Each row is `dagster asset materialize -m "
-        f"fieldsales_dagster --select '{REFRESH_SELECTION}'` (the refresh job's assets: every "
-        "asset but the lake's weekly upkeep; refresh_mode auto): a full run into an empty "
-        "warehouse, then the nightly run of the same deployment after ~1% of the events evolved "
-        "(`fieldsales-demo-api --generation 1`). DuckLake: `FIELDSALES_STORAGE=ducklake`, the "
-        "catalog a PostgreSQL database (pgserver, on this machine), the Parquet files in the "
-        "work folder. *In the run*: Dagster's `Finished steps in process`; the rest of *wall* "
-        "is the CLI's start-up and exit. *Written by the run*: `write_bytes` of the run's "
-        "process tree (`benchmarks/io_written.py`: spills, spools and Dagster's own logs "
-        "included; the PostgreSQL server's writes are not the run's). *Added to the warehouse*: "
-        "file: the published copy the run wrote (the whole database, every run); DuckLake: the "
-        "Parquet files the run added plus the catalog database's growth. *Warehouse size*: the "
-        "analysts' file, or every Parquet file plus the catalog database.",
-        "",
-        "| storage, run | raw_transactions mode | wall s | in the run s | peak RSS (tree) | "
-        "written by the run | added to the warehouse | of which catalog | warehouse size |",
-        "|---|---|---:|---:|---:|---:|---:|---:|---:|",
-    ]
-    for r in results:
-        if not r.ok:
-            lines.append(f"| {r.label} | FAILED ({_why(r)}) |" + " – |" * 7)
-            continue
-        tx = _refresh(r).get("raw_transactions", {})
-        written = (r.m.extra.get("io") or {}).get("write_bytes", float("nan"))
-        added, catalog, total = _stored_change(r)
-        lines.append(
-            f"| {r.label} | {tx.get('refresh_mode', '–')} | {_fmt_s(r.m.wall_s)} | "
-            f"{_fmt_s(_in_run(r))} | {fmt_bytes(r.m.peak_rss)} | {fmt_bytes(written)} | "
-            f"{fmt_bytes(added)} | {fmt_bytes(catalog)} | {fmt_bytes(total)} |"
-        )
-    by_step = {r.step: r for r in results if r.ok}
-    file, lake = by_step.get("file_nightly"), by_step.get("ducklake_nightly")
-    if file and lake:
-        file_added, lake_added = _stored_change(file)[0], _stored_change(lake)[0]
-        lines += [
-            "",
-            f"Nightly run, DuckLake / file: wall {lake.m.wall_s / file.m.wall_s:.2f}×, in the "
-            f"run {_in_run(lake) / _in_run(file):.2f}×, added to the warehouse "
-            f"{lake_added / file_added:.3f}× ({fmt_bytes(lake_added)} against the file "
-            f"backend's whole copy of {fmt_bytes(file_added)}), peak RSS "
-            f"{lake.m.peak_rss / file.m.peak_rss:.2f}×.",
-        ]
-    return "\n".join(lines)
-
-
-def _stored_change(r: StepResult) -> tuple[float, float, float]:
-    """What a run added to the warehouse, of which the catalog's growth, and its size after."""
-    before, after = r.m.extra.get("stored") or ({}, {})
-    if "catalog" not in after:  # a file: its publish wrote a whole copy of the database
-        published = [size for path, size in after.items() if ".working." not in path]
-        return float(sum(published)), float("nan"), float(sum(published))
-    catalog = after["catalog"] - before.get("catalog", 0)
-    new_files = sum(size for path, size in after.items() if path not in before)  # Parquet only
-    return float(new_files + catalog), float(catalog), float(sum(after.values()))
 
 
 def _step_s(r: StepResult, step: str) -> float:
@@ -1379,7 +1202,7 @@ def _parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--runs", type=int, default=1, help="repetitions of every step (median shown)")
     p.add_argument(
         "--only",
-        default="floor,project,publish,dlt_fast,dlt_default,latency,incremental,heavy,ducklake",
+        default="floor,project,dlt_fast,dlt_default,latency,incremental,heavy",
         help=f"steps to run, comma list of {', '.join(ONLY_CHOICES)} (project = raw + all)",
     )
     p.add_argument("--latency-size", type=int, default=20_000)
@@ -1390,12 +1213,6 @@ def _parse_args(argv: list[str] | None) -> argparse.Namespace:
         help="transactions of the heavy-profile run (`--only heavy`)",
     )
     p.add_argument("--latency-ms", type=float, default=50.0)
-    p.add_argument(
-        "--ducklake-size",
-        type=int,
-        default=1_000_000,
-        help="transactions of the file vs DuckLake comparison (`--only ducklake`)",
-    )
     p.add_argument(
         "--dlt-fast-max",
         type=int,
@@ -1437,13 +1254,10 @@ def _parse_args(argv: list[str] | None) -> argparse.Namespace:
         p.error(f"unknown --only value(s) {', '.join(sorted(unknown))}; known: {ONLY_CHOICES}")
     if "project" in only:
         only |= {"project_raw", "project_all"}
-    if "publish" in only:
-        only.add("project_all")  # publishes what project all built
     args.steps = [s for s in STEPS if s in only]
     args.latency = "latency" in only
     args.incremental = "incremental" in only
     args.heavy = "heavy" in only
-    args.ducklake = "ducklake" in only
     if args.runs < 1:
         p.error("--runs must be >= 1")
     return args
@@ -1495,15 +1309,6 @@ def main(argv: list[str] | None = None) -> int:
             except BenchmarkError as exc:
                 print(f"   FAILED: {exc}", file=sys.stderr)
                 section = f"## Heavy profile\n\nFAILED: {exc}"
-            sections.append((suffix, section))
-        if args.ducklake and not bench.interrupted:
-            suffix = f"ducklake-{args.ducklake_size}"
-            try:
-                expected, results = bench.run_ducklake(args.ducklake_size)
-                section = ducklake_section(args.ducklake_size, expected, results)
-            except BenchmarkError as exc:
-                print(f"   FAILED: {exc}", file=sys.stderr)
-                section = f"## Storage: file vs DuckLake\n\nFAILED: {exc}"
             sections.append((suffix, section))
         if args.latency and not bench.interrupted:
             suffix = f"latency-{args.latency_size}"

@@ -7,7 +7,7 @@ value fails the definitions load at once, with one paragraph naming the setting,
 what it accepts. One instance becomes:
 
 * resources: the API client (its token a Dagster ``EnvVar``, so the UI shows the variable's name,
-  never the token) and the DuckDB warehouse;
+  never the token) and the warehouse (a DuckLake);
 * assets ``raw_*`` and ``core_*`` (under ``key_prefix`` for a second tenant), their checks;
 * the refresh job and its schedule, the token-renewal sensor and its job, and the core-table
   automation sensor.
@@ -32,6 +32,7 @@ from pydantic_core import PydanticUndefined
 
 from fieldsales_dagster.assets.checks import build_core_checks, checks_in_asset_step
 from fieldsales_dagster.assets.core import build_core_assets
+from fieldsales_dagster.assets.export import build_export_asset
 from fieldsales_dagster.assets.io_manager import build_io_manager
 from fieldsales_dagster.assets.mart import build_mart_assets
 from fieldsales_dagster.assets.raw import build_raw_assets
@@ -45,23 +46,20 @@ from fieldsales_dagster.automation.sensors import (
 from fieldsales_dagster.client.errors import FieldSalesAPIError
 from fieldsales_dagster.client.resource import FieldSalesAPI
 from fieldsales_dagster.client.urls import validate_base_url
+from fieldsales_dagster.loading.refresh_mode import RefreshMode
 from fieldsales_dagster.names import InstanceNames
-from fieldsales_dagster.paths import (
-    PathSettingError,
-    check_file_setting,
-    check_own_folder_setting,
+from fieldsales_dagster.paths import PathSettingError, check_file_setting
+from fieldsales_dagster.settings import (
+    ITEM_SHARE_OF_MEMORY,
+    RETIRED_SETTINGS,
+    SETTINGS,
+    setting_field,
 )
-from fieldsales_dagster.settings import ITEM_SHARE_OF_MEMORY, SETTINGS, setting_field
 from fieldsales_dagster.tenancy import Claim, refuse_shared_claims
 from fieldsales_dagster.token.renewal import RenewalPolicy
 from fieldsales_dagster.token.secret import clean_token
-from fieldsales_dagster.warehouse.refresh_mode import RefreshMode
-from fieldsales_dagster.warehouse.resource import (
-    PROJECT_SCHEMAS,
-    FieldSalesWarehouse,
-    is_motherduck,
-    lake_local_folder,
-)
+from fieldsales_dagster.warehouse.lake import Lake, check_catalog, old_warehouse_warning
+from fieldsales_dagster.warehouse.resource import PROJECT_SCHEMAS, FieldSalesWarehouse
 
 #: ``{{ env.NAME }}`` or ``{{ env('NAME') }}``: the only accepted form of a secret in YAML.
 _ENV_REFERENCE = re.compile(
@@ -69,6 +67,9 @@ _ENV_REFERENCE = re.compile(
 )
 #: Schemas the project writes: a DuckDB file may not be named after one (see ``_duckdb_path``).
 RESERVED_STEMS = PROJECT_SCHEMAS
+#: The one value the retired ``storage`` setting still accepts (FIELDSALES_STORAGE of an older
+#: deployment): DuckLake is the only storage.
+LAKE_STORAGE = "ducklake"
 _IDENTIFIER = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 _MEMORY = re.compile(r"^\d+(\.\d+)?\s*(B|KB|MB|GB|TB|KiB|MiB|GiB|TiB)$", re.IGNORECASE)
 
@@ -116,7 +117,7 @@ def _secret_env_var(context: dg.ResolutionContext, raw: Any) -> str:
 # --- `dg scaffold defs fieldsales_dagster.FieldSalesComponent <folder>`: a new tenant ---------
 #
 # The folder's name becomes the tenant's key prefix, and every setting a tenant must have to itself
-# (its API, token, DuckDB file and token store) reads an environment variable named after it, so
+# (its API, token, lake and token store) reads an environment variable named after it, so
 # the new folder loads beside the shipped one (tenancy.py refuses shared files) and no secret is
 # ever written into the YAML. `requirements: env:` lists the variables it reads (`dg list env`).
 
@@ -124,7 +125,8 @@ def _secret_env_var(context: dg.ResolutionContext, raw: Any) -> str:
 TENANT_VARIABLES = {
     "base_url": "{PREFIX}_FIELDSALES_BASE_URL",
     "api_token": "{PREFIX}_FIELDSALES_API_TOKEN",
-    "duckdb_path": "{PREFIX}_FIELDSALES_DUCKDB_PATH",
+    "ducklake_catalog": "{PREFIX}_FIELDSALES_DUCKLAKE_CATALOG",
+    "ducklake_data_path": "{PREFIX}_FIELDSALES_DUCKLAKE_DATA_PATH",
     "token_store_path": "{PREFIX}_FIELDSALES_TOKEN_STORE",
 }
 
@@ -149,13 +151,16 @@ def tenant_defs_yaml(type_name: str, tenant: str) -> str:
     values = {
         "base_url": f"env.{variables['base_url']}",
         "api_token": f"env.{variables['api_token']}",
-        "duckdb_path": f"env.{variables['duckdb_path']} or 'data/{tenant}.duckdb'",
+        "ducklake_catalog": (
+            f"env.{variables['ducklake_catalog']} or 'sqlite:data/{tenant}.ducklake.sqlite'"
+        ),
+        "ducklake_data_path": f"env.{variables['ducklake_data_path']} or 'data/{tenant}_lake'",
         "token_store_path": f"env.{variables['token_store_path']} or {home_store}",
     }
     template = {name: '"{{ ' + value + ' }}"' for name, value in values.items()}
     requirements = "\n".join(f"    - {variable}" for variable in variables.values())
     return (
-        f"# Field-Sales tenant {tenant!r}: its own API, token, DuckDB file and token store, each\n"
+        f"# Field-Sales tenant {tenant!r}: its own API, token, lake and token store, each\n"
         "# read from an environment variable (only a variable's name is written here, never a\n"
         "# token). Every other setting keeps its default (fieldsales_dagster/settings.py); add it\n"
         "# under attributes to change it.\n"
@@ -164,10 +169,11 @@ def tenant_defs_yaml(type_name: str, tenant: str) -> str:
         "attributes:\n"
         f"  base_url: {template['base_url']}\n"
         f"  api_token: {template['api_token']}\n"
-        f"  # Assets {tenant}/raw_events ..., job {tenant}_refresh_all, pool "
-        f"fieldsales_duckdb_{tenant}.\n"
+        f"  # Assets {tenant}/raw_events ..., job {tenant}_refresh_all, pools "
+        f"fieldsales_duckdb_{tenant}_*.\n"
         f"  key_prefix: {tenant}\n"
-        f"  duckdb_path: {template['duckdb_path']}\n"
+        f"  ducklake_catalog: {template['ducklake_catalog']}\n"
+        f"  ducklake_data_path: {template['ducklake_data_path']}\n"
         f"  token_store_path: {template['token_store_path']}\n"
         "\n"
         "requirements:\n"
@@ -190,7 +196,7 @@ class FieldSalesScaffolder(dg.Scaffolder):
 
 @dg.scaffold_with(FieldSalesScaffolder)
 class FieldSalesComponent(dg.Component, dg.Model, dg.Resolvable):
-    """One Field-Sales instance, loaded into one DuckDB file and kept fresh.
+    """One Field-Sales instance, loaded into one DuckLake and kept fresh.
 
     ``dg scaffold defs fieldsales_dagster.FieldSalesComponent acme`` adds a tenant: a folder
     ``defs/acme`` whose ``defs.yaml`` reads ``ACME_FIELDSALES_*`` variables (``tenant_defs_yaml``).
@@ -211,10 +217,11 @@ class FieldSalesComponent(dg.Component, dg.Model, dg.Resolvable):
         ),
     ] = SETTINGS["api_token"].variable
     token_store_path: str = setting_field("token_store_path", bounded=False)
-    duckdb_path: str = setting_field("duckdb_path", bounded=False)
+    duckdb_path: str | None = setting_field("duckdb_path", bounded=False)
     create_dirs: bool = setting_field("create_dirs", bounded=False)
     duckdb_memory_limit: str = setting_field("duckdb_memory_limit", bounded=False)
-    storage: Literal["file", "ducklake"] = setting_field("storage", bounded=False)
+    # Retired (RETIRED_SETTINGS): unset or "ducklake" accepted with a warning, "file" refused.
+    storage: str | None = None
     ducklake_catalog: str | None = setting_field("ducklake_catalog", bounded=False)
     ducklake_data_path: str | None = setting_field("ducklake_data_path", bounded=False)
     ducklake_schema: str | None = setting_field("ducklake_schema", bounded=False)
@@ -283,11 +290,19 @@ class FieldSalesComponent(dg.Component, dg.Model, dg.Resolvable):
             raise ValueError("it is out of range")
         return value
 
+    @field_validator("duckdb_path", mode="before")
+    @classmethod
+    def _no_export(cls, value: Any) -> Any:
+        # The default YAML reads an unset variable as an empty string: no export.
+        return value.strip() or None if isinstance(value, str) else value
+
     @field_validator("duckdb_path")
     @classmethod
-    def _duckdb_path(cls, value: str) -> str:
+    def _duckdb_path(cls, value: str | None) -> str | None:
         # DuckDB names a file's catalog after its stem: raw.duckdb would shadow the raw schema.
-        if not value.startswith("md:") and Path(value).stem.lower() in RESERVED_STEMS:
+        if value is None:
+            return None
+        if Path(value).stem.lower() in RESERVED_STEMS:
             raise ValueError(
                 f"a file named {Path(value).name} gives DuckDB a catalog named like one of the "
                 f"schemas ({', '.join(sorted(RESERVED_STEMS))})"
@@ -325,6 +340,31 @@ class FieldSalesComponent(dg.Component, dg.Model, dg.Resolvable):
         # The default YAML reads an unset variable as an empty string.
         return value.strip() or None if isinstance(value, str) else value
 
+    @field_validator("ducklake_catalog")
+    @classmethod
+    def _catalog(cls, value: str | None) -> str | None:
+        return None if value is None else check_catalog(value)
+
+    @field_validator("storage", mode="before")
+    @classmethod
+    def _storage(cls, value: Any) -> Any:
+        text = value.strip().lower() if isinstance(value, str) else value
+        if text in (None, ""):
+            return None
+        if text == LAKE_STORAGE:
+            dg.get_dagster_logger().warning(
+                "Field-Sales: storage (FIELDSALES_STORAGE=ducklake) is no longer a setting: "
+                "DuckLake is the only storage. Remove it from defs.yaml and the environment."
+            )
+            return None
+        raise ValueError(
+            "it was retired: this release keeps the tables in a DuckLake only (the file storage "
+            "and its publish step are gone), so remove storage: from defs.yaml and unset "
+            "FIELDSALES_STORAGE. An existing DuckDB warehouse file is left untouched: "
+            "docs/storage.md says how to move (a full refresh into the lake), and "
+            "FIELDSALES_DUCKDB_PATH keeps a single-file export for tools that need one"
+        )
+
     @field_validator("ducklake_schema")
     @classmethod
     def _lake_schema(cls, value: str | None) -> str | None:
@@ -333,17 +373,15 @@ class FieldSalesComponent(dg.Component, dg.Model, dg.Resolvable):
         return value or None
 
     @model_validator(mode="after")
-    def _lake_needs_a_place(self) -> FieldSalesComponent:
-        if self.storage != "ducklake":
-            return self
-        for field in ("ducklake_catalog", "ducklake_data_path"):
-            if not getattr(self, field):
-                variable, accepts = SETTINGS[field].variable, SETTINGS[field].help
-                raise SettingError(
-                    f"Field-Sales setting {field} (from {variable}) is not set, and storage: "
-                    f"ducklake (FIELDSALES_STORAGE) needs it. It takes {accepts}; set it in "
-                    f"defs.yaml or through {variable}, or choose storage: file, and load again."
-                )
+    def _postgres_needs_a_data_path(self) -> FieldSalesComponent:
+        if (self.ducklake_catalog or "").startswith("postgres:") and not self.ducklake_data_path:
+            variable = SETTINGS["ducklake_data_path"].variable
+            raise SettingError(
+                f"Field-Sales setting ducklake_data_path (from {variable}) is not set, and a "
+                "PostgreSQL catalog (FIELDSALES_DUCKLAKE_CATALOG) needs it: the folder every "
+                "machine sees (a shared volume) or an s3:// URL for the lake's Parquet files. "
+                f"Set it in defs.yaml or through {variable} and load again."
+            )
         return self
 
     @field_validator("alert_email_to", "alert_email_from")
@@ -390,9 +428,7 @@ class FieldSalesComponent(dg.Component, dg.Model, dg.Resolvable):
 
     @property
     def names(self) -> InstanceNames:
-        return InstanceNames(
-            self.key_prefix, self.group_prefix, pool_per_table=self.storage == "ducklake"
-        )
+        return InstanceNames(self.key_prefix, self.group_prefix)
 
     def build_resources(self) -> dict[str, dg.ConfigurableResource | dg.IOManagerDefinition]:
         token_variable = self.api_token_env_var
@@ -432,8 +468,8 @@ class FieldSalesComponent(dg.Component, dg.Model, dg.Resolvable):
                 max_item_mb=self.max_item_mb,
             ),
             self.names.warehouse_resource: FieldSalesWarehouse(
-                database=self.duckdb_path,
-                storage=self.storage,
+                export_path=self.duckdb_path,
+                tenant=self.tenant,
                 ducklake_catalog=self.ducklake_catalog,
                 ducklake_data_path=self.ducklake_data_path,
                 ducklake_schema=self.ducklake_schema,
@@ -468,10 +504,17 @@ class FieldSalesComponent(dg.Component, dg.Model, dg.Resolvable):
                 "or lower max_item_mb, and load again."
             )
 
+    @property
+    def tenant(self) -> str:
+        """Who this instance's lake belongs to: recorded in the lake on first use, and a lake
+        recorded for another tenant is refused (``lake.check_tenant``)."""
+        return f"{self.base_url} (key_prefix {self.key_prefix or '-'})"
+
     def check_paths(self) -> None:
-        """Fail the load at once if a file setting points where the pipeline cannot write."""
+        """Fail the load at once if a file setting points where the pipeline cannot write; warn
+        once about a DuckDB warehouse of an earlier release (``lake.old_warehouse_warning``)."""
         settings = {"token_store_path": self.token_store_path}
-        if not self.duckdb_path.startswith("md:") and self.storage == "file":
+        if self.duckdb_path is not None:
             settings["duckdb_path"] = self.duckdb_path
         try:
             for setting, path in settings.items():
@@ -481,20 +524,18 @@ class FieldSalesComponent(dg.Component, dg.Model, dg.Resolvable):
                     variable=SETTINGS[setting].variable,
                     create_dirs=self.create_dirs,
                 )
-            if self.storage == "ducklake":  # no DuckDB file there: only the local spill folder
-                spills = lake_local_folder(self.duckdb_path)
-                check_own_folder_setting(
-                    spills,
-                    setting="duckdb_path",
-                    variable=SETTINGS["duckdb_path"].variable,
-                    used_for=(
-                        "on storage: ducklake no DuckDB file is written there, its folder only "
-                        "holds DuckDB's spill and spool files"
-                    ),
-                    create_dirs=self.create_dirs,
-                )
         except PathSettingError as exc:
             raise SettingError(str(exc)) from None
+        warning = old_warehouse_warning(self.warehouse_lake(), self.duckdb_path)
+        if warning:
+            dg.get_dagster_logger().warning(warning)
+
+    def warehouse_lake(self) -> Lake:
+        return FieldSalesWarehouse(
+            ducklake_catalog=self.ducklake_catalog,
+            ducklake_data_path=self.ducklake_data_path,
+            ducklake_schema=self.ducklake_schema,
+        ).lake
 
     def freshness_policy(self) -> dg.FreshnessPolicy:
         """Core tables are fresh if refreshed within one schedule interval (plus an hour of slack
@@ -507,11 +548,21 @@ class FieldSalesComponent(dg.Component, dg.Model, dg.Resolvable):
     def build_assets(self) -> list[dg.AssetsDefinition]:
         names, policy = self.names, self.freshness_policy()
         # Every table loads as a pandas input of a user asset through the IO manager.
-        return [
+        tables = [
             *build_raw_assets(names, self.owners, names.io_manager),
             *build_core_assets(names, self.owners, policy, checks_in_asset_step, names.io_manager),
             *build_mart_assets(names, self.owners, policy, checks_in_asset_step, names.io_manager),
         ]
+        if self.duckdb_path is None:
+            return tables
+        # The single-file export, after the core and mart tables (assets/export.py).
+        built = [
+            key
+            for asset in tables
+            for key in asset.keys
+            if key.path[-1].startswith(("core_", "mart_"))
+        ]
+        return [*tables, build_export_asset(names, self.owners, built)]
 
     def build_checks(self, assets: list[dg.AssetsDefinition]) -> list[dg.AssetChecksDefinition]:
         return [
@@ -546,18 +597,17 @@ class FieldSalesComponent(dg.Component, dg.Model, dg.Resolvable):
             Claim("pool", self.names.pool, "key_prefix"),
             Claim("token store", str(Path(self.token_store_path).resolve()), "token_store_path"),
         ]
-        if self.storage == "ducklake":
-            lake = f"{self.ducklake_catalog} (schema {self.ducklake_schema or 'main'})"
-            return [*claims, Claim("DuckLake", lake, "ducklake_catalog and ducklake_schema")]
-        if is_motherduck(self.duckdb_path):
-            return [*claims, Claim("MotherDuck database", self.duckdb_path, "duckdb_path")]
-        working = FieldSalesWarehouse(database=self.duckdb_path).working_path
-        assert working is not None  # a DuckDB file always has a working copy
-        return [
-            *claims,
-            Claim("DuckDB file", str(Path(self.duckdb_path).resolve()), "duckdb_path"),
-            Claim("DuckDB file", str(Path(working).resolve()), "working file of duckdb_path"),
-        ]
+        # Spellings compared here; what the lake records (its tenant) is checked at first write.
+        lake = self.warehouse_lake()
+        where = lake.catalog_file.resolve() if lake.catalog_file else lake.catalog
+        claims.append(
+            Claim("DuckLake", f"{where} (schema {lake.schema or 'main'})", "ducklake_catalog")
+        )
+        if self.duckdb_path is not None:
+            claims.append(
+                Claim("DuckDB export", str(Path(self.duckdb_path).resolve()), "duckdb_path")
+            )
+        return claims
 
     def build_defs(self, context: dg.ComponentLoadContext) -> dg.Definitions:
         refuse_shared_claims(context, FieldSalesComponent)
@@ -567,23 +617,21 @@ class FieldSalesComponent(dg.Component, dg.Model, dg.Resolvable):
         job = build_refresh_job(names, selection)
         jobs: list[Any] = [job]
         schedules = [build_refresh_schedule(names, job, self.schedule_cron, self.schedule_timezone)]
-        upkeep: list[dg.AssetsDefinition] = []
-        if self.storage == "ducklake":
-            upkeep = [build_upkeep_asset(names, self.owners, self.retain_snapshots_days)]
-            upkeep_job, upkeep_schedule = build_upkeep_job_and_schedule(
-                names, upkeep[0], self.schedule_timezone
-            )
-            jobs.append(upkeep_job)
-            schedules.append(upkeep_schedule)
+        upkeep = build_upkeep_asset(names, self.owners, self.retain_snapshots_days)
+        upkeep_job, upkeep_schedule = build_upkeep_job_and_schedule(
+            names, upkeep, self.schedule_timezone
+        )
+        jobs.append(upkeep_job)
+        schedules.append(upkeep_schedule)
         alerts = self.alert_settings()
         alert_sensors = build_alert_sensors(
             names,
             alerts,
             job_names=[*(j.name for j in jobs), names.token_renewal_job],
-            asset_keys=[key for a in [*assets, *upkeep] for key in a.keys],
+            asset_keys=[key for a in [*assets, upkeep] for key in a.keys],
         )
         return dg.Definitions(
-            assets=dg.with_source_code_references([*assets, *upkeep]),
+            assets=dg.with_source_code_references([*assets, upkeep]),
             asset_checks=self.build_checks(assets),
             jobs=jobs,
             schedules=schedules,
@@ -604,6 +652,8 @@ def _explain_setting(field: str | None, value: Any, exc: Exception) -> str:
     field = field or "?"
     known = SETTINGS.get(field)
     variable, accepts = (known.variable, known.help) if known else ("", "a valid value")
+    if field in RETIRED_SETTINGS:
+        variable, accepts = RETIRED_SETTINGS[field], "nothing any more (leave it unset)"
     if isinstance(exc, ValidationError):
         why = "; ".join(error["msg"].removeprefix("Value error, ") for error in exc.errors())
     else:

@@ -8,7 +8,6 @@ from pathlib import Path
 import dagster as dg
 from pydantic import ValidationError
 
-from fieldsales_dagster.assets.publish import with_publish_steps
 from fieldsales_dagster.component import SettingError
 from fieldsales_dagster.tenancy import TenantConflictError
 from fieldsales_dagster.token.secret import TokenFormatError
@@ -70,11 +69,7 @@ def _shown(path: Path) -> str:
 @dg.definitions
 def defs() -> dg.Definitions:
     try:
-        # Every asset that writes a warehouse (the project's, and any user asset in defs/ taking
-        # the warehouse resource) is followed by that warehouse's publish step: assets/publish.py.
-        loaded = with_publish_steps(
-            dg.load_from_defs_folder(path_within_project=Path(__file__).parent)
-        )
+        loaded = dg.load_from_defs_folder(path_within_project=Path(__file__).parent)
     except Exception as exc:
         problems = configuration_problems(exc)
         if not problems:
@@ -85,9 +80,8 @@ def defs() -> dg.Definitions:
         ) from None
     return dg.Definitions.merge(
         loaded,
-        # Every asset writes one DuckDB file, and DuckDB allows one writer per file: steps would
-        # queue on its lock anyway, so running them in the run's own process saves a Python
-        # process (and its start-up) per step. Separate runs (schedule, UI, CLI) still meet at
-        # the lock in warehouse/resource.py.
+        # Steps run in the run's own process: it saves a Python process (and its start-up, and
+        # the lake's attach) per step. Separate runs (schedule, UI, CLI) write the lake at once,
+        # one writer per table (each table's pool), each table change one snapshot.
         dg.Definitions(executor=dg.in_process_executor),
     )

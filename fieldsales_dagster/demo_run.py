@@ -1,9 +1,10 @@
 """``fieldsales-demo-run``: the whole pipeline against the bundled demo API, in one command.
 
-Starts the demo API on loopback, materializes every asset (and runs every check) into the DuckDB
-file, then prints the tables written with their row counts and the result of every check on
-them. The demo data breaks a few rules on purpose (see ``EXPECTED_DEMO_FINDINGS``); those checks
-are named and marked as expected, and any other failing check makes the command fail.
+Starts the demo API on loopback, materializes every asset (and runs every check) into the lake
+(``data/fieldsales.ducklake.sqlite`` and ``data/lake/`` by default), then prints the tables written
+with their row counts and the result of every check on them. The demo data breaks a few rules on
+purpose (see ``EXPECTED_DEMO_FINDINGS``); those checks are named and marked as expected, and any
+other failing check makes the command fail.
 
 The run is recorded in a persistent Dagster home (``.dagster_home/`` by default, holding the
 project's ``dagster.yaml`` without its storage keys): ``dg dev``, started from the project folder
@@ -22,11 +23,10 @@ from pathlib import Path
 from typing import Protocol
 
 import dagster as dg
-import duckdb
 import yaml
 
-from fieldsales_dagster.assets.publish import PUBLISHED_CHECK
-from fieldsales_dagster.settings import SETTINGS
+from fieldsales_dagster.warehouse.lake import DEFAULT_CATALOG, DEFAULT_DATA_PATH
+from fieldsales_dagster.warehouse.resource import FieldSalesWarehouse
 from fieldsales_dagster.warehouse.rows import one_row
 
 DEFAULT_DAGSTER_HOME = ".dagster_home"
@@ -71,8 +71,8 @@ def prepare_dagster_home(home: Path, instance_yaml: Path | None = None) -> Path:
     return home.resolve()
 
 
-def table_rows(database: str) -> list[tuple[str, int]]:
-    with duckdb.connect(database, read_only=True) as conn:
+def table_rows(warehouse: FieldSalesWarehouse) -> list[tuple[str, int]]:
+    with warehouse.read_connection() as conn:
         tables = conn.execute(
             "SELECT table_schema, table_name FROM information_schema.tables "
             "WHERE table_schema IN ('raw', 'core', 'mart') "
@@ -87,25 +87,21 @@ def table_rows(database: str) -> list[tuple[str, int]]:
         ]
 
 
-def summarize(database: str, evaluations: list | None = None) -> tuple[str, list[str]]:
+def summarize(
+    warehouse: FieldSalesWarehouse, evaluations: list | None = None
+) -> tuple[str, list[str]]:
     """Row counts with each table's check results beside them; and the unexpected failures."""
     checks: dict[str, list] = defaultdict(list)
     for evaluation in evaluations or []:
         checks[evaluation.asset_key.to_user_string()].append(evaluation)
-    rows = table_rows(database)
+    rows = table_rows(warehouse)
     width = max((len(name) for name, _ in rows), default=5)
     lines = [f"{'table':<{width}}  {'rows':>10}  checks", f"{'-' * width}  {'-' * 10}  ------"]
     unexpected: list[str] = []
     counts = {"passed": 0, "expected": 0, "unexpected": 0}
-    published = 0
     for name, count in rows:
         asset = name.replace(".", "_")
         results = sorted(checks.pop(asset, []), key=lambda e: e.check_name)
-        # The publish step's check passes on every table at once: one line below says so.
-        passed_publish = [e for e in results if e.check_name == PUBLISHED_CHECK and e.passed]
-        published += len(passed_publish)
-        counts["passed"] += len(passed_publish)
-        results = [e for e in results if e not in passed_publish]
         if not results:
             lines.append(f"{name:<{width}}  {count:>10,}  -")
         for position, evaluation in enumerate(results):
@@ -128,8 +124,6 @@ def summarize(database: str, evaluations: list | None = None) -> tuple[str, list
                 note = f"FAILED ({evaluation.severity.value}), NOT expected"
                 unexpected.append(f"{asset} / {evaluation.check_name}")
             lines.append(label + note)
-    if published:
-        lines.append(f"{PUBLISHED_CHECK}: passed on {published} tables (the analysts' file)")
     lines.append("")
     lines.append(
         f"checks: {counts['passed']} passed, {counts['expected']} failed as the demo data "
@@ -208,7 +202,7 @@ def progress_logger(init_context: dg.InitLoggerContext) -> logging.Logger:
     return logger
 
 
-def run_and_report(job, instance, database: str) -> int:
+def run_and_report(job, instance, warehouse: FieldSalesWarehouse) -> int:
     """Run ``job`` on ``instance``, print the tables and checks; 0 unless something went wrong.
 
     The terminal shows one line per finished step (and any warning); Dagster's own DEBUG events
@@ -226,16 +220,16 @@ def run_and_report(job, instance, database: str) -> int:
     )
     print()
     if not result.success:
-        # No table summary: the file holds what an earlier run wrote, not this run's work.
+        # No table summary: the lake holds what an earlier run wrote, not this run's work.
         causes = failure_causes(result) or ["(no step failed; see the run's log)"]
         print(
             f"The run {result.run_id} FAILED, so no table is summarized (the tables in "
-            f"{database}, if any, are an earlier run's). Its full log is in the Dagster "
+            "the lake, if any, are an earlier run's). Its full log is in the Dagster "
             "instance (see the README to open it in the UI). The cause:\n  " + causes[0],
             file=sys.stderr,
         )
         return 1
-    text, unexpected = summarize(database, result.get_asset_check_evaluations())
+    text, unexpected = summarize(warehouse, result.get_asset_check_evaluations())
     print(text)
     return 1 if unexpected else 0
 
@@ -245,9 +239,14 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--transactions", type=int, default=DEMO_TRANSACTIONS)
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument(
-        "--database",
-        default=SETTINGS["duckdb_path"].default,
-        help=f"DuckDB file to write (default: {SETTINGS['duckdb_path'].default})",
+        "--catalog",
+        default=None,
+        help=f"The lake's catalog (default: {DEFAULT_CATALOG})",
+    )
+    parser.add_argument(
+        "--data-path",
+        default=None,
+        help=f"The lake's data folder, which must exist (default: {DEFAULT_DATA_PATH}, created)",
     )
     parser.add_argument(
         "--dagster-home",
@@ -263,17 +262,32 @@ def main(argv: list[str] | None = None) -> int:
     with DemoServer(config, token=DEMO_TOKEN) as server:
         os.environ["FIELDSALES_BASE_URL"] = server.base_url
         os.environ["FIELDSALES_API_TOKEN"] = server.token
-        os.environ["FIELDSALES_DUCKDB_PATH"] = args.database
+        for variable, value in (
+            ("FIELDSALES_DUCKLAKE_CATALOG", args.catalog),
+            ("FIELDSALES_DUCKLAKE_DATA_PATH", args.data_path),
+        ):
+            if value:
+                os.environ[variable] = value
+        # The demo writes the lake only: no single-file export, no DuckDB file under data/.
+        os.environ.pop("FIELDSALES_DUCKDB_PATH", None)
         # The demo owns its data folder (data/ by default): create it on first use.
         os.environ["FIELDSALES_CREATE_DIRS"] = "true"
         os.environ["DAGSTER_HOME"] = str(home)
-        print(f"Demo API on {server.base_url}; loading into {args.database}", flush=True)
+        warehouse = FieldSalesWarehouse(
+            ducklake_catalog=args.catalog, ducklake_data_path=args.data_path
+        )
+        lake = warehouse.lake
+        print(
+            f"Demo API on {server.base_url}; loading into the lake {lake.catalog} "
+            f"(data: {lake.data_path})",
+            flush=True,
+        )
 
         from fieldsales_dagster.definitions import defs
 
         job = defs().resolve_implicit_global_asset_job_def()
         with dg.DagsterInstance.from_config(str(home)) as instance:
-            status = run_and_report(job, instance, args.database)
+            status = run_and_report(job, instance, warehouse)
     print(
         f"\nThe run is recorded in {home}. To browse it: .venv/bin/dg dev from the project "
         "folder, DAGSTER_HOME unset (see the README)."

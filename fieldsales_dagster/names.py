@@ -52,9 +52,6 @@ class InstanceNames:
 
     key_prefix: str | None = None
     group_prefix: str | None = None
-    #: storage: ducklake: writers of different tables run at once, so each asset (each table)
-    #: has a pool of its own, and the instance's pool limit keeps one writer per table.
-    pool_per_table: bool = False
 
     def _prefixed(self, name: str, sep: str = "_") -> str:
         return f"{self.key_prefix}{sep}{name}" if self.key_prefix else name
@@ -73,13 +70,13 @@ class InstanceNames:
 
     @property
     def pool(self) -> str:
-        """DuckDB allows one writer per file: every asset of one instance sits in this pool."""
+        """The prefix of this instance's pools (``pool_for``)."""
         return f"fieldsales_duckdb_{self.key_prefix}" if self.key_prefix else "fieldsales_duckdb"
 
     def pool_for(self, asset_name: str) -> str:
-        """The pool of the asset writing ``asset_name``'s table: ``pool``, or on a lake
-        ``<pool>_<asset name>``."""
-        return f"{self.pool}_{asset_name}" if self.pool_per_table else self.pool
+        """The pool of the asset writing ``asset_name``'s table, ``<pool>_<asset name>``: writers
+        of different tables run at once, and the pools' limit (1) keeps one writer per table."""
+        return f"{self.pool}_{asset_name}"
 
     @property
     def api_resource(self) -> str:

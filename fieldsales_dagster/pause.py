@@ -3,7 +3,7 @@
 ``FIELDSALES_TEST_PAUSE_AT=<phase>`` makes ``pause_at(<phase>)`` say ``paused at <phase>`` on
 stderr and sleep until the process is killed (``fieldsales_dagster_tests/test_operate.py``).
 Unset, as it always is outside that test, ``pause_at`` returns at once and does nothing. Phases:
-``seeding``, ``loading``, ``merge``, ``core``, ``publish``, ``token_store``.
+``loading``, ``merge``, ``core``, ``export``, ``token_store``.
 """
 
 import os

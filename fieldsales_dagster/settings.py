@@ -137,12 +137,13 @@ SETTINGS: dict[str, Setting] = {
         ),
         Setting(
             "duckdb_path",
-            "data/fieldsales.duckdb",
-            "The DuckDB file analysts and BI tools open read-only, replaced atomically at the end "
-            "of every run that changed tables; an md: path is a MotherDuck database, written "
-            "directly",
+            None,
+            "The optional single-file export: each run that changed tables ends by writing one "
+            "lake snapshot into this DuckDB file, replaced atomically, for tools that open only a "
+            "file. It replaces only a previous export, never another DuckDB file",
             "a file path, e.g. data/fieldsales.duckdb",
             "FIELDSALES_DUCKDB_PATH",
+            unset="no export",
         ),
         Setting(
             "create_dirs",
@@ -161,37 +162,31 @@ SETTINGS: dict[str, Setting] = {
             "FIELDSALES_DUCKDB_MEMORY_LIMIT",
         ),
         Setting(
-            "storage",
-            "file",
-            "Where the warehouse lives: file (one DuckDB file, published to analysts after each "
-            "run) or ducklake (a catalog database plus Parquet files, written in place; several "
-            "machines can run and read it)",
-            "file or ducklake",
-            "FIELDSALES_STORAGE",
-        ),
-        Setting(
             "ducklake_catalog",
             None,
-            "storage: ducklake: the catalog database, postgres:dbname=... host=... user=... (no "
-            "password: it is read from ducklake_password_env_var), sqlite:<file> or a DuckDB "
-            "file <name>.ducklake for one host",
-            "the lake's catalog database: postgres:dbname=NAME host=HOST user=USER (the password "
-            "in FIELDSALES_DUCKLAKE_PASSWORD), sqlite:FILE or a DuckDB file NAME.ducklake",
+            "The lake's catalog database: sqlite:<file> for one host (any number of processes), "
+            "or postgres:dbname=... host=... user=... for several machines (no password: it is "
+            "read from ducklake_password_env_var)",
+            "the lake's catalog database: sqlite:FILE (one host) or postgres:dbname=NAME "
+            "host=HOST user=USER (the password in FIELDSALES_DUCKLAKE_PASSWORD)",
             "FIELDSALES_DUCKLAKE_CATALOG",
-            unset="required for ducklake",
+            unset="sqlite:data/fieldsales.ducklake.sqlite",
         ),
         Setting(
             "ducklake_data_path",
             None,
-            "storage: ducklake: the folder (or s3:// URL) of its Parquet files",
-            "the folder (or s3:// URL) the lake's Parquet files go to",
+            "The folder (or s3:// URL) of the lake's Parquet files. The default folder is "
+            "created with a new lake; a folder you set must exist (an unmounted volume fails the "
+            "run before anything is written)",
+            "an existing folder (or s3:// URL) the lake's Parquet files go to",
             "FIELDSALES_DUCKLAKE_DATA_PATH",
-            unset="required for ducklake",
+            unset="lake/ beside a SQLite catalog (data/lake), created when needed; required with "
+            "PostgreSQL",
         ),
         Setting(
             "ducklake_schema",
             None,
-            "storage: ducklake: this tenant's schema in the catalog database (DuckLake's "
+            "This tenant's schema in the catalog database (DuckLake's "
             "METADATA_SCHEMA), so that tenants share one catalog; its files go under "
             "<data_path>/<schema>",
             "a plain name: this tenant's schema in the catalog database",
@@ -206,7 +201,7 @@ SETTINGS: dict[str, Setting] = {
         Setting(
             "retain_snapshots_days",
             7.0,
-            "storage: ducklake: the upkeep expires snapshots older than this (days); time travel "
+            "The lake's upkeep expires snapshots older than this (days); time travel "
             "reaches back this far",
             _DAYS,
             gt=0,
@@ -407,3 +402,8 @@ SETTINGS: dict[str, Setting] = {
 def setting_field(name: str, *, bounded: bool = True) -> Any:
     """The pydantic field of setting ``name`` (see ``Setting.field``)."""
     return SETTINGS[name].field(bounded=bounded)
+
+
+#: Settings of earlier releases the component still reads, only to say what became of them:
+#: name -> its variable. ``storage`` (file or ducklake): DuckLake is the only storage now.
+RETIRED_SETTINGS = {"storage": "FIELDSALES_STORAGE"}

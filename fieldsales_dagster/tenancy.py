@@ -1,12 +1,13 @@
 """Tenants are isolated by construction: two instances never share a file, a token or a pool.
 
 Every Field-Sales component of a code location (one ``defs/<tenant>/defs.yaml`` each) claims its
-DuckDB file and the working file beside it, its token store (symlinks followed), its key prefix
-and its pool. When Dagster builds one component's definitions, the claims of every other
-Field-Sales component the code location declares are compared with its own, and a shared one
-fails the load (``dg check defs``, ``dagster asset materialize``, the webserver) naming both
-components and what they share: otherwise the second tenant's runs replace the first tenant's
-tables, or send one tenant's token to the other's server.
+lake (catalog and schema), its export file, its token store (symlinks followed), its key prefix and
+its pool. Two spellings of one catalog are caught when the lake is first written: the lake records
+its tenant (``warehouse/lake.py``, ``check_tenant``). When Dagster builds one component's
+definitions, the claims of every other Field-Sales component the code location declares are compared
+with its own, and a shared one fails the load (``dg check defs``, ``dagster asset materialize``, the
+webserver) naming both components and what they share: otherwise the second tenant's runs replace
+the first tenant's tables, or send one tenant's token to the other's server.
 """
 
 from __future__ import annotations
@@ -25,9 +26,9 @@ from dagster.components.core.defs_module import ComponentPath
 class Claim:
     """One thing a tenant must have to itself: ``thing`` ``value``, from its ``setting``."""
 
-    thing: str  # "DuckDB file", "token store", "key prefix", "pool"
+    thing: str  # "DuckLake", "DuckDB export", "token store", "key prefix", "pool"
     value: str  # a resolved path or a name
-    setting: str  # where it comes from, e.g. "duckdb_path" or "working file of duckdb_path"
+    setting: str  # where it comes from, e.g. "ducklake_catalog"
 
 
 class Tenant(Protocol):
@@ -60,7 +61,8 @@ def refuse_shared_claims(context: dg.ComponentLoadContext, of_type: type[Tenant]
                 + "; ".join(shared)
                 + ". Two tenants would replace each other's tables, send one tenant's token to "
                 "the other's server, or queue on one pool. Give each defs/<tenant>/defs.yaml its "
-                "own duckdb_path (FIELDSALES_DUCKDB_PATH), token_store_path "
+                "own lake (ducklake_catalog, or a ducklake_schema of its own), duckdb_path, "
+                "token_store_path "
                 "(FIELDSALES_TOKEN_STORE) and key_prefix (the pool follows it), then load again."
             )
 
@@ -90,8 +92,7 @@ def _describe(loc: ComponentPath, tenant: Tenant, root: Path) -> str:
 
 def _shared(mine: tuple[str, list[Claim]], theirs: tuple[str, list[Claim]]) -> list[str]:
     """What two tenants' claims have in common, as phrases naming whose setting each is:
-    'the pool x (key_prefix of both)', 'the DuckDB file y (duckdb_path of defs/a, working file
-    of duckdb_path of defs/b)'."""
+    'the pool x (key_prefix of both)', 'the DuckDB export y (duckdb_path of both)'."""
     (my_label, my_claims), (their_label, their_claims) = mine, theirs
     phrases = []
     for thing, value in dict.fromkeys((claim.thing, claim.value) for claim in my_claims):

@@ -1,9 +1,13 @@
-"""Shared fixtures: the bundled demo API on an ephemeral loopback port, a client, a DuckDB file."""
+"""Shared fixtures: the bundled demo API on an ephemeral loopback port, a client, a lake."""
 
 from __future__ import annotations
 
 import urllib.parse
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
 
+import duckdb
 import pytest
 
 from fieldsales_dagster.client.resource import FieldSalesAPI
@@ -12,10 +16,45 @@ from fieldsales_dagster.warehouse.resource import FieldSalesWarehouse
 
 @pytest.fixture(autouse=True)
 def isolated_state(tmp_path, monkeypatch):
-    """Keep every test's token store and DuckDB file under its own tmp_path."""
+    """Keep every test's token store and lake under its own tmp_path (no export)."""
     monkeypatch.setenv("FIELDSALES_TOKEN_STORE", str(tmp_path / "token_store.json"))
-    monkeypatch.setenv("FIELDSALES_DUCKDB_PATH", str(tmp_path / "fieldsales.duckdb"))
-    monkeypatch.delenv("DAGSTER_HOME", raising=False)
+    catalog, data_path = lake_paths(tmp_path)
+    monkeypatch.setenv("FIELDSALES_DUCKLAKE_CATALOG", catalog)
+    monkeypatch.setenv("FIELDSALES_DUCKLAKE_DATA_PATH", data_path)
+    for variable in ("FIELDSALES_DUCKDB_PATH", "FIELDSALES_STORAGE", "DAGSTER_HOME"):
+        monkeypatch.delenv(variable, raising=False)
+
+
+def lake_paths(folder: Path, name: str = "fieldsales") -> tuple[str, str]:
+    """The catalog and the (created) data folder of a lake named ``name`` under ``folder``."""
+    data = folder / f"{name}_lake"
+    data.mkdir(parents=True, exist_ok=True)
+    return f"sqlite:{folder / f'{name}.ducklake.sqlite'}", str(data)
+
+
+def make_warehouse(folder: Path, name: str = "fieldsales", **settings) -> FieldSalesWarehouse:
+    """A warehouse on a lake of its own under ``folder`` (``name`` tells two lakes apart)."""
+    catalog, data_path = lake_paths(folder, name)
+    return FieldSalesWarehouse(ducklake_catalog=catalog, ducklake_data_path=data_path, **settings)
+
+
+def lake_at(database: Path | str, **settings) -> FieldSalesWarehouse:
+    """The warehouse on the lake tests name by a path, as they named DuckDB files: the lake
+    ``<stem>`` in ``database``'s folder (``tmp_path / "fieldsales.duckdb"`` is the lake the
+    environment of ``isolated_state`` points at)."""
+    path = Path(database)
+    return make_warehouse(path.parent, path.stem, **settings)
+
+
+@contextmanager
+def read_lake(
+    warehouse: FieldSalesWarehouse | Path | str,
+) -> Iterator[duckdb.DuckDBPyConnection]:
+    """What an analyst opens: a read-only connection to the warehouse's lake (or ``lake_at``)."""
+    if not isinstance(warehouse, FieldSalesWarehouse):
+        warehouse = lake_at(warehouse)
+    with warehouse.read_connection() as conn:
+        yield conn
 
 
 @pytest.fixture
@@ -53,7 +92,7 @@ def api(demo_server, tmp_path) -> FieldSalesAPI:
 
 @pytest.fixture
 def warehouse(tmp_path) -> FieldSalesWarehouse:
-    return FieldSalesWarehouse(database=str(tmp_path / "fieldsales.duckdb"), busy_timeout_s=1.0)
+    return make_warehouse(tmp_path)
 
 
 @pytest.fixture

@@ -8,9 +8,9 @@ from pathlib import Path
 from typing import Any
 
 import dagster as dg
-import duckdb
 
-from fieldsales_dagster.warehouse.resource import FieldSalesWarehouse
+from fieldsales_dagster.warehouse.lake import one_transaction
+from fieldsales_dagster_tests.conftest import lake_at, read_lake
 from fieldsales_dagster_tests.project import core_assets, core_checks, mart_assets, materialize
 
 T0 = "2025-03-04T09:30:00.000Z"
@@ -255,11 +255,9 @@ def write_raw_tables(
 ) -> None:
     """Create ``raw.events``/``raw.transactions``/``raw.event_groups`` holding these items.
 
-    They go into the pipeline's working database: ``database`` is the analysts' copy, which the
-    core assets' run publishes.
+    They go into the lake ``lake_at(database)``, in one commit.
     """
-    working = FieldSalesWarehouse(database=str(database)).working_path
-    with duckdb.connect(str(working)) as conn:
+    with lake_at(database).get_connection() as conn, one_transaction(conn):
         conn.execute("CREATE SCHEMA IF NOT EXISTS raw")
         conn.execute(
             "CREATE OR REPLACE TABLE raw.events (id VARCHAR, payload JSON, loaded_at TIMESTAMP)"
@@ -311,7 +309,7 @@ def materialize_core_only(
     **warehouse_settings: Any,
 ) -> dg.ExecuteInProcessResult:
     """Materialize every core and mart asset from the raw tables as they are."""
-    warehouse = FieldSalesWarehouse(database=str(database), threads=2, **warehouse_settings)
+    warehouse = lake_at(database, threads=2, **warehouse_settings)
     return materialize(
         [
             *RAW_STAND_INS,
@@ -326,5 +324,5 @@ def materialize_core_only(
 
 
 def query(database: Path, sql: str, params: list | None = None) -> list[tuple]:
-    with duckdb.connect(str(database), read_only=True) as conn:
+    with read_lake(database) as conn:
         return conn.execute(sql, params or []).fetchall()

@@ -16,7 +16,6 @@ from fieldsales_dagster.assets.checks import (
 )
 from fieldsales_dagster.assets.core import build_core_assets
 from fieldsales_dagster.assets.mart import build_mart_assets
-from fieldsales_dagster.assets.publish import publish_steps, with_publish_steps
 from fieldsales_dagster.assets.raw import build_raw_assets
 from fieldsales_dagster.names import InstanceNames
 
@@ -52,10 +51,8 @@ def core_check_count() -> int:
 def materialize(
     assets: list[dg.AssetsDefinition], *, resources: dict[str, object], **kwargs: object
 ) -> dg.ExecuteInProcessResult:
-    """``dg.materialize`` with the publish step the code location adds after the writers."""
-    return dg.materialize(
-        [*assets, *publish_steps(assets, resources)], resources=resources, **kwargs
-    )
+    """``dg.materialize`` of ``assets`` with ``resources``."""
+    return dg.materialize(assets, resources=resources, **kwargs)
 
 
 def load_project_defs() -> dg.Definitions:
@@ -99,6 +96,6 @@ def write_project(root: Path, instances: dict[str, str]) -> Path:
 
 
 def load_project(package: Path, monkeypatch) -> dg.Definitions:
-    """The project's definitions as ``definitions.py`` builds them (with the publish steps)."""
+    """The project's definitions as ``definitions.py`` builds them."""
     monkeypatch.syspath_prepend(str(package.parent))
-    return with_publish_steps(dg.load_from_defs_folder(path_within_project=package))
+    return dg.load_from_defs_folder(path_within_project=package)

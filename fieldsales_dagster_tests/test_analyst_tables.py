@@ -12,7 +12,7 @@ import pytest
 from fieldsales_dagster.assets.core import CORE_TABLES
 from fieldsales_dagster.assets.mart import MART_TABLES
 from fieldsales_dagster.client import endpoints
-from fieldsales_dagster.warehouse.raw_load import raw_table_ddl
+from fieldsales_dagster.loading.raw_load import raw_table_ddl
 from fieldsales_dagster_tests import core_payloads as p
 
 CHECKBOX = p.field("f-box", "checkbox")

@@ -5,10 +5,8 @@ storage kind and URI, and every raw row traces to the run that loaded it."""
 from __future__ import annotations
 
 import hashlib
-from pathlib import Path
 
 import dagster as dg
-import duckdb
 import pytest
 
 from fieldsales_dagster.assets import core
@@ -17,6 +15,7 @@ from fieldsales_dagster.assets.mart import MART_TABLES
 from fieldsales_dagster.assets.metadata import storage_metadata
 from fieldsales_dagster.assets.raw import LOAD_RUNS
 from fieldsales_dagster.warehouse.resource import FieldSalesWarehouse
+from fieldsales_dagster_tests.conftest import lake_paths, make_warehouse, read_lake
 from fieldsales_dagster_tests.project import DEFAULT, OWNERS, load_project_defs
 
 SQL_TABLES = (*CORE_TABLES, *MART_TABLES)
@@ -29,10 +28,11 @@ def refreshed(tmp_path_factory):
     from fieldsales_dagster.demo_api import DemoConfig, DemoServer
 
     tmp = tmp_path_factory.mktemp("metadata")
-    database = tmp / "fieldsales.duckdb"
+    catalog, data_path = lake_paths(tmp)
     env = {
         "FIELDSALES_TOKEN_STORE": str(tmp / "token.json"),
-        "FIELDSALES_DUCKDB_PATH": str(database),
+        "FIELDSALES_DUCKLAKE_CATALOG": catalog,
+        "FIELDSALES_DUCKLAKE_DATA_PATH": data_path,
     }
     with (
         DemoServer(DemoConfig(transactions=300, seed=5), host="127.0.0.1", port=0) as server,
@@ -48,7 +48,7 @@ def refreshed(tmp_path_factory):
         defs = load_project_defs()
         result = defs.resolve_job_def("refresh_all").execute_in_process(instance=instance)
         assert result.success
-        yield defs, instance, result, database
+        yield defs, instance, result, make_warehouse(tmp)
 
 
 def latest_metadata(instance: dg.DagsterInstance, asset: str) -> dict:
@@ -57,9 +57,9 @@ def latest_metadata(instance: dg.DagsterInstance, asset: str) -> dict:
     return dict(event.asset_materialization.metadata)
 
 
-def table_columns(database: Path, table: str) -> set[str]:
+def table_columns(warehouse: FieldSalesWarehouse, table: str) -> set[str]:
     schema, _, name = table.partition(".")
-    with duckdb.connect(str(database), read_only=True) as conn:
+    with read_lake(warehouse) as conn:
         return {
             row[0]
             for row in conn.execute(
@@ -103,7 +103,7 @@ def test_a_changed_query_changes_the_code_version(monkeypatch):
 
 
 def test_every_core_and_mart_table_reports_column_lineage_from_its_sql(refreshed):
-    defs, instance, _, database = refreshed
+    defs, instance, _, warehouse = refreshed
     deps_of = {
         s.key: {d.asset_key for d in s.deps} for a in defs.assets for s in getattr(a, "specs", [])
     }
@@ -114,12 +114,12 @@ def test_every_core_and_mart_table_reports_column_lineage_from_its_sql(refreshed
         lineage = latest_metadata(instance, table.asset_name)["dagster/column_lineage"].value
         assert isinstance(lineage, dg.TableColumnLineage), table.table
         assert lineage.deps_by_column, table.table
-        assert set(lineage.deps_by_column) <= table_columns(database, table.table)
+        assert set(lineage.deps_by_column) <= table_columns(warehouse, table.table)
         for column, deps in lineage.deps_by_column.items():
             for dep in deps:
                 # A column comes from a table the asset depends on, and from a column it has.
                 assert dep.asset_key in deps_of[key], (table.table, column, dep)
-                upstream = table_columns(database, table_of[dep.asset_key])
+                upstream = table_columns(warehouse, table_of[dep.asset_key])
                 assert dep.column_name in upstream, (table.table, column, dep)
 
 
@@ -154,17 +154,19 @@ def test_column_lineage_follows_expressions_and_joins(refreshed):
 
 
 def test_every_table_asset_names_its_storage_kind_and_uri(refreshed):
-    _, instance, _, database = refreshed
+    _, instance, _, warehouse = refreshed
+    catalog_file = warehouse.lake.catalog_file
+    assert catalog_file is not None
     for table in (*RAW_TABLES, *(t.table for t in SQL_TABLES)):
         metadata = latest_metadata(instance, table.replace(".", "_"))
-        assert metadata["dagster/storage_kind"].value == "duckdb", table
-        assert metadata["dagster/uri"].value == f"duckdb://{database.resolve()}?table={table}"
+        assert metadata["dagster/storage_kind"].value == "ducklake", table
+        assert metadata["dagster/uri"].value == (
+            f"ducklake:sqlite:{catalog_file.resolve()}?table={table}"
+        )
 
 
-def test_a_lake_and_motherduck_name_theirs(tmp_path):
+def test_a_postgres_catalog_names_its_own_uri(tmp_path):
     lake = FieldSalesWarehouse(
-        database=str(tmp_path / "fieldsales.duckdb"),
-        storage="ducklake",
         ducklake_catalog="postgres:dbname=lake host=db user=dagster",
         ducklake_data_path=str(tmp_path / "lake"),
         ducklake_schema="acme",
@@ -176,18 +178,14 @@ def test_a_lake_and_motherduck_name_theirs(tmp_path):
             "&metadata_schema=acme"
         ),
     }
-    motherduck = FieldSalesWarehouse(database="md:fieldsales")
-    assert storage_metadata(motherduck, "raw.events")["dagster/uri"] == (
-        "md:fieldsales?table=raw.events"
-    )
 
 
 # --- run id -------------------------------------------------------------------------------
 
 
 def test_every_raw_row_traces_to_the_run_that_loaded_it(refreshed):
-    _, _, result, database = refreshed
-    with duckdb.connect(str(database), read_only=True) as conn:
+    _, _, result, warehouse = refreshed
+    with read_lake(warehouse) as conn:
         for table in RAW_TABLES:
             runs = conn.execute(
                 f"SELECT r.run_id, count(*) FROM {table} AS t LEFT JOIN {LOAD_RUNS} AS r "

@@ -25,6 +25,7 @@ from dagster._core.definitions.automation_condition_sensor_definition import (
 )
 
 import fieldsales_dagster
+from fieldsales_dagster_tests.conftest import lake_paths, make_warehouse, read_lake
 from fieldsales_dagster_tests.project import error_chain, write_project
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
@@ -112,8 +113,8 @@ def expected_product_sales(conn: duckdb.DuckDBPyConnection) -> list[tuple]:
 
 
 def user_tables(database: Path) -> tuple[list[tuple], list[tuple]]:
-    """Both user tables as the analysts' file holds them (asserting they match core.*)."""
-    with duckdb.connect(str(database), read_only=True) as conn:
+    """Both user tables as analysts read them in the lake (asserting they match core.*)."""
+    with read_lake(database) as conn:
         revenue, sales = (
             daily_revenue(conn, "analytics.daily_revenue"),
             product_sales(conn, "analytics.product_sales"),
@@ -143,7 +144,6 @@ def user_env(demo_server, tmp_path, monkeypatch) -> dict[str, str]:
     env = {
         "FIELDSALES_BASE_URL": demo_server.base_url,
         "FIELDSALES_API_TOKEN": demo_server.token,
-        "FIELDSALES_DUCKDB_PATH": str(tmp_path / "fieldsales.duckdb"),
         "FIELDSALES_TOKEN_STORE": str(tmp_path / "token.json"),
         "FIELDSALES_PAGE_SIZE": "200",
     }
@@ -160,13 +160,13 @@ def test_readme_examples_build_with_everything_and_survive_a_raw_only_run(user_e
     materialize(package, env, "*")
     built = user_tables(database)
 
-    with duckdb.connect(str(database), read_only=True) as conn:
+    with read_lake(database) as conn:
         (raw_loaded,) = conn.execute("SELECT max(loaded_at) FROM raw.events").fetchone()
     materialize(package, env, "group:raw")
-    with duckdb.connect(str(database), read_only=True) as conn:
+    with read_lake(database) as conn:
         (republished,) = conn.execute("SELECT max(loaded_at) FROM raw.events").fetchone()
-    assert republished > raw_loaded  # the raw-only run was published ...
-    assert user_tables(database) == built  # ... and carried the user tables along
+    assert republished > raw_loaded  # the raw-only run committed its table ...
+    assert user_tables(database) == built  # ... and left the user tables as they were
 
 
 def run_assets(
@@ -216,8 +216,8 @@ def test_automation_sensor_brings_user_assets_up_to_date_after_the_scheduled_ref
         demo_server.behaviour.evolve(1)
         # What the schedule runs: the project's job, which selects none of the user assets.
         assert defs.resolve_job_def("refresh_all").execute_in_process(instance=instance).success
-        with duckdb.connect(str(database), read_only=True) as conn:
-            # Published with the refresh, untouched by its table swaps, not yet rebuilt.
+        with read_lake(database) as conn:
+            # Untouched by the refresh's table swaps, not yet rebuilt.
             assert daily_revenue(conn, "analytics.daily_revenue") == before[0]
             assert expected_daily_revenue(conn) != before[0]
 
@@ -275,10 +275,10 @@ def test_pandas_input_loads_only_the_columns_its_metadata_names(user_env, tmp_pa
     probes = [dg.AssetKey("columns_selected"), dg.AssetKey("columns_all")]
     with dg.instance_for_test() as instance:
         assert run_assets(defs, instance, TRANSACTIONS_LINEAGE).success
-        # A run of pandas assets alone publishes what they wrote, too.
+        # A run of pandas assets alone commits what they wrote, too.
         assert run_assets(defs, instance, probes).success
         unknown = run_assets(defs, instance, [dg.AssetKey("columns_unknown")], raise_on_error=False)
-    with duckdb.connect(str(tmp_path / "fieldsales.duckdb"), read_only=True) as conn:
+    with read_lake(tmp_path / "fieldsales.duckdb") as conn:
         (rows,) = conn.execute("SELECT count(*) FROM core.transactions").fetchone()
         columns = [r[0] for r in conn.execute("DESCRIBE core.transactions").fetchall()]
         seen = {
@@ -305,11 +305,10 @@ def test_pandas_output_into_a_project_schema_is_refused_naming_the_table(
     assert not result.success
     failure = result.get_step_failure_events()[0].step_failure_data.error.to_string()
     assert "core.shadows_core" in failure and "schema core belongs to the project" in failure
-    for database in ("fieldsales.duckdb", "fieldsales.working.duckdb"):
-        with duckdb.connect(str(tmp_path / database), read_only=True) as conn:
-            tables = conn.execute("SELECT schema_name, table_name FROM duckdb_tables()").fetchall()
-        assert ("raw", "event_groups") in tables
-        assert not [table for table in tables if table[1] == "shadows_core"]
+    with read_lake(tmp_path / "fieldsales.duckdb") as conn:
+        tables = conn.execute("SELECT schema_name, table_name FROM duckdb_tables()").fetchall()
+    assert ("raw", "event_groups") in tables
+    assert not [table for table in tables if table[1] == "shadows_core"]
 
 
 TENANT_ASSET = """
@@ -326,10 +325,11 @@ def acme_event_ids(events: pd.DataFrame) -> pd.DataFrame:
 """
 
 
-def test_second_tenant_has_its_own_prefixed_io_manager_on_its_own_file(
+def test_second_tenant_has_its_own_prefixed_io_manager_on_its_own_lake(
     demo_server, tmp_path, monkeypatch
 ):
     monkeypatch.setenv("ACME_TOKEN", demo_server.token)
+    catalog, data_path = lake_paths(tmp_path, "acme")
     package = write_user_location(
         tmp_path / "location",
         {"defs/analytics/events.py": TENANT_ASSET},
@@ -337,7 +337,8 @@ def test_second_tenant_has_its_own_prefixed_io_manager_on_its_own_file(
             "acme": f"""
                 base_url: {demo_server.base_url}
                 api_token: "{{{{ env.ACME_TOKEN }}}}"
-                duckdb_path: {tmp_path / "acme.duckdb"}
+                ducklake_catalog: {catalog}
+                ducklake_data_path: {data_path}
                 token_store_path: {tmp_path / "acme_token.json"}
                 key_prefix: acme
             """
@@ -349,7 +350,7 @@ def test_second_tenant_has_its_own_prefixed_io_manager_on_its_own_file(
     selection = [dg.AssetKey(["acme", "raw_events"]), dg.AssetKey(["acme", "core_events"])]
     with dg.instance_for_test() as instance:
         assert run_assets(defs, instance, [*selection, dg.AssetKey("acme_event_ids")]).success
-    with duckdb.connect(str(tmp_path / "acme.duckdb"), read_only=True) as conn:
+    with read_lake(tmp_path / "acme.duckdb") as conn:
         stored = conn.execute("SELECT * FROM analytics.acme_event_ids ORDER BY 1").fetchall()
         events = conn.execute("SELECT event_id FROM core.events ORDER BY 1").fetchall()
     assert stored == events and stored
@@ -379,33 +380,23 @@ def test_warehouse_is_importable_from_the_package_and_is_the_resource_of_the_key
     assert isinstance(defs.resources["warehouse"], FieldSalesWarehouse)
 
 
-def test_readme_examples_build_on_storage_ducklake(user_env, tmp_path):
-    """The same two examples on ``storage: ducklake`` (a DuckDB-file catalog, one host): their
-    tables land in the lake's ``analytics`` schema, beside the core tables they read."""
-    from fieldsales_dagster.warehouse.lake import connect
-    from fieldsales_dagster.warehouse.resource import FieldSalesWarehouse
-
+def test_readme_examples_build_on_a_lake_of_its_own_and_write_no_duckdb_file(user_env, tmp_path):
+    """The same two examples on a lake whose catalog and data path are set: their tables land in
+    the lake's ``analytics`` schema, beside the core tables they read; with no export set, no
+    DuckDB file is written anywhere."""
     package = write_user_location(tmp_path / "location", readme_examples())
-    (tmp_path / "local").mkdir()
+    warehouse = make_warehouse(tmp_path / "elsewhere", "shared")
     env = {
         **user_env,
         "DAGSTER_HOME": str(tmp_path),
-        "FIELDSALES_DUCKDB_PATH": str(tmp_path / "local" / "fieldsales.duckdb"),
-        "FIELDSALES_STORAGE": "ducklake",
-        "FIELDSALES_DUCKLAKE_CATALOG": str(tmp_path / "catalog.ducklake"),
-        "FIELDSALES_DUCKLAKE_DATA_PATH": str(tmp_path / "lake_files"),
+        "FIELDSALES_DUCKLAKE_CATALOG": str(warehouse.ducklake_catalog),
+        "FIELDSALES_DUCKLAKE_DATA_PATH": str(warehouse.ducklake_data_path),
     }
     materialize(package, env, "*")
 
-    lake = FieldSalesWarehouse(
-        database=env["FIELDSALES_DUCKDB_PATH"],
-        storage="ducklake",
-        ducklake_catalog=env["FIELDSALES_DUCKLAKE_CATALOG"],
-        ducklake_data_path=env["FIELDSALES_DUCKLAKE_DATA_PATH"],
-    )
-    with connect(lake.lake, read_only=True) as conn:
+    with read_lake(warehouse) as conn:
         revenue = daily_revenue(conn, "analytics.daily_revenue")
         sales = product_sales(conn, "analytics.product_sales")
         assert revenue and revenue == expected_daily_revenue(conn)
         assert sales and sales == expected_product_sales(conn)
-    assert not list((tmp_path / "local").glob("*.duckdb"))  # nothing published: no file at all
+    assert not list(tmp_path.rglob("*.duckdb"))  # no export: no DuckDB file at all

@@ -9,11 +9,11 @@ import sys
 from pathlib import Path
 
 import dagster as dg
-import duckdb
 import pytest
 
 from fieldsales_dagster.assets.checks import UNTYPED_VALUES_TABLES
 from fieldsales_dagster.demo_api import DemoConfig, DemoServer
+from fieldsales_dagster_tests.conftest import lake_paths, read_lake
 from fieldsales_dagster_tests.namespaces import private_tmpfs
 from fieldsales_dagster_tests.project import (
     error_chain,
@@ -51,7 +51,7 @@ def test_environment_variables_reach_every_setting(project_env, monkeypatch, tmp
     defs = load_project_defs()
     api, warehouse = defs.resources["fieldsales_api"], defs.resources["warehouse"]
     assert (api.page_size, api.concurrency) == (250, 3)
-    assert (warehouse.database, warehouse.memory_limit) == (str(tmp_path / "x.duckdb"), "1GB")
+    assert (warehouse.export_path, warehouse.memory_limit) == (str(tmp_path / "x.duckdb"), "1GB")
     assert api.base_url == "http://127.0.0.1:9"
 
 
@@ -114,13 +114,15 @@ def test_two_tenants_in_one_code_location_each_load_exactly_their_own_data(tmp_p
                 "main": f"""
                     base_url: {first.base_url}
                     api_token: "{{{{ env.FIRST_TOKEN }}}}"
-                    duckdb_path: {tmp_path / "main.duckdb"}
+                    ducklake_catalog: {lake_paths(tmp_path, "main")[0]}
+                    ducklake_data_path: {lake_paths(tmp_path, "main")[1]}
                     token_store_path: {tmp_path / "main_token.json"}
                 """,
                 "acme": f"""
                     base_url: {second.base_url}
                     api_token: "{{{{ env.ACME_TOKEN }}}}"
-                    duckdb_path: {tmp_path / "acme.duckdb"}
+                    ducklake_catalog: {lake_paths(tmp_path, "acme")[0]}
+                    ducklake_data_path: {lake_paths(tmp_path, "acme")[1]}
                     token_store_path: {tmp_path / "acme_token.json"}
                     key_prefix: acme
                 """,
@@ -129,22 +131,30 @@ def test_two_tenants_in_one_code_location_each_load_exactly_their_own_data(tmp_p
         defs = load_project(package, monkeypatch)
         graph = defs.get_repository_def().asset_graph
         keys = {key.to_user_string() for key in graph.get_all_asset_keys()}
-        assert len(keys) == 36  # 18 assets per tenant
+        assert len(keys) == 38  # 18 assets and the lake's upkeep per tenant
         assert {
             "raw_events",
             "acme/raw_events",
             "core_transactions",
             "acme/core_transactions",
         } <= keys
-        pools = {frozenset(graph.get(key).pools) for key in graph.get_all_asset_keys()}
-        assert pools == {frozenset({"fieldsales_duckdb"}), frozenset({"fieldsales_duckdb_acme"})}
-        assert {job.name for job in defs.jobs} == {"refresh_all", "acme_refresh_all"}
+        # One pool per table and tenant: one writer per table, the tenants never share one.
+        pools = {key: graph.get(key).pools for key in graph.get_all_asset_keys()}
+        for key, pool in pools.items():
+            tenant = "fieldsales_duckdb_acme_" if key.path[0] == "acme" else "fieldsales_duckdb_"
+            assert pool == {tenant + key.path[-1]}, key
+        assert {job.name for job in defs.jobs} == {
+            "refresh_all",
+            "acme_refresh_all",
+            "lake_upkeep",
+            "acme_lake_upkeep",
+        }
 
         with dg.instance_for_test() as instance:
             for job_name, tenant in (("refresh_all", "main"), ("acme_refresh_all", "acme")):
                 result = defs.resolve_job_def(job_name).execute_in_process(instance=instance)
                 assert result.success
-                # Each load's log lines say whose file they wrote, as two tenants share a UI.
+                # Each load's log lines say whose lake they wrote, as two tenants share a UI.
                 wrote = [
                     entry.user_message
                     for entry in instance.all_logs(result.run_id)
@@ -153,12 +163,12 @@ def test_two_tenants_in_one_code_location_each_load_exactly_their_own_data(tmp_p
                 label = "acme" if tenant == "acme" else "default"
                 assert len(wrote) == 3, wrote
                 assert all(
-                    line.startswith(f"[{label}: {tmp_path / (tenant + '.duckdb')}] ")
+                    line.startswith(f"[{label}: {lake_paths(tmp_path, tenant)[0]}] ")
                     for line in wrote
                 ), wrote
 
     for name, server in (("main", first), ("acme", second)):
-        with duckdb.connect(str(tmp_path / f"{name}.duckdb"), read_only=True) as conn:
+        with read_lake(tmp_path / f"{name}.duckdb") as conn:
             for table in ("events", "transactions", "event_groups"):
                 ids = {row[0] for row in conn.execute(f"SELECT id FROM raw.{table}").fetchall()}
                 assert ids == set(server.dataset.ids(table)), (name, table)
@@ -190,13 +200,21 @@ def test_dg_check_and_list_defs_show_every_definition(tmp_path):
     }
     dg_command("check", "defs", env=env)
     listed = json.loads(dg_command("list", "defs", "--json", env=env))
-    assert len(listed["assets"]) == 18  # 3 raw, 12 core, 3 mart
+    assert len(listed["assets"]) == 19  # 3 raw, 12 core, 3 mart, the lake's upkeep
     # ids_unique per core and mart table, the data, drift and mart checks, the raw tables' row
-    # counts, a column-schema check per asset, values_typed and values_finite on the four
-    # tables of UNTYPED_VALUES_TABLES, and the publish step's check on every asset.
-    assert len(listed["asset_checks"]) == 15 + 9 + 3 + 18 + 2 * len(UNTYPED_VALUES_TABLES) + 18
-    assert sorted(job["name"] for job in listed["jobs"]) == ["refresh_all", "renew_token"]
-    assert [schedule["name"] for schedule in listed["schedules"]] == ["refresh_all_schedule"]
+    # counts, a column-schema check per table, values_typed and values_finite on the four
+    # tables of UNTYPED_VALUES_TABLES; no publish step.
+    assert len(listed["asset_checks"]) == 15 + 9 + 3 + 18 + 2 * len(UNTYPED_VALUES_TABLES)
+    assert not [check for check in listed["asset_checks"] if "publish" in json.dumps(check)]
+    assert sorted(job["name"] for job in listed["jobs"]) == [
+        "lake_upkeep",
+        "refresh_all",
+        "renew_token",
+    ]
+    assert sorted(schedule["name"] for schedule in listed["schedules"]) == [
+        "lake_upkeep_schedule",
+        "refresh_all_schedule",
+    ]
     assert sorted(sensor["name"] for sensor in listed["sensors"]) == [
         "core_automation_sensor",
         "token_renewal_sensor",
@@ -207,15 +225,17 @@ def test_dg_check_and_list_defs_show_every_definition(tmp_path):
 def test_dg_launch_materializes_every_asset_against_the_demo_api(tmp_path):
     with DemoServer(DemoConfig(transactions=300, seed=4), port=0) as server:
         database = tmp_path / "launched.duckdb"
+        catalog, data_path = lake_paths(tmp_path, "launched")
         env = {
             "FIELDSALES_BASE_URL": server.base_url,
             "FIELDSALES_API_TOKEN": server.token,
-            "FIELDSALES_DUCKDB_PATH": str(database),
+            "FIELDSALES_DUCKLAKE_CATALOG": catalog,
+            "FIELDSALES_DUCKLAKE_DATA_PATH": data_path,
             "FIELDSALES_TOKEN_STORE": str(tmp_path / "token.json"),
             "DAGSTER_HOME": str(tmp_path),
         }
         dg_command("launch", "--assets", "*", env=env, timeout=300)
-    with duckdb.connect(str(database), read_only=True) as conn:
+    with read_lake(database) as conn:
         assert conn.execute("SELECT count(*) FROM core.transactions").fetchone()[0] == 300
 
 
@@ -234,11 +254,11 @@ def test_every_asset_has_owners_code_references_and_core_tables_a_freshness_poli
         for assets in defs.assets
         for spec in getattr(assets, "specs", [])
     }
-    assert len(specs) == 18
+    assert len(specs) == 19  # the 18 tables and the lake's upkeep
     for key, spec in specs.items():
         assert spec.owners == ["team:data"], key
         assert "dagster/code_references" in spec.metadata, key
-        assert spec.kinds == {"duckdb"}, key
+        assert spec.kinds == ({"ducklake"} if key == "ducklake_upkeep" else {"duckdb"}), key
         if key.startswith(("core_", "mart_")):
             policy = spec.freshness_policy
             assert policy.warn_window.to_timedelta() == timedelta(hours=7), key

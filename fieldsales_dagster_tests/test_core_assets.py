@@ -6,11 +6,10 @@ import json
 import re
 
 import dagster as dg
-import duckdb
 
 from fieldsales_dagster.assets.core import CORE_TABLES
-from fieldsales_dagster.warehouse.resource import FieldSalesWarehouse
 from fieldsales_dagster_tests import core_payloads as p
+from fieldsales_dagster_tests.conftest import lake_at
 from fieldsales_dagster_tests.project import core_assets, materialize
 
 
@@ -22,7 +21,7 @@ def test_every_core_table_has_an_asset_in_group_core_following_its_raw_parents()
         assert spec.kinds == {"duckdb"}
         assert spec.description
         assert spec.automation_condition == dg.AutomationCondition.eager()
-    assert all(a.op.pool == "fieldsales_duckdb" for a in core_assets())
+    assert all(a.op.pool == f"fieldsales_duckdb_{a.key.path[-1]}" for a in core_assets())
     results_deps = {d.asset_key.to_user_string() for d in specs["core_custom_report_results"].deps}
     assert results_deps == {"raw_transactions", "raw_events", "core_custom_report_fields"}
 
@@ -43,14 +42,13 @@ def test_materialization_reports_schema_row_count_and_preview(tmp_path):
     # A markdown table (pandas pads its cells): the header row, then the row.
     assert re.search(r"^\|\s*transaction_id\s*\|", metadata["preview"].value, re.M)
     assert re.search(r"^\|\s*t-1\s*\|", metadata["preview"].value, re.M)
-    assert metadata["dagster/table_name"].value == "t.core.transactions"
+    assert metadata["dagster/table_name"].value == "fieldsales.core.transactions"
 
 
 def test_failing_query_leaves_the_previous_table_intact(tmp_path):
     database = tmp_path / "t.duckdb"
     p.materialize_core(database, transactions=[p.transaction("t-old")])
-    working = FieldSalesWarehouse(database=str(database)).working_path
-    with duckdb.connect(str(working)) as conn:
+    with lake_at(database).get_connection() as conn:
         # A raw table without its payload column makes the core query fail to bind.
         conn.execute(
             "CREATE OR REPLACE TABLE raw.transactions "
@@ -61,7 +59,7 @@ def test_failing_query_leaves_the_previous_table_intact(tmp_path):
     result = materialize(
         [*p.RAW_STAND_INS, *core_assets()],
         selection=["core_transactions"],
-        resources={"warehouse": FieldSalesWarehouse(database=str(database))},
+        resources={"warehouse": lake_at(database)},
         raise_on_error=False,
     )
 
@@ -79,7 +77,7 @@ def _materialize_results_only(database) -> dg.ExecuteInProcessResult:
     return materialize(
         [*p.RAW_STAND_INS, *core_assets()],
         selection=["core_custom_report_results"],
-        resources={"warehouse": FieldSalesWarehouse(database=str(database))},
+        resources={"warehouse": lake_at(database)},
     )
 
 
@@ -122,8 +120,7 @@ def test_results_alone_decode_raw_transactions_when_no_decode_is_stored(tmp_path
         database,
         transactions=[_reported("t-1", 1)],
     )
-    working = FieldSalesWarehouse(database=str(database)).working_path
-    with duckdb.connect(str(working)) as conn:
+    with lake_at(database).get_connection() as conn:
         conn.execute("DROP TABLE meta.transactions_decoded")
 
     assert _materialize_results_only(database).success
@@ -157,8 +154,7 @@ def test_after_an_incremental_raw_load_only_the_rows_it_wrote_are_parsed(tmp_pat
     # What an incremental raw load does: the rows of re-fetched events are replaced by rows with
     # the new load's loaded_at (t-05 with a new value), removed ones deleted (t-06), new appended.
     changed, added = _reported("t-05", 500), _reported("t-new", 7)
-    working = FieldSalesWarehouse(database=str(database)).working_path
-    with duckdb.connect(str(working)) as conn:
+    with lake_at(database).get_connection() as conn:
         conn.execute("DELETE FROM raw.transactions WHERE id IN ('t-05', 't-06')")
         for item in (changed, added):
             conn.execute(
@@ -169,7 +165,7 @@ def test_after_an_incremental_raw_load_only_the_rows_it_wrote_are_parsed(tmp_pat
     second = materialize(
         [*p.RAW_STAND_INS, *core_assets()],
         selection=["core_transactions", "core_custom_report_fields", "core_custom_report_results"],
-        resources={"warehouse": FieldSalesWarehouse(database=str(database))},
+        resources={"warehouse": lake_at(database)},
     )
 
     assert second.success
@@ -233,8 +229,7 @@ def test_results_are_rebuilt_whole_when_a_field_definition_changes(tmp_path):
         report_config=p.config("cfg-1", [p.field("f-1", "text")]),
         report_results=p.results(**{"f-1": "0042"}),
     )
-    working = FieldSalesWarehouse(database=str(database)).working_path
-    with duckdb.connect(str(working)) as conn:
+    with lake_at(database).get_connection() as conn:
         conn.execute(
             "INSERT INTO raw.transactions VALUES (?, ?, ?, now()::TIMESTAMP)",
             [retyped["_id"], retyped["eventId"], json.dumps(retyped)],

@@ -8,7 +8,6 @@ import pytest
 
 from fieldsales_dagster.assets import checks
 from fieldsales_dagster.assets.core import CORE_TABLES
-from fieldsales_dagster.assets.publish import PUBLISHED_CHECK
 from fieldsales_dagster_tests import core_payloads as p
 from fieldsales_dagster_tests.project import core_check_count
 
@@ -20,7 +19,6 @@ def evaluations(result: dg.ExecuteInProcessResult) -> dict[tuple[str, str], obje
     return {
         (e.asset_key.to_user_string(), e.check_name): e
         for e in result.get_asset_check_evaluations()
-        if e.check_name != PUBLISHED_CHECK
     }
 
 

@@ -10,16 +10,14 @@ slices, and carry narrow columns only.
 from __future__ import annotations
 
 import dagster as dg
-import duckdb
 import pytest
 
 from fieldsales_dagster.assets.core import CORE_TABLES
 from fieldsales_dagster.assets.mart import MART_TABLES
 from fieldsales_dagster.demo_api import DemoConfig, DemoServer
 from fieldsales_dagster.demo_api.data import PROFILES
-from fieldsales_dagster.warehouse.resource import FieldSalesWarehouse
 from fieldsales_dagster_tests import core_payloads as p
-from fieldsales_dagster_tests.conftest import make_api
+from fieldsales_dagster_tests.conftest import lake_at, make_api, read_lake
 from fieldsales_dagster_tests.project import core_assets, mart_assets, raw_assets
 
 #: Small enough that reading a whole vector of these payloads at once fails (one parsed vector of
@@ -44,7 +42,7 @@ def heavy_raw(tmp_path_factory):
             raw_assets(),
             resources={
                 "fieldsales_api": api,
-                "warehouse": FieldSalesWarehouse(database=str(database)),
+                "warehouse": lake_at(database),
             },
         )
         assert result.success
@@ -53,7 +51,7 @@ def heavy_raw(tmp_path_factory):
 
 
 def _materialize(database, table, memory_limit: str) -> dg.ExecuteInProcessResult:
-    warehouse = FieldSalesWarehouse(database=str(database), memory_limit=memory_limit, threads=1)
+    warehouse = lake_at(database, memory_limit=memory_limit, threads=1)
     return dg.materialize(
         [*p.RAW_STAND_INS, *core_assets(), *mart_assets()],
         selection=[table.asset_name],
@@ -76,8 +74,7 @@ def test_every_core_and_mart_query_runs_on_a_heavy_tenant_under_a_small_memory_l
             assert _materialize(database, table, "2GB").success, table.table
 
     assert failures == {}
-    working = FieldSalesWarehouse(database=str(database)).working_path
-    with duckdb.connect(str(working), read_only=True) as conn:
+    with read_lake(database) as conn:
         for table in (*CORE_TABLES, *MART_TABLES):
             (rows,) = conn.execute(f"SELECT count(*) FROM {table.table}").fetchone()
             assert rows > 0, table.table

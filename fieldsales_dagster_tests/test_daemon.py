@@ -18,11 +18,11 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import dagster as dg
-import duckdb
 import pytest
 from dagster._core.scheduler.instigation import TickStatus
 
 from fieldsales_dagster.assets.core import CORE_TABLES
+from fieldsales_dagster_tests.conftest import lake_paths, read_lake
 from fieldsales_dagster_tests.postgres import Postgres, running_postgres
 from fieldsales_dagster_tests.processes import clean_env, process_group, tail
 
@@ -70,7 +70,8 @@ def test_daemon_fires_the_schedule_and_never_overlaps_refreshes(postgres, tmp_pa
             DAGSTER_POSTGRES_URL=postgres.url,
             FIELDSALES_BASE_URL=api["base_url"],
             FIELDSALES_API_TOKEN=api["token"],
-            FIELDSALES_DUCKDB_PATH=str(database),
+            FIELDSALES_DUCKLAKE_CATALOG=lake_paths(tmp_path)[0],
+            FIELDSALES_DUCKLAKE_DATA_PATH=lake_paths(tmp_path)[1],
             FIELDSALES_TOKEN_STORE=str(tmp_path / "token_store.json"),
             FIELDSALES_SCHEDULE_CRON="* * * * *",
             **API_TUNING,
@@ -92,8 +93,8 @@ def test_daemon_fires_the_schedule_and_never_overlaps_refreshes(postgres, tmp_pa
     elapsed = time.monotonic() - started
     print(f"daemon test: first refresh succeeded after {elapsed:.0f} s")
 
-    # The tables are complete, in the analysts' copy the run published at its end.
-    with duckdb.connect(str(database), read_only=True) as conn:
+    # The tables are complete, in the lake the run committed them to.
+    with read_lake(database) as conn:
         counts = {
             table: conn.execute(f"SELECT count(*) FROM {table}").fetchone()[0]
             for table in ("raw.transactions", "raw.events", "raw.event_groups")

@@ -414,7 +414,7 @@ def core_tables(
     their asset's own code; yields a connection to it."""
     with tempfile.TemporaryDirectory(prefix="fieldsales-properties-") as folder:
         database = str(Path(folder) / "p.duckdb")
-        warehouse = FieldSalesWarehouse(database=database, threads=1)
+        warehouse = FieldSalesWarehouse(threads=1)  # its settings only: pii
         with duckdb.connect(database) as conn:
             conn.execute("CREATE SCHEMA raw")
             conn.execute("CREATE TABLE raw.events (id VARCHAR, payload JSON, loaded_at TIMESTAMP)")

@@ -26,6 +26,8 @@ def test_demo_prints_checks_names_intended_failures_and_records_the_run(
         "FIELDSALES_BASE_URL",
         "FIELDSALES_API_TOKEN",
         "FIELDSALES_DUCKDB_PATH",
+        "FIELDSALES_DUCKLAKE_CATALOG",
+        "FIELDSALES_DUCKLAKE_DATA_PATH",
         "FIELDSALES_CREATE_DIRS",
         "DAGSTER_HOME",
     ):
@@ -39,7 +41,8 @@ def test_demo_prints_checks_names_intended_failures_and_records_the_run(
     home = project / demo_run.DEFAULT_DAGSTER_HOME
     (tmp_path / "dagster.yaml").write_text("telemetry:\n  enabled: false\n")
     demo_run.prepare_dagster_home(home, tmp_path / "dagster.yaml")
-    status = demo_run.main(["--transactions", "600", "--database", str(tmp_path / "demo.duckdb")])
+    # The lake's defaults, as `make demo` uses them: under the project's data/.
+    status = demo_run.main(["--transactions", "600"])
     captured = capsys.readouterr()
     out = captured.out
 
@@ -49,7 +52,11 @@ def test_demo_prints_checks_names_intended_failures_and_records_the_run(
         (line,) = [line for line in out.splitlines() if f"  {check}: " in line]
         assert "as intended" in line or "passed" in line
     assert "ids_unique: passed" in out
-    assert "published: passed on 18 tables" in out  # the publish step, in one line
+    assert "published" not in out  # no publish step: a table's commit is what analysts read
+    data = project / "data"
+    assert (data / "fieldsales.ducklake.sqlite").is_file()
+    assert list((data / "lake").rglob("*.parquet"))
+    assert not list(data.rglob("*.duckdb"))  # no single-file export unless one is set
     assert (home / "dagster.yaml").is_file()
     with dg.DagsterInstance.from_config(str(home)) as instance:
         (run,) = instance.get_runs()

@@ -27,6 +27,7 @@ from pathlib import Path
 import duckdb
 import pytest
 
+from fieldsales_dagster.warehouse.resource import FieldSalesWarehouse
 from fieldsales_dagster_tests.postgres import _free_port, running_postgres
 from fieldsales_dagster_tests.processes import process_group, tail
 
@@ -183,6 +184,7 @@ def test_the_one_machine_guide_runs_a_queued_refresh_against_postgres(tmp_path):
             "FIELDSALES_BASE_URL",
             "FIELDSALES_API_TOKEN",
             "FIELDSALES_DUCKDB_PATH",
+            "FIELDSALES_DUCKLAKE_CATALOG",
             "FIELDSALES_TOKEN_STORE",
         }
         (daemon_argv, _), (web_argv, _) = background
@@ -233,11 +235,17 @@ def test_the_one_machine_guide_runs_a_queued_refresh_against_postgres(tmp_path):
             assert final == "SUCCESS", "\n".join(tail(log) for log in every_log)
             phases["run succeeded"] = time.monotonic() - started
 
-    # The analysts' file, where FIELDSALES_DUCKDB_PATH says, complete.
+    # The single-file export, where FIELDSALES_DUCKDB_PATH says, complete (the refresh job
+    # exports after its tables), and the lake it was exported from.
     with duckdb.connect(exported["FIELDSALES_DUCKDB_PATH"], read_only=True) as conn:
         assert conn.execute("SELECT count(*) FROM raw.transactions").fetchone() == (
             DEMO_TRANSACTIONS,
         )
+        assert conn.execute("SELECT count(*) FROM core.transactions").fetchone() == (
+            DEMO_TRANSACTIONS,
+        )
+    lake = FieldSalesWarehouse(ducklake_catalog=exported["FIELDSALES_DUCKLAKE_CATALOG"])
+    with lake.read_connection() as conn:
         assert conn.execute("SELECT count(*) FROM core.transactions").fetchone() == (
             DEMO_TRANSACTIONS,
         )

@@ -328,11 +328,16 @@ def test_the_dockerfile_builds_and_its_cmd_serves_the_installed_code_location(tm
         with process_group(program(argv), log, {**env, **service_env}, cwd=image.path(workdir)):
             repository = wait_for_repository(port, log)
         # The same assets as the definitions from this repository ...
-        os.environ.update(FIELDSALES_BASE_URL=api.base_url, FIELDSALES_API_TOKEN=api.token)
+        # (with the compose file's single-file export, as the image's code server has it)
+        os.environ.update(
+            FIELDSALES_BASE_URL=api.base_url,
+            FIELDSALES_API_TOKEN=api.token,
+            FIELDSALES_DUCKDB_PATH=str(tmp_path / "export.duckdb"),
+        )
         try:
             expected = load_project_defs().resolve_all_asset_keys()
         finally:
-            for name in ("FIELDSALES_BASE_URL", "FIELDSALES_API_TOKEN"):
+            for name in ("FIELDSALES_BASE_URL", "FIELDSALES_API_TOKEN", "FIELDSALES_DUCKDB_PATH"):
                 os.environ.pop(name)
     nodes = repository.get_asset_node_snaps()
     assert {node.asset_key for node in nodes if node.is_materializable} == set(expected)

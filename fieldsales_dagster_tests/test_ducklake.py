@@ -1,10 +1,11 @@
-"""storage: ducklake, for real: a PostgreSQL catalog (pgserver), Parquet files in tmp_path, the
-DuckLake and postgres extensions from their wheels, the demo API over HTTP, real materializations.
+"""The lake on several machines, for real: a PostgreSQL catalog (pgserver), Parquet files in
+tmp_path, the DuckLake and postgres extensions from their wheels, the demo API over HTTP, real
+materializations. (The embedded default, a SQLite catalog: test_lake.py.)
 """
 
 from __future__ import annotations
 
-import json
+import dataclasses
 import os
 import subprocess
 import sys
@@ -14,13 +15,11 @@ from pathlib import Path
 
 import dagster as dg
 import duckdb
-import pandas as pd
 import pytest
 
 from fieldsales_dagster.assets.upkeep import build_upkeep_asset
 from fieldsales_dagster.demo_api import DemoConfig, DemoServer
-from fieldsales_dagster.demo_api.data import Dataset
-from fieldsales_dagster.warehouse import incremental
+from fieldsales_dagster.loading import incremental
 from fieldsales_dagster.warehouse.lake import (
     CONFLICT_ATTEMPTS,
     Lake,
@@ -29,7 +28,7 @@ from fieldsales_dagster.warehouse.lake import (
     connect,
     run_transaction,
 )
-from fieldsales_dagster.warehouse.resource import STORAGE_VERSION, FieldSalesWarehouse
+from fieldsales_dagster.warehouse.resource import FieldSalesWarehouse
 from fieldsales_dagster_tests.conftest import make_api
 from fieldsales_dagster_tests.postgres import Postgres, running_postgres
 from fieldsales_dagster_tests.project import (
@@ -71,13 +70,15 @@ def small_demo():
         yield server
 
 
-def lake_warehouse(tmp_path: Path, catalog: str, schema: str | None = None, name="lake"):
+def lake_warehouse(
+    tmp_path: Path, catalog: str, schema: str | None = None, files: str = "lake_files", **settings
+) -> FieldSalesWarehouse:
+    (tmp_path / files).mkdir(exist_ok=True)
     return FieldSalesWarehouse(
-        database=str(tmp_path / name / "fieldsales.duckdb"),
-        storage="ducklake",
         ducklake_catalog=catalog,
-        ducklake_data_path=str(tmp_path / "lake_files"),
+        ducklake_data_path=str(tmp_path / files),
         ducklake_schema=schema,
+        **settings,
     )
 
 
@@ -122,59 +123,49 @@ def as_text(column: str, data_type: str) -> str:
     return f'"{column}"::VARCHAR'
 
 
-def assert_lake_equals_file(lake: FieldSalesWarehouse, file: FieldSalesWarehouse) -> int:
-    """Every raw, core and mart table of the lake equals the file backend's, row for row
-    (``loaded_at`` aside), with the same columns and types. Returns how many tables."""
-    with lake.get_connection() as conn:
-        conn.execute(f"ATTACH '{file.working_path}' AS file_backend (READ_ONLY)")
-        try:
-            return _compare(conn)
-        finally:
-            conn.execute("DETACH file_backend")  # the lake's instance outlives the connection
+def assert_lakes_equal(lake: FieldSalesWarehouse, other: FieldSalesWarehouse) -> int:
+    """Every raw, core and mart table of ``lake`` equals ``other``'s, row for row (``loaded_at``
+    aside), with the same columns and types. Returns how many tables."""
+    with lake.read_connection() as conn:
+        conn.execute(dataclasses.replace(other.lake, alias="other_lake").attach_sql(True))
+        return _compare(conn)
 
 
 def _compare(conn: duckdb.DuckDBPyConnection) -> int:
-    """The comparison of ``assert_lake_equals_file`` (the file attached as file_backend)."""
+    """The comparison of ``assert_lakes_equal`` (the other lake attached as other_lake)."""
     here = conn.execute("SELECT current_database()").fetchone()[0]
     names = tables(conn, here)
-    assert names == tables(conn, "file_backend")
+    assert names == tables(conn, "other_lake")
     assert {schema for schema, _ in names} == {"raw", "core", "mart"}
     for schema, table in names:
         cols = columns(conn, here, schema, table)
-        assert cols == columns(conn, "file_backend", schema, table), f"{schema}.{table}"
+        assert cols == columns(conn, "other_lake", schema, table), f"{schema}.{table}"
         listed = ", ".join(as_text(c, t) for c, t in cols if c != "loaded_at")
-        a, b = f'{here}."{schema}"."{table}"', f'file_backend."{schema}"."{table}"'
+        a, b = f'{here}."{schema}"."{table}"', f'other_lake."{schema}"."{table}"'
         only_lake, only_file, rows = conn.execute(
             f"SELECT (SELECT count(*) FROM (SELECT {listed} FROM {a} EXCEPT ALL "
             f"SELECT {listed} FROM {b})), (SELECT count(*) FROM (SELECT {listed} FROM {b} "
             f"EXCEPT ALL SELECT {listed} FROM {a})), (SELECT count(*) FROM {a})"
         ).fetchone()
         assert (only_lake, only_file) == (0, 0), (
-            f"{schema}.{table}: {only_lake} rows only on the lake, {only_file} only in the "
-            f"file (of {rows})"
+            f"{schema}.{table}: {only_lake} rows only in the incremental lake, {only_file} only "
+            f"in the full one (of {rows})"
         )
     return len(names)
 
 
-def test_every_table_on_ducklake_equals_the_file_backend_after_a_full_and_an_incremental_refresh(
-    demo_server, tmp_path, catalog
-):
+def test_an_incremental_refresh_on_postgresql_equals_a_full_one(demo_server, tmp_path, catalog):
     small_demo = demo_server  # 1,200 transactions: few enough changed events for incremental
     lake = lake_warehouse(tmp_path, catalog)
-    file = FieldSalesWarehouse(
-        database=str(tmp_path / "file" / "fieldsales.duckdb"), create_dirs=True
-    )
-
-    for warehouse in (lake, file):
-        assert refresh_mode(refresh(small_demo, tmp_path, warehouse)) == "full"
-    assert assert_lake_equals_file(lake, file) == len(RAW) + len(ALL) - len(RAW)
-
+    assert refresh_mode(refresh(small_demo, tmp_path, lake)) == "full"
     small_demo.behaviour.evolve(1)
-    for warehouse in (lake, file):
-        assert refresh_mode(refresh(small_demo, tmp_path, warehouse)) == "incremental"
-    assert_lake_equals_file(lake, file)
-    # On a lake nothing is copied: no working copy, no analysts' file.
-    assert not list((tmp_path / "lake").glob("*.duckdb"))
+    assert refresh_mode(refresh(small_demo, tmp_path, lake)) == "incremental"
+
+    fresh = lake_warehouse(tmp_path, catalog, schema="fresh", files="fresh_files")
+    assert refresh_mode(refresh(small_demo, tmp_path, fresh)) == "full"
+    assert assert_lakes_equal(lake, fresh) == len(ALL)
+    # Nothing is copied: no DuckDB file, only the lake's Parquet files.
+    assert not list(tmp_path.rglob("*.duckdb"))
     assert list((tmp_path / "lake_files").rglob("*.parquet"))
 
 
@@ -212,9 +203,7 @@ def test_two_tenants_write_one_catalog_database_at_once(tmp_path, catalog):
         tenant: DemoServer(DemoConfig(transactions=200 + 100 * i, seed=i), host="127.0.0.1", port=0)
         for i, tenant in enumerate(("acme", "globex"), start=1)
     }
-    warehouses = {
-        tenant: lake_warehouse(tmp_path, catalog, schema=tenant, name=tenant) for tenant in servers
-    }
+    warehouses = {tenant: lake_warehouse(tmp_path, catalog, schema=tenant) for tenant in servers}
     results: dict[str, object] = {}
     barrier = threading.Barrier(len(servers))
 
@@ -279,7 +268,9 @@ def test_a_conflict_is_retried_then_fails_naming_the_table(tmp_path, catalog):
         assert writer.execute("SELECT count(*) FROM raw.events").fetchone() == (98,)
 
         attempts.clear()
-        with pytest.raises(LakeConflictError, match=r"Writing raw\.events conflicted .* 5 times"):
+        with pytest.raises(
+            LakeConflictError, match=rf"Writing raw\.events conflicted .* {CONFLICT_ATTEMPTS} times"
+        ):
             run_transaction(writer, "raw.events", lambda: delete_one(2, CONFLICT_ATTEMPTS))
         assert len(attempts) == CONFLICT_ATTEMPTS
     finally:
@@ -334,67 +325,23 @@ def test_a_wrong_catalog_password_names_the_variable_and_never_shows_the_passwor
     assert "not-the-password-4711" not in message
 
 
-def test_the_analysts_file_is_written_in_a_storage_format_every_duckdb_client_reads(tmp_path):
-    """storage: file: the format is set explicitly (STORAGE_VERSION), not left to the writer."""
-    warehouse = FieldSalesWarehouse(database=str(tmp_path / "fieldsales.duckdb"))
-    with warehouse.get_connection() as conn:
-        conn.execute("CREATE SCHEMA raw")
-        conn.execute("CREATE TABLE raw.events AS SELECT 'e1' AS id")
-    assert warehouse.publish() is not None
-    with duckdb.connect(warehouse.database, read_only=True) as reader:  # a DuckDB 1.5 client
-        (version,) = reader.execute(
-            "SELECT tags['storage_version'] FROM duckdb_databases() "
-            "WHERE database_name = current_database()"
-        ).fetchone()
-        assert reader.execute("SELECT id FROM raw.events").fetchall() == [("e1",)]
-    assert version == f"{STORAGE_VERSION}+" == "v1.2.0+"
-
-
-def test_the_analysts_file_compresses_the_payloads(tmp_path):
-    """storage: file: the raw payloads (most of the file) are stored compressed.
-
-    Under storage format v1.0.0 strings longer than a few KB were stored as they are: 1M demo
-    transactions made a 5.4 GiB file. Under v1.2.0 (ZSTD for long strings) the same data is
-    ~6x smaller.
-    """
-    dataset = Dataset(transactions=6000, events=150, event_groups=15, seed=3)
-    payloads = pd.DataFrame(
-        {"payload": [json.dumps(dataset.item("transactions", i)) for i in range(6000)]}
-    )
-    warehouse = FieldSalesWarehouse(database=str(tmp_path / "fieldsales.duckdb"))
-    with warehouse.get_connection() as conn:
-        conn.execute("CREATE SCHEMA raw")
-        conn.register("payloads", payloads)
-        conn.execute(
-            "CREATE TABLE raw.transactions AS SELECT payload::JSON AS payload FROM payloads"
-        )
-        (payload_bytes,) = conn.execute(
-            "SELECT sum(strlen(payload::VARCHAR)) FROM raw.transactions"
-        ).fetchone()
-    assert warehouse.publish() is not None
-    assert payload_bytes > 20e6  # long strings, ~5 KB each
-    assert Path(warehouse.database).stat().st_size < payload_bytes / 4
-
-
 @pytest.fixture
 def project_env(monkeypatch):
     monkeypatch.setenv("FIELDSALES_BASE_URL", "http://127.0.0.1:9")
     monkeypatch.setenv("FIELDSALES_API_TOKEN", "component-test-token")
 
 
-def test_storage_ducklake_is_set_from_the_environment_alone(project_env, monkeypatch, tmp_path):
-    monkeypatch.setenv("FIELDSALES_STORAGE", "ducklake")
+def test_the_lake_is_set_from_the_environment_alone(project_env, monkeypatch, tmp_path):
     monkeypatch.setenv("FIELDSALES_DUCKLAKE_CATALOG", "postgres:dbname=lake host=db user=etl")
     monkeypatch.setenv("FIELDSALES_DUCKLAKE_DATA_PATH", str(tmp_path / "files"))
     defs = load_project_defs()
     warehouse = defs.resources["warehouse"]
-    assert (warehouse.storage, warehouse.ducklake_catalog, warehouse.ducklake_data_path) == (
-        "ducklake",
+    assert (warehouse.ducklake_catalog, warehouse.ducklake_data_path, warehouse.export_path) == (
         "postgres:dbname=lake host=db user=etl",
         str(tmp_path / "files"),
+        None,
     )
-    assert warehouse.working_path is None and warehouse.lock_path is None  # nothing to publish
-    schedule = defs.get_schedule_def("ducklake_upkeep_schedule")
+    schedule = defs.get_schedule_def("lake_upkeep_schedule")
     assert schedule.default_status == dg.DefaultScheduleStatus.RUNNING
     graph = defs.resolve_asset_graph()
     pools = [frozenset(graph.get(key).pools) for key in graph.get_all_asset_keys()]
@@ -402,77 +349,45 @@ def test_storage_ducklake_is_set_from_the_environment_alone(project_env, monkeyp
     assert "ducklake_upkeep" in {key.to_user_string() for key in graph.get_all_asset_keys()}
 
 
-def test_storage_file_has_no_upkeep_and_one_pool(project_env):
-    defs = load_project_defs()
-    assert defs.resources["warehouse"].storage == "file"
-    assert "ducklake_upkeep_schedule" not in {s.name for s in defs.schedules}
-    graph = defs.resolve_asset_graph()
-    assert {p for key in graph.get_all_asset_keys() for p in graph.get(key).pools} == {
-        "fieldsales_duckdb"
-    }
-
-
-def test_on_a_lake_duckdb_path_is_checked_as_the_spill_folder_it_is(
-    project_env, monkeypatch, tmp_path
-):
-    """On storage: ducklake duckdb_path's folder holds only spill and spool files: the load-time
-    check says so, and checks that folder's place rather than a DuckDB file."""
-    monkeypatch.setenv("FIELDSALES_STORAGE", "ducklake")
-    monkeypatch.setenv("FIELDSALES_DUCKLAKE_CATALOG", "postgres:dbname=lake host=db user=etl")
-    monkeypatch.setenv("FIELDSALES_DUCKLAKE_DATA_PATH", str(tmp_path / "files"))
-    mistyped = tmp_path / "scratch"
-    monkeypatch.setenv("FIELDSALES_DUCKDB_PATH", str(mistyped / "fieldsales.duckdb"))
-    with pytest.raises(Exception) as failure:
-        load_project_defs()
-    message = error_chain(failure.value)
-    assert (
-        "duckdb_path (from FIELDSALES_DUCKDB_PATH) is invalid: on storage: ducklake no DuckDB "
-        "file is written there, its folder only holds DuckDB's spill and spool files; "
-        f"{mistyped}/.duckdb_tmp is in a folder that does not exist ({mistyped})"
-    ) in message
-    assert f"mkdir -p {mistyped}" in message and "FIELDSALES_CREATE_DIRS=true" in message
-
-    monkeypatch.setenv("FIELDSALES_CREATE_DIRS", "true")
-    assert load_project_defs().resources["warehouse"].storage == "ducklake"
-    assert not mistyped.exists()  # loading creates nothing
-
-
 @pytest.mark.parametrize(
-    ("missing", "variable"),
-    [
-        ("FIELDSALES_DUCKLAKE_CATALOG", "FIELDSALES_DUCKLAKE_CATALOG"),
-        ("FIELDSALES_DUCKLAKE_DATA_PATH", "FIELDSALES_DUCKLAKE_DATA_PATH"),
-    ],
+    "catalog", ["data/lake.sqlite", "lake.ducklake", "postgresql://db/lake", "sqlite:"]
 )
-def test_storage_ducklake_without_its_place_fails_naming_setting_and_variable(
-    project_env, monkeypatch, missing, variable
+def test_a_catalog_the_project_cannot_open_fails_the_load_naming_the_variable(
+    project_env, monkeypatch, catalog
 ):
-    monkeypatch.setenv("FIELDSALES_STORAGE", "ducklake")
-    monkeypatch.setenv("FIELDSALES_DUCKLAKE_CATALOG", "postgres:dbname=lake host=db")
-    monkeypatch.setenv("FIELDSALES_DUCKLAKE_DATA_PATH", "/srv/lake")
-    monkeypatch.delenv(missing)
+    monkeypatch.setenv("FIELDSALES_DUCKLAKE_CATALOG", catalog)
     with pytest.raises(Exception) as failure:
         load_project_defs()
     message = error_chain(failure.value)
-    setting = variable.removeprefix("FIELDSALES_").lower()
-    assert f"Field-Sales setting {setting} (from {variable}) is not set" in message
-    assert "storage: ducklake (FIELDSALES_STORAGE)" in message
+    assert "ducklake_catalog (from FIELDSALES_DUCKLAKE_CATALOG) is invalid" in message
+    assert "neither sqlite:<file>" in message and "postgres:dbname=" in message
+
+
+def test_the_storage_setting_of_an_earlier_release_file_is_refused_ducklake_accepted(
+    project_env, monkeypatch
+):
+    monkeypatch.setenv("FIELDSALES_STORAGE", "file")
+    with pytest.raises(Exception) as failure:
+        load_project_defs()
+    message = error_chain(failure.value)
+    assert "storage (from FIELDSALES_STORAGE) is invalid: it was retired" in message
+    assert "unset FIELDSALES_STORAGE" in message and "docs/storage.md" in message
+    monkeypatch.setenv("FIELDSALES_STORAGE", "ducklake")
+    assert "warehouse" in load_project_defs().resources
 
 
 def test_dagster_asset_materialize_writes_the_lake_from_environment_variables_alone(
     small_demo, tmp_path, catalog
 ):
-    """``FIELDSALES_STORAGE=ducklake dagster asset materialize``: no YAML edit, a real process."""
+    """``dagster asset materialize`` on a PostgreSQL lake: no YAML edit, a real process."""
     root = Path(__file__).resolve().parents[1]
-    (tmp_path / "local").mkdir()  # duckdb_path's folder must exist (it holds local spill files)
+    (tmp_path / "lake_files").mkdir()  # a data path that is set must exist
     env = {
         **{k: v for k, v in os.environ.items() if not k.startswith(("FIELDSALES_", "DAGSTER_"))},
         "DAGSTER_HOME": str(tmp_path),
         "FIELDSALES_BASE_URL": small_demo.base_url,
         "FIELDSALES_API_TOKEN": small_demo.token,
         "FIELDSALES_TOKEN_STORE": str(tmp_path / "token.json"),
-        "FIELDSALES_DUCKDB_PATH": str(tmp_path / "local" / "fieldsales.duckdb"),
-        "FIELDSALES_STORAGE": "ducklake",
         "FIELDSALES_DUCKLAKE_CATALOG": catalog,
         "FIELDSALES_DUCKLAKE_DATA_PATH": str(tmp_path / "lake_files"),
         PASSWORD_VARIABLE: os.environ[PASSWORD_VARIABLE],
@@ -492,7 +407,7 @@ def test_dagster_asset_materialize_writes_the_lake_from_environment_variables_al
     with connect(lake.lake, read_only=True) as conn:
         ids = {row[0] for row in conn.execute("SELECT id FROM raw.events").fetchall()}
     assert ids == set(small_demo.dataset.ids("events"))
-    assert not list((tmp_path / "local").glob("*.duckdb"))  # no DuckDB file, no publish
+    assert not list(tmp_path.rglob("*.duckdb"))  # no DuckDB file, no publish
 
 
 def lake_snapshots(warehouse: FieldSalesWarehouse) -> int:
@@ -554,3 +469,39 @@ def test_a_write_that_fails_after_its_swap_leaves_the_lake_unchanged(
             "AND starts_with(table_name, '_stage_')"
         ).fetchone()
     assert staged == (0,)
+
+
+def test_two_spellings_of_one_postgresql_catalog_are_one_lake_and_refuse_a_second_tenant(
+    small_demo, tmp_path, catalog
+):
+    """A text comparison of catalog strings lets ``host=127.0.0.1`` and ``host=localhost`` (or
+    another key order) through; the tenant recorded in the lake refuses the second tenant
+    however the catalog is spelled, before anything is written."""
+    fields = dict(part.split("=", 1) for part in catalog.removeprefix("postgres:").split())
+    assert fields["host"] in ("127.0.0.1", "localhost")
+    other_host = "localhost" if fields["host"] == "127.0.0.1" else "127.0.0.1"
+    respelled = (
+        f"postgres:user={fields['user']} port={fields['port']} host={other_host} "
+        f"dbname={fields['dbname']}"
+    )
+    first = lake_warehouse(tmp_path, catalog, tenant="https://a.example.com (key_prefix -)")
+    second = lake_warehouse(tmp_path, respelled, tenant="https://b.example.com (key_prefix -)")
+    refresh(small_demo, tmp_path, first, assets=RAW)
+    with first.read_connection() as conn:
+        before = conn.execute("SELECT count(*) FROM fieldsales.snapshots()").fetchone()
+
+    result = dg.materialize(
+        RAW,
+        resources={"fieldsales_api": make_api(small_demo, tmp_path), "warehouse": second},
+        raise_on_error=False,
+    )
+    assert not result.success
+    message = result.get_step_failure_events()[0].step_failure_data.error.to_string()
+    assert "belongs to 'https://a.example.com (key_prefix -)'" in message
+    assert "not to 'https://b.example.com (key_prefix -)'" in message
+    assert "nothing was written" in message
+    with first.read_connection() as conn:
+        assert conn.execute("SELECT count(*) FROM fieldsales.snapshots()").fetchone() == before
+    # The same tenant, spelled either way, writes on.
+    same = lake_warehouse(tmp_path, respelled, tenant="https://a.example.com (key_prefix -)")
+    refresh(small_demo, tmp_path, same, assets=RAW)

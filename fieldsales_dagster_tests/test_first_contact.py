@@ -249,7 +249,7 @@ def test_dg_dev_as_documented_starts_without_a_warning_and_stops_on_sigint(tmp_p
         **{k: v for k, v in os.environ.items() if k != "DAGSTER_HOME"},
         "FIELDSALES_BASE_URL": "http://127.0.0.1:9",
         "FIELDSALES_API_TOKEN": "first-contact-token",
-        "FIELDSALES_DUCKDB_PATH": str(tmp_path / "fieldsales.duckdb"),
+        "FIELDSALES_DUCKLAKE_CATALOG": f"sqlite:{tmp_path / 'fieldsales.ducklake.sqlite'}",
     }
     log = tmp_path / "dg_dev.log"
     with log.open("wb") as out:
@@ -327,7 +327,7 @@ def bad_setting_env(tmp_path) -> dict[str, str]:
         "FIELDSALES_BASE_URL": "http://127.0.0.1:9",
         "FIELDSALES_API_TOKEN": "first-contact-token",
         "FIELDSALES_PAGE_SIZE": "0",
-        "FIELDSALES_DUCKDB_PATH": str(tmp_path / "fieldsales.duckdb"),
+        "FIELDSALES_DUCKLAKE_CATALOG": f"sqlite:{tmp_path / 'fieldsales.ducklake.sqlite'}",
     }
 
 

@@ -12,7 +12,6 @@ import re
 import types
 
 import dagster as dg
-import duckdb
 import pytest
 
 from fieldsales_dagster.client.endpoints import CHECK_TOKEN_PATH, EVENTS
@@ -27,7 +26,7 @@ from fieldsales_dagster.client.errors import (
 from fieldsales_dagster.client.urls import validate_base_url
 from fieldsales_dagster.token.secret import TokenFormatError, clean_token, mask_secrets
 from fieldsales_dagster.token.store import TokenStore, TokenStoreError
-from fieldsales_dagster_tests.conftest import make_api
+from fieldsales_dagster_tests.conftest import make_api, read_lake
 from fieldsales_dagster_tests.hostile import Conn, HostileServer, closed_port
 from fieldsales_dagster_tests.project import materialize, raw_assets
 
@@ -107,7 +106,7 @@ def test_token_ending_in_a_line_break_still_materializes(demo_server, tmp_path, 
     api = make_api(demo_server, tmp_path, api_token=demo_server.token + ending)
     result = materialize_events(api, warehouse)
     assert result.success
-    with duckdb.connect(warehouse.database, read_only=True) as conn:
+    with read_lake(warehouse) as conn:
         rows = conn.execute("SELECT count(*) FROM raw.events").fetchone()[0]
     assert rows == demo_server.dataset.count("events")
 
@@ -273,7 +272,7 @@ def test_lone_surrogate_is_stored_as_replacement_character_and_counted(tmp_path,
     assert result.success
     (materialization,) = result.asset_materializations_for_node("raw_events")
     assert materialization.metadata["surrogates_replaced"].value == 2
-    with duckdb.connect(warehouse.database, read_only=True) as conn:
+    with read_lake(warehouse) as conn:
         names = dict(conn.execute("SELECT id, payload->>'name' FROM raw.events").fetchall())
     assert names == {
         "e1": "cut mid-emoji \ufffd",
@@ -303,7 +302,7 @@ def test_gzip_pages_are_decompressed_and_loaded(tmp_path, warehouse):
     with HostileServer(events_handler(events, gzipped=True)) as server:
         result = materialize_events(hostile_api(server, tmp_path), warehouse)
     assert result.success
-    with duckdb.connect(warehouse.database, read_only=True) as conn:
+    with read_lake(warehouse) as conn:
         assert conn.execute("SELECT count(*) FROM raw.events").fetchone()[0] == 250
 
 

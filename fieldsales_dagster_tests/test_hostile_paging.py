@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 
 import duckdb
 import pytest
@@ -11,12 +12,13 @@ from fieldsales_dagster.client.endpoints import TRANSACTIONS
 from fieldsales_dagster.client.errors import PageFormatError
 from fieldsales_dagster.client.pager import ItemTooLargeError, PagingError
 from fieldsales_dagster.client.resource import FieldSalesAPI
-from fieldsales_dagster.warehouse.raw_load import (
+from fieldsales_dagster.loading.raw_load import (
     MAX_ITEM_BYTES,
     RawLoadError,
     ShrinkRefusedError,
     load_list,
 )
+from fieldsales_dagster_tests.conftest import read_lake
 from fieldsales_dagster_tests.hostile_lists import HostileServer, items
 
 
@@ -42,7 +44,7 @@ def load(api, warehouse, endpoint=TRANSACTIONS, **kwargs):
 
 
 def raw_tables(warehouse) -> set[str]:
-    with duckdb.connect(str(warehouse.working_path), read_only=True) as conn:
+    with read_lake(warehouse) as conn:
         rows = conn.execute(
             "SELECT table_name FROM duckdb_tables() WHERE schema_name = 'raw'"
         ).fetchall()
@@ -50,7 +52,7 @@ def raw_tables(warehouse) -> set[str]:
 
 
 def row_count(warehouse, table: str = "raw.transactions") -> int:
-    with duckdb.connect(str(warehouse.working_path), read_only=True) as conn:
+    with read_lake(warehouse) as conn:
         return conn.execute(f"SELECT count(*) FROM {table}").fetchone()[0]
 
 
@@ -325,7 +327,7 @@ def test_list_growing_while_it_is_paged_is_repaired_with_few_extra_requests(
         busy = server.behaviour.request_counts["transactions"] - quiet
         ids = sorted(server.dataset.ids("transactions"))
     assert report.passes == 1
-    with duckdb.connect(str(warehouse.working_path), read_only=True) as conn:
+    with read_lake(warehouse) as conn:
         loaded = [
             r[0] for r in conn.execute("SELECT id FROM raw.transactions ORDER BY id").fetchall()
         ]
@@ -339,14 +341,17 @@ KILLED_LOAD = """
 import sys
 from fieldsales_dagster.client.endpoints import TRANSACTIONS
 from fieldsales_dagster.client.resource import FieldSalesAPI
-from fieldsales_dagster.warehouse.raw_load import load_list
+from fieldsales_dagster.loading.raw_load import load_list
 from fieldsales_dagster.warehouse.resource import FieldSalesWarehouse
 
-base_url, token, database = sys.argv[1:]
+base_url, token, catalog, data_path = sys.argv[1:]
 api = FieldSalesAPI(base_url=base_url, api_token=token, use_token_store=False, page_size=10,
                     concurrency=1)
-with FieldSalesWarehouse(database=database).get_connection() as conn:
-    load_list(api, conn, TRANSACTIONS, spool_bytes=1 << 30)
+warehouse = FieldSalesWarehouse(ducklake_catalog=catalog, ducklake_data_path=data_path)
+with warehouse.get_connection() as conn:  # as the raw asset loads: one commit, or none
+    warehouse.one_commit(
+        conn, "raw.transactions", lambda: load_list(api, conn, TRANSACTIONS, spool_bytes=1 << 30)
+    )
 """
 
 
@@ -354,11 +359,10 @@ def test_load_killed_with_sigkill_leaves_nothing_after_the_next_load(demo_server
     import subprocess
     import sys
     import time
-    from pathlib import Path
 
     from fieldsales_dagster.client.endpoints import EVENTS
 
-    spools = Path(warehouse.database).parent / ".fieldsales_spool"
+    spools = warehouse.local_folder
     demo_server.behaviour.latency_s = 0.05  # 120 pages: about 6 s, killed early
     child = subprocess.Popen(
         [
@@ -367,7 +371,8 @@ def test_load_killed_with_sigkill_leaves_nothing_after_the_next_load(demo_server
             KILLED_LOAD,
             demo_server.base_url,
             demo_server.token,
-            warehouse.database,
+            warehouse.ducklake_catalog,
+            warehouse.ducklake_data_path,
         ]
     )
     try:
@@ -379,12 +384,13 @@ def test_load_killed_with_sigkill_leaves_nothing_after_the_next_load(demo_server
         child.kill()  # SIGKILL
         child.wait()
     demo_server.behaviour.latency_s = 0.0
-    assert raw_tables(warehouse) == {"_stage_transactions"}
+    assert raw_tables(warehouse) == set()  # nothing of the killed load was committed
     assert any(spools.rglob("*.txt"))
 
     load(api, warehouse, EVENTS)  # the next load, of another list
     assert raw_tables(warehouse) == {"events"}
-    assert list(spools.rglob("*")) == [spools / warehouse.working_path.name]
+    assert not list(spools.rglob("*.txt"))  # the killed load's spool is gone
+    assert [path.name for path in spools.iterdir()] == [f"pid-{os.getpid()}"]
 
 
 # --- the pass-acceptance rule, as a pure function ------------------------------------------------
@@ -537,7 +543,7 @@ def test_items_between_pages_answered_out_of_order_are_fetched_by_a_gap_repair(w
 
     with HostileServer(answer) as server:
         report = load(hostile_api(server), warehouse)
-    with duckdb.connect(str(warehouse.working_path), read_only=True) as conn:
+    with read_lake(warehouse) as conn:
         loaded = {r[0] for r in conn.execute("SELECT id FROM raw.transactions").fetchall()}
     assert loaded == {item["_id"] for item in listed} and len(loaded) == 1225
     assert report.passes == 1 and report.repairs == 1
@@ -549,7 +555,7 @@ def test_an_event_list_that_moved_is_paged_again_alone(tmp_path):
     from datetime import UTC, datetime
 
     from fieldsales_dagster.client.pager import PageExecutor, Stream
-    from fieldsales_dagster.warehouse.raw_load import Staging, raw_table_ddl
+    from fieldsales_dagster.loading.raw_load import Staging, raw_table_ddl
 
     def event_items(event, start, stop):
         return [{"_id": f"{event}-{i:03d}", "eventId": event} for i in range(start, stop)]

@@ -3,22 +3,24 @@ and every raw.* and core.* table must equal a fresh full load of the evolved dat
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 from datetime import UTC, datetime, timedelta
+from pathlib import Path
 
 import dagster as dg
 import duckdb
 import pytest
 
 from fieldsales_dagster.assets import follow
-from fieldsales_dagster.warehouse import incremental
-from fieldsales_dagster.warehouse.refresh_mode import (
+from fieldsales_dagster.loading import incremental
+from fieldsales_dagster.loading.refresh_mode import (
     IncrementalRefreshError,
     PreviousLoad,
     choose_mode,
 )
 from fieldsales_dagster.warehouse.resource import FieldSalesWarehouse
-from fieldsales_dagster_tests.conftest import make_api
+from fieldsales_dagster_tests.conftest import make_api, make_warehouse, read_lake
 from fieldsales_dagster_tests.project import core_assets, materialize, raw_assets
 
 RAW_ASSETS = raw_assets()
@@ -27,7 +29,7 @@ NOW = datetime(2026, 6, 1, tzinfo=UTC)
 
 
 def _warehouse(tmp_path, name: str, **settings) -> FieldSalesWarehouse:
-    return FieldSalesWarehouse(database=str(tmp_path / name), busy_timeout_s=1.0, **settings)
+    return make_warehouse(tmp_path, Path(name).stem, **settings)
 
 
 def _materialize(server, tmp_path, warehouse, assets=RAW_ASSETS, mode=None, **kwargs):
@@ -54,11 +56,10 @@ def _tables(conn: duckdb.DuckDBPyConnection, database: str) -> list[tuple[str, s
     ).fetchall()
 
 
-def assert_same_tables(path_a: str, path_b: str) -> None:
-    """Every raw.* and core.* table of a equals b's, row for row, ``loaded_at`` aside."""
-    conn = duckdb.connect(path_a, read_only=True)
-    try:
-        conn.execute(f"ATTACH '{path_b}' AS other (READ_ONLY)")
+def assert_same_tables(a: FieldSalesWarehouse, b: FieldSalesWarehouse) -> None:
+    """Every raw.* and core.* table of lake a equals b's, row for row, ``loaded_at`` aside."""
+    with read_lake(a) as conn:
+        conn.execute(dataclasses.replace(b.lake, alias="other").attach_sql(read_only=True))
         here = conn.execute("SELECT current_database()").fetchone()[0]
         tables = _tables(conn, here)
         assert tables == _tables(conn, "other")
@@ -82,12 +83,10 @@ def assert_same_tables(path_a: str, path_b: str) -> None:
             ).fetchone()
             assert (only_a, only_b) == (0, 0), f"{schema}.{table}: {only_a} rows only in the "
             f"incremental load, {only_b} only in the full load (of {rows})"
-    finally:
-        conn.close()
 
 
-def _snapshot(path: str) -> tuple[list, list]:
-    with duckdb.connect(path, read_only=True) as conn:
+def _snapshot(warehouse: FieldSalesWarehouse) -> tuple[list, list]:
+    with read_lake(warehouse) as conn:
         rows = conn.execute(
             "SELECT id, event_id, payload::VARCHAR, loaded_at FROM raw.transactions ORDER BY id"
         ).fetchall()
@@ -158,12 +157,12 @@ def test_incremental_refresh_after_evolve_equals_a_fresh_full_load(
     assert results.metadata["fieldsales/build"].value.startswith("incremental: ")
     assert core.metadata["fieldsales/build"].value.startswith("incremental: ")
     fresh = _full_load_of_current_data(demo_server, tmp_path, ALL_ASSETS)
-    with duckdb.connect(loaded.database, read_only=True) as conn:
+    with read_lake(loaded) as conn:
         core = conn.execute(
             "SELECT count(*) FROM duckdb_tables() WHERE schema_name = 'core'"
         ).fetchone()[0]
     assert core == len(core_assets())
-    assert_same_tables(loaded.database, fresh.database)
+    assert_same_tables(loaded, fresh)
 
 
 def test_incremental_refresh_fetches_only_the_changed_events_transactions(
@@ -187,7 +186,7 @@ def test_second_generation_is_incremental_again_and_still_equal(demo_server, tmp
         result = _materialize(demo_server, tmp_path, loaded)
         assert _refresh_metadata(result)["refresh_mode"] == "incremental"
     fresh = _full_load_of_current_data(demo_server, tmp_path)
-    assert_same_tables(loaded.database, fresh.database)
+    assert_same_tables(loaded, fresh)
 
 
 def test_core_tables_follow_two_incremental_generations_and_still_equal(
@@ -200,14 +199,14 @@ def test_core_tables_follow_two_incremental_generations_and_still_equal(
             (event,) = result.asset_materializations_for_node(node)
             assert event.metadata["fieldsales/build"].value.startswith("incremental: "), node
     fresh = _full_load_of_current_data(demo_server, tmp_path, ALL_ASSETS)
-    assert_same_tables(loaded_all.database, fresh.database)
+    assert_same_tables(loaded_all, fresh)
 
 
 def test_failure_mid_core_update_leaves_the_core_tables_and_their_state_as_they_were(
     demo_server, tmp_path, loaded_all, monkeypatch
 ):
     def core_rows() -> list:
-        with duckdb.connect(loaded_all.database, read_only=True) as conn:
+        with read_lake(loaded_all) as conn:
             return [
                 conn.execute(f"SELECT * FROM {table} ORDER BY ALL").fetchall()
                 for table in (
@@ -242,7 +241,7 @@ def test_failure_mid_core_update_leaves_the_core_tables_and_their_state_as_they_
     monkeypatch.undo()
     assert _materialize(demo_server, tmp_path, loaded_all, assets=ALL_ASSETS).success
     fresh = _full_load_of_current_data(demo_server, tmp_path, ALL_ASSETS)
-    assert_same_tables(loaded_all.database, fresh.database)
+    assert_same_tables(loaded_all, fresh)
 
 
 def test_incremental_refresh_with_raw_redaction_equals_a_fresh_full_load(demo_server, tmp_path):
@@ -257,7 +256,7 @@ def test_incremental_refresh_with_raw_redaction_equals_a_fresh_full_load(demo_se
     assert meta["transactions_added"] == changes["transactions_added"]
     fresh = _warehouse(tmp_path, "full.duckdb", redact_pii_in_raw=True)
     assert _materialize(demo_server, tmp_path, fresh, mode="full").success
-    assert_same_tables(warehouse.database, fresh.database)
+    assert_same_tables(warehouse, fresh)
 
 
 def test_server_ignoring_event_id_falls_back_to_full_with_a_warning(demo_server, tmp_path, loaded):
@@ -280,7 +279,7 @@ def test_server_ignoring_event_id_falls_back_to_full_with_a_warning(demo_server,
     assert any("ignores the eventId filter" in message for message in warnings)
     demo_server.behaviour.ignore_event_filter = False
     fresh = _full_load_of_current_data(demo_server, tmp_path)
-    assert_same_tables(loaded.database, fresh.database)
+    assert_same_tables(loaded, fresh)
 
 
 def test_numeric_event_ids_stay_incremental_and_equal_a_full_refresh(tmp_path):
@@ -299,8 +298,8 @@ def test_numeric_event_ids_stay_incremental_and_equal_a_full_refresh(tmp_path):
         assert meta["refresh_mode"] == "incremental", meta["refresh_reason"]
         assert meta["events_refetched"] > 0
         fresh = _full_load_of_current_data(server, tmp_path, ALL_ASSETS)
-    assert_same_tables(warehouse.database, fresh.database)
-    with duckdb.connect(warehouse.database, read_only=True) as conn:
+    assert_same_tables(warehouse, fresh)
+    with read_lake(warehouse) as conn:
         # The ids are the numbers' text, and every transaction finds its event.
         assert conn.execute("SELECT min(id) FROM raw.events").fetchone() == ("1000",)
         assert conn.execute(
@@ -320,13 +319,13 @@ def test_global_count_disagreeing_falls_back_to_full_in_auto(demo_server, tmp_pa
     assert "server counts" in meta["refresh_reason"]
     assert meta["dagster/row_count"] == demo_server.dataset.count("transactions")
     fresh = _full_load_of_current_data(demo_server, tmp_path)
-    assert_same_tables(loaded.database, fresh.database)
+    assert_same_tables(loaded, fresh)
 
 
 def test_global_count_disagreeing_fails_incremental_mode_and_keeps_tables(
     demo_server, tmp_path, loaded
 ):
-    before = _snapshot(loaded.database)
+    before = _snapshot(loaded)
     demo_server.behaviour.mutate("transactions", delete=1, at=0)
 
     result = _materialize(
@@ -338,7 +337,7 @@ def test_global_count_disagreeing_fails_incremental_mode_and_keeps_tables(
     error = failure.step_failure_data.error
     message = error.cause.message if error.cause else error.message
     assert "server counts" in message and "refresh_mode=full" in message
-    assert _snapshot(loaded.database) == before
+    assert _snapshot(loaded) == before
 
 
 def test_deleted_event_drops_its_transactions(demo_server, tmp_path, loaded):
@@ -351,19 +350,19 @@ def test_deleted_event_drops_its_transactions(demo_server, tmp_path, loaded):
     meta = _refresh_metadata(result)
     assert meta["refresh_mode"] == "incremental"
     assert (meta["events_removed"], meta["transactions_removed"]) == (1, removed)
-    with duckdb.connect(loaded.database, read_only=True) as conn:
+    with read_lake(loaded) as conn:
         left = conn.execute(
             "SELECT count(*) FROM raw.transactions WHERE event_id = ?", [gone]
         ).fetchone()[0]
     assert left == 0
     fresh = _full_load_of_current_data(demo_server, tmp_path)
-    assert_same_tables(loaded.database, fresh.database)
+    assert_same_tables(loaded, fresh)
 
 
 def test_failure_mid_merge_leaves_previous_table_and_state_untouched(
     demo_server, tmp_path, loaded, monkeypatch
 ):
-    before = _snapshot(loaded.database)
+    before = _snapshot(loaded)
     demo_server.behaviour.evolve(1)
     deleted = []
     real_delete = incremental._delete_replaced
@@ -381,8 +380,8 @@ def test_failure_mid_merge_leaves_previous_table_and_state_untouched(
     result = _materialize(demo_server, tmp_path, loaded, assets=RAW_ASSETS, raise_on_error=False)
 
     assert not result.success and deleted
-    assert _snapshot(loaded.database) == before
-    with duckdb.connect(loaded.database, read_only=True) as conn:
+    assert _snapshot(loaded) == before
+    with read_lake(loaded) as conn:
         stages = conn.execute(
             "SELECT count(*) FROM duckdb_tables() WHERE table_name LIKE '\\_stage%' ESCAPE '\\'"
         ).fetchone()[0]
@@ -390,7 +389,7 @@ def test_failure_mid_merge_leaves_previous_table_and_state_untouched(
 
 
 def test_auto_runs_full_when_the_last_full_refresh_is_too_old(demo_server, tmp_path, loaded):
-    with duckdb.connect(str(loaded.working_path)) as conn:  # what the pipeline reads
+    with loaded.get_connection() as conn:
         conn.execute("UPDATE meta.refresh_state SET last_full_at = last_full_at - INTERVAL 8 DAY")
 
     result = _materialize(demo_server, tmp_path, loaded, assets=RAW_ASSETS)
@@ -398,7 +397,7 @@ def test_auto_runs_full_when_the_last_full_refresh_is_too_old(demo_server, tmp_p
     meta = _refresh_metadata(result)
     assert meta["refresh_mode"] == "full"
     assert "full_refresh_every_days=7" in meta["refresh_reason"]
-    with duckdb.connect(loaded.database, read_only=True) as conn:
+    with read_lake(loaded) as conn:
         last_full = conn.execute("SELECT last_full_at FROM meta.refresh_state").fetchone()[0]
     assert datetime.now(UTC).replace(tzinfo=None) - last_full < timedelta(hours=1)
 
@@ -463,7 +462,7 @@ def test_every_raw_asset_reports_its_refresh_mode_and_bytes(demo_server, tmp_pat
 
 def test_refresh_mode_rejects_unknown_values():
     with pytest.raises(ValueError, match="auto, full, incremental"):
-        FieldSalesWarehouse(database="x.duckdb", refresh_mode="sometimes")
+        FieldSalesWarehouse(refresh_mode="sometimes")
 
 
 # --- choose_mode, the pure decision ----------------------------------------------------------

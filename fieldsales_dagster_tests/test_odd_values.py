@@ -8,12 +8,11 @@ import datetime as dt
 import json
 
 import dagster as dg
-import duckdb
 
 from fieldsales_dagster.client.endpoints import EVENTS, TRANSACTIONS
-from fieldsales_dagster.warehouse.raw_load import load_list
-from fieldsales_dagster.warehouse.resource import FieldSalesWarehouse
+from fieldsales_dagster.loading.raw_load import load_list
 from fieldsales_dagster_tests import core_payloads as p
+from fieldsales_dagster_tests.conftest import lake_at, read_lake
 from fieldsales_dagster_tests.hostile_lists import HostileServer
 from fieldsales_dagster_tests.test_hostile_paging import hostile_api
 
@@ -54,7 +53,7 @@ def test_ids_of_any_content_are_stored_verbatim_in_raw_and_core(tmp_path):
     ]
     documents = {"events": events, "transactions": transactions}
     database = tmp_path / "odd_ids.duckdb"
-    warehouse = FieldSalesWarehouse(database=str(database))
+    warehouse = lake_at(database)
     with _served(documents) as server:
         api = hostile_api(server, page_size=1000)
         with warehouse.get_connection() as conn:
@@ -84,7 +83,7 @@ def test_ids_of_any_content_are_stored_verbatim_in_raw_and_core(tmp_path):
         database,
         "SELECT count(*) FROM core.transactions JOIN core.events USING (event_id)",
     ) == [(len(transactions),)]
-    with duckdb.connect(str(database), read_only=True) as conn:
+    with read_lake(database) as conn:
         assert conn.execute(
             "SELECT count(*) FROM raw.transactions WHERE id = md5(payload::VARCHAR)"
         ).fetchone() == (0,)
@@ -110,7 +109,7 @@ def test_nan_and_infinity_are_null_in_core_and_mart_and_counted_by_a_warning(tmp
     body = json.dumps({"transactions": transactions, "count": len(transactions)})
     body = body.replace('"__1e309__"', "1e309").replace('"__-1e309__"', "-1e309")
     database = tmp_path / "nan.duckdb"
-    warehouse = FieldSalesWarehouse(database=str(database))
+    warehouse = lake_at(database)
     documents = {"events": [p.event("e1")], "transactions": body.encode()}
     with _served(documents) as server:
         api = hostile_api(server, page_size=1000)

@@ -2,13 +2,13 @@
 
 * Crash-only: a run killed with SIGKILL at each phase (held there by ``FIELDSALES_TEST_PAUSE_AT``,
   see ``fieldsales_dagster/pause.py``) leaves nothing that blocks, misleads or fills the next
-  run; the next run removes what it left and succeeds, and the analysts' file never changes
-  until a publish. Each phase starts from its own copy of one published state (a full run,
-  shared by the module's tests), and two phases run at a time: a phase's processes wait on
-  each other, the phases do not.
-* A full disk at publish, on a real small tmpfs in a private mount namespace: the run fails,
-  naming the file, the reason and the space needed; the analysts' file stays as it was; the next
-  run after space is freed publishes.
+  run: the lake's last snapshot stays whole (nothing of the killed write was committed), and
+  the next run removes the killed process's local files and succeeds, with no manual step.
+  Each phase starts from its own copy of one refreshed lake (a full run, shared by the module's
+  tests), and two phases run at a time.
+* A full disk at the single-file export, on a real small tmpfs in a private mount namespace:
+  the run fails, naming the file and the reason; the previous export and the lake's snapshot
+  stay as they were; the next run after space is freed exports.
 """
 
 from __future__ import annotations
@@ -18,7 +18,6 @@ import shutil
 import signal
 import subprocess
 import sys
-import tempfile
 import threading
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
@@ -29,6 +28,7 @@ import duckdb
 import pytest
 
 from fieldsales_dagster.demo_api import DemoConfig, DemoServer
+from fieldsales_dagster.warehouse.resource import FieldSalesWarehouse
 from fieldsales_dagster_tests.namespaces import private_tmpfs
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -39,11 +39,9 @@ SNAPSHOT = """
     SELECT (SELECT count(*) FROM raw.transactions), (SELECT count(*) FROM core.transactions),
            (SELECT count(*) FROM raw.events), (SELECT count(*) FROM core.events)
 """
-#: What a data folder holds between runs, and nothing else.
+#: What a data folder holds between runs besides the lake's Parquet files, and nothing else.
 KEPT = {
-    "fieldsales.duckdb",
-    "fieldsales.working.duckdb",
-    "fieldsales.working.duckdb.lock",
+    "fieldsales.ducklake.sqlite",
     "fieldsales_token.json",
     "fieldsales_token.json.lock",
 }
@@ -78,7 +76,7 @@ def published(small_server, tmp_path_factory) -> Published:
     data.mkdir()
     home.mkdir()
     assert_succeeded(run(materialize_argv(), run_env(small_server, data, home)))
-    counts = snapshot(data / "fieldsales.duckdb")
+    counts = snapshot(data)
     assert counts[:2] == [200, 200] and counts[2] == counts[3] > 0
     return Published(data, home, counts)
 
@@ -91,7 +89,7 @@ def run_env(server: DemoServer, data: Path, home: Path, **extra: str) -> dict[st
         "DAGSTER_HOME": str(home),
         "FIELDSALES_BASE_URL": server.base_url,
         "FIELDSALES_API_TOKEN": server.token,
-        "FIELDSALES_DUCKDB_PATH": str(data / "fieldsales.duckdb"),
+        "FIELDSALES_DUCKLAKE_CATALOG": f"sqlite:{data / 'fieldsales.ducklake.sqlite'}",
         "FIELDSALES_TOKEN_STORE": str(data / "fieldsales_token.json"),
         "FIELDSALES_PAGE_SIZE": "50",
         **extra,
@@ -121,33 +119,37 @@ def assert_succeeded(done: subprocess.CompletedProcess) -> None:
     assert done.returncode == 0 and "RUN_SUCCESS" in done.stderr, done.stderr[-4000:]
 
 
-def snapshot(database: Path) -> list[int]:
-    """The analysts' row counts, read from a copy (DuckDB resolves a ``/proc/<pid>/root`` path
-    to this namespace's view, so a file in a private mount is read through a copy)."""
-    with tempfile.TemporaryDirectory() as folder:
-        copied = Path(folder) / "snapshot.duckdb"
-        shutil.copyfile(database, copied)
-        with duckdb.connect(str(copied), read_only=True) as conn:
-            return list(conn.execute(SNAPSHOT).fetchone())
+def lake(data: Path) -> FieldSalesWarehouse:
+    return FieldSalesWarehouse(ducklake_catalog=f"sqlite:{data / 'fieldsales.ducklake.sqlite'}")
+
+
+def snapshot(data: Path) -> list[int]:
+    """The analysts' row counts, as a reader of the lake under ``data`` sees them."""
+    with lake(data).read_connection() as conn:
+        return list(conn.execute(SNAPSHOT).fetchone())
 
 
 def leftovers(data: Path) -> list[str]:
-    """Every file under ``data`` beyond what a finished run keeps, and every staging table."""
-    found = sorted(
-        str(path.relative_to(data))
-        for path in data.rglob("*")
-        if path.is_file() and str(path.relative_to(data)) not in KEPT
-    )
-    for name in ("fieldsales.duckdb", "fieldsales.working.duckdb"):
-        with duckdb.connect(str(data / name), read_only=True) as conn:
-            found += [
-                f"{name}: {schema}.{table}"
-                for schema, table in conn.execute(
-                    "SELECT schema_name, table_name FROM duckdb_tables() "
-                    "WHERE starts_with(table_name, '_stage_')"
-                ).fetchall()
-            ]
-    return found
+    """Every file under ``data`` beyond what a finished run keeps (the lake's catalog and
+    Parquet files, the token store), and every staging table in the lake."""
+    with lake(data).read_connection() as conn:
+        found = [
+            f"lake: {schema}.{table}"
+            for schema, table in conn.execute(
+                "SELECT schema_name, table_name FROM duckdb_tables() "
+                "WHERE starts_with(table_name, '_stage_')"
+            ).fetchall()
+        ]
+    for path in data.rglob("*"):
+        name = str(path.relative_to(data))
+        if not path.is_file() or name in KEPT or name.startswith("fieldsales.ducklake.sqlite"):
+            continue
+        if name.startswith("lake/") and path.suffix == ".parquet":
+            # Listed by the catalog, or a killed write's file (the upkeep deletes those past
+            # their safety age: test_lake.py).
+            continue
+        found.append(name)
+    return sorted(found)
 
 
 def killed_at(phase: str, argv: list[str], env: dict[str, str]) -> str:
@@ -187,12 +189,9 @@ def killed_at(phase: str, argv: list[str], env: dict[str, str]) -> str:
 PHASES = {
     # A fresh deployment: the token store is written on first use.
     "token_store": ("raw_event_groups", ".fieldsales_token.json.*.tmp"),
-    # A new host holding only the analysts' file (a restored backup).
-    "seeding": ("raw_event_groups", "fieldsales.working.duckdb.seeding"),
-    "loading": ("raw_event_groups", ".fieldsales_spool/fieldsales.working.duckdb/*/*"),
+    "loading": ("raw_event_groups", ".fieldsales_tmp/*/pid-*/.fieldsales_spool/lake/*/*"),
     "merge": ("raw_events,raw_transactions", None),  # incremental: between delete and insert
-    "core": ("core_events", None),  # a committed _stage_ table in the working database
-    "publish": ("raw_event_groups", ".fieldsales.duckdb.publish-*"),
+    "core": ("core_events", None),  # a staging table built, not yet swapped in
 }
 
 
@@ -212,63 +211,58 @@ def kill_then_rerun(phase: str, server: DemoServer, published: Published, folder
     select, left = PHASES[phase]
     data, home = published.copy_to(folder / "data", folder / "home")
     env = run_env(server, data, home)
-    database = data / "fieldsales.duckdb"
     if phase == "token_store":
         (data / "fieldsales_token.json").unlink()
-    if phase == "seeding":
-        for path in data.glob("fieldsales.working.duckdb*"):
-            path.unlink()
-    before = database.stat()
 
     killed_at(phase, materialize_argv(select), env)
 
     if left is not None:
         assert list(data.glob(left)), f"{phase}: the kill left no {left}"
-    after = database.stat()
-    assert (after.st_ino, after.st_mtime_ns) == (before.st_ino, before.st_mtime_ns), phase
-    assert snapshot(database) == published.counts, phase
+    # Nothing of the killed write was committed: every table as the last snapshot holds it.
+    assert snapshot(data) == published.counts, phase
 
     assert_succeeded(run(materialize_argv(select), env))
-    assert snapshot(database) == published.counts, phase
+    assert snapshot(data) == published.counts, phase
     assert leftovers(data) == [], phase
 
 
-# --- a full disk at publish ---------------------------------------------------------------------
+# --- a full disk at the export -----------------------------------------------------------------
 
 
-def test_full_disk_at_publish_fails_the_run_and_the_next_run_publishes(
+def test_full_disk_at_the_export_fails_the_run_and_the_next_run_exports(
     small_server, published, tmp_path
 ):
-    data = tmp_path / "volume"
-    with private_tmpfs(data, "64m") as volume:
-        # The published state of a full run: its data on the small volume, its home beside it.
-        published.copy_to(volume.seen(data), tmp_path / "home")
-        env = run_env(small_server, data, tmp_path / "home")
-        database = volume.seen(data / "fieldsales.duckdb")
-        working = volume.seen(data / "fieldsales.working.duckdb")
-        before = database.stat()
-        assert snapshot(database) == published.counts
-        # Leave room for a small load, not for a second copy of the working database.
-        free = shutil.disk_usage(volume.seen(data)).free
-        ballast = volume.seen(data / "ballast")
+    data, volume_path = tmp_path / "data", tmp_path / "volume"
+    published.copy_to(data, tmp_path / "home")
+    with private_tmpfs(volume_path, "64m") as volume:
+        export = volume_path / "fieldsales.duckdb"
+        env = run_env(small_server, data, tmp_path / "home", FIELDSALES_DUCKDB_PATH=str(export))
+        assert_succeeded(run(volume.enter(materialize_argv("duckdb_export"), ROOT), env))
+        seen = volume.seen(export)
+        before = seen.stat()
+        # Leave room for half an export, not a whole one.
+        free = shutil.disk_usage(volume.seen(volume_path)).free
+        ballast = volume.seen(volume_path / "ballast")
         with ballast.open("wb") as out:
-            out.truncate(0)
-            out.write(b"\0" * (free - working.stat().st_size // 2))
+            out.write(b"\0" * (free - seen.stat().st_size // 2))
 
-        failed = run(volume.enter(materialize_argv("raw_event_groups"), ROOT), env)
+        failed = run(volume.enter(materialize_argv("duckdb_export"), ROOT), env)
 
         assert failed.returncode != 0 and "RUN_FAILURE" in failed.stderr
-        assert f"Publishing the analysts' file {data / 'fieldsales.duckdb'} failed: No space" in (
-            failed.stderr
-        )
-        assert "(ENOSPC). A publish needs" in failed.stderr
-        assert f"MB free in {data} for a copy of" in failed.stderr
-        after = database.stat()
+        assert f"to {export} (FIELDSALES_DUCKDB_PATH) failed" in failed.stderr, failed.stderr[
+            -3000:
+        ]
+        assert "(ENOSPC)" in failed.stderr and f"Free disk space in {volume_path}" in failed.stderr
+        assert "The lake's snapshot stays committed" in failed.stderr
+        after = seen.stat()
         assert (after.st_ino, after.st_mtime_ns) == (before.st_ino, before.st_mtime_ns)
-        assert snapshot(database) == published.counts
-        assert list(volume.seen(data).glob(".fieldsales.duckdb.publish-*")) == []
+        assert not list(volume.seen(volume_path).glob(".fieldsales.duckdb.export-*"))
+        assert snapshot(data) == published.counts
 
         ballast.unlink()
-        assert_succeeded(run(volume.enter(materialize_argv("raw_event_groups"), ROOT), env))
-        assert database.stat().st_ino != before.st_ino
-        assert snapshot(database) == published.counts
+        assert_succeeded(run(volume.enter(materialize_argv("duckdb_export"), ROOT), env))
+        assert seen.stat().st_ino != before.st_ino
+        copy = tmp_path / "copy.duckdb"
+        shutil.copyfile(seen, copy)
+    with duckdb.connect(str(copy), read_only=True) as conn:
+        assert list(conn.execute(SNAPSHOT).fetchone()) == published.counts

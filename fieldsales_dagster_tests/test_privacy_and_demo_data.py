@@ -6,7 +6,6 @@ from __future__ import annotations
 import re
 
 import dagster as dg
-import duckdb
 import pytest
 
 from fieldsales_dagster.demo_run import EXPECTED_DEMO_FINDINGS
@@ -17,7 +16,7 @@ from fieldsales_dagster.warehouse.pii import (
     hmac_pads,
 )
 from fieldsales_dagster.warehouse.resource import FieldSalesWarehouse
-from fieldsales_dagster_tests.conftest import make_api
+from fieldsales_dagster_tests.conftest import lake_at, make_api, read_lake
 from fieldsales_dagster_tests.project import (
     core_assets,
     core_checks,
@@ -48,7 +47,7 @@ def load(server, tmp_path_factory):
             [*raw_assets(), *core_assets(True), *mart_assets(True), *core_checks()],
             resources={
                 "fieldsales_api": make_api(server, folder),
-                "warehouse": FieldSalesWarehouse(database=database, threads=2, **settings),
+                "warehouse": lake_at(database, threads=2, **settings),
             },
             raise_on_error=False,
         )
@@ -67,7 +66,7 @@ def kept(load):
 def personal_values(kept) -> set[str]:
     """Every name, email and client IP the demo API served."""
     keys = ", ".join(f"'{k}'" for k in PII_PAYLOAD_KEYS)
-    with duckdb.connect(kept[0], read_only=True) as conn:
+    with read_lake(kept[0]) as conn:
         rows = conn.execute(
             f"""
             SELECT DISTINCT node.value ->> '$'
@@ -84,7 +83,7 @@ def leaks(database: str, values: set[str]) -> list[str]:
     """Every (table.column) of the database that holds one of ``values``."""
     pattern = '"(' + "|".join(re.escape(v) for v in sorted(values)) + ')"'
     found = []
-    with duckdb.connect(database, read_only=True) as conn:
+    with read_lake(database) as conn:
         columns = conn.execute(
             "SELECT schema_name, table_name, column_name, data_type FROM duckdb_columns() "
             "WHERE data_type IN ('VARCHAR', 'VARCHAR[]', 'JSON')"
@@ -106,7 +105,7 @@ def leaks(database: str, values: set[str]) -> list[str]:
 
 
 def query(database: str, sql: str) -> list[tuple]:
-    with duckdb.connect(database, read_only=True) as conn:
+    with read_lake(database) as conn:
         return conn.execute(sql).fetchall()
 
 
@@ -175,12 +174,12 @@ def test_redaction_keeps_everything_but_the_personal_keys(load, kept):
 
 def test_hash_without_a_key_is_refused_naming_the_setting():
     with pytest.raises(ValueError, match="FIELDSALES_PII_HASH_KEY"):
-        FieldSalesWarehouse(database="x.duckdb", pii="hash")
+        FieldSalesWarehouse(pii="hash")
 
 
 def test_unknown_pii_setting_is_refused_naming_the_allowed_values():
     with pytest.raises(ValueError, match="'keep', 'hash' or 'drop'"):
-        FieldSalesWarehouse(database="x.duckdb", pii="sometimes")
+        FieldSalesWarehouse(pii="sometimes")
 
 
 def test_short_hash_key_is_refused_naming_the_setting():
@@ -215,7 +214,7 @@ def test_demo_every_answered_custom_report_value_is_typed(kept):
 
 
 def test_demo_has_no_empty_strings_in_core_or_mart(kept):
-    with duckdb.connect(kept[0], read_only=True) as conn:
+    with read_lake(kept[0]) as conn:
         columns = conn.execute(
             "SELECT schema_name, table_name, column_name FROM duckdb_columns() "
             "WHERE schema_name IN ('core', 'mart') AND data_type = 'VARCHAR'"

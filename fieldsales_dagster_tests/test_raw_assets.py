@@ -7,10 +7,9 @@ import subprocess
 import sys
 
 import dagster as dg
-import duckdb
 
 from fieldsales_dagster.assets.raw import ROW_COUNT_CHECK, row_count_check
-from fieldsales_dagster_tests.conftest import make_api
+from fieldsales_dagster_tests.conftest import make_api, make_warehouse, read_lake
 from fieldsales_dagster_tests.project import materialize, raw_assets
 
 RAW_KEYS = ["raw_events", "raw_transactions", "raw_event_groups"]
@@ -36,7 +35,7 @@ def test_raw_assets_materialize_with_metadata_and_passing_row_count_checks(
     checks = row_count_checks(result)
     assert {c.check_name for c in checks} == {ROW_COUNT_CHECK}
     assert len(checks) == 3 and all(c.passed for c in checks)
-    with duckdb.connect(warehouse.database, read_only=True) as conn:
+    with read_lake(warehouse) as conn:
         counts = dict(
             conn.execute(
                 "SELECT table_name, estimated_size FROM duckdb_tables() WHERE schema_name = 'raw'"
@@ -56,7 +55,7 @@ def test_failed_raw_asset_run_reports_failure_and_keeps_previous_table(
         assets, resources=resources, selection=["raw_transactions"], raise_on_error=False
     )
     assert not result.success
-    with duckdb.connect(warehouse.database, read_only=True) as conn:
+    with read_lake(warehouse) as conn:
         assert conn.execute("SELECT count(*) FROM raw.transactions").fetchone()[0] == 1200
 
 
@@ -69,16 +68,17 @@ def test_token_never_appears_in_run_config_metadata_or_logs(demo_server, tmp_pat
     assert demo_server.token not in text
 
 
-def test_two_cli_runs_at_once_share_the_duckdb_file(demo_server, tmp_path):
+def test_two_cli_runs_at_once_share_the_lake(demo_server, tmp_path):
     """What users run: `dagster asset materialize -m fieldsales_dagster --select ...`, twice at once
-    (say the schedule and a manual run). The lock beside the DuckDB file queues the second writer
-    instead of letting it fail on DuckDB's own file lock."""
-    database = tmp_path / "cli.duckdb"
+    (say the schedule and a manual run), into a new lake: both commit, and nothing is lost (a
+    commit that conflicts with the other run's is retried)."""
+    warehouse = make_warehouse(tmp_path, "cli")
     env = {
         **os.environ,
         "FIELDSALES_BASE_URL": demo_server.base_url,
         "FIELDSALES_API_TOKEN": demo_server.token,
-        "FIELDSALES_DUCKDB_PATH": str(database),
+        "FIELDSALES_DUCKLAKE_CATALOG": warehouse.ducklake_catalog,
+        "FIELDSALES_DUCKLAKE_DATA_PATH": warehouse.ducklake_data_path,
         "FIELDSALES_TOKEN_STORE": str(tmp_path / "token.json"),
     }
     dagster = os.path.join(os.path.dirname(sys.executable), "dagster")
@@ -87,7 +87,7 @@ def test_two_cli_runs_at_once_share_the_duckdb_file(demo_server, tmp_path):
     runs = []
     for home, selection in zip(homes, selections, strict=True):
         # Separate Dagster instances (two deployments, or a CLI run beside `dagster dev`): only
-        # the DuckDB file is shared, and a fresh instance's storage is not raced into existence.
+        # the lake is shared, and a fresh instance's storage is not raced into existence.
         home.mkdir()
         run = subprocess.Popen(
             [dagster, "asset", "materialize", "-m", "fieldsales_dagster", "--select", selection],
@@ -101,7 +101,7 @@ def test_two_cli_runs_at_once_share_the_duckdb_file(demo_server, tmp_path):
         output, _ = run.communicate(timeout=240)
         assert run.returncode == 0, output[-4000:]
         assert demo_server.token not in output
-    with duckdb.connect(str(database), read_only=True) as conn:
+    with read_lake(warehouse) as conn:
         for name in ("events", "transactions", "event_groups"):
             rows = conn.execute(f"SELECT count(*) FROM raw.{name}").fetchone()[0]
             assert rows == demo_server.dataset.count(name)

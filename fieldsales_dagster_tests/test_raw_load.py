@@ -17,8 +17,8 @@ from fieldsales_dagster.client.errors import (
     PageFormatError,
 )
 from fieldsales_dagster.client.resource import FieldSalesAPI
-from fieldsales_dagster.warehouse.raw_load import load_list
-from fieldsales_dagster_tests.conftest import make_api
+from fieldsales_dagster.loading.raw_load import load_list
+from fieldsales_dagster_tests.conftest import make_api, read_lake
 
 TX = TRANSACTIONS.path
 EV = EVENTS.path
@@ -30,7 +30,7 @@ def load(api: FieldSalesAPI, warehouse, endpoint: ListEndpoint = TRANSACTIONS, *
 
 
 def table_ids(warehouse, table: str) -> list[str]:
-    with duckdb.connect(str(warehouse.working_path), read_only=True) as conn:
+    with read_lake(warehouse) as conn:
         return [row[0] for row in conn.execute(f"SELECT id FROM {table} ORDER BY id").fetchall()]
 
 
@@ -54,7 +54,7 @@ def test_every_transaction_lands_once_with_pages_in_flight(demo_server, api, war
 
 def test_raw_transactions_keep_payload_and_event_id(demo_server, api, warehouse):
     load(api, warehouse)
-    with duckdb.connect(str(warehouse.working_path), read_only=True) as conn:
+    with read_lake(warehouse) as conn:
         columns = conn.execute(
             "SELECT column_name, data_type FROM information_schema.columns "
             "WHERE table_schema = 'raw' AND table_name = 'transactions' ORDER BY ordinal_position"
@@ -145,7 +145,7 @@ def test_persistent_5xx_fails_naming_the_endpoint_and_keeps_yesterdays_table(
     with pytest.raises(FieldSalesAPIError, match=r"GET /public/v1/api/transaction/all.*503"):
         load(api, warehouse)
     assert table_ids(warehouse, "raw.transactions") == before
-    with duckdb.connect(str(warehouse.working_path), read_only=True) as conn:
+    with read_lake(warehouse) as conn:
         tables = conn.execute("SELECT table_name FROM information_schema.tables").fetchall()
     assert ("_stage_transactions",) not in tables
 
@@ -206,7 +206,7 @@ def test_insertions_without_totals_are_paged_again_until_no_id_repeats(demo_serv
 
 
 def test_repeated_ids_keep_their_first_copy(tmp_path):
-    from fieldsales_dagster.warehouse.raw_load import _drop_duplicate_ids
+    from fieldsales_dagster.loading.raw_load import _drop_duplicate_ids
 
     with duckdb.connect(str(tmp_path / "d.duckdb")) as conn:
         conn.execute("CREATE SCHEMA raw")
@@ -257,36 +257,6 @@ def test_check_token_accepts_current_and_refuses_stale(demo_server, api):
         api.check_token(token="stale-token")
 
 
-def test_working_database_held_by_another_program_gives_error_naming_it(warehouse):
-    import subprocess
-    import sys
-
-    from fieldsales_dagster.warehouse.resource import WarehouseBusyError
-
-    holder = subprocess.Popen(
-        [
-            sys.executable,
-            "-c",
-            "import duckdb, sys, time; c = duckdb.connect(sys.argv[1]); print('ready', flush=True);"
-            " time.sleep(30)",
-            str(warehouse.working_path),
-        ],
-        stdout=subprocess.PIPE,
-        text=True,
-    )
-    try:
-        assert holder.stdout.readline().strip() == "ready"
-        # The holder keeps the file for 30 s; busy_timeout_s=1 gives up long before.
-        with (
-            pytest.raises(WarehouseBusyError, match=str(warehouse.working_path)),
-            warehouse.get_connection(),
-        ):
-            pass
-    finally:
-        holder.kill()
-        holder.wait()
-
-
 def test_pretty_printed_items_and_odd_ids_are_stored_as_received(tmp_path):
     """Line breaks inside items, numeric, missing and control-character ids all land intact."""
     import json
@@ -294,7 +264,7 @@ def test_pretty_printed_items_and_odd_ids_are_stored_as_received(tmp_path):
 
     from fieldsales_dagster.client.envelope import split_envelope
     from fieldsales_dagster.client.pager import Page
-    from fieldsales_dagster.warehouse.raw_load import StagingWriter, raw_table_ddl
+    from fieldsales_dagster.loading.raw_load import StagingWriter, raw_table_ddl
 
     items = [
         {"_id": "a", "eventId": "e1", "note": "line\nbreak", "n": 1},
@@ -337,7 +307,7 @@ def test_spool_lines_of_a_page_checked_for_line_breaks_equal_item_by_item_lines(
 
     from fieldsales_dagster.client.envelope import split_envelope
     from fieldsales_dagster.client.pager import Page
-    from fieldsales_dagster.warehouse.raw_load import key_decoder, spool_parts
+    from fieldsales_dagster.loading.raw_load import key_decoder, spool_parts
 
     def spool_lines(page: Page, decode) -> bytes:
         return b"".join(spool_parts(page, decode))
@@ -394,7 +364,7 @@ def test_item_longer_than_the_reader_accepts_fails_loudly(tmp_path):
 
     from fieldsales_dagster.client.envelope import split_envelope
     from fieldsales_dagster.client.pager import Page
-    from fieldsales_dagster.warehouse.raw_load import (
+    from fieldsales_dagster.loading.raw_load import (
         LINE_SLACK,
         MAX_ITEM_BYTES,
         RawLoadError,

@@ -12,8 +12,8 @@ import duckdb
 import pytest
 
 from fieldsales_dagster.client.endpoints import EVENTS, TRANSACTIONS
-from fieldsales_dagster.warehouse import incremental
-from fieldsales_dagster.warehouse.raw_load import raw_table_ddl
+from fieldsales_dagster.loading import incremental
+from fieldsales_dagster.loading.raw_load import raw_table_ddl
 
 NOW = datetime(2026, 6, 1, tzinfo=UTC)
 LONG_AGO = "2020-01-01T00:00:00Z"

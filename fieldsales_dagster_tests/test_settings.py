@@ -14,7 +14,7 @@ from pydantic_core import PydanticUndefined
 
 from fieldsales_dagster.client.resource import FieldSalesAPI
 from fieldsales_dagster.component import FieldSalesComponent, SettingError
-from fieldsales_dagster.settings import SETTING_KEY, SETTINGS, Setting
+from fieldsales_dagster.settings import RETIRED_SETTINGS, SETTING_KEY, SETTINGS, Setting
 from fieldsales_dagster.warehouse.resource import FieldSalesWarehouse
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
@@ -83,9 +83,9 @@ def test_every_setting_is_a_component_field_with_its_default(name):
     assert field.description and setting.description in field.description
 
 
-def test_every_component_field_is_a_setting():
+def test_every_component_field_is_a_setting_or_a_retired_one():
     fields = set(FieldSalesComponent.model_fields)
-    assert fields == {COMPONENT_FIELD.get(name, name) for name in SETTINGS}
+    assert fields == {COMPONENT_FIELD.get(name, name) for name in SETTINGS} | set(RETIRED_SETTINGS)
 
 
 @pytest.mark.parametrize("name", [name for name, s in sorted(SETTINGS.items()) if s.bounds])
@@ -130,8 +130,7 @@ def test_the_resources_receive_every_setting_from_the_component(monkeypatch, tmp
         duckdb_path=str(tmp_path / "other.duckdb"),
         create_dirs=True,
         duckdb_memory_limit="1GB",
-        storage="ducklake",
-        ducklake_catalog=str(tmp_path / "lake.ducklake"),
+        ducklake_catalog=f"sqlite:{tmp_path / 'lake.sqlite'}",
         ducklake_data_path=str(tmp_path / "lake"),
         ducklake_schema="acme",
         ducklake_password_env_var="ACME_LAKE_PASSWORD",

@@ -106,7 +106,7 @@ def server():
 
 def test_the_page_gives_an_embedded_recipe_and_a_postgres_one_with_one_role():
     sqlite_recipe, postgres_recipe, docker = recipe_blocks()
-    assert "export FIELDSALES_DUCKLAKE_CATALOG=sqlite:data/lake/catalog.sqlite" in sqlite_recipe
+    assert "export FIELDSALES_DUCKLAKE_CATALOG=sqlite:data/mylake/catalog.sqlite" in sqlite_recipe
     assert sqlite_recipe[-1] == postgres_recipe[-1] == ".venv/bin/dg launch --assets '*'"
     # One role name, in the recipe, its Docker variant and the deployment guide.
     (catalog,) = [line for line in postgres_recipe if "FIELDSALES_DUCKLAKE_CATALOG" in line]
@@ -124,12 +124,12 @@ def test_the_page_gives_an_embedded_recipe_and_a_postgres_one_with_one_role():
 def test_the_embedded_catalog_recipe_needs_no_server(tmp_path, server):
     sqlite_recipe = recipe_blocks()[0]
     exported = run_recipe(sqlite_recipe, tmp_path, server)
-    catalog = tmp_path / "data" / "lake" / "catalog.sqlite"
+    catalog = tmp_path / "data" / "mylake" / "catalog.sqlite"
     assert exported["FIELDSALES_DUCKLAKE_CATALOG"] == f"sqlite:{catalog}"
     with sqlite3.connect(catalog) as db:  # a real SQLite file holding DuckLake's catalog
         tables = {row[0] for row in db.execute("SELECT name FROM sqlite_master")}
     assert "ducklake_snapshot" in tables
-    assert list((tmp_path / "data" / "lake" / "files").rglob("*.parquet"))
+    assert list((tmp_path / "data" / "mylake" / "files").rglob("*.parquet"))
     assert lake_transactions(exported) == DEMO_TRANSACTIONS
 
 

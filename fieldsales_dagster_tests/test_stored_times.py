@@ -14,7 +14,7 @@ import pytest
 
 from fieldsales_dagster.client.endpoints import CHECK_TOKEN_PATH, GENERATE_TOKEN_PATH
 from fieldsales_dagster.clock import FUTURE_TOLERANCE, from_the_future
-from fieldsales_dagster.warehouse.refresh_mode import PreviousLoad, choose_mode
+from fieldsales_dagster.loading.refresh_mode import PreviousLoad, choose_mode
 from fieldsales_dagster_tests.test_token_renewal_sensor import (
     accepted,
     backdate,

@@ -1,4 +1,4 @@
-"""Tenants of one code location never share a file, a token store, a key prefix or a pool.
+"""Tenants of one code location never share a lake, a file, a token store, a key prefix or a pool.
 
 Each test writes a real dg project of its own in ``tmp_path`` with one ``defs/<tenant>/defs.yaml``
 per tenant and loads it the way ``dg`` and ``dagster`` do.
@@ -33,12 +33,12 @@ def tenant(token_variable: str, **settings: object) -> str:
 def two_tenants(tmp_path: Path, main: dict[str, object], acme: dict[str, object]) -> Path:
     """``defs/main`` (no key prefix) and ``defs/acme``; each gets files of its own unless told."""
     main = {
-        "duckdb_path": tmp_path / "main.duckdb",
+        "ducklake_catalog": f"sqlite:{tmp_path / 'main.ducklake.sqlite'}",
         "token_store_path": tmp_path / "main_token.json",
         **main,
     }
     acme = {
-        "duckdb_path": tmp_path / "acme.duckdb",
+        "ducklake_catalog": f"sqlite:{tmp_path / 'acme.ducklake.sqlite'}",
         "token_store_path": tmp_path / "acme_token.json",
         "key_prefix": "acme",
         **acme,
@@ -57,41 +57,58 @@ def refusal(package: Path, monkeypatch) -> str:
 
 def test_tenants_with_their_own_files_prefix_and_pool_load(tmp_path, monkeypatch):
     defs = load_project(two_tenants(tmp_path, {}, {}), monkeypatch)
-    assert {job.name for job in defs.jobs} == {"refresh_all", "acme_refresh_all"}
+    assert {job.name for job in defs.jobs} == {
+        "refresh_all",
+        "acme_refresh_all",
+        "lake_upkeep",
+        "acme_lake_upkeep",
+    }
 
 
-def test_second_tenant_on_the_first_tenants_duckdb_file_is_refused_at_load(tmp_path, monkeypatch):
-    shared = tmp_path / "main.duckdb"
-    message = refusal(two_tenants(tmp_path, {}, {"duckdb_path": shared}), monkeypatch)
+def test_second_tenant_on_the_first_tenants_lake_is_refused_at_load(tmp_path, monkeypatch):
+    shared = f"sqlite:{tmp_path / 'main.ducklake.sqlite'}"
+    message = refusal(two_tenants(tmp_path, {}, {"ducklake_catalog": shared}), monkeypatch)
     assert "defs/main" in message and "defs/acme" in message
     assert "key_prefix acme" in message
-    assert f"the DuckDB file {shared} (duckdb_path of both)" in message
-    assert "working file" in message  # the working files are the same file too
+    assert (
+        f"the DuckLake {tmp_path / 'main.ducklake.sqlite'} (schema main) (ducklake_catalog of both)"
+    ) in message
     assert "tenant-isolation" not in message  # no token
 
 
-def test_tenant_whose_duckdb_path_is_a_link_to_another_tenants_file_is_refused(
+def test_one_catalog_with_a_schema_per_tenant_loads(tmp_path, monkeypatch):
+    shared = f"sqlite:{tmp_path / 'shared.ducklake.sqlite'}"
+    package = two_tenants(
+        tmp_path,
+        {"ducklake_catalog": shared, "ducklake_schema": "main_lake"},
+        {"ducklake_catalog": shared, "ducklake_schema": "acme_lake"},
+    )
+    assert "acme_warehouse" in load_project(package, monkeypatch).resources
+
+
+def test_tenant_whose_catalog_is_a_link_to_another_tenants_catalog_is_refused(
     tmp_path, monkeypatch
 ):
     volume = tmp_path / "volume"
     volume.mkdir()
-    (volume / "fieldsales.duckdb").write_bytes(b"")
-    link = tmp_path / "acme_link.duckdb"
-    link.symlink_to(volume / "fieldsales.duckdb")
+    (volume / "lake.sqlite").write_bytes(b"")
+    link = tmp_path / "acme_link.sqlite"
+    link.symlink_to(volume / "lake.sqlite")
     package = two_tenants(
-        tmp_path, {"duckdb_path": volume / "fieldsales.duckdb"}, {"duckdb_path": link}
+        tmp_path,
+        {"ducklake_catalog": f"sqlite:{volume / 'lake.sqlite'}"},
+        {"ducklake_catalog": f"sqlite:{link}"},
     )
     message = refusal(package, monkeypatch)
-    assert f"the DuckDB file {volume / 'fieldsales.duckdb'}" in message
+    assert f"the DuckLake {volume / 'lake.sqlite'} (schema main)" in message
     assert "defs/main" in message and "defs/acme" in message
 
 
-def test_tenant_whose_duckdb_file_is_another_tenants_working_file_is_refused(tmp_path, monkeypatch):
-    working = tmp_path / "main.working.duckdb"
-    message = refusal(two_tenants(tmp_path, {}, {"duckdb_path": working}), monkeypatch)
-    assert f"the DuckDB file {working} (" in message
-    assert "working file of duckdb_path of defs/main" in message
-    assert "duckdb_path of defs/acme" in message
+def test_tenants_sharing_an_export_file_are_refused_at_load(tmp_path, monkeypatch):
+    shared = tmp_path / "export.duckdb"
+    package = two_tenants(tmp_path, {"duckdb_path": shared}, {"duckdb_path": shared})
+    message = refusal(package, monkeypatch)
+    assert f"the DuckDB export {shared} (duckdb_path of both)" in message
 
 
 def test_tenants_sharing_a_token_store_are_refused_at_load(tmp_path, monkeypatch):
@@ -128,10 +145,10 @@ def test_two_tenants_without_a_key_prefix_are_refused(tmp_path, monkeypatch):
     assert "the pool fieldsales_duckdb" in message
 
 
-def test_dg_check_defs_and_dagster_materialize_refuse_tenants_sharing_a_file(tmp_path):
-    """The CLIs operators run: both fail before any run, naming both tenants and the file."""
-    shared = tmp_path / "main.duckdb"
-    package = two_tenants(tmp_path, {}, {"duckdb_path": shared})
+def test_dg_check_defs_and_dagster_materialize_refuse_tenants_sharing_a_lake(tmp_path):
+    """The CLIs operators run: both fail before any run, naming both tenants and the lake."""
+    shared = tmp_path / "main.ducklake.sqlite"
+    package = two_tenants(tmp_path, {}, {"ducklake_catalog": f"sqlite:{shared}"})
     (package / "definitions.py").write_text(
         "from pathlib import Path\n\nimport dagster as dg\n\n\n@dg.definitions\ndef defs():\n"
         "    return dg.load_from_defs_folder(path_within_project=Path(__file__).parent)\n"
@@ -161,7 +178,7 @@ def test_dg_check_defs_and_dagster_materialize_refuse_tenants_sharing_a_file(tmp
         )
         output = done.stdout + done.stderr
         assert done.returncode != 0, output[-3000:]
-        assert f"the DuckDB file {shared}" in output, output[-3000:]
+        assert f"the DuckLake {shared}" in output, output[-3000:]
         assert "defs/main" in output and "defs/acme" in output
     assert not shared.exists()  # refused before anything was written
 
@@ -175,4 +192,4 @@ def test_a_component_built_on_its_own_is_compared_with_nothing(monkeypatch):
     monkeypatch.setenv("FIELDSALES_API_TOKEN", "tenant-isolation-main-token")
     # The default paths' folder (data/) need not exist here: create_dirs lets the load pass.
     defs = build_defs_for_component(FieldSalesComponent(base_url=BASE_URL, create_dirs=True))
-    assert len(defs.assets) == 18
+    assert len(defs.assets) == 19  # the tables and the lake's upkeep

@@ -43,7 +43,7 @@ from fieldsales_dagster.assets.raw import raw_asset_name
 from fieldsales_dagster.client.endpoints import LIST_ENDPOINTS
 from fieldsales_dagster.names import InstanceNames
 from fieldsales_dagster.pause import pause_at
-from fieldsales_dagster.warehouse.lake import checkpoint, drop_table, run_transaction
+from fieldsales_dagster.warehouse.lake import drop_table, run_transaction
 from fieldsales_dagster.warehouse.resource import (
     FieldSalesWarehouse,
     qualified,
@@ -363,7 +363,6 @@ def refresh_decoded(conn: duckdb.DuckDBPyConnection, decoded: Decoded) -> Decode
         raise RuntimeError(
             f"Updating {decoded.table} failed; it is left as it was. DuckDB: {exc}"
         ) from exc
-    checkpoint(conn)  # frees the memory the changes hold (see follow.py)
     return DecodeRefresh("incremental", missing.count)
 
 
@@ -636,7 +635,7 @@ def materialize_core_table(
     schema = column_schema(conn, table.table, table.doc, warehouse.pii)
     return {
         **table_metadata(
-            conn, warehouse.database, table.table, schema=schema, hidden=table.doc.pii_columns
+            conn, warehouse.name, table.table, schema=schema, hidden=table.doc.pii_columns
         ),
         **storage_metadata(warehouse, table.table),
         **decode,
@@ -694,11 +693,8 @@ def build_core_asset(
             yield dg.MaterializeResult(asset_key=key, metadata=metadata)
         if not context.selected_asset_check_keys:
             return
-        # The checks get a connection of their own: DuckDB 1.5 keeps what a checkpoint loaded
-        # of every table's deleted rows (~32 KiB per 2,048-row vector holding one) in memory,
-        # unevictable, until the database is closed. After a nightly update of the tables that
-        # follow transactions at 1M transactions that was 164 MB of the 192MB memory_limit,
-        # and the check after it ran out of memory.
+        # The checks get a connection of their own (a cursor of the lake's instance): its own
+        # transaction context and TEMP objects, none of the build's left over.
         with warehouse.get_connection() as conn:
             for check_key in sorted(context.selected_asset_check_keys, key=str):
                 yield by_key[check_key].result(conn, names)

@@ -30,7 +30,7 @@ from typing import Any
 import dagster as dg
 import duckdb
 
-from fieldsales_dagster.warehouse.lake import checkpoint, cleanup, run_transaction
+from fieldsales_dagster.warehouse.lake import cleanup, run_transaction
 from fieldsales_dagster.warehouse.resource import qualified, table_exists
 from fieldsales_dagster.warehouse.rows import one_row
 
@@ -246,9 +246,6 @@ def _incremental(
         with cleanup(conn):
             define_decoded_rows(conn, follows)
             conn.execute("DROP TABLE IF EXISTS _fs_follow_rows")
-    # Until a checkpoint the changes stay in memory, and the next query (the table's checks)
-    # would have to fit beside them in memory_limit: 1M transactions, 192 MB, out of memory.
-    checkpoint(conn)
     why = (
         f"only {follows.decoded} changed since the previous build; replaced the rows of its "
         f"{added.count:,} new and {gone:,} gone rows"

@@ -2,9 +2,8 @@
 
 ``fieldsales_io_manager`` (prefixed per tenant) is dagster-duckdb's ``DbIOManager`` with its
 DuckDB client and pandas type handler, connected through ``FieldSalesWarehouse.get_connection()``
-instead of its own ``duckdb.connect``. So a user asset reads and writes the same working database
-as the project's assets, behind the same writer lock, and its table reaches analysts with the
-run's publish; nothing here ever opens the analysts' file.
+instead of its own ``duckdb.connect``. So a user asset reads and writes the same lake as the
+project's assets, and its table reaches analysts with the commit of its store.
 
 * An input from one of the project's assets (``core_transactions: pd.DataFrame``) is read from
   the table the asset declares (its ``table`` metadata, ``core.transactions``); ``columns`` in
@@ -28,7 +27,6 @@ import decimal
 import re
 from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
-from pathlib import Path
 from typing import Any, cast
 
 import dagster as dg
@@ -197,8 +195,8 @@ def check_stored(connection: duckdb.DuckDBPyConnection, table: str, held: dict[s
 class WarehouseClient(DuckDbClient):
     """dagster-duckdb's DuckDB client, its connection taken from the warehouse.
 
-    Each load or store is one transaction on the working database, under the writer lock: a
-    store that fails leaves the previous table as it was.
+    Each load or store is one transaction on the lake (one snapshot): a store that fails leaves
+    the previous table as it was.
     """
 
     def __init__(self, warehouse: FieldSalesWarehouse) -> None:
@@ -261,13 +259,13 @@ class WholeTablePandasHandler(DuckDBPandasTypeHandler):
 
 
 class FieldSalesIOManager(DbIOManager):
-    """Loads inputs from, and stores outputs in, the warehouse's working database as DataFrames."""
+    """Loads inputs from, and stores outputs in, the warehouse's lake as DataFrames."""
 
     def __init__(self, warehouse: FieldSalesWarehouse, schema: str) -> None:
         super().__init__(
-            type_handlers=[WholeTablePandasHandler(warehouse.database)],
+            type_handlers=[WholeTablePandasHandler(warehouse.name)],
             db_client=WarehouseClient(warehouse),
-            database=Path(warehouse.database).stem,
+            database=warehouse.name,
             schema=schema,
             io_manager_name="fieldsales_io_manager",
             default_load_type=pd.DataFrame,
@@ -308,7 +306,7 @@ class FieldSalesIOManager(DbIOManager):
 
 def build_io_manager(warehouse_key: str, schema: str) -> dg.IOManagerDefinition:
     """The IO manager on the warehouse resource under ``warehouse_key`` (the very instance the
-    project's assets use, so its run publishes what user assets wrote)."""
+    project's assets use)."""
     warehouse = ResourceKey(warehouse_key, FieldSalesWarehouse)
 
     @dg.io_manager(
@@ -316,7 +314,7 @@ def build_io_manager(warehouse_key: str, schema: str) -> dg.IOManagerDefinition:
         description=(
             f"Pandas DataFrames in the Field-Sales warehouse ({warehouse_key}): inputs from the "
             f"project's tables (raw.*, core.*, mart.*), outputs to {schema}.<asset name>, "
-            "through the working database and its writer lock (dagster-duckdb)."
+            "in the lake (dagster-duckdb)."
         ),
     )
     def _fieldsales_io_manager(context: dg.InitResourceContext) -> FieldSalesIOManager:

@@ -8,12 +8,7 @@ from typing import Any
 import dagster as dg
 import duckdb
 
-from fieldsales_dagster.warehouse.resource import (
-    FieldSalesWarehouse,
-    is_motherduck,
-    qualified,
-    quote_ident,
-)
+from fieldsales_dagster.warehouse.resource import FieldSalesWarehouse, qualified, quote_ident
 from fieldsales_dagster.warehouse.rows import one_row
 
 PREVIEW_ROWS = 5
@@ -67,23 +62,17 @@ def table_metadata(
 
 
 def storage_metadata(warehouse: FieldSalesWarehouse, table: str) -> dict[str, str]:
-    """``dagster/storage_kind`` and ``dagster/uri`` of ``table``: where a reader finds it.
-
-    A DuckDB file: ``duckdb:///<absolute path>?table=core.events`` (the file analysts open);
-    MotherDuck: ``md:<database>?table=...``; a lake: ``ducklake:<catalog>?table=...`` (and its
-    ``metadata_schema``). The catalog setting never holds a password (it is read from a variable).
+    """``dagster/storage_kind`` and ``dagster/uri`` of ``table``: where a reader finds it, as
+    ``ducklake:<catalog>?table=core.events`` (a SQLite catalog by its absolute path; with the
+    tenant's ``metadata_schema``). The catalog setting never holds a password (a variable does).
     """
-    if warehouse.storage == "ducklake":
-        schema = (
-            f"&metadata_schema={warehouse.ducklake_schema}" if warehouse.ducklake_schema else ""
-        )
-        uri = f"ducklake:{warehouse.ducklake_catalog}?table={table}{schema}"
-        kind = "ducklake"
-    elif is_motherduck(warehouse.database):
-        uri, kind = f"{warehouse.database}?table={table}", "duckdb"
-    else:
-        uri, kind = f"duckdb://{Path(warehouse.database).resolve()}?table={table}", "duckdb"
-    return {"dagster/storage_kind": kind, "dagster/uri": uri}
+    lake = warehouse.lake
+    catalog = f"sqlite:{lake.catalog_file.resolve()}" if lake.catalog_file else lake.catalog
+    schema = f"&metadata_schema={lake.schema}" if lake.schema else ""
+    return {
+        "dagster/storage_kind": "ducklake",
+        "dagster/uri": f"ducklake:{catalog}?table={table}{schema}",
+    }
 
 
 def previous_row_count(context: dg.AssetExecutionContext) -> int | None:

@@ -18,14 +18,14 @@ from fieldsales_dagster.assets.metadata import (
     table_metadata,
 )
 from fieldsales_dagster.client.endpoints import EVENTS, LIST_ENDPOINTS, TRANSACTIONS, ListEndpoint
-from fieldsales_dagster.names import InstanceNames
-from fieldsales_dagster.warehouse.incremental import (
+from fieldsales_dagster.loading.incremental import (
     RefreshPolicy,
     RefreshReport,
     refresh_raw_list,
 )
-from fieldsales_dagster.warehouse.raw_load import LoadReport, ShrinkGuard
-from fieldsales_dagster.warehouse.refresh_mode import validate_refresh_mode
+from fieldsales_dagster.loading.raw_load import LoadReport, ShrinkGuard
+from fieldsales_dagster.loading.refresh_mode import validate_refresh_mode
+from fieldsales_dagster.names import InstanceNames
 from fieldsales_dagster.warehouse.resource import qualified
 from fieldsales_dagster.warehouse.rows import one_row
 
@@ -193,8 +193,8 @@ def build_raw_asset(
         name = raw_asset_name(endpoint)
         policy = RefreshPolicy.of(warehouse, config.refresh_mode)
         redacted: list[int] = []
-        # Two instances can run in one code location: every line names whose file it writes.
-        tenant = f"[{names.tenant}: {warehouse.database}] "
+        # Two instances can run in one code location: every line names whose lake it writes.
+        tenant = f"[{names.tenant}: {warehouse.lake.catalog}] "
         with warehouse.get_connection() as conn:
 
             def load() -> RefreshReport:
@@ -218,7 +218,7 @@ def build_raw_asset(
             refresh = warehouse.one_commit(conn, endpoint.raw_table, load)
             schema = column_schema(conn, endpoint.raw_table, table_doc(name), warehouse.pii)
             metadata = table_metadata(
-                conn, warehouse.database, endpoint.raw_table, schema=schema, preview=False
+                conn, warehouse.name, endpoint.raw_table, schema=schema, preview=False
             )
         return dg.MaterializeResult(
             metadata={

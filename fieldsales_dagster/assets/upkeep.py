@@ -1,11 +1,11 @@
-"""storage: ducklake: the lake's upkeep, an asset with its own job and schedule.
+"""The lake's upkeep, an asset with its own job and schedule.
 
 Every refresh leaves files behind: a full refresh replaces a table's files, an incremental merge
-adds small ones and marks deleted rows. ``ducklake_upkeep`` merges adjacent small files, expires
-snapshots older than ``retain_snapshots_days`` (time travel reaches back that far) and deletes
-the files no remaining snapshot needs. Its materialization shows the files and bytes before and
-after. It is only defined for ``storage: ducklake`` (a DuckDB file is rewritten whole by every
-publish), and scheduled by default, weekly.
+adds small ones and marks deleted rows, and a killed run may leave Parquet files no snapshot
+lists. ``ducklake_upkeep`` merges adjacent small files, expires snapshots older than
+``retain_snapshots_days`` (time travel reaches back that far), deletes the files no remaining
+snapshot needs, and the orphaned files older than ``orphan_age_hours``. Its materialization
+shows the files and bytes before and after. Scheduled by default, weekly.
 """
 
 from typing import TYPE_CHECKING
@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING
 import dagster as dg
 
 from fieldsales_dagster.names import InstanceNames
-from fieldsales_dagster.warehouse.lake import upkeep
+from fieldsales_dagster.warehouse.lake import ORPHAN_SAFETY_HOURS, upkeep
 
 if TYPE_CHECKING:
     # The type define_asset_job returns: Dagster 1.13 does not export it (only an annotation here,
@@ -30,6 +30,8 @@ DEFAULT_UPKEEP_CRON = "0 3 * * 0"
 class UpkeepConfig(dg.Config):
     retain_snapshots_days: float | None = None
     """Override the component's retain_snapshots_days for this run (0: keep the last only)."""
+    orphan_age_hours: float = ORPHAN_SAFETY_HOURS
+    """Files no snapshot lists are deleted once this old: a live write's files are younger."""
 
 
 def build_upkeep_asset(
@@ -44,30 +46,26 @@ def build_upkeep_asset(
         required_resource_keys={names.warehouse.key},
         description=(
             "The DuckLake's upkeep: merges adjacent small files, expires snapshots older than "
-            f"retain_snapshots_days ({retain_snapshots_days:g} days) and deletes the files no "
-            "snapshot needs; the last snapshot always stays readable."
+            f"retain_snapshots_days ({retain_snapshots_days:g} days), deletes the files no "
+            "snapshot needs and the orphaned files a killed run left; the last snapshot always "
+            "stays readable."
         ),
     )
     def _upkeep(context: dg.AssetExecutionContext, config: UpkeepConfig) -> dg.MaterializeResult:
         warehouse = names.warehouse.of(context)
         lake = warehouse.lake
-        if lake is None:
-            raise dg.Failure(
-                f"{UPKEEP_ASSET} is for storage: ducklake; the warehouse is the DuckDB file "
-                f"{warehouse.database} (storage: file). Set FIELDSALES_STORAGE=ducklake, or do "
-                "not run it."
-            )
         days = (
             retain_snapshots_days
             if config.retain_snapshots_days is None
             else config.retain_snapshots_days
         )
         with warehouse.get_connection() as conn:
-            done = upkeep(conn, lake, days)
+            done = upkeep(conn, lake, days, config.orphan_age_hours)
         context.log.info(
             f"Upkeep of {lake.alias}: {done.before.files} -> {done.after.files} files, "
             f"{done.before.bytes / 1e6:,.1f} -> {done.after.bytes / 1e6:,.1f} MB, "
-            f"{done.snapshots_before} -> {done.snapshots_after} snapshots."
+            f"{done.snapshots_before} -> {done.snapshots_after} snapshots, "
+            f"{done.orphans_deleted} orphaned files deleted."
         )
         return dg.MaterializeResult(
             metadata={
@@ -80,6 +78,7 @@ def build_upkeep_asset(
                 "snapshots_after": done.snapshots_after,
                 "last_snapshot": done.last_snapshot,
                 "retain_snapshots_days": days,
+                "orphans_deleted": done.orphans_deleted,
             }
         )
 
@@ -90,7 +89,7 @@ def build_upkeep_job_and_schedule(
     names: InstanceNames, asset: dg.AssetsDefinition, timezone: str
 ) -> tuple["UnresolvedAssetJobDefinition", dg.ScheduleDefinition]:
     job = dg.define_asset_job(
-        name=f"{names.refresh_job.removesuffix('refresh_all')}ducklake_upkeep",
+        name=f"{names.refresh_job.removesuffix('refresh_all')}lake_upkeep",
         selection=dg.AssetSelection.assets(asset),
         description="The DuckLake's upkeep (see the ducklake_upkeep asset).",
     )
@@ -100,6 +99,6 @@ def build_upkeep_job_and_schedule(
         cron_schedule=DEFAULT_UPKEEP_CRON,
         execution_timezone=timezone,
         default_status=dg.DefaultScheduleStatus.RUNNING,
-        description="Weekly upkeep of the DuckLake (storage: ducklake).",
+        description="Weekly upkeep of the DuckLake.",
     )
     return job, schedule

@@ -1,1 +1,1 @@
-"""The DuckDB file: the resource, table swaps, and loading pages into ``raw.*``."""
+"""The lake: attaching it, committing, upkeep and export (lake.py); the resource (resource.py)."""

@@ -1,21 +1,30 @@
-"""``storage: ducklake``: the warehouse as a DuckLake, opened offline from the extension wheels.
+"""The warehouse's storage: a DuckLake, opened offline from the extension wheels.
 
 A DuckLake keeps its catalog (schemas, tables, snapshots, the list of data files) in a SQL
 database and the rows in immutable Parquet files under a data path. Every commit is a snapshot:
 a reader sees the last committed one, never half a refresh, and never makes a writer wait; writers
-of different tables do not block each other. So on a lake there is no working copy and no publish:
-assets write the lake directly, each table change in one transaction (``run_transaction``).
+of different tables do not block each other. Assets write the lake directly, each table change in
+one transaction (``run_transaction``), retried on a conflict with another writer.
+
+This module owns the lake: where it is (``Lake``), attaching it (``connect``,
+``writer_connection``, ``prepare``), committing a write (``run_transaction``), its upkeep
+(``upkeep``) and the optional single-file export (``export_snapshot``).
 
 The catalog is one of:
 
+* ``sqlite:<file>`` (the default, ``sqlite:data/fieldsales.ducklake.sqlite``): one host, any
+  number of processes. The file is kept in SQLite's ``journal_mode=WAL``: in the default rollback
+  journal a reader holding a snapshot (``BEGIN TRANSACTION``) made every commit of a refresh fail
+  with "database is locked" (measured: 60 of 60 commits failed; in WAL none of 60);
 * ``postgres:dbname=… host=… user=…`` (a libpq connection string without the password): several
   machines. The password is read from an environment variable and handed to DuckDB as a
-  temporary secret, never put in the connection string (DuckDB's connection errors quote it);
-* ``sqlite:<file>`` or a DuckDB file (``<file>.ducklake``): one host.
+  temporary secret, never put in the connection string (DuckDB's connection errors quote it).
 
 ``schema`` puts one tenant's catalog tables in their own schema of the catalog database
 (DuckLake's ``METADATA_SCHEMA``), so several tenants share one PostgreSQL database and each sees
-its own ``raw``/``core``/``mart``/``meta``; its files go under ``<data_path>/<schema>/``.
+its own ``raw``/``core``/``mart``/``meta``; its files go under ``<data_path>/<schema>/``. Which
+tenant a lake belongs to is recorded in it on first use (``TENANT_TABLE``), and a different one
+is refused, however the catalog is spelled.
 
 The extension binaries come from the ``duckdb-extension-*`` wheels (``INSTALL ducklake`` would
 need the network). They are built for one DuckDB release, the one ``pyproject.toml`` pins.
@@ -23,19 +32,22 @@ need the network). They are built for one DuckDB release, the one ``pyproject.to
 own extension names (``postgres_scanner``, ``sqlite_scanner``, the names DuckLake loads them by)
 into a per-user ``extension_directory``, then loaded.
 
-What DuckLake does not support, and how the project's SQL avoids it on both storages: no
+What DuckLake does not support, and how the project's SQL avoids it: no
 ``PRIMARY KEY``/``UNIQUE``/indexes (state tables are keyed by a delete-then-insert), no macros
-stored in the catalog (every macro is ``TEMP``, per connection), no ``ENUM`` columns, and
-``CHECKPOINT`` is DuckLake's upkeep rather than a flush (``checkpoint`` skips it on a lake).
+stored in the catalog (every macro is ``TEMP``, per connection), no ``ENUM`` columns.
 """
 
 from __future__ import annotations
 
+import contextlib
+import errno
 import functools
 import hashlib
 import importlib.util
 import os
 import random
+import secrets
+import sqlite3
 import threading
 import time
 from collections.abc import Callable, Iterator
@@ -59,12 +71,18 @@ EXTENSIONS: dict[str, tuple[str, str | None]] = {
 }
 POSTGRES_PREFIX = "postgres:"
 SQLITE_PREFIX = "sqlite:"
-#: The lake's name in every connection: DuckDB names a file's catalog after its stem, and the lake
-#: takes the stem of the file backend's default path, so ``fieldsales.raw.events`` means the
-#: same table on both storages.
+#: The embedded default: a SQLite catalog and a folder of Parquet files, both under ``data/``.
+DEFAULT_CATALOG = "sqlite:data/fieldsales.ducklake.sqlite"
+DEFAULT_DATA_PATH = "data/lake"
+CATALOG_VARIABLE = "FIELDSALES_DUCKLAKE_CATALOG"
+DATA_PATH_VARIABLE = "FIELDSALES_DUCKLAKE_DATA_PATH"
+#: The lake's name in every connection, so ``fieldsales.raw.events`` names one table everywhere.
 DEFAULT_ALIAS = "fieldsales"
-#: How often a commit that lost a conflict with another writer is tried again.
-CONFLICT_ATTEMPTS = 5
+#: Which tenant the lake belongs to, recorded on first use (``check_tenant``).
+TENANT_TABLE = "meta.lake_tenant"
+#: How often a commit that lost a conflict with another writer is tried again (after pauses of
+#: 0.1-0.5 s times the attempt: about 20 s in all).
+CONFLICT_ATTEMPTS = 12
 
 T = TypeVar("T")
 
@@ -80,15 +98,50 @@ class LakeConflictError(RuntimeError):
     """A table's transaction kept conflicting with another writer's."""
 
 
+class LakePathError(LakeError):
+    """The data path the user set is not there (an unmounted volume, a mistyped path)."""
+
+
+class LakeTenantError(LakeError):
+    """The lake belongs to another tenant."""
+
+
+def default_data_path(catalog: str) -> str:
+    """Where a lake's files go when no data path is set: ``lake/`` beside a SQLite catalog
+    (``data/lake`` for the default one)."""
+    if catalog.startswith(SQLITE_PREFIX):
+        return str(Path(catalog.removeprefix(SQLITE_PREFIX)).parent / "lake")
+    return DEFAULT_DATA_PATH
+
+
+def check_catalog(catalog: str) -> str:
+    """``catalog`` if it is a catalog this project opens, else a ``ValueError`` saying which."""
+    if catalog.startswith(SQLITE_PREFIX) and catalog.removeprefix(SQLITE_PREFIX).strip():
+        return catalog
+    if catalog.startswith(POSTGRES_PREFIX):
+        return catalog
+    raise ValueError(
+        "it is neither sqlite:<file> (one host; the default is "
+        f"{DEFAULT_CATALOG}) nor postgres:dbname=... host=... user=... (several machines)"
+    )
+
+
 @dataclass(frozen=True)
 class Lake:
-    """Where a DuckLake lives: its catalog database, its data path, and the tenant's schema."""
+    """Where a DuckLake lives: its catalog database, its data path, and the tenant's schema.
 
-    catalog: str
-    data_path: str
+    ``data_path_is_default``: the data path is the default folder, created when the lake is new;
+    a data path the user set must exist (``prepare``). ``tenant``: who the lake belongs to,
+    recorded in it on first use (``check_tenant``); ``None`` checks nothing.
+    """
+
+    catalog: str = DEFAULT_CATALOG
+    data_path: str = DEFAULT_DATA_PATH
     schema: str | None = None
     password_env_var: str = "FIELDSALES_DUCKLAKE_PASSWORD"
     alias: str = DEFAULT_ALIAS
+    data_path_is_default: bool = True
+    tenant: str | None = None
 
     @property
     def is_postgres(self) -> bool:
@@ -100,17 +153,25 @@ class Lake:
 
     @property
     def catalog_file(self) -> Path | None:
-        """The catalog's file on this host (sqlite or DuckDB); ``None`` for PostgreSQL."""
-        if self.is_postgres:
+        """The SQLite catalog's file; ``None`` for PostgreSQL."""
+        if not self.is_sqlite:
             return None
         return Path(self.catalog.removeprefix(SQLITE_PREFIX))
 
     @property
+    def is_local(self) -> bool:
+        """Whether the data files are in a local folder (not object storage)."""
+        return "://" not in self.data_path
+
+    @property
     def data_folder(self) -> str:
-        """The tenant's data files: ``data_path``, or ``<data_path>/<schema>`` for a tenant."""
+        """The tenant's data files: ``data_path``, or ``<data_path>/<schema>`` for a tenant; a
+        local folder as an absolute path (DuckLake compares file paths as text: the upkeep's
+        orphan search must see the same spelling the catalog lists)."""
+        base = str(Path(self.data_path).absolute()) if self.is_local else self.data_path
         if not self.schema:
-            return self.data_path
-        return f"{self.data_path.rstrip('/')}/{self.schema}"
+            return base
+        return f"{base.rstrip('/')}/{self.schema}"
 
     @property
     def key(self) -> str:
@@ -119,7 +180,9 @@ class Lake:
 
     def attach_sql(self, read_only: bool = False) -> str:
         """The ATTACH statement (no password in it: see ``connect``)."""
-        options = [f"DATA_PATH {sql_literal(self.data_folder)}"]
+        # The setting is where the files are: a lake whose folder moved (the project folder
+        # copied, a volume mounted elsewhere) opens from there. (A missing one fails first.)
+        options = [f"DATA_PATH {sql_literal(self.data_folder)}", "OVERRIDE_DATA_PATH true"]
         if self.schema:
             options.append(f"METADATA_SCHEMA {sql_literal(self.schema)}")
         if read_only:
@@ -153,7 +216,7 @@ def extension_file(name: str) -> Path:
     spec = importlib.util.find_spec(module)
     if spec is None or not spec.submodule_search_locations:
         raise LakeError(
-            f"storage: ducklake needs the DuckDB extension {name!r} from the Python package "
+            f"The lake needs the DuckDB extension {name!r} from the Python package "
             f"{module.replace('_', '-')}=={EXTENSION_VERSION[1:]}, which is not installed: "
             "pip install the project again (it is a dependency)."
         )
@@ -212,11 +275,13 @@ def connect(
 
     Temporary objects (``TEMP`` tables and macros) live in the connection's memory as usual.
     """
+    if read_only and lake.catalog_file is not None and not lake.catalog_file.exists():
+        raise LakeError(
+            f"There is no lake at {lake.catalog_file} yet ({CATALOG_VARIABLE}): run a refresh "
+            "first (make demo, or the refresh_all job), then read it."
+        )
     if not read_only:
-        if lake.catalog_file is not None:
-            lake.catalog_file.parent.mkdir(parents=True, exist_ok=True)
-        if "://" not in lake.data_folder:
-            Path(lake.data_folder).mkdir(parents=True, exist_ok=True)
+        prepare(lake)
     conn = duckdb.connect(config={**(config or {}), **lake_config()})
     try:
         load_extensions(conn, lake)
@@ -230,7 +295,7 @@ def connect(
                     f"{sql_literal(password)})"
                 )
         try:
-            conn.execute(lake.attach_sql(read_only))
+            _attach(conn, lake, read_only)
         except duckdb.Error as exc:
             hint = (
                 f" Check the catalog's connection string and the password in "
@@ -245,11 +310,119 @@ def connect(
             ) from exc
         conn.execute(f"USE {quote(lake.alias)}")
         if not read_only:
-            _set_options(conn, lake)
+            run_transaction(conn, lake.alias, functools.partial(_set_options, conn, lake))
+            check_tenant(conn, lake)
     except BaseException:
         conn.close()
         raise
     return conn
+
+
+def _attach(conn: duckdb.DuckDBPyConnection, lake: Lake, read_only: bool) -> None:
+    """ATTACH the lake, again after a pause while another process is creating the same new lake
+    (its catalog tables half made: "database is locked", "already exists")."""
+    for attempt in range(1, CONFLICT_ATTEMPTS + 1):
+        try:
+            conn.execute(lake.attach_sql(read_only))
+            return
+        except duckdb.Error as exc:
+            text = str(exc).lower()
+            racing = "database is locked" in text or "already exists" in text
+            if not racing or attempt == CONFLICT_ATTEMPTS:
+                raise
+            time.sleep(random.uniform(0.1, 0.5) * attempt)
+
+
+def prepare(lake: Lake) -> None:
+    """Before a writer attaches: the data path is there, the SQLite catalog is in WAL mode.
+
+    The default data folder is created for a new lake. A data path the user set
+    (``FIELDSALES_DUCKLAKE_DATA_PATH``), or the default one of a lake that already has a
+    catalog, must exist: an unmounted volume re-created empty would get snapshots whose files live
+    under the bare mount point, unreadable once the volume is back. So this fails before anything
+    is written, naming the variable.
+    """
+    catalog = lake.catalog_file
+    if lake.is_local:
+        folder = Path(lake.data_path)
+        if not folder.is_dir():
+            existing = catalog is not None and catalog.exists()
+            if not lake.data_path_is_default or existing:
+                why = (
+                    f"the lake's catalog {catalog} lists its files there"
+                    if existing and lake.data_path_is_default
+                    else "an unmounted volume or a mistyped path"
+                )
+                raise LakePathError(
+                    f"The lake's data path {folder} ({DATA_PATH_VARIABLE}) does not exist "
+                    f"({why}); nothing was written. Mount or restore it (or create it: mkdir -p "
+                    f"{folder}), or set {DATA_PATH_VARIABLE} to the right folder, and run again."
+                )
+            folder.mkdir(parents=True, exist_ok=True)
+    if catalog is not None:
+        catalog.parent.mkdir(parents=True, exist_ok=True)
+        use_wal(catalog)
+
+
+#: SQLite's file header: bytes 18 and 19 (read and write format versions) are 2 in WAL mode.
+_SQLITE_HEADER = b"SQLite format 3\x00"
+
+
+def is_wal(path: Path) -> bool:
+    """Whether the SQLite file ``path`` is in ``journal_mode=WAL`` (read from its header)."""
+    try:
+        with open(path, "rb") as file:
+            header = file.read(20)
+    except FileNotFoundError:
+        return False
+    return header.startswith(_SQLITE_HEADER) and header[18:20] == b"\x02\x02"
+
+
+def use_wal(path: Path) -> None:
+    """Put the SQLite catalog ``path`` in ``journal_mode=WAL`` (creating it if new): a reader
+    holding a snapshot then never makes a refresh's commit fail (see the module docstring). The
+    mode is stored in the file, so this writes only once."""
+    if is_wal(path):
+        return
+    with contextlib.closing(sqlite3.connect(path, timeout=60)) as db:
+        (mode,) = db.execute("PRAGMA journal_mode=WAL").fetchone()
+    if str(mode).lower() != "wal":
+        raise LakeError(
+            f"Could not put the lake's SQLite catalog {path} in journal_mode=WAL (SQLite says "
+            f"{mode!r}); is it on a network file system? Keep the catalog on a local disk "
+            f"({CATALOG_VARIABLE}), or use a PostgreSQL catalog for several machines."
+        )
+
+
+def check_tenant(conn: duckdb.DuckDBPyConnection, lake: Lake) -> None:
+    """Record ``lake.tenant`` in the lake on first use; refuse a lake recorded for another.
+
+    Two spellings of one PostgreSQL catalog (a host name or its address, another key order)
+    are one lake: comparing what is recorded in it, not the settings' text, tells them apart.
+    """
+    if lake.tenant is None:
+        return
+
+    def record() -> str:
+        conn.execute("CREATE SCHEMA IF NOT EXISTS meta")
+        conn.execute(
+            f"CREATE TABLE IF NOT EXISTS {TENANT_TABLE} (tenant VARCHAR, since TIMESTAMPTZ)"
+        )
+        row = conn.execute(f"SELECT tenant FROM {TENANT_TABLE} LIMIT 1").fetchone()
+        if row is None:
+            conn.execute(f"INSERT INTO {TENANT_TABLE} VALUES (?, now())", [lake.tenant])
+            return str(lake.tenant)
+        return str(row[0])
+
+    recorded = run_transaction(conn, TENANT_TABLE, record)
+    if recorded != lake.tenant:
+        raise LakeTenantError(
+            f"The lake with catalog {lake.catalog!r} (schema {lake.schema or 'main'}) belongs to "
+            f"{recorded!r}, not to {lake.tenant!r}: two tenants would replace each other's "
+            f"tables, so nothing was written. Give this instance a lake of its own "
+            f"({CATALOG_VARIABLE}, or its own ducklake_schema); if the lake really moves to this "
+            f"instance, empty {TENANT_TABLE} first (docs/storage.md)."
+        )
 
 
 #: Options of the lake, stored in its catalog: name -> (value set, value as the catalog stores
@@ -286,11 +459,9 @@ _INSTANCES_LOCK = threading.Lock()
 def writer_connection(lake: Lake, config: DuckDBConfig) -> duckdb.DuckDBPyConnection:
     """A new read-write connection to ``lake`` (``USE <alias>``), from this process's instance.
 
-    A DuckDB-file catalog, which one process at a time may open, is opened anew each time (and
-    closed with the connection) so that other processes get their turn.
-    """
-    if lake.catalog_file is not None and not lake.is_sqlite:
-        return connect(lake, config)
+    ``prepare`` runs each time (a few file checks): a data path that vanished since the instance
+    was made (an unmounted volume) fails here, before the write."""
+    prepare(lake)
     key = (os.getpid(), lake, tuple(sorted((k, str(v)) for k, v in config.items())))
     with _INSTANCES_LOCK:
         instance = _INSTANCES.get(key)
@@ -306,16 +477,10 @@ def writer_connection(lake: Lake, config: DuckDBConfig) -> duckdb.DuckDBPyConnec
 
 
 def is_conflict(exc: BaseException) -> bool:
-    """A commit that lost to another writer's ("Transaction conflict")."""
-    return isinstance(exc, duckdb.TransactionException) and "conflict" in str(exc).lower()
-
-
-def is_lake(conn: duckdb.DuckDBPyConnection) -> bool:
-    """Whether the connection's current database is a DuckLake."""
-    row = conn.execute(
-        "SELECT type FROM duckdb_databases() WHERE database_name = current_database()"
-    ).fetchone()
-    return row is not None and row[0] == "ducklake"
+    """A commit that lost to another writer's: a DuckLake "Transaction conflict", or a SQLite
+    catalog's "database is locked" (SQLite lets one process commit at a time)."""
+    text = str(exc).lower()
+    return isinstance(exc, duckdb.Error) and ("conflict" in text or "database is locked" in text)
 
 
 def run_transaction(
@@ -327,7 +492,7 @@ def run_transaction(
 ) -> T:
     """Run ``body`` in one transaction; commit, or roll back and re-raise.
 
-    A commit that conflicts with another writer's (only a lake's writers can) runs ``body`` again
+    A commit that conflicts with another writer's runs ``body`` again
     in a new transaction, up to ``attempts`` times in all, after a short random pause; then it
     fails naming ``table``. ``body`` must therefore be safe to run again: it reads and writes the
     database, or (an asset's whole write on a lake) fetches again what it stores.
@@ -357,7 +522,7 @@ def run_transaction(
                 ) from exc
             if on_conflict is not None:
                 on_conflict(attempt, exc)
-            time.sleep(random.uniform(0.05, 0.2) * attempt)
+            time.sleep(random.uniform(0.1, 0.5) * attempt)
         finally:
             _IN_TRANSACTION.discard(id(conn))
     raise AssertionError("unreachable")
@@ -413,15 +578,6 @@ def _rollback(conn: duckdb.DuckDBPyConnection) -> None:
             raise
 
 
-def checkpoint(conn: duckdb.DuckDBPyConnection) -> None:
-    """Flush a DuckDB file's committed changes out of memory; nothing on a lake.
-
-    (A lake's commits are already Parquet files; its CHECKPOINT would run the upkeep instead.)
-    """
-    if not is_lake(conn):
-        conn.execute("CHECKPOINT")
-
-
 # --- upkeep -------------------------------------------------------------------------------------
 
 
@@ -460,30 +616,319 @@ class Upkeep:
     snapshots_before: int
     snapshots_after: int
     last_snapshot: int
+    orphans_deleted: int
 
 
-def upkeep(conn: duckdb.DuckDBPyConnection, lake: Lake, retain_days: float) -> Upkeep:
+#: A file under the data path that no snapshot lists (a killed run's) is deleted once it is older
+#: than this: a live write's files are younger, since a run commits within minutes of writing.
+ORPHAN_SAFETY_HOURS = 24.0
+
+
+def upkeep(
+    conn: duckdb.DuckDBPyConnection,
+    lake: Lake,
+    retain_days: float,
+    orphan_age_hours: float = ORPHAN_SAFETY_HOURS,
+) -> Upkeep:
     """Merge adjacent small files, expire snapshots older than ``retain_days``, delete the files
-    no snapshot needs any more. The last snapshot stays readable; time travel reaches back
-    ``retain_days``."""
+    no snapshot needs any more, and the files no snapshot ever listed (``orphan_age_hours`` old
+    at least). The last snapshot stays readable; time travel reaches back ``retain_days``."""
     name = sql_literal(lake.alias)
     before = stored_files(conn, lake)
     snapshots_before = _snapshots(conn, lake)
     seconds = max(0.0, retain_days * 86400.0)
+    orphan_seconds = max(0.0, orphan_age_hours * 3600.0)
 
     def call(statement: str) -> list[Any]:
         return conn.execute(statement).fetchall()
 
-    for statement in (
-        f"CALL ducklake_merge_adjacent_files({name})",
-        f"CALL ducklake_expire_snapshots({name}, older_than => now() - "
-        f"to_microseconds({int(seconds * 1e6)}))",
-        f"CALL ducklake_cleanup_old_files({name}, cleanup_all => true)",
-    ):
+    results = [
         run_transaction(conn, lake.alias, functools.partial(call, statement))
+        for statement in (
+            f"CALL ducklake_merge_adjacent_files({name})",
+            f"CALL ducklake_expire_snapshots({name}, older_than => now() - "
+            f"to_microseconds({int(seconds * 1e6)}))",
+            f"CALL ducklake_cleanup_old_files({name}, cleanup_all => true)",
+            f"CALL ducklake_delete_orphaned_files({name}, older_than => now() - "
+            f"to_microseconds({int(orphan_seconds * 1e6)}))",
+        )
+    ]
     (last,) = one_row(conn, f"SELECT max(snapshot_id) FROM {quote(lake.alias)}.snapshots()")
-    return Upkeep(before, stored_files(conn, lake), snapshots_before, _snapshots(conn, lake), last)
+    return Upkeep(
+        before,
+        stored_files(conn, lake),
+        snapshots_before,
+        _snapshots(conn, lake),
+        last,
+        orphans_deleted=len(results[-1]),
+    )
 
 
 def _snapshots(conn: duckdb.DuckDBPyConnection, lake: Lake) -> int:
     return one_row(conn, f"SELECT count(*) FROM {quote(lake.alias)}.snapshots()")[0]
+
+
+# --- the single-file export ---------------------------------------------------------------------
+
+#: The table that marks a DuckDB file as this project's export: the export replaces a file only
+#: if it carries it, so a DuckDB warehouse of an earlier release is never overwritten.
+EXPORT_MARKER = "meta.fieldsales_export"
+#: A temporary export beside its target: ``.<name>.export-<hex>``.
+EXPORT_INFIX = ".export-"
+#: The storage format of the export, readable by every DuckDB client from 1.2 on; v1.2.0 also
+#: compresses the raw JSON payloads with ZSTD (v1.0.0 stores them uncompressed, ~6x larger).
+EXPORT_STORAGE_VERSION = "v1.2.0"
+EXPORT_VARIABLE = "FIELDSALES_DUCKDB_PATH"
+
+
+class ExportError(RuntimeError):
+    """The single-file export failed; the lake and the previous export are left as they were."""
+
+
+@dataclass(frozen=True)
+class Export:
+    path: Path
+    snapshot_id: int
+    tables: int
+    bytes: int
+    seconds: float
+
+
+def old_warehouse_message(path: Path, lake: Lake) -> str:
+    """What to do with a DuckDB warehouse file of an earlier release (one without the marker)."""
+    return (
+        f"{path} is a DuckDB warehouse of an earlier release of this project, not an export of "
+        f"it: this release keeps the tables in a DuckLake (catalog {lake.catalog}, data "
+        f"{lake.data_path}). Nothing of {path} was changed or deleted. To move: run a full "
+        "refresh into the lake (the refresh_all job, or dg launch --assets '*'); it loads "
+        f"everything from the API again. Then move {path} away (keep it as a backup), or, for "
+        f"tools that read a single file, leave {EXPORT_VARIABLE} set to that path once it is "
+        f"moved: every run then writes a fresh export there. docs/storage.md says more."
+    )
+
+
+def check_export_target(target: Path, lake: Lake) -> None:
+    """Fail, naming ``target``, unless the export may replace it: it does not exist, or it is a
+    previous export that no process holds read-write."""
+    if not target.exists():
+        return
+    wal = Path(f"{target}.wal")
+    if wal.exists():
+        raise ExportError(
+            f"Cannot replace the export {target} cleanly: {wal} exists, so a program has it open "
+            f"read-write (or wrote to it and crashed). Readers of a file replaced under that "
+            f"program would fail replaying its log. Close the program that writes {target} "
+            "(open it read-only), delete the .wal if no program has it open, and run again."
+        )
+    try:
+        with duckdb.connect(str(target), read_only=True) as conn:
+            schema, _, name = EXPORT_MARKER.partition(".")
+            (marked,) = one_row(
+                conn,
+                "SELECT count(*) FROM duckdb_tables() WHERE schema_name = ? AND table_name = ?",
+                [schema, name],
+            )
+    except duckdb.Error as exc:
+        if "lock" in str(exc).lower():
+            raise ExportError(
+                f"Cannot replace the export {target}: another process holds it read-write "
+                f"(DuckDB: {exc}). Readers of a file replaced under it would fail replaying its "
+                f"log. Open {target} read-only (duckdb -readonly), close that process, and run "
+                "again."
+            ) from exc
+        raise ExportError(
+            f"Cannot replace {target} ({EXPORT_VARIABLE}): it is not a DuckDB file this project "
+            f"can read (DuckDB: {exc}). Move it away, or set {EXPORT_VARIABLE} to another path."
+        ) from exc
+    if not marked:
+        raise ExportError(old_warehouse_message(target, lake))
+
+
+#: What to do about a failed export, by the reason the operating system gave.
+_REMEDIES: dict[int, str] = {
+    errno.ENOSPC: "Free disk space in {folder} (or grow the volume)",
+    errno.EDQUOT: "Raise the disk quota of {folder} or free space in it",
+    errno.EACCES: "Let the user running the refresh write to {folder} (and replace {file})",
+    errno.EPERM: "Let the user running the refresh write to {folder} (and replace {file})",
+    errno.EROFS: "Mount {folder} read-write",
+    errno.EXDEV: "Mount the folder {folder}, not the file {file} on its own",
+    errno.EBUSY: "Mount the folder {folder}, not the file {file} on its own",
+    errno.ENOENT: "Create the folder {folder}, or set " + EXPORT_VARIABLE + " to another path",
+}
+#: DuckDB's error text for the same reasons (it reports them as text, not errno).
+_DUCKDB_REASONS = {
+    "no space left": errno.ENOSPC,
+    "disk quota": errno.EDQUOT,
+    "permission denied": errno.EACCES,
+    "read-only file system": errno.EROFS,
+    "no such file or directory": errno.ENOENT,
+}
+
+
+def _failure(target: Path, snapshot: int | None, exc: BaseException) -> ExportError:
+    code = exc.errno if isinstance(exc, OSError) else None
+    if code is None:
+        text = str(exc).lower()
+        code = next((c for reason, c in _DUCKDB_REASONS.items() if reason in text), None)
+    folder = target.parent
+    remedy = _REMEDIES.get(code or 0, "Fix the cause in {folder}").format(
+        folder=folder, file=target.name
+    )
+    cause = (exc.strerror if isinstance(exc, OSError) else None) or str(exc)
+    name = f" ({errno.errorcode[code]})" if code is not None and code in errno.errorcode else ""
+    which = f"snapshot {snapshot} of the lake" if snapshot is not None else "the lake"
+    return ExportError(
+        f"Exporting {which} to {target} ({EXPORT_VARIABLE}) failed: {cause}{name}. The lake's "
+        f"snapshot stays committed, and the previous {target} is unchanged. {remedy}, then run "
+        "the export again (the next run exports)."
+    )
+
+
+def export_snapshot(
+    lake: Lake,
+    target: Path,
+    config: DuckDBConfig | None = None,
+    *,
+    pause: Callable[[], None] | None = None,
+) -> Export:
+    """Write every table of one lake snapshot into a new DuckDB file, then rename it over
+    ``target`` atomically (temporary file beside it, fsynced, renamed, folder fsynced).
+
+    Reads through a read-only connection in one transaction, so one snapshot, and never makes
+    a lake reader or writer wait. Raises ``ExportError`` naming ``target`` and the cause; the
+    previous ``target`` then stays whole, and the temporary file is removed.
+    """
+    started = time.monotonic()
+    check_export_target(target, lake)
+    temporary = target.with_name(f".{target.name}{EXPORT_INFIX}{secrets.token_hex(4)}")
+    snapshot: int | None = None
+    tables = 0
+    try:
+        conn = connect(lake, config, read_only=True)
+        try:
+            conn.execute(
+                f"ATTACH {sql_literal(str(temporary))} AS fieldsales_export "
+                f"(STORAGE_VERSION {sql_literal(EXPORT_STORAGE_VERSION)})"
+            )
+            conn.execute("BEGIN TRANSACTION")
+            (snapshot,) = one_row(conn, f"SELECT id FROM {quote(lake.alias)}.current_snapshot()")
+            found = conn.execute(
+                "SELECT schema_name, table_name FROM duckdb_tables() WHERE database_name = ? "
+                "AND NOT starts_with(table_name, '_stage_') ORDER BY ALL",
+                [lake.alias],
+            ).fetchall()
+            for schema in sorted({schema for schema, _ in found} | {"meta"}):
+                conn.execute(f"CREATE SCHEMA IF NOT EXISTS fieldsales_export.{quote(schema)}")
+            for schema, name in found:
+                conn.execute(
+                    f"CREATE TABLE fieldsales_export.{quote(schema)}.{quote(name)} AS "
+                    f"SELECT * FROM {quote(lake.alias)}.{quote(schema)}.{quote(name)}"
+                )
+            tables = len(found)
+            conn.execute(
+                f"CREATE TABLE fieldsales_export.{EXPORT_MARKER} AS SELECT ? AS snapshot_id, "
+                "now() AS exported_at, ? AS catalog",
+                [snapshot, lake.catalog],
+            )
+            conn.execute("COMMIT")
+            conn.execute("DETACH fieldsales_export")
+        finally:
+            conn.close()
+        with open(temporary, "rb") as file:
+            os.fsync(file.fileno())
+        size = temporary.stat().st_size
+        if pause is not None:
+            pause()
+        check_export_target(target, lake)  # a program may have opened it meanwhile
+        os.replace(temporary, target)
+        fd = os.open(target.parent, os.O_RDONLY)
+        try:
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+    except ExportError:
+        _remove(temporary)
+        raise
+    except (duckdb.Error, OSError) as exc:
+        _remove(temporary)
+        raise _failure(target, snapshot, exc) from exc
+    except BaseException:
+        _remove(temporary)
+        raise
+    return Export(target, int(snapshot), tables, size, time.monotonic() - started)
+
+
+def _remove(temporary: Path) -> None:
+    for path in (temporary, Path(f"{temporary}.wal")):
+        path.unlink(missing_ok=True)
+
+
+#: Where earlier releases kept the warehouse by default (one DuckDB file).
+OLD_DEFAULT_DATABASE = Path("data/fieldsales.duckdb")
+
+
+def is_export(path: Path) -> bool | None:
+    """Whether the DuckDB file ``path`` is this project's export (``None``: cannot tell now)."""
+    schema, _, name = EXPORT_MARKER.partition(".")
+    try:
+        with duckdb.connect(str(path), read_only=True) as conn:
+            (marked,) = one_row(
+                conn,
+                "SELECT count(*) FROM duckdb_tables() WHERE schema_name = ? AND table_name = ?",
+                [schema, name],
+            )
+    except duckdb.Error:
+        return None
+    return bool(marked)
+
+
+def old_warehouse_warning(lake: Lake, export_path: str | None) -> str | None:
+    """One message when a deployment of an earlier release is loaded: a DuckDB warehouse file
+    (at the old default ``data/fieldsales.duckdb``, or at ``duckdb_path``) and no lake yet.
+    Nothing is moved or deleted: the documented move is a full refresh into the lake."""
+    if lake.catalog_file is None or lake.catalog_file.exists():
+        return None  # a lake is there (or, on PostgreSQL, it cannot be told cheaply)
+    candidates = [OLD_DEFAULT_DATABASE, *([Path(export_path)] if export_path else [])]
+    for path in dict.fromkeys(candidate.absolute() for candidate in candidates):
+        if path.is_file() and is_export(path) is False:
+            found = old_warehouse_message(path, lake)
+            return f"Field-Sales: no lake yet at {lake.catalog_file}, and {found}"
+    return None
+
+
+# --- the analysts' lines ------------------------------------------------------------------------
+
+
+def analyst_sql(lake: Lake) -> str:
+    """The SQL that opens ``lake`` read-only in a DuckDB 1.5.5 client (the CLI: ``duckdb -init``),
+    offline: the extensions from this project's wheels, by their paths on this machine."""
+    scanner = "postgres" if lake.is_postgres else "sqlite"
+    lines = [
+        "-- Opens the Field-Sales lake read-only (docs/storage.md). Written by",
+        "-- python -m fieldsales_dagster.warehouse.lake for this install.",
+        "SET autoinstall_known_extensions = false;",
+        "SET autoload_known_extensions = false;",
+        f"SET extension_directory = {sql_literal(str(extension_directory()))};",
+        f"INSTALL {sql_literal(str(extension_file(scanner)))};",
+        f"LOAD {EXTENSIONS[scanner][1]};",
+        f"LOAD {sql_literal(str(extension_file('ducklake')))};",
+    ]
+    if lake.is_postgres:
+        lines.append(
+            f"-- the password: CREATE TEMPORARY SECRET (TYPE postgres, PASSWORD '...'); "
+            f"(from {lake.password_env_var})"
+        )
+    lines += [f"{lake.attach_sql(read_only=True)};", f"USE {quote(lake.alias)};"]
+    return "\n".join(lines) + "\n"
+
+
+def main() -> None:
+    """Print ``analyst_sql`` for the lake the environment names (``FIELDSALES_DUCKLAKE_*``), or
+    the default one."""
+    catalog = os.environ.get(CATALOG_VARIABLE) or DEFAULT_CATALOG
+    data_path = os.environ.get(DATA_PATH_VARIABLE) or default_data_path(catalog)
+    print(analyst_sql(Lake(check_catalog(catalog), data_path)), end="")
+
+
+if __name__ == "__main__":
+    main()

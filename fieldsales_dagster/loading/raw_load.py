@@ -51,7 +51,7 @@ from fieldsales_dagster.client.pager import (
 from fieldsales_dagster.client.resource import FieldSalesAPI
 from fieldsales_dagster.pause import pause_at
 from fieldsales_dagster.settings import SETTINGS
-from fieldsales_dagster.warehouse.lake import drop_table, in_transaction, is_lake, run_transaction
+from fieldsales_dagster.warehouse.lake import drop_table, in_transaction, run_transaction
 from fieldsales_dagster.warehouse.resource import (
     qualified,
     quote_ident,
@@ -412,7 +412,7 @@ class Staging:
     max_item_bytes: int = MAX_ITEM_BYTES
 
     def create(self) -> None:
-        self.conn.execute(raw_table_ddl(self.endpoint, self.table, lake=is_lake(self.conn)))
+        self.conn.execute(raw_table_ddl(self.endpoint, self.table, lake=True))
 
     def write(self, pages: Iterator[tuple[Stream, Page]]) -> None:
         writer = StagingWriter(

@@ -42,9 +42,7 @@ from fieldsales_dagster.client.pager import (
     Stream,
 )
 from fieldsales_dagster.client.resource import FieldSalesAPI
-from fieldsales_dagster.pause import pause_at
-from fieldsales_dagster.warehouse.lake import drop_table, run_transaction
-from fieldsales_dagster.warehouse.raw_load import (
+from fieldsales_dagster.loading.raw_load import (
     LoadReport,
     ShrinkGuard,
     Staging,
@@ -52,13 +50,15 @@ from fieldsales_dagster.warehouse.raw_load import (
     raw_table_ddl,
     spool_root,
 )
-from fieldsales_dagster.warehouse.refresh_mode import (
+from fieldsales_dagster.loading.refresh_mode import (
     IncrementalRefreshError,
     ModeDecision,
     PreviousLoad,
     choose_mode,
     validate_refresh_mode,
 )
+from fieldsales_dagster.pause import pause_at
+from fieldsales_dagster.warehouse.lake import drop_table, run_transaction
 from fieldsales_dagster.warehouse.resource import (
     FieldSalesWarehouse,
     qualified,

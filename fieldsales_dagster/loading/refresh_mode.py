@@ -12,18 +12,9 @@ from typing import Literal
 
 from fieldsales_dagster.client.errors import FieldSalesAPIError
 from fieldsales_dagster.clock import from_the_future
-
-REFRESH_MODES = ("auto", "full", "incremental")
-RefreshMode = Literal["auto", "full", "incremental"]
-
-
-def validate_refresh_mode(value: object) -> object:
-    """Pydantic ``before`` validator shared by the resource field and the run config."""
-    if value is None or type(value).__name__ == "EnvVar":  # resolved and validated at run time
-        return value
-    if not isinstance(value, str) or value.strip().lower() not in REFRESH_MODES:
-        raise ValueError(f"refresh_mode must be one of {', '.join(REFRESH_MODES)}; got {value!r}")
-    return value.strip().lower()
+from fieldsales_dagster.loading.modes import REFRESH_MODES as REFRESH_MODES
+from fieldsales_dagster.loading.modes import RefreshMode as RefreshMode
+from fieldsales_dagster.loading.modes import validate_refresh_mode as validate_refresh_mode
 
 
 class IncrementalRefreshError(FieldSalesAPIError):

@@ -1,0 +1,62 @@
+"""The optional single-file export: one lake snapshot written into one DuckDB file.
+
+For tools that can open only a file. Defined only when ``duckdb_path`` (``FIELDSALES_DUCKDB_PATH``)
+is set, as an asset downstream of every core and mart table, so a run that builds them exports
+after its writers, in a step of its own. The export reads one snapshot through a read-only
+connection (it never blocks the lake's readers or writers), writes a temporary file beside the
+target, fsyncs it and renames it over the target (``warehouse/lake.py``, ``export_snapshot``). A
+failing export (no space, permissions, a file another process holds read-write, a DuckDB file
+that is not a previous export) fails this step and so the run, naming the file and the cause;
+the lake's snapshot stays committed and the previous export stays whole.
+"""
+
+from collections.abc import Sequence
+
+import dagster as dg
+
+from fieldsales_dagster.names import InstanceNames
+from fieldsales_dagster.warehouse.lake import ExportError
+
+EXPORT_ASSET = "duckdb_export"
+
+
+def build_export_asset(
+    names: InstanceNames, owners: list[str], tables: Sequence[dg.AssetKey]
+) -> dg.AssetsDefinition:
+    @dg.asset(
+        key=names.asset_key(EXPORT_ASSET),
+        deps=list(tables),
+        group_name=names.group("export"),
+        kinds={"duckdb"},
+        owners=owners,
+        pool=names.pool_for(EXPORT_ASSET),
+        required_resource_keys={names.warehouse.key},
+        # After every run that rebuilt a table it reads (the automation sensor's runs too).
+        automation_condition=dg.AutomationCondition.eager(),
+        description=(
+            "The single-file export (FIELDSALES_DUCKDB_PATH): one lake snapshot in one DuckDB "
+            "file, replaced atomically after the run's writers."
+        ),
+    )
+    def _export(context: dg.AssetExecutionContext) -> dg.MaterializeResult:
+        warehouse = names.warehouse.of(context)
+        try:
+            done = warehouse.export()
+        except ExportError as exc:
+            raise dg.Failure(str(exc)) from None
+        assert done is not None  # defined only when an export is set
+        context.log.info(
+            f"Exported snapshot {done.snapshot_id} of the lake to {done.path}: {done.tables} "
+            f"tables, {done.bytes / 1e6:,.1f} MB in {done.seconds:.2f} s."
+        )
+        return dg.MaterializeResult(
+            metadata={
+                "fieldsales/export_path": dg.MetadataValue.path(str(done.path)),
+                "fieldsales/snapshot_id": done.snapshot_id,
+                "fieldsales/tables": done.tables,
+                "fieldsales/bytes": done.bytes,
+                "fieldsales/seconds": round(done.seconds, 3),
+            }
+        )
+
+    return _export

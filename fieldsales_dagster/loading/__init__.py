@@ -1,0 +1,1 @@
+"""Loading the API's lists into the lake: whole lists, incremental by event, staging."""

@@ -1,0 +1,214 @@
+"""The optional single-file export: one lake snapshot in one DuckDB file, replaced atomically.
+
+Off by default; on when ``duckdb_path`` (``FIELDSALES_DUCKDB_PATH``) is set. A failing export
+fails its own step and the run, naming the file and the cause; the lake's snapshot stays
+committed and the previous export stays whole. (A real full disk: test_operate.py.)
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import dagster as dg
+import duckdb
+import pytest
+
+from fieldsales_dagster.assets.export import EXPORT_ASSET, build_export_asset
+from fieldsales_dagster.warehouse import lake as lake_module
+from fieldsales_dagster.warehouse.lake import EXPORT_MARKER, old_warehouse_warning
+from fieldsales_dagster_tests.conftest import make_api, make_warehouse
+from fieldsales_dagster_tests.project import DEFAULT, core_assets, load_project_defs, raw_assets
+
+TABLES = [*raw_assets(), *core_assets()]
+COUNTS = "SELECT (SELECT count(*) FROM raw.transactions), (SELECT count(*) FROM core.transactions)"
+
+
+def export_asset() -> dg.AssetsDefinition:
+    keys = [key for asset in TABLES for key in asset.keys if key.path[-1].startswith("core_")]
+    return build_export_asset(DEFAULT, ["team:data"], keys)
+
+
+def run(server, tmp_path, warehouse, selection=None) -> dg.ExecuteInProcessResult:
+    return dg.materialize(
+        [*TABLES, export_asset()],
+        resources={"fieldsales_api": make_api(server, tmp_path), "warehouse": warehouse},
+        selection=selection,
+        raise_on_error=False,
+    )
+
+
+def failure(result: dg.ExecuteInProcessResult) -> str:
+    (event,) = result.get_step_failure_events()
+    assert event.step_key == EXPORT_ASSET
+    return event.step_failure_data.error.to_string()
+
+
+def read(path: Path) -> tuple:
+    with duckdb.connect(str(path), read_only=True) as conn:
+        return conn.execute(COUNTS).fetchone()
+
+
+def test_the_export_is_off_by_default_and_on_when_duckdb_path_is_set(
+    demo_env, monkeypatch, tmp_path
+):
+    graph = load_project_defs().resolve_asset_graph()
+    assert EXPORT_ASSET not in {key.to_user_string() for key in graph.get_all_asset_keys()}
+
+    monkeypatch.setenv("FIELDSALES_DUCKDB_PATH", str(tmp_path / "export.duckdb"))
+    defs = load_project_defs()
+    graph = defs.resolve_asset_graph()
+    export = graph.get(dg.AssetKey(EXPORT_ASSET))
+    # After every core and mart table, in the refresh job.
+    assert {key.to_user_string() for key in export.parent_keys} == {
+        key.to_user_string()
+        for key in graph.get_all_asset_keys()
+        if key.path[-1].startswith(("core_", "mart_"))
+    }
+    assert (
+        dg.AssetKey(EXPORT_ASSET)
+        in defs.resolve_job_def("refresh_all").asset_layer.executable_asset_keys
+    )
+
+
+def test_the_export_holds_one_snapshot_of_every_table_marked_as_an_export(demo_server, tmp_path):
+    target = tmp_path / "export.duckdb"
+    warehouse = make_warehouse(tmp_path, export_path=str(target))
+    result = run(demo_server, tmp_path, warehouse)
+    assert result.success
+    (event,) = result.asset_materializations_for_node(EXPORT_ASSET)
+    with warehouse.read_connection() as conn:
+        (snapshot,) = conn.execute("SELECT id FROM fieldsales.current_snapshot()").fetchone()
+        lake_tables = conn.execute(
+            "SELECT schema_name, table_name FROM duckdb_tables() WHERE database_name = "
+            "'fieldsales' ORDER BY ALL"
+        ).fetchall()
+    assert event.metadata["fieldsales/snapshot_id"].value == snapshot
+    with duckdb.connect(str(target), read_only=True) as conn:
+        assert conn.execute(COUNTS).fetchone() == (1200, 1200)
+        tables = conn.execute(
+            "SELECT schema_name, table_name FROM duckdb_tables() ORDER BY ALL"
+        ).fetchall()
+        (marked,) = conn.execute(f"SELECT snapshot_id FROM {EXPORT_MARKER}").fetchone()
+        (version,) = conn.execute(
+            "SELECT tags['storage_version'] FROM duckdb_databases() "
+            "WHERE database_name = current_database()"
+        ).fetchone()
+    assert set(tables) == {*lake_tables, ("meta", "fieldsales_export")}
+    assert marked == snapshot
+    assert version == "v1.2.0+"  # readable by every DuckDB client from 1.2 on
+    assert not list(tmp_path.glob(".export.duckdb.export-*"))
+
+
+def test_a_failing_export_fails_its_step_and_the_run_and_keeps_lake_and_previous_file(
+    demo_server, tmp_path, monkeypatch
+):
+    target = tmp_path / "export.duckdb"
+    warehouse = make_warehouse(tmp_path, export_path=str(target))
+    assert run(demo_server, tmp_path, warehouse).success
+    before = (target.stat().st_ino, read(target))
+    demo_server.behaviour.evolve(1)
+    real_replace = os.replace
+
+    def no_permission(source, destination):
+        if Path(destination) == target:
+            raise PermissionError(13, "Permission denied", str(destination))
+        return real_replace(source, destination)
+
+    monkeypatch.setattr(lake_module.os, "replace", no_permission)
+    result = run(demo_server, tmp_path, warehouse)
+
+    assert not result.success
+    message = failure(result)
+    assert f"to {target} (FIELDSALES_DUCKDB_PATH) failed: Permission denied (EACCES)" in message
+    assert "The lake's snapshot stays committed" in message
+    assert f"Let the user running the refresh write to {tmp_path}" in message
+    assert (target.stat().st_ino, read(target)) == before  # the previous export, whole
+    assert not list(tmp_path.glob(".export.duckdb.export-*"))
+    with warehouse.read_connection() as conn:  # the refresh itself was committed
+        assert conn.execute(COUNTS).fetchone()[0] == demo_server.dataset.count("transactions")
+
+
+HOLDER = """
+import sys, time, duckdb
+conn = duckdb.connect(sys.argv[1])
+conn.execute("CREATE TABLE scratch AS SELECT 1 AS x")
+print("ready", flush=True)
+time.sleep(60)
+"""
+
+
+def test_an_export_file_another_process_holds_read_write_is_not_replaced(demo_server, tmp_path):
+    target = tmp_path / "export.duckdb"
+    warehouse = make_warehouse(tmp_path, export_path=str(target))
+    assert run(demo_server, tmp_path, warehouse).success
+    holder = subprocess.Popen(
+        [sys.executable, "-c", HOLDER, str(target)], stdout=subprocess.PIPE, text=True
+    )
+    try:
+        assert holder.stdout.readline().strip() == "ready"
+        inode = target.stat().st_ino
+        result = run(demo_server, tmp_path, warehouse, selection=[EXPORT_ASSET])
+        assert not result.success
+        message = failure(result)
+        assert f"Cannot replace the export {target}" in message
+        assert "read-write" in message
+        assert target.stat().st_ino == inode
+    finally:
+        holder.kill()
+        holder.wait()
+
+
+def test_an_old_file_warehouse_at_duckdb_path_is_never_overwritten(demo_server, tmp_path):
+    """duckdb_path was the warehouse itself in earlier releases: a file without the export's
+    marker is left alone, and the message says what to do."""
+    target = tmp_path / "fieldsales.duckdb"
+    with duckdb.connect(str(target)) as conn:
+        conn.execute("CREATE SCHEMA raw")
+        conn.execute("CREATE TABLE raw.transactions AS SELECT 'old' AS id")
+    before = target.read_bytes()
+    warehouse = make_warehouse(tmp_path, "lake", export_path=str(target))
+    result = run(demo_server, tmp_path, warehouse)
+    assert not result.success
+    message = failure(result)
+    assert f"{target} is a DuckDB warehouse of an earlier release" in message
+    assert "Nothing of" in message and "run a full refresh into the lake" in message
+    assert target.read_bytes() == before
+
+
+def test_loading_a_deployment_of_an_earlier_release_says_what_to_do(tmp_path, monkeypatch):
+    """A DuckDB warehouse at the old default data/fieldsales.duckdb and no lake yet: one message
+    at load time; nothing is moved or deleted."""
+    monkeypatch.chdir(tmp_path)
+    old = tmp_path / "data" / "fieldsales.duckdb"
+    old.parent.mkdir()
+    with duckdb.connect(str(old)) as conn:
+        conn.execute("CREATE TABLE t AS SELECT 1 AS x")
+    lake = make_warehouse(tmp_path / "data", "fieldsales").lake
+    message = old_warehouse_warning(lake, None)
+    assert message is not None
+    assert f"no lake yet at {lake.catalog_file}" in message
+    assert f"{old} is a DuckDB warehouse of an earlier release" in message
+    assert "run a full refresh into the lake" in message and "docs/storage.md" in message
+    assert old.exists()
+    # Once the lake is there (or the file is an export), nothing is said.
+    lake.catalog_file.write_bytes(b"")
+    assert old_warehouse_warning(lake, None) is None
+
+
+@pytest.mark.parametrize("variable", ["FIELDSALES_DUCKDB_PATH"])
+def test_the_load_warns_once_about_an_old_warehouse(
+    demo_env, monkeypatch, tmp_path, caplog, variable
+):
+    old = tmp_path / "old.duckdb"
+    with duckdb.connect(str(old)) as conn:
+        conn.execute("CREATE TABLE t AS SELECT 1 AS x")
+    monkeypatch.setenv(variable, str(old))
+    with caplog.at_level("WARNING"):
+        load_project_defs()
+    assert any(
+        f"{old} is a DuckDB warehouse of an earlier release" in record.getMessage()
+        for record in caplog.records
+    )

@@ -1,0 +1,265 @@
+"""The embedded default lake, for real: a SQLite catalog in WAL mode and Parquet files under a
+folder, the demo API over HTTP, real materializations, readers in processes of their own.
+(PostgreSQL for several machines: test_ducklake.py; the single-file export: test_export.py.)
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import dagster as dg
+import pytest
+
+from fieldsales_dagster.assets.upkeep import build_upkeep_asset
+from fieldsales_dagster.demo_api import DemoConfig, DemoServer
+from fieldsales_dagster.warehouse.lake import is_wal
+from fieldsales_dagster.warehouse.resource import FieldSalesWarehouse
+from fieldsales_dagster_tests.conftest import make_api
+from fieldsales_dagster_tests.project import DEFAULT, core_assets, raw_assets
+
+ASSETS = [*raw_assets(), *core_assets()]
+SNAPSHOT = """
+    SELECT (SELECT count(*) FROM raw.transactions), (SELECT count(*) FROM core.transactions),
+           (SELECT count(*) FROM raw.events), (SELECT count(*) FROM core.events)
+"""
+
+
+def refresh(server, tmp_path, warehouse, assets=ASSETS, **kwargs) -> dg.ExecuteInProcessResult:
+    return dg.materialize(
+        assets,
+        resources={"fieldsales_api": make_api(server, tmp_path), "warehouse": warehouse},
+        raise_on_error=False,
+        **kwargs,
+    )
+
+
+def snapshot(warehouse: FieldSalesWarehouse) -> list[int]:
+    with warehouse.read_connection() as conn:
+        return list(conn.execute(SNAPSHOT).fetchone())
+
+
+@pytest.fixture
+def bigger_server():
+    with DemoServer(DemoConfig(transactions=1800, seed=4), host="127.0.0.1", port=0) as server:
+        yield server
+
+
+class AnalystReader:
+    """A second process reading the lake in a loop (see analyst_reader.py)."""
+
+    def __init__(self, warehouse: FieldSalesWarehouse, mode: str, tmp_path: Path):
+        self.stop_file = tmp_path / f"stop-{mode}"
+        self.proc = subprocess.Popen(
+            [
+                sys.executable,
+                "-m",
+                "fieldsales_dagster_tests.analyst_reader",
+                str(warehouse.ducklake_catalog),
+                str(warehouse.ducklake_data_path),
+                mode,
+                str(self.stop_file),
+            ],
+            stdout=subprocess.PIPE,
+            text=True,
+        )
+        self.first = json.loads(self.proc.stdout.readline())["ready"]
+
+    def finish(self) -> dict:
+        self.stop_file.touch()
+        out, _ = self.proc.communicate(timeout=60)
+        return json.loads(out.strip().splitlines()[-1])
+
+    def kill(self) -> None:
+        if self.proc.poll() is None:
+            self.proc.kill()
+            self.proc.wait()
+
+
+def test_a_reader_process_holding_a_snapshot_neither_blocks_a_refresh_nor_sees_half_of_it(
+    demo_server, bigger_server, tmp_path, warehouse
+):
+    """An analyst holds ``BEGIN TRANSACTION`` on a read-only attach in another process while a
+    whole refresh commits (in SQLite's default rollback journal every commit failed with
+    "database is locked"; the catalog is in WAL mode)."""
+    assert refresh(demo_server, tmp_path, warehouse).success
+    assert is_wal(Path(str(warehouse.ducklake_catalog).removeprefix("sqlite:")))
+    old = snapshot(warehouse)
+    reader = AnalystReader(warehouse, "hold", tmp_path)
+    try:
+        assert reader.first == old
+        assert refresh(bigger_server, tmp_path, warehouse).success
+        report = reader.finish()
+    finally:
+        reader.kill()
+    assert report["errors"] == [] and report["queries"] > 0
+    # The held snapshot: the old tables, all of them, throughout.
+    assert {tuple(json.loads(k)) for k in report["seen"]} == {tuple(old)}
+    assert snapshot(warehouse) == [1800, 1800, 45, 45] and old == [1200, 1200, 30, 30]
+
+
+def test_connections_opened_during_a_refresh_see_old_or_new_tables_never_a_mix_of_one(
+    demo_server, bigger_server, tmp_path, warehouse
+):
+    assert refresh(demo_server, tmp_path, warehouse).success
+    old = snapshot(warehouse)
+    reader = AnalystReader(warehouse, "reopen", tmp_path)
+    try:
+        assert refresh(bigger_server, tmp_path, warehouse).success
+        report = reader.finish()
+    finally:
+        reader.kill()
+    assert report["errors"] == []
+    # Each table is old or new, never half-written: raw and core of one list move together
+    # only per asset (each asset's write is one snapshot), so every count is an old or new one.
+    for seen in report["seen"]:
+        counts = json.loads(seen)
+        assert all(
+            count in (before, after)
+            for count, before, after in zip(counts, old, [1800, 1800, 45, 45], strict=True)
+        ), counts
+
+
+def test_a_data_path_that_is_set_but_missing_fails_before_anything_is_written(
+    demo_server, tmp_path
+):
+    """An unmounted volume: the run fails naming FIELDSALES_DUCKLAKE_DATA_PATH; no catalog, no
+    file, no snapshot is made (nothing is re-created under the bare mount point)."""
+    missing = tmp_path / "volume" / "lake"
+    catalog = tmp_path / "catalog.sqlite"
+    warehouse = FieldSalesWarehouse(
+        ducklake_catalog=f"sqlite:{catalog}", ducklake_data_path=str(missing)
+    )
+    result = refresh(demo_server, tmp_path, warehouse, assets=raw_assets())
+    assert not result.success
+    message = result.get_step_failure_events()[0].step_failure_data.error.to_string()
+    assert f"The lake's data path {missing} (FIELDSALES_DUCKLAKE_DATA_PATH) does not exist" in (
+        message
+    )
+    assert "nothing was written" in message
+    assert not missing.exists() and not catalog.exists()
+
+
+def test_the_default_data_folder_is_made_for_a_new_lake_only(demo_server, tmp_path):
+    catalog = tmp_path / "data" / "fieldsales.ducklake.sqlite"
+    warehouse = FieldSalesWarehouse(ducklake_catalog=f"sqlite:{catalog}")
+    assert warehouse.lake.data_path == str(tmp_path / "data" / "lake")
+    assert refresh(demo_server, tmp_path, warehouse, assets=raw_assets()).success
+    assert list((tmp_path / "data" / "lake").rglob("*.parquet"))
+    # Vanished later (a volume not mounted): the catalog lists files there, so no new folder.
+    (tmp_path / "data" / "lake").rename(tmp_path / "data" / "lake.away")
+    failed = refresh(
+        demo_server,
+        tmp_path,
+        FieldSalesWarehouse(ducklake_catalog=f"sqlite:{catalog}"),
+        assets=raw_assets(),
+    )
+    assert not failed.success
+    message = failed.get_step_failure_events()[0].step_failure_data.error.to_string()
+    assert f"the lake's catalog {catalog} lists its files there" in message
+    assert not (tmp_path / "data" / "lake").exists()
+
+
+def test_a_failing_user_asset_never_withholds_the_projects_tables(demo_server, tmp_path, warehouse):
+    """With no publish step, what each asset committed is what analysts read, whatever fails
+    after it in the same run."""
+
+    @dg.asset(deps=["core_transactions"])
+    def team_kpi() -> None:
+        raise RuntimeError("the data team's query is broken")
+
+    result = refresh(demo_server, tmp_path, warehouse, assets=[*ASSETS, team_kpi])
+    assert not result.success
+    assert [e.step_key for e in result.get_step_failure_events()] == ["team_kpi"]
+    assert snapshot(warehouse) == [1200, 1200, 30, 30]
+
+
+def run_upkeep(warehouse, **config) -> dict:
+    upkeep = build_upkeep_asset(DEFAULT, ["team:data"], retain_snapshots_days=7)
+    result = dg.materialize(
+        [upkeep],
+        resources={"warehouse": warehouse},
+        run_config={"ops": {"ducklake_upkeep": {"config": config}}} if config else None,
+    )
+    assert result.success
+    (event,) = result.asset_materializations_for_node("ducklake_upkeep")
+    return {key: value.value for key, value in event.metadata.items()}
+
+
+def test_upkeep_deletes_orphaned_files_past_the_safety_age_and_keeps_the_live_ones(
+    demo_server, tmp_path, warehouse
+):
+    """A killed run leaves Parquet files no snapshot lists: the upkeep deletes them once older
+    than orphan_age_hours, never a file a snapshot lists, never a young one (a live write's)."""
+    assert refresh(demo_server, tmp_path, warehouse, assets=raw_assets()).success
+    data = Path(str(warehouse.ducklake_data_path))
+    live = set(data.rglob("*.parquet"))
+    folder = next(iter(live)).parent
+    old_orphan, young_orphan = (
+        folder / "ducklake-killed-old.parquet",
+        folder / "ducklake-killed-young.parquet",
+    )
+    for orphan in (old_orphan, young_orphan):
+        orphan.write_bytes(next(iter(live)).read_bytes())
+    two_days_ago = time.time() - 2 * 86400
+    os.utime(old_orphan, (two_days_ago, two_days_ago))
+
+    meta = run_upkeep(warehouse, orphan_age_hours=24.0)
+
+    assert meta["orphans_deleted"] == 1
+    assert not old_orphan.exists() and young_orphan.exists()
+    assert live <= set(data.rglob("*.parquet"))
+    with warehouse.read_connection() as conn:
+        counts = conn.execute(
+            "SELECT (SELECT count(*) FROM raw.transactions), (SELECT count(*) FROM raw.events)"
+        ).fetchone()
+    assert counts == (1200, 30)  # every live file still read
+
+
+def test_time_travel_reaches_back_retain_snapshots_days(demo_server, tmp_path, warehouse):
+    assert refresh(demo_server, tmp_path, warehouse, assets=raw_assets()).success
+    with warehouse.read_connection() as conn:
+        (first,) = conn.execute("SELECT max(snapshot_id) FROM fieldsales.snapshots()").fetchone()
+    demo_server.behaviour.evolve(1)
+    assert refresh(
+        demo_server,
+        tmp_path,
+        warehouse,
+        assets=raw_assets(),
+        run_config={"ops": {"raw_transactions": {"config": {"refresh_mode": "full"}}}},
+    ).success
+
+    meta = run_upkeep(warehouse)  # retain_snapshots_days=7: the first refresh is minutes old
+    assert meta["retain_snapshots_days"] == 7
+    with warehouse.read_connection() as conn:
+        (then,) = conn.execute(
+            f"SELECT count(*) FROM raw.transactions AT (VERSION => {first})"
+        ).fetchone()
+        (now,) = conn.execute("SELECT count(*) FROM raw.transactions").fetchone()
+    assert then == 1200 and now == demo_server.dataset.count("transactions")
+
+
+def test_upkeep_is_scheduled_by_default(demo_env):
+    from fieldsales_dagster_tests.project import load_project_defs
+
+    defs = load_project_defs()
+    schedule = defs.get_schedule_def("lake_upkeep_schedule")
+    assert schedule.default_status == dg.DefaultScheduleStatus.RUNNING
+    assert schedule.cron_schedule == "0 3 * * 0"
+    assert schedule.job.name == "lake_upkeep"
+
+
+def test_storage_never_imports_the_http_client():
+    """The lake module and the warehouse resource load without the API client."""
+    code = (
+        "import sys, fieldsales_dagster.warehouse.lake, fieldsales_dagster.warehouse.resource; "
+        "print(sorted(m for m in sys.modules if m.startswith('fieldsales_dagster.client')))"
+    )
+    done = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, timeout=60, check=True
+    )
+    assert done.stdout.strip() == "[]"
