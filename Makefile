@@ -16,7 +16,7 @@ $(VENV)/.installed: pyproject.toml | $(BIN)/python
 
 install: $(VENV)/.installed
 
-# Start the bundled demo API on loopback, materialize every asset into data/fieldsales.duckdb,
+# Start the bundled demo API on loopback, materialize every asset into the lake under data/,
 # print a summary of the tables written.
 demo: install
 	$(BIN)/fieldsales-demo-run
