@@ -176,7 +176,7 @@ def test_after_an_incremental_raw_load_only_the_rows_it_wrote_are_parsed(tmp_pat
     results = _core_metadata(second, "core_custom_report_results")
     assert results["fieldsales/decode"] == (
         "meta.transactions_decoded: current (0 payloads parsed); "
-        "meta.events_decoded: full (0 payloads parsed)"
+        "temp.events_decoded: full (0 payloads parsed)"
     )
     assert results["fieldsales/build"] == (
         "incremental: only meta.transactions_decoded changed since the previous build; replaced "
@@ -211,7 +211,7 @@ def test_a_decode_with_most_rows_to_parse_is_rebuilt_whole(tmp_path):
     metadata = _core_metadata(result, "core_custom_report_results")
     assert metadata["fieldsales/decode"] == (
         "meta.transactions_decoded: full (5 payloads parsed); "
-        "meta.events_decoded: full (0 payloads parsed)"
+        "temp.events_decoded: full (0 payloads parsed)"
     )
     assert p.query(
         database,

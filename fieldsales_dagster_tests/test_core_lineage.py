@@ -94,12 +94,12 @@ def test_a_core_query_reading_a_decoded_table_depends_on_its_raw_table_and_refre
     assert table.decoded == ()
     joined = f"""WITH built AS ({core.core_query(table)})
 SELECT built.* FROM built
-LEFT JOIN meta.events_decoded AS e ON e.id = built.config_id"""
+LEFT JOIN temp.events_decoded AS e ON e.id = built.config_id"""
 
     fresh, asset = _built_on(monkeypatch, table, joined)
 
     assert _deps(asset) == {"raw_transactions", "core_transactions", "raw_events"}
-    # The step brings meta.events_decoded up to date with raw.events before the query reads it.
+    # The step brings temp.events_decoded up to date with raw.events before the query reads it.
     assert fresh.decoded == (EVENTS_DECODED,)
 
 

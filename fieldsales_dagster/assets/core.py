@@ -69,16 +69,25 @@ class Decoded:
     the rows it writes with its own ``loaded_at`` and keeps the others as they were, so the rows
     the decode lacks, and those it holds in vain, are told apart without parsing anything. After
     an incremental raw load only the re-fetched rows are parsed (``refresh_decoded``).
+
+    A ``temp.<name>`` table is not kept (``kept``): a TEMP table of the step's connection.
     """
 
+    #: ``meta.<name>`` (a lake table) or ``temp.<name>`` (not kept).
     table: str
     source: str
     description: str
     #: The whole source, as the full decode reads it (in slices, to bound the parser's memory).
     whole_source: str
-    #: False: dropped at the end of the step that built it, so that it never outlives the step
-    #: (it holds personal values, which core.* hashes or drops as ``pii`` says).
-    kept: bool = True
+
+    @property
+    def kept(self) -> bool:
+        """False for a ``temp.*`` table: it holds personal values, which core.* hashes or drops
+        as ``pii`` says, so it is never written to the lake (a dropped lake table's files stay
+        reachable by time travel until its snapshots expire). Each step reading it builds it
+        whole in its connection's temporary catalog (memory, spilled to the connection's
+        temp_directory) and drops it at its end; a new connection never sees it."""
+        return self.table.partition(".")[0] != "temp"
 
     @property
     def query_file(self) -> str:
@@ -97,14 +106,14 @@ TRANSACTIONS_DECODED = Decoded(
 
 
 #: Every raw.events payload parsed once: the eight tables that read events read it instead of
-#: parsing the payloads (up to ~14 KB each) once each; see meta_events_decoded.sql.
+#: parsing the payloads (up to ~14 KB each) once each; see temp_events_decoded.sql. Not kept:
+#: it holds the events' personal values (names, emails, IPs).
 EVENTS_DECODED = Decoded(
-    "meta.events_decoded",
+    "temp.events_decoded",
     "raw.events",
     "Pipeline-internal, not for analysis (use core.events and the other core tables): "
     "raw.events' payloads parsed once for the core tables.",
     whole_source="raw_events_in_slices()",
-    kept=False,
 )
 
 
@@ -315,28 +324,43 @@ def decode_metadata(refreshed: Sequence[tuple[Decoded, DecodeRefresh]]) -> dict[
 
 
 def build_decoded(conn: duckdb.DuckDBPyConnection, decoded: Decoded) -> DecodeRefresh:
-    """Parse all of ``decoded.source`` into ``decoded.table`` (staged and swapped like a core
-    table)."""
+    """Parse all of ``decoded.source`` into ``decoded.table``: a kept one staged and swapped like
+    a core table, one not kept created as a TEMP table of ``conn`` (never written to the lake)."""
 
     def describe(staged: str) -> None:
         conn.execute(f"COMMENT ON TABLE {qualified(staged)} IS {sql_literal(decoded.description)}")
 
     _define_rows_to_decode(conn, f"SELECT * FROM {decoded.whole_source}")
-    build_table(conn, decoded.table, core_query(decoded), before_swap=describe)
+    if decoded.kept:
+        build_table(conn, decoded.table, core_query(decoded), before_swap=describe)
+    else:
+        _build_temporary(conn, decoded)
     (rows,) = one_row(conn, f"SELECT count(*) FROM {qualified(decoded.table)}")
     return DecodeRefresh("full", rows)
+
+
+def _build_temporary(conn: duckdb.DuckDBPyConnection, decoded: Decoded) -> None:
+    """Create the not-kept ``decoded`` as a TEMP table of ``conn`` from its query."""
+    name = decoded.table.partition(".")[2]
+    try:
+        conn.execute(f"CREATE OR REPLACE TEMP TABLE {quote_ident(name)} AS\n{core_query(decoded)}")
+    except duckdb.Error as exc:
+        raise RuntimeError(
+            f"Building {decoded.table} (a temporary table of the step) failed. DuckDB: {exc}"
+        ) from exc
 
 
 def refresh_decoded(conn: duckdb.DuckDBPyConnection, decoded: Decoded) -> DecodeRefresh:
     """Bring ``decoded`` up to date with its raw table; returns what it did.
 
+    One not kept is built whole (``"full"``) by every step reading it: it never outlives one.
     ``"current"``: nothing to do. ``"incremental"``: only the source rows the decode lacks (by
     ``id`` and ``loaded_at``) are parsed and inserted, and the rows no longer in the source are
     deleted, in one transaction. ``"full"``: no decode yet, or more than ``WHOLE_ABOVE`` of
     the source to parse (after a full raw load, every row). Either way the result holds exactly
     what a full decode of the source would hold.
     """
-    found = _fingerprint(conn, decoded.table)
+    found = _fingerprint(conn, decoded.table) if decoded.kept else None
     if found is None:
         return build_decoded(conn, decoded)
     raw = _fingerprint(conn, decoded.source)
@@ -434,10 +458,10 @@ def upstream_of(table: CoreTable, query: str) -> Upstream:
     """The assets and decoded tables ``query`` (``table``'s) reads, from its FROM and JOIN clauses.
 
     ``raw.*``: the raw asset of that list. ``core.*``, ``mart.*``: the asset building the table.
-    A decoded ``meta.*`` table, or ``decoded_rows()`` of a table that follows one: the decoded
-    table, and the raw asset it decodes. Other ``meta.*`` tables are pipeline state, no asset's.
-    A table in any other schema (the user's own, for one) is refused: the project's tables are
-    built before the user's assets, never from them.
+    A decoded ``meta.*`` or ``temp.*`` table, or ``decoded_rows()`` of a table that follows one:
+    the decoded table, and the raw asset it decodes. Other ``meta.*`` tables are pipeline state,
+    no asset's. A table in any other schema (the user's own, for one) is refused: the project's
+    tables are built before the user's assets, never from them.
     """
     where = f"sql/{table.query_file}"
     reads = query_reads(query, where)
@@ -448,7 +472,8 @@ def upstream_of(table: CoreTable, query: str) -> Upstream:
         if table.follows is None:
             raise QueryReadError(
                 f"{where} calls decoded_rows(), which only a table that follows a decoded table "
-                "defines: read the decoded meta.* table by name, or give the table a Follows."
+                "defines: read the decoded meta.* or temp.* table by name, or give the table a "
+                "Follows."
             )
         read_decoded.add(table.follows.decoded)
     deps: set[str] = set()
@@ -498,8 +523,9 @@ def _columns_of(asset: str) -> tuple[str, ...]:
 
 def column_lineage(names: InstanceNames, table: CoreTable) -> dg.TableColumnLineage:
     """Each column's source columns, read from the query (``lineage.column_sources``), as the
-    assets behind them: a decoded ``meta.*`` table's columns come from its raw table's
-    ``payload`` (its ``id`` and ``loaded_at`` from theirs); macros' constant lists are no asset."""
+    assets behind them: a decoded ``meta.*`` or ``temp.*`` table's columns come from its raw
+    table's ``payload`` (its ``id`` and ``loaded_at`` from theirs); macros' constant lists are
+    no asset."""
     decoded_by_table: dict[str, Decoded] = {decoded.table: decoded for decoded in DECODED_TABLES}
     if table.follows is not None:
         decoded_by_table["decoded_rows"] = decoded_by_table[table.follows.decoded]

@@ -14,7 +14,7 @@ WITH embedded AS (
             "active": "BOOLEAN",
             "created": "TIMESTAMPTZ"
         }') AS area
-    FROM meta.events_decoded AS e
+    FROM temp.events_decoded AS e
 ),
 
 latest_copy AS (

@@ -35,7 +35,7 @@
 -- core.transactions. decoded_rows() is that table: all of it for a whole build; after an
 -- incremental raw load only its added rows, when this table follows their changes instead of
 -- being rebuilt (follow.py: the event rows are then rebuilt, the other rows kept). Event payloads
--- are not parsed here either: meta.events_decoded (meta_events_decoded.sql) holds them parsed.
+-- are not parsed here either: temp.events_decoded (temp_events_decoded.sql) holds them parsed.
 WITH transaction_reports AS (
     SELECT
         id AS transaction_id,
@@ -97,7 +97,7 @@ event_reports AS (
     SELECT
         e.id AS event_id,
         unnest(e.report_results) AS report
-    FROM meta.events_decoded AS e
+    FROM temp.events_decoded AS e
 ),
 
 event_results AS (

@@ -1,7 +1,7 @@
 -- core.dim_point_of_sale: one row per point of sale, from the copy embedded in the event with the
 -- latest planned start (then the greatest event id, so the choice is deterministic).
 --
--- Only the chosen events' point-of-sale objects are parsed (meta.events_decoded holds them as
+-- Only the chosen events' point-of-sale objects are parsed (temp.events_decoded holds them as
 -- JSON). location is [longitude, latitude] (GeoJSON order); a GeoJSON point object
 -- {"coordinates": [lng, lat]} is read the same way.
 -- The places-directory object is documented as placesResult, but its real key carries the
@@ -25,7 +25,7 @@ pos_objects AS (
         chosen_events.pos_id,
         e.point_of_sale AS pos
     FROM chosen_events
-    JOIN meta.events_decoded AS e ON e.id = chosen_events.event_id
+    JOIN temp.events_decoded AS e ON e.id = chosen_events.event_id
 ),
 
 decoded AS (

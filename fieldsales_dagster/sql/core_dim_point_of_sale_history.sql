@@ -10,7 +10,7 @@
 -- valid_from of the next version (NULL for the current one). Empty strings count as NULL, so
 -- "" and a missing key are the same version.
 --
--- Memory: each copy is cut down to what a version compares (meta.events_decoded holds those
+-- Memory: each copy is cut down to what a version compares (temp.events_decoded holds those
 -- fields of the point of sale already parsed, pos_fields) before it meets core.events, so the
 -- join, the windows and the grouping carry ~100 bytes per event, never the payload or the whole
 -- embedded object (joining raw.events carried every payload through the join and ran out of the
@@ -19,7 +19,7 @@ WITH carried AS (
     SELECT
         e.id AS event_id,
         e.pos_fields AS p
-    FROM meta.events_decoded AS e
+    FROM temp.events_decoded AS e
 ),
 
 copies AS (

@@ -13,7 +13,7 @@ WITH entries AS (
                 lambda entry, position: {'entry': entry, 'position': position}
             )
         ) AS item
-    FROM meta.events_decoded AS e
+    FROM temp.events_decoded AS e
 )
 
 SELECT

@@ -1,12 +1,12 @@
 -- core.events: one row per event.
 --
--- The payload is parsed once, by meta.events_decoded (meta_events_decoded.sql); this query reads
+-- The payload is parsed once, by temp.events_decoded (temp_events_decoded.sql); this query reads
 -- its columns, never the payload. project_id and point_of_sale are documented as embedded
 -- objects, but a reference may also arrive unpopulated as a bare id (a string, or a number read
 -- as its text); both shapes give the id (json_reference_id, typed_values.sql).
 -- untyped_values names what could not be typed: a reference that gives no id, a planned time
 -- that is not a timestamp, a list that is not an array, an event report whose reportResults is
--- not an object (meta.events_decoded keeps those values as received: unparsed_*).
+-- not an object (temp.events_decoded keeps those values as received: unparsed_*).
 WITH embedded AS (
     SELECT
         e.id AS event_id,
@@ -24,14 +24,14 @@ WITH embedded AS (
         e.unparsed_state_history,
         e.unparsed_report_results,
         e.unparsed_report_result_maps,
-        -- Each embedded object is parsed once (the point of sale by meta.events_decoded): every
+        -- Each embedded object is parsed once (the point of sale by temp.events_decoded): every
         -- JSON function call parses its argument anew, and a vector's parsed documents stay in
         -- memory until the vector is done, so an id and a name read by separate calls cost
         -- several times the memory.
         json_transform(e.project, '{"_id": "VARCHAR", "name": "VARCHAR"}') AS project_ref,
         e.pos_fields AS pos_ref,
         json_transform(e.area, '{"_id": "VARCHAR", "name": "VARCHAR"}') AS area_ref
-    FROM meta.events_decoded AS e
+    FROM temp.events_decoded AS e
 ),
 
 embedded_references AS (

@@ -15,7 +15,7 @@ WITH embedded AS (
                 "useTargets": "BOOLEAN"
             }
         }') AS project
-    FROM meta.events_decoded AS e
+    FROM temp.events_decoded AS e
 ),
 
 copies AS (

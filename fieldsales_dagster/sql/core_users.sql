@@ -6,7 +6,7 @@ WITH assigned AS (
     SELECT
         e.id AS event_id,
         unnest(e.event_users) AS app_user
-    FROM meta.events_decoded AS e
+    FROM temp.events_decoded AS e
 ),
 
 latest_copy AS (

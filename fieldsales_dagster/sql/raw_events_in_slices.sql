@@ -1,5 +1,5 @@
 -- raw_events_in_slices(): raw.events, read as eight slices (by rowid) instead of in one pass, for
--- the queries that parse every payload: meta.events_decoded (the one parse the core tables read)
+-- the queries that parse every payload: temp.events_decoded (the one parse the core tables read)
 -- and the incremental refresh's event fingerprints. Like raw_transactions_in_slices (see there),
 -- it bounds the JSON parser's memory: in one pass, 2,048 parsed ~3.4 KB event documents per
 -- thread, beside the table being written in 16,384-row groups, exceeded the 192 MB memory_limit

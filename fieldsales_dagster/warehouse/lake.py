@@ -426,13 +426,16 @@ def check_tenant(conn: duckdb.DuckDBPyConnection, lake: Lake) -> None:
 
 
 #: Options of the lake, stored in its catalog: name -> (value set, value as the catalog stores
-#: it). zstd suits the raw tables' ~5 KB JSON documents; Parquet row groups of at most 16 MB,
+#: it). zstd suits the raw tables' ~5 KB JSON documents; Parquet row groups of about 8 MB,
 #: since by rows (122,880 by default) one row group of payloads is held in memory whole: a raw
 #: load's 100 MB spool of 20,000 transactions ran out of the default memory_limit (192MB). A
+#: reader decompresses a row group's payloads (one page) into a buffer of the next power of two:
+#: at 16MB the writer's ~17 MB groups took a 32 MiB buffer, and scanning the heavy tenant's
+#: raw.transactions ran out of 64MB (test_core_memory.py); ~8.5 MB groups take 16 MiB. A
 #: writer must then run with ``preserve_insertion_order=false`` (DuckDB says so otherwise).
 LAKE_OPTIONS = {
     "parquet_compression": ("zstd", "zstd"),
-    "parquet_row_group_size_bytes": ("16MB", "16000000"),
+    "parquet_row_group_size_bytes": ("8MB", "8000000"),
 }
 
 

@@ -1,9 +1,13 @@
--- meta.events_decoded: every raw.events payload parsed once, into the columns the event tables
+-- temp.events_decoded: every raw.events payload parsed once, into the columns the event tables
 -- read (core.events, core.projects, core.areas, core.users, core.dim_point_of_sale,
 -- core.dim_point_of_sale_history, core.event_status_history, core.custom_report_results).
 -- Pipeline-internal (not part of the contract); each of those tables builds it in its own step,
 -- reads it and drops it (core.py: Decoded.kept): it holds personal values (names, emails, IPs)
--- that core.* hashes or drops as the pii setting says, so it never outlives the step.
+-- that core.* hashes or drops as the pii setting says, so it never outlives the step. It is a
+-- TEMP table of the step's connection, never written to the lake: a dropped lake table's Parquet
+-- files stay reachable by time travel until its snapshots expire. (DuckDB keeps a TEMP table in
+-- the connection's memory and spills it to its temp_directory; written to the lake, the Parquet
+-- writer held this table's row groups in memory: 64MB was too little for the heavy tenant.)
 --
 -- Why: parsing a payload holds the whole parsed document, ~2.7 times its text, for every row of
 -- the 2,048-row vector being parsed. With event payloads of ~14 KB (long status histories, many
