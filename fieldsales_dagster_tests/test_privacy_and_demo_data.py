@@ -4,6 +4,7 @@ raw load, core and mart tables and every check, in real DuckDB files."""
 from __future__ import annotations
 
 import re
+from pathlib import Path
 
 import dagster as dg
 import pytest
@@ -118,6 +119,25 @@ def test_keep_stores_personal_values_so_the_scan_can_find_them(kept, personal_va
         "core.users.email",
         "core.event_status_history.client_ip",
     }
+
+
+def test_the_decoded_events_never_touch_the_lake(kept):
+    # They hold every name, email and IP: a TEMP table of each step reading them. Written to the
+    # lake, their Parquet files were on disk during the step (and, after a failed step, stayed
+    # there, unknown to the catalog, until the upkeep deletes orphans a day later).
+    database = kept[0]
+    with read_lake(database) as conn:
+        ever = {
+            name
+            for (name,) in conn.execute(
+                "SELECT table_name FROM __ducklake_metadata_fieldsales.main.ducklake_table"
+            ).fetchall()
+        }
+    assert {"events", "transactions_decoded"} <= ever  # every table, dropped ones too
+    assert {name for name in ever if "events_decoded" in name} == set()
+    folder = Path(lake_at(database).lake.data_folder)
+    assert list(folder.rglob("*transactions_decoded*"))  # where a lake table's files go
+    assert list(folder.rglob("*events_decoded*")) == []
 
 
 def test_no_personal_value_survives_drop_with_raw_redaction(load, personal_values):
