@@ -83,10 +83,11 @@ class Decoded:
     @property
     def kept(self) -> bool:
         """False for a ``temp.*`` table: it holds personal values, which core.* hashes or drops
-        as ``pii`` says, so it is never written to the lake (a dropped lake table's files stay
-        reachable by time travel until its snapshots expire). Each step reading it builds it
-        whole in its connection's temporary catalog (memory, spilled to the connection's
-        temp_directory) and drops it at its end; a new connection never sees it."""
+        as ``pii`` says, so it is never written to the lake (as a lake table, its Parquet files
+        sat in the data path during the step, and a failed step left them there until the
+        upkeep deleted orphans). Each step reading it builds it whole in its connection's
+        temporary catalog (memory, spilled to the connection's temp_directory) and drops it at
+        its end; a new connection never sees it."""
         return self.table.partition(".")[0] != "temp"
 
     @property

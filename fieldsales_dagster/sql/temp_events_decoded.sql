@@ -4,10 +4,11 @@
 -- Pipeline-internal (not part of the contract); each of those tables builds it in its own step,
 -- reads it and drops it (core.py: Decoded.kept): it holds personal values (names, emails, IPs)
 -- that core.* hashes or drops as the pii setting says, so it never outlives the step. It is a
--- TEMP table of the step's connection, never written to the lake: a dropped lake table's Parquet
--- files stay reachable by time travel until its snapshots expire. (DuckDB keeps a TEMP table in
--- the connection's memory and spills it to its temp_directory; written to the lake, the Parquet
--- writer held this table's row groups in memory: 64MB was too little for the heavy tenant.)
+-- TEMP table of the step's connection, never written to the lake: as a lake table its Parquet
+-- files sat in the data path during the step, and a failed step left them there (unknown to the
+-- catalog until the upkeep deletes orphans). (DuckDB keeps a TEMP table in the connection's
+-- memory and spills it to its temp_directory; the lake's Parquet writer held this table's row
+-- groups in memory: 64MB was too little for the heavy tenant, test_core_memory.py.)
 --
 -- Why: parsing a payload holds the whole parsed document, ~2.7 times its text, for every row of
 -- the 2,048-row vector being parsed. With event payloads of ~14 KB (long status histories, many
