@@ -25,7 +25,8 @@ from typing import Protocol
 import dagster as dg
 import yaml
 
-from fieldsales_dagster.warehouse.lake import DEFAULT_CATALOG, DEFAULT_DATA_PATH
+from fieldsales_dagster.names import InstanceNames
+from fieldsales_dagster.warehouse.lake import DEFAULT_CATALOG, DEFAULT_DATA_PATH, move_tenant
 from fieldsales_dagster.warehouse.resource import FieldSalesWarehouse
 from fieldsales_dagster.warehouse.rows import one_row
 
@@ -273,19 +274,22 @@ def main(argv: list[str] | None = None) -> int:
         # The demo owns its data folder (data/ by default): create it on first use.
         os.environ["FIELDSALES_CREATE_DIRS"] = "true"
         os.environ["DAGSTER_HOME"] = str(home)
-        warehouse = FieldSalesWarehouse(
-            ducklake_catalog=args.catalog, ducklake_data_path=args.data_path
-        )
+        from fieldsales_dagster.definitions import defs
+
+        loaded = defs()
+        job = loaded.resolve_implicit_global_asset_job_def()
+        # The lake the run writes, as the definitions resolve it (settings, then defaults).
+        warehouse = loaded.resources[InstanceNames().warehouse_resource]
+        assert isinstance(warehouse, FieldSalesWarehouse)
         lake = warehouse.lake
         print(
             f"Demo API on {server.base_url}; loading into the lake {lake.catalog} "
             f"(data: {lake.data_path})",
             flush=True,
         )
-
-        from fieldsales_dagster.definitions import defs
-
-        job = defs().resolve_implicit_global_asset_job_def()
+        # The bundled demo API is the same instance on a new port each time: the demo moves its
+        # lake's tenant record along, the documented step for a moved instance (docs/storage.md).
+        move_tenant(lake)
         with dg.DagsterInstance.from_config(str(home)) as instance:
             status = run_and_report(job, instance, warehouse)
     print(

@@ -52,7 +52,7 @@ import threading
 import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any, TypeVar
 
@@ -423,6 +423,31 @@ def check_tenant(conn: duckdb.DuckDBPyConnection, lake: Lake) -> None:
             f"({CATALOG_VARIABLE}, or its own ducklake_schema); if the lake really moves to this "
             f"instance, empty {TENANT_TABLE} first (docs/storage.md)."
         )
+
+
+def move_tenant(lake: Lake) -> str | None:
+    """The documented step for a lake whose instance moved (a new URL, the demo API's new port):
+    record ``lake.tenant`` in place of the tenant the lake belonged to. Returns that tenant
+    (``None``: the lake records none yet, and the first write will record ``lake.tenant``)."""
+    if lake.tenant is None:
+        return None
+    conn = connect(replace(lake, tenant=None))
+    try:
+
+        def move() -> str | None:
+            conn.execute("CREATE SCHEMA IF NOT EXISTS meta")
+            conn.execute(
+                f"CREATE TABLE IF NOT EXISTS {TENANT_TABLE} (tenant VARCHAR, since TIMESTAMPTZ)"
+            )
+            row = conn.execute(f"SELECT tenant FROM {TENANT_TABLE} LIMIT 1").fetchone()
+            if row is not None and row[0] != lake.tenant:
+                conn.execute(f"DELETE FROM {TENANT_TABLE}")
+                conn.execute(f"INSERT INTO {TENANT_TABLE} VALUES (?, now())", [lake.tenant])
+            return None if row is None else str(row[0])
+
+        return run_transaction(conn, TENANT_TABLE, move)
+    finally:
+        conn.close()
 
 
 #: Options of the lake, stored in its catalog: name -> (value set, value as the catalog stores
