@@ -279,8 +279,8 @@ def main(argv: list[str] | None = None) -> int:
         loaded = defs()
         job = loaded.resolve_implicit_global_asset_job_def()
         # The lake the run writes, as the definitions resolve it (settings, then defaults).
-        warehouse = loaded.resources[InstanceNames().warehouse_resource]
-        assert isinstance(warehouse, FieldSalesWarehouse)
+        warehouse = (loaded.resources or {}).get(InstanceNames().warehouse_resource)
+        assert isinstance(warehouse, FieldSalesWarehouse), "the project defines its warehouse"
         lake = warehouse.lake
         print(
             f"Demo API on {server.base_url}; loading into the lake {lake.catalog} "
