@@ -27,6 +27,7 @@ from typing import Annotated, Any, Literal, cast
 from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
 
 import dagster as dg
+import urllib3
 from pydantic import ValidationError, ValidationInfo, field_validator, model_validator
 from pydantic_core import PydanticUndefined
 
@@ -506,9 +507,13 @@ class FieldSalesComponent(dg.Component, dg.Model, dg.Resolvable):
 
     @property
     def tenant(self) -> str:
-        """Who this instance's lake belongs to: recorded in the lake on first use, and a lake
-        recorded for another tenant is refused (``lake.check_tenant``)."""
-        return f"{self.base_url} (key_prefix {self.key_prefix or '-'})"
+        """Who this instance's lake belongs to: the Field-Sales host and the key prefix, recorded
+        in the lake with its first commit; a lake recorded for another tenant is refused
+        (``lake.check_tenant``). The port is not part of it: the bundled demo API takes a new one
+        at every start, and an instance is its host."""
+        url = self.base_url or ""
+        host = (urllib3.util.parse_url(url).host or url).lower()
+        return f"{host} (key_prefix {self.key_prefix or '-'})"
 
     def check_paths(self) -> None:
         """Fail the load at once if a file setting points where the pipeline cannot write; warn

@@ -263,3 +263,35 @@ def test_storage_never_imports_the_http_client():
         [sys.executable, "-c", code], capture_output=True, text=True, timeout=60, check=True
     )
     assert done.stdout.strip() == "[]"
+
+
+def test_a_run_against_a_wrong_url_records_no_tenant_and_the_right_url_then_writes(tmp_path):
+    """The lake records its tenant with its first commit, after the server answered: a run
+    against a mistyped URL (another host) fails and leaves nothing that blocks the right one."""
+    from fieldsales_dagster.warehouse.lake import recorded_tenant
+    from fieldsales_dagster_tests.conftest import make_warehouse
+
+    with DemoServer(DemoConfig(transactions=60, seed=3), host="127.0.0.1", port=0) as server:
+        wrong_api = make_api(
+            server, tmp_path, base_url="http://localhost:9", unreachable_budget_s=0.5
+        )
+        wrong = make_warehouse(tmp_path, tenant="localhost (key_prefix -)")
+        result = dg.materialize(
+            raw_assets(),
+            resources={"fieldsales_api": wrong_api, "warehouse": wrong},
+            raise_on_error=False,
+        )
+        assert not result.success
+        if Path(wrong.lake.catalog.removeprefix("sqlite:")).exists():
+            with wrong.read_connection() as conn:
+                assert recorded_tenant(conn) is None
+        right = make_warehouse(tmp_path, tenant="127.0.0.1 (key_prefix -)")
+        assert refresh(server, tmp_path, right, assets=raw_assets()).success
+        with right.read_connection() as conn:
+            assert recorded_tenant(conn) == "127.0.0.1 (key_prefix -)"
+        # And another tenant is refused, naming both.
+        other = make_warehouse(tmp_path, tenant="other.example.com (key_prefix -)")
+        refused = refresh(server, tmp_path, other, assets=raw_assets())
+        assert not refused.success
+        message = refused.get_step_failure_events()[0].step_failure_data.error.to_string()
+        assert "belongs to '127.0.0.1 (key_prefix -)'" in message

@@ -395,34 +395,58 @@ def use_wal(path: Path) -> None:
 
 
 def check_tenant(conn: duckdb.DuckDBPyConnection, lake: Lake) -> None:
-    """Record ``lake.tenant`` in the lake on first use; refuse a lake recorded for another.
+    """Refuse a lake recorded for another tenant, before anything is written.
 
     Two spellings of one PostgreSQL catalog (a host name or its address, another key order)
     are one lake: comparing what is recorded in it, not the settings' text, tells them apart.
+    The record itself is written with the lake's first commit (``record_tenant``), after the
+    server answered: a run against a mistyped URL leaves no record that blocks the next one.
     """
     if lake.tenant is None:
         return
+    recorded = recorded_tenant(conn)
+    if recorded is not None and recorded != lake.tenant:
+        raise _other_tenant(lake, recorded)
 
-    def record() -> str:
+
+def record_tenant(conn: duckdb.DuckDBPyConnection, lake: Lake) -> None:
+    """Inside a write's transaction: record ``lake.tenant`` if the lake records none yet; refuse
+    a lake that another writer recorded for another tenant meanwhile."""
+    if lake.tenant is None:
+        return
+    recorded = recorded_tenant(conn)
+    if recorded is None:
         conn.execute("CREATE SCHEMA IF NOT EXISTS meta")
         conn.execute(
             f"CREATE TABLE IF NOT EXISTS {TENANT_TABLE} (tenant VARCHAR, since TIMESTAMPTZ)"
         )
-        row = conn.execute(f"SELECT tenant FROM {TENANT_TABLE} LIMIT 1").fetchone()
-        if row is None:
-            conn.execute(f"INSERT INTO {TENANT_TABLE} VALUES (?, now())", [lake.tenant])
-            return str(lake.tenant)
-        return str(row[0])
+        conn.execute(f"INSERT INTO {TENANT_TABLE} VALUES (?, now())", [lake.tenant])
+    elif recorded != lake.tenant:
+        raise _other_tenant(lake, recorded)
 
-    recorded = run_transaction(conn, TENANT_TABLE, record)
-    if recorded != lake.tenant:
-        raise LakeTenantError(
-            f"The lake with catalog {lake.catalog!r} (schema {lake.schema or 'main'}) belongs to "
-            f"{recorded!r}, not to {lake.tenant!r}: two tenants would replace each other's "
-            f"tables, so nothing was written. Give this instance a lake of its own "
-            f"({CATALOG_VARIABLE}, or its own ducklake_schema); if the lake really moves to this "
-            f"instance, empty {TENANT_TABLE} first (docs/storage.md)."
-        )
+
+def recorded_tenant(conn: duckdb.DuckDBPyConnection) -> str | None:
+    """The tenant the lake on ``conn`` (its current database) records, if any."""
+    schema, _, name = TENANT_TABLE.partition(".")
+    (exists,) = conn.execute(
+        "SELECT count(*) FROM duckdb_tables() WHERE database_name = current_database() "
+        "AND schema_name = ? AND table_name = ?",
+        [schema, name],
+    ).fetchone() or (0,)
+    if not exists:
+        return None
+    row = conn.execute(f"SELECT tenant FROM {TENANT_TABLE} LIMIT 1").fetchone()
+    return None if row is None else str(row[0])
+
+
+def _other_tenant(lake: Lake, recorded: str) -> LakeTenantError:
+    return LakeTenantError(
+        f"The lake with catalog {lake.catalog!r} (schema {lake.schema or 'main'}) belongs to "
+        f"{recorded!r}, not to {lake.tenant!r}: two tenants would replace each other's "
+        f"tables, so nothing was written. Give this instance a lake of its own "
+        f"({CATALOG_VARIABLE}, or its own ducklake_schema); if the lake really moves to this "
+        f"instance, empty {TENANT_TABLE} first (docs/storage.md)."
+    )
 
 
 def move_tenant(lake: Lake) -> str | None:

@@ -42,6 +42,7 @@ from fieldsales_dagster.warehouse.lake import (
     connect,
     default_data_path,
     export_snapshot,
+    record_tenant,
     run_transaction,
     writer_connection,
 )
@@ -188,8 +189,15 @@ class FieldSalesWarehouse(dg.ConfigurableResource):
 
     def one_commit(self, conn: duckdb.DuckDBPyConnection, table: str, write: Callable[[], T]) -> T:
         """An asset's ``write`` of ``table`` and its state in one transaction, so one snapshot,
-        retried whole on a conflict (``run_transaction``)."""
-        return run_transaction(conn, table, write)
+        retried whole on a conflict (``run_transaction``). The lake's first commit also records
+        its tenant (``record_tenant``): after the server answered, never on a failed run."""
+
+        def write_and_record() -> T:
+            result = write()
+            record_tenant(conn, self.lake)
+            return result
+
+        return run_transaction(conn, table, write_and_record)
 
     @contextmanager
     def get_connection(self) -> Iterator[duckdb.DuckDBPyConnection]:
