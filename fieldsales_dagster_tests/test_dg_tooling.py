@@ -103,8 +103,10 @@ def test_scaffolded_tenant_folder_loads_beside_the_shipped_one(tmp_path):
     # The copy's definitions were loaded (the acme folder exists only there), both tenants in it.
     listed = json.loads(dg("list", "defs", "--json", cwd=project, env=env))
     assert sorted(job["name"] for job in listed["jobs"]) == [
+        "acme_lake_upkeep",
         "acme_refresh_all",
         "acme_renew_token",
+        "lake_upkeep",
         "refresh_all",
         "renew_token",
     ]

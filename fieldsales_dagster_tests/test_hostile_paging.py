@@ -118,7 +118,7 @@ def test_an_item_as_large_as_the_memory_limit_reads_is_stored_and_decoded_whole(
     with HostileServer(transactions(300, huge_at=150, blob=blob)) as server:
         report = load(hostile_api(server, max_item_mb=largest_mb), warehouse)
     assert report.rows == 300
-    with duckdb.connect(str(warehouse.working_path), read_only=True) as conn:
+    with read_lake(warehouse) as conn:
         conn.execute(f"SET memory_limit = '{warehouse.memory_limit}'")
         length, n = conn.execute(
             "SELECT length(payload->>'blob'), (payload->>'n')::INT FROM raw.transactions "

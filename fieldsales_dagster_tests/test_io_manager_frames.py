@@ -13,13 +13,12 @@ import datetime as dt
 import decimal
 
 import dagster as dg
-import duckdb
 import numpy as np
 import pandas as pd
 import pytest
 
 from fieldsales_dagster.assets.io_manager import build_io_manager
-from fieldsales_dagster.warehouse.resource import FieldSalesWarehouse
+from fieldsales_dagster_tests.conftest import make_warehouse, read_lake
 
 SALES = pd.DataFrame(
     {
@@ -40,7 +39,7 @@ def store(tmp_path, frame: pd.DataFrame):
     def frame_asset() -> pd.DataFrame:
         return frame
 
-    warehouse = FieldSalesWarehouse(database=str(tmp_path / "fieldsales.duckdb"))
+    warehouse = make_warehouse(tmp_path)
     result = dg.materialize(
         [frame_asset],
         resources={
@@ -52,16 +51,20 @@ def store(tmp_path, frame: pd.DataFrame):
     failure = None
     if not result.success:
         failure = result.get_step_failure_events()[0].step_failure_data.error.to_string()
-    with duckdb.connect(str(warehouse.working_path), read_only=True) as conn:
+    catalog = warehouse.lake.catalog_file
+    if catalog is None or not catalog.exists():  # failed before the lake was ever written
+        return None, None, failure
+    with read_lake(warehouse) as conn:
         found = conn.execute(
-            "SELECT count(*) FROM duckdb_tables() WHERE table_name = 'frame_asset'"
+            "SELECT count(*) FROM duckdb_tables() WHERE table_name = 'frame_asset' "
+            "AND database_name = current_database()"
         ).fetchone()[0]
         stored = conn.execute("SELECT * FROM analytics.frame_asset").df() if found else None
         types = (
             dict(
                 conn.execute(
                     "SELECT column_name, data_type FROM duckdb_columns() "
-                    "WHERE table_name = 'frame_asset'"
+                    "WHERE table_name = 'frame_asset' AND database_name = current_database()"
                 ).fetchall()
             )
             if found

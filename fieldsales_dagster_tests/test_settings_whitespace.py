@@ -25,7 +25,8 @@ COMPONENT_FIELD = {"api_token": "api_token_env_var"}
 SAMPLES = {
     "base_url": BASE_URL,
     "api_token": "ACME_FIELDSALES_TOKEN",
-    "ducklake_catalog": "acme.ducklake",
+    "ducklake_catalog": "sqlite:acme.ducklake.sqlite",
+    "duckdb_path": "data/acme.duckdb",
     "ducklake_data_path": "lake_files",
     "ducklake_schema": "acme",
     "key_prefix": "acme",
@@ -77,10 +78,12 @@ def test_a_trailing_space_in_the_duckdb_path_variable_reaches_the_warehouse_trim
     monkeypatch.setenv("FIELDSALES_DUCKDB_PATH", f"{tmp_path / 'fieldsales.duckdb'} ")
     monkeypatch.setenv("FIELDSALES_TOKEN_STORE", f" {tmp_path / 'token.json'}\r\n")
     monkeypatch.setenv("FIELDSALES_PAGE_SIZE", " 250 ")
-    monkeypatch.setenv("FIELDSALES_STORAGE", "file ")
+    catalog = f"sqlite:{tmp_path / 'fieldsales.ducklake.sqlite'}"
+    monkeypatch.setenv("FIELDSALES_DUCKLAKE_CATALOG", f"{catalog}\t")
     defs = load_project_defs()
     api, warehouse = defs.resources["fieldsales_api"], defs.resources["warehouse"]
-    assert warehouse.database == str(tmp_path / "fieldsales.duckdb")
+    assert warehouse.export_path == str(tmp_path / "fieldsales.duckdb")
+    assert warehouse.ducklake_catalog == catalog
     assert api.token_store_path == str(tmp_path / "token.json")
     assert (api.base_url, api.page_size) == (BASE_URL, 250)
 
@@ -103,11 +106,10 @@ def test_a_path_that_differs_from_an_existing_one_only_by_whitespace_is_refused(
     assert "differs only by whitespace" in message and repr(str(twin)) in message
 
 
-def test_a_warehouse_built_by_hand_with_a_spaced_file_name_is_refused(tmp_path):
-    warehouse = FieldSalesWarehouse(database=f"{tmp_path / 'fieldsales.duckdb'} ")
-    with (
-        pytest.raises(Exception, match=r"duckdb_path .* has whitespace around its name"),
-        warehouse.get_connection(),
-    ):
-        pass
-    assert list(tmp_path.iterdir()) == []
+def test_a_warehouse_built_by_hand_with_a_spaced_export_name_is_refused(tmp_path):
+    folder = tmp_path / "export"
+    folder.mkdir()
+    warehouse = FieldSalesWarehouse(export_path=f"{folder / 'fieldsales.duckdb'} ")
+    with pytest.raises(Exception, match=r"duckdb_path .* has whitespace around its name"):
+        warehouse.export()
+    assert list(folder.iterdir()) == []

@@ -30,7 +30,7 @@ import duckdb
 from pydantic import Field, field_validator, model_validator
 
 from fieldsales_dagster.loading.modes import RefreshMode, validate_refresh_mode
-from fieldsales_dagster.paths import resolved
+from fieldsales_dagster.paths import check_file_setting, resolved
 from fieldsales_dagster.pause import pause_at
 from fieldsales_dagster.settings import setting_field
 from fieldsales_dagster.warehouse.lake import (
@@ -240,6 +240,15 @@ class FieldSalesWarehouse(dg.ConfigurableResource):
         ``None`` when no export is set. Raises ``ExportError`` naming the file and the cause."""
         if not self.export_path:
             return None
+        # As the component checks it at load time, for a warehouse built by hand too (a name
+        # with whitespace around it, a folder that is not there).
+        check_file_setting(
+            self.export_path,
+            setting="duckdb_path",
+            variable="FIELDSALES_DUCKDB_PATH",
+            create_dirs=self.create_dirs,
+            create=self.create_dirs,
+        )
         return export_snapshot(
             self.lake,
             resolved(self.export_path),  # a link stays; the rename replaces its target
