@@ -10,6 +10,7 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import dagster as dg
@@ -129,6 +130,27 @@ def test_a_failing_export_fails_its_step_and_the_run_and_keeps_lake_and_previous
     assert not list(tmp_path.glob(".export.duckdb.export-*"))
     with warehouse.read_connection() as conn:  # the refresh itself was committed
         assert conn.execute(COUNTS).fetchone()[0] == demo_server.dataset.count("transactions")
+
+
+def test_the_next_export_removes_what_a_killed_export_left(demo_server, tmp_path):
+    target = tmp_path / "export.duckdb"
+    warehouse = make_warehouse(tmp_path, export_path=str(target))
+    dead = tmp_path / ".export.duckdb.export-0badf00d"
+    live = tmp_path / ".export.duckdb.export-0000beef"
+    for path in (dead, Path(f"{dead}.wal"), live):
+        path.write_bytes(b"half an export")
+    old = time.time() - lake_module.DEAD_EXPORT_AGE_S - 60
+    os.utime(dead, (old, old))
+    other = tmp_path / ".other.duckdb.export-0badf00d"  # another target's: not this export's
+    other.write_bytes(b"x")
+    os.utime(other, (old, old))
+
+    assert run(demo_server, tmp_path, warehouse).success
+
+    assert not dead.exists() and not Path(f"{dead}.wal").exists()
+    assert live.exists()  # written to moments ago: possibly a live export, kept
+    assert other.exists()
+    assert read(target)
 
 
 HOLDER = """

@@ -852,6 +852,7 @@ def export_snapshot(
     """
     started = time.monotonic()
     check_export_target(target, lake)
+    sweep_dead_exports(target)
     temporary = target.with_name(f".{target.name}{EXPORT_INFIX}{secrets.token_hex(4)}")
     snapshot: int | None = None
     tables = 0
@@ -908,6 +909,28 @@ def export_snapshot(
         _remove(temporary)
         raise
     return Export(target, int(snapshot), tables, size, time.monotonic() - started)
+
+
+#: A temporary export untouched this long was left by a dead export: a live one writes it
+#: continuously, and exports of one target never overlap (the export asset has a pool of its own).
+DEAD_EXPORT_AGE_S = 600
+
+
+def sweep_dead_exports(target: Path, now: float | None = None) -> list[Path]:
+    """Remove the temporary files that killed exports of ``target`` left beside it."""
+    now = time.time() if now is None else now
+    swept = []
+    for temporary in target.parent.glob(f".{target.name}{EXPORT_INFIX}*"):
+        if temporary.name.endswith(".wal"):
+            continue
+        try:
+            dead = now - temporary.stat().st_mtime > DEAD_EXPORT_AGE_S
+        except FileNotFoundError:
+            continue
+        if dead:
+            _remove(temporary)
+            swept.append(temporary)
+    return swept
 
 
 def _remove(temporary: Path) -> None:
