@@ -44,8 +44,8 @@ from fieldsales_dagster.automation.sensors import (
     build_core_automation_sensor,
     build_token_renewal_sensor,
 )
+from fieldsales_dagster.client.api import FieldSalesAPI
 from fieldsales_dagster.client.errors import FieldSalesAPIError
-from fieldsales_dagster.client.resource import FieldSalesAPI
 from fieldsales_dagster.client.urls import validate_base_url
 from fieldsales_dagster.loading.refresh_mode import RefreshMode
 from fieldsales_dagster.names import InstanceNames
@@ -60,7 +60,7 @@ from fieldsales_dagster.tenancy import Claim, refuse_shared_claims
 from fieldsales_dagster.token.renewal import RenewalPolicy
 from fieldsales_dagster.token.secret import clean_token
 from fieldsales_dagster.warehouse.lake import Lake, check_catalog, old_warehouse_warning
-from fieldsales_dagster.warehouse.resource import PROJECT_SCHEMAS, FieldSalesWarehouse
+from fieldsales_dagster.warehouse.warehouse import PROJECT_SCHEMAS, FieldSalesWarehouse
 
 #: ``{{ env.NAME }}`` or ``{{ env('NAME') }}``: the only accepted form of a secret in YAML.
 _ENV_REFERENCE = re.compile(

@@ -28,7 +28,7 @@ from fieldsales_dagster.warehouse.lake import (
     connect,
     run_transaction,
 )
-from fieldsales_dagster.warehouse.resource import FieldSalesWarehouse
+from fieldsales_dagster.warehouse.warehouse import FieldSalesWarehouse
 from fieldsales_dagster_tests.conftest import make_api
 from fieldsales_dagster_tests.postgres import Postgres, running_postgres
 from fieldsales_dagster_tests.project import (

@@ -8,10 +8,10 @@ import os
 import duckdb
 import pytest
 
+from fieldsales_dagster.client.api import FieldSalesAPI
 from fieldsales_dagster.client.endpoints import TRANSACTIONS
 from fieldsales_dagster.client.errors import PageFormatError
 from fieldsales_dagster.client.pager import ItemTooLargeError, PagingError
-from fieldsales_dagster.client.resource import FieldSalesAPI
 from fieldsales_dagster.loading.raw_load import (
     MAX_ITEM_BYTES,
     RawLoadError,
@@ -340,9 +340,9 @@ def test_list_growing_while_it_is_paged_is_repaired_with_few_extra_requests(
 KILLED_LOAD = """
 import sys
 from fieldsales_dagster.client.endpoints import TRANSACTIONS
-from fieldsales_dagster.client.resource import FieldSalesAPI
+from fieldsales_dagster.client.api import FieldSalesAPI
 from fieldsales_dagster.loading.raw_load import load_list
-from fieldsales_dagster.warehouse.resource import FieldSalesWarehouse
+from fieldsales_dagster.warehouse.warehouse import FieldSalesWarehouse
 
 base_url, token, catalog, data_path = sys.argv[1:]
 api = FieldSalesAPI(base_url=base_url, api_token=token, use_token_store=False, page_size=10,

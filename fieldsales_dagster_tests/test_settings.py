@@ -12,10 +12,10 @@ import yaml
 from pydantic import ValidationError
 from pydantic_core import PydanticUndefined
 
-from fieldsales_dagster.client.resource import FieldSalesAPI
+from fieldsales_dagster.client.api import FieldSalesAPI
 from fieldsales_dagster.component import FieldSalesComponent, SettingError
 from fieldsales_dagster.settings import RETIRED_SETTINGS, SETTING_KEY, SETTINGS, Setting
-from fieldsales_dagster.warehouse.resource import FieldSalesWarehouse
+from fieldsales_dagster.warehouse.warehouse import FieldSalesWarehouse
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
 CONFIGURATION = REPO_ROOT / "docs" / "configuration.md"

@@ -15,7 +15,7 @@ from pydantic_core import PydanticUndefined
 
 from fieldsales_dagster.component import FieldSalesComponent, SettingError
 from fieldsales_dagster.settings import SETTINGS
-from fieldsales_dagster.warehouse.resource import FieldSalesWarehouse
+from fieldsales_dagster.warehouse.warehouse import FieldSalesWarehouse
 from fieldsales_dagster_tests.project import load_project_defs
 
 BASE_URL = "http://127.0.0.1:9"

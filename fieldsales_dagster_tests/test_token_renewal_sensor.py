@@ -20,10 +20,10 @@ import pytest
 import requests
 
 from fieldsales_dagster.automation.sensors import build_token_renewal_sensor
+from fieldsales_dagster.client.api import FieldSalesAPI
 from fieldsales_dagster.client.endpoints import CHECK_TOKEN_PATH, GENERATE_TOKEN_PATH
 from fieldsales_dagster.client.errors import AuthenticationError
 from fieldsales_dagster.client.pager import ListStats
-from fieldsales_dagster.client.resource import FieldSalesAPI
 from fieldsales_dagster.demo_api import DemoConfig, DemoServer
 from fieldsales_dagster.names import InstanceNames
 from fieldsales_dagster.settings import SETTINGS
@@ -262,7 +262,7 @@ RENEWER_SCRIPT = textwrap.dedent(
     from fieldsales_dagster.token import renewal
     from fieldsales_dagster.settings import SETTINGS
     from fieldsales_dagster.token.renewal import RenewalPolicy
-    from fieldsales_dagster.client.resource import FieldSalesAPI
+    from fieldsales_dagster.client.api import FieldSalesAPI
     from fieldsales_dagster.token.store import TokenStore
 
     base_url, env_token, store_path, go_file, mode = sys.argv[1:]

@@ -21,7 +21,7 @@ import yaml
 
 from fieldsales_dagster.warehouse.lake import one_transaction
 from fieldsales_dagster.warehouse.pii import hmac_pads, hmac_sql, redact_pii_keys
-from fieldsales_dagster.warehouse.resource import FieldSalesWarehouse, qualified, quote_ident
+from fieldsales_dagster.warehouse.warehouse import FieldSalesWarehouse, qualified, quote_ident
 
 #: Tag on the column schema's personal-data columns.
 PII_TAG = "pii"

@@ -39,7 +39,7 @@ from fieldsales_dagster.token.secret import TokenFormatError, clean_token
 from fieldsales_dagster.token.store import StoredToken, TokenStore, TokenStoreError
 
 if TYPE_CHECKING:
-    from fieldsales_dagster.client.resource import FieldSalesAPI
+    from fieldsales_dagster.client.api import FieldSalesAPI
 
 TOKEN_LIFETIME = timedelta(days=TOKEN_LIFETIME_DAYS)
 #: How often a token that is not due for renewal is tested against the server.
