@@ -26,8 +26,8 @@ import duckdb
 from fieldsales_dagster.assets.core import CORE_TABLES, CoreTable, shared_macros_sql
 from fieldsales_dagster.assets.mart import MART_TABLES
 from fieldsales_dagster.names import InstanceNames
+from fieldsales_dagster.warehouse.quoting import qualified, quote_ident
 from fieldsales_dagster.warehouse.rows import one_row
-from fieldsales_dagster.warehouse.warehouse import qualified, quote_ident
 
 #: How many offending rows a check names in its metadata.
 SAMPLE_SIZE = 5

@@ -59,10 +59,10 @@ from fieldsales_dagster.loading.refresh_mode import (
 )
 from fieldsales_dagster.pause import pause_at
 from fieldsales_dagster.warehouse.lake import drop_table, run_transaction
+from fieldsales_dagster.warehouse.quoting import qualified
 from fieldsales_dagster.warehouse.rows import one_row
 from fieldsales_dagster.warehouse.warehouse import (
     FieldSalesWarehouse,
-    qualified,
     same_database_cursor,
     staging_table,
     table_exists,

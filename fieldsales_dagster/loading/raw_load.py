@@ -52,10 +52,9 @@ from fieldsales_dagster.client.pager import (
 from fieldsales_dagster.pause import pause_at
 from fieldsales_dagster.settings import SETTINGS
 from fieldsales_dagster.warehouse.lake import drop_table, in_transaction, run_transaction
+from fieldsales_dagster.warehouse.quoting import qualified, quote_ident
 from fieldsales_dagster.warehouse.rows import one_row
 from fieldsales_dagster.warehouse.warehouse import (
-    qualified,
-    quote_ident,
     replace_table,
     spool_folder,
     staging_table,

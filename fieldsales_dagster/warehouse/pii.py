@@ -24,8 +24,8 @@ from typing import Literal
 
 import duckdb
 
+from fieldsales_dagster.warehouse.quoting import qualified
 from fieldsales_dagster.warehouse.rows import one_row
-from fieldsales_dagster.warehouse.warehouse import qualified
 
 PiiPolicy = Literal["keep", "hash", "drop"]
 

@@ -46,6 +46,7 @@ from fieldsales_dagster.warehouse.lake import (
     run_transaction,
     writer_connection,
 )
+from fieldsales_dagster.warehouse.quoting import qualified, quote_ident
 from fieldsales_dagster.warehouse.rows import one_row
 
 T = TypeVar("T")
@@ -285,16 +286,6 @@ def spool_folder(database: Path) -> Path:
     """Where raw loads spool pages, for a database whose local files sit at ``database``."""
     database = database.resolve()
     return database.parent / SPOOL_DIR_NAME / database.name
-
-
-def quote_ident(name: str) -> str:
-    return '"' + name.replace('"', '""') + '"'
-
-
-def qualified(table: str) -> str:
-    """``schema.table`` -> ``"schema"."table"``."""
-    schema, _, name = table.partition(".")
-    return f"{quote_ident(schema)}.{quote_ident(name)}"
 
 
 def table_exists(conn: duckdb.DuckDBPyConnection, table: str) -> bool:
