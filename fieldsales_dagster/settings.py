@@ -39,8 +39,9 @@ TOKEN_LIFETIME_DAYS = 60
 #: default 192MB: a 20 MB item is read into a table, 12 MB are decoded (``payload->>'key'``), 16 MB
 #: run out of memory; under 1GB an 80 MB item is decoded.
 ITEM_SHARE_OF_MEMORY = 16
-#: Schemas the project writes and rebuilds (also warehouse.PROJECT_SCHEMAS): a DuckDB export may
-#: not be named after one, nor may user_schema be one.
+#: The schemas the project writes and rebuilds. Anything else in the lake (``analytics``, a
+#: team's own schema) belongs to its users: never dropped. A DuckDB export may not be named after
+#: one, nor may user_schema be one.
 PROJECT_SCHEMAS = frozenset({"raw", "core", "mart", "meta"})
 _IDENTIFIER = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 _MEMORY = re.compile(r"^\d+(\.\d+)?\s*(B|KB|MB|GB|TB|KiB|MiB|GiB|TiB)$", re.IGNORECASE)

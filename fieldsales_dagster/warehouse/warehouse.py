@@ -51,9 +51,6 @@ from fieldsales_dagster.warehouse.rows import one_row
 
 T = TypeVar("T")
 
-#: The schemas the project writes and rebuilds. Anything else in the lake (``analytics``, a
-#: team's own schema) belongs to its users: never dropped.
-PROJECT_SCHEMAS = frozenset({"raw", "core", "mart", "meta"})
 #: Spool files of raw loads: ``<local folder>/.fieldsales_spool/lake/``.
 SPOOL_DIR_NAME = ".fieldsales_spool"
 #: The folder of a lake's local files (DuckDB's spills, the raw loads' spools), beside a SQLite
