@@ -24,7 +24,7 @@ from fieldsales_dagster.assets.core import CORE_TABLES, build_described_table
 from fieldsales_dagster.assets.mart import MART_TABLES
 from fieldsales_dagster.client.endpoints import EVENT_GROUPS, EVENTS, TRANSACTIONS
 from fieldsales_dagster.loading.raw_load import raw_table_ddl
-from fieldsales_dagster.warehouse.resource import FieldSalesWarehouse
+from fieldsales_dagster.warehouse.warehouse import FieldSalesWarehouse
 
 DEFAULT_DATABASE = Path(__file__).parent / "work" / "core_decode.duckdb"
 CONFIGS = 25

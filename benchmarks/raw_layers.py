@@ -33,9 +33,9 @@ from pathlib import Path
 
 import duckdb
 
+from fieldsales_dagster.client.api import FieldSalesAPI
 from fieldsales_dagster.client.endpoints import TRANSACTIONS
 from fieldsales_dagster.client.pager import ListStats, PageExecutor, Stream, key_decoder
-from fieldsales_dagster.client.resource import FieldSalesAPI
 from fieldsales_dagster.loading.raw_load import (
     _insert_sql,
     _write_all,
@@ -43,7 +43,7 @@ from fieldsales_dagster.loading.raw_load import (
     raw_table_ddl,
     spool_parts,
 )
-from fieldsales_dagster.warehouse.resource import FieldSalesWarehouse
+from fieldsales_dagster.warehouse.warehouse import FieldSalesWarehouse
 
 LAYERS = ("fetch", "spool", "insert", "load")
 

@@ -49,7 +49,7 @@ from benchmarks.harness import (
     measure,
     prepare_dagster_home,
 )
-from fieldsales_dagster.client.resource import FieldSalesAPI  # noqa: E402
+from fieldsales_dagster.client.api import FieldSalesAPI  # noqa: E402
 from fieldsales_dagster.warehouse.lake import Lake
 from fieldsales_dagster.warehouse.lake import connect as connect_lake
 

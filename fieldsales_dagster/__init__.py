@@ -28,7 +28,7 @@ def __getattr__(name: str) -> Any:
 
         return FieldSalesComponent
     if name == "FieldSalesWarehouse":
-        from fieldsales_dagster.warehouse.resource import FieldSalesWarehouse
+        from fieldsales_dagster.warehouse.warehouse import FieldSalesWarehouse
 
         return FieldSalesWarehouse
     raise AttributeError(f"module 'fieldsales_dagster' has no attribute {name!r}")

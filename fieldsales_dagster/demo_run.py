@@ -27,8 +27,8 @@ import yaml
 
 from fieldsales_dagster.names import InstanceNames
 from fieldsales_dagster.warehouse.lake import DEFAULT_CATALOG, DEFAULT_DATA_PATH, move_tenant
-from fieldsales_dagster.warehouse.resource import FieldSalesWarehouse
 from fieldsales_dagster.warehouse.rows import one_row
+from fieldsales_dagster.warehouse.warehouse import FieldSalesWarehouse
 
 DEFAULT_DAGSTER_HOME = ".dagster_home"
 #: The local instance settings, copied into the demo's Dagster home (run from the project folder).

@@ -13,8 +13,8 @@ from typing import Any, Generic, TypeVar
 
 import dagster as dg
 
-from fieldsales_dagster.client.resource import FieldSalesAPI
-from fieldsales_dagster.warehouse.resource import FieldSalesWarehouse
+from fieldsales_dagster.client.api import FieldSalesAPI
+from fieldsales_dagster.warehouse.warehouse import FieldSalesWarehouse
 
 #: Run tag every refresh carries; the instance's run queue allows one such run per tag value.
 REFRESH_TAG = "fieldsales/refresh"

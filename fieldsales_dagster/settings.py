@@ -1,21 +1,35 @@
-"""Every setting of a Field-Sales instance, defined once: default, range, variable and meaning.
+"""Every setting of a Field-Sales instance, declared once: the component's YAML model.
 
-The component's model (``component.py``) declares each setting as a field made here
-(``setting_field``); a resource or policy that receives a setting (``FieldSalesAPI``,
-``FieldSalesWarehouse``) declares its field the same way, so a resource built by hand (README,
-"Build on it") has the component's default and range, and no number is written twice. The
-default ``defs.yaml`` only names each setting's variable (an unset one leaves the default
-below), and a test walks every setting against the component, the resources, ``defs.yaml`` and
-the README's table. No Dagster here, and nothing is read from the environment.
+A setting is one field of the model of its concern, ``api:``, ``storage:``, ``refresh:``, ``pii:``
+or ``alerts:`` (or of the instance itself: ``key_prefix``, ``owners``, ...), made with
+``setting(...)``: its default, range, ``FIELDSALES_*`` variable and meaning are written there and
+nowhere else. The concern's model resolves into what it configures (``component.py``:
+``ApiSettings`` -> ``FieldSalesAPI``, ``StorageSettings`` and ``PiiSettings`` ->
+``FieldSalesWarehouse``, ``AlertsSettings`` -> the alert policy). ``SETTINGS`` lists them all by
+their flat name; a resource built by hand (README, "Build on it") declares a field with
+``setting_field(name)`` and gets the same default and range. A test walks every setting against
+the resources, the default ``defs.yaml`` and the tables of docs/configuration.md and
+docs/alerts.md. The flat keys of earlier releases (``page_size: 100``) are still read, with a
+warning naming the new spelling (``api: {page_size: 100}``). Nothing is read from the
+environment here.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-from typing import Any
+import re
+import warnings
+from dataclasses import dataclass, replace
+from datetime import UTC, datetime, timedelta
+from pathlib import Path
+from typing import Annotated, Any, ClassVar, Literal
+from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
 
-from pydantic import Field
+import dagster as dg
+from pydantic import BaseModel, Field, ValidationError, field_validator, model_validator
 from pydantic_core import PydanticUndefined
+
+from fieldsales_dagster.loading.modes import RefreshMode
+from fieldsales_dagster.warehouse.lake import check_catalog
 
 #: The key of a field's ``json_schema_extra`` that names the setting it holds.
 SETTING_KEY = "fieldsales_setting"
@@ -25,12 +39,36 @@ TOKEN_LIFETIME_DAYS = 60
 #: default 192MB: a 20 MB item is read into a table, 12 MB are decoded (``payload->>'key'``), 16 MB
 #: run out of memory; under 1GB an 80 MB item is decoded.
 ITEM_SHARE_OF_MEMORY = 16
+#: The schemas the project writes and rebuilds. Anything else in the lake (``analytics``, a
+#: team's own schema) belongs to its users: never dropped. A DuckDB export may not be named after
+#: one, nor may user_schema be one.
+PROJECT_SCHEMAS = frozenset({"raw", "core", "mart", "meta"})
+_IDENTIFIER = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
+_MEMORY = re.compile(r"^\d+(\.\d+)?\s*(B|KB|MB|GB|TB|KiB|MiB|GiB|TiB)$", re.IGNORECASE)
+_UNITS = {"b": 1e-6, "kb": 1e-3, "mb": 1, "gb": 1e3, "tb": 1e6}
+_UNITS |= {"kib": 1024 / 1e6, "mib": 1.048576, "gib": 1073.741824, "tib": 1099511.627776}
+#: ``{{ env.NAME }}`` or ``{{ env('NAME') }}``: the only accepted form of a secret in YAML.
+_ENV_REFERENCE = re.compile(
+    r"""^\{\{\s*env(?:\.(?P<attr>[A-Za-z_][A-Za-z0-9_]*)|\(\s*['"](?P<call>[A-Za-z_][A-Za-z0-9_]*)['"]\s*\))\s*\}\}$"""
+)
+#: What ``api_token`` resolves to when the YAML holds anything but an ``env`` reference. The load
+#: then fails in ``build_resources``, whose message cannot echo the YAML line (Dagster's own
+#: resolution errors quote it, and the line would be the token).
+NOT_AN_ENV_REFERENCE = "<not an environment variable reference>"
+#: The one value the retired ``storage`` setting (now ``storage.engine``) still accepts.
+LAKE_STORAGE = "ducklake"
+
+
+class SettingError(ValueError):
+    """A setting of the component is missing or out of range."""
 
 
 @dataclass(frozen=True)
 class Setting:
     """One setting: its default (``PydanticUndefined``: required), the ``FIELDSALES_*`` variable
-    the default ``defs.yaml`` reads it from (``""``: none), and what it accepts, in words."""
+    the default ``defs.yaml`` reads it from (``""``: none), and what it accepts, in words.
+    ``name`` is its flat name (a resource's ``setting_field``, the releases before the nested
+    YAML); ``group`` and ``key`` place it in the YAML (``spelling``)."""
 
     name: str
     default: Any
@@ -42,8 +80,18 @@ class Setting:
     ge: float | None = None
     lt: float | None = None
     le: float | None = None
-    #: What an unset (``None``) default means, for the README and the field's description.
+    #: What an unset (``None``) default means, for the docs and the field's description.
     unset: str = "none"
+    group: str = ""
+    key: str = ""
+    #: The default as the docs show it, when it is not the default itself (the token's).
+    shown: str = ""
+
+    @property
+    def spelling(self) -> str:
+        """Where the YAML sets it: ``api.page_size``, or ``key_prefix`` for the instance's own."""
+        key = self.key or self.name
+        return f"{self.group}.{key}" if self.group else key
 
     @property
     def bounds(self) -> dict[str, float]:
@@ -69,7 +117,9 @@ class Setting:
 
     @property
     def shown_default(self) -> str:
-        """The default as the README shows it."""
+        """The default as the docs show it."""
+        if self.shown:
+            return self.shown
         if self.default is PydanticUndefined:
             return "required"
         if self.default is None:
@@ -91,7 +141,7 @@ class Setting:
         )
 
     def field(self, *, bounded: bool = True) -> Any:
-        """The pydantic field: default, description and (if ``bounded``) the range."""
+        """The pydantic field of a resource: default, description and (if ``bounded``) range."""
         where = f" ({self.variable})" if self.variable else ""
         unset = f" Default: {self.unset}." if self.default is None else ""
         if isinstance(self.default, list):
@@ -108,302 +158,723 @@ class Setting:
         )
 
 
-_DAYS = "a number of days {range}"
+#: Every setting, by flat name, in the order declared (filled as the models below are defined).
+SETTINGS: dict[str, Setting] = {}
+#: Settings of earlier releases the component still reads, only to say what became of them:
+#: spelling -> its variable. ``storage.engine`` (file or ducklake): DuckLake is the only storage.
+RETIRED_SETTINGS = {"storage.engine": "FIELDSALES_STORAGE"}
 
-SETTINGS: dict[str, Setting] = {
-    setting.name: setting
-    for setting in (
-        Setting(
-            "base_url",
-            PydanticUndefined,
-            "Base URL of the instance, e.g. https://yourcompany.example.com",
-            "an https:// URL of your instance, e.g. https://yourcompany.example.com (plain "
-            "http:// only for loopback hosts such as the bundled demo API)",
-            "FIELDSALES_BASE_URL",
-        ),
-        Setting(
-            "api_token",
-            PydanticUndefined,
-            "'{{ env.FIELDSALES_API_TOKEN }}': the variable holding the API token",
-            "a token from your Field-Sales profile's API tab",
-            "FIELDSALES_API_TOKEN",
-        ),
-        Setting(
-            "token_store_path",
-            "data/fieldsales_token.json",
-            "Where the current (renewed) token is kept; must be on a persistent volume",
-            "a file path on a persistent volume",
-            "FIELDSALES_TOKEN_STORE",
-        ),
-        Setting(
-            "duckdb_path",
-            None,
-            "The optional single-file export: each run that changed tables ends by writing one "
-            "lake snapshot into this DuckDB file, replaced atomically, for tools that open only a "
-            "file. It replaces only a previous export, never another DuckDB file",
-            "a file path, e.g. data/fieldsales.duckdb",
-            "FIELDSALES_DUCKDB_PATH",
-            unset="no export",
-        ),
-        Setting(
-            "create_dirs",
-            False,
-            "Create a missing folder of duckdb_path or token_store_path. Off by default: a "
-            "mistyped volume path fails the load instead of filling local disk",
-            "true or false",
-            "FIELDSALES_CREATE_DIRS",
-        ),
-        Setting(
-            "duckdb_memory_limit",
-            "192MB",
-            "DuckDB memory_limit; larger work spills to disk. Kept small so a nightly refresh "
-            "of millions of rows runs in well under a gigabyte",
-            "a size such as 192MB or 2GB",
-            "FIELDSALES_DUCKDB_MEMORY_LIMIT",
-        ),
-        Setting(
-            "ducklake_catalog",
-            None,
-            "The lake's catalog database: sqlite:<file> for one host (any number of processes), "
-            "or postgres:dbname=... host=... user=... for several machines (no password: it is "
-            "read from ducklake_password_env_var)",
-            "the lake's catalog database: sqlite:FILE (one host) or postgres:dbname=NAME "
-            "host=HOST user=USER (the password in FIELDSALES_DUCKLAKE_PASSWORD)",
-            "FIELDSALES_DUCKLAKE_CATALOG",
-            unset="sqlite:data/fieldsales.ducklake.sqlite",
-        ),
-        Setting(
-            "ducklake_data_path",
-            None,
-            "The folder (or s3:// URL) of the lake's Parquet files. The default folder is "
-            "created with a new lake; a folder you set must exist (an unmounted volume fails the "
-            "run before anything is written)",
-            "an existing folder (or s3:// URL) the lake's Parquet files go to",
-            "FIELDSALES_DUCKLAKE_DATA_PATH",
-            unset="lake/ beside a SQLite catalog (data/lake), created when needed; required with "
-            "PostgreSQL",
-        ),
-        Setting(
-            "ducklake_schema",
-            None,
-            "This tenant's schema in the catalog database (DuckLake's "
-            "METADATA_SCHEMA), so that tenants share one catalog; its files go under "
-            "<data_path>/<schema>",
-            "a plain name: this tenant's schema in the catalog database",
-            unset="the whole catalog",
-        ),
-        Setting(
-            "ducklake_password_env_var",
-            "FIELDSALES_DUCKLAKE_PASSWORD",
-            "The variable holding the PostgreSQL catalog's password (never the password)",
-            "the name of an environment variable",
-        ),
-        Setting(
-            "retain_snapshots_days",
-            7.0,
-            "The lake's upkeep expires snapshots older than this (days); time travel "
-            "reaches back this far",
-            _DAYS,
-            gt=0,
-            le=3660,
-        ),
-        Setting(
-            "page_size",
-            500,
-            "`limit` asked for per page (8 in flight at ~5 KB an item: ~20 MB)",
-            "a whole number {range}",
-            "FIELDSALES_PAGE_SIZE",
-            ge=1,
-            le=10_000,
-        ),
-        Setting(
-            "max_item_mb",
-            4,
-            "The largest item (one transaction, event, ...) a list may hold, in MB; a larger one "
-            "fails the load naming it. duckdb_memory_limit must be 16 times as large",
-            "a whole number of MB {range}, at most a sixteenth of duckdb_memory_limit",
-            "FIELDSALES_MAX_ITEM_MB",
-            ge=1,
-            le=256,  # the largest page an answer may hold (max_page_bytes)
-        ),
-        Setting(
-            "concurrency",
-            8,
-            "Pages in flight at once",
-            "a whole number {range}",
-            "FIELDSALES_CONCURRENCY",
-            ge=1,
-            le=64,
-        ),
-        Setting(
-            "schedule_cron",
-            "0 5 * * *",
-            "When the refresh runs",
-            "a cron expression such as '0 5 * * *'",
-            "FIELDSALES_SCHEDULE_CRON",
-        ),
-        Setting(
-            "schedule_timezone",
-            "UTC",
-            "Time zone of the cron",
-            "an IANA time zone such as UTC or Europe/Vienna",
-            "FIELDSALES_SCHEDULE_TIMEZONE",
-        ),
-        Setting(
-            "token_renew_after_days",
-            45.0,
-            "Renew the token once it is this old (days)",
-            _DAYS + " (the token's lifetime)",
-            "FIELDSALES_TOKEN_RENEW_AFTER_DAYS",
-            gt=0,
-            lt=TOKEN_LIFETIME_DAYS,
-        ),
-        Setting(
-            "refresh_mode",
-            "auto",
-            "How raw.transactions is refreshed: auto (incremental when a complete load exists "
-            "and the last full refresh is younger than full_refresh_every_days, full otherwise), "
-            "full or incremental; run config on raw_transactions overrides it for one run",
-            "auto, full or incremental",
-            "FIELDSALES_REFRESH_MODE",
-        ),
-        Setting(
-            "full_refresh_every_days",
-            7.0,
-            "In auto mode, a full refresh once the last one is this old (days)",
-            _DAYS,
-            gt=0,
-            le=366,
-        ),
-        Setting(
-            "lookback_days",
-            30.0,
-            "Incremental mode re-fetches the transactions of events whose last state change is "
-            "this recent (days), besides new and changed events",
-            _DAYS,
-            ge=0,
-            le=3660,
-        ),
-        Setting(
-            "pii",
-            "keep",
-            "Personal data (names, emails, client IPs) in core.* and mart.*: keep as received, "
-            "hash (keyed HMAC-SHA256; joins still work) or drop (stored as NULL). See "
-            "warehouse/pii.py",
-            "keep, hash or drop",
-            "FIELDSALES_PII",
-        ),
-        Setting(
-            "pii_hash_key_env_var",
-            "FIELDSALES_PII_HASH_KEY",
-            "The variable holding the secret key of pii: hash (never the key itself)",
-            "the name of an environment variable",
-        ),
-        Setting(
-            "redact_pii_in_raw",
-            False,
-            "Set the personal keys (firstName, lastName, email, ip) of raw.* payloads to null at "
-            "ingest, before the new table replaces the old one",
-            "true or false",
-            "FIELDSALES_REDACT_PII_IN_RAW",
-        ),
-        Setting(
-            "alert_webhook_url_env_var",
-            "FIELDSALES_ALERT_WEBHOOK_URL",
-            "The variable holding the webhook URL alerts are posted to, as Slack-compatible JSON "
-            "(a webhook URL is a secret, so the YAML names only its variable); setting that "
-            "variable turns alerts on (docs/alerts.md)",
-            "the name of an environment variable",
-        ),
-        Setting(
-            "alert_email_to",
-            None,
-            "Comma-separated addresses alerts are mailed to through SMTP; setting it turns "
-            "alerts on (docs/alerts.md)",
-            "e-mail addresses separated by commas",
-            "FIELDSALES_ALERT_EMAIL_TO",
-            unset="no e-mail",
-        ),
-        Setting(
-            "alert_email_from",
-            "fieldsales-dagster@localhost",
-            "The sender of alert e-mails",
-            "an e-mail address",
-            "FIELDSALES_ALERT_EMAIL_FROM",
-        ),
-        Setting(
-            "alert_smtp_host",
-            "localhost",
-            "The SMTP server alert e-mails go through (STARTTLS when it offers it)",
-            "a host name",
-            "FIELDSALES_ALERT_SMTP_HOST",
-        ),
-        Setting(
-            "alert_smtp_port",
-            25,
-            "The SMTP server's port",
-            "a port number {range}",
-            "FIELDSALES_ALERT_SMTP_PORT",
-            ge=1,
-            le=65535,
-        ),
-        Setting(
-            "alert_smtp_user",
-            None,
-            "The SMTP login, if the server wants one (its password in alert_smtp_password_env_var)",
-            "a user name",
-            "FIELDSALES_ALERT_SMTP_USER",
-            unset="no login",
-        ),
-        Setting(
-            "alert_smtp_password_env_var",
-            "FIELDSALES_ALERT_SMTP_PASSWORD",
-            "The variable holding the SMTP password (never the password)",
-            "the name of an environment variable",
-        ),
-        Setting(
-            "ui_base_url",
-            None,
-            "The Dagster UI's address, e.g. https://dagster.example.com: an alert links to its "
-            "run there",
-            "an http:// or https:// URL",
-            "FIELDSALES_UI_BASE_URL",
-            unset="no link",
-        ),
-        Setting(
-            "key_prefix",
-            None,
-            "Asset-key prefix of this instance; set it for every tenant but the first",
-            "a name of letters, digits and underscores, starting with a letter",
-        ),
-        Setting(
-            "group_prefix",
-            None,
-            "Prefix of the asset groups (unset: key_prefix)",
-            "a name of letters, digits and underscores, starting with a letter",
-        ),
-        Setting(
-            "owners",
-            ["team:data"],
-            "Owners shown on every asset (emails or team:NAME)",
-            "a list of emails or team:NAME",
-        ),
-        Setting(
-            "user_schema",
-            "analytics",
-            "Where fieldsales_io_manager stores user assets' DataFrames (schema.<asset name>); "
-            "never one of the project's schemas (raw, core, mart, meta)",
-            "a plain name other than raw, core, mart and meta, e.g. analytics",
-        ),
+
+def setting(
+    default: Any,
+    description: str,
+    accepts: str,
+    variable: str = "",
+    *,
+    name: str = "",
+    key: str = "",
+    unset: str = "none",
+    shown: str = "",
+    gt: float | None = None,
+    ge: float | None = None,
+    lt: float | None = None,
+    le: float | None = None,
+) -> Any:
+    """Declare a setting as a field of its concern's model (``SettingsModel``): its default,
+    meaning, what it accepts (``{range}``: its bounds in words), its variable, its flat ``name``
+    and YAML ``key`` when they are not the field's. The bounds are checked by the model, not by
+    pydantic: Dagster copies a field's constraints onto the YAML model, where the value is still
+    a template."""
+    declared = Setting(
+        name, default, description, accepts, variable, gt, ge, lt, le, unset, key=key, shown=shown
     )
-}
+    where = f" ({variable})" if variable else ""
+    more = f" Default: {unset}." if default is None else ""
+    if isinstance(default, list):
+        return Field(
+            default_factory=lambda: list(default),
+            description=f"{description}{where}.{more}",
+            json_schema_extra=_Declared(declared),
+        )
+    # A required setting is None until given, so that "it is not set" can say which it is (and
+    # a flat key of the previous release can still give it).
+    required = default is PydanticUndefined
+    given: Any = None if required else default
+    return Field(
+        given,
+        validate_default=required,
+        description=f"{description}{where}.{more}",
+        json_schema_extra=_Declared(declared),
+    )
+
+
+class _Declared:
+    """A field's ``json_schema_extra`` that carries its ``Setting`` (and, in a JSON schema,
+    names it under ``SETTING_KEY``)."""
+
+    def __init__(self, declared: Setting) -> None:
+        self.setting = declared
+        self.registered = False
+
+    def __call__(self, schema: dict[str, Any]) -> None:
+        schema[SETTING_KEY] = self.setting.name
 
 
 def setting_field(name: str, *, bounded: bool = True) -> Any:
-    """The pydantic field of setting ``name`` (see ``Setting.field``)."""
+    """The pydantic field of setting ``name`` for a resource (see ``Setting.field``)."""
     return SETTINGS[name].field(bounded=bounded)
 
 
-#: Settings of earlier releases the component still reads, only to say what became of them:
-#: name -> its variable. ``storage`` (file or ducklake): DuckLake is the only storage now.
-RETIRED_SETTINGS = {"storage": "FIELDSALES_STORAGE"}
+def received(resource: type[BaseModel], *models: SettingsModel) -> dict[str, Any]:
+    """What ``models`` give ``resource``: each of its fields made by ``setting_field(name)``
+    receives the value of setting ``name``, so a setting reaches its resource by its name alone."""
+    values = {
+        declared.name: getattr(model, field)
+        for model in models
+        for field in type(model).model_fields
+        if (declared := type(model).declared(field)) is not None
+    }
+    return {
+        field: values[str(extra[SETTING_KEY])]
+        for field, info in resource.model_fields.items()
+        if isinstance(extra := info.json_schema_extra, dict) and extra.get(SETTING_KEY) in values
+    }
+
+
+#: Flat name -> (concern, field name): where each setting is declared, and where a flat key of an
+#: earlier release now goes.
+FIELD_OF: dict[str, tuple[str, str]] = {"storage": ("storage", "engine")}
+
+
+def trimmed(value: Any) -> Any:
+    """A setting's value without whitespace around it (each item of a list too)."""
+    if isinstance(value, str):
+        return value.strip()
+    if isinstance(value, list):
+        return [trimmed(item) for item in value]
+    return value
+
+
+def memory_megabytes(limit: str) -> float:
+    """A DuckDB size such as ``192MB`` or ``2GiB``, in MB (``_MEMORY`` matched it already)."""
+    match = re.match(r"^(\d+(?:\.\d+)?)\s*([A-Za-z]+)$", limit.strip())
+    assert match is not None, limit
+    return float(match.group(1)) * _UNITS[match.group(2).lower()]
+
+
+def _ticks(cron: str, timezone: str) -> dg.TimeWindowPartitionsDefinition:
+    """The next few ticks of ``cron``, as the windows of a time-partitioned definition: Dagster's
+    public way to its own cron rules and tick times (its schedules use the same). An invalid
+    expression raises ``DagsterInvalidDefinitionError``."""
+    return dg.TimeWindowPartitionsDefinition(
+        cron_schedule=cron,
+        start=datetime.now(UTC),
+        timezone=timezone,
+        fmt="%Y-%m-%dT%H:%M:%S",
+        end_offset=8,
+    )
+
+
+def schedule_interval(cron: str, timezone: str) -> timedelta:
+    """The longest gap between two of the next few ticks of ``cron``."""
+    ticks = _ticks(cron, timezone)
+    windows = [
+        ticks.time_window_for_partition_key(key)
+        for key in ticks.get_partition_keys(current_time=datetime.now(UTC))
+    ]
+    return max(window.end - window.start for window in windows)
+
+
+def secret_env_var(context: dg.ResolutionContext | None, raw: Any) -> str:
+    """The name of the environment variable a secret is read from, never the secret itself.
+
+    The YAML must say ``{{ env.FIELDSALES_API_TOKEN }}`` (or another variable): the resource then
+    reads it as a Dagster ``EnvVar`` at run time, so the UI and run config show the name only.
+    """
+    match = _ENV_REFERENCE.match(raw.strip()) if isinstance(raw, str) else None
+    return (match.group("attr") or match.group("call")) if match else NOT_AN_ENV_REFERENCE
+
+
+def check_lake_location(catalog: str | None, data_path: str | None) -> str | None:
+    """``catalog`` if the lake can live there (``lake.check_catalog``) with ``data_path``; a
+    PostgreSQL catalog needs a data path every machine sees. Checked by the ``storage:`` model and
+    by a ``FieldSalesWarehouse`` built by hand alike."""
+    catalog = check_catalog(catalog.strip()) if catalog and catalog.strip() else None
+    if (catalog or "").startswith("postgres:") and not data_path:
+        setting = SETTINGS["ducklake_data_path"]
+        raise SettingError(
+            f"Field-Sales setting {setting.spelling} (from {setting.variable}) is not set, and a "
+            "PostgreSQL catalog (FIELDSALES_DUCKLAKE_CATALOG) needs it: the folder every "
+            "machine sees (a shared volume) or an s3:// URL for the lake's Parquet files. "
+            f"Set it in defs.yaml or through {setting.variable} and load again."
+        )
+    return catalog
+
+
+def _plain_name(value: str | None) -> str | None:
+    if value and not _IDENTIFIER.match(value):
+        raise ValueError("it is not a plain name")
+    return value or None
+
+
+class SettingsModel(dg.Model, dg.Resolvable):
+    """The settings of one concern (``GROUP``), each declared by ``setting(...)``. An unset (or
+    empty) value keeps the default (the default ``defs.yaml`` reads every setting as
+    ``"{{ env.FIELDSALES_... }}"``, and an unset variable renders as nothing); whitespace around
+    a value is trimmed; a bad value fails with one paragraph naming the setting, its variable
+    and what it accepts."""
+
+    GROUP: ClassVar[str] = ""
+
+    @classmethod
+    def __pydantic_init_subclass__(cls, **kwargs: Any) -> None:
+        super().__pydantic_init_subclass__(**kwargs)
+        for field, info in cls.model_fields.items():
+            extra = info.json_schema_extra
+            if not isinstance(extra, _Declared) or extra.registered:
+                continue  # not a setting, or one of a model this one extends
+            given = extra.setting
+            extra.setting = replace(
+                given, name=given.name or field, key=given.key or field, group=cls.GROUP
+            )
+            extra.registered = True
+            SETTINGS[extra.setting.name] = extra.setting
+            FIELD_OF[extra.setting.name] = (cls.GROUP, field)
+
+    @classmethod
+    def declared(cls, field: str | None) -> Setting | None:
+        info = cls.model_fields.get(field or "")
+        extra = info.json_schema_extra if info is not None else None
+        return extra.setting if isinstance(extra, _Declared) else None
+
+    @classmethod
+    def flat_keys(cls, values: dict[str, Any], *, yaml: bool = False) -> dict[str, Any]:
+        """Hook of the instance's model: the flat keys of earlier releases, nested."""
+        return values
+
+    @model_validator(mode="wrap")
+    @classmethod
+    def _explain(cls, values: Any, handler: Any) -> Any:
+        if isinstance(values, dict):
+            values = {key: trimmed(value) for key, value in cls.flat_keys(values).items()}
+            values = {
+                key: value
+                for key, value in values.items()
+                if not (
+                    value in (None, "")
+                    and (declared := cls.declared(key)) is not None
+                    and declared.default is not PydanticUndefined
+                )
+            }
+        try:
+            return handler(values)
+        except ValidationError as exc:
+            raise SettingError(cls._explained(exc, values)) from None
+
+    @classmethod
+    def _explained(cls, exc: ValidationError, values: Any) -> str:
+        errors = exc.errors()
+        first = errors[0]
+        cause = (first.get("ctx") or {}).get("error")
+        if isinstance(cause, SettingError):  # a concern's own paragraph, or a check of several
+            return str(cause)
+        field = str(first["loc"][0]) if first["loc"] else "?"
+        declared = cls.declared(field)
+        spelling = f"{cls.GROUP}.{field}" if cls.GROUP else field
+        variable, accepts = RETIRED_SETTINGS.get(spelling, ""), "nothing any more (leave it unset)"
+        if declared is not None:
+            spelling, variable, accepts = declared.spelling, declared.variable, declared.help
+        elif spelling not in RETIRED_SETTINGS:
+            accepts = "a valid value"
+        why = "; ".join(
+            error["msg"].removeprefix("Value error, ")
+            for error in errors
+            if error["loc"][:1] == first["loc"][:1]
+        )
+        where = f" (from {variable})" if variable else ""
+        value = values.get(field) if isinstance(values, dict) else None
+        shown = "" if declared is not None and declared.name == "api_token" else f" Got {value!r}."
+        return (
+            f"Field-Sales setting {spelling}{where} is invalid: {why}.{shown} It takes {accepts}; "
+            f"set it in defs.yaml{' or through ' + variable if variable else ''} and load again."
+        )
+
+    @field_validator("*")
+    @classmethod
+    def _in_range(cls, value: Any, info: Any) -> Any:
+        declared = cls.declared(info.field_name)
+        if declared is not None and declared.bounds and not declared.inside(value):
+            raise ValueError("it is out of range")
+        return value
+
+
+_DAYS = "a number of days {range}"
+_VARIABLE = "the name of an environment variable"
+
+
+class ApiSettings(SettingsModel):
+    """``api:``: the Field-Sales instance, its token and how its lists are read; resolves into
+    the ``FieldSalesAPI`` resource and the token-renewal policy."""
+
+    GROUP: ClassVar[str] = "api"
+
+    base_url: str | None = setting(
+        PydanticUndefined,
+        "Base URL of the instance, e.g. https://yourcompany.example.com",
+        "an https:// URL of your instance, e.g. https://yourcompany.example.com (plain "
+        "http:// only for loopback hosts such as the bundled demo API)",
+        "FIELDSALES_BASE_URL",
+    )
+    api_token_env_var: Annotated[
+        str,
+        dg.Resolver(
+            secret_env_var,
+            model_field_name="api_token",
+            model_field_type=str,
+            inject_before_resolve=False,
+            description="'{{ env.FIELDSALES_API_TOKEN }}': the variable holding the API token.",
+        ),
+    ] = setting(
+        "FIELDSALES_API_TOKEN",
+        "'{{ env.FIELDSALES_API_TOKEN }}': the variable holding the API token",
+        "a token from your Field-Sales profile's API tab",
+        "FIELDSALES_API_TOKEN",
+        name="api_token",
+        key="api_token",
+        shown="required",
+    )
+    token_store_path: str = setting(
+        "data/fieldsales_token.json",
+        "Where the current (renewed) token is kept; must be on a persistent volume",
+        "a file path on a persistent volume",
+        "FIELDSALES_TOKEN_STORE",
+    )
+    page_size: int = setting(
+        500,
+        "`limit` asked for per page (8 in flight at ~5 KB an item: ~20 MB)",
+        "a whole number {range}",
+        "FIELDSALES_PAGE_SIZE",
+        ge=1,
+        le=10_000,
+    )
+    max_item_mb: int = setting(
+        4,
+        "The largest item (one transaction, event, ...) a list may hold, in MB; a larger one "
+        "fails the load naming it. duckdb_memory_limit must be 16 times as large",
+        "a whole number of MB {range}, at most a sixteenth of duckdb_memory_limit",
+        "FIELDSALES_MAX_ITEM_MB",
+        ge=1,
+        le=256,  # the largest page an answer may hold (max_page_bytes)
+    )
+    concurrency: int = setting(
+        8,
+        "Pages in flight at once",
+        "a whole number {range}",
+        "FIELDSALES_CONCURRENCY",
+        ge=1,
+        le=64,
+    )
+    token_renew_after_days: float = setting(
+        45.0,
+        "Renew the token once it is this old (days)",
+        _DAYS + " (the token's lifetime)",
+        "FIELDSALES_TOKEN_RENEW_AFTER_DAYS",
+        gt=0,
+        lt=TOKEN_LIFETIME_DAYS,
+    )
+
+    @field_validator("base_url")
+    @classmethod
+    def _base_url(cls, value: str | None) -> str:
+        # The client's URL rules; imported here, so that storage loads without the client.
+        from fieldsales_dagster.client.errors import FieldSalesAPIError  # noqa: PLC0415
+        from fieldsales_dagster.client.urls import validate_base_url  # noqa: PLC0415
+
+        if not value or not value.strip():
+            raise ValueError("it is not set")
+        try:
+            return validate_base_url(value)
+        except FieldSalesAPIError as exc:
+            raise ValueError(str(exc).rstrip(".")) from None
+
+
+class StorageSettings(SettingsModel):
+    """``storage:``: the lake, its upkeep, the optional single-file export and DuckDB's memory;
+    resolves into the ``FieldSalesWarehouse`` resource."""
+
+    GROUP: ClassVar[str] = "storage"
+
+    duckdb_path: str | None = setting(
+        None,
+        "The optional single-file export: each run that changed tables ends by writing one "
+        "lake snapshot into this DuckDB file, replaced atomically, for tools that open only a "
+        "file. It replaces only a previous export, never another DuckDB file",
+        "a file path, e.g. data/fieldsales.duckdb",
+        "FIELDSALES_DUCKDB_PATH",
+        unset="no export",
+    )
+    create_dirs: bool = setting(
+        False,
+        "Create a missing folder of duckdb_path or token_store_path. Off by default: a "
+        "mistyped volume path fails the load instead of filling local disk",
+        "true or false",
+        "FIELDSALES_CREATE_DIRS",
+    )
+    duckdb_memory_limit: str = setting(
+        "192MB",
+        "DuckDB memory_limit; larger work spills to disk. Kept small so a nightly refresh "
+        "of millions of rows runs in well under a gigabyte",
+        "a size such as 192MB or 2GB",
+        "FIELDSALES_DUCKDB_MEMORY_LIMIT",
+    )
+    ducklake_catalog: str | None = setting(
+        None,
+        "The lake's catalog database: sqlite:<file> for one host (any number of processes), "
+        "or postgres:dbname=... host=... user=... for several machines (no password: it is "
+        "read from ducklake_password_env_var)",
+        "the lake's catalog database: sqlite:FILE (one host) or postgres:dbname=NAME "
+        "host=HOST user=USER (the password in FIELDSALES_DUCKLAKE_PASSWORD)",
+        "FIELDSALES_DUCKLAKE_CATALOG",
+        unset="sqlite:data/fieldsales.ducklake.sqlite",
+    )
+    ducklake_data_path: str | None = setting(
+        None,
+        "The folder (or s3:// URL) of the lake's Parquet files. The default folder is "
+        "created with a new lake; a folder you set must exist (an unmounted volume fails the "
+        "run before anything is written)",
+        "an existing folder (or s3:// URL) the lake's Parquet files go to",
+        "FIELDSALES_DUCKLAKE_DATA_PATH",
+        unset="lake/ beside a SQLite catalog (data/lake), created when needed; required with "
+        "PostgreSQL",
+    )
+    ducklake_schema: str | None = setting(
+        None,
+        "This tenant's schema in the catalog database (DuckLake's "
+        "METADATA_SCHEMA), so that tenants share one catalog; its files go under "
+        "<data_path>/<schema>",
+        "a plain name: this tenant's schema in the catalog database",
+        unset="the whole catalog",
+    )
+    ducklake_password_env_var: str = setting(
+        "FIELDSALES_DUCKLAKE_PASSWORD",
+        "The variable holding the PostgreSQL catalog's password (never the password)",
+        _VARIABLE,
+    )
+    retain_snapshots_days: float = setting(
+        7.0,
+        "The lake's upkeep expires snapshots older than this (days); time travel "
+        "reaches back this far",
+        _DAYS,
+        gt=0,
+        le=3660,
+    )
+    # Retired (RETIRED_SETTINGS): unset or "ducklake" accepted with a warning, "file" refused.
+    engine: str | None = None
+
+    @field_validator("duckdb_path", "ducklake_catalog", "ducklake_data_path", mode="before")
+    @classmethod
+    def _blank_is_unset(cls, value: Any) -> Any:
+        # The default YAML reads an unset variable as an empty string: not set.
+        return value.strip() or None if isinstance(value, str) else value
+
+    @field_validator("duckdb_path")
+    @classmethod
+    def _duckdb_path(cls, value: str | None) -> str | None:
+        # DuckDB names a file's catalog after its stem: raw.duckdb would shadow the raw schema.
+        if value is not None and Path(value).stem.lower() in PROJECT_SCHEMAS:
+            raise ValueError(
+                f"a file named {Path(value).name} gives DuckDB a catalog named like one of the "
+                f"schemas ({', '.join(sorted(PROJECT_SCHEMAS))})"
+            )
+        return value
+
+    @field_validator("duckdb_memory_limit")
+    @classmethod
+    def _memory_limit(cls, value: str) -> str:
+        if not _MEMORY.match(value.strip()):
+            raise ValueError("it is not a size")
+        return value.strip()
+
+    @field_validator("ducklake_catalog")
+    @classmethod
+    def _catalog(cls, value: str | None) -> str | None:
+        return None if value is None else check_catalog(value)
+
+    @field_validator("ducklake_schema")
+    @classmethod
+    def _lake_schema(cls, value: str | None) -> str | None:
+        return _plain_name(value)
+
+    @field_validator("engine", mode="before")
+    @classmethod
+    def _engine(cls, value: Any) -> Any:
+        text = value.strip().lower() if isinstance(value, str) else value
+        if text in (None, ""):
+            return None
+        if text == LAKE_STORAGE:
+            dg.get_dagster_logger().warning(
+                "Field-Sales: storage (FIELDSALES_STORAGE=ducklake) is no longer a setting: "
+                "DuckLake is the only storage. Remove it from defs.yaml and the environment."
+            )
+            return None
+        raise ValueError(
+            "it was retired: this release keeps the tables in a DuckLake only (the file storage "
+            "and its publish step are gone), so remove storage: from defs.yaml and unset "
+            "FIELDSALES_STORAGE. An existing DuckDB warehouse file is left untouched: "
+            "docs/storage.md says how to move (a full refresh into the lake), and "
+            "FIELDSALES_DUCKDB_PATH keeps a single-file export for tools that need one"
+        )
+
+    @model_validator(mode="after")
+    def _postgres_needs_a_data_path(self) -> StorageSettings:
+        check_lake_location(self.ducklake_catalog, self.ducklake_data_path)
+        return self
+
+
+class RefreshSettings(SettingsModel):
+    """``refresh:``: when the refresh runs and how raw.transactions is refreshed; resolves into
+    the schedule and the warehouse's refresh policy."""
+
+    GROUP: ClassVar[str] = "refresh"
+
+    schedule_cron: str = setting(
+        "0 5 * * *",
+        "When the refresh runs",
+        "a cron expression such as '0 5 * * *'",
+        "FIELDSALES_SCHEDULE_CRON",
+    )
+    schedule_timezone: str = setting(
+        "UTC",
+        "Time zone of the cron",
+        "an IANA time zone such as UTC or Europe/Vienna",
+        "FIELDSALES_SCHEDULE_TIMEZONE",
+    )
+    refresh_mode: RefreshMode = setting(
+        "auto",
+        "How raw.transactions is refreshed: auto (incremental when a complete load exists "
+        "and the last full refresh is younger than full_refresh_every_days, full otherwise), "
+        "full or incremental; run config on raw_transactions overrides it for one run",
+        "auto, full or incremental",
+        "FIELDSALES_REFRESH_MODE",
+    )
+    full_refresh_every_days: float = setting(
+        7.0,
+        "In auto mode, a full refresh once the last one is this old (days)",
+        _DAYS,
+        gt=0,
+        le=366,
+    )
+    lookback_days: float = setting(
+        30.0,
+        "Incremental mode re-fetches the transactions of events whose last state change is "
+        "this recent (days), besides new and changed events",
+        _DAYS,
+        ge=0,
+        le=3660,
+    )
+
+    @field_validator("schedule_cron")
+    @classmethod
+    def _cron(cls, value: str) -> str:
+        try:
+            _ticks(value.strip(), "UTC")
+        except dg.DagsterInvalidDefinitionError:
+            raise ValueError("it is not a cron expression") from None
+        return value.strip()
+
+    @field_validator("schedule_timezone")
+    @classmethod
+    def _timezone(cls, value: str) -> str:
+        try:
+            ZoneInfo(value.strip())
+        except (ZoneInfoNotFoundError, ValueError):
+            raise ValueError("it is not an IANA time zone") from None
+        return value.strip()
+
+
+class PiiSettings(SettingsModel):
+    """``pii:``: personal data in the tables; resolves into the warehouse's PII policy."""
+
+    GROUP: ClassVar[str] = "pii"
+
+    mode: Literal["keep", "hash", "drop"] = setting(
+        "keep",
+        "Personal data (names, emails, client IPs) in core.* and mart.*: keep as received, "
+        "hash (keyed HMAC-SHA256; joins still work) or drop (stored as NULL). See "
+        "warehouse/pii.py",
+        "keep, hash or drop",
+        "FIELDSALES_PII",
+        name="pii",
+    )
+    hash_key_env_var: str = setting(
+        "FIELDSALES_PII_HASH_KEY",
+        "The variable holding the secret key of pii: hash (never the key itself)",
+        _VARIABLE,
+        name="pii_hash_key_env_var",
+    )
+    redact_in_raw: bool = setting(
+        False,
+        "Set the personal keys (firstName, lastName, email, ip) of raw.* payloads to null at "
+        "ingest, before the new table replaces the old one",
+        "true or false",
+        "FIELDSALES_REDACT_PII_IN_RAW",
+        name="redact_pii_in_raw",
+    )
+
+
+class AlertsSettings(SettingsModel):
+    """``alerts:``: where a failed run's alert goes, off unless a webhook or an address is set;
+    resolves into the alert policy (``automation/alerts.py``)."""
+
+    GROUP: ClassVar[str] = "alerts"
+
+    webhook_url_env_var: str = setting(
+        "FIELDSALES_ALERT_WEBHOOK_URL",
+        "The variable holding the webhook URL alerts are posted to, as Slack-compatible JSON "
+        "(a webhook URL is a secret, so the YAML names only its variable); setting that "
+        "variable turns alerts on (docs/alerts.md)",
+        _VARIABLE,
+        name="alert_webhook_url_env_var",
+    )
+    email_to: str | None = setting(
+        None,
+        "Comma-separated addresses alerts are mailed to through SMTP; setting it turns "
+        "alerts on (docs/alerts.md)",
+        "e-mail addresses separated by commas",
+        "FIELDSALES_ALERT_EMAIL_TO",
+        name="alert_email_to",
+        unset="no e-mail",
+    )
+    email_from: str = setting(
+        "fieldsales-dagster@localhost",
+        "The sender of alert e-mails",
+        "an e-mail address",
+        "FIELDSALES_ALERT_EMAIL_FROM",
+        name="alert_email_from",
+    )
+    smtp_host: str = setting(
+        "localhost",
+        "The SMTP server alert e-mails go through (STARTTLS when it offers it)",
+        "a host name",
+        "FIELDSALES_ALERT_SMTP_HOST",
+        name="alert_smtp_host",
+    )
+    smtp_port: int = setting(
+        25,
+        "The SMTP server's port",
+        "a port number {range}",
+        "FIELDSALES_ALERT_SMTP_PORT",
+        name="alert_smtp_port",
+        ge=1,
+        le=65535,
+    )
+    smtp_user: str | None = setting(
+        None,
+        "The SMTP login, if the server wants one (its password in alert_smtp_password_env_var)",
+        "a user name",
+        "FIELDSALES_ALERT_SMTP_USER",
+        name="alert_smtp_user",
+        unset="no login",
+    )
+    smtp_password_env_var: str = setting(
+        "FIELDSALES_ALERT_SMTP_PASSWORD",
+        "The variable holding the SMTP password (never the password)",
+        _VARIABLE,
+        name="alert_smtp_password_env_var",
+    )
+    ui_base_url: str | None = setting(
+        None,
+        "The Dagster UI's address, e.g. https://dagster.example.com: an alert links to its "
+        "run there",
+        "an http:// or https:// URL",
+        "FIELDSALES_UI_BASE_URL",
+        unset="no link",
+    )
+
+    @field_validator("email_to", "email_from")
+    @classmethod
+    def _addresses(cls, value: str | None) -> str | None:
+        addresses = [a.strip() for a in (value or "").split(",") if a.strip()]
+        if any("@" not in address or " " in address for address in addresses):
+            raise ValueError("it is not a list of e-mail addresses")
+        return ", ".join(addresses) or None
+
+    @field_validator("ui_base_url")
+    @classmethod
+    def _ui_url(cls, value: str | None) -> str | None:
+        if value and not re.match(r"^https?://[^/\s]+", value.strip()):
+            raise ValueError("it is not an http:// or https:// URL")
+        return value.strip().rstrip("/") if value else None
+
+
+class FieldSalesSettings(SettingsModel):
+    """One instance's settings: a model per concern, and the instance's own names."""
+
+    api: ApiSettings
+    storage: StorageSettings = Field(default_factory=StorageSettings)
+    refresh: RefreshSettings = Field(default_factory=RefreshSettings)
+    pii: PiiSettings = Field(default_factory=PiiSettings)
+    alerts: AlertsSettings = Field(default_factory=AlertsSettings)
+    key_prefix: str | None = setting(
+        None,
+        "Asset-key prefix of this instance; set it for every tenant but the first",
+        "a name of letters, digits and underscores, starting with a letter",
+    )
+    group_prefix: str | None = setting(
+        None,
+        "Prefix of the asset groups (unset: key_prefix)",
+        "a name of letters, digits and underscores, starting with a letter",
+    )
+    owners: list[str] = setting(
+        ["team:data"],
+        "Owners shown on every asset (emails or team:NAME)",
+        "a list of emails or team:NAME",
+    )
+    user_schema: str = setting(
+        "analytics",
+        "Where fieldsales_io_manager stores user assets' DataFrames (schema.<asset name>); "
+        "never one of the project's schemas (raw, core, mart, meta)",
+        "a plain name other than raw, core, mart and meta, e.g. analytics",
+    )
+
+    @classmethod
+    def flat_keys(cls, values: dict[str, Any], *, yaml: bool = False) -> dict[str, Any]:
+        """The flat keys of earlier releases (``page_size: 100``), read for one more release
+        with a warning that says the new spelling (``api: {page_size: 100}``). ``yaml``: nest
+        them under their YAML keys (``api_token``), not the fields' (``api_token_env_var``)."""
+        nested = {"api": {}, **values}
+        for name, value in values.items():
+            if name not in FIELD_OF or not FIELD_OF[name][0]:
+                continue
+            if isinstance(value, dict | SettingsModel):
+                continue  # the pii: or storage: concern itself, not the flat pii or storage
+            group, field = FIELD_OF[name]
+            spelling = SETTINGS[name].spelling if name in SETTINGS else "storage.engine"
+            field = spelling.partition(".")[2] if yaml else field
+            warnings.warn(
+                f"Field-Sales setting {name} is the flat spelling of an earlier release: write "
+                f"it as {spelling} (under {group}: in defs.yaml). Flat keys are read for this "
+                "release only.",
+                FutureWarning,
+                stacklevel=2,
+            )
+            del nested[name]
+            given = nested.get(group)
+            if isinstance(given, SettingsModel):
+                given = given.model_dump(exclude_unset=True)
+            nested[group] = {**(given or {}), field: value}
+        return nested
+
+    @field_validator("key_prefix", "group_prefix")
+    @classmethod
+    def _prefix(cls, value: str | None) -> str | None:
+        return _plain_name(value)
+
+    @field_validator("user_schema")
+    @classmethod
+    def _user_schema(cls, value: str) -> str:
+        if not _IDENTIFIER.match(value):
+            raise ValueError("it is not a plain name")
+        if value.lower() in PROJECT_SCHEMAS:
+            raise ValueError("the project rebuilds that schema, so it would overwrite your tables")
+        return value

@@ -18,7 +18,7 @@ from pathlib import Path
 
 import duckdb
 
-from fieldsales_dagster.warehouse.resource import FieldSalesWarehouse
+from fieldsales_dagster.warehouse.warehouse import FieldSalesWarehouse
 
 SNAPSHOT = """
     SELECT

@@ -10,8 +10,8 @@ from pathlib import Path
 import duckdb
 import pytest
 
-from fieldsales_dagster.client.resource import FieldSalesAPI
-from fieldsales_dagster.warehouse.resource import FieldSalesWarehouse
+from fieldsales_dagster.client.api import FieldSalesAPI
+from fieldsales_dagster.warehouse.warehouse import FieldSalesWarehouse
 
 
 @pytest.fixture(autouse=True)

@@ -99,3 +99,29 @@ def load_project(package: Path, monkeypatch) -> dg.Definitions:
     """The project's definitions as ``definitions.py`` builds them."""
     monkeypatch.syspath_prepend(str(package.parent))
     return dg.load_from_defs_folder(path_within_project=package)
+
+
+def spelled(name: str, value: object) -> dict[str, object]:
+    """Setting ``name`` (its flat name) given ``value``, as the component takes it: under its
+    concern (``{"api": {"page_size": 5}}``), or at the top for the instance's own names."""
+    from fieldsales_dagster.settings import FIELD_OF
+
+    group, field = FIELD_OF[name]
+    return {group: {field: value}} if group else {field: value}
+
+
+def component(**given: object):
+    """A ``FieldSalesComponent`` of the loopback demo URL (unless ``given`` says another) and
+    ``given``, nested settings merged with that URL."""
+    from fieldsales_dagster.component import FieldSalesComponent
+
+    api = {"base_url": "http://127.0.0.1:9", **dict(given.pop("api", None) or {})}
+    return FieldSalesComponent(api=api, **given)
+
+
+def value_of(settings: object, name: str) -> object:
+    """The value of setting ``name`` (its flat name) in a component or its settings."""
+    from fieldsales_dagster.settings import FIELD_OF
+
+    group, field = FIELD_OF[name]
+    return getattr(getattr(settings, group) if group else settings, field)

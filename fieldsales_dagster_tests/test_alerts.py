@@ -368,5 +368,5 @@ def test_bad_alert_settings_fail_the_load_naming_setting_and_variable(demo_env, 
     with pytest.raises(Exception) as failure:
         load_project_defs()
     message = error_chain(failure.value)
-    assert "alert_email_to (from FIELDSALES_ALERT_EMAIL_TO) is invalid" in message
+    assert "alerts.email_to (from FIELDSALES_ALERT_EMAIL_TO) is invalid" in message
     assert "e-mail addresses separated by commas" in message

@@ -14,7 +14,7 @@ from fieldsales_dagster.assets.core import CORE_TABLES, build_core_asset, query_
 from fieldsales_dagster.assets.mart import MART_TABLES
 from fieldsales_dagster.assets.metadata import storage_metadata
 from fieldsales_dagster.assets.raw import LOAD_RUNS
-from fieldsales_dagster.warehouse.resource import FieldSalesWarehouse
+from fieldsales_dagster.warehouse.warehouse import FieldSalesWarehouse
 from fieldsales_dagster_tests.conftest import lake_paths, make_warehouse, read_lake
 from fieldsales_dagster_tests.project import DEFAULT, OWNERS, load_project_defs
 

@@ -371,7 +371,7 @@ def test_warehouse_is_importable_from_the_package_and_is_the_resource_of_the_key
     user_env, tmp_path, monkeypatch
 ):
     from fieldsales_dagster import FieldSalesWarehouse
-    from fieldsales_dagster.warehouse.resource import FieldSalesWarehouse as resource_class
+    from fieldsales_dagster.warehouse.warehouse import FieldSalesWarehouse as resource_class
 
     assert FieldSalesWarehouse is resource_class
     defs = load_user_location(

@@ -65,14 +65,14 @@ def test_bad_page_size_fails_the_load_naming_setting_variable_and_allowed_values
     project_env, monkeypatch
 ):
     message = load_failure(monkeypatch, FIELDSALES_PAGE_SIZE="0")
-    assert "page_size (from FIELDSALES_PAGE_SIZE) is invalid" in message
+    assert "api.page_size (from FIELDSALES_PAGE_SIZE) is invalid" in message
     assert "a whole number from 1 to 10000" in message
 
 
 def test_missing_base_url_fails_the_load_with_what_to_set(project_env, monkeypatch):
     monkeypatch.delenv("FIELDSALES_BASE_URL")
     message = load_failure(monkeypatch)
-    assert "base_url (from FIELDSALES_BASE_URL) is invalid: it is not set" in message
+    assert "api.base_url (from FIELDSALES_BASE_URL) is invalid: it is not set" in message
 
 
 def test_cleartext_base_url_to_a_remote_host_fails_the_load(project_env, monkeypatch):

@@ -27,7 +27,7 @@ from pathlib import Path
 import duckdb
 import pytest
 
-from fieldsales_dagster.warehouse.resource import FieldSalesWarehouse
+from fieldsales_dagster.warehouse.warehouse import FieldSalesWarehouse
 from fieldsales_dagster_tests.postgres import _free_port, running_postgres
 from fieldsales_dagster_tests.processes import process_group, tail
 

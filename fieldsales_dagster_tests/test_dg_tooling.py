@@ -86,7 +86,7 @@ def test_scaffolded_tenant_folder_loads_beside_the_shipped_one(tmp_path):
     document = yaml.safe_load(written.read_text())
     assert document["type"] == COMPONENT
     assert document["attributes"]["key_prefix"] == "acme"
-    assert document["attributes"]["api_token"] == "{{ env.ACME_FIELDSALES_API_TOKEN }}"
+    assert document["attributes"]["api"]["api_token"] == "{{ env.ACME_FIELDSALES_API_TOKEN }}"
     assert set(document["requirements"]["env"]) == variables_read(document["attributes"])
     token = "scaffold-test-token-0123456789"
     env = {

@@ -28,7 +28,7 @@ from fieldsales_dagster.warehouse.lake import (
     connect,
     run_transaction,
 )
-from fieldsales_dagster.warehouse.resource import FieldSalesWarehouse
+from fieldsales_dagster.warehouse.warehouse import FieldSalesWarehouse
 from fieldsales_dagster_tests.conftest import make_api
 from fieldsales_dagster_tests.postgres import Postgres, running_postgres
 from fieldsales_dagster_tests.project import (
@@ -359,7 +359,7 @@ def test_a_catalog_the_project_cannot_open_fails_the_load_naming_the_variable(
     with pytest.raises(Exception) as failure:
         load_project_defs()
     message = error_chain(failure.value)
-    assert "ducklake_catalog (from FIELDSALES_DUCKLAKE_CATALOG) is invalid" in message
+    assert "storage.ducklake_catalog (from FIELDSALES_DUCKLAKE_CATALOG) is invalid" in message
     assert "neither sqlite:<file>" in message and "postgres:dbname=" in message
 
 
@@ -370,7 +370,7 @@ def test_the_storage_setting_of_an_earlier_release_file_is_refused_ducklake_acce
     with pytest.raises(Exception) as failure:
         load_project_defs()
     message = error_chain(failure.value)
-    assert "storage (from FIELDSALES_STORAGE) is invalid: it was retired" in message
+    assert "storage.engine (from FIELDSALES_STORAGE) is invalid: it was retired" in message
     assert "unset FIELDSALES_STORAGE" in message and "docs/storage.md" in message
     monkeypatch.setenv("FIELDSALES_STORAGE", "ducklake")
     assert "warehouse" in load_project_defs().resources

@@ -332,7 +332,7 @@ def bad_setting_env(tmp_path) -> dict[str, str]:
 
 
 CAUSE = (
-    "Field-Sales setting page_size (from FIELDSALES_PAGE_SIZE) is invalid: it is out of range. "
+    "Field-Sales setting api.page_size (from FIELDSALES_PAGE_SIZE) is invalid: it is out of range. "
     "Got 0. It takes a whole number from 1 to 10000"
 )
 

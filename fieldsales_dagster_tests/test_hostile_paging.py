@@ -8,10 +8,10 @@ import os
 import duckdb
 import pytest
 
+from fieldsales_dagster.client.api import FieldSalesAPI
 from fieldsales_dagster.client.endpoints import TRANSACTIONS
 from fieldsales_dagster.client.errors import PageFormatError
 from fieldsales_dagster.client.pager import ItemTooLargeError, PagingError
-from fieldsales_dagster.client.resource import FieldSalesAPI
 from fieldsales_dagster.loading.raw_load import (
     MAX_ITEM_BYTES,
     RawLoadError,
@@ -135,14 +135,25 @@ def test_max_item_mb_above_what_the_memory_limit_decodes_fails_the_load_naming_b
 
     monkeypatch.setenv("FIELDSALES_API_TOKEN", "item-size-test-token")
 
-    def build(**settings):
-        paths = {"token_store_path": str(tmp_path / "t.json"), "duckdb_path": str(tmp_path / "w")}
-        component = FieldSalesComponent(base_url="http://127.0.0.1:9", **paths, **settings)
+    def build(max_item_mb, duckdb_memory_limit="192MB"):
+        component = FieldSalesComponent(
+            api={
+                "base_url": "http://127.0.0.1:9",
+                "token_store_path": str(tmp_path / "t.json"),
+                "max_item_mb": max_item_mb,
+            },
+            storage={
+                "duckdb_path": str(tmp_path / "w"),
+                "duckdb_memory_limit": duckdb_memory_limit,
+            },
+        )
         return component.build_resources()
 
     build(max_item_mb=12)  # 192MB decodes 12 MB
     build(max_item_mb=62, duckdb_memory_limit="1GB")
-    with pytest.raises(SettingError, match=r"max_item_mb .* is 13, but duckdb_memory_limit") as e:
+    with pytest.raises(
+        SettingError, match=r"api.max_item_mb .* is 13, but storage.duckdb_memory_limit"
+    ) as e:
         build(max_item_mb=13)
     assert "Raise duckdb_memory_limit to at least 208MB" in str(e.value)
 
@@ -340,9 +351,9 @@ def test_list_growing_while_it_is_paged_is_repaired_with_few_extra_requests(
 KILLED_LOAD = """
 import sys
 from fieldsales_dagster.client.endpoints import TRANSACTIONS
-from fieldsales_dagster.client.resource import FieldSalesAPI
+from fieldsales_dagster.client.api import FieldSalesAPI
 from fieldsales_dagster.loading.raw_load import load_list
-from fieldsales_dagster.warehouse.resource import FieldSalesWarehouse
+from fieldsales_dagster.warehouse.warehouse import FieldSalesWarehouse
 
 base_url, token, catalog, data_path = sys.argv[1:]
 api = FieldSalesAPI(base_url=base_url, api_token=token, use_token_store=False, page_size=10,

@@ -19,7 +19,7 @@ from fieldsales_dagster.loading.refresh_mode import (
     PreviousLoad,
     choose_mode,
 )
-from fieldsales_dagster.warehouse.resource import FieldSalesWarehouse
+from fieldsales_dagster.warehouse.warehouse import FieldSalesWarehouse
 from fieldsales_dagster_tests.conftest import make_api, make_warehouse, read_lake
 from fieldsales_dagster_tests.project import core_assets, materialize, raw_assets
 

@@ -18,7 +18,7 @@ import pytest
 from fieldsales_dagster.assets.upkeep import build_upkeep_asset
 from fieldsales_dagster.demo_api import DemoConfig, DemoServer
 from fieldsales_dagster.warehouse.lake import is_wal
-from fieldsales_dagster.warehouse.resource import FieldSalesWarehouse
+from fieldsales_dagster.warehouse.warehouse import FieldSalesWarehouse
 from fieldsales_dagster_tests.conftest import make_api
 from fieldsales_dagster_tests.project import DEFAULT, core_assets, raw_assets
 
@@ -256,7 +256,7 @@ def test_upkeep_is_scheduled_by_default(demo_env):
 def test_storage_never_imports_the_http_client():
     """The lake module and the warehouse resource load without the API client."""
     code = (
-        "import sys, fieldsales_dagster.warehouse.lake, fieldsales_dagster.warehouse.resource; "
+        "import sys, fieldsales_dagster.warehouse.lake, fieldsales_dagster.warehouse.warehouse; "
         "print(sorted(m for m in sys.modules if m.startswith('fieldsales_dagster.client')))"
     )
     done = subprocess.run(

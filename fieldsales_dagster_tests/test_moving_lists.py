@@ -26,9 +26,9 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from fieldsales_dagster.client.api import FieldSalesAPI
 from fieldsales_dagster.client.endpoints import TRANSACTIONS
 from fieldsales_dagster.client.errors import FieldSalesAPIError
-from fieldsales_dagster.client.resource import FieldSalesAPI
 from fieldsales_dagster.loading.raw_load import RawLoadError, load_list
 from fieldsales_dagster_tests.hostile_lists import HostileServer, items
 

@@ -28,7 +28,7 @@ import duckdb
 import pytest
 
 from fieldsales_dagster.demo_api import DemoConfig, DemoServer
-from fieldsales_dagster.warehouse.resource import FieldSalesWarehouse
+from fieldsales_dagster.warehouse.warehouse import FieldSalesWarehouse
 from fieldsales_dagster_tests.namespaces import private_tmpfs
 
 ROOT = Path(__file__).resolve().parents[1]

@@ -16,7 +16,7 @@ from fieldsales_dagster.warehouse.pii import (
     hmac_hex,
     hmac_pads,
 )
-from fieldsales_dagster.warehouse.resource import FieldSalesWarehouse
+from fieldsales_dagster.warehouse.warehouse import FieldSalesWarehouse
 from fieldsales_dagster_tests.conftest import lake_at, make_api, read_lake
 from fieldsales_dagster_tests.project import (
     core_assets,

@@ -7,6 +7,7 @@ import logging
 import duckdb
 import pytest
 
+from fieldsales_dagster.client.api import FieldSalesAPI
 from fieldsales_dagster.client.completeness import IncompleteListError
 from fieldsales_dagster.client.endpoints import EVENT_GROUPS, EVENTS, TRANSACTIONS, ListEndpoint
 from fieldsales_dagster.client.errors import (
@@ -16,7 +17,6 @@ from fieldsales_dagster.client.errors import (
     NotJSONError,
     PageFormatError,
 )
-from fieldsales_dagster.client.resource import FieldSalesAPI
 from fieldsales_dagster.loading.raw_load import load_list
 from fieldsales_dagster_tests.conftest import make_api, read_lake
 

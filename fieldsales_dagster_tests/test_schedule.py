@@ -95,7 +95,7 @@ def test_unknown_timezone_fails_the_load_naming_setting_and_variable(project_env
     with pytest.raises(Exception) as failure:
         load_project_defs()
     message = error_chain(failure.value)
-    assert "schedule_timezone (from FIELDSALES_SCHEDULE_TIMEZONE) is invalid" in message
+    assert "refresh.schedule_timezone (from FIELDSALES_SCHEDULE_TIMEZONE) is invalid" in message
     assert "'Mars/Olympus_Mons'" in message
     assert "IANA time zone such as UTC" in message
 
@@ -106,7 +106,10 @@ def test_invalid_cron_fails_the_load_naming_setting_and_variable(project_env, mo
     with pytest.raises(Exception) as failure:
         load_project_defs()
     message = error_chain(failure.value)
-    assert "schedule_cron (from FIELDSALES_SCHEDULE_CRON) is invalid: it is not a cron" in message
+    assert (
+        "refresh.schedule_cron (from FIELDSALES_SCHEDULE_CRON) is invalid: it is not a cron"
+        in message
+    )
     assert repr(cron) in message
 
 

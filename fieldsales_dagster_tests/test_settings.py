@@ -1,21 +1,32 @@
-"""Each setting is defined once (``settings.py``): the component, the resources that receive it,
-the default ``defs.yaml`` and the settings table of docs/configuration.md all agree with that one
-definition."""
+"""Each setting is declared once, a field of its concern's model (``settings.py``): the
+component, the resources that receive it, the default ``defs.yaml`` and the settings tables of
+docs/configuration.md and docs/alerts.md all agree with that one declaration; the flat keys of
+the previous release are still read, with a warning naming the new spelling."""
 
 from __future__ import annotations
 
 from pathlib import Path
 from typing import Any
 
+import dagster as dg
 import pytest
 import yaml
 from pydantic import ValidationError
 from pydantic_core import PydanticUndefined
 
-from fieldsales_dagster.client.resource import FieldSalesAPI
+from fieldsales_dagster.client.api import FieldSalesAPI
 from fieldsales_dagster.component import FieldSalesComponent, SettingError
-from fieldsales_dagster.settings import RETIRED_SETTINGS, SETTING_KEY, SETTINGS, Setting
-from fieldsales_dagster.warehouse.resource import FieldSalesWarehouse
+from fieldsales_dagster.settings import (
+    FIELD_OF,
+    RETIRED_SETTINGS,
+    SETTING_KEY,
+    SETTINGS,
+    FieldSalesSettings,
+    Setting,
+    SettingsModel,
+)
+from fieldsales_dagster.warehouse.warehouse import FieldSalesWarehouse
+from fieldsales_dagster_tests.project import component, spelled, value_of
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
 CONFIGURATION = REPO_ROOT / "docs" / "configuration.md"
@@ -27,9 +38,18 @@ DEFS_YAML = REPO_ROOT / "fieldsales_dagster" / "defs" / "fieldsales" / "defs.yam
 RESOURCES = (FieldSalesAPI, FieldSalesWarehouse)
 #: Enough for a component or a resource to be built; the setting under test is added.
 REQUIRED = {FieldSalesAPI: {"base_url": "http://127.0.0.1:9", "api_token": "x"}}
-COMPONENT_REQUIRED = {"base_url": "http://127.0.0.1:9"}
-#: The component field of each setting (the token's field holds its variable's name).
-COMPONENT_FIELD = {"api_token": "api_token_env_var"}
+#: The models of the component's concerns, by their YAML key.
+CONCERNS: dict[str, type[SettingsModel]] = {
+    name: info.annotation
+    for name, info in FieldSalesSettings.model_fields.items()
+    if isinstance(info.annotation, type) and issubclass(info.annotation, SettingsModel)
+}
+
+
+def field_info(name: str) -> Any:
+    """The pydantic field that declares setting ``name``."""
+    group, field = FIELD_OF[name]
+    return (CONCERNS[group] if group else FieldSalesSettings).model_fields[field]
 
 
 def resource_fields() -> list[tuple[type, str, Setting]]:
@@ -74,18 +94,33 @@ def accepts(build: Any, **values: Any) -> bool:
 @pytest.mark.parametrize("name", sorted(SETTINGS))
 def test_every_setting_is_a_component_field_with_its_default(name):
     setting = SETTINGS[name]
-    field = FieldSalesComponent.model_fields[COMPONENT_FIELD.get(name, name)]
+    field = field_info(name)
     if name == "api_token":  # the field holds the variable's name, never a token
         assert field.default == setting.variable
         return
-    assert default_of(field) == setting.default
-    assert field.is_required() == (setting.default is PydanticUndefined)
     assert field.description and setting.description in field.description
+    if setting.default is PydanticUndefined:  # None until given, then "it is not set"
+        assert field.default is None and field.validate_default
+        with pytest.raises(ValidationError, match=rf"{setting.spelling} .* it is not set"):
+            component(**spelled(name, None))
+        return
+    assert default_of(field) == setting.default
+    assert not field.is_required()
 
 
-def test_every_component_field_is_a_setting_or_a_retired_one():
-    fields = set(FieldSalesComponent.model_fields)
-    assert fields == {COMPONENT_FIELD.get(name, name) for name in SETTINGS} | set(RETIRED_SETTINGS)
+def test_every_component_field_is_a_concern_a_setting_or_a_retired_one():
+    assert set(CONCERNS) == {"api", "storage", "refresh", "pii", "alerts"}
+    fields = {
+        f"{group}.{field}" if group else field
+        for group, model in [("", FieldSalesComponent), *CONCERNS.items()]
+        for field in model.model_fields
+    }
+    declared = {f"{group}.{field}" if group else field for group, field in FIELD_OF.values()}
+    assert fields == declared | set(CONCERNS)
+    assert set(RETIRED_SETTINGS) <= declared
+    assert {setting.spelling for setting in SETTINGS.values()} == {
+        name.replace("api_token_env_var", "api_token") for name in declared - set(RETIRED_SETTINGS)
+    }
 
 
 @pytest.mark.parametrize("name", [name for name, s in sorted(SETTINGS.items()) if s.bounds])
@@ -93,9 +128,9 @@ def test_the_component_takes_exactly_the_range_its_message_names(name):
     setting = SETTINGS[name]
     accepted, refused = values_around(setting)
     for value in accepted:
-        assert accepts(FieldSalesComponent, **COMPONENT_REQUIRED, **{name: value}), value
+        assert accepts(component, **spelled(name, value)), value
     for value in refused:
-        assert not accepts(FieldSalesComponent, **COMPONENT_REQUIRED, **{name: value}), value
+        assert not accepts(component, **spelled(name, value)), value
     assert setting.range_text in setting.help
 
 
@@ -106,13 +141,15 @@ def test_the_component_takes_exactly_the_range_its_message_names(name):
 )
 def test_every_resource_field_of_a_setting_has_its_type_default_and_range(resource, field, setting):
     info = resource.model_fields[field]
-    component_field = FieldSalesComponent.model_fields[setting.name]
+    component_field = field_info(setting.name)
     # A required setting is optional in the component only so that "it is not set" can say so.
     optional = setting.default is PydanticUndefined and info.annotation is not None
     assert info.annotation == component_field.annotation or (
         optional and info.annotation | None == component_field.annotation
     )
-    assert default_of(info) == default_of(component_field)
+    assert default_of(info) == setting.default  # required: PydanticUndefined in both
+    if not optional:
+        assert default_of(info) == default_of(component_field)
     required = REQUIRED.get(resource, {})
     accepted, refused = values_around(setting) if setting.bounds else ([], [])
     for value in accepted:
@@ -124,26 +161,26 @@ def test_every_resource_field_of_a_setting_has_its_type_default_and_range(resour
 def test_the_resources_receive_every_setting_from_the_component(monkeypatch, tmp_path):
     """Each resource field of a setting holds the component's value, not a default of its own."""
     monkeypatch.setenv("FIELDSALES_API_TOKEN", "settings-test-token")
-    component = FieldSalesComponent(
-        base_url="http://127.0.0.1:9",
-        token_store_path=str(tmp_path / "token.json"),
-        duckdb_path=str(tmp_path / "other.duckdb"),
-        create_dirs=True,
-        duckdb_memory_limit="1GB",
-        ducklake_catalog=f"sqlite:{tmp_path / 'lake.sqlite'}",
-        ducklake_data_path=str(tmp_path / "lake"),
-        ducklake_schema="acme",
-        ducklake_password_env_var="ACME_LAKE_PASSWORD",
-        page_size=123,
-        concurrency=5,
-        max_item_mb=50,
-        refresh_mode="full",
-        full_refresh_every_days=366,
-        lookback_days=3,
-        pii="drop",
-        redact_pii_in_raw=True,
+    built = component(
+        api={
+            "token_store_path": str(tmp_path / "token.json"),
+            "page_size": 123,
+            "concurrency": 5,
+            "max_item_mb": 50,
+        },
+        storage={
+            "duckdb_path": str(tmp_path / "other.duckdb"),
+            "create_dirs": True,
+            "duckdb_memory_limit": "1GB",
+            "ducklake_catalog": f"sqlite:{tmp_path / 'lake.sqlite'}",
+            "ducklake_data_path": str(tmp_path / "lake"),
+            "ducklake_schema": "acme",
+            "ducklake_password_env_var": "ACME_LAKE_PASSWORD",
+        },
+        refresh={"refresh_mode": "full", "full_refresh_every_days": 366, "lookback_days": 3},
+        pii={"mode": "drop", "redact_in_raw": True},
     )
-    resources = component.build_resources()
+    resources = built.build_resources()
     received = {
         (type(resource), name): getattr(resource, name)
         for resource in resources.values()
@@ -153,20 +190,29 @@ def test_the_resources_receive_every_setting_from_the_component(monkeypatch, tmp
     fields = resource_fields()
     assert fields
     for resource, field, setting in fields:
-        assert received[resource, field] == getattr(component, setting.name), field
+        assert received[resource, field] == value_of(built, setting.name), field
         assert received[resource, field] != setting.default, field  # really passed on
 
 
 def test_defs_yaml_reads_each_setting_from_its_variable_and_states_no_default():
     attributes = yaml.safe_load(DEFS_YAML.read_text())["attributes"]
-    for name, setting in SETTINGS.items():
-        if not setting.variable:
-            assert name not in attributes, name
-            continue
-        if name == "token_store_path":  # the shipped instance keeps it under $DAGSTER_HOME
-            assert attributes[name].startswith(f"{{{{ env.{setting.variable} or ")
-            continue
-        assert attributes[name] == f"{{{{ env.{setting.variable} }}}}", name
+    found = {
+        f"{group}.{key}": value
+        for group, keys in attributes.items()
+        for key, value in (keys.items() if isinstance(keys, dict) else [])
+    }
+    found |= {key: value for key, value in attributes.items() if not isinstance(value, dict)}
+    expected = {}
+    for setting in SETTINGS.values():
+        if setting.variable:
+            expected[setting.spelling] = f"{{{{ env.{setting.variable} }}}}"
+    for retired, variable in RETIRED_SETTINGS.items():
+        expected[retired] = f"{{{{ env.{variable} }}}}"
+    # The shipped instance keeps its token store under $DAGSTER_HOME.
+    store = found.pop("api.token_store_path")
+    assert store.startswith(f"{{{{ env.{SETTINGS['token_store_path'].variable} or ")
+    del expected["api.token_store_path"]
+    assert found == expected
 
 
 def readme_settings_rows() -> dict[str, tuple[str, str, str]]:
@@ -179,7 +225,7 @@ def readme_settings_rows() -> dict[str, tuple[str, str, str]]:
     for line in "\n".join(sections).splitlines():
         cells = [cell.strip().replace("`", "") for cell in line.strip().strip("|").split("|")]
         if len(cells) != 4 or cells[0] in ("setting (YAML)", "---") or set(cells[0]) <= {"-"}:
-            continue
+            continue  # rows are keyed by spelling (api.page_size)
         names, variables = cells[0].split(", "), cells[1].split(", ")
         defaults = cells[3].split(", ") if len(names) > 1 else [cells[3]]
         for i, name in enumerate(names):
@@ -194,7 +240,7 @@ def readme_settings_rows() -> dict[str, tuple[str, str, str]]:
 @pytest.mark.parametrize("name", sorted(SETTINGS))
 def test_the_readme_shows_each_settings_variable_default_and_range(name):
     setting = SETTINGS[name]
-    variable, meaning, default = readme_settings_rows()[name]
+    variable, meaning, default = readme_settings_rows()[setting.spelling]
     assert variable == (setting.variable or "–")
     # token_store_path: "$DAGSTER_HOME/fieldsales_token.json, else <the setting's default>".
     assert default.rpartition("else ")[2] == setting.shown_default
@@ -218,18 +264,98 @@ def test_every_other_readme_table_that_names_a_variable_shows_its_settings_defau
 
 
 def test_the_readme_table_names_no_setting_that_does_not_exist():
-    assert set(readme_settings_rows()) == set(SETTINGS)
+    assert set(readme_settings_rows()) == {setting.spelling for setting in SETTINGS.values()}
 
 
 def test_full_refresh_every_days_takes_366_as_its_message_says():
-    component = FieldSalesComponent(base_url="http://127.0.0.1:9", full_refresh_every_days=366)
-    assert component.full_refresh_every_days == 366
+    built = component(refresh={"full_refresh_every_days": 366})
+    assert built.refresh.full_refresh_every_days == 366
     with pytest.raises(ValidationError, match="above 0, at most 366"):
-        FieldSalesComponent(base_url="http://127.0.0.1:9", full_refresh_every_days=367)
+        component(refresh={"full_refresh_every_days": 367})
 
 
 def test_the_api_resource_refuses_a_page_size_the_component_refuses():
     with pytest.raises(ValidationError, match="from 1 to 10000"):
-        FieldSalesComponent(base_url="http://127.0.0.1:9", page_size=50_000)
+        component(api={"page_size": 50_000})
     with pytest.raises(ValidationError, match="page_size"):
         FieldSalesAPI(base_url="http://127.0.0.1:9", api_token="x", page_size=50_000)
+
+
+# --- the flat keys of the previous release ---------------------------------------------------
+
+
+@pytest.mark.parametrize("name", sorted(SETTINGS))
+def test_a_flat_key_is_read_with_a_warning_naming_its_new_spelling(name):
+    setting = SETTINGS[name]
+    if not setting.group:
+        return  # the instance's own names keep their place
+    value = 12 if setting.bounds else None
+    if value is None or not setting.inside(value):
+        value = (
+            setting.default if setting.default is not PydanticUndefined else "http://127.0.0.1:8"
+        )
+    if name == "api_token":
+        value = "ACME_TOKEN"
+    flat = {"base_url": "http://127.0.0.1:8"} if name != "base_url" else {}
+    with pytest.warns(FutureWarning, match=rf"setting {name} is the flat spelling") as caught:
+        built = FieldSalesComponent(**flat, **{name: value})
+    assert any(f"write it as {setting.spelling} " in str(w.message) for w in caught)
+    assert value_of(built, name) == value
+    assert built.api.base_url == "http://127.0.0.1:8"
+
+
+def test_a_flat_key_in_yaml_is_read_and_nested_settings_keep_theirs(tmp_path, monkeypatch):
+    from fieldsales_dagster_tests.project import load_project, write_project
+
+    monkeypatch.setenv("FIELDSALES_API_TOKEN", "flat-key-test-token")
+    package = write_project(
+        tmp_path,
+        {
+            "flat": f"""
+            base_url: http://127.0.0.1:9
+            api_token: "{{{{ env.FIELDSALES_API_TOKEN }}}}"
+            page_size: "{{{{ '77' }}}}"
+            pii: drop
+            storage:
+              ducklake_catalog: sqlite:{tmp_path / "lake.sqlite"}
+            api:
+              token_store_path: {tmp_path / "token.json"}
+            """
+        },
+    )
+    with pytest.warns(FutureWarning) as caught:
+        defs = load_project(package, monkeypatch)
+    said = " ".join(str(w.message) for w in caught)
+    for flat, new in [("base_url", "api.base_url"), ("page_size", "api.page_size")]:
+        assert (
+            f"setting {flat} is the flat spelling of an earlier release: write it as {new}" in said
+        )
+    assert "write it as pii.mode" in said
+    api, warehouse = defs.resources["fieldsales_api"], defs.resources["warehouse"]
+    assert (api.page_size, api.token_store_path) == (77, str(tmp_path / "token.json"))
+    assert api.api_token == dg.EnvVar("FIELDSALES_API_TOKEN")
+    assert (warehouse.pii, warehouse.ducklake_catalog) == (
+        "drop",
+        f"sqlite:{tmp_path / 'lake.sqlite'}",
+    )
+
+
+def test_a_flat_token_in_yaml_is_refused_without_echoing_it(tmp_path, monkeypatch):
+    from fieldsales_dagster_tests.project import error_chain, load_project, write_project
+
+    package = write_project(
+        tmp_path,
+        {
+            "flat": f"""
+            base_url: http://127.0.0.1:9
+            api_token: literal-token-in-yaml-1234
+            storage:
+              ducklake_catalog: sqlite:{tmp_path / "lake.sqlite"}
+            """
+        },
+    )
+    with pytest.warns(FutureWarning), pytest.raises(Exception) as failure:
+        load_project(package, monkeypatch)
+    message = error_chain(failure.value)
+    assert "api_token must name an environment variable" in message
+    assert "literal-token-in-yaml-1234" not in message

@@ -13,14 +13,12 @@ from typing import Any
 import pytest
 from pydantic_core import PydanticUndefined
 
-from fieldsales_dagster.component import FieldSalesComponent, SettingError
+from fieldsales_dagster.component import SettingError
 from fieldsales_dagster.settings import SETTINGS
-from fieldsales_dagster.warehouse.resource import FieldSalesWarehouse
-from fieldsales_dagster_tests.project import load_project_defs
+from fieldsales_dagster.warehouse.warehouse import FieldSalesWarehouse
+from fieldsales_dagster_tests.project import component, load_project_defs, spelled, value_of
 
 BASE_URL = "http://127.0.0.1:9"
-#: The component field of each setting (the token's field holds its variable's name).
-COMPONENT_FIELD = {"api_token": "api_token_env_var"}
 #: A valid value of the settings whose default is unset (or required), as a variable holds it.
 SAMPLES = {
     "base_url": BASE_URL,
@@ -54,17 +52,12 @@ def padded(value: Any, pad: str) -> Any:
     return f"{pad}{value}{pad}"
 
 
-def build(**settings: Any) -> FieldSalesComponent:
-    return FieldSalesComponent(**{"base_url": BASE_URL, **settings})
-
-
 @pytest.mark.parametrize("pad", PADDING, ids=repr)
 @pytest.mark.parametrize("name", sorted(SETTINGS))
 def test_whitespace_around_every_setting_is_trimmed(name, pad):
-    field = COMPONENT_FIELD.get(name, name)
     value = sample(name)
-    clean = getattr(build(**{field: value}), field)
-    assert getattr(build(**{field: padded(value, pad)}), field) == clean
+    clean = value_of(component(**spelled(name, value)), name)
+    assert value_of(component(**spelled(name, padded(value, pad))), name) == clean
     if isinstance(clean, str):
         assert clean == clean.strip()
 
@@ -98,9 +91,12 @@ def test_a_path_that_differs_from_an_existing_one_only_by_whitespace_is_refused(
     paths = {"duckdb_path": tmp_path / "fieldsales.duckdb", "token_store_path": tmp_path / "t.json"}
     twin = tmp_path / f"{paths[setting].name} "
     twin.write_text("written by a run whose setting ended in a space")
-    component = build(**{key: str(path) for key, path in paths.items()})
+    built = component(
+        api={"token_store_path": str(paths["token_store_path"])},
+        storage={"duckdb_path": str(paths["duckdb_path"])},
+    )
     with pytest.raises(SettingError) as raised:
-        component.build_resources()
+        built.build_resources()
     message = str(raised.value)
     assert f"setting {setting} (from {SETTINGS[setting].variable})" in message
     assert "differs only by whitespace" in message and repr(str(twin)) in message

@@ -1,5 +1,5 @@
-"""The static checks CI runs as part of the suite: the type check, and the Layout of
-docs/development.md.
+"""The static checks CI runs as part of the suite: the type check, ruff's lint and format
+checks, and the Layout of docs/development.md.
 
 The type check is the command of docs/development.md (``.venv/bin/mypy`` from the project's
 root: its ``[tool.mypy]`` in pyproject.toml says what to check and how strictly), run as a
@@ -61,6 +61,45 @@ def test_the_type_check_refuses_a_type_ignore_that_is_not_specific_and_needed(
     result = mypy(str(snippet))
     assert result.returncode == 1, result.stdout + result.stderr
     assert complaint in result.stdout, result.stdout + result.stderr
+
+
+def ruff(*args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "ruff", *args],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=MYPY_TIMEOUT_S,
+    )
+
+
+@pytest.mark.parametrize(
+    "command", [("check", "."), ("format", "--check", ".")], ids=["check", "format"]
+)
+def test_the_project_passes_ruff(command):
+    # The commands of docs/development.md, with the project's [tool.ruff] in pyproject.toml.
+    result = ruff(*command)
+    assert result.returncode == 0, (
+        f"ruff {' '.join(command)} found problems (run .venv/bin/ruff {' '.join(command)}; "
+        f"`ruff check --fix .` and `ruff format .` mend most):\n{result.stdout}{result.stderr}"
+    )
+
+
+@pytest.mark.parametrize(
+    ("command", "source", "complaint"),
+    [
+        (("check",), "import os\n", "F401"),
+        (("format", "--check"), "x = {  'a':1 }\n", "would be reformatted"),
+    ],
+    ids=["check", "format"],
+)
+def test_ruff_refuses_a_file_it_should(tmp_path, command, source, complaint):
+    # Only this file, checked with the project's configuration.
+    snippet = tmp_path / "snippet.py"
+    snippet.write_text(source)
+    result = ruff(*command, "--config", str(ROOT / "pyproject.toml"), str(snippet))
+    assert result.returncode == 1, result.stdout + result.stderr
+    assert complaint in result.stdout + result.stderr
 
 
 def layout_entries(readme: str) -> dict[str, str]:

@@ -17,7 +17,7 @@ import dagster as dg
 import duckdb
 import pytest
 
-from fieldsales_dagster.warehouse.resource import FieldSalesWarehouse
+from fieldsales_dagster.warehouse.warehouse import FieldSalesWarehouse
 from fieldsales_dagster_tests.conftest import make_api
 from fieldsales_dagster_tests.processes import clean_env
 from fieldsales_dagster_tests.project import core_assets, mart_assets, raw_assets

@@ -191,5 +191,7 @@ def test_a_component_built_on_its_own_is_compared_with_nothing(monkeypatch):
 
     monkeypatch.setenv("FIELDSALES_API_TOKEN", "tenant-isolation-main-token")
     # The default paths' folder (data/) need not exist here: create_dirs lets the load pass.
-    defs = build_defs_for_component(FieldSalesComponent(base_url=BASE_URL, create_dirs=True))
+    defs = build_defs_for_component(
+        FieldSalesComponent(api={"base_url": BASE_URL}, storage={"create_dirs": True})
+    )
     assert len(defs.assets) == 19  # the tables and the lake's upkeep

@@ -20,14 +20,14 @@ import pytest
 import requests
 
 from fieldsales_dagster.automation.sensors import build_token_renewal_sensor
+from fieldsales_dagster.client.api import FieldSalesAPI
 from fieldsales_dagster.client.endpoints import CHECK_TOKEN_PATH, GENERATE_TOKEN_PATH
 from fieldsales_dagster.client.errors import AuthenticationError
 from fieldsales_dagster.client.pager import ListStats
-from fieldsales_dagster.client.resource import FieldSalesAPI
 from fieldsales_dagster.demo_api import DemoConfig, DemoServer
 from fieldsales_dagster.names import InstanceNames
 from fieldsales_dagster.settings import SETTINGS
-from fieldsales_dagster.token.renewal import RenewalPolicy, TokenRenewalError
+from fieldsales_dagster.token.renewal import RENEWAL_OFF, RenewalPolicy, TokenRenewalError
 from fieldsales_dagster.token.store import TokenStore, TokenStoreError
 from fieldsales_dagster_tests.project import load_project_defs
 
@@ -262,7 +262,7 @@ RENEWER_SCRIPT = textwrap.dedent(
     from fieldsales_dagster.token import renewal
     from fieldsales_dagster.settings import SETTINGS
     from fieldsales_dagster.token.renewal import RenewalPolicy
-    from fieldsales_dagster.client.resource import FieldSalesAPI
+    from fieldsales_dagster.client.api import FieldSalesAPI
     from fieldsales_dagster.token.store import TokenStore
 
     base_url, env_token, store_path, go_file, mode = sys.argv[1:]
@@ -569,6 +569,27 @@ def test_failed_renewal_is_a_failed_run_and_the_store_is_kept(server, store_path
     cause = failure.event_specific_data.error.cause  # Dagster wraps the op's own error
     assert cause.cls_name == "TokenRenewalError" and "Token renewal refused" in cause.message
     assert store_path.read_bytes() == before
+
+
+def test_without_a_token_store_the_sensor_skips_and_the_job_fails_saying_renewal_is_off(
+    server, store_path
+):
+    api = FieldSalesAPI(
+        base_url=server.base_url,
+        api_token=server.token,
+        token_store_path=str(store_path),
+        use_token_store=False,
+    )
+    sensor = build_token_renewal_sensor(InstanceNames(), DEFAULT_POLICY)
+    with dg.build_sensor_context(resources={"fieldsales_api": api}) as context:
+        skipped = sensor(context)
+    assert isinstance(skipped, dg.SkipReason)
+    assert skipped.skip_message == RENEWAL_OFF
+    run = sensor.job.execute_in_process(resources={"fieldsales_api": api}, raise_on_error=False)
+    assert not run.success
+    (failure,) = [e for e in run.all_events if e.event_type_value == "STEP_FAILURE"]
+    assert RENEWAL_OFF in failure.event_specific_data.error.message
+    assert not store_path.exists() and server.requests == []
 
 
 def test_renewal_job_is_in_the_project_definitions(server, monkeypatch):

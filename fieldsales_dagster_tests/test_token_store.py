@@ -288,7 +288,7 @@ def two_servers():
 
 
 def client_of(server, store_path: Path):
-    from fieldsales_dagster.client.resource import FieldSalesAPI
+    from fieldsales_dagster.client.api import FieldSalesAPI
 
     return FieldSalesAPI(
         base_url=server.base_url, api_token=server.token, token_store_path=str(store_path)
@@ -376,7 +376,7 @@ def closed_port_url() -> str:
 
 
 def client_at(base_url: str, token: str, store_path: Path):
-    from fieldsales_dagster.client.resource import FieldSalesAPI
+    from fieldsales_dagster.client.api import FieldSalesAPI
 
     return FieldSalesAPI(
         base_url=base_url,

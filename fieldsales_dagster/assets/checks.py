@@ -26,7 +26,7 @@ import duckdb
 from fieldsales_dagster.assets.core import CORE_TABLES, CoreTable, shared_macros_sql
 from fieldsales_dagster.assets.mart import MART_TABLES
 from fieldsales_dagster.names import InstanceNames
-from fieldsales_dagster.warehouse.resource import qualified, quote_ident
+from fieldsales_dagster.warehouse.quoting import qualified, quote_ident
 from fieldsales_dagster.warehouse.rows import one_row
 
 #: How many offending rows a check names in its metadata.

@@ -21,7 +21,8 @@ import yaml
 
 from fieldsales_dagster.warehouse.lake import one_transaction
 from fieldsales_dagster.warehouse.pii import hmac_pads, hmac_sql, redact_pii_keys
-from fieldsales_dagster.warehouse.resource import FieldSalesWarehouse, qualified, quote_ident
+from fieldsales_dagster.warehouse.quoting import qualified, quote_ident, sql_literal
+from fieldsales_dagster.warehouse.warehouse import FieldSalesWarehouse
 
 #: Tag on the column schema's personal-data columns.
 PII_TAG = "pii"
@@ -75,11 +76,6 @@ def table_doc(asset_name: str) -> TableDoc:
         else:
             columns.append(Column(name, spec["description"].strip(), bool(spec.get("pii"))))
     return TableDoc(tuple(columns), doc.get("description"))
-
-
-def sql_literal(text: str) -> str:
-    """``text`` as a SQL string literal (COMMENT ON takes no parameters)."""
-    return "'" + text.replace("'", "''") + "'"
 
 
 def _schema_of(table: str) -> str:

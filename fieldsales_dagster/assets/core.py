@@ -26,7 +26,6 @@ from fieldsales_dagster.assets.columns import (
     column_schema,
     comment_table,
     publishing_query,
-    sql_literal,
     table_doc,
 )
 from fieldsales_dagster.assets.follow import (
@@ -44,15 +43,14 @@ from fieldsales_dagster.client.endpoints import LIST_ENDPOINTS
 from fieldsales_dagster.names import InstanceNames
 from fieldsales_dagster.pause import pause_at
 from fieldsales_dagster.warehouse.lake import drop_table, run_transaction
-from fieldsales_dagster.warehouse.resource import (
+from fieldsales_dagster.warehouse.quoting import qualified, quote_ident, sql_literal
+from fieldsales_dagster.warehouse.rows import one_row
+from fieldsales_dagster.warehouse.warehouse import (
     FieldSalesWarehouse,
-    qualified,
-    quote_ident,
     replace_table,
     staging_table,
     table_exists,
 )
-from fieldsales_dagster.warehouse.rows import one_row
 
 if TYPE_CHECKING:
     from fieldsales_dagster.assets.checks import CoreCheck

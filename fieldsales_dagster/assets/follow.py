@@ -31,8 +31,9 @@ import dagster as dg
 import duckdb
 
 from fieldsales_dagster.warehouse.lake import cleanup, run_transaction
-from fieldsales_dagster.warehouse.resource import qualified, table_exists
+from fieldsales_dagster.warehouse.quoting import qualified
 from fieldsales_dagster.warehouse.rows import one_row
+from fieldsales_dagster.warehouse.warehouse import table_exists
 
 STATE_TABLE = "meta.core_follow_state"
 #: The macro a following table's query reads its decoded rows from.

@@ -42,10 +42,10 @@ from dagster_duckdb_pandas import DuckDBPandasTypeHandler
 from fieldsales_dagster.assets.columns import TableDoc, column_schema
 from fieldsales_dagster.assets.metadata import table_metadata
 from fieldsales_dagster.names import ResourceKey
-from fieldsales_dagster.warehouse.resource import (
-    PROJECT_SCHEMAS,
+from fieldsales_dagster.settings import PROJECT_SCHEMAS
+from fieldsales_dagster.warehouse.quoting import qualified
+from fieldsales_dagster.warehouse.warehouse import (
     FieldSalesWarehouse,
-    qualified,
     table_exists,
 )
 

@@ -8,8 +8,9 @@ from typing import Any
 import dagster as dg
 import duckdb
 
-from fieldsales_dagster.warehouse.resource import FieldSalesWarehouse, qualified, quote_ident
+from fieldsales_dagster.warehouse.quoting import qualified, quote_ident
 from fieldsales_dagster.warehouse.rows import one_row
+from fieldsales_dagster.warehouse.warehouse import FieldSalesWarehouse
 
 PREVIEW_ROWS = 5
 PREVIEW_CELL_CHARS = 40

@@ -26,7 +26,7 @@ from fieldsales_dagster.loading.incremental import (
 from fieldsales_dagster.loading.raw_load import LoadReport, ShrinkGuard
 from fieldsales_dagster.loading.refresh_mode import validate_refresh_mode
 from fieldsales_dagster.names import InstanceNames
-from fieldsales_dagster.warehouse.resource import qualified
+from fieldsales_dagster.warehouse.quoting import qualified
 from fieldsales_dagster.warehouse.rows import one_row
 
 ROW_COUNT_CHECK = "row_count_near_previous_load"

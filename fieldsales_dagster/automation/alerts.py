@@ -15,6 +15,7 @@ import dagster as dg
 import requests
 
 from fieldsales_dagster.names import InstanceNames
+from fieldsales_dagster.settings import AlertsSettings
 from fieldsales_dagster.token.store import TokenStore
 
 # Off by default. Setting the variable named by ``alert_webhook_url_env_var``
@@ -40,21 +41,23 @@ CAUSE_CHARS = 300
 HIDDEN = "***"
 
 logger = logging.getLogger(__name__)
+_DEFAULTS = AlertsSettings()
 
 
 @dataclass(frozen=True)
 class AlertSettings:
     """Where one tenant's alerts go, and which variables hold its secrets (never the values)."""
 
+    # The component's alerts: settings (settings.AlertsSettings) by name; their defaults there.
     tenant: str
-    webhook_url_env_var: str = "FIELDSALES_ALERT_WEBHOOK_URL"
+    webhook_url_env_var: str = _DEFAULTS.webhook_url_env_var
     email_to: tuple[str, ...] = ()
-    email_from: str = "fieldsales-dagster@localhost"
-    smtp_host: str = "localhost"
-    smtp_port: int = 25
-    smtp_user: str | None = None
-    smtp_password_env_var: str = "FIELDSALES_ALERT_SMTP_PASSWORD"
-    ui_base_url: str | None = None
+    email_from: str = _DEFAULTS.email_from
+    smtp_host: str = _DEFAULTS.smtp_host
+    smtp_port: int = _DEFAULTS.smtp_port
+    smtp_user: str | None = _DEFAULTS.smtp_user
+    smtp_password_env_var: str = _DEFAULTS.smtp_password_env_var
+    ui_base_url: str | None = _DEFAULTS.ui_base_url
     #: Variables whose values never appear in a message (the API token's, the PII key's, ...).
     secret_env_vars: tuple[str, ...] = ()
     #: The token store: a renewed token is a secret too.

@@ -4,7 +4,7 @@ automation."""
 import dagster as dg
 
 from fieldsales_dagster.names import InstanceNames
-from fieldsales_dagster.token.renewal import RenewalPolicy, decide, renew_or_check
+from fieldsales_dagster.token.renewal import RENEWAL_OFF, RenewalPolicy, decide, renew_or_check
 
 
 def build_token_renewal_job(names: InstanceNames, policy: RenewalPolicy) -> dg.JobDefinition:
@@ -19,10 +19,7 @@ def build_token_renewal_job(names: InstanceNames, policy: RenewalPolicy) -> dg.J
         api = names.api.of(context)
         store = api.token_store()
         if store is None:
-            raise dg.Failure(
-                "Token renewal is off: use_token_store is False, so a renewed token could not be "
-                "kept; FIELDSALES_API_TOKEN is used as it is."
-            )
+            raise dg.Failure(RENEWAL_OFF)
         outcome = renew_or_check(api, store, policy)
         where = f"; stored in {store.path}" if outcome.renewed else ""
         context.log.info(f"Field-Sales API {outcome.message}{where}.")
@@ -61,10 +58,7 @@ def build_token_renewal_sensor(names: InstanceNames, policy: RenewalPolicy) -> d
         api = names.api.of(context)
         store = api.token_store()
         if store is None:
-            return dg.SkipReason(
-                "token renewal is off: use_token_store is False, so a renewed token could not be "
-                "kept; FIELDSALES_API_TOKEN is used as it is."
-            )
+            return dg.SkipReason(RENEWAL_OFF)
         decision = decide(store, api.env_token(), policy, context.cursor)
         if not decision.run:
             return dg.SensorResult(skip_reason=decision.message, cursor=decision.cursor)

@@ -60,7 +60,7 @@ from fieldsales_dagster.client.endpoints import ListEndpoint
 from fieldsales_dagster.client.errors import FieldSalesAPIError, PageFormatError
 
 if TYPE_CHECKING:
-    from fieldsales_dagster.client.resource import FieldSalesAPI
+    from fieldsales_dagster.client.api import FieldSalesAPI
 
 #: Pages of one pass that repeat the ids of an earlier page, which prove the server pages
 #: forever. A list that moves can shift a whole page of known ids under a window once; three

@@ -32,6 +32,7 @@ from typing import Any
 
 import duckdb
 
+from fieldsales_dagster.client.api import FieldSalesAPI
 from fieldsales_dagster.client.completeness import IncompleteListError
 from fieldsales_dagster.client.endpoints import EVENTS, TRANSACTIONS, ListEndpoint
 from fieldsales_dagster.client.pager import (
@@ -41,7 +42,6 @@ from fieldsales_dagster.client.pager import (
     PagingError,
     Stream,
 )
-from fieldsales_dagster.client.resource import FieldSalesAPI
 from fieldsales_dagster.loading.raw_load import (
     LoadReport,
     ShrinkGuard,
@@ -59,14 +59,14 @@ from fieldsales_dagster.loading.refresh_mode import (
 )
 from fieldsales_dagster.pause import pause_at
 from fieldsales_dagster.warehouse.lake import drop_table, run_transaction
-from fieldsales_dagster.warehouse.resource import (
+from fieldsales_dagster.warehouse.quoting import qualified
+from fieldsales_dagster.warehouse.rows import one_row
+from fieldsales_dagster.warehouse.warehouse import (
     FieldSalesWarehouse,
-    qualified,
     same_database_cursor,
     staging_table,
     table_exists,
 )
-from fieldsales_dagster.warehouse.rows import one_row
 
 STATE_SCHEMA = "meta"
 STATE_TABLE = "meta.refresh_state"

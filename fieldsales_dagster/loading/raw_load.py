@@ -36,6 +36,7 @@ from typing import cast
 import duckdb
 import msgspec
 
+from fieldsales_dagster.client.api import FieldSalesAPI
 from fieldsales_dagster.client.endpoints import ListEndpoint
 from fieldsales_dagster.client.errors import FieldSalesAPIError
 from fieldsales_dagster.client.pager import (
@@ -48,19 +49,17 @@ from fieldsales_dagster.client.pager import (
     item_keys,
     key_decoder,
 )
-from fieldsales_dagster.client.resource import FieldSalesAPI
 from fieldsales_dagster.pause import pause_at
 from fieldsales_dagster.settings import SETTINGS
 from fieldsales_dagster.warehouse.lake import drop_table, in_transaction, run_transaction
-from fieldsales_dagster.warehouse.resource import (
-    qualified,
-    quote_ident,
+from fieldsales_dagster.warehouse.quoting import qualified, quote_ident
+from fieldsales_dagster.warehouse.rows import one_row
+from fieldsales_dagster.warehouse.warehouse import (
     replace_table,
     spool_folder,
     staging_table,
     table_exists,
 )
-from fieldsales_dagster.warehouse.rows import one_row
 
 #: Longest item DuckDB's reader accepts by default (``max_item_mb``): the pager refuses a longer
 #: one naming it, and a raised setting gives the reader that size. The reader's buffer is twice

@@ -39,7 +39,7 @@ from fieldsales_dagster.token.secret import TokenFormatError, clean_token
 from fieldsales_dagster.token.store import StoredToken, TokenStore, TokenStoreError
 
 if TYPE_CHECKING:
-    from fieldsales_dagster.client.resource import FieldSalesAPI
+    from fieldsales_dagster.client.api import FieldSalesAPI
 
 TOKEN_LIFETIME = timedelta(days=TOKEN_LIFETIME_DAYS)
 #: How often a token that is not due for renewal is tested against the server.
@@ -55,6 +55,11 @@ TICK_BACKOFF_S = 1.0
 TICK_LOCK_TIMEOUT_S = 10.0
 #: One request with its retry: two attempts of 15 s and the 1 s backoff between them.
 TICK_REQUEST_BUDGET_S = 2 * (TICK_CONNECT_TIMEOUT_S + TICK_READ_TIMEOUT_S) + TICK_BACKOFF_S
+#: What the sensor skips with, and the job fails with, when there is no token store.
+RENEWAL_OFF = (
+    "Token renewal is off: use_token_store is False, so a renewed token could not be kept; "
+    "FIELDSALES_API_TOKEN is used as it is."
+)
 
 
 class TokenRenewalError(FieldSalesAPIError):
@@ -81,6 +86,14 @@ class RenewalPolicy:
     def after_days(cls, days: float) -> RenewalPolicy:
         """The policy of the component's ``token_renew_after_days``."""
         return cls(renew_after=timedelta(days=days))
+
+    def renewal_due(self, store: TokenStore, stored: StoredToken, now: datetime) -> str | None:
+        """Why ``stored`` is due for renewal at ``now`` (``"renewal due"``, or why its issue time
+        cannot be trusted); ``None`` when it is not due."""
+        where = f"the token store's issued_at ({store.path})"
+        if (future := from_the_future(stored.issued_at, now, where)) is not None:
+            return f"renewal due because {future}"
+        return "renewal due" if stored.age(now) >= self.renew_after else None
 
     def check_due(self, last_check: datetime | None, now: datetime) -> bool:
         # Half a tick of slack, so 6-hour ticks test the token every 24 hours, not every 30.
@@ -196,11 +209,8 @@ def decide(
     """
     now = now or datetime.now(UTC)
     stored = store.peek(env_token)
-    future = from_the_future(stored.issued_at, now, f"the token store's issued_at ({store.path})")
-    if future is not None:
-        return Decision(True, f"renewal due because {future}", now.isoformat())
-    if stored.age(now) >= policy.renew_after:
-        return Decision(True, "renewal due", now.isoformat())
+    if (due := policy.renewal_due(store, stored, now)) is not None:
+        return Decision(True, due, now.isoformat())
     last_run = _parse_cursor(cursor)
     if from_the_future(last_run, now, "the last token test"):
         last_run = None  # unknown: test now
@@ -226,8 +236,7 @@ def renew_or_check(
     """The renewal run: renew the token if it is due, else test it on the server."""
     now = now or datetime.now(UTC)
     stored = store.current(api.env_token(), accept=api.server_accepts)
-    future = from_the_future(stored.issued_at, now, f"the token store's issued_at ({store.path})")
-    if future is not None or stored.age(now) >= policy.renew_after:
+    if (due := policy.renewal_due(store, stored, now)) is not None:
         rotation = store.rotate(
             api.api_token,
             lambda old_token: generate_token(api, old_token),
@@ -236,7 +245,7 @@ def renew_or_check(
         )
         check_token(api, rotation.token, "The renewed token (stored already)", retries=0)
         verb = "renewed" if rotation.renewed else "renewed by another process"
-        why = f" because {future}" if future is not None else ""
+        why = due.removeprefix("renewal due")
         return TickOutcome(
             message=f"token {verb}{why}; valid until {policy.valid_until(rotation.stored)}",
             renewed=rotation.renewed,
@@ -246,6 +255,7 @@ def renew_or_check(
 
 
 __all__ = [
+    "RENEWAL_OFF",
     "Decision",
     "RenewalPolicy",
     "TickOutcome",

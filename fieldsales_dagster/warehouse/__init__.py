@@ -1,1 +1,1 @@
-"""The lake: attaching it, committing, upkeep and export (lake.py); the resource (resource.py)."""
+"""The lake: attaching it, committing, upkeep and export (lake.py); the resource (warehouse.py)."""

@@ -59,6 +59,7 @@ from typing import Any, TypeVar
 import duckdb
 import filelock
 
+from fieldsales_dagster.warehouse.quoting import quote_ident, sql_literal
 from fieldsales_dagster.warehouse.rows import one_row
 
 #: The DuckDB release the extension wheels serve; duckdb itself is pinned to the same release.
@@ -188,17 +189,9 @@ class Lake:
         if read_only:
             options.append("READ_ONLY")
         return (
-            f"ATTACH {sql_literal('ducklake:' + self.catalog)} AS {quote(self.alias)} "
+            f"ATTACH {sql_literal('ducklake:' + self.catalog)} AS {quote_ident(self.alias)} "
             f"({', '.join(options)})"
         )
-
-
-def sql_literal(text: str) -> str:
-    return "'" + text.replace("'", "''") + "'"
-
-
-def quote(name: str) -> str:
-    return '"' + name.replace('"', '""') + '"'
 
 
 def extension_directory() -> Path:
@@ -308,7 +301,7 @@ def connect(
                 f"{lake.data_folder!r} (FIELDSALES_DUCKLAKE_CATALOG, "
                 f"FIELDSALES_DUCKLAKE_DATA_PATH).{hint} DuckDB: {exc}"
             ) from exc
-        conn.execute(f"USE {quote(lake.alias)}")
+        conn.execute(f"USE {quote_ident(lake.alias)}")
         if not read_only:
             run_transaction(conn, lake.alias, functools.partial(_set_options, conn, lake))
             check_tenant(conn, lake)
@@ -491,13 +484,14 @@ LAKE_OPTIONS = {
 def _set_options(conn: duckdb.DuckDBPyConnection, lake: Lake) -> None:
     """Set ``LAKE_OPTIONS`` once per lake (each change is a commit of the catalog)."""
     current = dict(
-        conn.execute(f"SELECT option_name, value FROM {quote(lake.alias)}.options()").fetchall()
+        conn.execute(
+            f"SELECT option_name, value FROM {quote_ident(lake.alias)}.options()"
+        ).fetchall()
     )
     for name, (value, stored) in LAKE_OPTIONS.items():
         if current.get(name) != stored:
-            conn.execute(
-                f"CALL {quote(lake.alias)}.set_option({sql_literal(name)}, {sql_literal(value)})"
-            )
+            option = f"{sql_literal(name)}, {sql_literal(value)}"
+            conn.execute(f"CALL {quote_ident(lake.alias)}.set_option({option})")
 
 
 #: One DuckDB instance per process and lake, with the extensions loaded and the lake attached:
@@ -521,7 +515,7 @@ def writer_connection(lake: Lake, config: DuckDBConfig) -> duckdb.DuckDBPyConnec
             instance = _INSTANCES[key] = connect(lake, config)
         cursor = instance.cursor()
     try:
-        cursor.execute(f"USE {quote(lake.alias)}")  # a cursor starts in the default database
+        cursor.execute(f"USE {quote_ident(lake.alias)}")  # a cursor starts in the default database
     except BaseException:
         cursor.close()
         raise
@@ -648,7 +642,9 @@ def stored_files(conn: duckdb.DuckDBPyConnection, lake: Lake) -> StoredFiles:
     if "://" not in lake.data_folder:
         sizes = [p.stat().st_size for p in Path(lake.data_folder).rglob("*.parquet")]
         return StoredFiles(len(sizes), sum(sizes), "storage")
-    metadata = f"{quote('__ducklake_metadata_' + lake.alias)}.{quote(lake.schema or 'main')}"
+    metadata = (
+        f"{quote_ident('__ducklake_metadata_' + lake.alias)}.{quote_ident(lake.schema or 'main')}"
+    )
     files, size = one_row(
         conn,
         f"SELECT count(*), coalesce(sum(file_size_bytes), 0) FROM (SELECT file_size_bytes FROM "
@@ -705,7 +701,7 @@ def upkeep(
             f"to_microseconds({int(orphan_seconds * 1e6)}))",
         )
     ]
-    (last,) = one_row(conn, f"SELECT max(snapshot_id) FROM {quote(lake.alias)}.snapshots()")
+    (last,) = one_row(conn, f"SELECT max(snapshot_id) FROM {quote_ident(lake.alias)}.snapshots()")
     return Upkeep(
         before,
         stored_files(conn, lake),
@@ -717,7 +713,7 @@ def upkeep(
 
 
 def _snapshots(conn: duckdb.DuckDBPyConnection, lake: Lake) -> int:
-    return one_row(conn, f"SELECT count(*) FROM {quote(lake.alias)}.snapshots()")[0]
+    return one_row(conn, f"SELECT count(*) FROM {quote_ident(lake.alias)}.snapshots()")[0]
 
 
 # --- the single-file export ---------------------------------------------------------------------
@@ -864,18 +860,21 @@ def export_snapshot(
                 f"(STORAGE_VERSION {sql_literal(EXPORT_STORAGE_VERSION)})"
             )
             conn.execute("BEGIN TRANSACTION")
-            (snapshot,) = one_row(conn, f"SELECT id FROM {quote(lake.alias)}.current_snapshot()")
+            (snapshot,) = one_row(
+                conn, f"SELECT id FROM {quote_ident(lake.alias)}.current_snapshot()"
+            )
             found = conn.execute(
                 "SELECT schema_name, table_name FROM duckdb_tables() WHERE database_name = ? "
                 "AND NOT starts_with(table_name, '_stage_') ORDER BY ALL",
                 [lake.alias],
             ).fetchall()
             for schema in sorted({schema for schema, _ in found} | {"meta"}):
-                conn.execute(f"CREATE SCHEMA IF NOT EXISTS fieldsales_export.{quote(schema)}")
+                conn.execute(f"CREATE SCHEMA IF NOT EXISTS fieldsales_export.{quote_ident(schema)}")
             for schema, name in found:
+                table = f"{quote_ident(schema)}.{quote_ident(name)}"
                 conn.execute(
-                    f"CREATE TABLE fieldsales_export.{quote(schema)}.{quote(name)} AS "
-                    f"SELECT * FROM {quote(lake.alias)}.{quote(schema)}.{quote(name)}"
+                    f"CREATE TABLE fieldsales_export.{table} AS "
+                    f"SELECT * FROM {quote_ident(lake.alias)}.{table}"
                 )
             tables = len(found)
             conn.execute(
@@ -993,7 +992,7 @@ def analyst_sql(lake: Lake) -> str:
             f"-- the password: CREATE TEMPORARY SECRET (TYPE postgres, PASSWORD '...'); "
             f"(from {lake.password_env_var})"
         )
-    lines += [f"{lake.attach_sql(read_only=True)};", f"USE {quote(lake.alias)};"]
+    lines += [f"{lake.attach_sql(read_only=True)};", f"USE {quote_ident(lake.alias)};"]
     return "\n".join(lines) + "\n"
 
 

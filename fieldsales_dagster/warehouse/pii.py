@@ -24,7 +24,7 @@ from typing import Literal
 
 import duckdb
 
-from fieldsales_dagster.warehouse.resource import qualified
+from fieldsales_dagster.warehouse.quoting import qualified
 from fieldsales_dagster.warehouse.rows import one_row
 
 PiiPolicy = Literal["keep", "hash", "drop"]
@@ -43,15 +43,23 @@ class PiiSettingError(ValueError):
     """The privacy settings cannot be applied as given."""
 
 
-def hmac_pads(key: str) -> dict[str, bytes]:
-    """The HMAC inner and outer padded keys, as query parameters for ``hmac_sql``."""
+def check_hash_key(key: str | None, variable: str = "FIELDSALES_PII_HASH_KEY") -> str:
+    """``key`` if ``pii: hash`` can use it (at least ``MIN_HASH_KEY_CHARS`` characters), else a
+    ``PiiSettingError`` naming ``variable``, the variable it is read from."""
+    key = (key or "").strip()
     if len(key) < MIN_HASH_KEY_CHARS:
         raise PiiSettingError(
-            f"pii_hash_key (FIELDSALES_PII_HASH_KEY) must be at least {MIN_HASH_KEY_CHARS} "
-            f"characters for FIELDSALES_PII=hash; it has {len(key)}. Set it to a long random "
-            "secret (for example `python -c 'import secrets; print(secrets.token_hex(32))'`) and "
-            "keep it: a new key gives every value a new hash."
+            f"pii: hash needs a secret key in {variable} (at least {MIN_HASH_KEY_CHARS} "
+            f"characters; the key, pii_hash_key, has {len(key)}). Set it to a long random secret "
+            "(for example `python -c 'import secrets; print(secrets.token_hex(32))'`) and keep it: "
+            "a new key gives every value a new hash. Or choose pii: keep or drop (FIELDSALES_PII)."
         )
+    return key
+
+
+def hmac_pads(key: str) -> dict[str, bytes]:
+    """The HMAC inner and outer padded keys, as query parameters for ``hmac_sql``."""
+    check_hash_key(key)
     raw = key.encode()
     if len(raw) > _BLOCK:
         raw = hashlib.sha256(raw).digest()

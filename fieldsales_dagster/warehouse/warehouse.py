@@ -32,13 +32,12 @@ from pydantic import Field, field_validator, model_validator
 from fieldsales_dagster.loading.modes import RefreshMode, validate_refresh_mode
 from fieldsales_dagster.paths import check_file_setting, resolved
 from fieldsales_dagster.pause import pause_at
-from fieldsales_dagster.settings import setting_field
+from fieldsales_dagster.settings import check_lake_location, setting_field
 from fieldsales_dagster.warehouse.lake import (
     DEFAULT_CATALOG,
     DuckDBConfig,
     Export,
     Lake,
-    check_catalog,
     connect,
     default_data_path,
     export_snapshot,
@@ -46,13 +45,12 @@ from fieldsales_dagster.warehouse.lake import (
     run_transaction,
     writer_connection,
 )
+from fieldsales_dagster.warehouse.pii import check_hash_key
+from fieldsales_dagster.warehouse.quoting import qualified, quote_ident
 from fieldsales_dagster.warehouse.rows import one_row
 
 T = TypeVar("T")
 
-#: The schemas the project writes and rebuilds. Anything else in the lake (``analytics``, a
-#: team's own schema) belongs to its users: never dropped.
-PROJECT_SCHEMAS = frozenset({"raw", "core", "mart", "meta"})
 #: Spool files of raw loads: ``<local folder>/.fieldsales_spool/lake/``.
 SPOOL_DIR_NAME = ".fieldsales_spool"
 #: The folder of a lake's local files (DuckDB's spills, the raw loads' spools), beside a SQLite
@@ -142,17 +140,15 @@ class FieldSalesWarehouse(dg.ConfigurableResource):
 
     @field_validator("ducklake_catalog")
     @classmethod
-    def _check_catalog(cls, value: str | None) -> str | None:
-        return None if not value else check_catalog(value.strip())
+    def _blank_catalog_is_unset(cls, value: str | None) -> str | None:
+        return value.strip() or None if value else None
 
     @model_validator(mode="after")
-    def _hash_needs_a_key(self) -> FieldSalesWarehouse:
-        if self.pii == "hash" and not self.pii_hash_key:
-            raise ValueError(
-                "pii='hash' (FIELDSALES_PII=hash) needs pii_hash_key: set "
-                "FIELDSALES_PII_HASH_KEY to a secret of at least 16 characters, or choose "
-                "pii='keep' or 'drop'."
-            )
+    def _check_settings(self) -> FieldSalesWarehouse:
+        # The checks of the component's storage: and pii: settings, for a warehouse built by hand.
+        check_lake_location(self.ducklake_catalog, self.ducklake_data_path)
+        if self.pii == "hash" and not isinstance(self.pii_hash_key, dg.EnvVar):
+            check_hash_key(self.pii_hash_key)  # an EnvVar is read, and checked, at run time
         return self
 
     # --- where things live --------------------------------------------------------------------
@@ -285,16 +281,6 @@ def spool_folder(database: Path) -> Path:
     """Where raw loads spool pages, for a database whose local files sit at ``database``."""
     database = database.resolve()
     return database.parent / SPOOL_DIR_NAME / database.name
-
-
-def quote_ident(name: str) -> str:
-    return '"' + name.replace('"', '""') + '"'
-
-
-def qualified(table: str) -> str:
-    """``schema.table`` -> ``"schema"."table"``."""
-    schema, _, name = table.partition(".")
-    return f"{quote_ident(schema)}.{quote_ident(name)}"
 
 
 def table_exists(conn: duckdb.DuckDBPyConnection, table: str) -> bool:
