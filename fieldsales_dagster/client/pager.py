@@ -33,20 +33,27 @@ same shape). Its rules:
 * the completeness rule (``completeness.py``): after a pass, each list's distinct ids (counted
   where the pages were stored, ``Staging.counts``) must equal the server's final total, no id may
   have come twice with different content (``Staging.differing``) and no page boundary may have
-  shifted, or the list is repaired or paged again, within ``max_list_passes`` passes.
+  shifted, or the list is repaired or paged again, within ``max_list_passes`` passes;
+* the proof that a pass holds a set the server had: a list the rule accepts is read once more,
+  storing nothing (``_verify``), and every item the pass holds must be listed again with the same
+  content. No count, boundary or stop position can show two changes that cancel each other's
+  shift inside one page (an item deleted, another inserted a few positions on); the re-read
+  does, whatever moved. It costs a second fetch of every page, and an 8-byte digest per item.
 """
 
 from __future__ import annotations
 
 import threading
 import time
+from array import array
 from collections import deque
 from collections.abc import Callable, Hashable, Iterator
 from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING, Protocol, cast
 
 import msgspec
+import numpy as np
 
 from fieldsales_dagster.client.completeness import (
     Action,
@@ -212,6 +219,19 @@ def _identity(keys: ItemKeys, item: msgspec.Raw) -> int:
     """What tells items apart: the ``_id``, or the whole item where it has none."""
     item_id = id_text(keys[0])
     return hash(("id", item_id)) if item_id is not None else hash(bytes(item))
+
+
+def item_digest(item: msgspec.Raw | bytes) -> int:
+    """A 64-bit digest of an item as received: its id and its content (the id is in the item).
+    Compared within one process only (``hash`` is keyed per process), never stored."""
+    return hash(bytes(item))
+
+
+def _gone(held: _ListPass, again: _ListPass) -> np.ndarray:
+    """Digests of items ``held`` kept that ``again`` did not see."""
+    return np.setdiff1d(
+        np.frombuffer(held.digests, np.int64), np.frombuffer(again.digests, np.int64)
+    )
 
 
 # --- the strategy: pure -------------------------------------------------------------------------
@@ -423,6 +443,10 @@ class Staging(Protocol):
         """Ids of one list stored more than once with different content: how many, and a
         few of them (``NAMED_IDS``)."""
 
+    def ids_of(self, key: Hashable, digests: set[int]) -> list[str]:
+        """The first few ids (``NAMED_IDS``, in order) of one list's stored items whose
+        ``item_digest`` is among ``digests``."""
+
 
 class _ListPass:
     """One pass (or one repair window) over one list: its strategy and what it received."""
@@ -433,6 +457,7 @@ class _ListPass:
         stats: ListStats,
         strategy: OffsetWindows,
         decode: msgspec.json.Decoder,
+        digests: array[int] | None = None,
     ):
         self.stream = stream
         self.stats = stats
@@ -450,6 +475,9 @@ class _ListPass:
         self.edges: dict[int, tuple[int, str]] = {}
         #: A whole pass over the list, not a repair window.
         self.whole = strategy.start == 0 and strategy.stop is None
+        #: A digest of each item kept, ``(id, content)`` as received (``item_digest``); a pass
+        #: and its repair windows share one array: 8 bytes per item, no per-id object.
+        self.digests: array[int] = digests if digests is not None else array("q")
 
 
 @dataclass
@@ -538,7 +566,7 @@ class PageExecutor:
                 self._stage(windows)
                 unjudged = repairing
             repage: list[Stream] = []
-            for lp, facts, verdict in judged:
+            for lp, facts, verdict in self._verify(judged):
                 if verdict.action is Action.ACCEPT:
                     results[lp.stream.key] = ListResult(
                         lp.stream, lp.stats, facts, verdict, number, lp.repairs
@@ -564,12 +592,69 @@ class PageExecutor:
             todo = repage
         return results
 
+    def _verify(
+        self, judged: list[tuple[_ListPass, PassFacts, Verdict]]
+    ) -> list[tuple[_ListPass, PassFacts, Verdict]]:
+        """Read every list the rule accepted once more, storing nothing, and judge it again.
+
+        Each item the pass holds must be listed again, with the same content, after the pass
+        ended: then it was listed at that moment (an id deleted does not come back, content that
+        changed does not change back). With the rule's count, that is the whole list of that
+        moment. A shift anywhere (an item deleted and another inserted inside one page, the
+        total moved by a third change) leaves an item the re-read no longer lists, and the list
+        is paged again. Items the re-read lists beyond the pass's are a list that grew after it:
+        a busy tenant's inserts do not fail it, and the items a re-read's pages answered out of
+        order around an insert skipped (``gap_windows``) are read once more before an item
+        counts as gone. The re-read keeps one 8-byte digest per item.
+        """
+        rereads = {
+            id(lp): (lp, self._pass(lp.stream, ListStats(parent=self.spent)))
+            for lp, _, verdict in judged
+            if verdict.action is Action.ACCEPT
+        }
+        for _, again in rereads.values():
+            again.whole = False  # the list was counted done with its pass
+        self._drain([again for _, again in rereads.values()])
+        gaps = [
+            self._pass(lp.stream, again.stats, start, stop, again.digests)
+            for lp, again in rereads.values()
+            if _gone(lp, again).size
+            for start, stop in gap_windows(again.stats.answers, again.stats.total or 0)
+        ]
+        self._drain(gaps)
+        out = []
+        for lp, facts, verdict in judged:
+            if id(lp) in rereads:
+                gone = _gone(lp, rereads[id(lp)][1])
+                if gone.size:
+                    assert self.staging is not None
+                    named = self.staging.ids_of(lp.stream.key, set(gone.tolist()))
+                    facts = replace(facts, unverified=int(gone.size), unverified_ids=tuple(named))
+                    verdict = judge_pass(facts)
+                else:
+                    reason = f"{verdict.reason}; read again, the list still held every item"
+                    verdict = replace(verdict, reason=reason)
+            out.append((lp, facts, verdict))
+        return out
+
+    def _drain(self, passes: list[_ListPass]) -> None:
+        """Fetch every page of ``passes`` and keep only their digests."""
+        for _ in self._fetch(passes):
+            pass
+
     def pages(self, lists: list[Stream]) -> Iterator[tuple[Stream, Page]]:
         """Every page of one pass over ``lists`` as it arrives, stored nowhere and held to no
         completeness rule: the fetch alone, as the benchmarks measure it."""
         return self._fetch([self._pass(stream, ListStats(parent=self.spent)) for stream in lists])
 
-    def _pass(self, stream: Stream, stats: ListStats, start: int = 0, stop: int | None = None):
+    def _pass(
+        self,
+        stream: Stream,
+        stats: ListStats,
+        start: int = 0,
+        stop: int | None = None,
+        digests: array[int] | None = None,
+    ) -> _ListPass:
         decode = self._decoders.get(stream.endpoint)
         if decode is None:
             decode = self._decoders[stream.endpoint] = key_decoder(stream.endpoint)
@@ -580,7 +665,7 @@ class PageExecutor:
             doubt_total_from=stream.doubt_total_from,
             overlap=OVERLAP,
         )
-        return _ListPass(stream, stats, strategy, decode)
+        return _ListPass(stream, stats, strategy, decode, digests)
 
     def _repairs(
         self, lp: _ListPass, verdict: Verdict, facts: PassFacts, number: int
@@ -596,7 +681,7 @@ class PageExecutor:
         if lp.repairs == 1:  # boundaries the pass's pages straddled while the list grew
             windows += gap_windows(lp.stats.answers, facts.total or 0)
         windows.append((verdict.tail_from, None))
-        return [self._pass(lp.stream, lp.stats, start, stop) for start, stop in windows]
+        return [self._pass(lp.stream, lp.stats, start, stop, lp.digests) for start, stop in windows]
 
     def _stage(self, passes: list[_ListPass]) -> None:
         if passes:
@@ -743,6 +828,7 @@ class PageExecutor:
                 if lp.repeated_pages >= NO_NEW_IDS_PAGES:
                     raise PagingError(self._repeats_message(lp, page, page_hash))
             lp.page_hashes.add(page_hash)
+        lp.digests.extend(map(item_digest, items))
         stats.count(items=len(items))
         return Page(page.skip, items, page.total, page.nbytes, page_keys, page.line_breaks)
 

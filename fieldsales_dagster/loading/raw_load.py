@@ -45,6 +45,7 @@ from fieldsales_dagster.client.pager import (
     PageExecutor,
     Stream,
     id_text,
+    item_digest,
     item_keys,
     key_decoder,
 )
@@ -462,6 +463,18 @@ class Staging:
             params,
         )
         return count, list(ids or [])
+
+    def ids_of(self, key: Hashable, digests: set[int]) -> list[str]:
+        where, params = "", {}
+        if self.by is not None:
+            where, params = f"WHERE {quote_ident(self.by)} = $key", {"key": key}
+        cursor = self.conn.execute(
+            f"SELECT id, payload::VARCHAR FROM {qualified(self.table)} {where}", params
+        )
+        found: set[str] = set()
+        while rows := cursor.fetchmany(10_000):
+            found.update(i for i, payload in rows if item_digest(payload.encode()) in digests)
+        return sorted(found)[:NAMED_IDS]
 
     def forget(self, keys: list[Hashable]) -> None:
         if self.by is None:
