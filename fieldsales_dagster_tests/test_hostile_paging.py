@@ -565,8 +565,8 @@ def test_an_event_list_that_moved_is_paged_again_alone(tmp_path):
     it was paged is paged again, its first pass's rows forgotten; the others are not asked again."""
     from datetime import UTC, datetime
 
-    from fieldsales_dagster.client.pager import PageExecutor, Stream
-    from fieldsales_dagster.loading.raw_load import Staging, raw_table_ddl
+    from fieldsales_dagster.client.pager import Stream
+    from fieldsales_dagster.loading.raw_load import Staging, page_executor, raw_table_ddl
 
     def event_items(event, start, stop):
         return [{"_id": f"{event}-{i:03d}", "eventId": event} for i in range(start, stop)]
@@ -594,7 +594,7 @@ def test_an_event_list_that_moved_is_paged_again_alone(tmp_path):
             Stream(TRANSACTIONS.with_params(eventId=e), e, api.page_size)
             for e in ("moving", "calm")
         ]
-        results = PageExecutor(api, staging, label="by event").run(lists)
+        results = page_executor(api, staging, label="by event").run(lists)
         asked = [dict(a.params)["eventId"] for a in server.asked]
     assert {key: result.passes for key, result in results.items()} == {"moving": 2, "calm": 1}
     assert staging.counts() == {"moving": (149, 149), "calm": (30, 30)}

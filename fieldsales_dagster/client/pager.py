@@ -21,7 +21,9 @@ same shape). Its rules:
   them).
 
 ``PageExecutor`` runs many lists (``Stream``: an endpoint with fixed parameters, such as
-``eventId``) over one thread pool of ``api.concurrency`` requests. It owns what every list shares:
+``eventId``) over one thread pool of ``limits.concurrency`` requests. It knows no client: it is
+given a ``fetch_page`` callable (``FieldSalesAPI.fetch_page``) and its ``Limits``, so each unit
+runs on scripted answers alone. It owns what every list shares:
 
 * the pass budget: a pass over one list holds at most ``max_pages_per_pass`` pages;
 * a page whose ids exactly repeat an earlier page of the pass brings nothing: after
@@ -50,7 +52,7 @@ from collections import deque
 from collections.abc import Callable, Hashable, Iterator
 from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
 from dataclasses import dataclass, field, replace
-from typing import TYPE_CHECKING, Protocol, cast
+from typing import Protocol, cast
 
 import msgspec
 import numpy as np
@@ -65,9 +67,6 @@ from fieldsales_dagster.client.completeness import (
 )
 from fieldsales_dagster.client.endpoints import ListEndpoint
 from fieldsales_dagster.client.errors import FieldSalesAPIError, PageFormatError
-
-if TYPE_CHECKING:
-    from fieldsales_dagster.client.resource import FieldSalesAPI
 
 #: Pages of one pass that repeat the ids of an earlier page, which prove the server pages
 #: forever. A list that moves can shift a whole page of known ids under a window once; three
@@ -492,6 +491,24 @@ class ListResult:
     repairs: int
 
 
+@dataclass(frozen=True)
+class Limits:
+    """What bounds the executor: the client's settings of the same names."""
+
+    #: Requests in flight at once, over every list.
+    concurrency: int
+    #: Pages one pass over one list may hold before the server counts as paging forever.
+    max_pages_per_pass: int
+    #: The largest item, in MB, let through to the staging table.
+    max_item_mb: int
+    #: Passes over one list before it is refused.
+    max_list_passes: int
+
+
+#: Fetches one page: ``(endpoint, skip, stats)``, counting its requests and retries in ``stats``.
+FetchPage = Callable[[ListEndpoint, int, ListStats], Page]
+
+
 class PageExecutor:
     """Pages many lists over one thread pool into ``staging`` until each is complete.
 
@@ -500,14 +517,16 @@ class PageExecutor:
 
     def __init__(
         self,
-        api: FieldSalesAPI,
+        fetch_page: FetchPage,
+        limits: Limits,
         staging: Staging | None,
         *,
         label: str,
         log: Callable[[str], None] = lambda message: None,
         spent: ListStats | None = None,
     ):
-        self.api = api
+        self.fetch_page = fetch_page
+        self.limits = limits
         self.staging = staging
         self.label = label
         self.log = log
@@ -521,7 +540,7 @@ class PageExecutor:
 
     def run(self, lists: list[Stream]) -> dict[Hashable, ListResult]:
         """Page every list, each until the rule accepts it; raises ``IncompleteListError``."""
-        max_passes = self.api.max_list_passes
+        max_passes = self.limits.max_list_passes
         staging = self.staging
         assert staging is not None, "run() pages into a staging table"
         results: dict[Hashable, ListResult] = {}
@@ -661,7 +680,7 @@ class PageExecutor:
         strategy = OffsetWindows(
             start,
             stop,
-            concurrency=self.api.concurrency,
+            concurrency=self.limits.concurrency,
             doubt_total_from=stream.doubt_total_from,
             overlap=OVERLAP,
         )
@@ -691,20 +710,20 @@ class PageExecutor:
     # --- requests -------------------------------------------------------------------------
 
     def _fetch(self, passes: list[_ListPass]) -> Iterator[tuple[Stream, Page]]:
-        """Every page of ``passes``, as it arrives; ``api.concurrency`` requests in flight.
+        """Every page of ``passes``, as it arrives; ``limits.concurrency`` requests in flight.
 
         Lists that have started go first, so a list's pages follow each other and few lists are
         open at once; the others start as requests come free.
         """
-        api = self.api
+        concurrency = self.limits.concurrency
         waiting = deque(passes)
         active: list[_ListPass] = []
-        pool = ThreadPoolExecutor(max_workers=api.concurrency, thread_name_prefix="fieldsales")
+        pool = ThreadPoolExecutor(max_workers=concurrency, thread_name_prefix="fieldsales")
         in_flight: dict[Future[Page], tuple[_ListPass, Window, int | None]] = {}
         last_progress = time.monotonic()
 
         def fill(lp: _ListPass) -> None:
-            while len(in_flight) < api.concurrency:
+            while len(in_flight) < concurrency:
                 window = lp.strategy.next_window(lp.in_flight)
                 if window is None:
                     if lp.in_flight == 0:
@@ -714,7 +733,7 @@ class PageExecutor:
                     return
                 endpoint = lp.stream.endpoint
                 skip = lp.strategy.asked_skip(window)
-                future = pool.submit(api.fetch_page, endpoint, skip, lp.stats)
+                future = pool.submit(self.fetch_page, endpoint, skip, lp.stats)
                 in_flight[future] = (lp, window, lp.stats.max_total_answered)
                 lp.in_flight += 1
 
@@ -722,7 +741,7 @@ class PageExecutor:
             while True:
                 for lp in active:
                     fill(lp)
-                while waiting and len(in_flight) < api.concurrency:
+                while waiting and len(in_flight) < concurrency:
                     active.append(waiting.popleft())
                     fill(active[-1])
                 active = [lp for lp in active if not lp.finished]
@@ -778,7 +797,7 @@ class PageExecutor:
         stats.answers.append((page.skip, page.n, page.total if use_totals else None))
         if page.total is not None and use_totals:
             stats.record_total(page.total, baseline)
-        max_pages = self.api.max_pages_per_pass
+        max_pages = self.limits.max_pages_per_pass
         if lp.pages > max_pages:
             raise PagingError(
                 f"{stream.where(page.skip)}: {lp.pages} pages in one pass over "
@@ -804,7 +823,7 @@ class PageExecutor:
         keep = page.n if step.keep is None else step.keep
         items = page.items[:keep]
         page_keys = [k for k in keys[:keep] if k is not None]  # none is: checked above
-        if items and max(map(len, items)) > self.api.max_item_mb << 20:
+        if items and max(map(len, items)) > self.limits.max_item_mb << 20:
             raise self._too_large(stream, page, items, page_keys)
         for index, key, value in lp.filters:
             for item_key in page_keys:
@@ -835,7 +854,7 @@ class PageExecutor:
     def _too_large(
         self, stream: Stream, page: Page, items: list[msgspec.Raw], keys: list[ItemKeys]
     ) -> ItemTooLargeError:
-        limit = self.api.max_item_mb
+        limit = self.limits.max_item_mb
         size, item_id = max(
             (len(item), id_text(key[0]) or "without _id")
             for item, key in zip(items, keys, strict=True)

@@ -41,6 +41,8 @@ from fieldsales_dagster.client.errors import FieldSalesAPIError
 from fieldsales_dagster.client.pager import (
     NAMED_IDS,
     ItemKeys,
+    Limits,
+    ListStats,
     Page,
     PageExecutor,
     Stream,
@@ -487,6 +489,24 @@ class Staging:
             )
 
 
+def page_executor(
+    api: FieldSalesAPI,
+    staging: Staging | None,
+    *,
+    label: str,
+    log: Callable[[str], None] = lambda message: None,
+    spent: ListStats | None = None,
+) -> PageExecutor:
+    """The executor that pages with ``api``: its ``fetch_page`` and its limits."""
+    limits = Limits(
+        concurrency=api.concurrency,
+        max_pages_per_pass=api.max_pages_per_pass,
+        max_item_mb=api.max_item_mb,
+        max_list_passes=api.max_list_passes,
+    )
+    return PageExecutor(api.fetch_page, limits, staging, label=label, log=log, spent=spent)
+
+
 def load_list(
     api: FieldSalesAPI,
     conn: duckdb.DuckDBPyConnection,
@@ -525,7 +545,7 @@ def load_list(
             spool_bytes,
             max_item_bytes=api.max_item_mb << 20,
         )
-        executor = PageExecutor(api, staging, label=endpoint.name, log=log)
+        executor = page_executor(api, staging, label=endpoint.name, log=log)
         try:
             staging.create()
             (result,) = executor.run([Stream(endpoint)]).values()
