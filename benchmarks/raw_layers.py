@@ -35,11 +35,12 @@ import duckdb
 
 from fieldsales_dagster.client.api import FieldSalesAPI
 from fieldsales_dagster.client.endpoints import TRANSACTIONS
-from fieldsales_dagster.client.pager import ListStats, PageExecutor, Stream, key_decoder
+from fieldsales_dagster.client.pager import ListStats, Stream, key_decoder
 from fieldsales_dagster.loading.raw_load import (
     _insert_sql,
     _write_all,
     load_list,
+    page_executor,
     raw_table_ddl,
     spool_parts,
 )
@@ -65,7 +66,7 @@ def _fetch(api: FieldSalesAPI, spool: Path | None) -> tuple[int, int]:
     stats = ListStats()
     decode = key_decoder(TRANSACTIONS)
     with open(spool or os.devnull, "wb", buffering=0) as out:
-        for _, page in PageExecutor(api, None, label="fetch", spent=stats).pages(
+        for _, page in page_executor(api, None, label="fetch", spent=stats).pages(
             [Stream(TRANSACTIONS)]
         ):
             if spool is not None:

@@ -2,7 +2,9 @@
 
 A pass is complete when its distinct ids equal the server's final total and nothing shows that the
 list moved under it: no total that went down, no id that came twice with different content, no
-page boundary where two pages held different items. A count alone is never the proof. Otherwise
+page boundary where two pages held different items. A count alone is never the proof: a pass the
+rule accepts is read again, and an item it holds that the re-read no longer lists as it was
+(``unverified``) is a list that moved, judged as copies that differ are. Otherwise
 the list is repaired where it grew (head, tail, and the gaps a pass's out-of-order answers left),
 paged again, or, after
 ``max_list_passes``, refused with what the server sent. The executor (``pager.py``) applies the
@@ -53,6 +55,10 @@ class PassFacts:
     #: Page boundaries where two pages held different items, and a few of them in words.
     shifts: int = 0
     shifted_at: tuple[str, ...] = ()
+    #: Items the pass holds that a re-read of the whole list after it no longer listed as they
+    #: were (deleted, or their content changed), and a few of their ids.
+    unverified: int = 0
+    unverified_ids: tuple[str, ...] = ()
 
     @property
     def total(self) -> int | None:
@@ -81,6 +87,15 @@ class PassFacts:
             signs.append(
                 f"the list shifted under {self.shifts} page boundaries (position: the id one "
                 f"page held there, then the id another held: {named}{more})"
+            )
+        if self.unverified:
+            named = ", ".join(self.unverified_ids)
+            more = f" and {self.unverified - len(self.unverified_ids)} more" * (
+                self.unverified > len(self.unverified_ids)
+            )
+            signs.append(
+                f"{self.unverified} items the pass holds were gone or changed when the list was "
+                f"read again ({named}{more})"
             )
         return "; ".join(signs)
 
@@ -124,7 +139,7 @@ def judge_pass(facts: PassFacts) -> Verdict:
     # so no count can vouch for it. A list whose total only grew is repaired below instead: its
     # new items shift the boundaries, and the head, tail and gap windows fetch what they pushed.
     grew = len(f.totals_seen) > 1 and not f.total_decreased
-    if f.differing or (f.shifts and not grew):
+    if f.differing or f.unverified or (f.shifts and not grew):
         if not last:
             return Verdict(Action.REPAGE, f"{f.moves()}: the list moved while it was paged")
         return Verdict(

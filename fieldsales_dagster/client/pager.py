@@ -21,7 +21,9 @@ same shape). Its rules:
   them).
 
 ``PageExecutor`` runs many lists (``Stream``: an endpoint with fixed parameters, such as
-``eventId``) over one thread pool of ``api.concurrency`` requests. It owns what every list shares:
+``eventId``) over one thread pool of ``limits.concurrency`` requests. It knows no client: it is
+given a ``fetch_page`` callable (``FieldSalesAPI.fetch_page``) and its ``Limits``, so each unit
+runs on scripted answers alone. It owns what every list shares:
 
 * the pass budget: a pass over one list holds at most ``max_pages_per_pass`` pages;
 * a page whose ids exactly repeat an earlier page of the pass brings nothing: after
@@ -33,20 +35,27 @@ same shape). Its rules:
 * the completeness rule (``completeness.py``): after a pass, each list's distinct ids (counted
   where the pages were stored, ``Staging.counts``) must equal the server's final total, no id may
   have come twice with different content (``Staging.differing``) and no page boundary may have
-  shifted, or the list is repaired or paged again, within ``max_list_passes`` passes.
+  shifted, or the list is repaired or paged again, within ``max_list_passes`` passes;
+* the proof that a pass holds a set the server had: a list the rule accepts is read once more,
+  storing nothing (``_verify``), and every item the pass holds must be listed again with the same
+  content. No count, boundary or stop position can show two changes that cancel each other's
+  shift inside one page (an item deleted, another inserted a few positions on); the re-read
+  does, whatever moved. It costs a second fetch of every page, and an 8-byte digest per item.
 """
 
 from __future__ import annotations
 
 import threading
 import time
+from array import array
 from collections import deque
 from collections.abc import Callable, Hashable, Iterator
 from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
-from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Protocol, cast
+from dataclasses import dataclass, field, replace
+from typing import Protocol, cast
 
 import msgspec
+import numpy as np
 
 from fieldsales_dagster.client.completeness import (
     Action,
@@ -58,9 +67,6 @@ from fieldsales_dagster.client.completeness import (
 )
 from fieldsales_dagster.client.endpoints import ListEndpoint
 from fieldsales_dagster.client.errors import FieldSalesAPIError, PageFormatError
-
-if TYPE_CHECKING:
-    from fieldsales_dagster.client.api import FieldSalesAPI
 
 #: Pages of one pass that repeat the ids of an earlier page, which prove the server pages
 #: forever. A list that moves can shift a whole page of known ids under a window once; three
@@ -212,6 +218,19 @@ def _identity(keys: ItemKeys, item: msgspec.Raw) -> int:
     """What tells items apart: the ``_id``, or the whole item where it has none."""
     item_id = id_text(keys[0])
     return hash(("id", item_id)) if item_id is not None else hash(bytes(item))
+
+
+def item_digest(item: msgspec.Raw | bytes) -> int:
+    """A 64-bit digest of an item as received: its id and its content (the id is in the item).
+    Compared within one process only (``hash`` is keyed per process), never stored."""
+    return hash(bytes(item))
+
+
+def _gone(held: _ListPass, again: _ListPass) -> np.ndarray:
+    """Digests of items ``held`` kept that ``again`` did not see."""
+    return np.setdiff1d(
+        np.frombuffer(held.digests, np.int64), np.frombuffer(again.digests, np.int64)
+    )
 
 
 # --- the strategy: pure -------------------------------------------------------------------------
@@ -423,6 +442,10 @@ class Staging(Protocol):
         """Ids of one list stored more than once with different content: how many, and a
         few of them (``NAMED_IDS``)."""
 
+    def ids_of(self, key: Hashable, digests: set[int]) -> list[str]:
+        """The first few ids (``NAMED_IDS``, in order) of one list's stored items whose
+        ``item_digest`` is among ``digests``."""
+
 
 class _ListPass:
     """One pass (or one repair window) over one list: its strategy and what it received."""
@@ -433,6 +456,7 @@ class _ListPass:
         stats: ListStats,
         strategy: OffsetWindows,
         decode: msgspec.json.Decoder,
+        digests: array[int] | None = None,
     ):
         self.stream = stream
         self.stats = stats
@@ -450,6 +474,9 @@ class _ListPass:
         self.edges: dict[int, tuple[int, str]] = {}
         #: A whole pass over the list, not a repair window.
         self.whole = strategy.start == 0 and strategy.stop is None
+        #: A digest of each item kept, ``(id, content)`` as received (``item_digest``); a pass
+        #: and its repair windows share one array: 8 bytes per item, no per-id object.
+        self.digests: array[int] = digests if digests is not None else array("q")
 
 
 @dataclass
@@ -464,6 +491,24 @@ class ListResult:
     repairs: int
 
 
+@dataclass(frozen=True)
+class Limits:
+    """What bounds the executor: the client's settings of the same names."""
+
+    #: Requests in flight at once, over every list.
+    concurrency: int
+    #: Pages one pass over one list may hold before the server counts as paging forever.
+    max_pages_per_pass: int
+    #: The largest item, in MB, let through to the staging table.
+    max_item_mb: int
+    #: Passes over one list before it is refused.
+    max_list_passes: int
+
+
+#: Fetches one page: ``(endpoint, skip, stats)``, counting its requests and retries in ``stats``.
+FetchPage = Callable[[ListEndpoint, int, ListStats], Page]
+
+
 class PageExecutor:
     """Pages many lists over one thread pool into ``staging`` until each is complete.
 
@@ -472,14 +517,16 @@ class PageExecutor:
 
     def __init__(
         self,
-        api: FieldSalesAPI,
+        fetch_page: FetchPage,
+        limits: Limits,
         staging: Staging | None,
         *,
         label: str,
         log: Callable[[str], None] = lambda message: None,
         spent: ListStats | None = None,
     ):
-        self.api = api
+        self.fetch_page = fetch_page
+        self.limits = limits
         self.staging = staging
         self.label = label
         self.log = log
@@ -493,7 +540,7 @@ class PageExecutor:
 
     def run(self, lists: list[Stream]) -> dict[Hashable, ListResult]:
         """Page every list, each until the rule accepts it; raises ``IncompleteListError``."""
-        max_passes = self.api.max_list_passes
+        max_passes = self.limits.max_list_passes
         staging = self.staging
         assert staging is not None, "run() pages into a staging table"
         results: dict[Hashable, ListResult] = {}
@@ -538,7 +585,7 @@ class PageExecutor:
                 self._stage(windows)
                 unjudged = repairing
             repage: list[Stream] = []
-            for lp, facts, verdict in judged:
+            for lp, facts, verdict in self._verify(judged):
                 if verdict.action is Action.ACCEPT:
                     results[lp.stream.key] = ListResult(
                         lp.stream, lp.stats, facts, verdict, number, lp.repairs
@@ -564,23 +611,80 @@ class PageExecutor:
             todo = repage
         return results
 
+    def _verify(
+        self, judged: list[tuple[_ListPass, PassFacts, Verdict]]
+    ) -> list[tuple[_ListPass, PassFacts, Verdict]]:
+        """Read every list the rule accepted once more, storing nothing, and judge it again.
+
+        Each item the pass holds must be listed again, with the same content, after the pass
+        ended: then it was listed at that moment (an id deleted does not come back, content that
+        changed does not change back). With the rule's count, that is the whole list of that
+        moment. A shift anywhere (an item deleted and another inserted inside one page, the
+        total moved by a third change) leaves an item the re-read no longer lists, and the list
+        is paged again. Items the re-read lists beyond the pass's are a list that grew after it:
+        a busy tenant's inserts do not fail it, and the items a re-read's pages answered out of
+        order around an insert skipped (``gap_windows``) are read once more before an item
+        counts as gone. The re-read keeps one 8-byte digest per item.
+        """
+        rereads = {
+            id(lp): (lp, self._pass(lp.stream, ListStats(parent=self.spent)))
+            for lp, _, verdict in judged
+            if verdict.action is Action.ACCEPT
+        }
+        for _, again in rereads.values():
+            again.whole = False  # the list was counted done with its pass
+        self._drain([again for _, again in rereads.values()])
+        gaps = [
+            self._pass(lp.stream, again.stats, start, stop, again.digests)
+            for lp, again in rereads.values()
+            if _gone(lp, again).size
+            for start, stop in gap_windows(again.stats.answers, again.stats.total or 0)
+        ]
+        self._drain(gaps)
+        out = []
+        for lp, facts, verdict in judged:
+            if id(lp) in rereads:
+                gone = _gone(lp, rereads[id(lp)][1])
+                if gone.size:
+                    assert self.staging is not None
+                    named = self.staging.ids_of(lp.stream.key, set(gone.tolist()))
+                    facts = replace(facts, unverified=int(gone.size), unverified_ids=tuple(named))
+                    verdict = judge_pass(facts)
+                else:
+                    reason = f"{verdict.reason}; read again, the list still held every item"
+                    verdict = replace(verdict, reason=reason)
+            out.append((lp, facts, verdict))
+        return out
+
+    def _drain(self, passes: list[_ListPass]) -> None:
+        """Fetch every page of ``passes`` and keep only their digests."""
+        for _ in self._fetch(passes):
+            pass
+
     def pages(self, lists: list[Stream]) -> Iterator[tuple[Stream, Page]]:
         """Every page of one pass over ``lists`` as it arrives, stored nowhere and held to no
         completeness rule: the fetch alone, as the benchmarks measure it."""
         return self._fetch([self._pass(stream, ListStats(parent=self.spent)) for stream in lists])
 
-    def _pass(self, stream: Stream, stats: ListStats, start: int = 0, stop: int | None = None):
+    def _pass(
+        self,
+        stream: Stream,
+        stats: ListStats,
+        start: int = 0,
+        stop: int | None = None,
+        digests: array[int] | None = None,
+    ) -> _ListPass:
         decode = self._decoders.get(stream.endpoint)
         if decode is None:
             decode = self._decoders[stream.endpoint] = key_decoder(stream.endpoint)
         strategy = OffsetWindows(
             start,
             stop,
-            concurrency=self.api.concurrency,
+            concurrency=self.limits.concurrency,
             doubt_total_from=stream.doubt_total_from,
             overlap=OVERLAP,
         )
-        return _ListPass(stream, stats, strategy, decode)
+        return _ListPass(stream, stats, strategy, decode, digests)
 
     def _repairs(
         self, lp: _ListPass, verdict: Verdict, facts: PassFacts, number: int
@@ -596,7 +700,7 @@ class PageExecutor:
         if lp.repairs == 1:  # boundaries the pass's pages straddled while the list grew
             windows += gap_windows(lp.stats.answers, facts.total or 0)
         windows.append((verdict.tail_from, None))
-        return [self._pass(lp.stream, lp.stats, start, stop) for start, stop in windows]
+        return [self._pass(lp.stream, lp.stats, start, stop, lp.digests) for start, stop in windows]
 
     def _stage(self, passes: list[_ListPass]) -> None:
         if passes:
@@ -606,20 +710,20 @@ class PageExecutor:
     # --- requests -------------------------------------------------------------------------
 
     def _fetch(self, passes: list[_ListPass]) -> Iterator[tuple[Stream, Page]]:
-        """Every page of ``passes``, as it arrives; ``api.concurrency`` requests in flight.
+        """Every page of ``passes``, as it arrives; ``limits.concurrency`` requests in flight.
 
         Lists that have started go first, so a list's pages follow each other and few lists are
         open at once; the others start as requests come free.
         """
-        api = self.api
+        concurrency = self.limits.concurrency
         waiting = deque(passes)
         active: list[_ListPass] = []
-        pool = ThreadPoolExecutor(max_workers=api.concurrency, thread_name_prefix="fieldsales")
+        pool = ThreadPoolExecutor(max_workers=concurrency, thread_name_prefix="fieldsales")
         in_flight: dict[Future[Page], tuple[_ListPass, Window, int | None]] = {}
         last_progress = time.monotonic()
 
         def fill(lp: _ListPass) -> None:
-            while len(in_flight) < api.concurrency:
+            while len(in_flight) < concurrency:
                 window = lp.strategy.next_window(lp.in_flight)
                 if window is None:
                     if lp.in_flight == 0:
@@ -629,7 +733,7 @@ class PageExecutor:
                     return
                 endpoint = lp.stream.endpoint
                 skip = lp.strategy.asked_skip(window)
-                future = pool.submit(api.fetch_page, endpoint, skip, lp.stats)
+                future = pool.submit(self.fetch_page, endpoint, skip, lp.stats)
                 in_flight[future] = (lp, window, lp.stats.max_total_answered)
                 lp.in_flight += 1
 
@@ -637,7 +741,7 @@ class PageExecutor:
             while True:
                 for lp in active:
                     fill(lp)
-                while waiting and len(in_flight) < api.concurrency:
+                while waiting and len(in_flight) < concurrency:
                     active.append(waiting.popleft())
                     fill(active[-1])
                 active = [lp for lp in active if not lp.finished]
@@ -693,7 +797,7 @@ class PageExecutor:
         stats.answers.append((page.skip, page.n, page.total if use_totals else None))
         if page.total is not None and use_totals:
             stats.record_total(page.total, baseline)
-        max_pages = self.api.max_pages_per_pass
+        max_pages = self.limits.max_pages_per_pass
         if lp.pages > max_pages:
             raise PagingError(
                 f"{stream.where(page.skip)}: {lp.pages} pages in one pass over "
@@ -719,7 +823,7 @@ class PageExecutor:
         keep = page.n if step.keep is None else step.keep
         items = page.items[:keep]
         page_keys = [k for k in keys[:keep] if k is not None]  # none is: checked above
-        if items and max(map(len, items)) > self.api.max_item_mb << 20:
+        if items and max(map(len, items)) > self.limits.max_item_mb << 20:
             raise self._too_large(stream, page, items, page_keys)
         for index, key, value in lp.filters:
             for item_key in page_keys:
@@ -743,13 +847,14 @@ class PageExecutor:
                 if lp.repeated_pages >= NO_NEW_IDS_PAGES:
                     raise PagingError(self._repeats_message(lp, page, page_hash))
             lp.page_hashes.add(page_hash)
+        lp.digests.extend(map(item_digest, items))
         stats.count(items=len(items))
         return Page(page.skip, items, page.total, page.nbytes, page_keys, page.line_breaks)
 
     def _too_large(
         self, stream: Stream, page: Page, items: list[msgspec.Raw], keys: list[ItemKeys]
     ) -> ItemTooLargeError:
-        limit = self.api.max_item_mb
+        limit = self.limits.max_item_mb
         size, item_id = max(
             (len(item), id_text(key[0]) or "without _id")
             for item, key in zip(items, keys, strict=True)

@@ -38,7 +38,6 @@ from fieldsales_dagster.client.endpoints import EVENTS, TRANSACTIONS, ListEndpoi
 from fieldsales_dagster.client.pager import (
     FilterIgnoredError,
     ListStats,
-    PageExecutor,
     PagingError,
     Stream,
 )
@@ -47,6 +46,7 @@ from fieldsales_dagster.loading.raw_load import (
     ShrinkGuard,
     Staging,
     load_list,
+    page_executor,
     raw_table_ddl,
     spool_root,
 )
@@ -590,7 +590,7 @@ def _fetch_by_event(
             "event_id",
             api.max_item_mb << 20,
         )
-        executor = PageExecutor(
+        executor = page_executor(
             api, staging, label="transactions by eventId", log=log, spent=fetched.stats
         )
         try:

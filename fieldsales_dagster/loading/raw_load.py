@@ -42,10 +42,13 @@ from fieldsales_dagster.client.errors import FieldSalesAPIError
 from fieldsales_dagster.client.pager import (
     NAMED_IDS,
     ItemKeys,
+    Limits,
+    ListStats,
     Page,
     PageExecutor,
     Stream,
     id_text,
+    item_digest,
     item_keys,
     key_decoder,
 )
@@ -462,6 +465,18 @@ class Staging:
         )
         return count, list(ids or [])
 
+    def ids_of(self, key: Hashable, digests: set[int]) -> list[str]:
+        where, params = "", {}
+        if self.by is not None:
+            where, params = f"WHERE {quote_ident(self.by)} = $key", {"key": key}
+        cursor = self.conn.execute(
+            f"SELECT id, payload::VARCHAR FROM {qualified(self.table)} {where}", params
+        )
+        found: set[str] = set()
+        while rows := cursor.fetchmany(10_000):
+            found.update(i for i, payload in rows if item_digest(payload.encode()) in digests)
+        return sorted(found)[:NAMED_IDS]
+
     def forget(self, keys: list[Hashable]) -> None:
         if self.by is None:
             self.create()
@@ -471,6 +486,24 @@ class Staging:
                 "IN (SELECT unnest($keys))",
                 {"keys": keys},
             )
+
+
+def page_executor(
+    api: FieldSalesAPI,
+    staging: Staging | None,
+    *,
+    label: str,
+    log: Callable[[str], None] = lambda message: None,
+    spent: ListStats | None = None,
+) -> PageExecutor:
+    """The executor that pages with ``api``: its ``fetch_page`` and its limits."""
+    limits = Limits(
+        concurrency=api.concurrency,
+        max_pages_per_pass=api.max_pages_per_pass,
+        max_item_mb=api.max_item_mb,
+        max_list_passes=api.max_list_passes,
+    )
+    return PageExecutor(api.fetch_page, limits, staging, label=label, log=log, spent=spent)
 
 
 def load_list(
@@ -511,7 +544,7 @@ def load_list(
             spool_bytes,
             max_item_bytes=api.max_item_mb << 20,
         )
-        executor = PageExecutor(api, staging, label=endpoint.name, log=log)
+        executor = page_executor(api, staging, label=endpoint.name, log=log)
         try:
             staging.create()
             (result,) = executor.run([Stream(endpoint)]).values()

@@ -1,0 +1,215 @@
+"""The paging units on scripted answers, without HTTP, as dlt's ``test_paginators.py`` drives its
+paginators: ``OffsetWindows`` (which window to ask for next, and when the list ended), and
+``PageExecutor`` given a ``fetch_page`` callable and its ``Limits`` (what it asks for, checks and
+keeps, and the re-read that proves a pass). The end-to-end tests over HTTP are
+``test_hostile_paging.py`` and ``test_moving_lists.py``.
+"""
+
+from __future__ import annotations
+
+import json
+import threading
+from collections.abc import Callable
+from datetime import UTC, datetime
+from typing import Any
+
+import duckdb
+import msgspec
+import pytest
+
+from fieldsales_dagster.client.completeness import IncompleteListError
+from fieldsales_dagster.client.endpoints import TRANSACTIONS, ListEndpoint
+from fieldsales_dagster.client.pager import (
+    ItemTooLargeError,
+    Limits,
+    ListStats,
+    OffsetWindows,
+    Page,
+    PageExecutor,
+    PagingError,
+    Stream,
+)
+from fieldsales_dagster.loading.raw_load import Staging, raw_table_ddl
+
+LIMITS = Limits(concurrency=1, max_pages_per_pass=100, max_item_mb=1, max_list_passes=3)
+
+
+def item(i: int | str, **more: Any) -> dict[str, Any]:
+    return {"_id": i if isinstance(i, str) else f"i-{i:03d}", "eventId": "e-1", **more}
+
+
+def page(skip: int, items: list[dict[str, Any]], total: int | None = None) -> Page:
+    raw = [msgspec.Raw(json.dumps(one).encode()) for one in items]
+    return Page(skip, raw, total, sum(map(len, raw)))
+
+
+class Scripted:
+    """A ``fetch_page`` over a list of ``page_size`` pages; ``changes[k]`` changes the list just
+    before the k-th answer (counted from 1). Records every ``skip`` asked for."""
+
+    def __init__(
+        self,
+        listed: list[dict[str, Any]],
+        page_size: int = 10,
+        with_total: bool = True,
+        changes: dict[int, Callable[[list[dict[str, Any]]], None]] | None = None,
+    ):
+        self.listed = listed
+        self.page_size = page_size
+        self.with_total = with_total
+        self.changes = changes or {}
+        self.asked: list[int] = []
+        self._lock = threading.Lock()
+
+    def __call__(self, endpoint: ListEndpoint, skip: int, stats: ListStats) -> Page:
+        with self._lock:
+            self.asked.append(skip)
+            change = self.changes.get(len(self.asked))
+            if change is not None:
+                change(self.listed)
+            items = self.listed[skip : skip + self.page_size]
+            total = len(self.listed) if self.with_total else None
+        stats.count(requests=1)
+        return page(skip, items, total)
+
+
+def fetched_ids(executor: PageExecutor) -> list[str]:
+    return [
+        json.loads(bytes(raw))["_id"]
+        for _, one in executor.pages([Stream(TRANSACTIONS)])
+        for raw in one.items
+    ]
+
+
+# --- OffsetWindows: which window next ------------------------------------------------------------
+
+
+def test_windows_after_the_first_are_asked_one_item_early_up_to_the_total():
+    windows = OffsetWindows(concurrency=4, overlap=1)
+    assert windows.next_window(0) == (0, None)
+    assert windows.next_window(1) is None  # nothing else until the first page answered
+    windows.answered((0, None), page(0, [item(i) for i in range(10)], total=25))
+    planned = [windows.next_window(0), windows.next_window(1), windows.next_window(2)]
+    assert planned == [(10, 19), (19, 25), None]
+    assert [windows.asked_skip(w) for w in planned[:2]] == [9, 18]
+
+
+def test_without_a_total_windows_open_concurrency_ahead_until_an_empty_page():
+    windows = OffsetWindows(concurrency=2, overlap=1)
+    windows.next_window(0)
+    windows.answered((0, None), page(0, [item(i) for i in range(10)]))
+    assert [windows.next_window(0), windows.next_window(1), windows.next_window(2)] == [
+        (10, 19),
+        (19, 28),
+        None,
+    ]
+    windows.answered((10, 19), page(10, [item(i) for i in range(10, 19)]))
+    windows.answered((19, 28), page(19, []))  # the end
+    assert windows.next_window(0) is None
+
+
+def test_an_empty_page_far_short_of_the_total_makes_it_implausible():
+    windows = OffsetWindows(concurrency=1, overlap=1)
+    windows.next_window(0)
+    windows.answered((0, None), page(0, [item(i) for i in range(10)], total=1000))
+    window = windows.next_window(0)
+    assert window == (10, 19)
+    assert windows.answered(window, page(10, [], total=1000)).implausible_total == 1000
+
+
+def test_pages_of_one_item_do_not_overlap():
+    windows = OffsetWindows(concurrency=1, overlap=1)
+    windows.next_window(0)
+    windows.answered((0, None), page(0, [item(0)], total=3))
+    window = windows.next_window(0)
+    assert window == (1, 2) and windows.asked_skip(window) == 1
+
+
+# --- PageExecutor: what it asks, checks and keeps ------------------------------------------------
+
+
+def test_the_executor_asks_each_window_once_and_keeps_each_item_once():
+    fetch = Scripted([item(i) for i in range(25)])
+    ids = fetched_ids(PageExecutor(fetch, LIMITS, None, label="t"))
+    assert fetch.asked == [0, 9, 18]  # windows of 9, each asked from the item before it
+    assert ids == [f"i-{i:03d}" for i in range(25)]
+
+
+def test_the_executor_records_where_the_list_shifted_between_two_answers():
+    """i-002 deleted before the second answer: the item asked again at 9 is i-010, not i-009."""
+    fetch = Scripted([item(i) for i in range(25)], changes={2: lambda listed: listed.pop(2)})
+    executor = PageExecutor(fetch, LIMITS, None, label="t")
+    lp = executor._pass(Stream(TRANSACTIONS), ListStats())
+    list(executor._fetch([lp]))
+    assert lp.stats.shifts == [(9, "i-009", "i-010")]
+
+
+def test_the_executor_stops_a_pass_past_max_pages_per_pass():
+    fetch = Scripted([item(i) for i in range(50)])
+    limits = Limits(concurrency=1, max_pages_per_pass=3, max_item_mb=1, max_list_passes=3)
+    with pytest.raises(PagingError, match=r"4 pages in one pass.*max_pages_per_pass=3"):
+        fetched_ids(PageExecutor(fetch, limits, None, label="t"))
+
+
+def test_the_executor_names_an_item_over_max_item_mb():
+    listed = [item(i) for i in range(15)]
+    listed[12] = item(12, blob="x" * (1 << 20))
+    with pytest.raises(ItemTooLargeError, match=r"item i-012 .* over the per-item limit of 1 MB"):
+        fetched_ids(PageExecutor(Scripted(listed), LIMITS, None, label="t"))
+
+
+# --- PageExecutor.run: a pass, its re-read, the verdict ------------------------------------------
+
+
+@pytest.fixture
+def staging(tmp_path):
+    conn = duckdb.connect(str(tmp_path / "stage.duckdb"))
+    conn.execute("CREATE SCHEMA raw")
+    conn.execute(raw_table_ddl(TRANSACTIONS, "raw.stage"))
+    yield Staging(conn, TRANSACTIONS, "raw.stage", datetime.now(UTC), tmp_path, 1 << 20)
+    conn.close()
+
+
+def stored(staging: Staging) -> set[str]:
+    return {r[0] for r in staging.conn.execute("SELECT id FROM raw.stage").fetchall()}
+
+
+def test_a_stable_list_is_read_once_more_and_accepted(staging):
+    fetch = Scripted([item(i) for i in range(25)])
+    (result,) = PageExecutor(fetch, LIMITS, staging, label="t").run([Stream(TRANSACTIONS)]).values()
+    assert fetch.asked == [0, 9, 18] * 2  # the pass, then the re-read
+    assert result.passes == 1 and "read again, the list still held every item" in (
+        result.verdict.reason
+    )
+    assert stored(staging) == {f"i-{i:03d}" for i in range(25)}
+
+
+def delete_and_insert_inside_the_first_page(listed: list[dict[str, Any]]) -> None:
+    """i-003 deleted and n-1 inserted three positions on: the boundaries stay; n-2 inserted at
+    the end moves the total."""
+    del listed[3]
+    listed.insert(6, item("n-1"))
+    listed.append(item("n-2"))
+
+
+def test_a_pass_holding_an_item_its_re_read_no_longer_lists_is_paged_again(staging):
+    fetch = Scripted(
+        [item(i) for i in range(25)], changes={3: delete_and_insert_inside_the_first_page}
+    )
+    (result,) = PageExecutor(fetch, LIMITS, staging, label="t").run([Stream(TRANSACTIONS)]).values()
+    assert result.passes == 2
+    assert stored(staging) == {one["_id"] for one in fetch.listed}
+    assert "i-003" not in stored(staging)
+
+
+def test_a_list_that_moves_inside_its_pages_every_pass_fails_naming_the_ids(staging):
+    def pair(listed: list[dict[str, Any]]) -> None:
+        listed.pop(1)
+        listed.insert(4, item(f"n-{len(fetch.asked)}"))
+
+    fetch = Scripted([item(i) for i in range(25)], changes={k: pair for k in range(2, 40, 4)})
+    with pytest.raises(IncompleteListError) as raised:
+        PageExecutor(fetch, LIMITS, staging, label="t").run([Stream(TRANSACTIONS)])
+    message = str(raised.value)
+    assert "after 3 passes" in message
+    assert "were gone or changed when the list was read again (" in message
