@@ -210,6 +210,7 @@ def build_raw_asset(
                     before_swap=lambda staged: redacted.append(
                         prepare_raw_table(conn, staged, name, warehouse)
                     ),
+                    run_id=context.run_id,
                 )
                 # In the load's commit: each row's loaded_at leads to this run.
                 record_load_run(conn, endpoint.raw_table, context.run_id, key.to_user_string())

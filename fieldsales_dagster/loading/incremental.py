@@ -42,6 +42,7 @@ from fieldsales_dagster.client.pager import (
     Stream,
 )
 from fieldsales_dagster.client.resource import FieldSalesAPI
+from fieldsales_dagster.loading.deletions import record_deletions
 from fieldsales_dagster.loading.raw_load import (
     LoadReport,
     ShrinkGuard,
@@ -289,17 +290,26 @@ def refresh_raw_list(
     warn: Callable[[str], None] = lambda message: None,
     before_swap: Callable[[str], None] | None = None,
     shrink: ShrinkGuard,
+    run_id: str | None = None,
 ) -> RefreshReport:
     """Load one list into its raw table in the mode the policy calls for.
 
     ``before_swap(staging_table)`` runs on the rows about to be stored (the whole new table, or
     an incremental run's re-fetched rows) before they reach the raw table (redaction, comments).
+    Rows removed go to the deletion audit, found gone by run ``run_id`` (``deletions.py``).
     """
     if endpoint.raw_table == TRANSACTIONS.raw_table:
         return refresh_transactions(
-            api, conn, policy, log=log, warn=warn, before_swap=before_swap, shrink=shrink
+            api,
+            conn,
+            policy,
+            log=log,
+            warn=warn,
+            before_swap=before_swap,
+            shrink=shrink,
+            run_id=run_id,
         )
-    report = _load_whole(api, conn, endpoint, log, before_swap, shrink)
+    report = _load_whole(api, conn, endpoint, log, before_swap, shrink, run_id=run_id)
     return RefreshReport(
         load=report,
         mode="full",
@@ -318,6 +328,7 @@ def refresh_transactions(
     now: datetime | None = None,
     before_swap: Callable[[str], None] | None = None,
     shrink: ShrinkGuard,
+    run_id: str | None = None,
 ) -> RefreshReport:
     now = now or datetime.now(UTC)
     decision = choose_mode(
@@ -330,7 +341,7 @@ def refresh_transactions(
     spent = 0
     if decision.mode == "incremental":
         try:
-            return _incremental(api, conn, policy, decision, now, log, before_swap)
+            return _incremental(api, conn, policy, decision, now, log, before_swap, run_id)
         except _FallBack as exc:
             if policy.mode == "incremental" and not exc.always:
                 raise IncrementalRefreshError(
@@ -356,6 +367,7 @@ def refresh_transactions(
         after_swap=lambda rows: _write_state(
             conn, fingerprints=fingerprints, mode="full", at=now, rows=rows
         ),
+        run_id=run_id,
     )
     return RefreshReport(
         load=report, mode="full", reason=decision.reason, bytes_fetched=report.bytes + spent
@@ -370,6 +382,7 @@ def _load_whole(
     before_swap: Callable[[str], None] | None,
     shrink: ShrinkGuard,
     after_swap: Callable[[int], None] | None = None,
+    run_id: str | None = None,
 ) -> LoadReport:
     """A full load of ``endpoint``, refused if it would shrink the table beyond ``shrink``;
     ``after_swap(rows)`` runs in the swap's transaction."""
@@ -382,6 +395,7 @@ def _load_whole(
         after_swap=after_swap,
         max_shrink_fraction=shrink.max_fraction,
         allow_shrink=shrink.allow,
+        run_id=run_id,
     )
 
 
@@ -475,6 +489,7 @@ def _incremental(
     now: datetime,
     log: Callable[[str], None],
     before_swap: Callable[[str], None] | None = None,
+    run_id: str | None = None,
 ) -> RefreshReport:
     started = time.monotonic()
     plan = _plan(conn, policy.lookback_days, now)
@@ -510,7 +525,9 @@ def _incremental(
         fetched_at = time.monotonic()
         stored = replaced.result()
         merging = time.monotonic()
-        counts = _merge(conn, plan, count_page.total, now, fetched.stats.bytes, stored, before_swap)
+        counts = _merge(
+            conn, plan, count_page.total, now, fetched.stats.bytes, stored, before_swap, run_id
+        )
         phases = (
             f"plan {planned - started:.2f} s, fetch {fetched_at - planned:.2f} s, "
             f"waiting for the stored rows {merging - fetched_at:.2f} s, "
@@ -631,13 +648,15 @@ def _merge(
     bytes_fetched: int,
     replaced: dict[str, int],
     before_swap: Callable[[str], None] | None = None,
+    run_id: str | None = None,
 ) -> dict[str, int]:
     """Replace the re-fetched and removed events' transactions, check, record: one transaction.
 
     ``replaced``: ids and payload hashes of the stored rows of the re-fetched and removed events
     (``_read_replaced``), for the counts of changed, added and removed transactions.
-    ``before_swap(stage)`` (redaction, comments) and the staging table's drop run inside the
-    transaction too: one commit for everything.
+    ``before_swap(stage)`` (redaction, comments), the deletion audit of the transactions that
+    are gone (found by run ``run_id``) and the staging table's drop run inside the transaction
+    too: one commit for everything.
     """
     target, stage = qualified(TRANSACTIONS.raw_table), qualified(plan.stage)
     staged, distinct_staged = one_row(conn, f"SELECT count(*), count(DISTINCT id) FROM {stage}")
@@ -660,6 +679,14 @@ def _merge(
             before_swap(plan.stage)
         # After before_swap: a redacted payload compares with the redacted one stored.
         new = dict(conn.execute(f"SELECT id, hash(payload::VARCHAR) FROM {stage}").fetchall())
+        record_deletions(
+            conn,
+            TRANSACTIONS,
+            kept=f"SELECT id FROM {stage}",
+            scope=f"event_id IN ({plan.replaced_events})",
+            run_id=run_id,
+            at=now,
+        )
         deleted = _delete_replaced(conn, plan, moved=len(old) > len(replaced))
         pause_at("merge")
         _insert_staged(conn, plan.stage)
