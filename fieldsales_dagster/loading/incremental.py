@@ -504,8 +504,57 @@ def _incremental(
             f"{len(event_ids)} of {plan.events} events need their transactions re-fetched; "
             "paging the whole list is cheaper"
         )
+    report, counts = refetch_and_merge(
+        api,
+        conn,
+        plan,
+        now=now,
+        started=started,
+        log=log,
+        before_swap=before_swap,
+        run_id=run_id,
+        check_count=True,
+        write_state=lambda rows: _write_state(
+            conn, fingerprints=plan.fingerprints, mode="incremental", at=now, rows=rows
+        ),
+    )
+    return RefreshReport(
+        load=report,
+        mode="incremental",
+        reason=decision.reason,
+        bytes_fetched=report.bytes,
+        events_refetched=len(event_ids),
+        events_new=plan.new,
+        events_changed=plan.changed,
+        events_recent=plan.recent,
+        events_removed=len(plan.removed_ids),
+        transactions_added=counts["added"],
+        transactions_changed=counts["changed"],
+        transactions_removed=counts["removed"],
+    )
+
+
+def refetch_and_merge(
+    api: FieldSalesAPI,
+    conn: duckdb.DuckDBPyConnection,
+    plan: RefetchPlan,
+    *,
+    now: datetime,
+    started: float,
+    log: Callable[[str], None],
+    before_swap: Callable[[str], None] | None,
+    run_id: str | None,
+    check_count: bool,
+    write_state: Callable[[int], None],
+) -> tuple[LoadReport, dict[str, int]]:
+    """Re-fetch the transactions of ``plan``'s events by ``eventId`` and merge them (``_merge``):
+    the incremental refresh's second half, and a re-sync's (``resync.py``). ``check_count``:
+    the merged table must hold the server's global ``count``; ``write_state(rows)`` records the
+    load in the merge's transaction. Returns the load's report and the merge's counts."""
+    event_ids = plan.event_ids
     fetched = _Fetched()
     planned = time.monotonic()
+    total: int | None = None
     conn.execute(raw_table_ddl(TRANSACTIONS, plan.stage, temporary=True))
     # The stored rows about to be replaced are read while the pages are fetched.
     reader = ThreadPoolExecutor(max_workers=1, thread_name_prefix="fieldsales-replaced")
@@ -514,19 +563,29 @@ def _incremental(
     )
     try:
         _fetch_by_event(api, conn, event_ids, fetched, started, log)
-        count_page = api.fetch_page(TRANSACTIONS.with_params(limit=1), 0, fetched.stats)
-        fetched.stats.count(pages=1, bytes=count_page.nbytes)
-        if count_page.total is None:
-            raise CountMismatch(
-                "the server reported no count for the transaction list, so the merge cannot "
-                "be checked",
-                fetched.stats.bytes,
-            )
+        if check_count:
+            count_page = api.fetch_page(TRANSACTIONS.with_params(limit=1), 0, fetched.stats)
+            fetched.stats.count(pages=1, bytes=count_page.nbytes)
+            if count_page.total is None:
+                raise CountMismatch(
+                    "the server reported no count for the transaction list, so the merge "
+                    "cannot be checked",
+                    fetched.stats.bytes,
+                )
+            total = count_page.total
         fetched_at = time.monotonic()
         stored = replaced.result()
         merging = time.monotonic()
         counts = _merge(
-            conn, plan, count_page.total, now, fetched.stats.bytes, stored, before_swap, run_id
+            conn,
+            plan,
+            total,
+            now,
+            fetched.stats.bytes,
+            stored,
+            before_swap,
+            run_id,
+            write_state,
         )
         phases = (
             f"plan {planned - started:.2f} s, fetch {fetched_at - planned:.2f} s, "
@@ -540,7 +599,7 @@ def _incremental(
     report = LoadReport(
         table=TRANSACTIONS.raw_table,
         rows=counts["rows"],
-        api_total=count_page.total,
+        api_total=total,
         passes=1,
         pages=stats.pages,
         requests=stats.requests,
@@ -555,20 +614,7 @@ def _incremental(
         f"({stats.requests} requests, {stats.bytes / 1e6:.1f} MB, {report.seconds:.1f} s: "
         f"{phases})"
     )
-    return RefreshReport(
-        load=report,
-        mode="incremental",
-        reason=decision.reason,
-        bytes_fetched=stats.bytes,
-        events_refetched=len(event_ids),
-        events_new=plan.new,
-        events_changed=plan.changed,
-        events_recent=plan.recent,
-        events_removed=len(plan.removed_ids),
-        transactions_added=counts["added"],
-        transactions_changed=counts["changed"],
-        transactions_removed=counts["removed"],
-    )
+    return report, counts
 
 
 def _fetch_by_event(
@@ -643,14 +689,16 @@ def _read_replaced(cursor: duckdb.DuckDBPyConnection, event_ids: list[str]) -> d
 def _merge(
     conn: duckdb.DuckDBPyConnection,
     plan: RefetchPlan,
-    server_count: int,
+    server_count: int | None,
     now: datetime,
     bytes_fetched: int,
     replaced: dict[str, int],
-    before_swap: Callable[[str], None] | None = None,
-    run_id: str | None = None,
+    before_swap: Callable[[str], None] | None,
+    run_id: str | None,
+    write_state: Callable[[int], None],
 ) -> dict[str, int]:
-    """Replace the re-fetched and removed events' transactions, check, record: one transaction.
+    """Replace the re-fetched and removed events' transactions, check, record the new state
+    (``write_state(rows)``): one transaction.
 
     ``replaced``: ids and payload hashes of the stored rows of the re-fetched and removed events
     (``_read_replaced``), for the counts of changed, added and removed transactions.
@@ -693,16 +741,18 @@ def _merge(
         rows = one_row(conn, f"SELECT count(*) FROM {target}")[0]
         # Every id stays distinct by construction: the stored table was (a full load drops
         # repeats, and so did every merge), the staged ids are, and every stored copy of a
-        # staged id was just deleted. So the rows must add up, and match the server's count.
-        if deleted != len(old) or rows != stored - deleted + staged or rows != server_count:
+        # staged id was just deleted. So the rows must add up, and match the server's count
+        # (when it is checked: a re-sync of some events leaves the others' changes be).
+        counted = server_count is None or rows == server_count
+        if deleted != len(old) or rows != stored - deleted + staged or not counted:
+            counts = "" if server_count is None else f" but the server counts {server_count}"
             raise CountMismatch(
                 f"after the merge raw.transactions would hold {rows} rows ({stored} stored, "
-                f"{deleted} deleted where {len(old)} were expected, {staged} fetched) but the "
-                f"server counts {server_count} transactions: something changed that incremental "
-                "mode cannot see",
+                f"{deleted} deleted where {len(old)} were expected, {staged} fetched){counts}: "
+                "something changed that incremental mode cannot see",
                 bytes_fetched,
             )
-        _write_state(conn, fingerprints=plan.fingerprints, mode="incremental", at=now, rows=rows)
+        write_state(rows)
         conn.execute(f"DROP TABLE {stage}")
         return rows, new
 
