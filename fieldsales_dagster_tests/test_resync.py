@@ -113,6 +113,7 @@ def test_resync_of_one_event_equals_a_full_refresh_for_it_and_leaves_the_others(
     assert of_events(full, {event_id}, keep=False) != of_events(others, {event_id}, keep=False)
     meta = metadata(result)
     assert (meta["refresh_mode"], meta["events_refetched"]) == ("resync", 1)
+    assert str(meta["api_total"]).startswith("not asked: a re-sync")
     assert meta["dagster/row_count"] == len(after)
 
     # The re-sync moved only its event's state: the next refresh still catches the others.

@@ -267,6 +267,11 @@ def build_raw_asset(
                 **storage_metadata(warehouse, endpoint.raw_table),
                 **_load_metadata(refresh.load),
                 **refresh.metadata(),
+                **(
+                    {"api_total": "not asked: a re-sync checks each event's list, not the total"}
+                    if refresh.mode == "resync"
+                    else {}
+                ),
                 "pii_redacted_rows": sum(redacted) if warehouse.redact_pii_in_raw else "not asked",
             },
             check_results=[
