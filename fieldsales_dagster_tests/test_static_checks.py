@@ -149,3 +149,55 @@ def test_the_readme_layout_lists_every_module_of_the_package():
 def test_the_layout_check_sees_a_module_left_out():
     readme = DEVELOPMENT.read_text()
     assert unlisted_modules(readme.replace("follow.py (", "(")) == ["assets/follow.py"]
+
+
+#: The package's only private Dagster imports (docs/development.md, "Private Dagster APIs"):
+#: annotations of what ``dg.define_asset_job`` returns, a type Dagster 1.13 does not export.
+PRIVATE_TYPE_IMPORTS = {
+    "automation/schedule.py": "dagster._core.definitions.unresolved_asset_job_definition",
+    "assets/upkeep.py": "dagster._core.definitions.unresolved_asset_job_definition",
+}
+
+
+def private_dagster_imports(source: str) -> list[tuple[str, bool]]:
+    """Each ``dagster._...`` module ``source`` imports, and whether only under TYPE_CHECKING."""
+    import ast
+
+    found: list[tuple[str, bool]] = []
+
+    def visit(node: ast.AST, typing_only: bool) -> None:
+        if isinstance(node, ast.Import | ast.ImportFrom):
+            names = [alias.name for alias in node.names] if isinstance(node, ast.Import) else []
+            if isinstance(node, ast.ImportFrom) and node.module:
+                names.append(node.module)
+            found.extend((name, typing_only) for name in names if name.startswith("dagster._"))
+        for child in ast.iter_child_nodes(node):
+            guarded = (
+                isinstance(node, ast.If)
+                and child in node.body
+                and isinstance(node.test, ast.Name)
+                and node.test.id == "TYPE_CHECKING"
+            )
+            visit(child, typing_only or guarded)
+
+    visit(ast.parse(source), False)
+    return found
+
+
+def test_the_package_imports_no_private_dagster_api_but_the_listed_annotations():
+    found = {
+        str(module.relative_to(PACKAGE)): private_dagster_imports(module.read_text("utf-8"))
+        for module in sorted(PACKAGE.rglob("*.py"))
+    }
+    found = {module: imports for module, imports in found.items() if imports}
+    assert found == {module: [(name, True)] for module, name in PRIVATE_TYPE_IMPORTS.items()}, (
+        "a private Dagster import: use the public API, or list it with its reason"
+    )
+    assert "Private Dagster APIs" in DEVELOPMENT.read_text()
+    for module in PRIVATE_TYPE_IMPORTS:
+        assert module in DEVELOPMENT.read_text()
+
+
+def test_the_private_import_check_sees_one_that_runs():
+    source = "import dagster as dg\nfrom dagster._core.storage.db_io_manager import TableSlice\n"
+    assert private_dagster_imports(source) == [("dagster._core.storage.db_io_manager", False)]

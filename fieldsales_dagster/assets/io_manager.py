@@ -1,9 +1,10 @@
 """The pandas IO manager of user assets: DataFrames in and out of the warehouse, one writer.
 
-``fieldsales_io_manager`` (prefixed per tenant) is dagster-duckdb's ``DbIOManager`` with its
-DuckDB client and pandas type handler, connected through ``FieldSalesWarehouse.get_connection()``
-instead of its own ``duckdb.connect``. So a user asset reads and writes the same lake as the
-project's assets, and its table reaches analysts with the commit of its store.
+``fieldsales_io_manager`` (prefixed per tenant) is a ``dg.IOManager`` (public Dagster API only)
+that keeps dagster-duckdb's conventions (``schema``, ``columns`` and ``partition_expr``
+metadata) and connects through ``FieldSalesWarehouse.get_connection()``. So a user asset reads
+and writes the same lake as the project's assets, and its table reaches analysts with the commit
+of its store (one transaction, one snapshot).
 
 * An input from one of the project's assets (``core_transactions: pd.DataFrame``) is read from
   the table the asset declares (its ``table`` metadata, ``core.transactions``); ``columns`` in
@@ -25,8 +26,8 @@ from __future__ import annotations
 import datetime as dt
 import decimal
 import re
-from collections.abc import Iterator, Mapping
-from contextlib import contextmanager
+from collections.abc import Mapping
+from dataclasses import dataclass
 from typing import Any, cast
 
 import dagster as dg
@@ -34,24 +35,16 @@ import duckdb
 import numpy as np
 import pandas as pd
 
-# The base dagster-duckdb builds its own IO manager on: Dagster 1.13 does not export it.
-from dagster._core.storage.db_io_manager import DbIOManager, TableSlice
-from dagster_duckdb.io_manager import DuckDbClient
-from dagster_duckdb_pandas import DuckDBPandasTypeHandler
-
 from fieldsales_dagster.assets.columns import TableDoc, column_schema
-from fieldsales_dagster.assets.metadata import table_metadata
+from fieldsales_dagster.assets.metadata import storage_metadata, table_metadata, table_name
 from fieldsales_dagster.names import ResourceKey
 from fieldsales_dagster.settings import PROJECT_SCHEMAS
-from fieldsales_dagster.warehouse.quoting import qualified
+from fieldsales_dagster.warehouse.lake import run_transaction
+from fieldsales_dagster.warehouse.quoting import qualified, quote_ident
 from fieldsales_dagster.warehouse.warehouse import (
     FieldSalesWarehouse,
     table_exists,
 )
-
-
-def _table(table_slice: TableSlice) -> str:
-    return f"{table_slice.schema}.{table_slice.table}"
 
 
 class FrameNotStorableError(ValueError):
@@ -73,6 +66,10 @@ _KINDS: tuple[tuple[type, str], ...] = (
     (dt.time, "time"),
     (dt.timedelta, "timedelta"),
 )
+
+
+#: The name the frame being stored has in the connection while it is stored.
+_FRAME = "_fieldsales_frame"
 
 
 def _kind(value: object) -> str:
@@ -192,116 +189,233 @@ def check_stored(connection: duckdb.DuckDBPyConnection, table: str, held: dict[s
             )
 
 
-class WarehouseClient(DuckDbClient):
-    """dagster-duckdb's DuckDB client, its connection taken from the warehouse.
+@dataclass(frozen=True)
+class PartitionFilter:
+    """The rows of one partition dimension of a table: ``expr`` (the asset's ``partition_expr``
+    metadata, a column or SQL expression) within a time window, or among static keys."""
 
-    Each load or store is one transaction on the lake (one snapshot): a store that fails leaves
-    the previous table as it was.
-    """
+    expr: str
+    window: dg.TimeWindow | None = None
+    keys: tuple[str, ...] = ()
 
-    def __init__(self, warehouse: FieldSalesWarehouse) -> None:
-        self._warehouse = warehouse
-
-    # DuckDbClient.connect is a static method reading the resource's config; this client connects
-    # through its warehouse, so it is an instance method: a deliberate [override].
-    @contextmanager
-    def connect(self, context, table_slice: TableSlice) -> Iterator[duckdb.DuckDBPyConnection]:  # type: ignore[override]
-        with self._warehouse.get_connection() as conn:
-            conn.execute("BEGIN TRANSACTION")
-            try:
-                yield conn
-            except BaseException:
-                conn.execute("ROLLBACK")
-                raise
-            conn.execute("COMMIT")
-
-    @staticmethod
-    def delete_table_slice(context, table_slice: TableSlice, connection) -> None:
-        # A whole table is replaced by the type handler; partitions are deleted before their
-        # rows are inserted, as dagster-duckdb does (a missing table would abort the transaction).
-        if table_slice.partition_dimensions and table_exists(connection, _table(table_slice)):
-            DuckDbClient.delete_table_slice(context, table_slice, connection)
-
-
-class WholeTablePandasHandler(DuckDBPandasTypeHandler):
-    """dagster-duckdb's pandas handler, with an unpartitioned DataFrame replacing its table whole
-    (even empty, even with other columns than last time) and the project's table metadata."""
-
-    def __init__(self, database: str) -> None:
-        self._database = database
-
-    def handle_output(
-        self, context: dg.OutputContext, table_slice: TableSlice, obj: pd.DataFrame, connection
-    ) -> Mapping[str, Any] | None:
-        table = _table(table_slice)
-        held: dict[str, str] = {}
-        if isinstance(obj, pd.DataFrame):
-            try:
-                obj, held = storable_frame(obj, table)
-            except FrameNotStorableError as exc:
-                raise dg.Failure(str(exc)) from None
-        if table_slice.partition_dimensions:
-            return super().handle_output(context, table_slice, obj, connection)
-        connection.register("_fieldsales_frame", obj)
-        try:
-            connection.execute(
-                f"CREATE OR REPLACE TABLE {qualified(table)} AS SELECT * FROM _fieldsales_frame"
+    def where(self, n: int) -> tuple[str, dict[str, Any]]:
+        """SQL condition and its parameters (named ``..._n``)."""
+        if self.window is not None:
+            # As dagster-duckdb: the window's instants as naive UTC times, end exclusive.
+            start, end = (
+                moment.astimezone(dt.UTC).replace(tzinfo=None)
+                for moment in (self.window.start, self.window.end)
             )
-        finally:
-            connection.unregister("_fieldsales_frame")
-        try:
-            check_stored(connection, table, held)  # the client rolls the table back on failure
-        except FrameNotStorableError as exc:
-            raise dg.Failure(str(exc)) from None
-        # No preview: a user table may hold personal data the project cannot see.
-        schema = column_schema(connection, table, TableDoc(()), "keep")
-        return table_metadata(connection, self._database, table, schema=schema, preview=False)
+            return (
+                f"({self.expr}) >= $start_{n} AND ({self.expr}) < $end_{n}",
+                {f"start_{n}": start, f"end_{n}": end},
+            )
+        return f"({self.expr}) IN (SELECT unnest($keys_{n}))", {f"keys_{n}": list(self.keys)}
 
 
-class FieldSalesIOManager(DbIOManager):
+@dataclass(frozen=True)
+class TableSlice:
+    """Where an asset's DataFrame lives: ``schema.table``, the columns an input selects, and the
+    partitions a partitioned output or input covers (``None``: the whole table)."""
+
+    schema: str
+    table: str
+    columns: tuple[str, ...] | None = None
+    partitions: tuple[PartitionFilter, ...] | None = None
+
+    @property
+    def name(self) -> str:
+        return f"{self.schema}.{self.table}"
+
+    def where(self) -> tuple[str, dict[str, Any]]:
+        clauses, params = [], {}
+        for n, dimension in enumerate(self.partitions or ()):
+            clause, values = dimension.where(n)
+            clauses.append(clause)
+            params.update(values)
+        return (" WHERE " + " AND ".join(clauses) if clauses else ""), params
+
+    def select(self) -> tuple[str, dict[str, Any]]:
+        columns = ", ".join(quote_ident(c) for c in self.columns) if self.columns else "*"
+        where, params = self.where()
+        return f"SELECT {columns} FROM {qualified(self.name)}{where}", params
+
+
+def _partition_filters(
+    context: dg.OutputContext | dg.InputContext, metadata: Mapping[str, Any]
+) -> tuple[PartitionFilter, ...] | None:
+    """The partitions ``context`` covers, as filters on the columns ``partition_expr`` names
+    (dagster-duckdb's convention: a string, or per dimension of a multi-partitioned asset a
+    mapping of dimension name to expression); ``None`` for an unpartitioned asset."""
+    if not context.has_asset_partitions:
+        return None
+    asset = context.asset_key.to_user_string()
+    expr = metadata.get("partition_expr")
+    if expr is None:
+        raise dg.Failure(
+            f"fieldsales_io_manager cannot store or load partitions of {asset}: the asset has "
+            "partitions but no 'partition_expr' metadata naming the column they live in. Set "
+            'it, e.g. @dg.asset(metadata={"partition_expr": "sale_date"}).'
+        )
+    definition = context.asset_partitions_def
+    keys = context.asset_partition_keys
+    if isinstance(definition, dg.MultiPartitionsDefinition):
+        if not isinstance(expr, Mapping):
+            raise dg.Failure(
+                f"fieldsales_io_manager: {asset} has several partition dimensions, so its "
+                "'partition_expr' metadata must map each dimension's name to its column, e.g. "
+                '{"date": "sale_date", "region": "region"}.'
+            )
+        filters = []
+        for dimension in definition.partitions_defs:
+            if dimension.name not in expr:
+                raise dg.Failure(
+                    f"fieldsales_io_manager: the 'partition_expr' metadata of {asset} names no "
+                    f"column for its partition dimension {dimension.name!r}. Add "
+                    f'"{dimension.name}": "<column>" to it.'
+                )
+            in_dimension = sorted(
+                {
+                    cast("dg.MultiPartitionKey", key).keys_by_dimension[dimension.name]
+                    for key in keys
+                }
+            )
+            filters.append(
+                _one_dimension(str(expr[dimension.name]), dimension.partitions_def, in_dimension)
+            )
+        return tuple(filters)
+    return (_one_dimension(str(expr), definition, list(keys)),)
+
+
+def _one_dimension(
+    expr: str, definition: dg.PartitionsDefinition | None, keys: list[str]
+) -> PartitionFilter:
+    if isinstance(definition, dg.TimeWindowPartitionsDefinition) and keys:
+        windows = [definition.time_window_for_partition_key(key) for key in keys]
+        return PartitionFilter(
+            expr,
+            window=dg.TimeWindow(
+                min(window.start for window in windows), max(window.end for window in windows)
+            ),
+        )
+    return PartitionFilter(expr, keys=tuple(keys))
+
+
+class FieldSalesIOManager(dg.IOManager):
     """Loads inputs from, and stores outputs in, the warehouse's lake as DataFrames."""
 
     def __init__(self, warehouse: FieldSalesWarehouse, schema: str) -> None:
-        super().__init__(
-            type_handlers=[WholeTablePandasHandler(warehouse.name)],
-            db_client=WarehouseClient(warehouse),
-            database=warehouse.name,
+        self._warehouse = warehouse
+        self._schema = schema
+
+    def _table_slice(
+        self, context: dg.OutputContext | dg.InputContext, output: dg.OutputContext
+    ) -> TableSlice:
+        """The table of the asset ``output`` writes: its declared ``table`` metadata (the
+        project's assets: ``core_transactions`` is ``core.transactions``), else ``<schema>.<asset
+        name>``, the schema the asset's ``schema`` metadata or the component's ``user_schema``."""
+        metadata = output.definition_metadata or {}
+        declared = metadata.get("table")
+        if isinstance(declared, str) and "." in declared:
+            schema, _, table = declared.partition(".")
+        else:
+            schema = str(metadata.get("schema") or self._schema)
+            table = context.asset_key.path[-1]
+        columns = (context.definition_metadata or {}).get("columns")
+        return TableSlice(
             schema=schema,
-            io_manager_name="fieldsales_io_manager",
-            default_load_type=pd.DataFrame,
+            table=table,
+            columns=tuple(columns) if columns else None,
+            partitions=_partition_filters(context, metadata),
         )
 
-    def _get_table_slice(
-        self, context: dg.OutputContext | dg.InputContext, output_context: dg.OutputContext
-    ) -> TableSlice:
-        table_slice = super()._get_table_slice(context, output_context)
-        declared = (output_context.definition_metadata or {}).get("table")
-        if isinstance(declared, str) and "." in declared:
-            # The project's assets declare their table: core_transactions -> core.transactions.
-            schema, _, table = declared.partition(".")
-            table_slice = table_slice._replace(schema=schema, table=table)
-        if isinstance(context, dg.OutputContext) and table_slice.schema in PROJECT_SCHEMAS:
+    def handle_output(self, context: dg.OutputContext, obj: object) -> None:
+        asset = context.asset_key.to_user_string()
+        if not isinstance(obj, pd.DataFrame):
             raise dg.Failure(
-                f"fieldsales_io_manager will not write {_table(table_slice)} for asset "
-                f"{context.asset_key.to_user_string()}: schema {table_slice.schema} belongs to "
-                "the project, whose runs rebuild it. Store the asset in a schema of your own "
-                f"(the default is {self._schema}; or metadata={{'schema': ...}} on the asset)."
+                f"fieldsales_io_manager stores pandas DataFrames, but {asset} returned "
+                f"{type(obj).__name__}. Return a DataFrame, or give the asset another "
+                "io_manager_key (a MaterializeResult for tables written through the warehouse)."
             )
-        return table_slice
-
-    def load_input(self, context: dg.InputContext) -> object:
-        try:
-            return super().load_input(context)
-        except (duckdb.CatalogException, duckdb.BinderException) as exc:
-            # An asset input has an upstream output (DbIOManager.load_input casts it too).
-            upstream = cast("dg.OutputContext", context.upstream_output)
-            table_slice = self._get_table_slice(context, upstream)
+        table_slice = self._table_slice(context, context)
+        table = table_slice.name
+        if table_slice.schema in PROJECT_SCHEMAS:
             raise dg.Failure(
-                f"fieldsales_io_manager could not load {_table(table_slice)} for input "
-                f"{context.name!r} of {context.asset_key.to_user_string()} ({exc}). Materialize "
-                f"{upstream.asset_key.to_user_string()} first, and check that "
-                "the input's 'columns' metadata names columns of that table."
-            ) from exc
+                f"fieldsales_io_manager will not write {table} for asset {asset}: schema "
+                f"{table_slice.schema} belongs to the project, whose runs rebuild it. Store the "
+                f"asset in a schema of your own (the default is {self._schema}; or "
+                "metadata={'schema': ...} on the asset)."
+            )
+        try:
+            frame, held = storable_frame(obj, table)
+        except FrameNotStorableError as exc:
+            raise dg.Failure(str(exc)) from None
+        with self._warehouse.get_connection() as conn:
+            conn.register(_FRAME, frame)
+            try:
+                # One transaction, so one snapshot: a store that fails leaves the table as it was.
+                metadata = run_transaction(
+                    conn, table, lambda: self._store(context, conn, table_slice, held, len(frame))
+                )
+            finally:
+                conn.unregister(_FRAME)
+        context.add_output_metadata({**metadata, **storage_metadata(self._warehouse, table)})
+
+    def _store(
+        self,
+        context: dg.OutputContext,
+        conn: duckdb.DuckDBPyConnection,
+        table_slice: TableSlice,
+        held: dict[str, str],
+        rows: int,
+    ) -> dict[str, Any]:
+        table, target = table_slice.name, qualified(table_slice.name)
+        conn.execute(f"CREATE SCHEMA IF NOT EXISTS {quote_ident(table_slice.schema)}")
+        if table_slice.partitions is not None:
+            # A partitioned output replaces its partitions' rows, as dagster-duckdb does.
+            if table_exists(conn, table):
+                where, params = table_slice.where()
+                conn.execute(f"DELETE FROM {target}{where}", params)
+                conn.execute(f"INSERT INTO {target} BY NAME SELECT * FROM {_FRAME}")
+            else:
+                conn.execute(f"CREATE TABLE {target} AS SELECT * FROM {_FRAME}")
+            check_stored(conn, table, held)
+            return {
+                "dagster/partition_row_count": rows,
+                "dagster/table_name": table_name(self._warehouse.name, table),
+            }
+        # An unpartitioned output replaces the whole table, even empty, even with other columns.
+        conn.execute(f"CREATE OR REPLACE TABLE {target} AS SELECT * FROM {_FRAME}")
+        check_stored(conn, table, held)  # the transaction rolls the table back on failure
+        # No preview: a user table may hold personal data the project cannot see.
+        schema = column_schema(conn, table, TableDoc(()), "keep")
+        return table_metadata(conn, self._warehouse.name, table, schema=schema, preview=False)
+
+    def load_input(self, context: dg.InputContext) -> pd.DataFrame:
+        asset = context.asset_key.to_user_string()
+        wanted = context.dagster_type.typing_type
+        if wanted is not Any and not (
+            isinstance(wanted, type) and issubclass(wanted, pd.DataFrame)
+        ):
+            raise dg.Failure(
+                f"fieldsales_io_manager loads pandas DataFrames, but input {context.name!r} "
+                f"(from {asset}) is typed {wanted!r}. Type it pd.DataFrame, or leave it untyped."
+            )
+        # An asset input always has an upstream output.
+        upstream = cast("dg.OutputContext", context.upstream_output)
+        table_slice = self._table_slice(context, upstream)
+        if table_slice.partitions is not None and not context.asset_partition_keys:
+            return pd.DataFrame()
+        query, params = table_slice.select()
+        with self._warehouse.get_connection() as conn:
+            try:
+                return conn.execute(query, params).df()
+            except (duckdb.CatalogException, duckdb.BinderException) as exc:
+                raise dg.Failure(
+                    f"fieldsales_io_manager could not load {table_slice.name} for input "
+                    f"{context.name!r} (asset {asset}): {exc}. Materialize {asset} first, and "
+                    "check that the input's 'columns' metadata names columns of that table."
+                ) from exc
 
 
 def build_io_manager(warehouse_key: str, schema: str) -> dg.IOManagerDefinition:
@@ -314,7 +428,7 @@ def build_io_manager(warehouse_key: str, schema: str) -> dg.IOManagerDefinition:
         description=(
             f"Pandas DataFrames in the Field-Sales warehouse ({warehouse_key}): inputs from the "
             f"project's tables (raw.*, core.*, mart.*), outputs to {schema}.<asset name>, "
-            "in the lake (dagster-duckdb)."
+            "in the lake."
         ),
     )
     def _fieldsales_io_manager(context: dg.InitResourceContext) -> FieldSalesIOManager:

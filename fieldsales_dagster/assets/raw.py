@@ -9,7 +9,7 @@ from typing import Any
 
 import dagster as dg
 import duckdb
-from pydantic import Field, field_validator
+from pydantic import Field, field_validator, model_validator
 
 from fieldsales_dagster.assets.columns import column_schema, prepare_raw_table, table_doc
 from fieldsales_dagster.assets.metadata import (
@@ -17,6 +17,7 @@ from fieldsales_dagster.assets.metadata import (
     storage_metadata,
     table_metadata,
 )
+from fieldsales_dagster.assets.resync import ResyncConfig
 from fieldsales_dagster.client.endpoints import EVENTS, LIST_ENDPOINTS, TRANSACTIONS, ListEndpoint
 from fieldsales_dagster.loading.incremental import (
     RefreshPolicy,
@@ -25,6 +26,7 @@ from fieldsales_dagster.loading.incremental import (
 )
 from fieldsales_dagster.loading.raw_load import LoadReport, ShrinkGuard
 from fieldsales_dagster.loading.refresh_mode import validate_refresh_mode
+from fieldsales_dagster.loading.resync import resync_transactions
 from fieldsales_dagster.names import InstanceNames
 from fieldsales_dagster.warehouse.quoting import qualified
 from fieldsales_dagster.warehouse.rows import one_row
@@ -62,6 +64,28 @@ class RawRefreshConfig(dg.Config):
     @classmethod
     def _check(cls, value: object) -> object:
         return validate_refresh_mode(value)
+
+
+class TransactionsRefreshConfig(RawRefreshConfig):
+    """Run config of ``raw_transactions``: the raw assets' own, or a re-sync on demand."""
+
+    resync: ResyncConfig | None = Field(
+        default=None,
+        description=(
+            "Re-sync on demand instead of a refresh: re-fetch the transactions of the events "
+            "named by event_ids, or of those whose status changed between changed_from and "
+            "changed_to, merged as an incremental refresh merges (docs/refresh.md)."
+        ),
+    )
+
+    @model_validator(mode="after")
+    def _resync_alone(self) -> "TransactionsRefreshConfig":
+        if self.resync is not None and self.refresh_mode is not None:
+            raise ValueError(
+                f"refresh_mode ({self.refresh_mode}) and resync exclude each other: a re-sync "
+                "re-fetches only the events it names; leave refresh_mode empty"
+            )
+        return self
 
 
 # --- provenance: which run wrote a row ---------------------------------------------------
@@ -157,8 +181,7 @@ def build_raw_asset(
     """``io_manager_key``: what loads the table as a downstream asset's input (the component's
     ``fieldsales_io_manager``); the asset itself stores nothing through it."""
     key = names.asset_key(raw_asset_name(endpoint))
-
-    @dg.asset(
+    spec: dict[str, Any] = dict(
         key=key,
         io_manager_key=io_manager_key,
         group_name=names.group("raw"),
@@ -186,10 +209,12 @@ def build_raw_asset(
             )
         ],
     )
-    def _raw_asset(
+
+    def materialize(
         context: dg.AssetExecutionContext, config: RawRefreshConfig
     ) -> dg.MaterializeResult:
         api, warehouse = names.api.of(context), names.warehouse.of(context)
+        resync = config.resync if isinstance(config, TransactionsRefreshConfig) else None
         name = raw_asset_name(endpoint)
         policy = RefreshPolicy.of(warehouse, config.refresh_mode)
         redacted: list[int] = []
@@ -199,18 +224,34 @@ def build_raw_asset(
 
             def load() -> RefreshReport:
                 redacted.clear()  # a lake's write that lost a conflict runs again
-                report = refresh_raw_list(
-                    api,
-                    conn,
-                    endpoint,
-                    policy,
-                    log=lambda message: context.log.info(tenant + message),
-                    warn=lambda message: context.log.warning(tenant + message),
-                    shrink=ShrinkGuard(warehouse.max_shrink_fraction, config.allow_shrink),
-                    before_swap=lambda staged: redacted.append(
-                        prepare_raw_table(conn, staged, name, warehouse)
-                    ),
-                )
+
+                def log(message: str) -> None:
+                    context.log.info(tenant + message)
+
+                def before_swap(staged: str) -> None:
+                    redacted.append(prepare_raw_table(conn, staged, name, warehouse))
+
+                if resync is not None:
+                    report = resync_transactions(
+                        api,
+                        conn,
+                        resync.request(datetime.now(UTC)),
+                        log=log,
+                        before_swap=before_swap,
+                        run_id=context.run_id,
+                    )
+                else:
+                    report = refresh_raw_list(
+                        api,
+                        conn,
+                        endpoint,
+                        policy,
+                        log=log,
+                        warn=lambda message: context.log.warning(tenant + message),
+                        shrink=ShrinkGuard(warehouse.max_shrink_fraction, config.allow_shrink),
+                        before_swap=before_swap,
+                        run_id=context.run_id,
+                    )
                 # In the load's commit: each row's loaded_at leads to this run.
                 record_load_run(conn, endpoint.raw_table, context.run_id, key.to_user_string())
                 return report
@@ -226,12 +267,35 @@ def build_raw_asset(
                 **storage_metadata(warehouse, endpoint.raw_table),
                 **_load_metadata(refresh.load),
                 **refresh.metadata(),
+                **(
+                    {"api_total": "not asked: a re-sync checks each event's list, not the total"}
+                    if refresh.mode == "resync"
+                    else {}
+                ),
                 "pii_redacted_rows": sum(redacted) if warehouse.redact_pii_in_raw else "not asked",
             },
             check_results=[
                 row_count_check(refresh.load.rows, previous_row_count(context), ROW_COUNT_TOLERANCE)
             ],
         )
+
+    # Dagster reads a run config's type from the function's annotation: raw_transactions takes
+    # the re-sync besides the raw assets' own config.
+    if endpoint is TRANSACTIONS:
+
+        @dg.asset(**spec)
+        def _raw_transactions(
+            context: dg.AssetExecutionContext, config: TransactionsRefreshConfig
+        ) -> dg.MaterializeResult:
+            return materialize(context, config)
+
+        return _raw_transactions
+
+    @dg.asset(**spec)
+    def _raw_asset(
+        context: dg.AssetExecutionContext, config: RawRefreshConfig
+    ) -> dg.MaterializeResult:
+        return materialize(context, config)
 
     return _raw_asset
 

@@ -41,6 +41,7 @@ from fieldsales_dagster.client.pager import (
     PagingError,
     Stream,
 )
+from fieldsales_dagster.loading.deletions import record_deletions
 from fieldsales_dagster.loading.raw_load import (
     LoadReport,
     ShrinkGuard,
@@ -289,17 +290,26 @@ def refresh_raw_list(
     warn: Callable[[str], None] = lambda message: None,
     before_swap: Callable[[str], None] | None = None,
     shrink: ShrinkGuard,
+    run_id: str | None = None,
 ) -> RefreshReport:
     """Load one list into its raw table in the mode the policy calls for.
 
     ``before_swap(staging_table)`` runs on the rows about to be stored (the whole new table, or
     an incremental run's re-fetched rows) before they reach the raw table (redaction, comments).
+    Rows removed go to the deletion audit, found gone by run ``run_id`` (``deletions.py``).
     """
     if endpoint.raw_table == TRANSACTIONS.raw_table:
         return refresh_transactions(
-            api, conn, policy, log=log, warn=warn, before_swap=before_swap, shrink=shrink
+            api,
+            conn,
+            policy,
+            log=log,
+            warn=warn,
+            before_swap=before_swap,
+            shrink=shrink,
+            run_id=run_id,
         )
-    report = _load_whole(api, conn, endpoint, log, before_swap, shrink)
+    report = _load_whole(api, conn, endpoint, log, before_swap, shrink, run_id=run_id)
     return RefreshReport(
         load=report,
         mode="full",
@@ -318,6 +328,7 @@ def refresh_transactions(
     now: datetime | None = None,
     before_swap: Callable[[str], None] | None = None,
     shrink: ShrinkGuard,
+    run_id: str | None = None,
 ) -> RefreshReport:
     now = now or datetime.now(UTC)
     decision = choose_mode(
@@ -330,7 +341,7 @@ def refresh_transactions(
     spent = 0
     if decision.mode == "incremental":
         try:
-            return _incremental(api, conn, policy, decision, now, log, before_swap)
+            return _incremental(api, conn, policy, decision, now, log, before_swap, run_id)
         except _FallBack as exc:
             if policy.mode == "incremental" and not exc.always:
                 raise IncrementalRefreshError(
@@ -356,6 +367,7 @@ def refresh_transactions(
         after_swap=lambda rows: _write_state(
             conn, fingerprints=fingerprints, mode="full", at=now, rows=rows
         ),
+        run_id=run_id,
     )
     return RefreshReport(
         load=report, mode="full", reason=decision.reason, bytes_fetched=report.bytes + spent
@@ -370,6 +382,7 @@ def _load_whole(
     before_swap: Callable[[str], None] | None,
     shrink: ShrinkGuard,
     after_swap: Callable[[int], None] | None = None,
+    run_id: str | None = None,
 ) -> LoadReport:
     """A full load of ``endpoint``, refused if it would shrink the table beyond ``shrink``;
     ``after_swap(rows)`` runs in the swap's transaction."""
@@ -382,6 +395,7 @@ def _load_whole(
         after_swap=after_swap,
         max_shrink_fraction=shrink.max_fraction,
         allow_shrink=shrink.allow,
+        run_id=run_id,
     )
 
 
@@ -475,6 +489,7 @@ def _incremental(
     now: datetime,
     log: Callable[[str], None],
     before_swap: Callable[[str], None] | None = None,
+    run_id: str | None = None,
 ) -> RefreshReport:
     started = time.monotonic()
     plan = _plan(conn, policy.lookback_days, now)
@@ -489,8 +504,57 @@ def _incremental(
             f"{len(event_ids)} of {plan.events} events need their transactions re-fetched; "
             "paging the whole list is cheaper"
         )
+    report, counts = refetch_and_merge(
+        api,
+        conn,
+        plan,
+        now=now,
+        started=started,
+        log=log,
+        before_swap=before_swap,
+        run_id=run_id,
+        check_count=True,
+        write_state=lambda rows: _write_state(
+            conn, fingerprints=plan.fingerprints, mode="incremental", at=now, rows=rows
+        ),
+    )
+    return RefreshReport(
+        load=report,
+        mode="incremental",
+        reason=decision.reason,
+        bytes_fetched=report.bytes,
+        events_refetched=len(event_ids),
+        events_new=plan.new,
+        events_changed=plan.changed,
+        events_recent=plan.recent,
+        events_removed=len(plan.removed_ids),
+        transactions_added=counts["added"],
+        transactions_changed=counts["changed"],
+        transactions_removed=counts["removed"],
+    )
+
+
+def refetch_and_merge(
+    api: FieldSalesAPI,
+    conn: duckdb.DuckDBPyConnection,
+    plan: RefetchPlan,
+    *,
+    now: datetime,
+    started: float,
+    log: Callable[[str], None],
+    before_swap: Callable[[str], None] | None,
+    run_id: str | None,
+    check_count: bool,
+    write_state: Callable[[int], None],
+) -> tuple[LoadReport, dict[str, int]]:
+    """Re-fetch the transactions of ``plan``'s events by ``eventId`` and merge them (``_merge``):
+    the incremental refresh's second half, and a re-sync's (``resync.py``). ``check_count``:
+    the merged table must hold the server's global ``count``; ``write_state(rows)`` records the
+    load in the merge's transaction. Returns the load's report and the merge's counts."""
+    event_ids = plan.event_ids
     fetched = _Fetched()
     planned = time.monotonic()
+    total: int | None = None
     conn.execute(raw_table_ddl(TRANSACTIONS, plan.stage, temporary=True))
     # The stored rows about to be replaced are read while the pages are fetched.
     reader = ThreadPoolExecutor(max_workers=1, thread_name_prefix="fieldsales-replaced")
@@ -499,18 +563,30 @@ def _incremental(
     )
     try:
         _fetch_by_event(api, conn, event_ids, fetched, started, log)
-        count_page = api.fetch_page(TRANSACTIONS.with_params(limit=1), 0, fetched.stats)
-        fetched.stats.count(pages=1, bytes=count_page.nbytes)
-        if count_page.total is None:
-            raise CountMismatch(
-                "the server reported no count for the transaction list, so the merge cannot "
-                "be checked",
-                fetched.stats.bytes,
-            )
+        if check_count:
+            count_page = api.fetch_page(TRANSACTIONS.with_params(limit=1), 0, fetched.stats)
+            fetched.stats.count(pages=1, bytes=count_page.nbytes)
+            if count_page.total is None:
+                raise CountMismatch(
+                    "the server reported no count for the transaction list, so the merge "
+                    "cannot be checked",
+                    fetched.stats.bytes,
+                )
+            total = count_page.total
         fetched_at = time.monotonic()
         stored = replaced.result()
         merging = time.monotonic()
-        counts = _merge(conn, plan, count_page.total, now, fetched.stats.bytes, stored, before_swap)
+        counts = _merge(
+            conn,
+            plan,
+            total,
+            now,
+            fetched.stats.bytes,
+            stored,
+            before_swap,
+            run_id,
+            write_state,
+        )
         phases = (
             f"plan {planned - started:.2f} s, fetch {fetched_at - planned:.2f} s, "
             f"waiting for the stored rows {merging - fetched_at:.2f} s, "
@@ -523,7 +599,7 @@ def _incremental(
     report = LoadReport(
         table=TRANSACTIONS.raw_table,
         rows=counts["rows"],
-        api_total=count_page.total,
+        api_total=total,
         passes=1,
         pages=stats.pages,
         requests=stats.requests,
@@ -538,20 +614,7 @@ def _incremental(
         f"({stats.requests} requests, {stats.bytes / 1e6:.1f} MB, {report.seconds:.1f} s: "
         f"{phases})"
     )
-    return RefreshReport(
-        load=report,
-        mode="incremental",
-        reason=decision.reason,
-        bytes_fetched=stats.bytes,
-        events_refetched=len(event_ids),
-        events_new=plan.new,
-        events_changed=plan.changed,
-        events_recent=plan.recent,
-        events_removed=len(plan.removed_ids),
-        transactions_added=counts["added"],
-        transactions_changed=counts["changed"],
-        transactions_removed=counts["removed"],
-    )
+    return report, counts
 
 
 def _fetch_by_event(
@@ -626,18 +689,22 @@ def _read_replaced(cursor: duckdb.DuckDBPyConnection, event_ids: list[str]) -> d
 def _merge(
     conn: duckdb.DuckDBPyConnection,
     plan: RefetchPlan,
-    server_count: int,
+    server_count: int | None,
     now: datetime,
     bytes_fetched: int,
     replaced: dict[str, int],
-    before_swap: Callable[[str], None] | None = None,
+    before_swap: Callable[[str], None] | None,
+    run_id: str | None,
+    write_state: Callable[[int], None],
 ) -> dict[str, int]:
-    """Replace the re-fetched and removed events' transactions, check, record: one transaction.
+    """Replace the re-fetched and removed events' transactions, check, record the new state
+    (``write_state(rows)``): one transaction.
 
     ``replaced``: ids and payload hashes of the stored rows of the re-fetched and removed events
     (``_read_replaced``), for the counts of changed, added and removed transactions.
-    ``before_swap(stage)`` (redaction, comments) and the staging table's drop run inside the
-    transaction too: one commit for everything.
+    ``before_swap(stage)`` (redaction, comments), the deletion audit of the transactions that
+    are gone (found by run ``run_id``) and the staging table's drop run inside the transaction
+    too: one commit for everything.
     """
     target, stage = qualified(TRANSACTIONS.raw_table), qualified(plan.stage)
     staged, distinct_staged = one_row(conn, f"SELECT count(*), count(DISTINCT id) FROM {stage}")
@@ -660,22 +727,32 @@ def _merge(
             before_swap(plan.stage)
         # After before_swap: a redacted payload compares with the redacted one stored.
         new = dict(conn.execute(f"SELECT id, hash(payload::VARCHAR) FROM {stage}").fetchall())
+        record_deletions(
+            conn,
+            TRANSACTIONS,
+            kept=f"SELECT id FROM {stage}",
+            scope=f"event_id IN ({plan.replaced_events})",
+            run_id=run_id,
+            at=now,
+        )
         deleted = _delete_replaced(conn, plan, moved=len(old) > len(replaced))
         pause_at("merge")
         _insert_staged(conn, plan.stage)
         rows = one_row(conn, f"SELECT count(*) FROM {target}")[0]
         # Every id stays distinct by construction: the stored table was (a full load drops
         # repeats, and so did every merge), the staged ids are, and every stored copy of a
-        # staged id was just deleted. So the rows must add up, and match the server's count.
-        if deleted != len(old) or rows != stored - deleted + staged or rows != server_count:
+        # staged id was just deleted. So the rows must add up, and match the server's count
+        # (when it is checked: a re-sync of some events leaves the others' changes be).
+        counted = server_count is None or rows == server_count
+        if deleted != len(old) or rows != stored - deleted + staged or not counted:
+            counts = "" if server_count is None else f" but the server counts {server_count}"
             raise CountMismatch(
                 f"after the merge raw.transactions would hold {rows} rows ({stored} stored, "
-                f"{deleted} deleted where {len(old)} were expected, {staged} fetched) but the "
-                f"server counts {server_count} transactions: something changed that incremental "
-                "mode cannot see",
+                f"{deleted} deleted where {len(old)} were expected, {staged} fetched){counts}: "
+                "something changed that incremental mode cannot see",
                 bytes_fetched,
             )
-        _write_state(conn, fingerprints=plan.fingerprints, mode="incremental", at=now, rows=rows)
+        write_state(rows)
         conn.execute(f"DROP TABLE {stage}")
         return rows, new
 

@@ -52,6 +52,7 @@ from fieldsales_dagster.client.pager import (
     item_keys,
     key_decoder,
 )
+from fieldsales_dagster.loading.deletions import record_deletions
 from fieldsales_dagster.pause import pause_at
 from fieldsales_dagster.settings import SETTINGS
 from fieldsales_dagster.warehouse.lake import drop_table, in_transaction, run_transaction
@@ -518,6 +519,7 @@ def load_list(
     after_swap: Callable[[int], None] | None = None,
     max_shrink_fraction: float = 0.5,
     allow_shrink: bool = False,
+    run_id: str | None = None,
 ) -> LoadReport:
     """Replace ``endpoint.raw_table`` with every item the server lists, or leave it untouched.
 
@@ -525,7 +527,8 @@ def load_list(
     the old one (redaction, comments); ``after_swap(rows)`` records the load in the swap's
     transaction (the state of an incremental refresh). ``max_shrink_fraction``: the largest share
     of the current table's rows a refresh may lose; emptying a non-empty table is always refused
-    unless ``allow_shrink``.
+    unless ``allow_shrink``. The rows the new table drops go to the deletion audit in the swap's
+    transaction (``deletions.record_deletions``, found gone by run ``run_id``).
     """
     started = time.monotonic()
     loaded_at = datetime.now(UTC)
@@ -562,6 +565,8 @@ def load_list(
                 before_swap(stage)
 
             def swap(rows: int = distinct) -> None:
+                kept = f"SELECT id FROM {qualified(stage)}"
+                record_deletions(conn, endpoint, kept=kept, run_id=run_id, at=loaded_at)
                 replace_table(conn, stage, endpoint.raw_table)
                 if after_swap is not None:
                     after_swap(rows)

@@ -1,0 +1,122 @@
+"""The run config of a re-sync on demand (docs/refresh.md, "Re-sync on demand"), typed, so the
+launchpad and ``dg launch`` show and check it:
+
+    ops:
+      raw_transactions:
+        config:
+          resync:
+            event_ids: [<event id>, ...]        # these events' transactions; or
+            changed_from: "2026-11-01"          # the events whose status changed from this day
+            changed_to: "2026-11-07"            # to this day, inclusive (default: now)
+
+What a re-sync does is ``loading/resync.py``'s.
+"""
+
+from __future__ import annotations
+
+from datetime import UTC, date, datetime, time, timedelta
+
+import dagster as dg
+from pydantic import Field, field_validator, model_validator
+
+from fieldsales_dagster.loading.resync import ResyncRequest
+
+
+def _moment(field: str, value: str) -> tuple[datetime, bool]:
+    """``value`` as a UTC time, and whether it was a day alone (``YYYY-MM-DD``)."""
+    text = value.strip()
+    try:
+        day = date.fromisoformat(text)
+    except ValueError:
+        pass
+    else:
+        return datetime.combine(day, time(), UTC), True
+    try:
+        moment = datetime.fromisoformat(text.replace("Z", "+00:00"))
+    except ValueError:
+        raise ValueError(
+            f"resync.{field} is {value!r}, which is not a date: give a day (YYYY-MM-DD) or an "
+            "ISO 8601 time (2026-11-01T08:00:00Z; UTC where it has no offset)"
+        ) from None
+    return (moment if moment.tzinfo else moment.replace(tzinfo=UTC)).astimezone(UTC), False
+
+
+class ResyncConfig(dg.Config):
+    """Re-fetch the transactions of chosen events, merged exactly as an incremental refresh
+    merges: give ``event_ids``, or a window (``changed_from``, optionally ``changed_to``)."""
+
+    event_ids: list[str] = Field(
+        default=[],
+        description=(
+            "Re-fetch the transactions of these events (their _id, as core.events.event_id "
+            "shows it). An id the server no longer lists is a deleted event: its stored "
+            "transactions go to meta.transactions_deleted; an id never seen fails the run."
+        ),
+    )
+    changed_from: str | None = Field(
+        default=None,
+        description=(
+            "Instead of event_ids: re-fetch the transactions of every event with a status "
+            "change (eventStateHistory) at or after this day (YYYY-MM-DD, UTC) or time (ISO "
+            "8601)."
+        ),
+    )
+    changed_to: str | None = Field(
+        default=None,
+        description=(
+            "End of the window: a day (YYYY-MM-DD, included) or a time (ISO 8601, excluded). "
+            "Empty: now."
+        ),
+    )
+
+    @field_validator("event_ids")
+    @classmethod
+    def _check_ids(cls, ids: list[str]) -> list[str]:
+        blank = [position for position, event_id in enumerate(ids) if not event_id.strip()]
+        if blank:
+            raise ValueError(
+                f"resync.event_ids holds an empty id at position {blank[0]}: give each event's "
+                "_id, as core.events.event_id shows it"
+            )
+        return list(dict.fromkeys(ids))  # ids exactly as given (they may hold spaces), once each
+
+    @field_validator("changed_from", "changed_to")
+    @classmethod
+    def _check_moment(cls, value: str | None, info) -> str | None:
+        if value is not None:
+            _moment(info.field_name, value)
+        return value
+
+    @model_validator(mode="after")
+    def _one_way(self) -> ResyncConfig:
+        if bool(self.event_ids) == (self.changed_from is not None):
+            raise ValueError(
+                "resync needs either event_ids (a list of event ids) or changed_from (and "
+                "optionally changed_to), not " + ("both" if self.event_ids else "neither")
+            )
+        if self.changed_to is not None and self.changed_from is None:
+            raise ValueError("resync.changed_to needs resync.changed_from: give the window's start")
+        if self.changed_from is not None:
+            start, end = self.window(datetime.now(UTC))
+            if end <= start:
+                raise ValueError(
+                    f"resync.changed_to ({self.changed_to or 'now'}) is not after "
+                    f"resync.changed_from ({self.changed_from}): the window is empty"
+                )
+        return self
+
+    def window(self, now: datetime) -> tuple[datetime, datetime]:
+        """``changed_from`` .. ``changed_to`` as UTC times, the end excluded (a day given as the
+        end counts whole)."""
+        assert self.changed_from is not None
+        start, _ = _moment("changed_from", self.changed_from)
+        if self.changed_to is None:
+            return start, now
+        end, whole_day = _moment("changed_to", self.changed_to)
+        return start, end + timedelta(days=1) if whole_day else end
+
+    def request(self, now: datetime) -> ResyncRequest:
+        if self.event_ids:
+            return ResyncRequest(event_ids=tuple(self.event_ids))
+        start, end = self.window(now)
+        return ResyncRequest(changed_from=start, changed_to=end)

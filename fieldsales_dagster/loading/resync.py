@@ -1,0 +1,243 @@
+"""Re-sync on demand: re-fetch the transactions of chosen events, merged as an incremental refresh.
+
+A support ticket says "event X is wrong": a re-sync re-fetches, by ``eventId``, the transactions
+of the events it is asked for, either
+
+* ``event_ids``: these events, whatever the event list says of them; or
+* a window (``changed_from`` .. ``changed_to``): every event of ``raw.events`` with a status
+  change (an ``eventStateHistory`` entry) dated within it.
+
+The API has no endpoint for one event and no "changed since" filter on the event list (the API
+document shows ``skip`` and ``limit`` only), so the events themselves are re-fetched the only way
+there is, whole, by ``raw_events`` in the same run; the window is then read from that list.
+
+The re-fetched transactions are merged exactly as an incremental refresh merges (``incremental
+.refetch_and_merge``): the stored rows of those events are replaced by what the server lists now,
+the rows that are gone go to the deletion audit (``deletions.py``), and the whole is one
+transaction. What differs is the state it records: only the re-synced events' fingerprints move
+(the next incremental refresh still sees every other event's changes), and the server's global
+``count`` is not required to match (other events may have changed since the last load).
+
+Ids are checked before anything is fetched: an id that the server's event list does not hold,
+that no stored transaction carries and that no load ever saw is refused, naming it (a typo); an
+id the lake knew but the server no longer lists is a deleted event: its stored transactions are
+replaced by what the server lists for it (usually nothing), and the audit keeps them.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from importlib import resources
+
+import duckdb
+
+from fieldsales_dagster.client.api import FieldSalesAPI
+from fieldsales_dagster.client.endpoints import EVENTS, TRANSACTIONS
+from fieldsales_dagster.client.errors import FieldSalesAPIError
+from fieldsales_dagster.loading.deletions import audit_table
+from fieldsales_dagster.loading.incremental import (
+    FINGERPRINTS_NOW,
+    FINGERPRINTS_TABLE,
+    REFETCH_TABLE,
+    REMOVED_TABLE,
+    STAGE_TABLE,
+    STATE_TABLE,
+    EventFilterIgnored,
+    RefetchPlan,
+    RefreshReport,
+    _FallBack,
+    _fingerprint_current_events,
+    read_previous_load,
+    refetch_and_merge,
+)
+from fieldsales_dagster.warehouse.quoting import qualified
+from fieldsales_dagster.warehouse.rows import one_row
+from fieldsales_dagster.warehouse.warehouse import table_exists
+
+#: Ids named in one error message, at most.
+NAMED = 10
+
+
+class ResyncError(FieldSalesAPIError):
+    """A re-sync cannot be done as asked; the tables are left as they were."""
+
+
+@dataclass(frozen=True)
+class ResyncRequest:
+    """What to re-sync: ``event_ids``, or the events with a status change in
+    ``changed_from <= date < changed_to`` (UTC). Validated by the run config (``ResyncConfig``)."""
+
+    event_ids: tuple[str, ...] = ()
+    changed_from: datetime | None = None
+    changed_to: datetime | None = None
+
+    def describe(self) -> str:
+        if self.event_ids:
+            shown = ", ".join(self.event_ids[:NAMED])
+            more = f" and {len(self.event_ids) - NAMED} more" if len(self.event_ids) > NAMED else ""
+            return f"re-sync of event_ids {shown}{more}"
+        start, end = (
+            moment.isoformat() if moment else "?" for moment in (self.changed_from, self.changed_to)
+        )
+        return f"re-sync of the events whose status changed from {start} to {end} (exclusive)"
+
+
+def _known_ids(conn: duckdb.DuckDBPyConnection) -> str:
+    """A query of every event id this lake knows: listed now, carried by a stored transaction,
+    fingerprinted at a load, or audited as deleted."""
+    sources = [f"SELECT event_id FROM {FINGERPRINTS_NOW}"]
+    if table_exists(conn, TRANSACTIONS.raw_table):
+        sources.append(f"SELECT event_id FROM {qualified(TRANSACTIONS.raw_table)}")
+    if table_exists(conn, FINGERPRINTS_TABLE):
+        sources.append(f"SELECT event_id FROM {FINGERPRINTS_TABLE}")
+    if table_exists(conn, audit_table(EVENTS)):
+        sources.append(f"SELECT id FROM {qualified(audit_table(EVENTS))}")
+    return " UNION ".join(sources)
+
+
+def _choose_events(conn: duckdb.DuckDBPyConnection, request: ResyncRequest) -> None:
+    """Fill the plan's tables: ``REFETCH_TABLE(event_id, why)`` with the events to re-sync, and
+    ``REMOVED_TABLE`` empty (a re-sync replaces only the events it re-fetches)."""
+    if request.event_ids:
+        conn.execute(
+            f"CREATE OR REPLACE TEMP TABLE {REFETCH_TABLE} AS "
+            "SELECT DISTINCT id AS event_id, CASE WHEN id IN (SELECT event_id FROM "
+            f"{FINGERPRINTS_NOW}) THEN 'listed' ELSE 'gone' END AS why "
+            "FROM (SELECT unnest($ids) AS id)",
+            {"ids": list(request.event_ids)},
+        )
+        unknown = [
+            row[0]
+            for row in conn.execute(
+                f"SELECT event_id FROM {REFETCH_TABLE} "
+                f"WHERE event_id NOT IN ({_known_ids(conn)}) ORDER BY event_id"
+            ).fetchall()
+        ]
+        if unknown:
+            raise ResyncError(
+                f"raw_transactions: resync.event_ids names {len(unknown)} event id(s) that the "
+                f"server's event list does not hold and this lake never loaded: "
+                f"{', '.join(repr(i) for i in unknown[:NAMED])}. Check the ids (an event's "
+                "_id, as core.events.event_id shows it); nothing was changed."
+            )
+    else:
+        macro = resources.files("fieldsales_dagster") / "sql" / "raw_events_in_slices.sql"
+        conn.execute(macro.read_text("utf-8"))
+        conn.execute(
+            f"""
+            CREATE OR REPLACE TEMP TABLE {REFETCH_TABLE} AS
+            SELECT id AS event_id, 'changed in window' AS why
+            FROM raw_events_in_slices()
+            WHERE len(list_filter(
+                coalesce(json_extract_string(payload, '$.eventStateHistory[*].date'), []),
+                lambda d: try_cast(d AS TIMESTAMPTZ) >= $start
+                          AND try_cast(d AS TIMESTAMPTZ) < $end)) > 0
+            """,
+            {"start": request.changed_from, "end": request.changed_to},
+        )
+    conn.execute(f"CREATE OR REPLACE TEMP TABLE {REMOVED_TABLE} (event_id VARCHAR)")
+
+
+def _write_resync_state(
+    conn: duckdb.DuckDBPyConnection, fingerprints: str, at: datetime, rows: int
+) -> None:
+    """Record a re-sync (in the merge's transaction): the re-synced events' fingerprints move to
+    what they are now (a re-synced event no longer listed loses its fingerprint: its transactions
+    were just replaced), every other event's stay, so the next incremental refresh still
+    re-fetches those that changed; the stored row count is what the table now holds."""
+    conn.execute(
+        f"DELETE FROM {FINGERPRINTS_TABLE} WHERE event_id IN (SELECT event_id FROM {REFETCH_TABLE})"
+    )
+    conn.execute(
+        f"INSERT INTO {FINGERPRINTS_TABLE} BY NAME SELECT * FROM {fingerprints} "
+        f"WHERE event_id IN (SELECT event_id FROM {REFETCH_TABLE})"
+    )
+    conn.execute(
+        f"UPDATE {STATE_TABLE} SET last_load_at = $at, last_mode = 'resync', rows = $rows "
+        "WHERE table_name = $table",
+        {
+            "at": at.astimezone(UTC).replace(tzinfo=None),
+            "rows": rows,
+            "table": TRANSACTIONS.raw_table,
+        },
+    )
+
+
+def resync_transactions(
+    api: FieldSalesAPI,
+    conn: duckdb.DuckDBPyConnection,
+    request: ResyncRequest,
+    *,
+    log: Callable[[str], None] = lambda message: None,
+    before_swap: Callable[[str], None] | None = None,
+    run_id: str | None = None,
+    now: datetime | None = None,
+) -> RefreshReport:
+    """Re-fetch and merge the transactions of the events ``request`` names (see the module)."""
+    now = now or datetime.now(UTC)
+    started = time.monotonic()
+    if read_previous_load(conn) is None:
+        raise ResyncError(
+            "raw_transactions: a re-sync merges into a complete load, and raw.transactions has "
+            "none recorded yet. Run a full refresh first (the refresh_all job, or refresh_mode: "
+            "full), then re-sync."
+        )
+    fingerprints = _fingerprint_current_events(conn)
+    _choose_events(conn, request)
+    chosen = conn.execute(f"SELECT event_id, why FROM {REFETCH_TABLE} ORDER BY event_id").fetchall()
+    gone = [event_id for event_id, why in chosen if why == "gone"]
+    (events,) = one_row(conn, f"SELECT count(*) FROM {fingerprints}")
+    plan = RefetchPlan(
+        fingerprints=fingerprints,
+        refetch=REFETCH_TABLE,
+        removed=REMOVED_TABLE,
+        stage=STAGE_TABLE,
+        event_ids=[event_id for event_id, _ in chosen],
+        removed_ids=[],
+        events=events,
+        new=0,
+        changed=len(chosen),
+        recent=0,
+    )
+    log(
+        f"transactions: {request.describe()}: re-fetching {len(chosen)} of {events} events by "
+        f"eventId" + (f"; {len(gone)} no longer listed: {', '.join(gone[:NAMED])}" if gone else "")
+    )
+    try:
+        report, counts = refetch_and_merge(
+            api,
+            conn,
+            plan,
+            now=now,
+            started=started,
+            log=log,
+            before_swap=before_swap,
+            run_id=run_id,
+            check_count=False,
+            write_state=lambda rows: _write_resync_state(conn, fingerprints, now, rows),
+        )
+    except EventFilterIgnored as exc:
+        raise ResyncError(
+            f"raw_transactions: the server ignores the eventId filter ({exc}), so one event's "
+            "transactions cannot be fetched alone; nothing was changed. Run a full refresh "
+            "(refresh_mode: full) instead."
+        ) from None
+    except _FallBack as exc:
+        raise ResyncError(
+            f"raw_transactions: the re-sync failed its guard: {exc}. raw.transactions was left "
+            "as it was; run it again, or run a full refresh (refresh_mode: full)."
+        ) from None
+    return RefreshReport(
+        load=report,
+        mode="resync",
+        reason=request.describe(),
+        bytes_fetched=report.bytes,
+        events_refetched=len(chosen),
+        events_removed=len(gone),
+        transactions_added=counts["added"],
+        transactions_changed=counts["changed"],
+        transactions_removed=counts["removed"],
+    )
