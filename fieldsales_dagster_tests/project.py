@@ -63,12 +63,13 @@ def load_project_defs() -> dg.Definitions:
 
 
 def error_chain(exc: BaseException) -> str:
-    """Every message of an exception and its causes: Dagster wraps a component's load error."""
-    texts = []
-    while exc is not None:
-        texts.append(str(exc))
+    """Every message of an exception and its causes, each once (Dagster wraps a component's load
+    error, and a cause may loop back to an exception already seen)."""
+    seen: list[BaseException] = []
+    while exc is not None and not any(exc is each for each in seen):
+        seen.append(exc)
         exc = exc.__cause__ or exc.__context__
-    return "\n".join(texts)
+    return "\n".join(str(each) for each in seen)
 
 
 def write_project(root: Path, instances: dict[str, str]) -> Path:

@@ -16,7 +16,7 @@ import pytest
 
 from fieldsales_dagster.demo_run import prepare_dagster_home
 from fieldsales_dagster_tests.conftest import lake_paths, make_api, make_warehouse, read_lake
-from fieldsales_dagster_tests.project import load_project_defs, raw_assets
+from fieldsales_dagster_tests.project import error_chain, load_project_defs, raw_assets
 from fieldsales_dagster_tests.test_incremental_refresh import assert_same_tables
 
 RAW_ASSETS = raw_assets()
@@ -55,15 +55,6 @@ def of_events(rows: dict[str, tuple], events: set[str], keep: bool = True) -> di
 def metadata(result) -> dict[str, object]:
     (event,) = result.asset_materializations_for_node("raw_transactions")
     return {key: value.value for key, value in event.metadata.items()}
-
-
-def messages(exc: BaseException) -> str:
-    """Every message of an exception and its causes (a cause may loop back: each once)."""
-    seen: list[BaseException] = []
-    while exc is not None and exc not in seen:
-        seen.append(exc)
-        exc = exc.__cause__ or exc.__context__
-    return "\n".join(str(each) for each in seen)
 
 
 def failure(result) -> str:
@@ -222,7 +213,7 @@ def test_bad_resync_config_fails_naming_the_field(demo_server, tmp_path, config,
     warehouse = make_warehouse(tmp_path)
     with pytest.raises(Exception) as raised:
         run(demo_server, tmp_path, warehouse, config)
-    assert named in messages(raised.value)
+    assert named in error_chain(raised.value)
 
 
 def test_the_refresh_job_takes_the_resync_config_from_the_launchpad_and_dg_launch(
@@ -283,3 +274,10 @@ def test_dg_launch_re_syncs_an_event_as_documented(demo_server, tmp_path):
     }
     with read_lake(loaded) as conn:
         assert conn.execute("SELECT last_mode FROM meta.refresh_state").fetchall() == [("resync",)]
+
+
+def test_error_chain_names_each_exception_once_when_its_causes_loop():
+    """The helper these tests read failures with ends on a cause that loops back."""
+    first, second = ValueError("first"), RuntimeError("second")
+    first.__cause__, second.__context__ = second, first
+    assert error_chain(first) == "first\nsecond"
