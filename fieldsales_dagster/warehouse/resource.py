@@ -54,9 +54,7 @@ T = TypeVar("T")
 #: The schemas the project writes and rebuilds. Anything else in the lake (``analytics``, a
 #: team's own schema) belongs to its users: never dropped.
 PROJECT_SCHEMAS = frozenset({"raw", "core", "mart", "meta"})
-#: Spool files of raw loads: ``<local folder>/.fieldsales_spool/lake/``.
-SPOOL_DIR_NAME = ".fieldsales_spool"
-#: The folder of a lake's local files (DuckDB's spills, the raw loads' spools), beside a SQLite
+#: The folder of a lake's local files (DuckDB's spills), beside a SQLite
 #: catalog; for PostgreSQL under the system's temporary folder. Each process has its own
 #: ``pid-<pid>`` folder in it, so a killed process's files are recognised and removed.
 LOCAL_DIR_NAME = ".fieldsales_tmp"
@@ -70,7 +68,7 @@ _CLEANED: set[Path] = set()
 
 def remove_dead_processes_files(folder: Path) -> list[str]:
     """Remove the ``pid-<pid>`` folders under ``folder`` of processes that are gone (a killed
-    run's spills and spools); returns what went. Live processes' folders stay."""
+    run's spills); returns what went. Live processes' folders stay."""
     removed = []
     for path in sorted(folder.glob(f"{PROCESS_DIR_PREFIX}*")):
         pid = path.name.removeprefix(PROCESS_DIR_PREFIX)
@@ -188,7 +186,7 @@ class FieldSalesWarehouse(dg.ConfigurableResource):
 
     @property
     def local_folder(self) -> Path:
-        """This lake's local files (DuckDB's spills, the raw loads' spools): beside a SQLite
+        """This lake's local files (DuckDB's spills): beside a SQLite
         catalog, else under the system's temporary folder; one folder per lake and tenant."""
         here = self.lake
         key = hashlib.sha256(f"{here.catalog}\0{here.schema or ''}".encode()).hexdigest()[:16]
@@ -204,6 +202,7 @@ class FieldSalesWarehouse(dg.ConfigurableResource):
 
     def teardown_after_execution(self, context: dg.InitResourceContext) -> None:
         self.drop_shared()
+        self._in_run = False
 
     @property
     def in_run(self) -> bool:
@@ -343,12 +342,6 @@ def staging_table(target: str, suffix: str = "") -> str:
     """``schema.table`` -> ``schema._stage_table[suffix]``, where ``target`` is built."""
     schema, _, name = target.partition(".")
     return f"{schema}.{STAGE_PREFIX}{name}{suffix}"
-
-
-def spool_folder(database: Path) -> Path:
-    """Where raw loads spool pages, for a database whose local files sit at ``database``."""
-    database = database.resolve()
-    return database.parent / SPOOL_DIR_NAME / database.name
 
 
 def quote_ident(name: str) -> str:
