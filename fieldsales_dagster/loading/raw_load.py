@@ -60,6 +60,8 @@ if TYPE_CHECKING:
 
 #: Pages waiting for the insert (a few MB each): what memory holds whatever the list's size.
 QUEUED_PAGES = 8
+#: Bytes of items DuckDB reads at a time (a slice of a page's batch; see ``_stream``).
+SLICE_BYTES = 256 * 1024
 
 
 class RawLoadError(RuntimeError):
@@ -199,7 +201,13 @@ class StagingWriter:
 
     def _stream(self) -> Iterator[pa.RecordBatch]:
         while (batch := self._batches.get()) is not None:
-            yield batch
+            # In slices of about SLICE_BYTES (no copy): the lake's writer closes a row group
+            # once it passes its size (``LAKE_OPTIONS``), so a whole page of heavy items (4.5 MB)
+            # made groups ~2.5 MB larger, and reading them back needed more than 64MB
+            # (test_core_memory.py).
+            rows = max(1, len(batch) * SLICE_BYTES // max(1, batch.nbytes))
+            for start in range(0, len(batch), rows):
+                yield batch.slice(start, rows)
         self._ended = True
 
     def _insert(self, conn: duckdb.DuckDBPyConnection) -> None:
