@@ -245,6 +245,9 @@ class Measurement:
     over_memory: bool = False
     stdout: str = ""
     extra: dict[str, object] = field(default_factory=dict)
+    #: (epoch, user + system CPU seconds) of the command's own process, every ~50 ms: the run's
+    #: steps execute in it (``step_cpu.py``).
+    cpu_samples: list[tuple[float, float]] = field(default_factory=list)
 
     @property
     def ok(self) -> bool:
@@ -277,6 +280,7 @@ class _RSSPoller(threading.Thread):
         self.peak_pss = 0
         self._done = threading.Event()
         self._procs: dict[int, psutil.Process] = {}
+        self.cpu_samples: list[tuple[float, float]] = []
 
     def _tree(self) -> list[psutil.Process]:
         try:
@@ -291,6 +295,10 @@ class _RSSPoller(threading.Thread):
         n = 0
         while not self._done.is_set():
             tree = self._tree()
+            if tree:
+                with contextlib.suppress(psutil.Error):
+                    cpu = tree[0].cpu_times()
+                    self.cpu_samples.append((time.time(), cpu.user + cpu.system))
             rss = 0
             for proc in tree:
                 with contextlib.suppress(psutil.Error):
@@ -374,6 +382,7 @@ def measure(
             _kill_group(proc)
             m.wall_s = time.perf_counter() - started
             m.peak_rss, m.peak_pss = poller.stop()
+            m.cpu_samples = poller.cpu_samples
             if poller.over_cap:
                 m.over_memory = True
                 log.write(

@@ -4,10 +4,9 @@ Each layer runs alone and is timed in CPU seconds (``time.process_time``: every 
 process, DuckDB's included; the server's CPU is not counted) and wall seconds:
 
 * ``fetch``: one pass of the pager (HTTP, envelope decode, ids), pages thrown away;
-* ``spool``: the same, each page also written as spool lines to a file (what ``load_list`` hands
-  DuckDB);
-* ``insert``: that spool file into a fresh staging table, the load's own INSERT, then CHECKPOINT;
-* ``load``: ``load_list`` end to end into a fresh working file, then CHECKPOINT.
+* ``batch``: the same, each page also made into the Arrow batch ``load_list`` hands DuckDB;
+* ``load``: ``load_list`` end to end into a fresh working file, then CHECKPOINT (the insert alone
+  is ``load`` minus ``batch``).
 
 The DuckDB files are attached with the row group size the file engine used (``ROW_GROUP_SIZE``)
 and the warehouse's default ``memory_limit``.
@@ -28,7 +27,6 @@ import sys
 import tempfile
 import time
 from collections.abc import Callable
-from datetime import UTC, datetime
 from pathlib import Path
 
 import duckdb
@@ -36,17 +34,10 @@ import duckdb
 from fieldsales_dagster.client.api import FieldSalesAPI
 from fieldsales_dagster.client.endpoints import TRANSACTIONS
 from fieldsales_dagster.client.pager import ListStats, Stream, key_decoder
-from fieldsales_dagster.loading.raw_load import (
-    _insert_sql,
-    _write_all,
-    load_list,
-    page_executor,
-    raw_table_ddl,
-    spool_parts,
-)
+from fieldsales_dagster.loading.raw_load import load_list, page_batch, page_executor, page_schema
 from fieldsales_dagster.warehouse.warehouse import FieldSalesWarehouse
 
-LAYERS = ("fetch", "spool", "insert", "load")
+LAYERS = ("fetch", "batch", "load")
 
 
 #: Rows per row group of the DuckDB files compared here (the retired file engine used 16,384).
@@ -62,28 +53,15 @@ def _connect(path: Path) -> duckdb.DuckDBPyConnection:
     return conn
 
 
-def _fetch(api: FieldSalesAPI, spool: Path | None) -> tuple[int, int]:
+def _fetch(api: FieldSalesAPI, batches: bool) -> tuple[int, int]:
     stats = ListStats()
-    decode = key_decoder(TRANSACTIONS)
-    with open(spool or os.devnull, "wb", buffering=0) as out:
-        for _, page in page_executor(api, None, label="fetch", spent=stats).pages(
-            [Stream(TRANSACTIONS)]
-        ):
-            if spool is not None:
-                _write_all(out.fileno(), spool_parts(page, decode))
+    decode, schema = key_decoder(TRANSACTIONS), page_schema(TRANSACTIONS)
+    for _, page in page_executor(api, None, label="fetch", spent=stats).pages(
+        [Stream(TRANSACTIONS)]
+    ):
+        if batches:
+            page_batch(page, schema, decode)
     return stats.items, stats.bytes
-
-
-def _insert(spool: Path, db: Path) -> int:
-    conn = _connect(db)
-    conn.execute(raw_table_ddl(TRANSACTIONS, "raw.stage"))
-    conn.execute("BEGIN TRANSACTION")
-    params = {"path": str(spool), "loaded_at": datetime.now(UTC).replace(tzinfo=None)}
-    rows = conn.execute(_insert_sql(TRANSACTIONS, "raw.stage"), params).fetchone()[0]
-    conn.execute("COMMIT")
-    conn.execute("CHECKPOINT")
-    conn.close()
-    return rows
 
 
 def _load(api: FieldSalesAPI, db: Path) -> tuple[int, int]:
@@ -116,24 +94,20 @@ def main(argv: list[str] | None = None) -> int:
 
     with tempfile.TemporaryDirectory(dir=args.work_dir, prefix="raw-layers-") as tmp:
         work = Path(tmp)
-        spool = work / "spool.txt"
         figures: dict[str, object] = {}
         counted: dict[str, int] = {}
 
-        def fetch(spool_to: Path | None) -> None:
-            counted["items"], counted["bytes"] = _fetch(api, spool_to)
+        def fetch(batches: bool) -> None:
+            counted["items"], counted["bytes"] = _fetch(api, batches)
 
         def load(db: Path) -> None:
             counted["items"], counted["bytes"] = _load(api, db)
 
         runs: dict[str, Callable[[], object]] = {
-            "fetch": lambda: fetch(None),
-            "spool": lambda: fetch(spool),
-            "insert": lambda: _insert(spool, work / "insert.duckdb"),
+            "fetch": lambda: fetch(False),
+            "batch": lambda: fetch(True),
             "load": lambda: load(work / "load.duckdb"),
         }
-        if "insert" in layers and "spool" not in layers:
-            fetch(spool)  # the insert reads what the spool layer writes
         for layer in LAYERS:
             if layer not in layers:
                 continue

@@ -49,6 +49,7 @@ from benchmarks.harness import (
     measure,
     prepare_dagster_home,
 )
+from benchmarks.step_cpu import StepCpu, step_cpu
 from fieldsales_dagster.client.api import FieldSalesAPI  # noqa: E402
 from fieldsales_dagster.warehouse.lake import Lake
 from fieldsales_dagster.warehouse.lake import connect as connect_lake
@@ -120,6 +121,8 @@ class StepResult:
     rows: int = 0
     note: str = ""
     dagster_steps: list[tuple[str, float]] = field(default_factory=list)
+    #: Wall and CPU seconds of each Dagster step, from the run's event log (``step_cpu.py``).
+    step_cpu: list[StepCpu] = field(default_factory=list)
 
     @property
     def ok(self) -> bool:
@@ -298,6 +301,7 @@ class Bench:
         r = StepResult(name, label, m)
         r.dagster_steps, run_start = _dagster_steps(m.log_path)
         r.m.extra["in_run_s"] = _in_process_s(m.log_path)
+        r.step_cpu = step_cpu(home, m.cpu_samples)
         if run_start is not None:
             r.m.extra["startup_s"] = max(0.0, run_start - started_at)
         if count_writes and writes.exists():
@@ -854,10 +858,15 @@ def _steps_time(results: list[StepResult] | None) -> float:
     return _median([sum(t for _, t in r.dagster_steps) for r in results or [] if r.ok])
 
 
-def _ratio(a: list[StepResult] | None, b: list[StepResult] | None) -> str:
+def _ratio(a: list[StepResult] | None, b: list[StepResult] | None, cpu: bool = False) -> str:
+    """Median wall time of ``a`` over ``b``'s; with ``cpu``, of the client's CPU seconds."""
     if not a or not b:
         return "–"
-    wa, wb = _wall(a), _wall(b)
+    if cpu:
+        wa = _median([r.m.cpu_s for r in a if r.ok])
+        wb = _median([r.m.cpu_s for r in b if r.ok])
+    else:
+        wa, wb = _wall(a), _wall(b)
     if wa != wa or wb != wb or wb == 0:
         return "–"
     return f"{wa / wb:.2f}×"
@@ -909,13 +918,18 @@ def size_section(
     get = results.get
     lines += [
         "",
-        "| ratio (wall time) | value |",
-        "|---|---:|",
-        f"| project raw / floor | {_ratio(get('project_raw'), get('floor'))} |",
-        f"| project all / floor | {_ratio(get('project_all'), get('floor'))} |",
-        f"| dlt fast / project all | {_ratio(get('dlt_fast'), get('project_all'))} |",
-        f"| dlt default / project all | {_ratio(get('dlt_default'), get('project_all'))} |",
-        f"| floor wall / server CPU during the floor | {_server_share(get('floor'))} |",
+        "| ratio | wall time | client CPU |",
+        "|---|---:|---:|",
+        *(
+            f"| {label} | {_ratio(get(a), get(b))} | {_ratio(get(a), get(b), cpu=True)} |"
+            for label, a, b in (
+                ("project raw / floor", "project_raw", "floor"),
+                ("project all / floor", "project_all", "floor"),
+                ("dlt fast / project all", "dlt_fast", "project_all"),
+                ("dlt default / project all", "dlt_default", "project_all"),
+            )
+        ),
+        f"| floor wall / server CPU during the floor | {_server_share(get('floor'))} | |",
     ]
     steps_lines = _dagster_breakdown(results)
     if steps_lines:
@@ -943,7 +957,27 @@ def _dagster_breakdown(results: dict[str, list[StepResult]]) -> list[str]:
             f"{r.m.wall_s:.1f} s wall{core_note}; slowest: {shown}."
         )
         out.append("")
+        out += _step_cpu_table(r)
     return out[:-1] if out else out
+
+
+def _step_cpu_table(r: StepResult) -> list[str]:
+    """The run's steps with wall and CPU seconds (CPU first: wall on a shared machine is noise),
+    most CPU first, and what the run spent outside its steps (start-up, definitions, exit)."""
+    if not r.step_cpu:
+        return []
+    in_steps = sum(s.cpu_s for s in r.step_cpu)
+    lines = [
+        f"CPU per step of {r.label} (run 1; the run's process, sampled every ~50 ms): "
+        f"{in_steps:.1f} CPU-s in steps of {r.m.cpu_s:.1f} CPU-s for the whole command.",
+        "",
+        "| step | CPU s | wall s |",
+        "|---|---:|---:|",
+    ]
+    for s in sorted(r.step_cpu, key=lambda s: -s.cpu_s):
+        lines.append(f"| `{s.step}` | {s.cpu_s:.2f} | {s.wall_s:.2f} |")
+    lines.append(f"| outside the steps | {r.m.cpu_s - in_steps:.2f} | |")
+    return [*lines, ""]
 
 
 def _failed_steps(log_path: Path) -> list[str]:

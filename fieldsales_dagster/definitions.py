@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import functools
+import hashlib
+import os
 import re
 from pathlib import Path
 
@@ -13,6 +16,8 @@ from fieldsales_dagster.tenancy import TenantConflictError
 from fieldsales_dagster.token.secret import TokenFormatError
 
 DEFS_FOLDER = Path(__file__).parent / "defs"
+#: What else the definitions read when they load: the queries and their column descriptions.
+SQL_FOLDER = Path(__file__).parent / "sql"
 #: Errors whose message is the whole story of a bad configuration.
 CONFIGURATION_ERRORS = (SettingError, TokenFormatError, TenantConflictError)
 #: What Dagster's component loader says first: "Error while loading component fieldsales[0]: ...".
@@ -68,6 +73,34 @@ def _shown(path: Path) -> str:
 
 @dg.definitions
 def defs() -> dg.Definitions:
+    """The definitions, built once per process for the same inputs (``_inputs``).
+
+    Dagster asks for them several times in one process (a CLI run: to list the job, to execute
+    it, for the step's context, ...), each time building every instance's component, resource
+    and asset anew: about a second of CPU each. The same environment and files give the same
+    definitions, so they are built once; a change to either (a test's variables, an edited
+    defs.yaml, a reloaded code location) builds them again.
+    """
+    return _definitions(_inputs())
+
+
+def _inputs() -> str:
+    """A digest of what the definitions are built from: the environment (every setting's
+    variable, the token), and the name, size and modification time of every file of the
+    ``defs/`` and ``sql/`` folders. A digest: the token is not kept."""
+    digest = hashlib.sha256()
+    for name, value in sorted(os.environ.items()):
+        digest.update(f"{name}\0{value}\0".encode())
+    for folder in (DEFS_FOLDER, SQL_FOLDER):
+        for path in sorted(folder.rglob("*")):
+            if path.is_file() and "__pycache__" not in path.parts:
+                stat = path.stat()
+                digest.update(f"{path}\0{stat.st_size}\0{stat.st_mtime_ns}\0".encode())
+    return digest.hexdigest()
+
+
+@functools.lru_cache(maxsize=4)
+def _definitions(inputs: str) -> dg.Definitions:
     try:
         loaded = dg.load_from_defs_folder(path_within_project=Path(__file__).parent)
     except Exception as exc:

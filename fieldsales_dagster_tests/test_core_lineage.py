@@ -179,3 +179,39 @@ def test_an_instance_whose_prefixed_resource_is_missing_fails_when_definitions_l
 
     with pytest.raises(dg.DagsterInvalidDefinitionError, match="acme_warehouse"):
         defs.get_repository_def()
+
+
+def test_a_query_is_parsed_once_per_machine_and_a_broken_cache_is_parsed_around(
+    monkeypatch, tmp_path
+):
+    from fieldsales_dagster.assets import lineage
+
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
+    sql = "WITH c AS (SELECT * FROM raw.events) SELECT * FROM c JOIN core.users USING (id)"
+    columns = ("id",)
+
+    def fresh_process() -> None:  # what a new process starts with: nothing parsed in memory
+        for cached in (lineage._stored, lineage.reads_of, lineage.column_sources):
+            cached.cache_clear()
+
+    fresh_process()
+    reads = reads_of(sql, "q.sql")
+    sources = lineage.column_sources(sql, columns)
+    assert reads.tables == {"raw.events", "core.users"}
+    assert (tmp_path / "fieldsales_dagster").is_dir()
+
+    def no_parse(*args):
+        raise AssertionError("parsed again")
+
+    fresh_process()
+    with monkeypatch.context() as patched:
+        patched.setattr(lineage, "_parse_reads", no_parse)
+        patched.setattr(lineage, "_column_sources", no_parse)
+        assert reads_of(sql, "q.sql") == reads
+        assert lineage.column_sources(sql, columns) == sources
+
+    for stored in (tmp_path / "fieldsales_dagster").iterdir():
+        stored.write_text("{not json")
+    fresh_process()
+    assert reads_of(sql, "q.sql") == reads
+    fresh_process()

@@ -60,3 +60,24 @@ def test_demo_api_imports_none_of_the_pipeline():
     assert all(
         m == "fieldsales_dagster" or m.startswith("fieldsales_dagster.demo_api") for m in loaded
     )
+
+
+def test_the_definitions_are_built_once_per_process_for_the_same_environment(monkeypatch):
+    from fieldsales_dagster import definitions
+
+    monkeypatch.setenv("FIELDSALES_BASE_URL", "http://127.0.0.1:9")
+    monkeypatch.setenv("FIELDSALES_API_TOKEN", "definitions-test-token")
+    first = load_project_defs()
+    assert load_project_defs() is first  # what Dagster asks for several times in one run
+    built = definitions._definitions.cache_info().misses
+
+    monkeypatch.setenv("FIELDSALES_BASE_URL", "http://127.0.0.2:9")
+    again = load_project_defs()
+    assert again is not first
+    assert definitions._definitions.cache_info().misses == built + 1
+    (api,) = [
+        resource
+        for key, resource in again.resources.items()
+        if key.endswith("fieldsales_api") or key == "fieldsales_api"
+    ]
+    assert api.base_url == "http://127.0.0.2:9"

@@ -13,13 +13,16 @@ from fieldsales_dagster.client.endpoints import TRANSACTIONS
 from fieldsales_dagster.client.errors import PageFormatError
 from fieldsales_dagster.client.pager import ItemTooLargeError, PagingError
 from fieldsales_dagster.loading.raw_load import (
-    MAX_ITEM_BYTES,
     RawLoadError,
     ShrinkRefusedError,
     load_list,
 )
+from fieldsales_dagster.settings import SETTINGS
 from fieldsales_dagster_tests.conftest import read_lake
 from fieldsales_dagster_tests.hostile_lists import HostileServer, items
+
+#: The largest item the client lets through by default (max_item_mb).
+MAX_ITEM_BYTES = SETTINGS["max_item_mb"].default << 20
 
 
 def hostile_api(server: HostileServer, **overrides) -> FieldSalesAPI:
@@ -75,16 +78,22 @@ def transactions(
 
 
 def test_load_failing_mid_insert_drops_its_staging_table_and_keeps_the_old_one(warehouse):
-    """A 40 MB item let through by a hand-built client (max_item_mb=48) that the warehouse's
-    192MB cannot read (the component refuses that pair): DuckDB fails mid-insert, after earlier
+    """An item whose text is not UTF-8 (the client splits a page into items without reading
+    their strings, and stores them as received): DuckDB refuses it mid-insert, after earlier
     pages were inserted."""
     with HostileServer(transactions(600)) as good:
         load(hostile_api(good), warehouse)
+    well_behaved = transactions(600)
+
+    def answer(path: str, skip: int, limit: int) -> bytes:
+        body = json.dumps(well_behaved(path, skip, limit)).encode()
+        return body.replace(b'"t-000350"', b'"t-000350", "note": "\xff\xfe"', 1)
+
     with (
-        HostileServer(transactions(600, huge_at=350, blob=40 << 20)) as bad,
-        pytest.raises(RawLoadError, match=r"raw\._stage_transactions"),
+        HostileServer(answer) as bad,
+        pytest.raises(RawLoadError, match=r"raw\._stage_transactions.*t-000350 is not UTF-8"),
     ):
-        load(hostile_api(bad, concurrency=1, max_item_mb=48), warehouse, spool_bytes=1)
+        load(hostile_api(bad, concurrency=1), warehouse)
     assert raw_tables(warehouse) == {"transactions"}
     assert row_count(warehouse) == 600
 
@@ -97,7 +106,7 @@ def test_an_item_over_max_item_mb_fails_naming_it_before_anything_is_written(war
         HostileServer(transactions(600, huge_at=350)) as bad,
         pytest.raises(ItemTooLargeError) as raised,
     ):
-        load(hostile_api(bad, concurrency=1), warehouse, spool_bytes=1)
+        load(hostile_api(bad, concurrency=1), warehouse)
     size = len(json.dumps(items(350, 351)[0] | {"blob": "x" * (MAX_ITEM_BYTES + 10)}))
     message = str(raised.value)
     assert f"item t-000350 of transactions is 4.0 MB ({size} bytes)" in message
@@ -368,7 +377,7 @@ api = FieldSalesAPI(base_url=base_url, api_token=token, use_token_store=False, p
 warehouse = FieldSalesWarehouse(ducklake_catalog=catalog, ducklake_data_path=data_path)
 with warehouse.get_connection() as conn:  # as the raw asset loads: one commit, or none
     warehouse.one_commit(
-        conn, "raw.transactions", lambda: load_list(api, conn, TRANSACTIONS, spool_bytes=1 << 30)
+        conn, "raw.transactions", lambda: load_list(api, conn, TRANSACTIONS)
     )
 """
 
@@ -380,8 +389,9 @@ def test_load_killed_with_sigkill_leaves_nothing_after_the_next_load(demo_server
 
     from fieldsales_dagster.client.endpoints import EVENTS
 
-    spools = warehouse.local_folder
+    local = warehouse.local_folder
     demo_server.behaviour.latency_s = 0.05  # 120 pages: about 6 s, killed early
+    demo_server.clear_requests()
     child = subprocess.Popen(
         [
             sys.executable,
@@ -395,20 +405,20 @@ def test_load_killed_with_sigkill_leaves_nothing_after_the_next_load(demo_server
     )
     try:
         deadline = time.monotonic() + 60
-        while not any(spools.rglob("*.txt")) and time.monotonic() < deadline:
+        while len(demo_server.requests) < 10 and time.monotonic() < deadline:
             time.sleep(0.05)
-        assert any(spools.rglob("*.txt")), "the load never spooled"
+        assert len(demo_server.requests) >= 10, "the load never paged"
     finally:
         child.kill()  # SIGKILL
         child.wait()
     demo_server.behaviour.latency_s = 0.0
     assert raw_tables(warehouse) == set()  # nothing of the killed load was committed
-    assert any(spools.rglob("*.txt"))
+    assert any(local.glob("pid-*")) and child.pid != os.getpid()
 
     load(api, warehouse, EVENTS)  # the next load, of another list
     assert raw_tables(warehouse) == {"events"}
-    assert not list(spools.rglob("*.txt"))  # the killed load's spool is gone
-    assert [path.name for path in spools.iterdir()] == [f"pid-{os.getpid()}"]
+    # The killed process's local files (DuckDB's spills) are gone.
+    assert [path.name for path in local.iterdir()] == [f"pid-{os.getpid()}"]
 
 
 # --- the pass-acceptance rule, as a pure function ------------------------------------------------
@@ -598,9 +608,7 @@ def test_an_event_list_that_moved_is_paged_again_alone(tmp_path):
         conn = duckdb.connect(str(tmp_path / "stage.duckdb"))
         conn.execute("CREATE SCHEMA raw")
         conn.execute(raw_table_ddl(TRANSACTIONS, "raw.stage"))
-        staging = Staging(
-            conn, TRANSACTIONS, "raw.stage", datetime.now(UTC), tmp_path, 1 << 20, "event_id"
-        )
+        staging = Staging(conn, TRANSACTIONS, "raw.stage", datetime.now(UTC), "event_id")
         lists = [  # as the incremental refresh builds them: a short page's total is trusted
             Stream(TRANSACTIONS.with_params(eventId=e), e, api.page_size)
             for e in ("moving", "calm")

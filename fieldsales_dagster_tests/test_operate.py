@@ -189,7 +189,7 @@ def killed_at(phase: str, argv: list[str], env: dict[str, str]) -> str:
 PHASES = {
     # A fresh deployment: the token store is written on first use.
     "token_store": ("raw_event_groups", ".fieldsales_token.json.*.tmp"),
-    "loading": ("raw_event_groups", ".fieldsales_tmp/*/pid-*/.fieldsales_spool/lake/*/*"),
+    "loading": ("raw_event_groups", None),
     "merge": ("raw_events,raw_transactions", None),  # incremental: between delete and insert
     "core": ("core_events", None),  # a staging table built, not yet swapped in
 }

@@ -280,7 +280,7 @@ def test_pretty_printed_items_and_odd_ids_are_stored_as_received(tmp_path):
     with duckdb.connect(str(tmp_path / "w.duckdb")) as conn:
         conn.execute("CREATE SCHEMA raw")
         conn.execute(raw_table_ddl(TRANSACTIONS, "raw.t"))
-        writer = StagingWriter(conn, TRANSACTIONS, "raw.t", datetime.now(UTC), tmp_path, 1 << 20)
+        writer = StagingWriter(conn, TRANSACTIONS, "raw.t", datetime.now(UTC))
         writer.add(Page(skip=0, items=parsed, total=total, nbytes=len(body)))
         writer.finish()
         rows = conn.execute("SELECT id, event_id, payload FROM raw.t ORDER BY rowid").fetchall()
@@ -303,25 +303,30 @@ def test_pretty_printed_items_and_odd_ids_are_stored_as_received(tmp_path):
         [{"_id": "é✓😀", "eventId": "e\u00e9"}],
     ],
 )
-def test_spool_lines_of_a_page_checked_for_line_breaks_equal_item_by_item_lines(items):
+def test_a_page_batch_holds_each_items_keys_as_text_and_its_bytes_as_received(items):
     import json
 
     from fieldsales_dagster.client.envelope import split_envelope
     from fieldsales_dagster.client.pager import Page
-    from fieldsales_dagster.loading.raw_load import key_decoder, spool_parts
+    from fieldsales_dagster.loading.raw_load import key_decoder, page_batch, page_schema
 
-    def spool_lines(page: Page, decode) -> bytes:
-        return b"".join(spool_parts(page, decode))
+    def as_text(value):  # what the table stores for a key: text, or NULL
+        if value is None or isinstance(value, bool | dict | list) or value == "":
+            return None
+        return value if isinstance(value, str) else str(value)
 
     body = json.dumps({"transactions": items, "count": len(items)}).encode()
-    assert b"\n" not in body and b"\r" not in body
     parsed, total = split_envelope(body, TRANSACTIONS, "test page")
     decode = key_decoder(TRANSACTIONS)
-    checked = Page(skip=0, items=parsed, total=total, nbytes=len(body), line_breaks=False)
-    unchecked = Page(skip=0, items=parsed, total=total, nbytes=len(body))
-    lines = spool_lines(checked, decode)
-    assert lines == spool_lines(unchecked, decode)
-    assert lines.count(b"\n") == len(items) and lines.endswith(b"\n")
+    batch = page_batch(
+        Page(skip=0, items=parsed, total=total, nbytes=len(body)), page_schema(TRANSACTIONS), decode
+    )
+    assert batch.schema.names == ["id", "event_id", "payload"]
+    assert batch.column("id").to_pylist() == [as_text(item.get("_id")) for item in items]
+    assert batch.column("event_id").to_pylist() == [as_text(item.get("eventId")) for item in items]
+    payloads = batch.column("payload").storage.to_pylist()
+    assert [p.encode() for p in payloads] == [bytes(item) for item in parsed]
+    assert [json.loads(p) for p in payloads] == items
 
 
 @pytest.mark.parametrize(
@@ -359,27 +364,26 @@ def test_incomplete_json_is_a_decode_error_for_the_retry_loop(body):
         split_envelope(body, TRANSACTIONS, "test page")
 
 
-def test_item_longer_than_the_reader_accepts_fails_loudly(tmp_path):
-    """The writer alone (the pager refuses such an item first, naming it: max_item_mb)."""
+def test_an_insert_that_fails_names_the_table_and_never_holds_the_pager_up(tmp_path):
+    """The writer alone: its table lacks a column the insert writes, so DuckDB fails; every page
+    added after that is refused with the error, never left waiting for an insert that ended."""
+    import json
     from datetime import UTC, datetime
 
     from fieldsales_dagster.client.envelope import split_envelope
     from fieldsales_dagster.client.pager import Page
-    from fieldsales_dagster.loading.raw_load import (
-        LINE_SLACK,
-        MAX_ITEM_BYTES,
-        RawLoadError,
-        StagingWriter,
-        raw_table_ddl,
-    )
+    from fieldsales_dagster.loading.raw_load import QUEUED_PAGES, RawLoadError, StagingWriter
 
-    big = b'{"_id": "big", "blob": "' + b"x" * (MAX_ITEM_BYTES + LINE_SLACK + 10) + b'"}'
-    body = b'{"transactions": [' + big + b'], "count": 1}'
+    body = json.dumps({"transactions": [{"_id": "a", "eventId": "e"}], "count": 1}).encode()
     items, total = split_envelope(body, TRANSACTIONS, "test page")
+    page = Page(skip=0, items=items, total=total, nbytes=len(body))
     with duckdb.connect(str(tmp_path / "w.duckdb")) as conn:
         conn.execute("CREATE SCHEMA raw")
-        conn.execute(raw_table_ddl(TRANSACTIONS, "raw.t"))
-        writer = StagingWriter(conn, TRANSACTIONS, "raw.t", datetime.now(UTC), tmp_path, 1 << 20)
-        writer.add(Page(skip=0, items=items, total=total, nbytes=len(body)))
-        with pytest.raises(RawLoadError, match=r"raw\.t"):
+        conn.execute("CREATE TABLE raw.t (id VARCHAR, payload JSON, loaded_at TIMESTAMP)")
+        writer = StagingWriter(conn, TRANSACTIONS, "raw.t", datetime.now(UTC))
+        with pytest.raises(RawLoadError, match=r"into raw\.t failed"):
+            for _ in range(100 * QUEUED_PAGES):
+                writer.add(page)
             writer.finish()
+        writer.close()
+        assert conn.execute("SELECT count(*) FROM raw.t").fetchone() == (0,)

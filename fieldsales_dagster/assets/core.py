@@ -42,7 +42,7 @@ from fieldsales_dagster.assets.raw import raw_asset_name
 from fieldsales_dagster.client.endpoints import LIST_ENDPOINTS
 from fieldsales_dagster.names import InstanceNames
 from fieldsales_dagster.pause import pause_at
-from fieldsales_dagster.warehouse.lake import drop_table, run_transaction
+from fieldsales_dagster.warehouse.lake import cleanup, drop_table, run_transaction
 from fieldsales_dagster.warehouse.quoting import qualified, quote_ident, sql_literal
 from fieldsales_dagster.warehouse.rows import one_row
 from fieldsales_dagster.warehouse.warehouse import (
@@ -68,7 +68,8 @@ class Decoded:
     the decode lacks, and those it holds in vain, are told apart without parsing anything. After
     an incremental raw load only the re-fetched rows are parsed (``refresh_decoded``).
 
-    A ``temp.<name>`` table is not kept (``kept``): a TEMP table of the step's connection.
+    A ``temp.<name>`` table is not kept (``kept``): the run's steps share one decode, outside
+    the lake (``share_decoded``), each reading it as ``temp.<name>``.
     """
 
     #: ``meta.<name>`` (a lake table) or ``temp.<name>`` (not kept).
@@ -83,9 +84,10 @@ class Decoded:
         """False for a ``temp.*`` table: it holds personal values, which core.* hashes or drops
         as ``pii`` says, so it is never written to the lake (as a lake table, its Parquet files
         sat in the data path during the step, and a failed step left them there until the
-        upkeep deleted orphans). Each step reading it builds it whole in its connection's
-        temporary catalog (memory, spilled to the connection's temp_directory) and drops it at
-        its end; a new connection never sees it."""
+        upkeep deleted orphans). The first step of a run reading it builds it whole in the
+        process's DuckDB instance (memory, spilled to the local temp_directory); the run's other
+        steps read that (``share_decoded``), each through a TEMP view ``temp.<name>``; the run's
+        end drops it."""
         return self.table.partition(".")[0] != "temp"
 
     @property
@@ -323,43 +325,70 @@ def decode_metadata(refreshed: Sequence[tuple[Decoded, DecodeRefresh]]) -> dict[
 
 
 def build_decoded(conn: duckdb.DuckDBPyConnection, decoded: Decoded) -> DecodeRefresh:
-    """Parse all of ``decoded.source`` into ``decoded.table``: a kept one staged and swapped like
-    a core table, one not kept created as a TEMP table of ``conn`` (never written to the lake)."""
+    """Parse all of ``decoded.source`` into the kept ``decoded.table``, staged and swapped like a
+    core table."""
 
     def describe(staged: str) -> None:
         conn.execute(f"COMMENT ON TABLE {qualified(staged)} IS {sql_literal(decoded.description)}")
 
     _define_rows_to_decode(conn, f"SELECT * FROM {decoded.whole_source}")
-    if decoded.kept:
-        build_table(conn, decoded.table, core_query(decoded), before_swap=describe)
-    else:
-        _build_temporary(conn, decoded)
+    build_table(conn, decoded.table, core_query(decoded), before_swap=describe)
     (rows,) = one_row(conn, f"SELECT count(*) FROM {qualified(decoded.table)}")
     return DecodeRefresh("full", rows)
 
 
-def _build_temporary(conn: duckdb.DuckDBPyConnection, decoded: Decoded) -> None:
-    """Create the not-kept ``decoded`` as a TEMP table of ``conn`` from its query."""
-    name = decoded.table.partition(".")[2]
+def share_decoded(
+    conn: duckdb.DuckDBPyConnection, warehouse: FieldSalesWarehouse, decoded: Decoded
+) -> DecodeRefresh:
+    """Bring the not-kept ``decoded`` up to date for this run's steps; returns what it did.
+
+    It is parsed once per run, not once per step reading it: the first step builds it whole
+    (``"full"``) as a table of the process's DuckDB instance (``FieldSalesWarehouse.shared_table``:
+    in memory, spilled to the local temp_directory, never in the lake), and the run's other steps
+    read it as it is (``"current"``) while its raw table holds the same rows (``_fingerprint``);
+    a raw table changed since (another run loaded it) is parsed again. The run's end drops it
+    (``drop_shared``): it holds personal values that core.* hashes or drops as ``pii`` says.
+    Outside a transaction: the lake's transaction may write one database only.
+    """
+    source = _fingerprint(conn, decoded.source)
+    if source is not None and warehouse.shared_source(decoded.table) == source:
+        return DecodeRefresh("current", 0)
+    shared = warehouse.shared_table(decoded.table)
+    _define_rows_to_decode(conn, f"SELECT * FROM {decoded.whole_source}")
     try:
-        conn.execute(f"CREATE OR REPLACE TEMP TABLE {quote_ident(name)} AS\n{core_query(decoded)}")
+        warehouse.create_shared_schema(conn)
+        conn.execute(f"CREATE OR REPLACE TABLE {shared} AS\n{core_query(decoded)}")
     except duckdb.Error as exc:
         raise RuntimeError(
-            f"Building {decoded.table} (a temporary table of the step) failed. DuckDB: {exc}"
+            f"Building {decoded.table} (a table of the run, never in the lake) failed. "
+            f"DuckDB: {exc}"
         ) from exc
+    warehouse.shared_built(decoded.table, source)
+    (rows,) = one_row(conn, f"SELECT count(*) FROM {shared}")
+    return DecodeRefresh("full", rows)
+
+
+def _read_shared(
+    conn: duckdb.DuckDBPyConnection, warehouse: FieldSalesWarehouse, decoded: Decoded
+) -> None:
+    """``temp.<name>``: a view of the step's connection on the run's shared ``decoded``."""
+    name = decoded.table.partition(".")[2]
+    conn.execute(
+        f"CREATE OR REPLACE TEMP VIEW {quote_ident(name)} AS "
+        f"SELECT * FROM {warehouse.shared_table(decoded.table)}"
+    )
 
 
 def refresh_decoded(conn: duckdb.DuckDBPyConnection, decoded: Decoded) -> DecodeRefresh:
     """Bring ``decoded`` up to date with its raw table; returns what it did.
 
-    One not kept is built whole (``"full"``) by every step reading it: it never outlives one.
     ``"current"``: nothing to do. ``"incremental"``: only the source rows the decode lacks (by
     ``id`` and ``loaded_at``) are parsed and inserted, and the rows no longer in the source are
     deleted, in one transaction. ``"full"``: no decode yet, or more than ``WHOLE_ABOVE`` of
     the source to parse (after a full raw load, every row). Either way the result holds exactly
     what a full decode of the source would hold.
     """
-    found = _fingerprint(conn, decoded.table) if decoded.kept else None
+    found = _fingerprint(conn, decoded.table)
     if found is None:
         return build_decoded(conn, decoded)
     raw = _fingerprint(conn, decoded.source)
@@ -597,16 +626,60 @@ def build_table(
     replace_table(conn, staged, target)
 
 
+def share_decoded_of(
+    conn: duckdb.DuckDBPyConnection, warehouse: FieldSalesWarehouse, table: CoreTable
+) -> dict[Decoded, DecodeRefresh]:
+    """``share_decoded`` for each not-kept decoded table ``table`` reads (before its
+    transaction)."""
+    shared: dict[Decoded, DecodeRefresh] = {}
+    for decoded in table.decoded:
+        if decoded.kept:
+            continue
+        try:
+            shared[decoded] = share_decoded(conn, warehouse, decoded)
+        except RuntimeError as exc:
+            raise RuntimeError(
+                f"Building {table.table} failed; the previous {table.table} is left as it was. "
+                f"It reads {decoded.table}: {exc}"
+            ) from exc
+    return shared
+
+
 def build_described_table(
-    conn: duckdb.DuckDBPyConnection, table: CoreTable, warehouse: FieldSalesWarehouse
+    conn: duckdb.DuckDBPyConnection,
+    table: CoreTable,
+    warehouse: FieldSalesWarehouse,
+    shared: dict[Decoded, DecodeRefresh] | None = None,
 ) -> dict[str, Any]:
     """Build ``table`` from its query as stored for analysts, with its comments, and swap it in.
 
     A table reading a decoded table first brings it up to date with its raw table, so the table
-    never reads a decode older than the raw data; the returned metadata says how.
+    never reads a decode older than the raw data; the returned metadata says how. ``shared``:
+    what ``share_decoded_of`` did for the table before its transaction (called here without it).
+    Outside a run, the shared decoded tables are dropped after the build.
     """
+    own = shared is None
+    if shared is None:
+        shared = share_decoded_of(conn, warehouse, table)
+    try:
+        return _build_described(conn, table, warehouse, shared)
+    finally:
+        if own and not warehouse.in_run:
+            warehouse.drop_shared(conn)
+
+
+def _build_described(
+    conn: duckdb.DuckDBPyConnection,
+    table: CoreTable,
+    warehouse: FieldSalesWarehouse,
+    shared: dict[Decoded, DecodeRefresh],
+) -> dict[str, Any]:
     refreshed: list[tuple[Decoded, DecodeRefresh]] = []
     for decoded in table.decoded:
+        if not decoded.kept:
+            _read_shared(conn, warehouse, decoded)
+            refreshed.append((decoded, shared[decoded]))
+            continue
         try:
             refreshed.append((decoded, refresh_decoded(conn, decoded)))
         except RuntimeError as exc:
@@ -644,9 +717,11 @@ def build_described_table(
         )
         return {**metadata, **followed.metadata()}
     finally:
-        for decoded in table.decoded:
-            if not decoded.kept:
-                drop_table(conn, qualified(decoded.table))
+        with cleanup(conn):
+            for decoded in table.decoded:
+                if not decoded.kept:
+                    name = decoded.table.partition(".")[2]
+                    conn.execute(f"DROP VIEW IF EXISTS temp.{quote_ident(name)}")
 
 
 def materialize_core_table(
@@ -654,9 +729,14 @@ def materialize_core_table(
 ) -> dict[str, Any]:
     """Build ``table`` on ``conn`` (on a lake: one commit) and return its metadata (schema, row
     count, preview)."""
-    decode = warehouse.one_commit(
-        conn, table.table, lambda: build_described_table(conn, table, warehouse)
-    )
+    shared = share_decoded_of(conn, warehouse, table)
+    try:
+        decode = warehouse.one_commit(
+            conn, table.table, lambda: build_described_table(conn, table, warehouse, shared)
+        )
+    finally:
+        if not warehouse.in_run:
+            warehouse.drop_shared(conn)
     schema = column_schema(conn, table.table, table.doc, warehouse.pii)
     return {
         **table_metadata(

@@ -4,12 +4,26 @@ A query is parsed with sqlglot's DuckDB dialect, so a CTE named like a table, a 
 comment or a string, and a column named ``from`` are told apart from the tables a ``FROM`` or
 ``JOIN`` reads. The macros of ``sql/<name>.sql`` that a query calls are read the same way: a
 table their bodies read is read by the query.
+
+Parsing takes sqlglot a few hundred milliseconds for the project's queries, and every process
+that loads the definitions (the CLI, each run, the UI's code server) needs the reads, each run's
+steps the column lineage: both are kept in a file of the user's cache folder
+(``~/.cache/fieldsales_dagster/``, ``XDG_CACHE_HOME``), by a hash of the query and sqlglot's
+version, so a query is parsed once per machine until it changes. A cache that cannot be read or
+written is parsed around, never an error.
 """
 
 from __future__ import annotations
 
 import functools
+import hashlib
+import json
+import os
+import tempfile
+from collections.abc import Callable
 from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
 
 import sqlglot
 from sqlglot import exp
@@ -31,6 +45,39 @@ class Reads:
         return Reads(self.tables | other.tables, self.table_functions | other.table_functions)
 
 
+def _cache_file() -> Path:
+    cache = os.environ.get("XDG_CACHE_HOME") or str(Path.home() / ".cache")
+    return Path(cache) / "fieldsales_dagster" / f"query_lineage-sqlglot-{sqlglot.__version__}.json"
+
+
+@functools.cache
+def _stored() -> dict[str, Any]:
+    """What earlier processes parsed (``_cache_file``): by kind and key."""
+    try:
+        found = json.loads(_cache_file().read_text("utf-8"))
+    except (OSError, ValueError):
+        return {}
+    return found if isinstance(found, dict) else {}
+
+
+def _parsed_once(kind: str, key: str, parse: Callable[[], Any]) -> Any:
+    """``parse()`` (JSON-able), or what it gave for the same ``kind`` and ``key`` before."""
+    key = hashlib.sha256(f"{kind}\0{key}".encode()).hexdigest()
+    stored = _stored()
+    if key in stored:
+        return stored[key]
+    stored[key] = value = parse()
+    path = _cache_file()
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        with tempfile.NamedTemporaryFile("w", dir=path.parent, delete=False, suffix=".tmp") as f:
+            json.dump(stored, f)
+        os.replace(f.name, path)  # whole or not at all; a concurrent writer's entries may go
+    except OSError:
+        pass
+    return value
+
+
 @functools.cache
 def reads_of(sql: str, where: str) -> Reads:
     """The tables and table functions ``sql`` (one or more statements) reads.
@@ -39,6 +86,11 @@ def reads_of(sql: str, where: str) -> Reads:
     without a schema must be one of the query's CTEs; ``where`` names the query in the error.
     Built-in table functions (``range``, ``read_parquet``, ...) read no table and are left out.
     """
+    tables, functions = _parsed_once("reads", sql, lambda: _parse_reads(sql, where))
+    return Reads(frozenset(tables), frozenset(functions))
+
+
+def _parse_reads(sql: str, where: str) -> tuple[list[str], list[str]]:
     try:
         statements = [s for s in sqlglot.parse(sql, read="duckdb") if s is not None]
     except sqlglot.errors.ParseError as exc:
@@ -66,7 +118,7 @@ def reads_of(sql: str, where: str) -> Reads:
                     "named with its schema (core.events, raw.transactions, ...): name the "
                     "schema, so that the table's asset can be found and made a dependency."
                 )
-    return Reads(frozenset(tables), frozenset(functions))
+    return sorted(tables), sorted(functions)
 
 
 #: ``((schema.table, (column, ...)), ...)``: the columns of tables a query reads, where known.
@@ -87,6 +139,19 @@ def column_sources(
     tables read; a column computed from none (a literal) has no source. The query is the last
     statement of ``sql`` (the others define macros).
     """
+    found = _parsed_once(
+        "column_sources",
+        json.dumps([sql, columns, known]),
+        lambda: {
+            column: sorted(pairs) for column, pairs in _column_sources(sql, columns, known).items()
+        },
+    )
+    return {column: frozenset(map(tuple, pairs)) for column, pairs in found.items()}
+
+
+def _column_sources(
+    sql: str, columns: tuple[str, ...], known: KnownColumns
+) -> dict[str, frozenset[tuple[str, str]]]:
     statements = [s for s in sqlglot.parse(sql, read="duckdb") if s is not None]
     query = statements[-1]
     schema: dict[str, dict[str, dict[str, str]]] = {}

@@ -20,14 +20,12 @@ the previous table and state untouched. ``choose_mode`` is the pure decision bet
 
 from __future__ import annotations
 
-import tempfile
 import time
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 from importlib import resources
-from pathlib import Path
 from typing import Any
 
 import duckdb
@@ -49,7 +47,6 @@ from fieldsales_dagster.loading.raw_load import (
     load_list,
     page_executor,
     raw_table_ddl,
-    spool_root,
 )
 from fieldsales_dagster.loading.refresh_mode import (
     IncrementalRefreshError,
@@ -639,29 +636,16 @@ def _fetch_by_event(
         Stream(TRANSACTIONS.with_params(eventId=event_id), event_id, api.page_size)
         for event_id in event_ids
     ]
-    spools = spool_root(conn)
-    if spools is not None:
-        spools.mkdir(parents=True, exist_ok=True)
-    with tempfile.TemporaryDirectory(prefix="transactions-by-event-", dir=spools) as tmp:
-        staging = Staging(
-            conn,
-            TRANSACTIONS,
-            STAGE_TABLE,
-            datetime.now(UTC),
-            Path(tmp),
-            32 << 20,
-            "event_id",
-            api.max_item_mb << 20,
-        )
-        executor = page_executor(
-            api, staging, label="transactions by eventId", log=log, spent=fetched.stats
-        )
-        try:
-            executor.run(lists)
-        except FilterIgnoredError as exc:
-            raise EventFilterIgnored(str(exc), fetched.stats.bytes) from None
-        except (PagingError, IncompleteListError) as exc:
-            raise EventListMoved(str(exc), fetched.stats.bytes) from None
+    staging = Staging(conn, TRANSACTIONS, STAGE_TABLE, datetime.now(UTC), "event_id")
+    executor = page_executor(
+        api, staging, label="transactions by eventId", log=log, spent=fetched.stats
+    )
+    try:
+        executor.run(lists)
+    except FilterIgnoredError as exc:
+        raise EventFilterIgnored(str(exc), fetched.stats.bytes) from None
+    except (PagingError, IncompleteListError) as exc:
+        raise EventListMoved(str(exc), fetched.stats.bytes) from None
     fetched.events_done = len(event_ids)
 
 

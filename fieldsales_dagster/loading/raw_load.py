@@ -1,13 +1,12 @@
 """Load one list endpoint into its ``raw.*`` table: stream pages into a staging table, check, swap.
 
-Pages go to DuckDB as bytes. Each item (already validated JSON) becomes one spool line,
-``id \x01 [extra columns \x01] payload``, its ids decoded once by the pager; every
-``spool_bytes`` a separate thread hands the spool to DuckDB's CSV reader (one column per
-``\x01``-separated field: valid JSON never holds a raw control byte) in one ``INSERT``. An id
-holding a control character (a line break, the separator) rides escaped as a JSON string and is
-decoded back by the insert, so every id is stored exactly as received (``spool_field``). Fetching,
-spooling and inserting overlap, and memory holds a few pages whatever the list's size; the spool
-waits on disk beside the database (``<db dir>/.fieldsales_spool/``), not in memory.
+Pages go to DuckDB as Arrow batches: each page's items (JSON that msgspec already split and
+validated, never parsed again) become one batch of ``id``, the extra columns and ``payload``
+(Arrow's JSON type, which DuckDB takes as its JSON type without validating it again), built from
+the page's bytes without a copy per item. One ``INSERT`` per pass reads the batches as a stream
+while the pager fetches: memory holds a few pages whatever the list's size, and nothing goes
+through a file. Ids ride as the text they are (``id_text``), control characters and all, and
+payloads as received, line breaks included.
 
 The paging executor (``client/pager.py``) fills the staging table (``Staging``) and asks it
 for the distinct ids after each pass; its completeness rule (``client/completeness.py``) accepts
@@ -15,23 +14,18 @@ the pass, repairs it, pages the list again, or fails saying what the server sent
 table is replaced only after that, in one
 transaction, and never by one that would empty it or shrink it by more than
 ``max_shrink_fraction`` unless ``allow_shrink``. A load starts by removing what a killed load left
-behind: ``_stage_*`` tables and spool folders.
+behind: ``_stage_*`` tables.
 """
 
 from __future__ import annotations
 
-import io
-import os
 import queue
-import re
-import tempfile
 import threading
 import time
 from collections.abc import Callable, Hashable, Iterator
 from dataclasses import dataclass
 from datetime import UTC, datetime
-from pathlib import Path
-from typing import cast
+from typing import TYPE_CHECKING, cast
 
 import duckdb
 import msgspec
@@ -54,38 +48,31 @@ from fieldsales_dagster.client.pager import (
 )
 from fieldsales_dagster.loading.deletions import record_deletions
 from fieldsales_dagster.pause import pause_at
-from fieldsales_dagster.settings import SETTINGS
-from fieldsales_dagster.warehouse.lake import drop_table, in_transaction, run_transaction
+from fieldsales_dagster.warehouse.lake import drop_table, run_transaction
 from fieldsales_dagster.warehouse.quoting import qualified, quote_ident
 from fieldsales_dagster.warehouse.rows import one_row
 from fieldsales_dagster.warehouse.warehouse import (
     replace_table,
-    spool_folder,
     staging_table,
     table_exists,
 )
 
-#: Longest item DuckDB's reader accepts by default (``max_item_mb``): the pager refuses a longer
-#: one naming it, and a raised setting gives the reader that size. The reader's buffer is twice
-#: that: larger buffers measured slower and took more memory.
-MAX_ITEM_BYTES = SETTINGS["max_item_mb"].default << 20
-#: Room for an item's id and extra columns on its spool line.
-LINE_SLACK = 64 * 1024
-FIELD_SEP = b"\x01"
-#: Starts a spool field that holds its id as a JSON string (see ``spool_field``).
-ESCAPED_FIELD = b"\x02"
-#: Characters an id cannot carry in a spool line as it is: the separators, line breaks, and (so
-#: that no id that rides as it is starts with ``ESCAPED_FIELD``) every other control character.
-_CONTROL = re.compile("[\x00-\x1f]")
-#: Bytes of items per insert statement. Larger statements fill DuckDB row groups in the
-#: inserting threads (see ``ROW_GROUP_SIZE``); 128 MB measured faster than 32 MB (2.8 -> 2.2 s for
-#: 100k transactions). The spool waits on disk, not in memory.
-SPOOL_BYTES = 128 * 1024 * 1024
-#: Folder beside the database that holds spools while a load runs.
+if TYPE_CHECKING:
+    # Imported where a load runs (``page_schema``, ``page_batch``): the definitions load without.
+    import pyarrow as pa
+
+#: Pages waiting for the insert (a few MB each): what memory holds whatever the list's size.
+QUEUED_PAGES = 8
+#: Bytes of items DuckDB reads at a time (a slice of a page's batch; see ``_stream``).
+SLICE_BYTES = 256 * 1024
 
 
 class RawLoadError(RuntimeError):
     """Fetched pages could not be stored."""
+
+
+class NotTextError(RawLoadError):
+    """An item's bytes are not UTF-8 text."""
 
 
 class ShrinkRefusedError(RawLoadError):
@@ -131,125 +118,67 @@ def raw_table_ddl(
     )
 
 
-def _insert_sql(endpoint: ListEndpoint, table: str, max_item_bytes: int = MAX_ITEM_BYTES) -> str:
+def _insert_sql(endpoint: ListEndpoint, table: str, pages: str) -> str:
     extra = [quote_ident(col) for col, _ in endpoint.extra_columns]
-    fields = ["id", *extra, "payload"]
-    columns = ", ".join(f"'{name.strip(chr(34))}': 'VARCHAR'" for name in fields)
-    max_line = max(max_item_bytes, MAX_ITEM_BYTES) + LINE_SLACK
     # `_id` where present; an item without one (event groups' shape is not documented) gets a
     # content hash, so identical copies collapse and distinct items stay distinct.
     return (
         f"INSERT INTO {qualified(table)} (id, payload, loaded_at{''.join(', ' + c for c in extra)})"
-        f" SELECT coalesce({_unescaped('id')}, md5(payload)), payload::JSON, $loaded_at"
-        f"{''.join(', ' + _unescaped(c) for c in extra)}"
-        f" FROM read_csv($path, columns = {{{columns}}}, delim = chr(1), quote = '',"
-        f" escape = '', header = false, auto_detect = false, nullstr = '',"
-        f" max_line_size = {max_line}, buffer_size = {2 * max_line})"
+        f" SELECT coalesce(id, md5(payload)), payload, $loaded_at{''.join(', ' + c for c in extra)}"
+        f" FROM {pages}"
     )
 
 
-def _unescaped(column: str) -> str:
-    """SQL giving the id a spool field holds (``spool_field``), escaped or not."""
-    escaped = ESCAPED_FIELD.decode()
-    return (
-        f"CASE WHEN starts_with({column}, chr({ord(escaped)})) "
-        f"THEN json_extract_string(substr({column}, 2), '$') ELSE {column} END"
+def page_schema(endpoint: ListEndpoint) -> pa.Schema:
+    """The Arrow schema of a page's batch: ``id``, the extra columns, ``payload`` (JSON)."""
+    import pyarrow as pa
+
+    return pa.schema(
+        [
+            ("id", pa.string()),
+            *((column, pa.string()) for column, _ in endpoint.extra_columns),
+            ("payload", pa.json_(pa.large_string())),
+        ]
     )
 
 
-def spool_field(value: object) -> bytes:
-    """An id (``_id`` or an extra column's key) as one spool field; empty where there is none.
+def page_batch(page: Page, schema: pa.Schema, decode: msgspec.json.Decoder) -> pa.RecordBatch:
+    """The page's items as one Arrow batch: each key as its text (``id_text``; none, or empty:
+    NULL), and the payloads as received, in one buffer shared with Arrow (one copy of the page's
+    bytes, none per item)."""
+    import numpy as np
+    import pyarrow as pa
 
-    Ids are text (``id_text``: the JSON number 1002 is "1002"). An id holding a control
-    character, a line break or the separator for example, cannot ride a spool line as it is: it
-    rides as ``ESCAPED_FIELD`` + the id as a JSON string (which holds no raw control character),
-    and the insert decodes it back, so the id is stored exactly as received.
-    """
-    text = id_text(value)
-    if not text:
-        return b""
-    if _CONTROL.search(text):
-        return ESCAPED_FIELD + msgspec.json.encode(text)
-    return text.encode()
-
-
-def _item_lines(items: list[msgspec.Raw], keys: list[ItemKeys]) -> bytes:
-    """Spool lines built item by item: any key type, separators in ids, raw line breaks."""
-    lines = []
-    for item, values in zip(items, keys, strict=True):
-        payload = bytes(item)
-        if b"\n" in payload or b"\r" in payload:
-            # Only whitespace between tokens can hold a raw line break in valid JSON.
-            payload = payload.replace(b"\r", b" ").replace(b"\n", b" ")
-        lines.append(FIELD_SEP.join((*(spool_field(v) for v in values), payload)))
-    lines.append(b"")
-    return b"\n".join(lines)
-
-
-_STR_KEYS = frozenset({str, type(None)})
-#: Buffers per ``writev`` call (the system's IOV_MAX is at least 1024 where it is known).
-_IOV_MAX = 1024
-
-
-def _page_parts(page: Page, keys: list[ItemKeys]) -> list[bytes | msgspec.Raw] | None:
-    """The same lines as ``_item_lines``, as buffers to write in order, built in a few C-level
-    passes over the whole page (no copy of the payloads).
-
-    Only for the usual page: every key a string (or absent), none holding a control character
-    (``spool_field`` escapes those), and a body known to hold no raw line break; ``None``
-    otherwise.
-    """
     items = page.items
-    if page.line_breaks or not items:
-        return None
-    flat = [value for values in keys for value in values]
-    if not _STR_KEYS.issuperset(map(type, flat)):
-        return None
-    if None in flat:
-        keys = [tuple(value or "" for value in values) for values in keys]
-        flat = [value or "" for value in flat]
-    joined = "".join(cast("list[str]", flat))  # every key is a string by now (checked above)
-    if _CONTROL.search(joined):
-        return None
-    # b"id\x01extra\x01" per item, encoded in one call (the ids hold no line break to split on).
-    lines = map("\x01".join, cast("list[tuple[str, ...]]", keys))
-    prefixes = ("\x01\n".join(lines) + "\x01").encode().split(b"\n")
-    parts: list[bytes | msgspec.Raw] = [b"\n"] * (3 * len(items))
-    parts[0::3] = prefixes
-    parts[1::3] = items
-    return parts
-
-
-def spool_parts(page: Page, decode: msgspec.json.Decoder) -> list[bytes | msgspec.Raw]:
-    """The page's items as spool lines, ``id \x01 [extras \x01] payload`` each, as buffers to
-    write one after the other."""
-    # Pages reach the spool through the pager, which refuses null items: keys, never None.
-    keys = (
-        page.keys
-        if page.keys is not None
-        else cast("list[ItemKeys]", item_keys(page.items, decode))
+    # Pages reach the table through the pager, which refuses null items: keys, never None.
+    keys = page.keys if page.keys is not None else cast("list[ItemKeys]", item_keys(items, decode))
+    columns = [
+        pa.array([id_text(value) or None for value in values], pa.string())
+        for values in zip(*keys, strict=True)
+    ] or [pa.nulls(0, pa.string()) for _ in schema.names[:-1]]
+    offsets = np.zeros(len(items) + 1, dtype=np.int64)
+    np.cumsum(np.fromiter(map(len, items), dtype=np.int64, count=len(items)), out=offsets[1:])
+    text = pa.Array.from_buffers(
+        pa.large_string(), len(items), [None, pa.py_buffer(offsets), pa.py_buffer(b"".join(items))]
     )
-    parts = _page_parts(page, keys)
-    return parts if parts is not None else [_item_lines(page.items, keys)]
-
-
-def _write_all(fd: int, parts: list[bytes | msgspec.Raw]) -> int:
-    """Write ``parts`` in order with ``writev`` (no copy into one buffer); returns the bytes."""
-    written = 0
-    for start in range(0, len(parts), _IOV_MAX):
-        chunk = parts[start : start + _IOV_MAX]
-        size = sum(map(len, chunk))
-        done = os.writev(fd, chunk)
-        if done < size:  # a short write (signal, full disk): the rest the plain way
-            rest = memoryview(b"".join(chunk))[done:]
-            while rest:
-                rest = rest[os.write(fd, rest) :]
-        written += size
-    return written
+    try:
+        text.validate(full=True)  # UTF-8: splitting a page into items does not read its strings
+    except pa.ArrowInvalid:
+        for position, item in enumerate(items):
+            try:
+                bytes(item).decode("utf-8")
+            except UnicodeDecodeError as exc:
+                raise NotTextError(
+                    f"item {id_text(keys[position][0]) or f'at skip {page.skip + position}'} is "
+                    f"not UTF-8 text ({exc.reason} at byte {exc.start})"
+                ) from None
+        raise
+    payload = pa.ExtensionArray.from_storage(schema.field("payload").type, text)
+    return pa.RecordBatch.from_arrays([*columns, payload], schema=schema)
 
 
 class StagingWriter:
-    """Spools pages to disk and inserts each full spool into the staging table, in a thread."""
+    """Streams pages into the staging table: one ``INSERT`` reading Arrow batches, in a thread."""
 
     def __init__(
         self,
@@ -257,51 +186,50 @@ class StagingWriter:
         endpoint: ListEndpoint,
         table: str,
         loaded_at: datetime,
-        spool_dir: Path,
-        spool_bytes: int,
-        max_item_bytes: int = MAX_ITEM_BYTES,
     ):
         self.table = table
-        self.sql = _insert_sql(endpoint, table, max_item_bytes)
+        self.endpoint = endpoint
+        self.schema = page_schema(endpoint)
         self.decode = key_decoder(endpoint)
         self.loaded_at = loaded_at.replace(tzinfo=None)
-        self.spool_dir = spool_dir
-        self.spool_bytes = spool_bytes
         self.items_written = 0
         self.rows_inserted = 0
-        self._spools = 0
-        self._file: io.FileIO | None = None
-        self._size = 0
-        self._ready: queue.Queue[Path | None] = queue.Queue(maxsize=1)
+        self._batches: queue.Queue[pa.RecordBatch | None] = queue.Queue(maxsize=QUEUED_PAGES)
         self._error: BaseException | None = None
-        #: Inside an asset's transaction (a lake's write), which commits or rolls back the rows.
-        self._own_transaction = not in_transaction(conn)
+        self._ended = False
         self._inserter = threading.Thread(
-            target=self._insert_spools, args=(conn,), name="fieldsales-insert", daemon=True
+            target=self._insert, args=(conn,), name="fieldsales-insert", daemon=True
         )
         self._inserter.start()
 
-    def _insert_spools(self, conn: duckdb.DuckDBPyConnection) -> None:
-        # One transaction for the whole pass: DuckDB then writes full row groups straight to
-        # the file. Committing each ~7k-row spool instead sends every byte through the WAL and
-        # compresses it again at checkpoint (measured 101 -> 177 MB/s).
-        if self._own_transaction:
-            conn.execute("BEGIN TRANSACTION")
-        while (path := self._ready.get()) is not None:
-            try:
-                if self._error is None:
-                    params = {"path": str(path), "loaded_at": self.loaded_at}
-                    self.rows_inserted += one_row(conn, self.sql, params)[0]
-            except BaseException as exc:  # raised in the caller's thread at the next call
-                self._error = exc
-            finally:
-                path.unlink(missing_ok=True)
-        if not self._own_transaction:
-            return
+    def _stream(self) -> Iterator[pa.RecordBatch]:
+        while (batch := self._batches.get()) is not None:
+            # In slices of about SLICE_BYTES (no copy): the lake's writer closes a row group
+            # once it passes its size (``LAKE_OPTIONS``), so a whole page of heavy items (4.5 MB)
+            # made groups ~2.5 MB larger, and reading them back needed more than 64MB
+            # (test_core_memory.py).
+            rows = max(1, len(batch) * SLICE_BYTES // max(1, batch.nbytes))
+            for start in range(0, len(batch), rows):
+                yield batch.slice(start, rows)
+        self._ended = True
+
+    def _insert(self, conn: duckdb.DuckDBPyConnection) -> None:
+        import pyarrow as pa
+
+        pages = f"_fs_pages_{id(self)}"
         try:
-            conn.execute("ROLLBACK" if self._error is not None else "COMMIT")
-        except BaseException as exc:
-            self._error = self._error or exc
+            conn.register(pages, pa.RecordBatchReader.from_batches(self.schema, self._stream()))
+            try:
+                sql = _insert_sql(self.endpoint, self.table, pages)
+                self.rows_inserted = one_row(conn, sql, {"loaded_at": self.loaded_at})[0]
+            finally:
+                conn.unregister(pages)
+        except BaseException as exc:  # raised in the caller's thread at its next call
+            self._error = exc
+        finally:
+            # After a failed insert, take what is still put, so that the pager never waits.
+            while not self._ended:
+                self._ended = self._batches.get() is None
 
     def _raise_insert_error(self) -> None:
         if self._error is not None:
@@ -314,54 +242,28 @@ class StagingWriter:
         self._raise_insert_error()
         if not page.items:
             return
-        parts = spool_parts(page, self.decode)
-        if self._file is None:
-            self._spools += 1
-            self._path = self.spool_dir / f"{self.table}-{id(self)}-{self._spools}.txt"
-            self._file = self._path.open("wb", buffering=0)
-        self._size += _write_all(self._file.fileno(), parts)
+        try:
+            batch = page_batch(page, self.schema, self.decode)
+        except NotTextError as exc:
+            raise NotTextError(
+                f"Inserting fetched pages into {self.table} failed, so nothing was replaced: "
+                f"{exc}. The server sent bytes that are not text; ask its operator."
+            ) from None
+        self._batches.put(batch)
         self.items_written += page.n
-        if self._size >= self.spool_bytes:
-            self._hand_over()
-
-    def _hand_over(self) -> None:
-        if self._file is None:
-            return
-        self._file.close()
-        self._file = None
-        self._size = 0
-        self._ready.put(self._path)
 
     def finish(self) -> None:
-        """Insert what is spooled and wait for every insert; raises an insert's error."""
-        self._hand_over()
+        """End the stream and wait for the insert; raises its error."""
         self.close()
         self._raise_insert_error()
 
     def close(self) -> None:
-        if self._file is not None:
-            self._file.close()
-            self._file = None
-            self._path.unlink(missing_ok=True)
         if self._inserter.is_alive():
-            self._ready.put(None)
+            self._batches.put(None)
             self._inserter.join()
 
 
 # --- loading ------------------------------------------------------------------------------------
-
-
-def spool_root(conn: duckdb.DuckDBPyConnection) -> Path | None:
-    """Where spools go: ``<db dir>/.fieldsales_spool/<db file name>/``; ``None`` in memory."""
-    row = conn.execute(
-        "SELECT path, type FROM duckdb_databases() WHERE database_name = current_database()"
-    ).fetchone()
-    if not row or not row[0]:
-        return None
-    if row[1] == "ducklake":  # the catalog is elsewhere: spool beside the local temp_directory
-        (temp,) = one_row(conn, "SELECT current_setting('temp_directory')")
-        return spool_folder(Path(temp).parent / "lake")
-    return spool_folder(Path(row[0]))
 
 
 def _table_rows(conn: duckdb.DuckDBPyConnection, table: str) -> int | None:
@@ -408,25 +310,13 @@ class Staging:
     endpoint: ListEndpoint
     table: str
     loaded_at: datetime
-    spool_dir: Path
-    spool_bytes: int
     by: str | None = None
-    #: The longest item the pager lets through (``max_item_mb``): the reader's line size.
-    max_item_bytes: int = MAX_ITEM_BYTES
 
     def create(self) -> None:
         self.conn.execute(raw_table_ddl(self.endpoint, self.table, lake=True))
 
     def write(self, pages: Iterator[tuple[Stream, Page]]) -> None:
-        writer = StagingWriter(
-            self.conn,
-            self.endpoint,
-            self.table,
-            self.loaded_at,
-            self.spool_dir,
-            self.spool_bytes,
-            self.max_item_bytes,
-        )
+        writer = StagingWriter(self.conn, self.endpoint, self.table, self.loaded_at)
         try:
             for _, page in pages:
                 writer.add(page)
@@ -513,8 +403,6 @@ def load_list(
     endpoint: ListEndpoint,
     *,
     log: Callable[[str], None] = lambda message: None,
-    spool_bytes: int = SPOOL_BYTES,
-    spool_dir: Path | None = None,
     before_swap: Callable[[str], None] | None = None,
     after_swap: Callable[[int], None] | None = None,
     max_shrink_fraction: float = 0.5,
@@ -534,46 +422,34 @@ def load_list(
     loaded_at = datetime.now(UTC)
     stage = staging_table(endpoint.raw_table)
     conn.execute(f"CREATE SCHEMA IF NOT EXISTS {quote_ident(endpoint.schema)}")
-    spools = spool_dir if spool_dir is not None else spool_root(conn)
-    if spools is not None:
-        spools.mkdir(parents=True, exist_ok=True)
-    with tempfile.TemporaryDirectory(prefix=f"{endpoint.table}-", dir=spools) as tmp:
-        staging = Staging(
-            conn,
-            endpoint,
-            stage,
-            loaded_at,
-            Path(tmp),
-            spool_bytes,
-            max_item_bytes=api.max_item_mb << 20,
+    staging = Staging(conn, endpoint, stage, loaded_at)
+    executor = page_executor(api, staging, label=endpoint.name, log=log)
+    try:
+        staging.create()
+        (result,) = executor.run([Stream(endpoint)]).values()
+        rows, distinct = result.facts.rows, result.facts.distinct
+        if rows != distinct:
+            _drop_duplicate_ids(conn, stage)
+        check_shrink(
+            endpoint.raw_table,
+            _table_rows(conn, endpoint.raw_table),
+            distinct,
+            max_shrink_fraction,
+            allow_shrink,
         )
-        executor = page_executor(api, staging, label=endpoint.name, log=log)
-        try:
-            staging.create()
-            (result,) = executor.run([Stream(endpoint)]).values()
-            rows, distinct = result.facts.rows, result.facts.distinct
-            if rows != distinct:
-                _drop_duplicate_ids(conn, stage)
-            check_shrink(
-                endpoint.raw_table,
-                _table_rows(conn, endpoint.raw_table),
-                distinct,
-                max_shrink_fraction,
-                allow_shrink,
-            )
-            if before_swap is not None:
-                before_swap(stage)
+        if before_swap is not None:
+            before_swap(stage)
 
-            def swap(rows: int = distinct) -> None:
-                kept = f"SELECT id FROM {qualified(stage)}"
-                record_deletions(conn, endpoint, kept=kept, run_id=run_id, at=loaded_at)
-                replace_table(conn, stage, endpoint.raw_table)
-                if after_swap is not None:
-                    after_swap(rows)
+        def swap(rows: int = distinct) -> None:
+            kept = f"SELECT id FROM {qualified(stage)}"
+            record_deletions(conn, endpoint, kept=kept, run_id=run_id, at=loaded_at)
+            replace_table(conn, stage, endpoint.raw_table)
+            if after_swap is not None:
+                after_swap(rows)
 
-            run_transaction(conn, endpoint.raw_table, swap)
-        finally:
-            drop_table(conn, qualified(stage))
+        run_transaction(conn, endpoint.raw_table, swap)
+    finally:
+        drop_table(conn, qualified(stage))
     spent, stats = executor.spent, result.stats
     report = LoadReport(
         table=endpoint.raw_table,

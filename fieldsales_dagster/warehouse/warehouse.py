@@ -20,6 +20,7 @@ import hashlib
 import os
 import shutil
 import tempfile
+import uuid
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -27,7 +28,7 @@ from typing import Literal, TypeVar
 
 import dagster as dg
 import duckdb
-from pydantic import Field, field_validator, model_validator
+from pydantic import Field, PrivateAttr, field_validator, model_validator
 
 from fieldsales_dagster.loading.modes import RefreshMode, validate_refresh_mode
 from fieldsales_dagster.paths import check_file_setting, resolved
@@ -51,20 +52,21 @@ from fieldsales_dagster.warehouse.rows import one_row
 
 T = TypeVar("T")
 
-#: Spool files of raw loads: ``<local folder>/.fieldsales_spool/lake/``.
-SPOOL_DIR_NAME = ".fieldsales_spool"
-#: The folder of a lake's local files (DuckDB's spills, the raw loads' spools), beside a SQLite
+#: The folder of a lake's local files (DuckDB's spills), beside a SQLite
 #: catalog; for PostgreSQL under the system's temporary folder. Each process has its own
 #: ``pid-<pid>`` folder in it, so a killed process's files are recognised and removed.
 LOCAL_DIR_NAME = ".fieldsales_tmp"
 PROCESS_DIR_PREFIX = "pid-"
+#: The in-memory database of a DuckDB instance that holds what a run's steps share (a schema per
+#: run): never the lake.
+SHARED_DATABASE = "fieldsales_shared"
 #: Local folders whose dead processes' files this process has removed.
 _CLEANED: set[Path] = set()
 
 
 def remove_dead_processes_files(folder: Path) -> list[str]:
     """Remove the ``pid-<pid>`` folders under ``folder`` of processes that are gone (a killed
-    run's spills and spools); returns what went. Live processes' folders stay."""
+    run's spills); returns what went. Live processes' folders stay."""
     removed = []
     for path in sorted(folder.glob(f"{PROCESS_DIR_PREFIX}*")):
         pid = path.name.removeprefix(PROCESS_DIR_PREFIX)
@@ -133,6 +135,12 @@ class FieldSalesWarehouse(dg.ConfigurableResource):
         ),
     )
 
+    #: This run's shared tables (``shared_table``): those built so far, each with what it was
+    #: built from. Pipeline state of one run, not a setting.
+    _shared: dict[str, object] = PrivateAttr(default_factory=dict)
+    _shared_schema: str = PrivateAttr(default_factory=lambda: f"run_{uuid.uuid4().hex[:12]}")
+    _in_run: bool = PrivateAttr(default=False)
+
     @field_validator("refresh_mode", mode="before")
     @classmethod
     def _check_refresh_mode(cls, value: object) -> object:
@@ -174,12 +182,67 @@ class FieldSalesWarehouse(dg.ConfigurableResource):
 
     @property
     def local_folder(self) -> Path:
-        """This lake's local files (DuckDB's spills, the raw loads' spools): beside a SQLite
+        """This lake's local files (DuckDB's spills): beside a SQLite
         catalog, else under the system's temporary folder; one folder per lake and tenant."""
         here = self.lake
         key = hashlib.sha256(f"{here.catalog}\0{here.schema or ''}".encode()).hexdigest()[:16]
         base = here.catalog_file.parent if here.catalog_file else Path(tempfile.gettempdir())
         return base / LOCAL_DIR_NAME / f"lake-{key}"
+
+    # --- what a run's steps share --------------------------------------------------------------
+
+    def setup_for_execution(self, context: dg.InitResourceContext) -> None:
+        # Dagster initialises the resource once per run with the project's in-process executor
+        # (once per step's process with another executor), and tears it down at the run's end.
+        self._in_run = True
+
+    def teardown_after_execution(self, context: dg.InitResourceContext) -> None:
+        self.drop_shared()
+        self._in_run = False
+
+    @property
+    def in_run(self) -> bool:
+        """Whether a Dagster run set the resource up: its shared tables last until its end."""
+        return self._in_run
+
+    def shared_table(self, name: str) -> str:
+        """Where this run's steps share the table ``name``: an in-memory database of the
+        process's DuckDB instance (``SHARED_DATABASE``; DuckDB spills it to the connection's
+        temp_directory), never the lake. Every cursor of the instance (``get_connection``) sees
+        it; ``drop_shared`` drops it, at the run's end."""
+        return f"{SHARED_DATABASE}.{quote_ident(self._shared_schema)}.{quote_ident(name)}"
+
+    def shared_source(self, name: str) -> object | None:
+        """What the shared ``name`` was built from (``shared_built``), ``None`` when not built."""
+        return self._shared.get(name)
+
+    def create_shared_schema(self, conn: duckdb.DuckDBPyConnection) -> None:
+        """The run's schema for shared tables, in ``conn``'s DuckDB instance."""
+        conn.execute(f"ATTACH IF NOT EXISTS ':memory:' AS {SHARED_DATABASE}")
+        conn.execute(
+            f"CREATE SCHEMA IF NOT EXISTS {SHARED_DATABASE}.{quote_ident(self._shared_schema)}"
+        )
+
+    def shared_built(self, name: str, source: object) -> None:
+        """Record that the shared ``name`` was built from ``source`` (a fingerprint)."""
+        self._shared[name] = source
+
+    def drop_shared(self, conn: duckdb.DuckDBPyConnection | None = None) -> None:
+        """Drop every shared table of this run (they may hold personal values), on ``conn`` (a
+        cursor of the instance that holds them), by default a new connection: the steps'."""
+        if not self._shared:
+            return
+        self._shared.clear()
+        if conn is None:
+            with self.get_connection() as own:
+                self.drop_shared_schema(own)
+        else:
+            self.drop_shared_schema(conn)
+
+    def drop_shared_schema(self, conn: duckdb.DuckDBPyConnection) -> None:
+        conn.execute(
+            f"DROP SCHEMA IF EXISTS {SHARED_DATABASE}.{quote_ident(self._shared_schema)} CASCADE"
+        )
 
     # --- connections --------------------------------------------------------------------------
 
@@ -275,12 +338,6 @@ def staging_table(target: str, suffix: str = "") -> str:
     """``schema.table`` -> ``schema._stage_table[suffix]``, where ``target`` is built."""
     schema, _, name = target.partition(".")
     return f"{schema}.{STAGE_PREFIX}{name}{suffix}"
-
-
-def spool_folder(database: Path) -> Path:
-    """Where raw loads spool pages, for a database whose local files sit at ``database``."""
-    database = database.resolve()
-    return database.parent / SPOOL_DIR_NAME / database.name
 
 
 def table_exists(conn: duckdb.DuckDBPyConnection, table: str) -> bool:

@@ -1,0 +1,122 @@
+"""CPU seconds per Dagster step of two (or more) checkouts of the project, from interleaved runs.
+
+One ``--prerender`` demo API serves every run; each round runs ``dagster asset materialize -m
+fieldsales_dagster --select '*'`` once per checkout (``name=path``: that folder's
+``fieldsales_dagster`` is imported, through ``PYTHONPATH``, with this virtualenv's packages),
+each into a fresh lake and an initialised ``DAGSTER_HOME``, and reads each step's CPU and wall
+seconds (``step_cpu.py``). Prints the median over rounds per step, the CPU outside the steps
+and the whole command's CPU, wall and peak RSS.
+
+    python -m benchmarks.steps_ab 100000 2 base=/tmp/base-checkout branch=.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import secrets
+import shutil
+import statistics
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+from benchmarks.harness import BIN, DemoAPI, measure
+from benchmarks.step_cpu import step_cpu
+
+
+def _home(tree: Path, home: Path, env: dict[str, str]) -> None:
+    home.mkdir(parents=True)
+    # The project's instance settings without their storage keys (as `make demo` writes them).
+    text = (tree / "dagster.yaml").read_text().split("# Where the runs")[0]
+    (home / "dagster.yaml").write_text(text)
+    subprocess.run(
+        [str(BIN / "dagster"), "instance", "migrate"],
+        env=env,
+        cwd=tree,
+        check=True,
+        capture_output=True,
+    )
+
+
+def main(argv: list[str]) -> int:
+    size, rounds = int(argv[0]), int(argv[1])
+    trees = {name: Path(path).resolve() for name, path in (a.split("=", 1) for a in argv[2:])}
+    out = Path(tempfile.mkdtemp(prefix=f"steps-ab-{size}-"))
+    token = secrets.token_hex(16)
+    env0 = {k: v for k, v in os.environ.items() if not k.startswith(("FIELDSALES_", "DAGSTER_"))}
+    env0["PYTHONUNBUFFERED"] = "1"
+    results: dict[str, list[dict]] = {name: [] for name in trees}
+    with DemoAPI(size, token, out / "api.log", prerender=True) as api:
+        for round_ in range(rounds):
+            for name, tree in trees.items():
+                where = out / f"{name}-{round_}"
+                (where / "lake").mkdir(parents=True)
+                env = {
+                    **env0,
+                    "PYTHONPATH": str(tree),
+                    "DAGSTER_HOME": str(where / "home"),
+                    "FIELDSALES_BASE_URL": api.base_url,
+                    "FIELDSALES_API_TOKEN": token,
+                    "FIELDSALES_DUCKLAKE_CATALOG": f"sqlite:{where}/lake.sqlite",
+                    "FIELDSALES_DUCKLAKE_DATA_PATH": str(where / "lake"),
+                    "FIELDSALES_TOKEN_STORE": str(where / "token.json"),
+                }
+                _home(tree, where / "home", env)
+                argv_run = [str(BIN / "dagster"), "asset", "materialize", "-m"]
+                argv_run += ["fieldsales_dagster", "--select", "*"]
+                m = measure(name, argv_run, where / "run.log", env, server=api, cwd=tree)
+                steps = step_cpu(where / "home", m.cpu_samples)
+                results[name].append(
+                    {
+                        "ok": m.ok,
+                        "wall": m.wall_s,
+                        "cpu": m.cpu_s,
+                        "rss": m.peak_rss,
+                        "steps": {s.step: (s.cpu_s, s.wall_s) for s in steps},
+                    }
+                )
+                print(
+                    f"{name} round {round_}: {'ok' if m.ok else 'FAILED'}, wall {m.wall_s:.1f} s, "
+                    f"CPU {m.cpu_s:.1f} s, peak RSS {m.peak_rss / 2**20:.0f} MiB",
+                    file=sys.stderr,
+                    flush=True,
+                )
+                shutil.rmtree(where / "lake", ignore_errors=True)
+    (out / "results.json").write_text(json.dumps(results, indent=1))
+
+    def median(name: str, pick) -> float:
+        values = [pick(r) for r in results[name] if r["ok"]]
+        return statistics.median(values) if values else float("nan")
+
+    nan = float("nan")
+    steps = {step for runs in results.values() for r in runs for step in r["steps"]}
+    order = sorted(
+        steps, key=lambda s: -median(next(iter(trees)), lambda r: r["steps"].get(s, (0, 0))[0])
+    )
+    print("| step | " + " | ".join(f"{n} CPU s | {n} wall s" for n in trees) + " |")
+    print("|---|" + "---:|---:|" * len(trees))
+    for step in order:
+        cells = [
+            f"{median(n, lambda r, s=step: r['steps'].get(s, (nan, nan))[0]):.2f} | "
+            f"{median(n, lambda r, s=step: r['steps'].get(s, (nan, nan))[1]):.2f}"
+            for n in trees
+        ]
+        print(f"| `{step}` | " + " | ".join(cells) + " |")
+    outside = [
+        f"{median(n, lambda r: r['cpu'] - sum(c for c, _ in r['steps'].values())):.2f} | "
+        for n in trees
+    ]
+    print("| outside the steps | " + " | ".join(outside) + " |")
+    whole = [
+        f"{median(n, lambda r: r['cpu']):.2f} | {median(n, lambda r: r['wall']):.2f}" for n in trees
+    ]
+    print("| whole command | " + " | ".join(whole) + " |")
+    rss = ", ".join(f"{n} {median(n, lambda r: r['rss']) / 2**20:.0f} MiB" for n in trees)
+    print(f"peak RSS (median): {rss}; logs and results.json in {out}")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main(sys.argv[1:]))
