@@ -166,7 +166,7 @@ def staging(tmp_path):
     conn = duckdb.connect(str(tmp_path / "stage.duckdb"))
     conn.execute("CREATE SCHEMA raw")
     conn.execute(raw_table_ddl(TRANSACTIONS, "raw.stage"))
-    yield Staging(conn, TRANSACTIONS, "raw.stage", datetime.now(UTC), tmp_path, 1 << 20)
+    yield Staging(conn, TRANSACTIONS, "raw.stage", datetime.now(UTC))
     conn.close()
 
 
