@@ -446,7 +446,6 @@ class FieldSalesAPI(dg.ConfigurableResource):
 
         def parse(body: bytes) -> tuple[list[msgspec.Raw], int | None]:
             holder["nbytes"] = len(body)
-            holder["line_breaks"] = b"\n" in body or b"\r" in body
             return split_envelope(body, endpoint, where)
 
         counted = ListStats(parent=stats)  # this page's counts, added to the list's too
@@ -459,6 +458,5 @@ class FieldSalesAPI(dg.ConfigurableResource):
             items=items,
             total=total,
             nbytes=holder["nbytes"],
-            line_breaks=bool(holder["line_breaks"]),
             surrogates_replaced=counted.surrogates_replaced,
         )

@@ -113,8 +113,6 @@ class Page:
     nbytes: int
     #: Each item's ``_id`` and extra-column keys (see ``item_keys``), where already decoded.
     keys: list[ItemKeys] | None = None
-    #: Whether the body may hold a raw line break (``False`` only where it was checked not to).
-    line_breaks: bool = True
     #: Lone surrogate escapes replaced in the body (``ListStats.surrogates_replaced``).
     surrogates_replaced: int = 0
 
@@ -786,7 +784,6 @@ class PageExecutor:
                 again = sum(bytes(item).count(b"\\ufffd") for item in page.items[:overlap])
                 lp.stats.count(surrogates_replaced=-min(again, page.surrogates_replaced))
             page = Page(window[0], page.items[overlap:], page.total, page.nbytes)
-            page.line_breaks = asked.line_breaks
         step = lp.strategy.answered(window, page)
         stats, stream = lp.stats, lp.stream
         if step.totals_unreliable:
@@ -849,7 +846,7 @@ class PageExecutor:
             lp.page_hashes.add(page_hash)
         lp.digests.extend(map(item_digest, items))
         stats.count(items=len(items))
-        return Page(page.skip, items, page.total, page.nbytes, page_keys, page.line_breaks)
+        return Page(page.skip, items, page.total, page.nbytes, page_keys)
 
     def _too_large(
         self, stream: Stream, page: Page, items: list[msgspec.Raw], keys: list[ItemKeys]
