@@ -17,7 +17,8 @@ import pytest
 
 from fieldsales_dagster.assets.upkeep import build_upkeep_asset
 from fieldsales_dagster.demo_api import DemoConfig, DemoServer
-from fieldsales_dagster.warehouse.lake import is_wal
+from fieldsales_dagster.warehouse import lake as lake_module
+from fieldsales_dagster.warehouse.lake import Lake, is_wal, prepare
 from fieldsales_dagster.warehouse.warehouse import FieldSalesWarehouse
 from fieldsales_dagster_tests.conftest import make_api
 from fieldsales_dagster_tests.project import DEFAULT, core_assets, raw_assets
@@ -78,6 +79,28 @@ class AnalystReader:
         if self.proc.poll() is None:
             self.proc.kill()
             self.proc.wait()
+
+
+def test_a_process_opens_the_sqlite_catalog_file_once_so_duckdbs_locks_on_it_stay(
+    tmp_path, monkeypatch
+):
+    """Closing a file descriptor of the catalog releases every POSIX lock this process holds on
+    it, DuckDB's SQLite connections' too: a second two-runs-at-once refresh then read a WAL that
+    another process's checkpoint had pulled away ("disk I/O error"). Each writer connection
+    prepares the lake, so the catalog's mode is read once per process, never again."""
+    (tmp_path / "lake").mkdir()
+    catalog = tmp_path / "catalog.sqlite"
+    lake = Lake(
+        catalog=f"sqlite:{catalog}", data_path=str(tmp_path / "lake"), data_path_is_default=False
+    )
+    prepare(lake)
+    assert is_wal(catalog)
+    opened = []
+    monkeypatch.setattr(lake_module, "is_wal", lambda path: opened.append(path) or True)
+    monkeypatch.setattr(lake_module.sqlite3, "connect", lambda *args, **kw: opened.append(args))
+    for _ in range(3):
+        prepare(lake)
+    assert opened == []
 
 
 def test_a_reader_process_holding_a_snapshot_neither_blocks_a_refresh_nor_sees_half_of_it(

@@ -371,11 +371,22 @@ def is_wal(path: Path) -> bool:
     return header.startswith(_SQLITE_HEADER) and header[18:20] == b"\x02\x02"
 
 
+#: Catalogs this process has seen in WAL mode. The mode is stored in the file, so each is read
+#: once: opening and closing the catalog file again would release every POSIX lock this process
+#: holds on it, those of DuckDB's SQLite connections too (SQLite's "how to corrupt", 2.2), and
+#: another process's checkpoint could then pull the WAL from under them ("disk I/O error").
+_WAL_CATALOGS: set[str] = set()
+
+
 def use_wal(path: Path) -> None:
     """Put the SQLite catalog ``path`` in ``journal_mode=WAL`` (creating it if new): a reader
     holding a snapshot then never makes a refresh's commit fail (see the module docstring). The
-    mode is stored in the file, so this writes only once."""
+    mode is stored in the file, so this writes only once, and a process reads it only once."""
+    key = str(path.resolve())
+    if key in _WAL_CATALOGS:
+        return
     if is_wal(path):
+        _WAL_CATALOGS.add(key)
         return
     with contextlib.closing(sqlite3.connect(path, timeout=60)) as db:
         (mode,) = db.execute("PRAGMA journal_mode=WAL").fetchone()
@@ -385,6 +396,7 @@ def use_wal(path: Path) -> None:
             f"{mode!r}); is it on a network file system? Keep the catalog on a local disk "
             f"({CATALOG_VARIABLE}), or use a PostgreSQL catalog for several machines."
         )
+    _WAL_CATALOGS.add(key)
 
 
 def check_tenant(conn: duckdb.DuckDBPyConnection, lake: Lake) -> None:
