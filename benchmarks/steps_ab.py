@@ -8,6 +8,14 @@ seconds (``step_cpu.py``). Prints the median over rounds per step, the CPU outsi
 and the whole command's CPU, wall and peak RSS.
 
     python -m benchmarks.steps_ab 100000 2 base=/tmp/base-checkout branch=.
+
+A side may set variables for its runs after an ``@``, so one checkout can be measured under
+several settings in one interleaved run (the memory-limit curve in ``benchmarks/README.md``):
+
+    python -m benchmarks.steps_ab 1000000 1 \
+        192MB=.@FIELDSALES_DUCKDB_MEMORY_LIMIT=192MB 2GB=.@FIELDSALES_DUCKDB_MEMORY_LIMIT=2GB
+
+``--profile heavy`` serves the demo API's heavy profile instead of the default one.
 """
 
 from __future__ import annotations
@@ -40,15 +48,28 @@ def _home(tree: Path, home: Path, env: dict[str, str]) -> None:
     )
 
 
+def _side(arg: str) -> tuple[str, Path, dict[str, str]]:
+    """``name=path[@VAR=value,...]``: a checkout and the variables its runs get."""
+    name, _, rest = arg.partition("=")
+    path, _, assignments = rest.partition("@")
+    extra = dict(a.split("=", 1) for a in assignments.split(",") if a)
+    return name, Path(path).resolve(), extra
+
+
 def main(argv: list[str]) -> int:
+    profile = "demo"
+    if argv and argv[0] == "--profile":
+        profile, argv = argv[1], argv[2:]
     size, rounds = int(argv[0]), int(argv[1])
-    trees = {name: Path(path).resolve() for name, path in (a.split("=", 1) for a in argv[2:])}
+    sides = [_side(a) for a in argv[2:]]
+    trees = {name: tree for name, tree, _ in sides}
+    extra_env = {name: extra for name, _, extra in sides}
     out = Path(tempfile.mkdtemp(prefix=f"steps-ab-{size}-"))
     token = secrets.token_hex(16)
     env0 = {k: v for k, v in os.environ.items() if not k.startswith(("FIELDSALES_", "DAGSTER_"))}
     env0["PYTHONUNBUFFERED"] = "1"
     results: dict[str, list[dict]] = {name: [] for name in trees}
-    with DemoAPI(size, token, out / "api.log", prerender=True) as api:
+    with DemoAPI(size, token, out / "api.log", prerender=True, profile=profile) as api:
         for round_ in range(rounds):
             for name, tree in trees.items():
                 where = out / f"{name}-{round_}"
@@ -62,6 +83,7 @@ def main(argv: list[str]) -> int:
                     "FIELDSALES_DUCKLAKE_CATALOG": f"sqlite:{where}/lake.sqlite",
                     "FIELDSALES_DUCKLAKE_DATA_PATH": str(where / "lake"),
                     "FIELDSALES_TOKEN_STORE": str(where / "token.json"),
+                    **extra_env[name],
                 }
                 _home(tree, where / "home", env)
                 argv_run = [str(BIN / "dagster"), "asset", "materialize", "-m"]
