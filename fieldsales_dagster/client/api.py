@@ -28,7 +28,7 @@ from __future__ import annotations
 
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Container
 from typing import cast
 
 import dagster as dg
@@ -439,24 +439,35 @@ class FieldSalesAPI(dg.ConfigurableResource):
         """Raise ``AuthenticationError`` unless the server accepts the token (test route)."""
         self.get(CHECK_TOKEN_PATH, token=token)
 
-    def fetch_page(self, endpoint: ListEndpoint, skip: int, stats: ListStats | None = None) -> Page:
+    def fetch_page(
+        self,
+        endpoint: ListEndpoint,
+        skip: int,
+        stats: ListStats | None = None,
+        known: Container[int] = (),
+    ) -> Page:
+        """One page of ``endpoint`` from ``skip``. A body whose ``hash`` is in ``known`` (one
+        already parsed) is not parsed again: its page has ``parsed=False`` and no items."""
         params = {"skip": skip, "limit": self.page_size, **dict(endpoint.params)}
         where = f"GET {endpoint.path} (skip={skip})"
         holder: dict[str, int] = {}
 
-        def parse(body: bytes) -> tuple[list[msgspec.Raw], int | None]:
-            holder["nbytes"] = len(body)
-            return split_envelope(body, endpoint, where)
+        def parse(body: bytes) -> tuple[list[msgspec.Raw], int | None] | None:
+            holder["nbytes"], holder["digest"] = len(body), hash(body)
+            return None if holder["digest"] in known else split_envelope(body, endpoint, where)
 
         counted = ListStats(parent=stats)  # this page's counts, added to the list's too
-        items, total = cast(
-            "tuple[list[msgspec.Raw], int | None]",  # what parse returns
+        parsed = cast(
+            "tuple[list[msgspec.Raw], int | None] | None",  # what parse returns
             self.get(endpoint.path, params, parse=parse, stats=counted),
         )
+        items, total = parsed or ([], None)
         return Page(
             skip=skip,
             items=items,
             total=total,
             nbytes=holder["nbytes"],
             surrogates_replaced=counted.surrogates_replaced,
+            digest=holder["digest"],
+            parsed=parsed is not None,
         )

@@ -49,7 +49,7 @@ import threading
 import time
 from array import array
 from collections import deque
-from collections.abc import Callable, Hashable, Iterator
+from collections.abc import Callable, Container, Hashable, Iterator
 from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
 from dataclasses import dataclass, field, replace
 from typing import Protocol, cast
@@ -115,10 +115,27 @@ class Page:
     keys: list[ItemKeys] | None = None
     #: Lone surrogate escapes replaced in the body (``ListStats.surrogates_replaced``).
     surrogates_replaced: int = 0
+    #: ``hash`` of the body as received (keyed per process: compared here, never stored).
+    digest: int | None = None
+    #: ``False``: the body equals one the pass already parsed (``FetchPage``'s ``known``), so its
+    #: items were not split out again; ``count`` then says how many the page holds.
+    parsed: bool = True
+    count: int | None = None
 
     @property
     def n(self) -> int:
-        return len(self.items)
+        return len(self.items) if self.count is None else self.count
+
+
+@dataclass(frozen=True)
+class Body:
+    """What a parsed page body held, kept by the pass for its re-read: the item count and total,
+    each item's ``item_digest`` and the hash of the ids (the repeat check's)."""
+
+    n: int
+    total: int | None
+    digests: array[int]
+    ids_hash: int
 
 
 @dataclass
@@ -454,7 +471,7 @@ class _ListPass:
         stats: ListStats,
         strategy: OffsetWindows,
         decode: msgspec.json.Decoder,
-        digests: array[int] | None = None,
+        share: _ListPass | None = None,
     ):
         self.stream = stream
         self.stats = stats
@@ -472,9 +489,13 @@ class _ListPass:
         self.edges: dict[int, tuple[int, str]] = {}
         #: A whole pass over the list, not a repair window.
         self.whole = strategy.start == 0 and strategy.stop is None
-        #: A digest of each item kept, ``(id, content)`` as received (``item_digest``); a pass
-        #: and its repair windows share one array: 8 bytes per item, no per-id object.
-        self.digests: array[int] = digests if digests is not None else array("q")
+        #: A digest of each item kept, ``(id, content)`` as received (``item_digest``), and the
+        #: bodies parsed, by ``hash``; a pass and its repair windows (``share``) share both:
+        #: 8 bytes per item twice, no per-id object.
+        self.digests: array[int] = share.digests if share else array("q")
+        self.bodies: dict[int, Body] | None = share.bodies if share else {}
+        #: For a re-read: the bodies of the pass it checks, which are not parsed again.
+        self.known: dict[int, Body] = share.known if share else {}
 
 
 @dataclass
@@ -503,8 +524,10 @@ class Limits:
     max_list_passes: int
 
 
-#: Fetches one page: ``(endpoint, skip, stats)``, counting its requests and retries in ``stats``.
-FetchPage = Callable[[ListEndpoint, int, ListStats], Page]
+#: Fetches one page: ``(endpoint, skip, stats, known)``, counting its requests and retries in
+#: ``stats``. A body whose ``hash`` is in ``known`` is not parsed: the page comes back with
+#: ``parsed=False`` and its ``digest``.
+FetchPage = Callable[[ListEndpoint, int, ListStats, Container[int]], Page]
 
 
 class PageExecutor:
@@ -629,11 +652,12 @@ class PageExecutor:
             for lp, _, verdict in judged
             if verdict.action is Action.ACCEPT
         }
-        for _, again in rereads.values():
+        for lp, again in rereads.values():
             again.whole = False  # the list was counted done with its pass
+            again.known, again.bodies = lp.bodies or {}, None  # a re-read keeps no bodies
         self._drain([again for _, again in rereads.values()])
         gaps = [
-            self._pass(lp.stream, again.stats, start, stop, again.digests)
+            self._pass(lp.stream, again.stats, start, stop, again)
             for lp, again in rereads.values()
             if _gone(lp, again).size
             for start, stop in gap_windows(again.stats.answers, again.stats.total or 0)
@@ -670,7 +694,7 @@ class PageExecutor:
         stats: ListStats,
         start: int = 0,
         stop: int | None = None,
-        digests: array[int] | None = None,
+        share: _ListPass | None = None,
     ) -> _ListPass:
         decode = self._decoders.get(stream.endpoint)
         if decode is None:
@@ -682,7 +706,7 @@ class PageExecutor:
             doubt_total_from=stream.doubt_total_from,
             overlap=OVERLAP,
         )
-        return _ListPass(stream, stats, strategy, decode, digests)
+        return _ListPass(stream, stats, strategy, decode, share)
 
     def _repairs(
         self, lp: _ListPass, verdict: Verdict, facts: PassFacts, number: int
@@ -698,7 +722,7 @@ class PageExecutor:
         if lp.repairs == 1:  # boundaries the pass's pages straddled while the list grew
             windows += gap_windows(lp.stats.answers, facts.total or 0)
         windows.append((verdict.tail_from, None))
-        return [self._pass(lp.stream, lp.stats, start, stop, lp.digests) for start, stop in windows]
+        return [self._pass(lp.stream, lp.stats, start, stop, lp) for start, stop in windows]
 
     def _stage(self, passes: list[_ListPass]) -> None:
         if passes:
@@ -731,7 +755,7 @@ class PageExecutor:
                     return
                 endpoint = lp.stream.endpoint
                 skip = lp.strategy.asked_skip(window)
-                future = pool.submit(self.fetch_page, endpoint, skip, lp.stats)
+                future = pool.submit(self.fetch_page, endpoint, skip, lp.stats, lp.known)
                 in_flight[future] = (lp, window, lp.stats.max_total_answered)
                 lp.in_flight += 1
 
@@ -774,6 +798,8 @@ class PageExecutor:
 
     def _admit(self, lp: _ListPass, window: Window, page: Page, baseline: int | None) -> Page:
         """Plan on from the page, record it, check it, and return what of it to keep."""
+        if not page.parsed:
+            return self._admit_known(lp, window, page, baseline)
         asked = page
         all_keys = item_keys(page.items, lp.decode)
         overlap = min(window[0] - page.skip, page.n)
@@ -784,6 +810,54 @@ class PageExecutor:
                 again = sum(bytes(item).count(b"\\ufffd") for item in page.items[:overlap])
                 lp.stats.count(surrogates_replaced=-min(again, page.surrogates_replaced))
             page = Page(window[0], page.items[overlap:], page.total, page.nbytes)
+        step = self._answered(lp, window, page, baseline)
+        nulls = sum(1 for k in all_keys if k is None)
+        if nulls:
+            stream = lp.stream
+            raise PageFormatError(
+                f"{stream.where(asked.skip)} answered {nulls} `null` items among {asked.n}: the "
+                f"server sent null where an item of {stream.endpoint.name} belongs, so the list "
+                "cannot be stored as received. Report it to the Field-Sales service."
+            )
+        self._plausible(lp, page, step)
+        keep = page.n if step.keep is None else step.keep
+        items = page.items[:keep]
+        page_keys = cast("list[ItemKeys]", all_keys[overlap : overlap + keep])  # none is None
+        self._check_items(lp, page, items, page_keys)
+        digests = array("q", map(item_digest, asked.items))
+        if items:
+            self._edge(lp, page.skip + len(items) - 1, page_keys[-1], items[-1])
+            # The repeat check hashes the page as asked, its overlap included: a server that
+            # ignores `skip` answers every window with the same ids as the first page.
+            answered = zip(all_keys, asked.items, strict=True)
+            ids = [_identity(cast("ItemKeys", k), i) for k, i in answered]
+            page_hash = hash(frozenset(ids[: overlap + keep]))
+            self._repeats(lp, page, page_hash)
+            if lp.bodies is not None and asked.digest is not None:
+                whole = page_hash if overlap + keep == asked.n else hash(frozenset(ids))
+                lp.bodies[asked.digest] = Body(asked.n, asked.total, digests, whole)
+        lp.digests.extend(digests[overlap : overlap + keep])
+        lp.stats.count(items=len(items))
+        return Page(page.skip, items, page.total, page.nbytes, page_keys)
+
+    def _admit_known(self, lp: _ListPass, window: Window, page: Page, baseline: int | None) -> Page:
+        """A re-read's page whose body equals one the pass parsed (``lp.known``): the same
+        items, so their checks passed already and their digests are known. Planned on and
+        counted as a parsed page is; no item is decoded."""
+        body = lp.known[cast("int", page.digest)]
+        overlap = min(window[0] - page.skip, body.n)
+        shaped = Page(window[0], [], body.total, page.nbytes, count=body.n - overlap)
+        step = self._answered(lp, window, shaped, baseline)
+        self._plausible(lp, shaped, step)
+        keep = shaped.n if step.keep is None else step.keep
+        if keep:
+            self._repeats(lp, shaped, body.ids_hash)
+        lp.digests.extend(body.digests[overlap : overlap + keep])
+        lp.stats.count(items=keep)
+        return Page(shaped.skip, [], body.total, page.nbytes, count=keep, parsed=False)
+
+    def _answered(self, lp: _ListPass, window: Window, page: Page, baseline: int | None) -> Step:
+        """Give the strategy its answer and count the page into the pass."""
         step = lp.strategy.answered(window, page)
         stats, stream = lp.stats, lp.stream
         if step.totals_unreliable:
@@ -802,51 +876,42 @@ class PageExecutor:
                 f"max_pages_per_pass={max_pages}: the server seems to page forever. If the list "
                 "really is that long, raise max_pages_per_pass."
             )
-        keys = all_keys[overlap:]
-        nulls = sum(1 for k in all_keys if k is None)
-        if nulls:
-            raise PageFormatError(
-                f"{stream.where(asked.skip)} answered {nulls} `null` items among {asked.n}: the "
-                f"server sent null where an item of {stream.endpoint.name} belongs, so the list "
-                "cannot be stored as received. Report it to the Field-Sales service."
-            )
+        return step
+
+    @staticmethod
+    def _plausible(lp: _ListPass, page: Page, step: Step) -> None:
         if step.implausible_total is not None:
             raise PagingError(
-                f"{stream.where(page.skip)} answered no items while the server reports a total "
-                f"of {step.implausible_total} {stream.endpoint.name}; the pages end at "
+                f"{lp.stream.where(page.skip)} answered no items while the server reports a "
+                f"total of {step.implausible_total} {lp.stream.endpoint.name}; the pages end at "
                 f"{page.skip}, far short of it. The total is not plausible; nothing was "
                 "replaced. Report it to the Field-Sales service."
             )
-        keep = page.n if step.keep is None else step.keep
-        items = page.items[:keep]
-        page_keys = [k for k in keys[:keep] if k is not None]  # none is: checked above
+
+    def _check_items(
+        self, lp: _ListPass, page: Page, items: list[msgspec.Raw], keys: list[ItemKeys]
+    ) -> None:
+        """Refuse an item over ``max_item_mb``, or one the list's filter excludes."""
+        stream = lp.stream
         if items and max(map(len, items)) > self.limits.max_item_mb << 20:
-            raise self._too_large(stream, page, items, page_keys)
+            raise self._too_large(stream, page, items, keys)
         for index, key, value in lp.filters:
-            for item_key in page_keys:
+            for item_key in keys:
                 if id_text(item_key[index]) != value:
                     raise FilterIgnoredError(
                         f"{stream.where(page.skip)} returned an item of {stream.endpoint.name} "
                         f"with {key} {item_key[index]!r}: the server ignores the {key} filter"
                     )
-        if items:
-            self._edge(lp, page.skip + len(items) - 1, page_keys[-1], items[-1])
-            # The repeat check hashes the page as asked, its overlap included: a server that
-            # ignores `skip` answers every window with the same ids as the first page.
-            answered_keys = cast("list[ItemKeys]", all_keys[: overlap + len(items)])
-            answered = zip(answered_keys, asked.items, strict=False)
-            ids = frozenset(_identity(k, i) for k, i in answered)
-            page_hash = hash(ids)
-            if lp.first_hash is None:
-                lp.first_hash = page_hash
-            if page_hash in lp.page_hashes:
-                lp.repeated_pages += 1
-                if lp.repeated_pages >= NO_NEW_IDS_PAGES:
-                    raise PagingError(self._repeats_message(lp, page, page_hash))
-            lp.page_hashes.add(page_hash)
-        lp.digests.extend(map(item_digest, items))
-        stats.count(items=len(items))
-        return Page(page.skip, items, page.total, page.nbytes, page_keys)
+
+    def _repeats(self, lp: _ListPass, page: Page, page_hash: int) -> None:
+        """Count a page whose ids repeat an earlier page of the pass; refuse the third."""
+        if lp.first_hash is None:
+            lp.first_hash = page_hash
+        if page_hash in lp.page_hashes:
+            lp.repeated_pages += 1
+            if lp.repeated_pages >= NO_NEW_IDS_PAGES:
+                raise PagingError(self._repeats_message(lp, page, page_hash))
+        lp.page_hashes.add(page_hash)
 
     def _too_large(
         self, stream: Stream, page: Page, items: list[msgspec.Raw], keys: list[ItemKeys]
