@@ -425,7 +425,7 @@ def test_load_killed_with_sigkill_leaves_nothing_after_the_next_load(demo_server
 
 
 def facts(rows, distinct, totals=(), decreased=False, pass_number=1, **more):
-    from fieldsales_dagster.client.completeness import PassFacts
+    from fieldsales_dagster.loading.completeness import PassFacts
 
     return PassFacts(rows, distinct, tuple(totals), decreased, pass_number, 3, **more)
 
@@ -454,13 +454,13 @@ def facts(rows, distinct, totals=(), decreased=False, pass_number=1, **more):
     ],
 )
 def test_pass_verdict(case, expected):
-    from fieldsales_dagster.client.completeness import judge_pass
+    from fieldsales_dagster.loading.completeness import judge_pass
 
     assert judge_pass(case).action == expected
 
 
 def test_failed_verdict_says_what_the_server_sent():
-    from fieldsales_dagster.client.completeness import judge_pass
+    from fieldsales_dagster.loading.completeness import judge_pass
 
     assert judge_pass(facts(90, 90, (100,), pass_number=3)).reason == (
         "90 items with 90 distinct ids (0 sent twice); every page reported a total of 100: "
@@ -470,14 +470,14 @@ def test_failed_verdict_says_what_the_server_sent():
 
 
 def test_repair_windows_cover_the_head_and_the_tail_of_what_is_missing():
-    from fieldsales_dagster.client.completeness import judge_pass
+    from fieldsales_dagster.loading.completeness import judge_pass
 
     verdict = judge_pass(facts(1200, 1190, (1200, 1210)))
     assert (verdict.head, verdict.tail_from) == (40, 1170)  # twice the 20 missing
 
 
 def test_gap_windows_find_items_between_pages_answered_out_of_order():
-    from fieldsales_dagster.client.completeness import gap_windows
+    from fieldsales_dagster.loading.completeness import gap_windows
 
     # 25 inserted at the front after skip=400 was served but before skip=300 was: skip=300
     # held the items first at 275-374, skip=400 those at 400-499; 375-399 are now at 400-424.

@@ -17,7 +17,7 @@ import duckdb
 import msgspec
 import pytest
 
-from fieldsales_dagster.client.completeness import IncompleteListError
+from fieldsales_dagster.loading.completeness import IncompleteListError
 from fieldsales_dagster.client.endpoints import TRANSACTIONS, ListEndpoint
 from fieldsales_dagster.client.pager import (
     ItemTooLargeError,

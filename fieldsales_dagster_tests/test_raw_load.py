@@ -8,7 +8,7 @@ import duckdb
 import pytest
 
 from fieldsales_dagster.client.api import FieldSalesAPI
-from fieldsales_dagster.client.completeness import IncompleteListError
+from fieldsales_dagster.loading.completeness import IncompleteListError
 from fieldsales_dagster.client.endpoints import EVENT_GROUPS, EVENTS, TRANSACTIONS, ListEndpoint
 from fieldsales_dagster.client.errors import (
     AuthenticationError,

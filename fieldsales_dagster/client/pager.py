@@ -57,7 +57,7 @@ from typing import Protocol, cast
 import msgspec
 import numpy as np
 
-from fieldsales_dagster.client.completeness import (
+from fieldsales_dagster.loading.completeness import (
     Action,
     IncompleteListError,
     PassFacts,

@@ -31,7 +31,7 @@ from typing import Any
 import duckdb
 
 from fieldsales_dagster.client.api import FieldSalesAPI
-from fieldsales_dagster.client.completeness import IncompleteListError
+from fieldsales_dagster.loading.completeness import IncompleteListError
 from fieldsales_dagster.client.endpoints import EVENTS, TRANSACTIONS, ListEndpoint
 from fieldsales_dagster.client.pager import (
     FilterIgnoredError,

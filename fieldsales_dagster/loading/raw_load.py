@@ -9,7 +9,7 @@ through a file. Ids ride as the text they are (``id_text``), control characters 
 payloads as received, line breaks included.
 
 The paging executor (``client/pager.py``) fills the staging table (``Staging``) and asks it
-for the distinct ids after each pass; its completeness rule (``client/completeness.py``) accepts
+for the distinct ids after each pass; its completeness rule (``loading/completeness.py``) accepts
 the pass, repairs it, pages the list again, or fails saying what the server sent. The previous
 table is replaced only after that, in one
 transaction, and never by one that would empty it or shrink it by more than
