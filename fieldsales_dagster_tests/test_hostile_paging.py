@@ -587,6 +587,7 @@ def test_an_event_list_that_moved_is_paged_again_alone(tmp_path):
     from datetime import UTC, datetime
 
     from fieldsales_dagster.client.pager import Stream
+    from fieldsales_dagster.loading.passes import ListPasses
     from fieldsales_dagster.loading.raw_load import Staging, page_executor, raw_table_ddl
 
     def event_items(event, start, stop):
@@ -613,7 +614,7 @@ def test_an_event_list_that_moved_is_paged_again_alone(tmp_path):
             Stream(TRANSACTIONS.with_params(eventId=e), e, api.page_size)
             for e in ("moving", "calm")
         ]
-        results = page_executor(api, staging, label="by event").run(lists)
+        results = ListPasses(page_executor(api, label="by event"), staging).run(lists)
         asked = [dict(a.params)["eventId"] for a in server.asked]
     assert {key: result.passes for key, result in results.items()} == {"moving": 2, "calm": 1}
     assert staging.counts() == {"moving": (149, 149), "calm": (30, 30)}

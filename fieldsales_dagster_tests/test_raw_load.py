@@ -8,7 +8,6 @@ import duckdb
 import pytest
 
 from fieldsales_dagster.client.api import FieldSalesAPI
-from fieldsales_dagster.loading.completeness import IncompleteListError
 from fieldsales_dagster.client.endpoints import EVENT_GROUPS, EVENTS, TRANSACTIONS, ListEndpoint
 from fieldsales_dagster.client.errors import (
     AuthenticationError,
@@ -17,6 +16,7 @@ from fieldsales_dagster.client.errors import (
     NotJSONError,
     PageFormatError,
 )
+from fieldsales_dagster.loading.completeness import IncompleteListError
 from fieldsales_dagster.loading.raw_load import load_list
 from fieldsales_dagster_tests.conftest import make_api, read_lake
 

@@ -31,7 +31,6 @@ from typing import Any
 import duckdb
 
 from fieldsales_dagster.client.api import FieldSalesAPI
-from fieldsales_dagster.loading.completeness import IncompleteListError
 from fieldsales_dagster.client.endpoints import EVENTS, TRANSACTIONS, ListEndpoint
 from fieldsales_dagster.client.pager import (
     FilterIgnoredError,
@@ -39,7 +38,9 @@ from fieldsales_dagster.client.pager import (
     PagingError,
     Stream,
 )
+from fieldsales_dagster.loading.completeness import IncompleteListError
 from fieldsales_dagster.loading.deletions import record_deletions
+from fieldsales_dagster.loading.passes import ListPasses
 from fieldsales_dagster.loading.raw_load import (
     LoadReport,
     ShrinkGuard,
@@ -637,11 +638,9 @@ def _fetch_by_event(
         for event_id in event_ids
     ]
     staging = Staging(conn, TRANSACTIONS, STAGE_TABLE, datetime.now(UTC), "event_id")
-    executor = page_executor(
-        api, staging, label="transactions by eventId", log=log, spent=fetched.stats
-    )
+    executor = page_executor(api, label="transactions by eventId", log=log, spent=fetched.stats)
     try:
-        executor.run(lists)
+        ListPasses(executor, staging).run(lists)
     except FilterIgnoredError as exc:
         raise EventFilterIgnored(str(exc), fetched.stats.bytes) from None
     except (PagingError, IncompleteListError) as exc:

@@ -8,8 +8,8 @@ while the pager fetches: memory holds a few pages whatever the list's size, and 
 through a file. Ids ride as the text they are (``id_text``), control characters and all, and
 payloads as received, line breaks included.
 
-The paging executor (``client/pager.py``) fills the staging table (``Staging``) and asks it
-for the distinct ids after each pass; its completeness rule (``loading/completeness.py``) accepts
+The pass loop (``passes.py``, over the pager's fetches) fills the staging table (``Staging``) and
+asks it for the distinct ids after each pass; its completeness rule (``completeness.py``) accepts
 the pass, repairs it, pages the list again, or fails saying what the server sent. The previous
 table is replaced only after that, in one
 transaction, and never by one that would empty it or shrink it by more than
@@ -47,6 +47,7 @@ from fieldsales_dagster.client.pager import (
     key_decoder,
 )
 from fieldsales_dagster.loading.deletions import record_deletions
+from fieldsales_dagster.loading.passes import ListPasses
 from fieldsales_dagster.pause import pause_at
 from fieldsales_dagster.warehouse.lake import drop_table, run_transaction
 from fieldsales_dagster.warehouse.quoting import qualified, quote_ident
@@ -381,7 +382,6 @@ class Staging:
 
 def page_executor(
     api: FieldSalesAPI,
-    staging: Staging | None,
     *,
     label: str,
     log: Callable[[str], None] = lambda message: None,
@@ -394,7 +394,7 @@ def page_executor(
         max_item_mb=api.max_item_mb,
         max_list_passes=api.max_list_passes,
     )
-    return PageExecutor(api.fetch_page, limits, staging, label=label, log=log, spent=spent)
+    return PageExecutor(api.fetch_page, limits, label=label, log=log, spent=spent)
 
 
 def load_list(
@@ -423,10 +423,10 @@ def load_list(
     stage = staging_table(endpoint.raw_table)
     conn.execute(f"CREATE SCHEMA IF NOT EXISTS {quote_ident(endpoint.schema)}")
     staging = Staging(conn, endpoint, stage, loaded_at)
-    executor = page_executor(api, staging, label=endpoint.name, log=log)
+    executor = page_executor(api, label=endpoint.name, log=log)
     try:
         staging.create()
-        (result,) = executor.run([Stream(endpoint)]).values()
+        (result,) = ListPasses(executor, staging).run([Stream(endpoint)]).values()
         rows, distinct = result.facts.rows, result.facts.distinct
         if rows != distinct:
             _drop_duplicate_ids(conn, stage)
