@@ -588,7 +588,7 @@ def test_an_event_list_that_moved_is_paged_again_alone(tmp_path):
 
     from fieldsales_dagster.client.pager import Stream
     from fieldsales_dagster.loading.passes import ListPasses
-    from fieldsales_dagster.loading.raw_load import Staging, page_executor, raw_table_ddl
+    from fieldsales_dagster.loading.raw_load import Staging, page_executor
 
     def event_items(event, start, stop):
         return [{"_id": f"{event}-{i:03d}", "eventId": event} for i in range(start, stop)]
@@ -608,8 +608,8 @@ def test_an_event_list_that_moved_is_paged_again_alone(tmp_path):
         api = hostile_api(server)
         conn = duckdb.connect(str(tmp_path / "stage.duckdb"))
         conn.execute("CREATE SCHEMA raw")
-        conn.execute(raw_table_ddl(TRANSACTIONS, "raw.stage"))
         staging = Staging(conn, TRANSACTIONS, "raw.stage", datetime.now(UTC), "event_id")
+        staging.create()
         lists = [  # as the incremental refresh builds them: a short page's total is trusted
             Stream(TRANSACTIONS.with_params(eventId=e), e, api.page_size)
             for e in ("moving", "calm")

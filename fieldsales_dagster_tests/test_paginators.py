@@ -30,7 +30,7 @@ from fieldsales_dagster.client.pager import (
 )
 from fieldsales_dagster.loading.completeness import IncompleteListError
 from fieldsales_dagster.loading.passes import ListPasses, ListResult
-from fieldsales_dagster.loading.raw_load import Staging, raw_table_ddl
+from fieldsales_dagster.loading.raw_load import Staging
 
 LIMITS = Limits(concurrency=1, max_pages_per_pass=100, max_item_mb=1, max_list_passes=3)
 
@@ -176,8 +176,9 @@ def test_the_executor_names_an_item_over_max_item_mb():
 def staging(tmp_path):
     conn = duckdb.connect(str(tmp_path / "stage.duckdb"))
     conn.execute("CREATE SCHEMA raw")
-    conn.execute(raw_table_ddl(TRANSACTIONS, "raw.stage"))
-    yield Staging(conn, TRANSACTIONS, "raw.stage", datetime.now(UTC))
+    staging = Staging(conn, TRANSACTIONS, "raw.stage", datetime.now(UTC))
+    staging.create()
+    yield staging
     conn.close()
 
 

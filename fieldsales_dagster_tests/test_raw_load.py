@@ -279,7 +279,7 @@ def test_pretty_printed_items_and_odd_ids_are_stored_as_received(tmp_path):
     assert total == 5
     with duckdb.connect(str(tmp_path / "w.duckdb")) as conn:
         conn.execute("CREATE SCHEMA raw")
-        conn.execute(raw_table_ddl(TRANSACTIONS, "raw.t"))
+        conn.execute(raw_table_ddl(TRANSACTIONS, "raw.t", digest=True))
         writer = StagingWriter(conn, TRANSACTIONS, "raw.t", datetime.now(UTC))
         writer.add(Page(skip=0, items=parsed, total=total, nbytes=len(body)))
         writer.finish()

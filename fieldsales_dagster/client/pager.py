@@ -108,6 +108,8 @@ class Page:
     #: items were not split out again; ``count`` then says how many the page holds.
     parsed: bool = True
     count: int | None = None
+    #: Each kept item's ``item_digest``, where the pager admitted the page.
+    digests: array[int] | None = None
 
     @property
     def n(self) -> int:
@@ -224,7 +226,9 @@ def _identity(keys: ItemKeys, item: msgspec.Raw) -> int:
 
 def item_digest(item: msgspec.Raw | bytes) -> int:
     """A 64-bit digest of an item as received: its id and its content (the id is in the item).
-    Compared within one process only (``hash`` is keyed per process), never stored."""
+    The one test of whether two copies differ: the re-read compares them, and the staging table
+    keeps them (its ``digest`` column) for ``Staging.differing`` and ``Staging.ids_of``. Keyed
+    per process (``hash``): the column is dropped before the table is swapped in."""
     return hash(bytes(item))
 
 
@@ -646,7 +650,8 @@ class PageExecutor:
                 lp.bodies[asked.digest] = Body(asked.n, asked.total, digests, whole)
         lp.digests.extend(digests[overlap : overlap + keep])
         lp.stats.count(items=len(items))
-        return Page(page.skip, items, page.total, page.nbytes, page_keys)
+        kept = digests[overlap : overlap + keep]
+        return Page(page.skip, items, page.total, page.nbytes, page_keys, digests=kept)
 
     def _admit_known(self, lp: ListPass, window: Window, page: Page, baseline: int | None) -> Page:
         """A re-read's page whose body equals one the pass parsed (``lp.known``): the same
