@@ -279,6 +279,32 @@ def fetch(
     )
 
 
+def _get(
+    session: requests.Session,
+    url: str,
+    params: QueryParams | None,
+    token: str,
+    on: str,
+    limits: Limits,
+    deadline: float,
+) -> Answer:
+    left = deadline - time.monotonic()
+    resp = session.get(
+        url,
+        params=params,
+        auth=_Bearer(token),
+        # The read timeout bounds each read; _DeadlineReader shortens it near the deadline.
+        timeout=(min(limits.connect_timeout_s, max(left, 0.001)), limits.read_timeout_s),
+        stream=True,
+        allow_redirects=False,
+    )
+    try:
+        body = b"" if resp.is_redirect else read_body(resp, on, limits.max_body_bytes)
+    finally:
+        resp.close()
+    return Answer(resp.status_code, resp.headers, body)
+
+
 def _send(
     session: requests.Session,
     url: str,
@@ -300,21 +326,7 @@ def _send(
     failure: TransientHTTPError | None = None
     unexpected = ""
     try:
-        left = deadline - time.monotonic()
-        resp = session.get(
-            url,
-            params=params,
-            auth=_Bearer(token),
-            # The read timeout bounds each read; _DeadlineReader shortens it near the deadline.
-            timeout=(min(limits.connect_timeout_s, max(left, 0.001)), limits.read_timeout_s),
-            stream=True,
-            allow_redirects=False,
-        )
-        try:
-            body = b"" if resp.is_redirect else read_body(resp, on, limits.max_body_bytes)
-        finally:
-            resp.close()
-        return Answer(resp.status_code, resp.headers, body)
+        return _get(session, url, params, token, on, limits, deadline)
     except FieldSalesAPIError:
         raise
     except requests.ConnectTimeout:

@@ -759,15 +759,8 @@ def _merge(
         # repeats, and so did every merge), the staged ids are, and every stored copy of a
         # staged id was just deleted. So the rows must add up, and match the server's count
         # (when it is checked: a re-sync of some events leaves the others' changes be).
-        counted = server_count is None or rows == server_count
-        if deleted != len(old) or rows != stored - deleted + staged or not counted:
-            counts = "" if server_count is None else f" but the server counts {server_count}"
-            raise CountMismatch(
-                f"after the merge raw.transactions would hold {rows} rows ({stored} stored, "
-                f"{deleted} deleted where {len(old)} were expected, {staged} fetched){counts}: "
-                "something changed that incremental mode cannot see",
-                bytes_fetched,
-            )
+        expected = (stored, len(old), staged)
+        _check_merged(rows, deleted, expected, server_count, bytes_fetched)
         write_state(rows)
         conn.execute(f"DROP TABLE {stage}")
         return rows, new
@@ -779,6 +772,26 @@ def _merge(
         "changed": sum(1 for key, digest in new.items() if key in old and old[key] != digest),
         "removed": sum(1 for key in old if key not in new),
     }
+
+
+def _check_merged(
+    rows: int,
+    deleted: int,
+    expected: tuple[int, int, int],
+    server_count: int | None,
+    bytes_fetched: int,
+) -> None:
+    """Refuse a merge whose rows do not add up: ``expected`` is ``(stored, to delete, staged)``."""
+    stored, to_delete, staged = expected
+    counted = server_count is None or rows == server_count
+    if deleted != to_delete or rows != stored - deleted + staged or not counted:
+        counts = "" if server_count is None else f" but the server counts {server_count}"
+        raise CountMismatch(
+            f"after the merge raw.transactions would hold {rows} rows ({stored} stored, "
+            f"{deleted} deleted where {to_delete} were expected, {staged} fetched){counts}: "
+            "something changed that incremental mode cannot see",
+            bytes_fetched,
+        )
 
 
 def _staged_and_old(

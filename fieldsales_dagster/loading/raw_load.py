@@ -454,16 +454,11 @@ def load_list(
         staging.create()
         (result,) = ListPasses(executor, staging).run([Stream(endpoint)]).values()
         staging.seal()
-        rows, distinct = result.facts.rows, result.facts.distinct
-        if rows != distinct:
+        distinct = result.facts.distinct
+        if result.facts.rows != distinct:
             _drop_duplicate_ids(conn, stage)
-        check_shrink(
-            endpoint.raw_table,
-            _table_rows(conn, endpoint.raw_table),
-            distinct,
-            max_shrink_fraction,
-            allow_shrink,
-        )
+        old_rows = _table_rows(conn, endpoint.raw_table)
+        check_shrink(endpoint.raw_table, old_rows, distinct, max_shrink_fraction, allow_shrink)
         if before_swap is not None:
             before_swap(stage)
 
