@@ -23,7 +23,7 @@ from __future__ import annotations
 import time
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, fields, replace
 from datetime import UTC, datetime, timedelta
 from importlib import resources
 from typing import Any
@@ -284,19 +284,9 @@ class RefreshReport:
             "refresh_reason": self.reason,
             "bytes_fetched": self.bytes_fetched,
         }
-        for name in (
-            "events_refetched",
-            "events_new",
-            "events_changed",
-            "events_recent",
-            "events_removed",
-            "transactions_added",
-            "transactions_changed",
-            "transactions_removed",
-        ):
-            value = getattr(self, name)
-            if value is not None:
-                out[name] = value
+        for counted in fields(self)[4:]:  # the events' and transactions' counts, where known
+            if (value := getattr(self, counted.name)) is not None:
+                out[counted.name] = value
         return out
 
 
@@ -329,7 +319,7 @@ def refresh_raw_list(
             shrink=shrink,
             run_id=run_id,
         )
-    report = _load_whole(api, conn, endpoint, log, before_swap, shrink, run_id=run_id)
+    report = load_list(api, conn, endpoint, **_whole(log, before_swap, shrink, run_id))
     return RefreshReport(
         load=report,
         mode="full",
@@ -376,53 +366,35 @@ def refresh_transactions(
             decision = ModeDecision("full", f"fell back from incremental: {exc}")
             spent = exc.bytes_fetched
     fingerprints = _fingerprint_current_events(conn)
-    report = _load_whole(
+    report = load_list(
         api,
         conn,
         TRANSACTIONS,
-        log,
-        before_swap,
-        shrink,
         # The state is recorded in the swap's transaction: never a new table with old state.
         after_swap=lambda rows: _write_state(
             conn, fingerprints=fingerprints, mode="full", at=now, rows=rows
         ),
-        run_id=run_id,
+        **_whole(log, before_swap, shrink, run_id),
     )
     return RefreshReport(
         load=report, mode="full", reason=decision.reason, bytes_fetched=report.bytes + spent
     )
 
 
-def _load_whole(
-    api: FieldSalesAPI,
-    conn: duckdb.DuckDBPyConnection,
-    endpoint: ListEndpoint,
+def _whole(
     log: Callable[[str], None],
     before_swap: Callable[[str], None] | None,
     shrink: ShrinkGuard,
-    after_swap: Callable[[int], None] | None = None,
-    run_id: str | None = None,
-) -> LoadReport:
-    """A full load of ``endpoint``, refused if it would shrink the table beyond ``shrink``;
-    ``after_swap(rows)`` runs in the swap's transaction."""
-    return load_list(
-        api,
-        conn,
-        endpoint,
+    run_id: str | None,
+) -> dict[str, Any]:
+    """``load_list``'s arguments for a full load, refused if it shrinks beyond ``shrink``."""
+    return dict(
         log=log,
         before_swap=before_swap,
-        after_swap=after_swap,
         max_shrink_fraction=shrink.max_fraction,
         allow_shrink=shrink.allow,
         run_id=run_id,
     )
-
-
-@dataclass
-class _Fetched:
-    stats: ListStats = field(default_factory=ListStats)
-    events_done: int = 0
 
 
 @dataclass(frozen=True)
@@ -563,7 +535,7 @@ def refetch_and_merge(
     An incremental merge must hold the server's global ``count``; a re-sync's moves only the
     re-fetched events' fingerprints (``_write_state``). The state is recorded in the merge's
     transaction."""
-    fetched = _Fetched()
+    stats = ListStats()
     planned = time.monotonic()
     staging = Staging(conn, TRANSACTIONS, plan.stage, datetime.now(UTC), "event_id", True)
     staging.create()
@@ -575,9 +547,9 @@ def refetch_and_merge(
     resync = mode == "resync"
     only = f"SELECT event_id FROM {plan.refetch}" if resync else None
     try:
-        _fetch_by_event(api, staging, plan.event_ids, fetched, log)
+        _fetch_by_event(api, staging, plan.event_ids, stats, log)
         staging.seal()
-        total = None if resync else _server_count(api, fetched.stats)
+        total = None if resync else _server_count(api, stats)
         fetched_at = time.monotonic()
         stored = replaced.result()
         merging = time.monotonic()
@@ -586,7 +558,7 @@ def refetch_and_merge(
             plan,
             total,
             now,
-            fetched.stats.bytes,
+            stats.bytes,
             stored,
             before_swap,
             run_id,
@@ -602,7 +574,7 @@ def refetch_and_merge(
     finally:
         reader.shutdown(wait=True)
         drop_table(conn, qualified(plan.stage))
-    report = _merge_report(fetched.stats, counts, total, started)
+    report = _merge_report(stats, counts, total, started)
     return _merged(plan, report, counts, phases, log, mode, reason)
 
 
@@ -666,7 +638,7 @@ def _fetch_by_event(
     api: FieldSalesAPI,
     staging: Staging,
     event_ids: list[str],
-    fetched: _Fetched,
+    stats: ListStats,
     log: Callable[[str], None],
 ) -> None:
     """Page ``transaction/all?eventId=X`` for every X into the staging table; raises a
@@ -683,14 +655,13 @@ def _fetch_by_event(
         Stream(TRANSACTIONS.with_params(eventId=event_id), event_id, api.page_size)
         for event_id in event_ids
     ]
-    executor = page_executor(api, label="transactions by eventId", log=log, spent=fetched.stats)
+    executor = page_executor(api, label="transactions by eventId", log=log, spent=stats)
     try:
         ListPasses(executor, staging).run(lists)
     except FilterIgnoredError as exc:
-        raise EventFilterIgnored(str(exc), fetched.stats.bytes) from None
+        raise EventFilterIgnored(str(exc), stats.bytes) from None
     except (PagingError, IncompleteListError) as exc:
-        raise EventListMoved(str(exc), fetched.stats.bytes) from None
-    fetched.events_done = len(event_ids)
+        raise EventListMoved(str(exc), stats.bytes) from None
 
 
 def _read_replaced(cursor: duckdb.DuckDBPyConnection, event_ids: list[str]) -> dict[str, int]:
