@@ -262,3 +262,23 @@ def test_a_re_read_parses_only_the_pages_whose_bytes_changed_and_judges_their_it
         "SELECT payload::VARCHAR FROM raw.stage WHERE id = 'i-012'"
     ).fetchone()
     assert json.loads(payload)["note"] == "changed"
+
+
+def test_a_re_read_that_answers_the_first_page_for_every_skip_still_fails_as_paging_forever(
+    staging,
+):
+    """The pass is sound; its re-read gets the first page's bytes for every skip. Those bodies
+    are known (not parsed again), and the repeat check still counts them."""
+    fetch = Scripted([item(i) for i in range(45)])
+    answers = []
+
+    def stuck(endpoint: ListEndpoint, skip: int, stats: ListStats, known: Container[int] = ()):
+        answers.append(skip)
+        answer = fetch(endpoint, 0 if len(answers) > 5 else skip, stats, known)
+        answer.skip = skip  # as fetch_page answers: the page asked for
+        return answer
+
+    with pytest.raises(PagingError, match=r"the same items as skip=0: the server ignores `skip`"):
+        ListPasses(PageExecutor(stuck, LIMITS, label="t"), staging).run([Stream(TRANSACTIONS)])
+    assert answers[:5] == [0, 9, 18, 27, 36]  # the pass
+    assert fetch.unparsed == len(answers) - 5  # every page of the re-read: page 0's bytes
