@@ -308,7 +308,9 @@ def _send(
     except FieldSalesAPIError:
         raise
     except Exception as exc:  # noqa: BLE001 - told apart in _failure
-        raise _failure(exc, on, limits, deadline, scrub) from None
+        failure = _failure(exc, on, limits, deadline, scrub)
+    # Raised outside the handler: the exception's text may quote the token, so nothing chains it.
+    raise failure
 
 
 def _failure(
