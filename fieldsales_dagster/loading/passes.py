@@ -9,13 +9,9 @@ load, pages stored in a ``Staging`` table:
   ``Staging.counts``) must equal the server's final total, no id may have come twice with
   different content (``Staging.differing``) and no page boundary may have shifted, or the list
   is repaired or paged again, within ``max_list_passes`` passes;
-* the proof that a pass holds a set the server had: a list the rule accepts is read once more,
-  storing nothing (``_verify``), and every item the pass holds must be listed again with the
-  same content. No count, boundary or stop position can show two changes that cancel each
-  other's shift inside one page (an item deleted, another inserted a few positions on); the
-  re-read does, whatever moved. It costs a second fetch of every page and an 8-byte digest per
-  item; a re-read page whose bytes equal a page of the pass is not parsed again (the pager's
-  ``Body``), so only pages that changed are.
+* a pass the rule accepts is read once more (``_verify``): no count, boundary or stop position
+  shows two changes that cancel each other's shift inside one page; the re-read does. It costs a
+  second fetch of every page, but only the pages whose bytes changed are parsed again.
 """
 
 from __future__ import annotations
