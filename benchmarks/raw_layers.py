@@ -56,9 +56,7 @@ def _connect(path: Path) -> duckdb.DuckDBPyConnection:
 def _fetch(api: FieldSalesAPI, batches: bool) -> tuple[int, int]:
     stats = ListStats()
     decode, schema = key_decoder(TRANSACTIONS), page_schema(TRANSACTIONS)
-    for _, page in page_executor(api, None, label="fetch", spent=stats).pages(
-        [Stream(TRANSACTIONS)]
-    ):
+    for _, page in page_executor(api, label="fetch", spent=stats).pages([Stream(TRANSACTIONS)]):
         if batches:
             page_batch(page, schema, decode)
     return stats.items, stats.bytes

@@ -425,7 +425,7 @@ def test_load_killed_with_sigkill_leaves_nothing_after_the_next_load(demo_server
 
 
 def facts(rows, distinct, totals=(), decreased=False, pass_number=1, **more):
-    from fieldsales_dagster.client.completeness import PassFacts
+    from fieldsales_dagster.loading.completeness import PassFacts
 
     return PassFacts(rows, distinct, tuple(totals), decreased, pass_number, 3, **more)
 
@@ -454,13 +454,13 @@ def facts(rows, distinct, totals=(), decreased=False, pass_number=1, **more):
     ],
 )
 def test_pass_verdict(case, expected):
-    from fieldsales_dagster.client.completeness import judge_pass
+    from fieldsales_dagster.loading.completeness import judge_pass
 
     assert judge_pass(case).action == expected
 
 
 def test_failed_verdict_says_what_the_server_sent():
-    from fieldsales_dagster.client.completeness import judge_pass
+    from fieldsales_dagster.loading.completeness import judge_pass
 
     assert judge_pass(facts(90, 90, (100,), pass_number=3)).reason == (
         "90 items with 90 distinct ids (0 sent twice); every page reported a total of 100: "
@@ -470,14 +470,14 @@ def test_failed_verdict_says_what_the_server_sent():
 
 
 def test_repair_windows_cover_the_head_and_the_tail_of_what_is_missing():
-    from fieldsales_dagster.client.completeness import judge_pass
+    from fieldsales_dagster.loading.completeness import judge_pass
 
     verdict = judge_pass(facts(1200, 1190, (1200, 1210)))
     assert (verdict.head, verdict.tail_from) == (40, 1170)  # twice the 20 missing
 
 
 def test_gap_windows_find_items_between_pages_answered_out_of_order():
-    from fieldsales_dagster.client.completeness import gap_windows
+    from fieldsales_dagster.loading.completeness import gap_windows
 
     # 25 inserted at the front after skip=400 was served but before skip=300 was: skip=300
     # held the items first at 275-374, skip=400 those at 400-499; 375-399 are now at 400-424.
@@ -587,7 +587,8 @@ def test_an_event_list_that_moved_is_paged_again_alone(tmp_path):
     from datetime import UTC, datetime
 
     from fieldsales_dagster.client.pager import Stream
-    from fieldsales_dagster.loading.raw_load import Staging, page_executor, raw_table_ddl
+    from fieldsales_dagster.loading.passes import ListPasses
+    from fieldsales_dagster.loading.raw_load import Staging, page_executor
 
     def event_items(event, start, stop):
         return [{"_id": f"{event}-{i:03d}", "eventId": event} for i in range(start, stop)]
@@ -607,13 +608,13 @@ def test_an_event_list_that_moved_is_paged_again_alone(tmp_path):
         api = hostile_api(server)
         conn = duckdb.connect(str(tmp_path / "stage.duckdb"))
         conn.execute("CREATE SCHEMA raw")
-        conn.execute(raw_table_ddl(TRANSACTIONS, "raw.stage"))
         staging = Staging(conn, TRANSACTIONS, "raw.stage", datetime.now(UTC), "event_id")
+        staging.create()
         lists = [  # as the incremental refresh builds them: a short page's total is trusted
             Stream(TRANSACTIONS.with_params(eventId=e), e, api.page_size)
             for e in ("moving", "calm")
         ]
-        results = page_executor(api, staging, label="by event").run(lists)
+        results = ListPasses(page_executor(api, label="by event"), staging).run(lists)
         asked = [dict(a.params)["eventId"] for a in server.asked]
     assert {key: result.passes for key, result in results.items()} == {"moving": 2, "calm": 1}
     assert staging.counts() == {"moving": (149, 149), "calm": (30, 30)}

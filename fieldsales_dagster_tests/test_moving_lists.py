@@ -344,7 +344,7 @@ def test_a_smaller_total_answered_last_of_a_growing_list_is_not_its_final_total(
     """Pages in flight answer out of order: one computed before the last insert arrives after one
     that counted it. The list only grew, so the largest total is the newest: 5005 distinct ids
     of a list of 5006 are repaired, not accepted (a busy tenant once lost an item so)."""
-    from fieldsales_dagster.client.completeness import PassFacts, judge_pass
+    from fieldsales_dagster.loading.completeness import PassFacts, judge_pass
 
     facts = PassFacts(5005, 5005, (5004, 5006, 5005), False, 1, 3)
     assert facts.total == 5006

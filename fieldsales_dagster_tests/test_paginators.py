@@ -1,15 +1,15 @@
 """The paging units on scripted answers, without HTTP, as dlt's ``test_paginators.py`` drives its
 paginators: ``OffsetWindows`` (which window to ask for next, and when the list ended), and
 ``PageExecutor`` given a ``fetch_page`` callable and its ``Limits`` (what it asks for, checks and
-keeps, and the re-read that proves a pass). The end-to-end tests over HTTP are
-``test_hostile_paging.py`` and ``test_moving_lists.py``.
+keeps), and ``ListPasses`` over it (a pass, the re-read that proves it, the verdict). The
+end-to-end tests over HTTP are ``test_hostile_paging.py`` and ``test_moving_lists.py``.
 """
 
 from __future__ import annotations
 
 import json
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Container
 from datetime import UTC, datetime
 from typing import Any
 
@@ -17,7 +17,6 @@ import duckdb
 import msgspec
 import pytest
 
-from fieldsales_dagster.client.completeness import IncompleteListError
 from fieldsales_dagster.client.endpoints import TRANSACTIONS, ListEndpoint
 from fieldsales_dagster.client.pager import (
     ItemTooLargeError,
@@ -29,7 +28,9 @@ from fieldsales_dagster.client.pager import (
     PagingError,
     Stream,
 )
-from fieldsales_dagster.loading.raw_load import Staging, raw_table_ddl
+from fieldsales_dagster.loading.completeness import IncompleteListError
+from fieldsales_dagster.loading.passes import ListPasses, ListResult
+from fieldsales_dagster.loading.raw_load import Staging
 
 LIMITS = Limits(concurrency=1, max_pages_per_pass=100, max_item_mb=1, max_list_passes=3)
 
@@ -59,9 +60,14 @@ class Scripted:
         self.with_total = with_total
         self.changes = changes or {}
         self.asked: list[int] = []
+        self.unparsed = 0
         self._lock = threading.Lock()
 
-    def __call__(self, endpoint: ListEndpoint, skip: int, stats: ListStats) -> Page:
+    def __call__(
+        self, endpoint: ListEndpoint, skip: int, stats: ListStats, known: Container[int] = ()
+    ) -> Page:
+        """The page at ``skip``, as ``FieldSalesAPI.fetch_page`` answers it: a body whose hash
+        is in ``known`` is not parsed (counted in ``unparsed``)."""
         with self._lock:
             self.asked.append(skip)
             change = self.changes.get(len(self.asked))
@@ -70,7 +76,12 @@ class Scripted:
             items = self.listed[skip : skip + self.page_size]
             total = len(self.listed) if self.with_total else None
         stats.count(requests=1)
-        return page(skip, items, total)
+        answer = page(skip, items, total)
+        answer.digest = hash((json.dumps(items).encode(), total))
+        if answer.digest in known:
+            self.unparsed += 1
+            return Page(skip, [], None, answer.nbytes, digest=answer.digest, parsed=False)
+        return answer
 
 
 def fetched_ids(executor: PageExecutor) -> list[str]:
@@ -130,7 +141,7 @@ def test_pages_of_one_item_do_not_overlap():
 
 def test_the_executor_asks_each_window_once_and_keeps_each_item_once():
     fetch = Scripted([item(i) for i in range(25)])
-    ids = fetched_ids(PageExecutor(fetch, LIMITS, None, label="t"))
+    ids = fetched_ids(PageExecutor(fetch, LIMITS, label="t"))
     assert fetch.asked == [0, 9, 18]  # windows of 9, each asked from the item before it
     assert ids == [f"i-{i:03d}" for i in range(25)]
 
@@ -138,9 +149,9 @@ def test_the_executor_asks_each_window_once_and_keeps_each_item_once():
 def test_the_executor_records_where_the_list_shifted_between_two_answers():
     """i-002 deleted before the second answer: the item asked again at 9 is i-010, not i-009."""
     fetch = Scripted([item(i) for i in range(25)], changes={2: lambda listed: listed.pop(2)})
-    executor = PageExecutor(fetch, LIMITS, None, label="t")
-    lp = executor._pass(Stream(TRANSACTIONS), ListStats())
-    list(executor._fetch([lp]))
+    executor = PageExecutor(fetch, LIMITS, label="t")
+    lp = executor.pass_over(Stream(TRANSACTIONS), ListStats())
+    list(executor.fetch([lp]))
     assert lp.stats.shifts == [(9, "i-009", "i-010")]
 
 
@@ -148,26 +159,31 @@ def test_the_executor_stops_a_pass_past_max_pages_per_pass():
     fetch = Scripted([item(i) for i in range(50)])
     limits = Limits(concurrency=1, max_pages_per_pass=3, max_item_mb=1, max_list_passes=3)
     with pytest.raises(PagingError, match=r"4 pages in one pass.*max_pages_per_pass=3"):
-        fetched_ids(PageExecutor(fetch, limits, None, label="t"))
+        fetched_ids(PageExecutor(fetch, limits, label="t"))
 
 
 def test_the_executor_names_an_item_over_max_item_mb():
     listed = [item(i) for i in range(15)]
     listed[12] = item(12, blob="x" * (1 << 20))
     with pytest.raises(ItemTooLargeError, match=r"item i-012 .* over the per-item limit of 1 MB"):
-        fetched_ids(PageExecutor(Scripted(listed), LIMITS, None, label="t"))
+        fetched_ids(PageExecutor(Scripted(listed), LIMITS, label="t"))
 
 
-# --- PageExecutor.run: a pass, its re-read, the verdict ------------------------------------------
+# --- ListPasses.run: a pass, its re-read, the verdict ------------------------------------------
 
 
 @pytest.fixture
 def staging(tmp_path):
     conn = duckdb.connect(str(tmp_path / "stage.duckdb"))
     conn.execute("CREATE SCHEMA raw")
-    conn.execute(raw_table_ddl(TRANSACTIONS, "raw.stage"))
-    yield Staging(conn, TRANSACTIONS, "raw.stage", datetime.now(UTC))
+    staging = Staging(conn, TRANSACTIONS, "raw.stage", datetime.now(UTC))
+    staging.create()
+    yield staging
     conn.close()
+
+
+def run(fetch: Scripted, staging: Staging) -> dict[Any, ListResult]:
+    return ListPasses(PageExecutor(fetch, LIMITS, label="t"), staging).run([Stream(TRANSACTIONS)])
 
 
 def stored(staging: Staging) -> set[str]:
@@ -176,8 +192,13 @@ def stored(staging: Staging) -> set[str]:
 
 def test_a_stable_list_is_read_once_more_and_accepted(staging):
     fetch = Scripted([item(i) for i in range(25)])
-    (result,) = PageExecutor(fetch, LIMITS, staging, label="t").run([Stream(TRANSACTIONS)]).values()
+    (result,) = (
+        ListPasses(PageExecutor(fetch, LIMITS, label="t"), staging)
+        .run([Stream(TRANSACTIONS)])
+        .values()
+    )
     assert fetch.asked == [0, 9, 18] * 2  # the pass, then the re-read
+    assert fetch.unparsed == 3  # every page of the re-read came back as the pass had it
     assert result.passes == 1 and "read again, the list still held every item" in (
         result.verdict.reason
     )
@@ -196,7 +217,11 @@ def test_a_pass_holding_an_item_its_re_read_no_longer_lists_is_paged_again(stagi
     fetch = Scripted(
         [item(i) for i in range(25)], changes={3: delete_and_insert_inside_the_first_page}
     )
-    (result,) = PageExecutor(fetch, LIMITS, staging, label="t").run([Stream(TRANSACTIONS)]).values()
+    (result,) = (
+        ListPasses(PageExecutor(fetch, LIMITS, label="t"), staging)
+        .run([Stream(TRANSACTIONS)])
+        .values()
+    )
     assert result.passes == 2
     assert stored(staging) == {one["_id"] for one in fetch.listed}
     assert "i-003" not in stored(staging)
@@ -209,7 +234,51 @@ def test_a_list_that_moves_inside_its_pages_every_pass_fails_naming_the_ids(stag
 
     fetch = Scripted([item(i) for i in range(25)], changes={k: pair for k in range(2, 40, 4)})
     with pytest.raises(IncompleteListError) as raised:
-        PageExecutor(fetch, LIMITS, staging, label="t").run([Stream(TRANSACTIONS)])
+        run(fetch, staging)
     message = str(raised.value)
     assert "after 3 passes" in message
     assert "were gone or changed when the list was read again (" in message
+
+
+def test_a_re_read_parses_only_the_pages_whose_bytes_changed_and_judges_their_items(staging):
+    """i-012's content changes after the pass (4th answer: the re-read's first): the re-read
+    parses only the page that holds it, finds the pass's copy gone, and pages the list again."""
+
+    def change(listed: list[dict[str, Any]]) -> None:
+        listed[12] = item(12, note="changed")
+
+    fetch = Scripted([item(i) for i in range(25)], changes={4: change})
+    (result,) = (
+        ListPasses(PageExecutor(fetch, LIMITS, label="t"), staging)
+        .run([Stream(TRANSACTIONS)])
+        .values()
+    )
+    assert fetch.asked[:6] == [0, 9, 18] * 2
+    assert result.passes == 2
+    # Unparsed: the first re-read's first and third pages (the same bytes as the pass's), and
+    # every page of the second pass's re-read.
+    assert fetch.unparsed == 2 + 3
+    (payload,) = staging.conn.execute(
+        "SELECT payload::VARCHAR FROM raw.stage WHERE id = 'i-012'"
+    ).fetchone()
+    assert json.loads(payload)["note"] == "changed"
+
+
+def test_a_re_read_that_answers_the_first_page_for_every_skip_still_fails_as_paging_forever(
+    staging,
+):
+    """The pass is sound; its re-read gets the first page's bytes for every skip. Those bodies
+    are known (not parsed again), and the repeat check still counts them."""
+    fetch = Scripted([item(i) for i in range(45)])
+    answers = []
+
+    def stuck(endpoint: ListEndpoint, skip: int, stats: ListStats, known: Container[int] = ()):
+        answers.append(skip)
+        answer = fetch(endpoint, 0 if len(answers) > 5 else skip, stats, known)
+        answer.skip = skip  # as fetch_page answers: the page asked for
+        return answer
+
+    with pytest.raises(PagingError, match=r"the same items as skip=0: the server ignores `skip`"):
+        ListPasses(PageExecutor(stuck, LIMITS, label="t"), staging).run([Stream(TRANSACTIONS)])
+    assert answers[:5] == [0, 9, 18, 27, 36]  # the pass
+    assert fetch.unparsed == len(answers) - 5  # every page of the re-read: page 0's bytes

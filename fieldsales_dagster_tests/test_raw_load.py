@@ -8,7 +8,6 @@ import duckdb
 import pytest
 
 from fieldsales_dagster.client.api import FieldSalesAPI
-from fieldsales_dagster.client.completeness import IncompleteListError
 from fieldsales_dagster.client.endpoints import EVENT_GROUPS, EVENTS, TRANSACTIONS, ListEndpoint
 from fieldsales_dagster.client.errors import (
     AuthenticationError,
@@ -17,6 +16,7 @@ from fieldsales_dagster.client.errors import (
     NotJSONError,
     PageFormatError,
 )
+from fieldsales_dagster.loading.completeness import IncompleteListError
 from fieldsales_dagster.loading.raw_load import load_list
 from fieldsales_dagster_tests.conftest import make_api, read_lake
 
@@ -279,7 +279,7 @@ def test_pretty_printed_items_and_odd_ids_are_stored_as_received(tmp_path):
     assert total == 5
     with duckdb.connect(str(tmp_path / "w.duckdb")) as conn:
         conn.execute("CREATE SCHEMA raw")
-        conn.execute(raw_table_ddl(TRANSACTIONS, "raw.t"))
+        conn.execute(raw_table_ddl(TRANSACTIONS, "raw.t", digest=True))
         writer = StagingWriter(conn, TRANSACTIONS, "raw.t", datetime.now(UTC))
         writer.add(Page(skip=0, items=parsed, total=total, nbytes=len(body)))
         writer.finish()
@@ -305,9 +305,10 @@ def test_pretty_printed_items_and_odd_ids_are_stored_as_received(tmp_path):
 )
 def test_a_page_batch_holds_each_items_keys_as_text_and_its_bytes_as_received(items):
     import json
+    from array import array
 
     from fieldsales_dagster.client.envelope import split_envelope
-    from fieldsales_dagster.client.pager import Page
+    from fieldsales_dagster.client.pager import Page, item_digest
     from fieldsales_dagster.loading.raw_load import key_decoder, page_batch, page_schema
 
     def as_text(value):  # what the table stores for a key: text, or NULL
@@ -318,10 +319,11 @@ def test_a_page_batch_holds_each_items_keys_as_text_and_its_bytes_as_received(it
     body = json.dumps({"transactions": items, "count": len(items)}).encode()
     parsed, total = split_envelope(body, TRANSACTIONS, "test page")
     decode = key_decoder(TRANSACTIONS)
-    batch = page_batch(
-        Page(skip=0, items=parsed, total=total, nbytes=len(body)), page_schema(TRANSACTIONS), decode
-    )
-    assert batch.schema.names == ["id", "event_id", "payload"]
+    digests = array("q", map(item_digest, parsed))
+    page = Page(skip=0, items=parsed, total=total, nbytes=len(body), digests=digests)
+    batch = page_batch(page, page_schema(TRANSACTIONS), decode)
+    assert batch.schema.names == ["id", "event_id", "payload", "digest"]
+    assert batch.column("digest").to_pylist() == list(digests)  # until Staging.seal drops it
     assert batch.column("id").to_pylist() == [as_text(item.get("_id")) for item in items]
     assert batch.column("event_id").to_pylist() == [as_text(item.get("eventId")) for item in items]
     payloads = batch.column("payload").storage.to_pylist()

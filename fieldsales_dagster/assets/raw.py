@@ -172,16 +172,15 @@ def row_count_check(rows: int, previous: int | None, tolerance: float) -> dg.Ass
     )
 
 
-def build_raw_asset(
+def _raw_spec(
     names: InstanceNames,
     endpoint: ListEndpoint,
     owners: list[str],
-    io_manager_key: str | None = None,
-) -> dg.AssetsDefinition:
-    """``io_manager_key``: what loads the table as a downstream asset's input (the component's
-    ``fieldsales_io_manager``); the asset itself stores nothing through it."""
+    io_manager_key: str | None,
+) -> dict[str, Any]:
+    """The ``dg.asset`` arguments of the raw asset of ``endpoint``."""
     key = names.asset_key(raw_asset_name(endpoint))
-    spec: dict[str, Any] = dict(
+    return dict(
         key=key,
         io_manager_key=io_manager_key,
         group_name=names.group("raw"),
@@ -210,75 +209,103 @@ def build_raw_asset(
         ],
     )
 
-    def materialize(
-        context: dg.AssetExecutionContext, config: RawRefreshConfig
-    ) -> dg.MaterializeResult:
-        api, warehouse = names.api.of(context), names.warehouse.of(context)
-        resync = config.resync if isinstance(config, TransactionsRefreshConfig) else None
-        name = raw_asset_name(endpoint)
-        policy = RefreshPolicy.of(warehouse, config.refresh_mode)
-        redacted: list[int] = []
-        # Two instances can run in one code location: every line names whose lake it writes.
-        tenant = f"[{names.tenant}: {warehouse.lake.catalog}] "
-        with warehouse.get_connection() as conn:
 
-            def load() -> RefreshReport:
-                redacted.clear()  # a lake's write that lost a conflict runs again
+def _refresh(
+    names: InstanceNames,
+    endpoint: ListEndpoint,
+    context: dg.AssetExecutionContext,
+    config: RawRefreshConfig,
+    conn: duckdb.DuckDBPyConnection,
+    redacted: list[int],
+) -> RefreshReport:
+    """One load of the raw table (a refresh, or a re-sync), recorded in its commit."""
+    api, warehouse = names.api.of(context), names.warehouse.of(context)
+    resync = config.resync if isinstance(config, TransactionsRefreshConfig) else None
+    name = raw_asset_name(endpoint)
+    redacted.clear()  # a lake's write that lost a conflict runs again
+    # Two instances can run in one code location: every line names whose lake it writes.
+    tenant = f"[{names.tenant}: {warehouse.lake.catalog}] "
 
-                def log(message: str) -> None:
-                    context.log.info(tenant + message)
+    def log(message: str) -> None:
+        context.log.info(tenant + message)
 
-                def before_swap(staged: str) -> None:
-                    redacted.append(prepare_raw_table(conn, staged, name, warehouse))
+    def before_swap(staged: str) -> None:
+        redacted.append(prepare_raw_table(conn, staged, name, warehouse))
 
-                if resync is not None:
-                    report = resync_transactions(
-                        api,
-                        conn,
-                        resync.request(datetime.now(UTC)),
-                        log=log,
-                        before_swap=before_swap,
-                        run_id=context.run_id,
-                    )
-                else:
-                    report = refresh_raw_list(
-                        api,
-                        conn,
-                        endpoint,
-                        policy,
-                        log=log,
-                        warn=lambda message: context.log.warning(tenant + message),
-                        shrink=ShrinkGuard(warehouse.max_shrink_fraction, config.allow_shrink),
-                        before_swap=before_swap,
-                        run_id=context.run_id,
-                    )
-                # In the load's commit: each row's loaded_at leads to this run.
-                record_load_run(conn, endpoint.raw_table, context.run_id, key.to_user_string())
-                return report
-
-            refresh = warehouse.one_commit(conn, endpoint.raw_table, load)
-            schema = column_schema(conn, endpoint.raw_table, table_doc(name), warehouse.pii)
-            metadata = table_metadata(
-                conn, warehouse.name, endpoint.raw_table, schema=schema, preview=False
-            )
-        return dg.MaterializeResult(
-            metadata={
-                **metadata,
-                **storage_metadata(warehouse, endpoint.raw_table),
-                **_load_metadata(refresh.load),
-                **refresh.metadata(),
-                **(
-                    {"api_total": "not asked: a re-sync checks each event's list, not the total"}
-                    if refresh.mode == "resync"
-                    else {}
-                ),
-                "pii_redacted_rows": sum(redacted) if warehouse.redact_pii_in_raw else "not asked",
-            },
-            check_results=[
-                row_count_check(refresh.load.rows, previous_row_count(context), ROW_COUNT_TOLERANCE)
-            ],
+    if resync is not None:
+        report = resync_transactions(
+            api,
+            conn,
+            resync.request(datetime.now(UTC)),
+            log=log,
+            before_swap=before_swap,
+            run_id=context.run_id,
         )
+    else:
+        report = refresh_raw_list(
+            api,
+            conn,
+            endpoint,
+            RefreshPolicy.of(warehouse, config.refresh_mode),
+            log=log,
+            warn=lambda message: context.log.warning(tenant + message),
+            shrink=ShrinkGuard(warehouse.max_shrink_fraction, config.allow_shrink),
+            before_swap=before_swap,
+            run_id=context.run_id,
+        )
+    # In the load's commit: each row's loaded_at leads to this run.
+    key = names.asset_key(name).to_user_string()
+    record_load_run(conn, endpoint.raw_table, context.run_id, key)
+    return report
 
+
+def _materialize(
+    names: InstanceNames,
+    endpoint: ListEndpoint,
+    context: dg.AssetExecutionContext,
+    config: RawRefreshConfig,
+) -> dg.MaterializeResult:
+    warehouse = names.warehouse.of(context)
+    redacted: list[int] = []
+    with warehouse.get_connection() as conn:
+        refresh = warehouse.one_commit(
+            conn,
+            endpoint.raw_table,
+            lambda: _refresh(names, endpoint, context, config, conn, redacted),
+        )
+        doc = table_doc(raw_asset_name(endpoint))
+        schema = column_schema(conn, endpoint.raw_table, doc, warehouse.pii)
+        metadata = table_metadata(
+            conn, warehouse.name, endpoint.raw_table, schema=schema, preview=False
+        )
+    return dg.MaterializeResult(
+        metadata={
+            **metadata,
+            **storage_metadata(warehouse, endpoint.raw_table),
+            **_load_metadata(refresh.load),
+            **refresh.metadata(),
+            **(
+                {"api_total": "not asked: a re-sync checks each event's list, not the total"}
+                if refresh.mode == "resync"
+                else {}
+            ),
+            "pii_redacted_rows": sum(redacted) if warehouse.redact_pii_in_raw else "not asked",
+        },
+        check_results=[
+            row_count_check(refresh.load.rows, previous_row_count(context), ROW_COUNT_TOLERANCE)
+        ],
+    )
+
+
+def build_raw_asset(
+    names: InstanceNames,
+    endpoint: ListEndpoint,
+    owners: list[str],
+    io_manager_key: str | None = None,
+) -> dg.AssetsDefinition:
+    """``io_manager_key``: what loads the table as a downstream asset's input (the component's
+    ``fieldsales_io_manager``); the asset itself stores nothing through it."""
+    spec = _raw_spec(names, endpoint, owners, io_manager_key)
     # Dagster reads a run config's type from the function's annotation: raw_transactions takes
     # the re-sync besides the raw assets' own config.
     if endpoint is TRANSACTIONS:
@@ -287,7 +314,7 @@ def build_raw_asset(
         def _raw_transactions(
             context: dg.AssetExecutionContext, config: TransactionsRefreshConfig
         ) -> dg.MaterializeResult:
-            return materialize(context, config)
+            return _materialize(names, endpoint, context, config)
 
         return _raw_transactions
 
@@ -295,7 +322,7 @@ def build_raw_asset(
     def _raw_asset(
         context: dg.AssetExecutionContext, config: RawRefreshConfig
     ) -> dg.MaterializeResult:
-        return materialize(context, config)
+        return _materialize(names, endpoint, context, config)
 
     return _raw_asset
 

@@ -28,7 +28,7 @@ from __future__ import annotations
 
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Container
 from typing import cast
 
 import dagster as dg
@@ -71,6 +71,14 @@ def _retry_after_seconds(value: str | None) -> float | None:
         return _RETRY_AFTER.parse_retry_after(value)
     except InvalidHeader:
         return None
+
+
+def _given_token(token: str) -> str:
+    """A token passed to ``get`` as it is, checked as the store checks one."""
+    try:
+        return clean_token(token, "the token given")
+    except TokenFormatError as exc:
+        raise AuthenticationError(str(exc)) from None
 
 
 class FieldSalesAPI(dg.ConfigurableResource):
@@ -344,31 +352,51 @@ class FieldSalesAPI(dg.ConfigurableResource):
         warning as it happens.
         """
         retries = self.max_retries if max_retries is None else max_retries
-        fixed_token = token
-        if fixed_token is not None:
-            try:
-                fixed_token = clean_token(fixed_token, "the token given")
-            except TokenFormatError as exc:
-                raise AuthenticationError(str(exc)) from None
+        fixed_token = None if token is None else _given_token(token)
         current = fixed_token or self.current_token()
         where = f"GET {path}" + (f" (skip={params['skip']})" if params and "skip" in params else "")
         on = f"{where} on {self.origin.netloc}"
         reread = False
         started = time.monotonic()
-        attempts = 0
-        log = dg.get_dagster_logger("fieldsales_dagster.client")
+        attempts = [0]
+        while True:
+            attempts[0] = 0  # a re-read token starts a new series of attempts
 
-        def attempt() -> object:
-            nonlocal attempts
-            attempts += 1
-            if stats:
-                stats.count(requests=1)
-            remaining = self.retry_budget_s - (time.monotonic() - started)
-            deadline_s = min(self.request_deadline_s, max(remaining, 1.0))
-            answer = self._get_once(path, params, current, deadline_s)
-            if parse is None:
-                return answer.body
-            return self._parse(answer, parse, on, current, stats)
+            def attempt(token: str = current) -> object:
+                attempts[0] += 1
+                if stats:
+                    stats.count(requests=1)
+                remaining = self.retry_budget_s - (time.monotonic() - started)
+                deadline_s = min(self.request_deadline_s, max(remaining, 1.0))
+                answer = self._get_once(path, params, token, deadline_s)
+                if parse is None:
+                    return answer.body
+                return self._parse(answer, parse, on, token, stats)
+
+            try:
+                answer = self._retrying(started, retries, stats, attempts)(attempt)
+            except TransientHTTPError as exc:
+                raise self._gave_up(exc, attempts[0], retries, started) from None
+            except AuthRefused as refused:
+                # A renewal may have replaced the token since this run read it: re-read once.
+                if not reread and fixed_token is None and self.use_token_store:
+                    reread = True
+                    fresh = self.current_token()
+                    if fresh != current:
+                        current = fresh
+                        if stats:
+                            stats.count(token_rereads=1)
+                        continue
+                raise refused.error() from None
+            if fixed_token is None:
+                self._settle(current)  # the server accepted it: the store may record it now
+            return answer
+
+    def _retrying(
+        self, started: float, retries: int, stats: ListStats | None, attempts: list[int]
+    ) -> tenacity.Retrying:
+        """Retries of transient failures within ``retries`` and the time budgets, each logged."""
+        log = dg.get_dagster_logger("fieldsales_dagster.client")
 
         def stop(state: tenacity.RetryCallState) -> bool:
             if state.attempt_number > retries:
@@ -387,51 +415,36 @@ class FieldSalesAPI(dg.ConfigurableResource):
             exc = state.outcome.exception() if state.outcome else None
             # Counted in attempts, as the final error is: attempt 1 is the first request.
             log.warning(
-                f"{exc}; attempt {attempts} of at most {retries + 1} failed, next in "
+                f"{exc}; attempt {attempts[0]} of at most {retries + 1} failed, next in "
                 f"{state.upcoming_sleep:.1f} s"
             )
 
-        while True:
-            attempts = 0  # a re-read token starts a new series of attempts
-            retrying = tenacity.Retrying(
-                retry=tenacity.retry_if_exception_type(TransientHTTPError),
-                stop=stop,
-                wait=self._wait,
-                before_sleep=before_sleep,
-                reraise=True,
+        return tenacity.Retrying(
+            retry=tenacity.retry_if_exception_type(TransientHTTPError),
+            stop=stop,
+            wait=self._wait,
+            before_sleep=before_sleep,
+            reraise=True,
+        )
+
+    def _gave_up(
+        self, exc: TransientHTTPError, attempts: int, retries: int, started: float
+    ) -> FieldSalesAPIError:
+        spent = (
+            f"gave up after attempt {attempts} of at most {retries + 1}, "
+            f"{time.monotonic() - started:.1f} s after the first"
+        )
+        if exc.unreachable:
+            return UnreachableError(
+                f"{exc}; {spent} (unreachable_budget_s={self.unreachable_budget_s:g}). "
+                f"Check FIELDSALES_BASE_URL ({self.origin}) and that the instance is up "
+                "and reachable from here."
             )
-            try:
-                answer = retrying(attempt)
-            except TransientHTTPError as exc:
-                spent = (
-                    f"gave up after attempt {attempts} of at most {retries + 1}, "
-                    f"{time.monotonic() - started:.1f} s after the first"
-                )
-                if exc.unreachable:
-                    raise UnreachableError(
-                        f"{exc}; {spent} (unreachable_budget_s={self.unreachable_budget_s:g}). "
-                        f"Check FIELDSALES_BASE_URL ({self.origin}) and that the instance is up "
-                        "and reachable from here."
-                    ) from None
-                raise FieldSalesAPIError(
-                    f"{exc}; {spent} (max_retries={retries}, retry_budget_s="
-                    f"{self.retry_budget_s:g}). The server or the network is failing; try again "
-                    "later or raise max_retries / retry_budget_s."
-                ) from None
-            except AuthRefused as refused:
-                # A renewal may have replaced the token since this run read it: re-read once.
-                if not reread and fixed_token is None and self.use_token_store:
-                    reread = True
-                    fresh = self.current_token()
-                    if fresh != current:
-                        current = fresh
-                        if stats:
-                            stats.count(token_rereads=1)
-                        continue
-                raise refused.error() from None
-            if fixed_token is None:
-                self._settle(current)  # the server accepted it: the store may record it now
-            return answer
+        return FieldSalesAPIError(
+            f"{exc}; {spent} (max_retries={retries}, retry_budget_s="
+            f"{self.retry_budget_s:g}). The server or the network is failing; try again "
+            "later or raise max_retries / retry_budget_s."
+        )
 
     # --- endpoints --------------------------------------------------------------------------
 
@@ -439,24 +452,35 @@ class FieldSalesAPI(dg.ConfigurableResource):
         """Raise ``AuthenticationError`` unless the server accepts the token (test route)."""
         self.get(CHECK_TOKEN_PATH, token=token)
 
-    def fetch_page(self, endpoint: ListEndpoint, skip: int, stats: ListStats | None = None) -> Page:
+    def fetch_page(
+        self,
+        endpoint: ListEndpoint,
+        skip: int,
+        stats: ListStats | None = None,
+        known: Container[int] = (),
+    ) -> Page:
+        """One page of ``endpoint`` from ``skip``. A body whose ``hash`` is in ``known`` (one
+        already parsed) is not parsed again: its page has ``parsed=False`` and no items."""
         params = {"skip": skip, "limit": self.page_size, **dict(endpoint.params)}
         where = f"GET {endpoint.path} (skip={skip})"
         holder: dict[str, int] = {}
 
-        def parse(body: bytes) -> tuple[list[msgspec.Raw], int | None]:
-            holder["nbytes"] = len(body)
-            return split_envelope(body, endpoint, where)
+        def parse(body: bytes) -> tuple[list[msgspec.Raw], int | None] | None:
+            holder["nbytes"], holder["digest"] = len(body), hash(body)
+            return None if holder["digest"] in known else split_envelope(body, endpoint, where)
 
         counted = ListStats(parent=stats)  # this page's counts, added to the list's too
-        items, total = cast(
-            "tuple[list[msgspec.Raw], int | None]",  # what parse returns
+        parsed = cast(
+            "tuple[list[msgspec.Raw], int | None] | None",  # what parse returns
             self.get(endpoint.path, params, parse=parse, stats=counted),
         )
+        items, total = parsed or ([], None)
         return Page(
             skip=skip,
             items=items,
             total=total,
             nbytes=holder["nbytes"],
             surrogates_replaced=counted.surrogates_replaced,
+            digest=holder["digest"],
+            parsed=parsed is not None,
         )

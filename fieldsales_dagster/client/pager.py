@@ -32,15 +32,11 @@ runs on scripted answers alone. It owns what every list shares:
 * ``null`` where an item belongs, or an item that contradicts the list's filter (``eventId``),
   is an error naming the page;
 * a progress line every ``PROGRESS_EVERY_S`` seconds;
-* the completeness rule (``completeness.py``): after a pass, each list's distinct ids (counted
-  where the pages were stored, ``Staging.counts``) must equal the server's final total, no id may
-  have come twice with different content (``Staging.differing``) and no page boundary may have
-  shifted, or the list is repaired or paged again, within ``max_list_passes`` passes;
-* the proof that a pass holds a set the server had: a list the rule accepts is read once more,
-  storing nothing (``_verify``), and every item the pass holds must be listed again with the same
-  content. No count, boundary or stop position can show two changes that cancel each other's
-  shift inside one page (an item deleted, another inserted a few positions on); the re-read
-  does, whatever moved. It costs a second fetch of every page, and an 8-byte digest per item.
+* the re-read of a pass (``reread``): a whole pass that stores nothing and parses only the
+  bodies the pass did not see; ``Body`` keeps what each parsed body held, 8 bytes per item.
+
+The pass loop and the completeness rule that use all this are the loader's
+(``loading/passes.py``, ``loading/completeness.py``).
 """
 
 from __future__ import annotations
@@ -49,22 +45,13 @@ import threading
 import time
 from array import array
 from collections import deque
-from collections.abc import Callable, Hashable, Iterator
+from collections.abc import Callable, Container, Hashable, Iterator
 from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
-from dataclasses import dataclass, field, replace
-from typing import Protocol, cast
+from dataclasses import dataclass, field
+from typing import cast
 
 import msgspec
-import numpy as np
 
-from fieldsales_dagster.client.completeness import (
-    Action,
-    IncompleteListError,
-    PassFacts,
-    Verdict,
-    gap_windows,
-    judge_pass,
-)
 from fieldsales_dagster.client.endpoints import ListEndpoint
 from fieldsales_dagster.client.errors import FieldSalesAPIError, PageFormatError
 
@@ -115,10 +102,29 @@ class Page:
     keys: list[ItemKeys] | None = None
     #: Lone surrogate escapes replaced in the body (``ListStats.surrogates_replaced``).
     surrogates_replaced: int = 0
+    #: ``hash`` of the body as received (keyed per process: compared here, never stored).
+    digest: int | None = None
+    #: ``False``: the body equals one the pass already parsed (``FetchPage``'s ``known``), so its
+    #: items were not split out again; ``count`` then says how many the page holds.
+    parsed: bool = True
+    count: int | None = None
+    #: Each kept item's ``item_digest``, where the pager admitted the page.
+    digests: array[int] | None = None
 
     @property
     def n(self) -> int:
-        return len(self.items)
+        return len(self.items) if self.count is None else self.count
+
+
+@dataclass(frozen=True)
+class Body:
+    """What a parsed page body held, kept by the pass for its re-read: the item count and total,
+    each item's ``item_digest`` and the hash of the ids (the repeat check's)."""
+
+    n: int
+    total: int | None
+    digests: array[int]
+    ids_hash: int
 
 
 @dataclass
@@ -220,15 +226,10 @@ def _identity(keys: ItemKeys, item: msgspec.Raw) -> int:
 
 def item_digest(item: msgspec.Raw | bytes) -> int:
     """A 64-bit digest of an item as received: its id and its content (the id is in the item).
-    Compared within one process only (``hash`` is keyed per process), never stored."""
+    The one test of whether two copies differ: the re-read compares them, and the staging table
+    keeps them (its ``digest`` column) for ``Staging.differing`` and ``Staging.ids_of``. Keyed
+    per process (``hash``): the column is dropped before the table is swapped in."""
     return hash(bytes(item))
-
-
-def _gone(held: _ListPass, again: _ListPass) -> np.ndarray:
-    """Digests of items ``held`` kept that ``again`` did not see."""
-    return np.setdiff1d(
-        np.frombuffer(held.digests, np.int64), np.frombuffer(again.digests, np.int64)
-    )
 
 
 # --- the strategy: pure -------------------------------------------------------------------------
@@ -424,28 +425,7 @@ class Stream:
         ]
 
 
-class Staging(Protocol):
-    """Where the executor's pages are stored, and counted per list."""
-
-    def write(self, pages: Iterator[tuple[Stream, Page]]) -> None:
-        """Store every page; returns when they are all stored (raises if one was lost)."""
-
-    def counts(self) -> dict[Hashable, tuple[int, int]]:
-        """``(rows, distinct ids)`` stored per stream key."""
-
-    def forget(self, keys: list[Hashable]) -> None:
-        """Remove what is stored for these lists: they are paged again."""
-
-    def differing(self, key: Hashable) -> tuple[int, list[str]]:
-        """Ids of one list stored more than once with different content: how many, and a
-        few of them (``NAMED_IDS``)."""
-
-    def ids_of(self, key: Hashable, digests: set[int]) -> list[str]:
-        """The first few ids (``NAMED_IDS``, in order) of one list's stored items whose
-        ``item_digest`` is among ``digests``."""
-
-
-class _ListPass:
+class ListPass:
     """One pass (or one repair window) over one list: its strategy and what it received."""
 
     def __init__(
@@ -454,7 +434,7 @@ class _ListPass:
         stats: ListStats,
         strategy: OffsetWindows,
         decode: msgspec.json.Decoder,
-        digests: array[int] | None = None,
+        share: ListPass | None = None,
     ):
         self.stream = stream
         self.stats = stats
@@ -472,21 +452,13 @@ class _ListPass:
         self.edges: dict[int, tuple[int, str]] = {}
         #: A whole pass over the list, not a repair window.
         self.whole = strategy.start == 0 and strategy.stop is None
-        #: A digest of each item kept, ``(id, content)`` as received (``item_digest``); a pass
-        #: and its repair windows share one array: 8 bytes per item, no per-id object.
-        self.digests: array[int] = digests if digests is not None else array("q")
-
-
-@dataclass
-class ListResult:
-    """A list the executor accepted: its last pass's stats and the rule's verdict."""
-
-    stream: Stream
-    stats: ListStats
-    facts: PassFacts
-    verdict: Verdict
-    passes: int
-    repairs: int
+        #: A digest of each item kept, ``(id, content)`` as received (``item_digest``), and the
+        #: bodies parsed, by ``hash``; a pass and its repair windows (``share``) share both:
+        #: 8 bytes per item twice, no per-id object.
+        self.digests: array[int] = share.digests if share else array("q")
+        self.bodies: dict[int, Body] | None = share.bodies if share else {}
+        #: For a re-read: the bodies of the pass it checks, which are not parsed again.
+        self.known: dict[int, Body] = share.known if share else {}
 
 
 @dataclass(frozen=True)
@@ -503,8 +475,10 @@ class Limits:
     max_list_passes: int
 
 
-#: Fetches one page: ``(endpoint, skip, stats)``, counting its requests and retries in ``stats``.
-FetchPage = Callable[[ListEndpoint, int, ListStats], Page]
+#: Fetches one page: ``(endpoint, skip, stats, known)``, counting its requests and retries in
+#: ``stats``. A body whose ``hash`` is in ``known`` is not parsed: the page comes back with
+#: ``parsed=False`` and its ``digest``.
+FetchPage = Callable[[ListEndpoint, int, ListStats, Container[int]], Page]
 
 
 class PageExecutor:
@@ -517,7 +491,6 @@ class PageExecutor:
         self,
         fetch_page: FetchPage,
         limits: Limits,
-        staging: Staging | None,
         *,
         label: str,
         log: Callable[[str], None] = lambda message: None,
@@ -525,153 +498,37 @@ class PageExecutor:
     ):
         self.fetch_page = fetch_page
         self.limits = limits
-        self.staging = staging
         self.label = label
         self.log = log
         self.spent = spent if spent is not None else ListStats()
         self._decoders: dict[ListEndpoint, msgspec.json.Decoder] = {}
         self._started = time.monotonic()
-        self._lists = 0
-        self._lists_done = 0
-
-    # --- the completeness rule, pass by pass ----------------------------------------------
-
-    def run(self, lists: list[Stream]) -> dict[Hashable, ListResult]:
-        """Page every list, each until the rule accepts it; raises ``IncompleteListError``."""
-        max_passes = self.limits.max_list_passes
-        staging = self.staging
-        assert staging is not None, "run() pages into a staging table"
-        results: dict[Hashable, ListResult] = {}
-        previous: dict[Hashable, tuple[int, int]] = {}
-        todo = lists
-        self._lists = len(lists)
-        for number in range(1, max_passes + 1):
-            passes = [self._pass(stream, ListStats(parent=self.spent)) for stream in todo]
-            self._stage(passes)
-            judged: list[tuple[_ListPass, PassFacts, Verdict]] = []
-            unjudged = passes
-            while unjudged:
-                counts = staging.counts()
-                repairing: list[_ListPass] = []
-                windows: list[_ListPass] = []
-                for lp in unjudged:
-                    rows, distinct = counts.get(lp.stream.key, (0, 0))
-                    differing, differing_ids = (
-                        staging.differing(lp.stream.key) if rows > distinct else (0, [])
-                    )
-                    shifts = lp.stats.shifts
-                    facts = PassFacts(
-                        rows=rows,
-                        distinct=distinct,
-                        totals_seen=tuple(lp.stats.totals_seen),
-                        total_decreased=lp.stats.total_decreased,
-                        pass_number=number,
-                        max_passes=max_passes,
-                        repairs=lp.repairs,
-                        previous=previous.get(lp.stream.key),
-                        differing=differing,
-                        differing_ids=tuple(differing_ids),
-                        shifts=len(shifts),
-                        shifted_at=tuple(f"{at}: {a} then {b}" for at, a, b in shifts[:NAMED_IDS]),
-                    )
-                    verdict = judge_pass(facts)
-                    if verdict.action is Action.REPAIR:
-                        repairing.append(lp)
-                        windows.extend(self._repairs(lp, verdict, facts, number))
-                    else:
-                        judged.append((lp, facts, verdict))
-                self._stage(windows)
-                unjudged = repairing
-            repage: list[Stream] = []
-            for lp, facts, verdict in self._verify(judged):
-                if verdict.action is Action.ACCEPT:
-                    results[lp.stream.key] = ListResult(
-                        lp.stream, lp.stats, facts, verdict, number, lp.repairs
-                    )
-                elif verdict.action is Action.FAIL:
-                    endpoint = lp.stream.endpoint
-                    raise IncompleteListError(
-                        f"{endpoint.name} ({lp.stream.url}): after "
-                        f"{facts.pass_number} passes, {verdict.reason}. {endpoint.raw_table} was "
-                        "left as it was. Run again later; if the server's list is stable, report "
-                        "its counts to the Field-Sales service (or raise max_list_passes)."
-                    )
-                else:
-                    previous[lp.stream.key] = (facts.rows, facts.distinct)
-                    self.log(
-                        f"{lp.stream.endpoint.name}: pass {number}: {verdict.reason}; paging it "
-                        "again."
-                    )
-                    repage.append(lp.stream)
-            if not repage:
-                break
-            staging.forget([stream.key for stream in repage])
-            todo = repage
-        return results
-
-    def _verify(
-        self, judged: list[tuple[_ListPass, PassFacts, Verdict]]
-    ) -> list[tuple[_ListPass, PassFacts, Verdict]]:
-        """Read every list the rule accepted once more, storing nothing, and judge it again.
-
-        Each item the pass holds must be listed again, with the same content, after the pass
-        ended: then it was listed at that moment (an id deleted does not come back, content that
-        changed does not change back). With the rule's count, that is the whole list of that
-        moment. A shift anywhere (an item deleted and another inserted inside one page, the
-        total moved by a third change) leaves an item the re-read no longer lists, and the list
-        is paged again. Items the re-read lists beyond the pass's are a list that grew after it:
-        a busy tenant's inserts do not fail it, and the items a re-read's pages answered out of
-        order around an insert skipped (``gap_windows``) are read once more before an item
-        counts as gone. The re-read keeps one 8-byte digest per item.
-        """
-        rereads = {
-            id(lp): (lp, self._pass(lp.stream, ListStats(parent=self.spent)))
-            for lp, _, verdict in judged
-            if verdict.action is Action.ACCEPT
-        }
-        for _, again in rereads.values():
-            again.whole = False  # the list was counted done with its pass
-        self._drain([again for _, again in rereads.values()])
-        gaps = [
-            self._pass(lp.stream, again.stats, start, stop, again.digests)
-            for lp, again in rereads.values()
-            if _gone(lp, again).size
-            for start, stop in gap_windows(again.stats.answers, again.stats.total or 0)
-        ]
-        self._drain(gaps)
-        out = []
-        for lp, facts, verdict in judged:
-            if id(lp) in rereads:
-                gone = _gone(lp, rereads[id(lp)][1])
-                if gone.size:
-                    assert self.staging is not None
-                    named = self.staging.ids_of(lp.stream.key, set(gone.tolist()))
-                    facts = replace(facts, unverified=int(gone.size), unverified_ids=tuple(named))
-                    verdict = judge_pass(facts)
-                else:
-                    reason = f"{verdict.reason}; read again, the list still held every item"
-                    verdict = replace(verdict, reason=reason)
-            out.append((lp, facts, verdict))
-        return out
-
-    def _drain(self, passes: list[_ListPass]) -> None:
-        """Fetch every page of ``passes`` and keep only their digests."""
-        for _ in self._fetch(passes):
-            pass
+        self.lists = 0
+        self.lists_done = 0
 
     def pages(self, lists: list[Stream]) -> Iterator[tuple[Stream, Page]]:
         """Every page of one pass over ``lists`` as it arrives, stored nowhere and held to no
         completeness rule: the fetch alone, as the benchmarks measure it."""
-        return self._fetch([self._pass(stream, ListStats(parent=self.spent)) for stream in lists])
+        return self.fetch(
+            [self.pass_over(stream, ListStats(parent=self.spent)) for stream in lists]
+        )
 
-    def _pass(
+    def reread(self, held: ListPass) -> ListPass:
+        """A whole pass over ``held``'s list that stores nothing: only the bodies ``held`` did
+        not parse are parsed (``Body``)."""
+        again = self.pass_over(held.stream, ListStats(parent=self.spent))
+        again.whole = False  # the list was counted done with its pass
+        again.known, again.bodies = held.bodies or {}, None  # a re-read keeps no bodies
+        return again
+
+    def pass_over(
         self,
         stream: Stream,
         stats: ListStats,
         start: int = 0,
         stop: int | None = None,
-        digests: array[int] | None = None,
-    ) -> _ListPass:
+        share: ListPass | None = None,
+    ) -> ListPass:
         decode = self._decoders.get(stream.endpoint)
         if decode is None:
             decode = self._decoders[stream.endpoint] = key_decoder(stream.endpoint)
@@ -682,32 +539,11 @@ class PageExecutor:
             doubt_total_from=stream.doubt_total_from,
             overlap=OVERLAP,
         )
-        return _ListPass(stream, stats, strategy, decode, digests)
-
-    def _repairs(
-        self, lp: _ListPass, verdict: Verdict, facts: PassFacts, number: int
-    ) -> list[_ListPass]:
-        """The windows that re-fetch the head and the tail of a list that grew (and, the first
-        time, the gaps its out-of-order answers left); they count into the pass's stats."""
-        lp.repairs += 1
-        self.log(
-            f"{lp.stream.endpoint.name}: pass {number}: {verdict.reason}; re-fetching items "
-            f"0-{verdict.head} and from {verdict.tail_from} (repair {lp.repairs})."
-        )
-        windows: list[tuple[int, int | None]] = [(0, verdict.head)]
-        if lp.repairs == 1:  # boundaries the pass's pages straddled while the list grew
-            windows += gap_windows(lp.stats.answers, facts.total or 0)
-        windows.append((verdict.tail_from, None))
-        return [self._pass(lp.stream, lp.stats, start, stop, lp.digests) for start, stop in windows]
-
-    def _stage(self, passes: list[_ListPass]) -> None:
-        if passes:
-            assert self.staging is not None
-            self.staging.write(self._fetch(passes))
+        return ListPass(stream, stats, strategy, decode, share)
 
     # --- requests -------------------------------------------------------------------------
 
-    def _fetch(self, passes: list[_ListPass]) -> Iterator[tuple[Stream, Page]]:
+    def fetch(self, passes: list[ListPass]) -> Iterator[tuple[Stream, Page]]:
         """Every page of ``passes``, as it arrives; ``limits.concurrency`` requests in flight.
 
         Lists that have started go first, so a list's pages follow each other and few lists are
@@ -715,23 +551,23 @@ class PageExecutor:
         """
         concurrency = self.limits.concurrency
         waiting = deque(passes)
-        active: list[_ListPass] = []
+        active: list[ListPass] = []
         pool = ThreadPoolExecutor(max_workers=concurrency, thread_name_prefix="fieldsales")
-        in_flight: dict[Future[Page], tuple[_ListPass, Window, int | None]] = {}
+        in_flight: dict[Future[Page], tuple[ListPass, Window, int | None]] = {}
         last_progress = time.monotonic()
 
-        def fill(lp: _ListPass) -> None:
+        def fill(lp: ListPass) -> None:
             while len(in_flight) < concurrency:
                 window = lp.strategy.next_window(lp.in_flight)
                 if window is None:
                     if lp.in_flight == 0:
                         lp.finished = True
                         lp.page_hashes = set()
-                        self._lists_done += lp.whole
+                        self.lists_done += lp.whole
                     return
                 endpoint = lp.stream.endpoint
                 skip = lp.strategy.asked_skip(window)
-                future = pool.submit(self.fetch_page, endpoint, skip, lp.stats)
+                future = pool.submit(self.fetch_page, endpoint, skip, lp.stats, lp.known)
                 in_flight[future] = (lp, window, lp.stats.max_total_answered)
                 lp.in_flight += 1
 
@@ -763,7 +599,7 @@ class PageExecutor:
 
     def _progress_line(self) -> str:
         spent = self.spent
-        lists = f"{self._lists_done}/{self._lists} lists, " if self._lists > 1 else ""
+        lists = f"{self.lists_done}/{self.lists} lists, " if self.lists > 1 else ""
         return (
             f"{self.label}: {lists}{spent.items} items in {spent.pages} pages, "
             f"{spent.bytes / 1e6:.0f} MB, {spent.retries} retries, "
@@ -772,8 +608,10 @@ class PageExecutor:
 
     # --- checks of one page ---------------------------------------------------------------
 
-    def _admit(self, lp: _ListPass, window: Window, page: Page, baseline: int | None) -> Page:
+    def _admit(self, lp: ListPass, window: Window, page: Page, baseline: int | None) -> Page:
         """Plan on from the page, record it, check it, and return what of it to keep."""
+        if not page.parsed:
+            return self._admit_known(lp, window, page, baseline)
         asked = page
         all_keys = item_keys(page.items, lp.decode)
         overlap = min(window[0] - page.skip, page.n)
@@ -784,6 +622,55 @@ class PageExecutor:
                 again = sum(bytes(item).count(b"\\ufffd") for item in page.items[:overlap])
                 lp.stats.count(surrogates_replaced=-min(again, page.surrogates_replaced))
             page = Page(window[0], page.items[overlap:], page.total, page.nbytes)
+        step = self._answered(lp, window, page, baseline)
+        nulls = sum(1 for k in all_keys if k is None)
+        if nulls:
+            stream = lp.stream
+            raise PageFormatError(
+                f"{stream.where(asked.skip)} answered {nulls} `null` items among {asked.n}: the "
+                f"server sent null where an item of {stream.endpoint.name} belongs, so the list "
+                "cannot be stored as received. Report it to the Field-Sales service."
+            )
+        self._plausible(lp, page, step)
+        keep = page.n if step.keep is None else step.keep
+        items = page.items[:keep]
+        page_keys = cast("list[ItemKeys]", all_keys[overlap : overlap + keep])  # none is None
+        self._check_items(lp, page, items, page_keys)
+        digests = array("q", map(item_digest, asked.items))
+        if items:
+            self._edge(lp, page.skip + len(items) - 1, page_keys[-1], items[-1])
+            # The repeat check hashes the page as asked, its overlap included: a server that
+            # ignores `skip` answers every window with the same ids as the first page.
+            answered = zip(all_keys, asked.items, strict=True)
+            ids = [_identity(cast("ItemKeys", k), i) for k, i in answered]
+            page_hash = hash(frozenset(ids[: overlap + keep]))
+            self._repeats(lp, page, page_hash)
+            if lp.bodies is not None and asked.digest is not None:
+                whole = page_hash if overlap + keep == asked.n else hash(frozenset(ids))
+                lp.bodies[asked.digest] = Body(asked.n, asked.total, digests, whole)
+        lp.digests.extend(digests[overlap : overlap + keep])
+        lp.stats.count(items=len(items))
+        kept = digests[overlap : overlap + keep]
+        return Page(page.skip, items, page.total, page.nbytes, page_keys, digests=kept)
+
+    def _admit_known(self, lp: ListPass, window: Window, page: Page, baseline: int | None) -> Page:
+        """A re-read's page whose body equals one the pass parsed (``lp.known``): the same
+        items, so their checks passed already and their digests are known. Planned on and
+        counted as a parsed page is; no item is decoded."""
+        body = lp.known[cast("int", page.digest)]
+        overlap = min(window[0] - page.skip, body.n)
+        shaped = Page(window[0], [], body.total, page.nbytes, count=body.n - overlap)
+        step = self._answered(lp, window, shaped, baseline)
+        self._plausible(lp, shaped, step)
+        keep = shaped.n if step.keep is None else step.keep
+        if keep:
+            self._repeats(lp, shaped, body.ids_hash)
+        lp.digests.extend(body.digests[overlap : overlap + keep])
+        lp.stats.count(items=keep)
+        return Page(shaped.skip, [], body.total, page.nbytes, count=keep, parsed=False)
+
+    def _answered(self, lp: ListPass, window: Window, page: Page, baseline: int | None) -> Step:
+        """Give the strategy its answer and count the page into the pass."""
         step = lp.strategy.answered(window, page)
         stats, stream = lp.stats, lp.stream
         if step.totals_unreliable:
@@ -802,51 +689,42 @@ class PageExecutor:
                 f"max_pages_per_pass={max_pages}: the server seems to page forever. If the list "
                 "really is that long, raise max_pages_per_pass."
             )
-        keys = all_keys[overlap:]
-        nulls = sum(1 for k in all_keys if k is None)
-        if nulls:
-            raise PageFormatError(
-                f"{stream.where(asked.skip)} answered {nulls} `null` items among {asked.n}: the "
-                f"server sent null where an item of {stream.endpoint.name} belongs, so the list "
-                "cannot be stored as received. Report it to the Field-Sales service."
-            )
+        return step
+
+    @staticmethod
+    def _plausible(lp: ListPass, page: Page, step: Step) -> None:
         if step.implausible_total is not None:
             raise PagingError(
-                f"{stream.where(page.skip)} answered no items while the server reports a total "
-                f"of {step.implausible_total} {stream.endpoint.name}; the pages end at "
+                f"{lp.stream.where(page.skip)} answered no items while the server reports a "
+                f"total of {step.implausible_total} {lp.stream.endpoint.name}; the pages end at "
                 f"{page.skip}, far short of it. The total is not plausible; nothing was "
                 "replaced. Report it to the Field-Sales service."
             )
-        keep = page.n if step.keep is None else step.keep
-        items = page.items[:keep]
-        page_keys = [k for k in keys[:keep] if k is not None]  # none is: checked above
+
+    def _check_items(
+        self, lp: ListPass, page: Page, items: list[msgspec.Raw], keys: list[ItemKeys]
+    ) -> None:
+        """Refuse an item over ``max_item_mb``, or one the list's filter excludes."""
+        stream = lp.stream
         if items and max(map(len, items)) > self.limits.max_item_mb << 20:
-            raise self._too_large(stream, page, items, page_keys)
+            raise self._too_large(stream, page, items, keys)
         for index, key, value in lp.filters:
-            for item_key in page_keys:
+            for item_key in keys:
                 if id_text(item_key[index]) != value:
                     raise FilterIgnoredError(
                         f"{stream.where(page.skip)} returned an item of {stream.endpoint.name} "
                         f"with {key} {item_key[index]!r}: the server ignores the {key} filter"
                     )
-        if items:
-            self._edge(lp, page.skip + len(items) - 1, page_keys[-1], items[-1])
-            # The repeat check hashes the page as asked, its overlap included: a server that
-            # ignores `skip` answers every window with the same ids as the first page.
-            answered_keys = cast("list[ItemKeys]", all_keys[: overlap + len(items)])
-            answered = zip(answered_keys, asked.items, strict=False)
-            ids = frozenset(_identity(k, i) for k, i in answered)
-            page_hash = hash(ids)
-            if lp.first_hash is None:
-                lp.first_hash = page_hash
-            if page_hash in lp.page_hashes:
-                lp.repeated_pages += 1
-                if lp.repeated_pages >= NO_NEW_IDS_PAGES:
-                    raise PagingError(self._repeats_message(lp, page, page_hash))
-            lp.page_hashes.add(page_hash)
-        lp.digests.extend(map(item_digest, items))
-        stats.count(items=len(items))
-        return Page(page.skip, items, page.total, page.nbytes, page_keys)
+
+    def _repeats(self, lp: ListPass, page: Page, page_hash: int) -> None:
+        """Count a page whose ids repeat an earlier page of the pass; refuse the third."""
+        if lp.first_hash is None:
+            lp.first_hash = page_hash
+        if page_hash in lp.page_hashes:
+            lp.repeated_pages += 1
+            if lp.repeated_pages >= NO_NEW_IDS_PAGES:
+                raise PagingError(self._repeats_message(lp, page, page_hash))
+        lp.page_hashes.add(page_hash)
 
     def _too_large(
         self, stream: Stream, page: Page, items: list[msgspec.Raw], keys: list[ItemKeys]
@@ -863,7 +741,7 @@ class PageExecutor:
             "max_item_mb above its size (and duckdb_memory_limit to 16 times max_item_mb)."
         )
 
-    def _edge(self, lp: _ListPass, at: int, keys: ItemKeys | None, item: msgspec.Raw) -> None:
+    def _edge(self, lp: ListPass, at: int, keys: ItemKeys | None, item: msgspec.Raw) -> None:
         """Record the item a page held at ``at``, a window's edge; a different item there from
         another page of the pass means the list shifted between the two answers."""
         if keys is None:
@@ -873,7 +751,7 @@ class PageExecutor:
         if other[0] != seen[0]:
             lp.stats.shifts.append((at, other[1], seen[1]))
 
-    def _repeats_message(self, lp: _ListPass, page: Page, page_hash: int) -> str:
+    def _repeats_message(self, lp: ListPass, page: Page, page_hash: int) -> str:
         start = lp.strategy.start
         if page.skip != start and page_hash == lp.first_hash:
             what = (

@@ -289,16 +289,6 @@ def _send(
     deadline: float,
     scrub: Callable[[str], str],
 ) -> Answer:
-    def transient(otherwise: str, unreachable: bool = False) -> TransientHTTPError:
-        if not unreachable and time.monotonic() >= deadline:
-            return TransientHTTPError(
-                f"{on}: no complete answer within {limits.deadline_source} "
-                f"({limits.deadline_s:.3g} s)"
-            )
-        return TransientHTTPError(f"{on}: {otherwise}", unreachable=unreachable)
-
-    failure: TransientHTTPError | None = None
-    unexpected = ""
     try:
         left = deadline - time.monotonic()
         resp = session.get(
@@ -317,27 +307,42 @@ def _send(
         return Answer(resp.status_code, resp.headers, body)
     except FieldSalesAPIError:
         raise
-    except requests.ConnectTimeout:
-        failure = transient("cannot connect (no answer within connect_timeout_s)", True)
-    except requests.ConnectionError as exc:
+    except Exception as exc:  # noqa: BLE001 - told apart in _failure
+        failure = _failure(exc, on, limits, deadline, scrub)
+    # Raised outside the handler: the exception's text may quote the token, so nothing chains it.
+    raise failure
+
+
+def _failure(
+    exc: Exception, on: str, limits: Limits, deadline: float, scrub: Callable[[str], str]
+) -> TransientHTTPError | FieldSalesAPIError:
+    """What a request that raised ``exc`` failed of: transient (retried), or not sent at all."""
+
+    def transient(otherwise: str, unreachable: bool = False) -> TransientHTTPError:
+        if not unreachable and time.monotonic() >= deadline:
+            return TransientHTTPError(
+                f"{on}: no complete answer within {limits.deadline_source} "
+                f"({limits.deadline_s:.3g} s)"
+            )
+        return TransientHTTPError(f"{on}: {otherwise}", unreachable=unreachable)
+
+    if isinstance(exc, requests.ConnectTimeout):
+        return transient("cannot connect (no answer within connect_timeout_s)", True)
+    if isinstance(exc, requests.ConnectionError):
         failed_to_connect = _cannot_connect(exc)
-        failure = (
-            transient(failed_to_connect, True)
-            if failed_to_connect
-            else transient(f"connection dropped ({type(exc).__name__})")
-        )
-    except requests.Timeout:
-        failure = transient(f"no answer within read_timeout_s={limits.read_timeout_s:g} s")
-    except urllib3.exceptions.ReadTimeoutError:
-        failure = transient(f"the body stalled for read_timeout_s={limits.read_timeout_s:g} s")
-    except (requests.exceptions.ChunkedEncodingError, urllib3.exceptions.HTTPError):
-        failure = transient("body cut off or corrupt")
-    except Exception as exc:  # noqa: BLE001 - InvalidHeader, UnicodeEncodeError, ValueError...
-        # Their text may quote the request's headers, so the token: scrub it, chain nothing.
-        unexpected = f"{type(exc).__name__}: {scrub(str(exc))[:300]}"
-    if failure is not None:
-        raise failure
-    raise FieldSalesAPIError(
+        if failed_to_connect:
+            return transient(failed_to_connect, True)
+        return transient(f"connection dropped ({type(exc).__name__})")
+    if isinstance(exc, requests.Timeout):
+        return transient(f"no answer within read_timeout_s={limits.read_timeout_s:g} s")
+    if isinstance(exc, urllib3.exceptions.ReadTimeoutError):
+        return transient(f"the body stalled for read_timeout_s={limits.read_timeout_s:g} s")
+    if isinstance(exc, requests.exceptions.ChunkedEncodingError | urllib3.exceptions.HTTPError):
+        return transient("body cut off or corrupt")
+    # InvalidHeader, UnicodeEncodeError, ValueError...: their text may quote the request's
+    # headers, so the token: scrub it, chain nothing.
+    unexpected = f"{type(exc).__name__}: {scrub(str(exc))[:300]}"
+    return FieldSalesAPIError(
         f"{on}: the request could not be sent ({unexpected}). Check FIELDSALES_BASE_URL and the "
         "API token's format."
     )

@@ -71,13 +71,13 @@ def record_deletions(
     """
     audit = _create_audit(conn, endpoint)
     stamp = {"at": at.astimezone(UTC).replace(tzinfo=None), "run_id": run_id}
-    (open_rows,) = one_row(conn, f"SELECT count(*) FROM {audit} WHERE reappeared_at IS NULL")
-    if open_rows:
-        conn.execute(
-            f"UPDATE {audit} SET reappeared_at = $at, reappeared_run_id = $run_id "
-            f"WHERE reappeared_at IS NULL AND id IN ({kept})",
-            stamp,
-        )
+    _write_if_any(
+        conn,
+        f"{audit} WHERE reappeared_at IS NULL",
+        f"UPDATE {audit} SET reappeared_at = $at, reappeared_run_id = $run_id "
+        f"WHERE reappeared_at IS NULL AND id IN ({kept})",
+        stamp,
+    )
     if not table_exists(conn, endpoint.raw_table):
         return 0
     target = qualified(endpoint.raw_table)
@@ -87,13 +87,23 @@ def record_deletions(
         scope_params or {},
     )
     try:
-        (gone,) = one_row(conn, f"SELECT count(*) FROM {GONE_TABLE}")
-        if gone:
-            conn.execute(
-                f"INSERT INTO {audit} BY NAME SELECT *, $at AS deleted_at, $run_id AS run_id "
-                f"FROM {target} WHERE id IN (SELECT id FROM {GONE_TABLE})",
-                stamp,
-            )
+        return _write_if_any(
+            conn,
+            GONE_TABLE,
+            f"INSERT INTO {audit} BY NAME SELECT *, $at AS deleted_at, $run_id AS run_id "
+            f"FROM {target} WHERE id IN (SELECT id FROM {GONE_TABLE})",
+            stamp,
+        )
     finally:
         drop_table(conn, f"temp.{GONE_TABLE}")
-    return int(gone)
+
+
+def _write_if_any(
+    conn: duckdb.DuckDBPyConnection, rows: str, write: str, params: dict[str, Any]
+) -> int:
+    """Run ``write`` only if ``rows`` (a table, with its condition) holds any: most refreshes
+    delete nothing, and a write that changes nothing is not made. Returns how many it held."""
+    (count,) = one_row(conn, f"SELECT count(*) FROM {rows}")
+    if count:
+        conn.execute(write, params)
+    return int(count)

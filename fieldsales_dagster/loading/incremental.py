@@ -23,7 +23,7 @@ from __future__ import annotations
 import time
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass, field
+from dataclasses import dataclass, fields, replace
 from datetime import UTC, datetime, timedelta
 from importlib import resources
 from typing import Any
@@ -31,7 +31,6 @@ from typing import Any
 import duckdb
 
 from fieldsales_dagster.client.api import FieldSalesAPI
-from fieldsales_dagster.client.completeness import IncompleteListError
 from fieldsales_dagster.client.endpoints import EVENTS, TRANSACTIONS, ListEndpoint
 from fieldsales_dagster.client.pager import (
     FilterIgnoredError,
@@ -39,14 +38,15 @@ from fieldsales_dagster.client.pager import (
     PagingError,
     Stream,
 )
+from fieldsales_dagster.loading.completeness import IncompleteListError
 from fieldsales_dagster.loading.deletions import record_deletions
+from fieldsales_dagster.loading.passes import ListPasses
 from fieldsales_dagster.loading.raw_load import (
     LoadReport,
     ShrinkGuard,
     Staging,
     load_list,
     page_executor,
-    raw_table_ddl,
 )
 from fieldsales_dagster.loading.refresh_mode import (
     IncrementalRefreshError,
@@ -200,12 +200,23 @@ def _fingerprint_current_events(conn: duckdb.DuckDBPyConnection) -> str:
 
 
 def _write_state(
-    conn: duckdb.DuckDBPyConnection, *, fingerprints: str, mode: str, at: datetime, rows: int
+    conn: duckdb.DuckDBPyConnection,
+    *,
+    fingerprints: str,
+    mode: str,
+    at: datetime,
+    rows: int,
+    events: str | None = None,
 ) -> None:
-    """Record a complete load and the ``fingerprints`` table of the events it saw (inside the
-    caller's transaction, if any)."""
+    """Record a complete load and the ``fingerprints`` of the events it saw (inside the caller's
+    transaction, if any).
+
+    ``events``: a query of the only event ids whose fingerprints move (a re-sync). Every other
+    event's stay, so the next incremental refresh still re-fetches those that changed, and the
+    events' load time stays as recorded; a re-synced event no longer listed loses its
+    fingerprint (its transactions were just replaced).
+    """
     naive = at.astimezone(UTC).replace(tzinfo=None)
-    events_loaded_at = _events_loaded_at(conn)
     conn.execute(f"CREATE SCHEMA IF NOT EXISTS {STATE_SCHEMA}")
     # One row per table, kept by delete-then-insert: a DuckLake has no PRIMARY KEY (files made
     # before it keep theirs, which the same statements respect).
@@ -214,11 +225,14 @@ def _write_state(
         "last_full_at TIMESTAMP, last_load_at TIMESTAMP, last_mode VARCHAR, rows BIGINT, "
         "events_loaded_at TIMESTAMP)"
     )
-    (last_full_at,) = one_row(
+    last_full_at, events_loaded_at = one_row(
         conn,
-        f"SELECT max(last_full_at) FROM {STATE_TABLE} WHERE table_name = ?",
+        f"SELECT max(last_full_at), max(events_loaded_at) FROM {STATE_TABLE} WHERE table_name = ?",
         [TRANSACTIONS.raw_table],
     )
+    if events is None:
+        events_now = _events_loaded_at(conn)
+        events_loaded_at = events_now.replace(tzinfo=None) if events_now else None
     conn.execute(f"DELETE FROM {STATE_TABLE} WHERE table_name = ?", [TRANSACTIONS.raw_table])
     conn.execute(
         f"INSERT INTO {STATE_TABLE} VALUES ($table, "
@@ -229,10 +243,19 @@ def _write_state(
             "at": naive,
             "mode": mode,
             "rows": rows,
-            "events": events_loaded_at.replace(tzinfo=None) if events_loaded_at else None,
+            "events": events_loaded_at,
         },
     )
-    conn.execute(f"CREATE OR REPLACE TABLE {FINGERPRINTS_TABLE} AS SELECT * FROM {fingerprints}")
+    if events is None:
+        conn.execute(
+            f"CREATE OR REPLACE TABLE {FINGERPRINTS_TABLE} AS SELECT * FROM {fingerprints}"
+        )
+        return
+    conn.execute(f"DELETE FROM {FINGERPRINTS_TABLE} WHERE event_id IN ({events})")
+    conn.execute(
+        f"INSERT INTO {FINGERPRINTS_TABLE} BY NAME SELECT * FROM {fingerprints} "
+        f"WHERE event_id IN ({events})"
+    )
 
 
 # --- the refresh ------------------------------------------------------------------------------
@@ -261,19 +284,9 @@ class RefreshReport:
             "refresh_reason": self.reason,
             "bytes_fetched": self.bytes_fetched,
         }
-        for name in (
-            "events_refetched",
-            "events_new",
-            "events_changed",
-            "events_recent",
-            "events_removed",
-            "transactions_added",
-            "transactions_changed",
-            "transactions_removed",
-        ):
-            value = getattr(self, name)
-            if value is not None:
-                out[name] = value
+        for counted in fields(self)[4:]:  # the events' and transactions' counts, where known
+            if (value := getattr(self, counted.name)) is not None:
+                out[counted.name] = value
         return out
 
 
@@ -306,7 +319,7 @@ def refresh_raw_list(
             shrink=shrink,
             run_id=run_id,
         )
-    report = _load_whole(api, conn, endpoint, log, before_swap, shrink, run_id=run_id)
+    report = load_list(api, conn, endpoint, **_whole(log, before_swap, shrink, run_id))
     return RefreshReport(
         load=report,
         mode="full",
@@ -353,53 +366,35 @@ def refresh_transactions(
             decision = ModeDecision("full", f"fell back from incremental: {exc}")
             spent = exc.bytes_fetched
     fingerprints = _fingerprint_current_events(conn)
-    report = _load_whole(
+    report = load_list(
         api,
         conn,
         TRANSACTIONS,
-        log,
-        before_swap,
-        shrink,
         # The state is recorded in the swap's transaction: never a new table with old state.
         after_swap=lambda rows: _write_state(
             conn, fingerprints=fingerprints, mode="full", at=now, rows=rows
         ),
-        run_id=run_id,
+        **_whole(log, before_swap, shrink, run_id),
     )
     return RefreshReport(
         load=report, mode="full", reason=decision.reason, bytes_fetched=report.bytes + spent
     )
 
 
-def _load_whole(
-    api: FieldSalesAPI,
-    conn: duckdb.DuckDBPyConnection,
-    endpoint: ListEndpoint,
+def _whole(
     log: Callable[[str], None],
     before_swap: Callable[[str], None] | None,
     shrink: ShrinkGuard,
-    after_swap: Callable[[int], None] | None = None,
-    run_id: str | None = None,
-) -> LoadReport:
-    """A full load of ``endpoint``, refused if it would shrink the table beyond ``shrink``;
-    ``after_swap(rows)`` runs in the swap's transaction."""
-    return load_list(
-        api,
-        conn,
-        endpoint,
+    run_id: str | None,
+) -> dict[str, Any]:
+    """``load_list``'s arguments for a full load, refused if it shrinks beyond ``shrink``."""
+    return dict(
         log=log,
         before_swap=before_swap,
-        after_swap=after_swap,
         max_shrink_fraction=shrink.max_fraction,
         allow_shrink=shrink.allow,
         run_id=run_id,
     )
-
-
-@dataclass
-class _Fetched:
-    stats: ListStats = field(default_factory=ListStats)
-    events_done: int = 0
 
 
 @dataclass(frozen=True)
@@ -501,7 +496,7 @@ def _incremental(
             f"{len(event_ids)} of {plan.events} events need their transactions re-fetched; "
             "paging the whole list is cheaper"
         )
-    report, counts = refetch_and_merge(
+    report = refetch_and_merge(
         api,
         conn,
         plan,
@@ -510,24 +505,15 @@ def _incremental(
         log=log,
         before_swap=before_swap,
         run_id=run_id,
-        check_count=True,
-        write_state=lambda rows: _write_state(
-            conn, fingerprints=plan.fingerprints, mode="incremental", at=now, rows=rows
-        ),
-    )
-    return RefreshReport(
-        load=report,
         mode="incremental",
         reason=decision.reason,
-        bytes_fetched=report.bytes,
-        events_refetched=len(event_ids),
+    )
+    return replace(
+        report,
         events_new=plan.new,
         events_changed=plan.changed,
         events_recent=plan.recent,
         events_removed=len(plan.removed_ids),
-        transactions_added=counts["added"],
-        transactions_changed=counts["changed"],
-        transactions_removed=counts["removed"],
     )
 
 
@@ -541,35 +527,29 @@ def refetch_and_merge(
     log: Callable[[str], None],
     before_swap: Callable[[str], None] | None,
     run_id: str | None,
-    check_count: bool,
-    write_state: Callable[[int], None],
-) -> tuple[LoadReport, dict[str, int]]:
+    mode: str,
+    reason: str,
+) -> RefreshReport:
     """Re-fetch the transactions of ``plan``'s events by ``eventId`` and merge them (``_merge``):
-    the incremental refresh's second half, and a re-sync's (``resync.py``). ``check_count``:
-    the merged table must hold the server's global ``count``; ``write_state(rows)`` records the
-    load in the merge's transaction. Returns the load's report and the merge's counts."""
-    event_ids = plan.event_ids
-    fetched = _Fetched()
+    the incremental refresh's second half, and a re-sync's (``mode="resync"``, ``resync.py``).
+    An incremental merge must hold the server's global ``count``; a re-sync's moves only the
+    re-fetched events' fingerprints (``_write_state``). The state is recorded in the merge's
+    transaction."""
+    stats = ListStats()
     planned = time.monotonic()
-    total: int | None = None
-    conn.execute(raw_table_ddl(TRANSACTIONS, plan.stage, temporary=True))
+    staging = Staging(conn, TRANSACTIONS, plan.stage, datetime.now(UTC), "event_id", True)
+    staging.create()
     # The stored rows about to be replaced are read while the pages are fetched.
     reader = ThreadPoolExecutor(max_workers=1, thread_name_prefix="fieldsales-replaced")
     replaced = reader.submit(
-        _read_replaced, same_database_cursor(conn), event_ids + plan.removed_ids
+        _read_replaced, same_database_cursor(conn), plan.event_ids + plan.removed_ids
     )
+    resync = mode == "resync"
+    only = f"SELECT event_id FROM {plan.refetch}" if resync else None
     try:
-        _fetch_by_event(api, conn, event_ids, fetched, started, log)
-        if check_count:
-            count_page = api.fetch_page(TRANSACTIONS.with_params(limit=1), 0, fetched.stats)
-            fetched.stats.count(pages=1, bytes=count_page.nbytes)
-            if count_page.total is None:
-                raise CountMismatch(
-                    "the server reported no count for the transaction list, so the merge "
-                    "cannot be checked",
-                    fetched.stats.bytes,
-                )
-            total = count_page.total
+        _fetch_by_event(api, staging, plan.event_ids, stats, log)
+        staging.seal()
+        total = None if resync else _server_count(api, stats)
         fetched_at = time.monotonic()
         stored = replaced.result()
         merging = time.monotonic()
@@ -578,11 +558,13 @@ def refetch_and_merge(
             plan,
             total,
             now,
-            fetched.stats.bytes,
+            stats.bytes,
             stored,
             before_swap,
             run_id,
-            write_state,
+            lambda rows: _write_state(
+                conn, fingerprints=plan.fingerprints, mode=mode, at=now, rows=rows, events=only
+            ),
         )
         phases = (
             f"plan {planned - started:.2f} s, fetch {fetched_at - planned:.2f} s, "
@@ -592,8 +574,53 @@ def refetch_and_merge(
     finally:
         reader.shutdown(wait=True)
         drop_table(conn, qualified(plan.stage))
-    stats = fetched.stats
-    report = LoadReport(
+    report = _merge_report(stats, counts, total, started)
+    return _merged(plan, report, counts, phases, log, mode, reason)
+
+
+def _merged(
+    plan: RefetchPlan,
+    report: LoadReport,
+    counts: dict[str, int],
+    phases: str,
+    log: Callable[[str], None],
+    mode: str,
+    reason: str,
+) -> RefreshReport:
+    log(
+        f"transactions: merged {len(plan.event_ids)} events: {counts['added']} added, "
+        f"{counts['changed']} changed, {counts['removed']} removed; {report.rows} rows "
+        f"({report.requests} requests, {report.bytes / 1e6:.1f} MB, {report.seconds:.1f} s: "
+        f"{phases})"
+    )
+    return RefreshReport(
+        load=report,
+        mode=mode,
+        reason=reason,
+        bytes_fetched=report.bytes,
+        events_refetched=len(plan.event_ids),
+        transactions_added=counts["added"],
+        transactions_changed=counts["changed"],
+        transactions_removed=counts["removed"],
+    )
+
+
+def _server_count(api: FieldSalesAPI, stats: ListStats) -> int:
+    """The server's global ``count`` of transactions (one page of one item)."""
+    count_page = api.fetch_page(TRANSACTIONS.with_params(limit=1), 0, stats)
+    stats.count(pages=1, bytes=count_page.nbytes)
+    if count_page.total is None:
+        raise CountMismatch(
+            "the server reported no count for the transaction list, so the merge cannot be checked",
+            stats.bytes,
+        )
+    return count_page.total
+
+
+def _merge_report(
+    stats: ListStats, counts: dict[str, int], total: int | None, started: float
+) -> LoadReport:
+    return LoadReport(
         table=TRANSACTIONS.raw_table,
         rows=counts["rows"],
         api_total=total,
@@ -605,21 +632,13 @@ def refetch_and_merge(
         duplicates_dropped=0,
         seconds=time.monotonic() - started,
     )
-    log(
-        f"transactions: merged {len(event_ids)} events: {counts['added']} added, "
-        f"{counts['changed']} changed, {counts['removed']} removed; {report.rows} rows "
-        f"({stats.requests} requests, {stats.bytes / 1e6:.1f} MB, {report.seconds:.1f} s: "
-        f"{phases})"
-    )
-    return report, counts
 
 
 def _fetch_by_event(
     api: FieldSalesAPI,
-    conn: duckdb.DuckDBPyConnection,
+    staging: Staging,
     event_ids: list[str],
-    fetched: _Fetched,
-    started: float,
+    stats: ListStats,
     log: Callable[[str], None],
 ) -> None:
     """Page ``transaction/all?eventId=X`` for every X into the staging table; raises a
@@ -636,17 +655,13 @@ def _fetch_by_event(
         Stream(TRANSACTIONS.with_params(eventId=event_id), event_id, api.page_size)
         for event_id in event_ids
     ]
-    staging = Staging(conn, TRANSACTIONS, STAGE_TABLE, datetime.now(UTC), "event_id")
-    executor = page_executor(
-        api, staging, label="transactions by eventId", log=log, spent=fetched.stats
-    )
+    executor = page_executor(api, label="transactions by eventId", log=log, spent=stats)
     try:
-        executor.run(lists)
+        ListPasses(executor, staging).run(lists)
     except FilterIgnoredError as exc:
-        raise EventFilterIgnored(str(exc), fetched.stats.bytes) from None
+        raise EventFilterIgnored(str(exc), stats.bytes) from None
     except (PagingError, IncompleteListError) as exc:
-        raise EventListMoved(str(exc), fetched.stats.bytes) from None
-    fetched.events_done = len(event_ids)
+        raise EventListMoved(str(exc), stats.bytes) from None
 
 
 def _read_replaced(cursor: duckdb.DuckDBPyConnection, event_ids: list[str]) -> dict[str, int]:
@@ -691,19 +706,7 @@ def _merge(
     too: one commit for everything.
     """
     target, stage = qualified(TRANSACTIONS.raw_table), qualified(plan.stage)
-    staged, distinct_staged = one_row(conn, f"SELECT count(*), count(DISTINCT id) FROM {stage}")
-    if staged != distinct_staged:
-        raise EventListMoved(
-            f"{staged - distinct_staged} transactions were listed under two events", bytes_fetched
-        )
-    old = dict(replaced)
-    # A staged id stored under an event that was not re-fetched: the transaction moved. Rare.
-    # Counted first: a query that returns the payload reads it for every row it scans.
-    moved = f"WHERE id IN (SELECT id FROM {stage}) AND NOT event_id IN ({plan.replaced_events})"
-    if one_row(conn, f"SELECT count(*) FROM {target} {moved}")[0]:
-        old.update(
-            conn.execute(f"SELECT id, hash(payload::VARCHAR) FROM {target} {moved}").fetchall()
-        )
+    staged, old = _staged_and_old(conn, plan, replaced, bytes_fetched)
     stored = one_row(conn, f"SELECT count(*) FROM {target}")[0]
 
     def merge() -> tuple[int, dict[str, int]]:
@@ -727,15 +730,8 @@ def _merge(
         # repeats, and so did every merge), the staged ids are, and every stored copy of a
         # staged id was just deleted. So the rows must add up, and match the server's count
         # (when it is checked: a re-sync of some events leaves the others' changes be).
-        counted = server_count is None or rows == server_count
-        if deleted != len(old) or rows != stored - deleted + staged or not counted:
-            counts = "" if server_count is None else f" but the server counts {server_count}"
-            raise CountMismatch(
-                f"after the merge raw.transactions would hold {rows} rows ({stored} stored, "
-                f"{deleted} deleted where {len(old)} were expected, {staged} fetched){counts}: "
-                "something changed that incremental mode cannot see",
-                bytes_fetched,
-            )
+        expected = (stored, len(old), staged)
+        _check_merged(rows, deleted, expected, server_count, bytes_fetched)
         write_state(rows)
         conn.execute(f"DROP TABLE {stage}")
         return rows, new
@@ -747,6 +743,48 @@ def _merge(
         "changed": sum(1 for key, digest in new.items() if key in old and old[key] != digest),
         "removed": sum(1 for key in old if key not in new),
     }
+
+
+def _check_merged(
+    rows: int,
+    deleted: int,
+    expected: tuple[int, int, int],
+    server_count: int | None,
+    bytes_fetched: int,
+) -> None:
+    """Refuse a merge whose rows do not add up: ``expected`` is ``(stored, to delete, staged)``."""
+    stored, to_delete, staged = expected
+    counted = server_count is None or rows == server_count
+    if deleted != to_delete or rows != stored - deleted + staged or not counted:
+        counts = "" if server_count is None else f" but the server counts {server_count}"
+        raise CountMismatch(
+            f"after the merge raw.transactions would hold {rows} rows ({stored} stored, "
+            f"{deleted} deleted where {to_delete} were expected, {staged} fetched){counts}: "
+            "something changed that incremental mode cannot see",
+            bytes_fetched,
+        )
+
+
+def _staged_and_old(
+    conn: duckdb.DuckDBPyConnection, plan: RefetchPlan, replaced: dict[str, int], spent: int
+) -> tuple[int, dict[str, int]]:
+    """The rows staged (each id once, or the merge is refused), and the ids and payload hashes
+    of every stored row the merge replaces: ``replaced``, and any stored copy of a staged id
+    under an event that was not re-fetched (the transaction moved; rare)."""
+    target, stage = qualified(TRANSACTIONS.raw_table), qualified(plan.stage)
+    staged, distinct_staged = one_row(conn, f"SELECT count(*), count(DISTINCT id) FROM {stage}")
+    if staged != distinct_staged:
+        raise EventListMoved(
+            f"{staged - distinct_staged} transactions were listed under two events", spent
+        )
+    old = dict(replaced)
+    # Counted first: a query that returns the payload reads it for every row it scans.
+    moved = f"WHERE id IN (SELECT id FROM {stage}) AND NOT event_id IN ({plan.replaced_events})"
+    if one_row(conn, f"SELECT count(*) FROM {target} {moved}")[0]:
+        old.update(
+            conn.execute(f"SELECT id, hash(payload::VARCHAR) FROM {target} {moved}").fetchall()
+        )
+    return staged, old
 
 
 def _delete_replaced(conn: duckdb.DuckDBPyConnection, plan: RefetchPlan, moved: bool) -> int:

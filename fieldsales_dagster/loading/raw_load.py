@@ -8,8 +8,8 @@ while the pager fetches: memory holds a few pages whatever the list's size, and 
 through a file. Ids ride as the text they are (``id_text``), control characters and all, and
 payloads as received, line breaks included.
 
-The paging executor (``client/pager.py``) fills the staging table (``Staging``) and asks it
-for the distinct ids after each pass; its completeness rule (``client/completeness.py``) accepts
+The pass loop (``passes.py``, over the pager's fetches) fills the staging table (``Staging``) and
+asks it for the distinct ids after each pass; its completeness rule (``completeness.py``) accepts
 the pass, repairs it, pages the list again, or fails saying what the server sent. The previous
 table is replaced only after that, in one
 transaction, and never by one that would empty it or shrink it by more than
@@ -42,11 +42,11 @@ from fieldsales_dagster.client.pager import (
     PageExecutor,
     Stream,
     id_text,
-    item_digest,
     item_keys,
     key_decoder,
 )
 from fieldsales_dagster.loading.deletions import record_deletions
+from fieldsales_dagster.loading.passes import ListPasses, ListResult
 from fieldsales_dagster.pause import pause_at
 from fieldsales_dagster.warehouse.lake import drop_table, run_transaction
 from fieldsales_dagster.warehouse.quoting import qualified, quote_ident
@@ -104,8 +104,13 @@ class LoadReport:
 
 
 def raw_table_ddl(
-    endpoint: ListEndpoint, table: str, lake: bool = False, temporary: bool = False
+    endpoint: ListEndpoint,
+    table: str,
+    lake: bool = False,
+    temporary: bool = False,
+    digest: bool = False,
 ) -> str:
+    """A raw table; with ``digest``, a staging table (each item's ``item_digest``)."""
     # zstd suits ~5 KB JSON documents: measured 2.6x faster to write than DuckDB's default
     # dictionary/FSST choice for them, smaller on disk, and faster to read back. A lake's
     # Parquet files take no per-column compression (its files are zstd: see lake.py).
@@ -114,7 +119,8 @@ def raw_table_ddl(
     kind = "TEMP TABLE" if temporary else "TABLE"
     return (
         f"CREATE OR REPLACE {kind} {qualified(table)} "
-        f"(id VARCHAR, payload JSON{compression}, loaded_at TIMESTAMP{extra})"
+        f"(id VARCHAR, payload JSON{compression}, loaded_at TIMESTAMP{extra}"
+        + (", digest BIGINT)" if digest else ")")
     )
 
 
@@ -123,14 +129,15 @@ def _insert_sql(endpoint: ListEndpoint, table: str, pages: str) -> str:
     # `_id` where present; an item without one (event groups' shape is not documented) gets a
     # content hash, so identical copies collapse and distinct items stay distinct.
     return (
-        f"INSERT INTO {qualified(table)} (id, payload, loaded_at{''.join(', ' + c for c in extra)})"
-        f" SELECT coalesce(id, md5(payload)), payload, $loaded_at{''.join(', ' + c for c in extra)}"
-        f" FROM {pages}"
+        f"INSERT INTO {qualified(table)} (id, payload, loaded_at, digest"
+        f"{''.join(', ' + c for c in extra)}) SELECT coalesce(id, md5(payload)), payload, "
+        f"$loaded_at, digest{''.join(', ' + c for c in extra)} FROM {pages}"
     )
 
 
 def page_schema(endpoint: ListEndpoint) -> pa.Schema:
-    """The Arrow schema of a page's batch: ``id``, the extra columns, ``payload`` (JSON)."""
+    """The Arrow schema of a page's batch: ``id``, the extra columns, ``payload`` (JSON), and
+    each item's ``digest``."""
     import pyarrow as pa
 
     return pa.schema(
@@ -138,6 +145,7 @@ def page_schema(endpoint: ListEndpoint) -> pa.Schema:
             ("id", pa.string()),
             *((column, pa.string()) for column, _ in endpoint.extra_columns),
             ("payload", pa.json_(pa.large_string())),
+            ("digest", pa.int64()),
         ]
     )
 
@@ -155,7 +163,7 @@ def page_batch(page: Page, schema: pa.Schema, decode: msgspec.json.Decoder) -> p
     columns = [
         pa.array([id_text(value) or None for value in values], pa.string())
         for values in zip(*keys, strict=True)
-    ] or [pa.nulls(0, pa.string()) for _ in schema.names[:-1]]
+    ] or [pa.nulls(0, pa.string()) for _ in schema.names[:-2]]
     offsets = np.zeros(len(items) + 1, dtype=np.int64)
     np.cumsum(np.fromiter(map(len, items), dtype=np.int64, count=len(items)), out=offsets[1:])
     text = pa.Array.from_buffers(
@@ -174,7 +182,12 @@ def page_batch(page: Page, schema: pa.Schema, decode: msgspec.json.Decoder) -> p
                 ) from None
         raise
     payload = pa.ExtensionArray.from_storage(schema.field("payload").type, text)
-    return pa.RecordBatch.from_arrays([*columns, payload], schema=schema)
+    digests = (
+        pa.array(np.frombuffer(page.digests, np.int64))
+        if page.digests is not None
+        else pa.nulls(len(items), pa.int64())
+    )
+    return pa.RecordBatch.from_arrays([*columns, payload, digests], schema=schema)
 
 
 class StagingWriter:
@@ -303,7 +316,8 @@ class Staging:
     """A staging table that receives the executor's pages, counted per list.
 
     ``by``: the column that tells the lists apart (``event_id`` for the per-event transaction
-    lists); ``None`` for one whole list. Each ``write`` is one insert transaction.
+    lists); ``None`` for one whole list. Each ``write`` is one insert transaction. Each row keeps
+    its item's ``item_digest`` until ``seal`` drops the column, before the table is used.
     """
 
     conn: duckdb.DuckDBPyConnection
@@ -311,9 +325,22 @@ class Staging:
     table: str
     loaded_at: datetime
     by: str | None = None
+    temporary: bool = False
 
     def create(self) -> None:
-        self.conn.execute(raw_table_ddl(self.endpoint, self.table, lake=True))
+        self.conn.execute(
+            raw_table_ddl(
+                self.endpoint,
+                self.table,
+                lake=not self.temporary,
+                temporary=self.temporary,
+                digest=True,
+            )
+        )
+
+    def seal(self) -> None:
+        """Drop the digests: the table now holds what it will hold."""
+        self.conn.execute(f"ALTER TABLE {qualified(self.table)} DROP COLUMN digest")
 
     def write(self, pages: Iterator[tuple[Stream, Page]]) -> None:
         writer = StagingWriter(self.conn, self.endpoint, self.table, self.loaded_at)
@@ -351,22 +378,22 @@ class Staging:
             self.conn,
             f"SELECT count(*), list(id ORDER BY id)[1:{NAMED_IDS}] FROM ("
             f"  SELECT id FROM {table} {where} GROUP BY id"
-            "   HAVING count(*) > 1 AND min(md5(payload::VARCHAR)) <> max(md5(payload::VARCHAR)))",
+            "   HAVING count(*) > 1 AND min(digest) <> max(digest))",
             params,
         )
         return count, list(ids or [])
 
     def ids_of(self, key: Hashable, digests: set[int]) -> list[str]:
-        where, params = "", {}
+        params: dict[str, object] = {"digests": list(digests)}
+        where = ""
         if self.by is not None:
-            where, params = f"WHERE {quote_ident(self.by)} = $key", {"key": key}
-        cursor = self.conn.execute(
-            f"SELECT id, payload::VARCHAR FROM {qualified(self.table)} {where}", params
-        )
-        found: set[str] = set()
-        while rows := cursor.fetchmany(10_000):
-            found.update(i for i, payload in rows if item_digest(payload.encode()) in digests)
-        return sorted(found)[:NAMED_IDS]
+            where, params["key"] = f"AND {quote_ident(self.by)} = $key", key
+        found = self.conn.execute(
+            f"SELECT DISTINCT id FROM {qualified(self.table)} "
+            f"WHERE digest IN (SELECT unnest($digests)) {where} ORDER BY id LIMIT {NAMED_IDS}",
+            params,
+        ).fetchall()
+        return [row[0] for row in found]
 
     def forget(self, keys: list[Hashable]) -> None:
         if self.by is None:
@@ -381,7 +408,6 @@ class Staging:
 
 def page_executor(
     api: FieldSalesAPI,
-    staging: Staging | None,
     *,
     label: str,
     log: Callable[[str], None] = lambda message: None,
@@ -394,7 +420,7 @@ def page_executor(
         max_item_mb=api.max_item_mb,
         max_list_passes=api.max_list_passes,
     )
-    return PageExecutor(api.fetch_page, limits, staging, label=label, log=log, spent=spent)
+    return PageExecutor(api.fetch_page, limits, label=label, log=log, spent=spent)
 
 
 def load_list(
@@ -423,20 +449,16 @@ def load_list(
     stage = staging_table(endpoint.raw_table)
     conn.execute(f"CREATE SCHEMA IF NOT EXISTS {quote_ident(endpoint.schema)}")
     staging = Staging(conn, endpoint, stage, loaded_at)
-    executor = page_executor(api, staging, label=endpoint.name, log=log)
+    executor = page_executor(api, label=endpoint.name, log=log)
     try:
         staging.create()
-        (result,) = executor.run([Stream(endpoint)]).values()
-        rows, distinct = result.facts.rows, result.facts.distinct
-        if rows != distinct:
+        (result,) = ListPasses(executor, staging).run([Stream(endpoint)]).values()
+        staging.seal()
+        distinct = result.facts.distinct
+        if result.facts.rows != distinct:
             _drop_duplicate_ids(conn, stage)
-        check_shrink(
-            endpoint.raw_table,
-            _table_rows(conn, endpoint.raw_table),
-            distinct,
-            max_shrink_fraction,
-            allow_shrink,
-        )
+        old_rows = _table_rows(conn, endpoint.raw_table)
+        check_shrink(endpoint.raw_table, old_rows, distinct, max_shrink_fraction, allow_shrink)
         if before_swap is not None:
             before_swap(stage)
 
@@ -450,11 +472,23 @@ def load_list(
         run_transaction(conn, endpoint.raw_table, swap)
     finally:
         drop_table(conn, qualified(stage))
-    spent, stats = executor.spent, result.stats
-    report = LoadReport(
+    report = _load_report(endpoint, executor.spent, result, started)
+    log(
+        f"{endpoint.name}: wrote {report.rows} rows to {report.table} "
+        f"({report.pages} pages, {report.retries} retries, {report.repairs} repairs, "
+        f"{report.seconds:.1f} s; {result.verdict.reason})"
+    )
+    return report
+
+
+def _load_report(
+    endpoint: ListEndpoint, spent: ListStats, result: ListResult, started: float
+) -> LoadReport:
+    rows, distinct = result.facts.rows, result.facts.distinct
+    return LoadReport(
         table=endpoint.raw_table,
         rows=distinct,
-        api_total=stats.total,
+        api_total=result.stats.total,
         passes=result.passes,
         pages=spent.pages,
         requests=spent.requests,
@@ -462,15 +496,9 @@ def load_list(
         bytes=spent.bytes,
         duplicates_dropped=rows - distinct,
         seconds=time.monotonic() - started,
-        surrogates_replaced=stats.surrogates_replaced,  # in the rows kept
+        surrogates_replaced=result.stats.surrogates_replaced,  # in the rows kept
         repairs=result.repairs,
     )
-    log(
-        f"{endpoint.name}: wrote {report.rows} rows to {report.table} "
-        f"({report.pages} pages, {report.retries} retries, {report.repairs} repairs, "
-        f"{report.seconds:.1f} s; {result.verdict.reason})"
-    )
-    return report
 
 
 def _drop_duplicate_ids(conn: duckdb.DuckDBPyConnection, table: str) -> None:

@@ -28,7 +28,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from datetime import UTC, datetime
 from importlib import resources
 
@@ -44,7 +44,6 @@ from fieldsales_dagster.loading.incremental import (
     REFETCH_TABLE,
     REMOVED_TABLE,
     STAGE_TABLE,
-    STATE_TABLE,
     EventFilterIgnored,
     RefetchPlan,
     RefreshReport,
@@ -141,29 +140,28 @@ def _choose_events(conn: duckdb.DuckDBPyConnection, request: ResyncRequest) -> N
     conn.execute(f"CREATE OR REPLACE TEMP TABLE {REMOVED_TABLE} (event_id VARCHAR)")
 
 
-def _write_resync_state(
-    conn: duckdb.DuckDBPyConnection, fingerprints: str, at: datetime, rows: int
-) -> None:
-    """Record a re-sync (in the merge's transaction): the re-synced events' fingerprints move to
-    what they are now (a re-synced event no longer listed loses its fingerprint: its transactions
-    were just replaced), every other event's stay, so the next incremental refresh still
-    re-fetches those that changed; the stored row count is what the table now holds."""
-    conn.execute(
-        f"DELETE FROM {FINGERPRINTS_TABLE} WHERE event_id IN (SELECT event_id FROM {REFETCH_TABLE})"
+def _resync_plan(
+    conn: duckdb.DuckDBPyConnection, request: ResyncRequest
+) -> tuple[RefetchPlan, list[str]]:
+    """The events to re-fetch (none removed: a re-sync replaces only what it re-fetches), and
+    those of them no longer listed."""
+    fingerprints = _fingerprint_current_events(conn)
+    _choose_events(conn, request)
+    chosen = conn.execute(f"SELECT event_id, why FROM {REFETCH_TABLE} ORDER BY event_id").fetchall()
+    (events,) = one_row(conn, f"SELECT count(*) FROM {fingerprints}")
+    plan = RefetchPlan(
+        fingerprints=fingerprints,
+        refetch=REFETCH_TABLE,
+        removed=REMOVED_TABLE,
+        stage=STAGE_TABLE,
+        event_ids=[event_id for event_id, _ in chosen],
+        removed_ids=[],
+        events=events,
+        new=0,
+        changed=len(chosen),
+        recent=0,
     )
-    conn.execute(
-        f"INSERT INTO {FINGERPRINTS_TABLE} BY NAME SELECT * FROM {fingerprints} "
-        f"WHERE event_id IN (SELECT event_id FROM {REFETCH_TABLE})"
-    )
-    conn.execute(
-        f"UPDATE {STATE_TABLE} SET last_load_at = $at, last_mode = 'resync', rows = $rows "
-        "WHERE table_name = $table",
-        {
-            "at": at.astimezone(UTC).replace(tzinfo=None),
-            "rows": rows,
-            "table": TRANSACTIONS.raw_table,
-        },
-    )
+    return plan, [event_id for event_id, why in chosen if why == "gone"]
 
 
 def resync_transactions(
@@ -185,29 +183,14 @@ def resync_transactions(
             "none recorded yet. Run a full refresh first (the refresh_all job, or refresh_mode: "
             "full), then re-sync."
         )
-    fingerprints = _fingerprint_current_events(conn)
-    _choose_events(conn, request)
-    chosen = conn.execute(f"SELECT event_id, why FROM {REFETCH_TABLE} ORDER BY event_id").fetchall()
-    gone = [event_id for event_id, why in chosen if why == "gone"]
-    (events,) = one_row(conn, f"SELECT count(*) FROM {fingerprints}")
-    plan = RefetchPlan(
-        fingerprints=fingerprints,
-        refetch=REFETCH_TABLE,
-        removed=REMOVED_TABLE,
-        stage=STAGE_TABLE,
-        event_ids=[event_id for event_id, _ in chosen],
-        removed_ids=[],
-        events=events,
-        new=0,
-        changed=len(chosen),
-        recent=0,
-    )
+    plan, gone = _resync_plan(conn, request)
     log(
-        f"transactions: {request.describe()}: re-fetching {len(chosen)} of {events} events by "
-        f"eventId" + (f"; {len(gone)} no longer listed: {', '.join(gone[:NAMED])}" if gone else "")
+        f"transactions: {request.describe()}: re-fetching {len(plan.event_ids)} of "
+        f"{plan.events} events by eventId"
+        + (f"; {len(gone)} no longer listed: {', '.join(gone[:NAMED])}" if gone else "")
     )
     try:
-        report, counts = refetch_and_merge(
+        report = refetch_and_merge(
             api,
             conn,
             plan,
@@ -216,8 +199,8 @@ def resync_transactions(
             log=log,
             before_swap=before_swap,
             run_id=run_id,
-            check_count=False,
-            write_state=lambda rows: _write_resync_state(conn, fingerprints, now, rows),
+            mode="resync",
+            reason=request.describe(),
         )
     except EventFilterIgnored as exc:
         raise ResyncError(
@@ -230,14 +213,4 @@ def resync_transactions(
             f"raw_transactions: the re-sync failed its guard: {exc}. raw.transactions was left "
             "as it was; run it again, or run a full refresh (refresh_mode: full)."
         ) from None
-    return RefreshReport(
-        load=report,
-        mode="resync",
-        reason=request.describe(),
-        bytes_fetched=report.bytes,
-        events_refetched=len(chosen),
-        events_removed=len(gone),
-        transactions_added=counts["added"],
-        transactions_changed=counts["changed"],
-        transactions_removed=counts["removed"],
-    )
+    return replace(report, events_removed=len(gone))

@@ -33,6 +33,14 @@ class Action(StrEnum):
     FAIL = "fail"
 
 
+def _named(count: int, named: tuple[str, ...], sentence: str, sep: str = ", ") -> str:
+    """``sentence`` with the count and the few ``named`` ("and N more"); "" for none."""
+    if not count:
+        return ""
+    more = f"{'; ' if sep == '; ' else ' '}and {count - len(named)} more"
+    return sentence.format(count, sep.join(named) + (more if count > len(named) else ""))
+
+
 @dataclass(frozen=True)
 class PassFacts:
     """What one pass (with its repairs so far) staged, and what the server said meanwhile."""
@@ -70,34 +78,26 @@ class PassFacts:
 
     def moves(self) -> str:
         """The signs that the list moved while it was paged, in words ("" for none)."""
-        signs = []
-        if self.differing:
-            named = ", ".join(self.differing_ids)
-            more = f" and {self.differing - len(self.differing_ids)} more" * (
-                self.differing > len(self.differing_ids)
-            )
-            signs.append(
-                f"{self.differing} ids came more than once with different content ({named}{more})"
-            )
-        if self.shifts:
-            named = "; ".join(self.shifted_at)
-            more = f"; and {self.shifts - len(self.shifted_at)} more" * (
-                self.shifts > len(self.shifted_at)
-            )
-            signs.append(
-                f"the list shifted under {self.shifts} page boundaries (position: the id one "
-                f"page held there, then the id another held: {named}{more})"
-            )
-        if self.unverified:
-            named = ", ".join(self.unverified_ids)
-            more = f" and {self.unverified - len(self.unverified_ids)} more" * (
-                self.unverified > len(self.unverified_ids)
-            )
-            signs.append(
-                f"{self.unverified} items the pass holds were gone or changed when the list was "
-                f"read again ({named}{more})"
-            )
-        return "; ".join(signs)
+        signs = [
+            _named(
+                self.differing,
+                self.differing_ids,
+                "{} ids came more than once with different content ({})",
+            ),
+            _named(
+                self.shifts,
+                self.shifted_at,
+                "the list shifted under {} page boundaries "
+                "(position: the id one page held there, then the id another held: {})",
+                "; ",
+            ),
+            _named(
+                self.unverified,
+                self.unverified_ids,
+                "{} items the pass holds were gone or changed when the list was read again ({})",
+            ),
+        ]
+        return "; ".join(sign for sign in signs if sign)
 
     def describe(self) -> str:
         """What the server sent, in words."""
@@ -131,37 +131,46 @@ def judge_pass(facts: PassFacts) -> Verdict:
     are the server's list as it is (say, ids it lists twice), not a list that moves.
     """
     f = facts
-    last = f.pass_number >= f.max_passes
-    same_as_before = f.previous == (f.rows, f.distinct)
-    repeated = f.rows - f.distinct
-    total = f.total
     # Copies that differ, or pages that disagree at a boundary: the list moved under the pass,
     # so no count can vouch for it. A list whose total only grew is repaired below instead: its
     # new items shift the boundaries, and the head, tail and gap windows fetch what they pushed.
     grew = len(f.totals_seen) > 1 and not f.total_decreased
     if f.differing or f.unverified or (f.shifts and not grew):
-        if not last:
-            return Verdict(Action.REPAGE, f"{f.moves()}: the list moved while it was paged")
-        return Verdict(
-            Action.FAIL,
+        return _again_or_fail(
+            f,
+            f"{f.moves()}: the list moved while it was paged",
             f"{f.describe()}: the list kept changing while it was paged, so no pass holds a set of "
             "items the server had at one moment",
         )
-    if total is None:
+    if f.total is None:
+        repeated = f.rows - f.distinct
         if repeated == 0:
             return Verdict(Action.ACCEPT, "every id came once; the server reports no total")
-        if same_as_before:
+        if f.previous == (f.rows, f.distinct):
             return Verdict(
                 Action.ACCEPT, f"the server lists {repeated} ids twice, the same in two passes"
             )
-        if not last:
-            return Verdict(Action.REPAGE, f"{repeated} ids came twice: the list moved")
-        return Verdict(
-            Action.FAIL,
+        return _again_or_fail(
+            f,
+            f"{repeated} ids came twice: the list moved",
             f"{f.describe()}, differently in each of {f.pass_number} passes: the list kept "
             "changing while it was paged",
         )
+    return _against_total(f, f.total)
 
+
+def _again_or_fail(f: PassFacts, again: str, fail: str) -> Verdict:
+    """Page the list again, or, after the last pass, fail."""
+    if f.pass_number < f.max_passes:
+        return Verdict(Action.REPAGE, again)
+    return Verdict(Action.FAIL, fail)
+
+
+def _against_total(f: PassFacts, total: int) -> Verdict:
+    """``judge_pass`` for a list with a total and no sign that it moved inside."""
+    last = f.pass_number >= f.max_passes
+    same_as_before = f.previous == (f.rows, f.distinct)
+    repeated = f.rows - f.distinct
     moved = len(f.totals_seen) > 1
     if f.distinct == total:
         if repeated == 0 and not moved:
@@ -186,8 +195,6 @@ def judge_pass(facts: PassFacts) -> Verdict:
             f"the server lists {repeated} ids twice and counts every copy in its total, "
             "the same in two passes",
         )
-    if not last:
-        return Verdict(Action.REPAGE, f.describe())
     if moved:
         why = "the list kept changing while it was paged"
     elif f.distinct > total:
@@ -196,7 +203,7 @@ def judge_pass(facts: PassFacts) -> Verdict:
         why = "the server delivers fewer items than its total counts"
     else:
         why = "the server lists ids more than once, differently in each pass"
-    return Verdict(Action.FAIL, f"{f.describe()}: {why}")
+    return _again_or_fail(f, f.describe(), f"{f.describe()}: {why}")
 
 
 def gap_windows(
