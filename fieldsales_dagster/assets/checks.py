@@ -8,6 +8,10 @@ is a warning too: the data still loads, typed as well as it can be. The known ki
 once, in ``sql/field_type_kinds.sql`` and ``sql/known_event_states.sql``. The marts are checked
 against the core tables they summarise.
 
+A table's YAML names its checks (``checks:``); each name is a function of this module,
+registered by ``@check`` with its description and the other tables it reads. An unknown name
+fails the definitions' load, naming the file.
+
 A check whose tables are all its asset or the asset's own upstream tables runs in its asset's step,
 on the connection that built the table (a check spec of the asset: one step per table, not one per
 check, and the asset's blocking checks fail that step, so nothing downstream builds on a table that

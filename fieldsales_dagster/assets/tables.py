@@ -169,10 +169,14 @@ def read_table(folder: Path, asset_name: str) -> CoreTable:
     )
 
 
-@functools.cache
 def derived_tables(folder: Path = PACKAGE_SQL) -> tuple[CoreTable, ...]:
     """Every core and mart table of ``folder``: each ``core_*.sql`` and ``mart_*.sql`` with its
     YAML, in name order. A query without its YAML, or a YAML without its query, is refused."""
+    return _derived_tables(folder)
+
+
+@functools.cache  # read once per process and folder
+def _derived_tables(folder: Path) -> tuple[CoreTable, ...]:
     files = {path.name for path in folder.iterdir()}
     stems = {
         name.rpartition(".")[0]
@@ -239,8 +243,8 @@ def upstream_of(table: CoreTable, query: str) -> Upstream:
         if table.follows is None:
             raise QueryReadError(
                 f"{where} calls decoded_rows(), which only a table that follows a decoded table "
-                "defines: read the decoded meta.* or temp.* table by name, or give the table a "
-                "Follows."
+                "defines: read the decoded meta.* or temp.* table by name, or give the table's "
+                "YAML a follows: entry."
             )
         read_decoded.add(table.follows.decoded)
     deps: set[str] = set()
