@@ -13,6 +13,7 @@ import pytest
 from fieldsales_dagster.assets.checks import build_core_checks, checks_in_asset_step
 from fieldsales_dagster.assets.columns import PACKAGE_SQL, TableFileError
 from fieldsales_dagster.assets.core import build_core_assets
+from fieldsales_dagster.assets.lineage import QueryReadError
 from fieldsales_dagster.assets.tables import derived_tables
 from fieldsales_dagster_tests.conftest import make_api, read_lake
 from fieldsales_dagster_tests.project import DEFAULT, OWNERS, raw_assets
@@ -149,6 +150,28 @@ def test_a_query_without_its_yaml_is_refused(tmp_path):
     folder = sql_folder(tmp_path)
     (folder / "mart_new.sql").write_text("SELECT 1 AS one")
     with pytest.raises(TableFileError, match=r"mart_new\.sql has no mart_new\.yaml beside it"):
+        derived_tables(folder)
+
+
+def _declare(folder: Path, asset: str, query: str) -> None:
+    (folder / f"{asset}.sql").write_text(query)
+    (folder / f"{asset}.yaml").write_text(
+        "description: A table.\nkey: [id]\nchecks: [ids_unique]\ncolumns:\n  id: Its id.\n"
+    )
+
+
+def test_tables_come_parents_first_and_a_cycle_is_refused(tmp_path):
+    # Parents first: a loop building them one by one (benchmarks, tests) never reads a table
+    # before it is built.
+    order = [t.asset_name for t in derived_tables()]
+    for table in derived_tables():
+        assert all(
+            order.index(dep) < order.index(table.asset_name) for dep in table.deps if dep in order
+        )
+    folder = sql_folder(tmp_path)
+    _declare(folder, "core_a", "SELECT id FROM core.b")
+    _declare(folder, "core_b", "SELECT id FROM core.a")
+    with pytest.raises(QueryReadError, match=r"sql/core_a\.sql, sql/core_b\.sql read each other"):
         derived_tables(folder)
 
 

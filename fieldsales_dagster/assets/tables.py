@@ -171,8 +171,26 @@ def read_table(folder: Path, asset_name: str) -> CoreTable:
 
 def derived_tables(folder: Path = PACKAGE_SQL) -> tuple[CoreTable, ...]:
     """Every core and mart table of ``folder``: each ``core_*.sql`` and ``mart_*.sql`` with its
-    YAML, in name order. A query without its YAML, or a YAML without its query, is refused."""
-    return _derived_tables(folder)
+    YAML, each after the tables its query reads (in name order otherwise). A query without its
+    YAML, or a YAML without its query, is refused."""
+    return _in_build_order(_derived_tables(folder))
+
+
+@functools.cache
+def _in_build_order(tables: tuple[CoreTable, ...]) -> tuple[CoreTable, ...]:
+    names = {table.asset_name for table in tables}
+    ordered: list[CoreTable] = []
+    while len(ordered) < len(tables):
+        done = {table.asset_name for table in ordered}
+        left = [table for table in tables if table.asset_name not in done]
+        ready = [t for t in left if all(dep in done for dep in t.deps if dep in names)]
+        if not ready:
+            raise QueryReadError(
+                f"The queries {', '.join(f'sql/{t.query_file}' for t in left)} read each other in "
+                "a cycle: no order builds them. Fix a query's FROM or JOIN."
+            )
+        ordered += ready
+    return tuple(ordered)
 
 
 @functools.cache  # read once per process and folder
