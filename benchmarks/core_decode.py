@@ -20,8 +20,8 @@ from pathlib import Path
 
 import duckdb
 
-from fieldsales_dagster.assets.core import CORE_TABLES, build_described_table
-from fieldsales_dagster.assets.mart import MART_TABLES
+from fieldsales_dagster.assets.build import build_described_table
+from fieldsales_dagster.assets.tables import derived_tables
 from fieldsales_dagster.client.endpoints import EVENT_GROUPS, EVENTS, TRANSACTIONS
 from fieldsales_dagster.loading.raw_load import raw_table_ddl
 from fieldsales_dagster.warehouse.warehouse import FieldSalesWarehouse
@@ -317,7 +317,7 @@ def time_core_tables(database: Path, threads: int | None, memory_limit: str) -> 
     totals = {"core": 0.0, "mart": 0.0}
     config = {"threads": threads or 0, "memory_limit": memory_limit}
     with duckdb.connect(str(database), config={k: v for k, v in config.items() if v}) as conn:
-        for table in (*CORE_TABLES, *MART_TABLES):
+        for table in derived_tables():
             started = time.perf_counter()
             build_described_table(conn, table, warehouse)
             seconds = time.perf_counter() - started

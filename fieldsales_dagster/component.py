@@ -35,7 +35,6 @@ from fieldsales_dagster.assets.checks import build_core_checks, checks_in_asset_
 from fieldsales_dagster.assets.core import build_core_assets
 from fieldsales_dagster.assets.export import build_export_asset
 from fieldsales_dagster.assets.io_manager import build_io_manager
-from fieldsales_dagster.assets.mart import build_mart_assets
 from fieldsales_dagster.assets.raw import build_raw_assets
 from fieldsales_dagster.assets.upkeep import build_upkeep_asset, build_upkeep_job_and_schedule
 from fieldsales_dagster.automation.alerts import AlertSettings, build_alert_sensors
@@ -301,7 +300,6 @@ class FieldSalesComponent(dg.Component, FieldSalesSettings):
         tables = [
             *build_raw_assets(names, self.owners, names.io_manager),
             *build_core_assets(names, self.owners, policy, checks_in_asset_step, names.io_manager),
-            *build_mart_assets(names, self.owners, policy, checks_in_asset_step, names.io_manager),
         ]
         if self.storage.duckdb_path is None:
             return tables

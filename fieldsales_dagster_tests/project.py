@@ -15,8 +15,8 @@ from fieldsales_dagster.assets.checks import (
     core_check_keys,
 )
 from fieldsales_dagster.assets.core import build_core_assets
-from fieldsales_dagster.assets.mart import build_mart_assets
 from fieldsales_dagster.assets.raw import build_raw_assets
+from fieldsales_dagster.assets.tables import tables_of
 from fieldsales_dagster.names import InstanceNames
 
 DEFAULT = InstanceNames()
@@ -30,12 +30,16 @@ def raw_assets() -> list[dg.AssetsDefinition]:
 def core_assets(with_checks: bool = False) -> list[dg.AssetsDefinition]:
     """The core assets; ``with_checks``: with the checks their steps evaluate, as deployed."""
     checks_for = checks_in_asset_step if with_checks else None
-    return build_core_assets(DEFAULT, OWNERS, freshness_policy=None, checks_for=checks_for)
+    return build_core_assets(
+        DEFAULT, OWNERS, freshness_policy=None, checks_for=checks_for, tables=tables_of("core")
+    )
 
 
 def mart_assets(with_checks: bool = False) -> list[dg.AssetsDefinition]:
     checks_for = checks_in_asset_step if with_checks else None
-    return build_mart_assets(DEFAULT, OWNERS, freshness_policy=None, checks_for=checks_for)
+    return build_core_assets(
+        DEFAULT, OWNERS, freshness_policy=None, checks_for=checks_for, tables=tables_of("mart")
+    )
 
 
 def core_checks() -> list[dg.AssetChecksDefinition]:

@@ -9,8 +9,7 @@ import dagster as dg
 import duckdb
 import pytest
 
-from fieldsales_dagster.assets.core import CORE_TABLES
-from fieldsales_dagster.assets.mart import MART_TABLES
+from fieldsales_dagster.assets.tables import derived_tables
 from fieldsales_dagster.client import endpoints
 from fieldsales_dagster.loading.raw_load import raw_table_ddl
 from fieldsales_dagster_tests import core_payloads as p
@@ -21,7 +20,7 @@ COLOUR = p.field("f-colour", "colourPicker")
 TEXT = p.field("f-text", "text")
 CONFIG = p.config("cfg", [CHECKBOX, SLIDER, COLOUR, TEXT])
 
-TABLES = (*CORE_TABLES, *MART_TABLES)
+TABLES = derived_tables()
 
 
 def report(transaction_id: str, event_id: str = "e-a", **values) -> dict:

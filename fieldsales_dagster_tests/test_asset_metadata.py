@@ -9,16 +9,16 @@ import hashlib
 import dagster as dg
 import pytest
 
-from fieldsales_dagster.assets import core
-from fieldsales_dagster.assets.core import CORE_TABLES, build_core_asset, query_code_version
-from fieldsales_dagster.assets.mart import MART_TABLES
+from fieldsales_dagster.assets import tables
+from fieldsales_dagster.assets.core import build_core_asset
 from fieldsales_dagster.assets.metadata import storage_metadata
 from fieldsales_dagster.assets.raw import LOAD_RUNS
+from fieldsales_dagster.assets.tables import derived_tables, query_code_version, tables_of
 from fieldsales_dagster.warehouse.warehouse import FieldSalesWarehouse
 from fieldsales_dagster_tests.conftest import lake_paths, make_warehouse, read_lake
 from fieldsales_dagster_tests.project import DEFAULT, OWNERS, load_project_defs
 
-SQL_TABLES = (*CORE_TABLES, *MART_TABLES)
+SQL_TABLES = derived_tables()
 RAW_TABLES = ("raw.events", "raw.event_groups", "raw.transactions")
 
 
@@ -76,10 +76,10 @@ def table_columns(warehouse: FieldSalesWarehouse, table: str) -> set[str]:
 def test_sql_assets_carry_a_hash_of_their_sql_as_code_version(refreshed):
     defs, instance, _, _ = refreshed
     for table in SQL_TABLES:
-        query = core.core_query(table)
-        expected = hashlib.sha256(f"{query}\n{core.shared_macros_sql(query)}".encode()).hexdigest()[
-            :16
-        ]
+        query = tables.core_query(table)
+        expected = hashlib.sha256(
+            f"{query}\n{tables.shared_macros_sql(query)}".encode()
+        ).hexdigest()[:16]
         key = dg.AssetKey(table.asset_name)
         (spec,) = [s for a in defs.assets for s in getattr(a, "specs", []) if s.key == key]
         assert spec.code_version == expected, table.table
@@ -88,11 +88,11 @@ def test_sql_assets_carry_a_hash_of_their_sql_as_code_version(refreshed):
 
 
 def test_a_changed_query_changes_the_code_version(monkeypatch):
-    table = CORE_TABLES[1]
+    table = tables_of("core")[1]
     before = query_code_version(table)
-    shipped = core.core_query
+    shipped = tables.core_query
     monkeypatch.setattr(
-        core, "core_query", lambda t: shipped(t) + "\n-- a changed query" if t is table else ""
+        tables, "core_query", lambda t: shipped(t) + "\n-- a changed query" if t is table else ""
     )
     assert query_code_version(table) != before
     (spec,) = build_core_asset(DEFAULT, table, OWNERS, None).specs

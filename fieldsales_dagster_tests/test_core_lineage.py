@@ -8,22 +8,16 @@ import dataclasses
 import dagster as dg
 import pytest
 
-from fieldsales_dagster.assets import core
-from fieldsales_dagster.assets.core import (
-    CORE_TABLES,
-    EVENTS_DECODED,
-    TRANSACTIONS_DECODED,
-    CoreTable,
-    build_core_asset,
-    query_reads,
-)
+from fieldsales_dagster.assets import tables
+from fieldsales_dagster.assets.core import build_core_asset
+from fieldsales_dagster.assets.decode import EVENTS_DECODED, TRANSACTIONS_DECODED
 from fieldsales_dagster.assets.lineage import QueryReadError, reads_of
-from fieldsales_dagster.assets.mart import MART_TABLES
+from fieldsales_dagster.assets.tables import CoreTable, derived_tables, query_reads
 from fieldsales_dagster.names import InstanceNames
 from fieldsales_dagster_tests import core_payloads as p
 from fieldsales_dagster_tests.project import DEFAULT, OWNERS, core_assets, mart_assets
 
-TABLES = {table.table: table for table in (*CORE_TABLES, *MART_TABLES)}
+TABLES = {table.table: table for table in derived_tables()}
 
 #: What each query reads, as the lineage the UI shows: written out here as the specification.
 LINEAGE = {
@@ -57,12 +51,12 @@ def _deps(asset: dg.AssetsDefinition) -> set[str]:
 
 def _built_on(monkeypatch, table: CoreTable, query: str) -> tuple[CoreTable, dg.AssetsDefinition]:
     """``table``'s asset as it would be built if its ``.sql`` file held ``query``."""
-    shipped = core.core_query
+    shipped = tables.core_query
 
     def edited(of: CoreTable) -> str:
         return query if of.table == table.table else shipped(of)
 
-    monkeypatch.setattr(core, "core_query", edited)
+    monkeypatch.setattr(tables, "core_query", edited)
     fresh = dataclasses.replace(table)  # nothing read from the shipped file is kept
     return fresh, build_core_asset(DEFAULT, fresh, OWNERS, freshness_policy=None)
 
@@ -74,7 +68,7 @@ def test_each_asset_depends_on_exactly_the_tables_its_query_reads():
 
 def test_a_join_added_to_a_mart_query_makes_the_joined_table_a_dependency(monkeypatch):
     table = TABLES["mart.daily_sales"]
-    query = core.core_query(table)
+    query = tables.core_query(table)
     assert "core.users" not in query
     joined = query.replace(
         "FROM core.transactions AS t",
@@ -92,7 +86,7 @@ def test_a_core_query_reading_a_decoded_table_depends_on_its_raw_table_and_refre
 ):
     table = TABLES["core.custom_report_fields"]
     assert table.decoded == ()
-    joined = f"""WITH built AS ({core.core_query(table)})
+    joined = f"""WITH built AS ({tables.core_query(table)})
 SELECT built.* FROM built
 LEFT JOIN temp.events_decoded AS e ON e.id = built.config_id"""
 

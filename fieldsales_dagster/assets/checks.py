@@ -8,6 +8,10 @@ is a warning too: the data still loads, typed as well as it can be. The known ki
 once, in ``sql/field_type_kinds.sql`` and ``sql/known_event_states.sql``. The marts are checked
 against the core tables they summarise.
 
+A table's YAML names its checks (``checks:``); each name is a function of this module,
+registered by ``@check`` with its description and the other tables it reads. An unknown name
+fails the definitions' load, naming the file.
+
 A check whose tables are all its asset or the asset's own upstream tables runs in its asset's step,
 on the connection that built the table (a check spec of the asset: one step per table, not one per
 check, and the asset's blocking checks fail that step, so nothing downstream builds on a table that
@@ -17,14 +21,15 @@ step with the other such checks, once every table they read is built.
 """
 
 import json
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 
 import dagster as dg
 import duckdb
 
-from fieldsales_dagster.assets.core import CORE_TABLES, CoreTable, shared_macros_sql
-from fieldsales_dagster.assets.mart import MART_TABLES
+from fieldsales_dagster.assets.columns import TableFileError
+from fieldsales_dagster.assets.decode import shared_macros_sql
+from fieldsales_dagster.assets.tables import CoreTable, derived_tables
 from fieldsales_dagster.names import InstanceNames
 from fieldsales_dagster.warehouse.quoting import qualified, quote_ident
 from fieldsales_dagster.warehouse.rows import one_row
@@ -34,8 +39,8 @@ SAMPLE_SIZE = 5
 #: Rows per bucket of the ids_unique screen (see there): ~1M hash groups fit the memory limit.
 SCREEN_BUCKET_ROWS = 1_000_000
 
-#: ``evaluate(connection) -> result``: the body of one check, on a warehouse connection.
-Evaluate = Callable[[duckdb.DuckDBPyConnection], dg.AssetCheckResult]
+#: ``evaluate(connection, table) -> result``: the body of one check of ``table``.
+Evaluate = Callable[[duckdb.DuckDBPyConnection, CoreTable], dg.AssetCheckResult]
 
 
 def _fetch_one(conn: duckdb.DuckDBPyConnection, sql: str) -> tuple:
@@ -44,9 +49,42 @@ def _fetch_one(conn: duckdb.DuckDBPyConnection, sql: str) -> tuple:
     return one_row(conn, sql)
 
 
-def _asset_table(asset_name: str) -> CoreTable:
-    """The declared core or mart table behind an asset name."""
-    return next(t for t in (*CORE_TABLES, *MART_TABLES) if t.asset_name == asset_name)
+@dataclass(frozen=True)
+class CheckKind:
+    """A check implementation, named in a table's YAML (``checks:``)."""
+
+    evaluate: Evaluate
+    #: ``describe(table)``: what the check promises, on ``table``.
+    describe: Callable[[CoreTable], str]
+    blocking: bool = False
+    #: The tables (``schema.name``) it reads besides the one it checks.
+    also_reads: tuple[str, ...] = ()
+
+
+#: Every check implementation, by the name a table's YAML gives it (``check`` registers them).
+CHECKS: dict[str, CheckKind] = {}
+
+
+def check(
+    name: str,
+    description: str | Callable[[CoreTable], str],
+    *,
+    blocking: bool = False,
+    also_reads: tuple[str, ...] = (),
+) -> Callable[[Evaluate], Evaluate]:
+    """Register the decorated function as the check ``name`` (``{table}`` in ``description`` is
+    the checked table's name)."""
+
+    def describe(table: CoreTable) -> str:
+        if callable(description):
+            return description(table)
+        return description.replace("{table}", table.table)
+
+    def register(evaluate: Evaluate) -> Evaluate:
+        CHECKS[name] = CheckKind(evaluate, describe, blocking, also_reads)
+        return evaluate
+
+    return register
 
 
 @dataclass(frozen=True)
@@ -54,30 +92,32 @@ class CoreCheck:
     """One check of a core or mart table: its name, what it promises, and how it is evaluated."""
 
     table: CoreTable
-    evaluate: Evaluate
     name: str
-    description: str
-    blocking: bool = False
-    also_reads: tuple[CoreTable, ...] = ()
+    kind: CheckKind
+
+    @property
+    def also_reads(self) -> tuple[str, ...]:
+        """The assets of the tables it reads besides its own."""
+        return tuple(table.replace(".", "_") for table in self.kind.also_reads)
 
     @property
     def runs_in_asset_step(self) -> bool:
         """True when every table it reads is its asset's or one the asset depends on: the
         asset's step can evaluate it right after building the table."""
-        return all(other.asset_name in self.table.deps for other in self.also_reads)
+        return all(asset in self.table.deps for asset in self.also_reads)
 
     def spec(self, names: InstanceNames) -> dg.AssetCheckSpec:
         return dg.AssetCheckSpec(
             name=self.name,
             asset=names.asset_key(self.table.asset_name),
-            description=self.description,
-            blocking=self.blocking,
-            additional_deps=[names.asset_key(other.asset_name) for other in self.also_reads],
+            description=self.kind.describe(self.table),
+            blocking=self.kind.blocking,
+            additional_deps=[names.asset_key(asset) for asset in self.also_reads],
         )
 
     def result(self, conn: duckdb.DuckDBPyConnection, names: InstanceNames) -> dg.AssetCheckResult:
         """The evaluation, addressed to this check (an asset step may evaluate several)."""
-        evaluation = self.evaluate(conn)
+        evaluation = self.kind.evaluate(conn, self.table)
         return dg.AssetCheckResult(
             asset_key=names.asset_key(self.table.asset_name),
             check_name=self.name,
@@ -86,6 +126,18 @@ class CoreCheck:
             metadata=evaluation.metadata,
             description=evaluation.description,
         )
+
+
+def checks_of(table: CoreTable) -> list[CoreCheck]:
+    """The checks ``table``'s YAML names; an unknown name fails, naming the file and the field."""
+    for name in table.checks:
+        if name not in CHECKS:
+            raise TableFileError(
+                f"{table.yaml_file}: checks names {name!r}, which is no check of this project "
+                f"(they are {', '.join(sorted(CHECKS))}). Fix the name, or write the check in "
+                "assets/checks.py."
+            )
+    return [CoreCheck(table, name, CHECKS[name]) for name in table.checks]
 
 
 def _cross_table_checks(names: InstanceNames, checks: list[CoreCheck]) -> dg.AssetChecksDefinition:
@@ -122,23 +174,27 @@ def ids_unique_description(table: CoreTable) -> str:
     )
 
 
-def ids_unique(table: CoreTable) -> Evaluate:
-    columns = ", ".join(quote_ident(c) for c in table.key)
-    required = [c for c in table.key if c not in table.nullable_key]
-    any_null = " OR ".join(f"{quote_ident(c)} IS NULL" for c in required) or "false"
-    key_text = " || ' / ' || ".join(
-        f"coalesce({quote_ident(c)}::VARCHAR, 'NULL')" for c in table.key
-    )
+def _key_text(table: CoreTable) -> str:
+    """SQL: a row's key as text, its columns joined by `` / ``."""
+    return " || ' / ' || ".join(f"coalesce({quote_ident(c)}::VARCHAR, 'NULL')" for c in table.key)
 
-    # Both queries read one bucket of key hashes at a time: equal keys have equal hashes, so a
-    # duplicate never spans two buckets, and a query's hash table holds at most about
-    # SCREEN_BUCKET_ROWS groups whatever the table's size. All 5.5M keys of
-    # core.custom_report_results (1M transactions) grouped at once needed more than 32MB; after
-    # a nightly update of that table, more than the 192MB memory_limit had left.
-    def exact(in_bucket: str) -> str:
-        """The bucket's duplicated and NULL-keyed rows, and a sample of their keys: grouped by the
-        key itself, so only the rows of hashes that the screen's grouping flags."""
-        return f"""
+
+def _any_null(table: CoreTable) -> str:
+    """SQL: whether a key column that must not be NULL is."""
+    required = [c for c in table.key if c not in table.nullable_key]
+    return " OR ".join(f"{quote_ident(c)} IS NULL" for c in required) or "false"
+
+
+# Both queries of ids_unique read one bucket of key hashes at a time: equal keys have equal
+# hashes, so a duplicate never spans two buckets, and a query's hash table holds at most about
+# SCREEN_BUCKET_ROWS groups whatever the table's size. All 5.5M keys of
+# core.custom_report_results (1M transactions) grouped at once needed more than 32MB; after a
+# nightly update of that table, more than the 192MB memory_limit had left.
+def _exact_sql(table: CoreTable, in_bucket: str) -> str:
+    """The bucket's duplicated and NULL-keyed rows, and a sample of their keys: grouped by the
+    key itself, so only the rows of hashes that the screen's grouping flags."""
+    columns, any_null = ", ".join(quote_ident(c) for c in table.key), _any_null(table)
+    return f"""
         WITH flagged AS (
             SELECT hash({columns}) AS key_hash
             FROM {qualified(table.table)}
@@ -147,7 +203,7 @@ def ids_unique(table: CoreTable) -> Evaluate:
             HAVING count(*) > 1 OR bool_or({any_null})
         ),
         keys AS (
-            SELECT {key_text} AS key_text, bool_or({any_null}) AS has_null, count(*) AS n
+            SELECT {_key_text(table)} AS key_text, bool_or({any_null}) AS has_null, count(*) AS n
             FROM {qualified(table.table)}
             WHERE {in_bucket} AND hash({columns}) IN (SELECT key_hash FROM flagged)
             GROUP BY {columns}
@@ -162,54 +218,62 @@ def ids_unique(table: CoreTable) -> Evaluate:
         FROM keys
     """
 
-    # A screen first, per bucket: rows grouped by a 64-bit hash of the key (cheap to group,
-    # unlike the key's text; 5.5M custom report results: 2.2 -> 0.7 CPU-s). No hash shared by
-    # two rows and no NULL key means no duplicate in the bucket; otherwise (a duplicate, a NULL,
-    # or a rare hash collision) the exact query above counts and names the bucket's offending keys.
-    def screen(in_bucket: str) -> str:
-        return f"""
+
+# A screen first, per bucket: rows grouped by a 64-bit hash of the key (cheap to group, unlike
+# the key's text; 5.5M custom report results: 2.2 -> 0.7 CPU-s). No hash shared by two rows and
+# no NULL key means no duplicate in the bucket; otherwise (a duplicate, a NULL, or a rare hash
+# collision) the exact query counts and names the bucket's offending keys.
+def _screen_sql(table: CoreTable, in_bucket: str) -> str:
+    columns = ", ".join(quote_ident(c) for c in table.key)
+    return f"""
         SELECT count(*) FILTER (WHERE n > 1) + coalesce(sum(with_null), 0)
         FROM (
             SELECT hash({columns}) AS key_hash, count(*) AS n,
-                count(*) FILTER (WHERE {any_null}) AS with_null
+                count(*) FILTER (WHERE {_any_null(table)}) AS with_null
             FROM {qualified(table.table)}
             WHERE {in_bucket}
             GROUP BY key_hash
         )
     """
 
-    key_label = ", ".join(table.key)
 
-    def _ids_unique(conn: duckdb.DuckDBPyConnection) -> dg.AssetCheckResult:
-        (rows,) = _fetch_one(conn, f"SELECT count(*) FROM {qualified(table.table)}")
-        buckets = 1 + rows // SCREEN_BUCKET_ROWS
-        duplicated = with_null = 0
-        samples: list[tuple[int, str]] = []
-        for bucket in range(buckets):
-            # Literals, not $parameters: with parameters each bucket's scan ran 15x slower. One
-            # bucket (under SCREEN_BUCKET_ROWS rows, most tables) needs no filter at all.
-            in_bucket = f"hash({columns}) % {buckets} = {bucket}" if buckets > 1 else "true"
-            if _fetch_one(conn, screen(in_bucket)) == (0,):
-                continue
-            bucket_duplicated, bucket_null, sample = _fetch_one(conn, exact(in_bucket))
-            duplicated, with_null = duplicated + bucket_duplicated, with_null + bucket_null
-            samples.extend(sample)
-        offending = [key for _, key in sorted(samples, key=lambda s: (-s[0], s[1]))]
-        return dg.AssetCheckResult(
-            passed=duplicated == 0 and with_null == 0,
-            severity=dg.AssetCheckSeverity.ERROR,
-            metadata={
-                "key": key_label,
-                "duplicated_rows": int(duplicated),
-                "rows_with_null_key": int(with_null),
-                "offending_keys": ", ".join(offending[:SAMPLE_SIZE]),
-            },
-        )
+@check("ids_unique", ids_unique_description, blocking=True)
+def ids_unique(conn: duckdb.DuckDBPyConnection, table: CoreTable) -> dg.AssetCheckResult:
+    columns = ", ".join(quote_ident(c) for c in table.key)
+    (rows,) = _fetch_one(conn, f"SELECT count(*) FROM {qualified(table.table)}")
+    buckets = 1 + rows // SCREEN_BUCKET_ROWS
+    duplicated = with_null = 0
+    samples: list[tuple[int, str]] = []
+    for bucket in range(buckets):
+        # Literals, not $parameters: with parameters each bucket's scan ran 15x slower. One
+        # bucket (under SCREEN_BUCKET_ROWS rows, most tables) needs no filter at all.
+        in_bucket = f"hash({columns}) % {buckets} = {bucket}" if buckets > 1 else "true"
+        if _fetch_one(conn, _screen_sql(table, in_bucket)) == (0,):
+            continue
+        bucket_duplicated, bucket_null, sample = _fetch_one(conn, _exact_sql(table, in_bucket))
+        duplicated, with_null = duplicated + bucket_duplicated, with_null + bucket_null
+        samples.extend(sample)
+    offending = [key for _, key in sorted(samples, key=lambda s: (-s[0], s[1]))]
+    return dg.AssetCheckResult(
+        passed=duplicated == 0 and with_null == 0,
+        severity=dg.AssetCheckSeverity.ERROR,
+        metadata={
+            "key": ", ".join(table.key),
+            "duplicated_rows": int(duplicated),
+            "rows_with_null_key": int(with_null),
+            "offending_keys": ", ".join(offending[:SAMPLE_SIZE]),
+        },
+    )
 
-    return _ids_unique
 
-
-def event_ids_known(conn: duckdb.DuckDBPyConnection) -> dg.AssetCheckResult:
+@check(
+    "event_ids_known",
+    "Every transaction's event_id is present in core.events. A warning only: the API pages "
+    "transactions and events separately, so an event created meanwhile can be missing until the "
+    "next refresh.",
+    also_reads=("core.events",),
+)
+def event_ids_known(conn: duckdb.DuckDBPyConnection, table: CoreTable) -> dg.AssetCheckResult:
     unknown, sample = _fetch_one(
         conn,
         f"""
@@ -230,7 +294,12 @@ def event_ids_known(conn: duckdb.DuckDBPyConnection) -> dg.AssetCheckResult:
     )
 
 
-def slider_values_valid(conn: duckdb.DuckDBPyConnection) -> dg.AssetCheckResult:
+@check(
+    "slider_values_valid",
+    "Slider values lie within the field's minimum..maximum and on its step grid (counted from the "
+    "minimum). Counts values that do not, and names a few.",
+)
+def slider_values_valid(conn: duckdb.DuckDBPyConnection, table: CoreTable) -> dg.AssetCheckResult:
     out_of_range, off_step, sample = _fetch_one(
         conn,
         # Only the offending rows are read past the filter, and only the sample is formatted.
@@ -265,7 +334,12 @@ def slider_values_valid(conn: duckdb.DuckDBPyConnection) -> dg.AssetCheckResult:
     )
 
 
-def field_types_resolved(conn: duckdb.DuckDBPyConnection) -> dg.AssetCheckResult:
+@check(
+    "field_types_resolved",
+    "Every custom report value is resolved to a field definition with a field type. Counts values "
+    "whose field no known configuration defines (they keep value_raw only).",
+)
+def field_types_resolved(conn: duckdb.DuckDBPyConnection, table: CoreTable) -> dg.AssetCheckResult:
     unresolved, by_source, sample = _fetch_one(
         conn,
         f"""
@@ -291,7 +365,12 @@ def field_types_resolved(conn: duckdb.DuckDBPyConnection) -> dg.AssetCheckResult
     )
 
 
-def coordinates_in_range(conn: duckdb.DuckDBPyConnection) -> dg.AssetCheckResult:
+@check(
+    "coordinates_in_range",
+    "Point-of-sale coordinates (location and places-directory) are valid: longitude within ±180, "
+    "latitude within ±90. A failure usually means swapped or scaled coordinates.",
+)
+def coordinates_in_range(conn: duckdb.DuckDBPyConnection, table: CoreTable) -> dg.AssetCheckResult:
     invalid, sample = _fetch_one(
         conn,
         f"""
@@ -312,7 +391,13 @@ def coordinates_in_range(conn: duckdb.DuckDBPyConnection) -> dg.AssetCheckResult
     )
 
 
-def field_types_known(conn: duckdb.DuckDBPyConnection) -> dg.AssetCheckResult:
+@check(
+    "field_types_known",
+    "Every custom report field type seen is one this project decodes (sql/field_type_kinds.sql). "
+    "A warning: a new type's values still load, typed by their JSON type (value_kind 'json_*'); "
+    "add the type to the list to decode it.",
+)
+def field_types_known(conn: duckdb.DuckDBPyConnection, table: CoreTable) -> dg.AssetCheckResult:
     new_types, values, known = _fetch_one(
         conn,
         """
@@ -334,7 +419,14 @@ def field_types_known(conn: duckdb.DuckDBPyConnection) -> dg.AssetCheckResult:
     )
 
 
-def event_states_known(conn: duckdb.DuckDBPyConnection) -> dg.AssetCheckResult:
+@check(
+    "event_states_known",
+    "Every event state (eventState, stateOld, stateNew) is one of the states the API document "
+    "lists (sql/known_event_states.sql). A warning: the API's transitions are not documented, so "
+    "a new state is drift to look at, not an error.",
+    also_reads=("core.events",),
+)
+def event_states_known(conn: duckdb.DuckDBPyConnection, table: CoreTable) -> dg.AssetCheckResult:
     new_states, rows = _fetch_one(
         conn,
         """
@@ -359,27 +451,16 @@ def event_states_known(conn: duckdb.DuckDBPyConnection) -> dg.AssetCheckResult:
     )
 
 
-#: The tables whose query names, per row, the values it could not type (``untyped_values``, see
-#: ``sql/typed_values.sql``): the values_typed and values_finite checks count them.
-UNTYPED_VALUES_TABLES = (
-    "core_transactions",
-    "core_events",
-    "core_custom_report_results",
-    "core_dim_point_of_sale",
-)
 NOT_FINITE = "not finite"
 
 
-def untyped_values_found(table: CoreTable, not_finite: bool) -> Evaluate:
-    """Rows of ``table`` with a present value that could not be typed: NaN and infinity when
-    ``not_finite``, every other kind otherwise; with a count per field and a sample."""
-    key_text = " || ' / ' || ".join(
-        f"coalesce({quote_ident(c)}::VARCHAR, 'NULL')" for c in table.key
-    )
+def _untyped_values_sql(table: CoreTable, not_finite: bool) -> str:
+    """The rows of ``table`` with a present value that could not be typed (``untyped_values``, see
+    ``sql/typed_values.sql``): NaN and infinity when ``not_finite``, every other kind otherwise."""
     kind = "=" if not_finite else "<>"
-    sql = f"""
+    return f"""
         WITH entries AS (
-            SELECT {key_text} AS row_key, unnest(untyped_values) AS entry
+            SELECT {_key_text(table)} AS row_key, unnest(untyped_values) AS entry
             FROM {qualified(table.table)}
             WHERE untyped_values IS NOT NULL
         ),
@@ -396,56 +477,49 @@ def untyped_values_found(table: CoreTable, not_finite: bool) -> Evaluate:
              FROM (SELECT * FROM counted ORDER BY row_key, field LIMIT {SAMPLE_SIZE}))
         FROM counted
     """
+
+
+def untyped_values_found(
+    conn: duckdb.DuckDBPyConnection, table: CoreTable, not_finite: bool
+) -> dg.AssetCheckResult:
+    """Rows of ``table`` with a present value that could not be typed, with a count per field and
+    a sample."""
+    rows, by_field, sample = _fetch_one(conn, _untyped_values_sql(table, not_finite))
     label = "rows_with_nan_or_infinity" if not_finite else "rows_with_untyped_values"
-
-    def _untyped_values(conn: duckdb.DuckDBPyConnection) -> dg.AssetCheckResult:
-        rows, by_field, sample = _fetch_one(conn, sql)
-        return dg.AssetCheckResult(
-            passed=rows == 0,
-            severity=dg.AssetCheckSeverity.WARN,
-            metadata={
-                label: int(rows),
-                "values_by_field": by_field,
-                # Ids and values may hold any character: shown as JSON strings.
-                "sample": "\n".join(
-                    f"{json.dumps(key)}: {field} = {json.dumps(value)} ({problem})"
-                    for key, field, value, problem in sample
-                ),
-            },
-        )
-
-    return _untyped_values
-
-
-def _untyped_values_checks() -> list[CoreCheck]:
-    """values_typed and values_finite, on every table of ``UNTYPED_VALUES_TABLES``."""
-    checks = []
-    for table in map(_asset_table, UNTYPED_VALUES_TABLES):
-        checks += [
-            CoreCheck(
-                table,
-                untyped_values_found(table, not_finite=False),
-                name="values_typed",
-                description=(
-                    f"Every value {table.table} types was typed: counts the rows where a present, "
-                    "non-empty value (a number, timestamp, boolean, object or array) could not "
-                    "be, so its column is NULL, with a sample of ids and values as received "
-                    "(untyped_values names them; raw.* keeps them). A warning: the data loads."
-                ),
+    return dg.AssetCheckResult(
+        passed=rows == 0,
+        severity=dg.AssetCheckSeverity.WARN,
+        metadata={
+            label: int(rows),
+            "values_by_field": by_field,
+            # Ids and values may hold any character: shown as JSON strings.
+            "sample": "\n".join(
+                f"{json.dumps(key)}: {field} = {json.dumps(value)} ({problem})"
+                for key, field, value, problem in sample
             ),
-            CoreCheck(
-                table,
-                untyped_values_found(table, not_finite=True),
-                name="values_finite",
-                description=(
-                    f"No NaN or infinity was sent for a value of {table.table}: counts the rows "
-                    'where one was ("NaN", "Infinity", 1e309, ...), stored as NULL, with a '
-                    "sample of ids. A warning: the data loads, and sums over the column stay "
-                    "numbers."
-                ),
-            ),
-        ]
-    return checks
+        },
+    )
+
+
+@check(
+    "values_typed",
+    "Every value {table} types was typed: counts the rows where a present, non-empty value (a "
+    "number, timestamp, boolean, object or array) could not be, so its column is NULL, with a "
+    "sample of ids and values as received (untyped_values names them; raw.* keeps them). A "
+    "warning: the data loads.",
+)
+def values_typed(conn: duckdb.DuckDBPyConnection, table: CoreTable) -> dg.AssetCheckResult:
+    return untyped_values_found(conn, table, not_finite=False)
+
+
+@check(
+    "values_finite",
+    'No NaN or infinity was sent for a value of {table}: counts the rows where one was ("NaN", '
+    '"Infinity", 1e309, ...), stored as NULL, with a sample of ids. A warning: the data loads, '
+    "and sums over the column stay numbers.",
+)
+def values_finite(conn: duckdb.DuckDBPyConnection, table: CoreTable) -> dg.AssetCheckResult:
+    return untyped_values_found(conn, table, not_finite=True)
 
 
 def _mart_totals_match(
@@ -466,7 +540,15 @@ def _mart_totals_match(
     )
 
 
-def daily_sales_match_transactions(conn: duckdb.DuckDBPyConnection) -> dg.AssetCheckResult:
+@check(
+    "daily_sales_match_transactions",
+    "mart.daily_sales adds up to core.transactions: the same number of transactions and the same "
+    "total value (to a cent), so no sale is lost or counted twice by the joins.",
+    also_reads=("core.transactions",),
+)
+def daily_sales_match_transactions(
+    conn: duckdb.DuckDBPyConnection, table: CoreTable
+) -> dg.AssetCheckResult:
     mart_n, core_n, mart_value, core_value = _fetch_one(
         conn,
         """
@@ -483,7 +565,15 @@ def daily_sales_match_transactions(conn: duckdb.DuckDBPyConnection) -> dg.AssetC
     )
 
 
-def event_summary_matches_events(conn: duckdb.DuckDBPyConnection) -> dg.AssetCheckResult:
+@check(
+    "event_summary_matches_events",
+    "mart.event_summary has one row per core.events row, and its total value equals that of the "
+    "transactions whose event is known.",
+    also_reads=("core.events", "core.transactions"),
+)
+def event_summary_matches_events(
+    conn: duckdb.DuckDBPyConnection, table: CoreTable
+) -> dg.AssetCheckResult:
     mart_n, core_n, mart_value, core_value = _fetch_one(
         conn,
         """
@@ -501,7 +591,15 @@ def event_summary_matches_events(conn: duckdb.DuckDBPyConnection) -> dg.AssetChe
     )
 
 
-def user_activity_matches_status_changes(conn: duckdb.DuckDBPyConnection) -> dg.AssetCheckResult:
+@check(
+    "user_activity_matches_status_changes",
+    "mart.user_activity counts every dated status change with a user exactly once: its "
+    "status_changes add up to those rows of core.event_status_history.",
+    also_reads=("core.event_status_history",),
+)
+def user_activity_matches_status_changes(
+    conn: duckdb.DuckDBPyConnection, table: CoreTable
+) -> dg.AssetCheckResult:
     mart_n, core_n = _fetch_one(
         conn,
         """
@@ -518,134 +616,28 @@ def user_activity_matches_status_changes(conn: duckdb.DuckDBPyConnection) -> dg.
     )
 
 
-def core_checks() -> list[CoreCheck]:
-    """Every check of the core and mart tables: uniqueness from each table's key, then the data
-    checks."""
-    transactions = _asset_table("core_transactions")
-    events = _asset_table("core_events")
-    results = _asset_table("core_custom_report_results")
-    points_of_sale = _asset_table("core_dim_point_of_sale")
+def core_checks(tables: Sequence[CoreTable] | None = None) -> list[CoreCheck]:
+    """Every check of ``tables`` (every core and mart table unless given), as their YAML names
+    them."""
     return [
-        *(
-            CoreCheck(
-                table,
-                ids_unique(table),
-                name="ids_unique",
-                description=ids_unique_description(table),
-                blocking=True,
-            )
-            for table in (*CORE_TABLES, *MART_TABLES)
-        ),
-        *_untyped_values_checks(),
-        CoreCheck(
-            transactions,
-            event_ids_known,
-            name="event_ids_known",
-            also_reads=(events,),
-            description=(
-                "Every transaction's event_id is present in core.events. A warning only: the API "
-                "pages transactions and events separately, so an event created meanwhile can be "
-                "missing until the next refresh."
-            ),
-        ),
-        CoreCheck(
-            results,
-            slider_values_valid,
-            name="slider_values_valid",
-            description=(
-                "Slider values lie within the field's minimum..maximum and on its step grid "
-                "(counted from the minimum). Counts values that do not, and names a few."
-            ),
-        ),
-        CoreCheck(
-            results,
-            field_types_resolved,
-            name="field_types_resolved",
-            description=(
-                "Every custom report value is resolved to a field definition with a field type. "
-                "Counts values whose field no known configuration defines (they keep value_raw "
-                "only)."
-            ),
-        ),
-        CoreCheck(
-            points_of_sale,
-            coordinates_in_range,
-            name="coordinates_in_range",
-            description=(
-                "Point-of-sale coordinates (location and places-directory) are valid: longitude "
-                "within ±180, latitude within ±90. A failure usually means swapped or scaled "
-                "coordinates."
-            ),
-        ),
-        CoreCheck(
-            _asset_table("core_custom_report_field_types"),
-            field_types_known,
-            name="field_types_known",
-            also_reads=(),
-            description=(
-                "Every custom report field type seen is one this project decodes "
-                "(sql/field_type_kinds.sql). A warning: a new type's values still load, typed by "
-                "their JSON type (value_kind 'json_*'); add the type to the list to decode it."
-            ),
-        ),
-        CoreCheck(
-            _asset_table("core_event_status_history"),
-            event_states_known,
-            name="event_states_known",
-            also_reads=(_asset_table("core_events"),),
-            description=(
-                "Every event state (eventState, stateOld, stateNew) is one of the states the API "
-                "document lists (sql/known_event_states.sql). A warning: the API's transitions are "
-                "not documented, so a new state is drift to look at, not an error."
-            ),
-        ),
-        CoreCheck(
-            _asset_table("mart_daily_sales"),
-            daily_sales_match_transactions,
-            name="daily_sales_match_transactions",
-            also_reads=(_asset_table("core_transactions"),),
-            description=(
-                "mart.daily_sales adds up to core.transactions: the same number of transactions and"
-                " the same total value (to a cent), so no sale is lost or counted twice by the "
-                "joins."
-            ),
-        ),
-        CoreCheck(
-            _asset_table("mart_event_summary"),
-            event_summary_matches_events,
-            name="event_summary_matches_events",
-            also_reads=(
-                _asset_table("core_events"),
-                _asset_table("core_transactions"),
-            ),
-            description=(
-                "mart.event_summary has one row per core.events row, and its total value equals "
-                "that of the transactions whose event is known."
-            ),
-        ),
-        CoreCheck(
-            _asset_table("mart_user_activity"),
-            user_activity_matches_status_changes,
-            name="user_activity_matches_status_changes",
-            also_reads=(_asset_table("core_event_status_history"),),
-            description=(
-                "mart.user_activity counts every dated status change with a user exactly once: its "
-                "status_changes add up to those rows of core.event_status_history."
-            ),
-        ),
+        c for table in (derived_tables() if tables is None else tables) for c in checks_of(table)
     ]
 
 
 def checks_in_asset_step(table: CoreTable) -> list[CoreCheck]:
     """The checks of ``table`` its asset's step evaluates (see the module's docstring)."""
-    return [c for c in core_checks() if c.table == table and c.runs_in_asset_step]
+    return [c for c in checks_of(table) if c.runs_in_asset_step]
 
 
-def build_core_checks(names: InstanceNames) -> list[dg.AssetChecksDefinition]:
-    """The checks that run in a step of their own (one for all of them): those that read a table
-    their asset does not depend on. The others are check specs of their assets
+def build_core_checks(
+    names: InstanceNames, tables: Sequence[CoreTable] | None = None
+) -> list[dg.AssetChecksDefinition]:
+    """The checks of ``tables`` that run in a step of their own (one for all of them): those that
+    read a table their asset does not depend on. The others are check specs of their assets
     (``checks_in_asset_step``)."""
-    return [_cross_table_checks(names, [c for c in core_checks() if not c.runs_in_asset_step])]
+    return [
+        _cross_table_checks(names, [c for c in core_checks(tables) if not c.runs_in_asset_step])
+    ]
 
 
 def core_check_keys(names: InstanceNames) -> list[dg.AssetCheckKey]:

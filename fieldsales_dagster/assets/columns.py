@@ -13,10 +13,12 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from functools import cache
-from importlib import resources
+from pathlib import Path
+from typing import TypeVar
 
 import dagster as dg
 import duckdb
+import msgspec
 import yaml
 
 from fieldsales_dagster.warehouse.lake import one_transaction
@@ -42,6 +44,46 @@ PII_NOTES = {
 }
 
 
+#: The package's queries and their YAML files (in the installed package: never zipped).
+PACKAGE_SQL = Path(__file__).resolve().parents[1] / "sql"
+
+
+class TableFileError(ValueError):
+    """A table's YAML file is missing, unreadable, or says something that cannot be."""
+
+
+class ColumnEntry(msgspec.Struct, forbid_unknown_fields=True, frozen=True):
+    """A column declared with more than its description."""
+
+    description: str
+    pii: bool = False
+
+
+#: ``columns:`` of a table's YAML, in table order: name -> description, or -> a ``ColumnEntry``.
+ColumnEntries = dict[str, str | ColumnEntry]
+
+
+class RawTableFile(msgspec.Struct, forbid_unknown_fields=True, frozen=True):
+    """``sql/raw_<name>.yaml``: a raw table's description and its columns' meanings."""
+
+    columns: ColumnEntries
+    description: str | None = None
+
+
+Model = TypeVar("Model", bound=msgspec.Struct)
+
+
+def read_table_file(path: Path, model: type[Model]) -> Model:
+    """``path`` (YAML) as ``model``; an error names the file and the field, and what to do."""
+    try:
+        return msgspec.convert(yaml.safe_load(path.read_text("utf-8")), model)
+    except (OSError, yaml.YAMLError, msgspec.ValidationError) as exc:
+        raise TableFileError(
+            f"{path}: {exc}. Fix the file: the fields a table's YAML takes are "
+            f"{', '.join(model.__struct_fields__)}."
+        ) from exc
+
+
 @dataclass(frozen=True)
 class Column:
     name: str
@@ -64,18 +106,21 @@ class TableDoc:
         return tuple(c.name for c in self.columns if c.pii)
 
 
+def columns_of(entries: ColumnEntries) -> tuple[Column, ...]:
+    """The declared columns, in table order."""
+    return tuple(
+        Column(name, entry.strip())
+        if isinstance(entry, str)
+        else Column(name, entry.description.strip(), entry.pii)
+        for name, entry in entries.items()
+    )
+
+
 @cache
 def table_doc(asset_name: str) -> TableDoc:
-    """``sql/<asset_name>.yaml``: column name -> description, or -> {description, pii}."""
-    path = resources.files("fieldsales_dagster") / "sql" / f"{asset_name}.yaml"
-    doc = yaml.safe_load(path.read_text("utf-8"))
-    columns = []
-    for name, spec in doc["columns"].items():
-        if isinstance(spec, str):
-            columns.append(Column(name, spec.strip()))
-        else:
-            columns.append(Column(name, spec["description"].strip(), bool(spec.get("pii"))))
-    return TableDoc(tuple(columns), doc.get("description"))
+    """``sql/<asset_name>.yaml`` of a raw table: its description and columns."""
+    found = read_table_file(PACKAGE_SQL / f"{asset_name}.yaml", RawTableFile)
+    return TableDoc(columns_of(found.columns), found.description)
 
 
 def _schema_of(table: str) -> str:

@@ -1,0 +1,305 @@
+"""Decoded tables, the shared SQL macros, and the staged build every table swaps in by.
+
+A decoded table (``Decoded``) is one raw table's payloads parsed once, for the several core
+tables that read them: it is brought up to date with its raw table before a table reading it
+builds (``refresh_decoded``, or ``share_decoded`` for one a run's steps share outside the lake).
+The macros of ``sql/<name>.sql`` (``SHARED_MACROS``) are created on a connection before a query
+calling them runs (``shared_macros_sql``). ``build_table`` runs a query into a staging table and
+swaps it in: a failed query leaves the previous table in place.
+"""
+
+import functools
+import re
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import dagster as dg
+import duckdb
+
+from fieldsales_dagster.assets.columns import PACKAGE_SQL
+from fieldsales_dagster.assets.follow import WHOLE_ABOVE, rows_missing, same_row
+from fieldsales_dagster.pause import pause_at
+from fieldsales_dagster.warehouse.lake import drop_table, run_transaction
+from fieldsales_dagster.warehouse.quoting import qualified, quote_ident, sql_literal
+from fieldsales_dagster.warehouse.rows import one_row
+from fieldsales_dagster.warehouse.warehouse import (
+    FieldSalesWarehouse,
+    replace_table,
+    staging_table,
+    table_exists,
+)
+
+
+@dataclass(frozen=True)
+class Decoded:
+    """A pipeline-internal table: one raw table's payloads parsed once, for several core tables.
+
+    Not part of the contract. It keeps the raw table's ``id`` and ``loaded_at``: every load stamps
+    the rows it writes with its own ``loaded_at`` and keeps the others as they were, so the rows
+    the decode lacks, and those it holds in vain, are told apart without parsing anything. After
+    an incremental raw load only the re-fetched rows are parsed (``refresh_decoded``).
+
+    A ``temp.<name>`` table is not kept (``kept``): the run's steps share one decode, outside
+    the lake (``share_decoded``), each reading it as ``temp.<name>``.
+    """
+
+    #: ``meta.<name>`` (a lake table) or ``temp.<name>`` (not kept).
+    table: str
+    source: str
+    description: str
+    #: The whole source, as the full decode reads it (in slices, to bound the parser's memory).
+    whole_source: str
+
+    @property
+    def kept(self) -> bool:
+        """False for a ``temp.*`` table: it holds personal values, which core.* hashes or drops
+        as ``pii`` says, so it is never written to the lake (as a lake table, its Parquet files
+        sat in the data path during the step, and a failed step left them there until the
+        upkeep deleted orphans). The first step of a run reading it builds it whole in the
+        process's DuckDB instance (memory, spilled to the local temp_directory); the run's other
+        steps read that (``share_decoded``), each through a TEMP view ``temp.<name>``; the run's
+        end drops it."""
+        return self.table.partition(".")[0] != "temp"
+
+    @property
+    def query_file(self) -> str:
+        return f"{self.table.replace('.', '_')}.sql"
+
+
+#: Every raw.transactions payload parsed once: core.transactions and core.custom_report_results
+#: read it instead of parsing the ~5 KB payloads once each.
+TRANSACTIONS_DECODED = Decoded(
+    "meta.transactions_decoded",
+    "raw.transactions",
+    "Pipeline-internal, not for analysis (use core.transactions and "
+    "core.custom_report_results): raw.transactions' payloads parsed once for the core tables.",
+    whole_source="raw_transactions_in_slices()",
+)
+
+
+#: Every raw.events payload parsed once: the eight tables that read events read it instead of
+#: parsing the payloads (up to ~14 KB each) once each; see temp_events_decoded.sql. Not kept:
+#: it holds the events' personal values (names, emails, IPs).
+EVENTS_DECODED = Decoded(
+    "temp.events_decoded",
+    "raw.events",
+    "Pipeline-internal, not for analysis (use core.events and the other core tables): "
+    "raw.events' payloads parsed once for the core tables.",
+    whole_source="raw_events_in_slices()",
+)
+
+
+#: Every decoded table, in the order a table reading several brings them up to date.
+DECODED_TABLES: tuple[Decoded, ...] = (TRANSACTIONS_DECODED, EVENTS_DECODED)
+
+
+def decoded_query(decoded: Decoded) -> str:
+    """The SQL that parses ``decoded``'s rows to decode, as shipped in the package."""
+    return (PACKAGE_SQL / decoded.query_file).read_text("utf-8")
+
+
+def _fingerprint(conn: duckdb.DuckDBPyConnection, table: str) -> tuple | None:
+    """Row count, latest load and a hash of every (id, loaded_at); ``None`` without the table.
+
+    Every load stamps the rows it writes with its own ``loaded_at``, so a decode holds exactly the
+    rows (ids and loads) its raw table holds when the two fingerprints are equal, and a raw table
+    refreshed since differs in its count, its latest load or the hash.
+    """
+    if not table_exists(conn, table):
+        return None
+    return conn.execute(
+        f"SELECT count(*), max(loaded_at), bit_xor(hash(id, loaded_at)) FROM {qualified(table)}"
+    ).fetchone()
+
+
+@dataclass(frozen=True)
+class DecodeRefresh:
+    """What ``refresh_decoded`` did: ``mode`` (current, incremental or full), rows parsed."""
+
+    mode: str
+    parsed: int
+
+    def describe(self, decoded: Decoded) -> str:
+        return f"{decoded.table}: {self.mode} ({self.parsed:,} payloads parsed)"
+
+
+def decode_metadata(refreshed: Sequence[tuple[Decoded, DecodeRefresh]]) -> dict[str, Any]:
+    """What bringing a table's decoded tables up to date did (nothing when it reads none)."""
+    if not refreshed:
+        return {}
+    return {
+        "fieldsales/decode": dg.MetadataValue.text(
+            "; ".join(done.describe(decoded) for decoded, done in refreshed)
+        ),
+        "fieldsales/decode_payloads_parsed": dg.MetadataValue.int(
+            sum(done.parsed for _, done in refreshed)
+        ),
+    }
+
+
+def build_decoded(conn: duckdb.DuckDBPyConnection, decoded: Decoded) -> DecodeRefresh:
+    """Parse all of ``decoded.source`` into the kept ``decoded.table``, staged and swapped like a
+    core table."""
+
+    def describe(staged: str) -> None:
+        conn.execute(f"COMMENT ON TABLE {qualified(staged)} IS {sql_literal(decoded.description)}")
+
+    _define_rows_to_decode(conn, f"SELECT * FROM {decoded.whole_source}")
+    build_table(conn, decoded.table, decoded_query(decoded), before_swap=describe)
+    (rows,) = one_row(conn, f"SELECT count(*) FROM {qualified(decoded.table)}")
+    return DecodeRefresh("full", rows)
+
+
+def share_decoded(
+    conn: duckdb.DuckDBPyConnection, warehouse: FieldSalesWarehouse, decoded: Decoded
+) -> DecodeRefresh:
+    """Bring the not-kept ``decoded`` up to date for this run's steps; returns what it did.
+
+    It is parsed once per run, not once per step reading it: the first step builds it whole
+    (``"full"``) as a table of the process's DuckDB instance (``FieldSalesWarehouse.shared_table``:
+    in memory, spilled to the local temp_directory, never in the lake), and the run's other steps
+    read it as it is (``"current"``) while its raw table holds the same rows (``_fingerprint``);
+    a raw table changed since (another run loaded it) is parsed again. The run's end drops it
+    (``drop_shared``): it holds personal values that core.* hashes or drops as ``pii`` says.
+    Outside a transaction: the lake's transaction may write one database only.
+    """
+    source = _fingerprint(conn, decoded.source)
+    if source is not None and warehouse.shared_source(decoded.table) == source:
+        return DecodeRefresh("current", 0)
+    shared = warehouse.shared_table(decoded.table)
+    _define_rows_to_decode(conn, f"SELECT * FROM {decoded.whole_source}")
+    try:
+        warehouse.create_shared_schema(conn)
+        conn.execute(f"CREATE OR REPLACE TABLE {shared} AS\n{decoded_query(decoded)}")
+    except duckdb.Error as exc:
+        raise RuntimeError(
+            f"Building {decoded.table} (a table of the run, never in the lake) failed. "
+            f"DuckDB: {exc}"
+        ) from exc
+    warehouse.shared_built(decoded.table, source)
+    (rows,) = one_row(conn, f"SELECT count(*) FROM {shared}")
+    return DecodeRefresh("full", rows)
+
+
+def read_shared(
+    conn: duckdb.DuckDBPyConnection, warehouse: FieldSalesWarehouse, decoded: Decoded
+) -> None:
+    """``temp.<name>``: a view of the step's connection on the run's shared ``decoded``."""
+    name = decoded.table.partition(".")[2]
+    conn.execute(
+        f"CREATE OR REPLACE TEMP VIEW {quote_ident(name)} AS "
+        f"SELECT * FROM {warehouse.shared_table(decoded.table)}"
+    )
+
+
+def refresh_decoded(conn: duckdb.DuckDBPyConnection, decoded: Decoded) -> DecodeRefresh:
+    """Bring ``decoded`` up to date with its raw table; returns what it did.
+
+    ``"current"``: nothing to do. ``"incremental"``: only the source rows the decode lacks (by
+    ``id`` and ``loaded_at``) are parsed and inserted, and the rows no longer in the source are
+    deleted, in one transaction. ``"full"``: no decode yet, or more than ``WHOLE_ABOVE`` of
+    the source to parse (after a full raw load, every row). Either way the result holds exactly
+    what a full decode of the source would hold.
+    """
+    found = _fingerprint(conn, decoded.table)
+    if found is None:
+        return build_decoded(conn, decoded)
+    raw = _fingerprint(conn, decoded.source)
+    assert raw is not None, f"{decoded.table} exists without its source {decoded.source}"
+    if found == raw:
+        return DecodeRefresh("current", 0)
+    table, source = qualified(decoded.table), qualified(decoded.source)
+    missing = rows_missing(conn, decoded.source, decoded.table, "_fs_to_decode", slices=4)
+    if missing.count > WHOLE_ABOVE * raw[0]:
+        return build_decoded(conn, decoded)
+    _define_rows_to_decode(conn, missing.select)
+    query = decoded_query(decoded)
+
+    def update() -> None:
+        conn.execute(
+            f"DELETE FROM {table} AS d WHERE NOT EXISTS (SELECT 1 FROM {source} AS s WHERE "
+            f"{same_row('s', 'd')})"
+        )
+        conn.execute(f"INSERT INTO {table} BY NAME\n{query}")
+
+    try:
+        run_transaction(conn, decoded.table, update)
+    except duckdb.Error as exc:
+        raise RuntimeError(
+            f"Updating {decoded.table} failed; it is left as it was. DuckDB: {exc}"
+        ) from exc
+    return DecodeRefresh("incremental", missing.count)
+
+
+def _define_rows_to_decode(conn: duckdb.DuckDBPyConnection, rows: str) -> None:
+    """``rows_to_decode()``, the rows a decode query parses (``sql/meta_*.sql`` read it)."""
+    if macros := shared_macros_sql(rows):
+        conn.execute(macros)
+    conn.execute(f"CREATE OR REPLACE TEMP MACRO rows_to_decode() AS TABLE {rows}")
+
+
+#: Connection-scoped macros the queries and checks share (``sql/<name>.sql``; a file defines
+#: the macro it is named after, and may define helpers beside it).
+SHARED_MACROS = (
+    "raw_transactions_in_slices",
+    "raw_events_in_slices",
+    "field_type_kinds",
+    "known_event_states",
+    "typed_values",
+)
+
+
+@functools.cache
+def macro_file(name: str) -> tuple[str, tuple[str, ...]]:
+    """``sql/<name>.sql`` as one statement list, and the names of the macros it defines."""
+    text = (PACKAGE_SQL / f"{name}.sql").read_text("utf-8")
+    defined = tuple(re.findall(r"CREATE OR REPLACE TEMP MACRO (\w+)\(", text))
+    return text.strip().rstrip(";"), defined
+
+
+def macro_files_called(query: str) -> list[str]:
+    """The names of the macro files ``query`` calls a macro of."""
+    return [
+        name for name in SHARED_MACROS if any(f"{macro}(" in query for macro in macro_file(name)[1])
+    ]
+
+
+def shared_macros_sql(query: str) -> str:
+    """The macro files ``query`` calls a macro of (DuckDB binds a macro's tables when it is
+    created)."""
+    return ";\n".join(macro_file(name)[0] for name in macro_files_called(query))
+
+
+#: Every decoded table, in the order a table reading several brings them up to date.
+
+
+def build_table(
+    conn: duckdb.DuckDBPyConnection,
+    target: str,
+    query: str,
+    params: dict[str, object] | None = None,
+    before_swap: Callable[[str], None] | None = None,
+) -> None:
+    """Run ``query`` into a staging table and swap it in for ``target``.
+
+    ``before_swap(staged)`` runs on the staging table (comments, for example), so readers never
+    see the new table without it. If either fails, ``target`` keeps its previous contents; the
+    error names the table.
+    """
+    schema, _, name = target.partition(".")
+    staged = staging_table(target)
+    conn.execute(f"CREATE SCHEMA IF NOT EXISTS {quote_ident(schema)}")
+    try:
+        if macros := shared_macros_sql(query):
+            conn.execute(macros)
+        conn.execute(f"CREATE OR REPLACE TABLE {qualified(staged)} AS\n{query}", params or {})
+        if before_swap is not None:
+            before_swap(staged)
+        pause_at("core")
+    except duckdb.Error as exc:
+        drop_table(conn, qualified(staged))
+        raise RuntimeError(
+            f"Building {target} failed; the previous {target} is left as it was. DuckDB: {exc}"
+        ) from exc
+    replace_table(conn, staged, target)

@@ -1,0 +1,358 @@
+"""The derived tables (``core.*`` and ``mart.*``), each declared once: ``sql/<schema>_<name>.sql``
+and the YAML beside it. Python keeps no list of them.
+
+The query builds the table. The YAML (``TableFile``) says everything else: its description, its
+key (the columns that identify a row; ``nullable_key`` those of them that may be NULL), what it
+follows when it follows a decoded table's changes rather than being rebuilt whole (``follows``,
+see ``follow.py``), its checks by name (``checks.py``), and its columns' meanings (``columns.py``).
+``derived_tables`` finds every ``core_*.sql`` and ``mart_*.sql`` of a folder with its YAML; a YAML
+that is missing, names an unknown field or lacks a required one fails the definitions' load,
+naming the file and the field.
+
+What a table reads is read from its query (``upstream_of``): the FROM and JOIN clauses are its
+asset's deps, so a new JOIN is a new dependency without a line of Python; each column's sources
+are its column lineage (``column_lineage``).
+"""
+
+import functools
+import hashlib
+from dataclasses import dataclass
+from pathlib import Path
+
+import dagster as dg
+import msgspec
+
+from fieldsales_dagster.assets.columns import (
+    PACKAGE_SQL,
+    Column,
+    ColumnEntries,
+    TableDoc,
+    TableFileError,
+    columns_of,
+    read_table_file,
+)
+from fieldsales_dagster.assets.decode import (
+    DECODED_TABLES,
+    Decoded,
+    macro_file,
+    macro_files_called,
+    shared_macros_sql,
+)
+from fieldsales_dagster.assets.follow import Follows
+from fieldsales_dagster.assets.lineage import QueryReadError, Reads, column_sources, reads_of
+from fieldsales_dagster.assets.raw import raw_asset_name
+from fieldsales_dagster.client.endpoints import LIST_ENDPOINTS
+from fieldsales_dagster.names import InstanceNames
+
+#: The schemas of the derived tables: ``sql/core_*.sql`` and ``sql/mart_*.sql``.
+DERIVED_SCHEMAS = ("core", "mart")
+
+
+class FollowsEntry(msgspec.Struct, forbid_unknown_fields=True, frozen=True):
+    """``follows:`` of a table's YAML: how it follows a decoded table (``follow.Follows``)."""
+
+    decoded: str
+    key: str
+    inputs: str
+    from_decoded: str = "true"
+    #: Table -> the columns its rows read of it (a change there rebuilds the table whole).
+    resolved_against: dict[str, str] = msgspec.field(default_factory=dict)
+
+
+class TableFile(msgspec.Struct, forbid_unknown_fields=True, frozen=True):
+    """``sql/<schema>_<name>.yaml`` of a core or mart table."""
+
+    description: str
+    key: list[str]
+    columns: ColumnEntries
+    checks: list[str]
+    nullable_key: list[str] = msgspec.field(default_factory=list)
+    follows: FollowsEntry | None = None
+
+
+@dataclass(frozen=True)
+class CoreTable:
+    """One core or mart table, as its YAML declares it; what it reads is read from the query."""
+
+    table: str
+    #: Columns that identify a row; checked for uniqueness by ``checks.py``.
+    key: tuple[str, ...]
+    description: str
+    #: Its columns' meanings.
+    doc: TableDoc
+    #: The folder of its query and YAML (the package's ``sql/``).
+    folder: Path = PACKAGE_SQL
+    #: Key columns that may be NULL (a mart's group-by key); the others must not be.
+    nullable_key: tuple[str, ...] = ()
+    #: Set when the table follows the decoded table's changes rather than being rebuilt whole.
+    follows: Follows | None = None
+    #: The names of its checks (``checks.py``).
+    checks: tuple[str, ...] = ()
+
+    @property
+    def asset_name(self) -> str:
+        return self.table.replace(".", "_")
+
+    @property
+    def query_file(self) -> str:
+        return f"{self.asset_name}.sql"
+
+    @property
+    def yaml_file(self) -> Path:
+        return self.folder / f"{self.asset_name}.yaml"
+
+    @property
+    def schema(self) -> str:
+        return self.table.partition(".")[0]
+
+    @property
+    def columns(self) -> tuple[Column, ...]:
+        """Every column, in order: name, description, and whether it holds personal data."""
+        return self.doc.columns
+
+    @functools.cached_property
+    def upstream(self) -> "Upstream":
+        """What the table's query reads (parsed on first use, when the definitions load)."""
+        return upstream_of(self, core_query(self))
+
+    @property
+    def deps(self) -> tuple[str, ...]:
+        """The assets whose tables the query reads: the asset's ``deps``."""
+        return self.upstream.deps
+
+    @property
+    def decoded(self) -> tuple[Decoded, ...]:
+        """The decoded tables the query reads: brought up to date with their raw tables first."""
+        return self.upstream.decoded
+
+
+def _follows(entry: FollowsEntry | None, where: Path) -> Follows | None:
+    if entry is None:
+        return None
+    decoded = [d.table for d in DECODED_TABLES]
+    if entry.decoded not in decoded:
+        raise TableFileError(
+            f"{where}: follows.decoded is {entry.decoded!r}, which is no decoded table (they are "
+            f"{', '.join(decoded)}). Fix the file."
+        )
+    return Follows(
+        entry.decoded,
+        key=entry.key,
+        from_decoded=entry.from_decoded,
+        inputs=entry.inputs,
+        resolved_against=tuple(entry.resolved_against.items()),
+    )
+
+
+def read_table(folder: Path, asset_name: str) -> CoreTable:
+    """The table ``<folder>/<asset_name>.sql`` builds, as ``<asset_name>.yaml`` declares it."""
+    where = folder / f"{asset_name}.yaml"
+    found = read_table_file(where, TableFile)
+    columns = columns_of(found.columns)
+    names = {column.name for column in columns}
+    for field, listed in (("key", found.key), ("nullable_key", found.nullable_key)):
+        if unknown := [name for name in listed if name not in names]:
+            raise TableFileError(
+                f"{where}: {field} names {', '.join(unknown)}, which columns does not declare. "
+                "Fix the file."
+            )
+    schema, _, name = asset_name.partition("_")
+    return CoreTable(
+        f"{schema}.{name}",
+        tuple(found.key),
+        found.description,
+        TableDoc(columns),
+        folder,
+        tuple(found.nullable_key),
+        _follows(found.follows, where),
+        tuple(found.checks),
+    )
+
+
+def derived_tables(folder: Path = PACKAGE_SQL) -> tuple[CoreTable, ...]:
+    """Every core and mart table of ``folder``: each ``core_*.sql`` and ``mart_*.sql`` with its
+    YAML, each after the tables its query reads (in name order otherwise). A query without its
+    YAML, or a YAML without its query, is refused."""
+    return _in_build_order(_derived_tables(folder))
+
+
+@functools.cache
+def _in_build_order(tables: tuple[CoreTable, ...]) -> tuple[CoreTable, ...]:
+    names = {table.asset_name for table in tables}
+    ordered: list[CoreTable] = []
+    while len(ordered) < len(tables):
+        done = {table.asset_name for table in ordered}
+        left = [table for table in tables if table.asset_name not in done]
+        ready = [t for t in left if all(dep in done for dep in t.deps if dep in names)]
+        if not ready:
+            raise QueryReadError(
+                f"The queries {', '.join(f'sql/{t.query_file}' for t in left)} read each other in "
+                "a cycle: no order builds them. Fix a query's FROM or JOIN."
+            )
+        ordered += ready
+    return tuple(ordered)
+
+
+@functools.cache  # read once per process and folder
+def _derived_tables(folder: Path) -> tuple[CoreTable, ...]:
+    files = {path.name for path in folder.iterdir()}
+    stems = {
+        name.rpartition(".")[0]
+        for name in files
+        if name.startswith(tuple(f"{schema}_" for schema in DERIVED_SCHEMAS))
+        and name.endswith((".sql", ".yaml"))
+    }
+    for stem in sorted(stems):
+        for missing, beside in ((f"{stem}.yaml", f"{stem}.sql"), (f"{stem}.sql", f"{stem}.yaml")):
+            if missing not in files:
+                raise TableFileError(
+                    f"{folder / beside} has no {missing} beside it: a core or mart table is its "
+                    "query and its YAML (description, key, checks, columns). Add the file."
+                )
+    return tuple(read_table(folder, stem) for stem in sorted(stems))
+
+
+def tables_of(schema: str, folder: Path = PACKAGE_SQL) -> tuple[CoreTable, ...]:
+    """The tables of ``derived_tables(folder)`` in ``schema`` (``core`` or ``mart``)."""
+    return tuple(table for table in derived_tables(folder) if table.schema == schema)
+
+
+def core_query(table: CoreTable) -> str:
+    """The SQL that builds ``table``."""
+    return (table.folder / table.query_file).read_text("utf-8")
+
+
+#: The schemas whose tables this project builds: a query may read only these.
+BUILT_SCHEMAS = ("raw", "meta", "core", "mart")
+
+
+@dataclass(frozen=True)
+class Upstream:
+    """What a core or mart table's query reads, as the assets and decoded tables behind it."""
+
+    #: Asset names, sorted: the asset's ``deps``.
+    deps: tuple[str, ...]
+    decoded: tuple[Decoded, ...]
+
+
+def query_reads(query: str, where: str) -> Reads:
+    """The tables ``query`` reads, with those the bodies of the shared macros it calls read."""
+    reads = reads_of(query, where)
+    for name in macro_files_called(query):
+        reads |= reads_of(macro_file(name)[0], f"sql/{name}.sql")
+    return reads
+
+
+def upstream_of(table: CoreTable, query: str) -> Upstream:
+    """The assets and decoded tables ``query`` (``table``'s) reads, from its FROM and JOIN clauses.
+
+    ``raw.*``: the raw asset of that list. ``core.*``, ``mart.*``: the asset building the table.
+    A decoded ``meta.*`` or ``temp.*`` table, or ``decoded_rows()`` of a table that follows one:
+    the decoded table, and the raw asset it decodes. Other ``meta.*`` tables are pipeline state,
+    no asset's. A table in any other schema (the user's own, for one) is refused: the project's
+    tables are built before the user's assets, never from them.
+    """
+    where = f"sql/{table.query_file}"
+    reads = query_reads(query, where)
+    decoded_by_table = {decoded.table: decoded for decoded in DECODED_TABLES}
+    raw_assets = {endpoint.raw_table: raw_asset_name(endpoint) for endpoint in LIST_ENDPOINTS}
+    read_decoded = {name for name in reads.tables if name in decoded_by_table}
+    if "decoded_rows" in reads.table_functions:
+        if table.follows is None:
+            raise QueryReadError(
+                f"{where} calls decoded_rows(), which only a table that follows a decoded table "
+                "defines: read the decoded meta.* or temp.* table by name, or give the table's "
+                "YAML a follows: entry."
+            )
+        read_decoded.add(table.follows.decoded)
+    deps: set[str] = set()
+    for name in reads.tables - read_decoded:
+        schema = name.partition(".")[0]
+        if schema not in BUILT_SCHEMAS:
+            raise QueryReadError(
+                f"{where} reads {name}, in schema {schema}, which this project does not build "
+                f"(it builds {', '.join(BUILT_SCHEMAS)}): a core or mart table may not read the "
+                "user's own tables, which are built after it. Read the project's tables only."
+            )
+        if schema == "raw":
+            if name not in raw_assets:
+                raise QueryReadError(
+                    f"{where} reads {name}, which no raw asset loads (they load "
+                    f"{', '.join(sorted(raw_assets))}). Fix the table name."
+                )
+            deps.add(raw_assets[name])
+        elif schema in ("core", "mart"):
+            asset = name.replace(".", "_")
+            if not (table.folder / f"{asset}.sql").is_file():
+                raise QueryReadError(
+                    f"{where} reads {name}, which no query of this project builds (there is no "
+                    f"sql/{asset}.sql). Fix the table name."
+                )
+            deps.add(asset)
+    decoded = tuple(d for d in DECODED_TABLES if d.table in read_decoded)
+    deps.update(raw_assets[d.source] for d in decoded)
+    return Upstream(tuple(sorted(deps)), decoded)
+
+
+def query_code_version(table: CoreTable) -> str:
+    """The asset's code version: a hash of its query and of the shared macros it calls, so the
+    UI marks the table changed when its SQL changes (dagster-dbt's convention)."""
+    query = core_query(table)
+    return hashlib.sha256(f"{query}\n{shared_macros_sql(query)}".encode()).hexdigest()[:16]
+
+
+def _columns_of(asset: str, folder: Path) -> tuple[str, ...]:
+    """The columns of the table asset ``asset`` writes (a raw table's, or a query's)."""
+    for endpoint in LIST_ENDPOINTS:
+        if raw_asset_name(endpoint) == asset:
+            extra = tuple(column for column, _ in endpoint.extra_columns)
+            return ("id", "payload", "loaded_at", *extra)
+    (table,) = (t for t in derived_tables(folder) if t.asset_name == asset)
+    return tuple(column.name for column in table.columns)
+
+
+def column_lineage(names: InstanceNames, table: CoreTable) -> dg.TableColumnLineage:
+    """Each column's source columns, read from the query (``lineage.column_sources``), as the
+    assets behind them: a decoded ``meta.*`` or ``temp.*`` table's columns come from its raw
+    table's ``payload`` (its ``id`` and ``loaded_at`` from theirs); macros' constant lists are
+    no asset."""
+    decoded_by_table: dict[str, Decoded] = {decoded.table: decoded for decoded in DECODED_TABLES}
+    if table.follows is not None:
+        decoded_by_table["decoded_rows"] = decoded_by_table[table.follows.decoded]
+    raw_assets = {endpoint.raw_table: raw_asset_name(endpoint) for endpoint in LIST_ENDPOINTS}
+    known = tuple(
+        (f"{dep.partition('_')[0]}.{dep.partition('_')[2]}", _columns_of(dep, table.folder))
+        for dep in table.deps
+    )
+    sources = column_sources(
+        core_query(table), tuple(column.name for column in table.columns), known
+    )
+    deps: dict[str, list[dg.TableColumnDep]] = {}
+    for column, pairs in sources.items():
+        found: set[tuple[str, str]] = set()
+        for source, source_column in pairs:
+            if source in decoded_by_table:
+                asset = raw_assets[decoded_by_table[source].source]
+                kept = source_column in ("id", "loaded_at")
+                found.add((asset, source_column if kept else "payload"))
+            elif source in raw_assets:
+                found.add((raw_assets[source], source_column))
+            elif source.partition(".")[0] in ("core", "mart"):
+                found.add((source.replace(".", "_"), source_column))
+        if found:
+            deps[column] = [
+                dg.TableColumnDep(asset_key=names.asset_key(asset), column_name=name)
+                for asset, name in sorted(found)
+            ]
+    return dg.TableColumnLineage(deps_by_column=deps)
+
+
+def lineage_markdown(lineage: dg.TableColumnLineage) -> str:
+    """``lineage`` as a markdown table: each column and the upstream columns it comes from."""
+    rows = [
+        f"| {column} | "
+        + ", ".join(f"{dep.asset_key.to_user_string()}.{dep.column_name}" for dep in deps)
+        + " |"
+        for column, deps in lineage.deps_by_column.items()
+    ]
+    return "\n".join(["| column | comes from |", "|---|---|", *rows])
