@@ -54,8 +54,8 @@ from fieldsales_dagster.settings import (
     FieldSalesSettings,
     SettingError,
     memory_megabytes,
-    received,
     schedule_interval,
+    values,
 )
 from fieldsales_dagster.tenancy import Claim, refuse_shared_claims
 from fieldsales_dagster.token.renewal import RenewalPolicy
@@ -222,13 +222,12 @@ class FieldSalesComponent(dg.Component, FieldSalesSettings):
                 raise SettingError(str(exc)) from None
             # A secret: only the variable's name reaches Dagster, and only when it is used.
             pii_hash_key = dg.EnvVar(self.pii.hash_key_env_var)
-        warehouse_settings = received(FieldSalesWarehouse, self.storage, self.pii, self.refresh)
+        api = {**values(self.api), "api_token": dg.EnvVar(token_variable)}
+        warehouse = values(self.storage, self.pii, self.refresh)
         return {
-            self.names.api_resource: FieldSalesAPI(
-                **received(FieldSalesAPI, self.api), api_token=dg.EnvVar(token_variable)
-            ),
+            self.names.api_resource: FieldSalesAPI(**api),
             self.names.warehouse_resource: FieldSalesWarehouse(
-                **warehouse_settings, tenant=self.tenant, pii_hash_key=pii_hash_key
+                **warehouse, tenant=self.tenant, pii_hash_key=pii_hash_key
             ),
             # User assets' DataFrames, through the warehouse above (assets/io_manager.py).
             self.names.io_manager: build_io_manager(
@@ -281,11 +280,7 @@ class FieldSalesComponent(dg.Component, FieldSalesSettings):
             dg.get_dagster_logger().warning(warning)
 
     def warehouse_lake(self) -> Lake:
-        return FieldSalesWarehouse(
-            ducklake_catalog=self.storage.ducklake_catalog,
-            ducklake_data_path=self.storage.ducklake_data_path,
-            ducklake_schema=self.storage.ducklake_schema,
-        ).lake
+        return FieldSalesWarehouse(**values(self.storage)).lake
 
     def freshness_policy(self) -> dg.FreshnessPolicy:
         """Core tables are fresh if refreshed within one schedule interval (plus an hour of slack
