@@ -229,14 +229,15 @@ def settings_resource(name: str, *models: type[SettingsModel], but: tuple[str, .
                 annotation = next(a for a in get_args(annotation) if a is not type(None))
             fields[declared.name] = (annotation, declared.field())
 
-    def check(cls: Any, given: Any) -> Any:
+    def check(cls: Any, given: Any, handler: Any) -> Any:
+        built = handler(given)  # the resource's own field checks first
         for model in models if isinstance(given, dict) else ():
             mine = {s.name: field for field, s in model.settings().items() if s.name not in but}
             read = {k: v for k, v in given.items() if k in mine and not isinstance(v, dg.EnvVar)}
             model(**{mine[k]: v for k, v in read.items()})
-        return given
+        return built
 
-    validators: dict[str, Any] = {"check_settings": model_validator(mode="before")(check)}
+    validators: dict[str, Any] = {"check_settings": model_validator(mode="wrap")(check)}
     for dropped in but:
         fields.pop(dropped, None)
     return create_model(name, __base__=dg.ConfigurableResource, __validators__=validators, **fields)

@@ -872,7 +872,6 @@ def export_snapshot(
     sweep_dead_exports(target)
     temporary = target.with_name(f".{target.name}{EXPORT_INFIX}{secrets.token_hex(4)}")
     snapshot: int | None = None
-    tables = 0
     try:
         conn = connect(lake, config, read_only=True)
         try:
@@ -884,51 +883,62 @@ def export_snapshot(
             (snapshot,) = one_row(
                 conn, f"SELECT id FROM {quote_ident(lake.alias)}.current_snapshot()"
             )
-            found = conn.execute(
-                "SELECT schema_name, table_name FROM duckdb_tables() WHERE database_name = ? "
-                "AND NOT starts_with(table_name, '_stage_') ORDER BY ALL",
-                [lake.alias],
-            ).fetchall()
-            for schema in sorted({schema for schema, _ in found} | {"meta"}):
-                conn.execute(f"CREATE SCHEMA IF NOT EXISTS fieldsales_export.{quote_ident(schema)}")
-            for schema, name in found:
-                table = f"{quote_ident(schema)}.{quote_ident(name)}"
-                conn.execute(
-                    f"CREATE TABLE fieldsales_export.{table} AS "
-                    f"SELECT * FROM {quote_ident(lake.alias)}.{table}"
-                )
-            tables = len(found)
-            conn.execute(
-                f"CREATE TABLE fieldsales_export.{EXPORT_MARKER} AS SELECT ? AS snapshot_id, "
-                "now() AS exported_at, ? AS catalog",
-                [snapshot, lake.catalog],
-            )
+            tables = _copy_tables(conn, lake, snapshot)
             conn.execute("COMMIT")
             conn.execute("DETACH fieldsales_export")
         finally:
             conn.close()
-        with open(temporary, "rb") as file:
-            os.fsync(file.fileno())
-        size = temporary.stat().st_size
-        if pause is not None:
-            pause()
-        check_export_target(target, lake)  # a program may have opened it meanwhile
-        os.replace(temporary, target)
-        fd = os.open(target.parent, os.O_RDONLY)
-        try:
-            os.fsync(fd)
-        finally:
-            os.close(fd)
-    except ExportError:
-        _remove(temporary)
-        raise
+        size = _replace_durably(temporary, target, lake, pause)
     except (duckdb.Error, OSError) as exc:
         _remove(temporary)
         raise _failure(target, snapshot, exc) from exc
-    except BaseException:
+    except BaseException:  # an ExportError names its cause already
         _remove(temporary)
         raise
     return Export(target, int(snapshot), tables, size, time.monotonic() - started)
+
+
+def _copy_tables(conn: duckdb.DuckDBPyConnection, lake: Lake, snapshot: int) -> int:
+    """Copy every table of the lake (no staging table) into ``fieldsales_export``, and mark it
+    with ``snapshot`` (``EXPORT_MARKER``); returns how many tables."""
+    found = conn.execute(
+        "SELECT schema_name, table_name FROM duckdb_tables() WHERE database_name = ? "
+        "AND NOT starts_with(table_name, '_stage_') ORDER BY ALL",
+        [lake.alias],
+    ).fetchall()
+    for schema in sorted({schema for schema, _ in found} | {"meta"}):
+        conn.execute(f"CREATE SCHEMA IF NOT EXISTS fieldsales_export.{quote_ident(schema)}")
+    for schema, name in found:
+        table = f"{quote_ident(schema)}.{quote_ident(name)}"
+        conn.execute(
+            f"CREATE TABLE fieldsales_export.{table} AS "
+            f"SELECT * FROM {quote_ident(lake.alias)}.{table}"
+        )
+    conn.execute(
+        f"CREATE TABLE fieldsales_export.{EXPORT_MARKER} AS SELECT ? AS snapshot_id, "
+        "now() AS exported_at, ? AS catalog",
+        [snapshot, lake.catalog],
+    )
+    return len(found)
+
+
+def _replace_durably(
+    temporary: Path, target: Path, lake: Lake, pause: Callable[[], None] | None
+) -> int:
+    """fsync ``temporary``, rename it over ``target`` and fsync the folder; returns its size."""
+    with open(temporary, "rb") as file:
+        os.fsync(file.fileno())
+    size = temporary.stat().st_size
+    if pause is not None:
+        pause()
+    check_export_target(target, lake)  # a program may have opened it meanwhile
+    os.replace(temporary, target)
+    fd = os.open(target.parent, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+    return size
 
 
 #: A temporary export untouched this long was left by a dead export: a live one writes it
