@@ -21,7 +21,6 @@ from __future__ import annotations
 
 import functools
 import os
-import re
 from datetime import timedelta
 from pathlib import Path
 from typing import Any
@@ -48,6 +47,7 @@ from fieldsales_dagster.client.api import FieldSalesAPI
 from fieldsales_dagster.names import InstanceNames
 from fieldsales_dagster.paths import PathSettingError, check_file_setting
 from fieldsales_dagster.settings import (
+    IDENTIFIER,
     ITEM_SHARE_OF_MEMORY,
     NOT_AN_ENV_REFERENCE,
     SETTINGS,
@@ -65,8 +65,6 @@ from fieldsales_dagster.warehouse.pii import PiiSettingError, check_hash_key
 from fieldsales_dagster.warehouse.warehouse import FieldSalesWarehouse
 
 __all__ = ["FieldSalesComponent", "SettingError", "memory_megabytes", "schedule_interval"]
-
-_IDENTIFIER = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 
 
 @functools.cache
@@ -105,7 +103,7 @@ class ScaffoldNameError(ValueError):
 
 def tenant_defs_yaml(type_name: str, tenant: str) -> str:
     """The ``defs.yaml`` of tenant ``tenant`` (also its key prefix)."""
-    if not (_IDENTIFIER.match(tenant) and tenant[0].isalpha()):
+    if not (IDENTIFIER.match(tenant) and tenant[0].isalpha()):
         raise ScaffoldNameError(
             f"dg scaffold defs {type_name} {tenant}: the folder's name becomes the tenant's "
             "key_prefix, which must be a name of letters, digits and underscores, starting with "
@@ -317,10 +315,9 @@ class FieldSalesComponent(dg.Component, FieldSalesSettings):
 
     def alert_settings(self) -> AlertSettings:
         """Where this instance's alerts go (``automation/sensors.py``); off unless configured."""
-        given = self.alerts.model_dump()
         return AlertSettings(
-            **{**given, "email_to": tuple(filter(None, (given["email_to"] or "").split(", ")))},
             tenant=self.names.tenant,
+            alerts=self.alerts,
             secret_env_vars=(
                 self.api.api_token_env_var,
                 self.pii.hash_key_env_var,

@@ -43,7 +43,7 @@ ITEM_SHARE_OF_MEMORY = 16
 #: team's own schema) belongs to its users: never dropped. A DuckDB export may not be named after
 #: one, nor may user_schema be one.
 PROJECT_SCHEMAS = frozenset({"raw", "core", "mart", "meta"})
-_IDENTIFIER = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
+IDENTIFIER = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 _MEMORY = re.compile(r"^\d+(\.\d+)?\s*(B|KB|MB|GB|TB|KiB|MiB|GiB|TiB)$", re.IGNORECASE)
 _UNITS = {"b": 1e-6, "kb": 1e-3, "mb": 1, "gb": 1e3, "tb": 1e6}
 _UNITS |= {"kib": 1024 / 1e6, "mib": 1.048576, "gib": 1073.741824, "tib": 1099511.627776}
@@ -314,7 +314,7 @@ def check_lake_location(catalog: str | None, data_path: str | None) -> str | Non
 
 
 def _plain_name(value: str | None) -> str | None:
-    if value and not _IDENTIFIER.match(value):
+    if value and not IDENTIFIER.match(value):
         raise ValueError("it is not a plain name")
     return value or None
 
@@ -881,7 +881,7 @@ class FieldSalesSettings(SettingsModel):
     @field_validator("user_schema")
     @classmethod
     def _user_schema(cls, value: str) -> str:
-        if not _IDENTIFIER.match(value):
+        if not IDENTIFIER.match(value):
             raise ValueError("it is not a plain name")
         if value.lower() in PROJECT_SCHEMAS:
             raise ValueError("the project rebuilds that schema, so it would overwrite your tables")

@@ -16,7 +16,6 @@ lake snapshot into a single DuckDB file for tools that open only a file (``expor
 
 from __future__ import annotations
 
-import hashlib
 import os
 import shutil
 import tempfile
@@ -177,12 +176,11 @@ class FieldSalesWarehouse(settings_resource("WarehouseSettings", *WAREHOUSE_SETT
 
     @property
     def local_folder(self) -> Path:
-        """This lake's local files (DuckDB's spills): beside a SQLite
-        catalog, else under the system's temporary folder; one folder per lake and tenant."""
+        """This lake's local files (DuckDB's spills): beside a SQLite catalog, else under the
+        system's temporary folder; one folder per lake and tenant."""
         here = self.lake
-        key = hashlib.sha256(f"{here.catalog}\0{here.schema or ''}".encode()).hexdigest()[:16]
         base = here.catalog_file.parent if here.catalog_file else Path(tempfile.gettempdir())
-        return base / LOCAL_DIR_NAME / f"lake-{key}"
+        return base / LOCAL_DIR_NAME / f"lake-{here.key}"
 
     # --- what a run's steps share --------------------------------------------------------------
 
