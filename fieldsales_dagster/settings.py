@@ -297,22 +297,6 @@ def secret_env_var(context: dg.ResolutionContext | None, raw: Any) -> str:
     return (match.group("attr") or match.group("call")) if match else NOT_AN_ENV_REFERENCE
 
 
-def check_lake_location(catalog: str | None, data_path: str | None) -> str | None:
-    """``catalog`` if the lake can live there (``lake.check_catalog``) with ``data_path``; a
-    PostgreSQL catalog needs a data path every machine sees. Checked by the ``storage:`` model and
-    by a ``FieldSalesWarehouse`` built by hand alike."""
-    catalog = check_catalog(catalog.strip()) if catalog and catalog.strip() else None
-    if (catalog or "").startswith("postgres:") and not data_path:
-        setting = SETTINGS["ducklake_data_path"]
-        raise SettingError(
-            f"Field-Sales setting {setting.spelling} (from {setting.variable}) is not set, and a "
-            "PostgreSQL catalog (FIELDSALES_DUCKLAKE_CATALOG) needs it: the folder every "
-            "machine sees (a shared volume) or an s3:// URL for the lake's Parquet files. "
-            f"Set it in defs.yaml or through {setting.variable} and load again."
-        )
-    return catalog
-
-
 def _plain_name(value: str | None) -> str | None:
     if value and not IDENTIFIER.match(value):
         raise ValueError("it is not a plain name")
@@ -635,7 +619,15 @@ class StorageSettings(SettingsModel):
 
     @model_validator(mode="after")
     def _postgres_needs_a_data_path(self) -> StorageSettings:
-        check_lake_location(self.ducklake_catalog, self.ducklake_data_path)
+        # A PostgreSQL catalog needs a data path every machine sees.
+        if (self.ducklake_catalog or "").startswith("postgres:") and not self.ducklake_data_path:
+            setting = SETTINGS["ducklake_data_path"]
+            raise SettingError(
+                f"Field-Sales setting {setting.spelling} (from {setting.variable}) is not set, "
+                "and a PostgreSQL catalog (FIELDSALES_DUCKLAKE_CATALOG) needs it: the folder "
+                "every machine sees (a shared volume) or an s3:// URL for the lake's Parquet "
+                f"files. Set it in defs.yaml or through {setting.variable} and load again."
+            )
         return self
 
 
