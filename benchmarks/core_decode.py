@@ -313,7 +313,7 @@ def build_raw_tables(database: Path, rows: int, transactions_per_event: int) -> 
 
 def time_core_tables(database: Path, threads: int | None, memory_limit: str) -> None:
     # The warehouse's settings (pii, ...) only: the tables are built in the benchmark's file.
-    warehouse = FieldSalesWarehouse(threads=threads, memory_limit=memory_limit)
+    warehouse = FieldSalesWarehouse(threads=threads, duckdb_memory_limit=memory_limit)
     totals = {"core": 0.0, "mart": 0.0}
     config = {"threads": threads or 0, "memory_limit": memory_limit}
     with duckdb.connect(str(database), config={k: v for k, v in config.items() if v}) as conn:

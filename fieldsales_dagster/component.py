@@ -21,7 +21,6 @@ from __future__ import annotations
 
 import functools
 import os
-import re
 from datetime import timedelta
 from pathlib import Path
 from typing import Any
@@ -47,14 +46,15 @@ from fieldsales_dagster.client.api import FieldSalesAPI
 from fieldsales_dagster.names import InstanceNames
 from fieldsales_dagster.paths import PathSettingError, check_file_setting
 from fieldsales_dagster.settings import (
+    IDENTIFIER,
     ITEM_SHARE_OF_MEMORY,
     NOT_AN_ENV_REFERENCE,
     SETTINGS,
     FieldSalesSettings,
     SettingError,
     memory_megabytes,
-    received,
     schedule_interval,
+    values,
 )
 from fieldsales_dagster.tenancy import Claim, refuse_shared_claims
 from fieldsales_dagster.token.renewal import RenewalPolicy
@@ -64,8 +64,6 @@ from fieldsales_dagster.warehouse.pii import PiiSettingError, check_hash_key
 from fieldsales_dagster.warehouse.warehouse import FieldSalesWarehouse
 
 __all__ = ["FieldSalesComponent", "SettingError", "memory_megabytes", "schedule_interval"]
-
-_IDENTIFIER = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 
 
 @functools.cache
@@ -104,7 +102,7 @@ class ScaffoldNameError(ValueError):
 
 def tenant_defs_yaml(type_name: str, tenant: str) -> str:
     """The ``defs.yaml`` of tenant ``tenant`` (also its key prefix)."""
-    if not (_IDENTIFIER.match(tenant) and tenant[0].isalpha()):
+    if not (IDENTIFIER.match(tenant) and tenant[0].isalpha()):
         raise ScaffoldNameError(
             f"dg scaffold defs {type_name} {tenant}: the folder's name becomes the tenant's "
             "key_prefix, which must be a name of letters, digits and underscores, starting with "
@@ -221,13 +219,12 @@ class FieldSalesComponent(dg.Component, FieldSalesSettings):
                 raise SettingError(str(exc)) from None
             # A secret: only the variable's name reaches Dagster, and only when it is used.
             pii_hash_key = dg.EnvVar(self.pii.hash_key_env_var)
-        warehouse_settings = received(FieldSalesWarehouse, self.storage, self.pii, self.refresh)
+        api = {**values(self.api), "api_token": dg.EnvVar(token_variable)}
+        warehouse = values(self.storage, self.pii, self.refresh)
         return {
-            self.names.api_resource: FieldSalesAPI(
-                **received(FieldSalesAPI, self.api), api_token=dg.EnvVar(token_variable)
-            ),
+            self.names.api_resource: FieldSalesAPI(**api),
             self.names.warehouse_resource: FieldSalesWarehouse(
-                **warehouse_settings, tenant=self.tenant, pii_hash_key=pii_hash_key
+                **warehouse, tenant=self.tenant, pii_hash_key=pii_hash_key
             ),
             # User assets' DataFrames, through the warehouse above (assets/io_manager.py).
             self.names.io_manager: build_io_manager(
@@ -280,11 +277,7 @@ class FieldSalesComponent(dg.Component, FieldSalesSettings):
             dg.get_dagster_logger().warning(warning)
 
     def warehouse_lake(self) -> Lake:
-        return FieldSalesWarehouse(
-            ducklake_catalog=self.storage.ducklake_catalog,
-            ducklake_data_path=self.storage.ducklake_data_path,
-            ducklake_schema=self.storage.ducklake_schema,
-        ).lake
+        return FieldSalesWarehouse(**values(self.storage)).lake
 
     def freshness_policy(self) -> dg.FreshnessPolicy:
         """Core tables are fresh if refreshed within one schedule interval (plus an hour of slack
@@ -320,10 +313,9 @@ class FieldSalesComponent(dg.Component, FieldSalesSettings):
 
     def alert_settings(self) -> AlertSettings:
         """Where this instance's alerts go (``automation/sensors.py``); off unless configured."""
-        given = self.alerts.model_dump()
         return AlertSettings(
-            **{**given, "email_to": tuple(filter(None, (given["email_to"] or "").split(", ")))},
             tenant=self.names.tenant,
+            alerts=self.alerts,
             secret_env_vars=(
                 self.api.api_token_env_var,
                 self.pii.hash_key_env_var,

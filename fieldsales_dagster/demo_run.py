@@ -235,7 +235,7 @@ def run_and_report(job, instance, warehouse: FieldSalesWarehouse) -> int:
     return 1 if unexpected else 0
 
 
-def main(argv: list[str] | None = None) -> int:
+def _arguments(argv: list[str] | None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--transactions", type=int, default=DEMO_TRANSACTIONS)
     parser.add_argument("--seed", type=int, default=0)
@@ -254,8 +254,11 @@ def main(argv: list[str] | None = None) -> int:
         default=DEFAULT_DAGSTER_HOME,
         help="Dagster home the run is recorded in (default: .dagster_home)",
     )
-    args = parser.parse_args(argv)
+    return parser.parse_args(argv)
 
+
+def main(argv: list[str] | None = None) -> int:
+    args = _arguments(argv)
     from fieldsales_dagster.demo_api import DemoConfig, DemoServer
 
     home = prepare_dagster_home(Path(args.dagster_home))

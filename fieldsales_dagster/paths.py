@@ -27,7 +27,7 @@ def resolved(path: str | Path) -> Path:
 
 
 def _resolve_setting(
-    path: str | Path, setting: str, variable: str, lead: str = ""
+    path: str | Path, setting: str, variable: str
 ) -> tuple[Path, Callable[[str, str], PathSettingError]]:
     """``path`` resolved, and how to say what is wrong with it: the error names the setting, its
     variable, the path as given (and the link's target) and what to do."""
@@ -37,7 +37,7 @@ def _resolve_setting(
 
     def fail(why: str, what_to_do: str) -> PathSettingError:
         return PathSettingError(
-            f"Field-Sales setting {setting} (from {variable}) is invalid: {lead}{shown} {why}. "
+            f"Field-Sales setting {setting} (from {variable}) is invalid: {shown} {why}. "
             f"{what_to_do}; set it in defs.yaml or through {variable} and load again."
         )
 
@@ -72,18 +72,6 @@ def is_default(path: str | Path, setting: str) -> bool:
 
     known = SETTINGS.get(setting)
     return known is not None and str(path) == known.default
-
-
-def check_own_folder_setting(
-    folder: str | Path, *, setting: str, variable: str, used_for: str, create_dirs: bool
-) -> Path:
-    """The resolved ``folder``, one the pipeline makes itself, once it is known that it can: its
-    parent exists (or may be created: ``create_dirs``) and is writable. ``used_for`` tells in
-    the message what the setting places there."""
-    target, fail = _resolve_setting(folder, setting, variable, f"{used_for}; ")
-    _check_whitespace(target, fail)
-    _check_folder(target.parent, setting, fail, create_dirs, create=False)
-    return target
 
 
 def _check_whitespace(target: Path, fail: Callable[[str, str], PathSettingError]) -> None:

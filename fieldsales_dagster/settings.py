@@ -6,10 +6,10 @@ or ``alerts:`` (or of the instance itself: ``key_prefix``, ``owners``, ...), mad
 nowhere else. The concern's model resolves into what it configures (``component.py``:
 ``ApiSettings`` -> ``FieldSalesAPI``, ``StorageSettings`` and ``PiiSettings`` ->
 ``FieldSalesWarehouse``, ``AlertsSettings`` -> the alert policy). ``SETTINGS`` lists them all by
-their flat name; a resource built by hand (README, "Build on it") declares a field with
-``setting_field(name)`` and gets the same default and range. A test walks every setting against
-the resources, the default ``defs.yaml`` and the tables of docs/configuration.md and
-docs/alerts.md. The flat keys of earlier releases (``page_size: 100``) are still read, with a
+their flat name; a resource takes its concerns' settings whole (``settings_resource``: a field
+per setting, so a new setting needs none). A test walks every setting against the resources,
+the default ``defs.yaml`` and the tables of docs/configuration.md and docs/alerts.md. The flat
+keys of earlier releases (``page_size: 100``) are still read, with a
 warning naming the new spelling (``api: {page_size: 100}``). Nothing is read from the
 environment here.
 """
@@ -21,11 +21,11 @@ import warnings
 from dataclasses import dataclass, replace
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
-from typing import Annotated, Any, ClassVar, Literal
+from typing import Annotated, Any, ClassVar, Literal, get_args
 from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
 
 import dagster as dg
-from pydantic import BaseModel, Field, ValidationError, field_validator, model_validator
+from pydantic import Field, ValidationError, create_model, field_validator, model_validator
 from pydantic_core import PydanticUndefined
 
 from fieldsales_dagster.loading.modes import RefreshMode
@@ -43,7 +43,7 @@ ITEM_SHARE_OF_MEMORY = 16
 #: team's own schema) belongs to its users: never dropped. A DuckDB export may not be named after
 #: one, nor may user_schema be one.
 PROJECT_SCHEMAS = frozenset({"raw", "core", "mart", "meta"})
-_IDENTIFIER = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
+IDENTIFIER = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 _MEMORY = re.compile(r"^\d+(\.\d+)?\s*(B|KB|MB|GB|TB|KiB|MiB|GiB|TiB)$", re.IGNORECASE)
 _UNITS = {"b": 1e-6, "kb": 1e-3, "mb": 1, "gb": 1e3, "tb": 1e6}
 _UNITS |= {"kib": 1024 / 1e6, "mib": 1.048576, "gib": 1073.741824, "tib": 1099511.627776}
@@ -67,7 +67,7 @@ class SettingError(ValueError):
 class Setting:
     """One setting: its default (``PydanticUndefined``: required), the ``FIELDSALES_*`` variable
     the default ``defs.yaml`` reads it from (``""``: none), and what it accepts, in words.
-    ``name`` is its flat name (a resource's ``setting_field``, the releases before the nested
+    ``name`` is its flat name (a resource's field, the releases before the nested
     YAML); ``group`` and ``key`` place it in the YAML (``spelling``)."""
 
     name: str
@@ -86,6 +86,8 @@ class Setting:
     key: str = ""
     #: The default as the docs show it, when it is not the default itself (the token's).
     shown: str = ""
+    #: The DuckDB option the warehouse sets to it (``memory_limit``), if any.
+    duckdb: str = ""
 
     @property
     def spelling(self) -> str:
@@ -140,22 +142,22 @@ class Setting:
             and (self.le is None or value <= self.le)
         )
 
-    def field(self, *, bounded: bool = True) -> Any:
-        """The pydantic field of a resource: default, description and (if ``bounded``) range."""
+    def field(self, declared: Any = None) -> Any:
+        """Its pydantic field: in its concern's model (``declared``: the ``_Declared`` that
+        carries it; a required setting is None until given, so that "it is not set" can say
+        which it is, and a flat key of an earlier release can still give it), else a resource's.
+        """
         where = f" ({self.variable})" if self.variable else ""
         unset = f" Default: {self.unset}." if self.default is None else ""
+        extra = declared or {SETTING_KEY: self.name}
+        more: dict[str, Any] = {"description": f"{self.description}{where}.{unset}"}
         if isinstance(self.default, list):
-            default: dict[str, Any] = {"default_factory": lambda: list(self.default)}
-        else:
-            default = {"default": self.default}
-        bounds: dict[str, Any] = self.bounds if bounded else {}  # ge/gt/le/lt
-        return Field(
-            **default,
-            description=f"{self.description}{where}.{unset}",
-            # Names the setting a resource's field receives (the field's name may differ).
-            json_schema_extra={SETTING_KEY: self.name},
-            **bounds,
-        )
+            return Field(
+                default_factory=lambda: list(self.default), json_schema_extra=extra, **more
+            )
+        required = declared is not None and self.default is PydanticUndefined
+        given: Any = None if required else self.default
+        return Field(given, validate_default=required, json_schema_extra=extra, **more)
 
 
 #: Every setting, by flat name, in the order declared (filled as the models below are defined).
@@ -175,6 +177,7 @@ def setting(
     key: str = "",
     unset: str = "none",
     shown: str = "",
+    duckdb: str = "",
     gt: float | None = None,
     ge: float | None = None,
     lt: float | None = None,
@@ -182,30 +185,13 @@ def setting(
 ) -> Any:
     """Declare a setting as a field of its concern's model (``SettingsModel``): its default,
     meaning, what it accepts (``{range}``: its bounds in words), its variable, its flat ``name``
-    and YAML ``key`` when they are not the field's. The bounds are checked by the model, not by
-    pydantic: Dagster copies a field's constraints onto the YAML model, where the value is still
-    a template."""
+    and YAML ``key`` when they are not the field's, the DuckDB option it sets. The bounds are
+    checked by the model, not by pydantic: Dagster copies a field's constraints onto the YAML
+    model, where the value is still a template."""
     declared = Setting(
-        name, default, description, accepts, variable, gt, ge, lt, le, unset, key=key, shown=shown
+        name, default, description, accepts, variable, gt, ge, lt, le, unset, "", key, shown, duckdb
     )
-    where = f" ({variable})" if variable else ""
-    more = f" Default: {unset}." if default is None else ""
-    if isinstance(default, list):
-        return Field(
-            default_factory=lambda: list(default),
-            description=f"{description}{where}.{more}",
-            json_schema_extra=_Declared(declared),
-        )
-    # A required setting is None until given, so that "it is not set" can say which it is (and
-    # a flat key of the previous release can still give it).
-    required = default is PydanticUndefined
-    given: Any = None if required else default
-    return Field(
-        given,
-        validate_default=required,
-        description=f"{description}{where}.{more}",
-        json_schema_extra=_Declared(declared),
-    )
+    return declared.field(_Declared(declared))
 
 
 class _Declared:
@@ -220,25 +206,41 @@ class _Declared:
         schema[SETTING_KEY] = self.setting.name
 
 
-def setting_field(name: str, *, bounded: bool = True) -> Any:
-    """The pydantic field of setting ``name`` for a resource (see ``Setting.field``)."""
-    return SETTINGS[name].field(bounded=bounded)
-
-
-def received(resource: type[BaseModel], *models: SettingsModel) -> dict[str, Any]:
-    """What ``models`` give ``resource``: each of its fields made by ``setting_field(name)``
-    receives the value of setting ``name``, so a setting reaches its resource by its name alone."""
-    values = {
+def values(*models: SettingsModel) -> dict[str, Any]:
+    """Every setting of ``models``, by flat name: what ``settings_resource`` classes take."""
+    return {
         declared.name: getattr(model, field)
         for model in models
-        for field in type(model).model_fields
-        if (declared := type(model).declared(field)) is not None
+        for field, declared in type(model).settings().items()
     }
-    return {
-        field: values[str(extra[SETTING_KEY])]
-        for field, info in resource.model_fields.items()
-        if isinstance(extra := info.json_schema_extra, dict) and extra.get(SETTING_KEY) in values
-    }
+
+
+def settings_resource(name: str, *models: type[SettingsModel], but: tuple[str, ...] = ()) -> Any:
+    """A ``ConfigurableResource`` base with a field per setting of ``models`` (by flat name, with
+    its default and description; none of ``but``), so a resource receives its concerns' settings
+    whole and a new setting needs no resource field. Built by hand, it checks them as the
+    component does, by its concern's model (a value given as an ``EnvVar``: once read, at run
+    time)."""
+    fields: dict[str, Any] = {}
+    for model in models:
+        for field, declared in model.settings().items():
+            annotation: Any = model.model_fields[field].annotation
+            if declared.default is PydanticUndefined:  # None only until the component gets it
+                annotation = next(a for a in get_args(annotation) if a is not type(None))
+            fields[declared.name] = (annotation, declared.field())
+
+    def check(cls: Any, given: Any, handler: Any) -> Any:
+        built = handler(given)  # the resource's own field checks first
+        for model in models if isinstance(given, dict) else ():
+            mine = {s.name: field for field, s in model.settings().items() if s.name not in but}
+            read = {k: v for k, v in given.items() if k in mine and not isinstance(v, dg.EnvVar)}
+            model(**{mine[k]: v for k, v in read.items()})
+        return built
+
+    validators: dict[str, Any] = {"check_settings": model_validator(mode="wrap")(check)}
+    for dropped in but:
+        fields.pop(dropped, None)
+    return create_model(name, __base__=dg.ConfigurableResource, __validators__=validators, **fields)
 
 
 #: Flat name -> (concern, field name): where each setting is declared, and where a flat key of an
@@ -295,24 +297,8 @@ def secret_env_var(context: dg.ResolutionContext | None, raw: Any) -> str:
     return (match.group("attr") or match.group("call")) if match else NOT_AN_ENV_REFERENCE
 
 
-def check_lake_location(catalog: str | None, data_path: str | None) -> str | None:
-    """``catalog`` if the lake can live there (``lake.check_catalog``) with ``data_path``; a
-    PostgreSQL catalog needs a data path every machine sees. Checked by the ``storage:`` model and
-    by a ``FieldSalesWarehouse`` built by hand alike."""
-    catalog = check_catalog(catalog.strip()) if catalog and catalog.strip() else None
-    if (catalog or "").startswith("postgres:") and not data_path:
-        setting = SETTINGS["ducklake_data_path"]
-        raise SettingError(
-            f"Field-Sales setting {setting.spelling} (from {setting.variable}) is not set, and a "
-            "PostgreSQL catalog (FIELDSALES_DUCKLAKE_CATALOG) needs it: the folder every "
-            "machine sees (a shared volume) or an s3:// URL for the lake's Parquet files. "
-            f"Set it in defs.yaml or through {setting.variable} and load again."
-        )
-    return catalog
-
-
 def _plain_name(value: str | None) -> str | None:
-    if value and not _IDENTIFIER.match(value):
+    if value and not IDENTIFIER.match(value):
         raise ValueError("it is not a plain name")
     return value or None
 
@@ -340,6 +326,11 @@ class SettingsModel(dg.Model, dg.Resolvable):
             extra.registered = True
             SETTINGS[extra.setting.name] = extra.setting
             FIELD_OF[extra.setting.name] = (cls.GROUP, field)
+
+    @classmethod
+    def settings(cls) -> dict[str, Setting]:
+        """This model's settings, by field."""
+        return {field: found for field in cls.model_fields if (found := cls.declared(field))}
 
     @classmethod
     def declared(cls, field: str | None) -> Setting | None:
@@ -526,6 +517,7 @@ class StorageSettings(SettingsModel):
         "of millions of rows runs in well under a gigabyte",
         "a size such as 192MB or 2GB",
         "FIELDSALES_DUCKDB_MEMORY_LIMIT",
+        duckdb="memory_limit",
     )
     ducklake_catalog: str | None = setting(
         None,
@@ -627,7 +619,15 @@ class StorageSettings(SettingsModel):
 
     @model_validator(mode="after")
     def _postgres_needs_a_data_path(self) -> StorageSettings:
-        check_lake_location(self.ducklake_catalog, self.ducklake_data_path)
+        # A PostgreSQL catalog needs a data path every machine sees.
+        if (self.ducklake_catalog or "").startswith("postgres:") and not self.ducklake_data_path:
+            setting = SETTINGS["ducklake_data_path"]
+            raise SettingError(
+                f"Field-Sales setting {setting.spelling} (from {setting.variable}) is not set, "
+                "and a PostgreSQL catalog (FIELDSALES_DUCKLAKE_CATALOG) needs it: the folder "
+                "every machine sees (a shared volume) or an s3:// URL for the lake's Parquet "
+                f"files. Set it in defs.yaml or through {setting.variable} and load again."
+            )
         return self
 
 
@@ -873,7 +873,7 @@ class FieldSalesSettings(SettingsModel):
     @field_validator("user_schema")
     @classmethod
     def _user_schema(cls, value: str) -> str:
-        if not _IDENTIFIER.match(value):
+        if not IDENTIFIER.match(value):
             raise ValueError("it is not a plain name")
         if value.lower() in PROJECT_SCHEMAS:
             raise ValueError("the project rebuilds that schema, so it would overwrite your tables")

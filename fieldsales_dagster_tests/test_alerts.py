@@ -23,6 +23,7 @@ from fieldsales_dagster.automation.alerts import (
     send_alert,
 )
 from fieldsales_dagster.names import InstanceNames
+from fieldsales_dagster.settings import AlertsSettings
 from fieldsales_dagster_tests.project import load_project_defs
 
 WEBHOOK_PATH = "/services/T0001/B0002/webhook-secret-part-0123456789"
@@ -115,14 +116,10 @@ def instance(tmp_path):
 def settings_to(monkeypatch, webhook_url: str, smtp_port: int, **overrides) -> AlertSettings:
     """Alerts to ``webhook_url`` (read from its variable, as deployed) and the SMTP port."""
     monkeypatch.setenv("FIELDSALES_ALERT_WEBHOOK_URL", webhook_url)
-    return AlertSettings(
-        tenant=overrides.pop("tenant", "default"),
-        email_to=("data@example.com",),
-        smtp_host="127.0.0.1",
-        smtp_port=smtp_port,
-        ui_base_url=UI,
-        **overrides,
+    alerts = AlertsSettings(
+        email_to="data@example.com", smtp_host="127.0.0.1", smtp_port=smtp_port, ui_base_url=UI
     )
+    return AlertSettings(tenant=overrides.pop("tenant", "default"), alerts=alerts, **overrides)
 
 
 # --- off by default -----------------------------------------------------------------------------

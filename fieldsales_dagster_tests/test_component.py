@@ -50,7 +50,10 @@ def test_environment_variables_reach_every_setting(project_env, monkeypatch, tmp
     defs = load_project_defs()
     api, warehouse = defs.resources["fieldsales_api"], defs.resources["warehouse"]
     assert (api.page_size, api.concurrency) == (250, 3)
-    assert (warehouse.export_path, warehouse.memory_limit) == (str(tmp_path / "x.duckdb"), "1GB")
+    assert (warehouse.duckdb_path, warehouse.duckdb_memory_limit) == (
+        str(tmp_path / "x.duckdb"),
+        "1GB",
+    )
     assert api.base_url == "http://127.0.0.1:9"
 
 

@@ -50,7 +50,7 @@ def heavy_raw(tmp_path_factory):
 
 
 def _materialize(database, table, memory_limit: str) -> dg.ExecuteInProcessResult:
-    warehouse = lake_at(database, memory_limit=memory_limit, threads=1)
+    warehouse = lake_at(database, duckdb_memory_limit=memory_limit, threads=1)
     return dg.materialize(
         [*p.RAW_STAND_INS, *core_assets(), *mart_assets()],
         selection=[table.asset_name],

@@ -336,7 +336,7 @@ def test_the_lake_is_set_from_the_environment_alone(project_env, monkeypatch, tm
     monkeypatch.setenv("FIELDSALES_DUCKLAKE_DATA_PATH", str(tmp_path / "files"))
     defs = load_project_defs()
     warehouse = defs.resources["warehouse"]
-    assert (warehouse.ducklake_catalog, warehouse.ducklake_data_path, warehouse.export_path) == (
+    assert (warehouse.ducklake_catalog, warehouse.ducklake_data_path, warehouse.duckdb_path) == (
         "postgres:dbname=lake host=db user=etl",
         str(tmp_path / "files"),
         None,

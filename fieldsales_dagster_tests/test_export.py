@@ -76,7 +76,7 @@ def test_the_export_is_off_by_default_and_on_when_duckdb_path_is_set(
 
 def test_the_export_holds_one_snapshot_of_every_table_marked_as_an_export(demo_server, tmp_path):
     target = tmp_path / "export.duckdb"
-    warehouse = make_warehouse(tmp_path, export_path=str(target))
+    warehouse = make_warehouse(tmp_path, duckdb_path=str(target))
     result = run(demo_server, tmp_path, warehouse)
     assert result.success
     (event,) = result.asset_materializations_for_node(EXPORT_ASSET)
@@ -107,7 +107,7 @@ def test_a_failing_export_fails_its_step_and_the_run_and_keeps_lake_and_previous
     demo_server, tmp_path, monkeypatch
 ):
     target = tmp_path / "export.duckdb"
-    warehouse = make_warehouse(tmp_path, export_path=str(target))
+    warehouse = make_warehouse(tmp_path, duckdb_path=str(target))
     assert run(demo_server, tmp_path, warehouse).success
     before = (target.stat().st_ino, read(target))
     demo_server.behaviour.evolve(1)
@@ -134,7 +134,7 @@ def test_a_failing_export_fails_its_step_and_the_run_and_keeps_lake_and_previous
 
 def test_the_next_export_removes_what_a_killed_export_left(demo_server, tmp_path):
     target = tmp_path / "export.duckdb"
-    warehouse = make_warehouse(tmp_path, export_path=str(target))
+    warehouse = make_warehouse(tmp_path, duckdb_path=str(target))
     dead = tmp_path / ".export.duckdb.export-0badf00d"
     live = tmp_path / ".export.duckdb.export-0000beef"
     for path in (dead, Path(f"{dead}.wal"), live):
@@ -164,7 +164,7 @@ time.sleep(60)
 
 def test_an_export_file_another_process_holds_read_write_is_not_replaced(demo_server, tmp_path):
     target = tmp_path / "export.duckdb"
-    warehouse = make_warehouse(tmp_path, export_path=str(target))
+    warehouse = make_warehouse(tmp_path, duckdb_path=str(target))
     assert run(demo_server, tmp_path, warehouse).success
     holder = subprocess.Popen(
         [sys.executable, "-c", HOLDER, str(target)], stdout=subprocess.PIPE, text=True
@@ -191,7 +191,7 @@ def test_an_old_file_warehouse_at_duckdb_path_is_never_overwritten(demo_server, 
         conn.execute("CREATE SCHEMA raw")
         conn.execute("CREATE TABLE raw.transactions AS SELECT 'old' AS id")
     before = target.read_bytes()
-    warehouse = make_warehouse(tmp_path, "lake", export_path=str(target))
+    warehouse = make_warehouse(tmp_path, "lake", duckdb_path=str(target))
     result = run(demo_server, tmp_path, warehouse)
     assert not result.success
     message = failure(result)

@@ -159,14 +159,16 @@ def test_every_resource_field_of_a_setting_has_its_type_default_and_range(resour
 
 
 def test_the_resources_receive_every_setting_from_the_component(monkeypatch, tmp_path):
-    """Each resource field of a setting holds the component's value, not a default of its own."""
+    """Each resource field of a setting holds the component's value, not a default of its own;
+    the resources take their concerns' settings whole (a new setting needs no resource field)."""
     monkeypatch.setenv("FIELDSALES_API_TOKEN", "settings-test-token")
-    built = component(
+    given = dict(
         api={
             "token_store_path": str(tmp_path / "token.json"),
             "page_size": 123,
             "concurrency": 5,
             "max_item_mb": 50,
+            "token_renew_after_days": 30,
         },
         storage={
             "duckdb_path": str(tmp_path / "other.duckdb"),
@@ -176,10 +178,18 @@ def test_the_resources_receive_every_setting_from_the_component(monkeypatch, tmp
             "ducklake_data_path": str(tmp_path / "lake"),
             "ducklake_schema": "acme",
             "ducklake_password_env_var": "ACME_LAKE_PASSWORD",
+            "retain_snapshots_days": 3,
         },
-        refresh={"refresh_mode": "full", "full_refresh_every_days": 366, "lookback_days": 3},
-        pii={"mode": "drop", "redact_in_raw": True},
+        refresh={
+            "schedule_cron": "0 6 * * *",
+            "schedule_timezone": "Europe/Vienna",
+            "refresh_mode": "full",
+            "full_refresh_every_days": 366,
+            "lookback_days": 3,
+        },
+        pii={"mode": "drop", "redact_in_raw": True, "hash_key_env_var": "ACME_PII_KEY"},
     )
+    built = component(**given)
     resources = built.build_resources()
     received = {
         (type(resource), name): getattr(resource, name)
@@ -188,13 +198,44 @@ def test_the_resources_receive_every_setting_from_the_component(monkeypatch, tmp
         for name in type(resource).model_fields
     }
     fields = resource_fields()
-    assert fields
+    concerns = {"api": FieldSalesAPI, "storage": FieldSalesWarehouse, "pii": FieldSalesWarehouse}
+    concerns["refresh"] = FieldSalesWarehouse
+    expected = {(concerns[s.group], s.name) for s in SETTINGS.values() if s.group in concerns} - {
+        (FieldSalesAPI, "api_token")
+    }
+    assert {(resource, field) for resource, field, _ in fields} == expected
     for resource, field, setting in fields:
         assert received[resource, field] == value_of(built, setting.name), field
-        assert received[resource, field] != setting.default, field  # really passed on
+        if setting.key in given.get(setting.group, {}):
+            assert received[resource, field] != setting.default, field  # really passed on
 
 
-def test_defs_yaml_reads_each_setting_from_its_variable_and_states_no_default():
+def test_a_warehouse_built_by_hand_checks_its_settings_as_the_component_does(tmp_path):
+    with pytest.raises(ValidationError, match="storage.duckdb_memory_limit .* not a size"):
+        FieldSalesWarehouse(duckdb_memory_limit="lots")
+    with pytest.raises(ValidationError, match="storage.ducklake_data_path .* PostgreSQL"):
+        FieldSalesWarehouse(ducklake_catalog="postgres:dbname=x host=127.0.0.1")
+    with pytest.raises(
+        ValidationError, match="lookback_days is invalid: it is out of range.* from 0 to 3660"
+    ):
+        FieldSalesWarehouse(lookback_days=-1)
+    # A value given as an EnvVar is checked once read, at run time.
+    assert FieldSalesWarehouse(ducklake_catalog=dg.EnvVar("SOME_CATALOG")).ducklake_catalog
+
+
+def test_a_storage_setting_that_is_a_duckdb_option_reaches_duckdb(tmp_path):
+    warehouse = FieldSalesWarehouse(
+        ducklake_catalog=f"sqlite:{tmp_path / 'lake.sqlite'}", duckdb_memory_limit="300MB"
+    )
+    with warehouse.get_connection() as conn:
+        (limit,) = conn.execute("SELECT current_setting('memory_limit')").fetchone()
+    assert limit == "286.1 MiB"  # 300 MB, as DuckDB shows it
+
+
+def test_what_defs_yaml_reads_is_each_settings_own_variable_with_no_default_stated():
+    """The default ``defs.yaml`` binds variables to settings: each line it holds reads the
+    variable its setting declares and states no default of its own (the model's applies). A new
+    setting needs no line there (its variable is read once the line is added)."""
     attributes = yaml.safe_load(DEFS_YAML.read_text())["attributes"]
     found = {
         f"{group}.{key}": value
@@ -202,17 +243,18 @@ def test_defs_yaml_reads_each_setting_from_its_variable_and_states_no_default():
         for key, value in (keys.items() if isinstance(keys, dict) else [])
     }
     found |= {key: value for key, value in attributes.items() if not isinstance(value, dict)}
-    expected = {}
-    for setting in SETTINGS.values():
-        if setting.variable:
-            expected[setting.spelling] = f"{{{{ env.{setting.variable} }}}}"
+    expected = {
+        setting.spelling: f"{{{{ env.{setting.variable} }}}}"
+        for setting in SETTINGS.values()
+        if setting.variable
+    }
     for retired, variable in RETIRED_SETTINGS.items():
         expected[retired] = f"{{{{ env.{variable} }}}}"
     # The shipped instance keeps its token store under $DAGSTER_HOME.
     store = found.pop("api.token_store_path")
     assert store.startswith(f"{{{{ env.{SETTINGS['token_store_path'].variable} or ")
-    del expected["api.token_store_path"]
-    assert found == expected
+    assert {"api.base_url", "api.api_token"} <= set(found)
+    assert {spelling: expected.get(spelling) for spelling in found} == found
 
 
 def readme_settings_rows() -> dict[str, tuple[str, str, str]]:

@@ -75,7 +75,7 @@ def test_a_trailing_space_in_the_duckdb_path_variable_reaches_the_warehouse_trim
     monkeypatch.setenv("FIELDSALES_DUCKLAKE_CATALOG", f"{catalog}\t")
     defs = load_project_defs()
     api, warehouse = defs.resources["fieldsales_api"], defs.resources["warehouse"]
-    assert warehouse.export_path == str(tmp_path / "fieldsales.duckdb")
+    assert warehouse.duckdb_path == str(tmp_path / "fieldsales.duckdb")
     assert warehouse.ducklake_catalog == catalog
     assert api.token_store_path == str(tmp_path / "token.json")
     assert (api.base_url, api.page_size) == (BASE_URL, 250)
@@ -105,7 +105,7 @@ def test_a_path_that_differs_from_an_existing_one_only_by_whitespace_is_refused(
 def test_a_warehouse_built_by_hand_with_a_spaced_export_name_is_refused(tmp_path):
     folder = tmp_path / "export"
     folder.mkdir()
-    warehouse = FieldSalesWarehouse(export_path=f"{folder / 'fieldsales.duckdb'} ")
+    warehouse = FieldSalesWarehouse(duckdb_path=f"{folder / 'fieldsales.duckdb'} ")
     with pytest.raises(Exception, match=r"duckdb_path .* has whitespace around its name"):
         warehouse.export()
     assert list(folder.iterdir()) == []

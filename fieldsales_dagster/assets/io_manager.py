@@ -28,12 +28,10 @@ import decimal
 import re
 from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Any, cast
+from typing import TYPE_CHECKING, Any, cast
 
 import dagster as dg
 import duckdb
-import numpy as np
-import pandas as pd
 
 from fieldsales_dagster.assets.columns import TableDoc, column_schema
 from fieldsales_dagster.assets.metadata import storage_metadata, table_metadata, table_name
@@ -45,6 +43,9 @@ from fieldsales_dagster.warehouse.warehouse import (
     FieldSalesWarehouse,
     table_exists,
 )
+
+if TYPE_CHECKING:
+    import pandas as pd
 
 
 class FrameNotStorableError(ValueError):
@@ -73,7 +74,7 @@ _FRAME = "_fieldsales_frame"
 
 
 def _kind(value: object) -> str:
-    if isinstance(value, np.generic):  # numpy's scalars: their Python value's kind
+    if hasattr(value, "item") and type(value).__module__ == "numpy":  # its Python value's kind
         value = value.item()
     for kind, name in _KINDS:
         if isinstance(value, kind):
@@ -88,15 +89,24 @@ def storable_frame(frame: pd.DataFrame, table: str) -> tuple[pd.DataFrame, dict[
     numbering), every column name a distinct string, numpy scalars as Python values; or
     ``FrameNotStorableError`` naming the column and what to do. Also the kind of value each
     object column holds (``check_stored`` holds the stored table to it)."""
+    return _values_stored(_columns_stored(frame, table), table)
 
-    def refuse(column: object, why: str, what_to_do: str) -> FrameNotStorableError:
-        return FrameNotStorableError(
-            f"fieldsales_io_manager cannot store this DataFrame in {table} as it is: column "
-            f"{column!r} {why}. {what_to_do}. Nothing was written; {table} is as it was."
-        )
+
+def _refuse(table: str, column: object, why: str, what_to_do: str) -> FrameNotStorableError:
+    return FrameNotStorableError(
+        f"fieldsales_io_manager cannot store this DataFrame in {table} as it is: column "
+        f"{column!r} {why}. {what_to_do}. Nothing was written; {table} is as it was."
+    )
+
+
+def _columns_stored(frame: pd.DataFrame, table: str) -> pd.DataFrame:
+    """``frame`` with its index as columns (but pandas' row numbering), each column name a
+    distinct string."""
+    import pandas as pd  # noqa: PLC0415  (a definitions load does without pandas)
 
     if isinstance(frame.columns, pd.MultiIndex):
-        raise refuse(
+        raise _refuse(
+            table,
             frame.columns[0],
             "is one of several column levels (a pivot or an aggregation with several functions)",
             "Flatten the columns first, e.g. df.columns = ['_'.join(map(str, c)) for c in "
@@ -113,7 +123,8 @@ def storable_frame(frame: pd.DataFrame, table: str) -> tuple[pd.DataFrame, dict[
         taken = {str(c).lower() for c in frame.columns}
         for name in names:
             if str(name).lower() in taken:
-                raise refuse(
+                raise _refuse(
+                    table,
                     name,
                     "is both an index level and a column",
                     "Rename the index level (df.index.names = [...]) or drop it "
@@ -121,12 +132,15 @@ def storable_frame(frame: pd.DataFrame, table: str) -> tuple[pd.DataFrame, dict[
                 )
         frame = frame.reset_index(names=names)
     if len(frame.columns) == 0:
-        raise refuse("", "is missing: the frame has no columns", "Return at least one column")
+        raise _refuse(
+            table, "", "is missing: the frame has no columns", "Return at least one column"
+        )
     seen: dict[str, int] = {}
     for position, column in enumerate(frame.columns):
         other = frame.columns[seen.setdefault(str(column).lower(), position)]
         if seen[str(column).lower()] != position:
-            raise refuse(
+            raise _refuse(
+                table,
                 column,
                 f"has the name of column {other!r} (DuckDB's names ignore case and type: it would "
                 "rename one of them)",
@@ -134,6 +148,15 @@ def storable_frame(frame: pd.DataFrame, table: str) -> tuple[pd.DataFrame, dict[
             )
     if not all(isinstance(column, str) for column in frame.columns):
         frame = frame.set_axis([str(column) for column in frame.columns], axis="columns")
+    return frame
+
+
+def _values_stored(frame: pd.DataFrame, table: str) -> tuple[pd.DataFrame, dict[str, str]]:
+    """``frame`` with numpy scalars as Python values, and the kind each object column holds;
+    refused if a column holds several kinds, or a string UTF-8 cannot hold."""
+    import numpy as np  # noqa: PLC0415
+    import pandas as pd  # noqa: PLC0415
+
     held: dict[str, str] = {}
     for position, column in enumerate(frame.columns):
         values = frame.iloc[:, position]
@@ -144,7 +167,8 @@ def storable_frame(frame: pd.DataFrame, table: str) -> tuple[pd.DataFrame, dict[
                 frame = frame.assign(**{column: values})
             kinds = sorted({_kind(value) for value in present})
             if len(kinds) > 1 or (kinds and kinds[0] not in {name for _, name in _KINDS}):
-                raise refuse(
+                raise _refuse(
+                    table,
                     column,
                     f"holds values of {len(kinds)} kinds ({', '.join(kinds)}); DuckDB would turn "
                     "them into one (text, or a map of text)",
@@ -157,7 +181,8 @@ def storable_frame(frame: pd.DataFrame, table: str) -> tuple[pd.DataFrame, dict[
         if values.dtype == object or isinstance(values.dtype, pd.StringDtype):
             cut = values[values.astype(str).str.contains(_SURROGATE, na=False) & values.notna()]
             if len(cut):
-                raise refuse(
+                raise _refuse(
+                    table,
                     column,
                     f"holds a lone surrogate (half of a UTF-16 pair, e.g. a string cut mid-emoji) "
                     f"in row {cut.index.tolist()[0]!r} and {len(cut) - 1} more rows, which UTF-8 "
@@ -330,6 +355,8 @@ class FieldSalesIOManager(dg.IOManager):
         )
 
     def handle_output(self, context: dg.OutputContext, obj: object) -> None:
+        import pandas as pd  # noqa: PLC0415
+
         asset = context.asset_key.to_user_string()
         if not isinstance(obj, pd.DataFrame):
             raise dg.Failure(
@@ -392,6 +419,8 @@ class FieldSalesIOManager(dg.IOManager):
         return table_metadata(conn, self._warehouse.name, table, schema=schema, preview=False)
 
     def load_input(self, context: dg.InputContext) -> pd.DataFrame:
+        import pandas as pd  # noqa: PLC0415
+
         asset = context.asset_key.to_user_string()
         wanted = context.dagster_type.typing_type
         if wanted is not Any and not (

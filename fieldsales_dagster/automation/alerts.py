@@ -41,23 +41,15 @@ CAUSE_CHARS = 300
 HIDDEN = "***"
 
 logger = logging.getLogger(__name__)
-_DEFAULTS = AlertsSettings()
 
 
 @dataclass(frozen=True)
 class AlertSettings:
     """Where one tenant's alerts go, and which variables hold its secrets (never the values)."""
 
-    # The component's alerts: settings (settings.AlertsSettings) by name; their defaults there.
     tenant: str
-    webhook_url_env_var: str = _DEFAULTS.webhook_url_env_var
-    email_to: tuple[str, ...] = ()
-    email_from: str = _DEFAULTS.email_from
-    smtp_host: str = _DEFAULTS.smtp_host
-    smtp_port: int = _DEFAULTS.smtp_port
-    smtp_user: str | None = _DEFAULTS.smtp_user
-    smtp_password_env_var: str = _DEFAULTS.smtp_password_env_var
-    ui_base_url: str | None = _DEFAULTS.ui_base_url
+    #: The component's ``alerts:`` settings, whole.
+    alerts: AlertsSettings = field(default_factory=AlertsSettings)
     #: Variables whose values never appear in a message (the API token's, the PII key's, ...).
     secret_env_vars: tuple[str, ...] = ()
     #: The token store: a renewed token is a secret too.
@@ -65,15 +57,16 @@ class AlertSettings:
 
     @property
     def webhook_url(self) -> str | None:
-        return (os.environ.get(self.webhook_url_env_var) or "").strip() or None
+        return (os.environ.get(self.alerts.webhook_url_env_var) or "").strip() or None
 
     @property
     def enabled(self) -> bool:
-        return bool(self.webhook_url or self.email_to)
+        return bool(self.webhook_url or self.alerts.email_to)
 
     def secrets(self) -> list[str]:
         """Every secret value a message must not carry, longest first."""
-        names = (*self.secret_env_vars, self.smtp_password_env_var, self.webhook_url_env_var)
+        alerts = self.alerts
+        names = (*self.secret_env_vars, alerts.smtp_password_env_var, alerts.webhook_url_env_var)
         values = [(os.environ.get(name) or "").strip() for name in names]
         if self.webhook_url:  # a Slack webhook's path is its secret
             values.append(urlsplit(self.webhook_url).path)
@@ -92,7 +85,8 @@ class AlertSettings:
         return text
 
     def run_url(self, run_id: str) -> str | None:
-        return f"{self.ui_base_url.rstrip('/')}/runs/{run_id}" if self.ui_base_url else None
+        base = self.alerts.ui_base_url
+        return f"{base.rstrip('/')}/runs/{run_id}" if base else None
 
 
 @dataclass(frozen=True)
@@ -141,14 +135,14 @@ def send_alert(
     channels: list[tuple[str, Callable[[], None]]] = []
     if url := settings.webhook_url:
         channels.append(("webhook", lambda: _post(url, text)))
-    if settings.email_to:
-        channels.append(("email", lambda: _mail(settings, text)))
+    if settings.alerts.email_to:
+        channels.append(("email", lambda: _mail(settings.alerts, text)))
     for name, send in channels:
         try:
             send()
         except Exception as exc:
             variable = (
-                settings.webhook_url_env_var
+                settings.alerts.webhook_url_env_var
                 if name == "webhook"
                 else "FIELDSALES_ALERT_SMTP_HOST/FIELDSALES_ALERT_SMTP_PORT"
             )
@@ -171,11 +165,11 @@ def _post(url: str, text: str) -> None:
     response.raise_for_status()
 
 
-def _mail(settings: AlertSettings, text: str) -> None:
+def _mail(settings: AlertsSettings, text: str) -> None:
     message = EmailMessage()
     message["Subject"] = text.splitlines()[0]
     message["From"] = settings.email_from
-    message["To"] = ", ".join(settings.email_to)
+    message["To"] = settings.email_to
     message.set_content(text)
     with smtplib.SMTP(settings.smtp_host, settings.smtp_port, timeout=SEND_TIMEOUT_S) as smtp:
         smtp.ehlo()
@@ -302,7 +296,7 @@ def build_alert_sensors(
     owned = Owned(frozenset(job_names), frozenset(asset_keys))
     where = ", ".join(
         channel
-        for channel, on in (("webhook", settings.webhook_url), ("email", settings.email_to))
+        for channel, on in (("webhook", settings.webhook_url), ("email", settings.alerts.email_to))
         if on
     )
 

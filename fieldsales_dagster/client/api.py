@@ -52,7 +52,7 @@ from fieldsales_dagster.client.errors import (
 from fieldsales_dagster.client.pager import ListStats, Page
 from fieldsales_dagster.client.transport import Answer, Limits, QueryParams, fetch, new_session
 from fieldsales_dagster.client.urls import Origin, origin_of, validate_base_url
-from fieldsales_dagster.settings import setting_field
+from fieldsales_dagster.settings import ApiSettings, settings_resource
 from fieldsales_dagster.token.secret import TokenFormatError, clean_token, mask_secrets
 from fieldsales_dagster.token.store import TokenStore
 
@@ -81,14 +81,13 @@ def _given_token(token: str) -> str:
         raise AuthenticationError(str(exc)) from None
 
 
-class FieldSalesAPI(dg.ConfigurableResource):
-    """Client of one Field-Sales instance's read API.
+class FieldSalesAPI(settings_resource("ApiSettings", ApiSettings, but=("api_token",))):  # type: ignore[misc]
+    """Client of one Field-Sales instance's read API; takes every ``api:`` setting by name.
 
     The token comes from ``FIELDSALES_API_TOKEN`` (an ``EnvVar``) and, once seen, from the token
     store, which the renewal job (requested by the renewal sensor) keeps current.
     """
 
-    base_url: str = setting_field("base_url")
     api_token: str = Field(
         description="API token; set it with EnvVar('FIELDSALES_API_TOKEN'), never as a literal.",
         repr=False,
@@ -97,11 +96,6 @@ class FieldSalesAPI(dg.ConfigurableResource):
         default=True,
         description="Read the current token from the token store (seeded from api_token).",
     )
-    # The component's settings: default and range from settings.py.
-    token_store_path: str = setting_field("token_store_path")
-    page_size: int = setting_field("page_size")
-    concurrency: int = setting_field("concurrency")
-    max_item_mb: int = setting_field("max_item_mb")
     connect_timeout_s: float = Field(default=10.0, gt=0)
     read_timeout_s: float = Field(default=120.0, gt=0)
     request_deadline_s: float = Field(

@@ -10,13 +10,12 @@ By default the lake is embedded: a SQLite catalog ``data/fieldsales.ducklake.sql
 files under ``data/lake/``. For several machines the catalog is PostgreSQL and the data path a
 shared folder or object storage: the same code, other settings.
 
-With ``export_path`` (``FIELDSALES_DUCKDB_PATH``) set, the run's ``duckdb_export`` step writes one
+With ``duckdb_path`` (``FIELDSALES_DUCKDB_PATH``) set, the run's ``duckdb_export`` step writes one
 lake snapshot into a single DuckDB file for tools that open only a file (``export``).
 """
 
 from __future__ import annotations
 
-import hashlib
 import os
 import shutil
 import tempfile
@@ -24,16 +23,22 @@ import uuid
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Literal, TypeVar
+from typing import TypeVar
 
 import dagster as dg
 import duckdb
 from pydantic import Field, PrivateAttr, field_validator, model_validator
 
-from fieldsales_dagster.loading.modes import RefreshMode, validate_refresh_mode
+from fieldsales_dagster.loading.modes import validate_refresh_mode
 from fieldsales_dagster.paths import check_file_setting, resolved
 from fieldsales_dagster.pause import pause_at
-from fieldsales_dagster.settings import check_lake_location, setting_field
+from fieldsales_dagster.settings import (
+    SETTINGS,
+    PiiSettings,
+    RefreshSettings,
+    StorageSettings,
+    settings_resource,
+)
 from fieldsales_dagster.warehouse.lake import (
     DEFAULT_CATALOG,
     DuckDBConfig,
@@ -51,6 +56,8 @@ from fieldsales_dagster.warehouse.quoting import qualified, quote_ident
 from fieldsales_dagster.warehouse.rows import one_row
 
 T = TypeVar("T")
+#: The concerns whose settings the warehouse takes.
+WAREHOUSE_SETTINGS = (StorageSettings, PiiSettings, RefreshSettings)
 
 #: The folder of a lake's local files (DuckDB's spills), beside a SQLite
 #: catalog; for PostgreSQL under the system's temporary folder. Each process has its own
@@ -87,18 +94,15 @@ def _alive(pid: int) -> bool:
     return True
 
 
-class FieldSalesWarehouse(dg.ConfigurableResource):
-    """The project's DuckLake: the tables every asset writes and analysts read.
+class FieldSalesWarehouse(settings_resource("WarehouseSettings", *WAREHOUSE_SETTINGS)):  # type: ignore[misc]
+    """The project's DuckLake: the tables every asset writes and analysts read. It takes every
+    ``storage:``, ``pii:`` and ``refresh:`` setting by its flat name (``ducklake_catalog``,
+    ``pii``, ``refresh_mode``, ...).
 
     Assets call ``get_connection()`` (a read-write connection, whose current database is the
     lake) and ``one_commit`` for a table's write; ``read_connection()`` is a read-only one.
     """
 
-    ducklake_catalog: str | None = setting_field("ducklake_catalog")
-    ducklake_data_path: str | None = setting_field("ducklake_data_path")
-    ducklake_schema: str | None = setting_field("ducklake_schema")
-    ducklake_password_env_var: str = setting_field("ducklake_password_env_var")
-    export_path: str | None = setting_field("duckdb_path")
     tenant: str | None = Field(
         default=None,
         description=(
@@ -107,11 +111,9 @@ class FieldSalesWarehouse(dg.ConfigurableResource):
             "refused. None: not checked."
         ),
     )
-    memory_limit: str = setting_field("duckdb_memory_limit")
     threads: int | None = Field(
         default=None, ge=1, le=256, description="DuckDB threads (default: all cores)."
     )
-    pii: Literal["keep", "hash", "drop"] = setting_field("pii")
     pii_hash_key: str | None = Field(
         default=None,
         description=(
@@ -119,12 +121,6 @@ class FieldSalesWarehouse(dg.ConfigurableResource):
             "as an environment variable, never in YAML; a new key gives every value a new hash."
         ),
     )
-    redact_pii_in_raw: bool = setting_field("redact_pii_in_raw")
-    create_dirs: bool = setting_field("create_dirs")
-    # Refresh modes of raw.transactions (see loading/incremental.py and the README).
-    refresh_mode: RefreshMode = setting_field("refresh_mode")
-    full_refresh_every_days: float = setting_field("full_refresh_every_days")
-    lookback_days: float = setting_field("lookback_days")
     max_shrink_fraction: float = Field(
         default=0.5,
         ge=0.0,
@@ -152,9 +148,7 @@ class FieldSalesWarehouse(dg.ConfigurableResource):
         return value.strip() or None if value else None
 
     @model_validator(mode="after")
-    def _check_settings(self) -> FieldSalesWarehouse:
-        # The checks of the component's storage: and pii: settings, for a warehouse built by hand.
-        check_lake_location(self.ducklake_catalog, self.ducklake_data_path)
+    def _check_hash_key(self) -> FieldSalesWarehouse:
         if self.pii == "hash" and not isinstance(self.pii_hash_key, dg.EnvVar):
             check_hash_key(self.pii_hash_key)  # an EnvVar is read, and checked, at run time
         return self
@@ -182,12 +176,11 @@ class FieldSalesWarehouse(dg.ConfigurableResource):
 
     @property
     def local_folder(self) -> Path:
-        """This lake's local files (DuckDB's spills): beside a SQLite
-        catalog, else under the system's temporary folder; one folder per lake and tenant."""
+        """This lake's local files (DuckDB's spills): beside a SQLite catalog, else under the
+        system's temporary folder; one folder per lake and tenant."""
         here = self.lake
-        key = hashlib.sha256(f"{here.catalog}\0{here.schema or ''}".encode()).hexdigest()[:16]
         base = here.catalog_file.parent if here.catalog_file else Path(tempfile.gettempdir())
-        return base / LOCAL_DIR_NAME / f"lake-{key}"
+        return base / LOCAL_DIR_NAME / f"lake-{here.key}"
 
     # --- what a run's steps share --------------------------------------------------------------
 
@@ -283,26 +276,23 @@ class FieldSalesWarehouse(dg.ConfigurableResource):
     def _config(self) -> DuckDBConfig:
         mine = self.local_folder / f"{PROCESS_DIR_PREFIX}{os.getpid()}"
         mine.mkdir(parents=True, exist_ok=True)  # DuckDB makes the last folder of its own only
-        config: DuckDBConfig = {
-            "memory_limit": self.memory_limit,
-            "preserve_insertion_order": False,
-            "temp_directory": str(mine / "db.tmp"),
-        }
-        if self.threads:
-            config["threads"] = self.threads
-        return config
+        # The settings that are DuckDB options (``Setting.duckdb``), as set.
+        options = {s.duckdb: getattr(self, s.name, None) for s in SETTINGS.values() if s.duckdb}
+        options["threads"] = self.threads
+        config: DuckDBConfig = {k: v for k, v in options.items() if v is not None}
+        return {**config, "preserve_insertion_order": False, "temp_directory": str(mine / "db.tmp")}
 
     # --- the export ---------------------------------------------------------------------------
 
     def export(self) -> Export | None:
-        """Write one lake snapshot to ``export_path`` atomically (``lake.export_snapshot``);
+        """Write one lake snapshot to ``duckdb_path`` atomically (``lake.export_snapshot``);
         ``None`` when no export is set. Raises ``ExportError`` naming the file and the cause."""
-        if not self.export_path:
+        if not self.duckdb_path:
             return None
         # As the component checks it at load time, for a warehouse built by hand too (a name
         # with whitespace around it, a folder that is not there).
         check_file_setting(
-            self.export_path,
+            self.duckdb_path,
             setting="duckdb_path",
             variable="FIELDSALES_DUCKDB_PATH",
             create_dirs=self.create_dirs,
@@ -310,7 +300,7 @@ class FieldSalesWarehouse(dg.ConfigurableResource):
         )
         return export_snapshot(
             self.lake,
-            resolved(self.export_path),  # a link stays; the rename replaces its target
+            resolved(self.duckdb_path),  # a link stays; the rename replaces its target
             self._config(),
             pause=lambda: pause_at("export"),
         )
