@@ -121,14 +121,14 @@ def test_an_item_as_large_as_the_memory_limit_reads_is_stored_and_decoded_whole(
     from fieldsales_dagster.component import memory_megabytes
     from fieldsales_dagster.settings import ITEM_SHARE_OF_MEMORY, SETTINGS
 
-    assert warehouse.memory_limit == SETTINGS["duckdb_memory_limit"].default
-    largest_mb = int(memory_megabytes(warehouse.memory_limit) // ITEM_SHARE_OF_MEMORY)
+    assert warehouse.duckdb_memory_limit == SETTINGS["duckdb_memory_limit"].default
+    largest_mb = int(memory_megabytes(warehouse.duckdb_memory_limit) // ITEM_SHARE_OF_MEMORY)
     blob = (largest_mb << 20) - 200  # the item, with its other keys, just under the limit
     with HostileServer(transactions(300, huge_at=150, blob=blob)) as server:
         report = load(hostile_api(server, max_item_mb=largest_mb), warehouse)
     assert report.rows == 300
     with read_lake(warehouse) as conn:
-        conn.execute(f"SET memory_limit = '{warehouse.memory_limit}'")
+        conn.execute(f"SET memory_limit = '{warehouse.duckdb_memory_limit}'")
         length, n = conn.execute(
             "SELECT length(payload->>'blob'), (payload->>'n')::INT FROM raw.transactions "
             "WHERE id = 't-000150'"

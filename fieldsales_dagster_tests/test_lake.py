@@ -318,3 +318,23 @@ def test_a_run_against_a_wrong_url_records_no_tenant_and_the_right_url_then_writ
         assert not refused.success
         message = refused.get_step_failure_events()[0].step_failure_data.error.to_string()
         assert "belongs to '127.0.0.1 (key_prefix -)'" in message
+
+
+def test_a_lake_connection_loads_only_signed_extensions(tmp_path):
+    """The extensions come from the pinned wheels, and DuckDB still checks their signatures: a
+    file swapped under the wheels' folder is refused, not run with the lake's access."""
+    (tmp_path / "lake").mkdir()
+    warehouse = FieldSalesWarehouse(
+        ducklake_catalog=f"sqlite:{tmp_path / 'catalog.sqlite'}",
+        ducklake_data_path=str(tmp_path / "lake"),
+    )
+    with warehouse.get_connection() as conn:
+        (allowed,) = conn.execute("SELECT current_setting('allow_unsigned_extensions')").fetchone()
+        loaded = {
+            name
+            for (name,) in conn.execute(
+                "SELECT extension_name FROM duckdb_extensions() WHERE loaded"
+            ).fetchall()
+        }
+    assert allowed is False
+    assert "ducklake" in loaded
