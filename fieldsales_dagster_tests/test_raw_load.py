@@ -5,6 +5,7 @@ from __future__ import annotations
 import logging
 
 import duckdb
+import pydantic
 import pytest
 
 from fieldsales_dagster.client.api import FieldSalesAPI
@@ -240,9 +241,13 @@ def test_forbidden_token_says_so(demo_server, api, warehouse):
 
 
 def test_plain_http_is_refused_for_remote_hosts(tmp_path, warehouse):
-    api = FieldSalesAPI(base_url="http://fieldsales.example.com", api_token="t" * 30)
+    """Refused when the resource is built (its ``api:`` model checks it), before any request."""
+    from fieldsales_dagster.client.urls import validate_base_url
+
+    with pytest.raises(pydantic.ValidationError, match=r"api\.base_url.*fieldsales\.example\.com"):
+        FieldSalesAPI(base_url="http://fieldsales.example.com", api_token="t" * 30)
     with pytest.raises(InsecureURLError, match="fieldsales.example.com"):
-        load(api, warehouse)
+        validate_base_url("http://fieldsales.example.com")
 
 
 @pytest.mark.parametrize("host", ["http://127.0.0.1:1", "http://localhost:1", "http://[::1]:1"])
