@@ -401,6 +401,8 @@ def refresh_decoded(conn: duckdb.DuckDBPyConnection, decoded: Decoded) -> Decode
         return build_decoded(conn, decoded)
     _define_rows_to_decode(conn, missing.select)
     query = core_query(decoded)
+    if macros := shared_macros_sql(query):  # the decode types values with typed_values.sql
+        conn.execute(macros)
 
     def update() -> None:
         conn.execute(
