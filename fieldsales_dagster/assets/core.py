@@ -422,12 +422,16 @@ def refresh_decoded(conn: duckdb.DuckDBPyConnection, decoded: Decoded) -> Decode
 
 def _layout_changed(conn: duckdb.DuckDBPyConnection, decoded: Decoded) -> bool:
     """Whether the stored decode's columns (names, types) differ from its query's: a decode
-    written by an earlier release is parsed again whole, not read with a layout it lacks."""
+    written by an earlier release is parsed again whole, not read with a layout it lacks. A query
+    that does not bind (a raw table without its payload) is built whole, which names the error."""
     _define_rows_to_decode(conn, f"SELECT * FROM {qualified(decoded.source)} LIMIT 0")
     query = core_query(decoded)
-    if macros := shared_macros_sql(query):
-        conn.execute(macros)
-    wanted = [row[:2] for row in conn.execute(f"DESCRIBE {query}").fetchall()]
+    try:
+        if macros := shared_macros_sql(query):
+            conn.execute(macros)
+        wanted = [row[:2] for row in conn.execute(f"DESCRIBE {query}").fetchall()]
+    except duckdb.Error:
+        return True
     stored = conn.execute(f"DESCRIBE SELECT * FROM {qualified(decoded.table)}").fetchall()
     return wanted != [row[:2] for row in stored]
 
