@@ -127,6 +127,28 @@ def test_results_alone_decode_raw_transactions_when_no_decode_is_stored(tmp_path
     assert _report_transactions(database) == [("t-1",)]
 
 
+def test_a_decode_stored_with_another_layout_is_parsed_again_whole(tmp_path):
+    # A decode written by an earlier release (here: one column fewer) is rebuilt, not read as
+    # current because its rows match raw.transactions.
+    database = tmp_path / "t.duckdb"
+    p.materialize_core(database, transactions=[_reported(f"t-{i}", i) for i in range(3)])
+    with lake_at(database).get_connection() as conn:
+        conn.execute("ALTER TABLE meta.transactions_decoded DROP COLUMN report_results")
+
+    result = _materialize_results_only(database)
+
+    assert result.success
+    metadata = _core_metadata(result, "core_custom_report_results")
+    assert metadata["fieldsales/decode"] == (
+        "meta.transactions_decoded: full (3 payloads parsed); "
+        "temp.events_decoded: full (0 payloads parsed)"
+    )
+    assert p.query(
+        database,
+        "SELECT transaction_id, value_number FROM core.custom_report_results ORDER BY ALL",
+    ) == [("t-0", 0.0), ("t-1", 1.0), ("t-2", 2.0)]
+
+
 def _core_metadata(result: dg.ExecuteInProcessResult, asset: str) -> dict[str, object]:
     (event,) = [m for m in result.get_asset_materialization_events() if m.asset_key.path == [asset]]
     return {key: value.value for key, value in event.materialization.metadata.items()}

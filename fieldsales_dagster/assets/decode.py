@@ -203,7 +203,7 @@ def refresh_decoded(conn: duckdb.DuckDBPyConnection, decoded: Decoded) -> Decode
     what a full decode of the source would hold.
     """
     found = _fingerprint(conn, decoded.table)
-    if found is None:
+    if found is None or _layout_changed(conn, decoded):
         return build_decoded(conn, decoded)
     raw = _fingerprint(conn, decoded.source)
     assert raw is not None, f"{decoded.table} exists without its source {decoded.source}"
@@ -215,6 +215,8 @@ def refresh_decoded(conn: duckdb.DuckDBPyConnection, decoded: Decoded) -> Decode
         return build_decoded(conn, decoded)
     _define_rows_to_decode(conn, missing.select)
     query = decoded_query(decoded)
+    if macros := shared_macros_sql(query):  # the decode types values with typed_values.sql
+        conn.execute(macros)
 
     def update() -> None:
         conn.execute(
@@ -230,6 +232,22 @@ def refresh_decoded(conn: duckdb.DuckDBPyConnection, decoded: Decoded) -> Decode
             f"Updating {decoded.table} failed; it is left as it was. DuckDB: {exc}"
         ) from exc
     return DecodeRefresh("incremental", missing.count)
+
+
+def _layout_changed(conn: duckdb.DuckDBPyConnection, decoded: Decoded) -> bool:
+    """Whether the stored decode's columns (names, types) differ from its query's: a decode
+    written by an earlier release is parsed again whole, not read with a layout it lacks. A query
+    that does not bind (a raw table without its payload) is built whole, which names the error."""
+    _define_rows_to_decode(conn, f"SELECT * FROM {qualified(decoded.source)} LIMIT 0")
+    query = decoded_query(decoded)
+    try:
+        if macros := shared_macros_sql(query):
+            conn.execute(macros)
+        wanted = [row[:2] for row in conn.execute(f"DESCRIBE {query}").fetchall()]
+    except duckdb.Error:
+        return True
+    stored = conn.execute(f"DESCRIBE SELECT * FROM {qualified(decoded.table)}").fetchall()
+    return wanted != [row[:2] for row in stored]
 
 
 def _define_rows_to_decode(conn: duckdb.DuckDBPyConnection, rows: str) -> None:

@@ -30,46 +30,21 @@
 -- Slider values also get in_range (minimum..maximum) and on_step (a whole number of steps from
 -- minimum, or from 0 without a minimum). on_step allows a rounding error of 1e-9 of a step, so
 -- 0.3 is on a 0.1 grid although 0.3 / 0.1 = 2.9999999999999996 in binary floating point.
--- Transaction payloads are not parsed here: meta.transactions_decoded (see
--- meta_transactions_decoded.sql) holds each one parsed once, for this table and
--- core.transactions. decoded_rows() is that table: all of it for a whole build; after an
--- incremental raw load only its added rows, when this table follows their changes instead of
--- being rebuilt (follow.py: the event rows are then rebuilt, the other rows kept). Event payloads
--- are not parsed here either: temp.events_decoded (temp_events_decoded.sql) holds them parsed.
-WITH transaction_reports AS (
+-- No JSON is parsed here. Transaction payloads are parsed and their results typed once, by
+-- meta.transactions_decoded (meta_transactions_decoded.sql): its report_results column holds each
+-- result as a typed entry (typed_report_result in typed_values.sql: field id, name, the value's
+-- JSON type, text and number), for this table and core.transactions. decoded_rows() is that
+-- table: all of it for a whole build; after an incremental raw load only its added rows, when
+-- this table follows their changes instead of being rebuilt (follow.py: the event rows are then
+-- rebuilt, the other rows kept). Event payloads are parsed by temp.events_decoded
+-- (temp_events_decoded.sql); their results are typed here the same way (typed_report_results).
+WITH transaction_results AS (
     SELECT
         id AS transaction_id,
-        event_id AS raw_event_id,
-        p
-    -- In four slices (as raw_transactions_in_slices.sql reads raw.transactions): reportResults is
-    -- parsed here (report_results_map), and a slice hands the parser vectors of ~512 rows; the
-    -- heavy tenant's 2,048-row vectors did not fit test_core_memory's memory limit.
-    FROM (
-        SELECT * FROM decoded_rows() WHERE hash(id) % 4 = 0
-        UNION ALL
-        SELECT * FROM decoded_rows() WHERE hash(id) % 4 = 1
-        UNION ALL
-        SELECT * FROM decoded_rows() WHERE hash(id) % 4 = 2
-        UNION ALL
-        SELECT * FROM decoded_rows() WHERE hash(id) % 4 = 3
-    )
-),
-
-transaction_results AS (
-    SELECT
-        transaction_id,
-        coalesce(p.eventId, raw_event_id) AS event_id,
-        coalesce(
-            p._customReport._customReportConfig,
-            p._customReport._customReport._customReportConfig,
-            p._customReport._configcreatedTime._id,
-            p._customReport._customReport._configcreatedTime._id
-        ) AS config_id,
-        -- reportResults is documented at _customReport; the nested shape is accepted too.
-        unnest(map_entries(report_results_map(coalesce(
-            p._customReport.reportResults, p._customReport._customReport.reportResults
-        )))) AS result
-    FROM transaction_reports
+        event_id,
+        custom_report_config_id AS config_id,
+        unnest(report_results) AS result
+    FROM decoded_rows()
 ),
 
 transaction_resolved AS (
@@ -79,9 +54,11 @@ transaction_resolved AS (
         results.transaction_id,
         results.event_id,
         results.config_id,
-        coalesce(results.result.value.fieldId, results.result.key) AS field_id,
-        results.result.value.name AS result_name,
-        results.result.value.value AS value_json,
+        results.result.field_id,
+        results.result.name AS result_name,
+        results.result.json_type,
+        results.result.text AS value_raw,
+        results.result.number,
         fields.field_name,
         fields.field_type,
         fields.slider_min,
@@ -90,7 +67,7 @@ transaction_resolved AS (
     FROM transaction_results AS results
     LEFT JOIN core.custom_report_fields AS fields
         ON fields.config_id = results.config_id
-        AND fields.field_id = coalesce(results.result.value.fieldId, results.result.key)
+        AND fields.field_id = results.result.field_id
 ),
 
 event_reports AS (
@@ -104,7 +81,7 @@ event_results AS (
     SELECT
         coalesce(report._event, event_id) AS event_id,
         report._id AS report_id,
-        unnest(map_entries(report.reportResults)) AS result
+        unnest(typed_report_results(report.reportResults)) AS result
     FROM event_reports
 ),
 
@@ -123,9 +100,11 @@ event_resolved AS (
         NULL::VARCHAR AS transaction_id,
         results.event_id,
         fields.config_id,
-        coalesce(results.result.value.fieldId, results.result.key) AS field_id,
-        results.result.value.name AS result_name,
-        results.result.value.value AS value_json,
+        results.result.field_id,
+        results.result.name AS result_name,
+        results.result.json_type,
+        results.result.text AS value_raw,
+        results.result.number,
         fields.field_name,
         fields.field_type,
         fields.slider_min,
@@ -133,14 +112,12 @@ event_resolved AS (
         fields.slider_step
     FROM event_results AS results
     LEFT JOIN newest_field_definitions AS fields
-        ON fields.field_id = coalesce(results.result.value.fieldId, results.result.key)
+        ON fields.field_id = results.result.field_id
 ),
 
 all_results AS (
     SELECT
         resolved.*,
-        resolved.value_json ->> '$' AS value_raw,
-        json_type(resolved.value_json) AS json_type,
         kinds.value_kind AS field_kind
     FROM (
         SELECT * FROM transaction_resolved
@@ -163,8 +140,8 @@ typed AS (
                 ELSE 'json_other'
             END
         ) AS value_kind,
-        -- typed_values.sql: numbers and numeric strings; NaN and infinity are NULL.
-        CASE WHEN field_kind = 'number' THEN json_number(value_json) END AS value_number
+        -- typed_report_result: numbers and numeric strings; NaN and infinity are NULL.
+        CASE WHEN field_kind = 'number' THEN number END AS value_number
     FROM all_results
 ),
 
@@ -177,8 +154,7 @@ stepped AS (
             WHEN json_type = 'BOOLEAN' THEN value_raw = 'true'
             WHEN value_kind = 'boolean' THEN boolean_answer(value_raw)
         END AS value_bool,
-        CASE WHEN value_kind = 'json_number' THEN json_number(value_json) END
-            AS value_json_number
+        CASE WHEN value_kind = 'json_number' THEN number END AS value_json_number
     FROM typed
 )
 
@@ -214,9 +190,10 @@ SELECT
     -- A number or boolean field's answer that is neither (values_typed, values_finite checks).
     untyped_values([
         CASE value_kind
-            WHEN 'number' THEN untyped('value', value_json, value_number, 'a number')
-            WHEN 'json_number' THEN untyped('value', value_json, value_json_number, 'a number')
-            WHEN 'boolean' THEN untyped('value', value_json, value_bool, 'a boolean')
+            WHEN 'number' THEN untyped_text('value', json_type, value_raw, value_number, 'a number')
+            WHEN 'json_number'
+                THEN untyped_text('value', json_type, value_raw, value_json_number, 'a number')
+            WHEN 'boolean' THEN untyped_text('value', json_type, value_raw, value_bool, 'a boolean')
         END
     ]) AS untyped_values
 FROM stepped
