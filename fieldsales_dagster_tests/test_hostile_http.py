@@ -12,6 +12,7 @@ import re
 import types
 
 import dagster as dg
+import pydantic
 import pytest
 
 from fieldsales_dagster.client.endpoints import CHECK_TOKEN_PATH, EVENTS
@@ -196,9 +197,10 @@ def test_backslash_url_sends_nothing_to_the_host_urllib3_would_pick(tmp_path):
     """urlsplit saw 127.0.0.1 here and let plain http pass; urllib3 connects to the other host."""
     with HostileServer(events_handler([])) as decoy:
         url = f"http://localhost:{decoy.port}\\@127.0.0.1"
-        api = make_api(types.SimpleNamespace(base_url=url, token=TOKEN), tmp_path)
-        with pytest.raises(FieldSalesAPIError, match="FIELDSALES_BASE_URL"):
-            api.check_token()
+        # Refused when the resource is built (its api: model checks the URL), before any request.
+        with pytest.raises(pydantic.ValidationError, match="FIELDSALES_BASE_URL") as refused:
+            make_api(types.SimpleNamespace(base_url=url, token=TOKEN), tmp_path)
+        assert TOKEN not in str(refused.value)
         assert decoy.connections == 0
 
 
