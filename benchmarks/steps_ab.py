@@ -10,7 +10,7 @@ and the whole command's CPU, wall and peak RSS.
     python -m benchmarks.steps_ab 100000 2 base=/tmp/base-checkout branch=.
 
 A side may set variables for its runs after an ``@``, so one checkout can be measured under
-several settings in one interleaved run (the memory-limit curve in ``benchmarks/README.md``):
+several settings in one interleaved run (the memory-limit curve, ``benchmarks/README.md``):
 
     python -m benchmarks.steps_ab 1000000 1 \
         192MB=.@FIELDSALES_DUCKDB_MEMORY_LIMIT=192MB 2GB=.@FIELDSALES_DUCKDB_MEMORY_LIMIT=2GB
