@@ -1,20 +1,17 @@
 """The Field-Sales component: one instance of the service, configured in YAML, as Dagster defs.
 
-A ``defs.yaml`` of this type is the project's one settings model: every knob is a validated field
-below, read from the YAML (the default one reads the ``FIELDSALES_*`` environment variables), its
-default, range and meaning defined once in ``settings.py``. A bad
-value fails the definitions load at once, with one paragraph naming the setting, its variable and
-what it accepts. One instance becomes:
+Its settings are ``FieldSalesSettings`` (``settings.py``); a bad value fails the load at once,
+naming the setting, its variable and what it accepts. One instance becomes:
 
-* resources: the API client (its token a Dagster ``EnvVar``, so the UI shows the variable's name,
+* resources: the API client (its token a Dagster ``EnvVar``: the UI shows the variable's name,
   never the token) and the warehouse (a DuckLake);
 * assets ``raw_*`` and ``core_*`` (under ``key_prefix`` for a second tenant), their checks;
-* the refresh job and its schedule, the token-renewal sensor and its job, and the core-table
-  automation sensor.
+* the refresh job and schedule, the token-renewal sensor and job, the core-table automation
+  sensor, the upkeep job and the alert sensors.
 
-Subclasses may override ``build_assets`` or ``build_checks`` to add or change definitions. (Most
-core checks are check specs of their assets, evaluated in the asset's step: ``build_assets``
-wires them; ``build_checks`` holds the ones that run as steps of their own.)
+Subclasses may override ``build_assets`` or ``build_checks``. (Most core checks are check specs
+of their assets, evaluated in the asset's step; ``build_checks`` holds those that run as steps of
+their own.)
 """
 
 from __future__ import annotations
@@ -27,8 +24,7 @@ from typing import Any
 
 import dagster as dg
 import urllib3
-from dagster.components.resolved.base import resolve_fields
-from pydantic import BaseModel, ConfigDict, create_model
+from pydantic import BaseModel, create_model, model_validator
 
 from fieldsales_dagster.assets.checks import build_core_checks, checks_in_asset_step
 from fieldsales_dagster.assets.core import build_core_assets
@@ -53,6 +49,7 @@ from fieldsales_dagster.settings import (
     FieldSalesSettings,
     SettingError,
     memory_megabytes,
+    nest_flat_keys,
     schedule_interval,
     values,
 )
@@ -68,32 +65,11 @@ __all__ = ["FieldSalesComponent", "SettingError", "memory_megabytes", "schedule_
 
 @functools.cache
 def _with_flat_keys(derived: type[BaseModel]) -> type[BaseModel]:
-    """Dagster's YAML model of the component, also taking unknown (flat) keys and a string
-    ``storage`` (the retired setting): ``FieldSalesComponent.resolve_from_model`` nests them."""
-    base: Any = derived
-
-    class WithFlatKeys(base):
-        model_config = ConfigDict(extra="allow")
-
-    # A string storage: is the retired setting; api: may come as flat keys.
-    storage: Any = derived.model_fields["storage"]
-    api: Any = derived.model_fields["api"].annotation
-    return create_model(
-        derived.__name__,
-        __base__=WithFlatKeys,
-        storage=(storage.annotation | str | None, storage),
-        api=(api | None, None),
+    """Dagster's YAML model of the component, nesting the flat keys of earlier releases first."""
+    nest: Any = model_validator(mode="before")(
+        lambda cls, given: nest_flat_keys(given, yaml=True) if isinstance(given, dict) else given
     )
-
-
-#: Variables a scaffolded tenant reads, by setting: ``{PREFIX}`` is the tenant's name, upper case.
-TENANT_VARIABLES = {
-    "base_url": "{PREFIX}_FIELDSALES_BASE_URL",
-    "api_token": "{PREFIX}_FIELDSALES_API_TOKEN",
-    "ducklake_catalog": "{PREFIX}_FIELDSALES_DUCKLAKE_CATALOG",
-    "ducklake_data_path": "{PREFIX}_FIELDSALES_DUCKLAKE_DATA_PATH",
-    "token_store_path": "{PREFIX}_FIELDSALES_TOKEN_STORE",
-}
+    return create_model(derived.__name__, __base__=derived, __validators__={"flat_keys": nest})
 
 
 class ScaffoldNameError(ValueError):
@@ -101,51 +77,37 @@ class ScaffoldNameError(ValueError):
 
 
 def tenant_defs_yaml(type_name: str, tenant: str) -> str:
-    """The ``defs.yaml`` of tenant ``tenant`` (also its key prefix)."""
+    """The ``defs.yaml`` of tenant ``tenant`` (also its key prefix): its API, token, token store
+    and lake read from its settings' variables, prefixed with its name (``ACME_FIELDSALES_...``)."""
     if not (IDENTIFIER.match(tenant) and tenant[0].isalpha()):
         raise ScaffoldNameError(
             f"dg scaffold defs {type_name} {tenant}: the folder's name becomes the tenant's "
             "key_prefix, which must be a name of letters, digits and underscores, starting with "
             "a letter (e.g. acme). Choose such a name and scaffold again."
         )
-    variables = {
-        setting: pattern.format(PREFIX=tenant.upper())
-        for setting, pattern in TENANT_VARIABLES.items()
-    }
+    read: list[str] = []
+
+    def env(setting: str, fallback: str = "") -> str:
+        read.append(f"{tenant.upper()}_{SETTINGS[setting].variable}")
+        return '"{{ env.' + read[-1] + (f" or {fallback}" if fallback else "") + ' }}"'
+
     home_store = f"((env.DAGSTER_HOME or 'data') ~ '/{tenant}_token.json')"
-    values = {
-        "base_url": f"env.{variables['base_url']}",
-        "api_token": f"env.{variables['api_token']}",
-        "ducklake_catalog": (
-            f"env.{variables['ducklake_catalog']} or 'sqlite:data/{tenant}.ducklake.sqlite'"
-        ),
-        "ducklake_data_path": f"env.{variables['ducklake_data_path']} or 'data/{tenant}_lake'",
-        "token_store_path": f"env.{variables['token_store_path']} or {home_store}",
-    }
-    template = {name: '"{{ ' + value + ' }}"' for name, value in values.items()}
-    requirements = "\n".join(f"    - {variable}" for variable in variables.values())
+    catalog, lake = f"'sqlite:data/{tenant}.ducklake.sqlite'", f"'data/{tenant}_lake'"
+    attributes = (
+        f"  api:\n    base_url: {env('base_url')}\n    api_token: {env('api_token')}\n"
+        f"    token_store_path: {env('token_store_path', home_store)}\n"
+        f"  # Assets {tenant}/raw_events ..., job {tenant}_refresh_all, pools "
+        f"fieldsales_duckdb_{tenant}_*.\n"
+        f"  key_prefix: {tenant}\n  storage:\n"
+        f"    ducklake_catalog: {env('ducklake_catalog', catalog)}\n"
+        f"    ducklake_data_path: {env('ducklake_data_path', lake)}\n"
+    )
     return (
         f"# Field-Sales tenant {tenant!r}: its own API, token, lake and token store, each\n"
         "# read from an environment variable (only a variable's name is written here, never a\n"
         "# token). Every other setting keeps its default (fieldsales_dagster/settings.py); add it\n"
-        "# under attributes to change it.\n"
-        f"type: {type_name}\n"
-        "\n"
-        "attributes:\n"
-        "  api:\n"
-        f"    base_url: {template['base_url']}\n"
-        f"    api_token: {template['api_token']}\n"
-        f"    token_store_path: {template['token_store_path']}\n"
-        f"  # Assets {tenant}/raw_events ..., job {tenant}_refresh_all, pools "
-        f"fieldsales_duckdb_{tenant}_*.\n"
-        f"  key_prefix: {tenant}\n"
-        "  storage:\n"
-        f"    ducklake_catalog: {template['ducklake_catalog']}\n"
-        f"    ducklake_data_path: {template['ducklake_data_path']}\n"
-        "\n"
-        "requirements:\n"
-        "  env:\n"
-        f"{requirements}\n"
+        f"# under attributes to change it.\ntype: {type_name}\n\nattributes:\n{attributes}\n"
+        "requirements:\n  env:\n" + "".join(f"    - {variable}\n" for variable in read)
     )
 
 
@@ -169,22 +131,9 @@ class FieldSalesComponent(dg.Component, FieldSalesSettings):
     ``defs/acme`` whose ``defs.yaml`` reads ``ACME_FIELDSALES_*`` variables (``tenant_defs_yaml``).
     """
 
-    # Every setting is a field of FieldSalesSettings (settings.py): api:, storage:, refresh:,
-    # pii:, alerts: and the instance's own names.
-
     @classmethod
     def model(cls) -> type[BaseModel]:
-        """The YAML model Dagster derives, also taking the flat keys of earlier releases (nested,
-        with a warning, by ``FieldSalesSettings.flat_keys``)."""
         return _with_flat_keys(super().model())
-
-    @classmethod
-    def resolve_from_model(cls, context: dg.ResolutionContext, model: BaseModel) -> Any:
-        given = model.model_dump(exclude_unset=True)
-        nested = cls.flat_keys(given, yaml=True)
-        if nested != given:
-            model = type(model).model_validate(nested)
-        return cls(**resolve_fields(model, cls, context))
 
     # --- what one instance becomes ------------------------------------------------------------
 
@@ -202,8 +151,7 @@ class FieldSalesComponent(dg.Component, FieldSalesSettings):
                 "and reference it."
             )
         # Checked here, at load, so a token a header cannot carry fails `dg check defs` at once.
-        clean_token(os.environ.get(token_variable), token_variable)
-        if not (os.environ.get(token_variable) or "").strip():
+        if not clean_token(os.environ.get(token_variable), token_variable):
             raise SettingError(
                 f"api_token: the environment variable {token_variable} is not set (or empty). "
                 "Set it to a token from your Field-Sales user profile (API tab; admin users "

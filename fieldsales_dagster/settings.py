@@ -1,24 +1,21 @@
 """Every setting of a Field-Sales instance, declared once: the component's YAML model.
 
-A setting is one field of the model of its concern, ``api:``, ``storage:``, ``refresh:``, ``pii:``
-or ``alerts:`` (or of the instance itself: ``key_prefix``, ``owners``, ...), made with
-``setting(...)``: its default, range, ``FIELDSALES_*`` variable and meaning are written there and
-nowhere else. The concern's model resolves into what it configures (``component.py``:
-``ApiSettings`` -> ``FieldSalesAPI``, ``StorageSettings`` and ``PiiSettings`` ->
-``FieldSalesWarehouse``, ``AlertsSettings`` -> the alert policy). ``SETTINGS`` lists them all by
-their flat name; a resource takes its concerns' settings whole (``settings_resource``: a field
-per setting, so a new setting needs none). A test walks every setting against the resources,
-the default ``defs.yaml`` and the tables of docs/configuration.md and docs/alerts.md. The flat
-keys of earlier releases (``page_size: 100``) are still read, with a
-warning naming the new spelling (``api: {page_size: 100}``). Nothing is read from the
-environment here.
+A setting is a field of its concern's model (``api:``, ``storage:``, ``refresh:``, ``pii:``,
+``alerts:``, or the instance's own: ``key_prefix``, ...), made by ``setting(...)`` with its
+default, range, ``FIELDSALES_*`` variable and meaning. A concern resolves into what it configures
+(``ApiSettings`` -> ``FieldSalesAPI``; ``StorageSettings``, ``PiiSettings`` and
+``RefreshSettings`` -> ``FieldSalesWarehouse``; ``AlertsSettings`` -> the alert policy), whose
+fields ``settings_resource`` makes from it. Tests hold every setting against the resources, the
+default ``defs.yaml`` and the tables of docs/configuration.md and docs/alerts.md. The flat keys
+of earlier releases (``page_size: 100``) are read with a warning naming the new spelling
+(``api: {page_size: 100}``). Nothing is read from the environment here.
 """
 
 from __future__ import annotations
 
 import re
 import warnings
-from dataclasses import dataclass, replace
+from dataclasses import KW_ONLY, dataclass
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Annotated, Any, ClassVar, Literal, get_args
@@ -55,39 +52,44 @@ _ENV_REFERENCE = re.compile(
 #: then fails in ``build_resources``, whose message cannot echo the YAML line (Dagster's own
 #: resolution errors quote it, and the line would be the token).
 NOT_AN_ENV_REFERENCE = "<not an environment variable reference>"
-#: The one value the retired ``storage`` setting (now ``storage.engine``) still accepts.
-LAKE_STORAGE = "ducklake"
 
 
 class SettingError(ValueError):
     """A setting of the component is missing or out of range."""
 
 
-@dataclass(frozen=True)
+@dataclass
 class Setting:
-    """One setting: its default (``PydanticUndefined``: required), the ``FIELDSALES_*`` variable
-    the default ``defs.yaml`` reads it from (``""``: none), and what it accepts, in words.
-    ``name`` is its flat name (a resource's field, the releases before the nested
-    YAML); ``group`` and ``key`` place it in the YAML (``spelling``)."""
+    """One setting: its default (``PydanticUndefined``: required), what it means, what it accepts
+    in words (``{range}``: its bounds), the ``FIELDSALES_*`` variable the default ``defs.yaml``
+    reads it from (``""``: none). ``name`` is its flat name (a resource's field, the releases
+    before the nested YAML); ``group`` and ``key`` place it in the YAML (``spelling``). It is its
+    field's ``json_schema_extra``, naming it under ``SETTING_KEY`` in a JSON schema."""
 
-    name: str
     default: Any
     description: str
     accepts: str
     variable: str = ""
-    #: Numeric bounds: ``gt``/``ge`` below, ``lt``/``le`` above (one of each, or none).
-    gt: float | None = None
-    ge: float | None = None
-    lt: float | None = None
-    le: float | None = None
+    _: KW_ONLY
+    name: str = ""
+    key: str = ""
     #: What an unset (``None``) default means, for the docs and the field's description.
     unset: str = "none"
-    group: str = ""
-    key: str = ""
     #: The default as the docs show it, when it is not the default itself (the token's).
     shown: str = ""
     #: The DuckDB option the warehouse sets to it (``memory_limit``), if any.
     duckdb: str = ""
+    #: Numeric bounds, checked by the model (``_in_range``), not by pydantic: Dagster copies a
+    #: field's constraints onto the YAML model, where the value is still a template.
+    gt: float | None = None
+    ge: float | None = None
+    lt: float | None = None
+    le: float | None = None
+    group: str = ""
+    registered: bool = False
+
+    def __call__(self, schema: dict[str, Any]) -> None:
+        schema[SETTING_KEY] = self.name
 
     @property
     def spelling(self) -> str:
@@ -142,20 +144,18 @@ class Setting:
             and (self.le is None or value <= self.le)
         )
 
-    def field(self, declared: Any = None) -> Any:
-        """Its pydantic field: in its concern's model (``declared``: the ``_Declared`` that
-        carries it; a required setting is None until given, so that "it is not set" can say
-        which it is, and a flat key of an earlier release can still give it), else a resource's.
-        """
+    def field(self, *, in_model: bool = False) -> Any:
+        """Its pydantic field: in its concern's model (``in_model``; a required setting is None
+        until given, so that "it is not set" can say which it is, and a flat key of an earlier
+        release can still give it), else a resource's."""
         where = f" ({self.variable})" if self.variable else ""
         unset = f" Default: {self.unset}." if self.default is None else ""
-        extra = declared or {SETTING_KEY: self.name}
+        extra: Any = self if in_model else {SETTING_KEY: self.name}
         more: dict[str, Any] = {"description": f"{self.description}{where}.{unset}"}
         if isinstance(self.default, list):
-            return Field(
-                default_factory=lambda: list(self.default), json_schema_extra=extra, **more
-            )
-        required = declared is not None and self.default is PydanticUndefined
+            default = self.default
+            return Field(default_factory=lambda: list(default), json_schema_extra=extra, **more)
+        required = in_model and self.default is PydanticUndefined
         given: Any = None if required else self.default
         return Field(given, validate_default=required, json_schema_extra=extra, **more)
 
@@ -167,43 +167,9 @@ SETTINGS: dict[str, Setting] = {}
 RETIRED_SETTINGS = {"storage.engine": "FIELDSALES_STORAGE"}
 
 
-def setting(
-    default: Any,
-    description: str,
-    accepts: str,
-    variable: str = "",
-    *,
-    name: str = "",
-    key: str = "",
-    unset: str = "none",
-    shown: str = "",
-    duckdb: str = "",
-    gt: float | None = None,
-    ge: float | None = None,
-    lt: float | None = None,
-    le: float | None = None,
-) -> Any:
-    """Declare a setting as a field of its concern's model (``SettingsModel``): its default,
-    meaning, what it accepts (``{range}``: its bounds in words), its variable, its flat ``name``
-    and YAML ``key`` when they are not the field's, the DuckDB option it sets. The bounds are
-    checked by the model, not by pydantic: Dagster copies a field's constraints onto the YAML
-    model, where the value is still a template."""
-    declared = Setting(
-        name, default, description, accepts, variable, gt, ge, lt, le, unset, "", key, shown, duckdb
-    )
-    return declared.field(_Declared(declared))
-
-
-class _Declared:
-    """A field's ``json_schema_extra`` that carries its ``Setting`` (and, in a JSON schema,
-    names it under ``SETTING_KEY``)."""
-
-    def __init__(self, declared: Setting) -> None:
-        self.setting = declared
-        self.registered = False
-
-    def __call__(self, schema: dict[str, Any]) -> None:
-        schema[SETTING_KEY] = self.setting.name
+def setting(*args: Any, **kwargs: Any) -> Any:
+    """Declare a setting (``Setting``'s arguments) as a field of its concern's model."""
+    return Setting(*args, **kwargs).field(in_model=True)
 
 
 def values(*models: SettingsModel) -> dict[str, Any]:
@@ -218,28 +184,25 @@ def values(*models: SettingsModel) -> dict[str, Any]:
 def settings_resource(name: str, *models: type[SettingsModel], but: tuple[str, ...] = ()) -> Any:
     """A ``ConfigurableResource`` base with a field per setting of ``models`` (by flat name, with
     its default and description; none of ``but``), so a resource receives its concerns' settings
-    whole and a new setting needs no resource field. Built by hand, it checks them as the
-    component does, by its concern's model (a value given as an ``EnvVar``: once read, at run
-    time)."""
+    whole and a new setting needs no resource field. Its values are checked once, by their
+    concern's model, as the component checks them (an ``EnvVar``: once read, at run time)."""
     fields: dict[str, Any] = {}
     for model in models:
         for field, declared in model.settings().items():
             annotation: Any = model.model_fields[field].annotation
             if declared.default is PydanticUndefined:  # None only until the component gets it
                 annotation = next(a for a in get_args(annotation) if a is not type(None))
-            fields[declared.name] = (annotation, declared.field())
+            if declared.name not in but:
+                fields[declared.name] = (annotation, declared.field())
 
-    def check(cls: Any, given: Any, handler: Any) -> Any:
-        built = handler(given)  # the resource's own field checks first
+    def check(cls: Any, given: Any) -> Any:
         for model in models if isinstance(given, dict) else ():
-            mine = {s.name: field for field, s in model.settings().items() if s.name not in but}
+            mine = {s.name: f for f, s in model.settings().items() if s.name not in but}
             read = {k: v for k, v in given.items() if k in mine and not isinstance(v, dg.EnvVar)}
             model(**{mine[k]: v for k, v in read.items()})
-        return built
+        return given
 
-    validators: dict[str, Any] = {"check_settings": model_validator(mode="wrap")(check)}
-    for dropped in but:
-        fields.pop(dropped, None)
+    validators: Any = {"check_settings": model_validator(mode="before")(check)}
     return create_model(name, __base__=dg.ConfigurableResource, __validators__=validators, **fields)
 
 
@@ -316,16 +279,13 @@ class SettingsModel(dg.Model, dg.Resolvable):
     def __pydantic_init_subclass__(cls, **kwargs: Any) -> None:
         super().__pydantic_init_subclass__(**kwargs)
         for field, info in cls.model_fields.items():
-            extra = info.json_schema_extra
-            if not isinstance(extra, _Declared) or extra.registered:
+            declared = info.json_schema_extra
+            if not isinstance(declared, Setting) or declared.registered:
                 continue  # not a setting, or one of a model this one extends
-            given = extra.setting
-            extra.setting = replace(
-                given, name=given.name or field, key=given.key or field, group=cls.GROUP
-            )
-            extra.registered = True
-            SETTINGS[extra.setting.name] = extra.setting
-            FIELD_OF[extra.setting.name] = (cls.GROUP, field)
+            declared.name, declared.key = declared.name or field, declared.key or field
+            declared.group, declared.registered = cls.GROUP, True
+            SETTINGS[declared.name] = declared
+            FIELD_OF[declared.name] = (cls.GROUP, field)
 
     @classmethod
     def settings(cls) -> dict[str, Setting]:
@@ -333,21 +293,16 @@ class SettingsModel(dg.Model, dg.Resolvable):
         return {field: found for field in cls.model_fields if (found := cls.declared(field))}
 
     @classmethod
-    def declared(cls, field: str | None) -> Setting | None:
-        info = cls.model_fields.get(field or "")
+    def declared(cls, field: str) -> Setting | None:
+        info = cls.model_fields.get(field)
         extra = info.json_schema_extra if info is not None else None
-        return extra.setting if isinstance(extra, _Declared) else None
-
-    @classmethod
-    def flat_keys(cls, values: dict[str, Any], *, yaml: bool = False) -> dict[str, Any]:
-        """Hook of the instance's model: the flat keys of earlier releases, nested."""
-        return values
+        return extra if isinstance(extra, Setting) else None
 
     @model_validator(mode="wrap")
     @classmethod
     def _explain(cls, values: Any, handler: Any) -> Any:
         if isinstance(values, dict):
-            values = {key: trimmed(value) for key, value in cls.flat_keys(values).items()}
+            values = {key: trimmed(value) for key, value in values.items()}
             values = {
                 key: value
                 for key, value in values.items()
@@ -371,12 +326,9 @@ class SettingsModel(dg.Model, dg.Resolvable):
             return str(cause)
         field = str(first["loc"][0]) if first["loc"] else "?"
         declared = cls.declared(field)
-        spelling = f"{cls.GROUP}.{field}" if cls.GROUP else field
-        variable, accepts = RETIRED_SETTINGS.get(spelling, ""), "nothing any more (leave it unset)"
+        spelling, variable, accepts = f"{cls.GROUP}.{field}".strip("."), "", "a valid value"
         if declared is not None:
             spelling, variable, accepts = declared.spelling, declared.variable, declared.help
-        elif spelling not in RETIRED_SETTINGS:
-            accepts = "a valid value"
         why = "; ".join(
             error["msg"].removeprefix("Value error, ")
             for error in errors
@@ -481,7 +433,7 @@ class ApiSettings(SettingsModel):
         from fieldsales_dagster.client.errors import FieldSalesAPIError  # noqa: PLC0415
         from fieldsales_dagster.client.urls import validate_base_url  # noqa: PLC0415
 
-        if not value or not value.strip():
+        if not value:
             raise ValueError("it is not set")
         try:
             return validate_base_url(value)
@@ -563,12 +515,6 @@ class StorageSettings(SettingsModel):
     # Retired (RETIRED_SETTINGS): unset or "ducklake" accepted with a warning, "file" refused.
     engine: str | None = None
 
-    @field_validator("duckdb_path", "ducklake_catalog", "ducklake_data_path", mode="before")
-    @classmethod
-    def _blank_is_unset(cls, value: Any) -> Any:
-        # The default YAML reads an unset variable as an empty string: not set.
-        return value.strip() or None if isinstance(value, str) else value
-
     @field_validator("duckdb_path")
     @classmethod
     def _duckdb_path(cls, value: str | None) -> str | None:
@@ -583,9 +529,9 @@ class StorageSettings(SettingsModel):
     @field_validator("duckdb_memory_limit")
     @classmethod
     def _memory_limit(cls, value: str) -> str:
-        if not _MEMORY.match(value.strip()):
+        if not _MEMORY.match(value):
             raise ValueError("it is not a size")
-        return value.strip()
+        return value
 
     @field_validator("ducklake_catalog")
     @classmethod
@@ -603,18 +549,19 @@ class StorageSettings(SettingsModel):
         text = value.strip().lower() if isinstance(value, str) else value
         if text in (None, ""):
             return None
-        if text == LAKE_STORAGE:
+        if text == "ducklake":  # the one value the retired setting still accepts
             dg.get_dagster_logger().warning(
                 "Field-Sales: storage (FIELDSALES_STORAGE=ducklake) is no longer a setting: "
                 "DuckLake is the only storage. Remove it from defs.yaml and the environment."
             )
             return None
-        raise ValueError(
-            "it was retired: this release keeps the tables in a DuckLake only (the file storage "
-            "and its publish step are gone), so remove storage: from defs.yaml and unset "
-            "FIELDSALES_STORAGE. An existing DuckDB warehouse file is left untouched: "
-            "docs/storage.md says how to move (a full refresh into the lake), and "
-            "FIELDSALES_DUCKDB_PATH keeps a single-file export for tools that need one"
+        raise SettingError(
+            f"Field-Sales setting storage.engine (from {RETIRED_SETTINGS['storage.engine']}) is "
+            f"invalid: it was retired (got {value!r}): this release keeps the tables in a DuckLake "
+            "only (the file storage and its publish step are gone), so remove storage: from "
+            "defs.yaml and unset FIELDSALES_STORAGE. An existing DuckDB warehouse file is left "
+            "untouched: docs/storage.md says how to move (a full refresh into the lake), and "
+            "FIELDSALES_DUCKDB_PATH keeps a single-file export for tools that need one."
         )
 
     @model_validator(mode="after")
@@ -654,7 +601,7 @@ class RefreshSettings(SettingsModel):
         "How raw.transactions is refreshed: auto (incremental when a complete load exists "
         "and the last full refresh is younger than full_refresh_every_days, full otherwise), "
         "full or incremental; run config on raw_transactions overrides it for one run",
-        "auto, full or incremental",
+        "one of auto, full, incremental",
         "FIELDSALES_REFRESH_MODE",
     )
     full_refresh_every_days: float = setting(
@@ -677,19 +624,19 @@ class RefreshSettings(SettingsModel):
     @classmethod
     def _cron(cls, value: str) -> str:
         try:
-            _ticks(value.strip(), "UTC")
+            _ticks(value, "UTC")
         except dg.DagsterInvalidDefinitionError:
             raise ValueError("it is not a cron expression") from None
-        return value.strip()
+        return value
 
     @field_validator("schedule_timezone")
     @classmethod
     def _timezone(cls, value: str) -> str:
         try:
-            ZoneInfo(value.strip())
+            ZoneInfo(value)
         except (ZoneInfoNotFoundError, ValueError):
             raise ValueError("it is not an IANA time zone") from None
-        return value.strip()
+        return value
 
 
 class PiiSettings(SettingsModel):
@@ -802,9 +749,9 @@ class AlertsSettings(SettingsModel):
     @field_validator("ui_base_url")
     @classmethod
     def _ui_url(cls, value: str | None) -> str | None:
-        if value and not re.match(r"^https?://[^/\s]+", value.strip()):
+        if value and not re.match(r"^https?://[^/\s]+", value):
             raise ValueError("it is not an http:// or https:// URL")
-        return value.strip().rstrip("/") if value else None
+        return value.rstrip("/") if value else None
 
 
 class FieldSalesSettings(SettingsModel):
@@ -837,33 +784,10 @@ class FieldSalesSettings(SettingsModel):
         "a plain name other than raw, core, mart and meta, e.g. analytics",
     )
 
+    @model_validator(mode="before")
     @classmethod
-    def flat_keys(cls, values: dict[str, Any], *, yaml: bool = False) -> dict[str, Any]:
-        """The flat keys of earlier releases (``page_size: 100``), read for one more release
-        with a warning that says the new spelling (``api: {page_size: 100}``). ``yaml``: nest
-        them under their YAML keys (``api_token``), not the fields' (``api_token_env_var``)."""
-        nested = {"api": {}, **values}
-        for name, value in values.items():
-            if name not in FIELD_OF or not FIELD_OF[name][0]:
-                continue
-            if isinstance(value, dict | SettingsModel):
-                continue  # the pii: or storage: concern itself, not the flat pii or storage
-            group, field = FIELD_OF[name]
-            spelling = SETTINGS[name].spelling if name in SETTINGS else "storage.engine"
-            field = spelling.partition(".")[2] if yaml else field
-            warnings.warn(
-                f"Field-Sales setting {name} is the flat spelling of an earlier release: write "
-                f"it as {spelling} (under {group}: in defs.yaml). Flat keys are read for this "
-                "release only.",
-                FutureWarning,
-                stacklevel=2,
-            )
-            del nested[name]
-            given = nested.get(group)
-            if isinstance(given, SettingsModel):
-                given = given.model_dump(exclude_unset=True)
-            nested[group] = {**(given or {}), field: value}
-        return nested
+    def _flat_keys(cls, values: Any) -> Any:
+        return nest_flat_keys(values) if isinstance(values, dict) else values
 
     @field_validator("key_prefix", "group_prefix")
     @classmethod
@@ -878,3 +802,27 @@ class FieldSalesSettings(SettingsModel):
         if value.lower() in PROJECT_SCHEMAS:
             raise ValueError("the project rebuilds that schema, so it would overwrite your tables")
         return value
+
+
+def nest_flat_keys(values: dict[str, Any], *, yaml: bool = False) -> dict[str, Any]:
+    """The flat keys of earlier releases (``page_size: 100``), read for one more release with a
+    warning that says the new spelling (``api: {page_size: 100}``). ``yaml``: nest them under
+    their YAML keys (``api_token``), not the fields' (``api_token_env_var``)."""
+    nested = {"api": {}, **values}
+    for name, value in values.items():
+        group, field = FIELD_OF.get(name, ("", ""))
+        if not group or isinstance(value, dict | SettingsModel):
+            continue  # the instance's own, or the pii: or storage: concern itself
+        spelling = SETTINGS[name].spelling if name in SETTINGS else "storage.engine"
+        warnings.warn(
+            f"Field-Sales setting {name} is the flat spelling of an earlier release: write it as "
+            f"{spelling} (under {group}: in defs.yaml). Flat keys are read for this release only.",
+            FutureWarning,
+            stacklevel=2,
+        )
+        del nested[name]
+        given = nested.get(group)
+        if isinstance(given, SettingsModel):
+            given = given.model_dump(exclude_unset=True)
+        nested[group] = {**(given or {}), (spelling.partition(".")[2] if yaml else field): value}
+    return nested

@@ -29,7 +29,6 @@ import dagster as dg
 import duckdb
 from pydantic import Field, PrivateAttr, field_validator, model_validator
 
-from fieldsales_dagster.loading.modes import validate_refresh_mode
 from fieldsales_dagster.paths import check_file_setting, resolved
 from fieldsales_dagster.pause import pause_at
 from fieldsales_dagster.settings import (
@@ -136,11 +135,6 @@ class FieldSalesWarehouse(settings_resource("WarehouseSettings", *WAREHOUSE_SETT
     _shared: dict[str, object] = PrivateAttr(default_factory=dict)
     _shared_schema: str = PrivateAttr(default_factory=lambda: f"run_{uuid.uuid4().hex[:12]}")
     _in_run: bool = PrivateAttr(default=False)
-
-    @field_validator("refresh_mode", mode="before")
-    @classmethod
-    def _check_refresh_mode(cls, value: object) -> object:
-        return validate_refresh_mode(value)
 
     @field_validator("ducklake_catalog")
     @classmethod
