@@ -85,8 +85,9 @@ class Setting:
     ge: float | None = None
     lt: float | None = None
     le: float | None = None
+    #: Where it is declared: its concern (``""``: the instance's own) and field.
     group: str = ""
-    registered: bool = False
+    field: str = ""
 
     def __call__(self, schema: dict[str, Any]) -> None:
         schema[SETTING_KEY] = self.name
@@ -144,7 +145,7 @@ class Setting:
             and (self.le is None or value <= self.le)
         )
 
-    def field(self, *, in_model: bool = False) -> Any:
+    def as_field(self, *, in_model: bool = False) -> Any:
         """Its pydantic field: in its concern's model (``in_model``; a required setting is None
         until given, so that "it is not set" can say which it is, and a flat key of an earlier
         release can still give it), else a resource's."""
@@ -162,14 +163,18 @@ class Setting:
 
 #: Every setting, by flat name, in the order declared (filled as the models below are defined).
 SETTINGS: dict[str, Setting] = {}
-#: Settings of earlier releases the component still reads, only to say what became of them:
-#: spelling -> its variable. ``storage.engine`` (file or ducklake): DuckLake is the only storage.
-RETIRED_SETTINGS = {"storage.engine": "FIELDSALES_STORAGE"}
+#: Settings of earlier releases the component still reads, only to say what became of them, by
+#: flat name. ``storage.engine`` (file or ducklake): DuckLake is the only storage.
+RETIRED_SETTINGS = {
+    "storage": Setting(
+        None, "", "", "FIELDSALES_STORAGE", key="engine", group="storage", field="engine"
+    )
+}
 
 
 def setting(*args: Any, **kwargs: Any) -> Any:
     """Declare a setting (``Setting``'s arguments) as a field of its concern's model."""
-    return Setting(*args, **kwargs).field(in_model=True)
+    return Setting(*args, **kwargs).as_field(in_model=True)
 
 
 def values(*models: SettingsModel) -> dict[str, Any]:
@@ -193,7 +198,7 @@ def settings_resource(name: str, *models: type[SettingsModel], but: tuple[str, .
             if declared.default is PydanticUndefined:  # None only until the component gets it
                 annotation = next(a for a in get_args(annotation) if a is not type(None))
             if declared.name not in but:
-                fields[declared.name] = (annotation, declared.field())
+                fields[declared.name] = (annotation, declared.as_field())
 
     def check(cls: Any, given: Any) -> Any:
         for model in models if isinstance(given, dict) else ():
@@ -204,11 +209,6 @@ def settings_resource(name: str, *models: type[SettingsModel], but: tuple[str, .
 
     validators: Any = {"check_settings": model_validator(mode="before")(check)}
     return create_model(name, __base__=dg.ConfigurableResource, __validators__=validators, **fields)
-
-
-#: Flat name -> (concern, field name): where each setting is declared, and where a flat key of an
-#: earlier release now goes.
-FIELD_OF: dict[str, tuple[str, str]] = {"storage": ("storage", "engine")}
 
 
 def trimmed(value: Any) -> Any:
@@ -280,12 +280,11 @@ class SettingsModel(dg.Model, dg.Resolvable):
         super().__pydantic_init_subclass__(**kwargs)
         for field, info in cls.model_fields.items():
             declared = info.json_schema_extra
-            if not isinstance(declared, Setting) or declared.registered:
+            if not isinstance(declared, Setting) or declared.field:
                 continue  # not a setting, or one of a model this one extends
             declared.name, declared.key = declared.name or field, declared.key or field
-            declared.group, declared.registered = cls.GROUP, True
+            declared.group, declared.field = cls.GROUP, field
             SETTINGS[declared.name] = declared
-            FIELD_OF[declared.name] = (cls.GROUP, field)
 
     @classmethod
     def settings(cls) -> dict[str, Setting]:
@@ -556,7 +555,7 @@ class StorageSettings(SettingsModel):
             )
             return None
         raise SettingError(
-            f"Field-Sales setting storage.engine (from {RETIRED_SETTINGS['storage.engine']}) is "
+            f"Field-Sales setting storage.engine (from {RETIRED_SETTINGS['storage'].variable}) is "
             f"invalid: it was retired (got {value!r}): this release keeps the tables in a DuckLake "
             "only (the file storage and its publish step are gone), so remove storage: from "
             "defs.yaml and unset FIELDSALES_STORAGE. An existing DuckDB warehouse file is left "
@@ -810,19 +809,20 @@ def nest_flat_keys(values: dict[str, Any], *, yaml: bool = False) -> dict[str, A
     their YAML keys (``api_token``), not the fields' (``api_token_env_var``)."""
     nested = {"api": {}, **values}
     for name, value in values.items():
-        group, field = FIELD_OF.get(name, ("", ""))
-        if not group or isinstance(value, dict | SettingsModel):
-            continue  # the instance's own, or the pii: or storage: concern itself
-        spelling = SETTINGS[name].spelling if name in SETTINGS else "storage.engine"
+        declared = SETTINGS.get(name) or RETIRED_SETTINGS.get(name)
+        if declared is None or not declared.group or isinstance(value, dict | SettingsModel):
+            continue  # not a setting, the instance's own, or the pii: or storage: concern itself
         warnings.warn(
             f"Field-Sales setting {name} is the flat spelling of an earlier release: write it as "
-            f"{spelling} (under {group}: in defs.yaml). Flat keys are read for this release only.",
+            f"{declared.spelling} (under {declared.group}: in defs.yaml). Flat keys are read for "
+            "this release only.",
             FutureWarning,
             stacklevel=2,
         )
         del nested[name]
-        given = nested.get(group)
+        given = nested.get(declared.group)
         if isinstance(given, SettingsModel):
             given = given.model_dump(exclude_unset=True)
-        nested[group] = {**(given or {}), (spelling.partition(".")[2] if yaml else field): value}
+        key = declared.key if yaml else declared.field
+        nested[declared.group] = {**(given or {}), key: value}
     return nested

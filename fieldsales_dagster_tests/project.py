@@ -109,9 +109,9 @@ def load_project(package: Path, monkeypatch) -> dg.Definitions:
 def spelled(name: str, value: object) -> dict[str, object]:
     """Setting ``name`` (its flat name) given ``value``, as the component takes it: under its
     concern (``{"api": {"page_size": 5}}``), or at the top for the instance's own names."""
-    from fieldsales_dagster.settings import FIELD_OF
+    from fieldsales_dagster.settings import SETTINGS
 
-    group, field = FIELD_OF[name]
+    group, field = SETTINGS[name].group, SETTINGS[name].field
     return {group: {field: value}} if group else {field: value}
 
 
@@ -126,7 +126,7 @@ def component(**given: object):
 
 def value_of(settings: object, name: str) -> object:
     """The value of setting ``name`` (its flat name) in a component or its settings."""
-    from fieldsales_dagster.settings import FIELD_OF
+    from fieldsales_dagster.settings import SETTINGS
 
-    group, field = FIELD_OF[name]
+    group, field = SETTINGS[name].group, SETTINGS[name].field
     return getattr(getattr(settings, group) if group else settings, field)

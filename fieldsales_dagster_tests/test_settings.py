@@ -17,7 +17,6 @@ from pydantic_core import PydanticUndefined
 from fieldsales_dagster.client.api import FieldSalesAPI
 from fieldsales_dagster.component import FieldSalesComponent, SettingError
 from fieldsales_dagster.settings import (
-    FIELD_OF,
     RETIRED_SETTINGS,
     SETTING_KEY,
     SETTINGS,
@@ -48,8 +47,10 @@ CONCERNS: dict[str, type[SettingsModel]] = {
 
 def field_info(name: str) -> Any:
     """The pydantic field that declares setting ``name``."""
-    group, field = FIELD_OF[name]
-    return (CONCERNS[group] if group else FieldSalesSettings).model_fields[field]
+    setting = SETTINGS[name]
+    return (CONCERNS[setting.group] if setting.group else FieldSalesSettings).model_fields[
+        setting.field
+    ]
 
 
 def resource_fields() -> list[tuple[type, str, Setting]]:
@@ -115,11 +116,13 @@ def test_every_component_field_is_a_concern_a_setting_or_a_retired_one():
         for group, model in [("", FieldSalesComponent), *CONCERNS.items()]
         for field in model.model_fields
     }
-    declared = {f"{group}.{field}" if group else field for group, field in FIELD_OF.values()}
+    every = [*SETTINGS.values(), *RETIRED_SETTINGS.values()]
+    declared = {f"{s.group}.{s.field}" if s.group else s.field for s in every}
     assert fields == declared | set(CONCERNS)
-    assert set(RETIRED_SETTINGS) <= declared
+    retired = {setting.spelling for setting in RETIRED_SETTINGS.values()}
+    assert retired <= fields
     assert {setting.spelling for setting in SETTINGS.values()} == {
-        name.replace("api_token_env_var", "api_token") for name in declared - set(RETIRED_SETTINGS)
+        name.replace("api_token_env_var", "api_token") for name in declared - retired
     }
 
 
@@ -248,8 +251,8 @@ def test_what_defs_yaml_reads_is_each_settings_own_variable_with_no_default_stat
         for setting in SETTINGS.values()
         if setting.variable
     }
-    for retired, variable in RETIRED_SETTINGS.items():
-        expected[retired] = f"{{{{ env.{variable} }}}}"
+    for retired in RETIRED_SETTINGS.values():
+        expected[retired.spelling] = f"{{{{ env.{retired.variable} }}}}"
     # The shipped instance keeps its token store under $DAGSTER_HOME.
     store = found.pop("api.token_store_path")
     assert store.startswith(f"{{{{ env.{SETTINGS['token_store_path'].variable} or ")
