@@ -13,6 +13,7 @@ of earlier releases (``page_size: 100``) are read with a warning naming the new 
 
 from __future__ import annotations
 
+import operator
 import re
 import warnings
 from dataclasses import KW_ONLY, dataclass
@@ -41,7 +42,7 @@ ITEM_SHARE_OF_MEMORY = 16
 #: one, nor may user_schema be one.
 PROJECT_SCHEMAS = frozenset({"raw", "core", "mart", "meta"})
 IDENTIFIER = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
-_MEMORY = re.compile(r"^\d+(\.\d+)?\s*(B|KB|MB|GB|TB|KiB|MiB|GiB|TiB)$", re.IGNORECASE)
+_MEMORY = re.compile(r"^(\d+(?:\.\d+)?)\s*(B|KB|MB|GB|TB|KiB|MiB|GiB|TiB)$", re.IGNORECASE)
 _UNITS = {"b": 1e-6, "kb": 1e-3, "mb": 1, "gb": 1e3, "tb": 1e6}
 _UNITS |= {"kib": 1024 / 1e6, "mib": 1.048576, "gib": 1073.741824, "tib": 1099511.627776}
 #: ``{{ env.NAME }}`` or ``{{ env('NAME') }}``: the only accepted form of a secret in YAML.
@@ -138,12 +139,7 @@ class Setting:
         return str(self.default)
 
     def inside(self, value: float) -> bool:
-        return (
-            (self.gt is None or value > self.gt)
-            and (self.ge is None or value >= self.ge)
-            and (self.lt is None or value < self.lt)
-            and (self.le is None or value <= self.le)
-        )
+        return all(getattr(operator, op)(value, bound) for op, bound in self.bounds.items())
 
     def as_field(self, *, in_model: bool = False) -> Any:
         """Its pydantic field: in its concern's model (``in_model``; a required setting is None
@@ -222,7 +218,7 @@ def trimmed(value: Any) -> Any:
 
 def memory_megabytes(limit: str) -> float:
     """A DuckDB size such as ``192MB`` or ``2GiB``, in MB (``_MEMORY`` matched it already)."""
-    match = re.match(r"^(\d+(?:\.\d+)?)\s*([A-Za-z]+)$", limit.strip())
+    match = _MEMORY.match(limit.strip())
     assert match is not None, limit
     return float(match.group(1)) * _UNITS[match.group(2).lower()]
 
@@ -300,17 +296,10 @@ class SettingsModel(dg.Model, dg.Resolvable):
     @model_validator(mode="wrap")
     @classmethod
     def _explain(cls, values: Any, handler: Any) -> Any:
-        if isinstance(values, dict):
+        if isinstance(values, dict):  # trimmed; an empty value of an optional setting: unset
             values = {key: trimmed(value) for key, value in values.items()}
-            values = {
-                key: value
-                for key, value in values.items()
-                if not (
-                    value in (None, "")
-                    and (declared := cls.declared(key)) is not None
-                    and declared.default is not PydanticUndefined
-                )
-            }
+            optional = {k for k, s in cls.settings().items() if s.default is not PydanticUndefined}
+            values = {k: v for k, v in values.items() if not (v in (None, "") and k in optional)}
         try:
             return handler(values)
         except ValidationError as exc:
