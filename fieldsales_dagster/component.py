@@ -57,7 +57,6 @@ from fieldsales_dagster.tenancy import Claim, refuse_shared_claims
 from fieldsales_dagster.token.renewal import RenewalPolicy
 from fieldsales_dagster.token.secret import clean_token
 from fieldsales_dagster.warehouse.lake import Lake, old_warehouse_warning
-from fieldsales_dagster.warehouse.pii import PiiSettingError, check_hash_key
 from fieldsales_dagster.warehouse.warehouse import FieldSalesWarehouse
 
 __all__ = ["FieldSalesComponent", "SettingError", "memory_megabytes", "schedule_interval"]
@@ -159,14 +158,8 @@ class FieldSalesComponent(dg.Component, FieldSalesSettings):
             )
         self.check_paths()
         self.check_item_size()
-        pii_hash_key = None
-        if self.pii.mode == "hash":
-            try:
-                check_hash_key(os.environ.get(self.pii.hash_key_env_var), self.pii.hash_key_env_var)
-            except PiiSettingError as exc:
-                raise SettingError(str(exc)) from None
-            # A secret: only the variable's name reaches Dagster, and only when it is used.
-            pii_hash_key = dg.EnvVar(self.pii.hash_key_env_var)
+        # A secret: only the variable's name reaches Dagster (the warehouse checks the key).
+        pii_hash_key = dg.EnvVar(self.pii.hash_key_env_var) if self.pii.mode == "hash" else None
         api = {**values(self.api), "api_token": dg.EnvVar(token_variable)}
         warehouse = values(self.storage, self.pii, self.refresh)
         return {

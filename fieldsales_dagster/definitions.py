@@ -14,12 +14,13 @@ from pydantic import ValidationError
 from fieldsales_dagster.component import SettingError
 from fieldsales_dagster.tenancy import TenantConflictError
 from fieldsales_dagster.token.secret import TokenFormatError
+from fieldsales_dagster.warehouse.pii import PiiSettingError
 
 DEFS_FOLDER = Path(__file__).parent / "defs"
 #: What else the definitions read when they load: the queries and their column descriptions.
 SQL_FOLDER = Path(__file__).parent / "sql"
 #: Errors whose message is the whole story of a bad configuration.
-CONFIGURATION_ERRORS = (SettingError, TokenFormatError, TenantConflictError)
+CONFIGURATION_ERRORS = (SettingError, PiiSettingError, TokenFormatError, TenantConflictError)
 #: What Dagster's component loader says first: "Error while loading component fieldsales[0]: ...".
 _COMPONENT = re.compile(r"component (?P<folder>[^\s\[:]+)")
 

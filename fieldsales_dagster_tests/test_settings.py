@@ -226,6 +226,17 @@ def test_a_warehouse_built_by_hand_checks_its_settings_as_the_component_does(tmp
     assert FieldSalesWarehouse(ducklake_catalog=dg.EnvVar("SOME_CATALOG")).ducklake_catalog
 
 
+def test_a_warehouse_checks_a_hash_key_given_as_an_env_var_where_it_is_built(monkeypatch):
+    """The one check of the key (the component's load uses it too) reads the variable. Before,
+    an EnvVar reached the check as its name, and a name of 16 characters passed for a key."""
+    key = dg.EnvVar("ACME_PII_HASH_KEY_VARIABLE")
+    monkeypatch.delenv(key.env_var_name, raising=False)
+    with pytest.raises(ValidationError, match=f"hash needs a secret key in {key.env_var_name}"):
+        FieldSalesWarehouse(pii="hash", pii_hash_key=key)
+    monkeypatch.setenv(key.env_var_name, "k" * 32)
+    assert FieldSalesWarehouse(pii="hash", pii_hash_key=key).pii_hash_key == key
+
+
 def test_a_storage_setting_that_is_a_duckdb_option_reaches_duckdb(tmp_path):
     warehouse = FieldSalesWarehouse(
         ducklake_catalog=f"sqlite:{tmp_path / 'lake.sqlite'}", duckdb_memory_limit="300MB"

@@ -23,7 +23,7 @@ import uuid
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
-from typing import TypeVar
+from typing import Any, TypeVar
 
 import dagster as dg
 import duckdb
@@ -141,11 +141,17 @@ class FieldSalesWarehouse(settings_resource("WarehouseSettings", *WAREHOUSE_SETT
     def _blank_catalog_is_unset(cls, value: str | None) -> str | None:
         return value.strip() or None if value else None
 
-    @model_validator(mode="after")
-    def _check_hash_key(self) -> FieldSalesWarehouse:
-        if self.pii == "hash" and not isinstance(self.pii_hash_key, dg.EnvVar):
-            check_hash_key(self.pii_hash_key)  # an EnvVar is read, and checked, at run time
-        return self
+    @model_validator(mode="before")
+    @classmethod
+    def _check_hash_key(cls, given: Any) -> Any:
+        # An EnvVar (the component's way) is read now, so that a missing key fails the load.
+        if isinstance(given, dict) and given.get("pii") == "hash":
+            key = given.get("pii_hash_key")
+            if isinstance(key, dg.EnvVar):
+                check_hash_key(os.environ.get(key.env_var_name), key.env_var_name)
+            else:
+                check_hash_key(key)
+        return given
 
     # --- where things live --------------------------------------------------------------------
 
