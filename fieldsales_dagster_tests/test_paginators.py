@@ -21,6 +21,7 @@ from fieldsales_dagster.client.endpoints import TRANSACTIONS, ListEndpoint
 from fieldsales_dagster.client.pager import (
     ItemTooLargeError,
     Limits,
+    ListPass,
     ListStats,
     OffsetWindows,
     Page,
@@ -87,7 +88,9 @@ class Scripted:
 def fetched_ids(executor: PageExecutor) -> list[str]:
     return [
         json.loads(bytes(raw))["_id"]
-        for _, one in executor.pages([Stream(TRANSACTIONS)])
+        for _, one in executor.fetch(
+            [ListPass(Stream(TRANSACTIONS), ListStats(), executor.limits.concurrency)]
+        )
         for raw in one.items
     ]
 
@@ -150,7 +153,7 @@ def test_the_executor_records_where_the_list_shifted_between_two_answers():
     """i-002 deleted before the second answer: the item asked again at 9 is i-010, not i-009."""
     fetch = Scripted([item(i) for i in range(25)], changes={2: lambda listed: listed.pop(2)})
     executor = PageExecutor(fetch, LIMITS, label="t")
-    lp = executor.pass_over(Stream(TRANSACTIONS), ListStats())
+    lp = ListPass(Stream(TRANSACTIONS), ListStats(), LIMITS.concurrency)
     list(executor.fetch([lp]))
     assert lp.stats.shifts == [(9, "i-009", "i-010")]
 

@@ -32,8 +32,9 @@ runs on scripted answers alone. It owns what every list shares:
 * ``null`` where an item belongs, or an item that contradicts the list's filter (``eventId``),
   is an error naming the page;
 * a progress line every ``PROGRESS_EVERY_S`` seconds;
-* the re-read of a pass (``reread``): a whole pass that stores nothing and parses only the
-  bodies the pass did not see; ``Body`` keeps what each parsed body held, 8 bytes per item.
+* the re-read of a pass (a ``ListPass`` given the pass's bodies as ``known``): a whole pass that
+  stores nothing and parses only the bodies the pass did not see; ``Body`` keeps what each parsed
+  body held, 8 bytes per item.
 
 The pass loop and the completeness rule that use all this are the loader's
 (``loading/passes.py``, ``loading/completeness.py``).
@@ -41,6 +42,7 @@ The pass loop and the completeness rule that use all this are the loader's
 
 from __future__ import annotations
 
+import functools
 import threading
 import time
 from array import array
@@ -187,6 +189,7 @@ class ListStats:
             self.max_total_answered = None
 
 
+@functools.cache
 def key_decoder(endpoint: ListEndpoint) -> msgspec.json.Decoder:
     """Decodes an item's ``_id`` and extra-column keys, skipping every other field."""
     keys = ("_id", *(key for _, key in endpoint.extra_columns))
@@ -426,20 +429,34 @@ class Stream:
 
 
 class ListPass:
-    """One pass (or one repair window) over one list: its strategy and what it received."""
+    """One pass (or one repair window) over one list: its strategy and what it received.
+
+    A repair window, or a re-read's gap window, ``share``s the digests and bodies of the pass it
+    belongs to. A re-read (``known``: the bodies of the pass it checks) parses only the bodies
+    the pass did not, and keeps none.
+    """
 
     def __init__(
         self,
         stream: Stream,
         stats: ListStats,
-        strategy: OffsetWindows,
-        decode: msgspec.json.Decoder,
+        concurrency: int,
+        start: int = 0,
+        stop: int | None = None,
+        *,
         share: ListPass | None = None,
+        known: dict[int, Body] | None = None,
     ):
         self.stream = stream
         self.stats = stats
-        self.strategy = strategy
-        self.decode = decode
+        self.strategy = OffsetWindows(
+            start,
+            stop,
+            concurrency=concurrency,
+            doubt_total_from=stream.doubt_total_from,
+            overlap=OVERLAP,
+        )
+        self.decode = key_decoder(stream.endpoint)
         self.filters = stream.filters()
         self.pages = 0
         self.in_flight = 0
@@ -450,15 +467,15 @@ class ListPass:
         self.repairs = 0
         #: What the pages held at a window's edge: position -> (identity, id as text).
         self.edges: dict[int, tuple[int, str]] = {}
-        #: A whole pass over the list, not a repair window.
-        self.whole = strategy.start == 0 and strategy.stop is None
+        #: A whole pass over the list, counted done in the progress line when it ends.
+        self.whole = start == 0 and stop is None and known is None
         #: A digest of each item kept, ``(id, content)`` as received (``item_digest``), and the
-        #: bodies parsed, by ``hash``; a pass and its repair windows (``share``) share both:
-        #: 8 bytes per item twice, no per-id object.
+        #: bodies parsed, by ``hash``: 8 bytes per item twice, no per-id object.
         self.digests: array[int] = share.digests if share else array("q")
-        self.bodies: dict[int, Body] | None = share.bodies if share else {}
-        #: For a re-read: the bodies of the pass it checks, which are not parsed again.
-        self.known: dict[int, Body] = share.known if share else {}
+        self.bodies: dict[int, Body] | None = (
+            share.bodies if share else {} if known is None else None
+        )
+        self.known: dict[int, Body] = share.known if share else known or {}
 
 
 @dataclass(frozen=True)
@@ -482,9 +499,8 @@ FetchPage = Callable[[ListEndpoint, int, ListStats, Container[int]], Page]
 
 
 class PageExecutor:
-    """Pages many lists over one thread pool into ``staging`` until each is complete.
-
-    ``spent`` sums every request, retry, page and byte of every pass of every list.
+    """Fetches the pages of many passes (``ListPass``) over one thread pool: ``fetch`` is its one
+    entry point. ``spent`` sums every request, retry, page and byte of every pass of every list.
     """
 
     def __init__(
@@ -501,45 +517,9 @@ class PageExecutor:
         self.label = label
         self.log = log
         self.spent = spent if spent is not None else ListStats()
-        self._decoders: dict[ListEndpoint, msgspec.json.Decoder] = {}
         self._started = time.monotonic()
         self.lists = 0
         self.lists_done = 0
-
-    def pages(self, lists: list[Stream]) -> Iterator[tuple[Stream, Page]]:
-        """Every page of one pass over ``lists`` as it arrives, stored nowhere and held to no
-        completeness rule: the fetch alone, as the benchmarks measure it."""
-        return self.fetch(
-            [self.pass_over(stream, ListStats(parent=self.spent)) for stream in lists]
-        )
-
-    def reread(self, held: ListPass) -> ListPass:
-        """A whole pass over ``held``'s list that stores nothing: only the bodies ``held`` did
-        not parse are parsed (``Body``)."""
-        again = self.pass_over(held.stream, ListStats(parent=self.spent))
-        again.whole = False  # the list was counted done with its pass
-        again.known, again.bodies = held.bodies or {}, None  # a re-read keeps no bodies
-        return again
-
-    def pass_over(
-        self,
-        stream: Stream,
-        stats: ListStats,
-        start: int = 0,
-        stop: int | None = None,
-        share: ListPass | None = None,
-    ) -> ListPass:
-        decode = self._decoders.get(stream.endpoint)
-        if decode is None:
-            decode = self._decoders[stream.endpoint] = key_decoder(stream.endpoint)
-        strategy = OffsetWindows(
-            start,
-            stop,
-            concurrency=self.limits.concurrency,
-            doubt_total_from=stream.doubt_total_from,
-            overlap=OVERLAP,
-        )
-        return ListPass(stream, stats, strategy, decode, share)
 
     # --- requests -------------------------------------------------------------------------
 

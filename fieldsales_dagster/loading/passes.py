@@ -89,6 +89,7 @@ class ListPasses:
         self.executor = executor
         self.staging = staging
         self.log = executor.log
+        self.concurrency = executor.limits.concurrency
 
     def run(self, lists: list[Stream]) -> dict[Hashable, ListResult]:
         """Page every list, each until the rule accepts it; raises ``IncompleteListError``."""
@@ -99,7 +100,8 @@ class ListPasses:
         executor.lists = len(lists)
         for number in range(1, executor.limits.max_list_passes + 1):
             passes = [
-                executor.pass_over(stream, ListStats(parent=executor.spent)) for stream in todo
+                ListPass(stream, ListStats(parent=executor.spent), self.concurrency)
+                for stream in todo
             ]
             self._stage(passes)
             repage: list[Stream] = []
@@ -189,25 +191,25 @@ class ListPasses:
         order around an insert skipped (``gap_windows``) are read once more before an item
         counts as gone.
         """
-        executor = self.executor
+        spent, concurrency = self.executor.spent, self.concurrency
+        held = [lp for lp, _, verdict in judged if verdict.action is Action.ACCEPT]
         rereads = {
-            id(lp): (lp, executor.reread(lp))
-            for lp, _, verdict in judged
-            if verdict.action is Action.ACCEPT
+            id(lp): ListPass(lp.stream, ListStats(parent=spent), concurrency, known=lp.bodies or {})
+            for lp in held
         }
-        self._drain([again for _, again in rereads.values()])
+        self._drain(list(rereads.values()))
         self._drain(
             [
-                executor.pass_over(lp.stream, again.stats, start, stop, again)
-                for lp, again in rereads.values()
-                if _gone(lp, again).size
+                ListPass(lp.stream, again.stats, concurrency, start, stop, share=again)
+                for lp in held
+                if _gone(lp, again := rereads[id(lp)]).size
                 for start, stop in gap_windows(again.stats.answers, again.stats.total or 0)
             ]
         )
         out = []
         for lp, facts, verdict in judged:
             if id(lp) in rereads:
-                gone = _gone(lp, rereads[id(lp)][1])
+                gone = _gone(lp, rereads[id(lp)])
                 if gone.size:
                     named = self.staging.ids_of(lp.stream.key, set(gone.tolist()))
                     facts = replace(facts, unverified=int(gone.size), unverified_ids=tuple(named))
@@ -238,7 +240,8 @@ class ListPasses:
             windows += gap_windows(lp.stats.answers, facts.total or 0)
         windows.append((verdict.tail_from, None))
         return [
-            self.executor.pass_over(lp.stream, lp.stats, start, stop, lp) for start, stop in windows
+            ListPass(lp.stream, lp.stats, self.concurrency, start, stop, share=lp)
+            for start, stop in windows
         ]
 
     def _stage(self, passes: list[ListPass]) -> None:
