@@ -120,10 +120,9 @@ class Page:
 
 @dataclass(frozen=True)
 class Body:
-    """What a parsed page body held, kept by the pass for its re-read: the item count and total,
-    each item's ``item_digest`` and the hash of the ids (the repeat check's)."""
+    """What a parsed page body held, kept by the pass for its re-read: its total, each item's
+    ``item_digest`` and the hash of the ids (the repeat check's)."""
 
-    n: int
     total: int | None
     digests: array[int]
     ids_hash: int
@@ -145,14 +144,11 @@ class ListStats:
     token_rereads: int = 0
     #: Lone UTF-16 surrogate escapes replaced by U+FFFD (strings a server cut mid-emoji).
     surrogates_replaced: int = 0
-    #: The total the server reported last (by arrival), ``None`` where it reports none.
-    total: int | None = None
-    #: Every distinct total the server reported during the pass, in order of arrival.
+    #: Every distinct total the server reported during the pass, in order of arrival (the last
+    #: is the one reported last).
     totals_seen: list[int] = field(default_factory=list)
     #: A request sent after another had answered reported a smaller total: items were deleted.
     total_decreased: bool = False
-    #: The server's total turned out to be a page size (the page after it was not empty).
-    total_unreliable: bool = False
     #: Largest total reported by a request that has answered.
     max_total_answered: int | None = None
     #: Every answered page as ``(skip, items, total)``: where the list moved under the pass.
@@ -174,7 +170,6 @@ class ListStats:
         with self._lock:
             if not self.totals_seen or self.totals_seen[-1] != total:
                 self.totals_seen.append(total)
-            self.total = total
             if baseline is not None and total < baseline:
                 self.total_decreased = True
             if self.max_total_answered is None or total > self.max_total_answered:
@@ -183,8 +178,6 @@ class ListStats:
     def forget_totals(self) -> None:
         """The totals were page sizes: the list is paged as one without a total."""
         with self._lock:
-            self.total_unreliable = True
-            self.total = None
             self.totals_seen.clear()
             self.max_total_answered = None
 
@@ -627,7 +620,7 @@ class PageExecutor:
             self._repeats(lp, page, page_hash)
             if lp.bodies is not None and asked.digest is not None:
                 whole = page_hash if overlap + keep == asked.n else hash(frozenset(ids))
-                lp.bodies[asked.digest] = Body(asked.n, asked.total, digests, whole)
+                lp.bodies[asked.digest] = Body(asked.total, digests, whole)
         lp.digests.extend(digests[overlap : overlap + keep])
         lp.stats.count(items=len(items))
         kept = digests[overlap : overlap + keep]
@@ -638,8 +631,8 @@ class PageExecutor:
         items, so their checks passed already and their digests are known. Planned on and
         counted as a parsed page is; no item is decoded."""
         body = lp.known[cast("int", page.digest)]
-        overlap = min(window[0] - page.skip, body.n)
-        shaped = Page(window[0], [], body.total, page.nbytes, count=body.n - overlap)
+        overlap = min(window[0] - page.skip, len(body.digests))
+        shaped = Page(window[0], [], body.total, page.nbytes, count=len(body.digests) - overlap)
         step = self._answered(lp, window, shaped, baseline)
         self._plausible(lp, shaped, step)
         keep = shaped.n if step.keep is None else step.keep

@@ -203,7 +203,9 @@ class ListPasses:
                 ListPass(lp.stream, again.stats, concurrency, start, stop, share=again)
                 for lp in held
                 if _gone(lp, again := rereads[id(lp)]).size
-                for start, stop in gap_windows(again.stats.answers, again.stats.total or 0)
+                for start, stop in gap_windows(
+                    again.stats.answers, (again.stats.totals_seen or [0])[-1]
+                )
             ]
         )
         out = []

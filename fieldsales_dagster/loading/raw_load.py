@@ -488,7 +488,7 @@ def _load_report(
     return LoadReport(
         table=endpoint.raw_table,
         rows=distinct,
-        api_total=result.stats.total,
+        api_total=result.facts.total,
         passes=result.passes,
         pages=spent.pages,
         requests=spent.requests,
