@@ -149,8 +149,6 @@ class ListStats:
     totals_seen: list[int] = field(default_factory=list)
     #: A request sent after another had answered reported a smaller total: items were deleted.
     total_decreased: bool = False
-    #: Largest total reported by a request that has answered.
-    max_total_answered: int | None = None
     #: Every answered page as ``(skip, items, total)``: where the list moved under the pass.
     answers: list[tuple[int, int, int | None]] = field(default_factory=list)
     #: Page boundaries where two pages held different items: ``(position, id, other id)``.
@@ -164,22 +162,6 @@ class ListStats:
                 setattr(self, name, getattr(self, name) + delta)
         if self.parent is not None:
             self.parent.count(**deltas)
-
-    def record_total(self, total: int, baseline: int | None) -> None:
-        """A page reported ``total``; ``baseline`` was ``max_total_answered`` when it was sent."""
-        with self._lock:
-            if not self.totals_seen or self.totals_seen[-1] != total:
-                self.totals_seen.append(total)
-            if baseline is not None and total < baseline:
-                self.total_decreased = True
-            if self.max_total_answered is None or total > self.max_total_answered:
-                self.max_total_answered = total
-
-    def forget_totals(self) -> None:
-        """The totals were page sizes: the list is paged as one without a total."""
-        with self._lock:
-            self.totals_seen.clear()
-            self.max_total_answered = None
 
 
 @functools.cache
@@ -541,7 +523,7 @@ class PageExecutor:
                 endpoint = lp.stream.endpoint
                 skip = lp.strategy.asked_skip(window)
                 future = pool.submit(self.fetch_page, endpoint, skip, lp.stats, lp.known)
-                in_flight[future] = (lp, window, lp.stats.max_total_answered)
+                in_flight[future] = (lp, window, max(lp.stats.totals_seen, default=None))
                 lp.in_flight += 1
 
         try:
@@ -646,14 +628,17 @@ class PageExecutor:
         """Give the strategy its answer and count the page into the pass."""
         step = lp.strategy.answered(window, page)
         stats, stream = lp.stats, lp.stream
-        if step.totals_unreliable:
-            stats.forget_totals()
+        if step.totals_unreliable:  # they were page sizes: paged as a list without a total
+            stats.totals_seen.clear()
         use_totals = lp.strategy.use_totals
         lp.pages += 1
         stats.count(pages=1, bytes=page.nbytes)
         stats.answers.append((page.skip, page.n, page.total if use_totals else None))
         if page.total is not None and use_totals:
-            stats.record_total(page.total, baseline)
+            if not stats.totals_seen or stats.totals_seen[-1] != page.total:
+                stats.totals_seen.append(page.total)
+            # ``baseline``: the largest total answered when this page was asked for.
+            stats.total_decreased |= baseline is not None and page.total < baseline
         max_pages = self.limits.max_pages_per_pass
         if lp.pages > max_pages:
             raise PagingError(

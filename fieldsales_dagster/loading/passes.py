@@ -16,20 +16,13 @@ load, pages stored in a ``Staging`` table:
 
 from __future__ import annotations
 
-from collections.abc import Hashable, Iterator
+from collections.abc import Hashable
 from dataclasses import dataclass, replace
-from typing import Protocol
+from typing import TYPE_CHECKING
 
 import numpy as np
 
-from fieldsales_dagster.client.pager import (
-    NAMED_IDS,
-    ListPass,
-    ListStats,
-    Page,
-    PageExecutor,
-    Stream,
-)
+from fieldsales_dagster.client.pager import NAMED_IDS, ListPass, ListStats, PageExecutor, Stream
 from fieldsales_dagster.loading.completeness import (
     Action,
     IncompleteListError,
@@ -39,35 +32,16 @@ from fieldsales_dagster.loading.completeness import (
     judge_pass,
 )
 
+if TYPE_CHECKING:
+    from fieldsales_dagster.loading.raw_load import Staging
+
 Judged = list[tuple[ListPass, PassFacts, Verdict]]
-
-
-class Staging(Protocol):
-    """Where the passes' pages are stored, and counted per list."""
-
-    def write(self, pages: Iterator[tuple[Stream, Page]]) -> None:
-        """Store every page; returns when they are all stored (raises if one was lost)."""
-
-    def counts(self) -> dict[Hashable, tuple[int, int]]:
-        """``(rows, distinct ids)`` stored per stream key."""
-
-    def forget(self, keys: list[Hashable]) -> None:
-        """Remove what is stored for these lists: they are paged again."""
-
-    def differing(self, key: Hashable) -> tuple[int, list[str]]:
-        """Ids of one list stored more than once with different content: how many, and a
-        few of them (``NAMED_IDS``)."""
-
-    def ids_of(self, key: Hashable, digests: set[int]) -> list[str]:
-        """The first few ids (``NAMED_IDS``, in order) of one list's stored items whose
-        ``item_digest`` is among ``digests``."""
 
 
 @dataclass
 class ListResult:
     """A list the rule accepted: its last pass's stats and the rule's verdict."""
 
-    stream: Stream
     stats: ListStats
     facts: PassFacts
     verdict: Verdict
@@ -108,7 +82,7 @@ class ListPasses:
             for lp, facts, verdict in self._verify(self._judge(passes, number, previous)):
                 if verdict.action is Action.ACCEPT:
                     results[lp.stream.key] = ListResult(
-                        lp.stream, lp.stats, facts, verdict, number, lp.repairs
+                        lp.stats, facts, verdict, number, lp.repairs
                     )
                 elif verdict.action is Action.FAIL:
                     endpoint = lp.stream.endpoint
