@@ -57,7 +57,7 @@ def _fetch(api: FieldSalesAPI, batches: bool) -> tuple[int, int]:
     stats = ListStats()
     decode, schema = key_decoder(TRANSACTIONS), page_schema(TRANSACTIONS)
     executor = page_executor(api, label="fetch")
-    for _, page in executor.fetch([ListPass(Stream(TRANSACTIONS), stats, api.concurrency)]):
+    for _, page in executor.fetch([ListPass(Stream(TRANSACTIONS), stats)]):
         if batches:
             page_batch(page, schema, decode)
     return stats.items, stats.bytes

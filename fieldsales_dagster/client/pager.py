@@ -232,7 +232,8 @@ class OffsetWindows:
     """Which ``skip`` windows of ``[start, stop)`` of one list to ask for, and when it ended.
 
     With a total, windows run up to it (and follow it when it grows); without one, windows are
-    opened ``concurrency`` ahead until a page comes back empty. ``stop`` bounds a partial pass
+    opened as they are asked for (the caller bounds the requests in flight) until a page comes
+    back empty. ``stop`` bounds a partial pass
     (a repair); the total is then recorded but not followed. A first page whose total equals its
     size (and has at least ``doubt_total_from`` items) is followed by a probe of the next page.
     Holds no I/O: ``next_window`` and ``answered`` are the whole interface.
@@ -243,13 +244,11 @@ class OffsetWindows:
         start: int = 0,
         stop: int | None = None,
         *,
-        concurrency: int,
         doubt_total_from: int = 1,
         overlap: int = 0,
     ):
         self.start = start
         self.stop = stop
-        self.concurrency = concurrency
         self.doubt_total_from = doubt_total_from
         #: Items of the page before that each later window re-reads (see ``asked_skip``).
         self.overlap = overlap
@@ -264,8 +263,8 @@ class OffsetWindows:
         self.stride = 0
         self.use_totals = True
 
-    def next_window(self, in_flight: int) -> Window | None:
-        """The next window to ask for (``in_flight`` of this list's are out), or ``None``."""
+    def next_window(self) -> Window | None:
+        """The next window to ask for, or ``None``."""
         if self.waiting:
             return None
         if self.phase != "windows":
@@ -274,18 +273,14 @@ class OffsetWindows:
         while True:
             if self.followups:
                 window = self.followups.popleft()
-            elif self.end is not None and self.opened_to >= self.end:
+            elif any(
+                bound is not None and self.opened_to >= bound for bound in (self.end, self.limit)
+            ):
                 return None
-            elif self.limit is not None:
-                if self.opened_to >= self.limit:
-                    return None
-                window = (self.opened_to, min(self.opened_to + self.stride, self.limit))
-                self.opened_to = window[1]
-            elif in_flight < self.concurrency:
-                window = (self.opened_to, self.opened_to + self.stride)
-                self.opened_to = window[1]
             else:
-                return None
+                stop = self.opened_to + self.stride
+                window = (self.opened_to, stop if self.limit is None else min(stop, self.limit))
+                self.opened_to = window[1]
             if self.end is None or window[0] < self.end:
                 return window
 
@@ -415,7 +410,6 @@ class ListPass:
         self,
         stream: Stream,
         stats: ListStats,
-        concurrency: int,
         start: int = 0,
         stop: int | None = None,
         *,
@@ -427,7 +421,6 @@ class ListPass:
         self.strategy = OffsetWindows(
             start,
             stop,
-            concurrency=concurrency,
             doubt_total_from=stream.doubt_total_from,
             overlap=OVERLAP,
         )
@@ -513,7 +506,7 @@ class PageExecutor:
 
         def fill(lp: ListPass) -> None:
             while len(in_flight) < concurrency:
-                window = lp.strategy.next_window(lp.in_flight)
+                window = lp.strategy.next_window()
                 if window is None:
                     if lp.in_flight == 0:
                         lp.finished = True

@@ -63,7 +63,6 @@ class ListPasses:
         self.executor = executor
         self.staging = staging
         self.log = executor.log
-        self.concurrency = executor.limits.concurrency
 
     def run(self, lists: list[Stream]) -> dict[Hashable, ListResult]:
         """Page every list, each until the rule accepts it; raises ``IncompleteListError``."""
@@ -73,10 +72,7 @@ class ListPasses:
         todo = lists
         executor.lists = len(lists)
         for number in range(1, executor.limits.max_list_passes + 1):
-            passes = [
-                ListPass(stream, ListStats(parent=executor.spent), self.concurrency)
-                for stream in todo
-            ]
+            passes = [ListPass(stream, ListStats(parent=executor.spent)) for stream in todo]
             self._stage(passes)
             repage: list[Stream] = []
             for lp, facts, verdict in self._verify(self._judge(passes, number, previous)):
@@ -165,16 +161,16 @@ class ListPasses:
         order around an insert skipped (``gap_windows``) are read once more before an item
         counts as gone.
         """
-        spent, concurrency = self.executor.spent, self.concurrency
+        spent = self.executor.spent
         held = [lp for lp, _, verdict in judged if verdict.action is Action.ACCEPT]
         rereads = {
-            id(lp): ListPass(lp.stream, ListStats(parent=spent), concurrency, known=lp.bodies or {})
+            id(lp): ListPass(lp.stream, ListStats(parent=spent), known=lp.bodies or {})
             for lp in held
         }
         self._drain(list(rereads.values()))
         self._drain(
             [
-                ListPass(lp.stream, again.stats, concurrency, start, stop, share=again)
+                ListPass(lp.stream, again.stats, start, stop, share=again)
                 for lp in held
                 if _gone(lp, again := rereads[id(lp)]).size
                 for start, stop in gap_windows(
@@ -215,10 +211,7 @@ class ListPasses:
         if lp.repairs == 1:  # boundaries the pass's pages straddled while the list grew
             windows += gap_windows(lp.stats.answers, facts.total or 0)
         windows.append((verdict.tail_from, None))
-        return [
-            ListPass(lp.stream, lp.stats, self.concurrency, start, stop, share=lp)
-            for start, stop in windows
-        ]
+        return [ListPass(lp.stream, lp.stats, start, stop, share=lp) for start, stop in windows]
 
     def _stage(self, passes: list[ListPass]) -> None:
         if passes:
