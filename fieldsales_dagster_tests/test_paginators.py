@@ -81,7 +81,7 @@ class Scripted:
         answer.digest = hash((json.dumps(items).encode(), total))
         if answer.digest in known:
             self.unparsed += 1
-            return Page(skip, [], None, answer.nbytes, digest=answer.digest, parsed=False)
+            return Page(skip, [], None, answer.nbytes, digest=answer.digest)
         return answer
 
 

@@ -104,11 +104,10 @@ class Page:
     keys: list[ItemKeys] | None = None
     #: Lone surrogate escapes replaced in the body (``ListStats.surrogates_replaced``).
     surrogates_replaced: int = 0
-    #: ``hash`` of the body as received (keyed per process: compared here, never stored).
+    #: ``hash`` of the body as received (keyed per process: compared here, never stored). A body
+    #: in ``FetchPage``'s ``known`` was not split into items again.
     digest: int | None = None
-    #: ``False``: the body equals one the pass already parsed (``FetchPage``'s ``known``), so its
-    #: items were not split out again; ``count`` then says how many the page holds.
-    parsed: bool = True
+    #: The items a page holds, where they were not split out (a re-read's known body).
     count: int | None = None
     #: Each kept item's ``item_digest``, where the pager admitted the page.
     digests: array[int] | None = None
@@ -461,8 +460,8 @@ class Limits:
 
 
 #: Fetches one page: ``(endpoint, skip, stats, known)``, counting its requests and retries in
-#: ``stats``. A body whose ``hash`` is in ``known`` is not parsed: the page comes back with
-#: ``parsed=False`` and its ``digest``.
+#: ``stats``. A body whose ``hash`` is in ``known`` is not parsed: the page comes back with no
+#: items and its ``digest``.
 FetchPage = Callable[[ListEndpoint, int, ListStats, Container[int]], Page]
 
 
@@ -558,7 +557,7 @@ class PageExecutor:
 
     def _admit(self, lp: ListPass, window: Window, page: Page, baseline: int | None) -> Page:
         """Plan on from the page, record it, check it, and return what of it to keep."""
-        if not page.parsed:
+        if page.digest in lp.known:
             return self._admit_known(lp, window, page, baseline)
         asked = page
         all_keys = item_keys(page.items, lp.decode)
@@ -615,7 +614,7 @@ class PageExecutor:
             self._repeats(lp, shaped, body.ids_hash)
         lp.digests.extend(body.digests[overlap : overlap + keep])
         lp.stats.count(items=keep)
-        return Page(shaped.skip, [], body.total, page.nbytes, count=keep, parsed=False)
+        return Page(shaped.skip, [], body.total, page.nbytes, count=keep)
 
     def _answered(self, lp: ListPass, window: Window, page: Page, baseline: int | None) -> Step:
         """Give the strategy its answer and count the page into the pass."""
