@@ -418,10 +418,7 @@ class ListPass:
         self.stream = stream
         self.stats = stats
         self.strategy = OffsetWindows(
-            start,
-            stop,
-            doubt_total_from=stream.doubt_total_from,
-            overlap=OVERLAP,
+            start, stop, doubt_total_from=stream.doubt_total_from, overlap=OVERLAP
         )
         self.decode = key_decoder(stream.endpoint)
         self.filters = stream.filters()
