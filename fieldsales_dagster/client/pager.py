@@ -20,21 +20,14 @@ same shape). Its rules:
   followed by one more, which must be empty (a page that brings items past the total follows
   them).
 
-``PageExecutor`` runs many lists (``Stream``: an endpoint with fixed parameters, such as
-``eventId``) over one thread pool of ``limits.concurrency`` requests. It knows no client: it is
-given a ``fetch_page`` callable (``FieldSalesAPI.fetch_page``) and its ``Limits``, so each unit
-runs on scripted answers alone. It owns what every list shares:
-
-* the pass budget: a pass over one list holds at most ``max_pages_per_pass`` pages;
-* a page whose ids exactly repeat an earlier page of the pass brings nothing: after
-  ``NO_NEW_IDS_PAGES`` such pages the server is paging forever (it ignores ``skip``, or repeats a
-  page past the end) and the pass fails. One hash per page is kept, not one per id;
-* ``null`` where an item belongs, or an item that contradicts the list's filter (``eventId``),
-  is an error naming the page;
-* a progress line every ``PROGRESS_EVERY_S`` seconds;
-* the re-read of a pass (a ``ListPass`` given the pass's bodies as ``known``): a whole pass that
-  stores nothing and parses only the bodies the pass did not see; ``Body`` keeps what each parsed
-  body held, 8 bytes per item.
+``PageExecutor.fetch`` runs many passes (``ListPass``: one list, a ``Stream``, from a window)
+over one thread pool of ``limits.concurrency`` requests. It knows no client: it is given a
+``fetch_page`` callable (``FieldSalesAPI.fetch_page``) and its ``Limits``, so each unit runs on
+scripted answers alone. It owns what every list shares: the pass budget (``max_pages_per_pass``),
+the repeat check (``NO_NEW_IDS_PAGES``: one hash of ids per page, not one per id), ``null`` items
+and items the list's filter excludes (errors naming the page), progress lines, and the re-read's
+saving: a pass given the checked pass's bodies as ``known`` parses only the bodies that pass did
+not see (``Body``: 8 bytes per item).
 
 The pass loop and the completeness rule that use all this are the loader's
 (``loading/passes.py``, ``loading/completeness.py``).
