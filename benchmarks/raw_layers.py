@@ -33,7 +33,7 @@ import duckdb
 
 from fieldsales_dagster.client.api import FieldSalesAPI
 from fieldsales_dagster.client.endpoints import TRANSACTIONS
-from fieldsales_dagster.client.pager import ListStats, Stream, key_decoder
+from fieldsales_dagster.client.pager import ListPass, ListStats, Stream, key_decoder
 from fieldsales_dagster.loading.raw_load import load_list, page_batch, page_executor, page_schema
 from fieldsales_dagster.warehouse.warehouse import FieldSalesWarehouse
 
@@ -56,7 +56,8 @@ def _connect(path: Path) -> duckdb.DuckDBPyConnection:
 def _fetch(api: FieldSalesAPI, batches: bool) -> tuple[int, int]:
     stats = ListStats()
     decode, schema = key_decoder(TRANSACTIONS), page_schema(TRANSACTIONS)
-    for _, page in page_executor(api, label="fetch", spent=stats).pages([Stream(TRANSACTIONS)]):
+    executor = page_executor(api, label="fetch")
+    for _, page in executor.fetch([ListPass(Stream(TRANSACTIONS), stats)]):
         if batches:
             page_batch(page, schema, decode)
     return stats.items, stats.bytes

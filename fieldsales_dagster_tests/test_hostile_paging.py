@@ -499,15 +499,15 @@ def test_offset_windows_ask_for_the_rest_of_a_short_page_and_drop_an_overflow():
     def page(skip, n, total=1000):
         return Page(skip, [b"{}"] * n, total, 0)
 
-    plan = OffsetWindows(concurrency=2)
-    assert plan.next_window(0) == (0, None) and plan.next_window(1) is None  # one first page
+    plan = OffsetWindows()
+    assert plan.next_window() == (0, None) and plan.next_window() is None  # one first page
     assert plan.answered((0, None), page(0, 100)).keep is None
-    assert [plan.next_window(0), plan.next_window(1)] == [(100, 200), (200, 300)]
+    assert [plan.next_window(), plan.next_window()] == [(100, 200), (200, 300)]
     assert plan.answered((100, 200), page(100, 60)).keep is None  # short: the rest is asked for
-    assert plan.next_window(1) == (160, 200)
+    assert plan.next_window() == (160, 200)
     assert plan.answered((200, 300), page(200, 60)).keep is None
-    assert plan.next_window(1) == (260, 300)
-    assert plan.next_window(2) == (300, 360)  # the stride follows the server's page size
+    assert plan.next_window() == (260, 300)
+    assert plan.next_window() == (300, 360)  # the stride follows the server's page size
     assert plan.answered((260, 300), page(260, 60)).keep == 40  # the overflow is 300-320's
     # An empty page at 360 of a list claiming 1000 items: the total is not plausible.
     assert plan.answered((360, 420), page(360, 0)).implausible_total == 1000
@@ -516,13 +516,13 @@ def test_offset_windows_ask_for_the_rest_of_a_short_page_and_drop_an_overflow():
 def test_total_equal_to_a_full_first_page_is_probed_before_it_is_trusted():
     from fieldsales_dagster.client.pager import OffsetWindows, Page
 
-    plan = OffsetWindows(concurrency=4)
-    plan.next_window(0)
+    plan = OffsetWindows()
+    plan.next_window()
     plan.answered((0, None), Page(0, [b"{}"] * 10, 10, 0))
-    assert plan.next_window(0) == (10, None) and plan.next_window(1) is None
+    assert plan.next_window() == (10, None) and plan.next_window() is None
     step = plan.answered((10, None), Page(10, [b"{}"] * 10, 10, 0))
     assert step.totals_unreliable and plan.limit is None  # paged as a list without a total
-    assert plan.next_window(0) == (20, 30)
+    assert plan.next_window() == (20, 30)
 
 
 # --- the recovery paths: each has a test that fails without it ---------------------------------

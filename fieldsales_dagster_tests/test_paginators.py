@@ -21,6 +21,7 @@ from fieldsales_dagster.client.endpoints import TRANSACTIONS, ListEndpoint
 from fieldsales_dagster.client.pager import (
     ItemTooLargeError,
     Limits,
+    ListPass,
     ListStats,
     OffsetWindows,
     Page,
@@ -80,14 +81,14 @@ class Scripted:
         answer.digest = hash((json.dumps(items).encode(), total))
         if answer.digest in known:
             self.unparsed += 1
-            return Page(skip, [], None, answer.nbytes, digest=answer.digest, parsed=False)
+            return Page(skip, [], None, answer.nbytes, digest=answer.digest)
         return answer
 
 
 def fetched_ids(executor: PageExecutor) -> list[str]:
     return [
         json.loads(bytes(raw))["_id"]
-        for _, one in executor.pages([Stream(TRANSACTIONS)])
+        for _, one in executor.fetch([ListPass(Stream(TRANSACTIONS), ListStats())])
         for raw in one.items
     ]
 
@@ -96,43 +97,39 @@ def fetched_ids(executor: PageExecutor) -> list[str]:
 
 
 def test_windows_after_the_first_are_asked_one_item_early_up_to_the_total():
-    windows = OffsetWindows(concurrency=4, overlap=1)
-    assert windows.next_window(0) == (0, None)
-    assert windows.next_window(1) is None  # nothing else until the first page answered
+    windows = OffsetWindows(overlap=1)
+    assert windows.next_window() == (0, None)
+    assert windows.next_window() is None  # nothing else until the first page answered
     windows.answered((0, None), page(0, [item(i) for i in range(10)], total=25))
-    planned = [windows.next_window(0), windows.next_window(1), windows.next_window(2)]
+    planned = [windows.next_window(), windows.next_window(), windows.next_window()]
     assert planned == [(10, 19), (19, 25), None]
     assert [windows.asked_skip(w) for w in planned[:2]] == [9, 18]
 
 
-def test_without_a_total_windows_open_concurrency_ahead_until_an_empty_page():
-    windows = OffsetWindows(concurrency=2, overlap=1)
-    windows.next_window(0)
+def test_without_a_total_windows_open_as_asked_until_an_empty_page():
+    windows = OffsetWindows(overlap=1)
+    windows.next_window()
     windows.answered((0, None), page(0, [item(i) for i in range(10)]))
-    assert [windows.next_window(0), windows.next_window(1), windows.next_window(2)] == [
-        (10, 19),
-        (19, 28),
-        None,
-    ]
+    assert [windows.next_window(), windows.next_window()] == [(10, 19), (19, 28)]
     windows.answered((10, 19), page(10, [item(i) for i in range(10, 19)]))
     windows.answered((19, 28), page(19, []))  # the end
-    assert windows.next_window(0) is None
+    assert windows.next_window() is None
 
 
 def test_an_empty_page_far_short_of_the_total_makes_it_implausible():
-    windows = OffsetWindows(concurrency=1, overlap=1)
-    windows.next_window(0)
+    windows = OffsetWindows(overlap=1)
+    windows.next_window()
     windows.answered((0, None), page(0, [item(i) for i in range(10)], total=1000))
-    window = windows.next_window(0)
+    window = windows.next_window()
     assert window == (10, 19)
     assert windows.answered(window, page(10, [], total=1000)).implausible_total == 1000
 
 
 def test_pages_of_one_item_do_not_overlap():
-    windows = OffsetWindows(concurrency=1, overlap=1)
-    windows.next_window(0)
+    windows = OffsetWindows(overlap=1)
+    windows.next_window()
     windows.answered((0, None), page(0, [item(0)], total=3))
-    window = windows.next_window(0)
+    window = windows.next_window()
     assert window == (1, 2) and windows.asked_skip(window) == 1
 
 
@@ -146,11 +143,21 @@ def test_the_executor_asks_each_window_once_and_keeps_each_item_once():
     assert ids == [f"i-{i:03d}" for i in range(25)]
 
 
+def test_without_a_total_the_executor_asks_at_most_concurrency_windows_ahead():
+    """The strategy opens windows as they are asked for: the executor asks only while fewer
+    than ``concurrency`` requests are out, so few requests go past the end of the list."""
+    fetch = Scripted([item(i) for i in range(95)], with_total=False)
+    limits = Limits(concurrency=3, max_pages_per_pass=100, max_item_mb=1, max_list_passes=3)
+    ids = fetched_ids(PageExecutor(fetch, limits, label="t"))
+    assert sorted(ids) == [f"i-{i:03d}" for i in range(95)]
+    assert 1 <= sum(skip >= 95 for skip in fetch.asked) <= limits.concurrency
+
+
 def test_the_executor_records_where_the_list_shifted_between_two_answers():
     """i-002 deleted before the second answer: the item asked again at 9 is i-010, not i-009."""
     fetch = Scripted([item(i) for i in range(25)], changes={2: lambda listed: listed.pop(2)})
     executor = PageExecutor(fetch, LIMITS, label="t")
-    lp = executor.pass_over(Stream(TRANSACTIONS), ListStats())
+    lp = ListPass(Stream(TRANSACTIONS), ListStats())
     list(executor.fetch([lp]))
     assert lp.stats.shifts == [(9, "i-009", "i-010")]
 

@@ -454,7 +454,7 @@ class FieldSalesAPI(settings_resource("ApiSettings", ApiSettings, but=("api_toke
         known: Container[int] = (),
     ) -> Page:
         """One page of ``endpoint`` from ``skip``. A body whose ``hash`` is in ``known`` (one
-        already parsed) is not parsed again: its page has ``parsed=False`` and no items."""
+        already parsed) is not parsed again: its page has no items."""
         params = {"skip": skip, "limit": self.page_size, **dict(endpoint.params)}
         where = f"GET {endpoint.path} (skip={skip})"
         holder: dict[str, int] = {}
@@ -476,5 +476,4 @@ class FieldSalesAPI(settings_resource("ApiSettings", ApiSettings, but=("api_toke
             nbytes=holder["nbytes"],
             surrogates_replaced=counted.surrogates_replaced,
             digest=holder["digest"],
-            parsed=parsed is not None,
         )

@@ -20,20 +20,14 @@ same shape). Its rules:
   followed by one more, which must be empty (a page that brings items past the total follows
   them).
 
-``PageExecutor`` runs many lists (``Stream``: an endpoint with fixed parameters, such as
-``eventId``) over one thread pool of ``limits.concurrency`` requests. It knows no client: it is
-given a ``fetch_page`` callable (``FieldSalesAPI.fetch_page``) and its ``Limits``, so each unit
-runs on scripted answers alone. It owns what every list shares:
-
-* the pass budget: a pass over one list holds at most ``max_pages_per_pass`` pages;
-* a page whose ids exactly repeat an earlier page of the pass brings nothing: after
-  ``NO_NEW_IDS_PAGES`` such pages the server is paging forever (it ignores ``skip``, or repeats a
-  page past the end) and the pass fails. One hash per page is kept, not one per id;
-* ``null`` where an item belongs, or an item that contradicts the list's filter (``eventId``),
-  is an error naming the page;
-* a progress line every ``PROGRESS_EVERY_S`` seconds;
-* the re-read of a pass (``reread``): a whole pass that stores nothing and parses only the
-  bodies the pass did not see; ``Body`` keeps what each parsed body held, 8 bytes per item.
+``PageExecutor.fetch`` runs many passes (``ListPass``: one list, a ``Stream``, from a window)
+over one thread pool of ``limits.concurrency`` requests. It knows no client: it is given a
+``fetch_page`` callable (``FieldSalesAPI.fetch_page``) and its ``Limits``, so each unit runs on
+scripted answers alone. It owns what every list shares: the pass budget (``max_pages_per_pass``),
+the repeat check (``NO_NEW_IDS_PAGES``: one hash of ids per page, not one per id), ``null`` items
+and items the list's filter excludes (errors naming the page), progress lines, and the re-read's
+saving: a pass given the checked pass's bodies as ``known`` parses only the bodies that pass did
+not see (``Body``: 8 bytes per item).
 
 The pass loop and the completeness rule that use all this are the loader's
 (``loading/passes.py``, ``loading/completeness.py``).
@@ -41,6 +35,7 @@ The pass loop and the completeness rule that use all this are the loader's
 
 from __future__ import annotations
 
+import functools
 import threading
 import time
 from array import array
@@ -102,11 +97,10 @@ class Page:
     keys: list[ItemKeys] | None = None
     #: Lone surrogate escapes replaced in the body (``ListStats.surrogates_replaced``).
     surrogates_replaced: int = 0
-    #: ``hash`` of the body as received (keyed per process: compared here, never stored).
+    #: ``hash`` of the body as received (keyed per process: compared here, never stored). A body
+    #: in ``FetchPage``'s ``known`` was not split into items again.
     digest: int | None = None
-    #: ``False``: the body equals one the pass already parsed (``FetchPage``'s ``known``), so its
-    #: items were not split out again; ``count`` then says how many the page holds.
-    parsed: bool = True
+    #: The items a page holds, where they were not split out (a re-read's known body).
     count: int | None = None
     #: Each kept item's ``item_digest``, where the pager admitted the page.
     digests: array[int] | None = None
@@ -118,10 +112,9 @@ class Page:
 
 @dataclass(frozen=True)
 class Body:
-    """What a parsed page body held, kept by the pass for its re-read: the item count and total,
-    each item's ``item_digest`` and the hash of the ids (the repeat check's)."""
+    """What a parsed page body held, kept by the pass for its re-read: its total, each item's
+    ``item_digest`` and the hash of the ids (the repeat check's)."""
 
-    n: int
     total: int | None
     digests: array[int]
     ids_hash: int
@@ -143,16 +136,11 @@ class ListStats:
     token_rereads: int = 0
     #: Lone UTF-16 surrogate escapes replaced by U+FFFD (strings a server cut mid-emoji).
     surrogates_replaced: int = 0
-    #: The total the server reported last (by arrival), ``None`` where it reports none.
-    total: int | None = None
-    #: Every distinct total the server reported during the pass, in order of arrival.
+    #: Every distinct total the server reported during the pass, in order of arrival (the last
+    #: is the one reported last).
     totals_seen: list[int] = field(default_factory=list)
     #: A request sent after another had answered reported a smaller total: items were deleted.
     total_decreased: bool = False
-    #: The server's total turned out to be a page size (the page after it was not empty).
-    total_unreliable: bool = False
-    #: Largest total reported by a request that has answered.
-    max_total_answered: int | None = None
     #: Every answered page as ``(skip, items, total)``: where the list moved under the pass.
     answers: list[tuple[int, int, int | None]] = field(default_factory=list)
     #: Page boundaries where two pages held different items: ``(position, id, other id)``.
@@ -167,26 +155,8 @@ class ListStats:
         if self.parent is not None:
             self.parent.count(**deltas)
 
-    def record_total(self, total: int, baseline: int | None) -> None:
-        """A page reported ``total``; ``baseline`` was ``max_total_answered`` when it was sent."""
-        with self._lock:
-            if not self.totals_seen or self.totals_seen[-1] != total:
-                self.totals_seen.append(total)
-            self.total = total
-            if baseline is not None and total < baseline:
-                self.total_decreased = True
-            if self.max_total_answered is None or total > self.max_total_answered:
-                self.max_total_answered = total
 
-    def forget_totals(self) -> None:
-        """The totals were page sizes: the list is paged as one without a total."""
-        with self._lock:
-            self.total_unreliable = True
-            self.total = None
-            self.totals_seen.clear()
-            self.max_total_answered = None
-
-
+@functools.cache
 def key_decoder(endpoint: ListEndpoint) -> msgspec.json.Decoder:
     """Decodes an item's ``_id`` and extra-column keys, skipping every other field."""
     keys = ("_id", *(key for _, key in endpoint.extra_columns))
@@ -254,7 +224,8 @@ class OffsetWindows:
     """Which ``skip`` windows of ``[start, stop)`` of one list to ask for, and when it ended.
 
     With a total, windows run up to it (and follow it when it grows); without one, windows are
-    opened ``concurrency`` ahead until a page comes back empty. ``stop`` bounds a partial pass
+    opened as they are asked for (the caller bounds the requests in flight) until a page comes
+    back empty. ``stop`` bounds a partial pass
     (a repair); the total is then recorded but not followed. A first page whose total equals its
     size (and has at least ``doubt_total_from`` items) is followed by a probe of the next page.
     Holds no I/O: ``next_window`` and ``answered`` are the whole interface.
@@ -265,13 +236,11 @@ class OffsetWindows:
         start: int = 0,
         stop: int | None = None,
         *,
-        concurrency: int,
         doubt_total_from: int = 1,
         overlap: int = 0,
     ):
         self.start = start
         self.stop = stop
-        self.concurrency = concurrency
         self.doubt_total_from = doubt_total_from
         #: Items of the page before that each later window re-reads (see ``asked_skip``).
         self.overlap = overlap
@@ -286,8 +255,8 @@ class OffsetWindows:
         self.stride = 0
         self.use_totals = True
 
-    def next_window(self, in_flight: int) -> Window | None:
-        """The next window to ask for (``in_flight`` of this list's are out), or ``None``."""
+    def next_window(self) -> Window | None:
+        """The next window to ask for, or ``None``."""
         if self.waiting:
             return None
         if self.phase != "windows":
@@ -296,18 +265,14 @@ class OffsetWindows:
         while True:
             if self.followups:
                 window = self.followups.popleft()
-            elif self.end is not None and self.opened_to >= self.end:
+            elif any(
+                bound is not None and self.opened_to >= bound for bound in (self.end, self.limit)
+            ):
                 return None
-            elif self.limit is not None:
-                if self.opened_to >= self.limit:
-                    return None
-                window = (self.opened_to, min(self.opened_to + self.stride, self.limit))
-                self.opened_to = window[1]
-            elif in_flight < self.concurrency:
-                window = (self.opened_to, self.opened_to + self.stride)
-                self.opened_to = window[1]
             else:
-                return None
+                stop = self.opened_to + self.stride
+                window = (self.opened_to, stop if self.limit is None else min(stop, self.limit))
+                self.opened_to = window[1]
             if self.end is None or window[0] < self.end:
                 return window
 
@@ -426,20 +391,29 @@ class Stream:
 
 
 class ListPass:
-    """One pass (or one repair window) over one list: its strategy and what it received."""
+    """One pass (or one repair window) over one list: its strategy and what it received.
+
+    A repair window, or a re-read's gap window, ``share``s the digests and bodies of the pass it
+    belongs to. A re-read (``known``: the bodies of the pass it checks) parses only the bodies
+    the pass did not, and keeps none.
+    """
 
     def __init__(
         self,
         stream: Stream,
         stats: ListStats,
-        strategy: OffsetWindows,
-        decode: msgspec.json.Decoder,
+        start: int = 0,
+        stop: int | None = None,
+        *,
         share: ListPass | None = None,
+        known: dict[int, Body] | None = None,
     ):
         self.stream = stream
         self.stats = stats
-        self.strategy = strategy
-        self.decode = decode
+        self.strategy = OffsetWindows(
+            start, stop, doubt_total_from=stream.doubt_total_from, overlap=OVERLAP
+        )
+        self.decode = key_decoder(stream.endpoint)
         self.filters = stream.filters()
         self.pages = 0
         self.in_flight = 0
@@ -450,15 +424,15 @@ class ListPass:
         self.repairs = 0
         #: What the pages held at a window's edge: position -> (identity, id as text).
         self.edges: dict[int, tuple[int, str]] = {}
-        #: A whole pass over the list, not a repair window.
-        self.whole = strategy.start == 0 and strategy.stop is None
+        #: A whole pass over the list, counted done in the progress line when it ends.
+        self.whole = start == 0 and stop is None and known is None
         #: A digest of each item kept, ``(id, content)`` as received (``item_digest``), and the
-        #: bodies parsed, by ``hash``; a pass and its repair windows (``share``) share both:
-        #: 8 bytes per item twice, no per-id object.
+        #: bodies parsed, by ``hash``: 8 bytes per item twice, no per-id object.
         self.digests: array[int] = share.digests if share else array("q")
-        self.bodies: dict[int, Body] | None = share.bodies if share else {}
-        #: For a re-read: the bodies of the pass it checks, which are not parsed again.
-        self.known: dict[int, Body] = share.known if share else {}
+        self.bodies: dict[int, Body] | None = (
+            share.bodies if share else {} if known is None else None
+        )
+        self.known: dict[int, Body] = share.known if share else known or {}
 
 
 @dataclass(frozen=True)
@@ -476,15 +450,14 @@ class Limits:
 
 
 #: Fetches one page: ``(endpoint, skip, stats, known)``, counting its requests and retries in
-#: ``stats``. A body whose ``hash`` is in ``known`` is not parsed: the page comes back with
-#: ``parsed=False`` and its ``digest``.
+#: ``stats``. A body whose ``hash`` is in ``known`` is not parsed: the page comes back with no
+#: items and its ``digest``.
 FetchPage = Callable[[ListEndpoint, int, ListStats, Container[int]], Page]
 
 
 class PageExecutor:
-    """Pages many lists over one thread pool into ``staging`` until each is complete.
-
-    ``spent`` sums every request, retry, page and byte of every pass of every list.
+    """Fetches the pages of many passes (``ListPass``) over one thread pool: ``fetch`` is its one
+    entry point. ``spent`` sums every request, retry, page and byte of every pass of every list.
     """
 
     def __init__(
@@ -501,45 +474,9 @@ class PageExecutor:
         self.label = label
         self.log = log
         self.spent = spent if spent is not None else ListStats()
-        self._decoders: dict[ListEndpoint, msgspec.json.Decoder] = {}
         self._started = time.monotonic()
         self.lists = 0
         self.lists_done = 0
-
-    def pages(self, lists: list[Stream]) -> Iterator[tuple[Stream, Page]]:
-        """Every page of one pass over ``lists`` as it arrives, stored nowhere and held to no
-        completeness rule: the fetch alone, as the benchmarks measure it."""
-        return self.fetch(
-            [self.pass_over(stream, ListStats(parent=self.spent)) for stream in lists]
-        )
-
-    def reread(self, held: ListPass) -> ListPass:
-        """A whole pass over ``held``'s list that stores nothing: only the bodies ``held`` did
-        not parse are parsed (``Body``)."""
-        again = self.pass_over(held.stream, ListStats(parent=self.spent))
-        again.whole = False  # the list was counted done with its pass
-        again.known, again.bodies = held.bodies or {}, None  # a re-read keeps no bodies
-        return again
-
-    def pass_over(
-        self,
-        stream: Stream,
-        stats: ListStats,
-        start: int = 0,
-        stop: int | None = None,
-        share: ListPass | None = None,
-    ) -> ListPass:
-        decode = self._decoders.get(stream.endpoint)
-        if decode is None:
-            decode = self._decoders[stream.endpoint] = key_decoder(stream.endpoint)
-        strategy = OffsetWindows(
-            start,
-            stop,
-            concurrency=self.limits.concurrency,
-            doubt_total_from=stream.doubt_total_from,
-            overlap=OVERLAP,
-        )
-        return ListPass(stream, stats, strategy, decode, share)
 
     # --- requests -------------------------------------------------------------------------
 
@@ -558,7 +495,7 @@ class PageExecutor:
 
         def fill(lp: ListPass) -> None:
             while len(in_flight) < concurrency:
-                window = lp.strategy.next_window(lp.in_flight)
+                window = lp.strategy.next_window()
                 if window is None:
                     if lp.in_flight == 0:
                         lp.finished = True
@@ -568,7 +505,7 @@ class PageExecutor:
                 endpoint = lp.stream.endpoint
                 skip = lp.strategy.asked_skip(window)
                 future = pool.submit(self.fetch_page, endpoint, skip, lp.stats, lp.known)
-                in_flight[future] = (lp, window, lp.stats.max_total_answered)
+                in_flight[future] = (lp, window, max(lp.stats.totals_seen, default=None))
                 lp.in_flight += 1
 
         try:
@@ -610,7 +547,7 @@ class PageExecutor:
 
     def _admit(self, lp: ListPass, window: Window, page: Page, baseline: int | None) -> Page:
         """Plan on from the page, record it, check it, and return what of it to keep."""
-        if not page.parsed:
+        if page.digest in lp.known:
             return self._admit_known(lp, window, page, baseline)
         asked = page
         all_keys = item_keys(page.items, lp.decode)
@@ -647,7 +584,7 @@ class PageExecutor:
             self._repeats(lp, page, page_hash)
             if lp.bodies is not None and asked.digest is not None:
                 whole = page_hash if overlap + keep == asked.n else hash(frozenset(ids))
-                lp.bodies[asked.digest] = Body(asked.n, asked.total, digests, whole)
+                lp.bodies[asked.digest] = Body(asked.total, digests, whole)
         lp.digests.extend(digests[overlap : overlap + keep])
         lp.stats.count(items=len(items))
         kept = digests[overlap : overlap + keep]
@@ -658,8 +595,8 @@ class PageExecutor:
         items, so their checks passed already and their digests are known. Planned on and
         counted as a parsed page is; no item is decoded."""
         body = lp.known[cast("int", page.digest)]
-        overlap = min(window[0] - page.skip, body.n)
-        shaped = Page(window[0], [], body.total, page.nbytes, count=body.n - overlap)
+        overlap = min(window[0] - page.skip, len(body.digests))
+        shaped = Page(window[0], [], body.total, page.nbytes, count=len(body.digests) - overlap)
         step = self._answered(lp, window, shaped, baseline)
         self._plausible(lp, shaped, step)
         keep = shaped.n if step.keep is None else step.keep
@@ -667,20 +604,23 @@ class PageExecutor:
             self._repeats(lp, shaped, body.ids_hash)
         lp.digests.extend(body.digests[overlap : overlap + keep])
         lp.stats.count(items=keep)
-        return Page(shaped.skip, [], body.total, page.nbytes, count=keep, parsed=False)
+        return Page(shaped.skip, [], body.total, page.nbytes, count=keep)
 
     def _answered(self, lp: ListPass, window: Window, page: Page, baseline: int | None) -> Step:
         """Give the strategy its answer and count the page into the pass."""
         step = lp.strategy.answered(window, page)
         stats, stream = lp.stats, lp.stream
-        if step.totals_unreliable:
-            stats.forget_totals()
+        if step.totals_unreliable:  # they were page sizes: paged as a list without a total
+            stats.totals_seen.clear()
         use_totals = lp.strategy.use_totals
         lp.pages += 1
         stats.count(pages=1, bytes=page.nbytes)
         stats.answers.append((page.skip, page.n, page.total if use_totals else None))
         if page.total is not None and use_totals:
-            stats.record_total(page.total, baseline)
+            if not stats.totals_seen or stats.totals_seen[-1] != page.total:
+                stats.totals_seen.append(page.total)
+            # ``baseline``: the largest total answered when this page was asked for.
+            stats.total_decreased |= baseline is not None and page.total < baseline
         max_pages = self.limits.max_pages_per_pass
         if lp.pages > max_pages:
             raise PagingError(

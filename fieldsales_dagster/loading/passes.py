@@ -16,20 +16,13 @@ load, pages stored in a ``Staging`` table:
 
 from __future__ import annotations
 
-from collections.abc import Hashable, Iterator
+from collections.abc import Hashable
 from dataclasses import dataclass, replace
-from typing import Protocol
+from typing import TYPE_CHECKING
 
 import numpy as np
 
-from fieldsales_dagster.client.pager import (
-    NAMED_IDS,
-    ListPass,
-    ListStats,
-    Page,
-    PageExecutor,
-    Stream,
-)
+from fieldsales_dagster.client.pager import NAMED_IDS, ListPass, ListStats, PageExecutor, Stream
 from fieldsales_dagster.loading.completeness import (
     Action,
     IncompleteListError,
@@ -39,35 +32,16 @@ from fieldsales_dagster.loading.completeness import (
     judge_pass,
 )
 
+if TYPE_CHECKING:
+    from fieldsales_dagster.loading.raw_load import Staging
+
 Judged = list[tuple[ListPass, PassFacts, Verdict]]
-
-
-class Staging(Protocol):
-    """Where the passes' pages are stored, and counted per list."""
-
-    def write(self, pages: Iterator[tuple[Stream, Page]]) -> None:
-        """Store every page; returns when they are all stored (raises if one was lost)."""
-
-    def counts(self) -> dict[Hashable, tuple[int, int]]:
-        """``(rows, distinct ids)`` stored per stream key."""
-
-    def forget(self, keys: list[Hashable]) -> None:
-        """Remove what is stored for these lists: they are paged again."""
-
-    def differing(self, key: Hashable) -> tuple[int, list[str]]:
-        """Ids of one list stored more than once with different content: how many, and a
-        few of them (``NAMED_IDS``)."""
-
-    def ids_of(self, key: Hashable, digests: set[int]) -> list[str]:
-        """The first few ids (``NAMED_IDS``, in order) of one list's stored items whose
-        ``item_digest`` is among ``digests``."""
 
 
 @dataclass
 class ListResult:
     """A list the rule accepted: its last pass's stats and the rule's verdict."""
 
-    stream: Stream
     stats: ListStats
     facts: PassFacts
     verdict: Verdict
@@ -98,15 +72,13 @@ class ListPasses:
         todo = lists
         executor.lists = len(lists)
         for number in range(1, executor.limits.max_list_passes + 1):
-            passes = [
-                executor.pass_over(stream, ListStats(parent=executor.spent)) for stream in todo
-            ]
+            passes = [ListPass(stream, ListStats(parent=executor.spent)) for stream in todo]
             self._stage(passes)
             repage: list[Stream] = []
             for lp, facts, verdict in self._verify(self._judge(passes, number, previous)):
                 if verdict.action is Action.ACCEPT:
                     results[lp.stream.key] = ListResult(
-                        lp.stream, lp.stats, facts, verdict, number, lp.repairs
+                        lp.stats, facts, verdict, number, lp.repairs
                     )
                 elif verdict.action is Action.FAIL:
                     endpoint = lp.stream.endpoint
@@ -189,25 +161,27 @@ class ListPasses:
         order around an insert skipped (``gap_windows``) are read once more before an item
         counts as gone.
         """
-        executor = self.executor
+        spent = self.executor.spent
+        held = [lp for lp, _, verdict in judged if verdict.action is Action.ACCEPT]
         rereads = {
-            id(lp): (lp, executor.reread(lp))
-            for lp, _, verdict in judged
-            if verdict.action is Action.ACCEPT
+            id(lp): ListPass(lp.stream, ListStats(parent=spent), known=lp.bodies or {})
+            for lp in held
         }
-        self._drain([again for _, again in rereads.values()])
+        self._drain(list(rereads.values()))
         self._drain(
             [
-                executor.pass_over(lp.stream, again.stats, start, stop, again)
-                for lp, again in rereads.values()
-                if _gone(lp, again).size
-                for start, stop in gap_windows(again.stats.answers, again.stats.total or 0)
+                ListPass(lp.stream, again.stats, start, stop, share=again)
+                for lp in held
+                if _gone(lp, again := rereads[id(lp)]).size
+                for start, stop in gap_windows(
+                    again.stats.answers, (again.stats.totals_seen or [0])[-1]
+                )
             ]
         )
         out = []
         for lp, facts, verdict in judged:
             if id(lp) in rereads:
-                gone = _gone(lp, rereads[id(lp)][1])
+                gone = _gone(lp, rereads[id(lp)])
                 if gone.size:
                     named = self.staging.ids_of(lp.stream.key, set(gone.tolist()))
                     facts = replace(facts, unverified=int(gone.size), unverified_ids=tuple(named))
@@ -237,9 +211,7 @@ class ListPasses:
         if lp.repairs == 1:  # boundaries the pass's pages straddled while the list grew
             windows += gap_windows(lp.stats.answers, facts.total or 0)
         windows.append((verdict.tail_from, None))
-        return [
-            self.executor.pass_over(lp.stream, lp.stats, start, stop, lp) for start, stop in windows
-        ]
+        return [ListPass(lp.stream, lp.stats, start, stop, share=lp) for start, stop in windows]
 
     def _stage(self, passes: list[ListPass]) -> None:
         if passes:

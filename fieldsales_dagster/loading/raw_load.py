@@ -343,6 +343,7 @@ class Staging:
         self.conn.execute(f"ALTER TABLE {qualified(self.table)} DROP COLUMN digest")
 
     def write(self, pages: Iterator[tuple[Stream, Page]]) -> None:
+        """Store every page; returns when they are all stored (raises if one was lost)."""
         writer = StagingWriter(self.conn, self.endpoint, self.table, self.loaded_at)
         try:
             for _, page in pages:
@@ -359,6 +360,7 @@ class Staging:
             )
 
     def counts(self) -> dict[Hashable, tuple[int, int]]:
+        """``(rows, distinct ids)`` stored per list (``by``'s value)."""
         table = qualified(self.table)
         if self.by is None:
             rows, distinct = one_row(self.conn, f"SELECT count(*), count(DISTINCT id) FROM {table}")
@@ -370,6 +372,7 @@ class Staging:
         return {key: (rows, distinct) for key, rows, distinct in found}
 
     def differing(self, key: Hashable) -> tuple[int, list[str]]:
+        """Ids of one list stored more than once with different content: how many, and a few."""
         table = qualified(self.table)
         where, params = "", {}
         if self.by is not None:
@@ -384,6 +387,7 @@ class Staging:
         return count, list(ids or [])
 
     def ids_of(self, key: Hashable, digests: set[int]) -> list[str]:
+        """The first few ids (in order) of one list's items whose ``item_digest`` is listed."""
         params: dict[str, object] = {"digests": list(digests)}
         where = ""
         if self.by is not None:
@@ -396,6 +400,7 @@ class Staging:
         return [row[0] for row in found]
 
     def forget(self, keys: list[Hashable]) -> None:
+        """Remove what is stored for these lists: they are paged again."""
         if self.by is None:
             self.create()
         else:
@@ -488,7 +493,7 @@ def _load_report(
     return LoadReport(
         table=endpoint.raw_table,
         rows=distinct,
-        api_total=result.stats.total,
+        api_total=result.facts.total,
         passes=result.passes,
         pages=spent.pages,
         requests=spent.requests,
