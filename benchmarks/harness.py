@@ -248,6 +248,8 @@ class Measurement:
     #: (epoch, user + system CPU seconds) of the command's own process, every ~50 ms: the run's
     #: steps execute in it (``step_cpu.py``).
     cpu_samples: list[tuple[float, float]] = field(default_factory=list)
+    #: (epoch, RSS bytes of the process tree), at the same moments: a step's peak memory.
+    rss_samples: list[tuple[float, int]] = field(default_factory=list)
 
     @property
     def ok(self) -> bool:
@@ -281,6 +283,7 @@ class _RSSPoller(threading.Thread):
         self._done = threading.Event()
         self._procs: dict[int, psutil.Process] = {}
         self.cpu_samples: list[tuple[float, float]] = []
+        self.rss_samples: list[tuple[float, int]] = []
 
     def _tree(self) -> list[psutil.Process]:
         try:
@@ -304,6 +307,7 @@ class _RSSPoller(threading.Thread):
                 with contextlib.suppress(psutil.Error):
                     rss += proc.memory_info().rss
             self.peak = max(self.peak, rss)
+            self.rss_samples.append((time.time(), rss))
             if n % self.pss_every == 0:
                 pss = 0
                 for proc in tree:
@@ -383,6 +387,7 @@ def measure(
             m.wall_s = time.perf_counter() - started
             m.peak_rss, m.peak_pss = poller.stop()
             m.cpu_samples = poller.cpu_samples
+            m.rss_samples = poller.rss_samples
             if poller.over_cap:
                 m.over_memory = True
                 log.write(

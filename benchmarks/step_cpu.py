@@ -24,6 +24,8 @@ class StepCpu:
     step: str
     wall_s: float
     cpu_s: float
+    #: The process tree's largest RSS sampled while the step ran (0 without samples).
+    peak_rss: int = 0
 
 
 def cpu_at(samples: CpuSamples, when: float) -> float:
@@ -63,9 +65,17 @@ def step_bounds(home: Path) -> list[tuple[str, float, float]]:
     return bounds
 
 
-def step_cpu(home: Path, samples: CpuSamples) -> list[StepCpu]:
-    """Wall and CPU seconds of each step of the latest run in ``home``, in the order they ran."""
+def step_cpu(
+    home: Path, samples: CpuSamples, rss: list[tuple[float, int]] | None = None
+) -> list[StepCpu]:
+    """Wall and CPU seconds of each step of the latest run in ``home``, in the order they ran,
+    and the peak of ``rss`` ((epoch, bytes) samples) while each ran."""
     return [
-        StepCpu(step, end - start, cpu_at(samples, end) - cpu_at(samples, start))
+        StepCpu(
+            step,
+            end - start,
+            cpu_at(samples, end) - cpu_at(samples, start),
+            max((b for t, b in rss or () if start <= t <= end), default=0),
+        )
         for step, start, end in step_bounds(home)
     ]

@@ -15,7 +15,9 @@ several settings in one interleaved run (the memory-limit curve, ``benchmarks/RE
     python -m benchmarks.steps_ab 1000000 1 \
         192MB=.@FIELDSALES_DUCKDB_MEMORY_LIMIT=192MB 2GB=.@FIELDSALES_DUCKDB_MEMORY_LIMIT=2GB
 
-``--profile heavy`` serves the demo API's heavy profile instead of the default one.
+``--profile heavy`` serves the demo API's heavy profile instead of the default one;
+``--select raw_events,raw_transactions`` runs those assets instead of every one (``*``), in
+Dagster's selection syntax, to look at one step's CPU and peak RSS alone.
 """
 
 from __future__ import annotations
@@ -57,9 +59,10 @@ def _side(arg: str) -> tuple[str, Path, dict[str, str]]:
 
 
 def main(argv: list[str]) -> int:
-    profile = "demo"
-    if argv and argv[0] == "--profile":
-        profile, argv = argv[1], argv[2:]
+    options = {"--profile": "demo", "--select": "*"}
+    while argv and argv[0] in options:
+        options[argv[0]], argv = argv[1], argv[2:]
+    profile, select = options["--profile"], options["--select"]
     size, rounds = int(argv[0]), int(argv[1])
     sides = [_side(a) for a in argv[2:]]
     trees = {name: tree for name, tree, _ in sides}
@@ -87,16 +90,16 @@ def main(argv: list[str]) -> int:
                 }
                 _home(tree, where / "home", env)
                 argv_run = [str(BIN / "dagster"), "asset", "materialize", "-m"]
-                argv_run += ["fieldsales_dagster", "--select", "*"]
+                argv_run += ["fieldsales_dagster", "--select", select]
                 m = measure(name, argv_run, where / "run.log", env, server=api, cwd=tree)
-                steps = step_cpu(where / "home", m.cpu_samples)
+                steps = step_cpu(where / "home", m.cpu_samples, m.rss_samples)
                 results[name].append(
                     {
                         "ok": m.ok,
                         "wall": m.wall_s,
                         "cpu": m.cpu_s,
                         "rss": m.peak_rss,
-                        "steps": {s.step: (s.cpu_s, s.wall_s) for s in steps},
+                        "steps": {s.step: (s.cpu_s, s.wall_s, s.peak_rss) for s in steps},
                     }
                 )
                 print(
@@ -117,22 +120,25 @@ def main(argv: list[str]) -> int:
     order = sorted(
         steps, key=lambda s: -median(next(iter(trees)), lambda r: r["steps"].get(s, (0, 0))[0])
     )
-    print("| step | " + " | ".join(f"{n} CPU s | {n} wall s" for n in trees) + " |")
-    print("|---|" + "---:|---:|" * len(trees))
+    print("| step | " + " | ".join(f"{n} CPU s | {n} wall s | {n} RSS MiB" for n in trees) + " |")
+    print("|---|" + "---:|---:|---:|" * len(trees))
     for step in order:
         cells = [
             f"{median(n, lambda r, s=step: r['steps'].get(s, (nan, nan))[0]):.2f} | "
-            f"{median(n, lambda r, s=step: r['steps'].get(s, (nan, nan))[1]):.2f}"
+            f"{median(n, lambda r, s=step: r['steps'].get(s, (nan, nan))[1]):.2f} | "
+            f"{median(n, lambda r, s=step: r['steps'].get(s, (nan, nan, 0))[2]) / 2**20:.0f}"
             for n in trees
         ]
         print(f"| `{step}` | " + " | ".join(cells) + " |")
     outside = [
-        f"{median(n, lambda r: r['cpu'] - sum(c for c, _ in r['steps'].values())):.2f} | "
+        f"{median(n, lambda r: r['cpu'] - sum(c[0] for c in r['steps'].values())):.2f} | | "
         for n in trees
     ]
     print("| outside the steps | " + " | ".join(outside) + " |")
     whole = [
-        f"{median(n, lambda r: r['cpu']):.2f} | {median(n, lambda r: r['wall']):.2f}" for n in trees
+        f"{median(n, lambda r: r['cpu']):.2f} | {median(n, lambda r: r['wall']):.2f} | "
+        f"{median(n, lambda r: r['rss']) / 2**20:.0f}"
+        for n in trees
     ]
     print("| whole command | " + " | ".join(whole) + " |")
     rss = ", ".join(f"{n} {median(n, lambda r: r['rss']) / 2**20:.0f} MiB" for n in trees)
