@@ -274,18 +274,10 @@ class TokenStore:
     # --- the token to use ------------------------------------------------------------------
 
     def current(self, env_token: str, accept: Callable[[str], bool] | None = None) -> StoredToken:
-        """The token to use; with ``accept`` (a client), nothing is written the server has not
-        accepted.
-
-        A new environment token beside this server's stored one replaces it only if
-        ``accept(env_token)`` says the server takes it: a mistyped replacement must never throw
-        away a valid renewed token (refused, the stored token stays in use). A record not yet
-        written (a first seed, a store written before origins were recorded, the same token at
-        a new address) is returned unsaved; the client writes it with ``settle`` once a request
-        with it succeeded, so a mistyped base URL leaves the file as it was. A store of another
-        server is used only if it holds the very token the environment gives this instance (the
-        demo API's new port): another server's token is never sent here. Without ``accept``
-        (the store on its own) every record is written at once.
+        """The token to use. With ``accept`` (a client) nothing is written the server has not
+        accepted (see the module): a new environment token replaces this server's stored one only
+        if ``accept(env_token)``; a first seed, an adoption or a new address is returned unsaved,
+        for ``settle``. Without ``accept`` (the store on its own) every record is written at once.
         """
         stored, pending = self._pending(env_token)
         if pending is None:
@@ -375,13 +367,10 @@ class TokenStore:
     ) -> Rotation:
         """Renew the token if it is older than ``renew_after``, once across all processes.
 
-        ``renew(old_token) -> new_token`` performs the HTTP renewal, which invalidates the old
-        token: everything that can fail is done before it. Under the lock the store is read
-        again, because another process may have renewed while this one waited; only if renewal
-        is still due is the write prepared (a temporary file in the store's directory, the
-        record encoded) and ``renew`` called. Its token is then written and renamed into place
-        before this method returns, before any log line or any other use of the answer. Nothing
-        is written unless the server renewed: a token not yet stored is not due (age 0).
+        ``renew(old_token) -> new_token`` is the HTTP renewal, which invalidates the old token.
+        Under the lock the store is read again (another process may have renewed meanwhile);
+        only if renewal is still due is the write prepared and ``renew`` called, and its token
+        is stored before this method returns. A token not yet stored is not due (age 0).
         """
         with self._locked(lock_timeout_s):
             stored = self.peek(env_token)
