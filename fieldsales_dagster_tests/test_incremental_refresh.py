@@ -371,11 +371,12 @@ def test_failure_mid_merge_leaves_previous_table_and_state_untouched(
         deleted.append(real_delete(conn, *args, **kwargs))
         return deleted[-1]
 
-    def fail_to_insert(conn, stage):
-        raise RuntimeError("disk full (simulated) between the delete and the insert")
+    def fail_to_insert(phase):
+        if phase == "merge":  # between the delete and the insert
+            raise RuntimeError("disk full (simulated) between the delete and the insert")
 
     monkeypatch.setattr(incremental, "_delete_replaced", delete)
-    monkeypatch.setattr(incremental, "_insert_staged", fail_to_insert)
+    monkeypatch.setattr(incremental, "pause_at", fail_to_insert)
 
     result = _materialize(demo_server, tmp_path, loaded, assets=RAW_ASSETS, raise_on_error=False)
 
@@ -471,7 +472,6 @@ def test_refresh_mode_rejects_unknown_values():
 def _previous(**changes) -> PreviousLoad:
     settings = {
         "last_full_at": NOW - timedelta(days=2),
-        "last_load_at": NOW - timedelta(days=1),
         "rows_recorded": 100,
         "rows_stored": 100,
         "events_loaded_at_recorded": NOW - timedelta(days=1),

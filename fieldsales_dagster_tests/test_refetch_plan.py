@@ -69,7 +69,7 @@ def test_the_plan_carries_which_events_are_refetched_and_which_disappeared(conn)
 
     assert sorted(plan.event_ids) == ["b", "d"]
     assert plan.removed_ids == ["c"]
-    assert (plan.events, plan.new, plan.changed, plan.recent) == (3, 1, 1, 0)
+    assert (plan.events, plan.why) == (3, {"new": 1, "changed": 1})
 
 
 def test_the_merge_deletes_the_events_of_the_tables_its_plan_names(conn):

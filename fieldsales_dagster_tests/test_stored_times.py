@@ -76,7 +76,6 @@ def test_a_last_token_test_in_the_future_does_not_postpone_the_daily_test(
 def previous(last_full_at: datetime) -> PreviousLoad:
     return PreviousLoad(
         last_full_at=last_full_at,
-        last_load_at=last_full_at,
         rows_recorded=10,
         rows_stored=10,
         events_loaded_at_recorded=NOW - timedelta(days=1),

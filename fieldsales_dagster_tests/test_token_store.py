@@ -49,7 +49,7 @@ def renewer(*tokens: str):
 
 
 def test_first_use_seeds_the_store_from_the_env_token(store: TokenStore):
-    assert store.current_token(ENV_TOKEN) == ENV_TOKEN
+    assert store.current(ENV_TOKEN).token == ENV_TOKEN
     doc = json.loads(store.path.read_text())
     assert doc["token"] == ENV_TOKEN
     assert doc["env_token_sha256"] == fingerprint(ENV_TOKEN)
@@ -59,14 +59,14 @@ def test_first_use_seeds_the_store_from_the_env_token(store: TokenStore):
 
 
 def test_store_wins_over_the_env_token_after_renewal(store: TokenStore):
-    store.current_token(ENV_TOKEN)
+    store.current(ENV_TOKEN)
     backdate(store, 46)
     store.rotate(ENV_TOKEN, renewer("renewed-token-1"), renew_after=RENEW_AFTER)
-    assert store.current_token(ENV_TOKEN) == "renewed-token-1"
+    assert store.current(ENV_TOKEN).token == "renewed-token-1"
 
 
 def test_renewed_store_keeps_only_a_fingerprint_of_the_env_token(store: TokenStore):
-    store.current_token(ENV_TOKEN)
+    store.current(ENV_TOKEN)
     backdate(store, 46)
     store.rotate(ENV_TOKEN, renewer("renewed-token-1"), renew_after=RENEW_AFTER)
     text = store.path.read_text()
@@ -77,7 +77,7 @@ def test_renewed_store_keeps_only_a_fingerprint_of_the_env_token(store: TokenSto
 def test_store_file_is_owner_only_whatever_the_umask(store: TokenStore):
     old_umask = os.umask(0)
     try:
-        store.current_token(ENV_TOKEN)
+        store.current(ENV_TOKEN)
         backdate(store, 46)
         store.rotate(ENV_TOKEN, renewer("renewed-token-1"), renew_after=RENEW_AFTER)
     finally:
@@ -86,7 +86,7 @@ def test_store_file_is_owner_only_whatever_the_umask(store: TokenStore):
 
 
 def test_write_leaves_no_temporary_file_behind(store: TokenStore):
-    store.current_token(ENV_TOKEN)
+    store.current(ENV_TOKEN)
     backdate(store, 46)
     store.rotate(ENV_TOKEN, renewer("renewed-token-1"), renew_after=RENEW_AFTER)
     leftovers = [p.name for p in store.path.parent.iterdir() if p.name.endswith(".tmp")]
@@ -94,16 +94,16 @@ def test_write_leaves_no_temporary_file_behind(store: TokenStore):
 
 
 def test_rotation_not_yet_due_does_not_call_the_renewal(store: TokenStore):
-    store.current_token(ENV_TOKEN)
+    store.current(ENV_TOKEN)
     renew = renewer("renewed-token-1")
     rotation = store.rotate(ENV_TOKEN, renew, renew_after=RENEW_AFTER)
     assert not rotation.renewed
     assert renew.calls == []
-    assert store.current_token(ENV_TOKEN) == ENV_TOKEN
+    assert store.current(ENV_TOKEN).token == ENV_TOKEN
 
 
 def test_rotation_when_due_renews_with_the_stored_token_and_resets_the_age(store: TokenStore):
-    store.current_token(ENV_TOKEN)
+    store.current(ENV_TOKEN)
     backdate(store, 46)
     renew = renewer("renewed-token-1")
     rotation = store.rotate(ENV_TOKEN, renew, renew_after=RENEW_AFTER)
@@ -116,7 +116,7 @@ def test_rotation_when_due_renews_with_the_stored_token_and_resets_the_age(store
 
 
 def test_failed_renewal_leaves_the_store_unchanged(store: TokenStore):
-    store.current_token(ENV_TOKEN)
+    store.current(ENV_TOKEN)
     backdate(store, 46)
     before = store.path.read_bytes()
 
@@ -129,16 +129,16 @@ def test_failed_renewal_leaves_the_store_unchanged(store: TokenStore):
 
 
 def test_new_token_is_on_disk_even_if_the_caller_fails_right_after_rotation(store: TokenStore):
-    store.current_token(ENV_TOKEN)
+    store.current(ENV_TOKEN)
     backdate(store, 46)
     with pytest.raises(RuntimeError, match="crash"):
         store.rotate(ENV_TOKEN, renewer("renewed-token-1"), renew_after=RENEW_AFTER)
         raise RuntimeError("crash right after the store write")
-    assert TokenStore(store.path).current_token(ENV_TOKEN) == "renewed-token-1"
+    assert TokenStore(store.path).current(ENV_TOKEN).token == "renewed-token-1"
 
 
 def test_concurrent_rotations_in_threads_renew_exactly_once(store: TokenStore):
-    store.current_token(ENV_TOKEN)
+    store.current(ENV_TOKEN)
     backdate(store, 46)
     calls: list[str] = []
     start = threading.Barrier(8)
@@ -158,16 +158,16 @@ def test_concurrent_rotations_in_threads_renew_exactly_once(store: TokenStore):
     for thread in threads:
         thread.join()
     assert calls == [ENV_TOKEN]
-    assert store.current_token(ENV_TOKEN) == "renewed-1"
+    assert store.current(ENV_TOKEN).token == "renewed-1"
 
 
 def test_changed_env_token_reseeds_the_store(store: TokenStore):
-    store.current_token(ENV_TOKEN)
+    store.current(ENV_TOKEN)
     backdate(store, 46)
     store.rotate(ENV_TOKEN, renewer("renewed-token-1"), renew_after=RENEW_AFTER)
 
     regenerated = "token-regenerated-in-the-ui"
-    assert store.current_token(regenerated) == regenerated
+    assert store.current(regenerated).token == regenerated
     stored = store.read()
     assert stored is not None
     assert stored.env_fingerprint == fingerprint(regenerated)
@@ -175,28 +175,28 @@ def test_changed_env_token_reseeds_the_store(store: TokenStore):
 
 
 def test_process_with_a_replaced_env_token_does_not_overwrite_the_new_one(store: TokenStore):
-    store.current_token(ENV_TOKEN)
+    store.current(ENV_TOKEN)
     regenerated = "token-regenerated-in-the-ui"
-    store.current_token(regenerated)
+    store.current(regenerated)
     # A run started before the environment changed still carries the old token.
-    assert store.current_token(ENV_TOKEN) == regenerated
+    assert store.current(ENV_TOKEN).token == regenerated
 
 
 def test_env_set_to_the_stored_token_keeps_its_age(store: TokenStore):
-    store.current_token(ENV_TOKEN)
+    store.current(ENV_TOKEN)
     backdate(store, 46)
     store.rotate(ENV_TOKEN, renewer("renewed-token-1"), renew_after=RENEW_AFTER)
     backdate(store, 10)
-    assert store.current_token("renewed-token-1") == "renewed-token-1"
+    assert store.current("renewed-token-1").token == "renewed-token-1"
     stored = store.read()
     assert stored is not None and stored.age() > timedelta(days=9)
 
 
 def test_corrupt_store_gives_an_error_naming_the_file_not_the_token(store: TokenStore):
-    store.current_token(ENV_TOKEN)
+    store.current(ENV_TOKEN)
     store.path.write_text('{"token": "' + ENV_TOKEN + '", "issued_at": ')  # cut off
     with pytest.raises(TokenStoreError) as excinfo:
-        store.current_token(ENV_TOKEN)
+        store.current(ENV_TOKEN)
     message = str(excinfo.value)
     assert str(store.path) in message
     assert "corrupt" in message
@@ -205,10 +205,10 @@ def test_corrupt_store_gives_an_error_naming_the_file_not_the_token(store: Token
 
 
 def test_store_readable_by_others_is_refused(store: TokenStore):
-    store.current_token(ENV_TOKEN)
+    store.current(ENV_TOKEN)
     store.path.chmod(0o644)
     with pytest.raises(TokenStoreError) as excinfo:
-        store.current_token(ENV_TOKEN)
+        store.current(ENV_TOKEN)
     message = str(excinfo.value)
     assert str(store.path) in message and "chmod 600" in message
     assert ENV_TOKEN not in message
@@ -218,11 +218,11 @@ def test_unreadable_store_gives_an_error_naming_the_file(store: TokenStore):
     store.path.parent.mkdir(parents=True)
     store.path.mkdir()  # a directory where the file should be
     with pytest.raises(TokenStoreError, match=str(store.path)):
-        store.current_token(ENV_TOKEN)
+        store.current(ENV_TOKEN)
 
 
 def test_repr_never_shows_the_token(store: TokenStore):
-    store.current_token(ENV_TOKEN)
+    store.current(ENV_TOKEN)
     stored = store.read()
     rotation = store.rotate(ENV_TOKEN, renewer(), renew_after=RENEW_AFTER)
     for text in (repr(stored), str(stored), repr(rotation), repr(store)):
@@ -251,7 +251,7 @@ def test_default_path_prefers_env_var_then_dagster_home_then_data(monkeypatch, t
 
 
 def test_new_env_token_the_server_refuses_does_not_replace_the_stored_one(store: TokenStore):
-    store.current_token(ENV_TOKEN)
+    store.current(ENV_TOKEN)
     store.rotate(ENV_TOKEN, renewer("renewed-token"), renew_after=timedelta(0))
     asked = []
 
@@ -259,18 +259,34 @@ def test_new_env_token_the_server_refuses_does_not_replace_the_stored_one(store:
         asked.append(token)
         return False
 
-    assert store.current_token("mistyped-new-token", accept=server_refuses) == "renewed-token"
+    assert store.current("mistyped-new-token", accept=server_refuses).token == "renewed-token"
     assert asked == ["mistyped-new-token"]
     assert store.read().token == "renewed-token"
     # Once the server accepts a new token, the store takes it over.
-    assert store.current_token("good-new-token", accept=lambda token: True) == "good-new-token"
+    assert store.current("good-new-token", accept=lambda token: True).token == "good-new-token"
 
 
-def test_store_whose_directory_cannot_take_a_file_is_reported_as_unwritable(tmp_path: Path):
+def test_store_whose_directory_cannot_take_a_file_is_reported_as_unwritable(
+    tmp_path: Path, monkeypatch
+):
+    import errno
+    import tempfile
+
     blocker = tmp_path / "not-a-directory"
     blocker.write_text("")
-    with pytest.raises(TokenStoreError, match="cannot be written"):
-        TokenStore(blocker / "fieldsales_token.json").ensure_writable()
+    with pytest.raises(TokenStoreError, match="Not a directory") as raised:
+        TokenStore(blocker / "fieldsales_token.json").current(ENV_TOKEN)
+    assert str(blocker) in str(raised.value) and ENV_TOKEN not in str(raised.value)
+
+    def read_only(*args, **kwargs):
+        raise OSError(errno.EROFS, "Read-only file system")
+
+    store = TokenStore(tmp_path / "state" / "fieldsales_token.json")
+    monkeypatch.setattr(tempfile, "mkstemp", read_only)
+    with pytest.raises(TokenStoreError, match="cannot be written") as raised:
+        store.current(ENV_TOKEN)
+    assert str(store.path) in str(raised.value) and ENV_TOKEN not in str(raised.value)
+    assert not store.path.exists()
 
 
 # --- the server a store serves -----------------------------------------------------------------
@@ -347,7 +363,7 @@ def test_symlinked_store_is_written_through_its_target_and_the_link_kept(tmp_pat
     link = tmp_path / "fieldsales_token.json"
     link.symlink_to(real)
     store = TokenStore(link)
-    store.current_token(ENV_TOKEN)
+    store.current(ENV_TOKEN)
     store.rotate(ENV_TOKEN, renewer("renewed-token-1"), renew_after=timedelta(0))
     assert link.is_symlink()
     assert json.loads(real.read_text())["token"] == "renewed-token-1"
@@ -355,10 +371,10 @@ def test_symlinked_store_is_written_through_its_target_and_the_link_kept(tmp_pat
 
 def test_store_owned_by_another_user_is_refused(store: TokenStore):
     """Root (as on CI and here) can give a file away; the running user then does not own it."""
-    store.current_token(ENV_TOKEN)
+    store.current(ENV_TOKEN)
     os.chown(store.path, 65534, 65534)
     with pytest.raises(TokenStoreError) as excinfo:
-        store.current_token(ENV_TOKEN)
+        store.current(ENV_TOKEN)
     message = str(excinfo.value)
     assert str(store.path) in message and "owned by" in message
     assert ENV_TOKEN not in message
@@ -481,7 +497,7 @@ def test_a_client_store_writes_a_first_seed_only_when_settled_with_that_token(tm
         asked.append(token)
         return True
 
-    assert store.current_token(ENV_TOKEN, accept=accept) == ENV_TOKEN
+    assert store.current(ENV_TOKEN, accept=accept).token == ENV_TOKEN
     assert asked == [] and not store.path.exists()  # no probe, no file
     store.settle(ENV_TOKEN, "some-other-token")  # a 200 for another token settles nothing
     assert not store.path.exists()

@@ -24,8 +24,8 @@ from fieldsales_dagster.loading.incremental import (
     RefreshReport,
     refresh_raw_list,
 )
+from fieldsales_dagster.loading.modes import validate_refresh_mode
 from fieldsales_dagster.loading.raw_load import LoadReport, ShrinkGuard
-from fieldsales_dagster.loading.refresh_mode import validate_refresh_mode
 from fieldsales_dagster.loading.resync import resync_transactions
 from fieldsales_dagster.names import InstanceNames
 from fieldsales_dagster.warehouse.quoting import qualified

@@ -80,13 +80,6 @@ class ResyncConfig(dg.Config):
             )
         return list(dict.fromkeys(ids))  # ids exactly as given (they may hold spaces), once each
 
-    @field_validator("changed_from", "changed_to")
-    @classmethod
-    def _check_moment(cls, value: str | None, info) -> str | None:
-        if value is not None:
-            _moment(info.field_name, value)
-        return value
-
     @model_validator(mode="after")
     def _one_way(self) -> ResyncConfig:
         if bool(self.event_ids) == (self.changed_from is not None):
@@ -96,7 +89,7 @@ class ResyncConfig(dg.Config):
             )
         if self.changed_to is not None and self.changed_from is None:
             raise ValueError("resync.changed_to needs resync.changed_from: give the window's start")
-        if self.changed_from is not None:
+        if self.changed_from is not None:  # parses both ends: a bad date fails here, naming it
             start, end = self.window(datetime.now(UTC))
             if end <= start:
                 raise ValueError(

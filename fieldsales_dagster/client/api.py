@@ -187,7 +187,7 @@ class FieldSalesAPI(settings_resource("ApiSettings", ApiSettings, but=("api_toke
         store = self.token_store()
         if store is None:
             return env_token
-        return store.current_token(env_token, accept=self.server_accepts)
+        return store.current(env_token, accept=self.server_accepts).token
 
     def server_accepts(self, env_token: str) -> bool:
         """Whether the server takes a new ``FIELDSALES_API_TOKEN`` the store has never seen.

@@ -58,7 +58,6 @@ def record_deletions(
     *,
     kept: str,
     scope: str = "true",
-    scope_params: dict[str, Any] | None = None,
     run_id: str | None,
     at: datetime,
 ) -> int:
@@ -83,8 +82,7 @@ def record_deletions(
     target = qualified(endpoint.raw_table)
     conn.execute(
         f"CREATE OR REPLACE TEMP TABLE {GONE_TABLE} AS "
-        f"SELECT id FROM {target} WHERE ({scope}) EXCEPT SELECT id FROM ({kept})",
-        scope_params or {},
+        f"SELECT id FROM {target} WHERE ({scope}) EXCEPT SELECT id FROM ({kept})"
     )
     try:
         return _write_if_any(

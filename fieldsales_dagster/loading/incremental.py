@@ -23,7 +23,7 @@ from __future__ import annotations
 import time
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass, fields, replace
+from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 from importlib import resources
 from typing import Any
@@ -40,6 +40,7 @@ from fieldsales_dagster.client.pager import (
 )
 from fieldsales_dagster.loading.completeness import IncompleteListError
 from fieldsales_dagster.loading.deletions import record_deletions
+from fieldsales_dagster.loading.modes import validate_refresh_mode
 from fieldsales_dagster.loading.passes import ListPasses
 from fieldsales_dagster.loading.raw_load import (
     LoadReport,
@@ -53,7 +54,6 @@ from fieldsales_dagster.loading.refresh_mode import (
     ModeDecision,
     PreviousLoad,
     choose_mode,
-    validate_refresh_mode,
 )
 from fieldsales_dagster.pause import pause_at
 from fieldsales_dagster.warehouse.lake import drop_table, run_transaction
@@ -85,30 +85,14 @@ REMOVED_TABLE = "_fs_removed"
 MAX_REFETCH_SHARE = 0.5
 
 
-class _FallBack(Exception):
-    """The incremental attempt is abandoned; ``auto`` (or any mode, if ``always``) goes full."""
+class FallBack(Exception):
+    """The incremental attempt is abandoned: ``auto`` goes full, ``incremental`` fails, except
+    when ``filter_ignored`` (the server ignores ``eventId``): then every mode goes full."""
 
-    always = False
-
-    def __init__(self, message: str, bytes_fetched: int = 0):
+    def __init__(self, message: str, bytes_fetched: int, filter_ignored: bool = False):
         super().__init__(message)
         self.bytes_fetched = bytes_fetched
-
-
-class EventFilterIgnored(_FallBack):
-    always = True
-
-
-class CountMismatch(_FallBack):
-    pass
-
-
-class EventListMoved(_FallBack):
-    pass
-
-
-class TooManyEvents(_FallBack):
-    pass
+        self.filter_ignored = filter_ignored
 
 
 @dataclass(frozen=True)
@@ -136,8 +120,7 @@ def read_previous_load(conn: duckdb.DuckDBPyConnection) -> PreviousLoad | None:
     if not (table_exists(conn, STATE_TABLE) and table_exists(conn, FINGERPRINTS_TABLE)):
         return None
     row = conn.execute(
-        f"SELECT last_full_at, last_load_at, rows, events_loaded_at FROM {STATE_TABLE} "
-        "WHERE table_name = ?",
+        f"SELECT last_full_at, rows, events_loaded_at FROM {STATE_TABLE} WHERE table_name = ?",
         [TRANSACTIONS.raw_table],
     ).fetchone()
     if row is None:
@@ -149,10 +132,9 @@ def read_previous_load(conn: duckdb.DuckDBPyConnection) -> PreviousLoad | None:
     )
     return PreviousLoad(
         last_full_at=row[0].replace(tzinfo=UTC),
-        last_load_at=row[1].replace(tzinfo=UTC),
-        rows_recorded=row[2],
+        rows_recorded=row[1],
         rows_stored=rows_stored,
-        events_loaded_at_recorded=row[3].replace(tzinfo=UTC) if row[3] else None,
+        events_loaded_at_recorded=row[2].replace(tzinfo=UTC) if row[2] else None,
         events_loaded_at_now=_events_loaded_at(conn),
     )
 
@@ -263,31 +245,22 @@ def _write_state(
 
 @dataclass
 class RefreshReport:
-    """A raw load and how it was done; ``metadata()`` becomes asset metadata."""
+    """A raw load and how it was done; ``metadata()`` becomes asset metadata, with ``counts``
+    (of a merge: ``events_refetched``, ``transactions_added``, ...)."""
 
     load: LoadReport
     mode: str
     reason: str
     bytes_fetched: int
-    events_refetched: int | None = None
-    events_new: int | None = None
-    events_changed: int | None = None
-    events_recent: int | None = None
-    events_removed: int | None = None
-    transactions_added: int | None = None
-    transactions_changed: int | None = None
-    transactions_removed: int | None = None
+    counts: dict[str, int] = field(default_factory=dict)
 
     def metadata(self) -> dict[str, Any]:
-        out: dict[str, Any] = {
+        return {
             "refresh_mode": self.mode,
             "refresh_reason": self.reason,
             "bytes_fetched": self.bytes_fetched,
+            **self.counts,
         }
-        for counted in fields(self)[4:]:  # the events' and transactions' counts, where known
-            if (value := getattr(self, counted.name)) is not None:
-                out[counted.name] = value
-        return out
 
 
 def refresh_raw_list(
@@ -302,109 +275,63 @@ def refresh_raw_list(
     shrink: ShrinkGuard,
     run_id: str | None = None,
 ) -> RefreshReport:
-    """Load one list into its raw table in the mode the policy calls for.
-
-    ``before_swap(staging_table)`` runs on the rows about to be stored (the whole new table, or
-    an incremental run's re-fetched rows) before they reach the raw table (redaction, comments).
-    Rows removed go to the deletion audit, found gone by run ``run_id`` (``deletions.py``).
-    """
+    """Load one list into its raw table in the mode the policy calls for. ``before_swap(stage)``
+    runs on the rows about to be stored (the whole new table, or an incremental run's re-fetched
+    rows: redaction, comments); rows removed go to the deletion audit, by run ``run_id``."""
+    reason = f"{endpoint.name} are always fetched whole (they are small next to transactions)"
+    spent, after_swap = 0, None
     if endpoint.raw_table == TRANSACTIONS.raw_table:
-        return refresh_transactions(
-            api,
-            conn,
-            policy,
-            log=log,
-            warn=warn,
-            before_swap=before_swap,
-            shrink=shrink,
-            run_id=run_id,
+        now = datetime.now(UTC)
+        decision = choose_mode(
+            policy.mode,
+            read_previous_load(conn),
+            now=now,
+            full_refresh_every_days=policy.full_refresh_every_days,
         )
-    report = load_list(api, conn, endpoint, **_whole(log, before_swap, shrink, run_id))
-    return RefreshReport(
-        load=report,
-        mode="full",
-        reason=f"{endpoint.name} are always fetched whole (they are small next to transactions)",
-        bytes_fetched=report.bytes,
-    )
+        log(f"transactions: {decision.mode} refresh: {decision.reason}")
+        reason = decision.reason
+        if decision.mode == "incremental":
+            try:
+                return _incremental(api, conn, policy, decision, now, log, before_swap, run_id)
+            except FallBack as exc:
+                if policy.mode == "incremental" and not exc.filter_ignored:
+                    raise IncrementalRefreshError(
+                        f"raw_transactions: incremental refresh failed its guard: {exc}. "
+                        "raw.transactions was left as it was; run a full refresh "
+                        "(refresh_mode=full) to reconcile."
+                    ) from None
+                warn(f"transactions: incremental refresh abandoned, running a full one: {exc}")
+                reason, spent = f"fell back from incremental: {exc}", exc.bytes_fetched
+        fingerprints = _fingerprint_current_events(conn)
 
+        def after_swap(rows: int) -> None:
+            # In the swap's transaction: never a new table with old state.
+            _write_state(conn, fingerprints=fingerprints, mode="full", at=now, rows=rows)
 
-def refresh_transactions(
-    api: FieldSalesAPI,
-    conn: duckdb.DuckDBPyConnection,
-    policy: RefreshPolicy,
-    *,
-    log: Callable[[str], None] = lambda message: None,
-    warn: Callable[[str], None] = lambda message: None,
-    now: datetime | None = None,
-    before_swap: Callable[[str], None] | None = None,
-    shrink: ShrinkGuard,
-    run_id: str | None = None,
-) -> RefreshReport:
-    now = now or datetime.now(UTC)
-    decision = choose_mode(
-        policy.mode,
-        read_previous_load(conn),
-        now=now,
-        full_refresh_every_days=policy.full_refresh_every_days,
-    )
-    log(f"transactions: {decision.mode} refresh: {decision.reason}")
-    spent = 0
-    if decision.mode == "incremental":
-        try:
-            return _incremental(api, conn, policy, decision, now, log, before_swap, run_id)
-        except _FallBack as exc:
-            if policy.mode == "incremental" and not exc.always:
-                raise IncrementalRefreshError(
-                    f"raw_transactions: incremental refresh failed its guard: {exc}. "
-                    "raw.transactions was left as it was; run a full refresh "
-                    "(refresh_mode=full) to reconcile."
-                ) from None
-            warn(
-                f"transactions: incremental refresh abandoned, running a full refresh instead: "
-                f"{exc}"
-            )
-            decision = ModeDecision("full", f"fell back from incremental: {exc}")
-            spent = exc.bytes_fetched
-    fingerprints = _fingerprint_current_events(conn)
     report = load_list(
         api,
         conn,
-        TRANSACTIONS,
-        # The state is recorded in the swap's transaction: never a new table with old state.
-        after_swap=lambda rows: _write_state(
-            conn, fingerprints=fingerprints, mode="full", at=now, rows=rows
-        ),
-        **_whole(log, before_swap, shrink, run_id),
-    )
-    return RefreshReport(
-        load=report, mode="full", reason=decision.reason, bytes_fetched=report.bytes + spent
-    )
-
-
-def _whole(
-    log: Callable[[str], None],
-    before_swap: Callable[[str], None] | None,
-    shrink: ShrinkGuard,
-    run_id: str | None,
-) -> dict[str, Any]:
-    """``load_list``'s arguments for a full load, refused if it shrinks beyond ``shrink``."""
-    return dict(
+        endpoint,
         log=log,
         before_swap=before_swap,
+        after_swap=after_swap,
         max_shrink_fraction=shrink.max_fraction,
         allow_shrink=shrink.allow,
         run_id=run_id,
+    )
+    return RefreshReport(
+        load=report, mode="full", reason=reason, bytes_fetched=report.bytes + spent
     )
 
 
 @dataclass(frozen=True)
 class RefetchPlan:
-    """What an incremental refresh decided, and the temporary tables that hold it.
+    """Which events' transactions are re-fetched, and the temporary tables that hold it.
 
     ``fingerprints``: per current event, its fingerprint (recorded by ``_write_state``);
-    ``refetch``: ``(event_id, why)`` of the events whose transactions are fetched again;
-    ``removed``: ``event_id`` of the events that disappeared since the last load; ``stage``: the
-    table the re-fetched transactions are staged in (created by ``_incremental``).
+    ``refetch``: ``(event_id, why)`` of the events whose transactions are fetched again (``why``
+    counted in ``why``); ``removed``: ``event_id`` of the events that disappeared since the last
+    load; ``stage``: the table the re-fetched transactions are staged in.
     """
 
     fingerprints: str
@@ -414,9 +341,7 @@ class RefetchPlan:
     event_ids: list[str]
     removed_ids: list[str]
     events: int
-    new: int
-    changed: int
-    recent: int
+    why: dict[str, int]
 
     @property
     def replaced_events(self) -> str:
@@ -424,11 +349,33 @@ class RefetchPlan:
         return f"SELECT event_id FROM {self.refetch} UNION ALL SELECT event_id FROM {self.removed}"
 
 
+def read_plan(conn: duckdb.DuckDBPyConnection, fingerprints: str) -> RefetchPlan:
+    """The plan that ``REFETCH_TABLE`` and ``REMOVED_TABLE`` hold (filled by ``_plan``, or by a
+    re-sync)."""
+
+    def ids(table: str) -> list[str]:
+        return [
+            row[0] for row in conn.execute(f"SELECT event_id FROM {table} ORDER BY 1").fetchall()
+        ]
+
+    return RefetchPlan(
+        fingerprints=fingerprints,
+        refetch=REFETCH_TABLE,
+        removed=REMOVED_TABLE,
+        stage=STAGE_TABLE,
+        event_ids=ids(REFETCH_TABLE),
+        removed_ids=ids(REMOVED_TABLE),
+        events=one_row(conn, f"SELECT count(*) FROM {fingerprints}")[0],
+        why=dict(
+            conn.execute(f"SELECT why, count(*) FROM {REFETCH_TABLE} GROUP BY why").fetchall()
+        ),
+    )
+
+
 def _plan(conn: duckdb.DuckDBPyConnection, lookback_days: float, now: datetime) -> RefetchPlan:
     """Which events to re-fetch (new, changed, or changed within ``lookback_days``) and which
     disappeared, against the fingerprints recorded at the last load."""
     fingerprints = _fingerprint_current_events(conn)
-    since = now - timedelta(days=lookback_days)
     conn.execute(
         f"""
         CREATE OR REPLACE TEMP TABLE {REFETCH_TABLE} AS
@@ -443,34 +390,13 @@ def _plan(conn: duckdb.DuckDBPyConnection, lookback_days: float, now: datetime) 
            OR n.last_state_change IS NULL
            OR n.last_state_change >= $since
         """,
-        {"since": since},
+        {"since": now - timedelta(days=lookback_days)},
     )
     conn.execute(
-        f"""
-        CREATE OR REPLACE TEMP TABLE {REMOVED_TABLE} AS
-        SELECT event_id FROM {FINGERPRINTS_TABLE}
-        EXCEPT SELECT event_id FROM {fingerprints}
-        """
+        f"CREATE OR REPLACE TEMP TABLE {REMOVED_TABLE} AS SELECT event_id FROM "
+        f"{FINGERPRINTS_TABLE} EXCEPT SELECT event_id FROM {fingerprints}"
     )
-    counts = dict(
-        conn.execute(f"SELECT why, count(*) FROM {REFETCH_TABLE} GROUP BY why").fetchall()
-    )
-    return RefetchPlan(
-        fingerprints=fingerprints,
-        refetch=REFETCH_TABLE,
-        removed=REMOVED_TABLE,
-        stage=STAGE_TABLE,
-        event_ids=[
-            row[0] for row in conn.execute(f"SELECT event_id FROM {REFETCH_TABLE}").fetchall()
-        ],
-        removed_ids=[
-            row[0] for row in conn.execute(f"SELECT event_id FROM {REMOVED_TABLE}").fetchall()
-        ],
-        events=one_row(conn, f"SELECT count(*) FROM {fingerprints}")[0],
-        new=counts.get("new", 0),
-        changed=counts.get("changed", 0),
-        recent=counts.get("recent", 0),
-    )
+    return read_plan(conn, fingerprints)
 
 
 def _incremental(
@@ -480,48 +406,38 @@ def _incremental(
     decision: ModeDecision,
     now: datetime,
     log: Callable[[str], None],
-    before_swap: Callable[[str], None] | None = None,
-    run_id: str | None = None,
+    before_swap: Callable[[str], None] | None,
+    run_id: str | None,
 ) -> RefreshReport:
     started = time.monotonic()
     plan = _plan(conn, policy.lookback_days, now)
-    event_ids = plan.event_ids
+    new, changed, recent = (plan.why.get(why, 0) for why in ("new", "changed", "recent"))
+    refetched = len(plan.event_ids)
     log(
-        f"transactions: re-fetching {len(event_ids)} of {plan.events} events by eventId "
-        f"({plan.new} new, {plan.changed} changed, {plan.recent} within "
-        f"{policy.lookback_days:g} days); {len(plan.removed_ids)} events disappeared"
+        f"transactions: re-fetching {refetched} of {plan.events} events by eventId ({new} new, "
+        f"{changed} changed, {recent} within {policy.lookback_days:g} days); "
+        f"{len(plan.removed_ids)} events disappeared"
     )
-    if policy.mode == "auto" and len(event_ids) > MAX_REFETCH_SHARE * max(plan.events, 1):
-        raise TooManyEvents(
-            f"{len(event_ids)} of {plan.events} events need their transactions re-fetched; "
-            "paging the whole list is cheaper"
+    if policy.mode == "auto" and refetched > MAX_REFETCH_SHARE * max(plan.events, 1):
+        raise FallBack(
+            f"{refetched} of {plan.events} events need their transactions re-fetched; "
+            "paging the whole list is cheaper",
+            0,
         )
     report = refetch_and_merge(
-        api,
-        conn,
-        plan,
-        now=now,
-        started=started,
-        log=log,
-        before_swap=before_swap,
-        run_id=run_id,
-        mode="incremental",
-        reason=decision.reason,
+        api, conn, plan, now, started, log, before_swap, run_id, "incremental", decision.reason
     )
-    return replace(
-        report,
-        events_new=plan.new,
-        events_changed=plan.changed,
-        events_recent=plan.recent,
-        events_removed=len(plan.removed_ids),
+    removed = len(plan.removed_ids)
+    report.counts.update(
+        events_new=new, events_changed=changed, events_recent=recent, events_removed=removed
     )
+    return report
 
 
 def refetch_and_merge(
     api: FieldSalesAPI,
     conn: duckdb.DuckDBPyConnection,
     plan: RefetchPlan,
-    *,
     now: datetime,
     started: float,
     log: Callable[[str], None],
@@ -531,96 +447,32 @@ def refetch_and_merge(
     reason: str,
 ) -> RefreshReport:
     """Re-fetch the transactions of ``plan``'s events by ``eventId`` and merge them (``_merge``):
-    the incremental refresh's second half, and a re-sync's (``mode="resync"``, ``resync.py``).
-    An incremental merge must hold the server's global ``count``; a re-sync's moves only the
-    re-fetched events' fingerprints (``_write_state``). The state is recorded in the merge's
-    transaction."""
-    stats = ListStats()
-    planned = time.monotonic()
-    staging = Staging(conn, TRANSACTIONS, plan.stage, datetime.now(UTC), "event_id", True)
-    staging.create()
+    the incremental refresh's second half, and a re-sync's (``mode="resync"``, ``resync.py``),
+    whose merge is not held to the server's global ``count``."""
+    stats, planned = ListStats(), time.monotonic()
     # The stored rows about to be replaced are read while the pages are fetched.
     reader = ThreadPoolExecutor(max_workers=1, thread_name_prefix="fieldsales-replaced")
     replaced = reader.submit(
         _read_replaced, same_database_cursor(conn), plan.event_ids + plan.removed_ids
     )
-    resync = mode == "resync"
-    only = f"SELECT event_id FROM {plan.refetch}" if resync else None
     try:
-        _fetch_by_event(api, staging, plan.event_ids, stats, log)
-        staging.seal()
-        total = None if resync else _server_count(api, stats)
+        total = _fetch_by_event(api, conn, plan, stats, log, count=mode != "resync")
         fetched_at = time.monotonic()
         stored = replaced.result()
         merging = time.monotonic()
-        counts = _merge(
-            conn,
-            plan,
-            total,
-            now,
-            stats.bytes,
-            stored,
-            before_swap,
-            run_id,
-            lambda rows: _write_state(
-                conn, fingerprints=plan.fingerprints, mode=mode, at=now, rows=rows, events=only
-            ),
-        )
-        phases = (
-            f"plan {planned - started:.2f} s, fetch {fetched_at - planned:.2f} s, "
-            f"waiting for the stored rows {merging - fetched_at:.2f} s, "
-            f"merge {time.monotonic() - merging:.2f} s"
-        )
+        counts = _merge(conn, plan, mode, total, now, stats.bytes, stored, before_swap, run_id)
     finally:
         reader.shutdown(wait=True)
         drop_table(conn, qualified(plan.stage))
-    report = _merge_report(stats, counts, total, started)
-    return _merged(plan, report, counts, phases, log, mode, reason)
-
-
-def _merged(
-    plan: RefetchPlan,
-    report: LoadReport,
-    counts: dict[str, int],
-    phases: str,
-    log: Callable[[str], None],
-    mode: str,
-    reason: str,
-) -> RefreshReport:
+    seconds = time.monotonic() - started
     log(
         f"transactions: merged {len(plan.event_ids)} events: {counts['added']} added, "
-        f"{counts['changed']} changed, {counts['removed']} removed; {report.rows} rows "
-        f"({report.requests} requests, {report.bytes / 1e6:.1f} MB, {report.seconds:.1f} s: "
-        f"{phases})"
+        f"{counts['changed']} changed, {counts['removed']} removed; {counts['rows']} rows "
+        f"({stats.requests} requests, {stats.bytes / 1e6:.1f} MB, {seconds:.1f} s: plan "
+        f"{planned - started:.2f} s, fetch {fetched_at - planned:.2f} s, waiting for the stored "
+        f"rows {merging - fetched_at:.2f} s, merge {time.monotonic() - merging:.2f} s)"
     )
-    return RefreshReport(
-        load=report,
-        mode=mode,
-        reason=reason,
-        bytes_fetched=report.bytes,
-        events_refetched=len(plan.event_ids),
-        transactions_added=counts["added"],
-        transactions_changed=counts["changed"],
-        transactions_removed=counts["removed"],
-    )
-
-
-def _server_count(api: FieldSalesAPI, stats: ListStats) -> int:
-    """The server's global ``count`` of transactions (one page of one item)."""
-    count_page = api.fetch_page(TRANSACTIONS.with_params(limit=1), 0, stats)
-    stats.count(pages=1, bytes=count_page.nbytes)
-    if count_page.total is None:
-        raise CountMismatch(
-            "the server reported no count for the transaction list, so the merge cannot be checked",
-            stats.bytes,
-        )
-    return count_page.total
-
-
-def _merge_report(
-    stats: ListStats, counts: dict[str, int], total: int | None, started: float
-) -> LoadReport:
-    return LoadReport(
+    load = LoadReport(
         table=TRANSACTIONS.raw_table,
         rows=counts["rows"],
         api_total=total,
@@ -630,19 +482,31 @@ def _merge_report(
         retries=stats.retries,
         bytes=stats.bytes,
         duplicates_dropped=0,
-        seconds=time.monotonic() - started,
+        seconds=seconds,
+    )
+    return RefreshReport(
+        load=load,
+        mode=mode,
+        reason=reason,
+        bytes_fetched=stats.bytes,
+        counts={
+            "events_refetched": len(plan.event_ids),
+            **{f"transactions_{what}": counts[what] for what in ("added", "changed", "removed")},
+        },
     )
 
 
 def _fetch_by_event(
     api: FieldSalesAPI,
-    staging: Staging,
-    event_ids: list[str],
+    conn: duckdb.DuckDBPyConnection,
+    plan: RefetchPlan,
     stats: ListStats,
     log: Callable[[str], None],
-) -> None:
-    """Page ``transaction/all?eventId=X`` for every X into the staging table; raises a
-    ``_FallBack`` when a guard fails.
+    count: bool,
+) -> int | None:
+    """Page ``transaction/all?eventId=X`` for every X of ``plan`` into its staging table, then,
+    if ``count``, return the server's global ``count`` (one page of one item). Raises a
+    ``FallBack`` when a guard fails.
 
     Each event's list is a stream of the paging executor, which pages them all over one thread
     pool and holds each to the completeness rule (per event: the distinct ids staged under it
@@ -651,17 +515,30 @@ def _fetch_by_event(
     page's size). A server that caps pages below ``page_size`` and reports each page's size as
     its total would still lose items: the global count after the merge catches that.
     """
+    staging = Staging(conn, TRANSACTIONS, plan.stage, datetime.now(UTC), "event_id", True)
+    staging.create()
     lists = [
         Stream(TRANSACTIONS.with_params(eventId=event_id), event_id, api.page_size)
-        for event_id in event_ids
+        for event_id in plan.event_ids
     ]
     executor = page_executor(api, label="transactions by eventId", log=log, spent=stats)
     try:
         ListPasses(executor, staging).run(lists)
     except FilterIgnoredError as exc:
-        raise EventFilterIgnored(str(exc), stats.bytes) from None
+        raise FallBack(str(exc), stats.bytes, filter_ignored=True) from None
     except (PagingError, IncompleteListError) as exc:
-        raise EventListMoved(str(exc), stats.bytes) from None
+        raise FallBack(str(exc), stats.bytes) from None
+    staging.seal()
+    if not count:
+        return None
+    count_page = api.fetch_page(TRANSACTIONS.with_params(limit=1), 0, stats)
+    stats.count(pages=1, bytes=count_page.nbytes)
+    if count_page.total is None:
+        raise FallBack(
+            "the server reported no count for the transaction list, so the merge cannot be checked",
+            stats.bytes,
+        )
+    return count_page.total
 
 
 def _read_replaced(cursor: duckdb.DuckDBPyConnection, event_ids: list[str]) -> dict[str, int]:
@@ -688,51 +565,53 @@ def _read_replaced(cursor: duckdb.DuckDBPyConnection, event_ids: list[str]) -> d
 def _merge(
     conn: duckdb.DuckDBPyConnection,
     plan: RefetchPlan,
+    mode: str,
     server_count: int | None,
     now: datetime,
-    bytes_fetched: int,
+    spent: int,
     replaced: dict[str, int],
     before_swap: Callable[[str], None] | None,
     run_id: str | None,
-    write_state: Callable[[int], None],
 ) -> dict[str, int]:
     """Replace the re-fetched and removed events' transactions, check, record the new state
-    (``write_state(rows)``): one transaction.
-
+    (a re-sync's moves only its events' fingerprints): one transaction, with ``before_swap(stage)``
+    (redaction, comments), the deletion audit (found by run ``run_id``) and the stage's drop.
     ``replaced``: ids and payload hashes of the stored rows of the re-fetched and removed events
-    (``_read_replaced``), for the counts of changed, added and removed transactions.
-    ``before_swap(stage)`` (redaction, comments), the deletion audit of the transactions that
-    are gone (found by run ``run_id``) and the staging table's drop run inside the transaction
-    too: one commit for everything.
-    """
+    (``_read_replaced``), for the counts of changed, added and removed transactions."""
     target, stage = qualified(TRANSACTIONS.raw_table), qualified(plan.stage)
-    staged, old = _staged_and_old(conn, plan, replaced, bytes_fetched)
-    stored = one_row(conn, f"SELECT count(*) FROM {target}")[0]
+    staged, stored, old = _staged_and_old(conn, plan, replaced, spent)
+    only = f"SELECT event_id FROM {plan.refetch}" if mode == "resync" else None
 
     def merge() -> tuple[int, dict[str, int]]:
         if before_swap is not None:
             before_swap(plan.stage)
         # After before_swap: a redacted payload compares with the redacted one stored.
         new = dict(conn.execute(f"SELECT id, hash(payload::VARCHAR) FROM {stage}").fetchall())
-        record_deletions(
-            conn,
-            TRANSACTIONS,
-            kept=f"SELECT id FROM {stage}",
-            scope=f"event_id IN ({plan.replaced_events})",
-            run_id=run_id,
-            at=now,
-        )
+        scope, kept = f"event_id IN ({plan.replaced_events})", f"SELECT id FROM {stage}"
+        record_deletions(conn, TRANSACTIONS, kept=kept, scope=scope, run_id=run_id, at=now)
         deleted = _delete_replaced(conn, plan, moved=len(old) > len(replaced))
         pause_at("merge")
-        _insert_staged(conn, plan.stage)
+        conn.execute(f"INSERT INTO {target} BY NAME SELECT * FROM {stage}")
         rows = one_row(conn, f"SELECT count(*) FROM {target}")[0]
         # Every id stays distinct by construction: the stored table was (a full load drops
         # repeats, and so did every merge), the staged ids are, and every stored copy of a
         # staged id was just deleted. So the rows must add up, and match the server's count
         # (when it is checked: a re-sync of some events leaves the others' changes be).
-        expected = (stored, len(old), staged)
-        _check_merged(rows, deleted, expected, server_count, bytes_fetched)
-        write_state(rows)
+        if (
+            deleted != len(old)
+            or rows != stored - deleted + staged
+            or server_count not in (None, rows)
+        ):
+            counts = "" if server_count is None else f" but the server counts {server_count}"
+            raise FallBack(
+                f"after the merge raw.transactions would hold {rows} rows ({stored} stored, "
+                f"{deleted} deleted where {len(old)} were expected, {staged} fetched){counts}: "
+                "something changed that incremental mode cannot see",
+                spent,
+            )
+        _write_state(
+            conn, fingerprints=plan.fingerprints, mode=mode, at=now, rows=rows, events=only
+        )
         conn.execute(f"DROP TABLE {stage}")
         return rows, new
 
@@ -745,36 +624,16 @@ def _merge(
     }
 
 
-def _check_merged(
-    rows: int,
-    deleted: int,
-    expected: tuple[int, int, int],
-    server_count: int | None,
-    bytes_fetched: int,
-) -> None:
-    """Refuse a merge whose rows do not add up: ``expected`` is ``(stored, to delete, staged)``."""
-    stored, to_delete, staged = expected
-    counted = server_count is None or rows == server_count
-    if deleted != to_delete or rows != stored - deleted + staged or not counted:
-        counts = "" if server_count is None else f" but the server counts {server_count}"
-        raise CountMismatch(
-            f"after the merge raw.transactions would hold {rows} rows ({stored} stored, "
-            f"{deleted} deleted where {to_delete} were expected, {staged} fetched){counts}: "
-            "something changed that incremental mode cannot see",
-            bytes_fetched,
-        )
-
-
 def _staged_and_old(
     conn: duckdb.DuckDBPyConnection, plan: RefetchPlan, replaced: dict[str, int], spent: int
-) -> tuple[int, dict[str, int]]:
-    """The rows staged (each id once, or the merge is refused), and the ids and payload hashes
-    of every stored row the merge replaces: ``replaced``, and any stored copy of a staged id
-    under an event that was not re-fetched (the transaction moved; rare)."""
+) -> tuple[int, int, dict[str, int]]:
+    """The rows staged (each id once, or the merge is refused), the rows stored, and the ids and
+    payload hashes of every stored row the merge replaces: ``replaced``, and any stored copy of a
+    staged id under an event that was not re-fetched (the transaction moved; rare)."""
     target, stage = qualified(TRANSACTIONS.raw_table), qualified(plan.stage)
     staged, distinct_staged = one_row(conn, f"SELECT count(*), count(DISTINCT id) FROM {stage}")
     if staged != distinct_staged:
-        raise EventListMoved(
+        raise FallBack(
             f"{staged - distinct_staged} transactions were listed under two events", spent
         )
     old = dict(replaced)
@@ -784,7 +643,7 @@ def _staged_and_old(
         old.update(
             conn.execute(f"SELECT id, hash(payload::VARCHAR) FROM {target} {moved}").fetchall()
         )
-    return staged, old
+    return staged, one_row(conn, f"SELECT count(*) FROM {target}")[0], old
 
 
 def _delete_replaced(conn: duckdb.DuckDBPyConnection, plan: RefetchPlan, moved: bool) -> int:
@@ -802,9 +661,3 @@ def _delete_replaced(conn: duckdb.DuckDBPyConnection, plan: RefetchPlan, moved: 
         )
         deleted += more
     return deleted
-
-
-def _insert_staged(conn: duckdb.DuckDBPyConnection, stage: str) -> None:
-    conn.execute(
-        f"INSERT INTO {qualified(TRANSACTIONS.raw_table)} BY NAME SELECT * FROM {qualified(stage)}"
-    )

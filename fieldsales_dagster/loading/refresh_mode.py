@@ -12,9 +12,6 @@ from typing import Literal
 
 from fieldsales_dagster.client.errors import FieldSalesAPIError
 from fieldsales_dagster.clock import from_the_future
-from fieldsales_dagster.loading.modes import REFRESH_MODES as REFRESH_MODES
-from fieldsales_dagster.loading.modes import RefreshMode as RefreshMode
-from fieldsales_dagster.loading.modes import validate_refresh_mode as validate_refresh_mode
 
 
 class IncrementalRefreshError(FieldSalesAPIError):
@@ -26,7 +23,6 @@ class PreviousLoad:
     """What the state tables say about the last complete load of ``raw.transactions``."""
 
     last_full_at: datetime
-    last_load_at: datetime
     rows_recorded: int
     #: ``count(*)`` of ``raw.transactions`` now; ``None`` if the table is missing.
     rows_stored: int | None

@@ -28,9 +28,8 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from datetime import UTC, datetime
-from importlib import resources
 
 import duckdb
 
@@ -43,17 +42,14 @@ from fieldsales_dagster.loading.incremental import (
     FINGERPRINTS_TABLE,
     REFETCH_TABLE,
     REMOVED_TABLE,
-    STAGE_TABLE,
-    EventFilterIgnored,
-    RefetchPlan,
+    FallBack,
     RefreshReport,
-    _FallBack,
     _fingerprint_current_events,
+    read_plan,
     read_previous_load,
     refetch_and_merge,
 )
 from fieldsales_dagster.warehouse.quoting import qualified
-from fieldsales_dagster.warehouse.rows import one_row
 from fieldsales_dagster.warehouse.warehouse import table_exists
 
 #: Ids named in one error message, at most.
@@ -122,9 +118,7 @@ def _choose_events(conn: duckdb.DuckDBPyConnection, request: ResyncRequest) -> N
                 f"{', '.join(repr(i) for i in unknown[:NAMED])}. Check the ids (an event's "
                 "_id, as core.events.event_id shows it); nothing was changed."
             )
-    else:
-        macro = resources.files("fieldsales_dagster") / "sql" / "raw_events_in_slices.sql"
-        conn.execute(macro.read_text("utf-8"))
+    else:  # raw_events_in_slices: loaded by _fingerprint_current_events
         conn.execute(
             f"""
             CREATE OR REPLACE TEMP TABLE {REFETCH_TABLE} AS
@@ -138,30 +132,6 @@ def _choose_events(conn: duckdb.DuckDBPyConnection, request: ResyncRequest) -> N
             {"start": request.changed_from, "end": request.changed_to},
         )
     conn.execute(f"CREATE OR REPLACE TEMP TABLE {REMOVED_TABLE} (event_id VARCHAR)")
-
-
-def _resync_plan(
-    conn: duckdb.DuckDBPyConnection, request: ResyncRequest
-) -> tuple[RefetchPlan, list[str]]:
-    """The events to re-fetch (none removed: a re-sync replaces only what it re-fetches), and
-    those of them no longer listed."""
-    fingerprints = _fingerprint_current_events(conn)
-    _choose_events(conn, request)
-    chosen = conn.execute(f"SELECT event_id, why FROM {REFETCH_TABLE} ORDER BY event_id").fetchall()
-    (events,) = one_row(conn, f"SELECT count(*) FROM {fingerprints}")
-    plan = RefetchPlan(
-        fingerprints=fingerprints,
-        refetch=REFETCH_TABLE,
-        removed=REMOVED_TABLE,
-        stage=STAGE_TABLE,
-        event_ids=[event_id for event_id, _ in chosen],
-        removed_ids=[],
-        events=events,
-        new=0,
-        changed=len(chosen),
-        recent=0,
-    )
-    return plan, [event_id for event_id, why in chosen if why == "gone"]
 
 
 def resync_transactions(
@@ -183,7 +153,15 @@ def resync_transactions(
             "none recorded yet. Run a full refresh first (the refresh_all job, or refresh_mode: "
             "full), then re-sync."
         )
-    plan, gone = _resync_plan(conn, request)
+    fingerprints = _fingerprint_current_events(conn)
+    _choose_events(conn, request)
+    plan = read_plan(conn, fingerprints)
+    gone = [
+        row[0]
+        for row in conn.execute(
+            f"SELECT event_id FROM {REFETCH_TABLE} WHERE why = 'gone' ORDER BY 1"
+        ).fetchall()
+    ]
     log(
         f"transactions: {request.describe()}: re-fetching {len(plan.event_ids)} of "
         f"{plan.events} events by eventId"
@@ -191,26 +169,18 @@ def resync_transactions(
     )
     try:
         report = refetch_and_merge(
-            api,
-            conn,
-            plan,
-            now=now,
-            started=started,
-            log=log,
-            before_swap=before_swap,
-            run_id=run_id,
-            mode="resync",
-            reason=request.describe(),
+            api, conn, plan, now, started, log, before_swap, run_id, "resync", request.describe()
         )
-    except EventFilterIgnored as exc:
-        raise ResyncError(
-            f"raw_transactions: the server ignores the eventId filter ({exc}), so one event's "
-            "transactions cannot be fetched alone; nothing was changed. Run a full refresh "
-            "(refresh_mode: full) instead."
-        ) from None
-    except _FallBack as exc:
+    except FallBack as exc:
+        if exc.filter_ignored:
+            raise ResyncError(
+                f"raw_transactions: the server ignores the eventId filter ({exc}), so one "
+                "event's transactions cannot be fetched alone; nothing was changed. Run a full "
+                "refresh (refresh_mode: full) instead."
+            ) from None
         raise ResyncError(
             f"raw_transactions: the re-sync failed its guard: {exc}. raw.transactions was left "
             "as it was; run it again, or run a full refresh (refresh_mode: full)."
         ) from None
-    return replace(report, events_removed=len(gone))
+    report.counts["events_removed"] = len(gone)
+    return report

@@ -36,7 +36,7 @@ from fieldsales_dagster.client.errors import (
 from fieldsales_dagster.clock import from_the_future
 from fieldsales_dagster.settings import TOKEN_LIFETIME_DAYS
 from fieldsales_dagster.token.secret import TokenFormatError, clean_token
-from fieldsales_dagster.token.store import StoredToken, TokenStore, TokenStoreError
+from fieldsales_dagster.token.store import StoredToken, TokenStore
 
 if TYPE_CHECKING:
     from fieldsales_dagster.client.api import FieldSalesAPI
@@ -243,7 +243,7 @@ def renew_or_check(
             renew_after=policy.renew_after,
             lock_timeout_s=TICK_LOCK_TIMEOUT_S,
         )
-        check_token(api, rotation.token, "The renewed token (stored already)", retries=0)
+        check_token(api, rotation.stored.token, "The renewed token (stored already)", retries=0)
         verb = "renewed" if rotation.renewed else "renewed by another process"
         why = due.removeprefix("renewal due")
         return TickOutcome(
@@ -252,16 +252,3 @@ def renew_or_check(
         )
     check_token(api, None, "The current API token", retries=TICK_CHECK_RETRIES)
     return TickOutcome(message=_not_yet_due(policy, stored, now, checked=True))
-
-
-__all__ = [
-    "RENEWAL_OFF",
-    "Decision",
-    "RenewalPolicy",
-    "TickOutcome",
-    "TokenRenewalError",
-    "TokenStoreError",
-    "decide",
-    "generate_token",
-    "renew_or_check",
-]

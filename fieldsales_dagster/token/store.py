@@ -30,7 +30,7 @@ token must reach the disk before anything else happens, and every process must f
   environment never writes its invalid token back over the current one, and a mistyped new one
   never throws away the valid renewed token.
 
-Interface the API client relies on: ``TokenStore(path, origin).current_token(env_token, accept)``
+Interface the API client relies on: ``TokenStore(path, origin).current(env_token, accept)``
 and ``settle(env_token, token)`` after a request with that token succeeded.
 """
 
@@ -169,10 +169,6 @@ class Rotation:
     renewed: bool
     stored: StoredToken
 
-    @property
-    def token(self) -> str:
-        return self.stored.token
-
 
 class TokenStore:
     """The token file at ``path`` (symlinks resolved) and its lock ``<path>.lock``.
@@ -278,21 +274,12 @@ class TokenStore:
     # --- the token to use ------------------------------------------------------------------
 
     def current(self, env_token: str, accept: Callable[[str], bool] | None = None) -> StoredToken:
-        """The token to use; with ``accept`` (a client), nothing is written the server has not
-        accepted.
-
-        A new environment token beside this server's stored one replaces it only if
-        ``accept(env_token)`` says the server takes it: a mistyped replacement must never throw
-        away a valid renewed token (refused, the stored token stays in use). A record not yet
-        written (a first seed, a store written before origins were recorded, the same token at
-        a new address) is returned unsaved; the client writes it with ``settle`` once a request
-        with it succeeded, so a mistyped base URL leaves the file as it was. A store of another
-        server is used only if it holds the very token the environment gives this instance (the
-        demo API's new port): another server's token is never sent here. Without ``accept``
-        (the store on its own) every record is written at once.
+        """The token to use. With ``accept`` (a client) nothing is written the server has not
+        accepted (see the module): a new environment token replaces this server's stored one only
+        if ``accept(env_token)``; a first seed, an adoption or a new address is returned unsaved,
+        for ``settle``. Without ``accept`` (the store on its own) every record is written at once.
         """
-        stored = self._read_any()
-        pending = self._pending(stored, env_token)
+        stored, pending = self._pending(env_token)
         if pending is None:
             assert stored is not None  # _pending only returns None for a usable stored token
             return stored
@@ -301,44 +288,40 @@ class TokenStore:
                 return pending  # written by settle() after the server's first 200
             if not accept(pending.token):
                 return stored
-        with self._locked():
-            return self._write_pending(env_token) or pending
+        return self._write_pending(env_token) or pending
 
     def settle(self, env_token: str, token: str) -> None:
         """The server just accepted ``token``: write the record ``current`` left unsaved for it."""
-        pending = self._pending(self._read_any(), env_token)
+        _, pending = self._pending(env_token)
         if pending is not None and pending.token == token:
-            with self._locked():
-                self._write_pending(env_token, token)
+            self._write_pending(env_token, token)
 
     def _write_pending(self, env_token: str, token: str | None = None) -> StoredToken | None:
         """Under the lock: write what is still pending (for ``token``, if given); else the store."""
-        stored = self._read_any()
-        pending = self._pending(stored, env_token)
-        if pending is None or (token is not None and pending.token != token):
-            return stored
-        self._write_atomically(pending)
-        return pending
+        with self._locked():
+            stored, pending = self._pending(env_token)
+            if pending is None or (token is not None and pending.token != token):
+                return stored
+            self._write_atomically(pending)
+            return pending
 
     def peek(self, env_token: str) -> StoredToken:
         """What ``current`` would use, without writing anything or asking the server (a sensor's
         decision): a token not yet stored is new (age 0)."""
-        stored = self._read_any()
-        pending = self._pending(stored, env_token)
+        stored, pending = self._pending(env_token)
         return pending or cast(StoredToken, stored)
 
-    def current_token(self, env_token: str, accept: Callable[[str], bool] | None = None) -> str:
-        return self.current(env_token, accept).token
-
-    def _pending(self, stored: StoredToken | None, env_token: str) -> StoredToken | None:
-        """The record to write before ``stored`` can be used here, or ``None`` if it can as is."""
+    def _pending(self, env_token: str) -> tuple[StoredToken | None, StoredToken | None]:
+        """The store as read, and the record to write before it can be used here (``None``: it
+        can as is)."""
+        stored = self._read_any()
         if stored is not None and self._foreign(stored) and stored.token != env_token:
             self._check_origin(stored)  # raises: another server's token is never sent here
         if stored is not None and not self._must_reseed(stored, env_token):
             if stored.origin == self.origin or self.origin is None:
-                return None
+                return stored, None
             # Written before origins were recorded, or this very token at a new address.
-            return replace(stored, origin=self.origin)
+            return stored, replace(stored, origin=self.origin)
         if not env_token:
             raise TokenStoreError(
                 f"Token store {self.where} is empty and FIELDSALES_API_TOKEN is not set: generate "
@@ -346,14 +329,17 @@ class TokenStore:
             )
         env_fp = fingerprint(env_token)
         if stored is None or self._foreign(stored):
-            return StoredToken(
+            new = StoredToken(
                 token=env_token, issued_at=_utcnow(), env_fingerprint=env_fp, origin=self.origin
             )
+            return stored, new
         if stored.token == env_token:
             # The environment was set to the token the store already holds: same age.
-            return replace(stored, env_fingerprint=env_fp, origin=self.origin or stored.origin)
+            return stored, replace(
+                stored, env_fingerprint=env_fp, origin=self.origin or stored.origin
+            )
         retired = (*stored.retired_env_fingerprints, stored.env_fingerprint)
-        return StoredToken(
+        return stored, StoredToken(
             token=env_token,
             issued_at=_utcnow(),
             env_fingerprint=env_fp,
@@ -381,38 +367,33 @@ class TokenStore:
     ) -> Rotation:
         """Renew the token if it is older than ``renew_after``, once across all processes.
 
-        ``renew(old_token) -> new_token`` performs the HTTP renewal, which invalidates the old
-        token: everything that can fail is done before it. Under the lock the store is read
-        again, because another process may have renewed while this one waited; only if renewal
-        is still due is the write prepared (a temporary file in the store's directory, the
-        record encoded) and ``renew`` called. Its token is then written and renamed into place
-        before this method returns, before any log line or any other use of the answer. Nothing
-        is written unless the server renewed: a token not yet stored is not due (age 0).
+        ``renew(old_token) -> new_token`` is the HTTP renewal, which invalidates the old token.
+        Under the lock the store is read again (another process may have renewed meanwhile);
+        only if renewal is still due is the write prepared and ``renew`` called, and its token
+        is stored before this method returns. A token not yet stored is not due (age 0).
         """
         with self._locked(lock_timeout_s):
-            stored = self._read_any()
-            stored = self._pending(stored, env_token) or stored
-            assert stored is not None  # _pending seeds an empty store or raises
+            stored = self.peek(env_token)
             now = _utcnow()
             future = from_the_future(stored.issued_at, now, "issued_at")
             if stored.age(now) < renew_after and future is None:
                 return Rotation(renewed=False, stored=stored)
             renewed = replace(stored, issued_at=_utcnow(), source="renewal")
-            with self._prepared_write(renewed, renewing=True) as pending:
+            with self._prepared_write(renewed, renewing=True) as commit:
                 renewed = replace(renewed, token=renew(stored.token))
-                self._write_atomically(renewed, pending)
+                self._write_atomically(renewed, commit)
             return Rotation(renewed=True, stored=renewed)
 
     # --- plumbing ----------------------------------------------------------------------------
 
-    def ensure_writable(self) -> None:
-        """Raise ``TokenStoreError`` unless a new token could be written beside the store now."""
-        with self._prepared_write(None, renewing=True):
-            pass
-
     @contextlib.contextmanager
     def _locked(self, timeout_s: float = LOCK_TIMEOUT_S) -> Iterator[None]:
-        self._ensure_directory()
+        try:
+            self.path.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
+        except OSError as exc:
+            raise TokenStoreError(
+                f"Cannot create the directory of token store {self.where}: {exc.strerror}."
+            ) from None
         lock = FileLock(self.lock_path, timeout=timeout_s, mode=0o600)
         try:
             lock.acquire()
@@ -451,48 +432,76 @@ class TokenStore:
             else:
                 leftover.unlink(missing_ok=True)
 
-    def _ensure_directory(self) -> None:
-        try:
-            self.path.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
-        except OSError as exc:
-            raise TokenStoreError(
-                f"Cannot create the directory of token store {self.where}: {exc.strerror}."
-            ) from None
-
-    def _write_atomically(self, stored: StoredToken, pending: _PendingWrite | None = None) -> None:
-        """Temp file (0600) beside the store, write, fsync, ``os.replace``, fsync the directory.
-
-        ``pending``: the temporary file ``_prepared_write`` opened before an irreversible call.
-        """
-        if pending is not None:
-            pending.commit(stored)
-            return
-        with self._prepared_write(stored) as prepared:
-            prepared.commit(stored)
+    def _write_atomically(
+        self, stored: StoredToken, commit: Callable[[StoredToken], None] | None = None
+    ) -> None:
+        """Write ``stored`` through ``commit`` (opened by ``_prepared_write`` before an
+        irreversible call), or through a write prepared now."""
+        if commit is not None:
+            return commit(stored)
+        with self._prepared_write(stored) as commit_now:
+            commit_now(stored)
 
     @contextlib.contextmanager
     def _prepared_write(
-        self, shape: StoredToken | None, *, renewing: bool = False
-    ) -> Iterator[_PendingWrite]:
+        self, shape: StoredToken, *, renewing: bool = False
+    ) -> Iterator[Callable[[StoredToken], None]]:
         """Everything a write needs that can fail, done before the caller's irreversible step.
 
         ``shape`` (the record to come, its token still unknown) is encoded once, and a temporary
-        file (0600) is opened in the store's directory. What is left, ``commit``, only writes,
-        fsyncs and renames. A temporary file never committed is removed.
+        file (0600) is opened in the store's directory (made by ``_locked``). What is left,
+        ``commit(record)``, writes, fsyncs, ``os.replace``-s it over the store and fsyncs the
+        directory. A temporary file never committed is removed.
         """
         not_renewing = " not renewing the token, because it could not be kept;" if renewing else ""
-        if shape is not None:
-            try:
-                replace(shape, token="prepared").encode()
-            except (TypeError, ValueError, msgspec.EncodeError) as exc:
-                raise TokenStoreError(
-                    f"Token store {self.where}: the record cannot be encoded ({exc});"
-                    f"{not_renewing} this is a bug, please report it."
-                ) from None
         try:
-            self.path.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
+            replace(shape, token="prepared").encode()
+        except (TypeError, ValueError, msgspec.EncodeError) as exc:
+            raise TokenStoreError(
+                f"Token store {self.where}: the record cannot be encoded ({exc});"
+                f"{not_renewing} this is a bug, please report it."
+            ) from None
+        fd, tmp_name = self._temporary_file(not_renewing)
+        file, committed = os.fdopen(fd, "wb"), False
+
+        def commit(record: StoredToken) -> None:
+            nonlocal committed
+            data = record.encode()
+            try:
+                with file:
+                    if hasattr(os, "fchmod"):
+                        os.fchmod(fd, 0o600)
+                    file.write(data)
+                    file.flush()
+                    os.fsync(fd)
+                pause_at("token_store")
+                os.replace(tmp_name, self.path)
+            except OSError as exc:
+                after = (
+                    " The token was renewed, so the stored one is no longer valid: regenerate "
+                    "the token in your Field-Sales user profile (API tab) and set "
+                    "FIELDSALES_API_TOKEN, then fix the store's directory."
+                    if renewing
+                    else ""
+                )
+                raise TokenStoreError(
+                    f"Cannot write token store {self.where}: {exc.strerror}.{after}"
+                ) from None
+            committed = True
+            self._fsync_directory(self.path.parent)
+
+        try:
+            yield commit
+        finally:
+            file.close()
+            if not committed:
+                with contextlib.suppress(OSError):
+                    os.unlink(tmp_name)
+
+    def _temporary_file(self, not_renewing: str) -> tuple[int, str]:
+        try:
             # mkstemp opens with O_EXCL and mode 0600 whatever the umask; fchmod says so anyway.
-            fd, tmp_name = tempfile.mkstemp(
+            return tempfile.mkstemp(
                 dir=self.path.parent, prefix=f".{self.path.name}.", suffix=".tmp"
             )
         except OSError as exc:
@@ -501,11 +510,6 @@ class TokenStore:
                 "the permissions or the space of its directory (or set FIELDSALES_TOKEN_STORE to "
                 "a writable path)."
             ) from None
-        pending = _PendingWrite(self, fd, Path(tmp_name), renewing)
-        try:
-            yield pending
-        finally:
-            pending.discard()
 
     @staticmethod
     def _fsync_directory(directory: Path) -> None:
@@ -519,54 +523,3 @@ class TokenStore:
                 os.fsync(dir_fd)
             finally:
                 os.close(dir_fd)
-
-
-@dataclass
-class _PendingWrite:
-    """A temporary file opened beside the store: ``commit`` writes a record and renames it."""
-
-    store: TokenStore
-    fd: int
-    tmp_path: Path
-    renewing: bool
-    done: bool = False
-
-    def commit(self, stored: StoredToken) -> None:
-        data = stored.encode()
-        try:
-            try:
-                if hasattr(os, "fchmod"):
-                    os.fchmod(self.fd, 0o600)
-                view = memoryview(data)
-                while view:
-                    view = view[os.write(self.fd, view) :]
-                os.fsync(self.fd)
-            finally:
-                self._close()
-            pause_at("token_store")
-            os.replace(self.tmp_path, self.store.path)
-            self.done = True
-        except OSError as exc:
-            after = (
-                " The token was renewed, so the stored one is no longer valid: regenerate the "
-                "token in your Field-Sales user profile (API tab) and set FIELDSALES_API_TOKEN, "
-                "then fix the store's directory."
-                if self.renewing
-                else ""
-            )
-            raise TokenStoreError(
-                f"Cannot write token store {self.store.where}: {exc.strerror}.{after}"
-            ) from None
-        self.store._fsync_directory(self.store.path.parent)
-
-    def _close(self) -> None:
-        if self.fd >= 0:
-            fd, self.fd = self.fd, -1
-            os.close(fd)
-
-    def discard(self) -> None:
-        """Close and remove the temporary file unless it was committed."""
-        self._close()
-        if not self.done:
-            with contextlib.suppress(OSError):
-                os.unlink(self.tmp_path)
