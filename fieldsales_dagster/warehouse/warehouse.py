@@ -21,7 +21,7 @@ import shutil
 import tempfile
 import uuid
 from collections.abc import Callable, Iterator
-from contextlib import contextmanager
+from contextlib import contextmanager, nullcontext
 from pathlib import Path
 from typing import TypeVar
 
@@ -30,7 +30,7 @@ import duckdb
 from pydantic import Field, PrivateAttr, field_validator, model_validator
 
 from fieldsales_dagster.loading.modes import validate_refresh_mode
-from fieldsales_dagster.paths import check_file_setting, resolved
+from fieldsales_dagster.paths import check_file_setting
 from fieldsales_dagster.pause import pause_at
 from fieldsales_dagster.settings import (
     SETTINGS,
@@ -44,10 +44,10 @@ from fieldsales_dagster.warehouse.lake import (
     DuckDBConfig,
     Export,
     Lake,
+    check_tenant,
     connect,
     default_data_path,
     export_snapshot,
-    record_tenant,
     run_transaction,
     writer_connection,
 )
@@ -226,27 +226,22 @@ class FieldSalesWarehouse(settings_resource("WarehouseSettings", *WAREHOUSE_SETT
         if not self._shared:
             return
         self._shared.clear()
-        if conn is None:
-            with self.get_connection() as own:
-                self.drop_shared_schema(own)
-        else:
-            self.drop_shared_schema(conn)
-
-    def drop_shared_schema(self, conn: duckdb.DuckDBPyConnection) -> None:
-        conn.execute(
-            f"DROP SCHEMA IF EXISTS {SHARED_DATABASE}.{quote_ident(self._shared_schema)} CASCADE"
-        )
+        with nullcontext(conn) if conn is not None else self.get_connection() as cursor:
+            cursor.execute(
+                f"DROP SCHEMA IF EXISTS {SHARED_DATABASE}.{quote_ident(self._shared_schema)} "
+                "CASCADE"
+            )
 
     # --- connections --------------------------------------------------------------------------
 
     def one_commit(self, conn: duckdb.DuckDBPyConnection, table: str, write: Callable[[], T]) -> T:
         """An asset's ``write`` of ``table`` and its state in one transaction, so one snapshot,
         retried whole on a conflict (``run_transaction``). The lake's first commit also records
-        its tenant (``record_tenant``): after the server answered, never on a failed run."""
+        its tenant (``check_tenant``): after the server answered, never on a failed run."""
 
         def write_and_record() -> T:
             result = write()
-            record_tenant(conn, self.lake)
+            check_tenant(conn, self.lake, record=True)
             return result
 
         return run_transaction(conn, table, write_and_record)
@@ -280,7 +275,7 @@ class FieldSalesWarehouse(settings_resource("WarehouseSettings", *WAREHOUSE_SETT
         options = {s.duckdb: getattr(self, s.name, None) for s in SETTINGS.values() if s.duckdb}
         options["threads"] = self.threads
         config: DuckDBConfig = {k: v for k, v in options.items() if v is not None}
-        return {**config, "preserve_insertion_order": False, "temp_directory": str(mine / "db.tmp")}
+        return {**config, "temp_directory": str(mine / "db.tmp")}
 
     # --- the export ---------------------------------------------------------------------------
 
@@ -291,19 +286,14 @@ class FieldSalesWarehouse(settings_resource("WarehouseSettings", *WAREHOUSE_SETT
             return None
         # As the component checks it at load time, for a warehouse built by hand too (a name
         # with whitespace around it, a folder that is not there).
-        check_file_setting(
+        target = check_file_setting(  # resolved: a link stays, the rename replaces its target
             self.duckdb_path,
             setting="duckdb_path",
             variable="FIELDSALES_DUCKDB_PATH",
             create_dirs=self.create_dirs,
             create=self.create_dirs,
         )
-        return export_snapshot(
-            self.lake,
-            resolved(self.duckdb_path),  # a link stays; the rename replaces its target
-            self._config(),
-            pause=lambda: pause_at("export"),
-        )
+        return export_snapshot(self.lake, target, self._config(), pause=lambda: pause_at("export"))
 
 
 def same_database_cursor(conn: duckdb.DuckDBPyConnection) -> duckdb.DuckDBPyConnection:
