@@ -1,13 +1,9 @@
-"""File settings as users give them: symlinks followed, folders checked, created only when asked
-(or when the setting is left at the project's default: its data/ folder is the project's own).
-
-``duckdb_path`` and ``token_store_path`` name files the pipeline replaces (a rename over them).
-A symlink is followed to its target, so the rename replaces the target and the link stays; the
-folder that receives the rename is the target's. ``check_file_setting`` says at once, naming the
-setting and its variable, what is wrong with a path: a directory, a parent that is a file, a
-missing folder (created only with ``create_dirs``, or for the default path: a fresh clone has no
-data/ yet, while a mistyped volume path must never fill the local disk), a folder the user cannot
-write.
+"""File settings as users give them (``duckdb_path``, ``token_store_path``: files the pipeline
+replaces by a rename over them). A symlink is followed, so the rename replaces its target and the
+link stays. ``check_file_setting`` names the setting and its variable and what is wrong: a
+directory, a parent that is a file, a folder the user cannot write, or a missing folder, created
+only with ``create_dirs`` or for the setting's default under data/ (a fresh clone has none yet):
+a mistyped volume path must never fill the local disk.
 """
 
 from __future__ import annotations

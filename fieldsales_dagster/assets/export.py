@@ -1,13 +1,8 @@
-"""The optional single-file export: one lake snapshot written into one DuckDB file.
+"""The optional single-file export (``duckdb_path``, ``FIELDSALES_DUCKDB_PATH``) as an asset.
 
-For tools that can open only a file. Defined only when ``duckdb_path`` (``FIELDSALES_DUCKDB_PATH``)
-is set, as an asset downstream of every core and mart table, so a run that builds them exports
-after its writers, in a step of its own. The export reads one snapshot through a read-only
-connection (it never blocks the lake's readers or writers), writes a temporary file beside the
-target, fsyncs it and renames it over the target (``warehouse/lake.py``, ``export_snapshot``). A
-failing export (no space, permissions, a file another process holds read-write, a DuckDB file
-that is not a previous export) fails this step and so the run, naming the file and the cause;
-the lake's snapshot stays committed and the previous export stays whole.
+Downstream of every core and mart table, so a run that builds them exports after its writers, in
+a step of its own. A failing export fails this step and so the run, naming the file and the cause
+(``warehouse/lake.py``, ``export_snapshot``); the lake and the previous export stay as they were.
 """
 
 from collections.abc import Sequence

@@ -6,10 +6,6 @@ a reader sees the last committed one, never half a refresh, and never makes a wr
 of different tables do not block each other. Assets write the lake directly, each table change in
 one transaction (``run_transaction``), retried on a conflict with another writer.
 
-This module owns the lake: where it is (``Lake``), attaching it (``connect``,
-``writer_connection``, ``prepare``), committing a write (``run_transaction``), its upkeep
-(``upkeep``) and the optional single-file export (``export_snapshot``).
-
 The catalog is one of:
 
 * ``sqlite:<file>`` (the default, ``sqlite:data/fieldsales.ducklake.sqlite``): one host, any
@@ -603,16 +599,6 @@ def stored_files(conn: duckdb.DuckDBPyConnection, lake: Lake) -> StoredFiles:
     return StoredFiles(int(files) + int(waiting), int(size), "catalog")
 
 
-@dataclass(frozen=True)
-class Upkeep:
-    before: StoredFiles
-    after: StoredFiles
-    snapshots_before: int
-    snapshots_after: int
-    last_snapshot: int
-    orphans_deleted: int
-
-
 #: A file under the data path that no snapshot lists (a killed run's) is deleted once it is older
 #: than this: a live write's files are younger, since a run commits within minutes of writing.
 ORPHAN_SAFETY_HOURS = 24.0
@@ -623,10 +609,11 @@ def upkeep(
     lake: Lake,
     retain_days: float,
     orphan_age_hours: float = ORPHAN_SAFETY_HOURS,
-) -> Upkeep:
+) -> dict[str, Any]:
     """Merge adjacent small files, expire snapshots older than ``retain_days``, delete the files
     no snapshot needs any more, and the files no snapshot ever listed (``orphan_age_hours`` old
-    at least). The last snapshot stays readable; time travel reaches back ``retain_days``."""
+    at least). The last snapshot stays readable; time travel reaches back ``retain_days``.
+    Returns the counts before and after, as the upkeep asset's metadata."""
     name = sql_literal(lake.alias)
     before = stored_files(conn, lake)
     snapshots_before = _snapshots(conn, lake)
@@ -648,14 +635,18 @@ def upkeep(
         )
     ]
     (last,) = one_row(conn, f"SELECT max(snapshot_id) FROM {quote_ident(lake.alias)}.snapshots()")
-    return Upkeep(
-        before,
-        stored_files(conn, lake),
-        snapshots_before,
-        _snapshots(conn, lake),
-        last,
-        orphans_deleted=len(results[-1]),
-    )
+    after = stored_files(conn, lake)
+    return {
+        "files_before": before.files,
+        "files_after": after.files,
+        "bytes_before": before.bytes,
+        "bytes_after": after.bytes,
+        "counted_in": before.where,
+        "snapshots_before": snapshots_before,
+        "snapshots_after": _snapshots(conn, lake),
+        "last_snapshot": last,
+        "orphans_deleted": len(results[-1]),
+    }
 
 
 def _snapshots(conn: duckdb.DuckDBPyConnection, lake: Lake) -> int:

@@ -1,17 +1,8 @@
 """The warehouse resource: the project's DuckLake, as assets, checks and user assets use it.
 
-Every asset writes the lake directly (``get_connection``), each table change in one transaction,
-so one snapshot, retried whole on a conflict with another writer (``one_commit``). Readers see
-the last committed snapshot: no working copy, no publish, no lock. The lake itself (attaching it,
-committing, upkeep, the export) is ``warehouse/lake.py``; this resource holds the settings and
-hands out connections.
-
-By default the lake is embedded: a SQLite catalog ``data/fieldsales.ducklake.sqlite`` and Parquet
-files under ``data/lake/``. For several machines the catalog is PostgreSQL and the data path a
-shared folder or object storage: the same code, other settings.
-
-With ``duckdb_path`` (``FIELDSALES_DUCKDB_PATH``) set, the run's ``duckdb_export`` step writes one
-lake snapshot into a single DuckDB file for tools that open only a file (``export``).
+It holds the settings and hands out connections (``get_connection``); every asset writes the lake
+directly, each table change in one transaction, so one snapshot (``one_commit``). The lake itself
+(attaching it, committing, upkeep, the export to ``duckdb_path``) is ``warehouse/lake.py``.
 """
 
 from __future__ import annotations
