@@ -183,9 +183,6 @@ class Lake:
 
 def extension_directory() -> Path:
     """Where ``postgres_scanner``/``sqlite_scanner`` are installed: a per-user cache folder."""
-    configured = os.environ.get("FIELDSALES_DUCKDB_EXTENSION_DIR")
-    if configured:
-        return Path(configured)
     cache = os.environ.get("XDG_CACHE_HOME") or str(Path.home() / ".cache")
     return Path(cache) / "fieldsales_dagster" / "duckdb_extensions"
 
@@ -395,15 +392,21 @@ def check_tenant(conn: duckdb.DuckDBPyConnection, lake: Lake, record: bool = Fal
 
 def recorded_tenant(conn: duckdb.DuckDBPyConnection) -> str | None:
     """The tenant the lake on ``conn`` (its current database) records, if any."""
-    schema, _, name = TENANT_TABLE.partition(".")
-    (exists,) = one_row(
+    exists = table_exists(conn, TENANT_TABLE)
+    row = conn.execute(f"SELECT tenant FROM {TENANT_TABLE}").fetchone() if exists else None
+    return None if row is None else str(row[0])
+
+
+def table_exists(conn: duckdb.DuckDBPyConnection, table: str) -> bool:
+    """Whether ``schema.table`` exists in the connection's current database."""
+    schema, _, name = table.partition(".")
+    (found,) = one_row(
         conn,
         "SELECT count(*) FROM duckdb_tables() WHERE database_name = current_database() "
         "AND schema_name = ? AND table_name = ?",
         [schema, name],
     )
-    row = conn.execute(f"SELECT tenant FROM {TENANT_TABLE}").fetchone() if exists else None
-    return None if row is None else str(row[0])
+    return bool(found)
 
 
 def _write_tenant(conn: duckdb.DuckDBPyConnection, tenant: str) -> None:

@@ -42,6 +42,7 @@ from fieldsales_dagster.warehouse.lake import (
     run_transaction,
     writer_connection,
 )
+from fieldsales_dagster.warehouse.lake import table_exists as table_exists  # its users' import
 from fieldsales_dagster.warehouse.pii import check_hash_key
 from fieldsales_dagster.warehouse.quoting import qualified, quote_ident
 from fieldsales_dagster.warehouse.rows import one_row
@@ -309,18 +310,6 @@ def staging_table(target: str, suffix: str = "") -> str:
     """``schema.table`` -> ``schema._stage_table[suffix]``, where ``target`` is built."""
     schema, _, name = target.partition(".")
     return f"{schema}.{STAGE_PREFIX}{name}{suffix}"
-
-
-def table_exists(conn: duckdb.DuckDBPyConnection, table: str) -> bool:
-    """Whether ``schema.table`` exists in the connection's current database."""
-    schema, _, name = table.partition(".")
-    (found,) = one_row(
-        conn,
-        "SELECT count(*) FROM duckdb_tables() WHERE database_name = current_database() "
-        "AND schema_name = ? AND table_name = ?",
-        [schema, name],
-    )
-    return bool(found)
 
 
 def replace_table(conn: duckdb.DuckDBPyConnection, staged: str, target: str) -> None:
