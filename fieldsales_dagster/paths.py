@@ -22,11 +22,20 @@ def resolved(path: str | Path) -> Path:
     return Path(os.path.realpath(Path(path).expanduser()))
 
 
-def _resolve_setting(
-    path: str | Path, setting: str, variable: str
-) -> tuple[Path, Callable[[str, str], PathSettingError]]:
-    """``path`` resolved, and how to say what is wrong with it: the error names the setting, its
-    variable, the path as given (and the link's target) and what to do."""
+def check_file_setting(
+    path: str | Path, *, setting: str, variable: str, create_dirs: bool, create: bool = False
+) -> Path:
+    """The resolved ``path``, once it is known that the pipeline can replace the file there.
+
+    ``create``: make a missing folder now (only with ``create_dirs``); otherwise a missing folder
+    is accepted only with ``create_dirs``, if its nearest existing ancestor is writable. A path
+    left at the setting's default counts as ``create_dirs``. The error names the setting, its
+    variable, the path as given (and the link's target) and what to do.
+    """
+    from fieldsales_dagster.settings import SETTINGS  # settings imports nothing of ours
+
+    known = SETTINGS.get(setting)
+    create_dirs = create_dirs or (known is not None and str(path) == known.default)
     given = Path(path).expanduser()
     target = resolved(given)
     shown = str(given) if target == given.absolute() else f"{given} (a link to {target})"
@@ -37,20 +46,6 @@ def _resolve_setting(
             f"{what_to_do}; set it in defs.yaml or through {variable} and load again."
         )
 
-    return target, fail
-
-
-def check_file_setting(
-    path: str | Path, *, setting: str, variable: str, create_dirs: bool, create: bool = False
-) -> Path:
-    """The resolved ``path``, once it is known that the pipeline can replace the file there.
-
-    ``create``: make a missing folder now (only with ``create_dirs``); otherwise a missing folder
-    is accepted only with ``create_dirs``, if its nearest existing ancestor is writable. A path
-    left at the setting's default counts as ``create_dirs``.
-    """
-    create_dirs = create_dirs or is_default(path, setting)
-    target, fail = _resolve_setting(path, setting, variable)
     _check_whitespace(target, fail)
     if target.is_dir():
         return_name = "fieldsales.duckdb" if setting == "duckdb_path" else "fieldsales_token.json"
@@ -60,14 +55,6 @@ def check_file_setting(
         )
     _check_folder(target.parent, setting, fail, create_dirs, create)
     return target
-
-
-def is_default(path: str | Path, setting: str) -> bool:
-    """``path`` is the setting's default (``data/...``), whose folder the project may create."""
-    from fieldsales_dagster.settings import SETTINGS  # settings imports nothing of ours
-
-    known = SETTINGS.get(setting)
-    return known is not None and str(path) == known.default
 
 
 def _check_whitespace(target: Path, fail: Callable[[str, str], PathSettingError]) -> None:
