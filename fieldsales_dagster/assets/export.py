@@ -40,18 +40,14 @@ def build_export_asset(
         except ExportError as exc:
             raise dg.Failure(str(exc)) from None
         assert done is not None  # defined only when an export is set
+        path = done["fieldsales/export_path"]
         context.log.info(
-            f"Exported snapshot {done.snapshot_id} of the lake to {done.path}: {done.tables} "
-            f"tables, {done.bytes / 1e6:,.1f} MB in {done.seconds:.2f} s."
+            f"Exported snapshot {done['fieldsales/snapshot_id']} of the lake to {path}: "
+            f"{done['fieldsales/tables']} tables, {done['fieldsales/bytes'] / 1e6:,.1f} MB in "
+            f"{done['fieldsales/seconds']:.2f} s."
         )
         return dg.MaterializeResult(
-            metadata={
-                "fieldsales/export_path": dg.MetadataValue.path(str(done.path)),
-                "fieldsales/snapshot_id": done.snapshot_id,
-                "fieldsales/tables": done.tables,
-                "fieldsales/bytes": done.bytes,
-                "fieldsales/seconds": round(done.seconds, 3),
-            }
+            metadata={**done, "fieldsales/export_path": dg.MetadataValue.path(path)}
         )
 
     return _export

@@ -673,15 +673,6 @@ class ExportError(RuntimeError):
     """The single-file export failed; the lake and the previous export are left as they were."""
 
 
-@dataclass(frozen=True)
-class Export:
-    path: Path
-    snapshot_id: int
-    tables: int
-    bytes: int
-    seconds: float
-
-
 def old_warehouse_message(path: Path, lake: Lake) -> str:
     """What to do with a DuckDB warehouse file of an earlier release (one without the marker)."""
     return (
@@ -772,13 +763,14 @@ def export_snapshot(
     config: DuckDBConfig | None = None,
     *,
     pause: Callable[[], None] | None = None,
-) -> Export:
+) -> dict[str, Any]:
     """Write every table of one lake snapshot into a new DuckDB file, then rename it over
     ``target`` atomically (temporary file beside it, fsynced, renamed, folder fsynced).
 
     Reads through a read-only connection in one transaction, so one snapshot, and never makes
     a lake reader or writer wait. Raises ``ExportError`` naming ``target`` and the cause; the
-    previous ``target`` then stays whole, and the temporary file is removed.
+    previous ``target`` then stays whole, and the temporary file is removed. Returns the export
+    asset's metadata.
     """
     started = time.monotonic()
     check_export_target(target, lake)
@@ -808,7 +800,13 @@ def export_snapshot(
     except BaseException:  # an ExportError names its cause already
         _remove(temporary)
         raise
-    return Export(target, int(snapshot), tables, size, time.monotonic() - started)
+    return {
+        "fieldsales/export_path": str(target),
+        "fieldsales/snapshot_id": int(snapshot),
+        "fieldsales/tables": tables,
+        "fieldsales/bytes": size,
+        "fieldsales/seconds": round(time.monotonic() - started, 3),
+    }
 
 
 def _copy_tables(conn: duckdb.DuckDBPyConnection, lake: Lake, snapshot: int) -> int:

@@ -14,7 +14,7 @@ import uuid
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager, nullcontext
 from pathlib import Path
-from typing import TypeVar
+from typing import Any, TypeVar
 
 import dagster as dg
 import duckdb
@@ -33,7 +33,6 @@ from fieldsales_dagster.settings import (
 from fieldsales_dagster.warehouse.lake import (
     DEFAULT_CATALOG,
     DuckDBConfig,
-    Export,
     Lake,
     check_tenant,
     connect,
@@ -271,7 +270,7 @@ class FieldSalesWarehouse(settings_resource("WarehouseSettings", *WAREHOUSE_SETT
 
     # --- the export ---------------------------------------------------------------------------
 
-    def export(self) -> Export | None:
+    def export(self) -> dict[str, Any] | None:
         """Write one lake snapshot to ``duckdb_path`` atomically (``lake.export_snapshot``);
         ``None`` when no export is set. Raises ``ExportError`` naming the file and the cause."""
         if not self.duckdb_path:
