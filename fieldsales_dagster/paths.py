@@ -1,13 +1,9 @@
-"""File settings as users give them: symlinks followed, folders checked, created only when asked
-(or when the setting is left at the project's default: its data/ folder is the project's own).
-
-``duckdb_path`` and ``token_store_path`` name files the pipeline replaces (a rename over them).
-A symlink is followed to its target, so the rename replaces the target and the link stays; the
-folder that receives the rename is the target's. ``check_file_setting`` says at once, naming the
-setting and its variable, what is wrong with a path: a directory, a parent that is a file, a
-missing folder (created only with ``create_dirs``, or for the default path: a fresh clone has no
-data/ yet, while a mistyped volume path must never fill the local disk), a folder the user cannot
-write.
+"""File settings as users give them (``duckdb_path``, ``token_store_path``: files the pipeline
+replaces by a rename over them). A symlink is followed, so the rename replaces its target and the
+link stays. ``check_file_setting`` names the setting and its variable and what is wrong: a
+directory, a parent that is a file, a folder the user cannot write, or a missing folder, created
+only with ``create_dirs`` or for the setting's default under data/ (a fresh clone has none yet):
+a mistyped volume path must never fill the local disk.
 """
 
 from __future__ import annotations
@@ -26,11 +22,20 @@ def resolved(path: str | Path) -> Path:
     return Path(os.path.realpath(Path(path).expanduser()))
 
 
-def _resolve_setting(
-    path: str | Path, setting: str, variable: str
-) -> tuple[Path, Callable[[str, str], PathSettingError]]:
-    """``path`` resolved, and how to say what is wrong with it: the error names the setting, its
-    variable, the path as given (and the link's target) and what to do."""
+def check_file_setting(
+    path: str | Path, *, setting: str, variable: str, create_dirs: bool, create: bool = False
+) -> Path:
+    """The resolved ``path``, once it is known that the pipeline can replace the file there.
+
+    ``create``: make a missing folder now (only with ``create_dirs``); otherwise a missing folder
+    is accepted only with ``create_dirs``, if its nearest existing ancestor is writable. A path
+    left at the setting's default counts as ``create_dirs``. The error names the setting, its
+    variable, the path as given (and the link's target) and what to do.
+    """
+    from fieldsales_dagster.settings import SETTINGS  # settings imports nothing of ours
+
+    known = SETTINGS.get(setting)
+    create_dirs = create_dirs or (known is not None and str(path) == known.default)
     given = Path(path).expanduser()
     target = resolved(given)
     shown = str(given) if target == given.absolute() else f"{given} (a link to {target})"
@@ -41,20 +46,6 @@ def _resolve_setting(
             f"{what_to_do}; set it in defs.yaml or through {variable} and load again."
         )
 
-    return target, fail
-
-
-def check_file_setting(
-    path: str | Path, *, setting: str, variable: str, create_dirs: bool, create: bool = False
-) -> Path:
-    """The resolved ``path``, once it is known that the pipeline can replace the file there.
-
-    ``create``: make a missing folder now (only with ``create_dirs``); otherwise a missing folder
-    is accepted only with ``create_dirs``, if its nearest existing ancestor is writable. A path
-    left at the setting's default counts as ``create_dirs``.
-    """
-    create_dirs = create_dirs or is_default(path, setting)
-    target, fail = _resolve_setting(path, setting, variable)
     _check_whitespace(target, fail)
     if target.is_dir():
         return_name = "fieldsales.duckdb" if setting == "duckdb_path" else "fieldsales_token.json"
@@ -64,14 +55,6 @@ def check_file_setting(
         )
     _check_folder(target.parent, setting, fail, create_dirs, create)
     return target
-
-
-def is_default(path: str | Path, setting: str) -> bool:
-    """``path`` is the setting's default (``data/...``), whose folder the project may create."""
-    from fieldsales_dagster.settings import SETTINGS  # settings imports nothing of ours
-
-    known = SETTINGS.get(setting)
-    return known is not None and str(path) == known.default
 
 
 def _check_whitespace(target: Path, fail: Callable[[str, str], PathSettingError]) -> None:

@@ -94,18 +94,18 @@ def _shared(mine: tuple[str, list[Claim]], theirs: tuple[str, list[Claim]]) -> l
     """What two tenants' claims have in common, as phrases naming whose setting each is:
     'the pool x (key_prefix of both)', 'the DuckDB export y (duckdb_path of both)'."""
     (my_label, my_claims), (their_label, their_claims) = mine, theirs
+
+    def settings(claims: list[Claim], claimed: tuple[str, str]) -> str:
+        return " and ".join(c.setting for c in claims if (c.thing, c.value) == claimed)
+
     phrases = []
     for thing, value in dict.fromkeys((claim.thing, claim.value) for claim in my_claims):
-        my_settings = [c.setting for c in my_claims if (c.thing, c.value) == (thing, value)]
-        their_settings = [c.setting for c in their_claims if (c.thing, c.value) == (thing, value)]
-        if not their_settings:
-            continue
-        if my_settings == their_settings:
-            whose = f"{' and '.join(my_settings)} of both"
-        else:
+        ours, theirs_ = settings(my_claims, (thing, value)), settings(their_claims, (thing, value))
+        if theirs_:
             whose = (
-                f"{' and '.join(my_settings)} of {my_label}, "
-                f"{' and '.join(their_settings)} of {their_label}"
+                f"{ours} of both"
+                if ours == theirs_
+                else f"{ours} of {my_label}, {theirs_} of {their_label}"
             )
-        phrases.append(f"the {thing} {value} ({whose})")
+            phrases.append(f"the {thing} {value} ({whose})")
     return phrases

@@ -9,7 +9,7 @@ from typing import Any
 
 import dagster as dg
 
-from fieldsales_dagster.warehouse.lake import one_transaction
+from fieldsales_dagster.warehouse.lake import run_transaction
 from fieldsales_dagster_tests.conftest import lake_at, read_lake
 from fieldsales_dagster_tests.project import core_assets, core_checks, mart_assets, materialize
 
@@ -257,29 +257,33 @@ def write_raw_tables(
 
     They go into the lake ``lake_at(database)``, in one commit.
     """
-    with lake_at(database).get_connection() as conn, one_transaction(conn):
-        conn.execute("CREATE SCHEMA IF NOT EXISTS raw")
-        conn.execute(
-            "CREATE OR REPLACE TABLE raw.events (id VARCHAR, payload JSON, loaded_at TIMESTAMP)"
-        )
-        conn.execute(
-            "CREATE OR REPLACE TABLE raw.transactions "
-            "(id VARCHAR, event_id VARCHAR, payload JSON, loaded_at TIMESTAMP)"
-        )
-        conn.execute(
-            "CREATE OR REPLACE TABLE raw.event_groups "
-            "(id VARCHAR, payload JSON, loaded_at TIMESTAMP)"
-        )
-        for item in events:
+    with lake_at(database).get_connection() as conn:
+
+        def write() -> None:
+            conn.execute("CREATE SCHEMA IF NOT EXISTS raw")
             conn.execute(
-                "INSERT INTO raw.events VALUES (?, ?, now()::TIMESTAMP)",
-                [item["_id"], json.dumps(item)],
+                "CREATE OR REPLACE TABLE raw.events (id VARCHAR, payload JSON, loaded_at TIMESTAMP)"
             )
-        for item in transactions:
             conn.execute(
-                "INSERT INTO raw.transactions VALUES (?, ?, ?, now()::TIMESTAMP)",
-                [item["_id"], item.get("eventId"), json.dumps(item)],
+                "CREATE OR REPLACE TABLE raw.transactions "
+                "(id VARCHAR, event_id VARCHAR, payload JSON, loaded_at TIMESTAMP)"
             )
+            conn.execute(
+                "CREATE OR REPLACE TABLE raw.event_groups "
+                "(id VARCHAR, payload JSON, loaded_at TIMESTAMP)"
+            )
+            for item in events:
+                conn.execute(
+                    "INSERT INTO raw.events VALUES (?, ?, now()::TIMESTAMP)",
+                    [item["_id"], json.dumps(item)],
+                )
+            for item in transactions:
+                conn.execute(
+                    "INSERT INTO raw.transactions VALUES (?, ?, ?, now()::TIMESTAMP)",
+                    [item["_id"], item.get("eventId"), json.dumps(item)],
+                )
+
+        run_transaction(conn, "raw.events", write)
 
 
 def materialize_core(

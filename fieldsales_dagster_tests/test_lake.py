@@ -18,7 +18,7 @@ import pytest
 from fieldsales_dagster.assets.upkeep import build_upkeep_asset
 from fieldsales_dagster.demo_api import DemoConfig, DemoServer
 from fieldsales_dagster.warehouse import lake as lake_module
-from fieldsales_dagster.warehouse.lake import Lake, is_wal, prepare
+from fieldsales_dagster.warehouse.lake import Lake, prepare
 from fieldsales_dagster.warehouse.warehouse import FieldSalesWarehouse
 from fieldsales_dagster_tests.conftest import make_api
 from fieldsales_dagster_tests.project import DEFAULT, core_assets, raw_assets
@@ -42,6 +42,12 @@ def refresh(server, tmp_path, warehouse, assets=ASSETS, **kwargs) -> dg.ExecuteI
 def snapshot(warehouse: FieldSalesWarehouse) -> list[int]:
     with warehouse.read_connection() as conn:
         return list(conn.execute(SNAPSHOT).fetchone())
+
+
+def is_wal(catalog: Path) -> bool:
+    """SQLite's file header: bytes 18 and 19 (read and write format versions) are 2 in WAL mode."""
+    with open(catalog, "rb") as file:
+        return file.read(20)[18:20] == b"\x02\x02"
 
 
 @pytest.fixture
@@ -96,8 +102,8 @@ def test_a_process_opens_the_sqlite_catalog_file_once_so_duckdbs_locks_on_it_sta
     prepare(lake)
     assert is_wal(catalog)
     opened = []
-    monkeypatch.setattr(lake_module, "is_wal", lambda path: opened.append(path) or True)
     monkeypatch.setattr(lake_module.sqlite3, "connect", lambda *args, **kw: opened.append(args))
+    monkeypatch.setattr(lake_module, "open", lambda *args, **kw: opened.append(args), raising=False)
     for _ in range(3):
         prepare(lake)
     assert opened == []

@@ -21,7 +21,7 @@ import duckdb
 import msgspec
 import yaml
 
-from fieldsales_dagster.warehouse.lake import one_transaction
+from fieldsales_dagster.warehouse.lake import run_transaction
 from fieldsales_dagster.warehouse.pii import hmac_pads, hmac_sql, redact_pii_keys
 from fieldsales_dagster.warehouse.quoting import qualified, quote_ident, sql_literal
 from fieldsales_dagster.warehouse.warehouse import FieldSalesWarehouse
@@ -204,12 +204,15 @@ def comment_table(
 
     In one transaction (the caller's, if one is open): on a lake each commit is a snapshot.
     """
-    with one_transaction(conn):
+
+    def comment() -> None:
         conn.execute(f"COMMENT ON TABLE {qualified(table)} IS {sql_literal(description)}")
         for name, _, text, _ in described_columns(conn, table, doc, pii_policy):
             conn.execute(
                 f"COMMENT ON COLUMN {qualified(table)}.{quote_ident(name)} IS {sql_literal(text)}"
             )
+
+    run_transaction(conn, table, comment)
 
 
 def column_schema(

@@ -1,13 +1,8 @@
-"""The optional single-file export: one lake snapshot written into one DuckDB file.
+"""The optional single-file export (``duckdb_path``, ``FIELDSALES_DUCKDB_PATH``) as an asset.
 
-For tools that can open only a file. Defined only when ``duckdb_path`` (``FIELDSALES_DUCKDB_PATH``)
-is set, as an asset downstream of every core and mart table, so a run that builds them exports
-after its writers, in a step of its own. The export reads one snapshot through a read-only
-connection (it never blocks the lake's readers or writers), writes a temporary file beside the
-target, fsyncs it and renames it over the target (``warehouse/lake.py``, ``export_snapshot``). A
-failing export (no space, permissions, a file another process holds read-write, a DuckDB file
-that is not a previous export) fails this step and so the run, naming the file and the cause;
-the lake's snapshot stays committed and the previous export stays whole.
+Downstream of every core and mart table, so a run that builds them exports after its writers, in
+a step of its own. A failing export fails this step and so the run, naming the file and the cause
+(``warehouse/lake.py``, ``export_snapshot``); the lake and the previous export stay as they were.
 """
 
 from collections.abc import Sequence
@@ -45,18 +40,14 @@ def build_export_asset(
         except ExportError as exc:
             raise dg.Failure(str(exc)) from None
         assert done is not None  # defined only when an export is set
+        path = done["fieldsales/export_path"]
         context.log.info(
-            f"Exported snapshot {done.snapshot_id} of the lake to {done.path}: {done.tables} "
-            f"tables, {done.bytes / 1e6:,.1f} MB in {done.seconds:.2f} s."
+            f"Exported snapshot {done['fieldsales/snapshot_id']} of the lake to {path}: "
+            f"{done['fieldsales/tables']} tables, {done['fieldsales/bytes'] / 1e6:,.1f} MB in "
+            f"{done['fieldsales/seconds']:.2f} s."
         )
         return dg.MaterializeResult(
-            metadata={
-                "fieldsales/export_path": dg.MetadataValue.path(str(done.path)),
-                "fieldsales/snapshot_id": done.snapshot_id,
-                "fieldsales/tables": done.tables,
-                "fieldsales/bytes": done.bytes,
-                "fieldsales/seconds": round(done.seconds, 3),
-            }
+            metadata={**done, "fieldsales/export_path": dg.MetadataValue.path(path)}
         )
 
     return _export

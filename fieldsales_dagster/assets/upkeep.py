@@ -62,25 +62,12 @@ def build_upkeep_asset(
         with warehouse.get_connection() as conn:
             done = upkeep(conn, lake, days, config.orphan_age_hours)
         context.log.info(
-            f"Upkeep of {lake.alias}: {done.before.files} -> {done.after.files} files, "
-            f"{done.before.bytes / 1e6:,.1f} -> {done.after.bytes / 1e6:,.1f} MB, "
-            f"{done.snapshots_before} -> {done.snapshots_after} snapshots, "
-            f"{done.orphans_deleted} orphaned files deleted."
+            f"Upkeep of {lake.alias}: {done['files_before']} -> {done['files_after']} files, "
+            f"{done['bytes_before'] / 1e6:,.1f} -> {done['bytes_after'] / 1e6:,.1f} MB, "
+            f"{done['snapshots_before']} -> {done['snapshots_after']} snapshots, "
+            f"{done['orphans_deleted']} orphaned files deleted."
         )
-        return dg.MaterializeResult(
-            metadata={
-                "files_before": done.before.files,
-                "files_after": done.after.files,
-                "bytes_before": done.before.bytes,
-                "bytes_after": done.after.bytes,
-                "counted_in": done.before.where,
-                "snapshots_before": done.snapshots_before,
-                "snapshots_after": done.snapshots_after,
-                "last_snapshot": done.last_snapshot,
-                "retain_snapshots_days": days,
-                "orphans_deleted": done.orphans_deleted,
-            }
-        )
+        return dg.MaterializeResult(metadata={**done, "retain_snapshots_days": days})
 
     return _upkeep
 

@@ -6,10 +6,6 @@ a reader sees the last committed one, never half a refresh, and never makes a wr
 of different tables do not block each other. Assets write the lake directly, each table change in
 one transaction (``run_transaction``), retried on a conflict with another writer.
 
-This module owns the lake: where it is (``Lake``), attaching it (``connect``,
-``writer_connection``, ``prepare``), committing a write (``run_transaction``), its upkeep
-(``upkeep``) and the optional single-file export (``export_snapshot``).
-
 The catalog is one of:
 
 * ``sqlite:<file>`` (the default, ``sqlite:data/fieldsales.ducklake.sqlite``): one host, any
@@ -58,18 +54,16 @@ from typing import Any, TypeVar
 
 import duckdb
 import filelock
+import tenacity
 
 from fieldsales_dagster.warehouse.quoting import quote_ident, sql_literal
 from fieldsales_dagster.warehouse.rows import one_row
 
 #: The DuckDB release the extension wheels serve; duckdb itself is pinned to the same release.
 EXTENSION_VERSION = "v1.5.5"
-#: Extension -> (wheel module, name to install it under; ``None``: loaded from the file).
-EXTENSIONS: dict[str, tuple[str, str | None]] = {
-    "ducklake": ("duckdb_extension_ducklake", None),
-    "postgres": ("duckdb_extension_postgres", "postgres_scanner"),
-    "sqlite": ("duckdb_extension_sqlite", "sqlite_scanner"),
-}
+#: Each extension comes from the wheel ``duckdb-extension-<name>``; ``ducklake`` is loaded from
+#: its file, a catalog's scanner installed under the name DuckLake loads it by.
+SCANNERS = {"postgres": "postgres_scanner", "sqlite": "sqlite_scanner"}
 POSTGRES_PREFIX = "postgres:"
 SQLITE_PREFIX = "sqlite:"
 #: The embedded default: a SQLite catalog and a folder of Parquet files, both under ``data/``.
@@ -92,19 +86,12 @@ _IN_TRANSACTION: set[int] = set()
 
 
 class LakeError(RuntimeError):
-    """The lake could not be opened: an extension, the catalog or its password is missing."""
+    """The lake could not be opened: an extension, the catalog, its password or the data path is
+    missing, or the lake belongs to another tenant."""
 
 
 class LakeConflictError(RuntimeError):
     """A table's transaction kept conflicting with another writer's."""
-
-
-class LakePathError(LakeError):
-    """The data path the user set is not there (an unmounted volume, a mistyped path)."""
-
-
-class LakeTenantError(LakeError):
-    """The lake belongs to another tenant."""
 
 
 def default_data_path(catalog: str) -> str:
@@ -196,16 +183,13 @@ class Lake:
 
 def extension_directory() -> Path:
     """Where ``postgres_scanner``/``sqlite_scanner`` are installed: a per-user cache folder."""
-    configured = os.environ.get("FIELDSALES_DUCKDB_EXTENSION_DIR")
-    if configured:
-        return Path(configured)
     cache = os.environ.get("XDG_CACHE_HOME") or str(Path.home() / ".cache")
     return Path(cache) / "fieldsales_dagster" / "duckdb_extensions"
 
 
 def extension_file(name: str) -> Path:
     """The binary the wheel of extension ``name`` carries for ``EXTENSION_VERSION``."""
-    module, _ = EXTENSIONS[name]
+    module = f"duckdb_extension_{name}"
     spec = importlib.util.find_spec(module)
     if spec is None or not spec.submodule_search_locations:
         raise LakeError(
@@ -247,11 +231,8 @@ def lake_config() -> DuckDBConfig:
 def load_extensions(conn: duckdb.DuckDBPyConnection, lake: Lake) -> None:
     """Load ``ducklake`` and the catalog's scanner from the wheels, installing it once per user."""
     conn.execute(f"LOAD {sql_literal(str(extension_file('ducklake')))}")
-    scanner = "postgres" if lake.is_postgres else "sqlite" if lake.is_sqlite else None
-    if scanner is None:
-        return
-    installed_as = EXTENSIONS[scanner][1]
-    assert installed_as is not None
+    scanner = "postgres" if lake.is_postgres else "sqlite"
+    installed_as = SCANNERS[scanner]
     (installed,) = one_row(
         conn,
         "SELECT count(*) FROM duckdb_extensions() WHERE extension_name = ? AND installed",
@@ -319,16 +300,14 @@ def connect(
 def _attach(conn: duckdb.DuckDBPyConnection, lake: Lake, read_only: bool) -> None:
     """ATTACH the lake, again after a pause while another process is creating the same new lake
     (its catalog tables half made: "database is locked", "already exists")."""
-    for attempt in range(1, CONFLICT_ATTEMPTS + 1):
-        try:
-            conn.execute(lake.attach_sql(read_only))
-            return
-        except duckdb.Error as exc:
-            text = str(exc).lower()
-            racing = "database is locked" in text or "already exists" in text
-            if not racing or attempt == CONFLICT_ATTEMPTS:
-                raise
-            time.sleep(random.uniform(0.1, 0.5) * attempt)
+
+    def racing(exc: BaseException) -> bool:
+        text = str(exc).lower()
+        return isinstance(exc, duckdb.Error) and any(
+            why in text for why in ("database is locked", "already exists")
+        )
+
+    _retrying(racing)(conn.execute, lake.attach_sql(read_only))
 
 
 def prepare(lake: Lake) -> None:
@@ -351,7 +330,7 @@ def prepare(lake: Lake) -> None:
                     if existing and lake.data_path_is_default
                     else "an unmounted volume or a mistyped path"
                 )
-                raise LakePathError(
+                raise LakeError(
                     f"The lake's data path {folder} ({DATA_PATH_VARIABLE}) does not exist "
                     f"({why}); nothing was written. Mount or restore it (or create it: mkdir -p "
                     f"{folder}), or set {DATA_PATH_VARIABLE} to the right folder, and run again."
@@ -362,21 +341,7 @@ def prepare(lake: Lake) -> None:
         use_wal(catalog)
 
 
-#: SQLite's file header: bytes 18 and 19 (read and write format versions) are 2 in WAL mode.
-_SQLITE_HEADER = b"SQLite format 3\x00"
-
-
-def is_wal(path: Path) -> bool:
-    """Whether the SQLite file ``path`` is in ``journal_mode=WAL`` (read from its header)."""
-    try:
-        with open(path, "rb") as file:
-            header = file.read(20)
-    except FileNotFoundError:
-        return False
-    return header.startswith(_SQLITE_HEADER) and header[18:20] == b"\x02\x02"
-
-
-#: Catalogs this process has seen in WAL mode. The mode is stored in the file, so each is read
+#: Catalogs this process has put in WAL mode. The mode is stored in the file, so each is opened
 #: once: opening and closing the catalog file again would release every POSIX lock this process
 #: holds on it, those of DuckDB's SQLite connections too (SQLite's "how to corrupt", 2.2), and
 #: another process's checkpoint could then pull the WAL from under them ("disk I/O error").
@@ -384,14 +349,11 @@ _WAL_CATALOGS: set[str] = set()
 
 
 def use_wal(path: Path) -> None:
-    """Put the SQLite catalog ``path`` in ``journal_mode=WAL`` (creating it if new): a reader
-    holding a snapshot then never makes a refresh's commit fail (see the module docstring). The
-    mode is stored in the file, so this writes only once, and a process reads it only once."""
+    """Put the SQLite catalog ``path`` in ``journal_mode=WAL`` (creating it if new), once per
+    process: a reader holding a snapshot then never makes a refresh's commit fail (see the module
+    docstring). On a catalog already in WAL mode the pragma writes nothing."""
     key = str(path.resolve())
     if key in _WAL_CATALOGS:
-        return
-    if is_wal(path):
-        _WAL_CATALOGS.add(key)
         return
     with contextlib.closing(sqlite3.connect(path, timeout=60)) as db:
         (mode,) = db.execute("PRAGMA journal_mode=WAL").fetchone()
@@ -404,84 +366,72 @@ def use_wal(path: Path) -> None:
     _WAL_CATALOGS.add(key)
 
 
-def check_tenant(conn: duckdb.DuckDBPyConnection, lake: Lake) -> None:
-    """Refuse a lake recorded for another tenant, before anything is written.
+def check_tenant(conn: duckdb.DuckDBPyConnection, lake: Lake, record: bool = False) -> None:
+    """Refuse a lake recorded for another tenant, before anything is written; with ``record``
+    (inside a write's transaction), record ``lake.tenant`` in a lake that records none yet.
 
     Two spellings of one PostgreSQL catalog (a host name or its address, another key order)
     are one lake: comparing what is recorded in it, not the settings' text, tells them apart.
-    The record itself is written with the lake's first commit (``record_tenant``), after the
-    server answered: a run against a mistyped URL leaves no record that blocks the next one.
+    The record is written with the lake's first commit (``FieldSalesWarehouse.one_commit``),
+    after the server answered: a run against a mistyped URL leaves no record that blocks the next.
     """
     if lake.tenant is None:
         return
     recorded = recorded_tenant(conn)
-    if recorded is not None and recorded != lake.tenant:
-        raise _other_tenant(lake, recorded)
-
-
-def record_tenant(conn: duckdb.DuckDBPyConnection, lake: Lake) -> None:
-    """Inside a write's transaction: record ``lake.tenant`` if the lake records none yet; refuse
-    a lake that another writer recorded for another tenant meanwhile."""
-    if lake.tenant is None:
-        return
-    recorded = recorded_tenant(conn)
-    if recorded is None:
-        conn.execute("CREATE SCHEMA IF NOT EXISTS meta")
-        conn.execute(
-            f"CREATE TABLE IF NOT EXISTS {TENANT_TABLE} (tenant VARCHAR, since TIMESTAMPTZ)"
+    if recorded is None and record:
+        _write_tenant(conn, lake.tenant)
+    elif recorded not in (None, lake.tenant):
+        raise LakeError(
+            f"The lake with catalog {lake.catalog!r} (schema {lake.schema or 'main'}) belongs to "
+            f"{recorded!r}, not to {lake.tenant!r}: two tenants would replace each other's "
+            f"tables, so nothing was written. Give this instance a lake of its own "
+            f"({CATALOG_VARIABLE}, or its own ducklake_schema); if the lake really moves to this "
+            f"instance, empty {TENANT_TABLE} first (docs/storage.md)."
         )
-        conn.execute(f"INSERT INTO {TENANT_TABLE} VALUES (?, now())", [lake.tenant])
-    elif recorded != lake.tenant:
-        raise _other_tenant(lake, recorded)
 
 
 def recorded_tenant(conn: duckdb.DuckDBPyConnection) -> str | None:
     """The tenant the lake on ``conn`` (its current database) records, if any."""
-    schema, _, name = TENANT_TABLE.partition(".")
-    (exists,) = conn.execute(
-        "SELECT count(*) FROM duckdb_tables() WHERE database_name = current_database() "
-        "AND schema_name = ? AND table_name = ?",
-        [schema, name],
-    ).fetchone() or (0,)
-    if not exists:
-        return None
-    row = conn.execute(f"SELECT tenant FROM {TENANT_TABLE} LIMIT 1").fetchone()
+    exists = table_exists(conn, TENANT_TABLE)
+    row = conn.execute(f"SELECT tenant FROM {TENANT_TABLE}").fetchone() if exists else None
     return None if row is None else str(row[0])
 
 
-def _other_tenant(lake: Lake, recorded: str) -> LakeTenantError:
-    return LakeTenantError(
-        f"The lake with catalog {lake.catalog!r} (schema {lake.schema or 'main'}) belongs to "
-        f"{recorded!r}, not to {lake.tenant!r}: two tenants would replace each other's "
-        f"tables, so nothing was written. Give this instance a lake of its own "
-        f"({CATALOG_VARIABLE}, or its own ducklake_schema); if the lake really moves to this "
-        f"instance, empty {TENANT_TABLE} first (docs/storage.md)."
+def table_exists(conn: duckdb.DuckDBPyConnection, table: str) -> bool:
+    """Whether ``schema.table`` exists in the connection's current database."""
+    schema, _, name = table.partition(".")
+    (found,) = one_row(
+        conn,
+        "SELECT count(*) FROM duckdb_tables() WHERE database_name = current_database() "
+        "AND schema_name = ? AND table_name = ?",
+        [schema, name],
     )
+    return bool(found)
+
+
+def _write_tenant(conn: duckdb.DuckDBPyConnection, tenant: str) -> None:
+    conn.execute("CREATE SCHEMA IF NOT EXISTS meta")
+    conn.execute(f"CREATE TABLE IF NOT EXISTS {TENANT_TABLE} (tenant VARCHAR, since TIMESTAMPTZ)")
+    conn.execute(f"DELETE FROM {TENANT_TABLE}")
+    conn.execute(f"INSERT INTO {TENANT_TABLE} VALUES (?, now())", [tenant])
 
 
 def move_tenant(lake: Lake) -> str | None:
     """The documented step for a lake whose instance moved (a new URL, the demo API's new port):
     record ``lake.tenant`` in place of the tenant the lake belonged to. Returns that tenant
     (``None``: the lake records none yet, and the first write will record ``lake.tenant``)."""
-    if lake.tenant is None:
+    tenant = lake.tenant
+    if tenant is None:
         return None
-    conn = connect(replace(lake, tenant=None))
-    try:
+    with contextlib.closing(connect(replace(lake, tenant=None))) as conn:
 
         def move() -> str | None:
-            conn.execute("CREATE SCHEMA IF NOT EXISTS meta")
-            conn.execute(
-                f"CREATE TABLE IF NOT EXISTS {TENANT_TABLE} (tenant VARCHAR, since TIMESTAMPTZ)"
-            )
-            row = conn.execute(f"SELECT tenant FROM {TENANT_TABLE} LIMIT 1").fetchone()
-            if row is not None and row[0] != lake.tenant:
-                conn.execute(f"DELETE FROM {TENANT_TABLE}")
-                conn.execute(f"INSERT INTO {TENANT_TABLE} VALUES (?, now())", [lake.tenant])
-            return None if row is None else str(row[0])
+            recorded = recorded_tenant(conn)
+            if recorded not in (None, tenant):
+                _write_tenant(conn, tenant)
+            return recorded
 
         return run_transaction(conn, TENANT_TABLE, move)
-    finally:
-        conn.close()
 
 
 #: Options of the lake, stored in its catalog: name -> (value set, value as the catalog stores
@@ -535,11 +485,7 @@ def writer_connection(lake: Lake, config: DuckDBConfig) -> duckdb.DuckDBPyConnec
         if instance is None:
             instance = _INSTANCES[key] = connect(lake, config)
         cursor = instance.cursor()
-    try:
-        cursor.execute(f"USE {quote_ident(lake.alias)}")  # a cursor starts in the default database
-    except BaseException:
-        cursor.close()
-        raise
+    cursor.execute(f"USE {quote_ident(lake.alias)}")  # a cursor starts in the default database
     return cursor
 
 
@@ -550,54 +496,59 @@ def is_conflict(exc: BaseException) -> bool:
     return isinstance(exc, duckdb.Error) and ("conflict" in text or "database is locked" in text)
 
 
-def run_transaction(
-    conn: duckdb.DuckDBPyConnection,
-    table: str,
-    body: Callable[[], T],
-    attempts: int = CONFLICT_ATTEMPTS,
-    on_conflict: Callable[[int, BaseException], None] | None = None,
-) -> T:
+def _retrying(retryable: Callable[[BaseException], bool]) -> tenacity.Retrying:
+    """Up to ``CONFLICT_ATTEMPTS`` tries while ``retryable`` says so, after pauses of 0.1-0.5 s
+    times the attempt; then the last error is raised."""
+    return tenacity.Retrying(
+        retry=tenacity.retry_if_exception(retryable),
+        stop=tenacity.stop_after_attempt(CONFLICT_ATTEMPTS),
+        wait=lambda state: random.uniform(0.1, 0.5) * state.attempt_number,
+        reraise=True,
+    )
+
+
+def run_transaction(conn: duckdb.DuckDBPyConnection, table: str, body: Callable[[], T]) -> T:
     """Run ``body`` in one transaction; commit, or roll back and re-raise.
 
-    A commit that conflicts with another writer's runs ``body`` again
-    in a new transaction, up to ``attempts`` times in all, after a short random pause; then it
-    fails naming ``table``. ``body`` must therefore be safe to run again: it reads and writes the
-    database, or (an asset's whole write on a lake) fetches again what it stores.
+    A commit that conflicts with another writer's runs ``body`` again in a new transaction, up to
+    ``CONFLICT_ATTEMPTS`` times in all, after a short random pause; then it fails naming
+    ``table``. ``body`` must therefore be safe to run again: it reads and writes the database, or
+    (an asset's whole write on a lake) fetches again what it stores.
 
     Called inside another ``run_transaction``'s body, it runs ``body`` in that transaction: the
-    outer one commits, or retries, everything together (one lake snapshot per asset write).
+    outer one commits, or retries, everything together (one lake snapshot per asset write). (A
+    failed BEGIN would abort the open transaction, so open ones are tracked instead.)
     """
-    if in_transaction(conn):
+    if id(conn) in _IN_TRANSACTION:
         return body()
-    for attempt in range(1, attempts + 1):
-        conn.execute("BEGIN TRANSACTION")
-        _IN_TRANSACTION.add(id(conn))
+    try:
+        return _retrying(is_conflict)(_transaction, conn, body)
+    except duckdb.Error as exc:
+        if not is_conflict(exc):
+            raise
+        raise LakeConflictError(
+            f"Writing {table} conflicted with another writer {CONFLICT_ATTEMPTS} times, so it "
+            f"was given up; {table} is left as it was. Another run is changing the same table: "
+            f"keep one writer per table (the asset's pool does) and run again. DuckDB: {exc}"
+        ) from exc
+
+
+def _transaction(conn: duckdb.DuckDBPyConnection, body: Callable[[], T]) -> T:
+    conn.execute("BEGIN TRANSACTION")
+    _IN_TRANSACTION.add(id(conn))
+    try:
+        result = body()
+        conn.execute("COMMIT")
+        return result
+    except BaseException:
         try:
-            result = body()
-            conn.execute("COMMIT")
-            return result
-        except BaseException as exc:
-            _rollback(conn)
-            if not is_conflict(exc):
+            conn.execute("ROLLBACK")
+        except duckdb.TransactionException as exc:  # a failed COMMIT has ended it already
+            if "no transaction is active" not in str(exc):
                 raise
-            if attempt == attempts:
-                raise LakeConflictError(
-                    f"Writing {table} conflicted with another writer {attempts} times, so it "
-                    f"was given up; {table} is left as it was. Another run is changing the same "
-                    "table: keep one writer per table (the asset's pool does) and run again. "
-                    f"DuckDB: {exc}"
-                ) from exc
-            if on_conflict is not None:
-                on_conflict(attempt, exc)
-            time.sleep(random.uniform(0.1, 0.5) * attempt)
-        finally:
-            _IN_TRANSACTION.discard(id(conn))
-    raise AssertionError("unreachable")
-
-
-def in_transaction(conn: duckdb.DuckDBPyConnection) -> bool:
-    """Whether ``conn`` is inside ``run_transaction``'s body (which commits or rolls back)."""
-    return id(conn) in _IN_TRANSACTION
+        raise
+    finally:
+        _IN_TRANSACTION.discard(id(conn))
 
 
 @contextmanager
@@ -608,7 +559,7 @@ def cleanup(conn: duckdb.DuckDBPyConnection) -> Iterator[None]:
     try:
         yield
     except duckdb.TransactionException as exc:
-        if not (in_transaction(conn) and "aborted" in str(exc).lower()):
+        if not (id(conn) in _IN_TRANSACTION and "aborted" in str(exc).lower()):
             raise
 
 
@@ -616,33 +567,6 @@ def drop_table(conn: duckdb.DuckDBPyConnection, table: str) -> None:
     """``DROP TABLE IF EXISTS table`` (a quoted name), also after a failure (``cleanup``)."""
     with cleanup(conn):
         conn.execute(f"DROP TABLE IF EXISTS {table}")
-
-
-@contextmanager
-def one_transaction(conn: duckdb.DuckDBPyConnection) -> Iterator[None]:
-    """Run the block in a transaction of its own, or in ``run_transaction``'s if one is open.
-
-    (A failed BEGIN would abort the open transaction, so open ones are tracked instead.)
-    """
-    if in_transaction(conn):
-        yield
-        return
-    conn.execute("BEGIN TRANSACTION")
-    try:
-        yield
-        conn.execute("COMMIT")
-    except BaseException:
-        _rollback(conn)
-        raise
-
-
-def _rollback(conn: duckdb.DuckDBPyConnection) -> None:
-    """Roll back the open transaction, if any (a failed COMMIT has already ended it)."""
-    try:
-        conn.execute("ROLLBACK")
-    except duckdb.TransactionException as exc:
-        if "no transaction is active" not in str(exc):
-            raise
 
 
 # --- upkeep -------------------------------------------------------------------------------------
@@ -660,7 +584,7 @@ class StoredFiles:
 def stored_files(conn: duckdb.DuckDBPyConnection, lake: Lake) -> StoredFiles:
     """What the lake holds in storage now: every Parquet file under a local ``data_folder``;
     for an object store, the files its catalog lists (live, or waiting for deletion)."""
-    if "://" not in lake.data_folder:
+    if lake.is_local:
         sizes = [p.stat().st_size for p in Path(lake.data_folder).rglob("*.parquet")]
         return StoredFiles(len(sizes), sum(sizes), "storage")
     metadata = (
@@ -678,16 +602,6 @@ def stored_files(conn: duckdb.DuckDBPyConnection, lake: Lake) -> StoredFiles:
     return StoredFiles(int(files) + int(waiting), int(size), "catalog")
 
 
-@dataclass(frozen=True)
-class Upkeep:
-    before: StoredFiles
-    after: StoredFiles
-    snapshots_before: int
-    snapshots_after: int
-    last_snapshot: int
-    orphans_deleted: int
-
-
 #: A file under the data path that no snapshot lists (a killed run's) is deleted once it is older
 #: than this: a live write's files are younger, since a run commits within minutes of writing.
 ORPHAN_SAFETY_HOURS = 24.0
@@ -698,10 +612,11 @@ def upkeep(
     lake: Lake,
     retain_days: float,
     orphan_age_hours: float = ORPHAN_SAFETY_HOURS,
-) -> Upkeep:
+) -> dict[str, Any]:
     """Merge adjacent small files, expire snapshots older than ``retain_days``, delete the files
     no snapshot needs any more, and the files no snapshot ever listed (``orphan_age_hours`` old
-    at least). The last snapshot stays readable; time travel reaches back ``retain_days``."""
+    at least). The last snapshot stays readable; time travel reaches back ``retain_days``.
+    Returns the counts before and after, as the upkeep asset's metadata."""
     name = sql_literal(lake.alias)
     before = stored_files(conn, lake)
     snapshots_before = _snapshots(conn, lake)
@@ -723,14 +638,18 @@ def upkeep(
         )
     ]
     (last,) = one_row(conn, f"SELECT max(snapshot_id) FROM {quote_ident(lake.alias)}.snapshots()")
-    return Upkeep(
-        before,
-        stored_files(conn, lake),
-        snapshots_before,
-        _snapshots(conn, lake),
-        last,
-        orphans_deleted=len(results[-1]),
-    )
+    after = stored_files(conn, lake)
+    return {
+        "files_before": before.files,
+        "files_after": after.files,
+        "bytes_before": before.bytes,
+        "bytes_after": after.bytes,
+        "counted_in": before.where,
+        "snapshots_before": snapshots_before,
+        "snapshots_after": _snapshots(conn, lake),
+        "last_snapshot": last,
+        "orphans_deleted": len(results[-1]),
+    }
 
 
 def _snapshots(conn: duckdb.DuckDBPyConnection, lake: Lake) -> int:
@@ -752,15 +671,6 @@ EXPORT_VARIABLE = "FIELDSALES_DUCKDB_PATH"
 
 class ExportError(RuntimeError):
     """The single-file export failed; the lake and the previous export are left as they were."""
-
-
-@dataclass(frozen=True)
-class Export:
-    path: Path
-    snapshot_id: int
-    tables: int
-    bytes: int
-    seconds: float
 
 
 def old_warehouse_message(path: Path, lake: Lake) -> str:
@@ -790,13 +700,7 @@ def check_export_target(target: Path, lake: Lake) -> None:
             "(open it read-only), delete the .wal if no program has it open, and run again."
         )
     try:
-        with duckdb.connect(str(target), read_only=True) as conn:
-            schema, _, name = EXPORT_MARKER.partition(".")
-            (marked,) = one_row(
-                conn,
-                "SELECT count(*) FROM duckdb_tables() WHERE schema_name = ? AND table_name = ?",
-                [schema, name],
-            )
+        marked = is_export(target)
     except duckdb.Error as exc:
         if "lock" in str(exc).lower():
             raise ExportError(
@@ -859,13 +763,14 @@ def export_snapshot(
     config: DuckDBConfig | None = None,
     *,
     pause: Callable[[], None] | None = None,
-) -> Export:
+) -> dict[str, Any]:
     """Write every table of one lake snapshot into a new DuckDB file, then rename it over
     ``target`` atomically (temporary file beside it, fsynced, renamed, folder fsynced).
 
     Reads through a read-only connection in one transaction, so one snapshot, and never makes
     a lake reader or writer wait. Raises ``ExportError`` naming ``target`` and the cause; the
-    previous ``target`` then stays whole, and the temporary file is removed.
+    previous ``target`` then stays whole, and the temporary file is removed. Returns the export
+    asset's metadata.
     """
     started = time.monotonic()
     check_export_target(target, lake)
@@ -895,7 +800,13 @@ def export_snapshot(
     except BaseException:  # an ExportError names its cause already
         _remove(temporary)
         raise
-    return Export(target, int(snapshot), tables, size, time.monotonic() - started)
+    return {
+        "fieldsales/export_path": str(target),
+        "fieldsales/snapshot_id": int(snapshot),
+        "fieldsales/tables": tables,
+        "fieldsales/bytes": size,
+        "fieldsales/seconds": round(time.monotonic() - started, 3),
+    }
 
 
 def _copy_tables(conn: duckdb.DuckDBPyConnection, lake: Lake, snapshot: int) -> int:
@@ -946,21 +857,12 @@ def _replace_durably(
 DEAD_EXPORT_AGE_S = 600
 
 
-def sweep_dead_exports(target: Path, now: float | None = None) -> list[Path]:
+def sweep_dead_exports(target: Path) -> None:
     """Remove the temporary files that killed exports of ``target`` left beside it."""
-    now = time.time() if now is None else now
-    swept = []
     for temporary in target.parent.glob(f".{target.name}{EXPORT_INFIX}*"):
-        if temporary.name.endswith(".wal"):
-            continue
-        try:
-            dead = now - temporary.stat().st_mtime > DEAD_EXPORT_AGE_S
-        except FileNotFoundError:
-            continue
-        if dead:
-            _remove(temporary)
-            swept.append(temporary)
-    return swept
+        with contextlib.suppress(FileNotFoundError):  # another sweep was first
+            if time.time() - temporary.stat().st_mtime > DEAD_EXPORT_AGE_S:
+                _remove(temporary)
 
 
 def _remove(temporary: Path) -> None:
@@ -972,18 +874,16 @@ def _remove(temporary: Path) -> None:
 OLD_DEFAULT_DATABASE = Path("data/fieldsales.duckdb")
 
 
-def is_export(path: Path) -> bool | None:
-    """Whether the DuckDB file ``path`` is this project's export (``None``: cannot tell now)."""
+def is_export(path: Path) -> bool:
+    """Whether the DuckDB file ``path`` carries ``EXPORT_MARKER`` (a ``duckdb.Error`` if it is
+    held read-write elsewhere or not a DuckDB file)."""
     schema, _, name = EXPORT_MARKER.partition(".")
-    try:
-        with duckdb.connect(str(path), read_only=True) as conn:
-            (marked,) = one_row(
-                conn,
-                "SELECT count(*) FROM duckdb_tables() WHERE schema_name = ? AND table_name = ?",
-                [schema, name],
-            )
-    except duckdb.Error:
-        return None
+    with duckdb.connect(str(path), read_only=True) as conn:
+        (marked,) = one_row(
+            conn,
+            "SELECT count(*) FROM duckdb_tables() WHERE schema_name = ? AND table_name = ?",
+            [schema, name],
+        )
     return bool(marked)
 
 
@@ -995,9 +895,10 @@ def old_warehouse_warning(lake: Lake, export_path: str | None) -> str | None:
         return None  # a lake is there (or, on PostgreSQL, it cannot be told cheaply)
     candidates = [OLD_DEFAULT_DATABASE, *([Path(export_path)] if export_path else [])]
     for path in dict.fromkeys(candidate.absolute() for candidate in candidates):
-        if path.is_file() and is_export(path) is False:
-            found = old_warehouse_message(path, lake)
-            return f"Field-Sales: no lake yet at {lake.catalog_file}, and {found}"
+        with contextlib.suppress(duckdb.Error):  # cannot tell now: no warning
+            if path.is_file() and not is_export(path):
+                found = old_warehouse_message(path, lake)
+                return f"Field-Sales: no lake yet at {lake.catalog_file}, and {found}"
     return None
 
 
@@ -1015,7 +916,7 @@ def analyst_sql(lake: Lake) -> str:
         "SET autoload_known_extensions = false;",
         f"SET extension_directory = {sql_literal(str(extension_directory()))};",
         f"INSTALL {sql_literal(str(extension_file(scanner)))};",
-        f"LOAD {EXTENSIONS[scanner][1]};",
+        f"LOAD {SCANNERS[scanner]};",
         f"LOAD {sql_literal(str(extension_file('ducklake')))};",
     ]
     if lake.is_postgres:

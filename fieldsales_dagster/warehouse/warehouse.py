@@ -1,17 +1,8 @@
 """The warehouse resource: the project's DuckLake, as assets, checks and user assets use it.
 
-Every asset writes the lake directly (``get_connection``), each table change in one transaction,
-so one snapshot, retried whole on a conflict with another writer (``one_commit``). Readers see
-the last committed snapshot: no working copy, no publish, no lock. The lake itself (attaching it,
-committing, upkeep, the export) is ``warehouse/lake.py``; this resource holds the settings and
-hands out connections.
-
-By default the lake is embedded: a SQLite catalog ``data/fieldsales.ducklake.sqlite`` and Parquet
-files under ``data/lake/``. For several machines the catalog is PostgreSQL and the data path a
-shared folder or object storage: the same code, other settings.
-
-With ``duckdb_path`` (``FIELDSALES_DUCKDB_PATH``) set, the run's ``duckdb_export`` step writes one
-lake snapshot into a single DuckDB file for tools that open only a file (``export``).
+It holds the settings and hands out connections (``get_connection``); every asset writes the lake
+directly, each table change in one transaction, so one snapshot (``one_commit``). The lake itself
+(attaching it, committing, upkeep, the export to ``duckdb_path``) is ``warehouse/lake.py``.
 """
 
 from __future__ import annotations
@@ -21,7 +12,7 @@ import shutil
 import tempfile
 import uuid
 from collections.abc import Callable, Iterator
-from contextlib import contextmanager
+from contextlib import contextmanager, nullcontext
 from pathlib import Path
 from typing import Any, TypeVar
 
@@ -29,7 +20,7 @@ import dagster as dg
 import duckdb
 from pydantic import Field, PrivateAttr, field_validator, model_validator
 
-from fieldsales_dagster.paths import check_file_setting, resolved
+from fieldsales_dagster.paths import check_file_setting
 from fieldsales_dagster.pause import pause_at
 from fieldsales_dagster.settings import (
     SETTINGS,
@@ -41,15 +32,15 @@ from fieldsales_dagster.settings import (
 from fieldsales_dagster.warehouse.lake import (
     DEFAULT_CATALOG,
     DuckDBConfig,
-    Export,
     Lake,
+    check_tenant,
     connect,
     default_data_path,
     export_snapshot,
-    record_tenant,
     run_transaction,
     writer_connection,
 )
+from fieldsales_dagster.warehouse.lake import table_exists as table_exists  # its users' import
 from fieldsales_dagster.warehouse.pii import check_hash_key
 from fieldsales_dagster.warehouse.quoting import qualified, quote_ident
 from fieldsales_dagster.warehouse.rows import one_row
@@ -226,27 +217,22 @@ class FieldSalesWarehouse(settings_resource("WarehouseSettings", *WAREHOUSE_SETT
         if not self._shared:
             return
         self._shared.clear()
-        if conn is None:
-            with self.get_connection() as own:
-                self.drop_shared_schema(own)
-        else:
-            self.drop_shared_schema(conn)
-
-    def drop_shared_schema(self, conn: duckdb.DuckDBPyConnection) -> None:
-        conn.execute(
-            f"DROP SCHEMA IF EXISTS {SHARED_DATABASE}.{quote_ident(self._shared_schema)} CASCADE"
-        )
+        with nullcontext(conn) if conn is not None else self.get_connection() as cursor:
+            cursor.execute(
+                f"DROP SCHEMA IF EXISTS {SHARED_DATABASE}.{quote_ident(self._shared_schema)} "
+                "CASCADE"
+            )
 
     # --- connections --------------------------------------------------------------------------
 
     def one_commit(self, conn: duckdb.DuckDBPyConnection, table: str, write: Callable[[], T]) -> T:
         """An asset's ``write`` of ``table`` and its state in one transaction, so one snapshot,
         retried whole on a conflict (``run_transaction``). The lake's first commit also records
-        its tenant (``record_tenant``): after the server answered, never on a failed run."""
+        its tenant (``check_tenant``): after the server answered, never on a failed run."""
 
         def write_and_record() -> T:
             result = write()
-            record_tenant(conn, self.lake)
+            check_tenant(conn, self.lake, record=True)
             return result
 
         return run_transaction(conn, table, write_and_record)
@@ -280,30 +266,25 @@ class FieldSalesWarehouse(settings_resource("WarehouseSettings", *WAREHOUSE_SETT
         options = {s.duckdb: getattr(self, s.name, None) for s in SETTINGS.values() if s.duckdb}
         options["threads"] = self.threads
         config: DuckDBConfig = {k: v for k, v in options.items() if v is not None}
-        return {**config, "preserve_insertion_order": False, "temp_directory": str(mine / "db.tmp")}
+        return {**config, "temp_directory": str(mine / "db.tmp")}
 
     # --- the export ---------------------------------------------------------------------------
 
-    def export(self) -> Export | None:
+    def export(self) -> dict[str, Any] | None:
         """Write one lake snapshot to ``duckdb_path`` atomically (``lake.export_snapshot``);
         ``None`` when no export is set. Raises ``ExportError`` naming the file and the cause."""
         if not self.duckdb_path:
             return None
         # As the component checks it at load time, for a warehouse built by hand too (a name
         # with whitespace around it, a folder that is not there).
-        check_file_setting(
+        target = check_file_setting(  # resolved: a link stays, the rename replaces its target
             self.duckdb_path,
             setting="duckdb_path",
             variable="FIELDSALES_DUCKDB_PATH",
             create_dirs=self.create_dirs,
             create=self.create_dirs,
         )
-        return export_snapshot(
-            self.lake,
-            resolved(self.duckdb_path),  # a link stays; the rename replaces its target
-            self._config(),
-            pause=lambda: pause_at("export"),
-        )
+        return export_snapshot(self.lake, target, self._config(), pause=lambda: pause_at("export"))
 
 
 def same_database_cursor(conn: duckdb.DuckDBPyConnection) -> duckdb.DuckDBPyConnection:
@@ -328,18 +309,6 @@ def staging_table(target: str, suffix: str = "") -> str:
     """``schema.table`` -> ``schema._stage_table[suffix]``, where ``target`` is built."""
     schema, _, name = target.partition(".")
     return f"{schema}.{STAGE_PREFIX}{name}{suffix}"
-
-
-def table_exists(conn: duckdb.DuckDBPyConnection, table: str) -> bool:
-    """Whether ``schema.table`` exists in the connection's current database."""
-    schema, _, name = table.partition(".")
-    (found,) = one_row(
-        conn,
-        "SELECT count(*) FROM duckdb_tables() WHERE database_name = current_database() "
-        "AND schema_name = ? AND table_name = ?",
-        [schema, name],
-    )
-    return bool(found)
 
 
 def replace_table(conn: duckdb.DuckDBPyConnection, staged: str, target: str) -> None:
