@@ -17,7 +17,7 @@ from fieldsales_dagster.assets.metadata import (
     storage_metadata,
     table_metadata,
 )
-from fieldsales_dagster.assets.resync import ResyncConfig
+from fieldsales_dagster.assets.resync_config import ResyncConfig
 from fieldsales_dagster.client.endpoints import EVENTS, LIST_ENDPOINTS, TRANSACTIONS, ListEndpoint
 from fieldsales_dagster.loading.incremental import (
     RefreshPolicy,
