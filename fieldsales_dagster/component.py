@@ -24,7 +24,7 @@ from typing import Any
 
 import dagster as dg
 import urllib3
-from pydantic import BaseModel, create_model, model_validator
+from pydantic import BaseModel, ConfigDict, create_model, model_validator
 
 from fieldsales_dagster.assets.checks import build_core_checks, checks_in_asset_step
 from fieldsales_dagster.assets.core import build_core_assets
@@ -64,11 +64,28 @@ __all__ = ["FieldSalesComponent", "SettingError", "memory_megabytes", "schedule_
 
 @functools.cache
 def _with_flat_keys(derived: type[BaseModel]) -> type[BaseModel]:
-    """Dagster's YAML model of the component, nesting the flat keys of earlier releases first."""
+    """Dagster's YAML model of the component, nesting the flat keys of earlier releases first.
+
+    Its schema takes them too (unknown keys, ``api:`` left out, a string ``storage``: the retired
+    setting): ``dg check defs`` checks a ``defs.yaml`` against the schema before any validator
+    runs, and a flat key is accepted, with its warning, for one release."""
+    base: Any = derived
+
+    class WithFlatKeys(base):
+        model_config = ConfigDict(extra="allow")
+
     nest: Any = model_validator(mode="before")(
         lambda cls, given: nest_flat_keys(given, yaml=True) if isinstance(given, dict) else given
     )
-    return create_model(derived.__name__, __base__=derived, __validators__={"flat_keys": nest})
+    storage: Any = derived.model_fields["storage"]
+    api: Any = derived.model_fields["api"].annotation
+    return create_model(
+        derived.__name__,
+        __base__=WithFlatKeys,
+        __validators__={"flat_keys": nest},
+        storage=(storage.annotation | str | None, storage),
+        api=(api | None, None),
+    )
 
 
 class ScaffoldNameError(ValueError):
