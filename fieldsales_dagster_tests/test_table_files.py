@@ -8,9 +8,10 @@ import shutil
 from pathlib import Path
 
 import dagster as dg
+import duckdb
 import pytest
 
-from fieldsales_dagster.assets.checks import build_core_checks, checks_in_asset_step
+from fieldsales_dagster.assets.checks import build_core_checks, checks_in_asset_step, checks_of
 from fieldsales_dagster.assets.columns import PACKAGE_SQL, TableFileError
 from fieldsales_dagster.assets.core import build_core_assets
 from fieldsales_dagster.assets.lineage import QueryReadError
@@ -32,6 +33,16 @@ key: [project_id, event_state]
 nullable_key: [event_state]
 checks:
   - ids_unique
+  - name: events_counted
+    description: Every row of {table} counts at least one event.
+    severity: error
+    sql: |
+      SELECT
+          count(*) FILTER (WHERE events < 1) = 0 AS passed,
+          count(*) AS groups,
+          coalesce(list(project_id ORDER BY project_id) FILTER (WHERE events < 1), [])
+              AS sample_projects
+      FROM core.project_states
 columns:
   project_id: The project (core.projects.project_id).
   event_state: The events' current state.
@@ -64,7 +75,9 @@ def test_a_new_core_table_is_one_query_and_its_yaml(tmp_path, demo_server, wareh
     assert spec.description == "Events per project and current state."
     assert {d.asset_key.to_user_string() for d in spec.deps} == {"core_events"}
     assert spec.group_name == "core"
-    assert [c.name for c in new.check_specs] == ["ids_unique"]
+    assert [c.name for c in new.check_specs] == ["ids_unique", "events_counted"]
+    (written,) = [c for c in new.check_specs if c.name == "events_counted"]
+    assert written.description == "Every row of core.project_states counts at least one event."
 
     result = dg.materialize(
         [*raw_assets(), *assets],
@@ -94,14 +107,19 @@ def test_a_new_core_table_is_one_query_and_its_yaml(tmp_path, demo_server, wareh
     assert [d.asset_key.to_user_string() for d in lineage.deps_by_column["project_id"]] == [
         "core_events"
     ]
-    (evaluation,) = [
-        e
+    evaluations = {
+        e.check_name: e
         for e in result.get_asset_check_evaluations()
         if e.asset_key == dg.AssetKey("core_project_states")
-    ]
-    assert evaluation.check_name == "ids_unique" and evaluation.passed
-    assert evaluation.metadata["key"].value == "project_id, event_state"
-    assert evaluation.metadata["duplicated_rows"].value == 0
+    }
+    assert evaluations["ids_unique"].passed
+    assert evaluations["ids_unique"].metadata["key"].value == "project_id, event_state"
+    assert evaluations["ids_unique"].metadata["duplicated_rows"].value == 0
+    # The check written out in the YAML: its query's columns are the result.
+    assert evaluations["events_counted"].passed
+    assert evaluations["events_counted"].severity == dg.AssetCheckSeverity.ERROR
+    assert evaluations["events_counted"].metadata["groups"].value == expected
+    assert evaluations["events_counted"].metadata["sample_projects"].value == ""
 
 
 def _edit(folder: Path, name: str, old: str, new: str) -> None:
@@ -128,6 +146,13 @@ def test_an_unknown_check_fails_the_load_naming_the_file_and_the_field(tmp_path)
         ("key: [area_id]\n", "key: [area_id]\nkeys: [area_id]\n", "unknown field `keys`"),
         ("key: [area_id]\n", "key: [area]\n", "key names area, which columns does not declare"),
         ("  - ids_unique\n", "  - {ids_unique: true}\n", "`$.checks[0]`"),
+        (
+            "  - ids_unique\n",
+            "  - ids_unique\n  - {name: x, description: d, sql: SELECT true AS passed, "
+            "severity: fatal}\n",
+            "`$.checks[1].severity`",
+        ),
+        ("  - ids_unique\n", "  - ids_unique\n  - {name: x, sql: SELECT 1}\n", "`description`"),
     ],
 )
 def test_a_wrong_yaml_fails_the_load_naming_the_file_and_the_field(tmp_path, old, new, complaint):
@@ -137,6 +162,20 @@ def test_a_wrong_yaml_fails_the_load_naming_the_file_and_the_field(tmp_path, old
         derived_tables(folder)
     assert str(folder / "core_areas.yaml") in str(failed.value)
     assert complaint in str(failed.value)
+
+
+def test_a_written_check_without_a_passed_column_fails_naming_the_file(tmp_path):
+    folder = sql_folder(tmp_path)
+    _edit(
+        folder,
+        "core_areas.yaml",
+        "  - ids_unique\n",
+        "  - ids_unique\n  - {name: counted, description: d, sql: SELECT 1 AS areas}\n",
+    )
+    (table,) = [t for t in derived_tables(folder) if t.table == "core.areas"]
+    (written,) = [c for c in checks_of(table) if c.name == "counted"]
+    with pytest.raises(TableFileError, match=r"core_areas\.yaml: the query of check 'counted'"):
+        written.kind.evaluate(duckdb.connect(), table)
 
 
 def test_following_an_unknown_decoded_table_fails_the_load(tmp_path):

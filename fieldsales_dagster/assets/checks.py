@@ -8,9 +8,11 @@ is a warning too: the data still loads, typed as well as it can be. The known ki
 once, in ``sql/field_type_kinds.sql`` and ``sql/known_event_states.sql``. The marts are checked
 against the core tables they summarise.
 
-A table's YAML names its checks (``checks:``); each name is a function of this module,
-registered by ``@check`` with its description and the other tables it reads. An unknown name
-fails the definitions' load, naming the file.
+A table's YAML lists its checks (``checks:``). A check that only its table has is written out
+there: a query whose one row says whether it passed and what it found (``written_check``). A check
+that any table may take is a function of this module, registered by ``@check`` with its
+description, and named in the YAML (``ids_unique``, ``values_typed``, ``values_finite``). An
+unknown name fails the definitions' load, naming the file.
 
 A check whose tables are all its asset or the asset's own upstream tables runs in its asset's step,
 on the connection that built the table (a check spec of the asset: one step per table, not one per
@@ -23,13 +25,15 @@ step with the other such checks, once every table they read is built.
 import json
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
+from decimal import Decimal
+from typing import Any
 
 import dagster as dg
 import duckdb
 
 from fieldsales_dagster.assets.columns import TableFileError
 from fieldsales_dagster.assets.decode import shared_macros_sql
-from fieldsales_dagster.assets.tables import CoreTable, derived_tables
+from fieldsales_dagster.assets.tables import CheckEntry, CoreTable, derived_tables
 from fieldsales_dagster.names import InstanceNames
 from fieldsales_dagster.warehouse.quoting import qualified, quote_ident
 from fieldsales_dagster.warehouse.rows import one_row
@@ -38,6 +42,8 @@ from fieldsales_dagster.warehouse.rows import one_row
 SAMPLE_SIZE = 5
 #: Rows per bucket of the ids_unique screen (see there): ~1M hash groups fit the memory limit.
 SCREEN_BUCKET_ROWS = 1_000_000
+
+SEVERITY = {"warn": dg.AssetCheckSeverity.WARN, "error": dg.AssetCheckSeverity.ERROR}
 
 #: ``evaluate(connection, table) -> result``: the body of one check of ``table``.
 Evaluate = Callable[[duckdb.DuckDBPyConnection, CoreTable], dg.AssetCheckResult]
@@ -128,16 +134,49 @@ class CoreCheck:
         )
 
 
+def written_check(entry: CheckEntry) -> CheckKind:
+    """A check its table's YAML writes out: its query's one row is the result (``CheckEntry``)."""
+
+    def evaluate(conn: duckdb.DuckDBPyConnection, table: CoreTable) -> dg.AssetCheckResult:
+        row = _fetch_one(conn, entry.sql)
+        found = dict(zip([column[0] for column in conn.description or ()], row, strict=True))
+        if "passed" not in found:
+            raise TableFileError(
+                f"{table.yaml_file}: the query of check {entry.name!r} returns "
+                "no column named passed. Add one."
+            )
+        return dg.AssetCheckResult(
+            passed=bool(found.pop("passed")),
+            severity=SEVERITY[entry.severity],
+            metadata={name: _metadata_value(value) for name, value in found.items()},
+        )
+
+    return CheckKind(
+        evaluate,
+        lambda table: entry.description.replace("{table}", table.table),
+        also_reads=tuple(entry.also_reads),
+    )
+
+
+def _metadata_value(value: object) -> Any:
+    """A column of a written check as metadata: a list as its items, comma-separated; a decimal
+    as a float."""
+    if isinstance(value, list):
+        return ", ".join(str(item) for item in value if item is not None)
+    return float(value) if isinstance(value, Decimal) else value
+
+
 def checks_of(table: CoreTable) -> list[CoreCheck]:
-    """The checks ``table``'s YAML names; an unknown name fails, naming the file and the field."""
+    """The checks ``table``'s YAML names or writes out; an unknown name fails, naming the file."""
+    written = {entry.name: written_check(entry) for entry in table.written_checks}
     for name in table.checks:
-        if name not in CHECKS:
+        if name not in CHECKS and name not in written:
             raise TableFileError(
                 f"{table.yaml_file}: checks names {name!r}, which is no check of this project "
-                f"(they are {', '.join(sorted(CHECKS))}). Fix the name, or write the check in "
-                "assets/checks.py."
+                f"(they are {', '.join(sorted(CHECKS))}). Fix the name, or write the check out "
+                "in the file (name, description, sql)."
             )
-    return [CoreCheck(table, name, CHECKS[name]) for name in table.checks]
+    return [CoreCheck(table, name, written.get(name) or CHECKS[name]) for name in table.checks]
 
 
 def _cross_table_checks(names: InstanceNames, checks: list[CoreCheck]) -> dg.AssetChecksDefinition:
@@ -266,191 +305,6 @@ def ids_unique(conn: duckdb.DuckDBPyConnection, table: CoreTable) -> dg.AssetChe
     )
 
 
-@check(
-    "event_ids_known",
-    "Every transaction's event_id is present in core.events. A warning only: the API pages "
-    "transactions and events separately, so an event created meanwhile can be missing until the "
-    "next refresh.",
-    also_reads=("core.events",),
-)
-def event_ids_known(conn: duckdb.DuckDBPyConnection, table: CoreTable) -> dg.AssetCheckResult:
-    unknown, sample = _fetch_one(
-        conn,
-        f"""
-        SELECT
-            count(*),
-            coalesce(list(t.transaction_id ORDER BY t.transaction_id), [])[1:{SAMPLE_SIZE}]
-        FROM core.transactions AS t
-        ANTI JOIN core.events AS e ON e.event_id = t.event_id
-        """,
-    )
-    return dg.AssetCheckResult(
-        passed=unknown == 0,
-        severity=dg.AssetCheckSeverity.WARN,
-        metadata={
-            "transactions_with_unknown_event": int(unknown),
-            "sample_transaction_ids": ", ".join(sample),
-        },
-    )
-
-
-@check(
-    "slider_values_valid",
-    "Slider values lie within the field's minimum..maximum and on its step grid (counted from the "
-    "minimum). Counts values that do not, and names a few.",
-)
-def slider_values_valid(conn: duckdb.DuckDBPyConnection, table: CoreTable) -> dg.AssetCheckResult:
-    out_of_range, off_step, sample = _fetch_one(
-        conn,
-        # Only the offending rows are read past the filter, and only the sample is formatted.
-        f"""
-        WITH offending AS (
-            SELECT * FROM core.custom_report_results WHERE NOT in_range OR NOT on_step
-        )
-        SELECT
-            count(*) FILTER (WHERE NOT in_range),
-            count(*) FILTER (WHERE NOT on_step),
-            (
-                SELECT coalesce(list(result), [])
-                FROM (
-                    SELECT source || ' ' || report_id || ' / ' || field_id || ' = ' || value_raw
-                        AS result
-                    FROM offending
-                    ORDER BY source, report_id, field_id
-                    LIMIT {SAMPLE_SIZE}
-                )
-            )
-        FROM offending
-        """,
-    )
-    return dg.AssetCheckResult(
-        passed=out_of_range == 0 and off_step == 0,
-        severity=dg.AssetCheckSeverity.WARN,
-        metadata={
-            "out_of_range": int(out_of_range),
-            "off_step": int(off_step),
-            "sample_results": ", ".join(sample),
-        },
-    )
-
-
-@check(
-    "field_types_resolved",
-    "Every custom report value is resolved to a field definition with a field type. Counts values "
-    "whose field no known configuration defines (they keep value_raw only).",
-)
-def field_types_resolved(conn: duckdb.DuckDBPyConnection, table: CoreTable) -> dg.AssetCheckResult:
-    unresolved, by_source, sample = _fetch_one(
-        conn,
-        f"""
-        WITH unresolved AS (
-            SELECT * FROM core.custom_report_results WHERE field_type IS NULL
-        )
-        SELECT
-            count(*),
-            (SELECT coalesce(string_agg(source || ': ' || n, ', ' ORDER BY source), '')
-             FROM (SELECT source, count(*) AS n FROM unresolved GROUP BY source)),
-            coalesce(list(DISTINCT field_id ORDER BY field_id), [])[1:{SAMPLE_SIZE}]
-        FROM unresolved
-        """,
-    )
-    return dg.AssetCheckResult(
-        passed=unresolved == 0,
-        severity=dg.AssetCheckSeverity.WARN,
-        metadata={
-            "unresolved": int(unresolved),
-            "unresolved_by_source": by_source,
-            "sample_field_ids": ", ".join(s for s in sample if s is not None),
-        },
-    )
-
-
-@check(
-    "coordinates_in_range",
-    "Point-of-sale coordinates (location and places-directory) are valid: longitude within ±180, "
-    "latitude within ±90. A failure usually means swapped or scaled coordinates.",
-)
-def coordinates_in_range(conn: duckdb.DuckDBPyConnection, table: CoreTable) -> dg.AssetCheckResult:
-    invalid, sample = _fetch_one(
-        conn,
-        f"""
-        SELECT count(*), coalesce(list(pos_id ORDER BY pos_id), [])[1:{SAMPLE_SIZE}]
-        FROM core.dim_point_of_sale
-        WHERE NOT (
-            coalesce(longitude BETWEEN -180 AND 180, true)
-            AND coalesce(latitude BETWEEN -90 AND 90, true)
-            AND coalesce(place_lng BETWEEN -180 AND 180, true)
-            AND coalesce(place_lat BETWEEN -90 AND 90, true)
-        )
-        """,
-    )
-    return dg.AssetCheckResult(
-        passed=invalid == 0,
-        severity=dg.AssetCheckSeverity.ERROR,
-        metadata={"points_of_sale_out_of_range": int(invalid), "sample_pos_ids": ", ".join(sample)},
-    )
-
-
-@check(
-    "field_types_known",
-    "Every custom report field type seen is one this project decodes (sql/field_type_kinds.sql). "
-    "A warning: a new type's values still load, typed by their JSON type (value_kind 'json_*'); "
-    "add the type to the list to decode it.",
-)
-def field_types_known(conn: duckdb.DuckDBPyConnection, table: CoreTable) -> dg.AssetCheckResult:
-    new_types, values, known = _fetch_one(
-        conn,
-        """
-        SELECT
-            coalesce(list(field_type ORDER BY field_type) FILTER (WHERE NOT decoded), []),
-            coalesce(sum(result_count) FILTER (WHERE NOT decoded), 0),
-            (SELECT list(field_type ORDER BY field_type) FROM field_type_kinds())
-        FROM core.custom_report_field_types
-        """,
-    )
-    return dg.AssetCheckResult(
-        passed=not new_types,
-        severity=dg.AssetCheckSeverity.WARN,
-        metadata={
-            "new_field_types": ", ".join(new_types),
-            "values_of_new_types": int(values),
-            "known_field_types": ", ".join(known),
-        },
-    )
-
-
-@check(
-    "event_states_known",
-    "Every event state (eventState, stateOld, stateNew) is one of the states the API document "
-    "lists (sql/known_event_states.sql). A warning: the API's transitions are not documented, so "
-    "a new state is drift to look at, not an error.",
-    also_reads=("core.events",),
-)
-def event_states_known(conn: duckdb.DuckDBPyConnection, table: CoreTable) -> dg.AssetCheckResult:
-    new_states, rows = _fetch_one(
-        conn,
-        """
-        WITH seen AS (
-            SELECT event_state AS state FROM core.events
-            UNION ALL SELECT state_old FROM core.event_status_history
-            UNION ALL SELECT state_new FROM core.event_status_history
-        ),
-        unknown AS (
-            SELECT state, count(*) AS n
-            FROM seen
-            WHERE state IS NOT NULL AND state NOT IN (SELECT state FROM known_event_states())
-            GROUP BY state
-        )
-        SELECT coalesce(list(state ORDER BY state), []), coalesce(sum(n), 0) FROM unknown
-        """,
-    )
-    return dg.AssetCheckResult(
-        passed=not new_states,
-        severity=dg.AssetCheckSeverity.WARN,
-        metadata={"new_states": ", ".join(new_states), "rows_with_new_states": int(rows)},
-    )
-
-
 NOT_FINITE = "not finite"
 
 
@@ -520,100 +374,6 @@ def values_typed(conn: duckdb.DuckDBPyConnection, table: CoreTable) -> dg.AssetC
 )
 def values_finite(conn: duckdb.DuckDBPyConnection, table: CoreTable) -> dg.AssetCheckResult:
     return untyped_values_found(conn, table, not_finite=True)
-
-
-def _mart_totals_match(
-    counts: tuple[str, int, str, int], values: tuple[str, float, str, float]
-) -> dg.AssetCheckResult:
-    """A mart's row count and value total against core's: ``(mart name, n, core name, n)``."""
-    mart_count, mart_n, core_count, core_n = counts
-    mart_sum, mart_value, core_sum, core_value = values
-    return dg.AssetCheckResult(
-        passed=mart_n == core_n and abs(mart_value - core_value) < 0.01,
-        severity=dg.AssetCheckSeverity.ERROR,
-        metadata={
-            mart_count: int(mart_n),
-            core_count: int(core_n),
-            mart_sum: float(mart_value),
-            core_sum: float(core_value),
-        },
-    )
-
-
-@check(
-    "daily_sales_match_transactions",
-    "mart.daily_sales adds up to core.transactions: the same number of transactions and the same "
-    "total value (to a cent), so no sale is lost or counted twice by the joins.",
-    also_reads=("core.transactions",),
-)
-def daily_sales_match_transactions(
-    conn: duckdb.DuckDBPyConnection, table: CoreTable
-) -> dg.AssetCheckResult:
-    mart_n, core_n, mart_value, core_value = _fetch_one(
-        conn,
-        """
-        SELECT
-            (SELECT coalesce(sum(transactions), 0) FROM mart.daily_sales),
-            (SELECT count(*) FROM core.transactions),
-            (SELECT coalesce(sum(total_value), 0) FROM mart.daily_sales),
-            (SELECT coalesce(sum(total_value), 0) FROM core.transactions)
-        """,
-    )
-    return _mart_totals_match(
-        ("mart_transactions", mart_n, "core_transactions", core_n),
-        ("mart_total_value", mart_value, "core_total_value", core_value),
-    )
-
-
-@check(
-    "event_summary_matches_events",
-    "mart.event_summary has one row per core.events row, and its total value equals that of the "
-    "transactions whose event is known.",
-    also_reads=("core.events", "core.transactions"),
-)
-def event_summary_matches_events(
-    conn: duckdb.DuckDBPyConnection, table: CoreTable
-) -> dg.AssetCheckResult:
-    mart_n, core_n, mart_value, core_value = _fetch_one(
-        conn,
-        """
-        SELECT
-            (SELECT count(*) FROM mart.event_summary),
-            (SELECT count(*) FROM core.events),
-            (SELECT coalesce(sum(total_value), 0) FROM mart.event_summary),
-            (SELECT coalesce(sum(t.total_value), 0)
-             FROM core.transactions AS t SEMI JOIN core.events AS e USING (event_id))
-        """,
-    )
-    return _mart_totals_match(
-        ("mart_events", mart_n, "core_events", core_n),
-        ("mart_total_value", mart_value, "core_total_value_of_known_events", core_value),
-    )
-
-
-@check(
-    "user_activity_matches_status_changes",
-    "mart.user_activity counts every dated status change with a user exactly once: its "
-    "status_changes add up to those rows of core.event_status_history.",
-    also_reads=("core.event_status_history",),
-)
-def user_activity_matches_status_changes(
-    conn: duckdb.DuckDBPyConnection, table: CoreTable
-) -> dg.AssetCheckResult:
-    mart_n, core_n = _fetch_one(
-        conn,
-        """
-        SELECT
-            (SELECT coalesce(sum(status_changes), 0) FROM mart.user_activity),
-            (SELECT count(*) FROM core.event_status_history
-             WHERE user_id IS NOT NULL AND changed_at IS NOT NULL)
-        """,
-    )
-    return dg.AssetCheckResult(
-        passed=mart_n == core_n,
-        severity=dg.AssetCheckSeverity.ERROR,
-        metadata={"mart_status_changes": int(mart_n), "core_status_changes": int(core_n)},
-    )
 
 
 def core_checks(tables: Sequence[CoreTable] | None = None) -> list[CoreCheck]:

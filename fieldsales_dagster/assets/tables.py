@@ -18,6 +18,7 @@ import functools
 import hashlib
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Literal
 
 import dagster as dg
 import msgspec
@@ -59,13 +60,27 @@ class FollowsEntry(msgspec.Struct, forbid_unknown_fields=True, frozen=True):
     resolved_against: dict[str, str] = msgspec.field(default_factory=dict)
 
 
+class CheckEntry(msgspec.Struct, forbid_unknown_fields=True, frozen=True):
+    """A check a table's YAML writes out (``checks:``): one query returning one row, whose
+    ``passed`` column says whether the check passed and whose other columns are its metadata (a
+    list is shown as its items, comma-separated). ``{table}`` in ``description`` is the table."""
+
+    name: str
+    description: str
+    sql: str
+    severity: Literal["warn", "error"] = "warn"
+    #: The tables (``schema.name``) it reads besides its own.
+    also_reads: tuple[str, ...] = ()
+
+
 class TableFile(msgspec.Struct, forbid_unknown_fields=True, frozen=True):
-    """``sql/<schema>_<name>.yaml`` of a core or mart table."""
+    """``sql/<schema>_<name>.yaml`` of a core or mart table: a check is the name of one of
+    ``checks.py``'s (those every table may take) or written out (``CheckEntry``)."""
 
     description: str
     key: list[str]
     columns: ColumnEntries
-    checks: list[str]
+    checks: list[str | CheckEntry]
     nullable_key: list[str] = msgspec.field(default_factory=list)
     follows: FollowsEntry | None = None
 
@@ -86,8 +101,9 @@ class CoreTable:
     nullable_key: tuple[str, ...] = ()
     #: Set when the table follows the decoded table's changes rather than being rebuilt whole.
     follows: Follows | None = None
-    #: The names of its checks (``checks.py``).
+    #: The names of its checks (``checks.py``'s, or written out in its YAML: ``written_checks``).
     checks: tuple[str, ...] = ()
+    written_checks: tuple[CheckEntry, ...] = ()
 
     @property
     def asset_name(self) -> str:
@@ -165,7 +181,8 @@ def read_table(folder: Path, asset_name: str) -> CoreTable:
         folder,
         tuple(found.nullable_key),
         _follows(found.follows, where),
-        tuple(found.checks),
+        tuple(c if isinstance(c, str) else c.name for c in found.checks),
+        tuple(c for c in found.checks if isinstance(c, CheckEntry)),
     )
 
 
