@@ -57,14 +57,20 @@ def _fetch_one(conn: duckdb.DuckDBPyConnection, sql: str) -> tuple:
 
 @dataclass(frozen=True)
 class CheckKind:
-    """A check implementation, named in a table's YAML (``checks:``)."""
+    """A check implementation: one of this module's (``check``) or written out in a table's YAML
+    (``written_check``)."""
 
     evaluate: Evaluate
-    #: ``describe(table)``: what the check promises, on ``table``.
-    describe: Callable[[CoreTable], str]
+    #: What the check promises: ``{table}`` is the checked table's name; or ``f(table)``.
+    description: str | Callable[[CoreTable], str]
     blocking: bool = False
     #: The tables (``schema.name``) it reads besides the one it checks.
     also_reads: tuple[str, ...] = ()
+
+    def describe(self, table: CoreTable) -> str:
+        if callable(self.description):
+            return self.description(table)
+        return self.description.replace("{table}", table.table)
 
 
 #: Every check implementation, by the name a table's YAML gives it (``check`` registers them).
@@ -78,16 +84,10 @@ def check(
     blocking: bool = False,
     also_reads: tuple[str, ...] = (),
 ) -> Callable[[Evaluate], Evaluate]:
-    """Register the decorated function as the check ``name`` (``{table}`` in ``description`` is
-    the checked table's name)."""
-
-    def describe(table: CoreTable) -> str:
-        if callable(description):
-            return description(table)
-        return description.replace("{table}", table.table)
+    """Register the decorated function as the check ``name`` (``CheckKind``)."""
 
     def register(evaluate: Evaluate) -> Evaluate:
-        CHECKS[name] = CheckKind(evaluate, describe, blocking, also_reads)
+        CHECKS[name] = CheckKind(evaluate, description, blocking, also_reads)
         return evaluate
 
     return register
@@ -151,11 +151,7 @@ def written_check(entry: CheckEntry) -> CheckKind:
             metadata={name: _metadata_value(value) for name, value in found.items()},
         )
 
-    return CheckKind(
-        evaluate,
-        lambda table: entry.description.replace("{table}", table.table),
-        also_reads=tuple(entry.also_reads),
-    )
+    return CheckKind(evaluate, entry.description, also_reads=entry.also_reads)
 
 
 def _metadata_value(value: object) -> Any:
