@@ -18,11 +18,13 @@ from __future__ import annotations
 import re
 import tempfile
 import threading
+from array import array
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import duckdb
+import numpy as np
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
@@ -30,6 +32,7 @@ from hypothesis import strategies as st
 from fieldsales_dagster.client.api import FieldSalesAPI
 from fieldsales_dagster.client.endpoints import TRANSACTIONS
 from fieldsales_dagster.client.errors import FieldSalesAPIError
+from fieldsales_dagster.loading.passes import digests_gone
 from fieldsales_dagster.loading.raw_load import RawLoadError, load_list
 from fieldsales_dagster_tests.hostile_lists import HostileServer, items
 
@@ -349,3 +352,16 @@ def test_a_smaller_total_answered_last_of_a_growing_list_is_not_its_final_total(
     facts = PassFacts(5005, 5005, (5004, 5006, 5005), False, 1, 3)
     assert facts.total == 5006
     assert judge_pass(facts).action == "repair"
+
+
+@settings(max_examples=200, deadline=None)
+@given(
+    st.lists(st.integers(-(2**63), 2**63 - 1), max_size=40),
+    st.lists(st.integers(-(2**63), 2**63 - 1), max_size=40),
+    st.lists(st.sampled_from([0, -1, 2**63 - 1, -(2**63)]), max_size=6),
+)
+def test_the_digests_a_re_read_did_not_list_are_exactly_the_set_difference(held, seen, shared):
+    """``digests_gone`` (a sorted search) says what ``np.setdiff1d`` says: duplicates, the
+    extremes of int64, empty sides and digests on both sides included."""
+    kept, listed = array("q", held + shared), array("q", seen + shared[::2])
+    assert digests_gone(kept, listed).tolist() == np.setdiff1d(kept, listed).tolist()
