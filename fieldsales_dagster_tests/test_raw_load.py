@@ -310,10 +310,9 @@ def test_pretty_printed_items_and_odd_ids_are_stored_as_received(tmp_path):
 )
 def test_a_page_batch_holds_each_items_keys_as_text_and_its_bytes_as_received(items):
     import json
-    from array import array
 
     from fieldsales_dagster.client.envelope import split_envelope
-    from fieldsales_dagster.client.pager import Page, item_digest
+    from fieldsales_dagster.client.pager import Page, item_digests
     from fieldsales_dagster.loading.raw_load import key_decoder, page_batch, page_schema
 
     def as_text(value):  # what the table stores for a key: text, or NULL
@@ -324,7 +323,7 @@ def test_a_page_batch_holds_each_items_keys_as_text_and_its_bytes_as_received(it
     body = json.dumps({"transactions": items, "count": len(items)}).encode()
     parsed, total = split_envelope(body, TRANSACTIONS, "test page")
     decode = key_decoder(TRANSACTIONS)
-    digests = array("q", map(item_digest, parsed))
+    digests = item_digests(parsed)
     page = Page(skip=0, items=parsed, total=total, nbytes=len(body), digests=digests)
     batch = page_batch(page, page_schema(TRANSACTIONS), decode)
     assert batch.schema.names == ["id", "event_id", "payload", "digest"]

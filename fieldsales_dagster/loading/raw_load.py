@@ -110,7 +110,7 @@ def raw_table_ddl(
     temporary: bool = False,
     digest: bool = False,
 ) -> str:
-    """A raw table; with ``digest``, a staging table (each item's ``item_digest``)."""
+    """A raw table; with ``digest``, a staging table (each item's ``item_digests``)."""
     # zstd suits ~5 KB JSON documents: measured 2.6x faster to write than DuckDB's default
     # dictionary/FSST choice for them, smaller on disk, and faster to read back. A lake's
     # Parquet files take no per-column compression (its files are zstd: see lake.py).
@@ -317,7 +317,7 @@ class Staging:
 
     ``by``: the column that tells the lists apart (``event_id`` for the per-event transaction
     lists); ``None`` for one whole list. Each ``write`` is one insert transaction. Each row keeps
-    its item's ``item_digest`` until ``seal`` drops the column, before the table is used.
+    its item's ``item_digests`` until ``seal`` drops the column, before the table is used.
     """
 
     conn: duckdb.DuckDBPyConnection
@@ -387,7 +387,7 @@ class Staging:
         return count, list(ids or [])
 
     def ids_of(self, key: Hashable, digests: set[int]) -> list[str]:
-        """The first few ids (in order) of one list's items whose ``item_digest`` is listed."""
+        """The first few ids (in order) of one list's items whose ``item_digests`` is listed."""
         params: dict[str, object] = {"digests": list(digests)}
         where = ""
         if self.by is not None:
