@@ -201,3 +201,14 @@ def test_the_package_imports_no_private_dagster_api_but_the_listed_annotations()
 def test_the_private_import_check_sees_one_that_runs():
     source = "import dagster as dg\nfrom dagster._core.storage.db_io_manager import TableSlice\n"
     assert private_dagster_imports(source) == [("dagster._core.storage.db_io_manager", False)]
+
+
+def test_the_repository_tracks_no_symbolic_link():
+    """A link committed by mistake (a `.venv` pointing at one machine's virtualenv) makes a fresh
+    clone depend on that machine: `make` then finds a Python that exists only there."""
+    tracked = subprocess.run(
+        ["git", "ls-files", "--stage"], cwd=ROOT, capture_output=True, text=True, check=True
+    ).stdout.splitlines()
+    assert tracked, "git ls-files listed nothing: not run from a clone?"
+    links = [line.split("\t", 1)[1] for line in tracked if line.startswith("120000 ")]
+    assert links == []
