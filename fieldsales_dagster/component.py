@@ -75,7 +75,7 @@ def _with_flat_keys(derived: type[BaseModel]) -> type[BaseModel]:
         model_config = ConfigDict(extra="allow")
 
     nest: Any = model_validator(mode="before")(
-        lambda cls, given: nest_flat_keys(given, yaml=True) if isinstance(given, dict) else given
+        lambda cls, given: nest_flat_keys(given) if isinstance(given, dict) else given
     )
     storage: Any = derived.model_fields["storage"]
     api: Any = derived.model_fields["api"].annotation

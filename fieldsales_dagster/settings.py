@@ -772,11 +772,6 @@ class FieldSalesSettings(SettingsModel):
         "a plain name other than raw, core, mart and meta, e.g. analytics",
     )
 
-    @model_validator(mode="before")
-    @classmethod
-    def _flat_keys(cls, values: Any) -> Any:
-        return nest_flat_keys(values) if isinstance(values, dict) else values
-
     @field_validator("key_prefix", "group_prefix")
     @classmethod
     def _prefix(cls, value: str | None) -> str | None:
@@ -792,14 +787,13 @@ class FieldSalesSettings(SettingsModel):
         return value
 
 
-def nest_flat_keys(values: dict[str, Any], *, yaml: bool = False) -> dict[str, Any]:
-    """The flat keys of earlier releases (``page_size: 100``), read for one more release with a
-    warning that says the new spelling (``api: {page_size: 100}``). ``yaml``: nest them under
-    their YAML keys (``api_token``), not the fields' (``api_token_env_var``)."""
+def nest_flat_keys(values: dict[str, Any]) -> dict[str, Any]:
+    """The YAML's flat keys of earlier releases (``page_size: 100``), read for one more release
+    with a warning that says the new spelling (``api: {page_size: 100}``)."""
     nested = {"api": {}, **values}
     for name, value in values.items():
         declared = SETTINGS.get(name) or RETIRED_SETTINGS.get(name)
-        if declared is None or not declared.group or isinstance(value, dict | SettingsModel):
+        if declared is None or not declared.group or isinstance(value, dict):
             continue  # not a setting, the instance's own, or the pii: or storage: concern itself
         warnings.warn(
             f"Field-Sales setting {name} is the flat spelling of an earlier release: write it as "
@@ -809,9 +803,5 @@ def nest_flat_keys(values: dict[str, Any], *, yaml: bool = False) -> dict[str, A
             stacklevel=2,
         )
         del nested[name]
-        given = nested.get(declared.group)
-        if isinstance(given, SettingsModel):
-            given = given.model_dump(exclude_unset=True)
-        key = declared.key if yaml else declared.field
-        nested[declared.group] = {**(given or {}), key: value}
+        nested[declared.group] = {**(nested.get(declared.group) or {}), declared.key: value}
     return nested
