@@ -40,7 +40,7 @@ from fieldsales_dagster.automation.sensors import (
 )
 from fieldsales_dagster.client.api import FieldSalesAPI
 from fieldsales_dagster.names import InstanceNames
-from fieldsales_dagster.paths import PathSettingError, check_file_setting
+from fieldsales_dagster.paths import check_file_setting
 from fieldsales_dagster.settings import (
     IDENTIFIER,
     ITEM_SHARE_OF_MEMORY,
@@ -220,16 +220,8 @@ class FieldSalesComponent(dg.Component, FieldSalesSettings):
         settings = {"token_store_path": self.api.token_store_path}
         if self.storage.duckdb_path is not None:
             settings["duckdb_path"] = self.storage.duckdb_path
-        try:
-            for setting, path in settings.items():
-                check_file_setting(
-                    path,
-                    setting=setting,
-                    variable=SETTINGS[setting].variable,
-                    create_dirs=self.storage.create_dirs,
-                )
-        except PathSettingError as exc:
-            raise SettingError(str(exc)) from None
+        for setting, path in settings.items():
+            check_file_setting(path, setting=setting, create_dirs=self.storage.create_dirs)
         warning = old_warehouse_warning(self.warehouse_lake(), self.storage.duckdb_path)
         if warning:
             dg.get_dagster_logger().warning(warning)

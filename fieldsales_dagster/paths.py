@@ -12,9 +12,7 @@ import os
 from collections.abc import Callable
 from pathlib import Path
 
-
-class PathSettingError(ValueError):
-    """A file setting points somewhere the pipeline cannot write."""
+from fieldsales_dagster.settings import SETTINGS, SettingError
 
 
 def resolved(path: str | Path) -> Path:
@@ -23,25 +21,23 @@ def resolved(path: str | Path) -> Path:
 
 
 def check_file_setting(
-    path: str | Path, *, setting: str, variable: str, create_dirs: bool, create: bool = False
+    path: str | Path, *, setting: str, create_dirs: bool, create: bool = False
 ) -> Path:
     """The resolved ``path``, once it is known that the pipeline can replace the file there.
 
     ``create``: make a missing folder now (only with ``create_dirs``); otherwise a missing folder
     is accepted only with ``create_dirs``, if its nearest existing ancestor is writable. A path
-    left at the setting's default counts as ``create_dirs``. The error names the setting, its
-    variable, the path as given (and the link's target) and what to do.
+    left at the setting's default counts as ``create_dirs``. The ``SettingError`` names the
+    setting, its variable, the path as given (and the link's target) and what to do.
     """
-    from fieldsales_dagster.settings import SETTINGS  # settings imports nothing of ours
-
-    known = SETTINGS.get(setting)
-    create_dirs = create_dirs or (known is not None and str(path) == known.default)
+    variable = SETTINGS[setting].variable
+    create_dirs = create_dirs or str(path) == SETTINGS[setting].default
     given = Path(path).expanduser()
     target = resolved(given)
     shown = str(given) if target == given.absolute() else f"{given} (a link to {target})"
 
-    def fail(why: str, what_to_do: str) -> PathSettingError:
-        return PathSettingError(
+    def fail(why: str, what_to_do: str) -> SettingError:
+        return SettingError(
             f"Field-Sales setting {setting} (from {variable}) is invalid: {shown} {why}. "
             f"{what_to_do}; set it in defs.yaml or through {variable} and load again."
         )
@@ -57,7 +53,7 @@ def check_file_setting(
     return target
 
 
-def _check_whitespace(target: Path, fail: Callable[[str, str], PathSettingError]) -> None:
+def _check_whitespace(target: Path, fail: Callable[[str, str], SettingError]) -> None:
     """Refuse a name with whitespace around it, and one that differs from an existing file or
     folder beside it only by such whitespace: a stray space in a variable once wrote new files
     there, and the other one holds the data analysts read."""
@@ -84,7 +80,7 @@ def _check_whitespace(target: Path, fail: Callable[[str, str], PathSettingError]
 def _check_folder(
     folder: Path,
     setting: str,
-    fail: Callable[[str, str], PathSettingError],
+    fail: Callable[[str, str], SettingError],
     create_dirs: bool,
     create: bool,
 ) -> None:
