@@ -51,9 +51,7 @@ def refuse_shared_claims(context: dg.ComponentLoadContext, of_type: type[Tenant]
     root = context.component_tree.defs_module_path.parent
     mine = tenants.pop(this)
     for loc, other in tenants.items():
-        shared = _shared(
-            (_label(this, root), mine.tenant_claims()), (_label(loc, root), other.tenant_claims())
-        )
+        shared = _shared(mine.tenant_claims(), other.tenant_claims())
         if shared:
             raise TenantConflictError(
                 f"Field-Sales components {_describe(this, mine, root)} and "
@@ -90,22 +88,7 @@ def _describe(loc: ComponentPath, tenant: Tenant, root: Path) -> str:
     return f"{_label(loc, root)} ({prefix})"
 
 
-def _shared(mine: tuple[str, list[Claim]], theirs: tuple[str, list[Claim]]) -> list[str]:
-    """What two tenants' claims have in common, as phrases naming whose setting each is:
-    'the pool x (key_prefix of both)', 'the DuckDB export y (duckdb_path of both)'."""
-    (my_label, my_claims), (their_label, their_claims) = mine, theirs
-
-    def settings(claims: list[Claim], claimed: tuple[str, str]) -> str:
-        return " and ".join(c.setting for c in claims if (c.thing, c.value) == claimed)
-
-    phrases = []
-    for thing, value in dict.fromkeys((claim.thing, claim.value) for claim in my_claims):
-        ours, theirs_ = settings(my_claims, (thing, value)), settings(their_claims, (thing, value))
-        if theirs_:
-            whose = (
-                f"{ours} of both"
-                if ours == theirs_
-                else f"{ours} of {my_label}, {theirs_} of {their_label}"
-            )
-            phrases.append(f"the {thing} {value} ({whose})")
-    return phrases
+def _shared(mine: list[Claim], theirs: list[Claim]) -> list[str]:
+    """The claims two tenants have in common: 'the pool x (key_prefix of both)'. A thing comes
+    from one setting (``tenant_claims``), so a shared one is that setting of both."""
+    return [f"the {c.thing} {c.value} ({c.setting} of both)" for c in mine if c in theirs]
