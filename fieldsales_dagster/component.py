@@ -59,8 +59,6 @@ from fieldsales_dagster.token.secret import clean_token
 from fieldsales_dagster.warehouse.lake import Lake, old_warehouse_warning
 from fieldsales_dagster.warehouse.warehouse import FieldSalesWarehouse
 
-__all__ = ["FieldSalesComponent", "SettingError", "memory_megabytes", "schedule_interval"]
-
 
 @functools.cache
 def _with_flat_keys(derived: type[BaseModel]) -> type[BaseModel]:
@@ -180,14 +178,12 @@ class FieldSalesComponent(dg.Component, FieldSalesSettings):
         api = {**values(self.api), "api_token": dg.EnvVar(token_variable)}
         warehouse = values(self.storage, self.pii, self.refresh)
         return {
-            self.names.api_resource: FieldSalesAPI(**api),
-            self.names.warehouse_resource: FieldSalesWarehouse(
+            self.names.api.key: FieldSalesAPI(**api),
+            self.names.warehouse.key: FieldSalesWarehouse(
                 **warehouse, tenant=self.tenant, pii_hash_key=pii_hash_key
             ),
             # User assets' DataFrames, through the warehouse above (assets/io_manager.py).
-            self.names.io_manager: build_io_manager(
-                self.names.warehouse_resource, self.user_schema
-            ),
+            self.names.io_manager: build_io_manager(self.names.warehouse.key, self.user_schema),
         }
 
     def check_item_size(self) -> None:
@@ -276,19 +272,17 @@ class FieldSalesComponent(dg.Component, FieldSalesSettings):
 
     def tenant_claims(self) -> list[Claim]:
         """What this instance must have to itself in a code location (see ``tenancy.py``)."""
+        # Spellings compared here; what the lake records (its tenant) is checked at first write.
+        lake = self.warehouse_lake()
+        where = lake.catalog_file.resolve() if lake.catalog_file else lake.catalog
         claims = [
             Claim("key prefix", self.key_prefix or "(none)", "key_prefix"),
             Claim("pool", self.names.pool, "key_prefix"),
             Claim(
                 "token store", str(Path(self.api.token_store_path).resolve()), "token_store_path"
             ),
+            Claim("DuckLake", f"{where} (schema {lake.schema or 'main'})", "ducklake_catalog"),
         ]
-        # Spellings compared here; what the lake records (its tenant) is checked at first write.
-        lake = self.warehouse_lake()
-        where = lake.catalog_file.resolve() if lake.catalog_file else lake.catalog
-        claims.append(
-            Claim("DuckLake", f"{where} (schema {lake.schema or 'main'})", "ducklake_catalog")
-        )
         if self.storage.duckdb_path is not None:
             claims.append(
                 Claim("DuckDB export", str(Path(self.storage.duckdb_path).resolve()), "duckdb_path")
@@ -297,39 +291,31 @@ class FieldSalesComponent(dg.Component, FieldSalesSettings):
 
     def build_defs(self, context: dg.ComponentLoadContext) -> dg.Definitions:
         refuse_shared_claims(context, FieldSalesComponent)
-        names = self.names
+        names, refresh = self.names, self.refresh
         assets = self.build_assets()
         selection = dg.AssetSelection.assets(*assets)
         job = build_refresh_job(names, selection)
-        jobs: list[Any] = [job]
-        schedules = [
-            build_refresh_schedule(
-                names, job, self.refresh.schedule_cron, self.refresh.schedule_timezone
-            )
-        ]
+        schedule = build_refresh_schedule(
+            names, job, refresh.schedule_cron, refresh.schedule_timezone
+        )
         upkeep = build_upkeep_asset(names, self.owners, self.storage.retain_snapshots_days)
         upkeep_job, upkeep_schedule = build_upkeep_job_and_schedule(
-            names, upkeep, self.refresh.schedule_timezone
+            names, upkeep, refresh.schedule_timezone
         )
-        jobs.append(upkeep_job)
-        schedules.append(upkeep_schedule)
-        alerts = self.alert_settings()
         alert_sensors = build_alert_sensors(
             names,
-            alerts,
-            job_names=[*(j.name for j in jobs), names.token_renewal_job],
+            self.alert_settings(),
+            job_names=[job.name, upkeep_job.name, names.token_renewal_job],
             asset_keys=[key for a in [*assets, upkeep] for key in a.keys],
         )
+        renewal = RenewalPolicy.after_days(self.api.token_renew_after_days)
         return dg.Definitions(
             assets=dg.with_source_code_references([*assets, upkeep]),
             asset_checks=self.build_checks(assets),
-            jobs=jobs,
-            schedules=schedules,
+            jobs=[job, upkeep_job],
+            schedules=[schedule, upkeep_schedule],
             sensors=[
-                build_token_renewal_sensor(
-                    names,
-                    RenewalPolicy.after_days(self.api.token_renew_after_days),
-                ),
+                build_token_renewal_sensor(names, renewal),
                 # Also the user assets downstream of this instance's tables (README: Build on it).
                 build_core_automation_sensor(names, selection.downstream()),
                 *alert_sensors,
