@@ -84,7 +84,8 @@ def _check_folder(
     create_dirs: bool,
     create: bool,
 ) -> None:
-    """Fail unless ``folder`` exists (or may be created: ``create_dirs``) and is writable."""
+    """Fail unless ``folder`` exists (or may be created: ``create_dirs``) and is writable, then
+    create it (``create``)."""
     existing = folder
     while not existing.exists() and existing != existing.parent:
         existing = existing.parent
@@ -93,25 +94,14 @@ def _check_folder(
             f"cannot be created: {existing} is a file, not a folder",
             f"Move that file away or choose another path for {setting}",
         )
-    if existing != folder:
-        if not create_dirs:
-            raise fail(
-                f"is in a folder that does not exist ({folder})",
-                f"Create it (mkdir -p {folder}), or set create_dirs: true "
-                "(FIELDSALES_CREATE_DIRS=true) to let the pipeline create it, or fix a mistyped "
-                "path",
-            )
-        if create:
-            try:
-                folder.mkdir(parents=True, exist_ok=True)
-            except OSError as exc:
-                raise fail(
-                    f"is in a folder that could not be created ({folder}: {exc.strerror})",
-                    f"Create {folder} yourself",
-                ) from None
-            existing = folder
+    if existing != folder and not create_dirs:
+        raise fail(
+            f"is in a folder that does not exist ({folder})",
+            f"Create it (mkdir -p {folder}), or set create_dirs: true "
+            "(FIELDSALES_CREATE_DIRS=true) to let the pipeline create it, or fix a mistyped path",
+        )
     if not os.access(existing, os.W_OK | os.X_OK):
-        read_only = _read_only(existing)
+        read_only = bool(os.statvfs(existing).f_flag & os.ST_RDONLY)  # it exists: stat works
         raise fail(
             f"is in a folder this user cannot write ({existing}"
             f"{': a read-only file system' if read_only else ''})",
@@ -121,10 +111,5 @@ def _check_folder(
                 else f"Give the user running Dagster (uid {os.getuid()}) write access to {existing}"
             ),
         )
-
-
-def _read_only(folder: Path) -> bool:
-    try:
-        return bool(os.statvfs(folder).f_flag & os.ST_RDONLY)
-    except OSError:
-        return False
+    if create:  # below a writable folder: only a race or a full disk can fail it (OSError says)
+        folder.mkdir(parents=True, exist_ok=True)

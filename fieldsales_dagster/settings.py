@@ -148,13 +148,12 @@ class Setting:
         where = f" ({self.variable})" if self.variable else ""
         unset = f" Default: {self.unset}." if self.default is None else ""
         extra: Any = self if in_model else {SETTING_KEY: self.name}
-        more: dict[str, Any] = {"description": f"{self.description}{where}.{unset}"}
-        if isinstance(self.default, list):
-            default = self.default
-            return Field(default_factory=lambda: list(default), json_schema_extra=extra, **more)
+        description = f"{self.description}{where}.{unset}"
         required = in_model and self.default is PydanticUndefined
-        given: Any = None if required else self.default
-        return Field(given, validate_default=required, json_schema_extra=extra, **more)
+        given: Any = None if required else self.default  # pydantic copies a list per instance
+        return Field(
+            given, validate_default=required, json_schema_extra=extra, description=description
+        )
 
 
 #: Every setting, by flat name, in the order declared (filled as the models below are defined).
@@ -780,9 +779,7 @@ class FieldSalesSettings(SettingsModel):
     @field_validator("user_schema")
     @classmethod
     def _user_schema(cls, value: str) -> str:
-        if not IDENTIFIER.match(value):
-            raise ValueError("it is not a plain name")
-        if value.lower() in PROJECT_SCHEMAS:
+        if _plain_name(value) and value.lower() in PROJECT_SCHEMAS:
             raise ValueError("the project rebuilds that schema, so it would overwrite your tables")
         return value
 
