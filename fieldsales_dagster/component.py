@@ -1,17 +1,11 @@
 """The Field-Sales component: one instance of the service, configured in YAML, as Dagster defs.
 
-Its settings are ``FieldSalesSettings`` (``settings.py``); a bad value fails the load at once,
-naming the setting, its variable and what it accepts. One instance becomes:
-
-* resources: the API client (its token a Dagster ``EnvVar``: the UI shows the variable's name,
-  never the token) and the warehouse (a DuckLake);
-* assets ``raw_*`` and ``core_*`` (under ``key_prefix`` for a second tenant), their checks;
-* the refresh job and schedule, the token-renewal sensor and job, the core-table automation
-  sensor, the upkeep job and the alert sensors.
-
-Subclasses may override ``build_assets`` or ``build_checks``. (Most core checks are check specs
-of their assets, evaluated in the asset's step; ``build_checks`` holds those that run as steps of
-their own.)
+Its settings are ``FieldSalesSettings`` (``settings.py``). One instance becomes the API client
+(its token a Dagster ``EnvVar``: the UI shows only the variable's name) and warehouse resources;
+assets ``raw_*``, ``core_*`` and ``mart_*`` (under ``key_prefix`` for a second tenant) and their
+checks; the refresh and upkeep jobs and schedules; the token-renewal, automation and alert
+sensors. Subclasses may override ``build_assets`` or ``build_checks`` (the checks that run as
+steps of their own; most are check specs evaluated in their asset's step).
 """
 
 from __future__ import annotations

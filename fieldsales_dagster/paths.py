@@ -1,9 +1,6 @@
-"""File settings as users give them (``duckdb_path``, ``token_store_path``: files the pipeline
-replaces by a rename over them). A symlink is followed, so the rename replaces its target and the
-link stays. ``check_file_setting`` names the setting and its variable and what is wrong: a
-directory, a parent that is a file, a folder the user cannot write, or a missing folder, created
-only with ``create_dirs`` or for the setting's default under data/ (a fresh clone has none yet):
-a mistyped volume path must never fill the local disk.
+"""File settings (``duckdb_path``, ``token_store_path``: files the pipeline replaces by a rename;
+a symlink is followed, so the rename replaces its target). A missing folder is created only with
+``create_dirs`` or for the default under data/: a mistyped volume path must never fill the disk.
 """
 
 from __future__ import annotations
@@ -23,13 +20,9 @@ def resolved(path: str | Path) -> Path:
 def check_file_setting(
     path: str | Path, *, setting: str, create_dirs: bool, create: bool = False
 ) -> Path:
-    """The resolved ``path``, once it is known that the pipeline can replace the file there.
-
-    ``create``: make a missing folder now (only with ``create_dirs``); otherwise a missing folder
-    is accepted only with ``create_dirs``, if its nearest existing ancestor is writable. A path
-    left at the setting's default counts as ``create_dirs``. The ``SettingError`` names the
-    setting, its variable, the path as given (and the link's target) and what to do.
-    """
+    """The resolved ``path``, once it is known that the pipeline can replace the file there;
+    ``create``: make a missing folder now. The ``SettingError`` names the setting, its variable,
+    the path as given (and the link's target), what is wrong and what to do."""
     variable = SETTINGS[setting].variable
     create_dirs = create_dirs or str(path) == SETTINGS[setting].default
     given = Path(path).expanduser()

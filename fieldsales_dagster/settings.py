@@ -2,13 +2,9 @@
 
 A setting is a field of its concern's model (``api:``, ``storage:``, ``refresh:``, ``pii:``,
 ``alerts:``, or the instance's own: ``key_prefix``, ...), made by ``setting(...)`` with its
-default, range, ``FIELDSALES_*`` variable and meaning. A concern resolves into what it configures
-(``ApiSettings`` -> ``FieldSalesAPI``; ``StorageSettings``, ``PiiSettings`` and
-``RefreshSettings`` -> ``FieldSalesWarehouse``; ``AlertsSettings`` -> the alert policy), whose
-fields ``settings_resource`` makes from it. Tests hold every setting against the resources, the
-default ``defs.yaml`` and the tables of docs/configuration.md and docs/alerts.md. The flat keys
-of earlier releases (``page_size: 100``) are read with a warning naming the new spelling
-(``api: {page_size: 100}``). Nothing is read from the environment here.
+default, range, ``FIELDSALES_*`` variable and meaning; ``settings_resource`` gives the resource a
+concern resolves into a field per setting. The YAML's flat keys of earlier releases are read
+with a warning (``nest_flat_keys``). Nothing is read from the environment here.
 """
 
 from __future__ import annotations

@@ -1,13 +1,9 @@
 """Tenants are isolated by construction: two instances never share a file, a token or a pool.
 
-Every Field-Sales component of a code location (one ``defs/<tenant>/defs.yaml`` each) claims its
-lake (catalog and schema), its export file, its token store (symlinks followed), its key prefix and
-its pool. Two spellings of one catalog are caught when the lake is first written: the lake records
-its tenant (``warehouse/lake.py``, ``check_tenant``). When Dagster builds one component's
-definitions, the claims of every other Field-Sales component the code location declares are compared
-with its own, and a shared one fails the load (``dg check defs``, ``dagster asset materialize``, the
-webserver) naming both components and what they share: otherwise the second tenant's runs replace
-the first tenant's tables, or send one tenant's token to the other's server.
+Each Field-Sales component of a code location claims its lake (catalog and schema), export file,
+token store (symlinks followed), key prefix and pool; a claim another component shares fails the
+load (``dg check defs``, ``dagster asset materialize``, the webserver) naming both and what they
+share. Two spellings of one catalog are caught at the lake's first write (``lake.check_tenant``).
 """
 
 from __future__ import annotations
