@@ -9,7 +9,7 @@ import os
 from collections.abc import Callable
 from pathlib import Path
 
-from fieldsales_dagster.settings import SETTINGS, SettingError
+from fieldsales_dagster.settings import SETTINGS, SettingError, invalid
 
 
 def resolved(path: str | Path) -> Path:
@@ -23,17 +23,14 @@ def check_file_setting(
     """The resolved ``path``, once it is known that the pipeline can replace the file there;
     ``create``: make a missing folder now. The ``SettingError`` names the setting, its variable,
     the path as given (and the link's target), what is wrong and what to do."""
-    variable = SETTINGS[setting].variable
-    create_dirs = create_dirs or str(path) == SETTINGS[setting].default
+    declared = SETTINGS[setting]
+    create_dirs = create_dirs or str(path) == declared.default
     given = Path(path).expanduser()
     target = resolved(given)
     shown = str(given) if target == given.absolute() else f"{given} (a link to {target})"
 
     def fail(why: str, what_to_do: str) -> SettingError:
-        return SettingError(
-            f"Field-Sales setting {setting} (from {variable}) is invalid: {shown} {why}. "
-            f"{what_to_do}; set it in defs.yaml or through {variable} and load again."
-        )
+        return invalid(declared.spelling, declared.variable, f"{shown} {why}. {what_to_do}")
 
     _check_whitespace(target, fail)
     if target.is_dir():

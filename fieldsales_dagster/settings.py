@@ -55,6 +55,16 @@ class SettingError(ValueError):
     """A setting of the component is missing or out of range."""
 
 
+def invalid(spelling: str, variable: str, why: str) -> SettingError:
+    """Setting ``spelling`` (read from ``variable``, if any) is invalid: ``why``, then where to set
+    it: every setting's error has this one form."""
+    where, through = (f" (from {variable})", f" or through {variable}") if variable else ("", "")
+    return SettingError(
+        f"Field-Sales setting {spelling}{where} is invalid: {why}; set it in defs.yaml{through} "
+        "and load again."
+    )
+
+
 @dataclass
 class Setting:
     """One setting: its default (``PydanticUndefined``: required), what it means, what it accepts
@@ -317,13 +327,9 @@ class SettingsModel(dg.Model, dg.Resolvable):
             for error in errors
             if error["loc"][:1] == first["loc"][:1]
         )
-        where = f" (from {variable})" if variable else ""
         value = values.get(field) if isinstance(values, dict) else None
         shown = "" if declared is not None and declared.name == "api_token" else f" Got {value!r}."
-        return (
-            f"Field-Sales setting {spelling}{where} is invalid: {why}.{shown} It takes {accepts}; "
-            f"set it in defs.yaml{' or through ' + variable if variable else ''} and load again."
-        )
+        return str(invalid(spelling, variable, f"{why}.{shown} It takes {accepts}"))
 
     @field_validator("*")
     @classmethod
@@ -552,11 +558,12 @@ class StorageSettings(SettingsModel):
         # A PostgreSQL catalog needs a data path every machine sees.
         if (self.ducklake_catalog or "").startswith("postgres:") and not self.ducklake_data_path:
             setting = SETTINGS["ducklake_data_path"]
-            raise SettingError(
-                f"Field-Sales setting {setting.spelling} (from {setting.variable}) is not set, "
-                "and a PostgreSQL catalog (FIELDSALES_DUCKLAKE_CATALOG) needs it: the folder "
-                "every machine sees (a shared volume) or an s3:// URL for the lake's Parquet "
-                f"files. Set it in defs.yaml or through {setting.variable} and load again."
+            raise invalid(
+                setting.spelling,
+                setting.variable,
+                "it is not set, and a PostgreSQL catalog (FIELDSALES_DUCKLAKE_CATALOG) needs it: "
+                "the folder every machine sees (a shared volume) or an s3:// URL for the lake's "
+                "Parquet files",
             )
         return self
 
