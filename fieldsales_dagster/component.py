@@ -42,6 +42,7 @@ from fieldsales_dagster.settings import (
     SETTINGS,
     FieldSalesSettings,
     SettingError,
+    invalid,
     memory_megabytes,
     nest_flat_keys,
     schedule_interval,
@@ -182,16 +183,15 @@ class FieldSalesComponent(dg.Component, FieldSalesSettings):
 
     def check_item_size(self) -> None:
         """Fail the load at once if ``max_item_mb`` is more than the memory limit can decode."""
-        memory_mb = memory_megabytes(self.storage.duckdb_memory_limit)
-        if self.api.max_item_mb * ITEM_SHARE_OF_MEMORY > memory_mb:
-            share = f"1/{ITEM_SHARE_OF_MEMORY}"
+        memory_mb, share = memory_megabytes(self.storage.duckdb_memory_limit), ITEM_SHARE_OF_MEMORY
+        if self.api.max_item_mb * share > memory_mb:
             item_mb, limit = self.api.max_item_mb, self.storage.duckdb_memory_limit
-            raise SettingError(
-                f"Field-Sales setting api.max_item_mb (FIELDSALES_MAX_ITEM_MB) is {item_mb}, but "
-                f"storage.duckdb_memory_limit (FIELDSALES_DUCKDB_MEMORY_LIMIT) {limit} decodes "
-                f"items of at most {int(memory_mb // ITEM_SHARE_OF_MEMORY)} MB ({share} of it). "
-                f"Raise duckdb_memory_limit to at least {item_mb * ITEM_SHARE_OF_MEMORY}MB, "
-                "or lower max_item_mb, and load again."
+            raise invalid(
+                "api.max_item_mb",
+                "FIELDSALES_MAX_ITEM_MB",
+                f"it is {item_mb}, but storage.duckdb_memory_limit {limit} decodes items of at "
+                f"most {int(memory_mb // share)} MB (1/{share} of it). Raise duckdb_memory_limit "
+                f"to at least {item_mb * share}MB, or lower max_item_mb",
             )
 
     @property
