@@ -144,8 +144,6 @@ class FieldSalesComponent(dg.Component, FieldSalesSettings):
     def model(cls) -> type[BaseModel]:
         return _with_flat_keys(super().model())
 
-    # --- what one instance becomes ------------------------------------------------------------
-
     @property
     def names(self) -> InstanceNames:
         return InstanceNames(self.key_prefix, self.group_prefix)

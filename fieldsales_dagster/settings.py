@@ -149,8 +149,7 @@ class Setting:
 
     def as_field(self, *, in_model: bool = False) -> Any:
         """Its pydantic field: in its concern's model (``in_model``; a required setting is None
-        until given, so that "it is not set" can say which it is, and a flat key of an earlier
-        release can still give it), else a resource's."""
+        until given, so that "it is not set" can say which it is), else a resource's."""
         where = f" ({self.variable})" if self.variable else ""
         unset = f" Default: {self.unset}." if self.default is None else ""
         extra: Any = self if in_model else {SETTING_KEY: self.name}
