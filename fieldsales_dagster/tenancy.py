@@ -47,17 +47,22 @@ def refuse_shared_claims(context: dg.ComponentLoadContext, of_type: type[Tenant]
     root = context.component_tree.defs_module_path.parent
     mine = tenants.pop(this)
     for loc, other in tenants.items():
-        shared = _shared(mine.tenant_claims(), other.tenant_claims())
+        # A thing comes from one setting (tenant_claims): a shared claim is that setting of both.
+        theirs = other.tenant_claims()
+        shared = [
+            f"the {c.thing} {c.value} ({c.setting} of both)"
+            for c in mine.tenant_claims()
+            if c in theirs
+        ]
         if shared:
             raise TenantConflictError(
                 f"Field-Sales components {_describe(this, mine, root)} and "
-                f"{_describe(loc, other, root)} share "
-                + "; ".join(shared)
-                + ". Two tenants would replace each other's tables, send one tenant's token to "
-                "the other's server, or queue on one pool. Give each defs/<tenant>/defs.yaml its "
-                "own lake (ducklake_catalog, or a ducklake_schema of its own), duckdb_path, "
-                "token_store_path "
-                "(FIELDSALES_TOKEN_STORE) and key_prefix (the pool follows it), then load again."
+                f"{_describe(loc, other, root)} share {'; '.join(shared)}. Two tenants would "
+                "replace each other's tables, send one tenant's token to the other's server, or "
+                "queue on one pool. Give each defs/<tenant>/defs.yaml its own lake "
+                "(ducklake_catalog, or a ducklake_schema of its own), duckdb_path, "
+                "token_store_path (FIELDSALES_TOKEN_STORE) and key_prefix (the pool follows it), "
+                "then load again."
             )
 
 
@@ -74,17 +79,9 @@ def _tenants(
             yield loc, cast(Tenant, tree.load_component(loc))  # its class is a Tenant
 
 
-def _label(loc: ComponentPath, root: Path) -> str:
-    where = loc.file_path.relative_to(root).as_posix()
-    return where if loc.instance_key in (None, 0) else f"{where}[{loc.instance_key}]"
-
-
 def _describe(loc: ComponentPath, tenant: Tenant, root: Path) -> str:
+    """``defs/acme/defs.yaml (key_prefix acme)``, with ``[n]`` for a file's n-th component."""
+    where = loc.file_path.relative_to(root).as_posix()
+    where += "" if loc.instance_key in (None, 0) else f"[{loc.instance_key}]"
     prefix = f"key_prefix {tenant.key_prefix}" if tenant.key_prefix else "no key_prefix"
-    return f"{_label(loc, root)} ({prefix})"
-
-
-def _shared(mine: list[Claim], theirs: list[Claim]) -> list[str]:
-    """The claims two tenants have in common: 'the pool x (key_prefix of both)'. A thing comes
-    from one setting (``tenant_claims``), so a shared one is that setting of both."""
-    return [f"the {c.thing} {c.value} ({c.setting} of both)" for c in mine if c in theirs]
+    return f"{where} ({prefix})"
