@@ -1,17 +1,11 @@
 """The Field-Sales component: one instance of the service, configured in YAML, as Dagster defs.
 
-Its settings are ``FieldSalesSettings`` (``settings.py``); a bad value fails the load at once,
-naming the setting, its variable and what it accepts. One instance becomes:
-
-* resources: the API client (its token a Dagster ``EnvVar``: the UI shows the variable's name,
-  never the token) and the warehouse (a DuckLake);
-* assets ``raw_*`` and ``core_*`` (under ``key_prefix`` for a second tenant), their checks;
-* the refresh job and schedule, the token-renewal sensor and job, the core-table automation
-  sensor, the upkeep job and the alert sensors.
-
-Subclasses may override ``build_assets`` or ``build_checks``. (Most core checks are check specs
-of their assets, evaluated in the asset's step; ``build_checks`` holds those that run as steps of
-their own.)
+Its settings are ``FieldSalesSettings`` (``settings.py``). One instance becomes the API client
+(its token a Dagster ``EnvVar``: the UI shows only the variable's name) and warehouse resources;
+assets ``raw_*``, ``core_*`` and ``mart_*`` (under ``key_prefix`` for a second tenant) and their
+checks; the refresh and upkeep jobs and schedules; the token-renewal, automation and alert
+sensors. Subclasses may override ``build_assets`` or ``build_checks`` (the checks that run as
+steps of their own; most are check specs evaluated in their asset's step).
 """
 
 from __future__ import annotations
@@ -40,7 +34,7 @@ from fieldsales_dagster.automation.sensors import (
 )
 from fieldsales_dagster.client.api import FieldSalesAPI
 from fieldsales_dagster.names import InstanceNames
-from fieldsales_dagster.paths import PathSettingError, check_file_setting
+from fieldsales_dagster.paths import check_file_setting
 from fieldsales_dagster.settings import (
     IDENTIFIER,
     ITEM_SHARE_OF_MEMORY,
@@ -48,6 +42,7 @@ from fieldsales_dagster.settings import (
     SETTINGS,
     FieldSalesSettings,
     SettingError,
+    invalid,
     memory_megabytes,
     nest_flat_keys,
     schedule_interval,
@@ -58,8 +53,6 @@ from fieldsales_dagster.token.renewal import RenewalPolicy
 from fieldsales_dagster.token.secret import clean_token
 from fieldsales_dagster.warehouse.lake import Lake, old_warehouse_warning
 from fieldsales_dagster.warehouse.warehouse import FieldSalesWarehouse
-
-__all__ = ["FieldSalesComponent", "SettingError", "memory_megabytes", "schedule_interval"]
 
 
 @functools.cache
@@ -75,7 +68,7 @@ def _with_flat_keys(derived: type[BaseModel]) -> type[BaseModel]:
         model_config = ConfigDict(extra="allow")
 
     nest: Any = model_validator(mode="before")(
-        lambda cls, given: nest_flat_keys(given, yaml=True) if isinstance(given, dict) else given
+        lambda cls, given: nest_flat_keys(given) if isinstance(given, dict) else given
     )
     storage: Any = derived.model_fields["storage"]
     api: Any = derived.model_fields["api"].annotation
@@ -151,8 +144,6 @@ class FieldSalesComponent(dg.Component, FieldSalesSettings):
     def model(cls) -> type[BaseModel]:
         return _with_flat_keys(super().model())
 
-    # --- what one instance becomes ------------------------------------------------------------
-
     @property
     def names(self) -> InstanceNames:
         return InstanceNames(self.key_prefix, self.group_prefix)
@@ -180,28 +171,25 @@ class FieldSalesComponent(dg.Component, FieldSalesSettings):
         api = {**values(self.api), "api_token": dg.EnvVar(token_variable)}
         warehouse = values(self.storage, self.pii, self.refresh)
         return {
-            self.names.api_resource: FieldSalesAPI(**api),
-            self.names.warehouse_resource: FieldSalesWarehouse(
+            self.names.api.key: FieldSalesAPI(**api),
+            self.names.warehouse.key: FieldSalesWarehouse(
                 **warehouse, tenant=self.tenant, pii_hash_key=pii_hash_key
             ),
             # User assets' DataFrames, through the warehouse above (assets/io_manager.py).
-            self.names.io_manager: build_io_manager(
-                self.names.warehouse_resource, self.user_schema
-            ),
+            self.names.io_manager: build_io_manager(self.names.warehouse.key, self.user_schema),
         }
 
     def check_item_size(self) -> None:
         """Fail the load at once if ``max_item_mb`` is more than the memory limit can decode."""
-        memory_mb = memory_megabytes(self.storage.duckdb_memory_limit)
-        if self.api.max_item_mb * ITEM_SHARE_OF_MEMORY > memory_mb:
-            share = f"1/{ITEM_SHARE_OF_MEMORY}"
+        memory_mb, share = memory_megabytes(self.storage.duckdb_memory_limit), ITEM_SHARE_OF_MEMORY
+        if self.api.max_item_mb * share > memory_mb:
             item_mb, limit = self.api.max_item_mb, self.storage.duckdb_memory_limit
-            raise SettingError(
-                f"Field-Sales setting api.max_item_mb (FIELDSALES_MAX_ITEM_MB) is {item_mb}, but "
-                f"storage.duckdb_memory_limit (FIELDSALES_DUCKDB_MEMORY_LIMIT) {limit} decodes "
-                f"items of at most {int(memory_mb // ITEM_SHARE_OF_MEMORY)} MB ({share} of it). "
-                f"Raise duckdb_memory_limit to at least {item_mb * ITEM_SHARE_OF_MEMORY}MB, "
-                "or lower max_item_mb, and load again."
+            raise invalid(
+                "api.max_item_mb",
+                "FIELDSALES_MAX_ITEM_MB",
+                f"it is {item_mb}, but storage.duckdb_memory_limit {limit} decodes items of at "
+                f"most {int(memory_mb // share)} MB (1/{share} of it). Raise duckdb_memory_limit "
+                f"to at least {item_mb * share}MB, or lower max_item_mb",
             )
 
     @property
@@ -220,16 +208,8 @@ class FieldSalesComponent(dg.Component, FieldSalesSettings):
         settings = {"token_store_path": self.api.token_store_path}
         if self.storage.duckdb_path is not None:
             settings["duckdb_path"] = self.storage.duckdb_path
-        try:
-            for setting, path in settings.items():
-                check_file_setting(
-                    path,
-                    setting=setting,
-                    variable=SETTINGS[setting].variable,
-                    create_dirs=self.storage.create_dirs,
-                )
-        except PathSettingError as exc:
-            raise SettingError(str(exc)) from None
+        for setting, path in settings.items():
+            check_file_setting(path, setting=setting, create_dirs=self.storage.create_dirs)
         warning = old_warehouse_warning(self.warehouse_lake(), self.storage.duckdb_path)
         if warning:
             dg.get_dagster_logger().warning(warning)
@@ -284,19 +264,17 @@ class FieldSalesComponent(dg.Component, FieldSalesSettings):
 
     def tenant_claims(self) -> list[Claim]:
         """What this instance must have to itself in a code location (see ``tenancy.py``)."""
+        # Spellings compared here; what the lake records (its tenant) is checked at first write.
+        lake = self.warehouse_lake()
+        where = lake.catalog_file.resolve() if lake.catalog_file else lake.catalog
         claims = [
             Claim("key prefix", self.key_prefix or "(none)", "key_prefix"),
             Claim("pool", self.names.pool, "key_prefix"),
             Claim(
                 "token store", str(Path(self.api.token_store_path).resolve()), "token_store_path"
             ),
+            Claim("DuckLake", f"{where} (schema {lake.schema or 'main'})", "ducklake_catalog"),
         ]
-        # Spellings compared here; what the lake records (its tenant) is checked at first write.
-        lake = self.warehouse_lake()
-        where = lake.catalog_file.resolve() if lake.catalog_file else lake.catalog
-        claims.append(
-            Claim("DuckLake", f"{where} (schema {lake.schema or 'main'})", "ducklake_catalog")
-        )
         if self.storage.duckdb_path is not None:
             claims.append(
                 Claim("DuckDB export", str(Path(self.storage.duckdb_path).resolve()), "duckdb_path")
@@ -305,39 +283,31 @@ class FieldSalesComponent(dg.Component, FieldSalesSettings):
 
     def build_defs(self, context: dg.ComponentLoadContext) -> dg.Definitions:
         refuse_shared_claims(context, FieldSalesComponent)
-        names = self.names
+        names, refresh = self.names, self.refresh
         assets = self.build_assets()
         selection = dg.AssetSelection.assets(*assets)
         job = build_refresh_job(names, selection)
-        jobs: list[Any] = [job]
-        schedules = [
-            build_refresh_schedule(
-                names, job, self.refresh.schedule_cron, self.refresh.schedule_timezone
-            )
-        ]
+        schedule = build_refresh_schedule(
+            names, job, refresh.schedule_cron, refresh.schedule_timezone
+        )
         upkeep = build_upkeep_asset(names, self.owners, self.storage.retain_snapshots_days)
         upkeep_job, upkeep_schedule = build_upkeep_job_and_schedule(
-            names, upkeep, self.refresh.schedule_timezone
+            names, upkeep, refresh.schedule_timezone
         )
-        jobs.append(upkeep_job)
-        schedules.append(upkeep_schedule)
-        alerts = self.alert_settings()
         alert_sensors = build_alert_sensors(
             names,
-            alerts,
-            job_names=[*(j.name for j in jobs), names.token_renewal_job],
+            self.alert_settings(),
+            job_names=[job.name, upkeep_job.name, names.token_renewal_job],
             asset_keys=[key for a in [*assets, upkeep] for key in a.keys],
         )
+        renewal = RenewalPolicy.after_days(self.api.token_renew_after_days)
         return dg.Definitions(
             assets=dg.with_source_code_references([*assets, upkeep]),
             asset_checks=self.build_checks(assets),
-            jobs=jobs,
-            schedules=schedules,
+            jobs=[job, upkeep_job],
+            schedules=[schedule, upkeep_schedule],
             sensors=[
-                build_token_renewal_sensor(
-                    names,
-                    RenewalPolicy.after_days(self.api.token_renew_after_days),
-                ),
+                build_token_renewal_sensor(names, renewal),
                 # Also the user assets downstream of this instance's tables (README: Build on it).
                 build_core_automation_sensor(names, selection.downstream()),
                 *alert_sensors,

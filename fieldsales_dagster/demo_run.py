@@ -282,7 +282,7 @@ def main(argv: list[str] | None = None) -> int:
         loaded = defs()
         job = loaded.resolve_implicit_global_asset_job_def()
         # The lake the run writes, as the definitions resolve it (settings, then defaults).
-        warehouse = (loaded.resources or {}).get(InstanceNames().warehouse_resource)
+        warehouse = (loaded.resources or {}).get(InstanceNames().warehouse.key)
         assert isinstance(warehouse, FieldSalesWarehouse), "the project defines its warehouse"
         lake = warehouse.lake
         print(

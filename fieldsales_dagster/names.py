@@ -79,20 +79,12 @@ class InstanceNames:
         return f"{self.pool}_{asset_name}"
 
     @property
-    def api_resource(self) -> str:
-        return self._prefixed("fieldsales_api")
-
-    @property
-    def warehouse_resource(self) -> str:
-        return self._prefixed("warehouse")
-
-    @property
     def api(self) -> ResourceKey[FieldSalesAPI]:
-        return ResourceKey(self.api_resource, FieldSalesAPI)
+        return ResourceKey(self._prefixed("fieldsales_api"), FieldSalesAPI)
 
     @property
     def warehouse(self) -> ResourceKey[FieldSalesWarehouse]:
-        return ResourceKey(self.warehouse_resource, FieldSalesWarehouse)
+        return ResourceKey(self._prefixed("warehouse"), FieldSalesWarehouse)
 
     @property
     def io_manager(self) -> str:

@@ -1,9 +1,6 @@
-"""File settings as users give them (``duckdb_path``, ``token_store_path``: files the pipeline
-replaces by a rename over them). A symlink is followed, so the rename replaces its target and the
-link stays. ``check_file_setting`` names the setting and its variable and what is wrong: a
-directory, a parent that is a file, a folder the user cannot write, or a missing folder, created
-only with ``create_dirs`` or for the setting's default under data/ (a fresh clone has none yet):
-a mistyped volume path must never fill the local disk.
+"""File settings (``duckdb_path``, ``token_store_path``: files the pipeline replaces by a rename;
+a symlink is followed, so the rename replaces its target). A missing folder is created only with
+``create_dirs`` or for the default under data/: a mistyped volume path must never fill the disk.
 """
 
 from __future__ import annotations
@@ -12,9 +9,7 @@ import os
 from collections.abc import Callable
 from pathlib import Path
 
-
-class PathSettingError(ValueError):
-    """A file setting points somewhere the pipeline cannot write."""
+from fieldsales_dagster.settings import SETTINGS, SettingError, invalid
 
 
 def resolved(path: str | Path) -> Path:
@@ -23,28 +18,19 @@ def resolved(path: str | Path) -> Path:
 
 
 def check_file_setting(
-    path: str | Path, *, setting: str, variable: str, create_dirs: bool, create: bool = False
+    path: str | Path, *, setting: str, create_dirs: bool, create: bool = False
 ) -> Path:
-    """The resolved ``path``, once it is known that the pipeline can replace the file there.
-
-    ``create``: make a missing folder now (only with ``create_dirs``); otherwise a missing folder
-    is accepted only with ``create_dirs``, if its nearest existing ancestor is writable. A path
-    left at the setting's default counts as ``create_dirs``. The error names the setting, its
-    variable, the path as given (and the link's target) and what to do.
-    """
-    from fieldsales_dagster.settings import SETTINGS  # settings imports nothing of ours
-
-    known = SETTINGS.get(setting)
-    create_dirs = create_dirs or (known is not None and str(path) == known.default)
+    """The resolved ``path``, once it is known that the pipeline can replace the file there;
+    ``create``: make a missing folder now. The ``SettingError`` names the setting, its variable,
+    the path as given (and the link's target), what is wrong and what to do."""
+    declared = SETTINGS[setting]
+    create_dirs = create_dirs or str(path) == declared.default
     given = Path(path).expanduser()
     target = resolved(given)
     shown = str(given) if target == given.absolute() else f"{given} (a link to {target})"
 
-    def fail(why: str, what_to_do: str) -> PathSettingError:
-        return PathSettingError(
-            f"Field-Sales setting {setting} (from {variable}) is invalid: {shown} {why}. "
-            f"{what_to_do}; set it in defs.yaml or through {variable} and load again."
-        )
+    def fail(why: str, what_to_do: str) -> SettingError:
+        return invalid(declared.spelling, declared.variable, f"{shown} {why}. {what_to_do}")
 
     _check_whitespace(target, fail)
     if target.is_dir():
@@ -57,7 +43,7 @@ def check_file_setting(
     return target
 
 
-def _check_whitespace(target: Path, fail: Callable[[str, str], PathSettingError]) -> None:
+def _check_whitespace(target: Path, fail: Callable[[str, str], SettingError]) -> None:
     """Refuse a name with whitespace around it, and one that differs from an existing file or
     folder beside it only by such whitespace: a stray space in a variable once wrote new files
     there, and the other one holds the data analysts read."""
@@ -84,11 +70,12 @@ def _check_whitespace(target: Path, fail: Callable[[str, str], PathSettingError]
 def _check_folder(
     folder: Path,
     setting: str,
-    fail: Callable[[str, str], PathSettingError],
+    fail: Callable[[str, str], SettingError],
     create_dirs: bool,
     create: bool,
 ) -> None:
-    """Fail unless ``folder`` exists (or may be created: ``create_dirs``) and is writable."""
+    """Fail unless ``folder`` exists (or may be created: ``create_dirs``) and is writable, then
+    create it (``create``)."""
     existing = folder
     while not existing.exists() and existing != existing.parent:
         existing = existing.parent
@@ -97,25 +84,14 @@ def _check_folder(
             f"cannot be created: {existing} is a file, not a folder",
             f"Move that file away or choose another path for {setting}",
         )
-    if existing != folder:
-        if not create_dirs:
-            raise fail(
-                f"is in a folder that does not exist ({folder})",
-                f"Create it (mkdir -p {folder}), or set create_dirs: true "
-                "(FIELDSALES_CREATE_DIRS=true) to let the pipeline create it, or fix a mistyped "
-                "path",
-            )
-        if create:
-            try:
-                folder.mkdir(parents=True, exist_ok=True)
-            except OSError as exc:
-                raise fail(
-                    f"is in a folder that could not be created ({folder}: {exc.strerror})",
-                    f"Create {folder} yourself",
-                ) from None
-            existing = folder
+    if existing != folder and not create_dirs:
+        raise fail(
+            f"is in a folder that does not exist ({folder})",
+            f"Create it (mkdir -p {folder}), or set create_dirs: true "
+            "(FIELDSALES_CREATE_DIRS=true) to let the pipeline create it, or fix a mistyped path",
+        )
     if not os.access(existing, os.W_OK | os.X_OK):
-        read_only = _read_only(existing)
+        read_only = bool(os.statvfs(existing).f_flag & os.ST_RDONLY)  # it exists: stat works
         raise fail(
             f"is in a folder this user cannot write ({existing}"
             f"{': a read-only file system' if read_only else ''})",
@@ -125,10 +101,5 @@ def _check_folder(
                 else f"Give the user running Dagster (uid {os.getuid()}) write access to {existing}"
             ),
         )
-
-
-def _read_only(folder: Path) -> bool:
-    try:
-        return bool(os.statvfs(folder).f_flag & os.ST_RDONLY)
-    except OSError:
-        return False
+    if create:  # below a writable folder: only a race or a full disk can fail it (OSError says)
+        folder.mkdir(parents=True, exist_ok=True)

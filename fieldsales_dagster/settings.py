@@ -2,13 +2,9 @@
 
 A setting is a field of its concern's model (``api:``, ``storage:``, ``refresh:``, ``pii:``,
 ``alerts:``, or the instance's own: ``key_prefix``, ...), made by ``setting(...)`` with its
-default, range, ``FIELDSALES_*`` variable and meaning. A concern resolves into what it configures
-(``ApiSettings`` -> ``FieldSalesAPI``; ``StorageSettings``, ``PiiSettings`` and
-``RefreshSettings`` -> ``FieldSalesWarehouse``; ``AlertsSettings`` -> the alert policy), whose
-fields ``settings_resource`` makes from it. Tests hold every setting against the resources, the
-default ``defs.yaml`` and the tables of docs/configuration.md and docs/alerts.md. The flat keys
-of earlier releases (``page_size: 100``) are read with a warning naming the new spelling
-(``api: {page_size: 100}``). Nothing is read from the environment here.
+default, range, ``FIELDSALES_*`` variable and meaning; ``settings_resource`` gives the resource a
+concern resolves into a field per setting. The YAML's flat keys of earlier releases are read
+with a warning (``nest_flat_keys``). Nothing is read from the environment here.
 """
 
 from __future__ import annotations
@@ -57,6 +53,16 @@ NOT_AN_ENV_REFERENCE = "<not an environment variable reference>"
 
 class SettingError(ValueError):
     """A setting of the component is missing or out of range."""
+
+
+def invalid(spelling: str, variable: str, why: str) -> SettingError:
+    """Setting ``spelling`` (read from ``variable``, if any) is invalid: ``why``, then where to set
+    it: every setting's error has this one form."""
+    where, through = (f" (from {variable})", f" or through {variable}") if variable else ("", "")
+    return SettingError(
+        f"Field-Sales setting {spelling}{where} is invalid: {why}; set it in defs.yaml{through} "
+        "and load again."
+    )
 
 
 @dataclass
@@ -143,18 +149,16 @@ class Setting:
 
     def as_field(self, *, in_model: bool = False) -> Any:
         """Its pydantic field: in its concern's model (``in_model``; a required setting is None
-        until given, so that "it is not set" can say which it is, and a flat key of an earlier
-        release can still give it), else a resource's."""
+        until given, so that "it is not set" can say which it is), else a resource's."""
         where = f" ({self.variable})" if self.variable else ""
         unset = f" Default: {self.unset}." if self.default is None else ""
         extra: Any = self if in_model else {SETTING_KEY: self.name}
-        more: dict[str, Any] = {"description": f"{self.description}{where}.{unset}"}
-        if isinstance(self.default, list):
-            default = self.default
-            return Field(default_factory=lambda: list(default), json_schema_extra=extra, **more)
+        description = f"{self.description}{where}.{unset}"
         required = in_model and self.default is PydanticUndefined
-        given: Any = None if required else self.default
-        return Field(given, validate_default=required, json_schema_extra=extra, **more)
+        given: Any = None if required else self.default  # pydantic copies a list per instance
+        return Field(
+            given, validate_default=required, json_schema_extra=extra, description=description
+        )
 
 
 #: Every setting, by flat name, in the order declared (filled as the models below are defined).
@@ -322,13 +326,9 @@ class SettingsModel(dg.Model, dg.Resolvable):
             for error in errors
             if error["loc"][:1] == first["loc"][:1]
         )
-        where = f" (from {variable})" if variable else ""
         value = values.get(field) if isinstance(values, dict) else None
         shown = "" if declared is not None and declared.name == "api_token" else f" Got {value!r}."
-        return (
-            f"Field-Sales setting {spelling}{where} is invalid: {why}.{shown} It takes {accepts}; "
-            f"set it in defs.yaml{' or through ' + variable if variable else ''} and load again."
-        )
+        return str(invalid(spelling, variable, f"{why}.{shown} It takes {accepts}"))
 
     @field_validator("*")
     @classmethod
@@ -557,11 +557,12 @@ class StorageSettings(SettingsModel):
         # A PostgreSQL catalog needs a data path every machine sees.
         if (self.ducklake_catalog or "").startswith("postgres:") and not self.ducklake_data_path:
             setting = SETTINGS["ducklake_data_path"]
-            raise SettingError(
-                f"Field-Sales setting {setting.spelling} (from {setting.variable}) is not set, "
-                "and a PostgreSQL catalog (FIELDSALES_DUCKLAKE_CATALOG) needs it: the folder "
-                "every machine sees (a shared volume) or an s3:// URL for the lake's Parquet "
-                f"files. Set it in defs.yaml or through {setting.variable} and load again."
+            raise invalid(
+                setting.spelling,
+                setting.variable,
+                "it is not set, and a PostgreSQL catalog (FIELDSALES_DUCKLAKE_CATALOG) needs it: "
+                "the folder every machine sees (a shared volume) or an s3:// URL for the lake's "
+                "Parquet files",
             )
         return self
 
@@ -772,11 +773,6 @@ class FieldSalesSettings(SettingsModel):
         "a plain name other than raw, core, mart and meta, e.g. analytics",
     )
 
-    @model_validator(mode="before")
-    @classmethod
-    def _flat_keys(cls, values: Any) -> Any:
-        return nest_flat_keys(values) if isinstance(values, dict) else values
-
     @field_validator("key_prefix", "group_prefix")
     @classmethod
     def _prefix(cls, value: str | None) -> str | None:
@@ -785,21 +781,18 @@ class FieldSalesSettings(SettingsModel):
     @field_validator("user_schema")
     @classmethod
     def _user_schema(cls, value: str) -> str:
-        if not IDENTIFIER.match(value):
-            raise ValueError("it is not a plain name")
-        if value.lower() in PROJECT_SCHEMAS:
+        if _plain_name(value) and value.lower() in PROJECT_SCHEMAS:
             raise ValueError("the project rebuilds that schema, so it would overwrite your tables")
         return value
 
 
-def nest_flat_keys(values: dict[str, Any], *, yaml: bool = False) -> dict[str, Any]:
-    """The flat keys of earlier releases (``page_size: 100``), read for one more release with a
-    warning that says the new spelling (``api: {page_size: 100}``). ``yaml``: nest them under
-    their YAML keys (``api_token``), not the fields' (``api_token_env_var``)."""
+def nest_flat_keys(values: dict[str, Any]) -> dict[str, Any]:
+    """The YAML's flat keys of earlier releases (``page_size: 100``), read for one more release
+    with a warning that says the new spelling (``api: {page_size: 100}``)."""
     nested = {"api": {}, **values}
     for name, value in values.items():
         declared = SETTINGS.get(name) or RETIRED_SETTINGS.get(name)
-        if declared is None or not declared.group or isinstance(value, dict | SettingsModel):
+        if declared is None or not declared.group or isinstance(value, dict):
             continue  # not a setting, the instance's own, or the pii: or storage: concern itself
         warnings.warn(
             f"Field-Sales setting {name} is the flat spelling of an earlier release: write it as "
@@ -809,9 +802,5 @@ def nest_flat_keys(values: dict[str, Any], *, yaml: bool = False) -> dict[str, A
             stacklevel=2,
         )
         del nested[name]
-        given = nested.get(declared.group)
-        if isinstance(given, SettingsModel):
-            given = given.model_dump(exclude_unset=True)
-        key = declared.key if yaml else declared.field
-        nested[declared.group] = {**(given or {}), key: value}
+        nested[declared.group] = {**(nested.get(declared.group) or {}), declared.key: value}
     return nested

@@ -1,13 +1,9 @@
 """Tenants are isolated by construction: two instances never share a file, a token or a pool.
 
-Every Field-Sales component of a code location (one ``defs/<tenant>/defs.yaml`` each) claims its
-lake (catalog and schema), its export file, its token store (symlinks followed), its key prefix and
-its pool. Two spellings of one catalog are caught when the lake is first written: the lake records
-its tenant (``warehouse/lake.py``, ``check_tenant``). When Dagster builds one component's
-definitions, the claims of every other Field-Sales component the code location declares are compared
-with its own, and a shared one fails the load (``dg check defs``, ``dagster asset materialize``, the
-webserver) naming both components and what they share: otherwise the second tenant's runs replace
-the first tenant's tables, or send one tenant's token to the other's server.
+Each Field-Sales component of a code location claims its lake (catalog and schema), export file,
+token store (symlinks followed), key prefix and pool; a claim another component shares fails the
+load (``dg check defs``, ``dagster asset materialize``, the webserver) naming both and what they
+share. Two spellings of one catalog are caught at the lake's first write (``lake.check_tenant``).
 """
 
 from __future__ import annotations
@@ -51,19 +47,22 @@ def refuse_shared_claims(context: dg.ComponentLoadContext, of_type: type[Tenant]
     root = context.component_tree.defs_module_path.parent
     mine = tenants.pop(this)
     for loc, other in tenants.items():
-        shared = _shared(
-            (_label(this, root), mine.tenant_claims()), (_label(loc, root), other.tenant_claims())
-        )
+        # A thing comes from one setting (tenant_claims): a shared claim is that setting of both.
+        theirs = other.tenant_claims()
+        shared = [
+            f"the {c.thing} {c.value} ({c.setting} of both)"
+            for c in mine.tenant_claims()
+            if c in theirs
+        ]
         if shared:
             raise TenantConflictError(
                 f"Field-Sales components {_describe(this, mine, root)} and "
-                f"{_describe(loc, other, root)} share "
-                + "; ".join(shared)
-                + ". Two tenants would replace each other's tables, send one tenant's token to "
-                "the other's server, or queue on one pool. Give each defs/<tenant>/defs.yaml its "
-                "own lake (ducklake_catalog, or a ducklake_schema of its own), duckdb_path, "
-                "token_store_path "
-                "(FIELDSALES_TOKEN_STORE) and key_prefix (the pool follows it), then load again."
+                f"{_describe(loc, other, root)} share {'; '.join(shared)}. Two tenants would "
+                "replace each other's tables, send one tenant's token to the other's server, or "
+                "queue on one pool. Give each defs/<tenant>/defs.yaml its own lake "
+                "(ducklake_catalog, or a ducklake_schema of its own), duckdb_path, "
+                "token_store_path (FIELDSALES_TOKEN_STORE) and key_prefix (the pool follows it), "
+                "then load again."
             )
 
 
@@ -80,32 +79,9 @@ def _tenants(
             yield loc, cast(Tenant, tree.load_component(loc))  # its class is a Tenant
 
 
-def _label(loc: ComponentPath, root: Path) -> str:
-    where = loc.file_path.relative_to(root).as_posix()
-    return where if loc.instance_key in (None, 0) else f"{where}[{loc.instance_key}]"
-
-
 def _describe(loc: ComponentPath, tenant: Tenant, root: Path) -> str:
+    """``defs/acme/defs.yaml (key_prefix acme)``, with ``[n]`` for a file's n-th component."""
+    where = loc.file_path.relative_to(root).as_posix()
+    where += "" if loc.instance_key in (None, 0) else f"[{loc.instance_key}]"
     prefix = f"key_prefix {tenant.key_prefix}" if tenant.key_prefix else "no key_prefix"
-    return f"{_label(loc, root)} ({prefix})"
-
-
-def _shared(mine: tuple[str, list[Claim]], theirs: tuple[str, list[Claim]]) -> list[str]:
-    """What two tenants' claims have in common, as phrases naming whose setting each is:
-    'the pool x (key_prefix of both)', 'the DuckDB export y (duckdb_path of both)'."""
-    (my_label, my_claims), (their_label, their_claims) = mine, theirs
-
-    def settings(claims: list[Claim], claimed: tuple[str, str]) -> str:
-        return " and ".join(c.setting for c in claims if (c.thing, c.value) == claimed)
-
-    phrases = []
-    for thing, value in dict.fromkeys((claim.thing, claim.value) for claim in my_claims):
-        ours, theirs_ = settings(my_claims, (thing, value)), settings(their_claims, (thing, value))
-        if theirs_:
-            whose = (
-                f"{ours} of both"
-                if ours == theirs_
-                else f"{ours} of {my_label}, {theirs_} of {their_label}"
-            )
-            phrases.append(f"the {thing} {value} ({whose})")
-    return phrases
+    return f"{where} ({prefix})"

@@ -118,8 +118,7 @@ def test_an_item_over_max_item_mb_fails_naming_it_before_anything_is_written(war
 
 def test_an_item_as_large_as_the_memory_limit_reads_is_stored_and_decoded_whole(warehouse):
     """max_item_mb raised to the largest the default duckdb_memory_limit allows (1/16)."""
-    from fieldsales_dagster.component import memory_megabytes
-    from fieldsales_dagster.settings import ITEM_SHARE_OF_MEMORY, SETTINGS
+    from fieldsales_dagster.settings import ITEM_SHARE_OF_MEMORY, SETTINGS, memory_megabytes
 
     assert warehouse.duckdb_memory_limit == SETTINGS["duckdb_memory_limit"].default
     largest_mb = int(memory_megabytes(warehouse.duckdb_memory_limit) // ITEM_SHARE_OF_MEMORY)

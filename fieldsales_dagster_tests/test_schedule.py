@@ -125,7 +125,7 @@ def test_invalid_cron_fails_the_load_naming_setting_and_variable(project_env, mo
 def test_the_freshness_window_follows_the_longest_gap_between_ticks(cron, timezone, hours):
     from datetime import timedelta
 
-    from fieldsales_dagster.component import schedule_interval
+    from fieldsales_dagster.settings import schedule_interval
 
     assert schedule_interval(cron, timezone) == timedelta(hours=hours)
 

@@ -350,11 +350,12 @@ def test_a_flat_key_is_read_with_a_warning_naming_its_new_spelling(name):
         value = (
             setting.default if setting.default is not PydanticUndefined else "http://127.0.0.1:8"
         )
+    flat = {"base_url": "http://127.0.0.1:8"} if name != "base_url" else {}
+    given = "{{ env.ACME_TOKEN }}" if name == "api_token" else value
     if name == "api_token":
         value = "ACME_TOKEN"
-    flat = {"base_url": "http://127.0.0.1:8"} if name != "base_url" else {}
     with pytest.warns(FutureWarning, match=rf"setting {name} is the flat spelling") as caught:
-        built = FieldSalesComponent(**flat, **{name: value})
+        built = FieldSalesComponent.from_attributes_dict(attributes={**flat, name: given})
     assert any(f"write it as {setting.spelling} " in str(w.message) for w in caught)
     assert value_of(built, name) == value
     assert built.api.base_url == "http://127.0.0.1:8"

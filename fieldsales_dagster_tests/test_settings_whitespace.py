@@ -98,7 +98,7 @@ def test_a_path_that_differs_from_an_existing_one_only_by_whitespace_is_refused(
     with pytest.raises(SettingError) as raised:
         built.build_resources()
     message = str(raised.value)
-    assert f"setting {setting} (from {SETTINGS[setting].variable})" in message
+    assert f"setting {SETTINGS[setting].spelling} (from {SETTINGS[setting].variable})" in message
     assert "differs only by whitespace" in message and repr(str(twin)) in message
 
 

@@ -280,7 +280,6 @@ class FieldSalesWarehouse(settings_resource("WarehouseSettings", *WAREHOUSE_SETT
         target = check_file_setting(  # resolved: a link stays, the rename replaces its target
             self.duckdb_path,
             setting="duckdb_path",
-            variable="FIELDSALES_DUCKDB_PATH",
             create_dirs=self.create_dirs,
             create=self.create_dirs,
         )
