@@ -20,11 +20,11 @@ import os
 import sys
 from collections import defaultdict
 from pathlib import Path
-from typing import Protocol
 
 import dagster as dg
 import yaml
 
+from fieldsales_dagster.automation.alerts import root_cause
 from fieldsales_dagster.names import InstanceNames
 from fieldsales_dagster.warehouse.lake import DEFAULT_CATALOG, DEFAULT_DATA_PATH, move_tenant
 from fieldsales_dagster.warehouse.rows import one_row
@@ -132,27 +132,6 @@ def summarize(
         + (": " + ", ".join(unexpected) if unexpected else "")
     )
     return "\n".join(lines), unexpected
-
-
-class ErrorInfo(Protocol):
-    """What a step failure's error (Dagster's serializable error info) tells."""
-
-    @property
-    def message(self) -> str: ...
-    @property
-    def cls_name(self) -> str | None: ...
-    @property
-    def cause(self) -> ErrorInfo | None: ...
-
-
-def root_cause(error: ErrorInfo) -> str:
-    """The innermost error of a Dagster failure, in one line: ``TokenStoreError: Token store ...``
-    rather than Dagster's own wrapper ("Error occurred while executing op ...")."""
-    while error.cause is not None:
-        error = error.cause
-    first = next((line for line in error.message.splitlines() if line.strip()), "").strip()
-    name = f"{error.cls_name}: " if error.cls_name else ""
-    return name + first.split(name, 1)[-1] if name and name in first else first
 
 
 def failure_causes(result: dg.ExecuteInProcessResult) -> list[str]:
