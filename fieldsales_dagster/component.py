@@ -336,7 +336,7 @@ class FieldSalesComponent(dg.Component, FieldSalesSettings):
             sensors=[
                 build_token_renewal_sensor(
                     names,
-                    RenewalPolicy.after_days(self.api.token_renew_after_days),
+                    RenewalPolicy(timedelta(days=self.api.token_renew_after_days)),
                 ),
                 # Also the user assets downstream of this instance's tables (README: Build on it).
                 build_core_automation_sensor(names, selection.downstream()),
