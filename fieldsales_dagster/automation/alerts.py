@@ -75,10 +75,6 @@ class AlertSettings:
     def scrub(self, text: str) -> str:
         return mask_secrets(text, self.secrets())
 
-    def run_url(self, run_id: str) -> str | None:
-        base = self.alerts.ui_base_url
-        return f"{base.rstrip('/')}/runs/{run_id}" if base else None
-
 
 @dataclass(frozen=True)
 class Alert:
@@ -96,9 +92,10 @@ class Alert:
             f"{self.subject}",
             f"Cause: {one_line(self.cause)}",
         ]
-        if self.run_id:
-            url = settings.run_url(self.run_id)
-            lines.append(f"Run: {url}" if url else f"Run id: {self.run_id}")
+        if self.run_id and (base := settings.alerts.ui_base_url):
+            lines.append(f"Run: {base.rstrip('/')}/runs/{self.run_id}")
+        elif self.run_id:
+            lines.append(f"Run id: {self.run_id}")
         return settings.scrub("\n".join(lines))
 
 
