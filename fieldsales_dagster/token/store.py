@@ -369,11 +369,8 @@ class TokenStore:
             lock.release()
 
     def _finish_dead_writes(self) -> None:
-        """Under the lock: the temporary files of writers that died (no live one holds the lock).
-
-        A complete one newer than the store is the write a killed renewal was about to commit
-        (the server had already rotated the token), so it is committed now; any other is removed.
-        """
+        """Under the lock, the temporary files of dead writers: one newer than the store is a killed
+        renewal's (the server already rotated the token) and is committed; any other is removed."""
         for leftover in self.path.parent.glob(f".{self.path.name}.*.tmp"):
             candidate: StoredToken | None
             try:
@@ -402,12 +399,8 @@ class TokenStore:
     def _prepared_write(
         self, shape: StoredToken, *, renewing: bool = False
     ) -> Iterator[Callable[[StoredToken], None]]:
-        """Everything a write needs that can fail, done before the caller's irreversible step.
-
-        ``shape`` (the record to come, its token still unknown) is encoded once, and a temporary
-        file (0600) is opened in the store's directory (made by ``_locked``). What is left,
-        ``commit(record)``, writes, fsyncs, ``os.replace``-s it over the store and fsyncs the
-        directory. A temporary file never committed is removed.
+        """Everything a write needs that can fail (encoding ``shape``, the temporary file), done
+        before the caller's irreversible step; ``commit(record)`` then writes, fsyncs and renames.
         """
         not_renewing = " not renewing the token, because it could not be kept;" if renewing else ""
         try:
