@@ -300,7 +300,7 @@ class FieldSalesComponent(dg.Component, FieldSalesSettings):
             job_names=[job.name, upkeep_job.name, names.token_renewal_job],
             asset_keys=[key for a in [*assets, upkeep] for key in a.keys],
         )
-        renewal = RenewalPolicy.after_days(self.api.token_renew_after_days)
+        renewal = RenewalPolicy(timedelta(days=self.api.token_renew_after_days))
         return dg.Definitions(
             assets=dg.with_source_code_references([*assets, upkeep]),
             asset_checks=self.build_checks(assets),

@@ -20,13 +20,13 @@ import os
 import sys
 from collections import defaultdict
 from pathlib import Path
-from typing import Protocol
 
 import dagster as dg
 import yaml
 
+from fieldsales_dagster.automation.alerts import root_cause
 from fieldsales_dagster.names import InstanceNames
-from fieldsales_dagster.warehouse.lake import DEFAULT_CATALOG, DEFAULT_DATA_PATH, move_tenant
+from fieldsales_dagster.warehouse.lake import move_tenant
 from fieldsales_dagster.warehouse.rows import one_row
 from fieldsales_dagster.warehouse.warehouse import FieldSalesWarehouse
 
@@ -88,89 +88,49 @@ def table_rows(warehouse: FieldSalesWarehouse) -> list[tuple[str, int]]:
         ]
 
 
-def summarize(
-    warehouse: FieldSalesWarehouse, evaluations: list | None = None
-) -> tuple[str, list[str]]:
+def summarize(warehouse: FieldSalesWarehouse, evaluations: list) -> tuple[str, list[str]]:
     """Row counts with each table's check results beside them; and the unexpected failures."""
     checks: dict[str, list] = defaultdict(list)
-    for evaluation in evaluations or []:
+    for evaluation in evaluations:
         checks[evaluation.asset_key.to_user_string()].append(evaluation)
     rows = table_rows(warehouse)
     width = max((len(name) for name, _ in rows), default=5)
     lines = [f"{'table':<{width}}  {'rows':>10}  checks", f"{'-' * width}  {'-' * 10}  ------"]
-    unexpected: list[str] = []
-    counts = {"passed": 0, "expected": 0, "unexpected": 0}
+    passed, expected, unexpected = 0, 0, []
     for name, count in rows:
         asset = name.replace(".", "_")
+        head = f"{name:<{width}}  {count:>10,}"
         results = sorted(checks.pop(asset, []), key=lambda e: e.check_name)
         if not results:
-            lines.append(f"{name:<{width}}  {count:>10,}  -")
-        for position, evaluation in enumerate(results):
-            key = (asset, evaluation.check_name)
-            head = f"{name:<{width}}  {count:>10,}" if position == 0 else " " * (width + 12)
-            label = f"{head}  {evaluation.check_name}: "
+            lines.append(f"{head}  -")
+        for evaluation in results:
+            finding = EXPECTED_DEMO_FINDINGS.get((asset, evaluation.check_name))
+            failed = f"FAILED ({evaluation.severity.value})"
             if evaluation.passed:
-                counts["passed"] += 1
-                note = "passed"
-                if key in EXPECTED_DEMO_FINDINGS:
-                    note += " (the demo data usually trips it: " + EXPECTED_DEMO_FINDINGS[key] + ")"
-            elif key in EXPECTED_DEMO_FINDINGS:
-                counts["expected"] += 1
-                note = (
-                    f"FAILED ({evaluation.severity.value}), as intended: "
-                    + (EXPECTED_DEMO_FINDINGS[key])
+                passed += 1
+                note = "passed" + (
+                    f" (the demo data usually trips it: {finding})" if finding else ""
                 )
+            elif finding:
+                expected += 1
+                note = f"{failed}, as intended: {finding}"
             else:
-                counts["unexpected"] += 1
-                note = f"FAILED ({evaluation.severity.value}), NOT expected"
+                note = f"{failed}, NOT expected"
                 unexpected.append(f"{asset} / {evaluation.check_name}")
-            lines.append(label + note)
-    lines.append("")
+            lines.append(f"{head}  {evaluation.check_name}: {note}")
+            head = " " * (width + 12)
     lines.append(
-        f"checks: {counts['passed']} passed, {counts['expected']} failed as the demo data "
-        f"intends, {counts['unexpected']} failed unexpectedly"
+        f"\nchecks: {passed} passed, {expected} failed as the demo data intends, "
+        f"{len(unexpected)} failed unexpectedly"
         + (": " + ", ".join(unexpected) if unexpected else "")
     )
     return "\n".join(lines), unexpected
 
 
-class ErrorInfo(Protocol):
-    """What a step failure's error (Dagster's serializable error info) tells."""
-
-    @property
-    def message(self) -> str: ...
-    @property
-    def cls_name(self) -> str | None: ...
-    @property
-    def cause(self) -> ErrorInfo | None: ...
-
-
-def root_cause(error: ErrorInfo) -> str:
-    """The innermost error of a Dagster failure, in one line: ``TokenStoreError: Token store ...``
-    rather than Dagster's own wrapper ("Error occurred while executing op ...")."""
-    while error.cause is not None:
-        error = error.cause
-    first = next((line for line in error.message.splitlines() if line.strip()), "").strip()
-    name = f"{error.cls_name}: " if error.cls_name else ""
-    return name + first.split(name, 1)[-1] if name and name in first else first
-
-
-def failure_causes(result: dg.ExecuteInProcessResult) -> list[str]:
-    """``step: root cause`` of every failed step of a run, in the order they failed."""
-    return [
-        f"{event.step_key}: {root_cause(event.step_failure_data.error)}"
-        for event in result.all_events
-        if event.is_step_failure and event.step_failure_data.error is not None
-    ]
-
-
 class _ProgressHandler(logging.Handler):
     """One line per finished step, and every warning or error a step logs; nothing else."""
 
-    def __init__(self, stream=None) -> None:
-        super().__init__(logging.DEBUG)
-        self.stream = stream
-        self.done = 0
+    done = 0
 
     def emit(self, record: logging.LogRecord) -> None:
         meta = getattr(record, "dagster_meta", None) or {}
@@ -190,7 +150,7 @@ class _ProgressHandler(logging.Handler):
         else:
             line = None
         if line is not None:
-            print(line, file=self.stream or sys.stdout, flush=True)
+            print(line, flush=True)
 
 
 # config_schema=None (the default) given by position: Dagster types no overload without it.
@@ -222,11 +182,18 @@ def run_and_report(job, instance, warehouse: FieldSalesWarehouse) -> int:
     print()
     if not result.success:
         # No table summary: the lake holds what an earlier run wrote, not this run's work.
-        causes = failure_causes(result) or ["(no step failed; see the run's log)"]
+        cause = next(
+            (
+                f"{event.step_key}: {root_cause(event.step_failure_data.error)}"
+                for event in result.all_events
+                if event.is_step_failure and event.step_failure_data.error is not None
+            ),
+            "(no step failed; see the run's log)",
+        )
         print(
             f"The run {result.run_id} FAILED, so no table is summarized (the tables in "
             "the lake, if any, are an earlier run's). Its full log is in the Dagster "
-            "instance (see the README to open it in the UI). The cause:\n  " + causes[0],
+            "instance (see the README to open it in the UI). The cause:\n  " + cause,
             file=sys.stderr,
         )
         return 1
@@ -239,16 +206,6 @@ def _arguments(argv: list[str] | None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--transactions", type=int, default=DEMO_TRANSACTIONS)
     parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument(
-        "--catalog",
-        default=None,
-        help=f"The lake's catalog (default: {DEFAULT_CATALOG})",
-    )
-    parser.add_argument(
-        "--data-path",
-        default=None,
-        help=f"The lake's data folder, which must exist (default: {DEFAULT_DATA_PATH}, created)",
-    )
     parser.add_argument(
         "--dagster-home",
         default=DEFAULT_DAGSTER_HOME,
@@ -266,12 +223,6 @@ def main(argv: list[str] | None = None) -> int:
     with DemoServer(config, token=DEMO_TOKEN) as server:
         os.environ["FIELDSALES_BASE_URL"] = server.base_url
         os.environ["FIELDSALES_API_TOKEN"] = server.token
-        for variable, value in (
-            ("FIELDSALES_DUCKLAKE_CATALOG", args.catalog),
-            ("FIELDSALES_DUCKLAKE_DATA_PATH", args.data_path),
-        ):
-            if value:
-                os.environ[variable] = value
         # The demo writes the lake only: no single-file export, no DuckDB file under data/.
         os.environ.pop("FIELDSALES_DUCKDB_PATH", None)
         # The demo owns its data folder (data/ by default): create it on first use.

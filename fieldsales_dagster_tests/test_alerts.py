@@ -16,7 +16,6 @@ import pytest
 from aiosmtpd.controller import Controller
 
 from fieldsales_dagster.automation.alerts import (
-    HIDDEN,
     Alert,
     AlertSettings,
     build_alert_sensors,
@@ -24,6 +23,7 @@ from fieldsales_dagster.automation.alerts import (
 )
 from fieldsales_dagster.names import InstanceNames
 from fieldsales_dagster.settings import AlertsSettings
+from fieldsales_dagster.token.secret import MASK
 from fieldsales_dagster_tests.project import load_project_defs
 
 WEBHOOK_PATH = "/services/T0001/B0002/webhook-secret-part-0123456789"
@@ -355,7 +355,7 @@ def test_no_secret_the_instance_knows_is_ever_in_a_message(
     for secret in (api_token, stored.token, "smtp-password-xyz", WEBHOOK_PATH):
         assert secret not in text
         assert secret not in mailbox.messages[0][1].as_string()
-    assert HIDDEN in text
+    assert MASK in text
 
 
 def test_bad_alert_settings_fail_the_load_naming_setting_and_variable(demo_env, monkeypatch):

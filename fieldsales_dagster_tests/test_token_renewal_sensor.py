@@ -33,7 +33,7 @@ from fieldsales_dagster_tests.project import load_project_defs
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
 #: The component's default threshold (45 days).
-DEFAULT_POLICY = RenewalPolicy.after_days(SETTINGS["token_renew_after_days"].default)
+DEFAULT_POLICY = RenewalPolicy(timedelta(days=SETTINGS["token_renew_after_days"].default))
 
 
 @pytest.fixture
@@ -155,9 +155,18 @@ def test_threshold_comes_from_the_environment_through_the_component(server, monk
     assert "older than 10 days" in sensor.description
 
 
-def test_threshold_outside_the_token_lifetime_is_refused():
-    with pytest.raises(ValueError, match="between 0 and 60 days"):
-        RenewalPolicy(renew_after=timedelta(days=61))
+def test_threshold_outside_the_token_lifetime_is_refused(server, monkeypatch):
+    """The setting checks the range (RenewalPolicy takes what the setting let through)."""
+    from fieldsales_dagster_tests.project import error_chain
+
+    monkeypatch.setenv("FIELDSALES_BASE_URL", server.base_url)
+    monkeypatch.setenv("FIELDSALES_API_TOKEN", server.token)
+    monkeypatch.setenv("FIELDSALES_TOKEN_RENEW_AFTER_DAYS", "61")
+    with pytest.raises(Exception) as failure:
+        load_project_defs()
+    message = error_chain(failure.value)
+    assert "api.token_renew_after_days (from FIELDSALES_TOKEN_RENEW_AFTER_DAYS)" in message
+    assert "above 0 and below 60 (the token's lifetime)" in message
 
 
 def test_after_renewal_the_old_token_is_refused_and_the_store_holds_the_new_one(server, store_path):
@@ -253,6 +262,7 @@ def test_concurrent_renewers_in_threads_renew_exactly_once(server, store_path):
 RENEWER_SCRIPT = textwrap.dedent(
     """
     import os, sys, time
+    from datetime import timedelta
     from pathlib import Path
 
     import dagster as dg
@@ -288,7 +298,7 @@ RENEWER_SCRIPT = textwrap.dedent(
     Path(f"{go_file}.ready.{os.getpid()}").touch()
     while not Path(go_file).exists():
         time.sleep(0.01)
-    policy = RenewalPolicy.after_days(SETTINGS["token_renew_after_days"].default)
+    policy = RenewalPolicy(timedelta(days=SETTINGS["token_renew_after_days"].default))
     job = build_token_renewal_sensor(InstanceNames(), policy).job
     run = job.execute_in_process(resources={"fieldsales_api": api})
     print(run.output_for_node(InstanceNames().token_renewal_op))

@@ -1,14 +1,23 @@
 """Alerts: a failed run (a refresh, a token renewal, any run of the tenant's assets) or a failed
-check of ERROR severity, told to a webhook (Slack-compatible JSON) or by e-mail."""
+check of ERROR severity, told to a webhook (Slack-compatible JSON) or by e-mail.
+
+Off unless ``alerts.webhook_url_env_var`` names a set variable or ``alerts.email_to`` is set. A
+failed check does not fail its run (dagster #29896), so a second sensor reads the check evaluations
+of successful runs. Every secret the tenant knows (API token, stored token, SMTP password, webhook
+URL, PII key, lake password) is masked before anything is sent or logged; a receiver that is down
+is logged and skipped: an alert never fails a run or a tick.
+"""
+
+from __future__ import annotations
 
 import logging
 import os
-import re
 import smtplib
 import ssl
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from email.message import EmailMessage
+from typing import Protocol
 from urllib.parse import urlsplit
 
 import dagster as dg
@@ -16,29 +25,13 @@ import requests
 
 from fieldsales_dagster.names import InstanceNames
 from fieldsales_dagster.settings import AlertsSettings
+from fieldsales_dagster.token.secret import mask_secrets
 from fieldsales_dagster.token.store import TokenStore
-
-# Off by default. Setting the variable named by ``alert_webhook_url_env_var``
-# (``FIELDSALES_ALERT_WEBHOOK_URL``) posts a Slack-compatible JSON message (``{"text": ...}``) to
-# that URL; setting ``alert_email_to`` (``FIELDSALES_ALERT_EMAIL_TO``) mails it through SMTP. Either
-# one turns the two sensors below on:
-#
-# * a run-failure sensor (``dg.run_failure_sensor``) on this tenant's runs: its jobs, and any run
-#   of its assets (the automation sensor's, the UI's), and its token-renewal job;
-# * a sensor on this tenant's successful runs that reads the run's check evaluations: a failed
-#   check does not fail its run (dagster #29896), so the run-failure sensor never hears of it.
-#
-# A message names the tenant, the asset or check, the cause in one line, and a link to the run when
-# ``ui_base_url`` is set. Every secret the tenant knows (its API token, the renewed token in the
-# token store, the SMTP password, the webhook URL itself, the PII key, the lake's password) is
-# replaced by ``***`` before anything is sent or logged. A receiver that is down is logged and
-# skipped: an alert never fails a run or a tick.
 
 #: Seconds a receiver gets to answer: a sensor tick must not hang on it.
 SEND_TIMEOUT_S = 10
 #: Longest cause a message carries (its first line, shortened).
 CAUSE_CHARS = 300
-HIDDEN = "***"
 
 logger = logging.getLogger(__name__)
 
@@ -80,13 +73,7 @@ class AlertSettings:
         return sorted({v for v in values if len(v) >= 4}, key=len, reverse=True)
 
     def scrub(self, text: str) -> str:
-        for secret in self.secrets():
-            text = text.replace(secret, HIDDEN)
-        return text
-
-    def run_url(self, run_id: str) -> str | None:
-        base = self.alerts.ui_base_url
-        return f"{base.rstrip('/')}/runs/{run_id}" if base else None
+        return mask_secrets(text, self.secrets())
 
 
 @dataclass(frozen=True)
@@ -105,9 +92,10 @@ class Alert:
             f"{self.subject}",
             f"Cause: {one_line(self.cause)}",
         ]
-        if self.run_id:
-            url = settings.run_url(self.run_id)
-            lines.append(f"Run: {url}" if url else f"Run id: {self.run_id}")
+        if self.run_id and (base := settings.alerts.ui_base_url):
+            lines.append(f"Run: {base.rstrip('/')}/runs/{self.run_id}")
+        elif self.run_id:
+            lines.append(f"Run id: {self.run_id}")
         return settings.scrub("\n".join(lines))
 
 
@@ -210,23 +198,35 @@ class Owned:
         return bool(selected & self.asset_keys)
 
 
-def _failed_steps(context: dg.RunFailureSensorContext) -> list[tuple[str, str]]:
-    """(step, cause) of every failed step of the run."""
-    steps = []
-    for event in context.get_step_failure_events():
-        error = event.step_failure_data.error if event.step_failure_data else None
-        while error is not None and error.cause is not None:  # the root cause, not the wrappers
-            error = error.cause
-        # Dagster's message starts "package.module.ClassName: ..."; the class name is enough.
-        cause = re.sub(r"^(?:\w+\.)+(\w+): ", r"\1: ", error.message) if error else ""
-        steps.append((event.step_key or "?", cause or event.message or ""))
-    return steps
+class ErrorInfo(Protocol):
+    """What a step failure's error (Dagster's serializable error info) tells."""
+
+    @property
+    def message(self) -> str: ...
+    @property
+    def cls_name(self) -> str | None: ...
+    @property
+    def cause(self) -> ErrorInfo | None: ...
+
+
+def root_cause(error: ErrorInfo) -> str:
+    """The innermost error of a Dagster failure, in one line: ``TokenStoreError: Token store ...``
+    rather than Dagster's wrapper ("Error occurred while executing op ...") or the module path."""
+    while error.cause is not None:
+        error = error.cause
+    first = next((line for line in error.message.splitlines() if line.strip()), "").strip()
+    name = f"{error.cls_name}: " if error.cls_name else ""
+    return name + first.split(name, 1)[-1] if name and name in first else first
 
 
 def run_failure_alert(context: dg.RunFailureSensorContext, tenant: str) -> Alert:
     """The alert for a failed run: its failed steps (assets), or the run's own failure."""
     run = context.dagster_run
-    steps = _failed_steps(context)
+    steps = [
+        (event.step_key or "?", root_cause(error) if error else event.message or "")
+        for event in context.get_step_failure_events()
+        for error in [event.step_failure_data.error if event.step_failure_data else None]
+    ]
     if steps:
         subject = "Failed: " + ", ".join(step for step, _ in steps)
         cause = steps[0][1]
@@ -234,26 +234,6 @@ def run_failure_alert(context: dg.RunFailureSensorContext, tenant: str) -> Alert
         subject = f"Job: {run.job_name}"
         cause = context.failure_event.message or "the run failed"
     return Alert(tenant, f"run of {run.job_name} failed", subject, cause, run.run_id)
-
-
-def failed_error_checks(
-    instance: dg.DagsterInstance, run_id: str
-) -> list[tuple[dg.AssetCheckKey, str]]:
-    """(check, cause) of every check of ERROR severity that failed in run ``run_id``."""
-    records = instance.get_records_for_run(
-        run_id, of_type=dg.DagsterEventType.ASSET_CHECK_EVALUATION
-    ).records
-    failed = []
-    for record in records:
-        event = record.event_log_entry.dagster_event
-        evaluation = event.asset_check_evaluation_data if event else None
-        if evaluation is None or evaluation.passed:
-            continue
-        if evaluation.severity != dg.AssetCheckSeverity.ERROR:
-            continue
-        cause = evaluation.description or _metadata_cause(evaluation.metadata) or "check failed"
-        failed.append((evaluation.asset_check_key, cause))
-    return failed
 
 
 def _metadata_cause(metadata: Mapping[str, object]) -> str:
@@ -265,22 +245,25 @@ def _metadata_cause(metadata: Mapping[str, object]) -> str:
 
 
 def check_alerts(
-    instance: dg.DagsterInstance,
-    run: dg.DagsterRun,
-    tenant: str,
-    asset_keys: frozenset[dg.AssetKey] | None = None,
+    instance: dg.DagsterInstance, run: dg.DagsterRun, tenant: str, asset_keys: frozenset
 ) -> list[Alert]:
-    """One alert per failed ERROR check of ``run`` (on one of ``asset_keys``, if given)."""
+    """One alert per check of ERROR severity on one of ``asset_keys`` that failed in ``run``."""
+    records = instance.get_records_for_run(
+        run.run_id, of_type=dg.DagsterEventType.ASSET_CHECK_EVALUATION
+    ).records
+    evaluations = [
+        r.event_log_entry.get_dagster_event().asset_check_evaluation_data for r in records
+    ]
     return [
         Alert(
             tenant,
-            f"check {key.name} failed (ERROR)",
-            f"Check: {key.asset_key.to_user_string()} / {key.name}",
-            cause,
+            f"check {e.check_name} failed (ERROR)",
+            f"Check: {e.asset_key.to_user_string()} / {e.check_name}",
+            e.description or _metadata_cause(e.metadata) or "check failed",
             run.run_id,
         )
-        for key, cause in failed_error_checks(instance, run.run_id)
-        if asset_keys is None or key.asset_key in asset_keys
+        for e in evaluations
+        if not e.passed and e.severity == dg.AssetCheckSeverity.ERROR and e.asset_key in asset_keys
     ]
 
 

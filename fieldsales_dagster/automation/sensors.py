@@ -4,7 +4,13 @@ automation."""
 import dagster as dg
 
 from fieldsales_dagster.names import InstanceNames
-from fieldsales_dagster.token.renewal import RENEWAL_OFF, RenewalPolicy, decide, renew_or_check
+from fieldsales_dagster.token.renewal import (
+    RENEWAL_OFF,
+    TICK_INTERVAL,
+    RenewalPolicy,
+    decide,
+    renew_or_check,
+)
 
 
 def build_token_renewal_job(names: InstanceNames, policy: RenewalPolicy) -> dg.JobDefinition:
@@ -39,7 +45,7 @@ def build_token_renewal_sensor(names: InstanceNames, policy: RenewalPolicy) -> d
     @dg.sensor(
         name=names.token_renewal_sensor,
         job=build_token_renewal_job(names, policy),
-        minimum_interval_seconds=int(policy.tick_interval.total_seconds()),
+        minimum_interval_seconds=int(TICK_INTERVAL.total_seconds()),
         default_status=dg.DefaultSensorStatus.RUNNING,
         required_resource_keys={names.api.key},
         description=(

@@ -68,24 +68,10 @@ class TokenRenewalError(FieldSalesAPIError):
 
 @dataclass(frozen=True)
 class RenewalPolicy:
-    """Renew a token once it is ``renew_after`` old; test it every ``check_every`` otherwise."""
+    """Renew a token once it is ``renew_after`` old (``token_renew_after_days``, whose range the
+    setting checks); test it every ``CHECK_EVERY`` otherwise."""
 
     renew_after: timedelta
-    lifetime: timedelta = TOKEN_LIFETIME
-    check_every: timedelta = CHECK_EVERY
-    tick_interval: timedelta = TICK_INTERVAL
-
-    def __post_init__(self) -> None:
-        if not timedelta(0) < self.renew_after < self.lifetime:
-            raise ValueError(
-                f"token_renew_after_days={self.renew_after.total_seconds() / 86400:g} must lie "
-                f"between 0 and {self.lifetime.days} days (the token's lifetime)."
-            )
-
-    @classmethod
-    def after_days(cls, days: float) -> RenewalPolicy:
-        """The policy of the component's ``token_renew_after_days``."""
-        return cls(renew_after=timedelta(days=days))
 
     def renewal_due(self, store: TokenStore, stored: StoredToken, now: datetime) -> str | None:
         """Why ``stored`` is due for renewal at ``now`` (``"renewal due"``, or why its issue time
@@ -97,10 +83,10 @@ class RenewalPolicy:
 
     def check_due(self, last_check: datetime | None, now: datetime) -> bool:
         # Half a tick of slack, so 6-hour ticks test the token every 24 hours, not every 30.
-        return last_check is None or now - last_check >= self.check_every - self.tick_interval / 2
+        return last_check is None or now - last_check >= CHECK_EVERY - TICK_INTERVAL / 2
 
     def valid_until(self, stored: StoredToken) -> str:
-        return (stored.issued_at + self.lifetime).astimezone(UTC).strftime("%Y-%m-%d %H:%M UTC")
+        return (stored.issued_at + TOKEN_LIFETIME).astimezone(UTC).strftime("%Y-%m-%d %H:%M UTC")
 
 
 @dataclass(frozen=True)
@@ -179,13 +165,6 @@ def check_token(api: FieldSalesAPI, token: str | None, what: str, *, retries: in
         raise TokenRenewalError(f"{what} was refused: {exc}") from None
 
 
-def _parse_cursor(cursor: str | None) -> datetime | None:
-    try:
-        return datetime.fromisoformat(cursor) if cursor else None
-    except ValueError:
-        return None
-
-
 @dataclass(frozen=True)
 class Decision:
     """What a sensor tick decided, from the store alone: request a run, or say why not."""
@@ -211,7 +190,10 @@ def decide(
     stored = store.peek(env_token)
     if (due := policy.renewal_due(store, stored, now)) is not None:
         return Decision(True, due, now.isoformat())
-    last_run = _parse_cursor(cursor)
+    try:
+        last_run = datetime.fromisoformat(cursor) if cursor else None
+    except ValueError:
+        last_run = None
     if from_the_future(last_run, now, "the last token test"):
         last_run = None  # unknown: test now
     if policy.check_due(last_run, now):

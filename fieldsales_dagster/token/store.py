@@ -4,34 +4,23 @@ Renewing a token (``GET /api/bearer/generatetoken``) invalidates the old one at 
 token must reach the disk before anything else happens, and every process must find it there:
 
 * the file holds the token, when it was issued (or first seen), a SHA-256 fingerprint of the
-  ``FIELDSALES_API_TOKEN`` it was seeded from (never that environment token in clear) and the
-  origin (``scheme://host:port``) of the server the token belongs to: a store of another origin is
-  refused before its token is sent anywhere (unless the environment gives this client that very
-  token: the same token at a new address), and a store written before origins were recorded is
-  adopted by the first client whose server accepts its token;
-* nothing is written until the server accepted the token: a first seed, an adoption or a new
-  address is written by ``settle`` after the server's first 200 with it, a new environment token
-  beside a stored one only after ``accept`` (see ``current``), so a mistyped base URL or token
-  leaves the file as it was;
-* the path is resolved first (a symlinked store is read and written through its target, the link
-  kept), and a file not owned by the running user, or readable by others, is refused;
-* writes go to a temporary file in the same directory (created 0600), are flushed and fsynced,
-  then ``os.replace``-d over the store and the directory is fsynced: a reader sees the old token
-  or the new one, never half a file, and a crash never loses a renewal that was written;
-* seeding and renewing hold ``<path>.lock`` (a ``filelock.FileLock``), so across threads and
-  processes one renewal happens at a time, and the one that waited re-reads the store and finds
-  the renewal already done (double-checked locking, see ``TokenStore.rotate``);
-* a renewal prepares its write (the lock, the temporary file in the store's directory, the
-  encoding, with the timestamp written as an explicit ISO string) before the server rotates the
+  ``FIELDSALES_API_TOKEN`` it was seeded from (never that token in clear) and the origin
+  (``scheme://host:port``) of its server: a store of another origin is refused before its token is
+  sent anywhere, unless the environment gives this very token (the same token at a new address);
+  a store written before origins were recorded is adopted by the first server that accepts it;
+* nothing is written until the server accepted the token (``settle`` after its first 200, or
+  ``accept`` in ``current``), so a mistyped base URL or token leaves the file as it was;
+* a symlinked store is read and written through its target; a file another user owns, or others
+  can read, is refused;
+* writes go to a 0600 temporary file in the same directory, fsynced, ``os.replace``-d over the
+  store, then the directory is fsynced: a reader sees the old token or the new one, and a crash
+  never loses a renewal that was written;
+* seeding and renewing hold ``<path>.lock``, so one renewal happens at a time across processes,
+  and the one that waited re-reads the store and finds it done (``TokenStore.rotate``);
+* a renewal prepares its write (lock, temporary file, encoding) before the server rotates the
   token: after that call only the write and the rename remain;
-* once seeded, the store wins over the environment, whose token a renewal has made stale; a new
-  environment token (a person regenerated it in the UI) re-seeds the store once the server has
-  accepted it, while a token the store already replaced does not: a process started with an old
-  environment never writes its invalid token back over the current one, and a mistyped new one
-  never throws away the valid renewed token.
-
-Interface the API client relies on: ``TokenStore(path, origin).current(env_token, accept)``
-and ``settle(env_token, token)`` after a request with that token succeeded.
+* once seeded, the store wins over the environment; a new environment token (regenerated in the
+  UI) re-seeds it once the server accepted it, a token the store already replaced never does.
 """
 
 from __future__ import annotations
@@ -42,13 +31,14 @@ import os
 import stat
 import tempfile
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Annotated, cast
 
 import msgspec
 from filelock import FileLock, Timeout
+from msgspec.structs import replace
 
 from fieldsales_dagster.clock import from_the_future
 from fieldsales_dagster.pause import pause_at
@@ -74,51 +64,48 @@ def _utcnow() -> datetime:
     return datetime.now(UTC)
 
 
-def _timestamp(moment: datetime) -> str:
-    """``moment`` in UTC as ISO 8601 text, written explicitly: a ``datetime`` subclass (a frozen
-    clock's) encodes like any other, and the encoding cannot fail once the value is known."""
-    return moment.astimezone(UTC).isoformat()
+Fingerprint = Annotated[str, msgspec.Meta(pattern="^[0-9a-f]{64}$")]
 
 
-@dataclass(frozen=True)
-class StoredToken:
-    """What the store file holds. ``repr`` hides the token."""
+class StoredToken(msgspec.Struct, frozen=True, kw_only=True):
+    """What the store file holds (format version 1). ``repr`` hides the token."""
 
-    token: str = field(repr=False)
+    version: int = FORMAT_VERSION
+    token: Annotated[str, msgspec.Meta(min_length=1)]
     #: When the token was issued by a renewal, or first seen in the environment (UTC).
     issued_at: datetime
     #: SHA-256 of the environment token this chain of renewals was seeded from.
-    env_fingerprint: str
+    env_fingerprint: Fingerprint = msgspec.field(name="env_token_sha256")
     #: ``"environment"`` (seeded) or ``"renewal"``.
     source: str = "environment"
-    retired_env_fingerprints: tuple[str, ...] = ()
+    retired_env_fingerprints: tuple[Fingerprint, ...] = msgspec.field(
+        default=(), name="retired_env_token_sha256"
+    )
     #: ``scheme://host:port`` of the server the token belongs to; ``None`` in older stores.
     origin: str | None = None
+
+    def __post_init__(self) -> None:
+        if self.issued_at.tzinfo is None:  # a store written by hand without a zone: UTC
+            msgspec.structs.force_setattr(self, "issued_at", self.issued_at.replace(tzinfo=UTC))
+
+    def __repr__(self) -> str:
+        return f"StoredToken(issued_at={self.issued_at!r}, source={self.source!r})"
 
     def age(self, now: datetime | None = None) -> timedelta:
         return (now or _utcnow()) - self.issued_at
 
     def encode(self) -> bytes:
-        file = _StoreFile(
-            token=self.token,
-            issued_at=_timestamp(self.issued_at),
-            env_token_sha256=self.env_fingerprint,
-            source=self.source,
-            retired_env_token_sha256=list(self.retired_env_fingerprints),
-            origin=self.origin,
-        )
-        return msgspec.json.format(msgspec.json.encode(file), indent=2) + b"\n"
+        # A frozen clock's datetime subclass is not encodable as is: written as ISO text.
+        raw = msgspec.json.encode(self, enc_hook=datetime.isoformat)
+        return msgspec.json.format(raw, indent=2) + b"\n"
 
     @classmethod
     def decode(cls, raw: bytes, path: Path) -> StoredToken:
         try:
-            file, why = _STORE_FILE.decode(raw), ""
-            issued = datetime.fromisoformat(file.issued_at)
+            stored, why = _DECODER.decode(raw), ""
         except (msgspec.DecodeError, msgspec.ValidationError) as exc:
-            file, why = None, str(exc)  # msgspec names the field and the rule, never the value
-        except ValueError:
-            file, why = None, "issued_at is not an ISO 8601 timestamp"
-        if file is None:
+            stored, why = None, str(exc)  # msgspec names the field and the rule, never the value
+        if stored is None:
             # Raised outside the except block: no decoder error is even attached as context.
             raise TokenStoreError(
                 f"Token store {path} is corrupt ({why}). Delete it and restart: the store is "
@@ -127,39 +114,15 @@ class StoredToken:
             )
         try:
             # A store edited by hand (or written before tokens were cleaned) may hold a line break.
-            token = clean_token(file.token, f"token store {path}")
+            token = clean_token(stored.token, f"token store {path}")
         except TokenFormatError as exc:
             raise TokenStoreError(
                 f"{exc} Or delete {path}: it is seeded again from FIELDSALES_API_TOKEN."
             ) from None
-        return cls(
-            token=token,
-            issued_at=issued if issued.tzinfo else issued.replace(tzinfo=UTC),
-            env_fingerprint=file.env_token_sha256,
-            source=file.source,
-            retired_env_fingerprints=tuple(file.retired_env_token_sha256),
-            origin=file.origin,
-        )
+        return replace(stored, token=token)
 
 
-Fingerprint = Annotated[str, msgspec.Meta(pattern="^[0-9a-f]{64}$")]
-
-
-class _StoreFile(msgspec.Struct, kw_only=True):
-    """The store file's schema (version 1)."""
-
-    version: int = FORMAT_VERSION
-    token: Annotated[str, msgspec.Meta(min_length=1)]
-    #: ISO 8601, parsed by ``StoredToken.decode`` (written by ``_timestamp``).
-    issued_at: Annotated[str, msgspec.Meta(min_length=10)]
-    source: str = "environment"
-    env_token_sha256: Fingerprint
-    retired_env_token_sha256: list[Fingerprint] = []
-    #: Added after version 1 was first written: older stores have none (and are adopted).
-    origin: str | None = None
-
-
-_STORE_FILE = msgspec.json.Decoder(_StoreFile)
+_DECODER = msgspec.json.Decoder(StoredToken)
 
 
 @dataclass(frozen=True)
@@ -218,22 +181,15 @@ class TokenStore:
         try:
             # The path is resolved already: a link put in its place since is not followed.
             fd = os.open(self.path, os.O_RDONLY | getattr(os, "O_NOFOLLOW", 0))
+            with os.fdopen(fd, "rb") as file:
+                self._check_permissions(os.fstat(fd))
+                raw = file.read()
         except FileNotFoundError:
             return None
         except OSError as exc:
             raise TokenStoreError(
                 f"Cannot read token store {self.where}: {exc.strerror}."
             ) from None
-        try:
-            self._check_permissions(os.fstat(fd))
-            with os.fdopen(fd, "rb", closefd=False) as file:
-                raw = file.read()
-        except OSError as exc:
-            raise TokenStoreError(
-                f"Cannot read token store {self.where}: {exc.strerror}."
-            ) from None
-        finally:
-            os.close(fd)
         return StoredToken.decode(raw, self.path)
 
     def _check_permissions(self, st: os.stat_result) -> None:
@@ -413,11 +369,8 @@ class TokenStore:
             lock.release()
 
     def _finish_dead_writes(self) -> None:
-        """Under the lock: the temporary files of writers that died (no live one holds the lock).
-
-        A complete one newer than the store is the write a killed renewal was about to commit
-        (the server had already rotated the token), so it is committed now; any other is removed.
-        """
+        """Under the lock, the temporary files of dead writers: one newer than the store is a killed
+        renewal's (the server already rotated the token) and is committed; any other is removed."""
         for leftover in self.path.parent.glob(f".{self.path.name}.*.tmp"):
             candidate: StoredToken | None
             try:
@@ -446,12 +399,8 @@ class TokenStore:
     def _prepared_write(
         self, shape: StoredToken, *, renewing: bool = False
     ) -> Iterator[Callable[[StoredToken], None]]:
-        """Everything a write needs that can fail, done before the caller's irreversible step.
-
-        ``shape`` (the record to come, its token still unknown) is encoded once, and a temporary
-        file (0600) is opened in the store's directory (made by ``_locked``). What is left,
-        ``commit(record)``, writes, fsyncs, ``os.replace``-s it over the store and fsyncs the
-        directory. A temporary file never committed is removed.
+        """Everything a write needs that can fail (encoding ``shape``, the temporary file), done
+        before the caller's irreversible step; ``commit(record)`` then writes, fsyncs and renames.
         """
         not_renewing = " not renewing the token, because it could not be kept;" if renewing else ""
         try:
@@ -461,7 +410,17 @@ class TokenStore:
                 f"Token store {self.where}: the record cannot be encoded ({exc});"
                 f"{not_renewing} this is a bug, please report it."
             ) from None
-        fd, tmp_name = self._temporary_file(not_renewing)
+        try:
+            # mkstemp opens with O_EXCL and mode 0600 whatever the umask (which only clears bits).
+            fd, tmp_name = tempfile.mkstemp(
+                dir=self.path.parent, prefix=f".{self.path.name}.", suffix=".tmp"
+            )
+        except OSError as exc:
+            raise TokenStoreError(
+                f"Token store {self.where} cannot be written ({exc.strerror});{not_renewing} fix "
+                "the permissions or the space of its directory (or set FIELDSALES_TOKEN_STORE to "
+                "a writable path)."
+            ) from None
         file, committed = os.fdopen(fd, "wb"), False
 
         def commit(record: StoredToken) -> None:
@@ -469,8 +428,6 @@ class TokenStore:
             data = record.encode()
             try:
                 with file:
-                    if hasattr(os, "fchmod"):
-                        os.fchmod(fd, 0o600)
                     file.write(data)
                     file.flush()
                     os.fsync(fd)
@@ -498,25 +455,10 @@ class TokenStore:
                 with contextlib.suppress(OSError):
                     os.unlink(tmp_name)
 
-    def _temporary_file(self, not_renewing: str) -> tuple[int, str]:
-        try:
-            # mkstemp opens with O_EXCL and mode 0600 whatever the umask; fchmod says so anyway.
-            return tempfile.mkstemp(
-                dir=self.path.parent, prefix=f".{self.path.name}.", suffix=".tmp"
-            )
-        except OSError as exc:
-            raise TokenStoreError(
-                f"Token store {self.where} cannot be written ({exc.strerror});{not_renewing} fix "
-                "the permissions or the space of its directory (or set FIELDSALES_TOKEN_STORE to "
-                "a writable path)."
-            ) from None
-
     @staticmethod
     def _fsync_directory(directory: Path) -> None:
         """Make the rename itself durable; best effort (some filesystems refuse a directory fsync,
-        and the new file is in place either way)."""
-        if os.name != "posix":
-            return
+        and the new file is in place either way, as on Windows, which cannot open a directory)."""
         with contextlib.suppress(OSError):
             dir_fd = os.open(directory, os.O_RDONLY)
             try:
