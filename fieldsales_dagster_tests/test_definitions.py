@@ -81,3 +81,18 @@ def test_the_definitions_are_built_once_per_process_for_the_same_environment(mon
         if key.endswith("fieldsales_api") or key == "fieldsales_api"
     ]
     assert api.base_url == "http://127.0.0.2:9"
+
+
+def test_the_definitions_load_without_the_libraries_only_a_load_uses():
+    """numpy, pyarrow and pandas cost the CLI's start-up and every code-server reload (numpy
+    alone ~0.1 s); only a run's raw load and the IO manager need them."""
+    script = (
+        "import os, sys; os.environ['FIELDSALES_BASE_URL'] = 'http://127.0.0.1:9'; "
+        "os.environ['FIELDSALES_API_TOKEN'] = 'load-test-token'; "
+        "from fieldsales_dagster.definitions import defs; defs(); "
+        "print(sorted({m.split('.')[0] for m in sys.modules} & {'numpy', 'pyarrow', 'pandas'}))"
+    )
+    out = subprocess.run(
+        [sys.executable, "-c", script], capture_output=True, text=True, check=True
+    ).stdout
+    assert out.strip() == "[]"

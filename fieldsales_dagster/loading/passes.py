@@ -21,8 +21,6 @@ from collections.abc import Hashable
 from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING
 
-import numpy as np
-
 from fieldsales_dagster.client.pager import NAMED_IDS, ListPass, ListStats, PageExecutor, Stream
 from fieldsales_dagster.loading.completeness import (
     Action,
@@ -34,6 +32,8 @@ from fieldsales_dagster.loading.completeness import (
 )
 
 if TYPE_CHECKING:
+    import numpy as np
+
     from fieldsales_dagster.loading.raw_load import Staging
 
 Judged = list[tuple[ListPass, PassFacts, Verdict]]
@@ -57,6 +57,8 @@ def digests_gone(held: array[int], seen: array[int]) -> np.ndarray:
     A sorted search, not ``np.setdiff1d``: its hash-based ``unique`` of two arrays of random
     64-bit digests took 2.2 CPU-s at 1M items, this 0.4.
     """
+    import numpy as np  # where a load runs: the definitions load without it
+
     kept = np.frombuffer(held, np.int64)
     listed = np.sort(np.frombuffer(seen, np.int64))
     if not listed.size:
