@@ -16,7 +16,7 @@ are its column lineage (``column_lineage``).
 
 import functools
 import hashlib
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Literal
 
@@ -49,17 +49,6 @@ from fieldsales_dagster.names import InstanceNames
 DERIVED_SCHEMAS = ("core", "mart")
 
 
-class FollowsEntry(msgspec.Struct, forbid_unknown_fields=True, frozen=True):
-    """``follows:`` of a table's YAML: how it follows a decoded table (``follow.Follows``)."""
-
-    decoded: str
-    key: str
-    inputs: str
-    from_decoded: str = "true"
-    #: Table -> the columns its rows read of it (a change there rebuilds the table whole).
-    resolved_against: dict[str, str] = msgspec.field(default_factory=dict)
-
-
 class CheckEntry(msgspec.Struct, forbid_unknown_fields=True, frozen=True):
     """A check a table's YAML writes out (``checks:``): one query returning one row, whose
     ``passed`` column says whether the check passed and whose other columns are its metadata (a
@@ -82,7 +71,7 @@ class TableFile(msgspec.Struct, forbid_unknown_fields=True, frozen=True):
     columns: ColumnEntries
     checks: list[str | CheckEntry]
     nullable_key: list[str] = msgspec.field(default_factory=list)
-    follows: FollowsEntry | None = None
+    follows: Follows | None = None
 
 
 @dataclass(frozen=True)
@@ -100,7 +89,7 @@ class CoreTable:
     #: Key columns that may be NULL (a mart's group-by key); the others must not be.
     nullable_key: tuple[str, ...] = ()
     #: Set when the table follows the decoded table's changes rather than being rebuilt whole.
-    follows: Follows | None = None
+    follows: Follows | None = field(default=None, hash=False)
     #: The names of its checks (``checks.py``'s, or written out in its YAML: ``written_checks``).
     checks: tuple[str, ...] = ()
     written_checks: tuple[CheckEntry, ...] = ()
@@ -142,34 +131,22 @@ class CoreTable:
         return self.upstream.decoded
 
 
-def _follows(entry: FollowsEntry | None, where: Path) -> Follows | None:
-    if entry is None:
-        return None
-    decoded = [d.table for d in DECODED_TABLES]
-    if entry.decoded not in decoded:
-        raise TableFileError(
-            f"{where}: follows.decoded is {entry.decoded!r}, which is no decoded table (they are "
-            f"{', '.join(decoded)}). Fix the file."
-        )
-    return Follows(
-        entry.decoded,
-        key=entry.key,
-        from_decoded=entry.from_decoded,
-        inputs=entry.inputs,
-        resolved_against=tuple(entry.resolved_against.items()),
-    )
-
-
 def read_table(folder: Path, asset_name: str) -> CoreTable:
     """The table ``<folder>/<asset_name>.sql`` builds, as ``<asset_name>.yaml`` declares it."""
     where = folder / f"{asset_name}.yaml"
     found = read_table_file(where, TableFile)
     columns = columns_of(found.columns)
     names = {column.name for column in columns}
-    for field, listed in (("key", found.key), ("nullable_key", found.nullable_key)):
+    decoded = [d.table for d in DECODED_TABLES]
+    if found.follows is not None and found.follows.decoded not in decoded:
+        raise TableFileError(
+            f"{where}: follows.decoded is {found.follows.decoded!r}, which is no decoded table "
+            f"(they are {', '.join(decoded)}). Fix the file."
+        )
+    for entry, listed in (("key", found.key), ("nullable_key", found.nullable_key)):
         if unknown := [name for name in listed if name not in names]:
             raise TableFileError(
-                f"{where}: {field} names {', '.join(unknown)}, which columns does not declare. "
+                f"{where}: {entry} names {', '.join(unknown)}, which columns does not declare. "
                 "Fix the file."
             )
     schema, _, name = asset_name.partition("_")
@@ -180,7 +157,7 @@ def read_table(folder: Path, asset_name: str) -> CoreTable:
         TableDoc(columns),
         folder,
         tuple(found.nullable_key),
-        _follows(found.follows, where),
+        found.follows,
         tuple(c if isinstance(c, str) else c.name for c in found.checks),
         tuple(c for c in found.checks if isinstance(c, CheckEntry)),
     )
