@@ -52,17 +52,9 @@ class Decoded:
     @property
     def kept(self) -> bool:
         """False for a ``temp.*`` table: it holds personal values, which core.* hashes or drops
-        as ``pii`` says, so it is never written to the lake (as a lake table, its Parquet files
-        sat in the data path during the step, and a failed step left them there until the
-        upkeep deleted orphans). The first step of a run reading it builds it whole in the
-        process's DuckDB instance (memory, spilled to the local temp_directory); the run's other
-        steps read that (``share_decoded``), each through a TEMP view ``temp.<name>``; the run's
-        end drops it."""
+        as ``pii`` says, so it is never written to the lake (as a lake table, a failed step left
+        its Parquet files in the data path until the upkeep deleted orphans)."""
         return self.table.partition(".")[0] != "temp"
-
-    @property
-    def query_file(self) -> str:
-        return f"{self.table.replace('.', '_')}.sql"
 
 
 #: Every raw.transactions payload parsed once: core.transactions and core.custom_report_results
@@ -92,7 +84,7 @@ DECODED_TABLES: tuple[Decoded, ...] = (TRANSACTIONS_DECODED, EVENTS_DECODED)
 
 def decoded_query(decoded: Decoded) -> str:
     """The SQL that parses ``decoded``'s rows to decode, as shipped in the package."""
-    return (PACKAGE_SQL / decoded.query_file).read_text("utf-8")
+    return (PACKAGE_SQL / f"{decoded.table.replace('.', '_')}.sql").read_text("utf-8")
 
 
 def _fingerprint(conn: duckdb.DuckDBPyConnection, table: str) -> tuple | None:
@@ -152,13 +144,11 @@ def share_decoded(
 ) -> DecodeRefresh:
     """Bring the not-kept ``decoded`` up to date for this run's steps; returns what it did.
 
-    It is parsed once per run, not once per step reading it: the first step builds it whole
-    (``"full"``) as a table of the process's DuckDB instance (``FieldSalesWarehouse.shared_table``:
-    in memory, spilled to the local temp_directory, never in the lake), and the run's other steps
-    read it as it is (``"current"``) while its raw table holds the same rows (``_fingerprint``);
-    a raw table changed since (another run loaded it) is parsed again. The run's end drops it
-    (``drop_shared``): it holds personal values that core.* hashes or drops as ``pii`` says.
-    Outside a transaction: the lake's transaction may write one database only.
+    Parsed once per run: the first step builds it whole (``"full"``) in the process's DuckDB
+    instance (``FieldSalesWarehouse.shared_table``: memory, spilled to the local temp_directory),
+    the run's other steps read it (``"current"``) while its raw table holds the same rows
+    (``_fingerprint``); the run's end drops it (``drop_shared``). Outside a transaction: the
+    lake's transaction may write one database only.
     """
     source = _fingerprint(conn, decoded.source)
     if source is not None and warehouse.shared_source(decoded.table) == source:

@@ -25,7 +25,6 @@ import msgspec
 
 from fieldsales_dagster.assets.columns import (
     PACKAGE_SQL,
-    Column,
     ColumnEntries,
     TableDoc,
     TableFileError,
@@ -110,25 +109,20 @@ class CoreTable:
     def schema(self) -> str:
         return self.table.partition(".")[0]
 
-    @property
-    def columns(self) -> tuple[Column, ...]:
-        """Every column, in order: name, description, and whether it holds personal data."""
-        return self.doc.columns
-
     @functools.cached_property
-    def upstream(self) -> "Upstream":
-        """What the table's query reads (parsed on first use, when the definitions load)."""
-        return upstream_of(self, core_query(self))
+    def upstream(self) -> tuple[tuple[str, ...], tuple[Decoded, ...]]:
+        """What the query reads (``upstream_of``; parsed on first use, as the definitions load)."""
+        return upstream_of(self)
 
     @property
     def deps(self) -> tuple[str, ...]:
-        """The assets whose tables the query reads: the asset's ``deps``."""
-        return self.upstream.deps
+        """The assets whose tables the query reads, sorted: the asset's ``deps``."""
+        return self.upstream[0]
 
     @property
     def decoded(self) -> tuple[Decoded, ...]:
         """The decoded tables the query reads: brought up to date with their raw tables first."""
-        return self.upstream.decoded
+        return self.upstream[1]
 
 
 def read_table(folder: Path, asset_name: str) -> CoreTable:
@@ -163,15 +157,12 @@ def read_table(folder: Path, asset_name: str) -> CoreTable:
     )
 
 
+@functools.cache  # read once per process and folder
 def derived_tables(folder: Path = PACKAGE_SQL) -> tuple[CoreTable, ...]:
     """Every core and mart table of ``folder``: each ``core_*.sql`` and ``mart_*.sql`` with its
     YAML, each after the tables its query reads (in name order otherwise). A query without its
     YAML, or a YAML without its query, is refused."""
-    return _in_build_order(_derived_tables(folder))
-
-
-@functools.cache
-def _in_build_order(tables: tuple[CoreTable, ...]) -> tuple[CoreTable, ...]:
+    tables = _derived_tables(folder)
     names = {table.asset_name for table in tables}
     ordered: list[CoreTable] = []
     while len(ordered) < len(tables):
@@ -187,7 +178,6 @@ def _in_build_order(tables: tuple[CoreTable, ...]) -> tuple[CoreTable, ...]:
     return tuple(ordered)
 
 
-@functools.cache  # read once per process and folder
 def _derived_tables(folder: Path) -> tuple[CoreTable, ...]:
     files = {path.name for path in folder.iterdir()}
     stems = {
@@ -206,11 +196,6 @@ def _derived_tables(folder: Path) -> tuple[CoreTable, ...]:
     return tuple(read_table(folder, stem) for stem in sorted(stems))
 
 
-def tables_of(schema: str, folder: Path = PACKAGE_SQL) -> tuple[CoreTable, ...]:
-    """The tables of ``derived_tables(folder)`` in ``schema`` (``core`` or ``mart``)."""
-    return tuple(table for table in derived_tables(folder) if table.schema == schema)
-
-
 def core_query(table: CoreTable) -> str:
     """The SQL that builds ``table``."""
     return (table.folder / table.query_file).read_text("utf-8")
@@ -218,15 +203,6 @@ def core_query(table: CoreTable) -> str:
 
 #: The schemas whose tables this project builds: a query may read only these.
 BUILT_SCHEMAS = ("raw", "meta", "core", "mart")
-
-
-@dataclass(frozen=True)
-class Upstream:
-    """What a core or mart table's query reads, as the assets and decoded tables behind it."""
-
-    #: Asset names, sorted: the asset's ``deps``.
-    deps: tuple[str, ...]
-    decoded: tuple[Decoded, ...]
 
 
 def query_reads(query: str, where: str) -> Reads:
@@ -237,8 +213,8 @@ def query_reads(query: str, where: str) -> Reads:
     return reads
 
 
-def upstream_of(table: CoreTable, query: str) -> Upstream:
-    """The assets and decoded tables ``query`` (``table``'s) reads, from its FROM and JOIN clauses.
+def upstream_of(table: CoreTable) -> tuple[tuple[str, ...], tuple[Decoded, ...]]:
+    """The assets and decoded tables ``table``'s query reads, from its FROM and JOIN clauses.
 
     ``raw.*``: the raw asset of that list. ``core.*``, ``mart.*``: the asset building the table.
     A decoded ``meta.*`` or ``temp.*`` table, or ``decoded_rows()`` of a table that follows one:
@@ -247,7 +223,7 @@ def upstream_of(table: CoreTable, query: str) -> Upstream:
     tables are built before the user's assets, never from them.
     """
     where = f"sql/{table.query_file}"
-    reads = query_reads(query, where)
+    reads = query_reads(core_query(table), where)
     decoded_by_table = {decoded.table: decoded for decoded in DECODED_TABLES}
     raw_assets = {endpoint.raw_table: raw_asset_name(endpoint) for endpoint in LIST_ENDPOINTS}
     read_decoded = {name for name in reads.tables if name in decoded_by_table}
@@ -285,7 +261,7 @@ def upstream_of(table: CoreTable, query: str) -> Upstream:
             deps.add(asset)
     decoded = tuple(d for d in DECODED_TABLES if d.table in read_decoded)
     deps.update(raw_assets[d.source] for d in decoded)
-    return Upstream(tuple(sorted(deps)), decoded)
+    return tuple(sorted(deps)), decoded
 
 
 def query_code_version(table: CoreTable) -> str:
@@ -302,7 +278,7 @@ def _columns_of(asset: str, folder: Path) -> tuple[str, ...]:
             extra = tuple(column for column, _ in endpoint.extra_columns)
             return ("id", "payload", "loaded_at", *extra)
     (table,) = (t for t in derived_tables(folder) if t.asset_name == asset)
-    return tuple(column.name for column in table.columns)
+    return tuple(column.name for column in table.doc.columns)
 
 
 def column_lineage(names: InstanceNames, table: CoreTable) -> dg.TableColumnLineage:
@@ -319,7 +295,7 @@ def column_lineage(names: InstanceNames, table: CoreTable) -> dg.TableColumnLine
         for dep in table.deps
     )
     sources = column_sources(
-        core_query(table), tuple(column.name for column in table.columns), known
+        core_query(table), tuple(column.name for column in table.doc.columns), known
     )
     deps: dict[str, list[dg.TableColumnDep]] = {}
     for column, pairs in sources.items():
