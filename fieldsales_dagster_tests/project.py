@@ -9,14 +9,11 @@ from pathlib import Path
 
 import dagster as dg
 
-from fieldsales_dagster.assets.checks import (
-    build_core_checks,
-    checks_in_asset_step,
-    core_check_keys,
-)
+from fieldsales_dagster.assets import checks
+from fieldsales_dagster.assets.checks import build_core_checks, checks_in_asset_step
 from fieldsales_dagster.assets.core import build_core_assets
 from fieldsales_dagster.assets.raw import build_raw_assets
-from fieldsales_dagster.assets.tables import tables_of
+from fieldsales_dagster.assets.tables import derived_tables
 from fieldsales_dagster.names import InstanceNames
 
 DEFAULT = InstanceNames()
@@ -31,14 +28,22 @@ def core_assets(with_checks: bool = False) -> list[dg.AssetsDefinition]:
     """The core assets; ``with_checks``: with the checks their steps evaluate, as deployed."""
     checks_for = checks_in_asset_step if with_checks else None
     return build_core_assets(
-        DEFAULT, OWNERS, freshness_policy=None, checks_for=checks_for, tables=tables_of("core")
+        DEFAULT,
+        OWNERS,
+        freshness_policy=None,
+        checks_for=checks_for,
+        tables=[t for t in derived_tables() if t.schema == "core"],
     )
 
 
 def mart_assets(with_checks: bool = False) -> list[dg.AssetsDefinition]:
     checks_for = checks_in_asset_step if with_checks else None
     return build_core_assets(
-        DEFAULT, OWNERS, freshness_policy=None, checks_for=checks_for, tables=tables_of("mart")
+        DEFAULT,
+        OWNERS,
+        freshness_policy=None,
+        checks_for=checks_for,
+        tables=[t for t in derived_tables() if t.schema == "mart"],
     )
 
 
@@ -49,7 +54,7 @@ def core_checks() -> list[dg.AssetChecksDefinition]:
 
 def core_check_count() -> int:
     """How many checks the core and mart tables have, wherever they run."""
-    return len(core_check_keys(DEFAULT))
+    return len(checks.core_checks())
 
 
 def materialize(

@@ -163,8 +163,8 @@ def columns_of(database, table: str) -> list[tuple[str, str, str | None]]:
 @pytest.mark.parametrize("table", TABLES, ids=lambda t: t.table)
 def test_every_column_is_declared_with_a_description_in_table_order(database, table):
     stored = [name for name, _, _ in columns_of(database, table.table)]
-    assert stored == [c.name for c in table.columns]
-    assert all(len(c.description) >= 8 for c in table.columns)
+    assert stored == [c.name for c in table.doc.columns]
+    assert all(len(c.description) >= 8 for c in table.doc.columns)
 
 
 @pytest.mark.parametrize(
@@ -194,7 +194,7 @@ def test_descriptions_are_duckdb_comments_on_table_and_columns(database, table):
     )
     assert comment == table.description
     for (column, _, text), declared in zip(
-        columns_of(database, table.table), table.columns, strict=True
+        columns_of(database, table.table), table.doc.columns, strict=True
     ):
         assert text.startswith(declared.description), column
 
@@ -216,7 +216,7 @@ def test_column_schema_describes_every_column_and_tags_personal_ones(built):
 
 
 def test_personal_columns_are_tagged_where_they_hold_names_emails_and_ips():
-    tagged = {(t.table, c.name) for t in TABLES for c in t.columns if c.pii}
+    tagged = {(t.table, c.name) for t in TABLES for c in t.doc.columns if c.pii}
     assert tagged == {
         ("core.users", "first_name"),
         ("core.users", "last_name"),

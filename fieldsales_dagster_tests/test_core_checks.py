@@ -7,7 +7,7 @@ import duckdb
 import pytest
 
 from fieldsales_dagster.assets import checks
-from fieldsales_dagster.assets.tables import tables_of
+from fieldsales_dagster.assets.tables import derived_tables
 from fieldsales_dagster_tests import core_payloads as p
 from fieldsales_dagster_tests.project import core_check_count
 
@@ -144,7 +144,7 @@ def test_uniqueness_check_of_millions_of_keys_fits_a_small_memory_limit(many_rep
     # Memory Error: failed to pin block"), and after a nightly update of the table at 1M
     # transactions more than the 192MB memory_limit had left. In buckets it fits, and still finds
     # the one duplicate (equal keys fall in the same bucket) and names it.
-    (table,) = [t for t in tables_of("core") if t.table == "core.custom_report_results"]
+    (table,) = [t for t in derived_tables() if t.table == "core.custom_report_results"]
     config = {"memory_limit": "32MB", "threads": 2, "preserve_insertion_order": False}
     with duckdb.connect(str(many_report_results), config=config) as conn:
         result = checks.ids_unique(conn, table)

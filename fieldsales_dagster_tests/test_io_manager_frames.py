@@ -186,6 +186,10 @@ REFUSED = {
         ),
         "column 't' holds values of 2 kinds (datetime, zoned datetime)",
     ),
+    "an integer over 128 bits, which DuckDB stores as text": (
+        pd.DataFrame({"n": pd.Series([2**130, 1], dtype=object)}),
+        "column 'n' holds int values, which DuckDB would store as text",
+    ),
     "dicts in a column": (
         pd.DataFrame({"attrs": [{"k": 1}, {"k": 2}]}),
         "column 'attrs' holds values of 1 kinds (dict)",

@@ -9,12 +9,12 @@ import duckdb
 import pytest
 
 from fieldsales_dagster.assets.decode import EVENTS_DECODED, share_decoded
-from fieldsales_dagster.assets.tables import tables_of
+from fieldsales_dagster.assets.tables import derived_tables
 from fieldsales_dagster_tests import core_payloads as p
 from fieldsales_dagster_tests.conftest import lake_at
 
 #: The core tables whose queries read temp.events_decoded.
-EVENT_READERS = [t.asset_name for t in tables_of("core") if EVENTS_DECODED in t.decoded]
+EVENT_READERS = [t.asset_name for t in derived_tables() if EVENTS_DECODED in t.decoded]
 
 
 def _decode_of(result: dg.ExecuteInProcessResult) -> dict[str, str]:

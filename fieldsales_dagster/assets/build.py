@@ -8,6 +8,7 @@ decoded table brings it up to date first (``decode.py``); one that follows it ad
 changed (``follow.py``).
 """
 
+from collections.abc import Callable
 from typing import Any
 
 import duckdb
@@ -17,59 +18,46 @@ from fieldsales_dagster.assets.decode import (
     Decoded,
     DecodeRefresh,
     build_table,
+    create_macros,
     decode_metadata,
     read_shared,
     refresh_decoded,
     share_decoded,
-    shared_macros_sql,
 )
-from fieldsales_dagster.assets.follow import build_following, define_decoded_rows
+from fieldsales_dagster.assets.follow import build_following, define_decoded_rows, failing_as
 from fieldsales_dagster.assets.metadata import storage_metadata, table_metadata
 from fieldsales_dagster.assets.tables import CoreTable, core_query
 from fieldsales_dagster.warehouse.lake import cleanup
 from fieldsales_dagster.warehouse.quoting import quote_ident
 from fieldsales_dagster.warehouse.warehouse import FieldSalesWarehouse
 
-
-def share_decoded_of(
-    conn: duckdb.DuckDBPyConnection, warehouse: FieldSalesWarehouse, table: CoreTable
-) -> dict[Decoded, DecodeRefresh]:
-    """``share_decoded`` for each not-kept decoded table ``table`` reads (before its
-    transaction)."""
-    shared: dict[Decoded, DecodeRefresh] = {}
-    for decoded in table.decoded:
-        if decoded.kept:
-            continue
-        try:
-            shared[decoded] = share_decoded(conn, warehouse, decoded)
-        except RuntimeError as exc:
-            raise RuntimeError(
-                f"Building {table.table} failed; the previous {table.table} is left as it was. "
-                f"It reads {decoded.table}: {exc}"
-            ) from exc
-    return shared
+#: ``commit(conn, table, write)``: runs ``write()``, the table's whole write (``one_commit``).
+Commit = Callable[[duckdb.DuckDBPyConnection, str, Callable[[], dict[str, Any]]], dict[str, Any]]
 
 
 def build_described_table(
     conn: duckdb.DuckDBPyConnection,
     table: CoreTable,
     warehouse: FieldSalesWarehouse,
-    shared: dict[Decoded, DecodeRefresh] | None = None,
+    commit: Commit = lambda conn, table, write: write(),
 ) -> dict[str, Any]:
     """Build ``table`` from its query as stored for analysts, with its comments, and swap it in.
 
     A table reading a decoded table first brings it up to date with its raw table, so the table
-    never reads a decode older than the raw data; the returned metadata says how. ``shared``:
-    what ``share_decoded_of`` did for the table before its transaction (called here without it).
-    Outside a run, the shared decoded tables are dropped after the build.
+    never reads a decode older than the raw data; the returned metadata says how. A not-kept
+    decoded table is shared before ``commit`` (the lake's transaction writes one database only)
+    and, outside a run, dropped after it. ``commit``: ``FieldSalesWarehouse.one_commit`` in an
+    asset; tests and benchmarks on a plain DuckDB file build without it.
     """
-    own = shared is None
-    if shared is None:
-        shared = share_decoded_of(conn, warehouse, table)
+    shared: dict[Decoded, DecodeRefresh] = {}
     try:
-        return _build_described(conn, table, warehouse, shared)
+        for decoded in table.decoded:
+            if not decoded.kept:
+                with failing_as(table.table, reads=decoded.table):
+                    shared[decoded] = share_decoded(conn, warehouse, decoded)
+        return commit(conn, table.table, lambda: _build_described(conn, table, warehouse, shared))
     finally:
-        if own and not warehouse.in_run:
+        if not warehouse.in_run:
             warehouse.drop_shared(conn)
 
 
@@ -85,27 +73,15 @@ def _build_described(
             read_shared(conn, warehouse, decoded)
             refreshed.append((decoded, shared[decoded]))
             continue
-        try:
+        with failing_as(table.table, reads=decoded.table):
             refreshed.append((decoded, refresh_decoded(conn, decoded)))
-        except RuntimeError as exc:
-            raise RuntimeError(
-                f"Building {table.table} failed; the previous {table.table} is left as it was. "
-                f"It reads {decoded.table}: {exc}"
-            ) from exc
     metadata = decode_metadata(refreshed)
     query = core_query(table)
-    macros = shared_macros_sql(query)
-    try:
-        if macros:
-            conn.execute(macros)
+    with failing_as(table.table):
+        macros = create_macros(conn, query)
         if table.follows is not None:
             define_decoded_rows(conn, table.follows)
         published, params = publishing_query(conn, table.table, query, table.doc, warehouse)
-    except duckdb.Error as exc:
-        raise RuntimeError(
-            f"Building {table.table} failed; the previous {table.table} is left as it was. "
-            f"DuckDB: {exc}"
-        ) from exc
 
     def describe(staged: str) -> None:
         comment_table(conn, staged, table.description, table.doc, warehouse.pii)
@@ -120,7 +96,7 @@ def _build_described(
         followed = build_following(
             conn, table.table, table.follows, published, params, build_whole, macros=macros
         )
-        return {**metadata, **followed.metadata()}
+        return {**metadata, **followed}
     finally:
         with cleanup(conn):
             for decoded in table.decoded:
@@ -134,14 +110,7 @@ def materialize_core_table(
 ) -> dict[str, Any]:
     """Build ``table`` on ``conn`` (on a lake: one commit) and return its metadata (schema, row
     count, preview)."""
-    shared = share_decoded_of(conn, warehouse, table)
-    try:
-        decode = warehouse.one_commit(
-            conn, table.table, lambda: build_described_table(conn, table, warehouse, shared)
-        )
-    finally:
-        if not warehouse.in_run:
-            warehouse.drop_shared(conn)
+    decode = build_described_table(conn, table, warehouse, warehouse.one_commit)
     schema = column_schema(conn, table.table, table.doc, warehouse.pii)
     return {
         **table_metadata(

@@ -22,6 +22,7 @@ reads a table its asset does not depend on (``event_ids_known`` reads ``core.eve
 step with the other such checks, once every table they read is built.
 """
 
+import functools
 import json
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
@@ -32,7 +33,7 @@ import dagster as dg
 import duckdb
 
 from fieldsales_dagster.assets.columns import TableFileError
-from fieldsales_dagster.assets.decode import shared_macros_sql
+from fieldsales_dagster.assets.decode import create_macros
 from fieldsales_dagster.assets.tables import CheckEntry, CoreTable, derived_tables
 from fieldsales_dagster.names import InstanceNames
 from fieldsales_dagster.warehouse.quoting import qualified, quote_ident
@@ -43,15 +44,12 @@ SAMPLE_SIZE = 5
 #: Rows per bucket of the ids_unique screen (see there): ~1M hash groups fit the memory limit.
 SCREEN_BUCKET_ROWS = 1_000_000
 
-SEVERITY = {"warn": dg.AssetCheckSeverity.WARN, "error": dg.AssetCheckSeverity.ERROR}
-
 #: ``evaluate(connection, table) -> result``: the body of one check of ``table``.
 Evaluate = Callable[[duckdb.DuckDBPyConnection, CoreTable], dg.AssetCheckResult]
 
 
 def _fetch_one(conn: duckdb.DuckDBPyConnection, sql: str) -> tuple:
-    if macros := shared_macros_sql(sql):
-        conn.execute(macros)
+    create_macros(conn, sql)
     return one_row(conn, sql)
 
 
@@ -147,7 +145,7 @@ def written_check(entry: CheckEntry) -> CheckKind:
             )
         return dg.AssetCheckResult(
             passed=bool(found.pop("passed")),
-            severity=SEVERITY[entry.severity],
+            severity=dg.AssetCheckSeverity[entry.severity.upper()],
             metadata={name: _metadata_value(value) for name, value in found.items()},
         )
 
@@ -199,14 +197,9 @@ def _cross_table_checks(names: InstanceNames, checks: list[CoreCheck]) -> dg.Ass
 
 
 def ids_unique_description(table: CoreTable) -> str:
-    nullable = (
-        f" ({', '.join(table.nullable_key)} may be NULL; NULLs compare equal)"
-        if table.nullable_key
-        else ""
-    )
-    return (
-        f"Every row of {table.table} has a distinct, non-NULL ({', '.join(table.key)}){nullable}."
-    )
+    key, nullable = ", ".join(table.key), ", ".join(table.nullable_key)
+    null = f" ({nullable} may be NULL; NULLs compare equal)" if nullable else ""
+    return f"Every row of {table.table} has a distinct, non-NULL ({key}){null}."
 
 
 def _key_text(table: CoreTable) -> str:
@@ -351,25 +344,19 @@ def untyped_values_found(
     )
 
 
-@check(
+check(
     "values_typed",
     "Every value {table} types was typed: counts the rows where a present, non-empty value (a "
     "number, timestamp, boolean, object or array) could not be, so its column is NULL, with a "
     "sample of ids and values as received (untyped_values names them; raw.* keeps them). A "
     "warning: the data loads.",
-)
-def values_typed(conn: duckdb.DuckDBPyConnection, table: CoreTable) -> dg.AssetCheckResult:
-    return untyped_values_found(conn, table, not_finite=False)
-
-
-@check(
+)(functools.partial(untyped_values_found, not_finite=False))
+check(
     "values_finite",
     'No NaN or infinity was sent for a value of {table}: counts the rows where one was ("NaN", '
     '"Infinity", 1e309, ...), stored as NULL, with a sample of ids. A warning: the data loads, '
     "and sums over the column stay numbers.",
-)
-def values_finite(conn: duckdb.DuckDBPyConnection, table: CoreTable) -> dg.AssetCheckResult:
-    return untyped_values_found(conn, table, not_finite=True)
+)(functools.partial(untyped_values_found, not_finite=True))
 
 
 def core_checks(tables: Sequence[CoreTable] | None = None) -> list[CoreCheck]:
@@ -394,8 +381,3 @@ def build_core_checks(
     return [
         _cross_table_checks(names, [c for c in core_checks(tables) if not c.runs_in_asset_step])
     ]
-
-
-def core_check_keys(names: InstanceNames) -> list[dg.AssetCheckKey]:
-    """The key of every check of the core and mart tables, wherever it runs."""
-    return [dg.AssetCheckKey(names.asset_key(c.table.asset_name), c.name) for c in core_checks()]

@@ -123,14 +123,6 @@ def table_doc(asset_name: str) -> TableDoc:
     return TableDoc(columns_of(found.columns), found.description)
 
 
-def _schema_of(table: str) -> str:
-    return table.partition(".")[0]
-
-
-def _is_text(data_type: str) -> bool:
-    return data_type in ("VARCHAR", "VARCHAR[]")
-
-
 def publishing_query(
     conn: duckdb.DuckDBPyConnection,
     table: str,
@@ -143,7 +135,7 @@ def publishing_query(
     Returns the SQL and its parameters (the hash key's pads, never in the SQL text). The query's
     shared macros must exist on ``conn`` (DESCRIBE binds the query without running it).
     """
-    schema = _schema_of(table)
+    schema = table.partition(".")[0]
     described = conn.execute(f"DESCRIBE {query}").fetchall()
     apply_policy = schema in PII_POLICY_SCHEMAS and warehouse.pii != "keep"
     params: dict[str, object] = {}
@@ -185,7 +177,7 @@ def described_columns(
         text = declared.description if declared else "(not described)"
         pii = bool(declared and declared.pii)
         notes = []
-        if schema in EMPTY_IS_NULL_SCHEMAS and _is_text(data_type):
+        if schema in EMPTY_IS_NULL_SCHEMAS and data_type in ("VARCHAR", "VARCHAR[]"):
             notes.append(EMPTY_IS_NULL_NOTE)
         if pii and schema in EMPTY_IS_NULL_SCHEMAS:
             notes.append(PII_NOTES[pii_policy])

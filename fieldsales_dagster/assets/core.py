@@ -6,11 +6,11 @@ step then evaluates the checks its table's YAML names that read no table outside
 """
 
 from collections.abc import Callable, Iterator, Sequence
-from typing import TYPE_CHECKING
 
 import dagster as dg
 
 from fieldsales_dagster.assets.build import materialize_core_table
+from fieldsales_dagster.assets.checks import CoreCheck
 from fieldsales_dagster.assets.tables import (
     CoreTable,
     column_lineage,
@@ -20,11 +20,8 @@ from fieldsales_dagster.assets.tables import (
 )
 from fieldsales_dagster.names import InstanceNames
 
-if TYPE_CHECKING:
-    from fieldsales_dagster.assets.checks import CoreCheck
-
 #: ``checks_for(table)``: the checks an asset's step evaluates after building ``table``.
-ChecksFor = Callable[[CoreTable], Sequence["CoreCheck"]]
+ChecksFor = Callable[[CoreTable], Sequence[CoreCheck]]
 
 
 def build_core_asset(
@@ -32,7 +29,7 @@ def build_core_asset(
     table: CoreTable,
     owners: list[str],
     freshness_policy: dg.FreshnessPolicy | None,
-    checks: Sequence["CoreCheck"] = (),
+    checks: Sequence[CoreCheck] = (),
     io_manager_key: str | None = None,
 ) -> dg.AssetsDefinition:
     """The asset that builds ``table``; its step then evaluates ``checks`` on a new connection.

@@ -4,7 +4,7 @@ A decoded table (``Decoded``) is one raw table's payloads parsed once, for the s
 tables that read them: it is brought up to date with its raw table before a table reading it
 builds (``refresh_decoded``, or ``share_decoded`` for one a run's steps share outside the lake).
 The macros of ``sql/<name>.sql`` (``SHARED_MACROS``) are created on a connection before a query
-calling them runs (``shared_macros_sql``). ``build_table`` runs a query into a staging table and
+calling them runs (``create_macros``). ``build_table`` runs a query into a staging table and
 swaps it in: a failed query leaves the previous table in place.
 """
 
@@ -18,7 +18,7 @@ import dagster as dg
 import duckdb
 
 from fieldsales_dagster.assets.columns import PACKAGE_SQL
-from fieldsales_dagster.assets.follow import WHOLE_ABOVE, rows_missing, same_row
+from fieldsales_dagster.assets.follow import WHOLE_ABOVE, failing_as, rows_missing, same_row
 from fieldsales_dagster.pause import pause_at
 from fieldsales_dagster.warehouse.lake import drop_table, run_transaction
 from fieldsales_dagster.warehouse.quoting import qualified, quote_ident, sql_literal
@@ -48,23 +48,13 @@ class Decoded:
     table: str
     source: str
     description: str
-    #: The whole source, as the full decode reads it (in slices, to bound the parser's memory).
-    whole_source: str
 
     @property
     def kept(self) -> bool:
         """False for a ``temp.*`` table: it holds personal values, which core.* hashes or drops
-        as ``pii`` says, so it is never written to the lake (as a lake table, its Parquet files
-        sat in the data path during the step, and a failed step left them there until the
-        upkeep deleted orphans). The first step of a run reading it builds it whole in the
-        process's DuckDB instance (memory, spilled to the local temp_directory); the run's other
-        steps read that (``share_decoded``), each through a TEMP view ``temp.<name>``; the run's
-        end drops it."""
+        as ``pii`` says, so it is never written to the lake (as a lake table, a failed step left
+        its Parquet files in the data path until the upkeep deleted orphans)."""
         return self.table.partition(".")[0] != "temp"
-
-    @property
-    def query_file(self) -> str:
-        return f"{self.table.replace('.', '_')}.sql"
 
 
 #: Every raw.transactions payload parsed once: core.transactions and core.custom_report_results
@@ -74,7 +64,6 @@ TRANSACTIONS_DECODED = Decoded(
     "raw.transactions",
     "Pipeline-internal, not for analysis (use core.transactions and "
     "core.custom_report_results): raw.transactions' payloads parsed once for the core tables.",
-    whole_source="raw_transactions_in_slices()",
 )
 
 
@@ -86,7 +75,6 @@ EVENTS_DECODED = Decoded(
     "raw.events",
     "Pipeline-internal, not for analysis (use core.events and the other core tables): "
     "raw.events' payloads parsed once for the core tables.",
-    whole_source="raw_events_in_slices()",
 )
 
 
@@ -96,7 +84,7 @@ DECODED_TABLES: tuple[Decoded, ...] = (TRANSACTIONS_DECODED, EVENTS_DECODED)
 
 def decoded_query(decoded: Decoded) -> str:
     """The SQL that parses ``decoded``'s rows to decode, as shipped in the package."""
-    return (PACKAGE_SQL / decoded.query_file).read_text("utf-8")
+    return (PACKAGE_SQL / f"{decoded.table.replace('.', '_')}.sql").read_text("utf-8")
 
 
 def _fingerprint(conn: duckdb.DuckDBPyConnection, table: str) -> tuple | None:
@@ -120,9 +108,6 @@ class DecodeRefresh:
     mode: str
     parsed: int
 
-    def describe(self, decoded: Decoded) -> str:
-        return f"{decoded.table}: {self.mode} ({self.parsed:,} payloads parsed)"
-
 
 def decode_metadata(refreshed: Sequence[tuple[Decoded, DecodeRefresh]]) -> dict[str, Any]:
     """What bringing a table's decoded tables up to date did (nothing when it reads none)."""
@@ -130,7 +115,10 @@ def decode_metadata(refreshed: Sequence[tuple[Decoded, DecodeRefresh]]) -> dict[
         return {}
     return {
         "fieldsales/decode": dg.MetadataValue.text(
-            "; ".join(done.describe(decoded) for decoded, done in refreshed)
+            "; ".join(
+                f"{decoded.table}: {done.mode} ({done.parsed:,} payloads parsed)"
+                for decoded, done in refreshed
+            )
         ),
         "fieldsales/decode_payloads_parsed": dg.MetadataValue.int(
             sum(done.parsed for _, done in refreshed)
@@ -145,7 +133,7 @@ def build_decoded(conn: duckdb.DuckDBPyConnection, decoded: Decoded) -> DecodeRe
     def describe(staged: str) -> None:
         conn.execute(f"COMMENT ON TABLE {qualified(staged)} IS {sql_literal(decoded.description)}")
 
-    _define_rows_to_decode(conn, f"SELECT * FROM {decoded.whole_source}")
+    _define_rows_to_decode(conn, decoded)
     build_table(conn, decoded.table, decoded_query(decoded), before_swap=describe)
     (rows,) = one_row(conn, f"SELECT count(*) FROM {qualified(decoded.table)}")
     return DecodeRefresh("full", rows)
@@ -156,27 +144,20 @@ def share_decoded(
 ) -> DecodeRefresh:
     """Bring the not-kept ``decoded`` up to date for this run's steps; returns what it did.
 
-    It is parsed once per run, not once per step reading it: the first step builds it whole
-    (``"full"``) as a table of the process's DuckDB instance (``FieldSalesWarehouse.shared_table``:
-    in memory, spilled to the local temp_directory, never in the lake), and the run's other steps
-    read it as it is (``"current"``) while its raw table holds the same rows (``_fingerprint``);
-    a raw table changed since (another run loaded it) is parsed again. The run's end drops it
-    (``drop_shared``): it holds personal values that core.* hashes or drops as ``pii`` says.
-    Outside a transaction: the lake's transaction may write one database only.
+    Parsed once per run: the first step builds it whole (``"full"``) in the process's DuckDB
+    instance (``FieldSalesWarehouse.shared_table``: memory, spilled to the local temp_directory),
+    the run's other steps read it (``"current"``) while its raw table holds the same rows
+    (``_fingerprint``); the run's end drops it (``drop_shared``). Outside a transaction: the
+    lake's transaction may write one database only.
     """
     source = _fingerprint(conn, decoded.source)
     if source is not None and warehouse.shared_source(decoded.table) == source:
         return DecodeRefresh("current", 0)
     shared = warehouse.shared_table(decoded.table)
-    _define_rows_to_decode(conn, f"SELECT * FROM {decoded.whole_source}")
-    try:
+    _define_rows_to_decode(conn, decoded)
+    with failing_as(decoded.table):
         warehouse.create_shared_schema(conn)
         conn.execute(f"CREATE OR REPLACE TABLE {shared} AS\n{decoded_query(decoded)}")
-    except duckdb.Error as exc:
-        raise RuntimeError(
-            f"Building {decoded.table} (a table of the run, never in the lake) failed. "
-            f"DuckDB: {exc}"
-        ) from exc
     warehouse.shared_built(decoded.table, source)
     (rows,) = one_row(conn, f"SELECT count(*) FROM {shared}")
     return DecodeRefresh("full", rows)
@@ -210,13 +191,12 @@ def refresh_decoded(conn: duckdb.DuckDBPyConnection, decoded: Decoded) -> Decode
     if found == raw:
         return DecodeRefresh("current", 0)
     table, source = qualified(decoded.table), qualified(decoded.source)
-    missing = rows_missing(conn, decoded.source, decoded.table, "_fs_to_decode", slices=4)
-    if missing.count > WHOLE_ABOVE * raw[0]:
+    missing, rows = rows_missing(conn, decoded.source, decoded.table, "_fs_to_decode", slices=4)
+    if missing > WHOLE_ABOVE * raw[0]:
         return build_decoded(conn, decoded)
-    _define_rows_to_decode(conn, missing.select)
+    _define_rows_to_decode(conn, decoded, rows)
     query = decoded_query(decoded)
-    if macros := shared_macros_sql(query):  # the decode types values with typed_values.sql
-        conn.execute(macros)
+    create_macros(conn, query)  # the decode types values with typed_values.sql
 
     def update() -> None:
         conn.execute(
@@ -225,24 +205,19 @@ def refresh_decoded(conn: duckdb.DuckDBPyConnection, decoded: Decoded) -> Decode
         )
         conn.execute(f"INSERT INTO {table} BY NAME\n{query}")
 
-    try:
+    with failing_as(decoded.table, "Updating"):
         run_transaction(conn, decoded.table, update)
-    except duckdb.Error as exc:
-        raise RuntimeError(
-            f"Updating {decoded.table} failed; it is left as it was. DuckDB: {exc}"
-        ) from exc
-    return DecodeRefresh("incremental", missing.count)
+    return DecodeRefresh("incremental", missing)
 
 
 def _layout_changed(conn: duckdb.DuckDBPyConnection, decoded: Decoded) -> bool:
     """Whether the stored decode's columns (names, types) differ from its query's: a decode
     written by an earlier release is parsed again whole, not read with a layout it lacks. A query
     that does not bind (a raw table without its payload) is built whole, which names the error."""
-    _define_rows_to_decode(conn, f"SELECT * FROM {qualified(decoded.source)} LIMIT 0")
+    _define_rows_to_decode(conn, decoded, f"SELECT * FROM {qualified(decoded.source)} LIMIT 0")
     query = decoded_query(decoded)
     try:
-        if macros := shared_macros_sql(query):
-            conn.execute(macros)
+        create_macros(conn, query)
         wanted = [row[:2] for row in conn.execute(f"DESCRIBE {query}").fetchall()]
     except duckdb.Error:
         return True
@@ -250,10 +225,13 @@ def _layout_changed(conn: duckdb.DuckDBPyConnection, decoded: Decoded) -> bool:
     return wanted != [row[:2] for row in stored]
 
 
-def _define_rows_to_decode(conn: duckdb.DuckDBPyConnection, rows: str) -> None:
-    """``rows_to_decode()``, the rows a decode query parses (``sql/meta_*.sql`` read it)."""
-    if macros := shared_macros_sql(rows):
-        conn.execute(macros)
+def _define_rows_to_decode(
+    conn: duckdb.DuckDBPyConnection, decoded: Decoded, rows: str = ""
+) -> None:
+    """``rows_to_decode()``, the rows a decode query parses: ``rows``, or all of the source (in
+    slices, to bound the parser's memory)."""
+    rows = rows or f"SELECT * FROM {decoded.source.replace('.', '_')}_in_slices()"
+    create_macros(conn, rows)
     conn.execute(f"CREATE OR REPLACE TEMP MACRO rows_to_decode() AS TABLE {rows}")
 
 
@@ -289,7 +267,11 @@ def shared_macros_sql(query: str) -> str:
     return ";\n".join(macro_file(name)[0] for name in macro_files_called(query))
 
 
-#: Every decoded table, in the order a table reading several brings them up to date.
+def create_macros(conn: duckdb.DuckDBPyConnection, query: str) -> str:
+    """Create on ``conn`` the shared macros ``query`` calls; returns their SQL."""
+    if macros := shared_macros_sql(query):
+        conn.execute(macros)
+    return macros
 
 
 def build_table(
@@ -309,8 +291,7 @@ def build_table(
     staged = staging_table(target)
     conn.execute(f"CREATE SCHEMA IF NOT EXISTS {quote_ident(schema)}")
     try:
-        if macros := shared_macros_sql(query):
-            conn.execute(macros)
+        create_macros(conn, query)
         conn.execute(f"CREATE OR REPLACE TABLE {qualified(staged)} AS\n{query}", params or {})
         if before_swap is not None:
             before_swap(staged)

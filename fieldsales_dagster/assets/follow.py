@@ -15,7 +15,7 @@ unchanged. ``Follows.resolved_against`` names those tables and the columns those
 (``core.custom_report_fields``' field definitions), and their content, the query text and its
 macros are fingerprinted in ``STATE_TABLE``: any
 difference, a missing state, hashed personal columns (whose key is never stored, not even
-hashed), or more than ``whole_above`` of the decoded rows changed, and the table is rebuilt
+hashed), or more than ``WHOLE_ABOVE`` of the decoded rows changed, and the table is rebuilt
 whole. A whole rebuild forgets the state first, so a crash between the swap and the new state
 leaves no state, and the next build is whole again.
 """
@@ -23,12 +23,13 @@ leaves no state, and the next build is whole again.
 from __future__ import annotations
 
 import hashlib
-from collections.abc import Callable
-from dataclasses import dataclass
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from typing import Any
 
 import dagster as dg
 import duckdb
+import msgspec
 
 from fieldsales_dagster.warehouse.lake import cleanup, run_transaction
 from fieldsales_dagster.warehouse.quoting import qualified
@@ -36,8 +37,6 @@ from fieldsales_dagster.warehouse.rows import one_row
 from fieldsales_dagster.warehouse.warehouse import table_exists
 
 STATE_TABLE = "meta.core_follow_state"
-#: The macro a following table's query reads its decoded rows from.
-DECODED_ROWS_MACRO = "decoded_rows"
 
 #: Above this share of its source's rows to add, a table is rebuilt whole rather than updated:
 #: deleting and inserting most of a table costs more than writing it anew.
@@ -49,19 +48,25 @@ def same_row(a: str, b: str) -> str:
     return f"{a}.id = {b}.id AND {a}.loaded_at IS NOT DISTINCT FROM {b}.loaded_at"
 
 
-@dataclass(frozen=True)
-class MissingRows:
-    """The rows of a table that another lacks, by ``id`` and ``loaded_at`` (``rows_missing``)."""
-
-    count: int
-    #: SQL selecting those rows, every column, from the table they are in.
-    select: str
+@contextmanager
+def failing_as(target: str, doing: str = "Building", reads: str = "") -> Iterator[None]:
+    """A DuckDB error in the block (with ``reads``: the failure to bring that decoded table up to
+    date) fails naming ``target``, which is left as it was."""
+    caught: type[Exception] = RuntimeError if reads else duckdb.Error
+    try:
+        yield
+    except caught as exc:
+        cause = f"It reads {reads}" if reads else "DuckDB"
+        raise RuntimeError(
+            f"{doing} {target} failed; the previous {target} is left as it was. {cause}: {exc}"
+        ) from exc
 
 
 def rows_missing(
     conn: duckdb.DuckDBPyConnection, source: str, target: str, keys: str, slices: int = 1
-) -> MissingRows:
-    """The rows of ``source`` whose (``id``, ``loaded_at``) ``target`` lacks.
+) -> tuple[int, str]:
+    """How many rows of ``source`` ``target`` lacks by (``id``, ``loaded_at``), and SQL selecting
+    them, every column.
 
     Their keys go into the temporary table ``keys`` first: the anti join reads narrow columns
     only. The returned SELECT reads the rows themselves within those keys' ``loaded_at`` range:
@@ -85,47 +90,39 @@ def rows_missing(
     rows = f"SELECT s.* FROM {qualified(source)} AS s SEMI JOIN {keys} AS k ON {same_row('s', 'k')}"
     rows += f" WHERE {within}"
     if slices == 1:
-        return MissingRows(count, rows)
-    return MissingRows(
-        count, "\nUNION ALL\n".join(f"{rows} AND s.rowid % {slices} = {i}" for i in range(slices))
+        return count, rows
+    return count, "\nUNION ALL\n".join(
+        f"{rows} AND s.rowid % {slices} = {i}" for i in range(slices)
     )
 
 
-@dataclass(frozen=True)
-class Follows:
-    """How a core table follows a decoded table (see the module docstring)."""
+class Follows(msgspec.Struct, forbid_unknown_fields=True, frozen=True):
+    """How a core table follows a decoded table: ``follows:`` of its YAML (see the module
+    docstring)."""
 
     #: The decoded table whose rows the query reads through ``decoded_rows()``.
     decoded: str
     #: The table's column holding the decoded row's ``id`` its row comes from.
     key: str
-    #: SQL predicate: the table's rows that come from decoded rows (the others are rebuilt).
-    from_decoded: str
     #: Where the decoded rows the table reflects are kept.
     inputs: str
-    #: What the decoded rows' table rows read of other tables: (table, its columns read). Any
+    #: SQL predicate: the table's rows that come from decoded rows (the others are rebuilt).
+    from_decoded: str = "true"
+    #: What the decoded rows' table rows read of other tables: table -> its columns read. Any
     #: change there, and the table is rebuilt whole. Only the rows from decoded rows are kept
     #: across builds, so only the columns those rows read count.
-    resolved_against: tuple[tuple[str, str], ...] = ()
-    #: Above this share of the decoded rows added (new or changed), the table is rebuilt whole.
-    whole_above: float = WHOLE_ABOVE
+    resolved_against: dict[str, str] = msgspec.field(default_factory=dict)
 
 
-@dataclass(frozen=True)
-class FollowResult:
-    """How a following table was brought up to date, for its materialization's metadata."""
-
-    mode: str  # "incremental" or "full"
-    why: str
-
-    def metadata(self) -> dict[str, Any]:
-        return {"fieldsales/build": dg.MetadataValue.text(f"{self.mode}: {self.why}")}
+def _built(mode: str, why: str) -> dict[str, Any]:
+    """A following table's build (``"incremental"`` or ``"full"``), for its metadata."""
+    return {"fieldsales/build": dg.MetadataValue.text(f"{mode}: {why}")}
 
 
 def define_decoded_rows(conn: duckdb.DuckDBPyConnection, follows: Follows, rows: str = "") -> None:
     """``decoded_rows()``: all of the decoded table, or the rows ``rows`` selects."""
     rows = rows or f"SELECT * FROM {qualified(follows.decoded)}"
-    conn.execute(f"CREATE OR REPLACE TEMP MACRO {DECODED_ROWS_MACRO}() AS TABLE {rows}")
+    conn.execute(f"CREATE OR REPLACE TEMP MACRO decoded_rows() AS TABLE {rows}")
 
 
 def build_following(
@@ -136,8 +133,9 @@ def build_following(
     params: dict[str, object],
     build_whole: Callable[[], None],
     macros: str = "",
-) -> FollowResult:
-    """Bring ``table`` up to date: incrementally when it is safe, else ``build_whole()``.
+) -> dict[str, Any]:
+    """Bring ``table`` up to date: incrementally when it is safe, else ``build_whole()``; returns
+    how, as metadata.
 
     ``query`` is the table's SQL as stored, reading its decoded rows from ``decoded_rows()``;
     ``params`` are its parameters, ``macros`` the text of the shared macros it calls (a change
@@ -151,7 +149,7 @@ def build_following(
         result = _incremental(conn, table, follows, query, params, query_fp, inputs_fp)
         if result is not None:
             return result
-        why = f"more than {follows.whole_above:.0%} of {follows.decoded} is new"
+        why = f"more than {WHOLE_ABOVE:.0%} of {follows.decoded} is new"
     conn.execute(f"DELETE FROM {STATE_TABLE} WHERE table_name = ?", [table])
     define_decoded_rows(conn, follows)
     build_whole()
@@ -164,7 +162,7 @@ def build_following(
         _write_state(conn, table, query_fp, inputs_fp)
 
     run_transaction(conn, follows.inputs, record)
-    return FollowResult("full", why)
+    return _built("full", why)
 
 
 def _why_whole(
@@ -188,7 +186,7 @@ def _why_whole(
     if state[0] != query_fp:
         return "the query changed"
     if state[1] != inputs_fp:
-        changed = " or ".join(f"{table} ({columns})" for table, columns in follows.resolved_against)
+        changed = " or ".join(f"{t} ({columns})" for t, columns in follows.resolved_against.items())
         return f"{changed} changed"
     (unkeyed,) = one_row(
         conn,
@@ -208,59 +206,54 @@ def _incremental(
     params: dict[str, object],
     query_fp: str,
     inputs_fp: str,
-) -> FollowResult | None:
+) -> dict[str, Any] | None:
     decoded, inputs = qualified(follows.decoded), qualified(follows.inputs)
-    added = rows_missing(conn, follows.decoded, follows.inputs, "_fs_follow_added")
-    gone = rows_missing(conn, follows.inputs, follows.decoded, "_fs_follow_gone").count
+    added, added_rows = rows_missing(conn, follows.decoded, follows.inputs, "_fs_follow_added")
+    gone, _ = rows_missing(conn, follows.inputs, follows.decoded, "_fs_follow_gone")
     (rows,) = one_row(conn, f"SELECT count(*) FROM {decoded}")
-    if added.count > follows.whole_above * rows:
+    if added > WHOLE_ABOVE * rows:
         return None
-    define_decoded_rows(conn, follows, added.select)
+    define_decoded_rows(conn, follows, added_rows)
     target = qualified(table)
-    try:
-        # The new rows are computed before the transaction: inside it, after the deletes, the
-        # query's memory and the transaction's would have to fit DuckDB's memory_limit at once.
-        conn.execute(f"CREATE OR REPLACE TEMP TABLE _fs_follow_rows AS\n{query}", params or {})
+
+    def update() -> None:
+        conn.execute(f"DELETE FROM {target} WHERE ({follows.from_decoded}) IS NOT TRUE")
         conn.execute(
-            "CREATE OR REPLACE TEMP TABLE _fs_follow_keys AS SELECT DISTINCT id FROM "
-            "(SELECT id FROM _fs_follow_added UNION ALL SELECT id FROM _fs_follow_gone)"
+            f"DELETE FROM {target} AS t USING _fs_follow_keys AS k WHERE t.{follows.key} = k.id"
         )
+        conn.execute(f"INSERT INTO {target} BY NAME SELECT * FROM _fs_follow_rows")
+        conn.execute(
+            f"DELETE FROM {inputs} AS i USING _fs_follow_gone AS g WHERE {same_row('i', 'g')}"
+        )
+        conn.execute(f"INSERT INTO {inputs} SELECT id, loaded_at FROM _fs_follow_added")
+        _write_state(conn, table, query_fp, inputs_fp)
 
-        def update() -> None:
-            conn.execute(f"DELETE FROM {target} WHERE ({follows.from_decoded}) IS NOT TRUE")
+    try:
+        with failing_as(table, "Updating"):
+            # The new rows are computed before the transaction: inside it, after the deletes,
+            # the query's memory and the transaction's would have to fit DuckDB's memory_limit.
+            conn.execute(f"CREATE OR REPLACE TEMP TABLE _fs_follow_rows AS\n{query}", params or {})
             conn.execute(
-                f"DELETE FROM {target} AS t USING _fs_follow_keys AS k WHERE t.{follows.key} = k.id"
+                "CREATE OR REPLACE TEMP TABLE _fs_follow_keys AS SELECT DISTINCT id FROM "
+                "(SELECT id FROM _fs_follow_added UNION ALL SELECT id FROM _fs_follow_gone)"
             )
-            conn.execute(f"INSERT INTO {target} BY NAME SELECT * FROM _fs_follow_rows")
-            conn.execute(
-                f"DELETE FROM {inputs} AS i USING _fs_follow_gone AS g WHERE {same_row('i', 'g')}"
-            )
-            conn.execute(f"INSERT INTO {inputs} SELECT id, loaded_at FROM _fs_follow_added")
-            _write_state(conn, table, query_fp, inputs_fp)
-
-        run_transaction(conn, table, update)
-    except duckdb.Error as exc:
-        raise RuntimeError(
-            f"Updating {table} failed; the previous {table} is left as it was. DuckDB: {exc}"
-        ) from exc
+            run_transaction(conn, table, update)
     finally:
         with cleanup(conn):
             define_decoded_rows(conn, follows)
             conn.execute("DROP TABLE IF EXISTS _fs_follow_rows")
     why = (
         f"only {follows.decoded} changed since the previous build; replaced the rows of its "
-        f"{added.count:,} new and {gone:,} gone rows"
+        f"{added:,} new and {gone:,} gone rows"
     )
     if follows.from_decoded != "true":
         why += " and rebuilt the rows that come from elsewhere"
-    return FollowResult("incremental", why)
+    return _built("incremental", why)
 
 
-def _content_fingerprint(
-    conn: duckdb.DuckDBPyConnection, tables: tuple[tuple[str, str], ...]
-) -> str:
+def _content_fingerprint(conn: duckdb.DuckDBPyConnection, tables: dict[str, str]) -> str:
     parts = []
-    for table, columns in tables:
+    for table, columns in tables.items():
         if not table_exists(conn, table):
             parts.append(f"{table}: missing")
             continue

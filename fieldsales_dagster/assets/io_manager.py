@@ -14,7 +14,7 @@ of its store (one transaction, one snapshot).
   whole table (its columns may change from run to run); a partitioned one replaces its
   partitions, as dagster-duckdb does. The project's own schemas are refused: their tables are
   rebuilt by the project and would overwrite it, or be overwritten.
-* What is stored is exactly what the frame holds (``storable_frame``), or nothing: an index
+* What is stored is exactly what the frame holds, or nothing: an index
   becomes columns (a ``groupby`` result keeps its keys; only an unnamed integer index, pandas'
   row numbering, is left out), and a frame DuckDB would store otherwise (two columns of one name,
   which it renames; an object column of mixed types, which it turns into text; a lone surrogate,
@@ -84,14 +84,6 @@ def _kind(value: object) -> str:
     return type(value).__name__
 
 
-def storable_frame(frame: pd.DataFrame, table: str) -> tuple[pd.DataFrame, dict[str, str]]:
-    """``frame`` as DuckDB will store it, exactly: its index as columns (but pandas' row
-    numbering), every column name a distinct string, numpy scalars as Python values; or
-    ``FrameNotStorableError`` naming the column and what to do. Also the kind of value each
-    object column holds (``check_stored`` holds the stored table to it)."""
-    return _values_stored(_columns_stored(frame, table), table)
-
-
 def _refuse(table: str, column: object, why: str, what_to_do: str) -> FrameNotStorableError:
     return FrameNotStorableError(
         f"fieldsales_io_manager cannot store this DataFrame in {table} as it is: column "
@@ -115,11 +107,8 @@ def _columns_stored(frame: pd.DataFrame, table: str) -> pd.DataFrame:
     index = frame.index
     row_numbers = index.nlevels == 1 and index.name is None and pd.api.types.is_integer_dtype(index)
     if not row_numbers:
-        names = [name if name is not None else "index" for name in index.names]
-        if index.nlevels > 1:
-            names = [
-                name if name is not None else f"level_{i}" for i, name in enumerate(index.names)
-            ]
+        unnamed = ["index"] if index.nlevels == 1 else [f"level_{i}" for i in range(index.nlevels)]
+        names = [name if name is not None else unnamed[i] for i, name in enumerate(index.names)]
         taken = {str(c).lower() for c in frame.columns}
         for name in names:
             if str(name).lower() in taken:
@@ -152,8 +141,9 @@ def _columns_stored(frame: pd.DataFrame, table: str) -> pd.DataFrame:
 
 
 def _values_stored(frame: pd.DataFrame, table: str) -> tuple[pd.DataFrame, dict[str, str]]:
-    """``frame`` with numpy scalars as Python values, and the kind each object column holds;
-    refused if a column holds several kinds, or a string UTF-8 cannot hold."""
+    """``frame`` with numpy scalars as Python values, and the kind each object column holds
+    (``check_stored`` holds the stored table to it); refused if a column holds several kinds, or
+    a string UTF-8 cannot hold."""
     import numpy as np  # noqa: PLC0415
     import pandas as pd  # noqa: PLC0415
 
@@ -206,72 +196,41 @@ def check_stored(connection: duckdb.DuckDBPyConnection, table: str, held: dict[s
     )
     for column, kind in held.items():
         if kind != "str" and types.get(column) == "VARCHAR":
-            raise FrameNotStorableError(
-                f"fieldsales_io_manager cannot store this DataFrame in {table} as it is: column "
-                f"{column!r} holds {kind} values, which DuckDB would store as text. Convert it to "
-                f"a pandas type first (e.g. df[{column!r}].astype(...)). Nothing was written; "
-                f"{table} is as it was."
+            raise _refuse(
+                table,
+                column,
+                f"holds {kind} values, which DuckDB would store as text",
+                f"Convert it to a pandas type first (e.g. df[{column!r}].astype(...))",
             )
-
-
-@dataclass(frozen=True)
-class PartitionFilter:
-    """The rows of one partition dimension of a table: ``expr`` (the asset's ``partition_expr``
-    metadata, a column or SQL expression) within a time window, or among static keys."""
-
-    expr: str
-    window: dg.TimeWindow | None = None
-    keys: tuple[str, ...] = ()
-
-    def where(self, n: int) -> tuple[str, dict[str, Any]]:
-        """SQL condition and its parameters (named ``..._n``)."""
-        if self.window is not None:
-            # As dagster-duckdb: the window's instants as naive UTC times, end exclusive.
-            start, end = (
-                moment.astimezone(dt.UTC).replace(tzinfo=None)
-                for moment in (self.window.start, self.window.end)
-            )
-            return (
-                f"({self.expr}) >= $start_{n} AND ({self.expr}) < $end_{n}",
-                {f"start_{n}": start, f"end_{n}": end},
-            )
-        return f"({self.expr}) IN (SELECT unnest($keys_{n}))", {f"keys_{n}": list(self.keys)}
 
 
 @dataclass(frozen=True)
 class TableSlice:
     """Where an asset's DataFrame lives: ``schema.table``, the columns an input selects, and the
-    partitions a partitioned output or input covers (``None``: the whole table)."""
+    SQL condition and parameters of the partitions a partitioned output or input covers
+    (``None``: the whole table)."""
 
     schema: str
     table: str
     columns: tuple[str, ...] | None = None
-    partitions: tuple[PartitionFilter, ...] | None = None
+    partitions: tuple[str, dict[str, Any]] | None = None
 
     @property
     def name(self) -> str:
         return f"{self.schema}.{self.table}"
 
     def where(self) -> tuple[str, dict[str, Any]]:
-        clauses, params = [], {}
-        for n, dimension in enumerate(self.partitions or ()):
-            clause, values = dimension.where(n)
-            clauses.append(clause)
-            params.update(values)
-        return (" WHERE " + " AND ".join(clauses) if clauses else ""), params
-
-    def select(self) -> tuple[str, dict[str, Any]]:
-        columns = ", ".join(quote_ident(c) for c in self.columns) if self.columns else "*"
-        where, params = self.where()
-        return f"SELECT {columns} FROM {qualified(self.name)}{where}", params
+        condition, params = self.partitions or ("", {})
+        return (f" WHERE {condition}" if condition else ""), params
 
 
-def _partition_filters(
+def _partition_where(
     context: dg.OutputContext | dg.InputContext, metadata: Mapping[str, Any]
-) -> tuple[PartitionFilter, ...] | None:
-    """The partitions ``context`` covers, as filters on the columns ``partition_expr`` names
-    (dagster-duckdb's convention: a string, or per dimension of a multi-partitioned asset a
-    mapping of dimension name to expression); ``None`` for an unpartitioned asset."""
+) -> tuple[str, dict[str, Any]] | None:
+    """The rows of the partitions ``context`` covers, as a SQL condition on the columns
+    ``partition_expr`` names (dagster-duckdb's convention: a string, or per dimension of a
+    multi-partitioned asset a mapping of dimension name to expression) and its parameters;
+    ``None`` for an unpartitioned asset."""
     if not context.has_asset_partitions:
         return None
     asset = context.asset_key.to_user_string()
@@ -284,6 +243,7 @@ def _partition_filters(
         )
     definition = context.asset_partitions_def
     keys = context.asset_partition_keys
+    dimensions: list[tuple[str, dg.PartitionsDefinition | None, list[str]]] = []
     if isinstance(definition, dg.MultiPartitionsDefinition):
         if not isinstance(expr, Mapping):
             raise dg.Failure(
@@ -291,7 +251,6 @@ def _partition_filters(
                 "'partition_expr' metadata must map each dimension's name to its column, e.g. "
                 '{"date": "sale_date", "region": "region"}.'
             )
-        filters = []
         for dimension in definition.partitions_defs:
             if dimension.name not in expr:
                 raise dg.Failure(
@@ -299,31 +258,27 @@ def _partition_filters(
                     f"column for its partition dimension {dimension.name!r}. Add "
                     f'"{dimension.name}": "<column>" to it.'
                 )
-            in_dimension = sorted(
-                {
-                    cast("dg.MultiPartitionKey", key).keys_by_dimension[dimension.name]
-                    for key in keys
-                }
+            values = {
+                cast("dg.MultiPartitionKey", key).keys_by_dimension[dimension.name] for key in keys
+            }
+            dimensions.append((str(expr[dimension.name]), dimension.partitions_def, sorted(values)))
+    else:
+        dimensions.append((str(expr), definition, list(keys)))
+    conditions: list[str] = []
+    params: dict[str, Any] = {}
+    for n, (column, partitions, in_dimension) in enumerate(dimensions):
+        if isinstance(partitions, dg.TimeWindowPartitionsDefinition) and in_dimension:
+            windows = [partitions.time_window_for_partition_key(key) for key in in_dimension]
+            # As dagster-duckdb: the windows' span as naive UTC times, end exclusive.
+            params[f"start_{n}"], params[f"end_{n}"] = (
+                moment.astimezone(dt.UTC).replace(tzinfo=None)
+                for moment in (min(w.start for w in windows), max(w.end for w in windows))
             )
-            filters.append(
-                _one_dimension(str(expr[dimension.name]), dimension.partitions_def, in_dimension)
-            )
-        return tuple(filters)
-    return (_one_dimension(str(expr), definition, list(keys)),)
-
-
-def _one_dimension(
-    expr: str, definition: dg.PartitionsDefinition | None, keys: list[str]
-) -> PartitionFilter:
-    if isinstance(definition, dg.TimeWindowPartitionsDefinition) and keys:
-        windows = [definition.time_window_for_partition_key(key) for key in keys]
-        return PartitionFilter(
-            expr,
-            window=dg.TimeWindow(
-                min(window.start for window in windows), max(window.end for window in windows)
-            ),
-        )
-    return PartitionFilter(expr, keys=tuple(keys))
+            conditions.append(f"({column}) >= $start_{n} AND ({column}) < $end_{n}")
+        else:
+            params[f"keys_{n}"] = in_dimension
+            conditions.append(f"({column}) IN (SELECT unnest($keys_{n}))")
+    return " AND ".join(conditions), params
 
 
 class FieldSalesIOManager(dg.IOManager):
@@ -351,7 +306,7 @@ class FieldSalesIOManager(dg.IOManager):
             schema=schema,
             table=table,
             columns=tuple(columns) if columns else None,
-            partitions=_partition_filters(context, metadata),
+            partitions=_partition_where(context, metadata),
         )
 
     def handle_output(self, context: dg.OutputContext, obj: object) -> None:
@@ -374,7 +329,7 @@ class FieldSalesIOManager(dg.IOManager):
                 "metadata={'schema': ...} on the asset)."
             )
         try:
-            frame, held = storable_frame(obj, table)
+            frame, held = _values_stored(_columns_stored(obj, table), table)
         except FrameNotStorableError as exc:
             raise dg.Failure(str(exc)) from None
         with self._warehouse.get_connection() as conn:
@@ -398,22 +353,19 @@ class FieldSalesIOManager(dg.IOManager):
     ) -> dict[str, Any]:
         table, target = table_slice.name, qualified(table_slice.name)
         conn.execute(f"CREATE SCHEMA IF NOT EXISTS {quote_ident(table_slice.schema)}")
-        if table_slice.partitions is not None:
+        if table_slice.partitions is not None and table_exists(conn, table):
             # A partitioned output replaces its partitions' rows, as dagster-duckdb does.
-            if table_exists(conn, table):
-                where, params = table_slice.where()
-                conn.execute(f"DELETE FROM {target}{where}", params)
-                conn.execute(f"INSERT INTO {target} BY NAME SELECT * FROM {_FRAME}")
-            else:
-                conn.execute(f"CREATE TABLE {target} AS SELECT * FROM {_FRAME}")
-            check_stored(conn, table, held)
+            where, params = table_slice.where()
+            conn.execute(f"DELETE FROM {target}{where}", params)
+            conn.execute(f"INSERT INTO {target} BY NAME SELECT * FROM {_FRAME}")
+        else:  # an unpartitioned output replaces the whole table, even with other columns
+            conn.execute(f"CREATE OR REPLACE TABLE {target} AS SELECT * FROM {_FRAME}")
+        check_stored(conn, table, held)  # the transaction rolls the table back on failure
+        if table_slice.partitions is not None:
             return {
                 "dagster/partition_row_count": rows,
                 "dagster/table_name": table_name(self._warehouse.name, table),
             }
-        # An unpartitioned output replaces the whole table, even empty, even with other columns.
-        conn.execute(f"CREATE OR REPLACE TABLE {target} AS SELECT * FROM {_FRAME}")
-        check_stored(conn, table, held)  # the transaction rolls the table back on failure
         # No preview: a user table may hold personal data the project cannot see.
         schema = column_schema(conn, table, TableDoc(()), "keep")
         return table_metadata(conn, self._warehouse.name, table, schema=schema, preview=False)
@@ -435,7 +387,9 @@ class FieldSalesIOManager(dg.IOManager):
         table_slice = self._table_slice(context, upstream)
         if table_slice.partitions is not None and not context.asset_partition_keys:
             return pd.DataFrame()
-        query, params = table_slice.select()
+        columns = ", ".join(map(quote_ident, table_slice.columns or ())) or "*"
+        where, params = table_slice.where()
+        query = f"SELECT {columns} FROM {qualified(table_slice.name)}{where}"
         with self._warehouse.get_connection() as conn:
             try:
                 return conn.execute(query, params).df()

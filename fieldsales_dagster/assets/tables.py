@@ -16,7 +16,7 @@ are its column lineage (``column_lineage``).
 
 import functools
 import hashlib
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Literal
 
@@ -25,7 +25,6 @@ import msgspec
 
 from fieldsales_dagster.assets.columns import (
     PACKAGE_SQL,
-    Column,
     ColumnEntries,
     TableDoc,
     TableFileError,
@@ -47,17 +46,6 @@ from fieldsales_dagster.names import InstanceNames
 
 #: The schemas of the derived tables: ``sql/core_*.sql`` and ``sql/mart_*.sql``.
 DERIVED_SCHEMAS = ("core", "mart")
-
-
-class FollowsEntry(msgspec.Struct, forbid_unknown_fields=True, frozen=True):
-    """``follows:`` of a table's YAML: how it follows a decoded table (``follow.Follows``)."""
-
-    decoded: str
-    key: str
-    inputs: str
-    from_decoded: str = "true"
-    #: Table -> the columns its rows read of it (a change there rebuilds the table whole).
-    resolved_against: dict[str, str] = msgspec.field(default_factory=dict)
 
 
 class CheckEntry(msgspec.Struct, forbid_unknown_fields=True, frozen=True):
@@ -82,7 +70,7 @@ class TableFile(msgspec.Struct, forbid_unknown_fields=True, frozen=True):
     columns: ColumnEntries
     checks: list[str | CheckEntry]
     nullable_key: list[str] = msgspec.field(default_factory=list)
-    follows: FollowsEntry | None = None
+    follows: Follows | None = None
 
 
 @dataclass(frozen=True)
@@ -100,7 +88,7 @@ class CoreTable:
     #: Key columns that may be NULL (a mart's group-by key); the others must not be.
     nullable_key: tuple[str, ...] = ()
     #: Set when the table follows the decoded table's changes rather than being rebuilt whole.
-    follows: Follows | None = None
+    follows: Follows | None = field(default=None, hash=False)
     #: The names of its checks (``checks.py``'s, or written out in its YAML: ``written_checks``).
     checks: tuple[str, ...] = ()
     written_checks: tuple[CheckEntry, ...] = ()
@@ -121,43 +109,20 @@ class CoreTable:
     def schema(self) -> str:
         return self.table.partition(".")[0]
 
-    @property
-    def columns(self) -> tuple[Column, ...]:
-        """Every column, in order: name, description, and whether it holds personal data."""
-        return self.doc.columns
-
     @functools.cached_property
-    def upstream(self) -> "Upstream":
-        """What the table's query reads (parsed on first use, when the definitions load)."""
-        return upstream_of(self, core_query(self))
+    def upstream(self) -> tuple[tuple[str, ...], tuple[Decoded, ...]]:
+        """What the query reads (``upstream_of``; parsed on first use, as the definitions load)."""
+        return upstream_of(self)
 
     @property
     def deps(self) -> tuple[str, ...]:
-        """The assets whose tables the query reads: the asset's ``deps``."""
-        return self.upstream.deps
+        """The assets whose tables the query reads, sorted: the asset's ``deps``."""
+        return self.upstream[0]
 
     @property
     def decoded(self) -> tuple[Decoded, ...]:
         """The decoded tables the query reads: brought up to date with their raw tables first."""
-        return self.upstream.decoded
-
-
-def _follows(entry: FollowsEntry | None, where: Path) -> Follows | None:
-    if entry is None:
-        return None
-    decoded = [d.table for d in DECODED_TABLES]
-    if entry.decoded not in decoded:
-        raise TableFileError(
-            f"{where}: follows.decoded is {entry.decoded!r}, which is no decoded table (they are "
-            f"{', '.join(decoded)}). Fix the file."
-        )
-    return Follows(
-        entry.decoded,
-        key=entry.key,
-        from_decoded=entry.from_decoded,
-        inputs=entry.inputs,
-        resolved_against=tuple(entry.resolved_against.items()),
-    )
+        return self.upstream[1]
 
 
 def read_table(folder: Path, asset_name: str) -> CoreTable:
@@ -166,10 +131,16 @@ def read_table(folder: Path, asset_name: str) -> CoreTable:
     found = read_table_file(where, TableFile)
     columns = columns_of(found.columns)
     names = {column.name for column in columns}
-    for field, listed in (("key", found.key), ("nullable_key", found.nullable_key)):
+    decoded = [d.table for d in DECODED_TABLES]
+    if found.follows is not None and found.follows.decoded not in decoded:
+        raise TableFileError(
+            f"{where}: follows.decoded is {found.follows.decoded!r}, which is no decoded table "
+            f"(they are {', '.join(decoded)}). Fix the file."
+        )
+    for entry, listed in (("key", found.key), ("nullable_key", found.nullable_key)):
         if unknown := [name for name in listed if name not in names]:
             raise TableFileError(
-                f"{where}: {field} names {', '.join(unknown)}, which columns does not declare. "
+                f"{where}: {entry} names {', '.join(unknown)}, which columns does not declare. "
                 "Fix the file."
             )
     schema, _, name = asset_name.partition("_")
@@ -180,21 +151,18 @@ def read_table(folder: Path, asset_name: str) -> CoreTable:
         TableDoc(columns),
         folder,
         tuple(found.nullable_key),
-        _follows(found.follows, where),
+        found.follows,
         tuple(c if isinstance(c, str) else c.name for c in found.checks),
         tuple(c for c in found.checks if isinstance(c, CheckEntry)),
     )
 
 
+@functools.cache  # read once per process and folder
 def derived_tables(folder: Path = PACKAGE_SQL) -> tuple[CoreTable, ...]:
     """Every core and mart table of ``folder``: each ``core_*.sql`` and ``mart_*.sql`` with its
     YAML, each after the tables its query reads (in name order otherwise). A query without its
     YAML, or a YAML without its query, is refused."""
-    return _in_build_order(_derived_tables(folder))
-
-
-@functools.cache
-def _in_build_order(tables: tuple[CoreTable, ...]) -> tuple[CoreTable, ...]:
+    tables = _derived_tables(folder)
     names = {table.asset_name for table in tables}
     ordered: list[CoreTable] = []
     while len(ordered) < len(tables):
@@ -210,7 +178,6 @@ def _in_build_order(tables: tuple[CoreTable, ...]) -> tuple[CoreTable, ...]:
     return tuple(ordered)
 
 
-@functools.cache  # read once per process and folder
 def _derived_tables(folder: Path) -> tuple[CoreTable, ...]:
     files = {path.name for path in folder.iterdir()}
     stems = {
@@ -229,11 +196,6 @@ def _derived_tables(folder: Path) -> tuple[CoreTable, ...]:
     return tuple(read_table(folder, stem) for stem in sorted(stems))
 
 
-def tables_of(schema: str, folder: Path = PACKAGE_SQL) -> tuple[CoreTable, ...]:
-    """The tables of ``derived_tables(folder)`` in ``schema`` (``core`` or ``mart``)."""
-    return tuple(table for table in derived_tables(folder) if table.schema == schema)
-
-
 def core_query(table: CoreTable) -> str:
     """The SQL that builds ``table``."""
     return (table.folder / table.query_file).read_text("utf-8")
@@ -241,15 +203,6 @@ def core_query(table: CoreTable) -> str:
 
 #: The schemas whose tables this project builds: a query may read only these.
 BUILT_SCHEMAS = ("raw", "meta", "core", "mart")
-
-
-@dataclass(frozen=True)
-class Upstream:
-    """What a core or mart table's query reads, as the assets and decoded tables behind it."""
-
-    #: Asset names, sorted: the asset's ``deps``.
-    deps: tuple[str, ...]
-    decoded: tuple[Decoded, ...]
 
 
 def query_reads(query: str, where: str) -> Reads:
@@ -260,8 +213,8 @@ def query_reads(query: str, where: str) -> Reads:
     return reads
 
 
-def upstream_of(table: CoreTable, query: str) -> Upstream:
-    """The assets and decoded tables ``query`` (``table``'s) reads, from its FROM and JOIN clauses.
+def upstream_of(table: CoreTable) -> tuple[tuple[str, ...], tuple[Decoded, ...]]:
+    """The assets and decoded tables ``table``'s query reads, from its FROM and JOIN clauses.
 
     ``raw.*``: the raw asset of that list. ``core.*``, ``mart.*``: the asset building the table.
     A decoded ``meta.*`` or ``temp.*`` table, or ``decoded_rows()`` of a table that follows one:
@@ -270,7 +223,7 @@ def upstream_of(table: CoreTable, query: str) -> Upstream:
     tables are built before the user's assets, never from them.
     """
     where = f"sql/{table.query_file}"
-    reads = query_reads(query, where)
+    reads = query_reads(core_query(table), where)
     decoded_by_table = {decoded.table: decoded for decoded in DECODED_TABLES}
     raw_assets = {endpoint.raw_table: raw_asset_name(endpoint) for endpoint in LIST_ENDPOINTS}
     read_decoded = {name for name in reads.tables if name in decoded_by_table}
@@ -308,7 +261,7 @@ def upstream_of(table: CoreTable, query: str) -> Upstream:
             deps.add(asset)
     decoded = tuple(d for d in DECODED_TABLES if d.table in read_decoded)
     deps.update(raw_assets[d.source] for d in decoded)
-    return Upstream(tuple(sorted(deps)), decoded)
+    return tuple(sorted(deps)), decoded
 
 
 def query_code_version(table: CoreTable) -> str:
@@ -325,7 +278,7 @@ def _columns_of(asset: str, folder: Path) -> tuple[str, ...]:
             extra = tuple(column for column, _ in endpoint.extra_columns)
             return ("id", "payload", "loaded_at", *extra)
     (table,) = (t for t in derived_tables(folder) if t.asset_name == asset)
-    return tuple(column.name for column in table.columns)
+    return tuple(column.name for column in table.doc.columns)
 
 
 def column_lineage(names: InstanceNames, table: CoreTable) -> dg.TableColumnLineage:
@@ -342,7 +295,7 @@ def column_lineage(names: InstanceNames, table: CoreTable) -> dg.TableColumnLine
         for dep in table.deps
     )
     sources = column_sources(
-        core_query(table), tuple(column.name for column in table.columns), known
+        core_query(table), tuple(column.name for column in table.doc.columns), known
     )
     deps: dict[str, list[dg.TableColumnDep]] = {}
     for column, pairs in sources.items():
