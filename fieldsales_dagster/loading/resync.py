@@ -153,9 +153,9 @@ def resync_transactions(
             "none recorded yet. Run a full refresh first (the refresh_all job, or refresh_mode: "
             "full), then re-sync."
         )
-    fingerprints = _fingerprint_current_events(conn)
+    _fingerprint_current_events(conn)
     _choose_events(conn, request)
-    plan = read_plan(conn, fingerprints)
+    plan = read_plan(conn)
     gone = [
         row[0]
         for row in conn.execute(
