@@ -21,7 +21,6 @@ import duckdb
 from pydantic import Field, PrivateAttr, field_validator, model_validator
 
 from fieldsales_dagster.paths import check_file_setting
-from fieldsales_dagster.pause import pause_at
 from fieldsales_dagster.settings import (
     SETTINGS,
     PiiSettings,
@@ -284,7 +283,7 @@ class FieldSalesWarehouse(settings_resource("WarehouseSettings", *WAREHOUSE_SETT
             create_dirs=self.create_dirs,
             create=self.create_dirs,
         )
-        return export_snapshot(self.lake, target, self._config(), pause=lambda: pause_at("export"))
+        return export_snapshot(self.lake, target, self._config())
 
 
 def same_database_cursor(conn: duckdb.DuckDBPyConnection) -> duckdb.DuckDBPyConnection:
