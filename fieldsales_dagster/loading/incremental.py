@@ -189,17 +189,12 @@ def _write_state(
     mode: str,
     at: datetime,
     rows: int,
-    events: str | None = None,
 ) -> None:
     """Record a complete load and the fingerprints of the events it saw (``FINGERPRINTS_NOW``),
-    inside the caller's transaction, if any.
-
-    ``events``: a query of the only event ids whose fingerprints move (a re-sync). Every other
-    event's stay, so the next incremental refresh still re-fetches those that changed, and the
-    events' load time stays as recorded; a re-synced event no longer listed loses its
-    fingerprint (its transactions were just replaced).
-    """
-    naive = at.astimezone(UTC).replace(tzinfo=None)
+    in the caller's transaction. A re-sync moves only its events' fingerprints (``REFETCH_TABLE``;
+    one no longer listed loses its own); the others' and the events' load time stay, so the next
+    incremental refresh still re-fetches the events that changed."""
+    naive, resync = at.astimezone(UTC).replace(tzinfo=None), mode == "resync"
     conn.execute(f"CREATE SCHEMA IF NOT EXISTS {STATE_SCHEMA}")
     # One row per table, kept by delete-then-insert: a DuckLake has no PRIMARY KEY (files made
     # before it keep theirs, which the same statements respect).
@@ -213,27 +208,21 @@ def _write_state(
         f"SELECT max(last_full_at), max(events_loaded_at) FROM {STATE_TABLE} WHERE table_name = ?",
         [TRANSACTIONS.raw_table],
     )
-    if events is None:
+    if not resync:
         events_now = _events_loaded_at(conn)
         events_loaded_at = events_now.replace(tzinfo=None) if events_now else None
     conn.execute(f"DELETE FROM {STATE_TABLE} WHERE table_name = ?", [TRANSACTIONS.raw_table])
+    last_full_at = naive if mode == "full" else last_full_at
     conn.execute(
-        f"INSERT INTO {STATE_TABLE} VALUES ($table, "
-        "CASE WHEN $mode = 'full' THEN $at ELSE $last_full_at END, $at, $mode, $rows, $events)",
-        {
-            "last_full_at": last_full_at,
-            "table": TRANSACTIONS.raw_table,
-            "at": naive,
-            "mode": mode,
-            "rows": rows,
-            "events": events_loaded_at,
-        },
+        f"INSERT INTO {STATE_TABLE} VALUES (?, ?, ?, ?, ?, ?)",
+        [TRANSACTIONS.raw_table, last_full_at, naive, mode, rows, events_loaded_at],
     )
-    if events is None:
+    if not resync:
         conn.execute(
             f"CREATE OR REPLACE TABLE {FINGERPRINTS_TABLE} AS SELECT * FROM {FINGERPRINTS_NOW}"
         )
         return
+    events = f"SELECT event_id FROM {REFETCH_TABLE}"
     conn.execute(f"DELETE FROM {FINGERPRINTS_TABLE} WHERE event_id IN ({events})")
     conn.execute(
         f"INSERT INTO {FINGERPRINTS_TABLE} BY NAME SELECT * FROM {FINGERPRINTS_NOW} "
@@ -488,17 +477,10 @@ def _fetch_by_event(
     log: Callable[[str], None],
     count: bool,
 ) -> int | None:
-    """Page ``transaction/all?eventId=X`` for every X of ``plan`` into its staging table, then,
-    if ``count``, return the server's global ``count`` (one page of one item). Raises a
-    ``FallBack`` when a guard fails.
-
-    Each event's list is a stream of the paging executor, which pages them all over one thread
-    pool and holds each to the completeness rule (per event: the distinct ids staged under it
-    equal its final total, or it is paged again). Most events fit one page, so most cost one
-    request; a full first page whose total equals its size is probed (the total might be the
-    page's size). A server that caps pages below ``page_size`` and reports each page's size as
-    its total would still lose items: the global count after the merge catches that.
-    """
+    """Page ``transaction/all?eventId=X`` for every X of ``plan`` into ``STAGE_TABLE``, each
+    event a stream held to the completeness rule; then, if ``count``, return the server's global
+    ``count`` (one page of one item): a server that caps pages and reports each page's size as
+    its total loses items the merge's count check catches. A failed guard is a ``FallBack``."""
     staging = Staging(conn, TRANSACTIONS, STAGE_TABLE, datetime.now(UTC), "event_id", True)
     staging.create()
     lists = [
@@ -564,7 +546,6 @@ def _merge(
     (``_read_replaced``), for the counts of changed, added and removed transactions."""
     target, stage = qualified(TRANSACTIONS.raw_table), qualified(STAGE_TABLE)
     staged, stored, old = _staged_and_old(conn, replaced, spent)
-    only = f"SELECT event_id FROM {REFETCH_TABLE}" if mode == "resync" else None
 
     def merge() -> tuple[int, dict[str, int]]:
         if before_swap is not None:
@@ -593,7 +574,7 @@ def _merge(
                 "something changed that incremental mode cannot see",
                 spent,
             )
-        _write_state(conn, mode=mode, at=now, rows=rows, events=only)
+        _write_state(conn, mode=mode, at=now, rows=rows)
         conn.execute(f"DROP TABLE {stage}")
         return rows, new
 
