@@ -1,10 +1,9 @@
 """The incremental refresh's decision is a value (``RefetchPlan``): the events it re-fetches and
-why, the events that disappeared, and the temporary tables that hold them. The functions after
-``_plan`` read only the tables the plan names. Real DuckDB files in ``tmp_path``."""
+why, and the events that disappeared; the merge deletes their stored transactions and records the
+current events' fingerprints. Real DuckDB files in ``tmp_path``."""
 
 from __future__ import annotations
 
-import dataclasses
 import json
 from datetime import UTC, datetime
 
@@ -51,8 +50,8 @@ def conn(tmp_path):
             "VALUES (?, '{}', ?, ?)",
             [(f"{e}{n}", NOW.replace(tzinfo=None), e) for e in "abc" for n in (1, 2)],
         )
-        fingerprints = incremental._fingerprint_current_events(conn)
-        incremental._write_state(conn, fingerprints=fingerprints, mode="full", at=NOW, rows=6)
+        incremental._fingerprint_current_events(conn)
+        incremental._write_state(conn, mode="full", at=NOW, rows=6)
         store_events(
             conn,
             {
@@ -72,30 +71,20 @@ def test_the_plan_carries_which_events_are_refetched_and_which_disappeared(conn)
     assert (plan.events, plan.why) == (3, {"new": 1, "changed": 1})
 
 
-def test_the_merge_deletes_the_events_of_the_tables_its_plan_names(conn):
-    plan = incremental._plan(conn, lookback_days=30, now=NOW)
-    # Other tables under other names: a function that found its tables by name would miss them.
-    conn.execute(f"CREATE TEMP TABLE chosen_refetch AS SELECT * FROM {plan.refetch}")
-    conn.execute(f"CREATE TEMP TABLE chosen_removed AS SELECT * FROM {plan.removed}")
-    conn.execute(f"DELETE FROM {plan.refetch}")
-    conn.execute(f"DELETE FROM {plan.removed}")
-    chosen = dataclasses.replace(plan, refetch="chosen_refetch", removed="chosen_removed")
+def test_the_merge_deletes_the_transactions_of_the_refetched_and_removed_events(conn):
+    incremental._plan(conn, lookback_days=30, now=NOW)
 
-    deleted = incremental._delete_replaced(conn, chosen, moved=False)
+    deleted = incremental._delete_replaced(conn, moved=False)
 
     assert deleted == 4  # b's two and c's two; d had none stored
     left = conn.execute(f"SELECT id FROM {TRANSACTIONS.raw_table} ORDER BY id").fetchall()
     assert [row[0] for row in left] == ["a1", "a2"]
 
 
-def test_the_state_records_the_fingerprints_table_it_is_given(conn):
-    plan = incremental._plan(conn, lookback_days=30, now=NOW)
-    conn.execute(f"CREATE TEMP TABLE chosen_fingerprints AS SELECT * FROM {plan.fingerprints}")
-    conn.execute(f"DELETE FROM {plan.fingerprints}")
+def test_the_state_records_the_fingerprints_of_the_events_listed_now(conn):
+    incremental._plan(conn, lookback_days=30, now=NOW)
 
-    incremental._write_state(
-        conn, fingerprints="chosen_fingerprints", mode="incremental", at=NOW, rows=4
-    )
+    incremental._write_state(conn, mode="incremental", at=NOW, rows=4)
 
     recorded = conn.execute(
         f"SELECT event_id FROM {incremental.FINGERPRINTS_TABLE} ORDER BY event_id"

@@ -40,18 +40,6 @@ def audit_table(endpoint: ListEndpoint) -> str:
     return f"{AUDIT_SCHEMA}.{endpoint.table}_deleted"
 
 
-def _create_audit(conn: duckdb.DuckDBPyConnection, endpoint: ListEndpoint) -> str:
-    audit = qualified(audit_table(endpoint))
-    extra = "".join(f", {quote_ident(column)} VARCHAR" for column, _ in endpoint.extra_columns)
-    conn.execute(f"CREATE SCHEMA IF NOT EXISTS {AUDIT_SCHEMA}")
-    conn.execute(
-        f"CREATE TABLE IF NOT EXISTS {audit} (id VARCHAR, payload JSON, loaded_at TIMESTAMP"
-        f"{extra}, deleted_at TIMESTAMP, run_id VARCHAR, reappeared_at TIMESTAMP, "
-        "reappeared_run_id VARCHAR)"
-    )
-    return audit
-
-
 def record_deletions(
     conn: duckdb.DuckDBPyConnection,
     endpoint: ListEndpoint,
@@ -68,7 +56,14 @@ def record_deletions(
 
     Reads narrow columns first: a payload is read only for the rows that are gone.
     """
-    audit = _create_audit(conn, endpoint)
+    audit = qualified(audit_table(endpoint))
+    extra = "".join(f", {quote_ident(column)} VARCHAR" for column, _ in endpoint.extra_columns)
+    conn.execute(f"CREATE SCHEMA IF NOT EXISTS {AUDIT_SCHEMA}")
+    conn.execute(
+        f"CREATE TABLE IF NOT EXISTS {audit} (id VARCHAR, payload JSON, loaded_at TIMESTAMP"
+        f"{extra}, deleted_at TIMESTAMP, run_id VARCHAR, reappeared_at TIMESTAMP, "
+        "reappeared_run_id VARCHAR)"
+    )
     stamp = {"at": at.astimezone(UTC).replace(tzinfo=None), "run_id": run_id}
     _write_if_any(
         conn,

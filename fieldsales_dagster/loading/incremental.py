@@ -40,7 +40,6 @@ from fieldsales_dagster.client.pager import (
 )
 from fieldsales_dagster.loading.completeness import IncompleteListError
 from fieldsales_dagster.loading.deletions import record_deletions
-from fieldsales_dagster.loading.modes import validate_refresh_mode
 from fieldsales_dagster.loading.passes import ListPasses
 from fieldsales_dagster.loading.raw_load import (
     LoadReport,
@@ -79,6 +78,10 @@ STAGE_TABLE = "temp." + staging_table(TRANSACTIONS.raw_table, "_by_event").parti
 FINGERPRINTS_NOW = "_fs_fingerprints"
 REFETCH_TABLE = "_fs_refetch"
 REMOVED_TABLE = "_fs_removed"
+#: A query of the events whose stored transactions a merge replaces.
+REPLACED_EVENTS = (
+    f"SELECT event_id FROM {REFETCH_TABLE} UNION ALL SELECT event_id FROM {REMOVED_TABLE}"
+)
 
 #: In ``auto``, re-fetching more than this share of the events by ``eventId`` costs more
 #: requests than paging the whole list: a full refresh is chosen instead.
@@ -105,9 +108,9 @@ class RefreshPolicy:
 
     @classmethod
     def of(cls, warehouse: FieldSalesWarehouse, override: str | None = None) -> RefreshPolicy:
-        """The warehouse's policy, ``override`` (run config) first."""
+        """The warehouse's policy, ``override`` (the run config's mode) first."""
         return cls(
-            mode=str(validate_refresh_mode(override)) if override else warehouse.refresh_mode,
+            mode=override or warehouse.refresh_mode,  # validated by the run config
             full_refresh_every_days=warehouse.full_refresh_every_days,
             lookback_days=warehouse.lookback_days,
         )
@@ -146,9 +149,9 @@ def _events_loaded_at(conn: duckdb.DuckDBPyConnection) -> datetime | None:
     return value.replace(tzinfo=UTC) if value else None
 
 
-def _fingerprint_current_events(conn: duckdb.DuckDBPyConnection) -> str:
-    """A temporary table (``FINGERPRINTS_NOW``, returned): per event of ``raw.events``, its state
-    fingerprint and last change.
+def _fingerprint_current_events(conn: duckdb.DuckDBPyConnection) -> None:
+    """Fill ``FINGERPRINTS_NOW``: per event of ``raw.events``, its state fingerprint and last
+    change.
 
     Each payload is parsed once (``json_extract`` with a list of paths): three separate
     extractions of ~3 KB documents ran out of DuckDB's 192 MB at 25,000 events. The table is read
@@ -178,27 +181,20 @@ def _fingerprint_current_events(conn: duckdb.DuckDBPyConnection) -> str:
               FROM {source})
         """
     )
-    return FINGERPRINTS_NOW
 
 
 def _write_state(
     conn: duckdb.DuckDBPyConnection,
     *,
-    fingerprints: str,
     mode: str,
     at: datetime,
     rows: int,
-    events: str | None = None,
 ) -> None:
-    """Record a complete load and the ``fingerprints`` of the events it saw (inside the caller's
-    transaction, if any).
-
-    ``events``: a query of the only event ids whose fingerprints move (a re-sync). Every other
-    event's stay, so the next incremental refresh still re-fetches those that changed, and the
-    events' load time stays as recorded; a re-synced event no longer listed loses its
-    fingerprint (its transactions were just replaced).
-    """
-    naive = at.astimezone(UTC).replace(tzinfo=None)
+    """Record a complete load and the fingerprints of the events it saw (``FINGERPRINTS_NOW``),
+    in the caller's transaction. A re-sync moves only its events' fingerprints (``REFETCH_TABLE``;
+    one no longer listed loses its own); the others' and the events' load time stay, so the next
+    incremental refresh still re-fetches the events that changed."""
+    naive, resync = at.astimezone(UTC).replace(tzinfo=None), mode == "resync"
     conn.execute(f"CREATE SCHEMA IF NOT EXISTS {STATE_SCHEMA}")
     # One row per table, kept by delete-then-insert: a DuckLake has no PRIMARY KEY (files made
     # before it keep theirs, which the same statements respect).
@@ -212,30 +208,24 @@ def _write_state(
         f"SELECT max(last_full_at), max(events_loaded_at) FROM {STATE_TABLE} WHERE table_name = ?",
         [TRANSACTIONS.raw_table],
     )
-    if events is None:
+    if not resync:
         events_now = _events_loaded_at(conn)
         events_loaded_at = events_now.replace(tzinfo=None) if events_now else None
     conn.execute(f"DELETE FROM {STATE_TABLE} WHERE table_name = ?", [TRANSACTIONS.raw_table])
+    last_full_at = naive if mode == "full" else last_full_at
     conn.execute(
-        f"INSERT INTO {STATE_TABLE} VALUES ($table, "
-        "CASE WHEN $mode = 'full' THEN $at ELSE $last_full_at END, $at, $mode, $rows, $events)",
-        {
-            "last_full_at": last_full_at,
-            "table": TRANSACTIONS.raw_table,
-            "at": naive,
-            "mode": mode,
-            "rows": rows,
-            "events": events_loaded_at,
-        },
+        f"INSERT INTO {STATE_TABLE} VALUES (?, ?, ?, ?, ?, ?)",
+        [TRANSACTIONS.raw_table, last_full_at, naive, mode, rows, events_loaded_at],
     )
-    if events is None:
+    if not resync:
         conn.execute(
-            f"CREATE OR REPLACE TABLE {FINGERPRINTS_TABLE} AS SELECT * FROM {fingerprints}"
+            f"CREATE OR REPLACE TABLE {FINGERPRINTS_TABLE} AS SELECT * FROM {FINGERPRINTS_NOW}"
         )
         return
+    events = f"SELECT event_id FROM {REFETCH_TABLE}"
     conn.execute(f"DELETE FROM {FINGERPRINTS_TABLE} WHERE event_id IN ({events})")
     conn.execute(
-        f"INSERT INTO {FINGERPRINTS_TABLE} BY NAME SELECT * FROM {fingerprints} "
+        f"INSERT INTO {FINGERPRINTS_TABLE} BY NAME SELECT * FROM {FINGERPRINTS_NOW} "
         f"WHERE event_id IN ({events})"
     )
 
@@ -302,11 +292,11 @@ def refresh_raw_list(
                     ) from None
                 warn(f"transactions: incremental refresh abandoned, running a full one: {exc}")
                 reason, spent = f"fell back from incremental: {exc}", exc.bytes_fetched
-        fingerprints = _fingerprint_current_events(conn)
+        _fingerprint_current_events(conn)
 
         def after_swap(rows: int) -> None:
             # In the swap's transaction: never a new table with old state.
-            _write_state(conn, fingerprints=fingerprints, mode="full", at=now, rows=rows)
+            _write_state(conn, mode="full", at=now, rows=rows)
 
     report = load_list(
         api,
@@ -326,30 +316,17 @@ def refresh_raw_list(
 
 @dataclass(frozen=True)
 class RefetchPlan:
-    """Which events' transactions are re-fetched, and the temporary tables that hold it.
+    """Which events' transactions are re-fetched (``REFETCH_TABLE``, each with ``why``, counted
+    in ``why``), which events disappeared since the last load (``REMOVED_TABLE``), and how many
+    events are listed now (``FINGERPRINTS_NOW``)."""
 
-    ``fingerprints``: per current event, its fingerprint (recorded by ``_write_state``);
-    ``refetch``: ``(event_id, why)`` of the events whose transactions are fetched again (``why``
-    counted in ``why``); ``removed``: ``event_id`` of the events that disappeared since the last
-    load; ``stage``: the table the re-fetched transactions are staged in.
-    """
-
-    fingerprints: str
-    refetch: str
-    removed: str
-    stage: str
     event_ids: list[str]
     removed_ids: list[str]
     events: int
     why: dict[str, int]
 
-    @property
-    def replaced_events(self) -> str:
-        """A query of the events whose stored transactions the merge replaces."""
-        return f"SELECT event_id FROM {self.refetch} UNION ALL SELECT event_id FROM {self.removed}"
 
-
-def read_plan(conn: duckdb.DuckDBPyConnection, fingerprints: str) -> RefetchPlan:
+def read_plan(conn: duckdb.DuckDBPyConnection) -> RefetchPlan:
     """The plan that ``REFETCH_TABLE`` and ``REMOVED_TABLE`` hold (filled by ``_plan``, or by a
     re-sync)."""
 
@@ -359,13 +336,9 @@ def read_plan(conn: duckdb.DuckDBPyConnection, fingerprints: str) -> RefetchPlan
         ]
 
     return RefetchPlan(
-        fingerprints=fingerprints,
-        refetch=REFETCH_TABLE,
-        removed=REMOVED_TABLE,
-        stage=STAGE_TABLE,
         event_ids=ids(REFETCH_TABLE),
         removed_ids=ids(REMOVED_TABLE),
-        events=one_row(conn, f"SELECT count(*) FROM {fingerprints}")[0],
+        events=one_row(conn, f"SELECT count(*) FROM {FINGERPRINTS_NOW}")[0],
         why=dict(
             conn.execute(f"SELECT why, count(*) FROM {REFETCH_TABLE} GROUP BY why").fetchall()
         ),
@@ -375,7 +348,7 @@ def read_plan(conn: duckdb.DuckDBPyConnection, fingerprints: str) -> RefetchPlan
 def _plan(conn: duckdb.DuckDBPyConnection, lookback_days: float, now: datetime) -> RefetchPlan:
     """Which events to re-fetch (new, changed, or changed within ``lookback_days``) and which
     disappeared, against the fingerprints recorded at the last load."""
-    fingerprints = _fingerprint_current_events(conn)
+    _fingerprint_current_events(conn)
     conn.execute(
         f"""
         CREATE OR REPLACE TEMP TABLE {REFETCH_TABLE} AS
@@ -383,7 +356,7 @@ def _plan(conn: duckdb.DuckDBPyConnection, lookback_days: float, now: datetime) 
                CASE WHEN o.event_id IS NULL THEN 'new'
                     WHEN o.fingerprint IS DISTINCT FROM n.fingerprint THEN 'changed'
                     ELSE 'recent' END AS why
-        FROM {fingerprints} n LEFT JOIN {FINGERPRINTS_TABLE} o USING (event_id)
+        FROM {FINGERPRINTS_NOW} n LEFT JOIN {FINGERPRINTS_TABLE} o USING (event_id)
         WHERE o.event_id IS NULL
            OR o.fingerprint IS DISTINCT FROM n.fingerprint
            -- no history to date it: treated as recent
@@ -394,9 +367,9 @@ def _plan(conn: duckdb.DuckDBPyConnection, lookback_days: float, now: datetime) 
     )
     conn.execute(
         f"CREATE OR REPLACE TEMP TABLE {REMOVED_TABLE} AS SELECT event_id FROM "
-        f"{FINGERPRINTS_TABLE} EXCEPT SELECT event_id FROM {fingerprints}"
+        f"{FINGERPRINTS_TABLE} EXCEPT SELECT event_id FROM {FINGERPRINTS_NOW}"
     )
-    return read_plan(conn, fingerprints)
+    return read_plan(conn)
 
 
 def _incremental(
@@ -463,7 +436,7 @@ def refetch_and_merge(
         counts = _merge(conn, plan, mode, total, now, stats.bytes, stored, before_swap, run_id)
     finally:
         reader.shutdown(wait=True)
-        drop_table(conn, qualified(plan.stage))
+        drop_table(conn, qualified(STAGE_TABLE))
     seconds = time.monotonic() - started
     log(
         f"transactions: merged {len(plan.event_ids)} events: {counts['added']} added, "
@@ -504,18 +477,11 @@ def _fetch_by_event(
     log: Callable[[str], None],
     count: bool,
 ) -> int | None:
-    """Page ``transaction/all?eventId=X`` for every X of ``plan`` into its staging table, then,
-    if ``count``, return the server's global ``count`` (one page of one item). Raises a
-    ``FallBack`` when a guard fails.
-
-    Each event's list is a stream of the paging executor, which pages them all over one thread
-    pool and holds each to the completeness rule (per event: the distinct ids staged under it
-    equal its final total, or it is paged again). Most events fit one page, so most cost one
-    request; a full first page whose total equals its size is probed (the total might be the
-    page's size). A server that caps pages below ``page_size`` and reports each page's size as
-    its total would still lose items: the global count after the merge catches that.
-    """
-    staging = Staging(conn, TRANSACTIONS, plan.stage, datetime.now(UTC), "event_id", True)
+    """Page ``transaction/all?eventId=X`` for every X of ``plan`` into ``STAGE_TABLE``, each
+    event a stream held to the completeness rule; then, if ``count``, return the server's global
+    ``count`` (one page of one item): a server that caps pages and reports each page's size as
+    its total loses items the merge's count check catches. A failed guard is a ``FallBack``."""
+    staging = Staging(conn, TRANSACTIONS, STAGE_TABLE, datetime.now(UTC), "event_id", True)
     staging.create()
     lists = [
         Stream(TRANSACTIONS.with_params(eventId=event_id), event_id, api.page_size)
@@ -578,18 +544,17 @@ def _merge(
     (redaction, comments), the deletion audit (found by run ``run_id``) and the stage's drop.
     ``replaced``: ids and payload hashes of the stored rows of the re-fetched and removed events
     (``_read_replaced``), for the counts of changed, added and removed transactions."""
-    target, stage = qualified(TRANSACTIONS.raw_table), qualified(plan.stage)
-    staged, stored, old = _staged_and_old(conn, plan, replaced, spent)
-    only = f"SELECT event_id FROM {plan.refetch}" if mode == "resync" else None
+    target, stage = qualified(TRANSACTIONS.raw_table), qualified(STAGE_TABLE)
+    staged, stored, old = _staged_and_old(conn, replaced, spent)
 
     def merge() -> tuple[int, dict[str, int]]:
         if before_swap is not None:
-            before_swap(plan.stage)
+            before_swap(STAGE_TABLE)
         # After before_swap: a redacted payload compares with the redacted one stored.
         new = dict(conn.execute(f"SELECT id, hash(payload::VARCHAR) FROM {stage}").fetchall())
-        scope, kept = f"event_id IN ({plan.replaced_events})", f"SELECT id FROM {stage}"
+        scope, kept = f"event_id IN ({REPLACED_EVENTS})", f"SELECT id FROM {stage}"
         record_deletions(conn, TRANSACTIONS, kept=kept, scope=scope, run_id=run_id, at=now)
-        deleted = _delete_replaced(conn, plan, moved=len(old) > len(replaced))
+        deleted = _delete_replaced(conn, moved=len(old) > len(replaced))
         pause_at("merge")
         conn.execute(f"INSERT INTO {target} BY NAME SELECT * FROM {stage}")
         rows = one_row(conn, f"SELECT count(*) FROM {target}")[0]
@@ -609,9 +574,7 @@ def _merge(
                 "something changed that incremental mode cannot see",
                 spent,
             )
-        _write_state(
-            conn, fingerprints=plan.fingerprints, mode=mode, at=now, rows=rows, events=only
-        )
+        _write_state(conn, mode=mode, at=now, rows=rows)
         conn.execute(f"DROP TABLE {stage}")
         return rows, new
 
@@ -625,12 +588,12 @@ def _merge(
 
 
 def _staged_and_old(
-    conn: duckdb.DuckDBPyConnection, plan: RefetchPlan, replaced: dict[str, int], spent: int
+    conn: duckdb.DuckDBPyConnection, replaced: dict[str, int], spent: int
 ) -> tuple[int, int, dict[str, int]]:
     """The rows staged (each id once, or the merge is refused), the rows stored, and the ids and
     payload hashes of every stored row the merge replaces: ``replaced``, and any stored copy of a
     staged id under an event that was not re-fetched (the transaction moved; rare)."""
-    target, stage = qualified(TRANSACTIONS.raw_table), qualified(plan.stage)
+    target, stage = qualified(TRANSACTIONS.raw_table), qualified(STAGE_TABLE)
     staged, distinct_staged = one_row(conn, f"SELECT count(*), count(DISTINCT id) FROM {stage}")
     if staged != distinct_staged:
         raise FallBack(
@@ -638,7 +601,7 @@ def _staged_and_old(
         )
     old = dict(replaced)
     # Counted first: a query that returns the payload reads it for every row it scans.
-    moved = f"WHERE id IN (SELECT id FROM {stage}) AND NOT event_id IN ({plan.replaced_events})"
+    moved = f"WHERE id IN (SELECT id FROM {stage}) AND NOT event_id IN ({REPLACED_EVENTS})"
     if one_row(conn, f"SELECT count(*) FROM {target} {moved}")[0]:
         old.update(
             conn.execute(f"SELECT id, hash(payload::VARCHAR) FROM {target} {moved}").fetchall()
@@ -646,7 +609,7 @@ def _staged_and_old(
     return staged, one_row(conn, f"SELECT count(*) FROM {target}")[0], old
 
 
-def _delete_replaced(conn: duckdb.DuckDBPyConnection, plan: RefetchPlan, moved: bool) -> int:
+def _delete_replaced(conn: duckdb.DuckDBPyConnection, moved: bool) -> int:
     """Delete the stored rows that the staged ones replace; returns how many.
 
     Those are the rows of re-fetched and disappeared events, and, when ``moved``, the stored
@@ -654,10 +617,10 @@ def _delete_replaced(conn: duckdb.DuckDBPyConnection, plan: RefetchPlan, moved: 
     Filters on narrow columns only: no payload is read.
     """
     target = qualified(TRANSACTIONS.raw_table)
-    (deleted,) = one_row(conn, f"DELETE FROM {target} WHERE event_id IN ({plan.replaced_events})")
+    (deleted,) = one_row(conn, f"DELETE FROM {target} WHERE event_id IN ({REPLACED_EVENTS})")
     if moved:
         (more,) = one_row(
-            conn, f"DELETE FROM {target} WHERE id IN (SELECT id FROM {qualified(plan.stage)})"
+            conn, f"DELETE FROM {target} WHERE id IN (SELECT id FROM {qualified(STAGE_TABLE)})"
         )
         deleted += more
     return deleted

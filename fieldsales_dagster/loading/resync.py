@@ -142,10 +142,9 @@ def resync_transactions(
     log: Callable[[str], None] = lambda message: None,
     before_swap: Callable[[str], None] | None = None,
     run_id: str | None = None,
-    now: datetime | None = None,
 ) -> RefreshReport:
     """Re-fetch and merge the transactions of the events ``request`` names (see the module)."""
-    now = now or datetime.now(UTC)
+    now = datetime.now(UTC)
     started = time.monotonic()
     if read_previous_load(conn) is None:
         raise ResyncError(
@@ -153,9 +152,9 @@ def resync_transactions(
             "none recorded yet. Run a full refresh first (the refresh_all job, or refresh_mode: "
             "full), then re-sync."
         )
-    fingerprints = _fingerprint_current_events(conn)
+    _fingerprint_current_events(conn)
     _choose_events(conn, request)
-    plan = read_plan(conn, fingerprints)
+    plan = read_plan(conn)
     gone = [
         row[0]
         for row in conn.execute(

@@ -22,11 +22,8 @@ its own ``raw``/``core``/``mart``/``meta``; its files go under ``<data_path>/<sc
 tenant a lake belongs to is recorded in it on first use (``TENANT_TABLE``), and a different one
 is refused, however the catalog is spelled.
 
-The extension binaries come from the ``duckdb-extension-*`` wheels (``INSTALL ducklake`` would
-need the network). They are built for one DuckDB release, the one ``pyproject.toml`` pins.
-``ducklake`` is loaded from the wheel's file; ``postgres`` and ``sqlite`` are installed under their
-own extension names (``postgres_scanner``, ``sqlite_scanner``, the names DuckLake loads them by)
-into a per-user ``extension_directory``, then loaded.
+The extensions come from the ``duckdb-extension-*`` wheels, built for the DuckDB release
+``pyproject.toml`` pins (``INSTALL ducklake`` would need the network): see ``load_extensions``.
 
 What DuckLake does not support, and how the project's SQL avoids it: no
 ``PRIMARY KEY``/``UNIQUE``/indexes (state tables are keyed by a delete-then-insert), no macros
@@ -56,6 +53,7 @@ import duckdb
 import filelock
 import tenacity
 
+from fieldsales_dagster.pause import pause_at
 from fieldsales_dagster.warehouse.quoting import quote_ident, sql_literal
 from fieldsales_dagster.warehouse.rows import one_row
 
@@ -229,7 +227,8 @@ def lake_config() -> DuckDBConfig:
 
 
 def load_extensions(conn: duckdb.DuckDBPyConnection, lake: Lake) -> None:
-    """Load ``ducklake`` and the catalog's scanner from the wheels, installing it once per user."""
+    """Load ``ducklake`` from its wheel's file, and the catalog's scanner, installed once per user
+    into ``extension_directory`` under the name DuckLake loads it by (``SCANNERS``)."""
     conn.execute(f"LOAD {sql_literal(str(extension_file('ducklake')))}")
     scanner = "postgres" if lake.is_postgres else "sqlite"
     installed_as = SCANNERS[scanner]
@@ -250,10 +249,7 @@ def load_extensions(conn: duckdb.DuckDBPyConnection, lake: Lake) -> None:
 def connect(
     lake: Lake, config: DuckDBConfig | None = None, read_only: bool = False
 ) -> duckdb.DuckDBPyConnection:
-    """A connection whose current database is the lake (``USE <alias>``).
-
-    Temporary objects (``TEMP`` tables and macros) live in the connection's memory as usual.
-    """
+    """A new DuckDB instance's connection whose current database is the lake (``USE <alias>``)."""
     if read_only and lake.catalog_file is not None and not lake.catalog_file.exists():
         raise LakeError(
             f"There is no lake at {lake.catalog_file} yet ({CATALOG_VARIABLE}): run a refresh "
@@ -300,14 +296,15 @@ def connect(
 def _attach(conn: duckdb.DuckDBPyConnection, lake: Lake, read_only: bool) -> None:
     """ATTACH the lake, again after a pause while another process is creating the same new lake
     (its catalog tables half made: "database is locked", "already exists")."""
+    racing = ("database is locked", "already exists")
+    retrying = _retrying(lambda exc: isinstance(exc, duckdb.Error) and _says(exc, *racing))
+    retrying(conn.execute, lake.attach_sql(read_only))
 
-    def racing(exc: BaseException) -> bool:
-        text = str(exc).lower()
-        return isinstance(exc, duckdb.Error) and any(
-            why in text for why in ("database is locked", "already exists")
-        )
 
-    _retrying(racing)(conn.execute, lake.attach_sql(read_only))
+def _says(exc: BaseException, *texts: str) -> bool:
+    """Whether ``exc``'s message holds one of ``texts`` (lower case)."""
+    message = str(exc).lower()
+    return any(text in message for text in texts)
 
 
 def prepare(lake: Lake) -> None:
@@ -492,8 +489,7 @@ def writer_connection(lake: Lake, config: DuckDBConfig) -> duckdb.DuckDBPyConnec
 def is_conflict(exc: BaseException) -> bool:
     """A commit that lost to another writer's: a DuckLake "Transaction conflict", or a SQLite
     catalog's "database is locked" (SQLite lets one process commit at a time)."""
-    text = str(exc).lower()
-    return isinstance(exc, duckdb.Error) and ("conflict" in text or "database is locked" in text)
+    return isinstance(exc, duckdb.Error) and _says(exc, "conflict", "database is locked")
 
 
 def _retrying(retryable: Callable[[BaseException], bool]) -> tenacity.Retrying:
@@ -572,21 +568,13 @@ def drop_table(conn: duckdb.DuckDBPyConnection, table: str) -> None:
 # --- upkeep -------------------------------------------------------------------------------------
 
 
-@dataclass(frozen=True)
-class StoredFiles:
-    """The lake's data and delete files in storage (a local data path) or in its catalog."""
-
-    files: int
-    bytes: int
-    where: str
-
-
-def stored_files(conn: duckdb.DuckDBPyConnection, lake: Lake) -> StoredFiles:
-    """What the lake holds in storage now: every Parquet file under a local ``data_folder``;
-    for an object store, the files its catalog lists (live, or waiting for deletion)."""
+def stored_files(conn: duckdb.DuckDBPyConnection, lake: Lake) -> tuple[int, int, str]:
+    """Files, bytes, and where they were counted: every Parquet file under a local
+    ``data_folder`` ("storage"); for an object store, the data and delete files its catalog
+    lists, live or waiting for deletion ("catalog")."""
     if lake.is_local:
         sizes = [p.stat().st_size for p in Path(lake.data_folder).rglob("*.parquet")]
-        return StoredFiles(len(sizes), sum(sizes), "storage")
+        return len(sizes), sum(sizes), "storage"
     metadata = (
         f"{quote_ident('__ducklake_metadata_' + lake.alias)}.{quote_ident(lake.schema or 'main')}"
     )
@@ -599,7 +587,7 @@ def stored_files(conn: duckdb.DuckDBPyConnection, lake: Lake) -> StoredFiles:
     (waiting,) = one_row(
         conn, f"SELECT count(*) FROM {metadata}.ducklake_files_scheduled_for_deletion"
     )
-    return StoredFiles(int(files) + int(waiting), int(size), "catalog")
+    return int(files) + int(waiting), int(size), "catalog"
 
 
 #: A file under the data path that no snapshot lists (a killed run's) is deleted once it is older
@@ -617,9 +605,9 @@ def upkeep(
     no snapshot needs any more, and the files no snapshot ever listed (``orphan_age_hours`` old
     at least). The last snapshot stays readable; time travel reaches back ``retain_days``.
     Returns the counts before and after, as the upkeep asset's metadata."""
-    name = sql_literal(lake.alias)
-    before = stored_files(conn, lake)
-    snapshots_before = _snapshots(conn, lake)
+    name, snapshots = sql_literal(lake.alias), f"{quote_ident(lake.alias)}.snapshots()"
+    files_before, bytes_before, counted_in = stored_files(conn, lake)
+    (snapshots_before,) = one_row(conn, f"SELECT count(*) FROM {snapshots}")
     seconds = max(0.0, retain_days * 86400.0)
     orphan_seconds = max(0.0, orphan_age_hours * 3600.0)
 
@@ -637,23 +625,19 @@ def upkeep(
             f"to_microseconds({int(orphan_seconds * 1e6)}))",
         )
     ]
-    (last,) = one_row(conn, f"SELECT max(snapshot_id) FROM {quote_ident(lake.alias)}.snapshots()")
-    after = stored_files(conn, lake)
+    snapshots_after, last = one_row(conn, f"SELECT count(*), max(snapshot_id) FROM {snapshots}")
+    files_after, bytes_after, _ = stored_files(conn, lake)
     return {
-        "files_before": before.files,
-        "files_after": after.files,
-        "bytes_before": before.bytes,
-        "bytes_after": after.bytes,
-        "counted_in": before.where,
+        "files_before": files_before,
+        "files_after": files_after,
+        "bytes_before": bytes_before,
+        "bytes_after": bytes_after,
+        "counted_in": counted_in,
         "snapshots_before": snapshots_before,
-        "snapshots_after": _snapshots(conn, lake),
+        "snapshots_after": snapshots_after,
         "last_snapshot": last,
         "orphans_deleted": len(results[-1]),
     }
-
-
-def _snapshots(conn: duckdb.DuckDBPyConnection, lake: Lake) -> int:
-    return one_row(conn, f"SELECT count(*) FROM {quote_ident(lake.alias)}.snapshots()")[0]
 
 
 # --- the single-file export ---------------------------------------------------------------------
@@ -757,13 +741,7 @@ def _failure(target: Path, snapshot: int | None, exc: BaseException) -> ExportEr
     )
 
 
-def export_snapshot(
-    lake: Lake,
-    target: Path,
-    config: DuckDBConfig | None = None,
-    *,
-    pause: Callable[[], None] | None = None,
-) -> dict[str, Any]:
+def export_snapshot(lake: Lake, target: Path, config: DuckDBConfig | None = None) -> dict[str, Any]:
     """Write every table of one lake snapshot into a new DuckDB file, then rename it over
     ``target`` atomically (temporary file beside it, fsynced, renamed, folder fsynced).
 
@@ -793,7 +771,7 @@ def export_snapshot(
             conn.execute("DETACH fieldsales_export")
         finally:
             conn.close()
-        size = _replace_durably(temporary, target, lake, pause)
+        size = _replace_durably(temporary, target, lake)
     except (duckdb.Error, OSError) as exc:
         _remove(temporary)
         raise _failure(target, snapshot, exc) from exc
@@ -833,15 +811,12 @@ def _copy_tables(conn: duckdb.DuckDBPyConnection, lake: Lake, snapshot: int) -> 
     return len(found)
 
 
-def _replace_durably(
-    temporary: Path, target: Path, lake: Lake, pause: Callable[[], None] | None
-) -> int:
+def _replace_durably(temporary: Path, target: Path, lake: Lake) -> int:
     """fsync ``temporary``, rename it over ``target`` and fsync the folder; returns its size."""
     with open(temporary, "rb") as file:
         os.fsync(file.fileno())
     size = temporary.stat().st_size
-    if pause is not None:
-        pause()
+    pause_at("export")
     check_export_target(target, lake)  # a program may have opened it meanwhile
     os.replace(temporary, target)
     fd = os.open(target.parent, os.O_RDONLY)

@@ -19,15 +19,11 @@ swapped in.
 from __future__ import annotations
 
 import hashlib
-import hmac
-from typing import Literal
 
 import duckdb
 
 from fieldsales_dagster.warehouse.quoting import qualified
 from fieldsales_dagster.warehouse.rows import one_row
-
-PiiPolicy = Literal["keep", "hash", "drop"]
 
 #: Keys of API items whose string values are personal data (eventUser[].firstName/lastName/email,
 #: point_of_sale.address.email, eventStateHistory[].ip), redacted anywhere in a raw payload.
@@ -73,20 +69,10 @@ def hmac_pads(key: str) -> dict[str, bytes]:
 def hmac_sql(expression: str) -> str:
     """SQL for HMAC-SHA256 of ``expression`` (VARCHAR) as hex; binds ``hmac_pads``' parameters.
 
-    DuckDB has SHA-256 but no HMAC; this is RFC 2104 spelled out: H(opad || H(ipad || message)).
+    DuckDB has SHA-256 but no HMAC; this is RFC 2104 spelled out: H(opad || H(ipad || message)),
+    the same hex digest as Python's ``hmac.new(key, value, hashlib.sha256).hexdigest()``.
     """
     return f"sha256($pii_opad || unhex(sha256($pii_ipad || encode({expression}))))"
-
-
-def hmac_hex(key: str, value: str) -> str:
-    """The hash ``hash`` mode stores for ``value`` (for tests and for analysts' own lookups)."""
-    return hmac.new(key.encode(), value.encode(), hashlib.sha256).hexdigest()
-
-
-def _redact_pattern() -> str:
-    keys = "|".join(PII_PAYLOAD_KEYS)
-    # A key followed by a JSON string value (escapes included); other value types are left alone.
-    return rf'"({keys})"(\s*):(\s*)"(?:[^"\\]|\\.)*"'
 
 
 def redact_pii_keys(conn: duckdb.DuckDBPyConnection, table: str) -> int:
@@ -96,7 +82,8 @@ def redact_pii_keys(conn: duckdb.DuckDBPyConnection, table: str) -> int:
     redacted too. Only rows that mention a key are rewritten.
     """
     mentions = " OR ".join(f"contains(payload::VARCHAR, '\"{key}\"')" for key in PII_PAYLOAD_KEYS)
-    pattern = _redact_pattern()
+    # A key followed by a JSON string value (escapes included); other value types are left alone.
+    pattern = rf'"({"|".join(PII_PAYLOAD_KEYS)})"(\s*):(\s*)"(?:[^"\\]|\\.)*"'
     (changed,) = one_row(
         conn,
         f"UPDATE {qualified(table)} "

@@ -11,8 +11,8 @@ import os
 import shutil
 import tempfile
 import uuid
-from collections.abc import Callable, Iterator
-from contextlib import contextmanager, nullcontext
+from collections.abc import Callable
+from contextlib import nullcontext
 from pathlib import Path
 from typing import Any, TypeVar
 
@@ -21,7 +21,6 @@ import duckdb
 from pydantic import Field, PrivateAttr, field_validator, model_validator
 
 from fieldsales_dagster.paths import check_file_setting
-from fieldsales_dagster.pause import pause_at
 from fieldsales_dagster.settings import (
     SETTINGS,
     PiiSettings,
@@ -237,27 +236,18 @@ class FieldSalesWarehouse(settings_resource("WarehouseSettings", *WAREHOUSE_SETT
 
         return run_transaction(conn, table, write_and_record)
 
-    @contextmanager
-    def get_connection(self) -> Iterator[duckdb.DuckDBPyConnection]:
-        """A read-write connection whose current database is the lake."""
+    def get_connection(self) -> duckdb.DuckDBPyConnection:
+        """A read-write connection whose current database is the lake; ``with`` closes it."""
         if self.local_folder not in _CLEANED:
             if removed := remove_dead_processes_files(self.local_folder):
                 dg.get_dagster_logger().info(f"Removed what killed runs left: {', '.join(removed)}")
             _CLEANED.add(self.local_folder)
-        conn = writer_connection(self.lake, self._config())
-        try:
-            yield conn
-        finally:
-            conn.close()
+        return writer_connection(self.lake, self._config())
 
-    @contextmanager
-    def read_connection(self) -> Iterator[duckdb.DuckDBPyConnection]:
-        """A read-only connection to the lake: what an analyst opens (docs/storage.md)."""
-        conn = connect(self.lake, self._config(), read_only=True)
-        try:
-            yield conn
-        finally:
-            conn.close()
+    def read_connection(self) -> duckdb.DuckDBPyConnection:
+        """A read-only connection to the lake, what an analyst opens (docs/storage.md); ``with``
+        closes it."""
+        return connect(self.lake, self._config(), read_only=True)
 
     def _config(self) -> DuckDBConfig:
         mine = self.local_folder / f"{PROCESS_DIR_PREFIX}{os.getpid()}"
@@ -283,7 +273,7 @@ class FieldSalesWarehouse(settings_resource("WarehouseSettings", *WAREHOUSE_SETT
             create_dirs=self.create_dirs,
             create=self.create_dirs,
         )
-        return export_snapshot(self.lake, target, self._config(), pause=lambda: pause_at("export"))
+        return export_snapshot(self.lake, target, self._config())
 
 
 def same_database_cursor(conn: duckdb.DuckDBPyConnection) -> duckdb.DuckDBPyConnection:
