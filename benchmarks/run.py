@@ -829,7 +829,7 @@ def _row(results: list[StepResult], scrub) -> str:
     notes = [r.note for r in ok if r.note][:1]
     extra = ok[0].m.extra
     if "startup_s" in extra:
-        notes.append(f"start-up to RUN_START ≈ {extra['startup_s']:.0f} s")
+        notes.append(f"start-up to RUN_START ≈ {extra['startup_s']:.1f} s")
     if extra.get("core_tables") is not None:
         notes.append(f"{extra['core_tables']} core tables")
     if extra.get("dlt_stages"):
