@@ -26,8 +26,11 @@ $(VENV)/.installed-test: pyproject.toml | $(BIN)/python
 	$(BIN)/python -m pip install --quiet -e '.[test]'
 	touch $@ $(VENV)/.installed
 
+# Two pytest processes (pytest-xdist): the suite's tests are independent (temporary folders,
+# ephemeral ports), and two workers keep both cores busy while one waits on a subprocess.
+TEST_WORKERS ?= 2
 test: $(VENV)/.installed-test
-	$(BIN)/python -m pytest
+	$(BIN)/python -m pytest -n $(TEST_WORKERS)
 
 # Floor vs this project vs dlt on the same demo data (not part of the test suite).
 bench: $(BIN)/python
