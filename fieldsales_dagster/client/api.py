@@ -453,7 +453,7 @@ class FieldSalesAPI(settings_resource("ApiSettings", ApiSettings, but=("api_toke
         stats: ListStats | None = None,
         known: Container[int] = (),
     ) -> Page:
-        """One page of ``endpoint`` from ``skip``. A body whose ``hash`` is in ``known`` (one
+        """One page of ``endpoint`` from ``skip``. A body whose ``digest`` is in ``known`` (one
         already parsed) is not parsed again: its page has no items."""
         params = {"skip": skip, "limit": self.page_size, **dict(endpoint.params)}
         where = f"GET {endpoint.path} (skip={skip})"

@@ -99,7 +99,7 @@ class Page:
     keys: list[ItemKeys] | None = None
     #: Lone surrogate escapes replaced in the body (``ListStats.surrogates_replaced``).
     surrogates_replaced: int = 0
-    #: ``hash`` of the body as received (keyed per process: compared here, never stored). A body
+    #: ``digest`` of the body as received (keyed per process: compared here, never stored). A body
     #: in ``FetchPage``'s ``known`` was not split into items again.
     digest: int | None = None
     #: The items a page holds, where they were not split out (a re-read's known body).
@@ -442,7 +442,7 @@ class ListPass:
         #: A whole pass over the list, counted done in the progress line when it ends.
         self.whole = start == 0 and stop is None and known is None
         #: A digest of each item kept, ``(id, content)`` as received (``item_digests``), and the
-        #: bodies parsed, by ``hash``: 8 bytes per item twice, no per-id object.
+        #: bodies parsed, by ``digest``: 8 bytes per item twice, no per-id object.
         self.digests: array[int] = share.digests if share else array("q")
         self.bodies: dict[int, Body] | None = (
             share.bodies if share else {} if known is None else None
@@ -465,7 +465,7 @@ class Limits:
 
 
 #: Fetches one page: ``(endpoint, skip, stats, known)``, counting its requests and retries in
-#: ``stats``. A body whose ``hash`` is in ``known`` is not parsed: the page comes back with no
+#: ``stats``. A body whose ``digest`` is in ``known`` is not parsed: the page comes back with no
 #: items and its ``digest``.
 FetchPage = Callable[[ListEndpoint, int, ListStats, Container[int]], Page]
 
