@@ -104,7 +104,7 @@ class Page:
     digest: int | None = None
     #: The items a page holds, where they were not split out (a re-read's known body).
     count: int | None = None
-    #: Each kept item's ``item_digests``, where the pager admitted the page.
+    #: Each kept item's digest (``item_digests``), where the pager admitted the page.
     digests: array[int] | None = None
 
     @property
@@ -211,10 +211,10 @@ def item_digests(items: list[msgspec.Raw]) -> array[int]:
     return signed
 
 
-def _identity(keys: ItemKeys, item: msgspec.Raw) -> int:
-    """What tells items apart: the ``_id``, or the whole item where it has none."""
+def _identity(keys: ItemKeys, item_digest: int) -> int:
+    """What tells items apart: the ``_id``, or the whole item (its digest) where it has none."""
     item_id = id_text(keys[0])
-    return hash(("id", item_id)) if item_id is not None else digest(item)
+    return hash(("id", item_id)) if item_id is not None else item_digest
 
 
 # --- the strategy: pure -------------------------------------------------------------------------
@@ -566,10 +566,11 @@ class PageExecutor:
             return self._admit_known(lp, window, page, baseline)
         asked = page
         all_keys = item_keys(page.items, lp.decode)
+        digests = item_digests(page.items)
         overlap = min(window[0] - page.skip, page.n)
         if overlap:  # the page before's last item(s), asked again: the boundary check
             for offset in range(overlap):
-                self._edge(lp, page.skip + offset, all_keys[offset], page.items[offset])
+                self._edge(lp, page.skip + offset, all_keys[offset], digests[offset])
             if page.surrogates_replaced:  # counted once, with the page that keeps the item
                 again = sum(bytes(item).count(b"\\ufffd") for item in page.items[:overlap])
                 lp.stats.count(surrogates_replaced=-min(again, page.surrogates_replaced))
@@ -588,12 +589,12 @@ class PageExecutor:
         items = page.items[:keep]
         page_keys = cast("list[ItemKeys]", all_keys[overlap : overlap + keep])  # none is None
         self._check_items(lp, page, items, page_keys)
-        digests = item_digests(asked.items)
         if items:
-            self._edge(lp, page.skip + len(items) - 1, page_keys[-1], items[-1])
+            last = overlap + len(items) - 1
+            self._edge(lp, page.skip + len(items) - 1, page_keys[-1], digests[last])
             # The repeat check hashes the page as asked, its overlap included: a server that
             # ignores `skip` answers every window with the same ids as the first page.
-            answered = zip(all_keys, asked.items, strict=True)
+            answered = zip(all_keys, digests, strict=True)
             ids = [_identity(cast("ItemKeys", k), i) for k, i in answered]
             page_hash = hash(frozenset(ids[: overlap + keep]))
             self._repeats(lp, page, page_hash)
@@ -696,12 +697,12 @@ class PageExecutor:
             "max_item_mb above its size (and duckdb_memory_limit to 16 times max_item_mb)."
         )
 
-    def _edge(self, lp: ListPass, at: int, keys: ItemKeys | None, item: msgspec.Raw) -> None:
+    def _edge(self, lp: ListPass, at: int, keys: ItemKeys | None, item_digest: int) -> None:
         """Record the item a page held at ``at``, a window's edge; a different item there from
         another page of the pass means the list shifted between the two answers."""
         if keys is None:
             return  # a null item: refused with the page
-        seen = (_identity(keys, item), id_text(keys[0]) or "an item without _id")
+        seen = (_identity(keys, item_digest), id_text(keys[0]) or "an item without _id")
         other = lp.edges.setdefault(at, seen)
         if other[0] != seen[0]:
             lp.stats.shifts.append((at, other[1], seen[1]))
