@@ -45,6 +45,7 @@ from fieldsales_dagster.client.pager import (
     item_keys,
     key_decoder,
 )
+from fieldsales_dagster.heap import TRIM_EVERY_PAGES, release_free_memory
 from fieldsales_dagster.loading.deletions import record_deletions
 from fieldsales_dagster.loading.passes import ListPasses, ListResult
 from fieldsales_dagster.pause import pause_at
@@ -206,6 +207,7 @@ class StagingWriter:
         self.decode = key_decoder(endpoint)
         self.loaded_at = loaded_at.replace(tzinfo=None)
         self.items_written = 0
+        self.pages_written = 0
         self.rows_inserted = 0
         self._batches: queue.Queue[pa.RecordBatch | None] = queue.Queue(maxsize=QUEUED_PAGES)
         self._error: BaseException | None = None
@@ -264,6 +266,9 @@ class StagingWriter:
             ) from None
         self._batches.put(batch)
         self.items_written += page.n
+        self.pages_written += 1
+        if self.pages_written % TRIM_EVERY_PAGES == 0:
+            release_free_memory()
 
     def finish(self) -> None:
         """End the stream and wait for the insert; raises its error."""

@@ -20,6 +20,7 @@ import dagster as dg
 import duckdb
 from pydantic import Field, PrivateAttr, field_validator, model_validator
 
+from fieldsales_dagster.heap import release_free_memory
 from fieldsales_dagster.paths import check_file_setting
 from fieldsales_dagster.settings import (
     SETTINGS,
@@ -237,7 +238,11 @@ class FieldSalesWarehouse(settings_resource("WarehouseSettings", *WAREHOUSE_SETT
         return run_transaction(conn, table, write_and_record)
 
     def get_connection(self) -> duckdb.DuckDBPyConnection:
-        """A read-write connection whose current database is the lake; ``with`` closes it."""
+        """A read-write connection whose current database is the lake; ``with`` closes it.
+
+        Each step opens one: the heap's free pages, what the steps before freed, go back to the
+        system first (``release_free_memory``)."""
+        release_free_memory()
         if self.local_folder not in _CLEANED:
             if removed := remove_dead_processes_files(self.local_folder):
                 dg.get_dagster_logger().info(f"Removed what killed runs left: {', '.join(removed)}")
