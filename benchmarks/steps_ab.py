@@ -15,6 +15,12 @@ several settings in one interleaved run (the memory-limit curve, ``benchmarks/RE
     python -m benchmarks.steps_ab 1000000 1 \
         192MB=.@FIELDSALES_DUCKDB_MEMORY_LIMIT=192MB 2GB=.@FIELDSALES_DUCKDB_MEMORY_LIMIT=2GB
 
+A value's ``{run}`` is the run's own folder: a revision from before the lake (dfc037d) stores
+into a single DuckDB file, which must be new for each run as the lake is:
+
+    python -m benchmarks.steps_ab 1000000 2 \
+        dfc037d=../dfc@FIELDSALES_DUCKDB_PATH={run}/fieldsales.duckdb final=.
+
 ``--profile heavy`` serves the demo API's heavy profile instead of the default one;
 ``--select raw_events,raw_transactions`` runs those assets instead of every one (``*``), in
 Dagster's selection syntax, to look at one step's CPU and peak RSS alone.
@@ -86,7 +92,8 @@ def main(argv: list[str]) -> int:
                     "FIELDSALES_DUCKLAKE_CATALOG": f"sqlite:{where}/lake.sqlite",
                     "FIELDSALES_DUCKLAKE_DATA_PATH": str(where / "lake"),
                     "FIELDSALES_TOKEN_STORE": str(where / "token.json"),
-                    **extra_env[name],
+                    # ``{run}`` in a side's value: this run's folder (a file of its own per run).
+                    **{k: v.replace("{run}", str(where)) for k, v in extra_env[name].items()},
                 }
                 _home(tree, where / "home", env)
                 argv_run = [str(BIN / "dagster"), "asset", "materialize", "-m"]
