@@ -81,6 +81,17 @@ def error_chain(exc: BaseException) -> str:
     return "\n".join(str(each) for each in seen)
 
 
+def load_failure(monkeypatch, **env: str) -> str:
+    """``error_chain`` of loading the project's definitions with ``env`` set: the load must fail."""
+    import pytest
+
+    for variable, value in env.items():
+        monkeypatch.setenv(variable, value)
+    with pytest.raises(Exception) as failure:
+        load_project_defs()
+    return error_chain(failure.value)
+
+
 def write_project(root: Path, instances: dict[str, str]) -> Path:
     """A dg project of its own at ``root`` whose ``defs/`` holds one folder per instance.
 

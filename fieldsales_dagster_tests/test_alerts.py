@@ -24,7 +24,7 @@ from fieldsales_dagster.automation.alerts import (
 from fieldsales_dagster.names import InstanceNames
 from fieldsales_dagster.settings import AlertsSettings
 from fieldsales_dagster.token.secret import MASK
-from fieldsales_dagster_tests.project import load_project_defs
+from fieldsales_dagster_tests.project import load_failure, load_project_defs
 
 WEBHOOK_PATH = "/services/T0001/B0002/webhook-secret-part-0123456789"
 UI = "http://dagster.example:3000"
@@ -359,11 +359,6 @@ def test_no_secret_the_instance_knows_is_ever_in_a_message(
 
 
 def test_bad_alert_settings_fail_the_load_naming_setting_and_variable(demo_env, monkeypatch):
-    from fieldsales_dagster_tests.project import error_chain
-
-    monkeypatch.setenv("FIELDSALES_ALERT_EMAIL_TO", "data-team")
-    with pytest.raises(Exception) as failure:
-        load_project_defs()
-    message = error_chain(failure.value)
+    message = load_failure(monkeypatch, FIELDSALES_ALERT_EMAIL_TO="data-team")
     assert "alerts.email_to (from FIELDSALES_ALERT_EMAIL_TO) is invalid" in message
     assert "e-mail addresses separated by commas" in message

@@ -16,6 +16,7 @@ from fieldsales_dagster_tests.conftest import lake_paths, read_lake
 from fieldsales_dagster_tests.namespaces import private_tmpfs
 from fieldsales_dagster_tests.project import (
     error_chain,
+    load_failure,
     load_project,
     load_project_defs,
     write_project,
@@ -32,14 +33,6 @@ BIN = Path(sys.executable).parent
 def project_env(monkeypatch):
     monkeypatch.setenv("FIELDSALES_BASE_URL", "http://127.0.0.1:9")
     monkeypatch.setenv("FIELDSALES_API_TOKEN", "component-test-token")
-
-
-def load_failure(monkeypatch, **env: str) -> str:
-    for variable, value in env.items():
-        monkeypatch.setenv(variable, value)
-    with pytest.raises(Exception) as failure:
-        load_project_defs()
-    return error_chain(failure.value)
 
 
 def test_environment_variables_reach_every_setting(project_env, monkeypatch, tmp_path):

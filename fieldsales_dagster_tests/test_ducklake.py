@@ -34,7 +34,7 @@ from fieldsales_dagster_tests.postgres import Postgres, running_postgres
 from fieldsales_dagster_tests.project import (
     DEFAULT,
     core_assets,
-    error_chain,
+    load_failure,
     load_project_defs,
     mart_assets,
     raw_assets,
@@ -355,10 +355,7 @@ def test_the_lake_is_set_from_the_environment_alone(project_env, monkeypatch, tm
 def test_a_catalog_the_project_cannot_open_fails_the_load_naming_the_variable(
     project_env, monkeypatch, catalog
 ):
-    monkeypatch.setenv("FIELDSALES_DUCKLAKE_CATALOG", catalog)
-    with pytest.raises(Exception) as failure:
-        load_project_defs()
-    message = error_chain(failure.value)
+    message = load_failure(monkeypatch, FIELDSALES_DUCKLAKE_CATALOG=catalog)
     assert "storage.ducklake_catalog (from FIELDSALES_DUCKLAKE_CATALOG) is invalid" in message
     assert "neither sqlite:<file>" in message and "postgres:dbname=" in message
 
@@ -366,10 +363,7 @@ def test_a_catalog_the_project_cannot_open_fails_the_load_naming_the_variable(
 def test_the_storage_setting_of_an_earlier_release_file_is_refused_ducklake_accepted(
     project_env, monkeypatch
 ):
-    monkeypatch.setenv("FIELDSALES_STORAGE", "file")
-    with pytest.raises(Exception) as failure:
-        load_project_defs()
-    message = error_chain(failure.value)
+    message = load_failure(monkeypatch, FIELDSALES_STORAGE="file")
     assert "storage.engine (from FIELDSALES_STORAGE) is invalid: it was retired" in message
     assert "unset FIELDSALES_STORAGE" in message and "docs/storage.md" in message
     monkeypatch.setenv("FIELDSALES_STORAGE", "ducklake")

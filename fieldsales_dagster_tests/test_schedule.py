@@ -6,7 +6,7 @@ import dagster as dg
 import pytest
 
 from fieldsales_dagster.names import REFRESH_TAG
-from fieldsales_dagster_tests.project import error_chain, load_project_defs
+from fieldsales_dagster_tests.project import load_failure, load_project_defs
 
 
 @pytest.fixture
@@ -91,10 +91,7 @@ def test_cron_and_timezone_come_from_the_environment(project_env, monkeypatch):
 
 
 def test_unknown_timezone_fails_the_load_naming_setting_and_variable(project_env, monkeypatch):
-    monkeypatch.setenv("FIELDSALES_SCHEDULE_TIMEZONE", "Mars/Olympus_Mons")
-    with pytest.raises(Exception) as failure:
-        load_project_defs()
-    message = error_chain(failure.value)
+    message = load_failure(monkeypatch, FIELDSALES_SCHEDULE_TIMEZONE="Mars/Olympus_Mons")
     assert "refresh.schedule_timezone (from FIELDSALES_SCHEDULE_TIMEZONE) is invalid" in message
     assert "'Mars/Olympus_Mons'" in message
     assert "IANA time zone such as UTC" in message
@@ -102,10 +99,7 @@ def test_unknown_timezone_fails_the_load_naming_setting_and_variable(project_env
 
 @pytest.mark.parametrize("cron", ["0 25 * * *", "every day", "0 5 * *"])
 def test_invalid_cron_fails_the_load_naming_setting_and_variable(project_env, monkeypatch, cron):
-    monkeypatch.setenv("FIELDSALES_SCHEDULE_CRON", cron)
-    with pytest.raises(Exception) as failure:
-        load_project_defs()
-    message = error_chain(failure.value)
+    message = load_failure(monkeypatch, FIELDSALES_SCHEDULE_CRON=cron)
     assert (
         "refresh.schedule_cron (from FIELDSALES_SCHEDULE_CRON) is invalid: it is not a cron"
         in message

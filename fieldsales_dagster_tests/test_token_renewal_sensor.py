@@ -29,7 +29,7 @@ from fieldsales_dagster.names import InstanceNames
 from fieldsales_dagster.settings import SETTINGS
 from fieldsales_dagster.token.renewal import RENEWAL_OFF, RenewalPolicy, TokenRenewalError
 from fieldsales_dagster.token.store import TokenStore, TokenStoreError
-from fieldsales_dagster_tests.project import load_project_defs
+from fieldsales_dagster_tests.project import load_failure, load_project_defs
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
 #: The component's default threshold (45 days).
@@ -157,14 +157,9 @@ def test_threshold_comes_from_the_environment_through_the_component(server, monk
 
 def test_threshold_outside_the_token_lifetime_is_refused(server, monkeypatch):
     """The setting checks the range (RenewalPolicy takes what the setting let through)."""
-    from fieldsales_dagster_tests.project import error_chain
-
     monkeypatch.setenv("FIELDSALES_BASE_URL", server.base_url)
     monkeypatch.setenv("FIELDSALES_API_TOKEN", server.token)
-    monkeypatch.setenv("FIELDSALES_TOKEN_RENEW_AFTER_DAYS", "61")
-    with pytest.raises(Exception) as failure:
-        load_project_defs()
-    message = error_chain(failure.value)
+    message = load_failure(monkeypatch, FIELDSALES_TOKEN_RENEW_AFTER_DAYS="61")
     assert "api.token_renew_after_days (from FIELDSALES_TOKEN_RENEW_AFTER_DAYS)" in message
     assert "above 0 and below 60 (the token's lifetime)" in message
 
