@@ -145,7 +145,8 @@ def share_decoded(
     """Bring the not-kept ``decoded`` up to date for this run's steps; returns what it did.
 
     Parsed once per run: the first step builds it whole (``"full"``) in the process's DuckDB
-    instance (``FieldSalesWarehouse.shared_table``: memory, spilled to the local temp_directory),
+    instance (``FieldSalesWarehouse.shared_table``: memory, compressed, spilled to the local
+    temp_directory),
     the run's other steps read it (``"current"``) while its raw table holds the same rows
     (``_fingerprint``); the run's end drops it (``drop_shared``). Outside a transaction: the
     lake's transaction may write one database only.
@@ -158,7 +159,7 @@ def share_decoded(
     with failing_as(decoded.table):
         warehouse.create_shared_schema(conn)
         conn.execute(f"CREATE OR REPLACE TABLE {shared} AS\n{decoded_query(decoded)}")
-    warehouse.shared_built(decoded.table, source)
+    warehouse.shared_built(conn, decoded.table, source)
     (rows,) = one_row(conn, f"SELECT count(*) FROM {shared}")
     return DecodeRefresh("full", rows)
 
