@@ -326,6 +326,19 @@ def test_a_run_against_a_wrong_url_records_no_tenant_and_the_right_url_then_writ
         assert "belongs to '127.0.0.1 (key_prefix -)'" in message
 
 
+def test_a_lake_connection_returns_freed_memory_from_a_thread_of_its_own(tmp_path):
+    (tmp_path / "lake").mkdir()
+    warehouse = FieldSalesWarehouse(
+        ducklake_catalog=f"sqlite:{tmp_path / 'catalog.sqlite'}",
+        ducklake_data_path=str(tmp_path / "lake"),
+    )
+    with warehouse.get_connection() as conn:
+        (background,) = conn.execute(
+            "SELECT current_setting('allocator_background_threads')"
+        ).fetchone()
+    assert background is True
+
+
 def test_a_lake_connection_loads_only_signed_extensions(tmp_path):
     """The extensions come from the pinned wheels, and DuckDB still checks their signatures: a
     file swapped under the wheels' folder is refused, not run with the lake's access."""
