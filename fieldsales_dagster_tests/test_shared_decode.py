@@ -82,26 +82,3 @@ def test_a_shared_decode_is_parsed_again_when_raw_events_changed(tmp_path):
     assert _shared_schemas(database) == []
     with warehouse.get_connection() as conn, pytest.raises(duckdb.CatalogException):
         conn.execute(f"SELECT * FROM {shared}")
-
-
-def test_a_shared_decode_is_kept_compressed(tmp_path):
-    # An in-memory table stays uncompressed until a checkpoint: the shared decode is checkpointed
-    # as it is built, so the run's steps hold it compressed (a quarter of its size at 1M).
-    database = tmp_path / "t.duckdb"
-    p.write_raw_tables(database, events=[p.event(f"e{i:05d}") for i in range(3000)])
-    warehouse = lake_at(database, threads=2)
-    with warehouse.get_connection() as conn:
-        assert share_decoded(conn, warehouse, EVENTS_DECODED).parsed == 3000
-        shared = warehouse.shared_table(EVENTS_DECODED.table)
-        # Built in parts (SHARED_DECODE_PARTS), each row in exactly one.
-        assert conn.execute(f"SELECT count(DISTINCT id) FROM {shared}").fetchall() == [(3000,)]
-        compression = dict(
-            conn.execute(
-                "SELECT compression, count(*) FROM pragma_storage_info(?) "
-                "WHERE segment_type <> 'VALIDITY' GROUP BY ALL",
-                [shared],
-            ).fetchall()
-        )
-    warehouse.drop_shared()
-    assert compression, "no segment found for the shared decode"
-    assert "Uncompressed" not in compression, compression

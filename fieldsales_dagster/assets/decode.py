@@ -139,35 +139,25 @@ def build_decoded(conn: duckdb.DuckDBPyConnection, decoded: Decoded) -> DecodeRe
     return DecodeRefresh("full", rows)
 
 
-#: Parts a shared decode is built in, by a hash of the row's id: each part is compressed
-#: (``compress_shared``) before the next is parsed, so the table is never whole and uncompressed
-#: in memory beside the parser's. One more scan of the raw table per part.
-SHARED_DECODE_PARTS = 2
-
-
 def share_decoded(
     conn: duckdb.DuckDBPyConnection, warehouse: FieldSalesWarehouse, decoded: Decoded
 ) -> DecodeRefresh:
     """Bring the not-kept ``decoded`` up to date for this run's steps; returns what it did.
 
     Parsed once per run: the first step builds it whole (``"full"``) in the process's DuckDB
-    instance (``FieldSalesWarehouse.shared_table``: memory, compressed, spilled to the local
-    temp_directory), in ``SHARED_DECODE_PARTS`` parts, the run's other steps read it
-    (``"current"``) while its raw table holds the same rows (``_fingerprint``); the run's end
-    drops it (``drop_shared``). Outside a transaction: the lake's transaction may write one
-    database only.
+    instance (``FieldSalesWarehouse.shared_table``: memory, spilled to the local temp_directory),
+    the run's other steps read it (``"current"``) while its raw table holds the same rows
+    (``_fingerprint``); the run's end drops it (``drop_shared``). Outside a transaction: the
+    lake's transaction may write one database only.
     """
     source = _fingerprint(conn, decoded.source)
     if source is not None and warehouse.shared_source(decoded.table) == source:
         return DecodeRefresh("current", 0)
     shared = warehouse.shared_table(decoded.table)
+    _define_rows_to_decode(conn, decoded)
     with failing_as(decoded.table):
         warehouse.create_shared_schema(conn)
-        for part in range(SHARED_DECODE_PARTS):
-            _define_rows_to_decode(conn, decoded, part=(part, SHARED_DECODE_PARTS))
-            write = f"CREATE OR REPLACE TABLE {shared} AS" if part == 0 else f"INSERT INTO {shared}"
-            conn.execute(f"{write}\n{decoded_query(decoded)}")
-            warehouse.compress_shared(conn)
+        conn.execute(f"CREATE OR REPLACE TABLE {shared} AS\n{decoded_query(decoded)}")
     warehouse.shared_built(decoded.table, source)
     (rows,) = one_row(conn, f"SELECT count(*) FROM {shared}")
     return DecodeRefresh("full", rows)
@@ -236,19 +226,12 @@ def _layout_changed(conn: duckdb.DuckDBPyConnection, decoded: Decoded) -> bool:
 
 
 def _define_rows_to_decode(
-    conn: duckdb.DuckDBPyConnection,
-    decoded: Decoded,
-    rows: str = "",
-    part: tuple[int, int] = (0, 1),
+    conn: duckdb.DuckDBPyConnection, decoded: Decoded, rows: str = ""
 ) -> None:
     """``rows_to_decode()``, the rows a decode query parses: ``rows``, or all of the source (in
-    slices, to bound the parser's memory); of those, the ``part[0]``-th of ``part[1]`` parts by
-    a hash of the id."""
+    slices, to bound the parser's memory)."""
     rows = rows or f"SELECT * FROM {decoded.source.replace('.', '_')}_in_slices()"
     create_macros(conn, rows)
-    index, parts = part
-    if parts > 1:
-        rows = f"SELECT * FROM ({rows}) WHERE hash(id) % {parts} = {index}"
     conn.execute(f"CREATE OR REPLACE TEMP MACRO rows_to_decode() AS TABLE {rows}")
 
 

@@ -3,8 +3,7 @@
 -- core.dim_point_of_sale_history, core.event_status_history, core.custom_report_results).
 -- Pipeline-internal (not part of the contract); parsed once per run (core.py: share_decoded): the
 -- first of those tables' steps builds it as a table of the process's DuckDB instance (in memory,
--- compressed, spilled to its temp_directory; in two parts, see SHARED_DECODE_PARTS), the run's
--- other steps read it as a TEMP view temp.events_decoded,
+-- spilled to its temp_directory), the run's other steps read it as a TEMP view temp.events_decoded,
 -- and the run's end drops it. It holds personal values (names, emails, IPs) that core.* hashes or
 -- drops as the pii setting says, so it never outlives the run and is never written to the lake:
 -- as a lake table its Parquet files sat in the data path, and a failed step left them there

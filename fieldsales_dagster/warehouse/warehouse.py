@@ -207,13 +207,6 @@ class FieldSalesWarehouse(settings_resource("WarehouseSettings", *WAREHOUSE_SETT
             f"CREATE SCHEMA IF NOT EXISTS {SHARED_DATABASE}.{quote_ident(self._shared_schema)}"
         )
 
-    def compress_shared(self, conn: duckdb.DuckDBPyConnection) -> None:
-        """Compress what the run's shared tables hold so far: a table of an in-memory database
-        stays as it was written, uncompressed, until a checkpoint compresses it (dictionaries,
-        FSST, bit packing). At 1M demo transactions the shared event decode went from 77 to
-        about 20 MiB of the run's memory (docs/performance.md)."""
-        conn.execute(f"CHECKPOINT {SHARED_DATABASE}")
-
     def shared_built(self, name: str, source: object) -> None:
         """Record that the shared ``name`` was built from ``source`` (a fingerprint)."""
         self._shared[name] = source
