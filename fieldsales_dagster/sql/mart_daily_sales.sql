@@ -6,9 +6,9 @@
 -- under a NULL sale_date.
 --
 -- The transactions are summed per day, event and product before the join: the join and the
--- grouping then carry ~370k rows instead of 1M (1M demo transactions: ~20 MiB less memory at
--- its peak, the same CPU). The sums of DOUBLE columns are then added in another order; DuckDB's
--- parallel sum orders them differently from run to run anyway.
+-- grouping then carry ~370k rows instead of 1M (1M demo transactions, the query alone: ~20 MiB
+-- less memory at its peak, the same CPU). The sums of DOUBLE columns are then added in another
+-- order; DuckDB's parallel sum orders them differently from run to run anyway.
 WITH per_event_product AS (
     SELECT
         CAST(t.sale_time AS DATE) AS sale_date,
