@@ -1,5 +1,6 @@
 """The code location loads the way every Dagster entry point loads it, and importing is free."""
 
+import os
 import subprocess
 import sys
 
@@ -60,6 +61,34 @@ def test_demo_api_imports_none_of_the_pipeline():
     assert all(
         m == "fieldsales_dagster" or m.startswith("fieldsales_dagster.demo_api") for m in loaded
     )
+
+
+def test_loading_the_definitions_imports_no_sql_parser_and_no_http_client(tmp_path):
+    """What the CLI, each run and the UI pay before any work: sqlglot (parsing) only where a
+    query is not in the lineage cache, ``requests`` only where a request is sent."""
+    script = """
+import sys
+from fieldsales_dagster.definitions import defs
+defs().get_repository_def()
+loaded = {m.split(".")[0] for m in sys.modules}
+print(sorted(loaded & {"sqlglot", "requests", "charset_normalizer"}))
+"""
+    env = {
+        **os.environ,
+        "XDG_CACHE_HOME": str(tmp_path),  # a cache of its own: the first load parses
+        "FIELDSALES_BASE_URL": "http://127.0.0.1:9",
+        "FIELDSALES_API_TOKEN": "definitions-test-token",
+    }
+
+    def load() -> list[str]:
+        run = subprocess.run(
+            [sys.executable, "-c", script], capture_output=True, text=True, env=env
+        )
+        assert run.returncode == 0, run.stderr[-2000:]
+        return eval(run.stdout.strip().splitlines()[-1])  # a list of module names
+
+    assert load() == ["sqlglot"]  # a cold cache: the queries are parsed, once per machine
+    assert load() == []
 
 
 def test_the_definitions_are_built_once_per_process_for_the_same_environment(monkeypatch):

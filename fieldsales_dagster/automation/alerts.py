@@ -21,7 +21,6 @@ from typing import Protocol
 from urllib.parse import urlsplit
 
 import dagster as dg
-import requests
 
 from fieldsales_dagster.names import InstanceNames
 from fieldsales_dagster.settings import AlertsSettings
@@ -149,6 +148,8 @@ def send_alert(
 
 
 def _post(url: str, text: str) -> None:
+    import requests  # here: its import is not part of the definitions' load
+
     response = requests.post(url, json={"text": text}, timeout=SEND_TIMEOUT_S)
     response.raise_for_status()
 

@@ -29,11 +29,10 @@ from __future__ import annotations
 import threading
 import time
 from collections.abc import Callable, Container
-from typing import cast
+from typing import TYPE_CHECKING, cast
 
 import dagster as dg
 import msgspec
-import requests
 import tenacity
 from pydantic import Field, PrivateAttr
 from urllib3.exceptions import InvalidHeader
@@ -50,11 +49,17 @@ from fieldsales_dagster.client.errors import (
     UnreachableError,
 )
 from fieldsales_dagster.client.pager import ListStats, Page, digest
-from fieldsales_dagster.client.transport import Answer, Limits, QueryParams, fetch, new_session
 from fieldsales_dagster.client.urls import Origin, origin_of, validate_base_url
 from fieldsales_dagster.settings import ApiSettings, settings_resource
 from fieldsales_dagster.token.secret import TokenFormatError, clean_token, mask_secrets
 from fieldsales_dagster.token.store import TokenStore
+
+if TYPE_CHECKING:
+    # Imported where a request is sent (``_session``, ``_get_once``): ``requests`` and its
+    # encodings (~70 ms) are not part of the definitions' load.
+    import requests
+
+    from fieldsales_dagster.client.transport import Answer, QueryParams
 
 #: Characters of a body quoted in an error, after the token is masked.
 SNIPPET_CHARS = 200
@@ -165,6 +170,8 @@ class FieldSalesAPI(settings_resource("ApiSettings", ApiSettings, but=("api_toke
     def _session(self) -> requests.Session:
         session = getattr(self._local, "session", None)
         if session is None:
+            from fieldsales_dagster.client.transport import new_session
+
             session = new_session(self.origin)
             self._local.session = session
         return session
@@ -231,6 +238,8 @@ class FieldSalesAPI(settings_resource("ApiSettings", ApiSettings, but=("api_toke
         self, path: str, params: QueryParams | None, token: str, deadline_s: float
     ) -> Answer:
         """One GET; returns the 200 answer or raises ``TransientHTTPError``/an API error."""
+        from fieldsales_dagster.client.transport import Limits, fetch
+
         where = f"GET {path}" + (f" (skip={params['skip']})" if params and "skip" in params else "")
         origin = self.origin
         limits = Limits(
