@@ -339,6 +339,78 @@ def test_a_lake_connection_returns_freed_memory_from_a_thread_of_its_own(tmp_pat
     assert background is True
 
 
+def test_each_step_s_connection_starts_with_the_pool_emptied_of_what_earlier_steps_cached(
+    tmp_path,
+):
+    """What one step left in DuckDB's pool (here a table of an in-memory database, as the run's
+    shared event decode is) goes to the temp folder as the next step opens its connection: the
+    next step has the pool's whole limit, and the table reads back whole."""
+    (tmp_path / "lake").mkdir()
+    warehouse = FieldSalesWarehouse(
+        ducklake_catalog=f"sqlite:{tmp_path / 'catalog.sqlite'}",
+        ducklake_data_path=str(tmp_path / "lake"),
+        duckdb_memory_limit="128MB",
+    )
+    in_pool = (
+        "SELECT sum(memory_usage_bytes) // 2**20, sum(temporary_storage_bytes) // 2**20 "
+        "FROM duckdb_memory()"
+    )
+    with warehouse.get_connection() as conn:
+        conn.execute("ATTACH ':memory:' AS earlier_step")
+        conn.execute(
+            "CREATE TABLE earlier_step.kept AS SELECT i, md5(i::VARCHAR) || md5((i + 1)::VARCHAR) "
+            "AS text FROM range(600000) AS r(i)"
+        )
+        cached, _ = conn.execute(in_pool).fetchone()
+        limit = conn.execute("SELECT current_setting('memory_limit')").fetchone()[0]
+    assert cached >= 30  # MiB: the table, held in the pool after its query ended
+
+    with warehouse.get_connection() as conn:
+        held, spilled = conn.execute(in_pool).fetchone()
+        assert held <= 4
+        assert spilled >= cached // 2  # to the temp folder, to be read again
+        assert conn.execute("SELECT current_setting('memory_limit')").fetchone()[0] == limit
+        assert conn.execute(
+            "SELECT count(*), sum(length(text)) FROM earlier_step.kept"
+        ).fetchone() == (
+            600000,
+            600000 * 64,
+        )
+
+
+def test_emptying_the_pool_while_a_query_runs_leaves_that_query_whole():
+    """DuckDB refuses the lower limit while a query holds more than it (it cannot evict what a
+    running query pinned): the query finishes, and the limit is as it was."""
+    import threading
+
+    import duckdb
+
+    db = duckdb.connect(config={"memory_limit": "256MB", "threads": 2})
+    db.execute("ATTACH ':memory:' AS m")
+    db.execute("CREATE TABLE m.t AS SELECT md5(i::VARCHAR) AS s FROM range(2000000) AS r(i)")
+    outcome: list[object] = []
+
+    def sort() -> None:
+        try:
+            outcome.append(
+                db.cursor()
+                .execute("SELECT count(DISTINCT s) FROM (SELECT s FROM m.t ORDER BY s)")
+                .fetchone()
+            )
+        except duckdb.Error as exc:
+            outcome.append(exc)
+
+    running = threading.Thread(target=sort)
+    running.start()
+    unloads = 0
+    while running.is_alive() or not unloads:
+        lake_module.unload_cached(db.cursor(), "256MB")
+        unloads += 1
+    running.join()
+    assert outcome == [(2000000,)]
+    assert db.execute("SELECT current_setting('memory_limit')").fetchone() == ("244.1 MiB",)
+
+
 def test_a_lake_connection_loads_only_signed_extensions(tmp_path):
     """The extensions come from the pinned wheels, and DuckDB still checks their signatures: a
     file swapped under the wheels' folder is refused, not run with the lake's access."""

@@ -38,6 +38,7 @@ from fieldsales_dagster.warehouse.lake import (
     default_data_path,
     export_snapshot,
     run_transaction,
+    unload_cached,
     writer_connection,
 )
 from fieldsales_dagster.warehouse.lake import table_exists as table_exists  # its users' import
@@ -240,14 +241,17 @@ class FieldSalesWarehouse(settings_resource("WarehouseSettings", *WAREHOUSE_SETT
     def get_connection(self) -> duckdb.DuckDBPyConnection:
         """A read-write connection whose current database is the lake; ``with`` closes it.
 
-        Each step opens one: the heap's free pages, what the steps before freed, go back to the
-        system first (``release_free_memory``)."""
-        release_free_memory()
+        Each step opens one: DuckDB's pool drops what the steps before cached (``unload_cached``),
+        and the heap's free pages, what they freed, go back to the system
+        (``release_free_memory``)."""
         if self.local_folder not in _CLEANED:
             if removed := remove_dead_processes_files(self.local_folder):
                 dg.get_dagster_logger().info(f"Removed what killed runs left: {', '.join(removed)}")
             _CLEANED.add(self.local_folder)
-        return writer_connection(self.lake, self._config())
+        conn = writer_connection(self.lake, self._config())
+        unload_cached(conn, self.duckdb_memory_limit)
+        release_free_memory()
+        return conn
 
     def read_connection(self) -> duckdb.DuckDBPyConnection:
         """A read-only connection to the lake, what an analyst opens (docs/storage.md); ``with``
