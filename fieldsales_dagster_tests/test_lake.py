@@ -342,9 +342,10 @@ def test_a_lake_connection_returns_freed_memory_from_a_thread_of_its_own(tmp_pat
 def test_each_step_s_connection_starts_with_the_pool_emptied_of_what_earlier_steps_cached(
     tmp_path,
 ):
-    """What one step left in DuckDB's pool (here a table of an in-memory database, as the run's
-    shared event decode is) goes to the temp folder as the next step opens its connection: the
-    next step has the pool's whole limit, and the table reads back whole."""
+    """What one step left in DuckDB's pool (here tables of an in-memory database, as the run's
+    shared event decode is) goes to the temp folder as the next step opens its connection, once
+    it is more than a quarter of the limit: the next step has the pool's whole limit, and the
+    tables read back whole. Less than that stays, since loading it again costs more."""
     (tmp_path / "lake").mkdir()
     warehouse = FieldSalesWarehouse(
         ducklake_catalog=f"sqlite:{tmp_path / 'catalog.sqlite'}",
@@ -355,27 +356,33 @@ def test_each_step_s_connection_starts_with_the_pool_emptied_of_what_earlier_ste
         "SELECT sum(memory_usage_bytes) // 2**20, sum(temporary_storage_bytes) // 2**20 "
         "FROM duckdb_memory()"
     )
+    table = (
+        "CREATE TABLE earlier_step.{name} AS SELECT i, md5(i::VARCHAR) || md5((i + 1)::VARCHAR) "
+        "AS text FROM range({rows}) AS r(i)"
+    )
     with warehouse.get_connection() as conn:
         conn.execute("ATTACH ':memory:' AS earlier_step")
-        conn.execute(
-            "CREATE TABLE earlier_step.kept AS SELECT i, md5(i::VARCHAR) || md5((i + 1)::VARCHAR) "
-            "AS text FROM range(600000) AS r(i)"
-        )
-        cached, _ = conn.execute(in_pool).fetchone()
+        conn.execute(table.format(name="small", rows=150000))
+        small, _ = conn.execute(in_pool).fetchone()
         limit = conn.execute("SELECT current_setting('memory_limit')").fetchone()[0]
-    assert cached >= 30  # MiB: the table, held in the pool after its query ended
+    assert 8 <= small <= 24  # MiB: under a quarter of 128MB (30.5 MiB)
+
+    with warehouse.get_connection() as conn:
+        held, spilled = conn.execute(in_pool).fetchone()
+        assert (held, spilled) == (small, 0)  # kept: the next step reads it from memory
+        conn.execute(table.format(name="large", rows=450000))
+        cached, _ = conn.execute(in_pool).fetchone()
+    assert cached >= 40
 
     with warehouse.get_connection() as conn:
         held, spilled = conn.execute(in_pool).fetchone()
         assert held <= 4
         assert spilled >= cached // 2  # to the temp folder, to be read again
         assert conn.execute("SELECT current_setting('memory_limit')").fetchone()[0] == limit
-        assert conn.execute(
-            "SELECT count(*), sum(length(text)) FROM earlier_step.kept"
-        ).fetchone() == (
-            600000,
-            600000 * 64,
-        )
+        for name, rows in (("small", 150000), ("large", 450000)):
+            assert conn.execute(
+                f"SELECT count(*), sum(length(text)) FROM earlier_step.{name}"
+            ).fetchone() == (rows, rows * 64)
 
 
 def test_emptying_the_pool_while_a_query_runs_leaves_that_query_whole():
@@ -404,7 +411,7 @@ def test_emptying_the_pool_while_a_query_runs_leaves_that_query_whole():
     running.start()
     unloads = 0
     while running.is_alive() or not unloads:
-        lake_module.unload_cached(db.cursor(), "256MB")
+        lake_module.unload_cached(db.cursor(), "256MB", limit_bytes=0)  # whatever it holds
         unloads += 1
     running.join()
     assert outcome == [(2000000,)]

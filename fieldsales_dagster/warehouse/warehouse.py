@@ -27,6 +27,7 @@ from fieldsales_dagster.settings import (
     PiiSettings,
     RefreshSettings,
     StorageSettings,
+    memory_megabytes,
     settings_resource,
 )
 from fieldsales_dagster.warehouse.lake import (
@@ -249,7 +250,8 @@ class FieldSalesWarehouse(settings_resource("WarehouseSettings", *WAREHOUSE_SETT
                 dg.get_dagster_logger().info(f"Removed what killed runs left: {', '.join(removed)}")
             _CLEANED.add(self.local_folder)
         conn = writer_connection(self.lake, self._config())
-        unload_cached(conn, self.duckdb_memory_limit)
+        limit = self.duckdb_memory_limit
+        unload_cached(conn, limit, memory_megabytes(limit) * 1e6)
         release_free_memory()
         return conn
 
