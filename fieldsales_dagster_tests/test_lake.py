@@ -17,6 +17,7 @@ import pytest
 
 from fieldsales_dagster.assets.upkeep import build_upkeep_asset
 from fieldsales_dagster.demo_api import DemoConfig, DemoServer
+from fieldsales_dagster.heap import release_step_memory
 from fieldsales_dagster.warehouse import lake as lake_module
 from fieldsales_dagster.warehouse.lake import Lake, prepare
 from fieldsales_dagster.warehouse.warehouse import FieldSalesWarehouse
@@ -411,7 +412,7 @@ def test_emptying_the_pool_while_a_query_runs_leaves_that_query_whole():
     running.start()
     unloads = 0
     while running.is_alive() or not unloads:
-        lake_module.unload_cached(db.cursor(), "256MB", limit_bytes=0)  # whatever it holds
+        release_step_memory(db.cursor(), "256MB", limit_bytes=0)  # whatever it holds
         unloads += 1
     running.join()
     assert outcome == [(2000000,)]

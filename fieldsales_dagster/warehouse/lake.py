@@ -492,43 +492,6 @@ def writer_connection(lake: Lake, config: DuckDBConfig) -> duckdb.DuckDBPyConnec
     return cursor
 
 
-#: The memory limit that empties the buffer pool of what it can load again (``unload_cached``).
-UNLOAD_LIMIT = "1MB"
-#: The pool is emptied when what it holds passes this share of the limit: below it, loading the
-#: cache again costs more than it frees (at 88k transactions, ~1 s of CPU over a run's steps).
-UNLOAD_ABOVE_SHARE = 0.25
-
-
-def unload_cached(conn: duckdb.DuckDBPyConnection, memory_limit: str, limit_bytes: float) -> bool:
-    """Empty the instance's buffer pool of what it holds for queries that have ended, when that
-    is more than ``UNLOAD_ABOVE_SHARE`` of the limit (``memory_limit``, ``limit_bytes``); returns
-    whether it did.
-
-    Blocks of the lake's files, and of the run's in-memory tables (the shared event decode,
-    written to the temp folder), stay in the pool after the queries that used them: the next
-    query then has less of the limit before it spills, and the process's memory is what it needs
-    plus what was cached. At 1M demo transactions the transactions' decode found ~70 MiB of the
-    event decode there and the pool at its limit; with each step unloading first, the run's peak
-    RSS went from 630 to 582 MiB at the same CPU (docs/performance.md). What a later query reads
-    is loaded again from the files or the temp folder.
-
-    DuckDB evicts what it can when its limit is lowered; the limit is then set back. Called as a
-    step opens, when none of the process's queries runs (a run's steps run one at a time in its
-    process); if one does, DuckDB refuses the lower limit (it cannot evict what a running query
-    holds) and nothing changes.
-    """
-    (cached,) = one_row(conn, "SELECT coalesce(sum(memory_usage_bytes), 0) FROM duckdb_memory()")
-    if cached <= UNLOAD_ABOVE_SHARE * limit_bytes:
-        return False
-    try:
-        conn.execute(f"SET memory_limit = {sql_literal(UNLOAD_LIMIT)}")
-    except duckdb.OutOfMemoryException:
-        pass  # pinned by a query that runs: nothing to unload, or not now
-    finally:
-        conn.execute(f"SET memory_limit = {sql_literal(memory_limit)}")
-    return True
-
-
 def is_conflict(exc: BaseException) -> bool:
     """A commit that lost to another writer's: a DuckLake "Transaction conflict", or a SQLite
     catalog's "database is locked" (SQLite lets one process commit at a time)."""

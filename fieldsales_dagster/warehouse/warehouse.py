@@ -20,7 +20,7 @@ import dagster as dg
 import duckdb
 from pydantic import Field, PrivateAttr, field_validator, model_validator
 
-from fieldsales_dagster.heap import release_free_memory
+from fieldsales_dagster.heap import release_step_memory
 from fieldsales_dagster.paths import check_file_setting
 from fieldsales_dagster.settings import (
     SETTINGS,
@@ -39,7 +39,6 @@ from fieldsales_dagster.warehouse.lake import (
     default_data_path,
     export_snapshot,
     run_transaction,
-    unload_cached,
     writer_connection,
 )
 from fieldsales_dagster.warehouse.lake import table_exists as table_exists  # its users' import
@@ -242,17 +241,15 @@ class FieldSalesWarehouse(settings_resource("WarehouseSettings", *WAREHOUSE_SETT
     def get_connection(self) -> duckdb.DuckDBPyConnection:
         """A read-write connection whose current database is the lake; ``with`` closes it.
 
-        Each step opens one: DuckDB's pool drops what the steps before cached (``unload_cached``),
-        and the heap's free pages, what they freed, go back to the system
-        (``release_free_memory``)."""
+        Each step opens one, and first hands back what the steps before left
+        (``release_step_memory``)."""
         if self.local_folder not in _CLEANED:
             if removed := remove_dead_processes_files(self.local_folder):
                 dg.get_dagster_logger().info(f"Removed what killed runs left: {', '.join(removed)}")
             _CLEANED.add(self.local_folder)
         conn = writer_connection(self.lake, self._config())
         limit = self.duckdb_memory_limit
-        unload_cached(conn, limit, memory_megabytes(limit) * 1e6)
-        release_free_memory()
+        release_step_memory(conn, limit, memory_megabytes(limit) * 1e6)
         return conn
 
     def read_connection(self) -> duckdb.DuckDBPyConnection:
