@@ -230,7 +230,7 @@ def test_personal_columns_are_tagged_where_they_hold_names_emails_and_ips():
 
 def test_preview_leaves_out_personal_columns(built):
     preview = materialization_metadata(built, "core_users")["preview"].value
-    assert re.search(r"^\|\s*user_id\s*\|", preview, re.M)  # pandas pads markdown cells
+    assert re.search(r"^\|\s*user_id\s*\|", preview, re.M)
     assert "first_name" not in preview and "email" not in preview and "@example.com" not in preview
 
 

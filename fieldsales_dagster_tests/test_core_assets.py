@@ -6,7 +6,9 @@ import json
 import re
 
 import dagster as dg
+import duckdb
 
+from fieldsales_dagster.assets.metadata import PREVIEW_CELL_CHARS, markdown_preview
 from fieldsales_dagster.assets.tables import derived_tables
 from fieldsales_dagster_tests import core_payloads as p
 from fieldsales_dagster_tests.conftest import lake_at
@@ -39,10 +41,26 @@ def test_materialization_reports_schema_row_count_and_preview(tmp_path):
     columns = {c.name: c.type for c in metadata["dagster/column_schema"].value.columns}
     assert columns["invoice_ids"] == "VARCHAR[]"
     assert columns["total_value"] == "DOUBLE"
-    # A markdown table (pandas pads its cells): the header row, then the row.
+    # A markdown table: the header row, then the row.
     assert re.search(r"^\|\s*transaction_id\s*\|", metadata["preview"].value, re.M)
     assert re.search(r"^\|\s*t-1\s*\|", metadata["preview"].value, re.M)
     assert metadata["dagster/table_name"].value == "fieldsales.core.transactions"
+
+
+def test_preview_cells_stay_in_their_column_and_are_shortened():
+    with duckdb.connect() as conn:
+        conn.execute("CREATE TABLE t (id VARCHAR, note VARCHAR, amount DOUBLE, secret VARCHAR)")
+        conn.execute(
+            "INSERT INTO t VALUES ('a|b', 'line one' || chr(10) || 'line two', NULL, 's'), "
+            "('c', repeat('x', 60), 1.5, 's')"
+        )
+        preview = markdown_preview(conn, "main.t", hidden=("secret",))
+    assert preview.splitlines() == [
+        "| id | note | amount |",
+        "| --- | --- | --- |",
+        "| a\\|b | line one line two |  |",
+        f"| c | {'x' * (PREVIEW_CELL_CHARS - 1)}… | 1.5 |",
+    ]
 
 
 def test_failing_query_leaves_the_previous_table_intact(tmp_path):

@@ -24,20 +24,28 @@ def table_name(database: str, table: str) -> str:
 def markdown_preview(
     conn: duckdb.DuckDBPyConnection, table: str, hidden: tuple[str, ...] = ()
 ) -> str:
-    """The first rows of ``table`` as a markdown table (pandas), long cells shortened.
+    """The first rows of ``table`` as a markdown table, long cells shortened.
 
     ``hidden`` columns (personal data) are left out: run metadata is not the place for them.
     """
     exclude = f" EXCLUDE ({', '.join(quote_ident(c) for c in hidden)})" if hidden else ""
-    frame = conn.execute(f"SELECT *{exclude} FROM {qualified(table)} LIMIT {PREVIEW_ROWS}").df()
-    frame = frame.map(
-        lambda value: (
-            value
-            if value is None or len(str(value)) <= PREVIEW_CELL_CHARS
-            else str(value)[: PREVIEW_CELL_CHARS - 1] + "…"
-        )
+    cursor = conn.execute(f"SELECT *{exclude} FROM {qualified(table)} LIMIT {PREVIEW_ROWS}")
+    header = [_markdown_cell(column[0]) for column in cursor.description]
+    rows = [
+        [_markdown_cell(value, PREVIEW_CELL_CHARS) for value in row] for row in cursor.fetchall()
+    ]
+    return "\n".join(
+        "| " + " | ".join(cells) + " |" for cells in [header, ["---"] * len(header), *rows]
     )
-    return frame.to_markdown(index=False)
+
+
+def _markdown_cell(value: object, width: int | None = None) -> str:
+    """``value`` as one markdown table cell: one line, its pipes escaped, at most ``width``
+    characters (``None``: empty)."""
+    text = "" if value is None else " ".join(str(value).splitlines())
+    if width is not None and len(text) > width:
+        text = text[: width - 1] + "…"
+    return text.replace("|", "\\|")
 
 
 def table_metadata(
