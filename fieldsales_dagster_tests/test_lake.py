@@ -327,6 +327,25 @@ def test_a_run_against_a_wrong_url_records_no_tenant_and_the_right_url_then_writ
         assert "belongs to '127.0.0.1 (key_prefix -)'" in message
 
 
+def test_a_lake_moved_to_another_tenant_refuses_the_old_one_in_the_same_process(tmp_path):
+    """A process reads its tenant's record once; moving the lake (``move_tenant``) makes it
+    read again, so the tenant moved away from is refused at its next write."""
+    from fieldsales_dagster.warehouse.lake import move_tenant
+    from fieldsales_dagster_tests.conftest import make_warehouse
+
+    with DemoServer(DemoConfig(transactions=60, seed=3), host="127.0.0.1", port=0) as server:
+        old = make_warehouse(tmp_path, tenant="old.example.com (key_prefix -)")
+        assert refresh(server, tmp_path, old, assets=raw_assets()).success
+        assert refresh(server, tmp_path, old, assets=raw_assets()).success
+        new = make_warehouse(tmp_path, tenant="new.example.com (key_prefix -)")
+        assert move_tenant(new.lake) == "old.example.com (key_prefix -)"
+        refused = refresh(server, tmp_path, old, assets=raw_assets())
+        assert not refused.success
+        message = refused.get_step_failure_events()[0].step_failure_data.error.to_string()
+        assert "belongs to 'new.example.com (key_prefix -)'" in message
+        assert refresh(server, tmp_path, new, assets=raw_assets()).success
+
+
 def test_a_lake_connection_returns_freed_memory_from_a_thread_of_its_own(tmp_path):
     (tmp_path / "lake").mkdir()
     warehouse = FieldSalesWarehouse(

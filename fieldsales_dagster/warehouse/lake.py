@@ -81,6 +81,8 @@ T = TypeVar("T")
 
 #: Connections (by id) inside ``run_transaction``'s body.
 _IN_TRANSACTION: set[int] = set()
+#: Lakes this process has read its own tenant in (``check_tenant``): read once per process.
+_TENANT_READ: set[Lake] = set()
 
 
 class LakeError(RuntimeError):
@@ -378,10 +380,12 @@ def check_tenant(conn: duckdb.DuckDBPyConnection, lake: Lake, record: bool = Fal
     The record is written with the lake's first commit (``FieldSalesWarehouse.one_commit``),
     after the server answered: a run against a mistyped URL leaves no record that blocks the next.
     """
-    if lake.tenant is None:
+    if lake.tenant is None or lake in _TENANT_READ:
         return
     recorded = recorded_tenant(conn)
-    if recorded is None and record:
+    if recorded == lake.tenant:
+        _TENANT_READ.add(lake)  # a record changes only by move_tenant: one read per process
+    elif recorded is None and record:
         _write_tenant(conn, lake.tenant)
     elif recorded not in (None, lake.tenant):
         raise LakeError(
@@ -434,7 +438,9 @@ def move_tenant(lake: Lake) -> str | None:
                 _write_tenant(conn, tenant)
             return recorded
 
-        return run_transaction(conn, TENANT_TABLE, move)
+        moved_from = run_transaction(conn, TENANT_TABLE, move)
+    _TENANT_READ.clear()  # this process reads the record again
+    return moved_from
 
 
 #: Options of the lake, stored in its catalog: name -> (value set, value as the catalog stores
