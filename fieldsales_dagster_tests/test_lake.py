@@ -346,6 +346,29 @@ def test_a_lake_moved_to_another_tenant_refuses_the_old_one_in_the_same_process(
         assert refresh(server, tmp_path, new, assets=raw_assets()).success
 
 
+def test_asking_whether_a_table_exists_inside_a_write_leaves_the_write_whole(warehouse):
+    """``table_exists`` binds a query: an unknown schema or table answers False, and the lake's
+    open transaction still commits what it wrote."""
+    from fieldsales_dagster.warehouse.lake import run_transaction, table_exists
+
+    with warehouse.get_connection() as conn:
+        conn.execute("CREATE SCHEMA IF NOT EXISTS core")
+
+        def write() -> list[bool]:
+            conn.execute("CREATE TABLE core.written AS SELECT 1 AS x")
+            found = [
+                table_exists(conn, name)
+                for name in ("core.written", "core.missing", "nowhere.written")
+            ]
+            conn.execute("INSERT INTO core.written VALUES (2)")
+            return found
+
+        assert run_transaction(conn, "core.written", write) == [True, False, False]
+    with warehouse.read_connection() as conn:
+        assert conn.execute("SELECT x FROM core.written ORDER BY x").fetchall() == [(1,), (2,)]
+        assert table_exists(conn, "core.written") and not table_exists(conn, "core.missing")
+
+
 def test_a_lake_connection_returns_freed_memory_from_a_thread_of_its_own(tmp_path):
     (tmp_path / "lake").mkdir()
     warehouse = FieldSalesWarehouse(

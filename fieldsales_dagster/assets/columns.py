@@ -168,14 +168,11 @@ def described_columns(
     conn: duckdb.DuckDBPyConnection, table: str, doc: TableDoc, pii_policy: str
 ) -> list[tuple[str, str, str, bool]]:
     """``(name, type, description, pii)`` of ``table``'s columns as stored, notes appended."""
-    schema, _, name = table.partition(".")
-    rows = conn.execute(
-        "SELECT column_name, data_type FROM information_schema.columns "
-        "WHERE table_schema = ? AND table_name = ? ORDER BY ordinal_position",
-        [schema, name],
-    ).fetchall()
+    schema = table.partition(".")[0]
     out = []
-    for column_name, data_type in rows:
+    stored = conn.execute(f"SELECT * FROM {qualified(table)} LIMIT 0").description
+    for column_name, type_code, *_ in stored:
+        data_type = str(type_code)  # the type's name, as information_schema.columns gives it
         declared = doc.column(column_name)
         text = declared.description if declared else "(not described)"
         pii = bool(declared and declared.pii)
