@@ -461,6 +461,22 @@ def test_emptying_the_pool_while_a_query_runs_leaves_that_query_whole():
     assert db.execute("SELECT current_setting('memory_limit')").fetchone() == ("244.1 MiB",)
 
 
+def test_a_new_extension_folder_gets_the_catalogs_scanner_installed_once(tmp_path, monkeypatch):
+    """The scanner is installed into the user's extension folder by the first connection that
+    finds it missing; the next lake's connection loads it from there."""
+    from fieldsales_dagster_tests.conftest import make_warehouse
+
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
+    for name in ("first", "second"):
+        with make_warehouse(tmp_path, name).get_connection() as conn:
+            conn.execute("CREATE TABLE t AS SELECT 1 AS x")
+            assert conn.execute("SELECT x FROM t").fetchall() == [(1,)]
+        (installed,) = (tmp_path / "cache").rglob("sqlite_scanner.duckdb_extension")
+        if name == "first":
+            first_install = installed.stat().st_mtime_ns
+    assert installed.stat().st_mtime_ns == first_install
+
+
 def test_a_lake_connection_loads_only_signed_extensions(tmp_path):
     """The extensions come from the pinned wheels, and DuckDB still checks their signatures: a
     file swapped under the wheels' folder is refused, not run with the lake's access."""
