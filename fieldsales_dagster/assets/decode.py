@@ -27,7 +27,6 @@ from fieldsales_dagster.warehouse.warehouse import (
     FieldSalesWarehouse,
     replace_table,
     staging_table,
-    table_exists,
 )
 
 
@@ -94,11 +93,12 @@ def _fingerprint(conn: duckdb.DuckDBPyConnection, table: str) -> tuple | None:
     rows (ids and loads) its raw table holds when the two fingerprints are equal, and a raw table
     refreshed since differs in its count, its latest load or the hash.
     """
-    if not table_exists(conn, table):
+    try:  # one query: a missing table has no fingerprint
+        return conn.execute(
+            f"SELECT count(*), max(loaded_at), bit_xor(hash(id, loaded_at)) FROM {qualified(table)}"
+        ).fetchone()
+    except duckdb.CatalogException:
         return None
-    return conn.execute(
-        f"SELECT count(*), max(loaded_at), bit_xor(hash(id, loaded_at)) FROM {qualified(table)}"
-    ).fetchone()
 
 
 @dataclass(frozen=True)

@@ -396,8 +396,10 @@ def check_tenant(conn: duckdb.DuckDBPyConnection, lake: Lake, record: bool = Fal
 
 def recorded_tenant(conn: duckdb.DuckDBPyConnection) -> str | None:
     """The tenant the lake on ``conn`` (its current database) records, if any."""
-    exists = table_exists(conn, TENANT_TABLE)
-    row = conn.execute(f"SELECT tenant FROM {TENANT_TABLE}").fetchone() if exists else None
+    try:  # one query: a missing table is no record (and leaves an open transaction whole)
+        row = conn.execute(f"SELECT tenant FROM {TENANT_TABLE}").fetchone()
+    except duckdb.CatalogException:
+        return None
     return None if row is None else str(row[0])
 
 
