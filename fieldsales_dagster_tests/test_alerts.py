@@ -113,13 +113,28 @@ def instance(tmp_path):
         yield instance
 
 
-def settings_to(monkeypatch, webhook_url: str, smtp_port: int, **overrides) -> AlertSettings:
-    """Alerts to ``webhook_url`` (read from its variable, as deployed) and the SMTP port."""
+def settings_to(
+    monkeypatch, webhook_url: str, smtp_port: int, ui: str = UI, **overrides
+) -> AlertSettings:
+    """Alerts to ``webhook_url`` (read from its variable, as deployed) and the SMTP port, linking
+    to runs in the UI at ``ui``."""
     monkeypatch.setenv("FIELDSALES_ALERT_WEBHOOK_URL", webhook_url)
     alerts = AlertsSettings(
-        email_to="data@example.com", smtp_host="127.0.0.1", smtp_port=smtp_port, ui_base_url=UI
+        email_to="data@example.com", smtp_host="127.0.0.1", smtp_port=smtp_port, ui_base_url=ui
     )
     return AlertSettings(tenant=overrides.pop("tenant", "default"), alerts=alerts, **overrides)
+
+
+def core_events_sensors(monkeypatch, receiver, mailbox) -> list[dg.SensorDefinition]:
+    """The default tenant's two alert sensors, owning ``core_events``, to receiver and mailbox."""
+    return list(
+        build_alert_sensors(
+            InstanceNames(),
+            settings_to(monkeypatch, receiver.url, mailbox.port),
+            job_names=["refresh_all"],
+            asset_keys=[dg.AssetKey("core_events")],
+        )
+    )
 
 
 # --- off by default -----------------------------------------------------------------------------
@@ -153,10 +168,9 @@ def failed_refresh(instance: dg.DagsterInstance, demo_server) -> tuple[dg.Defini
     return defs, result
 
 
-def evaluate_failure_sensor(defs, instance, result, name="run_failure_alert_sensor"):
-    sensor = defs.get_sensor_def(name)
+def evaluate_failure_sensor(sensor, instance, result):
     context = dg.build_run_status_sensor_context(
-        sensor_name=name,
+        sensor_name=sensor.name,
         dagster_event=result.get_run_failure_event(),
         dagster_instance=instance,
         dagster_run=instance.get_run_by_id(result.run_id),
@@ -169,7 +183,7 @@ def test_a_failed_refresh_is_posted_and_mailed_with_tenant_asset_cause_and_run_l
 ):
     token = demo_env.token
     defs, result = failed_refresh(instance, demo_env)
-    evaluate_failure_sensor(defs, instance, result)
+    evaluate_failure_sensor(defs.get_sensor_def("run_failure_alert_sensor"), instance, result)
 
     (posted,) = receiver.received
     text = posted["text"]
@@ -203,15 +217,33 @@ def test_a_run_of_another_tenant_is_not_alerted(
         job_names=["acme_refresh_all"],
         asset_keys=[dg.AssetKey(["acme", "raw_events"])],
     )[0]
-    context = dg.build_run_status_sensor_context(
-        sensor_name=other.name,
-        dagster_event=result.get_run_failure_event(),
-        dagster_instance=instance,
-        dagster_run=instance.get_run_by_id(result.run_id),
-    ).for_run_failure()
-    skipped = other(context)
+    skipped = evaluate_failure_sensor(other, instance, result)
     assert isinstance(skipped, dg.SkipReason) and "not a run of acme" in skipped.skip_message
     assert receiver.received == [] and mailbox.messages == []
+
+
+def test_a_failed_run_of_assets_names_them_not_dagsters_hidden_job(
+    receiver, mailbox, instance, monkeypatch
+):
+    """Launched for assets (``dg launch --assets``, the UI's Materialize), a run's job is one
+    Dagster hides: the alert names the assets, the failed step and its error's first line."""
+
+    @dg.asset(key="core_events")
+    def core_events() -> None:
+        raise RuntimeError("Building core.events failed; the previous one is kept.\nDetails...")
+
+    result = dg.materialize([core_events], instance=instance, raise_on_error=False)
+    assert result.dagster_run.job_name.startswith("__")
+    evaluate_failure_sensor(
+        core_events_sensors(monkeypatch, receiver, mailbox)[0], instance, result
+    )
+    (posted,) = receiver.received
+    assert posted["text"].splitlines() == [
+        "Field-Sales [default]: run of core_events failed",
+        "Failed: core_events",
+        "Cause: RuntimeError: Building core.events failed; the previous one is kept.",
+        f"Run: {UI}/runs/{result.run_id}",
+    ]
 
 
 # --- failed checks --------------------------------------------------------------------------
@@ -262,13 +294,9 @@ def test_a_failed_error_check_in_a_successful_run_is_alerted_and_a_warning_is_no
 ):
     result = dg.materialize(checked_assets(), instance=instance)
     assert result.success  # a failed check does not fail the run (dagster #29896)
-    sensors = build_alert_sensors(
-        InstanceNames(),
-        settings_to(monkeypatch, receiver.url, mailbox.port),
-        job_names=["refresh_all"],
-        asset_keys=[dg.AssetKey("core_events")],
+    evaluate_check_sensor(
+        core_events_sensors(monkeypatch, receiver, mailbox)[1], instance, result.run_id
     )
-    evaluate_check_sensor(sensors[1], instance, result.run_id)
     (posted,) = receiver.received
     assert posted["text"].splitlines() == [
         "Field-Sales [default]: check ids_unique failed (ERROR)",
@@ -311,7 +339,7 @@ def test_a_failed_token_renewal_is_alerted_without_the_token(
         instance=instance, raise_on_error=False
     )
     assert not result.success
-    evaluate_failure_sensor(defs, instance, result)
+    evaluate_failure_sensor(defs.get_sensor_def("run_failure_alert_sensor"), instance, result)
     (posted,) = receiver.received
     lines = posted["text"].splitlines()
     assert lines[0] == "Field-Sales [default]: run of renew_token failed"
@@ -356,6 +384,37 @@ def test_no_secret_the_instance_knows_is_ever_in_a_message(
         assert secret not in text
         assert secret not in mailbox.messages[0][1].as_string()
     assert MASK in text
+
+
+def test_the_webhook_key_is_masked_but_never_the_run_link_an_address_or_a_word(
+    receiver, mailbox, monkeypatch
+):
+    """The webhook and the UI share ``http://127.0.0.1:`` here (``https://`` and a domain in
+    production); the path's words (``services``) are plain words elsewhere."""
+    local_ui = f"http://127.0.0.1:{free_port()}"
+    settings = settings_to(monkeypatch, receiver.url, mailbox.port, ui=local_ui)
+    cause = f"POST {receiver.url} failed: the chat services answered 503"
+    send_alert(settings, Alert("default", "run of refresh_all failed", "x", cause, "6a1f-77"))
+    (posted,) = receiver.received
+    host = receiver.url.removesuffix(WEBHOOK_PATH)
+    assert posted["text"].splitlines()[2:] == [
+        f"Cause: POST {host}{MASK} failed: the chat services answered 503",
+        f"Run: {local_ui}/runs/6a1f-77",
+    ]
+
+
+def test_a_webhook_that_is_down_is_named_by_its_address_without_its_secret_parts(
+    monkeypatch, caplog
+):
+    port = free_port()
+    secrets = ("hook-password-42", "/hooks/abc123xyz", "key=query-secret-7")
+    down = f"http://user:{secrets[0]}@127.0.0.1:{port}{secrets[1]}?{secrets[2]}"
+    settings = settings_to(monkeypatch, down, free_port())
+    with caplog.at_level(logging.WARNING):
+        delivery = send_alert(settings, Alert("default", "run of refresh_all failed", "x", "y"))
+    webhook_failure, _ = delivery.failed
+    assert f"host='127.0.0.1', port={port}" in webhook_failure
+    assert not any(secret in record.getMessage() for secret in secrets for record in caplog.records)
 
 
 def test_bad_alert_settings_fail_the_load_naming_setting_and_variable(demo_env, monkeypatch):

@@ -3,9 +3,9 @@ check of ERROR severity, told to a webhook (Slack-compatible JSON) or by e-mail.
 
 Off unless ``alerts.webhook_url_env_var`` names a set variable or ``alerts.email_to`` is set. A
 failed check does not fail its run (dagster #29896), so a second sensor reads the check evaluations
-of successful runs. Every secret the tenant knows (API token, stored token, SMTP password, webhook
-URL, PII key, lake password) is masked before anything is sent or logged; a receiver that is down
-is logged and skipped: an alert never fails a run or a tick.
+of successful runs. Every secret the tenant knows (API token, stored token, SMTP password, the
+webhook URL's key, PII key, lake password) is masked in a cause before it is sent or logged; a
+receiver that is down is logged and skipped: an alert never fails a run or a tick.
 """
 
 from __future__ import annotations
@@ -24,7 +24,7 @@ import dagster as dg
 
 from fieldsales_dagster.names import InstanceNames
 from fieldsales_dagster.settings import AlertsSettings
-from fieldsales_dagster.token.secret import mask_secrets
+from fieldsales_dagster.token.secret import MASK, mask_secrets
 from fieldsales_dagster.token.store import TokenStore
 
 #: Seconds a receiver gets to answer: a sensor tick must not hang on it.
@@ -56,12 +56,9 @@ class AlertSettings:
         return bool(self.webhook_url or self.alerts.email_to)
 
     def secrets(self) -> list[str]:
-        """Every secret value a message must not carry, longest first."""
-        alerts = self.alerts
-        names = (*self.secret_env_vars, alerts.smtp_password_env_var, alerts.webhook_url_env_var)
+        """Every secret value a message must not carry, nor any long fragment of, longest first."""
+        names = (*self.secret_env_vars, self.alerts.smtp_password_env_var)
         values = [(os.environ.get(name) or "").strip() for name in names]
-        if self.webhook_url:  # a Slack webhook's path is its secret
-            values.append(urlsplit(self.webhook_url).path)
         if self.token_store_path:
             try:
                 stored = TokenStore(self.token_store_path).read()
@@ -71,7 +68,18 @@ class AlertSettings:
                 values.append(stored.token)
         return sorted({v for v in values if len(v) >= 4}, key=len, reverse=True)
 
+    def webhook_secrets(self) -> list[str]:
+        """The webhook URL's secret parts: its path and query (a Slack webhook's key) and its user
+        info, masked only whole. Not its scheme and host, nor fragments: a run link, a receiver's
+        address and plain words share those (``https://``, ``127.0.0.1:``, ``services``)."""
+        url = urlsplit(self.webhook_url or "")
+        parts = (url.path, url.query, url.netloc.rpartition("@")[0], url.password or "")
+        return sorted({part for part in parts if len(part) > 1}, key=len, reverse=True)
+
     def scrub(self, text: str) -> str:
+        """``text`` (a cause, an error: never the message's own lines) without any secret."""
+        for part in self.webhook_secrets():
+            text = text.replace(part, MASK)
         return mask_secrets(text, self.secrets())
 
 
@@ -89,13 +97,14 @@ class Alert:
         lines = [
             f"Field-Sales [{self.tenant}]: {self.headline}",
             f"{self.subject}",
-            f"Cause: {one_line(self.cause)}",
+            # Only the cause is scrubbed, whole, then cut: the other lines are the project's own.
+            f"Cause: {one_line(settings.scrub(self.cause))}",
         ]
         if self.run_id and (base := settings.alerts.ui_base_url):
             lines.append(f"Run: {base.rstrip('/')}/runs/{self.run_id}")
         elif self.run_id:
             lines.append(f"Run id: {self.run_id}")
-        return settings.scrub("\n".join(lines))
+        return "\n".join(lines)
 
 
 def one_line(text: str) -> str:
@@ -133,10 +142,10 @@ def send_alert(
                 if name == "webhook"
                 else "FIELDSALES_ALERT_SMTP_HOST/FIELDSALES_ALERT_SMTP_PORT"
             )
-            message = settings.scrub(
+            message = (
                 f"Field-Sales [{alert.tenant}]: the {name} alert ({alert.headline}) could not be "
-                f"sent: {type(exc).__name__}: {one_line(str(exc))}. The run is not affected; "
-                f"check {variable} and that the receiver is up."
+                f"sent: {type(exc).__name__}: {one_line(settings.scrub(str(exc)))}. The run is not "
+                f"affected; check {variable} and that the receiver is up."
             )
             logger.warning(message)
             if warn is not None:
@@ -173,6 +182,25 @@ def _mail(settings: AlertsSettings, text: str) -> None:
 # --- the sensors ------------------------------------------------------------------------------
 
 
+def run_assets(run: dg.DagsterRun, instance: dg.DagsterInstance) -> set[dg.AssetKey]:
+    """The assets a run was launched for (its checks' assets too); for a run of a whole job (or
+    of every asset), the assets it planned."""
+    selected = set(run.asset_selection or ()) | {
+        key.asset_key for key in (run.asset_check_selection or ())
+    }
+    if selected:
+        return selected
+    records = instance.get_records_for_run(
+        run.run_id, of_type=dg.DagsterEventType.ASSET_MATERIALIZATION_PLANNED
+    ).records
+    return {
+        record.event_log_entry.dagster_event.asset_key
+        for record in records
+        if record.event_log_entry.dagster_event is not None
+        and record.event_log_entry.dagster_event.asset_key is not None
+    }
+
+
 @dataclass(frozen=True)
 class Owned:
     """What makes a run this tenant's: one of its jobs, or any of its assets or checks."""
@@ -181,22 +209,7 @@ class Owned:
     asset_keys: frozenset[dg.AssetKey]
 
     def owns(self, run: dg.DagsterRun, instance: dg.DagsterInstance) -> bool:
-        if run.job_name in self.job_names:
-            return True
-        selected = set(run.asset_selection or ()) | {
-            key.asset_key for key in (run.asset_check_selection or ())
-        }
-        if not selected:  # a run of a whole job (of every asset): the assets it planned
-            records = instance.get_records_for_run(
-                run.run_id, of_type=dg.DagsterEventType.ASSET_MATERIALIZATION_PLANNED
-            ).records
-            selected = {
-                record.event_log_entry.dagster_event.asset_key
-                for record in records
-                if record.event_log_entry.dagster_event is not None
-                and record.event_log_entry.dagster_event.asset_key is not None
-            }
-        return bool(selected & self.asset_keys)
+        return run.job_name in self.job_names or bool(run_assets(run, instance) & self.asset_keys)
 
 
 class ErrorInfo(Protocol):
@@ -220,9 +233,19 @@ def root_cause(error: ErrorInfo) -> str:
     return name + first.split(name, 1)[-1] if name and name in first else first
 
 
+def launched(run: dg.DagsterRun, instance: dg.DagsterInstance, shown: int = 3) -> str:
+    """What a run ran, as its user knows it: its job, or its assets when its job is one Dagster
+    makes and hides (``__ASSET_JOB``: ``dg launch --assets``, the UI's Materialize, automation)."""
+    if not run.job_name.startswith("__"):
+        return run.job_name
+    names = sorted(key.to_user_string() for key in run_assets(run, instance))
+    more = f" and {len(names) - shown} more" if len(names) > shown else ""
+    return ", ".join(names[:shown]) + more if names else "assets"
+
+
 def run_failure_alert(context: dg.RunFailureSensorContext, tenant: str) -> Alert:
     """The alert for a failed run: its failed steps (assets), or the run's own failure."""
-    run = context.dagster_run
+    run, label = context.dagster_run, launched(context.dagster_run, context.instance)
     steps = [
         (event.step_key or "?", root_cause(error) if error else event.message or "")
         for event in context.get_step_failure_events()
@@ -232,9 +255,9 @@ def run_failure_alert(context: dg.RunFailureSensorContext, tenant: str) -> Alert
         subject = "Failed: " + ", ".join(step for step, _ in steps)
         cause = steps[0][1]
     else:
-        subject = f"Job: {run.job_name}"
+        subject = f"Failed: {label}"
         cause = context.failure_event.message or "the run failed"
-    return Alert(tenant, f"run of {run.job_name} failed", subject, cause, run.run_id)
+    return Alert(tenant, f"run of {label} failed", subject, cause, run.run_id)
 
 
 def _metadata_cause(metadata: Mapping[str, object]) -> str:
