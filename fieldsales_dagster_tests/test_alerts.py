@@ -6,10 +6,14 @@ from __future__ import annotations
 
 import json
 import logging
+import re
 import socket
+import subprocess
+import sys
 import threading
 from email import message_from_bytes, policy
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
 
 import dagster as dg
 import pytest
@@ -24,10 +28,14 @@ from fieldsales_dagster.automation.alerts import (
 from fieldsales_dagster.names import InstanceNames
 from fieldsales_dagster.settings import AlertsSettings
 from fieldsales_dagster.token.secret import MASK
+from fieldsales_dagster_tests.conftest import lake_paths
+from fieldsales_dagster_tests.processes import clean_env
 from fieldsales_dagster_tests.project import load_failure, load_project_defs
 
 WEBHOOK_PATH = "/services/T0001/B0002/webhook-secret-part-0123456789"
 UI = "http://dagster.example:3000"
+ROOT = Path(__file__).resolve().parents[1]
+BIN = Path(sys.executable).parent
 
 
 class Receiver:
@@ -244,6 +252,56 @@ def test_a_failed_run_of_assets_names_them_not_dagsters_hidden_job(
         "Cause: RuntimeError: Building core.events failed; the previous one is kept.",
         f"Run: {UI}/runs/{result.run_id}",
     ]
+
+
+def documented_message() -> str:
+    """The example message of docs/alerts.md ("The message")."""
+    page = (ROOT / "docs" / "alerts.md").read_text()
+    return re.search(r"## The message.*?```\n(.*?)```", page, re.S).group(1)
+
+
+def test_a_run_launched_with_dg_launch_is_alerted_once_as_the_docs_show(
+    demo_server, receiver, tmp_path
+):
+    """``dg launch`` runs in-process: its run has no origin in a code location. The sensor is
+    evaluated as the daemon evaluates it, through the code location (``dagster sensor preview``
+    from Dagster's cursor before every event), with the UI address the page shows."""
+    home = tmp_path / "dagster_home"
+    home.mkdir()
+    catalog, data_path = lake_paths(tmp_path)
+    env = clean_env(
+        DAGSTER_HOME=str(home),
+        FIELDSALES_BASE_URL=demo_server.base_url,
+        FIELDSALES_API_TOKEN="a-wrong-token-0123456789",
+        FIELDSALES_DUCKLAKE_CATALOG=catalog,
+        FIELDSALES_DUCKLAKE_DATA_PATH=data_path,
+        FIELDSALES_TOKEN_STORE=str(tmp_path / "token_store.json"),
+        FIELDSALES_ALERT_WEBHOOK_URL=receiver.url,
+        FIELDSALES_UI_BASE_URL="https://dagster.example.com",
+    )
+
+    def run(*argv: str) -> subprocess.CompletedProcess:
+        return subprocess.run(
+            [str(BIN / argv[0]), *argv[1:]],
+            cwd=ROOT,
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=300,
+        )
+
+    assert run("dg", "launch", "--assets", "raw_events").returncode != 0
+    with dg.DagsterInstance.from_config(str(home)) as instance:
+        (failed,) = instance.get_runs()
+    assert failed.status == dg.DagsterRunStatus.FAILURE and failed.remote_job_origin is None
+    cursor = '{"__class__": "RunStatusSensorCursor", "record_id": 0}'
+    preview = run("dagster", "sensor", "preview", "run_failure_alert_sensor", "--cursor", cursor)
+    assert preview.returncode == 0, preview.stderr[-2000:]
+    (posted,) = receiver.received
+    assert posted["text"] + "\n" == re.sub(
+        r"/runs/[0-9a-f-]{36}", f"/runs/{failed.run_id}", documented_message()
+    )
+    assert env["FIELDSALES_API_TOKEN"] not in posted["text"]
 
 
 # --- failed checks --------------------------------------------------------------------------

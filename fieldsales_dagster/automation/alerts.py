@@ -307,8 +307,12 @@ def build_alert_sensors(
         if on
     )
 
+    # Every code location's runs, told apart by ``owned``: Dagster matches a run to the sensor's
+    # location by the run's origin, which a run launched in-process (``dg launch``, ``dagster
+    # asset materialize``) does not have, so a location's sensor would never see it.
     @dg.run_failure_sensor(
         name=names.alert_sensor,
+        monitor_all_code_locations=True,
         default_status=dg.DefaultSensorStatus.RUNNING,
         minimum_interval_seconds=30,
         description=(
@@ -326,6 +330,7 @@ def build_alert_sensors(
     @dg.run_status_sensor(
         name=names.check_alert_sensor,
         run_status=dg.DagsterRunStatus.SUCCESS,
+        monitor_all_code_locations=True,
         default_status=dg.DefaultSensorStatus.RUNNING,
         minimum_interval_seconds=30,
         description=(
