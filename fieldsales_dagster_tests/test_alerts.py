@@ -475,6 +475,15 @@ def test_a_webhook_that_is_down_is_named_by_its_address_without_its_secret_parts
     assert not any(secret in record.getMessage() for secret in secrets for record in caplog.records)
 
 
+def test_the_deploy_guide_lists_every_alert_variable_for_the_processes_that_load_the_code():
+    from fieldsales_dagster_tests.test_deploy_guide import variables_for
+
+    variables = {each.variable or each.default for each in AlertsSettings.settings().values()}
+    assert len(variables) == 8
+    for process in ("webserver", "daemon", "code server"):
+        assert variables <= variables_for(process), process
+
+
 def test_bad_alert_settings_fail_the_load_naming_setting_and_variable(demo_env, monkeypatch):
     message = load_failure(monkeypatch, FIELDSALES_ALERT_EMAIL_TO="data-team")
     assert "alerts.email_to (from FIELDSALES_ALERT_EMAIL_TO) is invalid" in message
