@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import logging
+import os
 import re
 import socket
 import subprocess
@@ -254,6 +255,37 @@ def test_a_failed_run_of_assets_names_them_not_dagsters_hidden_job(
     ]
 
 
+def project_env(demo_server, tmp_path, **extra: str) -> dict[str, str]:
+    """The project's environment for a command of its own (``dg``, ``dagster``): the demo API, a
+    lake and a token store in ``tmp_path``, the venv's commands first on the PATH; and ``extra``."""
+    catalog, data_path = lake_paths(tmp_path)
+    project = {
+        "PATH": f"{BIN}{os.pathsep}{os.environ.get('PATH', '')}",
+        "FIELDSALES_BASE_URL": demo_server.base_url,
+        "FIELDSALES_API_TOKEN": demo_server.token,
+        "FIELDSALES_DUCKLAKE_CATALOG": catalog,
+        "FIELDSALES_DUCKLAKE_DATA_PATH": data_path,
+        "FIELDSALES_TOKEN_STORE": str(tmp_path / "token_store.json"),
+    }
+    return clean_env(**{**project, **extra})
+
+
+def in_project(argv: list[str], env: dict[str, str]) -> subprocess.CompletedProcess:
+    return subprocess.run(argv, cwd=ROOT, env=env, capture_output=True, text=True, timeout=300)
+
+
+def test_the_pages_commands_turn_the_alerts_on_and_list_them(demo_server, tmp_path):
+    """docs/alerts.md's commands as written, in one shell in the project's folder."""
+    page = (ROOT / "docs" / "alerts.md").read_text()
+    script = "".join(re.findall(r"```bash\n(.*?)```", page, re.S))
+    shell = in_project(
+        ["bash", "-euo", "pipefail", "-c", script], project_env(demo_server, tmp_path)
+    )
+    assert shell.returncode == 0, shell.stderr[-3000:]
+    listed = set(re.findall(r"\w+_alert_sensor", shell.stdout))
+    assert listed == {"run_failure_alert_sensor", "check_failure_alert_sensor"}
+
+
 def documented_message() -> str:
     """The example message of docs/alerts.md ("The message")."""
     page = (ROOT / "docs" / "alerts.md").read_text()
@@ -268,27 +300,17 @@ def test_a_run_launched_with_dg_launch_is_alerted_once_as_the_docs_show(
     from Dagster's cursor before every event), with the UI address the page shows."""
     home = tmp_path / "dagster_home"
     home.mkdir()
-    catalog, data_path = lake_paths(tmp_path)
-    env = clean_env(
+    env = project_env(
+        demo_server,
+        tmp_path,
         DAGSTER_HOME=str(home),
-        FIELDSALES_BASE_URL=demo_server.base_url,
         FIELDSALES_API_TOKEN="a-wrong-token-0123456789",
-        FIELDSALES_DUCKLAKE_CATALOG=catalog,
-        FIELDSALES_DUCKLAKE_DATA_PATH=data_path,
-        FIELDSALES_TOKEN_STORE=str(tmp_path / "token_store.json"),
         FIELDSALES_ALERT_WEBHOOK_URL=receiver.url,
         FIELDSALES_UI_BASE_URL="https://dagster.example.com",
     )
 
     def run(*argv: str) -> subprocess.CompletedProcess:
-        return subprocess.run(
-            [str(BIN / argv[0]), *argv[1:]],
-            cwd=ROOT,
-            env=env,
-            capture_output=True,
-            text=True,
-            timeout=300,
-        )
+        return in_project([str(BIN / argv[0]), *argv[1:]], env)
 
     assert run("dg", "launch", "--assets", "raw_events").returncode != 0
     with dg.DagsterInstance.from_config(str(home)) as instance:
