@@ -177,12 +177,13 @@ def failed_refresh(instance: dg.DagsterInstance, demo_server) -> tuple[dg.Defini
     return defs, result
 
 
-def evaluate_failure_sensor(sensor, instance, result):
+def evaluate_failure_sensor(sensor, instance, result=None, *, run_id=None, failure=None):
+    """``sensor`` on a failed run: an in-process ``result``'s, or ``run_id``'s ``failure``."""
     context = dg.build_run_status_sensor_context(
         sensor_name=sensor.name,
-        dagster_event=result.get_run_failure_event(),
+        dagster_event=failure or result.get_run_failure_event(),
         dagster_instance=instance,
-        dagster_run=instance.get_run_by_id(result.run_id),
+        dagster_run=instance.get_run_by_id(run_id or result.run_id),
     ).for_run_failure()
     return sensor(context)
 
@@ -290,6 +291,27 @@ def documented_message() -> str:
     """The example message of docs/alerts.md ("The message")."""
     page = (ROOT / "docs" / "alerts.md").read_text()
     return re.search(r"## The message.*?```\n(.*?)```", page, re.S).group(1)
+
+
+def test_a_run_marked_failed_with_no_failed_step_names_its_assets_and_why(
+    receiver, mailbox, instance, monkeypatch
+):
+    """A run whose worker died has no failed step: run monitoring marks it failed with a message;
+    the alert names what the run was for and that message."""
+    (core_events,) = checked_assets()
+    job = dg.Definitions(assets=[core_events]).resolve_implicit_global_asset_job_def()
+    run = instance.create_run_for_job(job, asset_selection={dg.AssetKey("core_events")})
+    why = f"Detected run worker status UNKNOWN. Marking run {run.run_id} as failed."
+    failure = instance.report_run_failed(run, why)
+    sensor = core_events_sensors(monkeypatch, receiver, mailbox)[0]
+    evaluate_failure_sensor(sensor, instance, run_id=run.run_id, failure=failure)
+    (posted,) = receiver.received
+    assert posted["text"].splitlines() == [
+        "Field-Sales [default]: run of core_events failed",
+        "Failed: core_events",
+        f"Cause: {why}",
+        f"Run: {UI}/runs/{run.run_id}",
+    ]
 
 
 def test_a_run_launched_with_dg_launch_is_alerted_once_as_the_docs_show(
