@@ -19,6 +19,7 @@ from pathlib import Path
 import dagster as dg
 import pytest
 from aiosmtpd.controller import Controller
+from aiosmtpd.smtp import AuthResult
 
 from fieldsales_dagster.automation.alerts import (
     Alert,
@@ -426,6 +427,37 @@ def test_a_receiver_that_is_down_is_logged_and_fails_nothing(instance, caplog, m
     assert any("the email alert" in w and "FIELDSALES_ALERT_SMTP_HOST" in w for w in warnings)
     assert all(WEBHOOK_PATH not in w for w in warnings)
     assert instance.get_run_by_id(result.run_id).status == dg.DagsterRunStatus.SUCCESS
+
+
+def test_a_refused_smtp_login_names_the_login_variables_not_the_host(monkeypatch, caplog):
+    """An SMTP server that wants a login refuses a wrong password: what to check is the login."""
+
+    def authenticate(server, session, envelope, mechanism, auth_data):
+        return AuthResult(success=False, handled=False)
+
+    controller = Controller(
+        Mailbox(),
+        hostname="127.0.0.1",
+        port=free_port(),
+        auth_require_tls=False,
+        authenticator=authenticate,
+    )
+    controller.start()
+    try:
+        monkeypatch.setenv("FIELDSALES_ALERT_SMTP_PASSWORD", "a-wrong-smtp-password")
+        alerts = AlertsSettings(
+            email_to="data@example.com",
+            smtp_host="127.0.0.1",
+            smtp_port=controller.port,
+            smtp_user="alerts",
+        )
+        delivery = send_alert(AlertSettings("default", alerts), Alert("default", "x", "y", "z"))
+    finally:
+        controller.stop()
+    (failure,) = delivery.failed
+    assert "SMTPAuthenticationError" in failure
+    assert "check FIELDSALES_ALERT_SMTP_USER and FIELDSALES_ALERT_SMTP_PASSWORD" in failure
+    assert "a-wrong-smtp-password" not in failure
 
 
 # --- token renewal --------------------------------------------------------------------------

@@ -137,15 +137,16 @@ def send_alert(
         try:
             send()
         except Exception as exc:
-            variable = (
-                settings.alerts.webhook_url_env_var
-                if name == "webhook"
-                else "FIELDSALES_ALERT_SMTP_HOST/FIELDSALES_ALERT_SMTP_PORT"
-            )
+            if isinstance(exc, smtplib.SMTPAuthenticationError):
+                what = f"FIELDSALES_ALERT_SMTP_USER and {settings.alerts.smtp_password_env_var}"
+            elif name == "webhook":
+                what = f"{settings.alerts.webhook_url_env_var} and that the receiver is up"
+            else:
+                what = "FIELDSALES_ALERT_SMTP_HOST/FIELDSALES_ALERT_SMTP_PORT and that it is up"
             message = (
                 f"Field-Sales [{alert.tenant}]: the {name} alert ({alert.headline}) could not be "
                 f"sent: {type(exc).__name__}: {one_line(settings.scrub(str(exc)))}. The run is not "
-                f"affected; check {variable} and that the receiver is up."
+                f"affected; check {what}."
             )
             logger.warning(message)
             if warn is not None:
