@@ -199,6 +199,19 @@ REFUSED = {
         "column 'note' holds a lone surrogate (half of a UTF-16 pair, e.g. a string cut "
         "mid-emoji) in row 1 and 1 more rows",
     ),
+    "lone surrogate in a category": (
+        pd.DataFrame({"note": pd.Series(["fine", "cut \ud83d"], dtype="category")}),
+        "column 'note' holds a lone surrogate (half of a UTF-16 pair, e.g. a string cut "
+        "mid-emoji) in row 1 and 0 more rows",
+    ),
+    "lone surrogate in a column's name": (
+        pd.DataFrame({"note \udc00": ["fine"]}),
+        "column 'note \\udc00' has a lone surrogate (half of a UTF-16 pair) in its name",
+    ),
+    "lone surrogate in an index's name": (
+        pd.DataFrame({"n": [1]}, index=pd.Index(["a"], name="key \ud800")),
+        "column 'key \\ud800' has a lone surrogate (half of a UTF-16 pair) in its name",
+    ),
     "no columns at all": (pd.DataFrame(), "the frame has no columns"),
 }
 

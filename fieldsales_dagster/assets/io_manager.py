@@ -17,8 +17,9 @@ of its store (one transaction, one snapshot).
 * What is stored is exactly what the frame holds, or nothing: an index
   becomes columns (a ``groupby`` result keeps its keys; only an unnamed integer index, pandas'
   row numbering, is left out), and a frame DuckDB would store otherwise (two columns of one name,
-  which it renames; an object column of mixed types, which it turns into text; a lone surrogate,
-  which breaks the database) fails the run naming the column and what to do.
+  which it renames; an object column of mixed types, which it turns into text; a lone surrogate
+  in a value, a category or a column's name, which DuckDB cannot take: in a value, it kills the
+  process, leaving a run with no failure event) fails the run naming the column and what to do.
 """
 
 from __future__ import annotations
@@ -126,6 +127,13 @@ def _columns_stored(frame: pd.DataFrame, table: str) -> pd.DataFrame:
         )
     seen: dict[str, int] = {}
     for position, column in enumerate(frame.columns):
+        if _SURROGATE.search(str(column)):  # DuckDB would fail naming no column
+            raise _refuse(
+                table,
+                column,
+                "has a lone surrogate (half of a UTF-16 pair) in its name, which UTF-8 cannot hold",
+                "Rename it, e.g. with df.columns = [...]",
+            )
         other = frame.columns[seen.setdefault(str(column).lower(), position)]
         if seen[str(column).lower()] != position:
             raise _refuse(
@@ -143,7 +151,7 @@ def _columns_stored(frame: pd.DataFrame, table: str) -> pd.DataFrame:
 def _values_stored(frame: pd.DataFrame, table: str) -> tuple[pd.DataFrame, dict[str, str]]:
     """``frame`` with numpy scalars as Python values, and the kind each object column holds
     (``check_stored`` holds the stored table to it); refused if a column holds several kinds, or
-    a string UTF-8 cannot hold."""
+    a string (a value or a category) UTF-8 cannot hold."""
     import numpy as np  # noqa: PLC0415
     import pandas as pd  # noqa: PLC0415
 
@@ -168,7 +176,7 @@ def _values_stored(frame: pd.DataFrame, table: str) -> tuple[pd.DataFrame, dict[
             if not kinds:  # no value to tell the type: text, as an empty object column is
                 frame = frame.astype({column: "string"})
             held[column] = kinds[0] if kinds else "str"
-        if values.dtype == object or isinstance(values.dtype, pd.StringDtype):
+        if values.dtype == object or isinstance(values.dtype, pd.StringDtype | pd.CategoricalDtype):
             cut = values[values.astype(str).str.contains(_SURROGATE, na=False) & values.notna()]
             if len(cut):
                 raise _refuse(
