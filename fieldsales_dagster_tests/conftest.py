@@ -1,12 +1,14 @@
-"""Shared fixtures: the bundled demo API on an ephemeral loopback port, a client, a lake."""
+"""Shared fixtures: the bundled demo API on an ephemeral loopback port, a client, a lake; and
+the scan every test passes: no run it made failed without saying why."""
 
 from __future__ import annotations
 
 import urllib.parse
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
+import dagster as dg
 import duckdb
 import pytest
 
@@ -23,6 +25,96 @@ def isolated_state(tmp_path, monkeypatch):
     monkeypatch.setenv("FIELDSALES_DUCKLAKE_DATA_PATH", data_path)
     for variable in ("FIELDSALES_DUCKDB_PATH", "FIELDSALES_STORAGE", "DAGSTER_HOME"):
         monkeypatch.delenv(variable, raising=False)
+
+
+def pytest_configure(config):
+    config.addinivalue_line(
+        "markers",
+        "silent_failures_expected: the test makes runs fail silently (kills them); no scan",
+    )
+
+
+@pytest.fixture(autouse=True)
+def no_silent_failure(request, tmp_path, monkeypatch):
+    """Fail a test whose runs failed without saying why (``silent_failures``): the in-process
+    runs it started (``dg.materialize`` and the like all go through ``execute_in_process``) and
+    the runs of every instance it made under its ``tmp_path`` (``dg launch``, ``dagster asset
+    materialize`` with ``DAGSTER_HOME`` there)."""
+    results: list[dg.ExecuteInProcessResult] = []
+    execute = dg.JobDefinition.execute_in_process
+
+    def recorded(job, *args, **kwargs):
+        results.append(execute(job, *args, **kwargs))
+        return results[-1]
+
+    monkeypatch.setattr(dg.JobDefinition, "execute_in_process", recorded)
+    yield
+    if request.node.get_closest_marker("silent_failures_expected"):
+        return
+    found = [line for r in results for line in silent_failures(r.run_id, r.all_events)]
+    for runs_db in tmp_path.glob("**/history/runs.db"):
+        found += silent_failures_in(runs_db.parent.parent)
+    assert not found, "runs failed without saying why:\n" + "\n".join(found)
+
+
+def silent_failures_in(home: Path) -> list[str]:
+    """``silent_failures`` of every failed or unfinished run of the instance in ``home``."""
+    unfinished = {dg.DagsterRunStatus.FAILURE, dg.DagsterRunStatus.STARTED}
+    with dg.DagsterInstance.local_temp(str(home)) as instance:
+        return [
+            line
+            for run in instance.get_runs()
+            if run.status in unfinished
+            for line in silent_failures(
+                run.run_id,
+                [
+                    entry.dagster_event
+                    for entry in instance.all_logs(run.run_id)
+                    if entry.dagster_event
+                ],
+            )
+        ]
+
+
+def silent_failures(run: str, events: Iterable[dg.DagsterEvent]) -> list[str]:
+    """What a run's events leave unsaid: a step that started and never ended (its process died:
+    no STEP_FAILURE), a step failure whose error (the innermost cause) has no message, a run
+    failure that does not name each failed step or, with none, says nothing."""
+    started: set[str] = set()
+    failed: dict[str, str] = {}
+    ended: set[str] = set()
+    run_failure = None
+    for event in events:
+        step, kind = event.step_key or "", event.event_type
+        error = getattr(event.event_specific_data, "error", None)
+        if kind == dg.DagsterEventType.STEP_START:
+            started.add(step)
+        elif kind == dg.DagsterEventType.STEP_SUCCESS:
+            ended.add(step)
+        elif kind == dg.DagsterEventType.STEP_FAILURE:
+            while error is not None and error.cause is not None:  # past Dagster's wrappers
+                error = error.cause
+            failed[step] = error.message.partition(":")[2].strip() if error else ""
+        elif kind == dg.DagsterEventType.RUN_FAILURE:
+            run_failure = f"{event.message or ''} {error.to_string() if error else ''}".strip()
+        elif kind == dg.DagsterEventType.RUN_CANCELED:
+            return []  # stopped on purpose
+    found = [
+        f"step {step} started and never ended: no STEP_FAILURE (did its process die?)"
+        for step in sorted(started - ended - failed.keys())
+    ]
+    found += [
+        f"step {step} failed with no error message" for step, why in failed.items() if not why
+    ]
+    if run_failure is not None:
+        found += [
+            f"the run failure does not name step {step}"
+            for step in failed
+            if step not in run_failure
+        ]
+        if not (failed or run_failure):
+            found.append("the run failed saying nothing")
+    return [f"run {run}: {line}" for line in found]
 
 
 def lake_paths(folder: Path, name: str = "fieldsales") -> tuple[str, str]:
