@@ -218,23 +218,6 @@ def test_dg_check_and_list_defs_show_every_definition(tmp_path):
     assert "dg-cli-test-token" not in json.dumps(listed)
 
 
-def test_dg_launch_materializes_every_asset_against_the_demo_api(tmp_path):
-    with DemoServer(DemoConfig(transactions=300, seed=4), port=0) as server:
-        database = tmp_path / "launched.duckdb"
-        catalog, data_path = lake_paths(tmp_path, "launched")
-        env = {
-            "FIELDSALES_BASE_URL": server.base_url,
-            "FIELDSALES_API_TOKEN": server.token,
-            "FIELDSALES_DUCKLAKE_CATALOG": catalog,
-            "FIELDSALES_DUCKLAKE_DATA_PATH": data_path,
-            "FIELDSALES_TOKEN_STORE": str(tmp_path / "token.json"),
-            "DAGSTER_HOME": str(tmp_path),
-        }
-        dg_command("launch", "--assets", "*", env=env, timeout=300)
-    with read_lake(database) as conn:
-        assert conn.execute("SELECT count(*) FROM core.transactions").fetchone()[0] == 300
-
-
 # --- metadata conventions ------------------------------------------------------------------
 
 
