@@ -5,20 +5,23 @@ Its settings are ``FieldSalesSettings`` (``settings.py``). One instance becomes 
 assets ``raw_*``, ``core_*`` and ``mart_*`` (under ``key_prefix`` for a second tenant) and their
 checks; the refresh and upkeep jobs and schedules; the token-renewal, automation and alert
 sensors. Subclasses may override ``build_assets`` or ``build_checks`` (the checks that run as
-steps of their own; most are check specs evaluated in their asset's step).
+steps of their own; most are check specs evaluated in their asset's step). Of several instances
+in one code location, one whose settings are wrong becomes ``NotConfigured``: its error, as an
+asset that fails when run, while the others load.
 """
 
 from __future__ import annotations
 
 import functools
 import os
+from dataclasses import dataclass
 from datetime import timedelta
 from pathlib import Path
 from typing import Any
 
 import dagster as dg
 import urllib3
-from pydantic import BaseModel, ConfigDict, create_model, model_validator
+from pydantic import BaseModel, ConfigDict, ValidationError, create_model, model_validator
 
 from fieldsales_dagster.assets.checks import build_core_checks, checks_in_asset_step
 from fieldsales_dagster.assets.core import build_core_assets
@@ -47,11 +50,18 @@ from fieldsales_dagster.settings import (
     nest_flat_keys,
     schedule_interval,
     values,
+    variables_read_by,
 )
-from fieldsales_dagster.tenancy import Claim, refuse_shared_claims
+from fieldsales_dagster.tenancy import (
+    Claim,
+    TenantConflictError,
+    declared_tenants,
+    refuse_shared_claims,
+)
 from fieldsales_dagster.token.renewal import RenewalPolicy
-from fieldsales_dagster.token.secret import clean_token
+from fieldsales_dagster.token.secret import TokenFormatError, clean_token
 from fieldsales_dagster.warehouse.lake import Lake, old_warehouse_warning
+from fieldsales_dagster.warehouse.pii import PiiSettingError
 from fieldsales_dagster.warehouse.warehouse import FieldSalesWarehouse
 
 
@@ -81,6 +91,37 @@ def _with_flat_keys(derived: type[BaseModel]) -> type[BaseModel]:
     )
 
 
+#: Errors of one tenant's settings, whose message is the whole story of what to fix.
+TENANT_ERRORS = (SettingError, PiiSettingError, TokenFormatError)
+#: ... and of the tenants of a code location together.
+CONFIGURATION_ERRORS = (*TENANT_ERRORS, TenantConflictError)
+
+
+def configuration_problems(exc: BaseException | None) -> list[str]:
+    """The setting errors in ``exc``'s chain (a component's load error wraps them), in order."""
+    found: list[str] = []
+    seen: set[int] = set()
+    while exc is not None and id(exc) not in seen:
+        seen.add(id(exc))
+        if isinstance(exc, CONFIGURATION_ERRORS):
+            found.append(str(exc))
+        elif isinstance(exc, ValidationError):
+            for error in exc.errors():
+                cause = (error.get("ctx") or {}).get("error")
+                if isinstance(cause, CONFIGURATION_ERRORS):
+                    found.append(str(cause))
+        exc = exc.__cause__ or exc.__context__
+    return list(dict.fromkeys(found))
+
+
+def tenants_isolated(context: dg.ComponentLoadContext) -> bool:
+    """Whether a tenant whose settings are wrong leaves the others loaded (``NotConfigured``): in
+    a code location with several, but not under ``dg check defs`` (``dagster definitions
+    validate`` sets ``DAGSTER_IS_DEFS_VALIDATION_CLI`` for code to tell), which fails on it."""
+    validating = os.environ.get("DAGSTER_IS_DEFS_VALIDATION_CLI")
+    return not validating and len(declared_tenants(context, FieldSalesComponent)) > 1
+
+
 class ScaffoldNameError(ValueError):
     """The scaffolded folder's name cannot be a key prefix."""
 
@@ -101,7 +142,8 @@ def tenant_defs_yaml(type_name: str, tenant: str) -> str:
         return '"{{ env.' + read[-1] + (f" or {fallback}" if fallback else "") + ' }}"'
 
     home_store = f"((env.DAGSTER_HOME or 'data') ~ '/{tenant}_token.json')"
-    catalog, lake = f"'sqlite:data/{tenant}.ducklake.sqlite'", f"'data/{tenant}_lake'"
+    # Unset, the lake's files go to lake/ beside its catalog (data/<tenant>/lake), created with it.
+    catalog = f"'sqlite:data/{tenant}/ducklake.sqlite'"
     attributes = (
         f"  api:\n    base_url: {env('base_url')}\n    api_token: {env('api_token')}\n"
         f"    token_store_path: {env('token_store_path', home_store)}\n"
@@ -109,7 +151,7 @@ def tenant_defs_yaml(type_name: str, tenant: str) -> str:
         f"fieldsales_duckdb_{tenant}_*.\n"
         f"  key_prefix: {tenant}\n  storage:\n"
         f"    ducklake_catalog: {env('ducklake_catalog', catalog)}\n"
-        f"    ducklake_data_path: {env('ducklake_data_path', lake)}\n"
+        f"    ducklake_data_path: {env('ducklake_data_path')}\n"
     )
     return (
         f"# Field-Sales tenant {tenant!r}: its own API, token, lake and token store, each\n"
@@ -143,6 +185,21 @@ class FieldSalesComponent(dg.Component, FieldSalesSettings):
     @classmethod
     def model(cls) -> type[BaseModel]:
         return _with_flat_keys(super().model())
+
+    @classmethod
+    def load(cls, attributes: BaseModel | None, context: dg.ComponentLoadContext) -> Any:
+        """The component, or, if its settings are wrong and the code location has other
+        tenants, ``NotConfigured``: they load, and its error shows as its own."""
+        try:
+            return super().load(attributes, context)
+        except Exception as exc:
+            problems = configuration_problems(exc)
+            if not problems or not tenants_isolated(context):
+                raise
+            prefix = getattr(attributes, "key_prefix", None)
+            if prefix is not None and not IDENTIFIER.match(str(prefix)):
+                prefix = context.path.name  # the key prefix itself is wrong: the folder's name
+            return NotConfigured(context.path, prefix, "\n".join(problems))
 
     @property
     def names(self) -> InstanceNames:
@@ -186,7 +243,7 @@ class FieldSalesComponent(dg.Component, FieldSalesSettings):
             item_mb, limit = self.api.max_item_mb, self.storage.duckdb_memory_limit
             raise invalid(
                 "api.max_item_mb",
-                "FIELDSALES_MAX_ITEM_MB",
+                SETTINGS["max_item_mb"].variable_read,
                 f"it is {item_mb}, but storage.duckdb_memory_limit {limit} decodes items of at "
                 f"most {int(memory_mb // share)} MB (1/{share} of it). Raise duckdb_memory_limit "
                 f"to at least {item_mb * share}MB, or lower max_item_mb",
@@ -283,6 +340,13 @@ class FieldSalesComponent(dg.Component, FieldSalesSettings):
 
     def build_defs(self, context: dg.ComponentLoadContext) -> dg.Definitions:
         refuse_shared_claims(context, FieldSalesComponent)
+        try:
+            with variables_read_by(self):
+                resources = self.build_resources()
+        except TENANT_ERRORS as exc:
+            if not tenants_isolated(context):
+                raise
+            return NotConfigured(context.path, self.key_prefix, str(exc)).build_defs(context)
         names, refresh = self.names, self.refresh
         assets = self.build_assets()
         selection = dg.AssetSelection.assets(*assets)
@@ -312,5 +376,40 @@ class FieldSalesComponent(dg.Component, FieldSalesSettings):
                 build_core_automation_sensor(names, selection.downstream()),
                 *alert_sensors,
             ],
-            resources=self.build_resources(),
+            resources=resources,
         )
+
+
+@dataclass
+class NotConfigured(dg.Component):
+    """A tenant whose settings are wrong, in a code location with others: in place of its
+    definitions, an asset ``<key_prefix>/not_configured`` and its refresh job, described by the
+    error (``dg list defs``, the UI) and failing with it when run, before any request."""
+
+    folder: Path
+    key_prefix: str | None
+    error: str
+
+    def tenant_claims(self) -> list[Claim]:
+        return []  # its settings are unknown: nothing to compare
+
+    def build_defs(self, context: dg.ComponentLoadContext) -> dg.Definitions:
+        names = InstanceNames(self.key_prefix)
+        where = self.folder.relative_to(context.component_tree.defs_module_path.parent)
+        dg.get_dagster_logger().warning(
+            f"The Field-Sales tenant in {where}/defs.yaml is not loaded (the other tenants "
+            f"are): {self.error}"
+        )
+
+        @dg.asset(
+            key=names.asset_key("not_configured"),
+            description=self.error,
+            group_name=names.group("not_configured"),
+        )
+        def not_configured() -> None:
+            raise SettingError(self.error)
+
+        job = dg.define_asset_job(
+            names.refresh_job, selection=[not_configured], description=self.error
+        )
+        return dg.Definitions(assets=[not_configured], jobs=[job])

@@ -9,18 +9,12 @@ import re
 from pathlib import Path
 
 import dagster as dg
-from pydantic import ValidationError
 
-from fieldsales_dagster.component import SettingError
-from fieldsales_dagster.tenancy import TenantConflictError
-from fieldsales_dagster.token.secret import TokenFormatError
-from fieldsales_dagster.warehouse.pii import PiiSettingError
+from fieldsales_dagster.component import configuration_problems
 
 DEFS_FOLDER = Path(__file__).parent / "defs"
 #: What else the definitions read when they load: the queries and their column descriptions.
 SQL_FOLDER = Path(__file__).parent / "sql"
-#: Errors whose message is the whole story of a bad configuration.
-CONFIGURATION_ERRORS = (SettingError, PiiSettingError, TokenFormatError, TenantConflictError)
 #: What Dagster's component loader says first: "Error while loading component fieldsales[0]: ...".
 _COMPONENT = re.compile(r"component (?P<folder>[^\s\[:]+)")
 
@@ -31,23 +25,6 @@ class FieldSalesConfigError(Exception):
     Raised without its chain, so that a command-line traceback ends with the cause (the setting,
     its variable, what it accepts) instead of Dagster's and pydantic's frames around it.
     """
-
-
-def configuration_problems(exc: BaseException | None) -> list[str]:
-    """The setting errors in ``exc``'s chain (a component's load error wraps them), in order."""
-    found: list[str] = []
-    seen: set[int] = set()
-    while exc is not None and id(exc) not in seen:
-        seen.add(id(exc))
-        if isinstance(exc, CONFIGURATION_ERRORS):
-            found.append(str(exc))
-        elif isinstance(exc, ValidationError):
-            for error in exc.errors():
-                cause = (error.get("ctx") or {}).get("error")
-                if isinstance(cause, CONFIGURATION_ERRORS):
-                    found.append(str(cause))
-        exc = exc.__cause__ or exc.__context__
-    return list(dict.fromkeys(found))
 
 
 def _component_file(exc: BaseException | None) -> str:

@@ -12,6 +12,9 @@ from __future__ import annotations
 import operator
 import re
 import warnings
+from collections.abc import Iterator
+from contextlib import contextmanager
+from contextvars import ContextVar
 from dataclasses import KW_ONLY, dataclass
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
@@ -19,7 +22,14 @@ from typing import Annotated, Any, ClassVar, Literal, get_args
 from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
 
 import dagster as dg
-from pydantic import Field, ValidationError, create_model, field_validator, model_validator
+from pydantic import (
+    Field,
+    PrivateAttr,
+    ValidationError,
+    create_model,
+    field_validator,
+    model_validator,
+)
 from pydantic_core import PydanticUndefined
 
 from fieldsales_dagster.loading.modes import RefreshMode
@@ -49,6 +59,11 @@ _ENV_REFERENCE = re.compile(
 #: then fails in ``build_resources``, whose message cannot echo the YAML line (Dagster's own
 #: resolution errors quote it, and the line would be the token).
 NOT_AN_ENV_REFERENCE = "<not an environment variable reference>"
+#: The variable a YAML value reads: the first ``env.NAME`` (or ``env('NAME')``) of its template.
+_ENV_READ = re.compile(r"""\benv(?:\.|\(\s*['"])([A-Za-z_][A-Za-z0-9_]*)""")
+#: The variables the ``defs.yaml`` being loaded reads, by setting (``variable_read``); ``None``
+#: outside a load from YAML (a component built in Python).
+_VARIABLES_READ: ContextVar[dict[str, str] | None] = ContextVar("variables_read", default=None)
 
 
 class SettingError(ValueError):
@@ -143,6 +158,14 @@ class Setting:
         if isinstance(self.default, list):
             return ", ".join(self.default)
         return str(self.default)
+
+    @property
+    def variable_read(self) -> str:
+        """The variable the ``defs.yaml`` being loaded reads this setting from, which its errors
+        name: ``ACME_FIELDSALES_BASE_URL`` in a scaffolded tenant's, none for a value written in
+        the YAML; ``variable`` for a component built in Python."""
+        read = _VARIABLES_READ.get()
+        return self.variable if read is None else read.get(self.name, "")
 
     def inside(self, value: float) -> bool:
         return all(getattr(operator, op)(value, bound) for op, bound in self.bounds.items())
@@ -274,6 +297,29 @@ class SettingsModel(dg.Model, dg.Resolvable):
     and what it accepts."""
 
     GROUP: ClassVar[str] = ""
+    #: The variables its ``defs.yaml`` reads, by setting (its concerns' too); ``None``: built in
+    #: Python.
+    _variables_read: dict[str, str] | None = PrivateAttr(default=None)
+
+    @classmethod
+    def resolve_from_model(cls, context: dg.ResolutionContext, model: Any) -> Any:
+        """Built from ``defs.yaml``: a setting's error names the variable the YAML reads it from
+        (``variable_read``), as it is checked now and, in ``variables_read_by``, later."""
+        read = {
+            declared.name: found[0]
+            for declared in cls.settings().values()
+            if (found := _ENV_READ.findall(str(getattr(model, declared.key, None) or "")))
+        }
+        outer = _VARIABLES_READ.set(read)
+        try:
+            built = super().resolve_from_model(context, model)
+        finally:
+            _VARIABLES_READ.reset(outer)
+        for value in dict(built).values():
+            if isinstance(value, SettingsModel):
+                read |= value._variables_read or {}
+        built._variables_read = read
+        return built
 
     @classmethod
     def __pydantic_init_subclass__(cls, **kwargs: Any) -> None:
@@ -320,7 +366,7 @@ class SettingsModel(dg.Model, dg.Resolvable):
         declared = cls.declared(field)
         spelling, variable, accepts = f"{cls.GROUP}.{field}".strip("."), "", "a valid value"
         if declared is not None:
-            spelling, variable, accepts = declared.spelling, declared.variable, declared.help
+            spelling, variable, accepts = declared.spelling, declared.variable_read, declared.help
         why = "; ".join(
             error["msg"].removeprefix("Value error, ")
             for error in errors
@@ -425,8 +471,10 @@ class ApiSettings(SettingsModel):
             raise ValueError("it is not set")
         try:
             return validate_base_url(value)
-        except FieldSalesAPIError as exc:
-            raise ValueError(str(exc).rstrip(".")) from None
+        except FieldSalesAPIError as exc:  # named as the setting (its variable: variable_read)
+            raise ValueError(
+                str(exc).rstrip(".").replace("FIELDSALES_BASE_URL must", "it must")
+            ) from None
 
 
 class StorageSettings(SettingsModel):
@@ -465,7 +513,7 @@ class StorageSettings(SettingsModel):
         "or postgres:dbname=... host=... user=... for several machines (no password: it is "
         "read from ducklake_password_env_var)",
         "the lake's catalog database: sqlite:FILE (one host) or postgres:dbname=NAME "
-        "host=HOST user=USER (the password in FIELDSALES_DUCKLAKE_PASSWORD)",
+        "host=HOST user=USER (its password in the variable ducklake_password_env_var names)",
         "FIELDSALES_DUCKLAKE_CATALOG",
         unset="sqlite:data/fieldsales.ducklake.sqlite",
     )
@@ -556,12 +604,12 @@ class StorageSettings(SettingsModel):
     def _postgres_needs_a_data_path(self) -> StorageSettings:
         # A PostgreSQL catalog needs a data path every machine sees.
         if (self.ducklake_catalog or "").startswith("postgres:") and not self.ducklake_data_path:
-            setting = SETTINGS["ducklake_data_path"]
+            setting, catalog = SETTINGS["ducklake_data_path"], SETTINGS["ducklake_catalog"]
             raise invalid(
                 setting.spelling,
-                setting.variable,
-                "it is not set, and a PostgreSQL catalog (FIELDSALES_DUCKLAKE_CATALOG) needs it: "
-                "the folder every machine sees (a shared volume) or an s3:// URL for the lake's "
+                setting.variable_read,
+                f"it is not set, and a PostgreSQL catalog ({catalog.spelling}) needs it: the "
+                "folder every machine sees (a shared volume) or an s3:// URL for the lake's "
                 "Parquet files",
             )
         return self
@@ -784,6 +832,17 @@ class FieldSalesSettings(SettingsModel):
         if _plain_name(value) and value.lower() in PROJECT_SCHEMAS:
             raise ValueError("the project rebuilds that schema, so it would overwrite your tables")
         return value
+
+
+@contextmanager
+def variables_read_by(model: SettingsModel) -> Iterator[None]:
+    """Errors of ``model``'s settings, checked after it is built, name the variables its
+    ``defs.yaml`` reads (``variable_read``)."""
+    outer = _VARIABLES_READ.set(model._variables_read)
+    try:
+        yield
+    finally:
+        _VARIABLES_READ.reset(outer)
 
 
 def nest_flat_keys(values: dict[str, Any]) -> dict[str, Any]:

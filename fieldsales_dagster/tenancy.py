@@ -66,17 +66,28 @@ def refuse_shared_claims(context: dg.ComponentLoadContext, of_type: type[Tenant]
             )
 
 
+def declared_tenants(context: dg.ComponentLoadContext, of_type: type) -> list[ComponentPath]:
+    """Where the code location declares components of ``of_type`` (nowhere for one built on its
+    own, as tests do), without loading them."""
+    tree = context.component_tree
+    if isinstance(tree, TestComponentTree):
+        return []
+    return [
+        loc
+        for loc, decl in tree.find_root_decl().iterate_loc_component_decl_pairs()
+        if isinstance(loc, ComponentPath)
+        and isinstance(decl.component_type, type)
+        and issubclass(decl.component_type, of_type)
+    ]
+
+
 def _tenants(
     context: dg.ComponentLoadContext, of_type: type[Tenant]
 ) -> Iterator[tuple[ComponentPath, Tenant]]:
     """Every component of ``of_type`` the code location declares, by where it is declared."""
-    tree = context.component_tree
-    if isinstance(tree, TestComponentTree):  # one component built on its own, as tests do
-        return
-    for loc, decl in tree.find_root_decl().iterate_loc_component_decl_pairs():
-        kind = decl.component_type
-        if isinstance(loc, ComponentPath) and isinstance(kind, type) and issubclass(kind, of_type):
-            yield loc, cast(Tenant, tree.load_component(loc))  # its class is a Tenant
+    for loc in declared_tenants(context, of_type):
+        # its class is a Tenant
+        yield loc, cast(Tenant, context.component_tree.load_component(loc))
 
 
 def _describe(loc: ComponentPath, tenant: Tenant, root: Path) -> str:

@@ -30,7 +30,11 @@ def variables_read(attributes: dict) -> set[str]:
     }
 
 
-def dg(*args: str, cwd: Path = REPO_ROOT, env: dict[str, str] | None = None) -> str:
+def dg(
+    *args: str, cwd: Path = REPO_ROOT, env: dict[str, str] | None = None, fails: bool = False
+) -> str:
+    """``dg args`` must succeed (``fails``: must fail): its standard output (``fails``: and
+    error)."""
     done = subprocess.run(
         [str(BIN / "dg"), *args],
         cwd=cwd,
@@ -44,8 +48,22 @@ def dg(*args: str, cwd: Path = REPO_ROOT, env: dict[str, str] | None = None) -> 
         text=True,
         timeout=300,
     )
-    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
-    return done.stdout
+    assert (done.returncode != 0) == fails, done.stdout[-3000:] + done.stderr[-3000:]
+    return done.stdout + done.stderr if fails else done.stdout
+
+
+def project_copy(tmp_path: Path) -> Path:
+    """A copy of this project (its package and configuration) in ``tmp_path / "project"``."""
+    project = tmp_path / "project"
+    project.mkdir()
+    for name in ("pyproject.toml", "dagster.yaml", "workspace.yaml"):
+        shutil.copy(REPO_ROOT / name, project / name)
+    shutil.copytree(
+        REPO_ROOT / "fieldsales_dagster",
+        project / "fieldsales_dagster",
+        ignore=shutil.ignore_patterns("__pycache__"),
+    )
+    return project
 
 
 def test_dg_list_components_lists_the_component_with_its_docs():
@@ -72,15 +90,7 @@ def test_dg_list_env_shows_the_fieldsales_variables():
 
 
 def test_scaffolded_tenant_folder_loads_beside_the_shipped_one(tmp_path):
-    project = tmp_path / "project"
-    project.mkdir()
-    for name in ("pyproject.toml", "dagster.yaml", "workspace.yaml"):
-        shutil.copy(REPO_ROOT / name, project / name)
-    shutil.copytree(
-        REPO_ROOT / "fieldsales_dagster",
-        project / "fieldsales_dagster",
-        ignore=shutil.ignore_patterns("__pycache__"),
-    )
+    project = project_copy(tmp_path)
     dg("scaffold", "defs", COMPONENT, "acme", cwd=project)
     written = project / "fieldsales_dagster" / "defs" / "acme" / "defs.yaml"
     document = yaml.safe_load(written.read_text())
