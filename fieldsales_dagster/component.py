@@ -128,7 +128,8 @@ class ScaffoldNameError(ValueError):
 
 def tenant_defs_yaml(type_name: str, tenant: str) -> str:
     """The ``defs.yaml`` of tenant ``tenant`` (also its key prefix): its API, token, token store
-    and lake read from its settings' variables, prefixed with its name (``ACME_FIELDSALES_...``)."""
+    and lake read from its settings' variables, and its secrets from variables of its own, all
+    prefixed with its name (``ACME_FIELDSALES_...``)."""
     if not (IDENTIFIER.match(tenant) and tenant[0].isalpha()):
         raise ScaffoldNameError(
             f"dg scaffold defs {type_name} {tenant}: the folder's name becomes the tenant's "
@@ -144,6 +145,13 @@ def tenant_defs_yaml(type_name: str, tenant: str) -> str:
     home_store = f"((env.DAGSTER_HOME or 'data') ~ '/{tenant}_token.json')"
     # Unset, the lake's files go to lake/ beside its catalog (data/<tenant>/lake), created with it.
     catalog = f"'sqlite:data/{tenant}/ducklake.sqlite'"
+    # The variables holding its secrets (the lake's password, the PII key, the alerts' webhook
+    # and SMTP password) are its own too, never the first tenant's.
+    secrets: dict[str, str] = {}
+    owned = [s for s in SETTINGS.values() if s.name.endswith("_env_var")]
+    for declared in owned:
+        secrets[declared.group] = secrets.get(declared.group, "")
+        secrets[declared.group] += f"    {declared.key}: {tenant.upper()}_{declared.default}\n"
     attributes = (
         f"  api:\n    base_url: {env('base_url')}\n    api_token: {env('api_token')}\n"
         f"    token_store_path: {env('token_store_path', home_store)}\n"
@@ -151,14 +159,18 @@ def tenant_defs_yaml(type_name: str, tenant: str) -> str:
         f"fieldsales_duckdb_{tenant}_*.\n"
         f"  key_prefix: {tenant}\n  storage:\n"
         f"    ducklake_catalog: {env('ducklake_catalog', catalog)}\n"
-        f"    ducklake_data_path: {env('ducklake_data_path')}\n"
+        f"    ducklake_data_path: {env('ducklake_data_path')}\n{secrets.pop('storage')}"
+        + "".join(f"  {group}:\n{lines}" for group, lines in secrets.items())
     )
     return (
         f"# Field-Sales tenant {tenant!r}: its own API, token, lake and token store, each\n"
-        "# read from an environment variable (only a variable's name is written here, never a\n"
-        "# token). Every other setting keeps its default (fieldsales_dagster/settings.py); add it\n"
-        f"# under attributes to change it.\ntype: {type_name}\n\nattributes:\n{attributes}\n"
-        "requirements:\n  env:\n" + "".join(f"    - {variable}\n" for variable in read)
+        "# read from an environment variable, and its own variables for its secrets (only a\n"
+        "# variable's name is written here, never a token or a password). Every other setting\n"
+        "# keeps its default (fieldsales_dagster/settings.py); add it under attributes to change\n"
+        f"# it.\ntype: {type_name}\n\nattributes:\n{attributes}\n"
+        "requirements:\n  env:\n"
+        + "".join(f"    - {variable}\n" for variable in read)
+        + "".join(f"    - {tenant.upper()}_{declared.default}\n" for declared in owned)
     )
 
 

@@ -97,7 +97,15 @@ def test_scaffolded_tenant_folder_loads_beside_the_shipped_one(tmp_path):
     assert document["type"] == COMPONENT
     assert document["attributes"]["key_prefix"] == "acme"
     assert document["attributes"]["api"]["api_token"] == "{{ env.ACME_FIELDSALES_API_TOKEN }}"
-    assert set(document["requirements"]["env"]) == variables_read(document["attributes"])
+    # ... and the variables of its own holding its secrets (lake password, PII key, alerts').
+    secrets = {
+        value
+        for concern in document["attributes"].values()
+        if isinstance(concern, dict)
+        for key, value in concern.items()
+        if key.endswith("_env_var")
+    }
+    assert set(document["requirements"]["env"]) == variables_read(document["attributes"]) | secrets
     token = "scaffold-test-token-0123456789"
     env = {
         "DAGSTER_HOME": str(tmp_path),

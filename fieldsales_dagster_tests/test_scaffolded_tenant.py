@@ -12,8 +12,9 @@ from pathlib import Path
 
 import dagster as dg
 import pytest
+import yaml
 
-from fieldsales_dagster.component import tenant_defs_yaml
+from fieldsales_dagster.component import FieldSalesComponent, tenant_defs_yaml
 from fieldsales_dagster.demo_api import DemoConfig, DemoServer
 from fieldsales_dagster.warehouse.warehouse import FieldSalesWarehouse
 from fieldsales_dagster_tests.conftest import read_lake
@@ -109,6 +110,26 @@ def test_a_code_location_with_one_tenant_still_fails_its_load_on_its_bad_setting
         load_project(package, monkeypatch)
     said = error_chain(failure.value)
     assert "api.base_url (from ACME_FIELDSALES_BASE_URL) is invalid: it is not set" in said
+
+
+def test_a_scaffolded_tenant_reads_its_secrets_from_variables_of_its_own(monkeypatch):
+    monkeypatch.setenv("ACME_FIELDSALES_BASE_URL", "http://127.0.0.1:9")
+    monkeypatch.setenv("FIELDSALES_ALERT_WEBHOOK_URL", "https://chat.example.com/hooks/first")
+    attributes = yaml.safe_load(tenant_defs_yaml(COMPONENT, "acme"))["attributes"]
+    acme = FieldSalesComponent.from_attributes_dict(attributes=attributes)
+    assert [
+        acme.storage.ducklake_password_env_var,
+        acme.pii.hash_key_env_var,
+        acme.alerts.webhook_url_env_var,
+        acme.alerts.smtp_password_env_var,
+    ] == [
+        "ACME_FIELDSALES_DUCKLAKE_PASSWORD",
+        "ACME_FIELDSALES_PII_HASH_KEY",
+        "ACME_FIELDSALES_ALERT_WEBHOOK_URL",
+        "ACME_FIELDSALES_ALERT_SMTP_PASSWORD",
+    ]
+    # The first tenant's webhook is not acme's: acme's alerts stay off until it has its own.
+    assert not acme.alert_settings().enabled
 
 
 def test_dg_list_defs_lists_the_first_tenant_and_names_the_scaffolded_tenants_variable(
