@@ -255,7 +255,7 @@ class FieldSalesComponent(dg.Component, FieldSalesSettings):
             item_mb, limit = self.api.max_item_mb, self.storage.duckdb_memory_limit
             raise invalid(
                 "api.max_item_mb",
-                SETTINGS["max_item_mb"].variable_read,
+                "FIELDSALES_MAX_ITEM_MB",
                 f"it is {item_mb}, but storage.duckdb_memory_limit {limit} decodes items of at "
                 f"most {int(memory_mb // share)} MB (1/{share} of it). Raise duckdb_memory_limit "
                 f"to at least {item_mb * share}MB, or lower max_item_mb",

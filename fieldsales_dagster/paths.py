@@ -30,7 +30,7 @@ def check_file_setting(
     shown = str(given) if target == given.absolute() else f"{given} (a link to {target})"
 
     def fail(why: str, what_to_do: str) -> SettingError:
-        return invalid(declared.spelling, declared.variable_read, f"{shown} {why}. {what_to_do}")
+        return invalid(declared.spelling, declared.variable, f"{shown} {why}. {what_to_do}")
 
     _check_whitespace(target, fail)
     if target.is_dir():

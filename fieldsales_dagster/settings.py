@@ -61,8 +61,8 @@ _ENV_REFERENCE = re.compile(
 NOT_AN_ENV_REFERENCE = "<not an environment variable reference>"
 #: The variable a YAML value reads: the first ``env.NAME`` (or ``env('NAME')``) of its template.
 _ENV_READ = re.compile(r"""\benv(?:\.|\(\s*['"])([A-Za-z_][A-Za-z0-9_]*)""")
-#: The variables the ``defs.yaml`` being loaded reads, by setting (``variable_read``); ``None``
-#: outside a load from YAML (a component built in Python).
+#: The variables the ``defs.yaml`` being loaded reads, by setting (``invalid`` names them);
+#: ``None`` outside a load from YAML (a component built in Python).
 _VARIABLES_READ: ContextVar[dict[str, str] | None] = ContextVar("variables_read", default=None)
 
 
@@ -72,7 +72,13 @@ class SettingError(ValueError):
 
 def invalid(spelling: str, variable: str, why: str) -> SettingError:
     """Setting ``spelling`` (read from ``variable``, if any) is invalid: ``why``, then where to set
-    it: every setting's error has this one form."""
+    it: every setting's error has this one form. Of a component built from ``defs.yaml``, the
+    variable named is the one the YAML reads (``ACME_FIELDSALES_BASE_URL`` in a scaffolded
+    tenant's; none for a value written in it): see ``SettingsModel.resolve_from_model``."""
+    read = _VARIABLES_READ.get()
+    declared = next((s for s in SETTINGS.values() if s.spelling == spelling), None)
+    if read is not None and declared is not None:
+        variable = read.get(declared.name, "")
     where, through = (f" (from {variable})", f" or through {variable}") if variable else ("", "")
     return SettingError(
         f"Field-Sales setting {spelling}{where} is invalid: {why}; set it in defs.yaml{through} "
@@ -158,14 +164,6 @@ class Setting:
         if isinstance(self.default, list):
             return ", ".join(self.default)
         return str(self.default)
-
-    @property
-    def variable_read(self) -> str:
-        """The variable the ``defs.yaml`` being loaded reads this setting from, which its errors
-        name: ``ACME_FIELDSALES_BASE_URL`` in a scaffolded tenant's, none for a value written in
-        the YAML; ``variable`` for a component built in Python."""
-        read = _VARIABLES_READ.get()
-        return self.variable if read is None else read.get(self.name, "")
 
     def inside(self, value: float) -> bool:
         return all(getattr(operator, op)(value, bound) for op, bound in self.bounds.items())
@@ -303,8 +301,8 @@ class SettingsModel(dg.Model, dg.Resolvable):
 
     @classmethod
     def resolve_from_model(cls, context: dg.ResolutionContext, model: Any) -> Any:
-        """Built from ``defs.yaml``: a setting's error names the variable the YAML reads it from
-        (``variable_read``), as it is checked now and, in ``variables_read_by``, later."""
+        """Built from ``defs.yaml``: a setting's error (``invalid``) names the variable the YAML
+        reads it from, as it is checked now and, in ``variables_read_by``, later."""
         read = {
             declared.name: found[0]
             for declared in cls.settings().values()
@@ -366,7 +364,7 @@ class SettingsModel(dg.Model, dg.Resolvable):
         declared = cls.declared(field)
         spelling, variable, accepts = f"{cls.GROUP}.{field}".strip("."), "", "a valid value"
         if declared is not None:
-            spelling, variable, accepts = declared.spelling, declared.variable_read, declared.help
+            spelling, variable, accepts = declared.spelling, declared.variable, declared.help
         why = "; ".join(
             error["msg"].removeprefix("Value error, ")
             for error in errors
@@ -471,7 +469,7 @@ class ApiSettings(SettingsModel):
             raise ValueError("it is not set")
         try:
             return validate_base_url(value)
-        except FieldSalesAPIError as exc:  # named as the setting (its variable: variable_read)
+        except FieldSalesAPIError as exc:  # named as the setting (``invalid`` adds its variable)
             raise ValueError(
                 str(exc).rstrip(".").replace("FIELDSALES_BASE_URL must", "it must")
             ) from None
@@ -607,7 +605,7 @@ class StorageSettings(SettingsModel):
             setting, catalog = SETTINGS["ducklake_data_path"], SETTINGS["ducklake_catalog"]
             raise invalid(
                 setting.spelling,
-                setting.variable_read,
+                setting.variable,
                 f"it is not set, and a PostgreSQL catalog ({catalog.spelling}) needs it: the "
                 "folder every machine sees (a shared volume) or an s3:// URL for the lake's "
                 "Parquet files",
@@ -837,7 +835,7 @@ class FieldSalesSettings(SettingsModel):
 @contextmanager
 def variables_read_by(model: SettingsModel) -> Iterator[None]:
     """Errors of ``model``'s settings, checked after it is built, name the variables its
-    ``defs.yaml`` reads (``variable_read``)."""
+    ``defs.yaml`` reads (``invalid``)."""
     outer = _VARIABLES_READ.set(model._variables_read)
     try:
         yield
