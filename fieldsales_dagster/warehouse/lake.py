@@ -224,13 +224,21 @@ def lake_config() -> DuckDBConfig:
     DuckDB's allocator returns what its queries freed to the system from a thread of its own
     (``allocator_background_threads``), not only at a later allocation: between a run's steps
     its process held up to ~70 MiB of such pages (1M demo transactions: the run's peak RSS 633 ->
-    620 MiB, the same CPU; docs/performance.md)."""
+    620 MiB, the same CPU; docs/performance.md).
+
+    An internal error in a transaction (a lone surrogate reaching DuckDB's string code) would
+    invalidate the instance, and closing any of its connections then aborted the process before
+    the step's failure was recorded: a run left STARTED, its step with no error. The instance
+    holds nothing of the lake's but what its transactions commit, and a failed one is rolled
+    back (``run_transaction``, or closing the connection), so the instance stays in use
+    (``disable_database_invalidation``) and the error reaches the step."""
     return {
         "extension_directory": str(extension_directory()),
         "autoinstall_known_extensions": False,
         "autoload_known_extensions": False,
         "preserve_insertion_order": False,
         "allocator_background_threads": True,
+        "disable_database_invalidation": True,
     }
 
 
