@@ -183,20 +183,34 @@ def test_an_export_file_another_process_holds_read_write_is_not_replaced(demo_se
         holder.wait()
 
 
-def test_an_old_file_warehouse_at_duckdb_path_is_never_overwritten(demo_server, tmp_path):
-    """duckdb_path was the warehouse itself in earlier releases: a file without the export's
-    marker is left alone, and the message says what to do."""
+#: DuckDB files at duckdb_path that are not an export: a user's own file, and the warehouse of an
+#: earlier release (duckdb_path was the warehouse itself then).
+NOT_EXPORTS = {
+    "own file": "CREATE TABLE my_notes AS SELECT 'keep me' AS note",
+    "earlier release": "CREATE SCHEMA raw; CREATE TABLE raw.transactions AS SELECT 'old' AS id",
+}
+
+
+@pytest.mark.parametrize("sql", NOT_EXPORTS.values(), ids=NOT_EXPORTS.keys())
+def test_a_duckdb_file_that_is_not_an_export_is_never_overwritten(demo_server, tmp_path, sql):
+    """A file without the export's marker is left alone, and the message says what it is and
+    what to set instead."""
     target = tmp_path / "fieldsales.duckdb"
     with duckdb.connect(str(target)) as conn:
-        conn.execute("CREATE SCHEMA raw")
-        conn.execute("CREATE TABLE raw.transactions AS SELECT 'old' AS id")
+        conn.execute(sql)
     before = target.read_bytes()
     warehouse = make_warehouse(tmp_path, "lake", duckdb_path=str(target))
     result = run(demo_server, tmp_path, warehouse)
     assert not result.success
     message = failure(result)
-    assert f"{target} is a DuckDB warehouse of an earlier release" in message
-    assert "Nothing of" in message and "run a full refresh into the lake" in message
+    assert (
+        f"{target} (FIELDSALES_DUCKDB_PATH) is a DuckDB file that is not an export of this "
+        f"project (it has no table {EXPORT_MARKER}), so the export does not replace it; nothing "
+        "of it was changed. Set FIELDSALES_DUCKDB_PATH to another path for the export (a new "
+        "file), or unset it to write no export."
+    ) in message
+    assert "earlier release" in message and "docs/storage.md" in message
+    assert "run a full refresh" not in message
     assert target.read_bytes() == before
 
 
@@ -231,6 +245,7 @@ def test_the_load_warns_once_about_an_old_warehouse(
     with caplog.at_level("WARNING"):
         load_project_defs()
     assert any(
-        f"{old} is a DuckDB warehouse of an earlier release" in record.getMessage()
+        f"{old} (FIELDSALES_DUCKDB_PATH) is a DuckDB file that is not an export of this project"
+        in record.getMessage()
         for record in caplog.records
     )

@@ -681,14 +681,25 @@ def old_warehouse_message(path: Path, lake: Lake) -> str:
         f"{path} is a DuckDB warehouse of an earlier release of this project, not an export of "
         f"it: this release keeps the tables in a DuckLake (catalog {lake.catalog}, data "
         f"{lake.data_path}). Nothing of {path} was changed or deleted. To move: run a full "
-        "refresh into the lake (the refresh_all job, or dg launch --assets '*'); it loads "
+        "refresh into the lake (dg launch --job refresh_all); it loads "
         f"everything from the API again. Then move {path} away (keep it as a backup), or, for "
         f"tools that read a single file, leave {EXPORT_VARIABLE} set to that path once it is "
         f"moved: every run then writes a fresh export there. docs/storage.md says more."
     )
 
 
-def check_export_target(target: Path, lake: Lake) -> None:
+def not_an_export_message(path: Path) -> str:
+    """Why the export leaves ``path`` (a DuckDB file without the marker) alone, and what to set."""
+    return (
+        f"{path} ({EXPORT_VARIABLE}) is a DuckDB file that is not an export of this project (it "
+        f"has no table {EXPORT_MARKER}), so the export does not replace it; nothing of it was "
+        f"changed. Set {EXPORT_VARIABLE} to another path for the export (a new file), or unset "
+        "it to write no export. If the file is the warehouse of an earlier release of this "
+        "project, docs/storage.md (Moving a deployment of an earlier release) says how to move."
+    )
+
+
+def check_export_target(target: Path) -> None:
     """Fail, naming ``target``, unless the export may replace it: it does not exist, or it is a
     previous export that no process holds read-write."""
     if not target.exists():
@@ -716,7 +727,7 @@ def check_export_target(target: Path, lake: Lake) -> None:
             f"can read (DuckDB: {exc}). Move it away, or set {EXPORT_VARIABLE} to another path."
         ) from exc
     if not marked:
-        raise ExportError(old_warehouse_message(target, lake))
+        raise ExportError(not_an_export_message(target))
 
 
 #: What to do about a failed export, by the reason the operating system gave.
@@ -769,7 +780,7 @@ def export_snapshot(lake: Lake, target: Path, config: DuckDBConfig | None = None
     asset's metadata.
     """
     started = time.monotonic()
-    check_export_target(target, lake)
+    check_export_target(target)
     sweep_dead_exports(target)
     temporary = target.with_name(f".{target.name}{EXPORT_INFIX}{secrets.token_hex(4)}")
     snapshot: int | None = None
@@ -835,7 +846,7 @@ def _replace_durably(temporary: Path, target: Path, lake: Lake) -> int:
         os.fsync(file.fileno())
     size = temporary.stat().st_size
     pause_at("export")
-    check_export_target(target, lake)  # a program may have opened it meanwhile
+    check_export_target(target)  # a program may have opened it meanwhile
     os.replace(temporary, target)
     fd = os.open(target.parent, os.O_RDONLY)
     try:
@@ -882,15 +893,19 @@ def is_export(path: Path) -> bool:
 
 def old_warehouse_warning(lake: Lake, export_path: str | None) -> str | None:
     """One message when a deployment of an earlier release is loaded: a DuckDB warehouse file
-    (at the old default ``data/fieldsales.duckdb``, or at ``duckdb_path``) and no lake yet.
-    Nothing is moved or deleted: the documented move is a full refresh into the lake."""
+    at the old default ``data/fieldsales.duckdb`` (or a DuckDB file at ``duckdb_path`` that is
+    not an export) and no lake yet. Nothing is moved or deleted: the documented move is a full
+    refresh into the lake."""
     if lake.catalog_file is None or lake.catalog_file.exists():
         return None  # a lake is there (or, on PostgreSQL, it cannot be told cheaply)
     candidates = [OLD_DEFAULT_DATABASE, *([Path(export_path)] if export_path else [])]
     for path in dict.fromkeys(candidate.absolute() for candidate in candidates):
         with contextlib.suppress(duckdb.Error):  # cannot tell now: no warning
             if path.is_file() and not is_export(path):
-                found = old_warehouse_message(path, lake)
+                exported = export_path is not None and path == Path(export_path).absolute()
+                found = (
+                    not_an_export_message(path) if exported else old_warehouse_message(path, lake)
+                )
                 return f"Field-Sales: no lake yet at {lake.catalog_file}, and {found}"
     return None
 
