@@ -23,7 +23,11 @@ import dagster as dg
 import urllib3
 from pydantic import BaseModel, ConfigDict, ValidationError, create_model, model_validator
 
-from fieldsales_dagster.assets.checks import build_core_checks, checks_in_asset_step
+from fieldsales_dagster.assets.checks import (
+    build_core_checks,
+    build_schema_change_checks,
+    checks_in_asset_step,
+)
 from fieldsales_dagster.assets.core import build_core_assets
 from fieldsales_dagster.assets.export import build_export_asset
 from fieldsales_dagster.assets.io_manager import build_io_manager
@@ -315,7 +319,7 @@ class FieldSalesComponent(dg.Component, FieldSalesSettings):
     def build_checks(self, assets: list[dg.AssetsDefinition]) -> list[dg.AssetChecksDefinition]:
         return [
             *build_core_checks(self.names),
-            *dg.build_column_schema_change_checks(assets=assets),
+            build_schema_change_checks(self.names, assets),
         ]
 
     def alert_settings(self) -> AlertSettings:

@@ -19,6 +19,7 @@ import logging
 import os
 import sys
 from collections import defaultdict
+from collections.abc import Sequence
 from pathlib import Path
 
 import dagster as dg
@@ -88,7 +89,7 @@ def table_rows(warehouse: FieldSalesWarehouse) -> list[tuple[str, int]]:
         ]
 
 
-def summarize(warehouse: FieldSalesWarehouse, evaluations: list) -> tuple[str, list[str]]:
+def summarize(warehouse: FieldSalesWarehouse, evaluations: Sequence) -> tuple[str, list[str]]:
     """Row counts with each table's check results beside them; and the unexpected failures."""
     checks: dict[str, list] = defaultdict(list)
     for evaluation in evaluations:
@@ -163,15 +164,27 @@ def progress_logger(init_context: dg.InitLoggerContext) -> logging.Logger:
     return logger
 
 
-def run_and_report(job, instance, warehouse: FieldSalesWarehouse) -> int:
-    """Run ``job`` on ``instance``, print the tables and checks; 0 unless something went wrong.
+def run_and_report(loaded: dg.Definitions, instance, warehouse: FieldSalesWarehouse) -> int:
+    """Run every asset and check of ``loaded`` on ``instance``, print the tables and checks; 0
+    unless something went wrong.
 
     The terminal shows one line per finished step (and any warning); Dagster's own DEBUG events
     stay in the instance, where the UI shows them. The run carries its asset selection, so the
     UI's runs list names its target.
     """
+    job = loaded.resolve_implicit_global_asset_job_def()
     keys = sorted(job.asset_layer.executable_asset_keys)
-    print(f"Materializing {len(keys)} assets; each line is a step that finished:", flush=True)
+    # A step per asset (its own checks included) and per definition of checks run apart.
+    steps = {
+        d.op.name
+        for d in [*(loaded.assets or ()), *(loaded.asset_checks or ())]
+        if isinstance(d, dg.AssetsDefinition)
+    }
+    print(
+        f"Materializing {len(keys)} assets and their checks in {len(steps)} steps; each line is "
+        "a step that finished:",
+        flush=True,
+    )
     quiet = job.with_logger_defs({"progress": progress_logger})
     result = quiet.execute_in_process(
         run_config={"loggers": {"progress": {}}},
@@ -231,7 +244,6 @@ def main(argv: list[str] | None = None) -> int:
         from fieldsales_dagster.definitions import defs
 
         loaded = defs()
-        job = loaded.resolve_implicit_global_asset_job_def()
         # The lake the run writes, as the definitions resolve it (settings, then defaults).
         warehouse = (loaded.resources or {}).get(InstanceNames().warehouse.key)
         assert isinstance(warehouse, FieldSalesWarehouse), "the project defines its warehouse"
@@ -245,7 +257,7 @@ def main(argv: list[str] | None = None) -> int:
         # lake's tenant record along, the documented step for a moved instance (docs/storage.md).
         move_tenant(lake)
         with dg.DagsterInstance.from_config(str(home)) as instance:
-            status = run_and_report(job, instance, warehouse)
+            status = run_and_report(loaded, instance, warehouse)
     print(
         f"\nThe run is recorded in {home}. To browse it: .venv/bin/dg dev from the project "
         "folder, DAGSTER_HOME unset (see the README)."

@@ -9,7 +9,7 @@ import pytest
 from fieldsales_dagster.assets import checks
 from fieldsales_dagster.assets.tables import derived_tables
 from fieldsales_dagster_tests import core_payloads as p
-from fieldsales_dagster_tests.project import core_check_count
+from fieldsales_dagster_tests.project import DEFAULT, core_check_count
 
 SLIDER = p.field("f-slider", "Slider", minimum=0, maximum=10, step=1)
 CONFIG = p.config("cfg-1", [SLIDER])
@@ -151,3 +151,34 @@ def test_uniqueness_check_of_millions_of_keys_fits_a_small_memory_limit(many_rep
     assert not result.passed
     assert result.metadata["duplicated_rows"].value == 2
     assert result.metadata["offending_keys"].value == "transaction / tx-7 / field-2"
+
+
+def test_column_schema_change_runs_in_a_named_step_and_says_what_changed():
+    columns = [dg.TableColumn("id", "BIGINT"), dg.TableColumn("name", "VARCHAR")]
+
+    @dg.asset
+    def table() -> dg.MaterializeResult:
+        return dg.MaterializeResult(
+            metadata={"dagster/column_schema": dg.TableSchema(columns=list(columns))}
+        )
+
+    schema_checks = checks.build_schema_change_checks(DEFAULT, [table])
+    assert schema_checks.op.name == "column_schema_change_checks"
+    with dg.DagsterInstance.ephemeral() as instance:
+
+        def evaluate():
+            result = dg.materialize([table, schema_checks], instance=instance)
+            (evaluation,) = result.get_asset_check_evaluations()
+            return evaluation
+
+        assert evaluate().passed  # the first materialization: nothing to compare with
+        assert evaluate().passed  # the same columns
+        columns[1] = dg.TableColumn("name", "INTEGER")
+        columns.append(dg.TableColumn("added", "DATE"))
+        changed = evaluate()
+    assert not changed.passed
+    assert changed.severity == dg.AssetCheckSeverity.WARN
+    assert changed.description == (
+        "Column schema changed since the previous materialization: added: added; "
+        "name: VARCHAR -> INTEGER"
+    )

@@ -84,6 +84,12 @@ def test_demo_prints_checks_names_intended_failures_and_records_the_run(
     assert " - DEBUG - " not in terminal and "STEP_START" not in terminal
     steps = [line for line in out.splitlines() if re.match(r"^ +\d+\. \S+ \(\d+\.\d s\)$", line)]
     assert {line.split()[1] for line in steps} >= {key.to_user_string() for key in keys}
+    # The count it announces is the steps it lists, each named for what it does.
+    assert f"Materializing {len(keys)} assets and their checks in {len(steps)} steps;" in out
+    assert {line.split()[1] for line in steps} - {key.to_user_string() for key in keys} == {
+        "core_cross_table_checks",
+        "column_schema_change_checks",
+    }
     assert len(terminal.splitlines()) < 100, terminal
 
 

@@ -196,6 +196,74 @@ def _cross_table_checks(names: InstanceNames, checks: list[CoreCheck]) -> dg.Ass
     return _checks
 
 
+#: The check every table has: its columns are those of its previous materialization.
+SCHEMA_CHECK = "column_schema_change"
+
+
+def build_schema_change_checks(
+    names: InstanceNames, assets: Sequence[dg.AssetsDefinition]
+) -> dg.AssetChecksDefinition:
+    """``column_schema_change`` on every asset of ``assets``, as Dagster's
+    ``build_column_schema_change_checks`` compares (the ``dagster/column_schema`` of the last two
+    materializations), in one step named for what it checks: Dagster's step would be named
+    ``asset_check_<hash>``, and the function is in beta."""
+    specs = [
+        dg.AssetCheckSpec(
+            SCHEMA_CHECK,
+            asset=key,
+            description="The columns (names and types) are those of the previous materialization.",
+        )
+        for asset in assets
+        for key in asset.keys
+    ]
+
+    @dg.multi_asset_check(
+        specs=specs,
+        name=names.asset_key("column_schema_change_checks").to_python_identifier(),
+        can_subset=True,
+    )
+    def _checks(context: dg.AssetCheckExecutionContext) -> Iterator[dg.AssetCheckResult]:
+        for key in sorted(context.selected_asset_check_keys, key=str):
+            records = context.instance.fetch_materializations(key.asset_key, limit=2).records
+            schemas = [
+                value.value if isinstance(value, dg.TableSchemaMetadataValue) else None
+                for record in records
+                if record.asset_materialization is not None
+                for value in [record.asset_materialization.metadata.get("dagster/column_schema")]
+            ]
+            passed, description = _schema_change(schemas)
+            yield dg.AssetCheckResult(
+                asset_key=key.asset_key,
+                check_name=key.name,
+                passed=passed,
+                severity=dg.AssetCheckSeverity.WARN,
+                description=description,
+            )
+
+    return _checks
+
+
+def _schema_change(schemas: list[dg.TableSchema | None]) -> tuple[bool, str]:
+    """Whether the latest of ``schemas`` (newest first) has the columns of the one before."""
+    if len(schemas) < 2:
+        return True, "The asset has been materialized fewer than 2 times."
+    if None in schemas:
+        return False, "A materialization of the last two has no column schema metadata."
+    latest, previous = ({c.name: c.type for c in schema.columns} for schema in schemas if schema)
+    changes = [f"added: {name}" for name in latest.keys() - previous.keys()]
+    changes += [f"removed: {name}" for name in previous.keys() - latest.keys()]
+    changes += [
+        f"{name}: {previous[name]} -> {latest[name]}"
+        for name in latest.keys() & previous.keys()
+        if latest[name] != previous[name]
+    ]
+    if not changes:
+        return True, "The columns are those of the previous materialization."
+    return False, "Column schema changed since the previous materialization: " + "; ".join(
+        sorted(changes)
+    )
+
+
 def ids_unique_description(table: CoreTable) -> str:
     key, nullable = ", ".join(table.key), ", ".join(table.nullable_key)
     null = f" ({nullable} may be NULL; NULLs compare equal)" if nullable else ""
