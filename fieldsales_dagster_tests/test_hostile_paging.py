@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+from pathlib import Path
 
 import duckdb
 import pytest
@@ -417,6 +418,60 @@ def test_load_killed_with_sigkill_leaves_nothing_after_the_next_load(demo_server
     load(api, warehouse, EVENTS)  # the next load, of another list
     assert raw_tables(warehouse) == {"events"}
     # The killed process's local files (DuckDB's spills) are gone.
+    assert [path.name for path in local.iterdir()] == [f"pid-{os.getpid()}"]
+
+
+ENDED_OR_KILLED = """
+import os, signal, sys, threading, time
+from fieldsales_dagster.warehouse.warehouse import FieldSalesWarehouse
+
+catalog, data_path, end = sys.argv[1:]
+warehouse = FieldSalesWarehouse(
+    ducklake_catalog=catalog, ducklake_data_path=data_path, duckdb_memory_limit="100MB", threads=1
+)
+with warehouse.get_connection() as conn:
+    if end == "killed":  # killed while DuckDB spills a sort larger than its memory
+        mine = warehouse.local_folder / f"pid-{os.getpid()}"
+        sort = "SELECT * FROM range(30000000) ORDER BY hash(range)"
+        threading.Thread(target=lambda: conn.execute(f"SELECT max(range) FROM ({sort})")).start()
+        while not any(path.is_file() for path in mine.rglob("*")):
+            time.sleep(0.01)
+        os.kill(os.getpid(), signal.SIGKILL)
+    conn.execute("SELECT 42")
+"""
+
+
+def test_only_what_a_killed_process_left_is_reported_as_such(warehouse, caplog, monkeypatch):
+    """Every process's folder goes once it is gone; the log names a killed one's spills, and
+    says nothing of the empty folder of a process that ended normally."""
+    import subprocess
+    import sys
+
+    from fieldsales_dagster.warehouse import warehouse as warehouse_module
+
+    local = warehouse.local_folder
+
+    def child(end: str) -> Path:
+        argv = [warehouse.ducklake_catalog, warehouse.ducklake_data_path, end]
+        process = subprocess.Popen([sys.executable, "-c", ENDED_OR_KILLED, *argv])
+        assert process.wait(timeout=120) == (0 if end == "ended" else -9)
+        return local / f"pid-{process.pid}"
+
+    def removal_said() -> list[str]:
+        """What the next connection of this process says it removed (a new run's first)."""
+        monkeypatch.setattr(warehouse_module, "_CLEANED", set())
+        caplog.clear()
+        with caplog.at_level("INFO"), warehouse.get_connection():
+            pass
+        return [r.getMessage() for r in caplog.records if "killed runs left" in r.getMessage()]
+
+    ended = child("ended")
+    assert ended.is_dir()
+    assert removal_said() == []
+    assert not ended.exists()
+    killed = child("killed")
+    assert any(path.is_file() for path in killed.rglob("*"))  # DuckDB's spills
+    assert removal_said() == [f"Removed what killed runs left: {killed}"]
     assert [path.name for path in local.iterdir()] == [f"pid-{os.getpid()}"]
 
 

@@ -63,15 +63,18 @@ _CLEANED: set[Path] = set()
 
 
 def remove_dead_processes_files(folder: Path) -> list[str]:
-    """Remove the ``pid-<pid>`` folders under ``folder`` of processes that are gone (a killed
-    run's spills); returns what went. Live processes' folders stay."""
+    """Remove the ``pid-<pid>`` folders under ``folder`` of processes that are gone; returns those
+    that held files (a killed run's spills). A process that ended normally leaves its folder
+    empty (DuckDB removes its spills as it closes): removed without a word. Live processes'
+    folders stay."""
     removed = []
     for path in sorted(folder.glob(f"{PROCESS_DIR_PREFIX}*")):
         pid = path.name.removeprefix(PROCESS_DIR_PREFIX)
         if not pid.isdigit() or int(pid) == os.getpid() or _alive(int(pid)):
             continue
+        if any(item.is_file() for item in path.rglob("*")):
+            removed.append(str(path))
         shutil.rmtree(path, ignore_errors=True)
-        removed.append(str(path))
     return removed
 
 
