@@ -16,7 +16,8 @@ ENV DAGSTER_HOME=/opt/dagster/dagster_home
 COPY deploy/dagster.yaml /opt/dagster/dagster_home/dagster.yaml
 COPY deploy/workspace.docker.yaml /opt/fieldsales/workspace.docker.yaml
 
-# The DuckDB files and the token store live on a volume mounted here (FIELDSALES_DUCKDB_PATH,
+# The lake (its SQLite catalog and its Parquet files), the optional single-file export and the
+# token store live on a volume mounted here (FIELDSALES_DUCKLAKE_CATALOG, FIELDSALES_DUCKDB_PATH,
 # FIELDSALES_TOKEN_STORE). Runs write as this user, never as root.
 RUN useradd --create-home --uid 1000 fieldsales && mkdir -p /data \
     && chown fieldsales /data /opt/dagster/dagster_home

@@ -29,6 +29,7 @@ What it cannot prove, and how each step is stood in for:
 
 from __future__ import annotations
 
+import itertools
 import os
 import re
 import shlex
@@ -93,6 +94,19 @@ def test_dockerfile_copies_what_exists_and_installs_as_the_guide_does():
         step.cmd == "COPY" and step.value[-1] == f"{env['DAGSTER_HOME']}/dagster.yaml"
         for step in parsed
     )
+
+
+def test_the_data_volume_comment_names_what_the_guide_puts_there():
+    """The Dockerfile's comment on /data names the variables whose files the guide puts on the
+    data volume: the lake's catalog first (no "DuckDB files" of an earlier release)."""
+    lines = (ROOT / "Dockerfile").read_text().splitlines()
+    at = next(i for i, line in enumerate(lines) if "mkdir -p /data" in line)
+    above = itertools.takewhile(lambda line: line.startswith("#"), reversed(lines[:at]))
+    comment = " ".join(reversed(list(above)))
+    guide = (ROOT / "deploy" / "README.md").read_text()
+    on_volume = re.findall(r"^\| `(FIELDSALES_\w+)` \|[^\n]*/data/", guide, re.M)
+    assert on_volume and set(re.findall(r"FIELDSALES_\w+", comment)) == set(on_volume)
+    assert "lake" in comment
 
 
 def env_pairs(step: dockerfile.Command) -> list[tuple[str, str]]:
