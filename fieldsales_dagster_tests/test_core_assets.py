@@ -20,7 +20,7 @@ def test_every_core_table_has_an_asset_in_group_core_following_its_raw_parents()
     assert sorted(specs) == sorted(t.asset_name for t in derived_tables() if t.schema == "core")
     for spec in specs.values():
         assert spec.group_name == "core"
-        assert spec.kinds == {"duckdb"}
+        assert spec.kinds == {"ducklake"}
         assert spec.description
         assert spec.automation_condition == dg.AutomationCondition.eager()
     assert all(a.op.pool == f"fieldsales_duckdb_{a.key.path[-1]}" for a in core_assets())

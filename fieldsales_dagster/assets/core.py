@@ -11,6 +11,7 @@ import dagster as dg
 
 from fieldsales_dagster.assets.build import materialize_core_table
 from fieldsales_dagster.assets.checks import CoreCheck
+from fieldsales_dagster.assets.metadata import STORAGE_KIND
 from fieldsales_dagster.assets.tables import (
     CoreTable,
     column_lineage,
@@ -44,7 +45,7 @@ def build_core_asset(
         key=key,
         description=table.description,
         group_name=names.group(table.schema),
-        kinds={"duckdb"},
+        kinds={STORAGE_KIND},
         owners=owners,
         deps=[names.asset_key(dep) for dep in table.deps],
         automation_condition=dg.AutomationCondition.eager(),

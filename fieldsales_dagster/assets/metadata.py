@@ -12,6 +12,8 @@ from fieldsales_dagster.warehouse.quoting import qualified, quote_ident
 from fieldsales_dagster.warehouse.rows import one_row
 from fieldsales_dagster.warehouse.warehouse import FieldSalesWarehouse
 
+#: Where the tables are: the kind badge of every table asset and its ``dagster/storage_kind``.
+STORAGE_KIND = "ducklake"
 PREVIEW_ROWS = 5
 PREVIEW_CELL_CHARS = 40
 
@@ -79,7 +81,7 @@ def storage_metadata(warehouse: FieldSalesWarehouse, table: str) -> dict[str, st
     catalog = f"sqlite:{lake.catalog_file.resolve()}" if lake.catalog_file else lake.catalog
     schema = f"&metadata_schema={lake.schema}" if lake.schema else ""
     return {
-        "dagster/storage_kind": "ducklake",
+        "dagster/storage_kind": STORAGE_KIND,
         "dagster/uri": f"ducklake:{catalog}?table={table}{schema}",
     }
 

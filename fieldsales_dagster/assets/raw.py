@@ -13,6 +13,7 @@ from pydantic import Field, field_validator, model_validator
 
 from fieldsales_dagster.assets.columns import column_schema, prepare_raw_table, table_doc
 from fieldsales_dagster.assets.metadata import (
+    STORAGE_KIND,
     previous_row_count,
     storage_metadata,
     table_metadata,
@@ -184,7 +185,7 @@ def _raw_spec(
         key=key,
         io_manager_key=io_manager_key,
         group_name=names.group("raw"),
-        kinds={"duckdb"},
+        kinds={STORAGE_KIND},
         pool=names.pool_for(raw_asset_name(endpoint)),
         owners=owners,
         description=(
