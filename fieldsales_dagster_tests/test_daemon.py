@@ -15,6 +15,7 @@ import subprocess
 import sys
 import time
 from collections.abc import Iterator
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
 import dagster as dg
@@ -22,6 +23,7 @@ import pytest
 from dagster._core.scheduler.instigation import TickStatus
 
 from fieldsales_dagster.assets.tables import derived_tables
+from fieldsales_dagster.token.store import TokenStore
 from fieldsales_dagster_tests.conftest import lake_paths, read_lake
 from fieldsales_dagster_tests.postgres import Postgres, running_postgres
 from fieldsales_dagster_tests.processes import clean_env, process_group, tail
@@ -65,6 +67,12 @@ def test_daemon_fires_the_schedule_and_never_overlaps_refreshes(postgres, tmp_pa
         stdout=subprocess.PIPE,
     ) as demo:
         api = json.loads(demo.stdout.readline())
+        # A deployment whose token is 46 days old: the sensor's first tick requests its renewal.
+        store = tmp_path / "token_store.json"
+        TokenStore(store).current(api["token"])
+        record = json.loads(store.read_text())
+        record["issued_at"] = (datetime.now(UTC) - timedelta(days=46)).isoformat()
+        store.write_text(json.dumps(record))
         env = clean_env(
             DAGSTER_HOME=str(home),
             DAGSTER_POSTGRES_URL=postgres.url,
@@ -72,7 +80,7 @@ def test_daemon_fires_the_schedule_and_never_overlaps_refreshes(postgres, tmp_pa
             FIELDSALES_API_TOKEN=api["token"],
             FIELDSALES_DUCKLAKE_CATALOG=lake_paths(tmp_path)[0],
             FIELDSALES_DUCKLAKE_DATA_PATH=lake_paths(tmp_path)[1],
-            FIELDSALES_TOKEN_STORE=str(tmp_path / "token_store.json"),
+            FIELDSALES_TOKEN_STORE=str(store),
             FIELDSALES_SCHEDULE_CRON="* * * * *",
             **API_TUNING,
         )
@@ -127,10 +135,12 @@ def test_daemon_fires_the_schedule_and_never_overlaps_refreshes(postgres, tmp_pa
         cur.execute("SELECT count(*) FROM job_ticks WHERE type = 'SENSOR'")
         (sensor_rows,) = cur.fetchone()
     assert sensor_rows >= len(sensor_ticks)
-    # The sensor only decided: its first tick requested the renewal job (the token's daily test),
-    # which ran as a run of its own, with a log, and succeeded.
+    # The sensor only decided: its first tick requested the renewal job (renewal due), which ran
+    # as a run of its own, with a log, and succeeded; the store holds the renewed token.
     assert any(renewal.dagster_run.run_id in t.run_ids for t in sensor_ticks)
     assert renewal.dagster_run.status == dg.DagsterRunStatus.SUCCESS
+    renewed = json.loads(store.read_text())
+    assert renewed["source"] == "renewal" and renewed["token"] != api["token"]
 
 
 def wait_for_renewal_run(

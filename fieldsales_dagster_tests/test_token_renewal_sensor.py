@@ -19,7 +19,10 @@ import dagster as dg
 import pytest
 import requests
 
-from fieldsales_dagster.automation.sensors import build_token_renewal_sensor
+from fieldsales_dagster.automation.sensors import (
+    build_token_renewal_job,
+    build_token_renewal_sensor,
+)
 from fieldsales_dagster.client.api import FieldSalesAPI
 from fieldsales_dagster.client.endpoints import CHECK_TOKEN_PATH, GENERATE_TOKEN_PATH
 from fieldsales_dagster.client.errors import AuthenticationError
@@ -70,10 +73,18 @@ class Tick:
     ran: bool
 
 
+#: The cursor of a tick a day after the last test (as of this module's import): the daily test is
+#: due, so the tick tests the token if it does not renew it.
+A_DAY_AFTER_THE_LAST_TEST = (datetime.now(UTC) - timedelta(days=1)).isoformat()
+
+
 def tick(
-    api: FieldSalesAPI, cursor: str | None = None, policy: RenewalPolicy | None = None
+    api: FieldSalesAPI,
+    cursor: str | None = A_DAY_AFTER_THE_LAST_TEST,
+    policy: RenewalPolicy | None = None,
 ) -> Tick:
-    """Evaluate the sensor, which must change nothing, then run the job it requests in process."""
+    """Evaluate the sensor, which must change nothing, then run the job it requests in process
+    (by default a tick at which the daily test is due; ``cursor=None``: the sensor's first)."""
     names = InstanceNames()
     sensor = build_token_renewal_sensor(names, policy or DEFAULT_POLICY)
     path = Path(api.token_store_path)
@@ -85,7 +96,8 @@ def tick(
     if not result.run_requests:
         return Tick(skip_message(result), result.cursor, ran=False)
     (request,) = result.run_requests
-    run = sensor.job.execute_in_process(resources={"fieldsales_api": api}, tags=request.tags)
+    job = build_token_renewal_job(names, policy or DEFAULT_POLICY)
+    run = job.execute_in_process(resources={"fieldsales_api": api}, tags=request.tags)
     return Tick(run.output_for_node(names.token_renewal_op), result.cursor, ran=True)
 
 
@@ -176,6 +188,29 @@ def test_after_renewal_the_old_token_is_refused_and_the_store_holds_the_new_one(
     assert api.current_token() == stored_token(store_path)
 
 
+def test_the_first_tick_of_a_fresh_store_requests_no_run_and_starts_the_day(server, store_path):
+    """`dg dev` on a new instance: the token from the environment is new, so nothing is due;
+    the daily test counts from this tick."""
+    api = make_api(server, store_path)
+    first = tick(api, cursor=None)
+    assert not first.ran
+    assert first.message.startswith("not yet due: 45.0 days left before renewal")
+    assert first.message.endswith("; the daily test starts a day from now")
+    assert server.requests == [] and not store_path.exists()
+    assert not tick(api, cursor=first.cursor).ran  # six hours later, say
+    a_day_ago = (datetime.now(UTC) - timedelta(days=1)).isoformat()
+    assert tick(api, cursor=a_day_ago).ran
+    assert requests_to(server, CHECK_TOKEN_PATH) == 1
+
+
+def test_the_first_tick_renews_a_token_that_is_due(server, store_path):
+    api = make_api(server, store_path)
+    tick(api)
+    backdate(store_path, 46)
+    first = tick(api, cursor=None)
+    assert first.ran and first.message.startswith("token renewed; valid until ")
+
+
 def test_token_is_checked_at_most_once_a_day_when_not_due(server, store_path):
     api = make_api(server, store_path)
     first = tick(api)
@@ -262,7 +297,7 @@ RENEWER_SCRIPT = textwrap.dedent(
 
     import dagster as dg
 
-    from fieldsales_dagster.automation.sensors import build_token_renewal_sensor
+    from fieldsales_dagster.automation.sensors import build_token_renewal_job
     from fieldsales_dagster.names import InstanceNames
     from fieldsales_dagster.token import renewal
     from fieldsales_dagster.settings import SETTINGS
@@ -294,7 +329,7 @@ RENEWER_SCRIPT = textwrap.dedent(
     while not Path(go_file).exists():
         time.sleep(0.01)
     policy = RenewalPolicy(timedelta(days=SETTINGS["token_renew_after_days"].default))
-    job = build_token_renewal_sensor(InstanceNames(), policy).job
+    job = build_token_renewal_job(InstanceNames(), policy)
     run = job.execute_in_process(resources={"fieldsales_api": api})
     print(run.output_for_node(InstanceNames().token_renewal_op))
     """
@@ -421,7 +456,7 @@ def test_refused_token_fails_the_tick_with_what_to_do(server, store_path):
     tick(api)
     server.expire_token()  # the refresh button in the UI
     with pytest.raises(TokenRenewalError) as excinfo:
-        tick(api)  # no cursor: this tick checks the token
+        tick(api)  # the daily test
     message = str(excinfo.value)
     assert "API tab" in message and "FIELDSALES_API_TOKEN" in message
     assert "401" in message
@@ -555,7 +590,7 @@ def test_sensor_preview_changes_nothing_and_requests_the_renewal_run(server, sto
         assert isinstance(result, dg.SensorResult)
         (request,) = result.run_requests
         assert request.tags == {"fieldsales/token": "renewal due"}
-    assert sensor.job.name == InstanceNames().token_renewal_job == "renew_token"
+    assert sensor.job_name == InstanceNames().token_renewal_job == "renew_token"
     assert store_path.read_bytes() == before
     assert server.token == token
     assert server.requests == []  # not even a test of the token
@@ -567,7 +602,7 @@ def test_failed_renewal_is_a_failed_run_and_the_store_is_kept(server, store_path
     backdate(store_path, 46)
     before = store_path.read_bytes()
     server.expire_token()  # the refresh button in the UI: the stored token is refused
-    job = build_token_renewal_sensor(InstanceNames(), DEFAULT_POLICY).job
+    job = build_token_renewal_job(InstanceNames(), DEFAULT_POLICY)
     run = job.execute_in_process(resources={"fieldsales_api": api}, raise_on_error=False)
     assert not run.success
     (failure,) = [e for e in run.all_events if e.event_type_value == "STEP_FAILURE"]
@@ -590,7 +625,8 @@ def test_without_a_token_store_the_sensor_skips_and_the_job_fails_saying_renewal
         skipped = sensor(context)
     assert isinstance(skipped, dg.SkipReason)
     assert skipped.skip_message == RENEWAL_OFF
-    run = sensor.job.execute_in_process(resources={"fieldsales_api": api}, raise_on_error=False)
+    job = build_token_renewal_job(InstanceNames(), DEFAULT_POLICY)
+    run = job.execute_in_process(resources={"fieldsales_api": api}, raise_on_error=False)
     assert not run.success
     (failure,) = [e for e in run.all_events if e.event_type_value == "STEP_FAILURE"]
     assert RENEWAL_OFF in failure.event_specific_data.error.message

@@ -184,14 +184,19 @@ def decide(
     """A run is due if the token is ``renew_after`` old, or a day passed since the last test.
 
     Reads the store and nothing else: no request, no write (``TokenStore.peek``). ``cursor`` is
-    when the last run was requested (ISO); the decision carries the new one.
+    when the last run was requested (ISO), or, before the first, when the sensor first ticked:
+    the first tick of a sensor (``dg dev`` on a new instance) only starts the day, as a token
+    not yet due is tested by the first refresh anyway. The decision carries the new cursor.
     """
     now = now or datetime.now(UTC)
     stored = store.peek(env_token)
     if (due := policy.renewal_due(store, stored, now)) is not None:
         return Decision(True, due, now.isoformat())
+    if cursor is None:
+        first = _not_yet_due(policy, stored, now, checked=False)
+        return Decision(False, f"{first}; the daily test starts a day from now", now.isoformat())
     try:
-        last_run = datetime.fromisoformat(cursor) if cursor else None
+        last_run: datetime | None = datetime.fromisoformat(cursor)
     except ValueError:
         last_run = None
     if from_the_future(last_run, now, "the last token test"):
