@@ -37,6 +37,7 @@ from fieldsales_dagster.automation.alerts import AlertSettings, build_alert_sens
 from fieldsales_dagster.automation.schedule import build_refresh_job, build_refresh_schedule
 from fieldsales_dagster.automation.sensors import (
     build_core_automation_sensor,
+    build_token_renewal_job,
     build_token_renewal_sensor,
 )
 from fieldsales_dagster.client.api import FieldSalesAPI
@@ -384,7 +385,7 @@ class FieldSalesComponent(dg.Component, FieldSalesSettings):
         return dg.Definitions(
             assets=dg.with_source_code_references([*assets, upkeep]),
             asset_checks=self.build_checks(assets),
-            jobs=[job, upkeep_job],
+            jobs=[job, upkeep_job, build_token_renewal_job(names, renewal)],
             schedules=[schedule, upkeep_schedule],
             sensors=[
                 build_token_renewal_sensor(names, renewal),

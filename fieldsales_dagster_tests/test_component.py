@@ -143,6 +143,8 @@ def test_two_tenants_in_one_code_location_each_load_exactly_their_own_data(tmp_p
             "acme_refresh_all",
             "lake_upkeep",
             "acme_lake_upkeep",
+            "renew_token",
+            "acme_renew_token",
         }
 
         with dg.instance_for_test() as instance:

@@ -44,7 +44,9 @@ def build_token_renewal_sensor(names: InstanceNames, policy: RenewalPolicy) -> d
 
     @dg.sensor(
         name=names.token_renewal_sensor,
-        job=build_token_renewal_job(names, policy),
+        # By name (the job is the instance's, bound to its resources there): a sensor that holds
+        # a job Dagster rebinds is rebuilt with a beta parameter, and warns on every load.
+        job_name=names.token_renewal_job,
         minimum_interval_seconds=int(TICK_INTERVAL.total_seconds()),
         default_status=dg.DefaultSensorStatus.RUNNING,
         required_resource_keys={names.api.key},
