@@ -17,8 +17,11 @@ import sys
 import time
 from pathlib import Path
 
+import dagster as dg
 import pytest
+from dagster_graphql import DagsterGraphQLClient
 
+from fieldsales_dagster_tests.processes import process_group
 from fieldsales_dagster_tests.project import load_project_defs
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -465,3 +468,53 @@ def test_a_path_the_user_set_must_exist_and_its_error_ends_dg_launch(tmp_path):
     assert "fieldsales_dagster/defs/fieldsales/defs.yaml is not configured correctly" in lines[-2]
     assert "<instance>" not in done.stdout + done.stderr
     assert not mistyped.parent.exists()
+
+
+def group_members(pgid: int) -> list[str]:
+    """The command lines of the live processes of process group ``pgid``."""
+    found = []
+    for entry in Path("/proc").iterdir():
+        try:
+            state, _, group = (entry / "stat").read_text().rsplit(")", 1)[1].split()[:3]
+            if entry.name.isdigit() and int(group) == pgid and state != "Z":
+                found.append((entry / "cmdline").read_text().replace("\0", " ").strip())
+        except (OSError, ValueError):
+            continue
+    return found
+
+
+@pytest.mark.silent_failures_expected  # the interrupted step fails with no message of its own
+def test_dg_dev_with_a_run_in_flight_stops_as_documented(demo_env, tmp_path):
+    """docs/web-ui.md: `kill -INT <pid>` stops `dg dev` but its code server keeps the run going;
+    SIGINT to the process group (what Ctrl-C sends) interrupts the run, marks it failed, and
+    ends every process of `dg dev`."""
+    clone = fresh_clone(tmp_path)
+    port = free_port()
+    env = {
+        **{k: v for k, v in os.environ.items() if k != "DAGSTER_HOME"},
+        "FIELDSALES_TEST_PAUSE_AT": "loading",
+    }
+    log = tmp_path / "dg_dev.log"
+    argv = [str(BIN / "dg"), "dev", "--port", str(port)]
+
+    def wait_for(done, what: str) -> None:
+        deadline = time.monotonic() + DG_DEV_STOP_S
+        while not done():
+            assert time.monotonic() < deadline, f"{what}:\n{tail(log)}"
+            time.sleep(0.5)
+
+    with process_group(argv, log, env, cwd=clone, preexec_fn=interruptible) as proc:
+        wait_for(lambda: "Serving dagster-webserver" in log.read_text(errors="replace"), "no UI")
+        client = DagsterGraphQLClient("127.0.0.1", port_number=port)
+        run_id = client.submit_job_execution("refresh_all")
+        # dg dev's output carries the run's step output, the pause hook's line included.
+        wait_for(lambda: "paused at loading" in log.read_text(errors="replace"), "no pause")
+        proc.send_signal(signal.SIGINT)  # `kill -INT <pid>`: dg dev alone
+        wait_for(lambda: proc.poll() is not None, "dg dev still runs after SIGINT")
+        instance = dg.DagsterInstance.from_config(str(clone / ".dagster_home"))
+        with instance:
+            assert instance.get_run_by_id(run_id).status == dg.DagsterRunStatus.STARTED
+            assert any("code-server start" in line for line in group_members(proc.pid))
+            os.killpg(proc.pid, signal.SIGINT)  # `kill -INT -- -<pid>`: what Ctrl-C sends
+            wait_for(lambda: not group_members(proc.pid), "processes left after group SIGINT")
+            assert instance.get_run_by_id(run_id).status == dg.DagsterRunStatus.FAILURE
