@@ -25,7 +25,7 @@ from dagster._core.definitions.automation_condition_sensor_definition import (
 )
 
 import fieldsales_dagster
-from fieldsales_dagster_tests.conftest import lake_paths, make_warehouse, read_lake
+from fieldsales_dagster_tests.conftest import lake_at, lake_paths, make_warehouse, read_lake
 from fieldsales_dagster_tests.project import error_chain, write_project
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
@@ -163,10 +163,12 @@ def test_readme_examples_build_with_everything_and_survive_a_raw_only_run(user_e
     with read_lake(database) as conn:
         (raw_loaded,) = conn.execute("SELECT max(loaded_at) FROM raw.events").fetchone()
     materialize(package, env, "group:raw")
-    with read_lake(database) as conn:
+    with lake_at(database).get_connection() as conn:  # the latest snapshot
         (republished,) = conn.execute("SELECT max(loaded_at) FROM raw.events").fetchone()
     assert republished > raw_loaded  # the raw-only run committed its table ...
     assert user_tables(database) == built  # ... and left the user tables as they were
+    with read_lake(database) as conn:  # ... which readers see with the core tables built from it
+        assert conn.execute("SELECT max(loaded_at) FROM raw.events").fetchone() == (raw_loaded,)
 
 
 def run_assets(

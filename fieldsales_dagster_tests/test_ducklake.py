@@ -190,9 +190,11 @@ def test_an_analysts_snapshot_neither_blocks_a_refresh_nor_sees_half_of_it(
 
         assert analyst.execute(counts).fetchone() == before  # still the old snapshot, whole
         analyst.execute("COMMIT")
-        after = analyst.execute(counts).fetchone()
+        assert analyst.execute(counts).fetchone() == before  # a connection keeps its refresh
     finally:
         analyst.close()
+    with connect(lake.lake, read_only=True) as reader:  # a new one reads the refresh since
+        after = reader.execute(counts).fetchone()
     assert after[0] == before[0] + changes["transactions_added"] - changes["transactions_deleted"]
     assert after[1] == small_demo.dataset.count("events")
     assert after[2] != before[2] and after[3] != before[3]

@@ -21,10 +21,13 @@ from fieldsales_dagster.heap import release_step_memory
 from fieldsales_dagster.warehouse import lake as lake_module
 from fieldsales_dagster.warehouse.lake import Lake, prepare
 from fieldsales_dagster.warehouse.warehouse import FieldSalesWarehouse
+from fieldsales_dagster_tests.analyst_reader import READS
 from fieldsales_dagster_tests.conftest import make_api
-from fieldsales_dagster_tests.project import DEFAULT, core_assets, raw_assets
+from fieldsales_dagster_tests.project import DEFAULT, core_assets, mart_assets, raw_assets
 
 ASSETS = [*raw_assets(), *core_assets()]
+#: A refresh of every table an analyst reads (analyst_reader.py): raw, core and mart.
+WHOLE = [*ASSETS, *mart_assets()]
 SNAPSHOT = """
     SELECT (SELECT count(*) FROM raw.transactions), (SELECT count(*) FROM core.transactions),
            (SELECT count(*) FROM raw.events), (SELECT count(*) FROM core.events)
@@ -116,42 +119,59 @@ def test_a_reader_process_holding_a_snapshot_neither_blocks_a_refresh_nor_sees_h
     """An analyst holds ``BEGIN TRANSACTION`` on a read-only attach in another process while a
     whole refresh commits (in SQLite's default rollback journal every commit failed with
     "database is locked"; the catalog is in WAL mode)."""
-    assert refresh(demo_server, tmp_path, warehouse).success
+    assert refresh(demo_server, tmp_path, warehouse, WHOLE).success
     assert is_wal(Path(str(warehouse.ducklake_catalog).removeprefix("sqlite:")))
     old = snapshot(warehouse)
     reader = AnalystReader(warehouse, "hold", tmp_path)
     try:
-        assert reader.first == old
-        assert refresh(bigger_server, tmp_path, warehouse).success
+        assert reader.first["raw.transactions"][0] == old[0]
+        assert refresh(bigger_server, tmp_path, warehouse, WHOLE).success
         report = reader.finish()
     finally:
         reader.kill()
-    assert report["errors"] == [] and report["queries"] > 0
+    assert report["errors"] == [] and report["reads"] > 0
     # The held snapshot: the old tables, all of them, throughout.
-    assert {tuple(json.loads(k)) for k in report["seen"]} == {tuple(old)}
+    assert [json.loads(k) for k in report["seen"]] == [reader.first]
     assert snapshot(warehouse) == [1800, 1800, 45, 45] and old == [1200, 1200, 30, 30]
 
 
-def test_connections_opened_during_a_refresh_see_old_or_new_tables_never_a_mix_of_one(
-    demo_server, bigger_server, tmp_path, warehouse
+def assert_agree(answer: dict[str, list[int]]) -> None:
+    """Raw, core and mart of one read (analyst_reader.py) are one refresh's: the same ids in a
+    raw table and the core table built from it, and the mart counts what core holds."""
+    assert answer["raw.events"] == answer["core.events"], answer
+    assert answer["raw.transactions"] == answer["core.transactions"], answer
+    assert answer["mart.daily_sales"] == answer["core.transactions"][:1], answer
+
+
+def test_readers_in_other_processes_see_whole_refreshes_never_a_mix(
+    demo_server, tmp_path, warehouse
 ):
-    assert refresh(demo_server, tmp_path, warehouse).success
-    old = snapshot(warehouse)
-    reader = AnalystReader(warehouse, "reopen", tmp_path)
+    """docs/storage.md: a reader sees the last complete refresh. Two analysts' processes read raw,
+    core and mart over and over, one statement after the other in one transaction (one holding
+    a transaction throughout, one opening a connection per read), while a refresh of changed
+    data commits table after table: every read is the lake before or after it, whole."""
+    assert refresh(demo_server, tmp_path, warehouse, WHOLE).success
+    readers = {mode: AnalystReader(warehouse, mode, tmp_path) for mode in ("hold", "reopen")}
     try:
-        assert refresh(bigger_server, tmp_path, warehouse).success
-        report = reader.finish()
+        before = readers["hold"].first
+        assert readers["reopen"].first == before
+        changes = demo_server.behaviour.evolve(1)
+        assert changes["transactions_added"] != changes["transactions_deleted"]
+        assert refresh(demo_server, tmp_path, warehouse, WHOLE).success
+        reports = {mode: reader.finish() for mode, reader in readers.items()}
     finally:
-        reader.kill()
-    assert report["errors"] == []
-    # Each table is old or new, never half-written: raw and core of one list move together
-    # only per asset (each asset's write is one snapshot), so every count is an old or new one.
-    for seen in report["seen"]:
-        counts = json.loads(seen)
-        assert all(
-            count in (before, after)
-            for count, before, after in zip(counts, old, [1800, 1800, 45, 45], strict=True)
-        ), counts
+        for reader in readers.values():
+            reader.kill()
+    with warehouse.read_connection() as conn:
+        after = {name: list(conn.execute(sql).fetchone()) for name, sql in READS.items()}
+    assert after != before
+    for mode, report in reports.items():
+        assert report["errors"] == [], mode
+        for answer in map(json.loads, report["seen"]):
+            assert_agree(answer)
+            assert answer in (before, after), mode
+    assert [json.loads(k) for k in reports["hold"]["seen"]] == [before]
+    assert sum(reports["reopen"]["seen"].values()) == reports["reopen"]["reads"] > 1
 
 
 def test_a_data_path_that_is_set_but_missing_fails_before_anything_is_written(

@@ -8,6 +8,7 @@ decoded table brings it up to date first (``decode.py``); one that follows it ad
 changed (``follow.py``).
 """
 
+import functools
 from collections.abc import Callable
 from typing import Any
 
@@ -110,7 +111,9 @@ def materialize_core_table(
 ) -> dict[str, Any]:
     """Build ``table`` on ``conn`` (on a lake: one commit) and return its metadata (schema, row
     count, preview)."""
-    decode = build_described_table(conn, table, warehouse, warehouse.one_commit)
+    reads = [dep.replace("_", ".", 1) for dep in table.deps]  # raw_events: raw.events
+    commit = functools.partial(warehouse.one_commit, reads=reads)
+    decode = build_described_table(conn, table, warehouse, commit)
     schema = column_schema(conn, table.table, table.doc, warehouse.pii)
     return {
         **table_metadata(

@@ -73,6 +73,18 @@ DATA_PATH_VARIABLE = "FIELDSALES_DUCKLAKE_DATA_PATH"
 DEFAULT_ALIAS = "fieldsales"
 #: Which tenant the lake belongs to, recorded on first use (``check_tenant``).
 TENANT_TABLE = "meta.lake_tenant"
+#: Each table write of ``FieldSalesWarehouse.one_commit`` records here the tables it read and the
+#: snapshot it read them at (``record_build``).
+BUILDS_TABLE = "meta.lake_builds"
+#: The commit message of a commit after which every table ``BUILDS_TABLE`` lists was built after
+#: the last write of each table it reads (its raw, core and mart tables agree), and of one after
+#: which some table is older than a table it reads (``_mark_refresh``). Readers attach the
+#: snapshot before the first incomplete commit that follows the last complete one
+#: (``reader_statements``).
+COMPLETE = "complete refresh"
+INCOMPLETE = "incomplete refresh"
+#: The DuckDB variable in which the readers' statements keep that snapshot's id.
+SNAPSHOT_VARIABLE = "fieldsales_snapshot"
 #: How often a commit that lost a conflict with another writer is tried again (after pauses of
 #: 0.1-0.5 s times the attempt: about 20 s in all).
 CONFLICT_ATTEMPTS = 12
@@ -166,8 +178,9 @@ class Lake:
         """A short name of this tenant's lake, for local folders (spools) that must not mix."""
         return hashlib.sha256(f"{self.catalog}\0{self.schema or ''}".encode()).hexdigest()[:16]
 
-    def attach_sql(self, read_only: bool = False) -> str:
-        """The ATTACH statement (no password in it: see ``connect``)."""
+    def attach_sql(self, read_only: bool = False, snapshot: str | None = None) -> str:
+        """The ATTACH statement (no password in it: see ``connect``); ``snapshot``: an expression
+        of the snapshot id to attach (read-only) instead of the latest."""
         # The setting is where the files are: a lake whose folder moved (the project folder
         # copied, a volume mounted elsewhere) opens from there. (A missing one fails first.)
         options = [f"DATA_PATH {sql_literal(self.data_folder)}", "OVERRIDE_DATA_PATH true"]
@@ -175,6 +188,8 @@ class Lake:
             options.append(f"METADATA_SCHEMA {sql_literal(self.schema)}")
         if read_only:
             options.append("READ_ONLY")
+        if snapshot:
+            options.append(f"SNAPSHOT_VERSION {snapshot}")
         return (
             f"ATTACH {sql_literal('ducklake:' + self.catalog)} AS {quote_ident(self.alias)} "
             f"({', '.join(options)})"
@@ -272,6 +287,9 @@ def connect(
         prepare(lake)
     conn = duckdb.connect(config={**(config or {}), **lake_config()})
     try:
+        # DuckDB draws its progress bar on standard output, where a script's $(python -c ...)
+        # would take it for the value printed (a connection's setting, not a global one).
+        conn.execute("SET enable_progress_bar = false")
         load_extensions(conn, lake)
         if lake.is_postgres:
             password = os.environ.get(lake.password_env_var)
@@ -307,11 +325,35 @@ def connect(
 
 
 def _attach(conn: duckdb.DuckDBPyConnection, lake: Lake, read_only: bool) -> None:
-    """ATTACH the lake, again after a pause while another process is creating the same new lake
-    (its catalog tables half made: "database is locked", "already exists")."""
+    """ATTACH the lake (a reader: at its last complete refresh, ``reader_statements``), again
+    after a pause while another process is creating the same new lake (its catalog tables half
+    made: "database is locked", "already exists")."""
     racing = ("database is locked", "already exists")
     retrying = _retrying(lambda exc: isinstance(exc, duckdb.Error) and _says(exc, *racing))
-    retrying(conn.execute, lake.attach_sql(read_only))
+    for statement in reader_statements(lake) if read_only else [lake.attach_sql()]:
+        retrying(conn.execute, statement)
+
+
+def reader_statements(lake: Lake) -> list[str]:
+    """The statements that attach ``lake`` read-only at its last complete refresh, found
+    through an attach of the latest snapshot: the latest snapshot, unless a commit since the last
+    ``COMPLETE`` one was ``INCOMPLETE`` (a refresh under way, failed, or of raw tables alone);
+    then the snapshot before the first such commit.
+
+    A reader so opened reads that moment whatever it does (with or without a transaction): the
+    raw, core and mart tables of one refresh, never a refresh half done. A new connection reads
+    the refresh completed since."""
+    latest = replace(lake, alias=f"{lake.alias}_latest")
+    return [
+        latest.attach_sql(read_only=True),
+        f"SET VARIABLE {SNAPSHOT_VARIABLE} = (WITH s AS (SELECT snapshot_id AS id, "
+        f"commit_message AS said FROM {quote_ident(latest.alias)}.snapshots()), "
+        f"broken AS (SELECT min(id) AS id FROM s WHERE said = {sql_literal(INCOMPLETE)} AND "
+        f"id > (SELECT coalesce(max(id), -1) FROM s WHERE said = {sql_literal(COMPLETE)})) "
+        "SELECT coalesce(max(id) FILTER (id < (SELECT id FROM broken)), max(id)) FROM s)",
+        f"DETACH {quote_ident(latest.alias)}",
+        lake.attach_sql(read_only=True, snapshot=f"getvariable({sql_literal(SNAPSHOT_VARIABLE)})"),
+    ]
 
 
 def _says(exc: BaseException, *texts: str) -> bool:
@@ -552,6 +594,7 @@ def _transaction(conn: duckdb.DuckDBPyConnection, body: Callable[[], T]) -> T:
     _IN_TRANSACTION.add(id(conn))
     try:
         result = body()
+        _mark_refresh(conn)
         conn.execute("COMMIT")
         return result
     except BaseException:
@@ -563,6 +606,52 @@ def _transaction(conn: duckdb.DuckDBPyConnection, body: Callable[[], T]) -> T:
         raise
     finally:
         _IN_TRANSACTION.discard(id(conn))
+
+
+def record_build(conn: duckdb.DuckDBPyConnection, lake: Lake, table: str, reads: list[str]) -> None:
+    """Record, in the transaction writing ``table``, that it read the tables ``reads`` at the
+    transaction's snapshot (``BUILDS_TABLE``)."""
+    conn.execute("CREATE SCHEMA IF NOT EXISTS meta")
+    conn.execute(
+        f"CREATE TABLE IF NOT EXISTS {BUILDS_TABLE} "
+        "(table_name VARCHAR, reads VARCHAR[], read_snapshot BIGINT)"
+    )
+    conn.execute(
+        f"INSERT INTO {BUILDS_TABLE} SELECT ?, ?, id FROM "
+        f"{quote_ident(lake.alias)}.current_snapshot()",
+        [table, reads],
+    )
+
+
+#: How many tables of ``BUILDS_TABLE`` read a table that was written again since.
+_STALE = f"""
+    WITH last AS (
+        SELECT table_name, arg_max(reads, read_snapshot) AS reads, max(read_snapshot) AS read
+        FROM {BUILDS_TABLE} GROUP BY table_name)
+    SELECT count(*) FROM (SELECT read, unnest(reads) AS input FROM last) AS built
+    JOIN last AS input ON input.table_name = built.input WHERE input.read >= built.read
+"""
+
+
+def _mark_refresh(conn: duckdb.DuckDBPyConnection) -> None:
+    """On a lake, give the commit the message ``COMPLETE`` when no table ``BUILDS_TABLE`` lists
+    is older than a table it reads (its raw, core and mart tables agree), else ``INCOMPLETE``.
+
+    A table is judged by the snapshot its writer read: a refresh's steps write one after the
+    other (and refresh runs never overlap), so a table read after its inputs' last commit. A lake
+    whose first refresh is under way is complete with the tables built so far."""
+    found = conn.execute(
+        "SELECT database_name FROM duckdb_databases() "
+        "WHERE database_name = current_database() AND type = 'ducklake'"
+    ).fetchone()
+    if found is None:
+        return
+    try:
+        (stale,) = one_row(conn, _STALE)
+    except duckdb.CatalogException:  # no table write recorded yet
+        stale = 0
+    message = f"'fieldsales', {sql_literal(INCOMPLETE if stale else COMPLETE)}"
+    conn.execute(f"CALL {quote_ident(found[0])}.set_commit_message({message})")
 
 
 @contextmanager
@@ -932,7 +1021,8 @@ def analyst_sql(lake: Lake) -> str:
             f"-- the password: CREATE TEMPORARY SECRET (TYPE postgres, PASSWORD '...'); "
             f"(from {lake.password_env_var})"
         )
-    lines += [f"{lake.attach_sql(read_only=True)};", f"USE {quote_ident(lake.alias)};"]
+    lines += [f"{statement};" for statement in reader_statements(lake)]
+    lines.append(f"USE {quote_ident(lake.alias)};")
     return "\n".join(lines) + "\n"
 
 

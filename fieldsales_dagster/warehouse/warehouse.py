@@ -11,7 +11,7 @@ import os
 import shutil
 import tempfile
 import uuid
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from contextlib import nullcontext
 from pathlib import Path
 from typing import Any, TypeVar
@@ -38,6 +38,7 @@ from fieldsales_dagster.warehouse.lake import (
     connect,
     default_data_path,
     export_snapshot,
+    record_build,
     run_transaction,
     writer_connection,
 )
@@ -229,13 +230,22 @@ class FieldSalesWarehouse(settings_resource("WarehouseSettings", *WAREHOUSE_SETT
 
     # --- connections --------------------------------------------------------------------------
 
-    def one_commit(self, conn: duckdb.DuckDBPyConnection, table: str, write: Callable[[], T]) -> T:
+    def one_commit(
+        self,
+        conn: duckdb.DuckDBPyConnection,
+        table: str,
+        write: Callable[[], T],
+        reads: Sequence[str] = (),
+    ) -> T:
         """An asset's ``write`` of ``table`` and its state in one transaction, so one snapshot,
-        retried whole on a conflict (``run_transaction``). The lake's first commit also records
-        its tenant (``check_tenant``): after the server answered, never on a failed run."""
+        retried whole on a conflict (``run_transaction``), recording that it read the tables
+        ``reads`` (``record_build``: readers see a refresh once every table is rebuilt). The
+        lake's first commit also records its tenant (``check_tenant``): after the server
+        answered, never on a failed run."""
 
         def write_and_record() -> T:
             result = write()
+            record_build(conn, self.lake, table, list(reads))
             check_tenant(conn, self.lake, record=True)
             return result
 
@@ -256,8 +266,9 @@ class FieldSalesWarehouse(settings_resource("WarehouseSettings", *WAREHOUSE_SETT
         return conn
 
     def read_connection(self) -> duckdb.DuckDBPyConnection:
-        """A read-only connection to the lake, what an analyst opens (docs/storage.md); ``with``
-        closes it."""
+        """A read-only connection to the lake at its last complete refresh
+        (``lake.reader_statements``), what an analyst opens (docs/storage.md); ``with`` closes
+        it."""
         return connect(self.lake, self._config(), read_only=True)
 
     def _config(self) -> DuckDBConfig:
