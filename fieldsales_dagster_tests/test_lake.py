@@ -270,6 +270,22 @@ def test_upkeep_deletes_orphaned_files_past_the_safety_age_and_keeps_the_live_on
     assert counts == (1200, 30)  # every live file still read
 
 
+def test_upkeep_keeps_the_refresh_readers_read_however_old(demo_server, tmp_path, warehouse):
+    """A raw-only refresh is not complete: readers keep the whole refresh before it, and an
+    upkeep that expires every older snapshot (retain_snapshots_days 0) keeps that one."""
+    assert refresh(demo_server, tmp_path, warehouse, WHOLE).success
+    demo_server.behaviour.evolve(1)
+    assert refresh(demo_server, tmp_path, warehouse, assets=raw_assets()).success
+
+    meta = run_upkeep(warehouse, retain_snapshots_days=0)
+
+    assert meta["snapshots_after"] < meta["snapshots_before"]
+    with warehouse.read_connection() as conn:
+        answer = {name: list(conn.execute(sql).fetchone()) for name, sql in READS.items()}
+    assert_agree(answer)
+    assert answer["raw.transactions"][0] == 1200 != demo_server.dataset.count("transactions")
+
+
 def test_time_travel_reaches_back_retain_snapshots_days(demo_server, tmp_path, warehouse):
     assert refresh(demo_server, tmp_path, warehouse, assets=raw_assets()).success
     with warehouse.read_connection() as conn:

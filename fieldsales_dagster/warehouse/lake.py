@@ -1,10 +1,11 @@
 """The warehouse's storage: a DuckLake, opened offline from the extension wheels.
 
 A DuckLake keeps its catalog (schemas, tables, snapshots, the list of data files) in a SQL
-database and the rows in immutable Parquet files under a data path. Every commit is a snapshot:
-a reader sees the last committed one, never half a refresh, and never makes a writer wait; writers
-of different tables do not block each other. Assets write the lake directly, each table change in
-one transaction (``run_transaction``), retried on a conflict with another writer.
+database and the rows in immutable Parquet files under a data path. Every commit is a snapshot,
+marked as a complete refresh or not (``record_build``, ``_mark_refresh``): a reader attaches the
+last complete refresh (``reader_statements``), never half a refresh, and never makes a writer
+wait; writers of different tables do not block each other. Assets write the lake directly, each
+table change in one transaction (``run_transaction``), retried on a conflict with another writer.
 
 The catalog is one of:
 
@@ -346,14 +347,23 @@ def reader_statements(lake: Lake) -> list[str]:
     latest = replace(lake, alias=f"{lake.alias}_latest")
     return [
         latest.attach_sql(read_only=True),
-        f"SET VARIABLE {SNAPSHOT_VARIABLE} = (WITH s AS (SELECT snapshot_id AS id, "
-        f"commit_message AS said FROM {quote_ident(latest.alias)}.snapshots()), "
-        f"broken AS (SELECT min(id) AS id FROM s WHERE said = {sql_literal(INCOMPLETE)} AND "
-        f"id > (SELECT coalesce(max(id), -1) FROM s WHERE said = {sql_literal(COMPLETE)})) "
-        "SELECT coalesce(max(id) FILTER (id < (SELECT id FROM broken)), max(id)) FROM s)",
+        f"SET VARIABLE {SNAPSHOT_VARIABLE} = ({last_complete_snapshot(latest.alias)})",
         f"DETACH {quote_ident(latest.alias)}",
         lake.attach_sql(read_only=True, snapshot=f"getvariable({sql_literal(SNAPSHOT_VARIABLE)})"),
     ]
+
+
+def last_complete_snapshot(alias: str) -> str:
+    """The query of the snapshot id readers attach in the lake ``alias`` (``reader_statements``):
+    the one before the first ``INCOMPLETE`` commit after the last ``COMPLETE`` one, else the
+    latest."""
+    return (
+        f"WITH s AS (SELECT snapshot_id AS id, commit_message AS said FROM "
+        f"{quote_ident(alias)}.snapshots()), "
+        f"broken AS (SELECT min(id) AS id FROM s WHERE said = {sql_literal(INCOMPLETE)} AND "
+        f"id > (SELECT coalesce(max(id), -1) FROM s WHERE said = {sql_literal(COMPLETE)})) "
+        "SELECT coalesce(max(id) FILTER (id < (SELECT id FROM broken)), max(id)) FROM s"
+    )
 
 
 def _says(exc: BaseException, *texts: str) -> bool:
@@ -710,8 +720,9 @@ def upkeep(
 ) -> dict[str, Any]:
     """Merge adjacent small files, expire snapshots older than ``retain_days``, delete the files
     no snapshot needs any more, and the files no snapshot ever listed (``orphan_age_hours`` old
-    at least). The last snapshot stays readable; time travel reaches back ``retain_days``.
-    Returns the counts before and after, as the upkeep asset's metadata."""
+    at least). The last snapshot stays readable, and so does the one readers attach (the last
+    complete refresh, however old); time travel reaches back ``retain_days``. Returns the counts
+    before and after, as the upkeep asset's metadata."""
     name, snapshots = sql_literal(lake.alias), f"{quote_ident(lake.alias)}.snapshots()"
     files_before, bytes_before, counted_in = stored_files(conn, lake)
     (snapshots_before,) = one_row(conn, f"SELECT count(*) FROM {snapshots}")
@@ -721,15 +732,30 @@ def upkeep(
     def call(statement: str) -> list[Any]:
         return conn.execute(statement).fetchall()
 
+    def expire() -> list[Any]:
+        # By id: an older_than of a snapshot's own time expired every snapshot (measured).
+        (old,) = one_row(
+            conn,
+            f"SELECT list(snapshot_id) FROM {snapshots} WHERE snapshot_time < now() - "
+            f"to_microseconds({int(seconds * 1e6)}) AND snapshot_id <> "
+            f"({last_complete_snapshot(lake.alias)}) AND snapshot_id < "
+            f"(SELECT max(snapshot_id) FROM {snapshots})",
+        )
+        return call(f"CALL ducklake_expire_snapshots({name}, versions => {old})") if old else []
+
     results = [
-        run_transaction(conn, lake.alias, functools.partial(call, statement))
-        for statement in (
-            f"CALL ducklake_merge_adjacent_files({name})",
-            f"CALL ducklake_expire_snapshots({name}, older_than => now() - "
-            f"to_microseconds({int(seconds * 1e6)}))",
-            f"CALL ducklake_cleanup_old_files({name}, cleanup_all => true)",
-            f"CALL ducklake_delete_orphaned_files({name}, older_than => now() - "
-            f"to_microseconds({int(orphan_seconds * 1e6)}))",
+        run_transaction(conn, lake.alias, body)
+        for body in (
+            functools.partial(call, f"CALL ducklake_merge_adjacent_files({name})"),
+            expire,
+            functools.partial(
+                call, f"CALL ducklake_cleanup_old_files({name}, cleanup_all => true)"
+            ),
+            functools.partial(
+                call,
+                f"CALL ducklake_delete_orphaned_files({name}, older_than => now() - "
+                f"to_microseconds({int(orphan_seconds * 1e6)}))",
+            ),
         )
     ]
     snapshots_after, last = one_row(conn, f"SELECT count(*), max(snapshot_id) FROM {snapshots}")
