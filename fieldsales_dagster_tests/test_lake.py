@@ -215,8 +215,8 @@ def test_the_default_data_folder_is_made_for_a_new_lake_only(demo_server, tmp_pa
 
 
 def test_a_failing_user_asset_never_withholds_the_projects_tables(demo_server, tmp_path, warehouse):
-    """With no publish step, what each asset committed is what analysts read, whatever fails
-    after it in the same run."""
+    """With no publish step, a refresh whose raw and core tables are all built is what analysts
+    read, whatever of the user's fails after it in the same run."""
 
     @dg.asset(deps=["core_transactions"])
     def team_kpi() -> None:
