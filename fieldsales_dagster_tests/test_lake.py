@@ -10,6 +10,7 @@ import os
 import subprocess
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 import dagster as dg
@@ -19,7 +20,7 @@ from fieldsales_dagster.assets.upkeep import build_upkeep_asset
 from fieldsales_dagster.demo_api import DemoConfig, DemoServer
 from fieldsales_dagster.heap import release_step_memory
 from fieldsales_dagster.warehouse import lake as lake_module
-from fieldsales_dagster.warehouse.lake import Lake, prepare
+from fieldsales_dagster.warehouse.lake import Lake, prepare, run_transaction
 from fieldsales_dagster.warehouse.warehouse import FieldSalesWarehouse
 from fieldsales_dagster_tests.analyst_reader import READS
 from fieldsales_dagster_tests.conftest import make_api
@@ -268,6 +269,36 @@ def test_upkeep_deletes_orphaned_files_past_the_safety_age_and_keeps_the_live_on
             "SELECT (SELECT count(*) FROM raw.transactions), (SELECT count(*) FROM raw.events)"
         ).fetchone()
     assert counts == (1200, 30)  # every live file still read
+
+
+def test_readers_wait_for_the_tables_built_from_a_new_one_unless_they_were_dropped(warehouse):
+    """A table written again makes the tables built from it stale: readers keep the snapshot
+    before, until they are built again, or dropped (a table the project no longer builds)."""
+    with warehouse.get_connection() as conn:
+
+        def write(statement: str) -> Callable[[], object]:
+            return lambda: conn.execute(statement)
+
+        conn.execute("CREATE SCHEMA raw")
+        conn.execute("CREATE SCHEMA core")
+        warehouse.one_commit(conn, "raw.a", write("CREATE TABLE raw.a AS SELECT 1 AS id"))
+        built = write("CREATE OR REPLACE TABLE core.b AS SELECT * FROM raw.a")
+        warehouse.one_commit(conn, "core.b", built, reads=["raw.a"])
+        warehouse.one_commit(conn, "raw.a", write("INSERT INTO raw.a VALUES (2)"))
+
+        def read() -> tuple | None:
+            with warehouse.read_connection() as reader:
+                counts = "SELECT (SELECT count(*) FROM raw.a), count(*) FROM core.b"
+                return reader.execute(counts).fetchone()
+
+        assert read() == (1, 1)
+        warehouse.one_commit(conn, "core.b", built, reads=["raw.a"])
+        assert read() == (2, 2)
+        warehouse.one_commit(conn, "raw.a", write("INSERT INTO raw.a VALUES (3)"))
+        assert read() == (2, 2)
+        run_transaction(conn, "core.b", write("DROP TABLE core.b"))
+    with warehouse.read_connection() as reader:
+        assert reader.execute("SELECT count(*) FROM raw.a").fetchone() == (3,)
 
 
 def test_upkeep_keeps_the_refresh_readers_read_however_old(demo_server, tmp_path, warehouse):

@@ -633,13 +633,16 @@ def record_build(conn: duckdb.DuckDBPyConnection, lake: Lake, table: str, reads:
     )
 
 
-#: How many tables of ``BUILDS_TABLE`` read a table that was written again since.
+#: How many tables of ``BUILDS_TABLE`` read a table that was written again since; a table no
+#: longer in the lake (a table the project stopped building, dropped) is not judged.
 _STALE = f"""
     WITH last AS (
         SELECT table_name, arg_max(reads, read_snapshot) AS reads, max(read_snapshot) AS read
         FROM {BUILDS_TABLE} GROUP BY table_name)
-    SELECT count(*) FROM (SELECT read, unnest(reads) AS input FROM last) AS built
+    SELECT count(*) FROM (SELECT table_name, read, unnest(reads) AS input FROM last) AS built
     JOIN last AS input ON input.table_name = built.input WHERE input.read >= built.read
+    AND built.table_name IN (SELECT schema_name || '.' || table_name FROM duckdb_tables()
+        WHERE database_name = current_database())
 """
 
 
