@@ -736,7 +736,8 @@ def upkeep(
         return conn.execute(statement).fetchall()
 
     def expire() -> list[Any]:
-        # By id: an older_than of a snapshot's own time expired every snapshot (measured).
+        # By id: older_than as a timestamp literal (the readers' snapshot's time) expired every
+        # snapshot of a SQLite catalog (measured).
         (old,) = one_row(
             conn,
             f"SELECT list(snapshot_id) FROM {snapshots} WHERE snapshot_time < now() - "
