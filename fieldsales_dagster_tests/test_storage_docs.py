@@ -170,29 +170,3 @@ def test_the_time_travel_lines_work_on_a_young_lake(project_folder, open_lake):
         timeout=120,
     )
     assert "No snapshot found" in done.stderr + done.stdout
-
-
-#: The sections whose code blocks a test runs as written (test_storage_recipe.py: the recipes;
-#: of the Docker line, an example, the values).
-RUN = {
-    "## A catalog on your own machine",
-    "### From Python",
-    "### From the DuckDB CLI",
-    "### The latest snapshot, on purpose",
-    "### Time travel",
-}
-
-
-def test_every_code_block_of_the_page_is_run_or_marked_an_example():
-    """A new analyst's walk: each block runs in a test (``RUN``), or the paragraph before it says
-    it is an example, with the reader's own values."""
-    heading, paragraph, unmarked = "", "", []
-    for part in re.split(r"(```\w*\n.*?```)", DOC.read_text(), flags=re.S):
-        if part.startswith("```"):
-            if heading not in RUN and "example" not in paragraph:
-                unmarked.append(f"{heading}: {part.splitlines()[1]}")
-            continue
-        headings = re.findall(r"^#{2,3} .*$", part, re.M)
-        heading = headings[-1] if headings else heading
-        paragraph = part.strip().rsplit("\n\n", 1)[-1]
-    assert unmarked == []
