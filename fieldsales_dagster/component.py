@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import functools
 import os
+from collections.abc import Callable, Hashable
 from dataclasses import dataclass
 from datetime import timedelta
 from pathlib import Path
@@ -42,7 +43,7 @@ from fieldsales_dagster.automation.sensors import (
 )
 from fieldsales_dagster.client.api import FieldSalesAPI
 from fieldsales_dagster.names import InstanceNames
-from fieldsales_dagster.paths import check_file_setting
+from fieldsales_dagster.paths import check_file_setting, identity, locations
 from fieldsales_dagster.settings import (
     IDENTIFIER,
     ITEM_SHARE_OF_MEMORY,
@@ -65,7 +66,12 @@ from fieldsales_dagster.tenancy import (
 )
 from fieldsales_dagster.token.renewal import RenewalPolicy
 from fieldsales_dagster.token.secret import TokenFormatError, clean_token
-from fieldsales_dagster.warehouse.lake import Lake, old_warehouse_warning
+from fieldsales_dagster.warehouse.lake import (
+    Lake,
+    LakeError,
+    old_warehouse_warning,
+    postgres_identity,
+)
 from fieldsales_dagster.warehouse.pii import PiiSettingError
 from fieldsales_dagster.warehouse.warehouse import FieldSalesWarehouse
 
@@ -125,6 +131,23 @@ def tenants_isolated(context: dg.ComponentLoadContext) -> bool:
     validate`` sets ``DAGSTER_IS_DEFS_VALIDATION_CLI`` for code to tell), which fails on it."""
     validating = os.environ.get("DAGSTER_IS_DEFS_VALIDATION_CLI")
     return not validating and len(declared_tenants(context, FieldSalesComponent)) > 1
+
+
+def catalog_identity(lake: Lake) -> Hashable:
+    """What ``lake``'s catalog is, however spelled: its SQLite file (``paths.identity``), or its
+    PostgreSQL server's system identifier and database, asked at load (only for tenants spelled
+    apart). A server that cannot be asked now is its spelling, with a warning."""
+    if lake.catalog_file is not None:
+        return identity(lake.catalog_file)
+    try:
+        return postgres_identity(lake)
+    except LakeError as exc:
+        dg.get_dagster_logger().warning(
+            f"Field-Sales: {exc} Tenants of this code location are told apart by the catalog's "
+            "spelling until it answers; the lake's tenant record still refuses a second "
+            "tenant's writes."
+        )
+        return lake.catalog
 
 
 class ScaffoldNameError(ValueError):
@@ -338,20 +361,46 @@ class FieldSalesComponent(dg.Component, FieldSalesSettings):
 
     def tenant_claims(self) -> list[Claim]:
         """What this instance must have to itself in a code location (see ``tenancy.py``)."""
-        # Spellings compared here; what the lake records (its tenant) is checked at first write.
-        lake = self.warehouse_lake()
-        where = lake.catalog_file.resolve() if lake.catalog_file else lake.catalog
+        lake, export = self.warehouse_lake(), self.storage.duckdb_path
+        schema = lake.schema or ("public" if lake.is_postgres else "main")
+        one_file = "one file, links and relative paths followed"
+
+        def file(path: str) -> Callable[[], tuple[Hashable, ...]]:
+            return lambda: (identity(path),)
+
         claims = [
             Claim("key prefix", self.key_prefix or "(none)", "key_prefix"),
             Claim("pool", self.names.pool, "key_prefix"),
             Claim(
-                "token store", str(Path(self.api.token_store_path).resolve()), "token_store_path"
+                "token store",
+                self.api.token_store_path,
+                "token_store_path",
+                None,
+                file(self.api.token_store_path),
+                one_file,
             ),
-            Claim("DuckLake", f"{where} (schema {lake.schema or 'main'})", "ducklake_catalog"),
+            Claim(
+                "DuckLake",
+                f"{lake.catalog_file or lake.catalog} (schema {schema})",
+                "ducklake_catalog",
+                (lake.is_postgres, schema),
+                lambda: (catalog_identity(lake),),
+                "one PostgreSQL database (its server's system identifier)"
+                if lake.is_postgres
+                else one_file,
+            ),
+            Claim(
+                "lake data folder",
+                lake.data_folder,
+                "ducklake_data_path",
+                resolve=lambda: locations(lake.data_folder),
+                same="one folder holds the other, and each tenant's upkeep deletes the files its "
+                "catalog does not list",
+            ),
         ]
-        if self.storage.duckdb_path is not None:
+        if export is not None:
             claims.append(
-                Claim("DuckDB export", str(Path(self.storage.duckdb_path).resolve()), "duckdb_path")
+                Claim("DuckDB export", export, "duckdb_path", None, file(export), one_file)
             )
         return claims
 

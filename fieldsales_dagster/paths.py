@@ -1,12 +1,15 @@
 """File settings (``duckdb_path``, ``token_store_path``: files the pipeline replaces by a rename;
 a symlink is followed, so the rename replaces its target). A missing folder is created only with
 ``create_dirs`` or for the default under data/: a mistyped volume path must never fill the disk.
+What a path is, however spelled (a link, ``..``, relative or absolute), is its ``identity``.
 """
 
 from __future__ import annotations
 
 import os
-from collections.abc import Callable
+import posixpath
+import urllib.parse
+from collections.abc import Callable, Hashable
 from pathlib import Path
 
 from fieldsales_dagster.settings import SETTINGS, SettingError, invalid
@@ -15,6 +18,30 @@ from fieldsales_dagster.settings import SETTINGS, SettingError, invalid
 def resolved(path: str | Path) -> Path:
     """``path`` with every symlink followed (a dangling link gives the file it would create)."""
     return Path(os.path.realpath(Path(path).expanduser()))
+
+
+def identity(path: str | Path) -> tuple[Hashable, ...]:
+    """What ``path`` names, however spelled: the device and inode of the file or folder after
+    links; for one not created yet, those of its nearest existing folder and the names below."""
+    target, below = resolved(path), tuple[str, ...]()
+    while not target.exists() and target != target.parent:
+        target, below = target.parent, (target.name, *below)
+    found = target.stat()
+    return (found.st_dev, found.st_ino, *below)
+
+
+def locations(folder: str) -> tuple[Hashable, ...]:
+    """The ``identity`` of a folder, then of every folder that holds it: two folders overlap when
+    either's first is in the other's. For object storage (``s3://bucket/prefix``) the scheme,
+    bucket and prefix; the endpoint is the environment's, one for a whole code location."""
+    if "://" not in folder:
+        target = resolved(folder)
+        return tuple(identity(each) for each in (target, *target.parents))
+    url = urllib.parse.urlsplit(folder)
+    parts = [p for p in posixpath.normpath("/" + url.path).split("/") if p]
+    return tuple(
+        (url.scheme.lower(), url.netloc.lower(), *parts[:n]) for n in range(len(parts), -1, -1)
+    )
 
 
 def check_file_setting(

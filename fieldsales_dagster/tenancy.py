@@ -1,15 +1,19 @@
 """Tenants are isolated by construction: two instances never share a file, a token or a pool.
 
-Each Field-Sales component of a code location claims its lake (catalog and schema), export file,
-token store (symlinks followed), key prefix and pool; a claim another component shares fails the
-load (``dg check defs``, ``dagster asset materialize``, the webserver) naming both and what they
-share. Two spellings of one catalog are caught at the lake's first write (``lake.check_tenant``).
+Each Field-Sales component of a code location claims its lake (catalog and schema), its data
+folder, export file, token store, key prefix and pool; a claim another component shares fails the
+load (``dg check defs``, ``dagster asset materialize``, the webserver) naming both, their
+spellings and what they share. A claim is compared by what it resolves to, not by its spelling: a
+file by device and inode (links, ``..``, relative paths followed), a data folder also by the
+folders that hold it (one tenant's upkeep would delete the other's files as orphans), a
+PostgreSQL catalog by its server's system identifier and database. Across code locations, the
+lake's tenant record refuses a second tenant at its first write (``lake.check_tenant``).
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterator
-from dataclasses import dataclass
+from collections.abc import Callable, Hashable, Iterator
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Protocol, cast
 
@@ -22,9 +26,30 @@ from dagster.components.core.defs_module import ComponentPath
 class Claim:
     """One thing a tenant must have to itself: ``thing`` ``value``, from its ``setting``."""
 
-    thing: str  # "DuckLake", "DuckDB export", "token store", "key prefix", "pool"
-    value: str  # a resolved path or a name
+    thing: str  # "DuckLake", "lake data folder", "DuckDB export", "token store", "key prefix", ...
+    value: str  # as this tenant's settings spell it
     setting: str  # where it comes from, e.g. "ducklake_catalog"
+    #: Claims of one kind may be one thing (a SQLite file is never a PostgreSQL schema).
+    kind: Hashable = None
+    #: What it resolves to, then what holds it (asked only of claims of one kind, spelled apart).
+    resolve: Callable[[], tuple[Hashable, ...]] | None = field(default=None, compare=False)
+    #: Why two spellings are one, for the message.
+    same: str = "one"
+
+    def collides(self, other: Claim) -> bool:
+        if (self.thing, self.kind) != (other.thing, other.kind):
+            return False
+        if self.value == other.value or self.resolve is None or other.resolve is None:
+            return self.value == other.value
+        mine, theirs = self.resolve(), other.resolve()
+        return mine[0] in theirs or theirs[0] in mine
+
+    def shared_with(self, other: Claim) -> str:
+        if self.value == other.value:
+            return f"the {self.thing} {self.value} ({self.setting} of both)"
+        return (
+            f"the {self.thing} {self.value} and {other.value} ({self.setting} of each: {self.same})"
+        )
 
 
 class Tenant(Protocol):
@@ -46,23 +71,20 @@ def refuse_shared_claims(context: dg.ComponentLoadContext, of_type: type[Tenant]
         return
     root = context.component_tree.defs_module_path.parent
     mine = tenants.pop(this)
+    claims = mine.tenant_claims()
     for loc, other in tenants.items():
-        # A thing comes from one setting (tenant_claims): a shared claim is that setting of both.
+        # A thing comes from one setting (tenant_claims): a shared claim is that setting of each.
         theirs = other.tenant_claims()
-        shared = [
-            f"the {c.thing} {c.value} ({c.setting} of both)"
-            for c in mine.tenant_claims()
-            if c in theirs
-        ]
+        shared = [c.shared_with(t) for c in claims for t in theirs if c.collides(t)]
         if shared:
             raise TenantConflictError(
                 f"Field-Sales components {_describe(this, mine, root)} and "
                 f"{_describe(loc, other, root)} share {'; '.join(shared)}. Two tenants would "
-                "replace each other's tables, send one tenant's token to the other's server, or "
-                "queue on one pool. Give each defs/<tenant>/defs.yaml its own lake "
-                "(ducklake_catalog, or a ducklake_schema of its own), duckdb_path, "
-                "token_store_path (FIELDSALES_TOKEN_STORE) and key_prefix (the pool follows it), "
-                "then load again."
+                "replace each other's tables or files, send one tenant's token to the other's "
+                "server, or queue on one pool. Give each defs/<tenant>/defs.yaml its own lake "
+                "(ducklake_catalog, or a ducklake_schema of its own), ducklake_data_path, "
+                "duckdb_path, token_store_path (FIELDSALES_TOKEN_STORE) and key_prefix (the pool "
+                "follows it), then load again."
             )
 
 

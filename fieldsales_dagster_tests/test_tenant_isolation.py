@@ -34,11 +34,13 @@ def two_tenants(tmp_path: Path, main: dict[str, object], acme: dict[str, object]
     """``defs/main`` (no key prefix) and ``defs/acme``; each gets files of its own unless told."""
     main = {
         "ducklake_catalog": f"sqlite:{tmp_path / 'main.ducklake.sqlite'}",
+        "ducklake_data_path": tmp_path / "main_lake",
         "token_store_path": tmp_path / "main_token.json",
         **main,
     }
     acme = {
         "ducklake_catalog": f"sqlite:{tmp_path / 'acme.ducklake.sqlite'}",
+        "ducklake_data_path": tmp_path / "acme_lake",
         "token_store_path": tmp_path / "acme_token.json",
         "key_prefix": "acme",
         **acme,
@@ -100,8 +102,25 @@ def test_tenant_whose_catalog_is_a_link_to_another_tenants_catalog_is_refused(
         {"ducklake_catalog": f"sqlite:{link}"},
     )
     message = refusal(package, monkeypatch)
-    assert f"the DuckLake {volume / 'lake.sqlite'} (schema main)" in message
+    assert (
+        f"the DuckLake {link} (schema main) and {volume / 'lake.sqlite'} (schema main) "
+        "(ducklake_catalog of each: one file, links and relative paths followed)"
+    ) in message
     assert "defs/main" in message and "defs/acme" in message
+
+
+def test_a_data_folder_inside_another_tenants_data_folder_is_refused_at_load(tmp_path, monkeypatch):
+    """The first tenant's upkeep would delete the second's files, which its catalog does not list
+    (reached through a link and a ``..`` segment here)."""
+    (tmp_path / "main_lake" / "acme").mkdir(parents=True)
+    (tmp_path / "volume").symlink_to(tmp_path / "main_lake")
+    inside = f"{tmp_path}/volume/../volume/acme"
+    package = two_tenants(tmp_path, {}, {"ducklake_data_path": inside})
+    message = refusal(package, monkeypatch)
+    assert "defs/main" in message and "defs/acme" in message
+    outer = tmp_path / "main_lake"
+    assert f"the lake data folder {inside} and {outer} (ducklake_data_path of each" in message
+    assert "one folder holds the other" in message
 
 
 def test_tenants_sharing_an_export_file_are_refused_at_load(tmp_path, monkeypatch):
@@ -125,7 +144,7 @@ def test_token_store_linked_to_another_tenants_store_is_refused_at_load(tmp_path
     link.symlink_to(real)  # the store need not exist yet: the link is followed anyway
     package = two_tenants(tmp_path, {"token_store_path": real}, {"token_store_path": link})
     message = refusal(package, monkeypatch)
-    assert f"the token store {real}" in message
+    assert f"the token store {link} and {real} (token_store_path of each: one file" in message
 
 
 def test_tenants_with_one_key_prefix_are_refused_naming_the_prefix_and_the_pool(

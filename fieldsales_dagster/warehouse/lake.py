@@ -286,21 +286,8 @@ def connect(
         )
     if not read_only:
         prepare(lake)
-    conn = duckdb.connect(config={**(config or {}), **lake_config()})
+    conn = _instance(lake, config)
     try:
-        # DuckDB draws its progress bar on standard output, where a script's $(python -c ...)
-        # would take it for the value printed (a connection's setting, not a global one).
-        conn.execute("SET enable_progress_bar = false")
-        load_extensions(conn, lake)
-        if lake.is_postgres:
-            password = os.environ.get(lake.password_env_var)
-            if password:
-                # The unnamed secret is the postgres extension's default for every connection
-                # string without a password; duckdb_secrets() shows it redacted.
-                conn.execute(
-                    f"CREATE OR REPLACE TEMPORARY SECRET (TYPE postgres, PASSWORD "
-                    f"{sql_literal(password)})"
-                )
         try:
             _attach(conn, lake, read_only)
         except duckdb.Error as exc:
@@ -323,6 +310,49 @@ def connect(
         conn.close()
         raise
     return conn
+
+
+def _instance(lake: Lake, config: DuckDBConfig | None = None) -> duckdb.DuckDBPyConnection:
+    """A new DuckDB instance with the extensions loaded and, for PostgreSQL, the password."""
+    conn = duckdb.connect(config={**(config or {}), **lake_config()})
+    try:
+        # DuckDB draws its progress bar on standard output, where a script's $(python -c ...)
+        # would take it for the value printed (a connection's setting, not a global one).
+        conn.execute("SET enable_progress_bar = false")
+        load_extensions(conn, lake)
+        password = os.environ.get(lake.password_env_var) if lake.is_postgres else None
+        if password:
+            # The unnamed secret is the postgres extension's default for every connection
+            # string without a password; duckdb_secrets() shows it redacted.
+            conn.execute(
+                f"CREATE OR REPLACE TEMPORARY SECRET (TYPE postgres, PASSWORD "
+                f"{sql_literal(password)})"
+            )
+    except BaseException:
+        conn.close()
+        raise
+    return conn
+
+
+@functools.cache
+def postgres_identity(lake: Lake) -> tuple[str, str]:
+    """The PostgreSQL cluster (``pg_control_system()``'s system identifier) and database that
+    ``lake``'s catalog connects to, however spelled (a host name or its address, the keys in
+    another order); asked once per process and lake. A ``LakeError`` if it cannot be asked."""
+    query = "SELECT system_identifier::text, current_database() FROM pg_control_system()"
+    try:
+        with contextlib.closing(_instance(lake)) as conn:
+            dsn = sql_literal(lake.catalog.removeprefix(POSTGRES_PREFIX))
+            conn.execute(f"ATTACH {dsn} AS catalog (TYPE postgres, READ_ONLY)")
+            system, database = one_row(
+                conn, f"SELECT * FROM postgres_query('catalog', {sql_literal(query)})"
+            )
+    except duckdb.Error as exc:
+        raise LakeError(
+            f"Could not ask the PostgreSQL catalog {lake.catalog!r} ({CATALOG_VARIABLE}) which "
+            f"database it is. DuckDB: {exc}"
+        ) from exc
+    return str(system), str(database)
 
 
 def _attach(conn: duckdb.DuckDBPyConnection, lake: Lake, read_only: bool) -> None:
