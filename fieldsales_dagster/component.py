@@ -300,14 +300,17 @@ class FieldSalesComponent(dg.Component, FieldSalesSettings):
         return f"{host} (key_prefix {self.key_prefix or '-'})"
 
     def check_paths(self) -> None:
-        """Fail the load at once if a file setting points where the pipeline cannot write; warn
-        once about a DuckDB warehouse of an earlier release (``lake.old_warehouse_warning``)."""
+        """Fail the load at once if a file setting or the lake (``FieldSalesWarehouse.preflight``)
+        points where the pipeline cannot write; warn once about a DuckDB warehouse of an earlier
+        release (``lake.old_warehouse_warning``)."""
         settings = {"token_store_path": self.api.token_store_path}
         if self.storage.duckdb_path is not None:
             settings["duckdb_path"] = self.storage.duckdb_path
         for setting, path in settings.items():
             check_file_setting(path, setting=setting, create_dirs=self.storage.create_dirs)
-        warning = old_warehouse_warning(self.warehouse_lake(), self.storage.duckdb_path)
+        warehouse = FieldSalesWarehouse(**values(self.storage))
+        warehouse.preflight()  # the lake's files: a run that cannot write them sends nothing
+        warning = old_warehouse_warning(warehouse.lake, self.storage.duckdb_path)
         if warning:
             dg.get_dagster_logger().warning(warning)
 

@@ -50,24 +50,48 @@ def check_file_setting(
     """The resolved ``path``, once it is known that the pipeline can replace the file there;
     ``create``: make a missing folder now. The ``SettingError`` names the setting, its variable,
     the path as given (and the link's target), what is wrong and what to do."""
+    create_dirs = create_dirs or str(path) == SETTINGS[setting].default
+    target, fail = _target(path, setting)
+    _check_whitespace(target, fail)
+    if target.is_dir():
+        raise fail(
+            "is a directory, not a file",
+            f"Give the path of a file in it, e.g. {target / _EXAMPLE_NAMES[setting]}",
+        )
+    _check_folder(target.parent, setting, fail, create_dirs, create)
+    return target
+
+
+def check_folder_setting(path: str | Path, *, setting: str, what: str = "") -> Path:
+    """The nearest existing folder at or above the folder ``path`` (``what``: which folder of
+    ``setting`` it is), once it is known that the pipeline can write there: the folder exists, or
+    may be made below it (a run says if it must exist). Fails like ``check_file_setting``."""
+    target, fail = _target(path, setting, what)
+    return _check_folder(target, setting, fail, create_dirs=True, create=False)
+
+
+#: A file's name to suggest when a file setting names a folder.
+_EXAMPLE_NAMES = {
+    "duckdb_path": "fieldsales.duckdb",
+    "token_store_path": "fieldsales_token.json",
+    "ducklake_catalog": "fieldsales.ducklake.sqlite",
+}
+
+
+def _target(
+    path: str | Path, setting: str, what: str = ""
+) -> tuple[Path, Callable[[str, str], SettingError]]:
+    """``path`` resolved, and how a failure of it is told: the setting, its variable, the path
+    as given (and the link's target), what is wrong and what to do."""
     declared = SETTINGS[setting]
-    create_dirs = create_dirs or str(path) == declared.default
     given = Path(path).expanduser()
     target = resolved(given)
     shown = str(given) if target == given.absolute() else f"{given} (a link to {target})"
 
     def fail(why: str, what_to_do: str) -> SettingError:
-        return invalid(declared.spelling, declared.variable, f"{shown} {why}. {what_to_do}")
+        return invalid(declared.spelling, declared.variable, f"{what}{shown} {why}. {what_to_do}")
 
-    _check_whitespace(target, fail)
-    if target.is_dir():
-        return_name = "fieldsales.duckdb" if setting == "duckdb_path" else "fieldsales_token.json"
-        raise fail(
-            "is a directory, not a file",
-            f"Give the path of a file in it, e.g. {target / return_name}",
-        )
-    _check_folder(target.parent, setting, fail, create_dirs, create)
-    return target
+    return target, fail
 
 
 def _check_whitespace(target: Path, fail: Callable[[str, str], SettingError]) -> None:
@@ -100,9 +124,9 @@ def _check_folder(
     fail: Callable[[str, str], SettingError],
     create_dirs: bool,
     create: bool,
-) -> None:
+) -> Path:
     """Fail unless ``folder`` exists (or may be created: ``create_dirs``) and is writable, then
-    create it (``create``)."""
+    create it (``create``); returns the nearest existing folder at or above it."""
     existing = folder
     while not existing.exists() and existing != existing.parent:
         existing = existing.parent
@@ -130,3 +154,4 @@ def _check_folder(
         )
     if create:  # below a writable folder: only a race or a full disk can fail it (OSError says)
         folder.mkdir(parents=True, exist_ok=True)
+    return existing

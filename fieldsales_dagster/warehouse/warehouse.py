@@ -21,12 +21,13 @@ import duckdb
 from pydantic import Field, PrivateAttr, field_validator, model_validator
 
 from fieldsales_dagster.heap import release_step_memory
-from fieldsales_dagster.paths import check_file_setting
+from fieldsales_dagster.paths import check_file_setting, check_folder_setting
 from fieldsales_dagster.settings import (
     SETTINGS,
     PiiSettings,
     RefreshSettings,
     StorageSettings,
+    invalid,
     memory_megabytes,
     settings_resource,
 )
@@ -178,6 +179,42 @@ class FieldSalesWarehouse(settings_resource("WarehouseSettings", *WAREHOUSE_SETT
         base = here.catalog_file.parent if here.catalog_file else Path(tempfile.gettempdir())
         return base / LOCAL_DIR_NAME / f"lake-{here.key}"
 
+    def preflight(self) -> None:
+        """What writing the lake needs, checked before a run's first request (when the
+        definitions load, and as a process first opens the lake): a SQLite catalog that is a
+        file this user can write, in a folder it can write; a data folder it can write; a
+        temporary folder it can write, with room for what DuckDB may spill there (up to the
+        memory limit). Each ``SettingError`` names the setting, its variable and the path."""
+        lake = self.lake
+        if lake.catalog_file is not None:
+            catalog = check_file_setting(
+                lake.catalog_file, setting="ducklake_catalog", create_dirs=True
+            )
+            if catalog.exists() and not os.access(catalog, os.W_OK):
+                declared = SETTINGS["ducklake_catalog"]
+                raise invalid(
+                    declared.spelling,
+                    declared.variable,
+                    f"{catalog} is a file this user cannot write. Give the user running Dagster "
+                    f"(uid {os.getuid()}) write access to it",
+                )
+        if lake.is_local:
+            check_folder_setting(lake.data_folder, setting="ducklake_data_path")
+        spill = self.local_folder
+        existing = check_folder_setting(
+            spill, setting="ducklake_catalog", what="its temporary folder "
+        )
+        free, limit = shutil.disk_usage(existing).free, self.duckdb_memory_limit
+        if free < memory_megabytes(limit) * 1e6:
+            declared = SETTINGS["duckdb_memory_limit"]
+            raise invalid(
+                declared.spelling,
+                declared.variable,
+                f"DuckDB may spill up to {limit} to the lake's temporary folder {spill}, which "
+                f"has {free / 1e6:.0f} MB free. Free space in {existing}, lower the limit, or "
+                f"keep the catalog ({SETTINGS['ducklake_catalog'].variable}) on a larger disk",
+            )
+
     # --- what a run's steps share --------------------------------------------------------------
 
     def setup_for_execution(self, context: dg.InitResourceContext) -> None:
@@ -257,6 +294,7 @@ class FieldSalesWarehouse(settings_resource("WarehouseSettings", *WAREHOUSE_SETT
         Each step opens one, and first hands back what the steps before left
         (``release_step_memory``)."""
         if self.local_folder not in _CLEANED:
+            self.preflight()
             if removed := remove_dead_processes_files(self.local_folder):
                 dg.get_dagster_logger().info(f"Removed what killed runs left: {', '.join(removed)}")
             _CLEANED.add(self.local_folder)
