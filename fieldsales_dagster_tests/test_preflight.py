@@ -14,11 +14,13 @@ import subprocess
 from pathlib import Path
 
 import dagster as dg
+import psycopg2
 
 from fieldsales_dagster.demo_api import DemoServer
 from fieldsales_dagster.warehouse.warehouse import FieldSalesWarehouse
 from fieldsales_dagster_tests.conftest import lake_paths, make_api
 from fieldsales_dagster_tests.namespaces import private_tmpfs
+from fieldsales_dagster_tests.postgres import running_postgres
 from fieldsales_dagster_tests.project import raw_assets
 from fieldsales_dagster_tests.test_first_contact import BIN, ROOT, dagster_home
 
@@ -97,6 +99,22 @@ def test_a_temporary_folder_without_room_for_the_spill_is_refused_before_the_fir
     assert demo_server.requests == []
 
 
+def refused_raw_run(
+    server: DemoServer, tmp_path: Path, warehouse: FieldSalesWarehouse
+) -> list[str]:
+    """The raw assets run in this process with ``warehouse``: every step must fail, the server
+    must get no request; the steps' error messages."""
+    result = dg.materialize(
+        raw_assets(),
+        resources={"fieldsales_api": make_api(server, tmp_path), "warehouse": warehouse},
+        raise_on_error=False,
+    )
+    failures = result.get_step_failure_events()
+    assert failures and not result.success
+    assert server.requests == []
+    return [failure.step_failure_data.error.to_string() for failure in failures]
+
+
 def test_a_process_that_opens_the_lake_checks_it_first(demo_server, tmp_path):
     """A warehouse built in code (no definitions loaded): its first connection checks the same,
     so the step fails naming the setting, not with SQLite's bare "unable to open"."""
@@ -105,14 +123,32 @@ def test_a_process_that_opens_the_lake_checks_it_first(demo_server, tmp_path):
     warehouse = FieldSalesWarehouse(
         ducklake_catalog=f"sqlite:{folder}", ducklake_data_path=str(tmp_path)
     )
-    result = dg.materialize(
-        raw_assets(),
-        resources={"fieldsales_api": make_api(demo_server, tmp_path), "warehouse": warehouse},
-        raise_on_error=False,
-    )
-    failures = result.get_step_failure_events()
-    assert failures and not result.success
-    for failure in failures:
-        message = failure.step_failure_data.error.to_string()
+    for message in refused_raw_run(demo_server, tmp_path, warehouse):
         assert f"(from FIELDSALES_DUCKLAKE_CATALOG) is invalid: {folder} is a directory" in message
-    assert demo_server.requests == []
+
+
+def test_a_postgresql_catalog_its_user_can_only_read_is_refused_before_the_first_request(
+    demo_server, tmp_path, monkeypatch
+):
+    """Opening the catalog needs a connection: the check runs as the raw step opens the lake,
+    before it pages anything."""
+    with running_postgres("lake") as pg:
+        catalog = f"postgres:dbname=lake host={pg.host} port={pg.port} user={pg.user}"
+        monkeypatch.setenv("FIELDSALES_DUCKLAKE_PASSWORD", pg.password)
+        with FieldSalesWarehouse(
+            ducklake_catalog=catalog, ducklake_data_path=str(tmp_path)
+        ).get_connection():
+            pass  # the lake exists, made by its owner
+        admin = psycopg2.connect(pg.url.rsplit("/", 1)[0] + "/lake")
+        admin.autocommit = True
+        with admin.cursor() as cur:
+            cur.execute("CREATE ROLE reader LOGIN PASSWORD 'reader-password'")
+            cur.execute("GRANT SELECT ON ALL TABLES IN SCHEMA public TO reader")
+        admin.close()
+        monkeypatch.setenv("FIELDSALES_DUCKLAKE_PASSWORD", "reader-password")
+        reader = FieldSalesWarehouse(
+            ducklake_catalog=catalog.replace(f"user={pg.user}", "user=reader"),
+            ducklake_data_path=str(tmp_path),
+        )
+        for message in refused_raw_run(demo_server, tmp_path, reader):
+            assert "(FIELDSALES_DUCKLAKE_CATALOG) can only be read by its user here" in message

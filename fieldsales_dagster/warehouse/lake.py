@@ -304,6 +304,7 @@ def connect(
             ) from exc
         conn.execute(f"USE {quote_ident(lake.alias)}")
         if not read_only:
+            check_writable(conn, lake)
             set_options(conn, lake)
             check_tenant(conn, lake)
     except BaseException:
@@ -353,6 +354,25 @@ def postgres_identity(lake: Lake) -> tuple[str, str]:
             f"database it is. DuckDB: {exc}"
         ) from exc
     return str(system), str(database)
+
+
+def check_writable(conn: duckdb.DuckDBPyConnection, lake: Lake) -> None:
+    """Refuse, before a run's first request, a PostgreSQL catalog this connection can only read
+    (a read-only role, a standby); a SQLite catalog's file is checked before it is opened
+    (``FieldSalesWarehouse.preflight``)."""
+    if not lake.is_postgres:
+        return
+    table = sql_literal(f"{quote_ident(lake.schema or 'public')}.ducklake_snapshot")
+    query = f"SELECT NOT pg_is_in_recovery() AND has_table_privilege({table}, 'INSERT')"
+    metadata = sql_literal(f"__ducklake_metadata_{lake.alias}")
+    (writable,) = one_row(conn, f"SELECT * FROM postgres_query({metadata}, {sql_literal(query)})")
+    if not writable:
+        raise LakeError(
+            f"The lake's PostgreSQL catalog {lake.catalog!r} ({CATALOG_VARIABLE}) can only be "
+            f"read by its user here (a read-only role, or a standby server); nothing was fetched "
+            f"or written. Grant that user INSERT, UPDATE and DELETE on the catalog's tables in "
+            f"schema {lake.schema or 'public'}, or point {CATALOG_VARIABLE} at the primary server."
+        )
 
 
 def _attach(conn: duckdb.DuckDBPyConnection, lake: Lake, read_only: bool) -> None:
