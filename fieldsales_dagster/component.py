@@ -378,17 +378,16 @@ class FieldSalesComponent(dg.Component, FieldSalesSettings):
                 "token store",
                 self.api.token_store_path,
                 "token_store_path",
-                None,
-                file(self.api.token_store_path),
-                one_file,
+                resolve=file(self.api.token_store_path),
+                same=one_file,
             ),
             Claim(
                 "DuckLake",
                 f"{lake.catalog_file or lake.catalog} (schema {schema})",
                 "ducklake_catalog",
-                (lake.is_postgres, schema),
-                lambda: (catalog_identity(lake),),
-                "one PostgreSQL database (its server's system identifier)"
+                kind=(lake.is_postgres, schema),
+                resolve=lambda: (catalog_identity(lake),),
+                same="one PostgreSQL database (its server's system identifier)"
                 if lake.is_postgres
                 else one_file,
             ),
@@ -403,7 +402,7 @@ class FieldSalesComponent(dg.Component, FieldSalesSettings):
         ]
         if export is not None:
             claims.append(
-                Claim("DuckDB export", export, "duckdb_path", None, file(export), one_file)
+                Claim("DuckDB export", export, "duckdb_path", resolve=file(export), same=one_file)
             )
         return claims
 
