@@ -56,7 +56,7 @@ from fieldsales_dagster.settings import (
     nest_flat_keys,
     schedule_interval,
     values,
-    variables_read_by,
+    variables_named,
 )
 from fieldsales_dagster.tenancy import (
     Claim,
@@ -409,7 +409,7 @@ class FieldSalesComponent(dg.Component, FieldSalesSettings):
     def build_defs(self, context: dg.ComponentLoadContext) -> dg.Definitions:
         refuse_shared_claims(context, FieldSalesComponent)
         try:
-            with variables_read_by(self):
+            with variables_named(self._variables):
                 resources = self.build_resources()
         except TENANT_ERRORS as exc:
             if not tenants_isolated(context):

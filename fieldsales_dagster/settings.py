@@ -61,9 +61,9 @@ _ENV_REFERENCE = re.compile(
 NOT_AN_ENV_REFERENCE = "<not an environment variable reference>"
 #: The variable a YAML value reads: the first ``env.NAME`` (or ``env('NAME')``) of its template.
 _ENV_READ = re.compile(r"""\benv(?:\.|\(\s*['"])([A-Za-z_][A-Za-z0-9_]*)""")
-#: The variables the ``defs.yaml`` being loaded reads, by setting (``invalid`` names them);
-#: ``None`` outside a load from YAML (a component built in Python).
-_VARIABLES_READ: ContextVar[dict[str, str] | None] = ContextVar("variables_read", default=None)
+#: What the ``defs.yaml`` being loaded calls the shipped one's variables (``invalid`` names
+#: them; see ``SettingsModel._variables``); empty outside a load from YAML.
+_VARIABLES: ContextVar[dict[str, str] | None] = ContextVar("variables", default=None)
 
 
 class SettingError(ValueError):
@@ -74,12 +74,10 @@ def invalid(spelling: str, variable: str, why: str) -> SettingError:
     """Setting ``spelling`` (read from ``variable``, if any) is invalid: ``why``, then where to set
     it: every setting's error has this one form. Of a component built from ``defs.yaml``, the
     variable named is the one the YAML reads (``ACME_FIELDSALES_BASE_URL`` in a scaffolded
-    tenant's; none for a value written in it): see ``SettingsModel.resolve_from_model``."""
-    read = _VARIABLES_READ.get()
-    declared = next((s for s in SETTINGS.values() if s.spelling == spelling), None)
-    if read is not None and declared is not None:
-        variable = read.get(declared.name, "")
-    where, through = (f" (from {variable})", f" or through {variable}") if variable else ("", "")
+    tenant's; none for a value written in it): see ``SettingsModel._variables``."""
+    variable = (_VARIABLES.get() or {}).get(variable, variable)
+    named = variable not in ("", spelling)
+    where, through = (f" (from {variable})", f" or through {variable}") if named else ("", "")
     return SettingError(
         f"Field-Sales setting {spelling}{where} is invalid: {why}; set it in defs.yaml{through} "
         "and load again."
@@ -199,12 +197,28 @@ def setting(*args: Any, **kwargs: Any) -> Any:
 
 
 def values(*models: SettingsModel) -> dict[str, Any]:
-    """Every setting of ``models``, by flat name: what ``settings_resource`` classes take."""
-    return {
+    """Every setting of ``models``, by flat name, and what their errors call the variables
+    (``variables``): what ``settings_resource`` classes take."""
+    given = {
         declared.name: getattr(model, field)
         for model in models
         for field, declared in type(model).settings().items()
     }
+    return {**given, "variables": {k: v for model in models for k, v in model._variables.items()}}
+
+
+class SettingsResource(dg.ConfigurableResource):
+    """What ``settings_resource`` builds on: its errors name the variables as its tenant's
+    ``defs.yaml`` reads them (``SettingsModel._variables``, given by the component)."""
+
+    variables: dict[str, str] = Field(
+        default_factory=dict,
+        description="What errors call a variable of the shipped defs.yaml: the one this "
+        "tenant's defs.yaml reads instead, or the setting itself; unlisted: its own name.",
+    )
+
+    def named(self, variable: str) -> str:
+        return self.variables.get(variable, variable)
 
 
 def settings_resource(name: str, *models: type[SettingsModel], but: tuple[str, ...] = ()) -> Any:
@@ -229,7 +243,7 @@ def settings_resource(name: str, *models: type[SettingsModel], but: tuple[str, .
         return given
 
     validators: Any = {"check_settings": model_validator(mode="before")(check)}
-    return create_model(name, __base__=dg.ConfigurableResource, __validators__=validators, **fields)
+    return create_model(name, __base__=SettingsResource, __validators__=validators, **fields)
 
 
 def trimmed(value: Any) -> Any:
@@ -295,29 +309,32 @@ class SettingsModel(dg.Model, dg.Resolvable):
     and what it accepts."""
 
     GROUP: ClassVar[str] = ""
-    #: The variables its ``defs.yaml`` reads, by setting (its concerns' too); ``None``: built in
-    #: Python.
-    _variables_read: dict[str, str] | None = PrivateAttr(default=None)
+    #: What its errors call each variable the shipped ``defs.yaml`` reads (its concerns' too),
+    #: where its own ``defs.yaml`` differs: the variable it reads instead
+    #: (``FIELDSALES_BASE_URL``: ``ACME_FIELDSALES_BASE_URL``), or the setting itself
+    #: (``api.page_size``) where it reads none. The resources carry it (``SettingsResource``).
+    _variables: dict[str, str] = PrivateAttr(default_factory=dict)
 
     @classmethod
     def resolve_from_model(cls, context: dg.ResolutionContext, model: Any) -> Any:
         """Built from ``defs.yaml``: a setting's error (``invalid``) names the variable the YAML
-        reads it from, as it is checked now and, in ``variables_read_by``, later."""
-        read = {
-            declared.name: found[0]
-            for declared in cls.settings().values()
-            if (found := _ENV_READ.findall(str(getattr(model, declared.key, None) or "")))
-        }
-        outer = _VARIABLES_READ.set(read)
-        try:
+        reads it from, as it is checked now and, in ``variables_named``, later."""
+        variables = {}
+        for declared in cls.settings().values():
+            read = _ENV_READ.findall(str(getattr(model, declared.key, None) or ""))
+            if declared.variable and read[:1] != [declared.variable]:
+                variables[declared.variable] = read[0] if read else declared.spelling
+        with variables_named(variables):
             built = super().resolve_from_model(context, model)
-        finally:
-            _VARIABLES_READ.reset(outer)
         for value in dict(built).values():
             if isinstance(value, SettingsModel):
-                read |= value._variables_read or {}
-        built._variables_read = read
+                variables |= value._variables
+        built._variables = variables
         return built
+
+    def named(self, variable: str) -> str:
+        """What its errors call the shipped ``defs.yaml``'s ``variable`` (``_variables``)."""
+        return self._variables.get(variable, variable)
 
     @classmethod
     def __pydantic_init_subclass__(cls, **kwargs: Any) -> None:
@@ -833,14 +850,14 @@ class FieldSalesSettings(SettingsModel):
 
 
 @contextmanager
-def variables_read_by(model: SettingsModel) -> Iterator[None]:
-    """Errors of ``model``'s settings, checked after it is built, name the variables its
-    ``defs.yaml`` reads (``invalid``)."""
-    outer = _VARIABLES_READ.set(model._variables_read)
+def variables_named(variables: dict[str, str]) -> Iterator[None]:
+    """Errors of settings checked inside (``invalid``) name the variables as ``variables`` (a
+    model's ``_variables``, a resource's ``variables``) does."""
+    outer = _VARIABLES.set(variables)
     try:
         yield
     finally:
-        _VARIABLES_READ.reset(outer)
+        _VARIABLES.reset(outer)
 
 
 def nest_flat_keys(values: dict[str, Any]) -> dict[str, Any]:

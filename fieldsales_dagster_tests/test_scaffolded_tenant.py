@@ -99,6 +99,66 @@ def test_a_tenants_bad_setting_names_its_variable_and_leaves_the_other_tenant_lo
     assert named in str(failure.step_failure_data.error)
 
 
+def run_said(run: dg.ExecuteInProcessResult, instance: dg.DagsterInstance) -> str:
+    """What a run told: its log lines and its errors' messages and causes (not their stacks,
+    which quote the project's source)."""
+    said = [entry.user_message for entry in instance.all_logs(run.run_id)]
+    for event in run.get_step_failure_events():
+        error = event.step_failure_data.error
+        while error is not None:
+            said.append(error.message)
+            error = error.cause or error.context
+    return "\n".join(said)
+
+
+@pytest.mark.parametrize(
+    ("given", "named"),
+    [
+        (
+            {"ACME_FIELDSALES_API_TOKEN": "acme-wrong-token-0123456789"},
+            "(HTTP 401): it is invalid, expired or was replaced by a renewal. Regenerate it in "
+            "your Field-Sales user profile (API tab, refresh button) and set "
+            "ACME_FIELDSALES_API_TOKEN to the new token.",
+        ),
+        (ACME_URL, "Check ACME_FIELDSALES_BASE_URL (http://127.0.0.1:9)"),
+        (
+            {"ACME_FIELDSALES_DUCKLAKE_DATA_PATH": "{tmp_path}/unmounted"},
+            "The lake's data path {tmp_path}/unmounted (ACME_FIELDSALES_DUCKLAKE_DATA_PATH) does "
+            "not exist",
+        ),
+        (
+            {"ACME_FIELDSALES_TOKEN_STORE": "{tmp_path}/token.json"},
+            "Delete it and restart: the store is seeded again from ACME_FIELDSALES_API_TOKEN",
+        ),
+    ],
+    ids=["wrong token", "nobody listens", "data path missing", "token store corrupt"],
+)
+def test_a_run_of_the_scaffolded_tenant_names_its_variables_in_every_error(
+    tmp_path, monkeypatch, demo_server, given, named
+):
+    acme = {
+        "ACME_FIELDSALES_BASE_URL": demo_server.base_url,
+        "ACME_FIELDSALES_API_TOKEN": demo_server.token,
+        # Its own path: a process keeps what it learnt of a lake by its catalog's spelling.
+        "ACME_FIELDSALES_DUCKLAKE_CATALOG": "sqlite:{tmp_path}/acme.sqlite",
+        **given,
+    }
+    for variable, value in {**FIRST_TENANT, **acme, "DAGSTER_HOME": str(tmp_path)}.items():
+        monkeypatch.setenv(variable, value.format(tmp_path=tmp_path))
+    monkeypatch.chdir(tmp_path)  # the first tenant's files, under data/
+    (tmp_path / "token.json").write_text("not a token store")
+    (tmp_path / "token.json").chmod(0o600)
+    defs = load_project(two_tenants(tmp_path / "project"), monkeypatch)
+    with dg.instance_for_test() as instance:
+        job = defs.resolve_job_def("acme_refresh_all")
+        run = job.execute_in_process(instance=instance, raise_on_error=False)
+        said = run_said(run, instance)
+    assert not run.success
+    assert named.format(tmp_path=tmp_path) in said
+    assert not FIRST_TENANTS_VARIABLE.findall(said), said
+    assert demo_server.token not in said and acme["ACME_FIELDSALES_API_TOKEN"] not in said
+
+
 def test_a_code_location_with_one_tenant_still_fails_its_load_on_its_bad_setting(
     tmp_path, monkeypatch
 ):

@@ -180,12 +180,12 @@ class FieldSalesAPI(settings_resource("ApiSettings", ApiSettings, but=("api_toke
         """The store of this instance's token, bound to its origin: another server's is refused."""
         if not self.use_token_store:
             return None
-        return TokenStore(self.token_store_path, origin=str(self.origin))
+        return TokenStore(self.token_store_path, str(self.origin), self.variables)
 
     def env_token(self) -> str:
         """``api_token`` without surrounding whitespace; refuses one a header cannot carry."""
         try:
-            return clean_token(self.api_token, "FIELDSALES_API_TOKEN")
+            return clean_token(self.api_token, self.named("FIELDSALES_API_TOKEN"))
         except TokenFormatError as exc:
             raise AuthenticationError(str(exc)) from None
 
@@ -210,10 +210,11 @@ class FieldSalesAPI(settings_resource("ApiSettings", ApiSettings, but=("api_toke
             except FieldSalesAPIError as exc:
                 verdicts[env_token] = False
                 dg.get_dagster_logger().warning(
-                    "FIELDSALES_API_TOKEN holds a token the token store has not seen, but it "
-                    f"could not be confirmed ({type(exc).__name__}: the server refused it or did "
-                    f"not answer); keeping the stored token from {self.token_store_path}. Check "
-                    "the new token for a typo if you meant to replace the stored one."
+                    f"{self.named('FIELDSALES_API_TOKEN')} holds a token the token store has not "
+                    f"seen, but it could not be confirmed ({type(exc).__name__}: the server "
+                    "refused it or did not answer); keeping the stored token from "
+                    f"{self.token_store_path}. Check the new token for a typo if you meant to "
+                    "replace the stored one."
                 )
         return verdicts[env_token]
 
@@ -247,6 +248,7 @@ class FieldSalesAPI(settings_resource("ApiSettings", ApiSettings, but=("api_toke
             read_timeout_s=self.read_timeout_s,
             deadline_s=deadline_s,
             max_body_bytes=self.max_page_bytes,
+            base_url=self.named("FIELDSALES_BASE_URL"),
         )
         if deadline_s < self.request_deadline_s:
             limits.deadline_source = f"what was left of retry_budget_s={self.retry_budget_s:g}"
@@ -314,7 +316,7 @@ class FieldSalesAPI(settings_resource("ApiSettings", ApiSettings, but=("api_toke
             f"{on} answered HTTP 200 with a complete body that is not JSON "
             f"({answer.content_type}, {len(answer.body)} bytes; {reason}): "
             f"{self._snippet(answer.body, token)!r}. Not retried. The base URL may lead to a "
-            "login page or a proxy's error page: check FIELDSALES_BASE_URL."
+            f"login page or a proxy's error page: check {self.named('FIELDSALES_BASE_URL')}."
         )
 
     def _wait(self, state: tenacity.RetryCallState) -> float:
@@ -390,7 +392,7 @@ class FieldSalesAPI(settings_resource("ApiSettings", ApiSettings, but=("api_toke
                         if stats:
                             stats.count(token_rereads=1)
                         continue
-                raise refused.error() from None
+                raise refused.error(self.named("FIELDSALES_API_TOKEN")) from None
             if fixed_token is None:
                 self._settle(current)  # the server accepted it: the store may record it now
             return answer
@@ -440,8 +442,8 @@ class FieldSalesAPI(settings_resource("ApiSettings", ApiSettings, but=("api_toke
         if exc.unreachable:
             return UnreachableError(
                 f"{exc}; {spent} (unreachable_budget_s={self.unreachable_budget_s:g}). "
-                f"Check FIELDSALES_BASE_URL ({self.origin}) and that the instance is up "
-                "and reachable from here."
+                f"Check {self.named('FIELDSALES_BASE_URL')} ({self.origin}) and that the instance "
+                "is up and reachable from here."
             )
         return FieldSalesAPIError(
             f"{exc}; {spent} (max_retries={retries}, retry_budget_s="

@@ -2,9 +2,10 @@
 
 from __future__ import annotations
 
+#: What to do about a refused token; ``{}``: the token's variable (this tenant's).
 RENEW_TOKEN_INSTRUCTION = (
-    "Regenerate it in your Field-Sales user profile (API tab, refresh button) and set "
-    "FIELDSALES_API_TOKEN to the new token."
+    "Regenerate it in your Field-Sales user profile (API tab, refresh button) and set {} to the "
+    "new token."
 )
 
 
@@ -59,14 +60,15 @@ class AuthRefused(Exception):
         self.status = status
         self.where = where
 
-    def error(self) -> AuthenticationError:
+    def error(self, token_variable: str) -> AuthenticationError:
+        instruction = RENEW_TOKEN_INSTRUCTION.format(token_variable)
         if self.status == 401:
             return AuthenticationError(
                 f"{self.where}: the Field-Sales API refused the API token (HTTP 401): it is "
-                f"invalid, expired or was replaced by a renewal. {RENEW_TOKEN_INSTRUCTION}"
+                f"invalid, expired or was replaced by a renewal. {instruction}"
             )
         return AuthenticationError(
             f"{self.where}: the Field-Sales API accepted the API token but denies access (HTTP "
             "403). The token's user needs admin rights for the public API; regenerate the token "
-            f"as such a user. {RENEW_TOKEN_INSTRUCTION}"
+            f"as such a user. {instruction}"
         )

@@ -462,6 +462,8 @@ class Limits:
     max_item_mb: int
     #: Passes over one list before it is refused.
     max_list_passes: int
+    #: What errors call ``max_item_mb``'s variable (this tenant's).
+    max_item_variable: str = "FIELDSALES_MAX_ITEM_MB"
 
 
 #: Fetches one page: ``(endpoint, skip, stats, known)``, counting its requests and retries in
@@ -693,8 +695,8 @@ class PageExecutor:
         return ItemTooLargeError(
             f"{stream.where(page.skip)}: item {item_id} of {stream.endpoint.name} is "
             f"{size / (1 << 20):.1f} MB ({size} bytes), over the per-item limit of {limit} MB "
-            f"(max_item_mb, FIELDSALES_MAX_ITEM_MB). Nothing was replaced. To load it, raise "
-            "max_item_mb above its size (and duckdb_memory_limit to 16 times max_item_mb)."
+            f"(max_item_mb, {self.limits.max_item_variable}). Nothing was replaced. To load it, "
+            "raise max_item_mb above its size (and duckdb_memory_limit to 16 times max_item_mb)."
         )
 
     def _edge(self, lp: ListPass, at: int, keys: ItemKeys | None, item_digest: int) -> None:

@@ -181,6 +181,8 @@ class Limits:
     max_body_bytes: int
     #: The setting that set ``deadline_s``, for error messages.
     deadline_source: str = "request_deadline_s"
+    #: The base URL's variable (this tenant's), for error messages.
+    base_url: str = "FIELDSALES_BASE_URL"
 
 
 def read_body(resp: requests.Response, where: str, max_bytes: int) -> bytes:
@@ -260,13 +262,13 @@ def fetch(
                 raise RedirectRefusedError(
                     f"{on} redirects (HTTP {answer.status}) to another origin, {shown}; refused: "
                     f"the API token is only ever sent to {origin}, and pages from elsewhere are "
-                    "not this instance's data. If the instance moved, set FIELDSALES_BASE_URL to "
+                    f"not this instance's data. If the instance moved, set {limits.base_url} to "
                     "its new address."
                 )
             if target in visited:
                 raise RedirectRefusedError(
                     f"{on} redirects in a loop ({' -> '.join(scrub(u) for u in visited)} -> "
-                    f"{scrub(target)}): the server is misconfigured; check FIELDSALES_BASE_URL "
+                    f"{scrub(target)}): the server is misconfigured; check {limits.base_url} "
                     "or tell the instance's administrators."
                 )
             visited.append(target)
@@ -275,7 +277,7 @@ def fetch(
         _sending.deadline = math.inf
     raise RedirectRefusedError(
         f"{on} redirects more than {MAX_REDIRECTS} times ({' -> '.join(map(scrub, visited))}); "
-        "check FIELDSALES_BASE_URL or tell the instance's administrators."
+        f"check {limits.base_url} or tell the instance's administrators."
     )
 
 
@@ -343,6 +345,6 @@ def _failure(
     # headers, so the token: scrub it, chain nothing.
     unexpected = f"{type(exc).__name__}: {scrub(str(exc))[:300]}"
     return FieldSalesAPIError(
-        f"{on}: the request could not be sent ({unexpected}). Check FIELDSALES_BASE_URL and the "
+        f"{on}: the request could not be sent ({unexpected}). Check {limits.base_url} and the "
         "API token's format."
     )

@@ -429,6 +429,7 @@ def page_executor(
         max_pages_per_pass=api.max_pages_per_pass,
         max_item_mb=api.max_item_mb,
         max_list_passes=api.max_list_passes,
+        max_item_variable=api.named("FIELDSALES_MAX_ITEM_MB"),
     )
     return PageExecutor(api.fetch_page, limits, label=label, log=log, spent=spent)
 

@@ -129,6 +129,7 @@ def generate_token(api: FieldSalesAPI, old_token: str) -> str:
     The body is read for its ``token`` and nothing else; any failure here may have left the old
     token invalidated, so the message says what to do.
     """
+    instruction = RENEW_TOKEN_INSTRUCTION.format(api.named("FIELDSALES_API_TOKEN"))
     try:
         body = within_tick(api, retries=0).get(GENERATE_TOKEN_PATH, token=old_token)
     except AuthenticationError as exc:
@@ -137,7 +138,7 @@ def generate_token(api: FieldSalesAPI, old_token: str) -> str:
         raise TokenRenewalError(
             f"Token renewal failed: {exc} If the server renewed the token before its answer was "
             "lost, the stored token is no longer valid; if requests now fail with HTTP 401: "
-            f"{RENEW_TOKEN_INSTRUCTION}"
+            f"{instruction}"
         ) from None
     try:
         new_token = _GENERATED_TOKEN.decode(cast(bytes, body)).token  # get() without parse: bytes
@@ -147,12 +148,12 @@ def generate_token(api: FieldSalesAPI, old_token: str) -> str:
         new_token = clean_token(new_token, f"the answer of GET {GENERATE_TOKEN_PATH}")
     except TokenFormatError as exc:
         raise TokenRenewalError(
-            f"{exc} The old token may already be invalid. {RENEW_TOKEN_INSTRUCTION}"
+            f"{exc} The old token may already be invalid. {instruction}"
         ) from None
     if not new_token:
         raise TokenRenewalError(
             f"GET {GENERATE_TOKEN_PATH} answered 200 without a token string; the old token may "
-            f"already be invalid. {RENEW_TOKEN_INSTRUCTION}"
+            f"already be invalid. {instruction}"
         )
     return new_token
 

@@ -30,7 +30,7 @@ import hashlib
 import os
 import stat
 import tempfile
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
@@ -100,7 +100,7 @@ class StoredToken(msgspec.Struct, frozen=True, kw_only=True):
         return msgspec.json.format(raw, indent=2) + b"\n"
 
     @classmethod
-    def decode(cls, raw: bytes, path: Path) -> StoredToken:
+    def decode(cls, raw: bytes, path: Path, token_variable: str) -> StoredToken:
         try:
             stored, why = _DECODER.decode(raw), ""
         except (msgspec.DecodeError, msgspec.ValidationError) as exc:
@@ -109,7 +109,7 @@ class StoredToken(msgspec.Struct, frozen=True, kw_only=True):
             # Raised outside the except block: no decoder error is even attached as context.
             raise TokenStoreError(
                 f"Token store {path} is corrupt ({why}). Delete it and restart: the store is "
-                "seeded again from FIELDSALES_API_TOKEN (regenerate that token in your "
+                f"seeded again from {token_variable} (regenerate that token in your "
                 "Field-Sales user profile, API tab, if it was renewed since)."
             )
         try:
@@ -117,7 +117,7 @@ class StoredToken(msgspec.Struct, frozen=True, kw_only=True):
             token = clean_token(stored.token, f"token store {path}")
         except TokenFormatError as exc:
             raise TokenStoreError(
-                f"{exc} Or delete {path}: it is seeded again from FIELDSALES_API_TOKEN."
+                f"{exc} Or delete {path}: it is seeded again from {token_variable}."
             ) from None
         return replace(stored, token=token)
 
@@ -138,9 +138,16 @@ class TokenStore:
 
     ``origin`` (``scheme://host:port``) is the server this client sends the token to: a store
     holding another server's token is refused. ``None`` (tests of the store alone) checks nothing.
+    ``variables``: what its errors call the token's and the store's variables (a tenant's own:
+    the client's ``variables``).
     """
 
-    def __init__(self, path: Path | str, origin: str | None = None):
+    def __init__(
+        self, path: Path | str, origin: str | None = None, variables: Mapping[str, str] = {}
+    ):
+        self.token_variable, self.variable = (
+            variables.get(name, name) for name in ("FIELDSALES_API_TOKEN", "FIELDSALES_TOKEN_STORE")
+        )
         #: The path as configured; ``path`` is where it leads (the same unless a symlink).
         self.given_path = Path(path)
         try:
@@ -148,7 +155,7 @@ class TokenStore:
         except (OSError, RuntimeError) as exc:  # a symlink loop (RuntimeError before 3.13)
             raise TokenStoreError(
                 f"Token store {self.given_path} cannot be resolved ({exc}); point "
-                "FIELDSALES_TOKEN_STORE (token_store_path) at a file or a link to one."
+                f"{self.variable} (token_store_path) at a file or a link to one."
             ) from None
         self.origin = origin
         self.lock_path = self.path.with_name(self.path.name + ".lock")
@@ -190,7 +197,7 @@ class TokenStore:
             raise TokenStoreError(
                 f"Cannot read token store {self.where}: {exc.strerror}."
             ) from None
-        return StoredToken.decode(raw, self.path)
+        return StoredToken.decode(raw, self.path, self.token_variable)
 
     def _check_permissions(self, st: os.stat_result) -> None:
         if os.name != "posix":
@@ -199,8 +206,8 @@ class TokenStore:
             raise TokenStoreError(
                 f"Token store {self.where} is owned by another user (uid {st.st_uid}; this process "
                 f"runs as uid {os.geteuid()}): whoever owns it chooses the token sent to the "
-                "server. Delete it (it is seeded again from FIELDSALES_API_TOKEN) or `chown` it to "
-                "the user that runs Dagster."
+                f"server. Delete it (it is seeded again from {self.token_variable}) or `chown` it "
+                "to the user that runs Dagster."
             )
         mode = stat.S_IMODE(st.st_mode)
         if mode & 0o077:
@@ -217,8 +224,8 @@ class TokenStore:
             f"Token store {self.where} holds the token of {stored.origin}, but this instance "
             f"serves {self.origin}: a token is only ever sent to the server it belongs to, so "
             "the store is not used and no token was sent. Give each Field-Sales instance a "
-            "token_store_path of its own (FIELDSALES_TOKEN_STORE); if the instance really moved "
-            "to the new address, set FIELDSALES_API_TOKEN to its current token (regenerate it "
+            f"token_store_path of its own ({self.variable}); if the instance really moved "
+            f"to the new address, set {self.token_variable} to its current token (regenerate it "
             "in your Field-Sales user profile, API tab) and delete the store: it is seeded again "
             "once the new address accepts that token (docs/token-lifecycle.md)."
         )
@@ -280,8 +287,8 @@ class TokenStore:
             return stored, replace(stored, origin=self.origin)
         if not env_token:
             raise TokenStoreError(
-                f"Token store {self.where} is empty and FIELDSALES_API_TOKEN is not set: generate "
-                "a token in your Field-Sales user profile (API tab) and set FIELDSALES_API_TOKEN."
+                f"Token store {self.where} is empty and {self.token_variable} is not set: generate "
+                f"a token in your Field-Sales user profile (API tab) and set {self.token_variable}."
             )
         env_fp = fingerprint(env_token)
         if stored is None or self._foreign(stored):
@@ -374,7 +381,7 @@ class TokenStore:
         for leftover in self.path.parent.glob(f".{self.path.name}.*.tmp"):
             candidate: StoredToken | None
             try:
-                candidate = StoredToken.decode(leftover.read_bytes(), leftover)
+                candidate = StoredToken.decode(leftover.read_bytes(), leftover, self.token_variable)
                 self._check_origin(candidate)
                 stored = self.read()
             except (OSError, TokenStoreError):
@@ -418,7 +425,7 @@ class TokenStore:
         except OSError as exc:
             raise TokenStoreError(
                 f"Token store {self.where} cannot be written ({exc.strerror});{not_renewing} fix "
-                "the permissions or the space of its directory (or set FIELDSALES_TOKEN_STORE to "
+                f"the permissions or the space of its directory (or set {self.variable} to "
                 "a writable path)."
             ) from None
         file, committed = os.fdopen(fd, "wb"), False
@@ -437,7 +444,7 @@ class TokenStore:
                 after = (
                     " The token was renewed, so the stored one is no longer valid: regenerate "
                     "the token in your Field-Sales user profile (API tab) and set "
-                    "FIELDSALES_API_TOKEN, then fix the store's directory."
+                    f"{self.token_variable}, then fix the store's directory."
                     if renewing
                     else ""
                 )

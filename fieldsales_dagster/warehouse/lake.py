@@ -44,9 +44,9 @@ import secrets
 import sqlite3
 import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, TypeVar
 
@@ -143,6 +143,11 @@ class Lake:
     alias: str = DEFAULT_ALIAS
     data_path_is_default: bool = True
     tenant: str | None = None
+    #: What errors call the shipped variables (a tenant's own: the warehouse's ``variables``).
+    variables: Mapping[str, str] = field(default_factory=dict, compare=False)
+
+    def named(self, variable: str) -> str:
+        return self.variables.get(variable, variable)
 
     @property
     def is_postgres(self) -> bool:
@@ -281,8 +286,8 @@ def connect(
     """A new DuckDB instance's connection whose current database is the lake (``USE <alias>``)."""
     if read_only and lake.catalog_file is not None and not lake.catalog_file.exists():
         raise LakeError(
-            f"There is no lake at {lake.catalog_file} yet ({CATALOG_VARIABLE}): run a refresh "
-            "first (make demo, or the refresh_all job), then read it."
+            f"There is no lake at {lake.catalog_file} yet ({lake.named(CATALOG_VARIABLE)}): run a "
+            "refresh first (make demo, or the refresh_all job), then read it."
         )
     if not read_only:
         prepare(lake)
@@ -299,8 +304,8 @@ def connect(
             )
             raise LakeError(
                 f"Could not open the DuckLake with catalog {lake.catalog!r} and data path "
-                f"{lake.data_folder!r} (FIELDSALES_DUCKLAKE_CATALOG, "
-                f"FIELDSALES_DUCKLAKE_DATA_PATH).{hint} DuckDB: {exc}"
+                f"{lake.data_folder!r} ({lake.named(CATALOG_VARIABLE)}, "
+                f"{lake.named(DATA_PATH_VARIABLE)}).{hint} DuckDB: {exc}"
             ) from exc
         conn.execute(f"USE {quote_ident(lake.alias)}")
         if not read_only:
@@ -442,15 +447,16 @@ def prepare(lake: Lake) -> None:
                     if existing and lake.data_path_is_default
                     else "an unmounted volume or a mistyped path"
                 )
+                variable = lake.named(DATA_PATH_VARIABLE)
                 raise LakeError(
-                    f"The lake's data path {folder} ({DATA_PATH_VARIABLE}) does not exist "
+                    f"The lake's data path {folder} ({variable}) does not exist "
                     f"({why}); nothing was written. Mount or restore it (or create it: mkdir -p "
-                    f"{folder}), or set {DATA_PATH_VARIABLE} to the right folder, and run again."
+                    f"{folder}), or set {variable} to the right folder, and run again."
                 )
             folder.mkdir(parents=True, exist_ok=True)
     if catalog is not None:
         catalog.parent.mkdir(parents=True, exist_ok=True)
-        use_wal(catalog)
+        use_wal(catalog, lake.named(CATALOG_VARIABLE))
 
 
 #: Catalogs this process has put in WAL mode. The mode is stored in the file, so each is opened
@@ -460,7 +466,7 @@ def prepare(lake: Lake) -> None:
 _WAL_CATALOGS: set[str] = set()
 
 
-def use_wal(path: Path) -> None:
+def use_wal(path: Path, variable: str = CATALOG_VARIABLE) -> None:
     """Put the SQLite catalog ``path`` in ``journal_mode=WAL`` (creating it if new), once per
     process: a reader holding a snapshot then never makes a refresh's commit fail (see the module
     docstring). On a catalog already in WAL mode the pragma writes nothing."""
@@ -473,7 +479,7 @@ def use_wal(path: Path) -> None:
         raise LakeError(
             f"Could not put the lake's SQLite catalog {path} in journal_mode=WAL (SQLite says "
             f"{mode!r}); is it on a network file system? Keep the catalog on a local disk "
-            f"({CATALOG_VARIABLE}), or use a PostgreSQL catalog for several machines."
+            f"({variable}), or use a PostgreSQL catalog for several machines."
         )
     _WAL_CATALOGS.add(key)
 
@@ -499,8 +505,8 @@ def check_tenant(conn: duckdb.DuckDBPyConnection, lake: Lake, record: bool = Fal
             f"The lake with catalog {lake.catalog!r} (schema {lake.schema or 'main'}) belongs to "
             f"{recorded!r}, not to {lake.tenant!r}: two tenants would replace each other's "
             f"tables, so nothing was written. Give this instance a lake of its own "
-            f"({CATALOG_VARIABLE}, or its own ducklake_schema); if the lake really moves to this "
-            f"instance, empty {TENANT_TABLE} first (docs/storage.md)."
+            f"({lake.named(CATALOG_VARIABLE)}, or its own ducklake_schema); if the lake really "
+            f"moves to this instance, empty {TENANT_TABLE} first (docs/storage.md)."
         )
 
 
@@ -852,8 +858,8 @@ def old_warehouse_message(path: Path, lake: Lake) -> str:
         f"{lake.data_path}). Nothing of {path} was changed or deleted. To move: run a full "
         "refresh into the lake (dg launch --job refresh_all); it loads "
         f"everything from the API again. Then move {path} away (keep it as a backup), or, for "
-        f"tools that read a single file, leave {EXPORT_VARIABLE} set to that path once it is "
-        f"moved: every run then writes a fresh export there. docs/storage.md says more."
+        f"tools that read a single file, leave {lake.named(EXPORT_VARIABLE)} set to that path once "
+        f"it is moved: every run then writes a fresh export there. docs/storage.md says more."
     )
 
 
@@ -891,9 +897,10 @@ def check_export_target(target: Path) -> None:
                 f"log. Open {target} read-only (duckdb -readonly), close that process, and run "
                 "again."
             ) from exc
+        variable = lake.named(EXPORT_VARIABLE)
         raise ExportError(
-            f"Cannot replace {target} ({EXPORT_VARIABLE}): it is not a DuckDB file this project "
-            f"can read (DuckDB: {exc}). Move it away, or set {EXPORT_VARIABLE} to another path."
+            f"Cannot replace {target} ({variable}): it is not a DuckDB file this project "
+            f"can read (DuckDB: {exc}). Move it away, or set {variable} to another path."
         ) from exc
     if not marked:
         raise ExportError(not_an_export_message(target))
@@ -908,7 +915,7 @@ _REMEDIES: dict[int, str] = {
     errno.EROFS: "Mount {folder} read-write",
     errno.EXDEV: "Mount the folder {folder}, not the file {file} on its own",
     errno.EBUSY: "Mount the folder {folder}, not the file {file} on its own",
-    errno.ENOENT: "Create the folder {folder}, or set " + EXPORT_VARIABLE + " to another path",
+    errno.ENOENT: "Create the folder {folder}, or set {variable} to another path",
 }
 #: DuckDB's error text for the same reasons (it reports them as text, not errno).
 _DUCKDB_REASONS = {
@@ -920,20 +927,20 @@ _DUCKDB_REASONS = {
 }
 
 
-def _failure(target: Path, snapshot: int | None, exc: BaseException) -> ExportError:
+def _failure(target: Path, snapshot: int | None, exc: BaseException, variable: str) -> ExportError:
     code = exc.errno if isinstance(exc, OSError) else None
     if code is None:
         text = str(exc).lower()
         code = next((c for reason, c in _DUCKDB_REASONS.items() if reason in text), None)
     folder = target.parent
     remedy = _REMEDIES.get(code or 0, "Fix the cause in {folder}").format(
-        folder=folder, file=target.name
+        folder=folder, file=target.name, variable=variable
     )
     cause = (exc.strerror if isinstance(exc, OSError) else None) or str(exc)
     name = f" ({errno.errorcode[code]})" if code is not None and code in errno.errorcode else ""
     which = f"snapshot {snapshot} of the lake" if snapshot is not None else "the lake"
     return ExportError(
-        f"Exporting {which} to {target} ({EXPORT_VARIABLE}) failed: {cause}{name}. The lake's "
+        f"Exporting {which} to {target} ({variable}) failed: {cause}{name}. The lake's "
         f"snapshot stays committed, and the previous {target} is unchanged. {remedy}, then run "
         "the export again (the next run exports)."
     )
@@ -972,7 +979,7 @@ def export_snapshot(lake: Lake, target: Path, config: DuckDBConfig | None = None
         size = _replace_durably(temporary, target, lake)
     except (duckdb.Error, OSError) as exc:
         _remove(temporary)
-        raise _failure(target, snapshot, exc) from exc
+        raise _failure(target, snapshot, exc, lake.named(EXPORT_VARIABLE)) from exc
     except BaseException:  # an ExportError names its cause already
         _remove(temporary)
         raise

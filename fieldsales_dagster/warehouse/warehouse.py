@@ -30,6 +30,7 @@ from fieldsales_dagster.settings import (
     invalid,
     memory_megabytes,
     settings_resource,
+    variables_named,
 )
 from fieldsales_dagster.warehouse.lake import (
     DEFAULT_CATALOG,
@@ -164,6 +165,7 @@ class FieldSalesWarehouse(settings_resource("WarehouseSettings", *WAREHOUSE_SETT
             password_env_var=self.ducklake_password_env_var,
             data_path_is_default=not self.ducklake_data_path,
             tenant=self.tenant,
+            variables=self.variables,
         )
 
     @property
@@ -327,12 +329,13 @@ class FieldSalesWarehouse(settings_resource("WarehouseSettings", *WAREHOUSE_SETT
             return None
         # As the component checks it at load time, for a warehouse built by hand too (a name
         # with whitespace around it, a folder that is not there).
-        target = check_file_setting(  # resolved: a link stays, the rename replaces its target
-            self.duckdb_path,
-            setting="duckdb_path",
-            create_dirs=self.create_dirs,
-            create=self.create_dirs,
-        )
+        with variables_named(self.variables):
+            target = check_file_setting(  # resolved: a link stays, the rename replaces its target
+                self.duckdb_path,
+                setting="duckdb_path",
+                create_dirs=self.create_dirs,
+                create=self.create_dirs,
+            )
         return export_snapshot(self.lake, target, self._config())
 
 
