@@ -12,7 +12,7 @@ import urllib.parse
 from collections.abc import Callable, Hashable
 from pathlib import Path
 
-from fieldsales_dagster.settings import SETTINGS, SettingError, invalid
+from fieldsales_dagster.settings import SETTINGS, SettingError, invalid, named
 
 
 def resolved(path: str | Path) -> Path:
@@ -139,7 +139,8 @@ def _check_folder(
         raise fail(
             f"is in a folder that does not exist ({folder})",
             f"Create it (mkdir -p {folder}), or set create_dirs: true "
-            "(FIELDSALES_CREATE_DIRS=true) to let the pipeline create it, or fix a mistyped path",
+            f"({named('FIELDSALES_CREATE_DIRS')}=true) to let the pipeline create it, or fix a "
+            "mistyped path",
         )
     if not os.access(existing, os.W_OK | os.X_OK):
         read_only = bool(os.statvfs(existing).f_flag & os.ST_RDONLY)  # it exists: stat works

@@ -66,6 +66,12 @@ _ENV_READ = re.compile(r"""\benv(?:\.|\(\s*['"])([A-Za-z_][A-Za-z0-9_]*)""")
 _VARIABLES: ContextVar[dict[str, str] | None] = ContextVar("variables", default=None)
 
 
+def named(variable: str) -> str:
+    """What the ``defs.yaml`` being loaded (``variables_named``) calls the shipped one's
+    ``variable``."""
+    return (_VARIABLES.get() or {}).get(variable, variable)
+
+
 class SettingError(ValueError):
     """A setting of the component is missing or out of range."""
 
@@ -75,9 +81,9 @@ def invalid(spelling: str, variable: str, why: str) -> SettingError:
     it: every setting's error has this one form. Of a component built from ``defs.yaml``, the
     variable named is the one the YAML reads (``ACME_FIELDSALES_BASE_URL`` in a scaffolded
     tenant's; none for a value written in it): see ``SettingsModel._variables``."""
-    variable = (_VARIABLES.get() or {}).get(variable, variable)
-    named = variable not in ("", spelling)
-    where, through = (f" (from {variable})", f" or through {variable}") if named else ("", "")
+    variable = named(variable)
+    read = variable not in ("", spelling)
+    where, through = (f" (from {variable})", f" or through {variable}") if read else ("", "")
     return SettingError(
         f"Field-Sales setting {spelling}{where} is invalid: {why}; set it in defs.yaml{through} "
         "and load again."

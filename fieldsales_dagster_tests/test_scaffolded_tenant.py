@@ -14,12 +14,14 @@ import dagster as dg
 import pytest
 import yaml
 
+from fieldsales_dagster.automation.alerts import Alert, send_alert
 from fieldsales_dagster.component import FieldSalesComponent, tenant_defs_yaml
 from fieldsales_dagster.demo_api import DemoConfig, DemoServer
 from fieldsales_dagster.warehouse.warehouse import FieldSalesWarehouse
 from fieldsales_dagster_tests.conftest import read_lake
 from fieldsales_dagster_tests.processes import clean_env
 from fieldsales_dagster_tests.project import error_chain, load_project, write_project
+from fieldsales_dagster_tests.test_alerts import free_port
 from fieldsales_dagster_tests.test_dg_tooling import (
     BIN,
     COMPONENT,
@@ -68,6 +70,10 @@ def two_tenants(root: Path) -> Path:
             "api.token_store_path (from ACME_FIELDSALES_TOKEN_STORE) is invalid",
         ),
         (
+            {**ACME, "ACME_FIELDSALES_TOKEN_STORE": "{tmp_path}/missing/token.json"},
+            "api.token_store_path (from ACME_FIELDSALES_TOKEN_STORE) is invalid",
+        ),
+        (
             {**ACME, "ACME_FIELDSALES_DUCKLAKE_CATALOG": "mysql:acme"},
             "storage.ducklake_catalog (from ACME_FIELDSALES_DUCKLAKE_CATALOG) is invalid",
         ),
@@ -76,7 +82,15 @@ def two_tenants(root: Path) -> Path:
             "storage.ducklake_data_path (from ACME_FIELDSALES_DUCKLAKE_DATA_PATH) is invalid",
         ),
     ],
-    ids=["no base url", "not a url", "no token", "store a folder", "catalog", "no data path"],
+    ids=[
+        "no base url",
+        "not a url",
+        "no token",
+        "store a folder",
+        "store's folder missing",
+        "catalog",
+        "no data path",
+    ],
 )
 def test_a_tenants_bad_setting_names_its_variable_and_leaves_the_other_tenant_loaded(
     tmp_path, monkeypatch, given, named
@@ -190,6 +204,17 @@ def test_a_scaffolded_tenant_reads_its_secrets_from_variables_of_its_own(monkeyp
     ]
     # The first tenant's webhook is not acme's: acme's alerts stay off until it has its own.
     assert not acme.alert_settings().enabled
+
+
+def test_a_scaffolded_tenants_alert_that_cannot_be_sent_names_its_settings(monkeypatch):
+    monkeypatch.setenv("ACME_FIELDSALES_BASE_URL", "http://127.0.0.1:9")
+    attributes = yaml.safe_load(tenant_defs_yaml(COMPONENT, "acme"))["attributes"]
+    mail = {"email_to": "data@example.com", "smtp_host": "127.0.0.1", "smtp_port": free_port()}
+    attributes["alerts"] |= mail  # written in its defs.yaml: no variable to name
+    acme = FieldSalesComponent.from_attributes_dict(attributes=attributes)
+    (failure,) = send_alert(acme.alert_settings(), Alert("acme", "x", "y", "z")).failed
+    assert "check alerts.smtp_host/alerts.smtp_port and that it is up" in failure
+    assert not FIRST_TENANTS_VARIABLE.findall(failure), failure
 
 
 def test_dg_list_defs_lists_the_first_tenant_and_names_the_scaffolded_tenants_variable(

@@ -137,12 +137,19 @@ def send_alert(
         try:
             send()
         except Exception as exc:
+            named = settings.alerts.named  # this tenant's variables
             if isinstance(exc, smtplib.SMTPAuthenticationError):
-                what = f"FIELDSALES_ALERT_SMTP_USER and {settings.alerts.smtp_password_env_var}"
+                what = (
+                    f"{named('FIELDSALES_ALERT_SMTP_USER')} and "
+                    f"{settings.alerts.smtp_password_env_var}"
+                )
             elif name == "webhook":
                 what = f"{settings.alerts.webhook_url_env_var} and that the receiver is up"
             else:
-                what = "FIELDSALES_ALERT_SMTP_HOST/FIELDSALES_ALERT_SMTP_PORT and that it is up"
+                what = (
+                    f"{named('FIELDSALES_ALERT_SMTP_HOST')}/{named('FIELDSALES_ALERT_SMTP_PORT')} "
+                    "and that it is up"
+                )
             message = (
                 f"Field-Sales [{alert.tenant}]: the {name} alert ({alert.headline}) could not be "
                 f"sent: {type(exc).__name__}: {one_line(settings.scrub(str(exc)))}. The run is not "
