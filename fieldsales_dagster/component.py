@@ -411,10 +411,12 @@ class FieldSalesComponent(dg.Component, FieldSalesSettings):
         try:
             with variables_named(self._variables):
                 resources = self.build_resources()
-        except TENANT_ERRORS as exc:
-            if not tenants_isolated(context):
+        except (*TENANT_ERRORS, ValidationError) as exc:  # a resource's check: ValidationError
+            problems = configuration_problems(exc)
+            if not problems or not tenants_isolated(context):
                 raise
-            return NotConfigured(context.path, self.key_prefix, str(exc)).build_defs(context)
+            error = "\n".join(problems)
+            return NotConfigured(context.path, self.key_prefix, error).build_defs(context)
         names, refresh = self.names, self.refresh
         assets = self.build_assets()
         selection = dg.AssetSelection.assets(*assets)

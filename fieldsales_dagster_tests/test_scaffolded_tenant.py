@@ -173,6 +173,17 @@ def test_a_run_of_the_scaffolded_tenant_names_its_variables_in_every_error(
     assert demo_server.token not in said and acme["ACME_FIELDSALES_API_TOKEN"] not in said
 
 
+def test_a_scaffolded_tenants_missing_pii_key_names_its_variables(tmp_path, monkeypatch):
+    for variable, value in {**FIRST_TENANT, **ACME, "DAGSTER_HOME": str(tmp_path)}.items():
+        monkeypatch.setenv(variable, value)
+    package = two_tenants(tmp_path / "project")
+    acme = package / "defs" / "acme" / "defs.yaml"
+    acme.write_text(acme.read_text().replace("  pii:\n", "  pii:\n    mode: hash\n"))
+    error = load_project(package, monkeypatch).resolve_asset_graph().get(NOT_CONFIGURED).description
+    assert "pii: hash needs a secret key in ACME_FIELDSALES_PII_HASH_KEY" in (error or "")
+    assert not FIRST_TENANTS_VARIABLE.findall(error or ""), error
+
+
 def test_a_code_location_with_one_tenant_still_fails_its_load_on_its_bad_setting(
     tmp_path, monkeypatch
 ):

@@ -22,6 +22,7 @@ import hashlib
 
 import duckdb
 
+from fieldsales_dagster.settings import named
 from fieldsales_dagster.warehouse.quoting import qualified
 from fieldsales_dagster.warehouse.rows import one_row
 
@@ -48,7 +49,8 @@ def check_hash_key(key: str | None, variable: str = "FIELDSALES_PII_HASH_KEY") -
             f"pii: hash needs a secret key in {variable} (at least {MIN_HASH_KEY_CHARS} "
             f"characters; the key, pii_hash_key, has {len(key)}). Set it to a long random secret "
             "(for example `python -c 'import secrets; print(secrets.token_hex(32))'`) and keep it: "
-            "a new key gives every value a new hash. Or choose pii: keep or drop (FIELDSALES_PII)."
+            f"a new key gives every value a new hash. Or choose pii: keep or drop "
+            f"({named('FIELDSALES_PII')})."
         )
     return key
 
