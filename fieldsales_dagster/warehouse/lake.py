@@ -863,18 +863,19 @@ def old_warehouse_message(path: Path, lake: Lake) -> str:
     )
 
 
-def not_an_export_message(path: Path) -> str:
+def not_an_export_message(path: Path, lake: Lake) -> str:
     """Why the export leaves ``path`` (a DuckDB file without the marker) alone, and what to set."""
+    variable = lake.named(EXPORT_VARIABLE)
     return (
-        f"{path} ({EXPORT_VARIABLE}) is a DuckDB file that is not an export of this project (it "
+        f"{path} ({variable}) is a DuckDB file that is not an export of this project (it "
         f"has no table {EXPORT_MARKER}), so the export does not replace it; nothing of it was "
-        f"changed. Set {EXPORT_VARIABLE} to another path for the export (a new file), or unset "
+        f"changed. Set {variable} to another path for the export (a new file), or unset "
         "it to write no export. If the file is the warehouse of an earlier release of this "
         "project, docs/storage.md (Moving a deployment of an earlier release) says how to move."
     )
 
 
-def check_export_target(target: Path) -> None:
+def check_export_target(target: Path, lake: Lake) -> None:
     """Fail, naming ``target``, unless the export may replace it: it does not exist, or it is a
     previous export that no process holds read-write."""
     if not target.exists():
@@ -903,7 +904,7 @@ def check_export_target(target: Path) -> None:
             f"can read (DuckDB: {exc}). Move it away, or set {variable} to another path."
         ) from exc
     if not marked:
-        raise ExportError(not_an_export_message(target))
+        raise ExportError(not_an_export_message(target, lake))
 
 
 #: What to do about a failed export, by the reason the operating system gave.
@@ -956,7 +957,7 @@ def export_snapshot(lake: Lake, target: Path, config: DuckDBConfig | None = None
     asset's metadata.
     """
     started = time.monotonic()
-    check_export_target(target)
+    check_export_target(target, lake)
     sweep_dead_exports(target)
     temporary = target.with_name(f".{target.name}{EXPORT_INFIX}{secrets.token_hex(4)}")
     snapshot: int | None = None
@@ -1022,7 +1023,7 @@ def _replace_durably(temporary: Path, target: Path, lake: Lake) -> int:
         os.fsync(file.fileno())
     size = temporary.stat().st_size
     pause_at("export")
-    check_export_target(target)  # a program may have opened it meanwhile
+    check_export_target(target, lake)  # a program may have opened it meanwhile
     os.replace(temporary, target)
     fd = os.open(target.parent, os.O_RDONLY)
     try:
@@ -1079,9 +1080,8 @@ def old_warehouse_warning(lake: Lake, export_path: str | None) -> str | None:
         with contextlib.suppress(duckdb.Error):  # cannot tell now: no warning
             if path.is_file() and not is_export(path):
                 exported = export_path is not None and path == Path(export_path).absolute()
-                found = (
-                    not_an_export_message(path) if exported else old_warehouse_message(path, lake)
-                )
+                message = not_an_export_message if exported else old_warehouse_message
+                found = message(path, lake)
                 return f"Field-Sales: no lake yet at {lake.catalog_file}, and {found}"
     return None
 
