@@ -64,6 +64,8 @@ def test_tenants_with_their_own_files_prefix_and_pool_load(tmp_path, monkeypatch
         "acme_refresh_all",
         "lake_upkeep",
         "acme_lake_upkeep",
+        "renew_token",
+        "acme_renew_token",
     }
 
 
