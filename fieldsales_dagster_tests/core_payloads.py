@@ -10,7 +10,7 @@ from typing import Any
 import dagster as dg
 
 from fieldsales_dagster.warehouse.lake import run_transaction
-from fieldsales_dagster_tests.conftest import lake_at, read_lake
+from fieldsales_dagster_tests.conftest import lake_at
 from fieldsales_dagster_tests.project import core_assets, core_checks, mart_assets, materialize
 
 T0 = "2025-03-04T09:30:00.000Z"
@@ -328,5 +328,7 @@ def materialize_core_only(
 
 
 def query(database: Path, sql: str, params: list | None = None) -> list[tuple]:
-    with read_lake(database) as conn:
+    """``sql`` on the lake's latest snapshot: what the steps wrote, where a test materializes
+    only some tables (analysts, ``read_lake``, see the last complete refresh instead)."""
+    with lake_at(database).get_connection() as conn:
         return conn.execute(sql, params or []).fetchall()
