@@ -5,7 +5,7 @@ current events' fingerprints. Real DuckDB files in ``tmp_path``."""
 from __future__ import annotations
 
 import json
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta
 
 import duckdb
 import pytest
@@ -50,7 +50,7 @@ def conn(tmp_path):
             "VALUES (?, '{}', ?, ?)",
             [(f"{e}{n}", NOW.replace(tzinfo=None), e) for e in "abc" for n in (1, 2)],
         )
-        incremental._fingerprint_current_events(conn)
+        incremental._fingerprint_current_events(conn, NOW)
         incremental._write_state(conn, mode="full", at=NOW, rows=6)
         store_events(
             conn,
@@ -69,6 +69,30 @@ def test_the_plan_carries_which_events_are_refetched_and_which_disappeared(conn)
     assert sorted(plan.event_ids) == ["b", "d"]
     assert plan.removed_ids == ["c"]
     assert (plan.events, plan.why) == (3, {"new": 1, "changed": 1})
+
+
+def test_an_event_without_a_dated_history_is_recent_only_while_first_seen_in_its_state(tmp_path):
+    """An undated event changed state at or before the load that first saw it in that state: it
+    is re-fetched while that load is within lookback_days, then no more, until its state moves."""
+    undated = json.dumps({"_id": "u", "eventState": "open", "eventStateHistory": []})
+    with duckdb.connect(str(tmp_path / "undated.duckdb")) as conn:
+        conn.execute("CREATE SCHEMA raw")
+        store_events(conn, {"u": undated})
+        incremental._fingerprint_current_events(conn, NOW)
+        incremental._write_state(conn, mode="full", at=NOW, rows=0)
+
+        def plan(days: float) -> dict[str, int]:
+            at = NOW + timedelta(days=days)
+            why = incremental._plan(conn, lookback_days=30, now=at).why
+            incremental._write_state(conn, mode="incremental", at=at, rows=0)
+            return why
+
+        assert plan(days=5) == {"recent": 1}
+        assert plan(days=29) == {"recent": 1}
+        assert plan(days=31) == {}  # first seen in this state 31 days ago
+        store_events(conn, {"u": undated.replace('"open"', '"closed"')})
+        assert plan(days=32) == {"changed": 1}
+        assert plan(days=33) == {"recent": 1}  # seen closed since day 32
 
 
 def test_the_merge_deletes_the_transactions_of_the_refetched_and_removed_events(conn):

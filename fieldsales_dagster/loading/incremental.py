@@ -149,9 +149,11 @@ def _events_loaded_at(conn: duckdb.DuckDBPyConnection) -> datetime | None:
     return value.replace(tzinfo=UTC) if value else None
 
 
-def _fingerprint_current_events(conn: duckdb.DuckDBPyConnection) -> None:
-    """Fill ``FINGERPRINTS_NOW``: per event of ``raw.events``, its state fingerprint and last
-    change.
+def _fingerprint_current_events(conn: duckdb.DuckDBPyConnection, now: datetime) -> None:
+    """Fill ``FINGERPRINTS_NOW``: per event of ``raw.events``, its state fingerprint, last dated
+    change, and since when this lake has seen it in that state (``state_since``: kept from the
+    last load while the fingerprint holds, else ``now``). An event whose history has no date
+    changed state at or before ``state_since``, so that time stands in for its last change.
 
     Each payload is parsed once (``json_extract`` with a list of paths): three separate
     extractions of ~3 KB documents ran out of DuckDB's 192 MB at 25,000 events. The table is read
@@ -164,10 +166,18 @@ def _fingerprint_current_events(conn: duckdb.DuckDBPyConnection) -> None:
         source = "raw_events_in_slices()"
     else:
         source = "(SELECT NULL::VARCHAR AS id, NULL::JSON AS payload WHERE false)"
+    known = (
+        FINGERPRINTS_TABLE
+        if table_exists(conn, FINGERPRINTS_TABLE)
+        else "(SELECT NULL::VARCHAR AS event_id, NULL AS fingerprint, NULL::TIMESTAMPTZ AS "
+        "state_since WHERE false)"
+    )
     conn.execute(
         f"""
         CREATE OR REPLACE TEMP TABLE {FINGERPRINTS_NOW} AS
-        SELECT event_id,
+        SELECT n.*, CASE WHEN o.fingerprint = n.fingerprint THEN o.state_since
+                         ELSE $now::TIMESTAMPTZ END AS state_since
+        FROM (SELECT event_id,
                md5(concat_ws(chr(1),
                    coalesce(state[1]::VARCHAR, 'null'),
                    coalesce(state[2]::VARCHAR, 'null'),
@@ -178,8 +188,10 @@ def _fingerprint_current_events(conn: duckdb.DuckDBPyConnection) -> None:
         FROM (SELECT id AS event_id,
                      json_extract(payload, ['$.eventState', '$.eventStateHistory',
                                             '$.eventStateTimestamps']) AS state
-              FROM {source})
-        """
+              FROM {source})) n
+        LEFT JOIN {known} o USING (event_id)
+        """,
+        {"now": now},
     )
 
 
@@ -292,7 +304,7 @@ def refresh_raw_list(
                     ) from None
                 warn(f"transactions: incremental refresh abandoned, running a full one: {exc}")
                 reason, spent = f"fell back from incremental: {exc}", exc.bytes_fetched
-        _fingerprint_current_events(conn)
+        _fingerprint_current_events(conn, now)
 
         def after_swap(rows: int) -> None:
             # In the swap's transaction: never a new table with old state.
@@ -348,7 +360,7 @@ def read_plan(conn: duckdb.DuckDBPyConnection) -> RefetchPlan:
 def _plan(conn: duckdb.DuckDBPyConnection, lookback_days: float, now: datetime) -> RefetchPlan:
     """Which events to re-fetch (new, changed, or changed within ``lookback_days``) and which
     disappeared, against the fingerprints recorded at the last load."""
-    _fingerprint_current_events(conn)
+    _fingerprint_current_events(conn, now)
     conn.execute(
         f"""
         CREATE OR REPLACE TEMP TABLE {REFETCH_TABLE} AS
@@ -359,9 +371,8 @@ def _plan(conn: duckdb.DuckDBPyConnection, lookback_days: float, now: datetime) 
         FROM {FINGERPRINTS_NOW} n LEFT JOIN {FINGERPRINTS_TABLE} o USING (event_id)
         WHERE o.event_id IS NULL
            OR o.fingerprint IS DISTINCT FROM n.fingerprint
-           -- no history to date it: treated as recent
-           OR n.last_state_change IS NULL
-           OR n.last_state_change >= $since
+           -- no history to date it: recent while first seen in this state within the window
+           OR coalesce(n.last_state_change, n.state_since) >= $since
         """,
         {"since": now - timedelta(days=lookback_days)},
     )

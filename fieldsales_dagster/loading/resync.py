@@ -152,7 +152,7 @@ def resync_transactions(
             "none recorded yet. Run a full refresh first (the refresh_all job, or refresh_mode: "
             "full), then re-sync."
         )
-    _fingerprint_current_events(conn)
+    _fingerprint_current_events(conn, now)
     _choose_events(conn, request)
     plan = read_plan(conn)
     gone = [
