@@ -18,10 +18,9 @@ import pytest
 
 from fieldsales_dagster.assets.upkeep import build_upkeep_asset
 from fieldsales_dagster.demo_api import DemoConfig, DemoServer
-from fieldsales_dagster.heap import release_step_memory
 from fieldsales_dagster.warehouse import lake as lake_module
 from fieldsales_dagster.warehouse.lake import Lake, prepare, run_transaction
-from fieldsales_dagster.warehouse.warehouse import FieldSalesWarehouse
+from fieldsales_dagster.warehouse.warehouse import FieldSalesWarehouse, release_step_memory
 from fieldsales_dagster_tests.analyst_reader import READS
 from fieldsales_dagster_tests.conftest import make_api
 from fieldsales_dagster_tests.project import DEFAULT, core_assets, mart_assets, raw_assets

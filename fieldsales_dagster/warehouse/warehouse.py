@@ -20,7 +20,7 @@ import dagster as dg
 import duckdb
 from pydantic import Field, PrivateAttr, field_validator, model_validator
 
-from fieldsales_dagster.heap import release_step_memory
+from fieldsales_dagster.heap import release_free_memory
 from fieldsales_dagster.paths import check_file_setting, check_folder_setting
 from fieldsales_dagster.settings import (
     SETTINGS,
@@ -46,12 +46,16 @@ from fieldsales_dagster.warehouse.lake import (
 )
 from fieldsales_dagster.warehouse.lake import table_exists as table_exists  # its users' import
 from fieldsales_dagster.warehouse.pii import check_hash_key
-from fieldsales_dagster.warehouse.quoting import qualified, quote_ident
+from fieldsales_dagster.warehouse.quoting import qualified, quote_ident, sql_literal
 from fieldsales_dagster.warehouse.rows import one_row
 
 T = TypeVar("T")
 #: The concerns whose settings the warehouse takes.
 WAREHOUSE_SETTINGS = (StorageSettings, PiiSettings, RefreshSettings)
+
+#: DuckDB's pool is emptied above this share of its limit; below, loading it again costs more
+#: than it frees (unloading at every step cost the 88k run ~1 s in 14).
+UNLOAD_ABOVE_SHARE = 0.25
 
 #: The folder of a lake's local files (DuckDB's spills), beside a SQLite
 #: catalog; for PostgreSQL under the system's temporary folder. Each process has its own
@@ -89,6 +93,30 @@ def _alive(pid: int) -> bool:
     except PermissionError:
         return True  # another user's process
     return True
+
+
+def release_step_memory(
+    conn: duckdb.DuckDBPyConnection, memory_limit: str, limit_bytes: float
+) -> None:
+    """What a step does as it opens: empty DuckDB's pool of what ended queries left in it, when
+    that passes ``UNLOAD_ABOVE_SHARE`` of the limit, then ``release_free_memory``.
+
+    DuckDB's pool keeps the blocks of the lake's files and of the run's shared event decode after
+    the steps that read them, so a later step had less of ``duckdb_memory_limit`` and the process
+    held both (1M: the run's peak 630 -> 584 MiB once emptied; docs/performance.md). DuckDB
+    evicts what no running query holds when its limit is lowered (in-memory tables to the
+    temp folder, to be read again from there); the limit is then set back. With a query running,
+    DuckDB refuses the lower limit and nothing changes.
+    """
+    (cached,) = one_row(conn, "SELECT coalesce(sum(memory_usage_bytes), 0) FROM duckdb_memory()")
+    if cached > UNLOAD_ABOVE_SHARE * limit_bytes:
+        try:
+            conn.execute("SET memory_limit = '1MB'")
+        except duckdb.OutOfMemoryException:
+            pass  # pinned by a running query: not now
+        finally:
+            conn.execute(f"SET memory_limit = {sql_literal(memory_limit)}")
+    release_free_memory()
 
 
 class FieldSalesWarehouse(settings_resource("WarehouseSettings", *WAREHOUSE_SETTINGS)):  # type: ignore[misc]
