@@ -32,7 +32,6 @@ from pydantic import (
 )
 from pydantic_core import PydanticUndefined
 
-from fieldsales_dagster.loading.modes import RefreshMode
 from fieldsales_dagster.warehouse.lake import check_catalog
 
 #: The key of a field's ``json_schema_extra`` that names the setting it holds.
@@ -70,6 +69,20 @@ def named(variable: str) -> str:
     """What the ``defs.yaml`` being loaded (``variables_named``) calls the shipped one's
     ``variable``."""
     return (_VARIABLES.get() or {}).get(variable, variable)
+
+
+#: The values of ``refresh_mode``: the setting, and the run config of ``raw_transactions``.
+REFRESH_MODES = ("auto", "full", "incremental")
+RefreshMode = Literal["auto", "full", "incremental"]
+
+
+def validate_refresh_mode(value: object) -> object:
+    """Pydantic ``before`` validator shared by the resource field and the run config."""
+    if value is None or type(value).__name__ == "EnvVar":  # resolved and validated at run time
+        return value
+    if not isinstance(value, str) or value.strip().lower() not in REFRESH_MODES:
+        raise ValueError(f"refresh_mode must be one of {', '.join(REFRESH_MODES)}; got {value!r}")
+    return value.strip().lower()
 
 
 class SettingError(ValueError):

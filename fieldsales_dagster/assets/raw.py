@@ -25,10 +25,10 @@ from fieldsales_dagster.loading.incremental import (
     RefreshReport,
     refresh_raw_list,
 )
-from fieldsales_dagster.loading.modes import validate_refresh_mode
 from fieldsales_dagster.loading.raw_load import LoadReport, ShrinkGuard
 from fieldsales_dagster.loading.resync import resync_transactions
 from fieldsales_dagster.names import InstanceNames
+from fieldsales_dagster.settings import validate_refresh_mode
 from fieldsales_dagster.warehouse.quoting import qualified
 from fieldsales_dagster.warehouse.rows import one_row
 
