@@ -32,7 +32,7 @@ from pydantic import (
 )
 from pydantic_core import PydanticUndefined
 
-from fieldsales_dagster.warehouse.lake import check_catalog
+from fieldsales_dagster.catalogs import check_catalog
 
 #: The key of a field's ``json_schema_extra`` that names the setting it holds.
 SETTING_KEY = "fieldsales_setting"

@@ -54,6 +54,12 @@ import duckdb
 import filelock
 import tenacity
 
+from fieldsales_dagster.catalogs import (
+    DEFAULT_CATALOG,
+    POSTGRES_PREFIX,
+    SQLITE_PREFIX,
+    check_catalog,
+)
 from fieldsales_dagster.pause import pause_at
 from fieldsales_dagster.warehouse.quoting import qualified, quote_ident, sql_literal
 from fieldsales_dagster.warehouse.rows import one_row
@@ -63,10 +69,7 @@ EXTENSION_VERSION = "v1.5.5"
 #: Each extension comes from the wheel ``duckdb-extension-<name>``; ``ducklake`` is loaded from
 #: its file, a catalog's scanner installed under the name DuckLake loads it by.
 SCANNERS = {"postgres": "postgres_scanner", "sqlite": "sqlite_scanner"}
-POSTGRES_PREFIX = "postgres:"
-SQLITE_PREFIX = "sqlite:"
-#: The embedded default: a SQLite catalog and a folder of Parquet files, both under ``data/``.
-DEFAULT_CATALOG = "sqlite:data/fieldsales.ducklake.sqlite"
+#: The embedded default's folder of Parquet files, under ``data/`` beside its SQLite catalog.
 DEFAULT_DATA_PATH = "data/lake"
 CATALOG_VARIABLE = "FIELDSALES_DUCKLAKE_CATALOG"
 DATA_PATH_VARIABLE = "FIELDSALES_DUCKLAKE_DATA_PATH"
@@ -113,18 +116,6 @@ def default_data_path(catalog: str) -> str:
     if catalog.startswith(SQLITE_PREFIX):
         return str(Path(catalog.removeprefix(SQLITE_PREFIX)).parent / "lake")
     return DEFAULT_DATA_PATH
-
-
-def check_catalog(catalog: str) -> str:
-    """``catalog`` if it is a catalog this project opens, else a ``ValueError`` saying which."""
-    if catalog.startswith(SQLITE_PREFIX) and catalog.removeprefix(SQLITE_PREFIX).strip():
-        return catalog
-    if catalog.startswith(POSTGRES_PREFIX):
-        return catalog
-    raise ValueError(
-        "it is neither sqlite:<file> (one host; the default is "
-        f"{DEFAULT_CATALOG}) nor postgres:dbname=... host=... user=... (several machines)"
-    )
 
 
 @dataclass(frozen=True)

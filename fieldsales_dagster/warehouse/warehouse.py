@@ -20,6 +20,7 @@ import dagster as dg
 import duckdb
 from pydantic import Field, PrivateAttr, field_validator, model_validator
 
+from fieldsales_dagster.catalogs import DEFAULT_CATALOG
 from fieldsales_dagster.heap import release_free_memory
 from fieldsales_dagster.paths import check_file_setting, check_folder_setting
 from fieldsales_dagster.settings import (
@@ -33,7 +34,6 @@ from fieldsales_dagster.settings import (
     variables_named,
 )
 from fieldsales_dagster.warehouse.lake import (
-    DEFAULT_CATALOG,
     DuckDBConfig,
     Lake,
     check_tenant,

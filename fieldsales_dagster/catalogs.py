@@ -1,0 +1,21 @@
+"""The lake's catalog as a setting spells it: ``sqlite:<file>`` (one host) or
+``postgres:<libpq connection string>`` (several machines). It imports nothing of the project: the
+settings check the spelling here, and the lake (with its command, which loads no Dagster) reads it.
+"""
+
+POSTGRES_PREFIX = "postgres:"
+SQLITE_PREFIX = "sqlite:"
+#: The embedded default: a SQLite catalog under ``data/``, its Parquet files beside it.
+DEFAULT_CATALOG = "sqlite:data/fieldsales.ducklake.sqlite"
+
+
+def check_catalog(catalog: str) -> str:
+    """``catalog`` if it is a catalog this project opens, else a ``ValueError`` saying which."""
+    if catalog.startswith(SQLITE_PREFIX) and catalog.removeprefix(SQLITE_PREFIX).strip():
+        return catalog
+    if catalog.startswith(POSTGRES_PREFIX):
+        return catalog
+    raise ValueError(
+        "it is neither sqlite:<file> (one host; the default is "
+        f"{DEFAULT_CATALOG}) nor postgres:dbname=... host=... user=... (several machines)"
+    )
