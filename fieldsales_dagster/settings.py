@@ -33,6 +33,7 @@ from pydantic import (
 from pydantic_core import PydanticUndefined
 
 from fieldsales_dagster.catalogs import check_catalog
+from fieldsales_dagster.urls import validate_base_url
 
 #: The key of a field's ``json_schema_extra`` that names the setting it holds.
 SETTING_KEY = "fieldsales_setting"
@@ -497,15 +498,11 @@ class ApiSettings(SettingsModel):
     @field_validator("base_url")
     @classmethod
     def _base_url(cls, value: str | None) -> str:
-        # The client's URL rules; imported here, so that storage loads without the client.
-        from fieldsales_dagster.client.errors import FieldSalesAPIError  # noqa: PLC0415
-        from fieldsales_dagster.client.urls import validate_base_url  # noqa: PLC0415
-
         if not value:
             raise ValueError("it is not set")
         try:
             return validate_base_url(value)
-        except FieldSalesAPIError as exc:  # named as the setting (``invalid`` adds its variable)
+        except ValueError as exc:  # named as the setting (``invalid`` adds its variable)
             raise ValueError(
                 str(exc).rstrip(".").replace("FIELDSALES_BASE_URL must", "it must")
             ) from None

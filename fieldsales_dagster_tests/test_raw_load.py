@@ -13,12 +13,12 @@ from fieldsales_dagster.client.endpoints import EVENT_GROUPS, EVENTS, TRANSACTIO
 from fieldsales_dagster.client.errors import (
     AuthenticationError,
     FieldSalesAPIError,
-    InsecureURLError,
     NotJSONError,
     PageFormatError,
 )
 from fieldsales_dagster.loading.completeness import IncompleteListError
 from fieldsales_dagster.loading.raw_load import load_list
+from fieldsales_dagster.urls import InsecureURLError
 from fieldsales_dagster_tests.conftest import make_api, read_lake
 
 TX = TRANSACTIONS.path
@@ -242,7 +242,7 @@ def test_forbidden_token_says_so(demo_server, api, warehouse):
 
 def test_plain_http_is_refused_for_remote_hosts(tmp_path, warehouse):
     """Refused when the resource is built (its ``api:`` model checks it), before any request."""
-    from fieldsales_dagster.client.urls import validate_base_url
+    from fieldsales_dagster.urls import validate_base_url
 
     with pytest.raises(pydantic.ValidationError, match=r"api\.base_url.*fieldsales\.example\.com"):
         FieldSalesAPI(base_url="http://fieldsales.example.com", api_token="t" * 30)
@@ -252,7 +252,7 @@ def test_plain_http_is_refused_for_remote_hosts(tmp_path, warehouse):
 
 @pytest.mark.parametrize("host", ["http://127.0.0.1:1", "http://localhost:1", "http://[::1]:1"])
 def test_plain_http_is_allowed_on_loopback(host):
-    from fieldsales_dagster.client.urls import validate_base_url
+    from fieldsales_dagster.urls import validate_base_url
 
     assert validate_base_url(host + "/") == host
 

@@ -49,10 +49,10 @@ from fieldsales_dagster.client.errors import (
     UnreachableError,
 )
 from fieldsales_dagster.client.pager import ListStats, Page, digest
-from fieldsales_dagster.client.urls import Origin, origin_of, validate_base_url
 from fieldsales_dagster.settings import ApiSettings, settings_resource
 from fieldsales_dagster.token.secret import TokenFormatError, clean_token, mask_secrets
 from fieldsales_dagster.token.store import TokenStore
+from fieldsales_dagster.urls import Origin, origin_of, validate_base_url
 
 if TYPE_CHECKING:
     # Imported where a request is sent (``_session``, ``_get_once``): ``requests`` and its

@@ -21,10 +21,6 @@ class PageFormatError(FieldSalesAPIError):
     """A page answered 200 but holds no list of items."""
 
 
-class InsecureURLError(FieldSalesAPIError):
-    """``http://`` to a host other than loopback."""
-
-
 class NotJSONError(PageFormatError):
     """A complete 200 body that is not JSON (a login page, a proxy's error page): not retried."""
 

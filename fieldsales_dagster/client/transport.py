@@ -44,7 +44,7 @@ from fieldsales_dagster.client.errors import (
     ResponseTooLargeError,
     TransientHTTPError,
 )
-from fieldsales_dagster.client.urls import Origin, origin_of
+from fieldsales_dagster.urls import Origin, origin_of
 
 #: Decoded bytes urllib3 hands out per step: large enough that the loop costs nothing next to the
 #: network, small enough that the cap is overshot by at most this much.

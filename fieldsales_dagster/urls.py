@@ -5,7 +5,8 @@ is sent to. Validating with another parser (``urllib.parse``) lets an ambiguous 
 loopback check while urllib3 connects elsewhere: ``http://evil.example:80\\@127.0.0.1`` is
 ``127.0.0.1`` to ``urlsplit`` and ``evil.example`` to urllib3. So the URL is parsed by urllib3,
 anything two parsers could read differently is refused outright, and the URL used afterwards is
-rebuilt from urllib3's parts.
+rebuilt from urllib3's parts. It imports nothing of the project: the settings check
+``api.base_url`` with it, and the client connects by it.
 """
 
 from __future__ import annotations
@@ -18,9 +19,11 @@ from urllib.parse import urlsplit
 from urllib3.exceptions import LocationParseError
 from urllib3.util import parse_url
 
-from fieldsales_dagster.client.errors import FieldSalesAPIError, InsecureURLError
-
 _EXAMPLE = "an https:// URL such as https://example.com"
+
+
+class InsecureURLError(ValueError):
+    """``http://`` to a host other than loopback."""
 
 
 @dataclass(frozen=True)
@@ -54,8 +57,8 @@ def is_loopback_host(host: str) -> bool:
         return False
 
 
-def _bad(base_url: str, why: str) -> FieldSalesAPIError:
-    return FieldSalesAPIError(
+def _bad(base_url: str, why: str) -> ValueError:
+    return ValueError(
         f"FIELDSALES_BASE_URL must be {_EXAMPLE} (plain http:// only for loopback); "
         f"{base_url!r} {why}."
     )
@@ -84,7 +87,7 @@ def validate_base_url(base_url: str) -> str:
     url = base_url.strip()
     if "@" in url:
         # Never echo the URL: what precedes the @ may be a password.
-        raise FieldSalesAPIError(
+        raise ValueError(
             f"FIELDSALES_BASE_URL must be {_EXAMPLE}, without user info (user@ or "
             "user:password@): the API token is the only credential sent. Remove the part "
             "before the @."
