@@ -35,6 +35,7 @@ from fieldsales_dagster.assets.io_manager import build_io_manager
 from fieldsales_dagster.assets.raw import build_raw_assets
 from fieldsales_dagster.assets.upkeep import build_upkeep_asset, build_upkeep_job_and_schedule
 from fieldsales_dagster.automation.alerts import AlertSettings, build_alert_sensors
+from fieldsales_dagster.automation.renewal import RenewalPolicy
 from fieldsales_dagster.automation.schedule import build_refresh_job, build_refresh_schedule
 from fieldsales_dagster.automation.sensors import (
     build_core_automation_sensor,
@@ -64,7 +65,6 @@ from fieldsales_dagster.tenancy import (
     declared_tenants,
     refuse_shared_claims,
 )
-from fieldsales_dagster.token.renewal import RenewalPolicy
 from fieldsales_dagster.token.secret import TokenFormatError, clean_token
 from fieldsales_dagster.warehouse.lake import (
     Lake,

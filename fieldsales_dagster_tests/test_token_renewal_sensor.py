@@ -19,6 +19,7 @@ import dagster as dg
 import pytest
 import requests
 
+from fieldsales_dagster.automation.renewal import RENEWAL_OFF, RenewalPolicy, TokenRenewalError
 from fieldsales_dagster.automation.sensors import (
     build_token_renewal_job,
     build_token_renewal_sensor,
@@ -30,7 +31,6 @@ from fieldsales_dagster.client.pager import ListStats
 from fieldsales_dagster.demo_api import DemoConfig, DemoServer
 from fieldsales_dagster.names import InstanceNames
 from fieldsales_dagster.settings import SETTINGS
-from fieldsales_dagster.token.renewal import RENEWAL_OFF, RenewalPolicy, TokenRenewalError
 from fieldsales_dagster.token.store import TokenStore, TokenStoreError
 from fieldsales_dagster_tests.project import load_failure, load_project_defs
 
@@ -299,9 +299,9 @@ RENEWER_SCRIPT = textwrap.dedent(
 
     from fieldsales_dagster.automation.sensors import build_token_renewal_job
     from fieldsales_dagster.names import InstanceNames
-    from fieldsales_dagster.token import renewal
+    from fieldsales_dagster.automation import renewal
     from fieldsales_dagster.settings import SETTINGS
-    from fieldsales_dagster.token.renewal import RenewalPolicy
+    from fieldsales_dagster.automation.renewal import RenewalPolicy
     from fieldsales_dagster.client.api import FieldSalesAPI
     from fieldsales_dagster.token.store import TokenStore
 

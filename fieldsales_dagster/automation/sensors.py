@@ -3,14 +3,14 @@ automation."""
 
 import dagster as dg
 
-from fieldsales_dagster.names import InstanceNames
-from fieldsales_dagster.token.renewal import (
+from fieldsales_dagster.automation.renewal import (
     RENEWAL_OFF,
     TICK_INTERVAL,
     RenewalPolicy,
     decide,
     renew_or_check,
 )
+from fieldsales_dagster.names import InstanceNames
 
 
 def build_token_renewal_job(names: InstanceNames, policy: RenewalPolicy) -> dg.JobDefinition:

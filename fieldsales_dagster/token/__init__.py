@@ -1,1 +1,1 @@
-"""The API token: the durable store, the renewal policy and the renewal call. No Dagster here."""
+"""The API token: its format and the durable store. No Dagster here."""
