@@ -358,6 +358,9 @@ class FieldSalesComponent(dg.Component, FieldSalesSettings):
                 self.api.api_token_env_var,
                 self.pii.hash_key_env_var,
                 self.storage.ducklake_password_env_var,
+                self.storage.s3_secret_access_key_env_var,
+                "AWS_SECRET_ACCESS_KEY",
+                "AWS_SESSION_TOKEN",
             ),
             token_store_path=self.api.token_store_path,
         )

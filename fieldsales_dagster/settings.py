@@ -33,7 +33,7 @@ from pydantic import (
 from pydantic_core import PydanticUndefined
 
 from fieldsales_dagster.catalogs import check_catalog
-from fieldsales_dagster.urls import validate_base_url
+from fieldsales_dagster.urls import origin_of, validate_base_url
 
 #: The key of a field's ``json_schema_extra`` that names the setting it holds.
 SETTING_KEY = "fieldsales_setting"
@@ -571,6 +571,42 @@ class StorageSettings(SettingsModel):
         "The variable holding the PostgreSQL catalog's password (never the password)",
         _VARIABLE,
     )
+    s3_endpoint: str | None = setting(
+        None,
+        "The S3-compatible server of an s3:// data path: host:port or URL (plain http:// "
+        "only on loopback)",
+        "host:port or an https:// URL of the object store, e.g. minio.example.com:9000 (plain "
+        "http:// only for loopback hosts)",
+        "FIELDSALES_S3_ENDPOINT",
+        unset="AWS_ENDPOINT_URL if set; AWS S3 otherwise",
+    )
+    s3_region: str | None = setting(
+        None,
+        "The object store's region",
+        "a region name such as eu-central-1",
+        "FIELDSALES_S3_REGION",
+        unset="AWS_REGION if set; us-east-1 otherwise",
+    )
+    s3_url_style: str | None = setting(
+        None,
+        "How the object store addresses a bucket: vhost (bucket.host/key) or path "
+        "(host/bucket/key)",
+        "vhost or path",
+        "FIELDSALES_S3_URL_STYLE",
+        unset="path with an endpoint; vhost otherwise",
+    )
+    s3_access_key_id_env_var: str = setting(
+        "FIELDSALES_S3_ACCESS_KEY_ID",
+        "The variable holding the object store's access key id; with neither it nor "
+        "s3_secret_access_key_env_var set, AWS_ACCESS_KEY_ID (and AWS_SESSION_TOKEN)",
+        _VARIABLE,
+    )
+    s3_secret_access_key_env_var: str = setting(
+        "FIELDSALES_S3_SECRET_ACCESS_KEY",
+        "The variable holding the object store's secret access key (never the key); with "
+        "neither it nor s3_access_key_id_env_var set, AWS_SECRET_ACCESS_KEY",
+        _VARIABLE,
+    )
     retain_snapshots_days: float = setting(
         7.0,
         "The lake's upkeep expires snapshots older than this (days); time travel "
@@ -604,6 +640,27 @@ class StorageSettings(SettingsModel):
     @classmethod
     def _catalog(cls, value: str | None) -> str | None:
         return None if value is None else check_catalog(value)
+
+    @field_validator("s3_endpoint")
+    @classmethod
+    def _s3_endpoint(cls, value: str | None) -> str | None:
+        # The API's URL parser and loopback rule.
+        origin = origin_of(value if "://" in value else f"https://{value}") if value else None
+        if value and origin is None:
+            raise ValueError("it is neither host:port nor an http(s):// URL")
+        if origin is not None and origin.scheme == "http" and not origin.is_loopback:
+            raise ValueError(
+                f"plain http:// to {origin.host} would carry the lake's files in clear text "
+                "(it is for loopback hosts only); use https://"
+            )
+        return str(origin) if origin else None
+
+    @field_validator("s3_url_style")
+    @classmethod
+    def _s3_url_style(cls, value: str | None) -> str | None:
+        if value not in (None, "vhost", "path"):
+            raise ValueError("it is neither vhost nor path")
+        return value
 
     @field_validator("ducklake_schema")
     @classmethod

@@ -26,6 +26,12 @@ is refused, however the catalog is spelled.
 The extensions come from the ``duckdb-extension-*`` wheels, built for the DuckDB release
 ``pyproject.toml`` pins (``INSTALL ducklake`` would need the network): see ``load_extensions``.
 
+A data path on object storage (``s3://bucket/prefix/``) is read and written through ``httpfs``
+(from its wheel too), the object store's keys handed to DuckDB as a temporary secret, read from
+their variables when a connection is made (``ObjectStore``); a writer lists the data path before
+it attaches (``check_object_store``), so a missing bucket, refused keys or an endpoint out of
+reach fail before anything is written.
+
 What DuckLake does not support, and how the project's SQL avoids it: no
 ``PRIMARY KEY``/``UNIQUE``/indexes (state tables are keyed by a delete-then-insert), no macros
 stored in the catalog (every macro is ``TEMP``, per connection), no ``ENUM`` columns.
@@ -49,6 +55,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, TypeVar
+from urllib.parse import urlsplit
 
 import duckdb
 import filelock
@@ -73,6 +80,10 @@ SCANNERS = {"postgres": "postgres_scanner", "sqlite": "sqlite_scanner"}
 DEFAULT_DATA_PATH = "data/lake"
 CATALOG_VARIABLE = "FIELDSALES_DUCKLAKE_CATALOG"
 DATA_PATH_VARIABLE = "FIELDSALES_DUCKLAKE_DATA_PATH"
+S3_PREFIX = "s3://"
+ENDPOINT_VARIABLE = "FIELDSALES_S3_ENDPOINT"
+#: The standard variables of the object store's keys, read when neither of ours is set.
+AWS_KEY_VARIABLES = ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY", "AWS_SESSION_TOKEN")
 #: The lake's name in every connection, so ``fieldsales.raw.events`` names one table everywhere.
 DEFAULT_ALIAS = "fieldsales"
 #: Which tenant the lake belongs to, recorded on first use (``check_tenant``).
@@ -119,6 +130,42 @@ def default_data_path(catalog: str) -> str:
 
 
 @dataclass(frozen=True)
+class ObjectStore:
+    """Where an ``s3://`` data path is served: the endpoint (an ``https://`` URL, or ``http://``
+    on loopback; ``None``: AWS S3), the region (``None``: us-east-1), the URL style (``None``:
+    path with an endpoint, else vhost), and the variables holding the keys (never the keys)."""
+
+    endpoint: str | None = None
+    region: str | None = None
+    url_style: str | None = None
+    key_id_env_var: str = "FIELDSALES_S3_ACCESS_KEY_ID"
+    secret_env_var: str = "FIELDSALES_S3_SECRET_ACCESS_KEY"
+
+    def key_variables(self) -> tuple[str, ...]:
+        """The variables the keys are read from: ours if either is set, else the AWS ones."""
+        ours = (self.key_id_env_var, self.secret_env_var)
+        return ours if any(os.environ.get(variable) for variable in ours) else AWS_KEY_VARIABLES
+
+    def secret_sql(self) -> str:
+        """The statement that hands DuckDB the keys, as the default secret of every ``s3://``
+        path of the connection (``duckdb_secrets()`` shows it redacted)."""
+        options = {"TYPE": "s3"}
+        keys = (os.environ.get(variable) for variable in self.key_variables())
+        for option, value in zip(("KEY_ID", "SECRET", "SESSION_TOKEN"), keys, strict=False):
+            if value:
+                options[option] = sql_literal(value)
+        options["REGION"] = sql_literal(self.region or "us-east-1")  # DuckDB's is '' here
+        if self.endpoint:
+            url = urlsplit(self.endpoint)
+            options["ENDPOINT"] = sql_literal(url.netloc)
+            options["USE_SSL"] = str(url.scheme == "https").lower()
+        if self.url_style or self.endpoint:
+            options["URL_STYLE"] = sql_literal(self.url_style or "path")
+        listed = ", ".join(f"{option} {value}" for option, value in options.items())
+        return f"CREATE OR REPLACE TEMPORARY SECRET ({listed})"
+
+
+@dataclass(frozen=True)
 class Lake:
     """Where a DuckLake lives: its catalog database, its data path, and the tenant's schema.
 
@@ -134,6 +181,7 @@ class Lake:
     alias: str = DEFAULT_ALIAS
     data_path_is_default: bool = True
     tenant: str | None = None
+    store: ObjectStore = field(default_factory=ObjectStore)
     #: What errors call the shipped variables (a tenant's own: the warehouse's ``variables``).
     variables: Mapping[str, str] = field(default_factory=dict, compare=False)
 
@@ -159,6 +207,10 @@ class Lake:
     def is_local(self) -> bool:
         """Whether the data files are in a local folder (not object storage)."""
         return "://" not in self.data_path
+
+    @property
+    def is_s3(self) -> bool:
+        return self.data_path.startswith(S3_PREFIX)
 
     @property
     def data_folder(self) -> str:
@@ -269,6 +321,8 @@ def load_extensions(conn: duckdb.DuckDBPyConnection, lake: Lake) -> None:
         with filelock.FileLock(str(directory / ".install.lock"), timeout=120):
             conn.execute(f"INSTALL {sql_literal(str(extension_file(scanner)))}")
         conn.execute(f"LOAD {installed_as}")
+    if lake.is_s3:
+        conn.execute(f"LOAD {sql_literal(str(extension_file('httpfs')))}")
 
 
 def connect(
@@ -284,6 +338,8 @@ def connect(
         prepare(lake)
     conn = _instance(lake, config)
     try:
+        if not read_only:
+            check_object_store(conn, lake)
         try:
             _attach(conn, lake, read_only)
         except duckdb.Error as exc:
@@ -309,6 +365,41 @@ def connect(
     return conn
 
 
+def check_object_store(conn: duckdb.DuckDBPyConnection, lake: Lake) -> None:
+    """List the ``s3://`` data path (one request, for a name no file has) before a writer
+    attaches: a missing bucket, keys the store refuses or an endpoint out of reach fail here,
+    naming the setting, before anything is written."""
+    if not lake.is_s3:
+        return
+    probe = sql_literal(f"{lake.data_folder.rstrip('/')}/.fieldsales-preflight*")
+    try:
+        conn.execute(f"SELECT count(*) FROM glob({probe})").fetchall()
+    except duckdb.Error as exc:
+        raise LakeError(object_store_failure(lake, exc)) from None
+
+
+def object_store_failure(lake: Lake, exc: duckdb.Error) -> str:
+    """What failed when listing the data path, the setting that decides it, and what to do."""
+    variable, endpoint = lake.named(DATA_PATH_VARIABLE), lake.named(ENDPOINT_VARIABLE)
+    where = lake.store.endpoint or "AWS S3"
+    if _says(exc, "nosuchbucket", "http 404"):
+        why = "its bucket does not exist"
+        remedy = f"Create the bucket, or set {variable} to an existing one"
+    elif _says(exc, "http 403", "http 401"):
+        key_id, secret = lake.store.key_variables()[:2]
+        ours = f"{lake.store.key_id_env_var} and {lake.store.secret_env_var}"
+        why = f"the object store refused the keys in {key_id} and {secret}"
+        remedy = f"Set {ours} to keys that may list, read and write the bucket"
+    else:
+        why = f"the object store at {where} could not be reached"
+        remedy = f"Check {endpoint} (or AWS_ENDPOINT_URL) and that the server is up"
+    first_line = str(exc).split("\n", 1)[0]
+    return (
+        f"The lake's data path {lake.data_folder} ({variable}) cannot be used: {why} "
+        f"(DuckDB: {first_line}); nothing was written. {remedy}, and run again."
+    )
+
+
 def _instance(lake: Lake, config: DuckDBConfig | None = None) -> duckdb.DuckDBPyConnection:
     """A new DuckDB instance with the extensions loaded and, for PostgreSQL, the password."""
     conn = duckdb.connect(config={**(config or {}), **lake_config()})
@@ -317,6 +408,12 @@ def _instance(lake: Lake, config: DuckDBConfig | None = None) -> duckdb.DuckDBPy
         # would take it for the value printed (a connection's setting, not a global one).
         conn.execute("SET enable_progress_bar = false")
         load_extensions(conn, lake)
+        if lake.is_s3:
+            try:  # DuckDB's error would quote the statement, keys and all
+                conn.execute(lake.store.secret_sql())
+            except duckdb.Error:
+                variables = ", ".join(lake.store.key_variables())
+                raise LakeError(f"DuckDB refused the object store's keys ({variables}).") from None
         password = os.environ.get(lake.password_env_var) if lake.is_postgres else None
         if password:
             # The unnamed secret is the postgres extension's default for every connection
@@ -742,9 +839,8 @@ def stored_files(conn: duckdb.DuckDBPyConnection, lake: Lake) -> tuple[int, int,
     if lake.is_local:
         sizes = [p.stat().st_size for p in Path(lake.data_folder).rglob("*.parquet")]
         return len(sizes), sum(sizes), "storage"
-    metadata = (
-        f"{quote_ident('__ducklake_metadata_' + lake.alias)}.{quote_ident(lake.schema or 'main')}"
-    )
+    schema = lake.schema or ("public" if lake.is_postgres else "main")
+    metadata = f"{quote_ident('__ducklake_metadata_' + lake.alias)}.{quote_ident(schema)}"
     files, size = one_row(
         conn,
         f"SELECT count(*), coalesce(sum(file_size_bytes), 0) FROM (SELECT file_size_bytes FROM "

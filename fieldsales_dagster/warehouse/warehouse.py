@@ -34,8 +34,11 @@ from fieldsales_dagster.settings import (
     variables_named,
 )
 from fieldsales_dagster.warehouse.lake import (
+    ENDPOINT_VARIABLE,
+    S3_PREFIX,
     DuckDBConfig,
     Lake,
+    ObjectStore,
     check_tenant,
     connect,
     default_data_path,
@@ -193,7 +196,27 @@ class FieldSalesWarehouse(settings_resource("WarehouseSettings", *WAREHOUSE_SETT
             password_env_var=self.ducklake_password_env_var,
             data_path_is_default=not self.ducklake_data_path,
             tenant=self.tenant,
+            store=self.object_store(),
             variables=self.variables,
+        )
+
+    def object_store(self) -> ObjectStore:
+        """The object store of an ``s3://`` data path: the settings, else the standard AWS
+        variables (``AWS_ENDPOINT_URL``, checked as the endpoint setting is; ``AWS_REGION``)."""
+        if not str(self.ducklake_data_path).startswith(S3_PREFIX):
+            return ObjectStore()
+        endpoint, named = self.s3_endpoint, self.variables
+        if not endpoint:
+            endpoint = os.environ.get("AWS_ENDPOINT_URL")
+            named = {**named, ENDPOINT_VARIABLE: "AWS_ENDPOINT_URL"}
+        with variables_named(named):
+            checked = StorageSettings(s3_endpoint=endpoint)
+        return ObjectStore(
+            endpoint=checked.s3_endpoint,
+            region=self.s3_region or os.environ.get("AWS_REGION"),
+            url_style=self.s3_url_style,
+            key_id_env_var=self.s3_access_key_id_env_var,
+            secret_env_var=self.s3_secret_access_key_env_var,
         )
 
     @property
