@@ -237,7 +237,9 @@ class FieldSalesWarehouse(settings_resource("WarehouseSettings", *WAREHOUSE_SETT
         definitions load, and as a process first opens the lake): a SQLite catalog that is a
         file this user can write, in a folder it can write; a data folder it can write; a
         temporary folder it can write, with room for what DuckDB may spill there (up to the
-        memory limit). Each ``SettingError`` names the setting, its variable and the path."""
+        memory limit). Each ``SettingError`` names the setting, its variable and the path. An
+        ``s3://`` data path is listed as a writer connects (``lake.check_object_store``), not
+        when the definitions load: a store out of reach fails the run, not the code location."""
         lake = self.lake
         if lake.catalog_file is not None:
             catalog = check_file_setting(
