@@ -24,6 +24,8 @@ OURS = ("FIELDSALES_S3_ACCESS_KEY_ID", "FIELDSALES_S3_SECRET_ACCESS_KEY")
 AWS = ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY", "AWS_SESSION_TOKEN", "AWS_REGION")
 #: The PostgreSQL server and a catalog database of its own (the fleet's test, last).
 postgres, catalog = test_ducklake.postgres, test_ducklake.catalog
+#: A demo API of 300 transactions, for the test that refreshes two lakes to compare them.
+small_demo = test_ducklake.small_demo
 
 
 @pytest.fixture(scope="module")
@@ -83,10 +85,10 @@ def listed_files(warehouse: FieldSalesWarehouse) -> set[str]:
 
 
 def test_a_refresh_writes_its_files_to_the_bucket_and_the_tables_read_back_exact(
-    demo_server, store, bucket, tmp_path
+    small_demo, store, bucket, tmp_path
 ):
     lake = s3_warehouse(tmp_path, f"s3://{bucket}/lake/", store.endpoint)
-    result, recorded = run_with_logs(demo_server, tmp_path, lake, ALL)
+    result, recorded = run_with_logs(small_demo, tmp_path, lake, ALL)
     assert result.success
 
     objects = {f"s3://{bucket}/{key}" for key in store.keys(bucket)}
@@ -95,7 +97,7 @@ def test_a_refresh_writes_its_files_to_the_bucket_and_the_tables_read_back_exact
     assert all(key.startswith(f"s3://{bucket}/lake/") for key in objects)
     assert not list(tmp_path.rglob("*.parquet"))  # ... and none on local disk
     local = make_warehouse(tmp_path, "local")
-    refresh(demo_server, tmp_path, local)
+    refresh(small_demo, tmp_path, local)
     assert assert_lakes_equal(lake, local) >= 10
     assert store.secret not in recorded
 
