@@ -5,13 +5,15 @@ materializations. A SQLite catalog unless PostgreSQL is the point (the fleet's s
 from __future__ import annotations
 
 import sqlite3
+import subprocess
+import sys
 from pathlib import Path
 
 import dagster as dg
 import pytest
 
 from fieldsales_dagster.assets.upkeep import build_upkeep_asset
-from fieldsales_dagster.warehouse.lake import LakeError
+from fieldsales_dagster.warehouse.lake import LakeError, analyst_sql
 from fieldsales_dagster.warehouse.warehouse import FieldSalesWarehouse
 from fieldsales_dagster_tests import test_ducklake
 from fieldsales_dagster_tests.conftest import make_api, make_warehouse
@@ -100,6 +102,29 @@ def test_a_refresh_writes_its_files_to_the_bucket_and_the_tables_read_back_exact
     refresh(small_demo, tmp_path, local)
     assert assert_lakes_equal(lake, local) >= 10
     assert store.secret not in recorded
+    with lake.read_connection() as conn:
+        (transactions,) = conn.execute("SELECT count(*) FROM core.transactions").fetchone()
+    assert cli_count(lake, store, "core.transactions", tmp_path) == transactions
+
+
+def cli_count(lake: FieldSalesWarehouse, store, table: str, folder: Path) -> int:
+    """``count(*)`` of ``table`` read by the DuckDB CLI through the analysts' lines
+    (``analyst_sql``), their secret line filled in with the keys as an analyst does."""
+    lines = analyst_sql(lake.lake).splitlines()
+    (template,) = [line for line in lines if line.startswith("-- the object store's keys")]
+    keys = f"KEY_ID '{store.key_id}', SECRET '{store.secret}'"
+    filled = template.split(": ", 1)[1].replace("KEY_ID '...', SECRET '...'", keys)
+    init = folder / "open_lake.sql"
+    init.write_text("\n".join(filled if line == template else line for line in lines))
+    done = subprocess.run(
+        [str(Path(sys.executable).parent / "duckdb"), "-csv", "-noheader", "-init", str(init)],
+        input=f"SELECT count(*) FROM {table};\n",
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert done.returncode == 0, done.stderr
+    return int(done.stdout.strip().splitlines()[-1])
 
 
 def test_the_standard_aws_variables_work_with_no_setting_of_ours(

@@ -146,11 +146,12 @@ class ObjectStore:
         ours = (self.key_id_env_var, self.secret_env_var)
         return ours if any(os.environ.get(variable) for variable in ours) else AWS_KEY_VARIABLES
 
-    def secret_sql(self) -> str:
-        """The statement that hands DuckDB the keys, as the default secret of every ``s3://``
-        path of the connection (``duckdb_secrets()`` shows it redacted)."""
+    def secret_sql(self, keys: tuple[str, ...] = ()) -> str:
+        """The statement that hands DuckDB the keys (``keys``, else those in their variables),
+        as the default secret of every ``s3://`` path of the connection (``duckdb_secrets()``
+        shows it redacted)."""
         options = {"TYPE": "s3"}
-        keys = (os.environ.get(variable) for variable in self.key_variables())
+        keys = keys or tuple(os.environ.get(variable) or "" for variable in self.key_variables())
         for option, value in zip(("KEY_ID", "SECRET", "SESSION_TOKEN"), keys, strict=False):
             if value:
                 options[option] = sql_literal(value)
@@ -1195,6 +1196,13 @@ def analyst_sql(lake: Lake) -> str:
             f"-- the password: CREATE TEMPORARY SECRET (TYPE postgres, PASSWORD '...'); "
             f"(from {lake.password_env_var})"
         )
+    if lake.is_s3:
+        key_id, secret = lake.store.key_variables()[:2]
+        lines += [
+            f"LOAD {sql_literal(str(extension_file('httpfs')))};",
+            f"-- the object store's keys (from {key_id} and {secret}): "
+            f"{lake.store.secret_sql(keys=('...', '...'))};",
+        ]
     lines += [f"{statement};" for statement in reader_statements(lake)]
     lines.append(f"USE {quote_ident(lake.alias)};")
     return "\n".join(lines) + "\n"
