@@ -46,13 +46,12 @@ def bucket(store, monkeypatch) -> str:
     return store.new_bucket()
 
 
-def s3_warehouse(tmp_path: Path, data_path: str, endpoint: str | None, **settings):
+def s3_warehouse(tmp_path: Path, data_path: str, endpoint: str | None) -> FieldSalesWarehouse:
     """A warehouse with a SQLite catalog in ``tmp_path`` and its files at ``data_path``."""
     return FieldSalesWarehouse(
         ducklake_catalog=f"sqlite:{tmp_path / 'catalog.sqlite'}",
         ducklake_data_path=data_path,
         s3_endpoint=endpoint,
-        **settings,
     )
 
 
