@@ -65,6 +65,7 @@ from fieldsales_dagster.tenancy import (
     declared_tenants,
     refuse_shared_claims,
 )
+from fieldsales_dagster.token.catalog import CATALOG_STORE, open_token_store
 from fieldsales_dagster.token.secret import TokenFormatError, clean_token
 from fieldsales_dagster.warehouse.lake import (
     Lake,
@@ -265,7 +266,7 @@ class FieldSalesComponent(dg.Component, FieldSalesSettings):
         self.check_item_size()
         # A secret: only the variable's name reaches Dagster (the warehouse checks the key).
         pii_hash_key = dg.EnvVar(self.pii.hash_key_env_var) if self.pii.mode == "hash" else None
-        api = {**values(self.api), "api_token": dg.EnvVar(token_variable)}
+        api = {**values(self.api), "api_token": dg.EnvVar(token_variable), **self.token_row()}
         warehouse = values(self.storage, self.pii, self.refresh)
         return {
             self.names.api.key: FieldSalesAPI(**api),
@@ -299,11 +300,30 @@ class FieldSalesComponent(dg.Component, FieldSalesSettings):
         host = (urllib3.util.parse_url(url).host or url).lower()
         return f"{host} (key_prefix {self.key_prefix or '-'})"
 
+    def token_row(self) -> dict[str, Any]:
+        """With ``token_store_path`` ``catalog``, where the token's row is (the resource's
+        ``ducklake_*`` fields); empty for a file store. Refuses a catalog that is not PostgreSQL."""
+        if self.api.token_store_path.strip() != CATALOG_STORE:
+            return {}
+        if not self.warehouse_lake().is_postgres:
+            raise invalid(
+                "api.token_store_path",
+                "FIELDSALES_TOKEN_STORE",
+                f"it is {CATALOG_STORE!r}, but the lake's catalog is not PostgreSQL "
+                "(storage.ducklake_catalog, FIELDSALES_DUCKLAKE_CATALOG). Set the catalog to "
+                "postgres:dbname=... host=... user=..., or token_store_path to a file path",
+            )
+        return {
+            "ducklake_catalog": self.storage.ducklake_catalog,
+            "ducklake_password_env_var": self.storage.ducklake_password_env_var,
+            "ducklake_schema": self.storage.ducklake_schema,
+        }
+
     def check_paths(self) -> None:
         """Fail the load at once if a file setting or the lake (``FieldSalesWarehouse.preflight``)
         points where the pipeline cannot write; warn once about a DuckDB warehouse of an earlier
         release (``lake.old_warehouse_warning``)."""
-        settings = {"token_store_path": self.api.token_store_path}
+        settings = {} if self.token_row() else {"token_store_path": self.api.token_store_path}
         if self.storage.duckdb_path is not None:
             settings["duckdb_path"] = self.storage.duckdb_path
         for setting, path in settings.items():
@@ -362,7 +382,7 @@ class FieldSalesComponent(dg.Component, FieldSalesSettings):
                 "AWS_SECRET_ACCESS_KEY",
                 "AWS_SESSION_TOKEN",
             ),
-            token_store_path=self.api.token_store_path,
+            token_store=open_token_store(self.api.token_store_path, **self.token_row()),
         )
 
     def tenant_claims(self) -> list[Claim]:
@@ -374,15 +394,14 @@ class FieldSalesComponent(dg.Component, FieldSalesSettings):
         def file(path: str) -> Callable[[], tuple[Hashable, ...]]:
             return lambda: (identity(path),)
 
+        # A token row is the lake's (its catalog and schema): the DuckLake claim covers it.
+        token_file = [] if self.token_row() else [self.api.token_store_path]
         claims = [
             Claim("key prefix", self.key_prefix or "(none)", "key_prefix"),
             Claim("pool", self.names.pool, "key_prefix"),
-            Claim(
-                "token store",
-                self.api.token_store_path,
-                "token_store_path",
-                resolve=file(self.api.token_store_path),
-                same=one_file,
+            *(
+                Claim("token store", path, "token_store_path", resolve=file(path), same=one_file)
+                for path in token_file
             ),
             Claim(
                 "DuckLake",

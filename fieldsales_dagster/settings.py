@@ -457,8 +457,9 @@ class ApiSettings(SettingsModel):
     )
     token_store_path: str = setting(
         "data/fieldsales_token.json",
-        "Where the current (renewed) token is kept; must be on a persistent volume",
-        "a file path on a persistent volume",
+        "Where the current (renewed) token is kept; must be on a persistent volume"
+        ". Or catalog: a row of the lake's PostgreSQL catalog database (several machines)",
+        "a file path on a persistent volume, or catalog (with a PostgreSQL ducklake_catalog)",
         "FIELDSALES_TOKEN_STORE",
     )
     page_size: int = setting(

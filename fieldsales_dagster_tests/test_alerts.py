@@ -503,7 +503,7 @@ def test_no_secret_the_instance_knows_is_ever_in_a_message(
         receiver.url,
         mailbox.port,
         secret_env_vars=("FIELDSALES_API_TOKEN",),
-        token_store_path=str(tmp_path / "token.json"),
+        token_store=store,
     )
     stored = store.read()
     assert stored is not None and stored.token == renewed

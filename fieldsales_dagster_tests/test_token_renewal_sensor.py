@@ -313,7 +313,33 @@ RENEWER_SCRIPT = textwrap.dedent(
         time.sleep(0.3)  # a slow answer widens the window two renewers could share
         return new_token
 
-    renewal.generate_token = slow_generate_token
+    def await_file(suffix):
+        deadline = time.monotonic() + 60
+        while not Path(f"{go_file}.{suffix}").exists() and time.monotonic() < deadline:
+            time.sleep(0.01)
+
+    def holding_generate_token(api, old_token):
+        # Once another host's refresh is paging, renew; that refresh then sends the old token
+        # and is refused while this renewal holds the lock.
+        await_file("paging")
+        new_token = real_generate_token(api, old_token)
+        Path(f"{go_file}.rotated").touch()
+        await_file("refused")
+        time.sleep(0.5)  # that host waits for this lock meanwhile
+        return new_token
+
+    def meeting_generate_token(api, old_token):
+        # Renewers due at once meet here, unless a lock lets one in at a time (then: 3 s).
+        Path(f"{go_file}.due.{os.getpid()}").touch()
+        deadline = time.monotonic() + 3
+        while len(list(Path(go_file).parent.glob("go.due.*"))) < 2:
+            if time.monotonic() > deadline:
+                break
+            time.sleep(0.01)
+        return slow_generate_token(api, old_token)
+
+    modes = {"hold": holding_generate_token, "meet": meeting_generate_token}
+    renewal.generate_token = modes.get(mode, slow_generate_token)
     if mode == "crash":
         real_write = TokenStore._write_atomically
 
@@ -324,7 +350,12 @@ RENEWER_SCRIPT = textwrap.dedent(
 
         TokenStore._write_atomically = write_then_die
 
-    api = FieldSalesAPI(base_url=base_url, api_token=env_token, token_store_path=store_path)
+    # With store_path "catalog", the token's row is in the database of the lake's catalog.
+    catalog = os.environ["FIELDSALES_DUCKLAKE_CATALOG"]
+    api = FieldSalesAPI(
+        base_url=base_url, api_token=env_token, token_store_path=store_path,
+        ducklake_catalog=catalog,
+    )
     Path(f"{go_file}.ready.{os.getpid()}").touch()
     while not Path(go_file).exists():
         time.sleep(0.01)
@@ -336,9 +367,21 @@ RENEWER_SCRIPT = textwrap.dedent(
 )
 
 
-def start_renewers(server, store_path: Path, env_token: str, n: int, mode: str):
-    go_file = store_path.parent / "go"
-    env = {**os.environ, "PYTHONPATH": str(REPO_ROOT)}
+def host_env(host: Path) -> dict[str, str]:
+    """The environment of a process on a "host" of its own: its Dagster home and temporary folder
+    under ``host``, which is its working directory too."""
+    for folder in ("dagster_home", "tmp"):
+        (host / folder).mkdir(parents=True, exist_ok=True)
+    return {"DAGSTER_HOME": str(host / "dagster_home"), "TMPDIR": str(host / "tmp")}
+
+
+def start_renewers(
+    server, store_path: Path, env_token: str, n: int, mode: str, hosts: list[Path] | None = None
+):
+    """``n`` renewal runs in processes of their own, started at once; ``hosts``: the folder of
+    each (``host_env``), else all in the store's folder."""
+    go_dir = hosts[0].parent if hosts else store_path.parent
+    go_file = go_dir / "go"
     procs = [
         subprocess.Popen(
             [sys.executable, "-c", RENEWER_SCRIPT, server.base_url, env_token, str(store_path),
@@ -346,13 +389,14 @@ def start_renewers(server, store_path: Path, env_token: str, n: int, mode: str):
             stdout=subprocess.PIPE,
             stderr=subprocess.PIPE,
             text=True,
-            env=env,
-            cwd=store_path.parent,
+            env={**os.environ, "PYTHONPATH": str(REPO_ROOT),
+                 **(host_env(hosts[i]) if hosts else {})},
+            cwd=hosts[i] if hosts else store_path.parent,
         )
-        for _ in range(n)
+        for i in range(n)
     ]  # fmt: skip
     deadline = time.monotonic() + 60
-    while len(list(store_path.parent.glob("go.ready.*"))) < n:
+    while len(list(go_dir.glob("go.ready.*"))) < n:
         assert time.monotonic() < deadline, "renewer processes did not start"
         assert all(p.poll() is None for p in procs), [p.communicate() for p in procs]
         time.sleep(0.05)

@@ -45,7 +45,7 @@ class AlertSettings:
     #: Variables whose values never appear in a message (the API token's, the PII key's, ...).
     secret_env_vars: tuple[str, ...] = ()
     #: The token store: a renewed token is a secret too.
-    token_store_path: str | None = None
+    token_store: TokenStore | None = None
 
     @property
     def webhook_url(self) -> str | None:
@@ -59,9 +59,9 @@ class AlertSettings:
         """Every secret value a message must not carry, nor any long fragment of, longest first."""
         names = (*self.secret_env_vars, self.alerts.smtp_password_env_var)
         values = [(os.environ.get(name) or "").strip() for name in names]
-        if self.token_store_path:
+        if self.token_store is not None:
             try:
-                stored = TokenStore(self.token_store_path).read()
+                stored = self.token_store.read()
             except Exception:  # an unreadable store holds nothing to hide from here
                 stored = None
             if stored is not None:

@@ -76,7 +76,7 @@ class RenewalPolicy:
     def renewal_due(self, store: TokenStore, stored: StoredToken, now: datetime) -> str | None:
         """Why ``stored`` is due for renewal at ``now`` (``"renewal due"``, or why its issue time
         cannot be trusted); ``None`` when it is not due."""
-        where = f"the token store's issued_at ({store.path})"
+        where = f"the token store's issued_at ({store.where})"
         if (future := from_the_future(stored.issued_at, now, where)) is not None:
             return f"renewal due because {future}"
         return "renewal due" if stored.age(now) >= self.renew_after else None

@@ -27,7 +27,7 @@ def build_token_renewal_job(names: InstanceNames, policy: RenewalPolicy) -> dg.J
         if store is None:
             raise dg.Failure(RENEWAL_OFF)
         outcome = renew_or_check(api, store, policy)
-        where = f"; stored in {store.path}" if outcome.renewed else ""
+        where = f"; stored in {store.where}" if outcome.renewed else ""
         context.log.info(f"Field-Sales API {outcome.message}{where}.")
         return outcome.message
 

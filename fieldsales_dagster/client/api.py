@@ -50,8 +50,9 @@ from fieldsales_dagster.client.errors import (
 )
 from fieldsales_dagster.client.pager import ListStats, Page, digest
 from fieldsales_dagster.settings import ApiSettings, settings_resource
+from fieldsales_dagster.token.catalog import open_token_store
 from fieldsales_dagster.token.secret import TokenFormatError, clean_token, mask_secrets
-from fieldsales_dagster.token.store import TokenStore
+from fieldsales_dagster.token.store import RENEWAL_WAIT_S, TokenStore
 from fieldsales_dagster.urls import Origin, origin_of, validate_base_url
 
 if TYPE_CHECKING:
@@ -101,6 +102,13 @@ class FieldSalesAPI(settings_resource("ApiSettings", ApiSettings, but=("api_toke
         default=True,
         description="Read the current token from the token store (seeded from api_token).",
     )
+    ducklake_catalog: str | None = Field(
+        default=None,
+        description="The lake's catalog (storage.ducklake_catalog): with token_store_path "
+        "'catalog', the PostgreSQL database whose row holds the token.",
+    )
+    ducklake_password_env_var: str = Field(default="FIELDSALES_DUCKLAKE_PASSWORD")
+    ducklake_schema: str | None = Field(default=None, description="The lake's row's key.")
     connect_timeout_s: float = Field(default=10.0, gt=0)
     read_timeout_s: float = Field(default=120.0, gt=0)
     request_deadline_s: float = Field(
@@ -180,7 +188,14 @@ class FieldSalesAPI(settings_resource("ApiSettings", ApiSettings, but=("api_toke
         """The store of this instance's token, bound to its origin: another server's is refused."""
         if not self.use_token_store:
             return None
-        return TokenStore(self.token_store_path, str(self.origin), self.variables)
+        return open_token_store(
+            self.token_store_path,
+            str(self.origin),
+            self.variables,
+            ducklake_catalog=self.ducklake_catalog,
+            ducklake_password_env_var=self.ducklake_password_env_var,
+            ducklake_schema=self.ducklake_schema,
+        )
 
     def env_token(self) -> str:
         """``api_token`` without surrounding whitespace; refuses one a header cannot carry."""
@@ -384,8 +399,10 @@ class FieldSalesAPI(settings_resource("ApiSettings", ApiSettings, but=("api_toke
                 raise self._gave_up(exc, attempts[0], retries, started) from None
             except AuthRefused as refused:
                 # A renewal may have replaced the token since this run read it: re-read once.
-                if not reread and fixed_token is None and self.use_token_store:
+                store = None if reread or fixed_token is not None else self.token_store()
+                if store is not None:
                     reread = True
+                    store.wait_for_renewal(RENEWAL_WAIT_S)
                     fresh = self.current_token()
                     if fresh != current:
                         current = fresh

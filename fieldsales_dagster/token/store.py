@@ -47,6 +47,9 @@ from fieldsales_dagster.token.secret import TokenFormatError, clean_token
 FORMAT_VERSION = 1
 #: How long a process waits for another one's seeding or renewal before giving up.
 LOCK_TIMEOUT_S = 300.0
+#: How long a request refused with HTTP 401 waits for a renewal in progress before re-reading the
+#: store (a renewal's request takes at most 15 s: ``renewal.py``).
+RENEWAL_WAIT_S = 20.0
 #: Fingerprints of environment tokens the store has moved past (bounded history).
 MAX_RETIRED_FINGERPRINTS = 20
 
@@ -100,7 +103,7 @@ class StoredToken(msgspec.Struct, frozen=True, kw_only=True):
         return msgspec.json.format(raw, indent=2) + b"\n"
 
     @classmethod
-    def decode(cls, raw: bytes, path: Path, token_variable: str) -> StoredToken:
+    def decode(cls, raw: bytes, path: Path | str, token_variable: str) -> StoredToken:
         try:
             stored, why = _DECODER.decode(raw), ""
         except (msgspec.DecodeError, msgspec.ValidationError) as exc:
@@ -317,6 +320,16 @@ class TokenStore:
             return False
         env_fp = fingerprint(env_token)
         return env_fp != stored.env_fingerprint and env_fp not in stored.retired_env_fingerprints
+
+    def wait_for_renewal(self, timeout_s: float) -> None:
+        """A request was just refused (HTTP 401): let a renewal in progress finish (its lock),
+        so that the store read next holds its token. Best effort: gives up after ``timeout_s``."""
+        if self.lock_path.exists():  # never renewed here: nothing to wait for, nothing to create
+            with (
+                contextlib.suppress(Timeout, OSError),
+                FileLock(self.lock_path, timeout=timeout_s, mode=0o600),
+            ):
+                pass
 
     # --- renewal -----------------------------------------------------------------------------
 
