@@ -116,7 +116,19 @@ def env_pairs(step: dockerfile.Command) -> list[tuple[str, str]]:
 
 def test_compose_file_runs_the_four_processes_from_the_image():
     services = compose_services()
-    assert set(services) == {"postgres", "code", "webserver", "daemon"}
+    # The default layout; the object store is an option (`--profile s3`), sharing code's network.
+    profiles = {name: tuple(spec.get("profiles", ())) for name, spec in services.items()}
+    assert {name for name, p in profiles.items() if not p} == {
+        "postgres",
+        "code",
+        "webserver",
+        "daemon",
+    }
+    assert {name: p for name, p in profiles.items() if p} == {
+        "minio": ("s3",),
+        "minio-setup": ("s3",),
+    }
+    assert {services[n]["network_mode"] for n in ("minio", "minio-setup")} == {"service:code"}
     build = services["code"]["build"]
     assert (ROOT / "deploy" / build["context"] / build["dockerfile"]).resolve() == (
         ROOT / "Dockerfile"
