@@ -308,6 +308,13 @@ def deploy_problems(
     for name in sorted(set(passed) - in_k8s):
         problems.append(f"run_launcher.k8s.yaml names no ConfigMap or Secret holding {name}")
     problems += unpassed("run_launcher.k8s.yaml", k8s_text, in_k8s, run_variables() - set(passed))
+
+    # Secrets: from the operator's environment in Compose, from the Secret on Kubernetes.
+    for name, value in services["code"]["environment"].items():
+        if SECRET.search(name) and "${" not in str(value):
+            problems.append(f"docker-compose.yaml writes {name}; take it from the environment")
+    for name in sorted(filter(SECRET.search, comment_variables(k8s_text, "env_config_maps"))):
+        problems.append(f"run_launcher.k8s.yaml puts {name} in the ConfigMap, not the Secret")
     claims = {volume["name"] for volume in k8s_config.get("volumes", [])}
     for mount in k8s_config.get("volume_mounts", []):
         if mount["name"] not in claims:
@@ -412,6 +419,18 @@ def test_a_k8s_variable_or_mount_that_disagrees_is_reported(files):
     assert any("holding FIELDSALES_TOKEN_STORE" in p for p in problems)
     assert any("mounts the data at /srv/data" in p for p in problems)
     assert len(problems) == 2, problems
+
+
+def test_a_secret_written_into_a_deploy_file_is_reported(files):
+    broken = copy.deepcopy(files)
+    broken["compose"]["services"]["code"]["environment"]["FIELDSALES_DUCKLAKE_PASSWORD"] = "pw"
+    broken["k8s_text"] = broken["k8s_text"].replace(
+        "# FIELDSALES_PAGE_SIZE,", "# FIELDSALES_PAGE_SIZE, FIELDSALES_PII_HASH_KEY,"
+    )
+    assert deploy_problems(**broken) == [
+        "docker-compose.yaml writes FIELDSALES_DUCKLAKE_PASSWORD; take it from the environment",
+        "run_launcher.k8s.yaml puts FIELDSALES_PII_HASH_KEY in the ConfigMap, not the Secret",
+    ]
 
 
 def test_the_guide_names_the_kubernetes_objects_the_launcher_uses(files):
