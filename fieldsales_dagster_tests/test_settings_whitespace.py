@@ -32,6 +32,9 @@ SAMPLES = {
     "alert_email_to": "data@example.com, oncall@example.com",
     "alert_smtp_user": "alerts",
     "ui_base_url": "http://dagster.example:3000",
+    "s3_endpoint": "objects.example.com:9000",
+    "s3_region": "eu-central-1",
+    "s3_url_style": "path",
 }
 PADDING = [" ", "\t", "\r\n", " \n "]
 
