@@ -12,7 +12,7 @@ import pytest
 from fieldsales_dagster.client.api import FieldSalesAPI
 from fieldsales_dagster.client.endpoints import TRANSACTIONS
 from fieldsales_dagster.client.errors import PageFormatError
-from fieldsales_dagster.client.pager import ItemTooLargeError, PagingError
+from fieldsales_dagster.loading.lists import ItemTooLargeError, PagingError
 from fieldsales_dagster.loading.raw_load import (
     RawLoadError,
     ShrinkRefusedError,
@@ -478,60 +478,64 @@ def test_only_what_a_killed_process_left_is_reported_as_such(warehouse, caplog, 
 # --- the pass-acceptance rule, as a pure function ------------------------------------------------
 
 
-def facts(rows, distinct, totals=(), decreased=False, pass_number=1, **more):
-    from fieldsales_dagster.loading.completeness import PassFacts
+def facts(rows, distinct, totals=(), decreased=False, **more):
+    from fieldsales_dagster.loading.lists import PassFacts
 
-    return PassFacts(rows, distinct, tuple(totals), decreased, pass_number, 3, **more)
+    return PassFacts(rows, distinct, tuple(totals), decreased, **more)
 
 
 @pytest.mark.parametrize(
-    "case, expected",
+    "case, complete",
     [
-        (facts(100, 100, (100,)), "accept"),
-        (facts(100, 100), "accept"),
-        (facts(110, 100), "repage"),
-        (facts(110, 100, previous=(110, 100)), "accept"),
-        (facts(110, 100, pass_number=3), "fail"),
-        (facts(105, 100, (100, 105)), "repair"),
-        (facts(105, 105, (100, 105)), "accept"),
-        (facts(105, 100, (100, 105), repairs=5), "repage"),
-        (facts(100, 100, (100, 95), decreased=True), "repage"),
-        (facts(100, 100, (105, 100), decreased=True, pass_number=3), "fail"),
-        (facts(100, 95, (100,)), "repage"),
-        (facts(100, 95, (100,), previous=(100, 95)), "accept"),
-        (facts(90, 90, (100,), pass_number=3), "fail"),
-        (facts(100, 100, (90,), pass_number=3), "fail"),
+        (facts(100, 100, (100,)), True),
+        (facts(100, 100), True),
+        (facts(110, 100), False),
+        (facts(110, 100, previous=(110, 100)), True),
+        (facts(105, 100, (100, 105)), False),
+        (facts(105, 105, (100, 105)), True),
+        (facts(100, 100, (100, 95), decreased=True), False),
+        # The total went down to what the pass holds: the re-read proves that nothing it holds
+        # was deleted (``gone``), so the final total is met.
+        (facts(100, 100, (105, 100), decreased=True), True),
+        (facts(100, 95, (100,)), False),
+        (facts(100, 95, (100,), previous=(100, 95)), True),
+        (facts(100, 95, (100, 101), previous=(100, 95)), False),
+        (facts(90, 90, (100,)), False),
+        (facts(100, 100, (90,)), False),
         # Counts that say complete, a re-read that no longer lists an item the pass holds.
-        (facts(100, 100, (100,), unverified=1), "repage"),
-        (facts(101, 101, (100, 101), unverified=1), "repage"),
-        (facts(100, 100, (100,), pass_number=3, unverified=1), "fail"),
+        (facts(100, 100, (100,), gone=1), False),
+        (facts(101, 101, (100, 101), gone=1), False),
+        (facts(100, 100, (100,), previous=(100, 100), gone=1), False),
+        # An id twice with different content: no copy is the server's.
+        (facts(101, 100, (100,), differing=1), False),
+        (facts(101, 100, (101,), previous=(101, 100), differing=1), False),
     ],
 )
-def test_pass_verdict(case, expected):
-    from fieldsales_dagster.loading.completeness import judge_pass
-
-    assert judge_pass(case).action == expected
+def test_pass_verdict(case, complete):
+    assert (case.incomplete() is None) == complete
 
 
 def test_failed_verdict_says_what_the_server_sent():
-    from fieldsales_dagster.loading.completeness import judge_pass
-
-    assert judge_pass(facts(90, 90, (100,), pass_number=3)).reason == (
+    assert facts(90, 90, (100,)).incomplete() == (
         "90 items with 90 distinct ids (0 sent twice); every page reported a total of 100: "
         "the server delivers fewer items than its total counts"
     )
-    assert "kept changing" in judge_pass(facts(100, 100, (105, 100), True, 3)).reason
+    gone = facts(100, 100, (100,), gone=7, gone_ids=("t-1", "t-2"))
+    assert gone.incomplete() == (
+        "100 items with 100 distinct ids (0 sent twice); 7 items the pass holds were gone or "
+        "changed when the list was read again (t-1, t-2 and 5 more); every page reported a total "
+        "of 100: the list shifted under its pages: it kept changing while it was paged"
+    )
 
 
 def test_repair_windows_cover_the_head_and_the_tail_of_what_is_missing():
-    from fieldsales_dagster.loading.completeness import judge_pass
-
-    verdict = judge_pass(facts(1200, 1190, (1200, 1210)))
-    assert (verdict.head, verdict.tail_from) == (40, 1170)  # twice the 20 missing
+    assert facts(1200, 1190, (1200, 1210)).repair() == (40, 1170)  # twice the 20 missing
+    assert facts(1200, 1190, (1210, 1200), decreased=True).repair() is None  # not only grew
+    assert facts(1200, 1190, (1200,)).repair() is None  # did not grow: paged again
 
 
 def test_gap_windows_find_items_between_pages_answered_out_of_order():
-    from fieldsales_dagster.loading.completeness import gap_windows
+    from fieldsales_dagster.loading.lists import gap_windows
 
     # 25 inserted at the front after skip=400 was served but before skip=300 was: skip=300
     # held the items first at 275-374, skip=400 those at 400-499; 375-399 are now at 400-424.
@@ -548,7 +552,7 @@ def test_gap_windows_find_items_between_pages_answered_out_of_order():
 
 def test_offset_windows_ask_for_the_rest_of_a_short_page_and_drop_an_overflow():
     """The page strategy alone, as a pure object: what it asks for after each answer."""
-    from fieldsales_dagster.client.pager import OffsetWindows, Page
+    from fieldsales_dagster.loading.lists import OffsetWindows, Page
 
     def page(skip, n, total=1000):
         return Page(skip, [b"{}"] * n, total, 0)
@@ -568,7 +572,7 @@ def test_offset_windows_ask_for_the_rest_of_a_short_page_and_drop_an_overflow():
 
 
 def test_total_equal_to_a_full_first_page_is_probed_before_it_is_trusted():
-    from fieldsales_dagster.client.pager import OffsetWindows, Page
+    from fieldsales_dagster.loading.lists import OffsetWindows, Page
 
     plan = OffsetWindows()
     plan.next_window()
@@ -599,23 +603,22 @@ def test_pages_shorter_than_their_window_are_completed_by_follow_up_requests(war
         asked = sorted({a.skip for a in server.asked})
     assert report.rows == row_count(warehouse) == 1200
     assert report.passes == 1 and report.repairs == 0
-    # Windows of 59 (60 less the item each re-reads): [60, 119) brought 39 items; the rest of it,
-    # [99, 119), is asked from one item early.
-    assert 98 in asked
+    # Windows of 60: [60, 120) brought 40 items; the rest of it, [100, 120), is asked for.
+    assert 100 in asked and 99 not in asked
 
 
 def test_items_between_pages_answered_out_of_order_are_fetched_by_a_gap_repair(warehouse):
-    """25 items inserted at the front after the window at 397 answered, before the one at 298
-    did: the items then at 372-396 were in neither page. The head and the tail of the list hold
-    none of them. (Windows are 99 items, each asked from one item early: skip=297 for 298.)"""
+    """25 items inserted at the front after the window at 400 answered, before the one at 300
+    did: the items then at 375-399 were in neither page. The head and the tail of the list hold
+    none of them. (Windows are 100 items.)"""
     import threading
 
     listed = items(0, 1200)
     lock = threading.Lock()
-    answered = {skip: threading.Event() for skip in (99, 198, 396)}
+    answered = {skip: threading.Event() for skip in (100, 200, 400)}
 
     def answer(path, skip, limit):
-        if skip == 297:
+        if skip == 300:
             for event in answered.values():
                 event.wait(timeout=10)
             with lock:
@@ -640,8 +643,7 @@ def test_an_event_list_that_moved_is_paged_again_alone(tmp_path):
     it was paged is paged again, its first pass's rows forgotten; the others are not asked again."""
     from datetime import UTC, datetime
 
-    from fieldsales_dagster.client.pager import Stream
-    from fieldsales_dagster.loading.passes import ListPasses
+    from fieldsales_dagster.loading.lists import ListPasses, Stream
     from fieldsales_dagster.loading.raw_load import Staging, page_executor
 
     def event_items(event, start, stop):
@@ -673,3 +675,32 @@ def test_an_event_list_that_moved_is_paged_again_alone(tmp_path):
     assert {key: result.passes for key, result in results.items()} == {"moving": 2, "calm": 1}
     assert staging.counts() == {"moving": (149, 149), "calm": (30, 30)}
     assert asked.count("calm") == 2  # its pass and one re-read: not paged again
+
+
+# --- requests per list ------------------------------------------------------------------------
+
+
+def served_in_fours(kind: str, total: int = 50):
+    """A list whose real page size is 4, whatever ``limit`` asks: ``cap`` caps it silently,
+    ``short_first`` also answers a first page of one item, ``no_total`` reports no total."""
+
+    def answer(path, skip, limit):
+        page = items(
+            skip, min(total, skip + min(limit, 1 if kind == "short_first" and skip == 0 else 4))
+        )
+        return page if kind == "no_total" else {"transactions": page, "count": total}
+
+    return answer
+
+
+@pytest.mark.parametrize("kind", ["cap", "short_first", "no_total"])
+@pytest.mark.parametrize("concurrency", [1, 4])
+def test_requests_per_list_are_at_most_twice_its_pages_at_the_real_page_size_plus_ten(
+    warehouse, kind, concurrency
+):
+    """50 items, 13 pages of 4: the pass and its re-read cost at most 2 x 13 + 10 requests."""
+    with HostileServer(served_in_fours(kind)) as server:
+        report = load(hostile_api(server, page_size=10, concurrency=concurrency), warehouse)
+        asked = len(server.asked)
+    assert report.rows == row_count(warehouse) == 50 and report.passes == 1
+    assert asked <= 2 * 13 + 10, f"{asked} requests"

@@ -18,19 +18,19 @@ import msgspec
 import pytest
 
 from fieldsales_dagster.client.endpoints import TRANSACTIONS, ListEndpoint
-from fieldsales_dagster.client.pager import (
+from fieldsales_dagster.client.envelope import ListStats, Page
+from fieldsales_dagster.loading.lists import (
+    IncompleteListError,
     ItemTooLargeError,
     Limits,
     ListPass,
-    ListStats,
+    ListPasses,
+    ListResult,
     OffsetWindows,
-    Page,
     PageExecutor,
     PagingError,
     Stream,
 )
-from fieldsales_dagster.loading.completeness import IncompleteListError
-from fieldsales_dagster.loading.passes import ListPasses, ListResult
 from fieldsales_dagster.loading.raw_load import Staging
 
 LIMITS = Limits(concurrency=1, max_pages_per_pass=100, max_item_mb=1, max_list_passes=3)
@@ -96,37 +96,49 @@ def fetched_ids(executor: PageExecutor) -> list[str]:
 # --- OffsetWindows: which window next ------------------------------------------------------------
 
 
-def test_windows_after_the_first_are_asked_one_item_early_up_to_the_total():
-    windows = OffsetWindows(overlap=1)
+def test_windows_after_the_first_follow_the_first_page_up_to_the_total():
+    windows = OffsetWindows()
     assert windows.next_window() == (0, None)
     assert windows.next_window() is None  # nothing else until the first page answered
     windows.answered((0, None), page(0, [item(i) for i in range(10)], total=25))
     planned = [windows.next_window(), windows.next_window(), windows.next_window()]
-    assert planned == [(10, 19), (19, 25), None]
-    assert [windows.asked_skip(w) for w in planned[:2]] == [9, 18]
+    assert planned == [(10, 20), (20, 25), None]
+    assert [windows.asked_skip(w) for w in planned[:2]] == [10, 20]
 
 
 def test_without_a_total_windows_open_as_asked_until_an_empty_page():
-    windows = OffsetWindows(overlap=1)
+    windows = OffsetWindows()
     windows.next_window()
     windows.answered((0, None), page(0, [item(i) for i in range(10)]))
-    assert [windows.next_window(), windows.next_window()] == [(10, 19), (19, 28)]
-    windows.answered((10, 19), page(10, [item(i) for i in range(10, 19)]))
-    windows.answered((19, 28), page(19, []))  # the end
+    assert [windows.next_window(), windows.next_window()] == [(10, 20), (20, 30)]
+    windows.answered((10, 20), page(10, [item(i) for i in range(10, 20)]))
+    windows.answered((20, 30), page(20, []))  # the end
     assert windows.next_window() is None
 
 
 def test_an_empty_page_far_short_of_the_total_makes_it_implausible():
-    windows = OffsetWindows(overlap=1)
+    windows = OffsetWindows()
     windows.next_window()
     windows.answered((0, None), page(0, [item(i) for i in range(10)], total=1000))
     window = windows.next_window()
-    assert window == (10, 19)
+    assert window == (10, 20)
     assert windows.answered(window, page(10, [], total=1000)).implausible_total == 1000
 
 
-def test_pages_of_one_item_do_not_overlap():
-    windows = OffsetWindows(overlap=1)
+def test_a_full_page_that_reaches_the_total_is_followed_by_one_asked_from_the_last_item():
+    """The end is proven by a window past the total, asked from the list's last item."""
+    windows = OffsetWindows()
+    windows.next_window()
+    windows.answered((0, None), page(0, [item(i) for i in range(10)], total=20))
+    assert windows.next_window() == (10, 20)
+    windows.answered((10, 20), page(10, [item(i) for i in range(10, 20)], total=20))
+    window = windows.next_window()
+    assert window == (20, 30) and windows.asked_skip(window) == 19
+    assert windows.next_window() is None
+
+
+def test_pages_of_one_item_are_asked_one_by_one():
+    windows = OffsetWindows()
     windows.next_window()
     windows.answered((0, None), page(0, [item(0)], total=3))
     window = windows.next_window()
@@ -139,7 +151,7 @@ def test_pages_of_one_item_do_not_overlap():
 def test_the_executor_asks_each_window_once_and_keeps_each_item_once():
     fetch = Scripted([item(i) for i in range(25)])
     ids = fetched_ids(PageExecutor(fetch, LIMITS, label="t"))
-    assert fetch.asked == [0, 9, 18]  # windows of 9, each asked from the item before it
+    assert fetch.asked == [0, 10, 20]  # windows of the first page's size
     assert ids == [f"i-{i:03d}" for i in range(25)]
 
 
@@ -151,15 +163,6 @@ def test_without_a_total_the_executor_asks_at_most_concurrency_windows_ahead():
     ids = fetched_ids(PageExecutor(fetch, limits, label="t"))
     assert sorted(ids) == [f"i-{i:03d}" for i in range(95)]
     assert 1 <= sum(skip >= 95 for skip in fetch.asked) <= limits.concurrency
-
-
-def test_the_executor_records_where_the_list_shifted_between_two_answers():
-    """i-002 deleted before the second answer: the item asked again at 9 is i-010, not i-009."""
-    fetch = Scripted([item(i) for i in range(25)], changes={2: lambda listed: listed.pop(2)})
-    executor = PageExecutor(fetch, LIMITS, label="t")
-    lp = ListPass(Stream(TRANSACTIONS), ListStats())
-    list(executor.fetch([lp]))
-    assert lp.stats.shifts == [(9, "i-009", "i-010")]
 
 
 def test_the_executor_stops_a_pass_past_max_pages_per_pass():
@@ -204,11 +207,9 @@ def test_a_stable_list_is_read_once_more_and_accepted(staging):
         .run([Stream(TRANSACTIONS)])
         .values()
     )
-    assert fetch.asked == [0, 9, 18] * 2  # the pass, then the re-read
+    assert fetch.asked == [0, 10, 20] * 2  # the pass, then the re-read
     assert fetch.unparsed == 3  # every page of the re-read came back as the pass had it
-    assert result.passes == 1 and "read again, the list still held every item" in (
-        result.verdict.reason
-    )
+    assert result.passes == 1 and "read again, the list still held every item" in result.reason
     assert stored(staging) == {f"i-{i:03d}" for i in range(25)}
 
 
@@ -232,6 +233,16 @@ def test_a_pass_holding_an_item_its_re_read_no_longer_lists_is_paged_again(stagi
     assert result.passes == 2
     assert stored(staging) == {one["_id"] for one in fetch.listed}
     assert "i-003" not in stored(staging)
+
+
+def test_a_list_that_shifted_between_two_answers_is_paged_again(staging):
+    """i-002 deleted before the second answer: i-010 shifts into the first page and is in
+    neither; the pass holds i-002, which the re-read no longer lists."""
+    fetch = Scripted([item(i) for i in range(25)], changes={2: lambda listed: listed.pop(2)})
+    (result,) = run(fetch, staging).values()
+    assert result.passes == 2
+    assert stored(staging) == {one["_id"] for one in fetch.listed}
+    assert "i-002" not in stored(staging) and "i-010" in stored(staging)
 
 
 def test_a_list_that_moves_inside_its_pages_every_pass_fails_naming_the_ids(staging):
@@ -260,7 +271,7 @@ def test_a_re_read_parses_only_the_pages_whose_bytes_changed_and_judges_their_it
         .run([Stream(TRANSACTIONS)])
         .values()
     )
-    assert fetch.asked[:6] == [0, 9, 18] * 2
+    assert fetch.asked[:6] == [0, 10, 20] * 2
     assert result.passes == 2
     # Unparsed: the first re-read's first and third pages (the same bytes as the pass's), and
     # every page of the second pass's re-read.
@@ -287,5 +298,5 @@ def test_a_re_read_that_answers_the_first_page_for_every_skip_still_fails_as_pag
 
     with pytest.raises(PagingError, match=r"the same items as skip=0: the server ignores `skip`"):
         ListPasses(PageExecutor(stuck, LIMITS, label="t"), staging).run([Stream(TRANSACTIONS)])
-    assert answers[:5] == [0, 9, 18, 27, 36]  # the pass
+    assert answers[:5] == [0, 10, 20, 30, 40]  # the pass
     assert fetch.unparsed == len(answers) - 5  # every page of the re-read: page 0's bytes

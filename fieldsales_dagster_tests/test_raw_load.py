@@ -16,7 +16,7 @@ from fieldsales_dagster.client.errors import (
     NotJSONError,
     PageFormatError,
 )
-from fieldsales_dagster.loading.completeness import IncompleteListError
+from fieldsales_dagster.loading.lists import IncompleteListError
 from fieldsales_dagster.loading.raw_load import load_list
 from fieldsales_dagster.urls import InsecureURLError
 from fieldsales_dagster_tests.conftest import make_api, read_lake
@@ -268,8 +268,7 @@ def test_pretty_printed_items_and_odd_ids_are_stored_as_received(tmp_path):
     import json
     from datetime import UTC, datetime
 
-    from fieldsales_dagster.client.envelope import split_envelope
-    from fieldsales_dagster.client.pager import Page
+    from fieldsales_dagster.client.envelope import Page, split_envelope
     from fieldsales_dagster.loading.raw_load import StagingWriter, raw_table_ddl
 
     items = [
@@ -312,7 +311,7 @@ def test_a_page_batch_holds_each_items_keys_as_text_and_its_bytes_as_received(it
     import json
 
     from fieldsales_dagster.client.envelope import split_envelope
-    from fieldsales_dagster.client.pager import Page, item_digests
+    from fieldsales_dagster.loading.lists import Page, item_digests
     from fieldsales_dagster.loading.raw_load import key_decoder, page_batch, page_schema
 
     def as_text(value):  # what the table stores for a key: text, or NULL
@@ -376,8 +375,7 @@ def test_an_insert_that_fails_names_the_table_and_never_holds_the_pager_up(tmp_p
     import json
     from datetime import UTC, datetime
 
-    from fieldsales_dagster.client.envelope import split_envelope
-    from fieldsales_dagster.client.pager import Page
+    from fieldsales_dagster.client.envelope import Page, split_envelope
     from fieldsales_dagster.loading.raw_load import QUEUED_PAGES, RawLoadError, StagingWriter
 
     body = json.dumps({"transactions": [{"_id": "a", "eventId": "e"}], "count": 1}).encode()

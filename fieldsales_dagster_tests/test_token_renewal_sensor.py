@@ -26,8 +26,8 @@ from fieldsales_dagster.automation.sensors import (
 )
 from fieldsales_dagster.client.api import FieldSalesAPI
 from fieldsales_dagster.client.endpoints import CHECK_TOKEN_PATH, GENERATE_TOKEN_PATH
+from fieldsales_dagster.client.envelope import ListStats
 from fieldsales_dagster.client.errors import AuthenticationError
-from fieldsales_dagster.client.pager import ListStats
 from fieldsales_dagster.demo_api import DemoConfig, DemoServer
 from fieldsales_dagster.names import InstanceNames
 from fieldsales_dagster.settings import SETTINGS

@@ -39,7 +39,13 @@ from urllib3.exceptions import InvalidHeader
 from urllib3.util import Retry
 
 from fieldsales_dagster.client.endpoints import CHECK_TOKEN_PATH, ListEndpoint
-from fieldsales_dagster.client.envelope import replace_lone_surrogates, split_envelope
+from fieldsales_dagster.client.envelope import (
+    ListStats,
+    Page,
+    digest,
+    replace_lone_surrogates,
+    split_envelope,
+)
 from fieldsales_dagster.client.errors import (
     AuthenticationError,
     AuthRefused,
@@ -48,7 +54,6 @@ from fieldsales_dagster.client.errors import (
     TransientHTTPError,
     UnreachableError,
 )
-from fieldsales_dagster.client.pager import ListStats, Page, digest
 from fieldsales_dagster.settings import ApiSettings, settings_resource
 from fieldsales_dagster.token.catalog import open_token_store
 from fieldsales_dagster.token.secret import TokenFormatError, clean_token, mask_secrets

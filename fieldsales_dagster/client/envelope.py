@@ -1,4 +1,5 @@
-"""A list page's body -> its items (as raw JSON) and the total, whatever envelope holds them.
+"""A list page's body -> its items (as raw JSON) and the total, whatever envelope holds them;
+``Page`` is what ``FieldSalesAPI.fetch_page`` returns, ``ListStats`` what a list's requests cost.
 
 The event list's envelope is not documented: a bare list, or an object holding one list of items
 and maybe a total (``count`` or ``total``), are all accepted.
@@ -8,11 +9,80 @@ from __future__ import annotations
 
 import functools
 import re
+import secrets
+import threading
+from array import array
+from dataclasses import dataclass, field
 
 import msgspec
+import xxhash
 
 from fieldsales_dagster.client.endpoints import TOTAL_KEYS, ListEndpoint
 from fieldsales_dagster.client.errors import PageFormatError
+
+
+@dataclass
+class Page:
+    """One answer of a list endpoint: its items as raw JSON, and the total it reported."""
+
+    skip: int
+    items: list[msgspec.Raw]
+    total: int | None
+    nbytes: int
+    #: Each item's ``_id`` and extra-column keys (``loading.lists.item_keys``), where decoded.
+    keys: list[tuple[str | int | float | None, ...]] | None = None
+    #: Lone surrogate escapes replaced in the body (``ListStats.surrogates_replaced``).
+    surrogates_replaced: int = 0
+    #: ``digest`` of the body as received. A body in ``fetch_page``'s ``known`` is not split.
+    digest: int | None = None
+    #: The items a page holds, where they were not split out (a re-read's known body).
+    count: int | None = None
+    #: Each kept item's digest (``loading.lists.item_digests``), where the loader admitted it.
+    digests: array[int] | None = None
+
+    @property
+    def n(self) -> int:
+        return len(self.items) if self.count is None else self.count
+
+
+@dataclass
+class ListStats:
+    """What one pass over a list cost; counts go to the ``parent`` too (the load's sum)."""
+
+    requests: int = 0
+    retries: int = 0
+    pages: int = 0
+    items: int = 0
+    bytes: int = 0
+    token_rereads: int = 0
+    #: Lone UTF-16 surrogate escapes replaced by U+FFFD (strings a server cut mid-emoji).
+    surrogates_replaced: int = 0
+    #: Every distinct total the server reported during the pass, in order of arrival.
+    totals_seen: list[int] = field(default_factory=list)
+    #: A request sent after another had answered reported a smaller total: items were deleted.
+    total_decreased: bool = False
+    #: Every answered page as ``(skip, items, total)``: where the list moved under the pass.
+    answers: list[tuple[int, int, int | None]] = field(default_factory=list)
+    parent: ListStats | None = field(default=None, repr=False)
+    _lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
+
+    def count(self, **deltas: int) -> None:
+        with self._lock:
+            for name, delta in deltas.items():
+                setattr(self, name, getattr(self, name) + delta)
+        if self.parent is not None:
+            self.parent.count(**deltas)
+
+
+#: The key of ``digest``, drawn per process: digests are compared within a run, never stored.
+_DIGEST_SEED = secrets.randbits(64)
+
+
+def digest(data: msgspec.Raw | bytes) -> int:
+    """A 64-bit digest of bytes as received (a page body, an item): XXH3, keyed per process, ten
+    times as fast as ``hash(bytes(item))``."""
+    return xxhash.xxh3_64_intdigest(data, _DIGEST_SEED)
+
 
 _ENVELOPE = msgspec.json.Decoder(list[msgspec.Raw] | dict[str, msgspec.Raw])
 _LIST = msgspec.json.Decoder(list[msgspec.Raw])

@@ -32,15 +32,15 @@ import duckdb
 
 from fieldsales_dagster.client.api import FieldSalesAPI
 from fieldsales_dagster.client.endpoints import EVENTS, TRANSACTIONS, ListEndpoint
-from fieldsales_dagster.client.pager import (
+from fieldsales_dagster.client.envelope import ListStats
+from fieldsales_dagster.loading.deletions import record_deletions
+from fieldsales_dagster.loading.lists import (
     FilterIgnoredError,
-    ListStats,
+    IncompleteListError,
+    ListPasses,
     PagingError,
     Stream,
 )
-from fieldsales_dagster.loading.completeness import IncompleteListError
-from fieldsales_dagster.loading.deletions import record_deletions
-from fieldsales_dagster.loading.passes import ListPasses
 from fieldsales_dagster.loading.raw_load import (
     LoadReport,
     ShrinkGuard,

@@ -8,9 +8,9 @@ while the pager fetches: memory holds a few pages whatever the list's size, and 
 through a file. Ids ride as the text they are (``id_text``), control characters and all, and
 payloads as received, line breaks included.
 
-The pass loop (``passes.py``, over the pager's fetches) fills the staging table (``Staging``) and
-asks it for the distinct ids after each pass; its completeness rule (``completeness.py``) accepts
-the pass, repairs it, pages the list again, or fails saying what the server sent. The previous
+The list loader (``lists.py``) pages into the staging table (``Staging``, its ``Sink``) and asks
+it for the distinct ids after each pass; its one rule accepts the pass, or pages the list again,
+or fails saying what the server sent. The previous
 table is replaced only after that, in one
 transaction, and never by one that would empty it or shrink it by more than
 ``max_shrink_fraction`` unless ``allow_shrink``. A load starts by removing what a killed load left
@@ -32,22 +32,22 @@ import msgspec
 
 from fieldsales_dagster.client.api import FieldSalesAPI
 from fieldsales_dagster.client.endpoints import ListEndpoint
+from fieldsales_dagster.client.envelope import ListStats, Page
 from fieldsales_dagster.client.errors import FieldSalesAPIError
-from fieldsales_dagster.client.pager import (
+from fieldsales_dagster.heap import TRIM_EVERY_PAGES, release_free_memory
+from fieldsales_dagster.loading.deletions import record_deletions
+from fieldsales_dagster.loading.lists import (
     NAMED_IDS,
     ItemKeys,
     Limits,
-    ListStats,
-    Page,
+    ListPasses,
+    ListResult,
     PageExecutor,
     Stream,
     id_text,
     item_keys,
     key_decoder,
 )
-from fieldsales_dagster.heap import TRIM_EVERY_PAGES, release_free_memory
-from fieldsales_dagster.loading.deletions import record_deletions
-from fieldsales_dagster.loading.passes import ListPasses, ListResult
 from fieldsales_dagster.pause import pause_at
 from fieldsales_dagster.warehouse.lake import drop_table, run_transaction
 from fieldsales_dagster.warehouse.quoting import qualified, quote_ident
@@ -318,7 +318,7 @@ def check_shrink(
 
 @dataclass
 class Staging:
-    """A staging table that receives the executor's pages, counted per list.
+    """A staging table that receives the executor's pages, counted per list (``lists.Sink``).
 
     ``by``: the column that tells the lists apart (``event_id`` for the per-event transaction
     lists); ``None`` for one whole list. Each ``write`` is one insert transaction. Each row keeps
@@ -487,7 +487,7 @@ def load_list(
     log(
         f"{endpoint.name}: wrote {report.rows} rows to {report.table} "
         f"({report.pages} pages, {report.retries} retries, {report.repairs} repairs, "
-        f"{report.seconds:.1f} s; {result.verdict.reason})"
+        f"{report.seconds:.1f} s; {result.reason})"
     )
     return report
 

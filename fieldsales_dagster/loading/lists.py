@@ -1,0 +1,795 @@
+"""Each list complete, or refused: page it into a sink, read it again, and judge it by one rule.
+
+``OffsetWindows`` says which ``skip`` window of a list to ask for next and when it ended: ``skip``
+advances by the items a page returned (SPEC); windows follow the server's real page size (a
+short page's rest is asked for again, a page that brings more re-plans the stride and its overflow,
+which the next window holds, is dropped); a total equal to a full first page is probed; a total is
+a claim, so the windows that reach it end with an empty page; an empty page far short of the total
+makes it implausible. ``PageExecutor`` runs many passes over one thread pool of
+``limits.concurrency`` requests, given a ``fetch_page`` callable (``FieldSalesAPI.fetch_page``):
+the page budget, the repeat check, ``null`` items and items a filter excludes are refused there.
+
+``ListPasses`` pages lists into a ``Sink`` (the staging table, ``raw_load.Staging``) and applies
+the one rule (``PassFacts.incomplete``): a pass is complete when everything it kept comes back
+unchanged when the list is read again right after it, no id came twice with different content,
+and its distinct ids equal the server's final total (without a total: no id came twice); else
+the list is paged again, up to ``max_list_passes``. A list that only grew while it was paged is
+repaired where it grew (its head, its tail and the gaps out-of-order answers left) before it is
+judged, and a re-read's own gaps are read before an item counts as gone.
+"""
+
+from __future__ import annotations
+
+import functools
+import time
+from array import array
+from collections import deque
+from collections.abc import Callable, Container, Hashable, Iterator
+from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Protocol, cast
+
+import msgspec
+
+from fieldsales_dagster.client.endpoints import ListEndpoint
+from fieldsales_dagster.client.envelope import ListStats, Page, digest
+from fieldsales_dagster.client.errors import FieldSalesAPIError, PageFormatError
+
+if TYPE_CHECKING:
+    import numpy as np
+
+#: Pages of one pass that repeat the ids of an earlier page, which prove the server pages forever.
+NO_NEW_IDS_PAGES = 3
+#: Seconds between two progress lines.
+PROGRESS_EVERY_S = 5.0
+#: Ids named in a message about ids; the rest are counted.
+NAMED_IDS = 5
+#: Repair rounds (head and tail re-fetched) of one pass of a list that grew.
+MAX_REPAIRS = 5
+
+#: Item keys decoded per item: ``_id`` first, then the endpoint's extra columns' keys.
+ItemKeys = tuple[str | int | float | None, ...]
+#: ``[start, end)`` of a list; ``end`` is ``None`` for a page kept whole (the first, the probe).
+Window = tuple[int, int | None]
+
+
+class PagingError(FieldSalesAPIError):
+    """The server's pages cannot be a list: it pages forever, or claims an implausible total."""
+
+
+class FilterIgnoredError(PagingError):
+    """A filtered list (``eventId=X``) returned an item the filter excludes."""
+
+
+class ItemTooLargeError(FieldSalesAPIError):
+    """An item is larger than ``max_item_mb``."""
+
+
+class IncompleteListError(FieldSalesAPIError):
+    """No pass over a list was complete."""
+
+
+def id_text(value: object) -> str | None:
+    """An id as it is stored and compared: text (``1002`` is ``"1002"``); ``None`` for none."""
+    if value is None or isinstance(value, bool):
+        return None
+    return value if isinstance(value, str) else str(value)
+
+
+@functools.cache
+def key_decoder(endpoint: ListEndpoint) -> msgspec.json.Decoder:
+    """Decodes an item's ``_id`` and extra-column keys, skipping every other field."""
+    keys = ("_id", *(key for _, key in endpoint.extra_columns))
+    fields = [
+        (f"k{i}", str | int | float | None, msgspec.field(default=None, name=key))
+        for i, key in enumerate(keys)
+    ]
+    return msgspec.json.Decoder(msgspec.defstruct("ItemKeys", fields))
+
+
+def item_keys(items: list[msgspec.Raw], decode: msgspec.json.Decoder) -> list[ItemKeys | None]:
+    """Each item's keys; ``None`` for an item that is JSON ``null``."""
+    out: list[ItemKeys | None] = []
+    names = [f.encode_name for f in msgspec.structs.fields(decode.type)]
+    for item in items:
+        try:
+            out.append(msgspec.structs.astuple(decode.decode(item)))
+        except msgspec.ValidationError:  # not an object, or a key holding an object or a list
+            doc = msgspec.json.decode(item)
+            if doc is None:
+                out.append(None)
+                continue
+            doc = doc if isinstance(doc, dict) else {}
+            values = [doc.get(name) for name in names]
+            out.append(tuple(v if isinstance(v, str | int | float) else None for v in values))
+    return out
+
+
+def item_digests(items: list[msgspec.Raw]) -> array[int]:
+    """Each item's ``digest`` (its id and content), signed as the staging table's BIGINT keeps it:
+    the one test of whether two copies differ."""
+    signed = array("q")
+    signed.frombytes(memoryview(array("Q", map(digest, items))).cast("B"))
+    return signed
+
+
+def _identity(keys: ItemKeys, item_digest: int) -> int:
+    """What tells items apart: the ``_id``, or the whole item (its digest) where it has none."""
+    item_id = id_text(keys[0])
+    return hash(("id", item_id)) if item_id is not None else item_digest
+
+
+# --- the strategy: pure -------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Step:
+    """What the strategy made of one answer."""
+
+    #: Items of the page to keep (its first ``keep``); ``None``: all.
+    keep: int | None = None
+    #: The page proved the totals to be page sizes: forget them.
+    totals_unreliable: bool = False
+    #: An empty page came far short of this claimed total.
+    implausible_total: int | None = None
+
+
+class OffsetWindows:
+    """Which ``skip`` windows of ``[start, stop)`` of one list to ask for, and when it ended.
+
+    With a total, windows run up to it (and follow it when it grows); without one, they open as
+    they are asked for (the executor bounds the requests in flight) until a page comes back empty.
+    ``stop`` bounds a repair window. No I/O: ``next_window`` and ``answered`` are the interface.
+    """
+
+    def __init__(self, start: int = 0, stop: int | None = None, *, doubt_total_from: int = 1):
+        self.start = start
+        self.stop = stop
+        self.doubt_total_from = doubt_total_from
+        self.widest = 0  # the most items one answer held: the server's page size
+        self.phase = "first"  # "first" page, the "probe", then "windows"
+        self.waiting = False  # the first page or the probe is in flight: nothing else is asked
+        self.followups: deque[Window] = deque()
+        self.limit: int | None = stop  # where windows end; None: until an empty page
+        self.end: int | None = None  # first skip known to be past the list
+        self.opened_to = start  # windows exist for [start, opened_to)
+        self.stride = 0
+        self.use_totals = True
+        self.proofs: set[int] = set()  # windows that prove the end: asked one item early
+
+    def asked_skip(self, window: Window) -> int:
+        """The ``skip`` that asks for ``window``. A window that proves the end is asked from the
+        list's last item, so a list that ends there answers that item, not a page past its end."""
+        return window[0] - 1 if window[0] in self.proofs and window[0] > self.start else window[0]
+
+    def next_window(self) -> Window | None:
+        """The next window to ask for, or ``None``."""
+        if self.waiting:
+            return None
+        if self.phase != "windows":
+            self.waiting = True
+            return (self.start if self.phase == "first" else self.opened_to, None)
+        while True:
+            if self.followups:
+                window = self.followups.popleft()
+            elif any(b is not None and self.opened_to >= b for b in (self.end, self.limit)):
+                return None
+            else:
+                stop = self.opened_to + self.stride
+                window = (self.opened_to, stop if self.limit is None else min(stop, self.limit))
+                self.opened_to = window[1]
+            if self.end is None or window[0] < self.end:
+                return window
+
+    def answered(self, window: Window, page: Page) -> Step:
+        """Plan on from ``page``, the answer to ``window``."""
+        start, end = window
+        self.widest = max(self.widest, page.n)
+        if self.phase != "windows":
+            self.waiting, probe, self.phase = False, self.phase == "probe", "windows"
+            if page.n == 0:
+                if probe:
+                    self.end = start
+                    return Step()
+                return Step(implausible_total=self._ended(start, page))
+            self.opened_to = start + page.n
+            if probe:  # every page reports its own size: page until an empty page
+                self.use_totals, self.limit = False, self.stop
+                return Step(totals_unreliable=True)
+            self.stride = page.n
+            self._follow_total(page)
+            if self.stop is None and page.total == page.n >= self.doubt_total_from:
+                self.phase = "probe"
+                self.proofs.add(self.opened_to)
+            return Step()
+        if page.n == 0:
+            return Step(implausible_total=self._ended(start, page))
+        assert end is not None
+        if page.n != end - start and page.n != self.stride:
+            self.stride = page.n  # the server's page size is another: re-plan
+        keep = None
+        if start + page.n < end:
+            self.followups.appendleft((start + page.n, end))
+        elif end < self.opened_to:
+            keep = end - start  # the overflow is the next window's, already planned
+        else:
+            self.opened_to = start + page.n  # the last window brought more
+        self._follow_total(page)
+        self._prove_end(start, page)
+        return Step(keep=keep)
+
+    def _prove_end(self, start: int, page: Page) -> None:
+        """A full page that reaches the total (or one past it) is followed by one more window,
+        which must come back empty; a short page is the end."""
+        if self.stop is not None or self.limit is None or self.end is not None:
+            return
+        reached = start + page.n
+        if reached < self.limit or self.opened_to > reached:
+            return
+        if reached > self.limit or page.n >= self.widest:
+            self.limit = reached + self.stride
+            self.opened_to = reached
+            self.proofs.add(reached)
+
+    def _follow_total(self, page: Page) -> None:
+        grew = page.total is not None and (self.limit is None or page.total > self.limit)
+        if self.stop is None and self.use_totals and grew:
+            self.limit = page.total  # the list grew: ask for the rest
+
+    def _ended(self, skip: int, page: Page) -> int | None:
+        """An empty page at ``skip``: the list ends here. The claimed total, if it is absurd."""
+        claimed = page.total if page.total is not None and self.use_totals else None
+        if claimed is None and self.stop is None and self.use_totals:
+            claimed = self.limit
+        self.end = skip if self.end is None else min(self.end, skip)
+        if claimed is not None and claimed > 2 * skip + max(self.stride, 1):
+            return claimed
+        return None
+
+
+# --- the executor -------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Stream:
+    """One list to page: an endpoint with fixed parameters, and the key its pages are stored
+    under (``None`` for a whole list, the event id for ``eventId=X``)."""
+
+    endpoint: ListEndpoint
+    key: Hashable = None
+    #: A first page's total equal to its size is doubted (and probed) from this many items.
+    doubt_total_from: int = 1
+
+    @property
+    def url(self) -> str:
+        query = "&".join(f"{k}={v}" for k, v in self.endpoint.params)
+        return self.endpoint.path + (f"?{query}" if query else "")
+
+    def where(self, skip: int) -> str:
+        return f"GET {self.url} (skip={skip})"
+
+
+@dataclass(frozen=True)
+class Body:
+    """A parsed page body, kept for the re-read: its total, each item's digest, the ids' hash."""
+
+    total: int | None
+    digests: array[int]
+    ids_hash: int
+
+
+class ListPass:
+    """One pass (or one repair window, which ``share``s its pass's digests) over one list. A
+    re-read (``known``: the bodies of the pass it checks) parses only the bodies it did not."""
+
+    def __init__(
+        self,
+        stream: Stream,
+        stats: ListStats,
+        start: int = 0,
+        stop: int | None = None,
+        *,
+        share: ListPass | None = None,
+        known: dict[int, Body] | None = None,
+    ):
+        self.stream = stream
+        self.stats = stats
+        self.strategy = OffsetWindows(start, stop, doubt_total_from=stream.doubt_total_from)
+        self.decode = key_decoder(stream.endpoint)
+        params = dict(stream.endpoint.params)
+        self.filters = [  # (index in the item keys, key, value) of each filtering parameter
+            (i + 1, key, str(params[key]))
+            for i, (_, key) in enumerate(stream.endpoint.extra_columns)
+            if key in params
+        ]
+        self.pages = self.in_flight = self.repeated_pages = self.repairs = 0
+        self.finished = False
+        self.page_hashes: set[int] = set()
+        self.first_hash: int | None = None
+        self.whole = start == 0 and stop is None and known is None
+        self.digests: array[int] = share.digests if share else array("q")
+        self.bodies: dict[int, Body] | None = (
+            share.bodies if share else {} if known is None else None
+        )
+        self.known: dict[int, Body] = share.known if share else known or {}
+
+
+@dataclass(frozen=True)
+class Limits:
+    """What bounds the executor: the client's settings of the same names."""
+
+    concurrency: int
+    max_pages_per_pass: int
+    max_item_mb: int
+    max_list_passes: int
+    #: What errors call ``max_item_mb``'s variable (this tenant's).
+    max_item_variable: str = "FIELDSALES_MAX_ITEM_MB"
+
+
+#: Fetches one page: ``(endpoint, skip, stats, known)``; a body whose ``digest`` is in ``known``
+#: comes back with no items.
+FetchPage = Callable[[ListEndpoint, int, ListStats, Container[int]], Page]
+
+
+class PageExecutor:
+    """Fetches the pages of many passes over one thread pool (``fetch``); ``spent`` sums them."""
+
+    def __init__(
+        self,
+        fetch_page: FetchPage,
+        limits: Limits,
+        *,
+        label: str,
+        log: Callable[[str], None] = lambda message: None,
+        spent: ListStats | None = None,
+    ):
+        self.fetch_page = fetch_page
+        self.limits = limits
+        self.label = label
+        self.log = log
+        self.spent = spent if spent is not None else ListStats()
+        self._started = time.monotonic()
+        self.lists = self.lists_done = 0
+
+    def fetch(self, passes: list[ListPass]) -> Iterator[tuple[Stream, Page]]:
+        """Every page of ``passes`` as it arrives, ``limits.concurrency`` requests in flight;
+        lists that have started go first, so few lists are open at once."""
+        concurrency = self.limits.concurrency
+        waiting, active = deque(passes), list[ListPass]()
+        pool = ThreadPoolExecutor(max_workers=concurrency, thread_name_prefix="fieldsales")
+        in_flight: dict[Future[Page], tuple[ListPass, Window, int | None]] = {}
+        last_progress = time.monotonic()
+
+        def fill(lp: ListPass) -> None:
+            while len(in_flight) < concurrency:
+                window = lp.strategy.next_window()
+                if window is None:
+                    if lp.in_flight == 0:
+                        lp.finished, lp.page_hashes = True, set()
+                        self.lists_done += lp.whole
+                    return
+                skip = lp.strategy.asked_skip(window)
+                future = pool.submit(self.fetch_page, lp.stream.endpoint, skip, lp.stats, lp.known)
+                in_flight[future] = (lp, window, max(lp.stats.totals_seen, default=None))
+                lp.in_flight += 1
+
+        try:
+            while True:
+                for lp in active:
+                    fill(lp)
+                while waiting and len(in_flight) < concurrency:
+                    active.append(waiting.popleft())
+                    fill(active[-1])
+                active = [lp for lp in active if not lp.finished]
+                if not in_flight:
+                    return
+                done, _ = wait(in_flight, return_when=FIRST_COMPLETED)
+                for future in done:
+                    lp, window, baseline = in_flight.pop(future)
+                    lp.in_flight -= 1
+                    page = self._admit(lp, window, future.result(), baseline)
+                    if page.n:
+                        yield lp.stream, page
+                if (now := time.monotonic()) - last_progress >= PROGRESS_EVERY_S:
+                    last_progress = now
+                    spent, lists = self.spent, f"{self.lists_done}/{self.lists} lists, "
+                    self.log(
+                        f"{self.label}: {lists if self.lists > 1 else ''}{spent.items} items in "
+                        f"{spent.pages} pages, {spent.bytes / 1e6:.0f} MB, {spent.retries} "
+                        f"retries, {now - self._started:.1f} s"
+                    )
+        finally:
+            for future in in_flight:
+                future.cancel()
+            pool.shutdown(wait=True, cancel_futures=True)
+
+    def _admit(self, lp: ListPass, window: Window, page: Page, baseline: int | None) -> Page:
+        """Plan on from the page, check it, and return what of it to keep."""
+        if page.digest in lp.known:  # a re-read's body the pass parsed: its checks passed
+            body = lp.known[page.digest]
+            shaped = Page(page.skip, [], body.total, page.nbytes, count=len(body.digests))
+            keep = self._answered(lp, window, shaped, baseline)
+            if keep:
+                self._repeats(lp, shaped, body.ids_hash)
+            lp.digests.extend(body.digests[:keep])
+            lp.stats.count(items=keep)
+            return Page(page.skip, [], body.total, page.nbytes, count=keep)
+        if over := window[0] - page.skip:  # asked one item early: that item is another page's
+            page = Page(window[0], page.items[over:], page.total, page.nbytes)
+        all_keys = item_keys(page.items, lp.decode)
+        digests = item_digests(page.items)
+        keep = self._answered(lp, window, page, baseline)
+        if nulls := all_keys.count(None):
+            raise PageFormatError(
+                f"{lp.stream.where(page.skip)} answered {nulls} `null` items among {page.n}: the "
+                f"server sent null where an item of {lp.stream.endpoint.name} belongs, so the "
+                "list cannot be stored as received. Report it to the Field-Sales service."
+            )
+        keys = cast("list[ItemKeys]", all_keys)
+        items = page.items[:keep]
+        self._check_items(lp, page, items, keys[:keep])
+        if items:
+            ids = [_identity(k, d) for k, d in zip(keys, digests, strict=True)]
+            page_hash = hash(frozenset(ids[:keep]))
+            self._repeats(lp, page, page_hash)
+            if lp.bodies is not None and page.digest is not None:
+                whole = page_hash if keep == page.n else hash(frozenset(ids))
+                lp.bodies[page.digest] = Body(page.total, digests, whole)
+        lp.digests.extend(digests[:keep])
+        lp.stats.count(items=keep)
+        return Page(page.skip, items, page.total, page.nbytes, keys[:keep], digests=digests[:keep])
+
+    def _answered(self, lp: ListPass, window: Window, page: Page, baseline: int | None) -> int:
+        """Give the strategy its answer, count the page into the pass; the items to keep."""
+        step = lp.strategy.answered(window, page)
+        stats, stream = lp.stats, lp.stream
+        if step.totals_unreliable:  # they were page sizes: paged as a list without a total
+            stats.totals_seen.clear()
+        use_totals = lp.strategy.use_totals
+        lp.pages += 1
+        stats.count(pages=1, bytes=page.nbytes)
+        stats.answers.append((page.skip, page.n, page.total if use_totals else None))
+        if page.total is not None and use_totals:
+            if not stats.totals_seen or stats.totals_seen[-1] != page.total:
+                stats.totals_seen.append(page.total)
+            # ``baseline``: the largest total answered when this page was asked for.
+            stats.total_decreased |= baseline is not None and page.total < baseline
+        if lp.pages > (max_pages := self.limits.max_pages_per_pass):
+            raise PagingError(
+                f"{stream.where(page.skip)}: {lp.pages} pages in one pass over "
+                f"{stream.endpoint.name} ({stats.items} items so far), more than "
+                f"max_pages_per_pass={max_pages}: the server seems to page forever. If the list "
+                "really is that long, raise max_pages_per_pass."
+            )
+        if step.implausible_total is not None:
+            raise PagingError(
+                f"{stream.where(page.skip)} answered no items while the server reports a "
+                f"total of {step.implausible_total} {stream.endpoint.name}; the pages end at "
+                f"{page.skip}, far short of it. The total is not plausible; nothing was "
+                "replaced. Report it to the Field-Sales service."
+            )
+        return page.n if step.keep is None else step.keep
+
+    def _check_items(
+        self, lp: ListPass, page: Page, items: list[msgspec.Raw], keys: list[ItemKeys]
+    ) -> None:
+        """Refuse an item over ``max_item_mb``, or one the list's filter excludes."""
+        stream, limit = lp.stream, self.limits.max_item_mb
+        if items and max(map(len, items)) > limit << 20:
+            size, item_id = max(
+                (len(item), id_text(key[0]) or "without _id")
+                for item, key in zip(items, keys, strict=True)
+            )
+            raise ItemTooLargeError(
+                f"{stream.where(page.skip)}: item {item_id} of {stream.endpoint.name} is "
+                f"{size / (1 << 20):.1f} MB ({size} bytes), over the per-item limit of {limit} "
+                f"MB (max_item_mb, {self.limits.max_item_variable}). Nothing was replaced. To "
+                "load it, raise max_item_mb above its size (and duckdb_memory_limit to 16 times "
+                "max_item_mb)."
+            )
+        for index, key, value in lp.filters:
+            for item_key in keys:
+                if id_text(item_key[index]) != value:
+                    raise FilterIgnoredError(
+                        f"{stream.where(page.skip)} returned an item of {stream.endpoint.name} "
+                        f"with {key} {item_key[index]!r}: the server ignores the {key} filter"
+                    )
+
+    def _repeats(self, lp: ListPass, page: Page, page_hash: int) -> None:
+        """Count a page whose ids repeat an earlier page of the pass; refuse the third."""
+        if lp.first_hash is None:
+            lp.first_hash = page_hash
+        if page_hash in lp.page_hashes:
+            lp.repeated_pages += 1
+            if lp.repeated_pages >= NO_NEW_IDS_PAGES:
+                if page.skip != lp.strategy.start and page_hash == lp.first_hash:
+                    what = (
+                        f"the same items as skip={lp.strategy.start}: the server ignores `skip`, "
+                        "so the list cannot be paged"
+                    )
+                else:
+                    what = (
+                        "only items already received on earlier pages: the server repeats pages "
+                        "(for example its last page for any skip past the end) instead of "
+                        "answering an empty page"
+                    )
+                raise PagingError(
+                    f"{lp.stream.where(page.skip)} answered {page.n} items, {what}. "
+                    f"{NO_NEW_IDS_PAGES} pages of {lp.stream.endpoint.name} brought no new id; "
+                    f"stopped after {lp.pages} pages. Nothing was replaced; report it to the "
+                    "Field-Sales service."
+                )
+        lp.page_hashes.add(page_hash)
+
+
+# --- the rule -----------------------------------------------------------------------------------
+
+
+class Sink(Protocol):
+    """Where the pages of the lists go and are counted (``raw_load.Staging``)."""
+
+    def write(self, pages: Iterator[tuple[Stream, Page]]) -> None: ...
+
+    def counts(self) -> dict[Hashable, tuple[int, int]]:
+        """``(rows, distinct ids)`` stored per list."""
+        ...
+
+    def differing(self, key: Hashable) -> tuple[int, list[str]]:
+        """Ids of one list stored more than once with different content: how many, a few."""
+        ...
+
+    def ids_of(self, key: Hashable, digests: set[int]) -> list[str]:
+        """A few ids of one list's items with these digests."""
+        ...
+
+    def forget(self, keys: list[Hashable]) -> None:
+        """Remove what is stored for these lists: they are paged again."""
+        ...
+
+
+def _named(count: int, named: tuple[str, ...], sentence: str) -> str:
+    """``sentence`` with the count and the few ``named`` ("and N more"); "" for none."""
+    more = f" and {count - len(named)} more" if count > len(named) else ""
+    return sentence.format(count, ", ".join(named) + more) if count else ""
+
+
+@dataclass(frozen=True)
+class PassFacts:
+    """What one pass (with its repairs) stored, what the server said meanwhile, and what its
+    re-read no longer listed as it was (``gone``)."""
+
+    rows: int
+    distinct: int
+    #: Distinct totals in order of arrival; empty when the server reports none.
+    totals_seen: tuple[int, ...] = ()
+    total_decreased: bool = False
+    #: ``(rows, distinct)`` of the previous pass of this load, if there was one.
+    previous: tuple[int, int] | None = None
+    differing: int = 0
+    differing_ids: tuple[str, ...] = ()
+    gone: int = 0
+    gone_ids: tuple[str, ...] = ()
+
+    @property
+    def total(self) -> int | None:
+        """The server's final total: while it only grew, the largest is the newest (answers
+        arrive out of order)."""
+        if not self.totals_seen:
+            return None
+        return self.totals_seen[-1] if self.total_decreased else max(self.totals_seen)
+
+    def describe(self) -> str:
+        """What the server sent, in words."""
+        sent = [
+            f"{self.rows} items with {self.distinct} distinct ids "
+            f"({self.rows - self.distinct} sent twice)",
+            _named(
+                self.differing,
+                self.differing_ids,
+                "{} ids came more than once with different content ({})",
+            ),
+            _named(
+                self.gone,
+                self.gone_ids,
+                "{} items the pass holds were gone or changed when the list was read again ({})",
+            ),
+        ]
+        if self.total is None:
+            sent.append("the server reports no total")
+        elif len(self.totals_seen) == 1:
+            sent.append(f"every page reported a total of {self.total}")
+        else:
+            sent.append(
+                f"the total moved while it was paged: {', '.join(map(str, self.totals_seen))}"
+            )
+        return "; ".join(part for part in sent if part)
+
+    def repair(self) -> tuple[int, int] | None:
+        """For a list that only grew while it was paged and misses ids: re-fetch ``[0, head)``
+        and from ``tail_from`` on, ``(head, tail_from)``; else ``None``."""
+        missing = (self.total or 0) - self.distinct
+        if missing <= 0 or len(self.totals_seen) < 2 or self.total_decreased:
+            return None
+        return 2 * missing, max(0, (self.total or 0) - 2 * missing)
+
+    def incomplete(self) -> str | None:
+        """Why the pass is not a list the server held at one moment; ``None`` when it is.
+
+        Everything kept came back unchanged, no id twice with different content, and the
+        distinct ids equal the final total (without a total: the rows). A server that lists ids
+        twice and counts every copy is believed when two passes in a row agree.
+        """
+        expected = self.rows if self.total is None else self.total
+        moved = self.differing or self.gone or len(self.totals_seen) > 1
+        if not (self.differing or self.gone):
+            if self.distinct == expected:
+                return None
+            if not moved and self.rows == expected and self.previous == (self.rows, self.distinct):
+                return None
+        if moved:
+            why = "the list shifted under its pages: it kept changing while it was paged"
+        elif self.distinct > expected:
+            why = "the server lists more distinct ids than its total counts"
+        elif self.rows < expected:
+            why = "the server delivers fewer items than its total counts"
+        else:
+            why = "the server lists ids more than once, differently in each pass"
+        return f"{self.describe()}: {why}"
+
+
+def gap_windows(
+    answers: list[tuple[int, int, int | None]], total_now: int, slack: int = 2
+) -> list[tuple[int, int]]:
+    """Where a pass may have missed items because the list grew while pages were in flight.
+
+    Two adjacent pages answered out of order around an insertion ahead of them: the lower one saw
+    the longer list (its items shifted further), so the items between the two were in neither.
+    Each such boundary gives the window ``[start, stop)`` (today's positions) that holds them.
+    """
+    gaps: list[tuple[int, int]] = []
+    ordered = sorted((a for a in answers if a[2] is not None and a[1] > 0), key=lambda a: a[0])
+    for (s1, n1, t1), (s2, _, t2) in zip(ordered, ordered[1:], strict=False):
+        if s1 < s2 <= s1 + n1 and cast("int", t1) > cast("int", t2):
+            end = s1 + n1
+            start = max(0, end + total_now - cast("int", t1) - slack)
+            stop = end + total_now - cast("int", t2) + slack
+            if gaps and start <= gaps[-1][1]:
+                gaps[-1] = (gaps[-1][0], max(stop, gaps[-1][1]))
+            else:
+                gaps.append((start, stop))
+    return gaps
+
+
+def digests_gone(held: array[int], seen: array[int]) -> np.ndarray:
+    """The digests in ``held`` that ``seen`` lacks (distinct, sorted): a sorted search, five
+    times as fast as ``np.setdiff1d`` on random 64-bit digests."""
+    import numpy as np  # where a load runs: the definitions load without it
+
+    kept = np.frombuffer(held, np.int64)
+    listed = np.sort(np.frombuffer(seen, np.int64))
+    if not listed.size:
+        return np.unique(kept)
+    at = np.minimum(np.searchsorted(listed, kept), listed.size - 1)
+    return np.unique(kept[listed[at] != kept])
+
+
+@dataclass
+class ListResult:
+    """A list the rule accepted: its last pass's stats, facts and the reason."""
+
+    stats: ListStats
+    facts: PassFacts
+    reason: str
+    passes: int
+    repairs: int
+
+
+class ListPasses:
+    """Pages lists with ``executor`` into ``sink`` until the rule accepts each of them."""
+
+    def __init__(self, executor: PageExecutor, sink: Sink):
+        self.executor = executor
+        self.sink = sink
+        self.log = executor.log
+
+    def run(self, lists: list[Stream]) -> dict[Hashable, ListResult]:
+        """Page every list until it is complete; raises ``IncompleteListError``."""
+        executor, results = self.executor, dict[Hashable, ListResult]()
+        previous: dict[Hashable, tuple[int, int]] = {}
+        todo, executor.lists = lists, len(lists)
+        max_passes = executor.limits.max_list_passes
+        for number in range(1, max_passes + 1):
+            passes = [ListPass(stream, ListStats(parent=executor.spent)) for stream in todo]
+            self._stage(passes)
+            self._repair(passes, number)
+            gone = self._read_again(passes)
+            counts = self.sink.counts()
+            todo = []
+            for lp in passes:
+                key, name = lp.stream.key, lp.stream.endpoint.name
+                rows, distinct = counts.get(key, (0, 0))
+                differing, differing_ids = self.sink.differing(key) if rows > distinct else (0, [])
+                missing = gone[id(lp)]
+                facts = PassFacts(
+                    rows,
+                    distinct,
+                    tuple(lp.stats.totals_seen),
+                    lp.stats.total_decreased,
+                    previous.get(key),
+                    differing,
+                    tuple(differing_ids),
+                    int(missing.size),
+                    tuple(self.sink.ids_of(key, set(missing.tolist()))) if missing.size else (),
+                )
+                why = facts.incomplete()
+                if why is None:
+                    reason = f"{facts.describe()}; read again, the list still held every item"
+                    results[key] = ListResult(lp.stats, facts, reason, number, lp.repairs)
+                elif number == max_passes:
+                    raise IncompleteListError(
+                        f"{name} ({lp.stream.url}): after {number} passes, {why}. "
+                        f"{lp.stream.endpoint.raw_table} was left as it was. Run again later; if "
+                        "the server's list is stable, report its counts to the Field-Sales "
+                        "service (or raise max_list_passes)."
+                    )
+                else:
+                    previous[key] = (rows, distinct)
+                    self.log(f"{name}: pass {number}: {why}; paging it again.")
+                    todo.append(lp.stream)
+            if not todo:
+                break
+            self.sink.forget([stream.key for stream in todo])
+        return results
+
+    def _repair(self, passes: list[ListPass], number: int) -> None:
+        """Re-fetch the head and the tail of each list that only grew while it was paged, and
+        the first time the gaps its out-of-order answers left, while ids are missing."""
+        while passes:
+            counts, windows, growing = self.sink.counts(), list[ListPass](), []
+            for lp in passes:
+                stats = lp.stats
+                rows, distinct = counts.get(lp.stream.key, (0, 0))
+                facts = PassFacts(rows, distinct, tuple(stats.totals_seen), stats.total_decreased)
+                if (windows_at := facts.repair()) is None or lp.repairs >= MAX_REPAIRS:
+                    continue
+                lp.repairs += 1
+                (head, tail), total = windows_at, facts.total or 0
+                self.log(
+                    f"{lp.stream.endpoint.name}: pass {number}: {total - distinct} ids missing "
+                    f"from a list that grew; re-fetching items 0-{head} and from {tail} (repair "
+                    f"{lp.repairs})."
+                )
+                gaps = gap_windows(stats.answers, total) if lp.repairs == 1 else []
+                for start, stop in [(0, head), *gaps, (tail, None)]:
+                    windows.append(ListPass(lp.stream, lp.stats, start, stop, share=lp))
+                growing.append(lp)
+            self._stage(windows)
+            passes = growing
+
+    def _read_again(self, passes: list[ListPass]) -> dict[int, np.ndarray]:
+        """Read every list once more, storing nothing: what each pass kept that the re-read did
+        not list as it was (after the re-read's own gaps are read, so an insert that shifted
+        items between two of its pages does not make them count as gone)."""
+        spent = self.executor.spent
+        again = {
+            id(lp): ListPass(lp.stream, ListStats(parent=spent), known=lp.bodies) for lp in passes
+        }
+        self._drain(list(again.values()))
+        gaps = [
+            ListPass(lp.stream, reread.stats, start, stop, share=reread)
+            for lp in passes
+            if digests_gone(lp.digests, (reread := again[id(lp)]).digests).size
+            for start, stop in gap_windows(
+                reread.stats.answers, (reread.stats.totals_seen or [0])[-1]
+            )
+        ]
+        self._drain(gaps)
+        return {id(lp): digests_gone(lp.digests, again[id(lp)].digests) for lp in passes}
+
+    def _drain(self, passes: list[ListPass]) -> None:
+        for _ in self.executor.fetch(passes):
+            pass
+
+    def _stage(self, passes: list[ListPass]) -> None:
+        if passes:
+            self.sink.write(self.executor.fetch(passes))
