@@ -33,7 +33,8 @@ import duckdb
 
 from fieldsales_dagster.client.api import FieldSalesAPI
 from fieldsales_dagster.client.endpoints import TRANSACTIONS
-from fieldsales_dagster.client.pager import ListPass, ListStats, Stream, key_decoder
+from fieldsales_dagster.client.envelope import ListStats
+from fieldsales_dagster.loading.lists import ListPass, Stream, key_decoder
 from fieldsales_dagster.loading.raw_load import load_list, page_batch, page_executor, page_schema
 from fieldsales_dagster.warehouse.warehouse import FieldSalesWarehouse
 

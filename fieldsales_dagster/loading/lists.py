@@ -14,7 +14,7 @@ the one rule (``PassFacts.incomplete``): a pass is complete when everything it k
 unchanged when the list is read again right after it, no id came twice with different content,
 and its distinct ids equal the server's final total (without a total: no id came twice); else
 the list is paged again, up to ``max_list_passes``. A list that only grew while it was paged is
-repaired where it grew (its head, its tail and the gaps out-of-order answers left) before it is
+repaired where it grew (its head and the gaps out-of-order answers left) before it is
 judged, and a re-read's own gaps are read before an item counts as gone.
 """
 
@@ -44,7 +44,7 @@ NO_NEW_IDS_PAGES = 3
 PROGRESS_EVERY_S = 5.0
 #: Ids named in a message about ids; the rest are counted.
 NAMED_IDS = 5
-#: Repair rounds (head and tail re-fetched) of one pass of a list that grew.
+#: Repair rounds (the head re-fetched) of one pass of a list that grew.
 MAX_REPAIRS = 5
 
 #: Item keys decoded per item: ``_id`` first, then the endpoint's extra columns' keys.
@@ -604,13 +604,13 @@ class PassFacts:
             )
         return "; ".join(part for part in sent if part)
 
-    def repair(self) -> tuple[int, int] | None:
-        """For a list that only grew while it was paged and misses ids: re-fetch ``[0, head)``
-        and from ``tail_from`` on, ``(head, tail_from)``; else ``None``."""
+    def repair(self) -> int | None:
+        """For a list that only grew while it was paged and misses ids: the head ``[0, head)``
+        to fetch again (items appended are paged in the pass: it follows a growing total)."""
         missing = (self.total or 0) - self.distinct
         if missing <= 0 or len(self.totals_seen) < 2 or self.total_decreased:
             return None
-        return 2 * missing, max(0, (self.total or 0) - 2 * missing)
+        return 2 * missing
 
     def incomplete(self) -> str | None:
         """Why the pass is not a list the server held at one moment; ``None`` when it is.
@@ -742,25 +742,24 @@ class ListPasses:
         return results
 
     def _repair(self, passes: list[ListPass], number: int) -> None:
-        """Re-fetch the head and the tail of each list that only grew while it was paged, and
-        the first time the gaps its out-of-order answers left, while ids are missing."""
+        """Re-fetch the head of each list that only grew while it was paged, and the first time
+        the gaps its out-of-order answers left, while ids are missing."""
         while passes:
             counts, windows, growing = self.sink.counts(), list[ListPass](), []
             for lp in passes:
                 stats = lp.stats
                 rows, distinct = counts.get(lp.stream.key, (0, 0))
                 facts = PassFacts(rows, distinct, tuple(stats.totals_seen), stats.total_decreased)
-                if (windows_at := facts.repair()) is None or lp.repairs >= MAX_REPAIRS:
+                if (head := facts.repair()) is None or lp.repairs >= MAX_REPAIRS:
                     continue
                 lp.repairs += 1
-                (head, tail), total = windows_at, facts.total or 0
+                total = facts.total or 0
                 self.log(
                     f"{lp.stream.endpoint.name}: pass {number}: {total - distinct} ids missing "
-                    f"from a list that grew; re-fetching items 0-{head} and from {tail} (repair "
-                    f"{lp.repairs})."
+                    f"from a list that grew; re-fetching items 0-{head} (repair {lp.repairs})."
                 )
                 gaps = gap_windows(stats.answers, total) if lp.repairs == 1 else []
-                for start, stop in [(0, head), *gaps, (tail, None)]:
+                for start, stop in [(0, head), *gaps]:
                     windows.append(ListPass(lp.stream, lp.stats, start, stop, share=lp))
                 growing.append(lp)
             self._stage(windows)

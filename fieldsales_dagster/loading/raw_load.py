@@ -96,7 +96,7 @@ class LoadReport:
     seconds: float
     #: Lone surrogate escapes replaced by U+FFFD (strings the server cut mid-emoji).
     surrogates_replaced: int = 0
-    #: Rounds in which the head and tail of a list that grew were re-fetched.
+    #: Rounds in which the head of a list that grew was re-fetched.
     repairs: int = 0
 
     @property
