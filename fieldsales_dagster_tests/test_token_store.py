@@ -329,17 +329,24 @@ def test_store_of_one_server_is_refused_by_a_client_of_another_and_no_token_is_s
     client_of(first, shared).check_token()  # the first tenant still works
 
 
-def test_store_written_before_origins_were_recorded_is_adopted_once(two_servers, tmp_path: Path):
-    first, second = two_servers
-    path = tmp_path / "old_token.json"
-    client_of(first, path).check_token()
+def test_store_naming_no_server_is_refused_and_no_token_is_sent(two_servers, tmp_path: Path):
+    """A store without an origin (written by hand) is no server's: its token is sent only once
+    the environment gives that very token, which binds the store to this server."""
+    first, _ = two_servers
+    path, env_token = tmp_path / "fieldsales_token.json", first.token
+    client_at(first.base_url, env_token, path).check_token()
+    TokenStore(path, origin=first.base_url).rotate(
+        env_token, lambda old: first.renew_token(), renew_after=timedelta(0)
+    )
     doc = json.loads(path.read_text())
-    doc.pop("origin", None)  # as an older version wrote it
+    del doc["origin"]
     path.write_text(json.dumps(doc))
-    client_of(first, path).check_token()
+    first.clear_requests()
+    with pytest.raises(TokenStoreError, match="holds the token of an unnamed server"):
+        client_at(first.base_url, env_token, path).check_token()
+    assert first.requests == []
+    client_at(first.base_url, first.token, path).check_token()  # the renewed token, given
     assert json.loads(path.read_text())["origin"] == first.base_url
-    with pytest.raises(TokenStoreError, match="serves"):
-        client_of(second, path).check_token()
 
 
 def test_symlinked_store_is_held_to_the_origin_of_its_target(two_servers, tmp_path: Path):

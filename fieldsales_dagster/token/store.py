@@ -7,7 +7,6 @@ token must reach the disk before anything else happens, and every process must f
   ``FIELDSALES_API_TOKEN`` it was seeded from (never that token in clear) and the origin
   (``scheme://host:port``) of its server: a store of another origin is refused before its token is
   sent anywhere, unless the environment gives this very token (the same token at a new address);
-  a store written before origins were recorded is adopted by the first server that accepts it;
 * nothing is written until the server accepted the token (``settle`` after its first 200, or
   ``accept`` in ``current``), so a mistyped base URL or token leaves the file as it was;
 * a symlinked store is read and written through its target; a file another user owns, or others
@@ -84,7 +83,7 @@ class StoredToken(msgspec.Struct, frozen=True, kw_only=True):
     retired_env_fingerprints: tuple[Fingerprint, ...] = msgspec.field(
         default=(), name="retired_env_token_sha256"
     )
-    #: ``scheme://host:port`` of the server the token belongs to; ``None`` in older stores.
+    #: ``scheme://host:port`` of the server the token belongs to; ``None``: a store on its own.
     origin: str | None = None
 
     def __post_init__(self) -> None:
@@ -224,18 +223,18 @@ class TokenStore:
         if not self._foreign(stored):
             return
         raise TokenStoreError(
-            f"Token store {self.where} holds the token of {stored.origin}, but this instance "
-            f"serves {self.origin}: a token is only ever sent to the server it belongs to, so "
-            "the store is not used and no token was sent. Give each Field-Sales instance a "
-            f"token_store_path of its own ({self.variable}); if the instance really moved "
-            f"to the new address, set {self.token_variable} to its current token (regenerate it "
-            "in your Field-Sales user profile, API tab) and delete the store: it is seeded again "
-            "once the new address accepts that token (docs/token-lifecycle.md)."
+            f"Token store {self.where} holds the token of {stored.origin or 'an unnamed server'}, "
+            f"but this instance serves {self.origin}: a token is only ever sent to the server it "
+            "belongs to, so the store is not used and no token was sent. Give each Field-Sales "
+            f"instance a token_store_path of its own ({self.variable}); if the instance really "
+            f"moved to the new address, set {self.token_variable} to its current token "
+            "(regenerate it in your Field-Sales user profile, API tab) and delete the store: it "
+            "is seeded again once the new address accepts that token (docs/token-lifecycle.md)."
         )
 
     def _foreign(self, stored: StoredToken) -> bool:
         """The store holds the token of another server than this client's."""
-        return None not in (self.origin, stored.origin) and stored.origin != self.origin
+        return self.origin is not None and stored.origin != self.origin
 
     # --- the token to use ------------------------------------------------------------------
 
@@ -286,7 +285,7 @@ class TokenStore:
         if stored is not None and not self._must_reseed(stored, env_token):
             if stored.origin == self.origin or self.origin is None:
                 return stored, None
-            # Written before origins were recorded, or this very token at a new address.
+            # This very token at a new address.
             return stored, replace(stored, origin=self.origin)
         if not env_token:
             raise TokenStoreError(
