@@ -12,7 +12,6 @@ asset that fails when run, while the others load.
 
 from __future__ import annotations
 
-import functools
 import os
 from collections.abc import Callable, Hashable
 from dataclasses import dataclass
@@ -22,7 +21,7 @@ from typing import Any
 
 import dagster as dg
 import urllib3
-from pydantic import BaseModel, ConfigDict, ValidationError, create_model, model_validator
+from pydantic import BaseModel, ValidationError
 
 from fieldsales_dagster.assets.checks import (
     build_core_checks,
@@ -54,7 +53,6 @@ from fieldsales_dagster.settings import (
     SettingError,
     invalid,
     memory_megabytes,
-    nest_flat_keys,
     schedule_interval,
     values,
     variables_named,
@@ -67,41 +65,9 @@ from fieldsales_dagster.tenancy import (
 )
 from fieldsales_dagster.token.catalog import CATALOG_STORE, open_token_store
 from fieldsales_dagster.token.secret import TokenFormatError, clean_token
-from fieldsales_dagster.warehouse.lake import (
-    Lake,
-    LakeError,
-    old_warehouse_warning,
-    postgres_identity,
-)
+from fieldsales_dagster.warehouse.lake import Lake, LakeError, postgres_identity
 from fieldsales_dagster.warehouse.pii import PiiSettingError
 from fieldsales_dagster.warehouse.warehouse import FieldSalesWarehouse
-
-
-@functools.cache
-def _with_flat_keys(derived: type[BaseModel]) -> type[BaseModel]:
-    """Dagster's YAML model of the component, nesting the flat keys of earlier releases first.
-
-    Its schema takes them too (unknown keys, ``api:`` left out, a string ``storage``: the retired
-    setting): ``dg check defs`` checks a ``defs.yaml`` against the schema before any validator
-    runs, and a flat key is accepted, with its warning, for one release."""
-    base: Any = derived
-
-    class WithFlatKeys(base):
-        model_config = ConfigDict(extra="allow")
-
-    nest: Any = model_validator(mode="before")(
-        lambda cls, given: nest_flat_keys(given) if isinstance(given, dict) else given
-    )
-    storage: Any = derived.model_fields["storage"]
-    api: Any = derived.model_fields["api"].annotation
-    return create_model(
-        derived.__name__,
-        __base__=WithFlatKeys,
-        __validators__={"flat_keys": nest},
-        storage=(storage.annotation | str | None, storage),
-        api=(api | None, None),
-    )
-
 
 #: Errors of one tenant's settings, whose message is the whole story of what to fix.
 TENANT_ERRORS = (SettingError, PiiSettingError, TokenFormatError)
@@ -224,10 +190,6 @@ class FieldSalesComponent(dg.Component, FieldSalesSettings):
     """
 
     @classmethod
-    def model(cls) -> type[BaseModel]:
-        return _with_flat_keys(super().model())
-
-    @classmethod
     def load(cls, attributes: BaseModel | None, context: dg.ComponentLoadContext) -> Any:
         """The component, or, if its settings are wrong and the code location has other
         tenants, ``NotConfigured``: they load, and its error shows as its own."""
@@ -321,18 +283,14 @@ class FieldSalesComponent(dg.Component, FieldSalesSettings):
 
     def check_paths(self) -> None:
         """Fail the load at once if a file setting or the lake (``FieldSalesWarehouse.preflight``)
-        points where the pipeline cannot write; warn once about a DuckDB warehouse of an earlier
-        release (``lake.old_warehouse_warning``)."""
+        points where the pipeline cannot write."""
         settings = {} if self.token_row() else {"token_store_path": self.api.token_store_path}
         if self.storage.duckdb_path is not None:
             settings["duckdb_path"] = self.storage.duckdb_path
         for setting, path in settings.items():
             check_file_setting(path, setting=setting, create_dirs=self.storage.create_dirs)
-        warehouse = FieldSalesWarehouse(**values(self.storage))
-        warehouse.preflight()  # the lake's files: a run that cannot write them sends nothing
-        warning = old_warehouse_warning(warehouse.lake, self.storage.duckdb_path)
-        if warning:
-            dg.get_dagster_logger().warning(warning)
+        # The lake's files: a run that cannot write them sends nothing.
+        FieldSalesWarehouse(**values(self.storage)).preflight()
 
     def warehouse_lake(self) -> Lake:
         return FieldSalesWarehouse(**values(self.storage)).lake

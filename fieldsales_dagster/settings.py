@@ -3,15 +3,13 @@
 A setting is a field of its concern's model (``api:``, ``storage:``, ``refresh:``, ``pii:``,
 ``alerts:``, or the instance's own: ``key_prefix``, ...), made by ``setting(...)`` with its
 default, range, ``FIELDSALES_*`` variable and meaning; ``settings_resource`` gives the resource a
-concern resolves into a field per setting. The YAML's flat keys of earlier releases are read
-with a warning (``nest_flat_keys``). Nothing is read from the environment here.
+concern resolves into a field per setting. Nothing is read from the environment here.
 """
 
 from __future__ import annotations
 
 import operator
 import re
-import warnings
 from collections.abc import Iterator
 from contextlib import contextmanager
 from contextvars import ContextVar
@@ -108,9 +106,9 @@ def invalid(spelling: str, variable: str, why: str) -> SettingError:
 class Setting:
     """One setting: its default (``PydanticUndefined``: required), what it means, what it accepts
     in words (``{range}``: its bounds), the ``FIELDSALES_*`` variable the default ``defs.yaml``
-    reads it from (``""``: none). ``name`` is its flat name (a resource's field, the releases
-    before the nested YAML); ``group`` and ``key`` place it in the YAML (``spelling``). It is its
-    field's ``json_schema_extra``, naming it under ``SETTING_KEY`` in a JSON schema."""
+    reads it from (``""``: none). ``name`` is its flat name (a resource's field); ``group`` and
+    ``key`` place it in the YAML (``spelling``). It is its field's ``json_schema_extra``, naming it
+    under ``SETTING_KEY`` in a JSON schema."""
 
     default: Any
     description: str
@@ -202,13 +200,6 @@ class Setting:
 
 #: Every setting, by flat name, in the order declared (filled as the models below are defined).
 SETTINGS: dict[str, Setting] = {}
-#: Settings of earlier releases the component still reads, only to say what became of them, by
-#: flat name. ``storage.engine`` (file or ducklake): DuckLake is the only storage.
-RETIRED_SETTINGS = {
-    "storage": Setting(
-        None, "", "", "FIELDSALES_STORAGE", key="engine", group="storage", field="engine"
-    )
-}
 
 
 def setting(*args: Any, **kwargs: Any) -> Any:
@@ -616,8 +607,6 @@ class StorageSettings(SettingsModel):
         gt=0,
         le=3660,
     )
-    # Retired (RETIRED_SETTINGS): unset or "ducklake" accepted with a warning, "file" refused.
-    engine: str | None = None
 
     @field_validator("duckdb_path")
     @classmethod
@@ -667,27 +656,6 @@ class StorageSettings(SettingsModel):
     @classmethod
     def _lake_schema(cls, value: str | None) -> str | None:
         return _plain_name(value)
-
-    @field_validator("engine", mode="before")
-    @classmethod
-    def _engine(cls, value: Any) -> Any:
-        text = value.strip().lower() if isinstance(value, str) else value
-        if text in (None, ""):
-            return None
-        if text == "ducklake":  # the one value the retired setting still accepts
-            dg.get_dagster_logger().warning(
-                "Field-Sales: storage (FIELDSALES_STORAGE=ducklake) is no longer a setting: "
-                "DuckLake is the only storage. Remove it from defs.yaml and the environment."
-            )
-            return None
-        raise SettingError(
-            f"Field-Sales setting storage.engine (from {RETIRED_SETTINGS['storage'].variable}) is "
-            f"invalid: it was retired (got {value!r}): this release keeps the tables in a DuckLake "
-            "only (the file storage and its publish step are gone), so remove storage: from "
-            "defs.yaml and unset FIELDSALES_STORAGE. An existing DuckDB warehouse file is left "
-            "untouched: docs/storage.md says how to move (a full refresh into the lake), and "
-            "FIELDSALES_DUCKDB_PATH keeps a single-file export for tools that need one."
-        )
 
     @model_validator(mode="after")
     def _postgres_needs_a_data_path(self) -> StorageSettings:
@@ -932,23 +900,3 @@ def variables_named(variables: dict[str, str]) -> Iterator[None]:
         yield
     finally:
         _VARIABLES.reset(outer)
-
-
-def nest_flat_keys(values: dict[str, Any]) -> dict[str, Any]:
-    """The YAML's flat keys of earlier releases (``page_size: 100``), read for one more release
-    with a warning that says the new spelling (``api: {page_size: 100}``)."""
-    nested = {"api": {}, **values}
-    for name, value in values.items():
-        declared = SETTINGS.get(name) or RETIRED_SETTINGS.get(name)
-        if declared is None or not declared.group or isinstance(value, dict):
-            continue  # not a setting, the instance's own, or the pii: or storage: concern itself
-        warnings.warn(
-            f"Field-Sales setting {name} is the flat spelling of an earlier release: write it as "
-            f"{declared.spelling} (under {declared.group}: in defs.yaml). Flat keys are read for "
-            "this release only.",
-            FutureWarning,
-            stacklevel=2,
-        )
-        del nested[name]
-        nested[declared.group] = {**(nested.get(declared.group) or {}), declared.key: value}
-    return nested

@@ -23,7 +23,7 @@ def isolated_state(tmp_path, monkeypatch):
     catalog, data_path = lake_paths(tmp_path)
     monkeypatch.setenv("FIELDSALES_DUCKLAKE_CATALOG", catalog)
     monkeypatch.setenv("FIELDSALES_DUCKLAKE_DATA_PATH", data_path)
-    for variable in ("FIELDSALES_DUCKDB_PATH", "FIELDSALES_STORAGE", "DAGSTER_HOME"):
+    for variable in ("FIELDSALES_DUCKDB_PATH", "DAGSTER_HOME"):
         monkeypatch.delenv(variable, raising=False)
 
 

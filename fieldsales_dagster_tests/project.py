@@ -6,8 +6,10 @@ from __future__ import annotations
 import textwrap
 import uuid
 from pathlib import Path
+from typing import Any
 
 import dagster as dg
+import yaml
 
 from fieldsales_dagster.assets import checks
 from fieldsales_dagster.assets.checks import build_core_checks, checks_in_asset_step
@@ -138,6 +140,20 @@ def component(**given: object):
 
     api = {"base_url": "http://127.0.0.1:9", **dict(given.pop("api", None) or {})}
     return FieldSalesComponent(api=api, **given)
+
+
+def instance_yaml(**settings: object) -> str:
+    """A component's YAML of ``settings`` by flat name (``None``: left out), each under its
+    concern as the component takes it (``api: {base_url: ...}``)."""
+    from fieldsales_dagster.settings import SETTINGS
+
+    nested: dict[str, Any] = {}
+    for name, value in settings.items():
+        group, key = SETTINGS[name].group, SETTINGS[name].key
+        place = nested.setdefault(group, {}) if group else nested
+        if value is not None:
+            place[key] = str(value) if isinstance(value, Path) else value
+    return yaml.safe_dump(nested)
 
 
 def value_of(settings: object, name: str) -> object:

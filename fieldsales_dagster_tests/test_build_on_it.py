@@ -26,7 +26,7 @@ from dagster._core.definitions.automation_condition_sensor_definition import (
 
 import fieldsales_dagster
 from fieldsales_dagster_tests.conftest import lake_at, lake_paths, make_warehouse, read_lake
-from fieldsales_dagster_tests.project import error_chain, write_project
+from fieldsales_dagster_tests.project import error_chain, instance_yaml, write_project
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
 BUILD_ON_IT = REPO_ROOT / "docs" / "building-on-it.md"
@@ -336,14 +336,14 @@ def test_second_tenant_has_its_own_prefixed_io_manager_on_its_own_lake(
         tmp_path / "location",
         {"defs/analytics/events.py": TENANT_ASSET},
         instances={
-            "acme": f"""
-                base_url: {demo_server.base_url}
-                api_token: "{{{{ env.ACME_TOKEN }}}}"
-                ducklake_catalog: {catalog}
-                ducklake_data_path: {data_path}
-                token_store_path: {tmp_path / "acme_token.json"}
-                key_prefix: acme
-            """
+            "acme": instance_yaml(
+                base_url=demo_server.base_url,
+                api_token="{{ env.ACME_TOKEN }}",
+                ducklake_catalog=catalog,
+                ducklake_data_path=data_path,
+                token_store_path=tmp_path / "acme_token.json",
+                key_prefix="acme",
+            )
         },
     )
     defs = load_user_location(package, monkeypatch)
@@ -360,8 +360,10 @@ def test_second_tenant_has_its_own_prefixed_io_manager_on_its_own_lake(
 
 def test_user_schema_that_is_a_project_schema_fails_the_load(tmp_path, monkeypatch):
     monkeypatch.setenv("FIELDSALES_API_TOKEN", "user-schema-test-token")
-    instance = f"base_url: http://127.0.0.1:9\nduckdb_path: {tmp_path / 'x.duckdb'}\n"
-    package = write_user_location(tmp_path, {}, {"main": instance + "user_schema: core"})
+    instance = instance_yaml(
+        base_url="http://127.0.0.1:9", duckdb_path=tmp_path / "x.duckdb", user_schema="core"
+    )
+    package = write_user_location(tmp_path, {}, {"main": instance})
     with pytest.raises(Exception) as failure:
         load_user_location(package, monkeypatch)
     message = error_chain(failure.value)

@@ -16,6 +16,7 @@ from fieldsales_dagster_tests.conftest import lake_paths, read_lake
 from fieldsales_dagster_tests.namespaces import private_tmpfs
 from fieldsales_dagster_tests.project import (
     error_chain,
+    instance_yaml,
     load_failure,
     load_project,
     load_project_defs,
@@ -84,7 +85,7 @@ def test_missing_token_fails_the_load_naming_the_variable(project_env, monkeypat
 def test_token_written_into_yaml_is_refused_and_never_echoed(tmp_path, monkeypatch):
     package = write_project(
         tmp_path,
-        {"main": "base_url: http://127.0.0.1:9\napi_token: literal-secret-token-123"},
+        {"main": "api:\n  base_url: http://127.0.0.1:9\n  api_token: literal-secret-token-123"},
     )
     with pytest.raises(Exception) as failure:
         load_project(package, monkeypatch)
@@ -101,26 +102,20 @@ def test_two_tenants_in_one_code_location_each_load_exactly_their_own_data(tmp_p
         DemoServer(DemoConfig(transactions=400, seed=1), port=0) as first,
         DemoServer(DemoConfig(transactions=600, seed=2), port=0) as second,
     ):
-        monkeypatch.setenv("FIRST_TOKEN", first.token)
+        monkeypatch.setenv("MAIN_TOKEN", first.token)
         monkeypatch.setenv("ACME_TOKEN", second.token)
         package = write_project(
             tmp_path,
             {
-                "main": f"""
-                    base_url: {first.base_url}
-                    api_token: "{{{{ env.FIRST_TOKEN }}}}"
-                    ducklake_catalog: {lake_paths(tmp_path, "main")[0]}
-                    ducklake_data_path: {lake_paths(tmp_path, "main")[1]}
-                    token_store_path: {tmp_path / "main_token.json"}
-                """,
-                "acme": f"""
-                    base_url: {second.base_url}
-                    api_token: "{{{{ env.ACME_TOKEN }}}}"
-                    ducklake_catalog: {lake_paths(tmp_path, "acme")[0]}
-                    ducklake_data_path: {lake_paths(tmp_path, "acme")[1]}
-                    token_store_path: {tmp_path / "acme_token.json"}
-                    key_prefix: acme
-                """,
+                name: instance_yaml(
+                    base_url=server.base_url,
+                    api_token=f"{{{{ env.{name.upper()}_TOKEN }}}}",
+                    ducklake_catalog=lake_paths(tmp_path, name)[0],
+                    ducklake_data_path=lake_paths(tmp_path, name)[1],
+                    token_store_path=tmp_path / f"{name}_token.json",
+                    key_prefix=prefix,
+                )
+                for name, server, prefix in [("main", first, None), ("acme", second, "acme")]
             },
         )
         defs = load_project(package, monkeypatch)

@@ -362,16 +362,6 @@ def test_a_catalog_the_project_cannot_open_fails_the_load_naming_the_variable(
     assert "neither sqlite:<file>" in message and "postgres:dbname=" in message
 
 
-def test_the_storage_setting_of_an_earlier_release_file_is_refused_ducklake_accepted(
-    project_env, monkeypatch
-):
-    message = load_failure(monkeypatch, FIELDSALES_STORAGE="file")
-    assert "storage.engine (from FIELDSALES_STORAGE) is invalid: it was retired" in message
-    assert "unset FIELDSALES_STORAGE" in message and "docs/storage.md" in message
-    monkeypatch.setenv("FIELDSALES_STORAGE", "ducklake")
-    assert "warehouse" in load_project_defs().resources
-
-
 def test_dagster_asset_materialize_writes_the_lake_from_environment_variables_alone(
     small_demo, tmp_path, catalog
 ):

@@ -19,7 +19,7 @@ import pytest
 
 from fieldsales_dagster.assets.export import EXPORT_ASSET, build_export_asset
 from fieldsales_dagster.warehouse import lake as lake_module
-from fieldsales_dagster.warehouse.lake import EXPORT_MARKER, old_warehouse_warning
+from fieldsales_dagster.warehouse.lake import EXPORT_MARKER
 from fieldsales_dagster_tests.conftest import make_api, make_warehouse
 from fieldsales_dagster_tests.project import DEFAULT, core_assets, load_project_defs, raw_assets
 
@@ -183,11 +183,11 @@ def test_an_export_file_another_process_holds_read_write_is_not_replaced(demo_se
         holder.wait()
 
 
-#: DuckDB files at duckdb_path that are not an export: a user's own file, and the warehouse of an
-#: earlier release (duckdb_path was the warehouse itself then).
+#: DuckDB files at duckdb_path that are not an export: a user's own file, and one whose tables
+#: are named like the project's but carry no marker.
 NOT_EXPORTS = {
     "own file": "CREATE TABLE my_notes AS SELECT 'keep me' AS note",
-    "earlier release": "CREATE SCHEMA raw; CREATE TABLE raw.transactions AS SELECT 'old' AS id",
+    "project-like tables": "CREATE SCHEMA raw; CREATE TABLE raw.transactions AS SELECT 'x' AS id",
 }
 
 
@@ -209,43 +209,5 @@ def test_a_duckdb_file_that_is_not_an_export_is_never_overwritten(demo_server, t
         "of it was changed. Set FIELDSALES_DUCKDB_PATH to another path for the export (a new "
         "file), or unset it to write no export."
     ) in message
-    assert "earlier release" in message and "docs/storage.md" in message
     assert "run a full refresh" not in message
     assert target.read_bytes() == before
-
-
-def test_loading_a_deployment_of_an_earlier_release_says_what_to_do(tmp_path, monkeypatch):
-    """A DuckDB warehouse at the old default data/fieldsales.duckdb and no lake yet: one message
-    at load time; nothing is moved or deleted."""
-    monkeypatch.chdir(tmp_path)
-    old = tmp_path / "data" / "fieldsales.duckdb"
-    old.parent.mkdir()
-    with duckdb.connect(str(old)) as conn:
-        conn.execute("CREATE TABLE t AS SELECT 1 AS x")
-    lake = make_warehouse(tmp_path / "data", "fieldsales").lake
-    message = old_warehouse_warning(lake, None)
-    assert message is not None
-    assert f"no lake yet at {lake.catalog_file}" in message
-    assert f"{old} is a DuckDB warehouse of an earlier release" in message
-    assert "run a full refresh into the lake" in message and "docs/storage.md" in message
-    assert old.exists()
-    # Once the lake is there (or the file is an export), nothing is said.
-    lake.catalog_file.write_bytes(b"")
-    assert old_warehouse_warning(lake, None) is None
-
-
-@pytest.mark.parametrize("variable", ["FIELDSALES_DUCKDB_PATH"])
-def test_the_load_warns_once_about_an_old_warehouse(
-    demo_env, monkeypatch, tmp_path, caplog, variable
-):
-    old = tmp_path / "old.duckdb"
-    with duckdb.connect(str(old)) as conn:
-        conn.execute("CREATE TABLE t AS SELECT 1 AS x")
-    monkeypatch.setenv(variable, str(old))
-    with caplog.at_level("WARNING"):
-        load_project_defs()
-    assert any(
-        f"{old} (FIELDSALES_DUCKDB_PATH) is a DuckDB file that is not an export of this project"
-        in record.getMessage()
-        for record in caplog.records
-    )

@@ -1,7 +1,7 @@
 """Each setting is declared once, a field of its concern's model (``settings.py``): the
 component, the resources that receive it, the default ``defs.yaml`` and the settings tables of
-docs/configuration.md and docs/alerts.md all agree with that one declaration; the flat keys of
-the previous release are still read, with a warning naming the new spelling."""
+docs/configuration.md and docs/alerts.md all agree with that one declaration; a key that is no
+setting fails the load, naming it."""
 
 from __future__ import annotations
 
@@ -17,7 +17,6 @@ from pydantic_core import PydanticUndefined
 from fieldsales_dagster.client.api import FieldSalesAPI
 from fieldsales_dagster.component import FieldSalesComponent, SettingError
 from fieldsales_dagster.settings import (
-    RETIRED_SETTINGS,
     SETTING_KEY,
     SETTINGS,
     FieldSalesSettings,
@@ -109,20 +108,17 @@ def test_every_setting_is_a_component_field_with_its_default(name):
     assert not field.is_required()
 
 
-def test_every_component_field_is_a_concern_a_setting_or_a_retired_one():
+def test_every_component_field_is_a_concern_or_a_setting():
     assert set(CONCERNS) == {"api", "storage", "refresh", "pii", "alerts"}
     fields = {
         f"{group}.{field}" if group else field
         for group, model in [("", FieldSalesComponent), *CONCERNS.items()]
         for field in model.model_fields
     }
-    every = [*SETTINGS.values(), *RETIRED_SETTINGS.values()]
-    declared = {f"{s.group}.{s.field}" if s.group else s.field for s in every}
+    declared = {f"{s.group}.{s.field}" if s.group else s.field for s in SETTINGS.values()}
     assert fields == declared | set(CONCERNS)
-    retired = {setting.spelling for setting in RETIRED_SETTINGS.values()}
-    assert retired <= fields
     assert {setting.spelling for setting in SETTINGS.values()} == {
-        name.replace("api_token_env_var", "api_token") for name in declared - retired
+        name.replace("api_token_env_var", "api_token") for name in declared
     }
 
 
@@ -262,8 +258,6 @@ def test_what_defs_yaml_reads_is_each_settings_own_variable_with_no_default_stat
         for setting in SETTINGS.values()
         if setting.variable
     }
-    for retired in RETIRED_SETTINGS.values():
-        expected[retired.spelling] = f"{{{{ env.{retired.variable} }}}}"
     # The shipped instance keeps its token store under $DAGSTER_HOME.
     store = found.pop("api.token_store_path")
     assert store.startswith(f"{{{{ env.{SETTINGS['token_store_path'].variable} or ")
@@ -337,82 +331,22 @@ def test_the_api_resource_refuses_a_page_size_the_component_refuses():
         FieldSalesAPI(base_url="http://127.0.0.1:9", api_token="x", page_size=50_000)
 
 
-# --- the flat keys of the previous release ---------------------------------------------------
-
-
-@pytest.mark.parametrize("name", sorted(SETTINGS))
-def test_a_flat_key_is_read_with_a_warning_naming_its_new_spelling(name):
-    setting = SETTINGS[name]
-    if not setting.group:
-        return  # the instance's own names keep their place
-    value = 12 if setting.bounds else None
-    if value is None or not setting.inside(value):
-        value = (
-            setting.default if setting.default is not PydanticUndefined else "http://127.0.0.1:8"
-        )
-    flat = {"base_url": "http://127.0.0.1:8"} if name != "base_url" else {}
-    given = "{{ env.ACME_TOKEN }}" if name == "api_token" else value
-    if name == "api_token":
-        value = "ACME_TOKEN"
-    with pytest.warns(FutureWarning, match=rf"setting {name} is the flat spelling") as caught:
-        built = FieldSalesComponent.from_attributes_dict(attributes={**flat, name: given})
-    assert any(f"write it as {setting.spelling} " in str(w.message) for w in caught)
-    assert value_of(built, name) == value
-    assert built.api.base_url == "http://127.0.0.1:8"
-
-
-def test_a_flat_key_in_yaml_is_read_and_nested_settings_keep_theirs(tmp_path, monkeypatch):
-    from fieldsales_dagster_tests.project import load_project, write_project
-
-    monkeypatch.setenv("FIELDSALES_API_TOKEN", "flat-key-test-token")
-    package = write_project(
-        tmp_path,
-        {
-            "flat": f"""
-            base_url: http://127.0.0.1:9
-            api_token: "{{{{ env.FIELDSALES_API_TOKEN }}}}"
-            page_size: "{{{{ '77' }}}}"
-            pii: drop
-            storage:
-              ducklake_catalog: sqlite:{tmp_path / "lake.sqlite"}
-            api:
-              token_store_path: {tmp_path / "token.json"}
-            """
-        },
-    )
-    with pytest.warns(FutureWarning) as caught:
-        defs = load_project(package, monkeypatch)
-    said = " ".join(str(w.message) for w in caught)
-    for flat, new in [("base_url", "api.base_url"), ("page_size", "api.page_size")]:
-        assert (
-            f"setting {flat} is the flat spelling of an earlier release: write it as {new}" in said
-        )
-    assert "write it as pii.mode" in said
-    api, warehouse = defs.resources["fieldsales_api"], defs.resources["warehouse"]
-    assert (api.page_size, api.token_store_path) == (77, str(tmp_path / "token.json"))
-    assert api.api_token == dg.EnvVar("FIELDSALES_API_TOKEN")
-    assert (warehouse.pii, warehouse.ducklake_catalog) == (
-        "drop",
-        f"sqlite:{tmp_path / 'lake.sqlite'}",
-    )
-
-
-def test_a_flat_token_in_yaml_is_refused_without_echoing_it(tmp_path, monkeypatch):
+@pytest.mark.parametrize(
+    ("attributes", "named"),
+    [
+        ("base_url: http://127.0.0.1:9", "attributes.base_url at "),
+        ("storage:\n  engine: file", "attributes.storage.StorageSettingsModel.engine at "),
+    ],
+)
+def test_a_key_that_is_no_setting_fails_the_load_naming_it(
+    tmp_path, monkeypatch, attributes, named
+):
+    """A flat key (``base_url:`` for ``api.base_url``) or a retired one is as unknown as a typo."""
     from fieldsales_dagster_tests.project import error_chain, load_project, write_project
 
-    package = write_project(
-        tmp_path,
-        {
-            "flat": f"""
-            base_url: http://127.0.0.1:9
-            api_token: literal-token-in-yaml-1234
-            storage:
-              ducklake_catalog: sqlite:{tmp_path / "lake.sqlite"}
-            """
-        },
-    )
-    with pytest.warns(FutureWarning), pytest.raises(Exception) as failure:
+    api = "api:\n  base_url: http://127.0.0.1:9\n  api_token: '{{ env.FIELDSALES_API_TOKEN }}'\n"
+    package = write_project(tmp_path, {"main": f"{api}{attributes}"})
+    with pytest.raises(Exception) as failure:
         load_project(package, monkeypatch)
     message = error_chain(failure.value)
-    assert "api_token must name an environment variable" in message
-    assert "literal-token-in-yaml-1234" not in message
+    assert named in message and "Extra inputs are not permitted" in message

@@ -21,14 +21,11 @@ import subprocess
 import sys
 from pathlib import Path
 
-import dagster as dg
 import pytest
 
-from fieldsales_dagster.assets.upkeep import UPKEEP_ASSET
 from fieldsales_dagster.demo_api import DemoConfig, DemoServer
 from fieldsales_dagster.warehouse.lake import Lake, connect
 from fieldsales_dagster_tests.postgres import running_postgres
-from fieldsales_dagster_tests.project import core_assets, mart_assets, raw_assets
 
 ROOT = Path(__file__).resolve().parents[1]
 BIN = Path(sys.executable).parent
@@ -159,24 +156,3 @@ def test_the_postgres_catalog_recipe_creates_its_role_and_database_and_runs(
         ):
             cur.execute("SELECT tableowner FROM pg_tables WHERE tablename = 'ducklake_snapshot'")
             assert cur.fetchall() == [("fieldsales_lake",)]
-
-
-def test_the_move_from_an_earlier_release_refreshes_without_the_upkeep(tmp_path, server):
-    """Step 3 of "Moving a deployment of an earlier release", as written: it materializes the
-    refresh's tables, and not ducklake_upkeep (deploy/README.md: not during a backup)."""
-    text = PAGE.read_text()
-    section = text[text.index("## Moving a deployment of an earlier release") :]
-    step = next(line for line in section.splitlines() if line.startswith("3. "))
-    (command,) = re.findall(r"`((?:\.venv/bin/)?dg launch [^`]*)`", step)
-    run_recipe(
-        [command.removeprefix(".venv/bin/").replace("dg", ".venv/bin/dg", 1)], tmp_path, server
-    )
-    with dg.DagsterInstance.from_config(str(tmp_path / "home")) as instance:
-        materialized = {key.to_user_string() for key in instance.get_asset_keys()}
-    tables = {
-        key.to_user_string()
-        for a in [*raw_assets(), *core_assets(), *mart_assets()]
-        for key in a.keys
-    }
-    assert tables <= materialized
-    assert UPKEEP_ASSET not in materialized

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from fieldsales_dagster_tests.project import error_chain
+from fieldsales_dagster_tests.project import error_chain, instance_yaml
 from fieldsales_dagster_tests.test_component import BIN, load_project, write_project
 
 BASE_URL = "http://127.0.0.1:9"
@@ -25,9 +25,7 @@ def tenant_env(monkeypatch):
 
 
 def tenant(token_variable: str, **settings: object) -> str:
-    lines = [f"base_url: {BASE_URL}", f'api_token: "{{{{ env.{token_variable} }}}}"']
-    given = [f"{key}: {value}" for key, value in settings.items() if value is not None]
-    return "\n".join(lines + given)
+    return instance_yaml(base_url=BASE_URL, api_token=f"{{{{ env.{token_variable} }}}}", **settings)
 
 
 def two_tenants(tmp_path: Path, main: dict[str, object], acme: dict[str, object]) -> Path:

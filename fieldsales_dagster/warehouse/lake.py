@@ -924,7 +924,7 @@ def upkeep(
 # --- the single-file export ---------------------------------------------------------------------
 
 #: The table that marks a DuckDB file as this project's export: the export replaces a file only
-#: if it carries it, so a DuckDB warehouse of an earlier release is never overwritten.
+#: if it carries it, so another DuckDB file is never overwritten.
 EXPORT_MARKER = "meta.fieldsales_export"
 #: A temporary export beside its target: ``.<name>.export-<hex>``.
 EXPORT_INFIX = ".export-"
@@ -938,19 +938,6 @@ class ExportError(RuntimeError):
     """The single-file export failed; the lake and the previous export are left as they were."""
 
 
-def old_warehouse_message(path: Path, lake: Lake) -> str:
-    """What to do with a DuckDB warehouse file of an earlier release (one without the marker)."""
-    return (
-        f"{path} is a DuckDB warehouse of an earlier release of this project, not an export of "
-        f"it: this release keeps the tables in a DuckLake (catalog {lake.catalog}, data "
-        f"{lake.data_path}). Nothing of {path} was changed or deleted. To move: run a full "
-        "refresh into the lake (dg launch --job refresh_all); it loads "
-        f"everything from the API again. Then move {path} away (keep it as a backup), or, for "
-        f"tools that read a single file, leave {lake.named(EXPORT_VARIABLE)} set to that path once "
-        f"it is moved: every run then writes a fresh export there. docs/storage.md says more."
-    )
-
-
 def not_an_export_message(path: Path, lake: Lake) -> str:
     """Why the export leaves ``path`` (a DuckDB file without the marker) alone, and what to set."""
     variable = lake.named(EXPORT_VARIABLE)
@@ -958,8 +945,7 @@ def not_an_export_message(path: Path, lake: Lake) -> str:
         f"{path} ({variable}) is a DuckDB file that is not an export of this project (it "
         f"has no table {EXPORT_MARKER}), so the export does not replace it; nothing of it was "
         f"changed. Set {variable} to another path for the export (a new file), or unset "
-        "it to write no export. If the file is the warehouse of an earlier release of this "
-        "project, docs/storage.md (Moving a deployment of an earlier release) says how to move."
+        "it to write no export."
     )
 
 
@@ -1139,10 +1125,6 @@ def _remove(temporary: Path) -> None:
         path.unlink(missing_ok=True)
 
 
-#: Where earlier releases kept the warehouse by default (one DuckDB file).
-OLD_DEFAULT_DATABASE = Path("data/fieldsales.duckdb")
-
-
 def is_export(path: Path) -> bool:
     """Whether the DuckDB file ``path`` carries ``EXPORT_MARKER`` (a ``duckdb.Error`` if it is
     held read-write elsewhere or not a DuckDB file)."""
@@ -1154,24 +1136,6 @@ def is_export(path: Path) -> bool:
             [schema, name],
         )
     return bool(marked)
-
-
-def old_warehouse_warning(lake: Lake, export_path: str | None) -> str | None:
-    """One message when a deployment of an earlier release is loaded: a DuckDB warehouse file
-    at the old default ``data/fieldsales.duckdb`` (or a DuckDB file at ``duckdb_path`` that is
-    not an export) and no lake yet. Nothing is moved or deleted: the documented move is a full
-    refresh into the lake."""
-    if lake.catalog_file is None or lake.catalog_file.exists():
-        return None  # a lake is there (or, on PostgreSQL, it cannot be told cheaply)
-    candidates = [OLD_DEFAULT_DATABASE, *([Path(export_path)] if export_path else [])]
-    for path in dict.fromkeys(candidate.absolute() for candidate in candidates):
-        with contextlib.suppress(duckdb.Error):  # cannot tell now: no warning
-            if path.is_file() and not is_export(path):
-                exported = export_path is not None and path == Path(export_path).absolute()
-                message = not_an_export_message if exported else old_warehouse_message
-                found = message(path, lake)
-                return f"Field-Sales: no lake yet at {lake.catalog_file}, and {found}"
-    return None
 
 
 # --- the analysts' lines ------------------------------------------------------------------------
