@@ -13,13 +13,19 @@ import yaml
 
 from fieldsales_dagster.assets import checks
 from fieldsales_dagster.assets.checks import build_core_checks, checks_in_asset_step
+from fieldsales_dagster.assets.columns import PACKAGE_SQL
 from fieldsales_dagster.assets.core import build_core_assets
 from fieldsales_dagster.assets.raw import build_raw_assets
 from fieldsales_dagster.assets.tables import derived_tables
+from fieldsales_dagster.assets.upkeep import UPKEEP_ASSET
 from fieldsales_dagster.names import InstanceNames
 
 DEFAULT = InstanceNames()
 OWNERS = ["team:data"]
+#: The project's tables, one YAML file each, by asset name (``raw_events``, ``core_areas``, ...).
+TABLES = frozenset(path.stem for path in PACKAGE_SQL.glob("*.yaml"))
+#: The project's assets: a table each, and the lake's upkeep.
+ASSETS = TABLES | {UPKEEP_ASSET}
 
 
 def raw_assets() -> list[dg.AssetsDefinition]:

@@ -15,6 +15,8 @@ from fieldsales_dagster.demo_api import DemoConfig, DemoServer
 from fieldsales_dagster_tests.conftest import lake_paths, read_lake
 from fieldsales_dagster_tests.namespaces import private_tmpfs
 from fieldsales_dagster_tests.project import (
+    ASSETS,
+    TABLES,
     error_chain,
     instance_yaml,
     load_failure,
@@ -121,13 +123,7 @@ def test_two_tenants_in_one_code_location_each_load_exactly_their_own_data(tmp_p
         defs = load_project(package, monkeypatch)
         graph = defs.get_repository_def().asset_graph
         keys = {key.to_user_string() for key in graph.get_all_asset_keys()}
-        assert len(keys) == 38  # 18 assets and the lake's upkeep per tenant
-        assert {
-            "raw_events",
-            "acme/raw_events",
-            "core_transactions",
-            "acme/core_transactions",
-        } <= keys
+        assert keys == ASSETS | {f"acme/{asset}" for asset in ASSETS}
         # One pool per table and tenant: one writer per table, the tenants never share one.
         pools = {key: graph.get(key).pools for key in graph.get_all_asset_keys()}
         for key, pool in pools.items():
@@ -192,12 +188,13 @@ def test_dg_check_and_list_defs_show_every_definition(tmp_path):
     }
     dg_command("check", "defs", env=env)
     listed = json.loads(dg_command("list", "defs", "--json", env=env))
-    assert len(listed["assets"]) == 19  # 3 raw, 12 core, 3 mart, the lake's upkeep
+    assert {asset["asset_key"] for asset in listed["assets"]} == ASSETS
     # ids_unique per core and mart table, the data, drift and mart checks, the raw tables' row
     # counts, a column-schema check per table, values_typed and values_finite on the four
     # tables whose YAML names them (transactions, events, custom report results, points of
     # sale); no publish step.
-    assert len(listed["asset_checks"]) == 15 + 9 + 3 + 18 + 2 * 4
+    raw = {table for table in TABLES if table.startswith("raw_")}
+    assert len(listed["asset_checks"]) == len(TABLES - raw) + 9 + len(raw) + len(TABLES) + 2 * 4
     assert not [check for check in listed["asset_checks"] if "publish" in json.dumps(check)]
     assert sorted(job["name"] for job in listed["jobs"]) == [
         "lake_upkeep",
@@ -230,7 +227,7 @@ def test_every_asset_has_owners_code_references_and_core_tables_a_freshness_poli
         for assets in defs.assets
         for spec in getattr(assets, "specs", [])
     }
-    assert len(specs) == 19  # the 18 tables and the lake's upkeep
+    assert set(specs) == ASSETS
     for key, spec in specs.items():
         assert spec.owners == ["team:data"], key
         assert "dagster/code_references" in spec.metadata, key
