@@ -8,6 +8,7 @@ concern resolves into a field per setting. Nothing is read from the environment 
 
 from __future__ import annotations
 
+import functools
 import operator
 import re
 from collections.abc import Iterator
@@ -21,6 +22,8 @@ from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
 
 import dagster as dg
 from pydantic import (
+    BaseModel,
+    ConfigDict,
     Field,
     PrivateAttr,
     ValidationError,
@@ -325,6 +328,14 @@ class SettingsModel(dg.Model, dg.Resolvable):
     #: (``FIELDSALES_BASE_URL``: ``ACME_FIELDSALES_BASE_URL``), or the setting itself
     #: (``api.page_size``) where it reads none. The resources carry it (``SettingsResource``).
     _variables: dict[str, str] = PrivateAttr(default_factory=dict)
+
+    @classmethod
+    @functools.cache
+    def model(cls) -> type[BaseModel]:
+        """Dagster's model of its YAML, taking unknown keys for the component to refuse by name:
+        Dagster's own error, and ``dg check yaml``, would print their values (a misplaced token)."""
+        derived: Any = super().model()
+        return type(derived.__name__, (derived,), {"model_config": ConfigDict(extra="allow")})
 
     @classmethod
     def resolve_from_model(cls, context: dg.ResolutionContext, model: Any) -> Any:

@@ -331,17 +331,24 @@ def test_the_api_resource_refuses_a_page_size_the_component_refuses():
         FieldSalesAPI(base_url="http://127.0.0.1:9", api_token="x", page_size=50_000)
 
 
+#: A token-like literal written where no setting is: never printed.
+LITERAL = "fsk_live_7Hq2ZpX9mW4tR8vN"
+
+
 @pytest.mark.parametrize(
     ("attributes", "named"),
     [
-        ("base_url: http://127.0.0.1:9", "attributes.base_url at "),
-        ("storage:\n  engine: file", "attributes.storage.StorageSettingsModel.engine at "),
+        (f"api_token: {LITERAL}", "attributes.api_token"),
+        ("base_url: http://127.0.0.1:9", "attributes.base_url"),
+        (f"storage:\n  password: {LITERAL}", "attributes.storage.password"),
+        ("storage:\n  engine: file", "attributes.storage.engine"),
     ],
 )
-def test_a_key_that_is_no_setting_fails_the_load_naming_it(
+def test_a_key_that_is_no_setting_fails_the_load_naming_it_and_not_its_value(
     tmp_path, monkeypatch, attributes, named
 ):
-    """A flat key (``base_url:`` for ``api.base_url``) or a retired one is as unknown as a typo."""
+    """A flat key (``base_url:`` for ``api.base_url``) or a retired one is as unknown as a typo;
+    what it holds may be a secret written in the wrong place."""
     from fieldsales_dagster_tests.project import error_chain, load_project, write_project
 
     api = "api:\n  base_url: http://127.0.0.1:9\n  api_token: '{{ env.FIELDSALES_API_TOKEN }}'\n"
@@ -349,4 +356,31 @@ def test_a_key_that_is_no_setting_fails_the_load_naming_it(
     with pytest.raises(Exception) as failure:
         load_project(package, monkeypatch)
     message = error_chain(failure.value)
-    assert named in message and "Extra inputs are not permitted" in message
+    assert LITERAL not in message
+    line = 6 + attributes.count("\n")  # type:, attributes:, the api: block of 3 lines
+    at = package / "defs" / "main" / "defs.yaml"
+    assert f"{named} ({at}:{line}) is no setting" in message, message
+
+
+def test_dg_check_defs_names_a_key_that_is_no_setting_and_never_prints_its_value(tmp_path):
+    from fieldsales_dagster_tests.test_dg_tooling import dg, project_copy
+
+    project = project_copy(tmp_path)
+    defs_yaml = project / DEFS_YAML.relative_to(REPO_ROOT)
+    shipped = defs_yaml.read_text()
+    written = shipped.replace("attributes:\n", f"attributes:\n  api_token: {LITERAL}\n", 1)
+    written = written.replace("  storage:\n", f"  storage:\n    passwd: {LITERAL}\n", 1)
+    defs_yaml.write_text(written)
+    (tmp_path / "dagster.yaml").write_text("telemetry:\n  enabled: false\n")
+    env = {
+        "DAGSTER_HOME": str(tmp_path),
+        "PYTHONPATH": str(project),
+        "FIELDSALES_BASE_URL": "http://127.0.0.1:9",
+        "FIELDSALES_API_TOKEN": "dg-check-unknown-key-token",
+    }
+    said = dg("check", "defs", cwd=project, env=env, fails=True)
+    assert LITERAL not in said, said[-3000:]
+    lines = written.splitlines()
+    for key, named in [(f"  api_token: {LITERAL}", "api_token"), ("    passwd:", "storage.passwd")]:
+        line = next(at for at, text in enumerate(lines, 1) if text.startswith(key))
+        assert f"attributes.{named} ({defs_yaml}:{line}) is no setting" in said, said[-3000:]
