@@ -17,6 +17,7 @@ from fieldsales_dagster_tests.namespaces import private_tmpfs
 from fieldsales_dagster_tests.project import (
     ASSETS,
     TABLES,
+    core_check_count,
     error_chain,
     instance_yaml,
     load_failure,
@@ -189,12 +190,10 @@ def test_dg_check_and_list_defs_show_every_definition(tmp_path):
     dg_command("check", "defs", env=env)
     listed = json.loads(dg_command("list", "defs", "--json", env=env))
     assert {asset["asset_key"] for asset in listed["assets"]} == ASSETS
-    # ids_unique per core and mart table, the data, drift and mart checks, the raw tables' row
-    # counts, a column-schema check per table, values_typed and values_finite on the four
-    # tables whose YAML names them (transactions, events, custom report results, points of
-    # sale); no publish step.
+    # The core and mart checks (those their YAML names, the drift checks), the raw tables' row
+    # counts, a column-schema check per table; no publish step.
     raw = {table for table in TABLES if table.startswith("raw_")}
-    assert len(listed["asset_checks"]) == len(TABLES - raw) + 9 + len(raw) + len(TABLES) + 2 * 4
+    assert len(listed["asset_checks"]) == core_check_count() + len(raw) + len(TABLES)
     assert not [check for check in listed["asset_checks"] if "publish" in json.dumps(check)]
     assert sorted(job["name"] for job in listed["jobs"]) == [
         "lake_upkeep",

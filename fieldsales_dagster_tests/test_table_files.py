@@ -215,8 +215,9 @@ def test_tables_come_parents_first_and_a_cycle_is_refused(tmp_path):
 
 
 def test_the_package_declares_every_table_of_the_spec():
-    # Found from sql/, not listed in Python: the tables SPEC.md promises, each with its checks.
-    assert {t.table: t.checks for t in derived_tables()} == {
+    # Found from sql/, not listed in Python: the tables SPEC.md promises, each with its checks
+    # (a table added is its two files, and no more).
+    assert {t.table: t.checks for t in derived_tables()}.items() >= {
         "core.areas": ("ids_unique",),
         "core.custom_report_field_types": ("ids_unique", "field_types_known"),
         "core.custom_report_fields": ("ids_unique",),
@@ -243,4 +244,4 @@ def test_the_package_declares_every_table_of_the_spec():
         "mart.daily_sales": ("ids_unique", "daily_sales_match_transactions"),
         "mart.event_summary": ("ids_unique", "event_summary_matches_events"),
         "mart.user_activity": ("ids_unique", "user_activity_matches_status_changes"),
-    }
+    }.items()
