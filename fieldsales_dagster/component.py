@@ -134,9 +134,8 @@ def catalog_identity(lake: Lake) -> Hashable:
         return postgres_identity(lake)
     except LakeError as exc:
         dg.get_dagster_logger().warning(
-            f"Field-Sales: {exc} Tenants of this code location are told apart by the catalog's "
-            "spelling until it answers; the lake's tenant record still refuses a second "
-            "tenant's writes."
+            f"Field-Sales: {exc} Until it answers, tenants are told apart by the catalog's "
+            "spelling (the lake still refuses a second tenant's writes)."
         )
         return lake.catalog
 
@@ -153,7 +152,7 @@ def tenant_defs_yaml(type_name: str, tenant: str) -> str:
         raise ScaffoldNameError(
             f"dg scaffold defs {type_name} {tenant}: the folder's name becomes the tenant's "
             "key_prefix, which must be a name of letters, digits and underscores, starting with "
-            "a letter (e.g. acme). Choose such a name and scaffold again."
+            "a letter (e.g. acme)."
         )
     read: list[str] = []
 
@@ -238,16 +237,13 @@ class FieldSalesComponent(dg.Component, FieldSalesSettings):
         if token_variable == NOT_AN_ENV_REFERENCE:
             raise SettingError(
                 "api_token must name an environment variable, as "
-                "'{{ env.FIELDSALES_API_TOKEN }}', never hold a token: a token written in YAML "
-                "would be committed and shown in the UI. Put the token in an environment variable "
-                "and reference it."
+                "'{{ env.FIELDSALES_API_TOKEN }}', never hold a token: YAML is committed and shown."
             )
         # Checked here, at load, so a token a header cannot carry fails `dg check defs` at once.
         if not clean_token(os.environ.get(token_variable), token_variable):
             raise SettingError(
                 f"api_token: the environment variable {token_variable} is not set (or empty). "
-                "Set it to a token from your Field-Sales user profile (API tab; admin users "
-                "only); for the bundled demo API, the token fieldsales-demo-api printed."
+                "Set it to a token from your Field-Sales user profile (API tab)."
             )
         self.check_paths()
         self.check_item_size()
@@ -272,9 +268,9 @@ class FieldSalesComponent(dg.Component, FieldSalesSettings):
             raise invalid(
                 "api.max_item_mb",
                 "FIELDSALES_MAX_ITEM_MB",
-                f"it is {item_mb}, but storage.duckdb_memory_limit {limit} decodes items of at "
-                f"most {int(memory_mb // share)} MB (1/{share} of it). Raise duckdb_memory_limit "
-                f"to at least {item_mb * share}MB, or lower max_item_mb",
+                f"it is {item_mb}, but storage.duckdb_memory_limit {limit} decodes at most "
+                f"{int(memory_mb // share)} MB. Raise duckdb_memory_limit to at least "
+                f"{item_mb * share}MB, or lower max_item_mb",
             )
 
     @property

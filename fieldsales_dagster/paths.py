@@ -101,8 +101,7 @@ def _check_whitespace(target: Path, fail: Callable[[str, str], SettingError]) ->
     name = target.name
     if name != name.strip():
         raise fail(
-            "has whitespace around its name",
-            "Remove the whitespace (a stray space or line break in an env file is the usual cause)",
+            "has whitespace around its name", "Remove it (often a stray space in an env file)"
         )
     try:
         twins = [
@@ -113,8 +112,7 @@ def _check_whitespace(target: Path, fail: Callable[[str, str], SettingError]) ->
     if twins:
         raise fail(
             f"differs only by whitespace from {target.parent / twins[0]!r}, which exists",
-            "A setting with a stray space wrote there once. Keep one of the two (rename or remove "
-            "the other), then point the setting at it",
+            "Keep one of the two and point the setting at it",
         )
 
 
@@ -138,9 +136,8 @@ def _check_folder(
     if existing != folder and not create_dirs:
         raise fail(
             f"is in a folder that does not exist ({folder})",
-            f"Create it (mkdir -p {folder}), or set create_dirs: true "
-            f"({named('FIELDSALES_CREATE_DIRS')}=true) to let the pipeline create it, or fix a "
-            "mistyped path",
+            f"Create it (mkdir -p {folder}), set {named('FIELDSALES_CREATE_DIRS')}=true, or fix "
+            "the path",
         )
     if not os.access(existing, os.W_OK | os.X_OK):
         read_only = bool(os.statvfs(existing).f_flag & os.ST_RDONLY)  # it exists: stat works

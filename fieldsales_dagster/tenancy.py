@@ -79,12 +79,9 @@ def refuse_shared_claims(context: dg.ComponentLoadContext, of_type: type[Tenant]
         if shared:
             raise TenantConflictError(
                 f"Field-Sales components {_describe(this, mine, root)} and "
-                f"{_describe(loc, other, root)} share {'; '.join(shared)}. Two tenants would "
-                "replace each other's tables or files, send one tenant's token to the other's "
-                "server, or queue on one pool. Give each defs/<tenant>/defs.yaml its own lake "
-                "(ducklake_catalog, or a ducklake_schema of its own), ducklake_data_path, "
-                "duckdb_path, token_store_path (FIELDSALES_TOKEN_STORE) and key_prefix (the pool "
-                "follows it), then load again."
+                f"{_describe(loc, other, root)} share {'; '.join(shared)}. Give each "
+                "defs/<tenant>/defs.yaml its own lake (ducklake_catalog or ducklake_schema), "
+                "ducklake_data_path, duckdb_path, token_store_path and key_prefix."
             )
 
 

@@ -167,8 +167,7 @@ def checks_of(table: CoreTable) -> list[CoreCheck]:
         if name not in CHECKS and name not in written:
             raise TableFileError(
                 f"{table.yaml_file}: checks names {name!r}, which is no check of this project "
-                f"(they are {', '.join(sorted(CHECKS))}). Fix the name, or write the check out "
-                "in the file (name, description, sql)."
+                f"(they are {', '.join(sorted(CHECKS))}). Fix the name, or write the check out."
             )
     return [CoreCheck(table, name, written.get(name) or CHECKS[name]) for name in table.checks]
 

@@ -98,13 +98,7 @@ def _columns_stored(frame: pd.DataFrame, table: str) -> pd.DataFrame:
     import pandas as pd  # noqa: PLC0415  (a definitions load does without pandas)
 
     if isinstance(frame.columns, pd.MultiIndex):
-        raise _refuse(
-            table,
-            frame.columns[0],
-            "is one of several column levels (a pivot or an aggregation with several functions)",
-            "Flatten the columns first, e.g. df.columns = ['_'.join(map(str, c)) for c in "
-            "df.columns]",
-        )
+        raise _refuse(table, frame.columns[0], "is one of several column levels", "Flatten them")
     index = frame.index
     row_numbers = index.nlevels == 1 and index.name is None and pd.api.types.is_integer_dtype(index)
     if not row_numbers:
@@ -114,35 +108,20 @@ def _columns_stored(frame: pd.DataFrame, table: str) -> pd.DataFrame:
         for name in names:
             if str(name).lower() in taken:
                 raise _refuse(
-                    table,
-                    name,
-                    "is both an index level and a column",
-                    "Rename the index level (df.index.names = [...]) or drop it "
-                    "(df.reset_index(drop=True))",
+                    table, name, "is both an index level and a column", "Rename or drop the level"
                 )
         frame = frame.reset_index(names=names)
     if len(frame.columns) == 0:
-        raise _refuse(
-            table, "", "is missing: the frame has no columns", "Return at least one column"
-        )
+        raise _refuse(table, "", "is missing: the frame has no columns", "Return one")
     seen: dict[str, int] = {}
     for position, column in enumerate(frame.columns):
         if _SURROGATE.search(str(column)):  # DuckDB would fail naming no column
-            raise _refuse(
-                table,
-                column,
-                "has a lone surrogate (half of a UTF-16 pair) in its name, which UTF-8 cannot hold",
-                "Rename it, e.g. with df.columns = [...]",
-            )
+            why = "has a lone surrogate (half of a UTF-16 pair) in its name"
+            raise _refuse(table, column, why, "Rename it")
         other = frame.columns[seen.setdefault(str(column).lower(), position)]
         if seen[str(column).lower()] != position:
-            raise _refuse(
-                table,
-                column,
-                f"has the name of column {other!r} (DuckDB's names ignore case and type: it would "
-                "rename one of them)",
-                "Rename one of them, e.g. with df.columns = [...]",
-            )
+            why = f"has the name of column {other!r} (DuckDB ignores case)"
+            raise _refuse(table, column, why, "Rename one of them")
     if not all(isinstance(column, str) for column in frame.columns):
         frame = frame.set_axis([str(column) for column in frame.columns], axis="columns")
     return frame
@@ -165,29 +144,19 @@ def _values_stored(frame: pd.DataFrame, table: str) -> tuple[pd.DataFrame, dict[
                 frame = frame.assign(**{column: values})
             kinds = sorted({_kind(value) for value in present})
             if len(kinds) > 1 or (kinds and kinds[0] not in {name for _, name in _KINDS}):
-                raise _refuse(
-                    table,
-                    column,
-                    f"holds values of {len(kinds)} kinds ({', '.join(kinds)}); DuckDB would turn "
-                    "them into one (text, or a map of text)",
-                    f"Convert it to one type first, e.g. df[{column!r}].astype(str), or "
-                    f"df[{column!r}].map(json.dumps) for dicts and lists",
-                )
+                why = f"holds values of {len(kinds)} kinds ({', '.join(kinds)})"
+                raise _refuse(table, column, why, "Convert it to one type (json.dumps for dicts)")
             if not kinds:  # no value to tell the type: text, as an empty object column is
                 frame = frame.astype({column: "string"})
             held[column] = kinds[0] if kinds else "str"
         if values.dtype == object or isinstance(values.dtype, pd.StringDtype | pd.CategoricalDtype):
             cut = values[values.astype(str).str.contains(_SURROGATE, na=False) & values.notna()]
             if len(cut):
-                raise _refuse(
-                    table,
-                    column,
+                why = (
                     f"holds a lone surrogate (half of a UTF-16 pair, e.g. a string cut mid-emoji) "
-                    f"in row {cut.index.tolist()[0]!r} and {len(cut) - 1} more rows, which UTF-8 "
-                    "cannot hold",
-                    f"Replace them first, e.g. df[{column!r}] = df[{column!r}].str.encode("
-                    "'utf-8', 'replace').str.decode('utf-8')",
+                    f"in row {cut.index.tolist()[0]!r} and {len(cut) - 1} more rows"
                 )
+                raise _refuse(table, column, why, "Replace them")
     return frame, held
 
 
@@ -204,12 +173,8 @@ def check_stored(connection: duckdb.DuckDBPyConnection, table: str, held: dict[s
     )
     for column, kind in held.items():
         if kind != "str" and types.get(column) == "VARCHAR":
-            raise _refuse(
-                table,
-                column,
-                f"holds {kind} values, which DuckDB would store as text",
-                f"Convert it to a pandas type first (e.g. df[{column!r}].astype(...))",
-            )
+            why = f"holds {kind} values, which DuckDB would store as text"
+            raise _refuse(table, column, why, "Convert it to a pandas type")
 
 
 @dataclass(frozen=True)
@@ -245,9 +210,8 @@ def _partition_where(
     expr = metadata.get("partition_expr")
     if expr is None:
         raise dg.Failure(
-            f"fieldsales_io_manager cannot store or load partitions of {asset}: the asset has "
-            "partitions but no 'partition_expr' metadata naming the column they live in. Set "
-            'it, e.g. @dg.asset(metadata={"partition_expr": "sale_date"}).'
+            f"fieldsales_io_manager: partitioned {asset} has no 'partition_expr' metadata. Name "
+            'its partition column, e.g. metadata={"partition_expr": "sale_date"}.'
         )
     definition = context.asset_partitions_def
     keys = context.asset_partition_keys
@@ -255,16 +219,14 @@ def _partition_where(
     if isinstance(definition, dg.MultiPartitionsDefinition):
         if not isinstance(expr, Mapping):
             raise dg.Failure(
-                f"fieldsales_io_manager: {asset} has several partition dimensions, so its "
-                "'partition_expr' metadata must map each dimension's name to its column, e.g. "
-                '{"date": "sale_date", "region": "region"}.'
+                f"fieldsales_io_manager: {asset}'s 'partition_expr' metadata must map each "
+                'partition dimension to its column, e.g. {"date": "sale_date"}.'
             )
         for dimension in definition.partitions_defs:
             if dimension.name not in expr:
                 raise dg.Failure(
-                    f"fieldsales_io_manager: the 'partition_expr' metadata of {asset} names no "
-                    f"column for its partition dimension {dimension.name!r}. Add "
-                    f'"{dimension.name}": "<column>" to it.'
+                    f"fieldsales_io_manager: {asset}'s 'partition_expr' metadata names no column "
+                    f"for dimension {dimension.name!r}. Add it."
                 )
             values = {
                 cast("dg.MultiPartitionKey", key).keys_by_dimension[dimension.name] for key in keys
@@ -324,17 +286,15 @@ class FieldSalesIOManager(dg.IOManager):
         if not isinstance(obj, pd.DataFrame):
             raise dg.Failure(
                 f"fieldsales_io_manager stores pandas DataFrames, but {asset} returned "
-                f"{type(obj).__name__}. Return a DataFrame, or give the asset another "
-                "io_manager_key (a MaterializeResult for tables written through the warehouse)."
+                f"{type(obj).__name__}. Return a DataFrame, or use another io_manager_key."
             )
         table_slice = self._table_slice(context, context)
         table = table_slice.name
         if table_slice.schema in PROJECT_SCHEMAS:
             raise dg.Failure(
                 f"fieldsales_io_manager will not write {table} for asset {asset}: schema "
-                f"{table_slice.schema} belongs to the project, whose runs rebuild it. Store the "
-                f"asset in a schema of your own (the default is {self._schema}; or "
-                "metadata={'schema': ...} on the asset)."
+                f"{table_slice.schema} belongs to the project. Use a schema of your own "
+                f"(metadata={{'schema': ...}}; default {self._schema})."
             )
         try:
             frame, held = _values_stored(_columns_stored(obj, table), table)
@@ -404,8 +364,8 @@ class FieldSalesIOManager(dg.IOManager):
             except (duckdb.CatalogException, duckdb.BinderException) as exc:
                 raise dg.Failure(
                     f"fieldsales_io_manager could not load {table_slice.name} for input "
-                    f"{context.name!r} (asset {asset}): {exc}. Materialize {asset} first, and "
-                    "check that the input's 'columns' metadata names columns of that table."
+                    f"{context.name!r}: {exc}. Materialize {asset} first, and check the "
+                    "input's 'columns' metadata."
                 ) from exc
 
 

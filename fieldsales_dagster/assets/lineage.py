@@ -97,8 +97,8 @@ def _parse_reads(sql: str, where: str) -> tuple[list[str], list[str]]:
         statements = [s for s in sqlglot.parse(sql, read="duckdb") if s is not None]
     except sqlglot.errors.ParseError as exc:
         raise QueryReadError(
-            f"{where}: sqlglot cannot parse the query (DuckDB dialect), so the tables it reads "
-            f"(its asset's deps) cannot be known. Fix the SQL, or report the parser's gap. {exc}"
+            f"{where}: sqlglot cannot parse the query, so its asset's deps are unknown: {exc}. "
+            "Fix the SQL."
         ) from exc
     tables: set[str] = set()
     functions: set[str] = set()
@@ -117,8 +117,7 @@ def _parse_reads(sql: str, where: str) -> tuple[list[str], list[str]]:
             elif table.name.lower() not in ctes:
                 raise QueryReadError(
                     f"{where} reads {table.name}, which is neither one of its CTEs nor a table "
-                    "named with its schema (core.events, raw.transactions, ...): name the "
-                    "schema, so that the table's asset can be found and made a dependency."
+                    "named with its schema: name it (core.events, raw.transactions, ...)."
                 )
     return sorted(tables), sorted(functions)
 

@@ -190,8 +190,8 @@ def _derived_tables(folder: Path) -> tuple[CoreTable, ...]:
         for missing, beside in ((f"{stem}.yaml", f"{stem}.sql"), (f"{stem}.sql", f"{stem}.yaml")):
             if missing not in files:
                 raise TableFileError(
-                    f"{folder / beside} has no {missing} beside it: a core or mart table is its "
-                    "query and its YAML (description, key, checks, columns). Add the file."
+                    f"{folder / beside} has no {missing} beside it: a table is its query and its "
+                    "YAML. Add the file."
                 )
     return tuple(read_table(folder, stem) for stem in sorted(stems))
 
@@ -231,8 +231,7 @@ def upstream_of(table: CoreTable) -> tuple[tuple[str, ...], tuple[Decoded, ...]]
         if table.follows is None:
             raise QueryReadError(
                 f"{where} calls decoded_rows(), which only a table that follows a decoded table "
-                "defines: read the decoded meta.* or temp.* table by name, or give the table's "
-                "YAML a follows: entry."
+                "defines: read that table by name, or add follows: to the YAML."
             )
         read_decoded.add(table.follows.decoded)
     deps: set[str] = set()
@@ -241,8 +240,8 @@ def upstream_of(table: CoreTable) -> tuple[tuple[str, ...], tuple[Decoded, ...]]
         if schema not in BUILT_SCHEMAS:
             raise QueryReadError(
                 f"{where} reads {name}, in schema {schema}, which this project does not build "
-                f"(it builds {', '.join(BUILT_SCHEMAS)}): a core or mart table may not read the "
-                "user's own tables, which are built after it. Read the project's tables only."
+                f"(it builds {', '.join(BUILT_SCHEMAS)}), so it may be built later. Read the "
+                "project's tables only."
             )
         if schema == "raw":
             if name not in raw_assets:

@@ -51,12 +51,9 @@ def build_token_renewal_sensor(names: InstanceNames, policy: RenewalPolicy) -> d
         default_status=dg.DefaultSensorStatus.RUNNING,
         required_resource_keys={names.api.key},
         description=(
-            "Requests a run of the renewal job once the Field-Sales API token (valid 2 months) is "
-            f"older than {renew_days:g} days (token_renew_after_days, "
-            "FIELDSALES_TOKEN_RENEW_AFTER_DAYS), and once a day to test it. The run stores the new "
-            "token durably in the token store, then tests it; a refused token fails the run: "
-            "regenerate it in your Field-Sales user profile (API tab) and set "
-            "FIELDSALES_API_TOKEN. The sensor itself only reads the store."
+            "Requests a run of the renewal job once the Field-Sales API token is older than "
+            f"{renew_days:g} days (FIELDSALES_TOKEN_RENEW_AFTER_DAYS), and once a day to test it. "
+            "The sensor only reads the token store; the run renews it."
         ),
     )
     def _token_renewal(

@@ -230,11 +230,9 @@ class FieldSalesAPI(settings_resource("ApiSettings", ApiSettings, but=("api_toke
             except FieldSalesAPIError as exc:
                 verdicts[env_token] = False
                 dg.get_dagster_logger().warning(
-                    f"{self.named('FIELDSALES_API_TOKEN')} holds a token the token store has not "
-                    f"seen, but it could not be confirmed ({type(exc).__name__}: the server "
-                    "refused it or did not answer); keeping the stored token from "
-                    f"{self.token_store_path}. Check the new token for a typo if you meant to "
-                    "replace the stored one."
+                    f"{self.named('FIELDSALES_API_TOKEN')} holds a new token that could not be "
+                    f"confirmed ({type(exc).__name__}); keeping the one in "
+                    f"{self.token_store_path}. Check the new token for a typo."
                 )
         return verdicts[env_token]
 
@@ -316,8 +314,7 @@ class FieldSalesAPI(settings_resource("ApiSettings", ApiSettings, but=("api_toke
             except RecursionError:
                 raise NotJSONError(
                     f"{on} answered JSON nested deeper than the decoder allows "
-                    f"({answer.content_type}, {len(answer.body)} bytes): a broken or hostile "
-                    "server. Not retried; tell the instance's administrators."
+                    f"({answer.content_type}, {len(answer.body)} bytes). Not retried."
                 ) from None
             else:
                 if replaced and stats:
@@ -335,8 +332,8 @@ class FieldSalesAPI(settings_resource("ApiSettings", ApiSettings, but=("api_toke
         raise NotJSONError(
             f"{on} answered HTTP 200 with a complete body that is not JSON "
             f"({answer.content_type}, {len(answer.body)} bytes; {reason}): "
-            f"{self._snippet(answer.body, token)!r}. Not retried. The base URL may lead to a "
-            f"login page or a proxy's error page: check {self.named('FIELDSALES_BASE_URL')}."
+            f"{self._snippet(answer.body, token)!r}. Not retried: check "
+            f"{self.named('FIELDSALES_BASE_URL')} (a login or proxy page?)."
         )
 
     def _wait(self, state: tenacity.RetryCallState) -> float:

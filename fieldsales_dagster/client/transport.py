@@ -191,15 +191,13 @@ def read_body(resp: requests.Response, where: str, max_bytes: int) -> bytes:
     encoding = (resp.headers.get("Content-Encoding") or "identity").strip().lower()
     if encoding not in _DECODED:
         raise FieldSalesAPIError(
-            f"{where} answered with Content-Encoding {encoding[:40]!r}, which was not asked for "
-            f"(the client asks for {ACCEPT_ENCODING} only); a proxy in between may be rewriting "
-            "answers."
+            f"{where} answered with Content-Encoding {encoding[:40]!r}, not asked for (only "
+            f"{ACCEPT_ENCODING}): a proxy in between may rewrite answers."
         )
     too_large = ResponseTooLargeError(
         f"{where}: the body {'' if encoding == 'identity' else f'once {encoding}-decompressed '}"
-        f"is larger than max_page_bytes={max_bytes} bytes, far more than a page should hold (a "
-        "compression bomb, or a broken server). Not retried; if pages really are this large, "
-        "raise max_page_bytes or lower page_size."
+        f"is larger than max_page_bytes={max_bytes} bytes. Not retried; if pages really are "
+        "this large, raise max_page_bytes or lower page_size."
     )
     declared = resp.headers.get("Content-Length", "")
     step = CHUNK_BYTES
@@ -261,15 +259,13 @@ def fetch(
                 shown = str(target_origin) if target_origin else scrub(location[:200])
                 raise RedirectRefusedError(
                     f"{on} redirects (HTTP {answer.status}) to another origin, {shown}; refused: "
-                    f"the API token is only ever sent to {origin}, and pages from elsewhere are "
-                    f"not this instance's data. If the instance moved, set {limits.base_url} to "
-                    "its new address."
+                    f"the API token is only sent to {origin}. If the instance moved, set "
+                    f"{limits.base_url} to its new address."
                 )
             if target in visited:
                 raise RedirectRefusedError(
                     f"{on} redirects in a loop ({' -> '.join(scrub(u) for u in visited)} -> "
-                    f"{scrub(target)}): the server is misconfigured; check {limits.base_url} "
-                    "or tell the instance's administrators."
+                    f"{scrub(target)}); check {limits.base_url}."
                 )
             visited.append(target)
             url, params = target, None
@@ -277,7 +273,7 @@ def fetch(
         _sending.deadline = math.inf
     raise RedirectRefusedError(
         f"{on} redirects more than {MAX_REDIRECTS} times ({' -> '.join(map(scrub, visited))}); "
-        f"check {limits.base_url} or tell the instance's administrators."
+        f"check {limits.base_url}."
     )
 
 

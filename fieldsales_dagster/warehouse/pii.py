@@ -47,10 +47,8 @@ def check_hash_key(key: str | None, variable: str = "FIELDSALES_PII_HASH_KEY") -
     if len(key) < MIN_HASH_KEY_CHARS:
         raise PiiSettingError(
             f"pii: hash needs a secret key in {variable} (at least {MIN_HASH_KEY_CHARS} "
-            f"characters; the key, pii_hash_key, has {len(key)}). Set it to a long random secret "
-            "(for example `python -c 'import secrets; print(secrets.token_hex(32))'`) and keep it: "
-            f"a new key gives every value a new hash. Or choose pii: keep or drop "
-            f"({named('FIELDSALES_PII')})."
+            f"characters; it has {len(key)}). Set it to a long random secret and keep it (a new "
+            f"key changes every hash), or set {named('FIELDSALES_PII')} to keep or drop."
         )
     return key
 

@@ -250,8 +250,8 @@ class FieldSalesWarehouse(settings_resource("WarehouseSettings", *WAREHOUSE_SETT
                 raise invalid(
                     declared.spelling,
                     declared.variable,
-                    f"{catalog} is a file this user cannot write. Give the user running Dagster "
-                    f"(uid {os.getuid()}) write access to it",
+                    f"{catalog} is a file this user (uid {os.getuid()}) cannot write. Give it "
+                    "write access",
                 )
         if lake.is_local:
             check_folder_setting(lake.data_folder, setting="ducklake_data_path")
@@ -267,7 +267,7 @@ class FieldSalesWarehouse(settings_resource("WarehouseSettings", *WAREHOUSE_SETT
                 declared.variable,
                 f"DuckDB may spill up to {limit} to the lake's temporary folder {spill}, which "
                 f"has {free / 1e6:.0f} MB free. Free space in {existing}, lower the limit, or "
-                f"keep the catalog ({SETTINGS['ducklake_catalog'].variable}) on a larger disk",
+                "move the catalog to a larger disk",
             )
 
     # --- what a run's steps share --------------------------------------------------------------
