@@ -464,11 +464,11 @@ def test_a_variable_left_out_without_reason_or_passed_anyway_is_reported(files):
     broken = copy.deepcopy(files)
     broken["docker_text"] = re.sub(r"\n *# *AWS_REGION: .*", "", broken["docker_text"])
     broken["helm_text"] = broken["helm_text"].replace("#   AWS_SESSION_TOKEN:", "#   AWS_TOKEN:")
-    helm_env(broken).append({"name": "FIELDSALES_STORAGE", "value": ""})
+    helm_env(broken).append({"name": "AWS_REGION", "value": "eu-central-1"})
     assert deploy_problems(**broken) == [
         "run_launcher.docker.yaml does not pass AWS_REGION nor says why",
         "helm-values.yaml does not pass AWS_SESSION_TOKEN nor says why",
-        "helm-values.yaml passes FIELDSALES_STORAGE and leaves it out",
+        "helm-values.yaml passes AWS_REGION and leaves it out",
         "helm-values.yaml leaves out AWS_TOKEN, not a variable it may leave out",
     ]
 
