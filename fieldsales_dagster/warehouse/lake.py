@@ -68,6 +68,7 @@ from fieldsales_dagster.catalogs import (
     check_catalog,
 )
 from fieldsales_dagster.pause import pause_at
+from fieldsales_dagster.urls import origin_of
 from fieldsales_dagster.warehouse.quoting import qualified, quote_ident, sql_literal
 from fieldsales_dagster.warehouse.rows import one_row
 
@@ -1173,11 +1174,19 @@ def analyst_sql(lake: Lake) -> str:
 
 
 def main() -> None:
-    """Print ``analyst_sql`` for the lake the environment names (``FIELDSALES_DUCKLAKE_*``), or
-    the default one."""
-    catalog = os.environ.get(CATALOG_VARIABLE) or DEFAULT_CATALOG
-    data_path = os.environ.get(DATA_PATH_VARIABLE) or default_data_path(catalog)
-    print(analyst_sql(Lake(check_catalog(catalog), data_path)), end="")
+    """Print ``analyst_sql`` for the lake the environment names (``FIELDSALES_DUCKLAKE_*``, and
+    ``FIELDSALES_S3_*`` or ``AWS_ENDPOINT_URL``/``AWS_REGION`` for its object store), or the
+    default one."""
+    env = {name: value.strip() for name, value in os.environ.items() if value.strip()}
+    catalog = env.get(CATALOG_VARIABLE) or DEFAULT_CATALOG
+    data_path = env.get(DATA_PATH_VARIABLE) or default_data_path(catalog)
+    endpoint = env.get(ENDPOINT_VARIABLE) or env.get("AWS_ENDPOINT_URL") or ""
+    origin = origin_of(endpoint if "://" in endpoint else f"https://{endpoint}")
+    if origin and origin.scheme == "http" and not origin.is_loopback:
+        raise SystemExit(f"{ENDPOINT_VARIABLE} ({endpoint}): plain http:// is for loopback only")
+    region = env.get("FIELDSALES_S3_REGION") or env.get("AWS_REGION")
+    store = ObjectStore(str(origin) if origin else None, region, env.get("FIELDSALES_S3_URL_STYLE"))
+    print(analyst_sql(Lake(check_catalog(catalog), data_path, store=store)), end="")
 
 
 if __name__ == "__main__":
