@@ -180,11 +180,9 @@ def test_the_docs_count_the_assets_the_definitions_hold(monkeypatch):
     monkeypatch.setenv("FIELDSALES_BASE_URL", "http://127.0.0.1:9")
     monkeypatch.setenv("FIELDSALES_API_TOKEN", "first-contact-token")
     assets = len(load_project_defs().resolve_all_asset_keys())
-    for name in USER_DOCS:
+    for name in {*USER_DOCS, "README.md"}:  # a count the docs state is the definitions' own
         counts = {int(n) for n in re.findall(r"\b(\d+) assets\b", (ROOT / name).read_text())}
         assert counts <= {assets}, f"{name} says {counts} assets; the definitions hold {assets}"
-    readme = (ROOT / "README.md").read_text()
-    assert {int(n) for n in re.findall(r"\b(\d+) assets\b", readme)} == {assets}
 
 
 def doc_commands(name: str) -> list[str]:
