@@ -15,6 +15,7 @@ import os
 import smtplib
 import ssl
 from collections.abc import Callable, Iterable, Mapping, Sequence
+from contextlib import suppress
 from dataclasses import dataclass, field
 from email.message import EmailMessage
 from typing import Protocol
@@ -52,33 +53,32 @@ class AlertSettings:
         return (os.environ.get(self.alerts.webhook_url_env_var) or "").strip() or None
 
     @property
+    def channels(self) -> list[str]:
+        """Where alerts go (``webhook``, ``email``); none: alerts are off."""
+        channels = {"webhook": self.webhook_url, "email": self.alerts.email_to}
+        return [name for name, on in channels.items() if on]
+
+    @property
     def enabled(self) -> bool:
-        return bool(self.webhook_url or self.alerts.email_to)
+        return bool(self.channels)
 
     def secrets(self) -> list[str]:
-        """Every secret value a message must not carry, nor any long fragment of, longest first."""
+        """Every secret value a message must not carry, nor any long fragment of."""
         names = (*self.secret_env_vars, self.alerts.smtp_password_env_var)
         values = [(os.environ.get(name) or "").strip() for name in names]
         if self.token_store is not None:
-            try:
-                stored = self.token_store.read()
-            except Exception:  # an unreadable store holds nothing to hide from here
-                stored = None
-            if stored is not None:
-                values.append(stored.token)
-        return sorted({v for v in values if len(v) >= 4}, key=len, reverse=True)
-
-    def webhook_secrets(self) -> list[str]:
-        """The webhook URL's secret parts: its path and query (a Slack webhook's key) and its user
-        info, masked only whole. Not its scheme and host, nor fragments: a run link, a receiver's
-        address and plain words share those (``https://``, ``127.0.0.1:``, ``services``)."""
-        url = urlsplit(self.webhook_url or "")
-        parts = (url.path, url.query, url.netloc.rpartition("@")[0], url.password or "")
-        return sorted({part for part in parts if len(part) > 1}, key=len, reverse=True)
+            with suppress(Exception):  # an unreadable store holds nothing to hide from here
+                if stored := self.token_store.read():
+                    values.append(stored.token)
+        return [value for value in values if len(value) >= 4]
 
     def scrub(self, text: str) -> str:
-        """``text`` (a cause, an error: never the message's own lines) without any secret."""
-        for part in self.webhook_secrets():
+        """``text`` (a cause, an error: never the message's own lines) without any secret. The
+        webhook URL's path, query (a Slack webhook's key) and user info are masked only whole; not
+        its scheme and host, which a run link, a receiver's address and plain words share."""
+        url = urlsplit(self.webhook_url or "")
+        parts = (url.path, url.query, url.netloc.rpartition("@")[0], url.password or "")
+        for part in sorted({part for part in parts if len(part) > 1}, key=len, reverse=True):
             text = text.replace(part, MASK)
         return mask_secrets(text, self.secrets())
 
@@ -94,10 +94,10 @@ class Alert:
     run_id: str | None = None
 
     def text(self, settings: AlertSettings) -> str:
+        # Only the cause is scrubbed, whole, then cut: the other lines are the project's own.
         lines = [
             f"Field-Sales [{self.tenant}]: {self.headline}",
-            f"{self.subject}",
-            # Only the cause is scrubbed, whole, then cut: the other lines are the project's own.
+            self.subject,
             f"Cause: {one_line(settings.scrub(self.cause))}",
         ]
         if self.run_id and (base := settings.alerts.ui_base_url):
@@ -126,30 +126,22 @@ def send_alert(
 ) -> Delivery:
     """Post ``alert`` to the webhook and mail it, as configured. Never raises: a failure is
     logged (through ``warn`` too, the sensor's log) and returned."""
-    text = alert.text(settings)
-    delivery = Delivery()
-    channels: list[tuple[str, Callable[[], None]]] = []
-    if url := settings.webhook_url:
-        channels.append(("webhook", lambda: _post(url, text)))
-    if settings.alerts.email_to:
-        channels.append(("email", lambda: _mail(settings.alerts, text)))
-    for name, send in channels:
+    text, alerts, delivery = alert.text(settings), settings.alerts, Delivery()
+    named = alerts.named  # this tenant's variables
+    for name in settings.channels:
         try:
-            send()
-        except Exception as exc:
-            named = settings.alerts.named  # this tenant's variables
-            if isinstance(exc, smtplib.SMTPAuthenticationError):
-                what = (
-                    f"{named('FIELDSALES_ALERT_SMTP_USER')} and "
-                    f"{settings.alerts.smtp_password_env_var}"
-                )
-            elif name == "webhook":
-                what = f"{settings.alerts.webhook_url_env_var} and that the receiver is up"
+            if name == "webhook":
+                _post(settings.webhook_url or "", text)
             else:
-                what = (
-                    f"{named('FIELDSALES_ALERT_SMTP_HOST')}/{named('FIELDSALES_ALERT_SMTP_PORT')} "
-                    "and that it is up"
-                )
+                _mail(alerts, text)
+        except Exception as exc:
+            if isinstance(exc, smtplib.SMTPAuthenticationError):
+                what = f"{named('FIELDSALES_ALERT_SMTP_USER')} and {alerts.smtp_password_env_var}"
+            elif name == "webhook":
+                what = f"{alerts.webhook_url_env_var} and that the receiver is up"
+            else:
+                smtp = (named("FIELDSALES_ALERT_SMTP_HOST"), named("FIELDSALES_ALERT_SMTP_PORT"))
+                what = "/".join(smtp) + " and that it is up"
             message = (
                 f"Field-Sales [{alert.tenant}]: the {name} alert ({alert.headline}) could not be "
                 f"sent: {type(exc).__name__}: {one_line(settings.scrub(str(exc)))}. The run is not "
@@ -167,8 +159,7 @@ def send_alert(
 def _post(url: str, text: str) -> None:
     import requests  # here: its import is not part of the definitions' load
 
-    response = requests.post(url, json={"text": text}, timeout=SEND_TIMEOUT_S)
-    response.raise_for_status()
+    requests.post(url, json={"text": text}, timeout=SEND_TIMEOUT_S).raise_for_status()
 
 
 def _mail(settings: AlertsSettings, text: str) -> None:
@@ -180,8 +171,7 @@ def _mail(settings: AlertsSettings, text: str) -> None:
     with smtplib.SMTP(settings.smtp_host, settings.smtp_port, timeout=SEND_TIMEOUT_S) as smtp:
         smtp.ehlo()
         if smtp.has_extn("starttls"):
-            smtp.starttls(context=ssl.create_default_context())
-            smtp.ehlo()
+            smtp.starttls(context=ssl.create_default_context())  # login and send greet again
         if settings.smtp_user:
             smtp.login(settings.smtp_user, os.environ.get(settings.smtp_password_env_var) or "")
         smtp.send_message(message)
@@ -193,31 +183,14 @@ def _mail(settings: AlertsSettings, text: str) -> None:
 def run_assets(run: dg.DagsterRun, instance: dg.DagsterInstance) -> set[dg.AssetKey]:
     """The assets a run was launched for (its checks' assets too); for a run of a whole job (or
     of every asset), the assets it planned."""
-    selected = set(run.asset_selection or ()) | {
-        key.asset_key for key in (run.asset_check_selection or ())
-    }
-    if selected:
+    checked = {key.asset_key for key in run.asset_check_selection or ()}
+    if selected := set(run.asset_selection or ()) | checked:
         return selected
     records = instance.get_records_for_run(
         run.run_id, of_type=dg.DagsterEventType.ASSET_MATERIALIZATION_PLANNED
     ).records
-    return {
-        record.event_log_entry.dagster_event.asset_key
-        for record in records
-        if record.event_log_entry.dagster_event is not None
-        and record.event_log_entry.dagster_event.asset_key is not None
-    }
-
-
-@dataclass(frozen=True)
-class Owned:
-    """What makes a run this tenant's: one of its jobs, or any of its assets or checks."""
-
-    job_names: frozenset[str]
-    asset_keys: frozenset[dg.AssetKey]
-
-    def owns(self, run: dg.DagsterRun, instance: dg.DagsterInstance) -> bool:
-        return run.job_name in self.job_names or bool(run_assets(run, instance) & self.asset_keys)
+    events = [record.event_log_entry.dagster_event for record in records]
+    return {event.asset_key for event in events if event is not None and event.asset_key}
 
 
 class ErrorInfo(Protocol):
@@ -253,27 +226,15 @@ def launched(run: dg.DagsterRun, instance: dg.DagsterInstance, shown: int = 3) -
 
 def run_failure_alert(context: dg.RunFailureSensorContext, tenant: str) -> Alert:
     """The alert for a failed run: its failed steps (assets), or the run's own failure."""
-    run, label = context.dagster_run, launched(context.dagster_run, context.instance)
-    steps = [
-        (event.step_key or "?", root_cause(error) if error else event.message or "")
-        for event in context.get_step_failure_events()
-        for error in [event.step_failure_data.error if event.step_failure_data else None]
-    ]
-    if steps:
-        subject = "Failed: " + ", ".join(step for step, _ in steps)
-        cause = steps[0][1]
+    label = launched(context.dagster_run, context.instance)
+    failures = context.get_step_failure_events()
+    failed = ", ".join(event.step_key or "?" for event in failures) or label
+    if failures and (error := failures[0].step_failure_data.error):
+        cause = root_cause(error)
     else:
-        subject = f"Failed: {label}"
-        cause = context.failure_event.message or "the run failed"
-    return Alert(tenant, f"run of {label} failed", subject, cause, run.run_id)
-
-
-def _metadata_cause(metadata: Mapping[str, object]) -> str:
-    return "; ".join(
-        f"{key}: {getattr(value, 'value', value)}"
-        for key, value in list(metadata.items())[:3]
-        if not key.startswith("dagster/")
-    )
+        cause = (failures[0] if failures else context.failure_event).message or "the run failed"
+    run_id = context.dagster_run.run_id
+    return Alert(tenant, f"run of {label} failed", f"Failed: {failed}", cause, run_id)
 
 
 def check_alerts(
@@ -283,9 +244,6 @@ def check_alerts(
     records = instance.get_records_for_run(
         run.run_id, of_type=dg.DagsterEventType.ASSET_CHECK_EVALUATION
     ).records
-    evaluations = [
-        r.event_log_entry.get_dagster_event().asset_check_evaluation_data for r in records
-    ]
     return [
         Alert(
             tenant,
@@ -294,9 +252,18 @@ def check_alerts(
             e.description or _metadata_cause(e.metadata) or "check failed",
             run.run_id,
         )
-        for e in evaluations
+        for record in records
+        for e in [record.event_log_entry.get_dagster_event().asset_check_evaluation_data]
         if not e.passed and e.severity == dg.AssetCheckSeverity.ERROR and e.asset_key in asset_keys
     ]
+
+
+def _metadata_cause(metadata: Mapping[str, object]) -> str:
+    return "; ".join(
+        f"{key}: {getattr(value, 'value', value)}"
+        for key, value in list(metadata.items())[:3]
+        if not key.startswith("dagster/")
+    )
 
 
 def build_alert_sensors(
@@ -308,16 +275,18 @@ def build_alert_sensors(
     """The run-failure and failed-check sensors of one tenant; none when alerts are off."""
     if not settings.enabled:
         return []
-    owned = Owned(frozenset(job_names), frozenset(asset_keys))
-    where = ", ".join(
-        channel
-        for channel, on in (("webhook", settings.webhook_url), ("email", settings.alerts.email_to))
-        if on
-    )
+    jobs, keys, where = frozenset(job_names), frozenset(asset_keys), ", ".join(settings.channels)
 
-    # Every code location's runs, told apart by ``owned``: Dagster matches a run to the sensor's
-    # location by the run's origin, which a run launched in-process (``dg launch``, ``dagster
-    # asset materialize``) does not have, so a location's sensor would never see it.
+    def not_ours(context: dg.RunStatusSensorContext) -> dg.SkipReason | None:
+        """A skip unless the run is one of this tenant's jobs, or of any of its assets or checks."""
+        run = context.dagster_run
+        if run.job_name in jobs or run_assets(run, context.instance) & keys:
+            return None
+        return dg.SkipReason(f"not a run of {names.tenant}")
+
+    # Every code location's runs, told apart by ``not_ours``: Dagster matches a run to the
+    # sensor's location by the run's origin, which a run launched in-process (``dg launch``,
+    # ``dagster asset materialize``) does not have, so a location's sensor would never see it.
     @dg.run_failure_sensor(
         name=names.alert_sensor,
         monitor_all_code_locations=True,
@@ -329,10 +298,9 @@ def build_alert_sensors(
         ),
     )
     def _run_failed(context: dg.RunFailureSensorContext) -> dg.SkipReason | None:
-        if not owned.owns(context.dagster_run, context.instance):
-            return dg.SkipReason(f"not a run of {names.tenant}")
-        alert = run_failure_alert(context, names.tenant)
-        send_alert(settings, alert, warn=context.log.warning)
+        if skip := not_ours(context):
+            return skip
+        send_alert(settings, run_failure_alert(context, names.tenant), warn=context.log.warning)
         return None
 
     @dg.run_status_sensor(
@@ -347,9 +315,9 @@ def build_alert_sensors(
         ),
     )
     def _checks_failed(context: dg.RunStatusSensorContext) -> dg.SkipReason | None:
-        if not owned.owns(context.dagster_run, context.instance):
-            return dg.SkipReason(f"not a run of {names.tenant}")
-        alerts = check_alerts(context.instance, context.dagster_run, names.tenant, owned.asset_keys)
+        if skip := not_ours(context):
+            return skip
+        alerts = check_alerts(context.instance, context.dagster_run, names.tenant, keys)
         for alert in alerts:
             send_alert(settings, alert, warn=context.log.warning)
         return None if alerts else dg.SkipReason("no check of ERROR severity failed")
