@@ -18,7 +18,6 @@ import argparse
 import logging
 import os
 import sys
-from collections import defaultdict
 from collections.abc import Sequence
 from pathlib import Path
 
@@ -28,16 +27,14 @@ import yaml
 from fieldsales_dagster.automation.alerts import root_cause
 from fieldsales_dagster.names import InstanceNames
 from fieldsales_dagster.warehouse.lake import move_tenant
+from fieldsales_dagster.warehouse.quoting import qualified
 from fieldsales_dagster.warehouse.rows import one_row
 from fieldsales_dagster.warehouse.warehouse import FieldSalesWarehouse
 
 DEFAULT_DAGSTER_HOME = ".dagster_home"
-#: The local instance settings, copied into the demo's Dagster home (run from the project folder).
-INSTANCE_YAML = Path("dagster.yaml")
 #: The keys of ``dagster.yaml`` that place the storage (in ``.dagster_home/``, for ``dg dev``). A
 #: copy in a Dagster home leaves them out: their defaults there are that home's own folders.
 STORAGE_KEYS = ("storage", "local_artifact_storage", "compute_logs")
-DEMO_TRANSACTIONS = 20_000
 #: The demo API's token: the same on every start (on a new port each time), so the token store
 #: follows the demo API to its new address (docs/token-lifecycle.md) and `make demo` runs again.
 DEMO_TOKEN = "demo-token"
@@ -63,65 +60,53 @@ def prepare_dagster_home(home: Path, instance_yaml: Path | None = None) -> Path:
     that is where the project's ``dagster.yaml`` points ``dg dev``'s storage.
     """
     home.mkdir(parents=True, exist_ok=True)
-    source = instance_yaml or INSTANCE_YAML
+    source = instance_yaml or Path("dagster.yaml")  # run from the project folder
     if source.is_file():
         config = yaml.safe_load(source.read_text()) or {}
         settings = {key: value for key, value in config.items() if key not in STORAGE_KEYS}
-        header = f"# Written from {source} by fieldsales-demo-run (its storage keys left out).\n"
         text = yaml.safe_dump(settings, sort_keys=False) if settings else ""
+        header = f"# Written from {source} by fieldsales-demo-run (its storage keys left out).\n"
         (home / "dagster.yaml").write_text(header + text)
     return home.resolve()
 
 
-def table_rows(warehouse: FieldSalesWarehouse) -> list[tuple[str, int]]:
+def _note(asset: str, evaluation: dg.AssetCheckEvaluation) -> str:
+    """A check's result as the summary shows it, beside its table."""
+    finding = EXPECTED_DEMO_FINDINGS.get((asset, evaluation.check_name))
+    if evaluation.passed:
+        return "passed" + (f" (the demo data usually trips it: {finding})" if finding else "")
+    failed = f"FAILED ({evaluation.severity.value})"
+    return f"{failed}, as intended: {finding}" if finding else f"{failed}, NOT expected"
+
+
+def summarize(
+    warehouse: FieldSalesWarehouse, evaluations: Sequence[dg.AssetCheckEvaluation]
+) -> tuple[str, list[str]]:
+    """Row counts with each table's check results beside them; and the unexpected failures."""
     with warehouse.read_connection() as conn:
         tables = conn.execute(
-            "SELECT table_schema, table_name FROM information_schema.tables "
+            "SELECT table_schema || '.' || table_name FROM information_schema.tables "
             "WHERE table_schema IN ('raw', 'core', 'mart') "
             "ORDER BY list_position(['raw', 'core', 'mart'], table_schema), table_name"
         ).fetchall()
-        return [
-            (
-                f"{schema}.{name}",
-                one_row(conn, f'SELECT count(*) FROM "{schema}"."{name}"')[0],
-            )
-            for schema, name in tables
+        rows = [
+            (name, one_row(conn, f"SELECT count(*) FROM {qualified(name)}")[0])
+            for (name,) in tables
         ]
-
-
-def summarize(warehouse: FieldSalesWarehouse, evaluations: Sequence) -> tuple[str, list[str]]:
-    """Row counts with each table's check results beside them; and the unexpected failures."""
-    checks: dict[str, list] = defaultdict(list)
-    for evaluation in evaluations:
-        checks[evaluation.asset_key.to_user_string()].append(evaluation)
-    rows = table_rows(warehouse)
     width = max((len(name) for name, _ in rows), default=5)
     lines = [f"{'table':<{width}}  {'rows':>10}  checks", f"{'-' * width}  {'-' * 10}  ------"]
-    passed, expected, unexpected = 0, 0, []
+    evaluations = sorted(evaluations, key=lambda e: e.check_name)
     for name, count in rows:
         asset = name.replace(".", "_")
-        head = f"{name:<{width}}  {count:>10,}"
-        results = sorted(checks.pop(asset, []), key=lambda e: e.check_name)
-        if not results:
-            lines.append(f"{head}  -")
-        for evaluation in results:
-            finding = EXPECTED_DEMO_FINDINGS.get((asset, evaluation.check_name))
-            failed = f"FAILED ({evaluation.severity.value})"
-            if evaluation.passed:
-                passed += 1
-                note = "passed" + (
-                    f" (the demo data usually trips it: {finding})" if finding else ""
-                )
-            elif finding:
-                expected += 1
-                note = f"{failed}, as intended: {finding}"
-            else:
-                note = f"{failed}, NOT expected"
-                unexpected.append(f"{asset} / {evaluation.check_name}")
-            lines.append(f"{head}  {evaluation.check_name}: {note}")
-            head = " " * (width + 12)
+        on_table = [e for e in evaluations if e.asset_key.to_user_string() == asset]
+        notes = [f"{e.check_name}: {_note(asset, e)}" for e in on_table] or ["-"]
+        lines.append(f"{name:<{width}}  {count:>10,}  {notes[0]}")
+        lines += [f"{'':{width + 12}}  {note}" for note in notes[1:]]
+    failed = [(e.asset_key.to_user_string(), e.check_name) for e in evaluations if not e.passed]
+    unexpected = [" / ".join(key) for key in failed if key not in EXPECTED_DEMO_FINDINGS]
     lines.append(
-        f"\nchecks: {passed} passed, {expected} failed as the demo data intends, "
+        f"\nchecks: {len(evaluations) - len(failed)} passed, "
+        f"{len(failed) - len(unexpected)} failed as the demo data intends, "
         f"{len(unexpected)} failed unexpectedly"
         + (": " + ", ".join(unexpected) if unexpected else "")
     )
@@ -135,23 +120,17 @@ class _ProgressHandler(logging.Handler):
 
     def emit(self, record: logging.LogRecord) -> None:
         meta = getattr(record, "dagster_meta", None) or {}
-        event = meta.get("dagster_event")
-        step = meta.get("step_key") or "run"
+        event, step = meta.get("dagster_event"), meta.get("step_key") or "run"
         if event is None:
-            line = None
             if record.levelno >= logging.WARNING:
-                line = f"  {logging.getLevelName(record.levelno).lower()}: {step}: "
-                line += str(meta.get("orig_message", record.getMessage()))
+                message = meta.get("orig_message", record.getMessage())
+                print(f"  {record.levelname.lower()}: {step}: {message}", flush=True)
         elif event.event_type_value == "STEP_SUCCESS":
             self.done += 1
             seconds = event.event_specific_data.duration_ms / 1000
-            line = f"  {self.done:>2}. {step} ({seconds:.1f} s)"
+            print(f"  {self.done:>2}. {step} ({seconds:.1f} s)", flush=True)
         elif event.event_type_value == "STEP_FAILURE":
-            line = f"  FAILED: {step}: {root_cause(event.event_specific_data.error)}"
-        else:
-            line = None
-        if line is not None:
-            print(line, flush=True)
+            print(f"  FAILED: {step}: {root_cause(event.event_specific_data.error)}", flush=True)
 
 
 # config_schema=None (the default) given by position: Dagster types no overload without it.
@@ -175,18 +154,14 @@ def run_and_report(loaded: dg.Definitions, instance, warehouse: FieldSalesWareho
     job = loaded.resolve_implicit_global_asset_job_def()
     keys = sorted(job.asset_layer.executable_asset_keys)
     # A step per asset (its own checks included) and per definition of checks run apart.
-    steps = {
-        d.op.name
-        for d in [*(loaded.assets or ()), *(loaded.asset_checks or ())]
-        if isinstance(d, dg.AssetsDefinition)
-    }
+    definitions = [*(loaded.assets or ()), *(loaded.asset_checks or ())]
+    steps = {d.op.name for d in definitions if isinstance(d, dg.AssetsDefinition)}
     print(
         f"Materializing {len(keys)} assets and their checks in {len(steps)} steps; each line is "
         "a step that finished:",
         flush=True,
     )
-    quiet = job.with_logger_defs({"progress": progress_logger})
-    result = quiet.execute_in_process(
+    result = job.with_logger_defs({"progress": progress_logger}).execute_in_process(
         run_config={"loggers": {"progress": {}}},
         instance=instance,
         raise_on_error=False,
@@ -195,18 +170,16 @@ def run_and_report(loaded: dg.Definitions, instance, warehouse: FieldSalesWareho
     print()
     if not result.success:
         # No table summary: the lake holds what an earlier run wrote, not this run's work.
+        failed = [
+            (e.step_key, e.step_failure_data.error) for e in result.all_events if e.is_step_failure
+        ]
         cause = next(
-            (
-                f"{event.step_key}: {root_cause(event.step_failure_data.error)}"
-                for event in result.all_events
-                if event.is_step_failure and event.step_failure_data.error is not None
-            ),
+            (f"{step}: {root_cause(error)}" for step, error in failed if error is not None),
             "(no step failed; see the run's log)",
         )
         print(
-            f"The run {result.run_id} FAILED, so no table is summarized (the tables in "
-            "the lake, if any, are an earlier run's). Its full log is in the Dagster "
-            "instance (see the README to open it in the UI). The cause:\n  " + cause,
+            f"The run {result.run_id} FAILED, so no table is summarized (the lake's are an earlier "
+            f"run's); its full log is in the Dagster instance. The cause:\n  {cause}",
             file=sys.stderr,
         )
         return 1
@@ -215,20 +188,14 @@ def run_and_report(loaded: dg.Definitions, instance, warehouse: FieldSalesWareho
     return 1 if unexpected else 0
 
 
-def _arguments(argv: list[str] | None) -> argparse.Namespace:
+def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--transactions", type=int, default=DEMO_TRANSACTIONS)
+    parser.add_argument("--transactions", type=int, default=20_000)
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument(
-        "--dagster-home",
-        default=DEFAULT_DAGSTER_HOME,
-        help="Dagster home the run is recorded in (default: .dagster_home)",
+        "--dagster-home", default=DEFAULT_DAGSTER_HOME, help="the run's Dagster home"
     )
-    return parser.parse_args(argv)
-
-
-def main(argv: list[str] | None = None) -> int:
-    args = _arguments(argv)
+    args = parser.parse_args(argv)
     from fieldsales_dagster.demo_api import DemoConfig, DemoServer
 
     home = prepare_dagster_home(Path(args.dagster_home))
@@ -258,10 +225,7 @@ def main(argv: list[str] | None = None) -> int:
         move_tenant(lake)
         with dg.DagsterInstance.from_config(str(home)) as instance:
             status = run_and_report(loaded, instance, warehouse)
-    print(
-        f"\nThe run is recorded in {home}. To browse it: .venv/bin/dg dev from the project "
-        "folder, DAGSTER_HOME unset (see the README)."
-    )
+    print(f"\nThe run is recorded in {home}: .venv/bin/dg dev here, DAGSTER_HOME unset, shows it.")
     return status
 
 
