@@ -26,13 +26,8 @@ from fieldsales_dagster.warehouse.pii import hmac_pads, hmac_sql, redact_pii_key
 from fieldsales_dagster.warehouse.quoting import qualified, quote_ident, sql_literal
 from fieldsales_dagster.warehouse.warehouse import FieldSalesWarehouse
 
-#: Tag on the column schema's personal-data columns.
-PII_TAG = "pii"
 #: Schemas whose text columns store an empty string as NULL (raw.* keeps payloads as received).
 EMPTY_IS_NULL_SCHEMAS = ("core", "mart")
-#: Schemas that read raw.* and apply the personal-data policy; mart.* reads core.* and inherits it.
-PII_POLICY_SCHEMAS = ("core",)
-
 EMPTY_IS_NULL_NOTE = "An empty string from the API is stored as NULL."
 PII_NOTES = {
     "keep": "Personal data (FIELDSALES_PII=keep: stored as received).",
@@ -133,33 +128,31 @@ def publishing_query(
     doc: TableDoc,
     warehouse: FieldSalesWarehouse,
 ) -> tuple[str, dict[str, object]]:
-    """``query`` as the table stores it: empty strings NULL, personal columns per policy.
+    """``query`` as the core or mart table stores it: empty strings NULL, personal columns per
+    policy (in ``core.*``, which reads raw.*; ``mart.*`` reads core.* and inherits it).
 
     Returns the SQL and its parameters (the hash key's pads, never in the SQL text). The query's
     shared macros must exist on ``conn`` (DESCRIBE binds the query without running it).
     """
-    schema = table.partition(".")[0]
-    described = conn.execute(f"DESCRIBE {query}").fetchall()
-    apply_policy = schema in PII_POLICY_SCHEMAS and warehouse.pii != "keep"
-    params: dict[str, object] = {}
-    if apply_policy and warehouse.pii == "hash" and doc.pii_columns:
-        params.update(hmac_pads(warehouse.pii_hash_key or ""))
+    policy = warehouse.pii if table.startswith("core.") else "keep"
+    hashed = policy == "hash" and doc.pii_columns
+    params: dict[str, object] = {**hmac_pads(warehouse.pii_hash_key or "")} if hashed else {}
     projections = []
-    for name, data_type, *_ in described:
+    for name, data_type, *_ in conn.execute(f"DESCRIBE {query}").fetchall():
         column = quote_ident(name)
         declared = doc.column(name)
-        if declared is not None and declared.pii and data_type != "VARCHAR":
+        pii = declared is not None and declared.pii
+        if pii and data_type != "VARCHAR":
             raise ValueError(
                 f"{table}.{name} is declared personal data but is {data_type}; only VARCHAR "
                 "columns can be hashed or dropped. Fix sql/<table>.yaml or the query."
             )
-        expression = column
-        if schema in EMPTY_IS_NULL_SCHEMAS and data_type == "VARCHAR":
-            expression = f"nullif({column}, '')"
-        elif schema in EMPTY_IS_NULL_SCHEMAS and data_type == "VARCHAR[]":
-            expression = f"list_transform({column}, lambda v: nullif(v, ''))"
-        if apply_policy and declared is not None and declared.pii:
-            expression = "NULL::VARCHAR" if warehouse.pii == "drop" else hmac_sql(expression)
+        expression = {
+            "VARCHAR": f"nullif({column}, '')",
+            "VARCHAR[]": f"list_transform({column}, lambda v: nullif(v, ''))",
+        }.get(data_type, column)
+        if pii and policy != "keep":
+            expression = "NULL::VARCHAR" if policy == "drop" else hmac_sql(expression)
         projections.append(expression if expression == column else f"{expression} AS {column}")
     return f"SELECT {', '.join(projections)}\nFROM (\n{query}\n) AS built", params
 
@@ -168,29 +161,25 @@ def described_columns(
     conn: duckdb.DuckDBPyConnection, table: str, doc: TableDoc, pii_policy: str
 ) -> list[tuple[str, str, str, bool]]:
     """``(name, type, description, pii)`` of ``table``'s columns as stored, notes appended."""
-    schema = table.partition(".")[0]
+    derived = table.partition(".")[0] in EMPTY_IS_NULL_SCHEMAS
     out = []
-    stored = conn.execute(f"SELECT * FROM {qualified(table)} LIMIT 0").description
-    for column_name, type_code, *_ in stored:
+    for name, type_code, *_ in conn.execute(
+        f"SELECT * FROM {qualified(table)} LIMIT 0"
+    ).description:
         data_type = str(type_code)  # the type's name, as information_schema.columns gives it
-        declared = doc.column(column_name)
-        text = declared.description if declared else "(not described)"
+        declared = doc.column(name)
         pii = bool(declared and declared.pii)
-        notes = []
-        if schema in EMPTY_IS_NULL_SCHEMAS and data_type in ("VARCHAR", "VARCHAR[]"):
-            notes.append(EMPTY_IS_NULL_NOTE)
-        if pii and schema in EMPTY_IS_NULL_SCHEMAS:
-            notes.append(PII_NOTES[pii_policy])
-        out.append((column_name, data_type, " ".join([text, *notes]), pii))
+        text = [declared.description if declared else "(not described)"]
+        if derived and data_type in ("VARCHAR", "VARCHAR[]"):
+            text.append(EMPTY_IS_NULL_NOTE)
+        if derived and pii:
+            text.append(PII_NOTES[pii_policy])
+        out.append((name, data_type, " ".join(text), pii))
     return out
 
 
 def comment_table(
-    conn: duckdb.DuckDBPyConnection,
-    table: str,
-    description: str,
-    doc: TableDoc,
-    pii_policy: str,
+    conn: duckdb.DuckDBPyConnection, table: str, description: str, doc: TableDoc, pii_policy: str
 ) -> None:
     """Write the table's and every column's description as DuckDB comments on ``table``.
 
@@ -211,15 +200,11 @@ def column_schema(
     conn: duckdb.DuckDBPyConnection, table: str, doc: TableDoc, pii_policy: str
 ) -> dg.TableSchema:
     """``dagster/column_schema``: every column's type and description, personal ones tagged."""
+    described = described_columns(conn, table, doc, pii_policy)
     return dg.TableSchema(
         columns=[
-            dg.TableColumn(
-                name=name,
-                type=data_type,
-                description=text,
-                tags={PII_TAG: ""} if pii else None,
-            )
-            for name, data_type, text, pii in described_columns(conn, table, doc, pii_policy)
+            dg.TableColumn(name, data_type, text, tags={"pii": ""} if pii else None)
+            for name, data_type, text, pii in described
         ]
     )
 
