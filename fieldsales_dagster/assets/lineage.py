@@ -16,6 +16,7 @@ written is parsed around, never an error. sqlglot itself is imported only to par
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import hashlib
 import importlib.metadata
@@ -67,13 +68,11 @@ def _parsed_once(kind: str, key: str, parse: Callable[[], Any]) -> Any:
         return stored[key]
     stored[key] = value = parse()
     path = _cache_file()
-    try:
+    with contextlib.suppress(OSError):  # a cache that cannot be written is parsed around
         path.parent.mkdir(parents=True, exist_ok=True)
         with tempfile.NamedTemporaryFile("w", dir=path.parent, delete=False, suffix=".tmp") as f:
             json.dump(stored, f)
         os.replace(f.name, path)  # whole or not at all; a concurrent writer's entries may go
-    except OSError:
-        pass
     return value
 
 
@@ -100,8 +99,7 @@ def _parse_reads(sql: str, where: str) -> tuple[list[str], list[str]]:
             f"{where}: sqlglot cannot parse the query, so its asset's deps are unknown: {exc}. "
             "Fix the SQL."
         ) from exc
-    tables: set[str] = set()
-    functions: set[str] = set()
+    tables, functions = set[str](), set[str]()
     for statement in statements:
         body = statement.expression if isinstance(statement, exp.Create) else statement
         if body is None:
@@ -143,44 +141,37 @@ def column_sources(
     found = _parsed_once(
         "column_sources",
         json.dumps([sql, columns, known]),
-        lambda: {
-            column: sorted(pairs) for column, pairs in _column_sources(sql, columns, known).items()
-        },
+        lambda: _column_sources(sql, columns, known),
     )
     return {column: frozenset(map(tuple, pairs)) for column, pairs in found.items()}
 
 
 def _column_sources(
     sql: str, columns: tuple[str, ...], known: KnownColumns
-) -> dict[str, frozenset[tuple[str, str]]]:
+) -> dict[str, list[tuple[str, str]]]:
     import sqlglot
     from sqlglot import exp
     from sqlglot.lineage import lineage
 
-    statements = [s for s in sqlglot.parse(sql, read="duckdb") if s is not None]
-    query = statements[-1]
+    query = [s for s in sqlglot.parse(sql, read="duckdb") if s is not None][-1]
     schema: dict[str, dict[str, dict[str, str]]] = {}
     for qualified_name, names in known:
         db, _, name = qualified_name.partition(".")
         schema.setdefault(db, {})[name] = dict.fromkeys(names, "VARCHAR")
-    found: dict[str, frozenset[tuple[str, str]]] = {}
+    found: dict[str, list[tuple[str, str]]] = {}
     for column in columns:
         try:
-            node = lineage(column, query, schema, dialect="duckdb")
+            steps = list(lineage(column, query, schema, dialect="duckdb").walk())
         except (sqlglot.errors.SqlglotError, ValueError, KeyError):
-            found[column] = frozenset()  # a form sqlglot cannot follow: no lineage, not wrong
-            continue
-        sources: set[tuple[str, str]] = set()
-        for step in node.walk():
-            table = step.expression
-            if not isinstance(table, exp.Table):
-                continue
-            source = step.name.rpartition(".")[2]
-            if source == "*":
+            steps = []  # a form sqlglot cannot follow: no lineage, not wrong
+        sources = set()
+        for step in steps:
+            table, source = step.expression, step.name.rpartition(".")[2]
+            if not isinstance(table, exp.Table) or source == "*":
                 continue
             if isinstance(table.this, exp.Anonymous):
                 sources.add((table.this.name.lower(), source))
             elif table.db:
                 sources.add((f"{table.db}.{table.name}".lower(), source))
-        found[column] = frozenset(sources)
+        found[column] = sorted(sources)
     return found
