@@ -32,21 +32,17 @@ def markdown_preview(
     """
     exclude = f" EXCLUDE ({', '.join(quote_ident(c) for c in hidden)})" if hidden else ""
     cursor = conn.execute(f"SELECT *{exclude} FROM {qualified(table)} LIMIT {PREVIEW_ROWS}")
-    header = [_markdown_cell(column[0]) for column in cursor.description]
-    rows = [
-        [_markdown_cell(value, PREVIEW_CELL_CHARS) for value in row] for row in cursor.fetchall()
-    ]
-    return "\n".join(
-        "| " + " | ".join(cells) + " |" for cells in [header, ["---"] * len(header), *rows]
-    )
+    header = [column[0] for column in cursor.description]
+    rows = [header, ["---"] * len(header), *cursor.fetchall()]
+    return "\n".join("| " + " | ".join(map(_markdown_cell, row)) + " |" for row in rows)
 
 
-def _markdown_cell(value: object, width: int | None = None) -> str:
-    """``value`` as one markdown table cell: one line, its pipes escaped, at most ``width``
-    characters (``None``: empty)."""
+def _markdown_cell(value: object) -> str:
+    """``value`` as one markdown table cell: one line, its pipes escaped, at most
+    ``PREVIEW_CELL_CHARS`` characters (``None``: empty)."""
     text = "" if value is None else " ".join(str(value).splitlines())
-    if width is not None and len(text) > width:
-        text = text[: width - 1] + "…"
+    if len(text) > PREVIEW_CELL_CHARS:
+        text = text[: PREVIEW_CELL_CHARS - 1] + "…"
     return text.replace("|", "\\|")
 
 
