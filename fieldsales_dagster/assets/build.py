@@ -66,17 +66,16 @@ def _build_described(
     conn: duckdb.DuckDBPyConnection,
     table: CoreTable,
     warehouse: FieldSalesWarehouse,
-    shared: dict[Decoded, DecodeRefresh],
+    refreshed: dict[Decoded, DecodeRefresh],
 ) -> dict[str, Any]:
-    refreshed: list[tuple[Decoded, DecodeRefresh]] = []
+    """``refreshed`` holds the shared decoded tables' refreshes; the kept ones' join them here."""
     for decoded in table.decoded:
         if not decoded.kept:
             read_shared(conn, warehouse, decoded)
-            refreshed.append((decoded, shared[decoded]))
             continue
         with failing_as(table.table, reads=decoded.table):
-            refreshed.append((decoded, refresh_decoded(conn, decoded)))
-    metadata = decode_metadata(refreshed)
+            refreshed[decoded] = refresh_decoded(conn, decoded)
+    metadata = decode_metadata([(decoded, refreshed[decoded]) for decoded in table.decoded])
     query = core_query(table)
     with failing_as(table.table):
         macros = create_macros(conn, query)
