@@ -21,9 +21,6 @@ from fieldsales_dagster.assets.tables import (
 )
 from fieldsales_dagster.names import InstanceNames
 
-#: ``checks_for(table)``: the checks an asset's step evaluates after building ``table``.
-ChecksFor = Callable[[CoreTable], Sequence[CoreCheck]]
-
 
 def build_core_asset(
     names: InstanceNames,
@@ -74,13 +71,11 @@ def build_core_asset(
             # The open-source UI does not show dagster/column_lineage: the same, as a table.
             metadata["fieldsales/column_lineage"] = dg.MetadataValue.md(lineage_markdown(lineage))
             yield dg.MaterializeResult(asset_key=key, metadata=metadata)
-        if not context.selected_asset_check_keys:
-            return
         # The checks get a connection of their own (a cursor of the lake's instance): its own
         # transaction context and TEMP objects, none of the build's left over.
-        with warehouse.get_connection() as conn:
-            for check_key in sorted(context.selected_asset_check_keys, key=str):
-                yield by_key[check_key].result(conn, names)
+        if check_keys := sorted(context.selected_asset_check_keys, key=str):
+            with warehouse.get_connection() as conn:
+                yield from (by_key[check_key].result(conn, names) for check_key in check_keys)
 
     return _core_table
 
@@ -89,7 +84,7 @@ def build_core_assets(
     names: InstanceNames,
     owners: list[str],
     freshness_policy: dg.FreshnessPolicy | None,
-    checks_for: ChecksFor | None = None,
+    checks_for: Callable[[CoreTable], Sequence[CoreCheck]] | None = None,
     io_manager_key: str | None = None,
     tables: Sequence[CoreTable] | None = None,
 ) -> list[dg.AssetsDefinition]:
