@@ -14,7 +14,7 @@ What a re-sync does is ``loading/resync.py``'s.
 
 from __future__ import annotations
 
-from datetime import UTC, date, datetime, time, timedelta
+from datetime import UTC, datetime, timedelta
 
 import dagster as dg
 from pydantic import Field, field_validator, model_validator
@@ -23,22 +23,16 @@ from fieldsales_dagster.loading.resync import ResyncRequest
 
 
 def _moment(field: str, value: str) -> tuple[datetime, bool]:
-    """``value`` as a UTC time, and whether it was a day alone (``YYYY-MM-DD``)."""
-    text = value.strip()
+    """``value`` as a UTC time (UTC where it has no offset), and whether it was a day alone."""
     try:
-        day = date.fromisoformat(text)
-    except ValueError:
-        pass
-    else:
-        return datetime.combine(day, time(), UTC), True
-    try:
-        moment = datetime.fromisoformat(text.replace("Z", "+00:00"))
+        moment = datetime.fromisoformat(value.strip())
     except ValueError:
         raise ValueError(
             f"resync.{field} is {value!r}, which is not a date: give a day (YYYY-MM-DD) or an "
             "ISO 8601 time (2026-11-01T08:00:00Z; UTC where it has no offset)"
         ) from None
-    return (moment if moment.tzinfo else moment.replace(tzinfo=UTC)).astimezone(UTC), False
+    # A day alone (2026-11-01, 20261101, 2026-W44-7) has at most 10 characters, a time more.
+    return moment.replace(tzinfo=moment.tzinfo or UTC).astimezone(UTC), len(value.strip()) <= 10
 
 
 class ResyncConfig(dg.Config):
@@ -72,8 +66,7 @@ class ResyncConfig(dg.Config):
     @field_validator("event_ids")
     @classmethod
     def _check_ids(cls, ids: list[str]) -> list[str]:
-        blank = [position for position, event_id in enumerate(ids) if not event_id.strip()]
-        if blank:
+        if blank := [position for position, event_id in enumerate(ids) if not event_id.strip()]:
             raise ValueError(
                 f"resync.event_ids holds an empty id at position {blank[0]}: give each event's "
                 "_id, as core.events.event_id shows it"
