@@ -23,8 +23,6 @@ if TYPE_CHECKING:
     )
 
 UPKEEP_ASSET = "ducklake_upkeep"
-#: Sundays at 03:00, before the default 05:00 refresh.
-DEFAULT_UPKEEP_CRON = "0 3 * * 0"
 
 
 class UpkeepConfig(dg.Config):
@@ -45,20 +43,14 @@ def build_upkeep_asset(
         pool=names.pool_for(UPKEEP_ASSET),
         required_resource_keys={names.warehouse.key},
         description=(
-            "The DuckLake's upkeep: merges adjacent small files, expires snapshots older than "
-            f"retain_snapshots_days ({retain_snapshots_days:g} days), deletes the files no "
-            "snapshot needs and the orphaned files a killed run left; the last snapshot always "
-            "stays readable."
+            "Merges the DuckLake's small files, expires snapshots older than retain_snapshots_days "
+            f"({retain_snapshots_days:g}; the last one stays) and deletes the files none needs."
         ),
     )
     def _upkeep(context: dg.AssetExecutionContext, config: UpkeepConfig) -> dg.MaterializeResult:
         warehouse = names.warehouse.of(context)
-        lake = warehouse.lake
-        days = (
-            retain_snapshots_days
-            if config.retain_snapshots_days is None
-            else config.retain_snapshots_days
-        )
+        lake, days = warehouse.lake, config.retain_snapshots_days
+        days = retain_snapshots_days if days is None else days
         with warehouse.get_connection() as conn:
             done = upkeep(conn, lake, days, config.orphan_age_hours)
         context.log.info(
@@ -83,7 +75,7 @@ def build_upkeep_job_and_schedule(
     schedule = dg.ScheduleDefinition(
         name=f"{job.name}_schedule",
         job=job,
-        cron_schedule=DEFAULT_UPKEEP_CRON,
+        cron_schedule="0 3 * * 0",  # Sundays at 03:00, before the default 05:00 refresh
         execution_timezone=timezone,
         default_status=dg.DefaultScheduleStatus.RUNNING,
         description="Weekly upkeep of the DuckLake.",
