@@ -20,11 +20,8 @@ if TYPE_CHECKING:
 
 #: Runs that hold (or will soon hold) the DuckDB file: a new refresh waits for them.
 ACTIVE_RUN_STATUSES = [
-    dg.DagsterRunStatus.QUEUED,
-    dg.DagsterRunStatus.NOT_STARTED,
-    dg.DagsterRunStatus.STARTING,
-    dg.DagsterRunStatus.STARTED,
-    dg.DagsterRunStatus.CANCELING,
+    dg.DagsterRunStatus[status]
+    for status in ("QUEUED", "NOT_STARTED", "STARTING", "STARTED", "CANCELING")
 ]
 
 
@@ -35,10 +32,7 @@ def build_refresh_job(
         name=names.refresh_job,
         selection=selection,
         tags={REFRESH_TAG: names.refresh_tag_value},
-        description=(
-            "Refresh: load every Field-Sales list into the raw schema, then rebuild every core "
-            "table and run the checks."
-        ),
+        description="Loads every Field-Sales list into raw, then rebuilds and checks every table.",
     )
 
 
@@ -55,20 +49,16 @@ def build_refresh_schedule(
         execution_timezone=timezone,
         default_status=dg.DefaultScheduleStatus.RUNNING,
         description=(
-            f"Runs {job.name} on cron '{cron}' ({timezone}; schedule_cron and schedule_timezone, "
-            "FIELDSALES_SCHEDULE_CRON and FIELDSALES_SCHEDULE_TIMEZONE by default). Skips a tick "
-            f"while a run of {job.name} is queued or in progress."
+            f"Runs {job.name} on cron '{cron}' ({timezone}: FIELDSALES_SCHEDULE_CRON and "
+            "FIELDSALES_SCHEDULE_TIMEZONE), skipping a tick while a run of it is queued or running."
         ),
     )
     def _refresh_schedule(context: dg.ScheduleEvaluationContext):
-        active = context.instance.get_runs(
-            filters=dg.RunsFilter(job_name=job.name, statuses=ACTIVE_RUN_STATUSES), limit=1
-        )
-        if active:
-            run = active[0]
+        active = dg.RunsFilter(job_name=job.name, statuses=ACTIVE_RUN_STATUSES)
+        if runs := context.instance.get_runs(filters=active, limit=1):
             return dg.SkipReason(
-                f"{job.name} run {run.run_id} is still {run.status.value.lower()}; skipping this "
-                "tick so refreshes do not overlap."
+                f"{job.name} run {runs[0].run_id} is still {runs[0].status.value.lower()}; "
+                "skipping this tick so refreshes do not overlap."
             )
         return dg.RunRequest()
 
