@@ -89,8 +89,7 @@ def build_core_automation_sensor(
         default_status=dg.DefaultSensorStatus.RUNNING,
         minimum_interval_seconds=60,
         description=(
-            "Rebuilds core tables once their raw parents were refreshed "
-            "(AutomationCondition.eager), and any asset downstream of them that has an "
-            "automation condition (your own assets on the core and mart tables)."
+            "Rebuilds the core tables after their raw parents (AutomationCondition.eager), and "
+            "any asset on them that has an automation condition (your own, README: Build on it)."
         ),
     )
