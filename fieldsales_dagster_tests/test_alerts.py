@@ -488,13 +488,13 @@ def test_a_failed_token_renewal_is_alerted_without_the_token(
 def test_no_secret_the_instance_knows_is_ever_in_a_message(
     receiver, mailbox, monkeypatch, tmp_path
 ):
-    from fieldsales_dagster.token.store import TokenStore
+    from fieldsales_dagster.token.store import FileTokenStore
 
     api_token, renewed = "env-token-abcdef0123456789", "renewed-token-9876543210fedcba"
     monkeypatch.setenv("FIELDSALES_API_TOKEN", api_token)
     monkeypatch.setenv("FIELDSALES_ALERT_SMTP_PASSWORD", "smtp-password-xyz")
     monkeypatch.setenv("FIELDSALES_ALERT_WEBHOOK_URL", receiver.url)
-    store = TokenStore(tmp_path / "token.json")
+    store = FileTokenStore(tmp_path / "token.json")
     from datetime import timedelta
 
     store.rotate(api_token, lambda current: renewed, renew_after=timedelta(0))

@@ -23,7 +23,7 @@ import pytest
 from dagster._core.scheduler.instigation import TickStatus
 
 from fieldsales_dagster.assets.tables import derived_tables
-from fieldsales_dagster.token.store import TokenStore
+from fieldsales_dagster.token.store import FileTokenStore
 from fieldsales_dagster_tests.conftest import lake_paths, read_lake
 from fieldsales_dagster_tests.postgres import Postgres, running_postgres
 from fieldsales_dagster_tests.processes import clean_env, process_group, tail
@@ -69,7 +69,7 @@ def test_daemon_fires_the_schedule_and_never_overlaps_refreshes(postgres, tmp_pa
         api = json.loads(demo.stdout.readline())
         # A deployment whose token is 46 days old: the sensor's first tick requests its renewal.
         store = tmp_path / "token_store.json"
-        TokenStore(store).current(api["token"])
+        FileTokenStore(store).current(api["token"])
         record = json.loads(store.read_text())
         record["issued_at"] = (datetime.now(UTC) - timedelta(days=46)).isoformat()
         store.write_text(json.dumps(record))

@@ -24,7 +24,7 @@ from fieldsales_dagster.client.errors import (
     UnreachableError,
 )
 from fieldsales_dagster.token.secret import TokenFormatError, clean_token, mask_secrets
-from fieldsales_dagster.token.store import TokenStore, TokenStoreError
+from fieldsales_dagster.token.store import FileTokenStore, TokenStoreError
 from fieldsales_dagster.urls import InsecureURLError, validate_base_url
 from fieldsales_dagster_tests.conftest import make_api, read_lake
 from fieldsales_dagster_tests.hostile import Conn, HostileServer, closed_port
@@ -129,7 +129,7 @@ def test_token_with_inner_control_character_fails_the_run_without_leaking(
 
 
 def test_token_store_holding_a_line_break_is_read_without_it(tmp_path):
-    store = TokenStore(tmp_path / "store.json")
+    store = FileTokenStore(tmp_path / "store.json")
     store.current(TOKEN)
     doc = json.loads(store.path.read_text())
     doc["token"] = TOKEN + "\r\n"
@@ -138,7 +138,7 @@ def test_token_store_holding_a_line_break_is_read_without_it(tmp_path):
 
 
 def test_token_store_holding_a_control_character_names_the_file_not_the_token(tmp_path):
-    store = TokenStore(tmp_path / "store.json")
+    store = FileTokenStore(tmp_path / "store.json")
     store.current(TOKEN)
     doc = json.loads(store.path.read_text())
     doc["token"] = TOKEN[:10] + "\x00" + TOKEN[10:]

@@ -31,7 +31,7 @@ from fieldsales_dagster.client.errors import AuthenticationError
 from fieldsales_dagster.demo_api import DemoConfig, DemoServer
 from fieldsales_dagster.names import InstanceNames
 from fieldsales_dagster.settings import SETTINGS
-from fieldsales_dagster.token.store import TokenStore, TokenStoreError
+from fieldsales_dagster.token.store import FileTokenStore, TokenStoreError
 from fieldsales_dagster_tests.project import load_failure, load_project_defs
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
@@ -539,7 +539,7 @@ def test_token_never_appears_in_logs_results_or_errors(server, store_path, caplo
     renewed = tick(api)
     tokens.append(server.token)
     texts += [renewed.message, str(renewed.cursor), repr(renewed)]
-    texts += [repr(TokenStore(store_path).read()), repr(api)]
+    texts += [repr(FileTokenStore(store_path).read()), repr(api)]
 
     server.expire_token()  # the refresh button in the UI
     tokens.append(server.token)

@@ -14,6 +14,7 @@ from pathlib import Path
 import pytest
 
 from fieldsales_dagster.token.store import (
+    FileTokenStore,
     TokenStore,
     TokenStoreError,
     fingerprint,
@@ -25,7 +26,7 @@ RENEW_AFTER = timedelta(days=45)
 
 @pytest.fixture
 def store(tmp_path: Path) -> TokenStore:
-    return TokenStore(tmp_path / "state" / "fieldsales_token.json")
+    return FileTokenStore(tmp_path / "state" / "fieldsales_token.json")
 
 
 def backdate(store: TokenStore, days: float) -> None:
@@ -134,7 +135,7 @@ def test_new_token_is_on_disk_even_if_the_caller_fails_right_after_rotation(stor
     with pytest.raises(RuntimeError, match="crash"):
         store.rotate(ENV_TOKEN, renewer("renewed-token-1"), renew_after=RENEW_AFTER)
         raise RuntimeError("crash right after the store write")
-    assert TokenStore(store.path).current(ENV_TOKEN).token == "renewed-token-1"
+    assert FileTokenStore(store.path).current(ENV_TOKEN).token == "renewed-token-1"
 
 
 def test_concurrent_rotations_in_threads_renew_exactly_once(store: TokenStore):
@@ -150,7 +151,7 @@ def test_concurrent_rotations_in_threads_renew_exactly_once(store: TokenStore):
 
     def rotate() -> None:
         start.wait()
-        TokenStore(store.path).rotate(ENV_TOKEN, slow_renew, renew_after=RENEW_AFTER)
+        FileTokenStore(store.path).rotate(ENV_TOKEN, slow_renew, renew_after=RENEW_AFTER)
 
     threads = [threading.Thread(target=rotate) for _ in range(8)]
     for thread in threads:
@@ -275,13 +276,13 @@ def test_store_whose_directory_cannot_take_a_file_is_reported_as_unwritable(
     blocker = tmp_path / "not-a-directory"
     blocker.write_text("")
     with pytest.raises(TokenStoreError, match="Not a directory") as raised:
-        TokenStore(blocker / "fieldsales_token.json").current(ENV_TOKEN)
+        FileTokenStore(blocker / "fieldsales_token.json").current(ENV_TOKEN)
     assert str(blocker) in str(raised.value) and ENV_TOKEN not in str(raised.value)
 
     def read_only(*args, **kwargs):
         raise OSError(errno.EROFS, "Read-only file system")
 
-    store = TokenStore(tmp_path / "state" / "fieldsales_token.json")
+    store = FileTokenStore(tmp_path / "state" / "fieldsales_token.json")
     monkeypatch.setattr(tempfile, "mkstemp", read_only)
     with pytest.raises(TokenStoreError, match="cannot be written") as raised:
         store.current(ENV_TOKEN)
@@ -335,7 +336,7 @@ def test_store_naming_no_server_is_refused_and_no_token_is_sent(two_servers, tmp
     first, _ = two_servers
     path, env_token = tmp_path / "fieldsales_token.json", first.token
     client_at(first.base_url, env_token, path).check_token()
-    TokenStore(path, origin=first.base_url).rotate(
+    FileTokenStore(path, origin=first.base_url).rotate(
         env_token, lambda old: first.renew_token(), renew_after=timedelta(0)
     )
     doc = json.loads(path.read_text())
@@ -369,7 +370,7 @@ def test_symlinked_store_is_written_through_its_target_and_the_link_kept(tmp_pat
     real.parent.mkdir()
     link = tmp_path / "fieldsales_token.json"
     link.symlink_to(real)
-    store = TokenStore(link)
+    store = FileTokenStore(link)
     store.current(ENV_TOKEN)
     store.rotate(ENV_TOKEN, renewer("renewed-token-1"), renew_after=timedelta(0))
     assert link.is_symlink()
@@ -457,7 +458,7 @@ def test_renewed_token_of_a_moved_instance_is_not_sent_to_the_new_address(
     path = tmp_path / "fieldsales_token.json"
     env_token = first.token
     client_at(first.base_url, env_token, path).check_token()
-    TokenStore(path, origin=first.base_url).rotate(
+    FileTokenStore(path, origin=first.base_url).rotate(
         env_token, lambda old: first.renew_token(), renew_after=timedelta(0)
     )
     second.clear_requests()
@@ -497,7 +498,7 @@ def test_env_token_is_reseeded_only_after_the_server_accepts_it(two_servers, tmp
 
 
 def test_a_client_store_writes_a_first_seed_only_when_settled_with_that_token(tmp_path: Path):
-    store = TokenStore(tmp_path / "fieldsales_token.json", origin="http://127.0.0.1:8765")
+    store = FileTokenStore(tmp_path / "fieldsales_token.json", origin="http://127.0.0.1:8765")
     asked: list[str] = []
 
     def accept(token: str) -> bool:

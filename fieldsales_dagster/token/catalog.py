@@ -4,19 +4,20 @@
 postgres:dbname=... host=... user=...``, its password in ``FIELDSALES_DUCKLAKE_PASSWORD``) keeps
 the current token in ``fieldsales_token.token_store`` of that database, one row per lake (its
 ``ducklake_schema``; ``public`` without one), holding the record the file store holds
-(``StoredToken``: origin, fingerprints, issue time). The file store's rules hold (``store.py``):
+(``StoredToken``: origin, fingerprints, issue time). The protocol is ``TokenStore``'s
+(``store.py``); this backend supplies its primitives:
 
 * the schema and the table are created by the role the catalog connects as, and PUBLIC's rights
   are revoked: a table another role owns, or that grants another role any right, is refused
   before its token is used;
-* seeding and renewing hold the row's lock (``SELECT ... FOR UPDATE``, one transaction around
-  read, decide, ``generatetoken``, write, commit): hosts due at once renew once, and the ones that
-  waited read the row the first committed; a host that dies holding the lock loses its
-  connection, and the lock with it;
-* a renewal prepares its write before the server rotates the token (the row locked, the session
-  exempt from ``idle_in_transaction_session_timeout``, the record encoded): after that call only
-  the ``UPDATE`` and its ``COMMIT`` remain, one atomic step. A commit whose connection broke is
-  made once more on a new connection, if the row still holds what this renewal read.
+* the lock is the row's (``SELECT ... FOR UPDATE``, one transaction around read, decide,
+  ``generatetoken``, write, commit): hosts due at once renew once, and the ones that waited read
+  the row the first committed; a host that dies holding the lock loses its connection, and the
+  lock with it;
+* a renewal's write is prepared with the lock (the session exempt from
+  ``idle_in_transaction_session_timeout``): after ``generatetoken`` only the ``UPDATE`` and its
+  ``COMMIT`` remain, one atomic step. A commit whose connection broke is made once more on a new
+  connection, if the row still holds what this renewal read.
 
 ``python -m fieldsales_dagster.token.catalog import FILE`` moves a file store into the row (once,
 before the first run with ``FIELDSALES_TOKEN_STORE=catalog``; docs/token-lifecycle.md).
@@ -28,11 +29,18 @@ import argparse
 import contextlib
 import os
 import threading
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Iterator, Mapping
 from typing import Any
 
 from fieldsales_dagster.catalogs import POSTGRES_PREFIX
-from fieldsales_dagster.token.store import LOCK_TIMEOUT_S, StoredToken, TokenStore, TokenStoreError
+from fieldsales_dagster.token.store import (
+    LOCK_TIMEOUT_S,
+    Commit,
+    FileTokenStore,
+    StoredToken,
+    TokenStore,
+    TokenStoreError,
+)
 
 try:  # the production extra's (deploy/README.md): a file store needs none of it
     import psycopg2  # type: ignore[import-untyped]
@@ -44,7 +52,6 @@ except ImportError:  # pragma: no cover - the test extra installs it
 #: What ``token_store_path`` (``FIELDSALES_TOKEN_STORE``) holds to keep the token in the catalog.
 CATALOG_STORE = "catalog"
 TABLE = "fieldsales_token.token_store"
-CONNECT_TIMEOUT_S = 10
 _SETUP = f"""
 CREATE SCHEMA IF NOT EXISTS fieldsales_token;
 REVOKE ALL ON SCHEMA fieldsales_token FROM PUBLIC;
@@ -80,51 +87,41 @@ class CatalogTokenStore(TokenStore):
         origin: str | None = None,
         variables: Mapping[str, str] = {},
     ):
-        names = ("FIELDSALES_API_TOKEN", "FIELDSALES_TOKEN_STORE", "FIELDSALES_DUCKLAKE_CATALOG")
-        self.token_variable, self.variable, self.catalog_variable = (
-            variables.get(name, name) for name in names
-        )
-        self.origin = origin
+        super().__init__(origin, variables)
         self.lake = lake or "public"
         self.password_env_var = password_env_var
         if psycopg2 is None:
             raise TokenStoreError(
-                f"{self.variable} is {CATALOG_STORE!r}, which needs psycopg2: install the "
-                "production extra (pip install 'fieldsales_dagster[production]')."
+                f"{self.variable}={CATALOG_STORE} needs psycopg2: install the production extra "
+                "(pip install 'fieldsales_dagster[production]')."
             )
         if not catalog.startswith(POSTGRES_PREFIX):
             raise TokenStoreError(
-                f"{self.variable} is {CATALOG_STORE!r}, but the lake's catalog is not PostgreSQL "
-                f"({self.catalog_variable}): set {self.catalog_variable} to postgres:dbname=... "
-                f"host=... user=..., or set {self.variable} to a file path (one host)."
+                f"{self.variable}={CATALOG_STORE} needs a PostgreSQL catalog: set "
+                f"{self.catalog_variable} to postgres:dbname=... host=... user=..., or set "
+                f"{self.variable} to a file path (one host)."
             )
-        self.dsn = catalog.removeprefix(POSTGRES_PREFIX)
+        dsn = catalog.removeprefix(POSTGRES_PREFIX)
         try:  # the libpq keywords (dbname=... host=... user=...), as psycopg2 parses them
-            self.keywords: dict[str, str] = psycopg2.extensions.parse_dsn(self.dsn)
+            self.keywords: dict[str, str] = psycopg2.extensions.parse_dsn(dsn)
         except psycopg2.ProgrammingError:
             raise TokenStoreError(
                 f"{self.catalog_variable} is not postgres: with a libpq connection string "
                 "(dbname=... host=... user=...)."
             ) from None
+        if "password" in self.keywords:  # shown as the catalog spells it, unless with a password
+            dsn = " ".join(f"{k}={v}" for k, v in self.keywords.items() if k != "password")
+        self.where = f"row {self.lake!r} of {TABLE} in the catalog database ({dsn.strip()})"
         self._held: tuple[Any, str | None] | None = None
 
     def __repr__(self) -> str:
         return f"CatalogTokenStore({self.lake!r})"
 
-    @property
-    def where(self) -> str:
-        shown = self.dsn.strip()
-        if "password" in self.keywords:  # as the catalog spells it, unless it holds a password
-            shown = " ".join(f"{k}={v}" for k, v in self.keywords.items() if k != "password")
-        return f"row {self.lake!r} of {TABLE} in the catalog database ({shown})"
-
-    # --- connections -------------------------------------------------------------------------
-
     def _connect(self) -> Any:
-        password = os.environ.get(self.password_env_var) or None
+        password = os.environ.get(self.password_env_var)
         keywords = {**self.keywords, **({"password": password} if password else {})}
         try:
-            return psycopg2.connect(connect_timeout=CONNECT_TIMEOUT_S, **keywords)
+            return psycopg2.connect(connect_timeout=10, **keywords)
         except psycopg2.Error as exc:
             raise TokenStoreError(
                 f"Cannot connect to the token store, {self.where}: {_first_line(exc)}. Check "
@@ -143,21 +140,20 @@ class CatalogTokenStore(TokenStore):
         owner, user, others = row
         if owner != user:
             raise TokenStoreError(
-                f"The token store, {self.where}, is owned by role {owner}, but the catalog "
-                f"connects as {user}: whoever owns it chooses the token sent to the server. "
-                f"Run `ALTER TABLE {TABLE} OWNER TO {user}` as its owner, or drop the table (it is "
-                f"seeded again from {self.token_variable})."
+                f"The token store, {self.where}, is owned by role {owner}, not {user} (the "
+                f"catalog's), who could choose the token sent: run `ALTER TABLE {TABLE} OWNER TO "
+                f"{user}`, or drop it (it is seeded again from {self.token_variable})."
             )
         if others:
             raise TokenStoreError(
-                f"The token store, {self.where}, grants rights to {', '.join(others)}; it holds "
-                f"the API token. Run `REVOKE ALL ON {TABLE} FROM {', '.join(others)}` and check "
-                "who could read it; regenerate the token if in doubt."
+                f"The token store, {self.where}, grants rights to {', '.join(others)} and holds "
+                f"the API token: run `REVOKE ALL ON {TABLE} FROM {', '.join(others)}`; regenerate "
+                "the token if in doubt."
             )
         return True
 
     def _reader(self, fresh: bool = False) -> Any:
-        """This thread's connection for reading the row (autocommit), checked once."""
+        """This thread's connection for reading the row (autocommit)."""
         key = (os.getpid(), tuple(self.keywords.items()), os.environ.get(self.password_env_var))
         readers = _readers.__dict__.setdefault("connections", {})
         conn = readers.get(key)
@@ -168,53 +164,53 @@ class CatalogTokenStore(TokenStore):
             conn.autocommit = True
         return conn
 
-    # --- reading and the lock (what the file store does with a file) --------------------------
-
     def _read_any(self) -> StoredToken | None:
-        if self._held is not None:
-            conn, _ = self._held
-            return self._decoded(self._select(conn))
-        for fresh in (False, True):  # a cached connection the server closed: once more
-            try:
-                return self._decoded(self._select(self._reader(fresh)))
-            except (psycopg2.OperationalError, psycopg2.InterfaceError) as exc:
-                if fresh:
-                    raise self._failed(exc, "read") from None
-            except psycopg2.Error as exc:
-                raise self._failed(exc, "read") from None
-        raise AssertionError("unreachable")
+        try:
+            if self._held is not None:
+                raw = self._select(self._held[0])
+            else:
+                try:
+                    raw = self._select(self._reader())
+                except (psycopg2.OperationalError, psycopg2.InterfaceError):
+                    raw = self._select(self._reader(fresh=True))  # the server closed the cached
+        except psycopg2.Error as exc:
+            raise self._failed(exc, "read") from None
+        return (
+            None
+            if raw is None
+            else StoredToken.decode(raw.encode(), self.where, self.token_variable)
+        )
 
-    def _select(self, conn: Any, lock: bool = False) -> str | None:
+    def _select(self, conn: Any, lock: str = "") -> str | None:
         with conn.cursor() as cur:
             if not self._check_privileges(cur):
                 return None
-            cur.execute(_READ + (" FOR UPDATE" if lock else ""), (self.lake,))
+            cur.execute(f"{_READ} {lock}", (self.lake,))
             row = cur.fetchone()
         return None if row is None else row[0]
 
-    def _decoded(self, raw: str | None) -> StoredToken | None:
-        if raw is None:
-            return None
-        return StoredToken.decode(raw.encode(), self.where, self.token_variable)
-
     @contextlib.contextmanager
-    def _locked(self, timeout_s: float = LOCK_TIMEOUT_S) -> Iterator[None]:
-        """The row's lock, in a transaction this store commits when it writes (else rolls back)."""
+    def _locked(self, timeout_s: float = LOCK_TIMEOUT_S, wait: bool = False) -> Iterator[None]:
+        """The row's lock, in a transaction this store commits when it writes (else rolls back);
+        ``wait``: a share lock, granted once a renewal in progress has committed."""
         conn = self._connect()
         try:
             with conn.cursor() as cur:
                 cur.execute("SET idle_in_transaction_session_timeout = 0")
                 cur.execute("SET lock_timeout = %s", (f"{int(timeout_s * 1000)}ms",))
-                if not self._check_privileges(cur):
+                if not wait and not self._check_privileges(cur):
                     cur.execute("SELECT pg_advisory_xact_lock(hashtext(%s))", (TABLE,))
                     cur.execute(_SETUP)
                     conn.commit()
                     self._check_privileges(cur)
-                # A first seed has no row to lock yet: an empty one, gone if nothing is written.
-                cur.execute(
-                    f"INSERT INTO {TABLE} (lake) VALUES (%s) ON CONFLICT DO NOTHING", (self.lake,)
-                )
-            self._held = (conn, self._select(conn, lock=True))
+                if (
+                    not wait
+                ):  # a first seed has no row to lock yet: an empty one, gone unless written
+                    cur.execute(
+                        f"INSERT INTO {TABLE} (lake) VALUES (%s) ON CONFLICT DO NOTHING",
+                        (self.lake,),
+                    )
+            self._held = (conn, self._select(conn, "FOR SHARE" if wait else "FOR UPDATE"))
         except psycopg2.errors.LockNotAvailable:
             conn.close()
             raise TokenStoreError(
@@ -234,14 +230,11 @@ class CatalogTokenStore(TokenStore):
             conn.close()  # rolls back what was not committed
 
     @contextlib.contextmanager
-    def _prepared_write(
-        self, shape: StoredToken, *, renewing: bool = False
-    ) -> Iterator[Callable[[StoredToken], None]]:
-        """Under the lock (``_locked`` prepared the rest): ``commit(record)`` updates the row and
-        commits; a broken connection is retried once on a new one, if the row is as it was read."""
+    def _open_write(self) -> Iterator[Commit]:
+        """Under the lock: ``commit(record)`` updates the row and commits; a broken connection is
+        retried once on a new one, if the row is as it was read (or as this commit wrote it)."""
         assert self._held is not None, "the row is written under its lock only"
         conn, read = self._held
-        shape.encode()  # a record that cannot be encoded fails before the irreversible call
 
         def commit(record: StoredToken) -> None:
             data = record.encode().decode()
@@ -252,30 +245,25 @@ class CatalogTokenStore(TokenStore):
                 return
             except psycopg2.Error as exc:
                 first = exc
-            try:
-                with contextlib.closing(self._connect()) as again, again.cursor() as cur:
-                    # As read (a lost connection), or as written (a lost answer to the COMMIT).
-                    where = " AND (record IS NOT DISTINCT FROM %s OR record = %s)"
-                    cur.execute(_WRITE + where, (data, self.lake, read, data))
-                    again.commit()
-                    if cur.rowcount == 1:
-                        return
-            except (psycopg2.Error, TokenStoreError):
-                pass
-            after = (
-                " The token was renewed, so the stored one is no longer valid: regenerate the "
-                f"token in your Field-Sales user profile (API tab) and set {self.token_variable}."
-                if renewing
-                else ""
-            )
-            raise TokenStoreError(f"{self._failed(first, 'write')}{after}")
+            with (
+                contextlib.suppress(psycopg2.Error, TokenStoreError),
+                contextlib.closing(self._connect()) as again,
+                again.cursor() as cur,
+            ):
+                # As read (a lost connection), or as written (a lost answer to the COMMIT).
+                where = " AND (record IS NOT DISTINCT FROM %s OR record = %s)"
+                cur.execute(_WRITE + where, (data, self.lake, read, data))
+                again.commit()
+                if cur.rowcount == 1:
+                    return
+            raise self._failed(first, "write")
 
         yield commit
 
     def import_file(self, path: str) -> StoredToken:
         """Move the file store at ``path`` into the row, once: a row that holds another token
         already is in use (the file is older than it) and is left as it is."""
-        stored = TokenStore(path).read()
+        stored = FileTokenStore(path).read()
         if stored is None:
             raise TokenStoreError(f"There is no token store at {path}: nothing to import.")
         with self._locked():
@@ -283,22 +271,10 @@ class CatalogTokenStore(TokenStore):
             if held is not None and held.token != stored.token:
                 raise TokenStoreError(
                     f"The token store, {self.where}, holds another token already (issued "
-                    f"{held.issued_at:%Y-%m-%d %H:%M} UTC): it is in use, so {path} was not "
-                    "imported."
+                    f"{held.issued_at:%Y-%m-%d %H:%M} UTC), so {path} was not imported."
                 )
             self._write_atomically(stored)
         return stored
-
-    def wait_for_renewal(self, timeout_s: float) -> None:
-        """The row's lock, once free: a renewal in progress has committed its token."""
-        with (
-            contextlib.suppress(psycopg2.Error, TokenStoreError),
-            contextlib.closing(self._connect()) as conn,
-            conn.cursor() as cur,
-        ):
-            cur.execute("SET lock_timeout = %s", (f"{int(timeout_s * 1000)}ms",))
-            if self._check_privileges(cur):
-                cur.execute(_READ + " FOR SHARE", (self.lake,))
 
 
 def _first_line(exc: BaseException) -> str:
@@ -316,7 +292,7 @@ def open_token_store(
 ) -> TokenStore:
     """The store ``token_store_path`` names: ``catalog``, the lake's row; else the file."""
     if path.strip() != CATALOG_STORE:
-        return TokenStore(path, origin, variables)
+        return FileTokenStore(path, origin, variables)
     return CatalogTokenStore(
         ducklake_catalog or "", ducklake_password_env_var, ducklake_schema, origin, variables
     )

@@ -1,29 +1,31 @@
-"""Durable store of the current API token: one JSON file, owner-only, replaced atomically.
+"""Durable store of the current API token: what every backend shares, and the file backend.
 
 Renewing a token (``GET /api/bearer/generatetoken``) invalidates the old one at once, so the new
-token must reach the disk before anything else happens, and every process must find it there:
+token must reach the store before anything else happens, and every process must find it there:
 
-* the file holds the token, when it was issued (or first seen), a SHA-256 fingerprint of the
+* the record holds the token, when it was issued (or first seen), a SHA-256 fingerprint of the
   ``FIELDSALES_API_TOKEN`` it was seeded from (never that token in clear) and the origin
   (``scheme://host:port``) of its server: a store of another origin is refused before its token is
   sent anywhere, unless the environment gives this very token (the same token at a new address);
 * nothing is written until the server accepted the token (``settle`` after its first 200, or
-  ``accept`` in ``current``), so a mistyped base URL or token leaves the file as it was;
-* a symlinked store is read and written through its target; a file another user owns, or others
-  can read, is refused;
-* writes go to a 0600 temporary file in the same directory, fsynced, ``os.replace``-d over the
-  store, then the directory is fsynced: a reader sees the old token or the new one, and a crash
-  never loses a renewal that was written;
-* seeding and renewing hold ``<path>.lock``, so one renewal happens at a time across processes,
-  and the one that waited re-reads the store and finds it done (``TokenStore.rotate``);
-* a renewal prepares its write (lock, temporary file, encoding) before the server rotates the
-  token: after that call only the write and the rename remain;
+  ``accept`` in ``current``), so a mistyped base URL or token leaves the store as it was;
+* seeding and renewing hold the store's lock, so one renewal happens at a time across processes,
+  and the one that waited re-reads the store and finds it done (``TokenStore.rotate``); a request
+  refused with HTTP 401 waits for that lock before it re-reads the store (``wait_for_renewal``);
+* a renewal prepares its write (lock, encoding, temporary file) before the server rotates the
+  token: after that call only the write itself remains;
 * once seeded, the store wins over the environment; a new environment token (regenerated in the
   UI) re-seeds it once the server accepted it, a token the store already replaced never does.
+
+``TokenStore`` is that protocol, written once; a backend supplies ``_read_any``, ``_locked`` and
+``_open_write``: ``FileTokenStore`` here (one owner-only JSON file, a symlink read and written
+through its target, written to a 0600 temporary file, fsynced and ``os.replace``-d over it, under
+``<path>.lock``), ``CatalogTokenStore`` in ``catalog.py`` (a row of the PostgreSQL catalog).
 """
 
 from __future__ import annotations
 
+import abc
 import contextlib
 import hashlib
 import os
@@ -43,7 +45,6 @@ from fieldsales_dagster.clock import from_the_future
 from fieldsales_dagster.pause import pause_at
 from fieldsales_dagster.token.secret import TokenFormatError, clean_token
 
-FORMAT_VERSION = 1
 #: How long a process waits for another one's seeding or renewal before giving up.
 LOCK_TIMEOUT_S = 300.0
 #: How long a request refused with HTTP 401 waits for a renewal in progress before re-reading the
@@ -51,10 +52,11 @@ LOCK_TIMEOUT_S = 300.0
 RENEWAL_WAIT_S = 20.0
 #: Fingerprints of environment tokens the store has moved past (bounded history).
 MAX_RETIRED_FINGERPRINTS = 20
+Commit = Callable[["StoredToken"], None]
 
 
 class TokenStoreError(RuntimeError):
-    """The store cannot be read or written. Messages name the file, never the token."""
+    """The store cannot be read or written. Messages name the store, never the token."""
 
 
 def fingerprint(token: str) -> str:
@@ -70,9 +72,9 @@ Fingerprint = Annotated[str, msgspec.Meta(pattern="^[0-9a-f]{64}$")]
 
 
 class StoredToken(msgspec.Struct, frozen=True, kw_only=True):
-    """What the store file holds (format version 1). ``repr`` hides the token."""
+    """What the store holds (format version 1). ``repr`` hides the token."""
 
-    version: int = FORMAT_VERSION
+    version: int = 1
     token: Annotated[str, msgspec.Meta(min_length=1)]
     #: When the token was issued by a renewal, or first seen in the environment (UTC).
     issued_at: datetime
@@ -102,26 +104,22 @@ class StoredToken(msgspec.Struct, frozen=True, kw_only=True):
         return msgspec.json.format(raw, indent=2) + b"\n"
 
     @classmethod
-    def decode(cls, raw: bytes, path: Path | str, token_variable: str) -> StoredToken:
+    def decode(cls, raw: bytes, where: object, token_variable: str) -> StoredToken:
         try:
             stored, why = _DECODER.decode(raw), ""
         except (msgspec.DecodeError, msgspec.ValidationError) as exc:
             stored, why = None, str(exc)  # msgspec names the field and the rule, never the value
-        if stored is None:
-            # Raised outside the except block: no decoder error is even attached as context.
+        if stored is None:  # raised outside the except block: no decoder error is attached
             raise TokenStoreError(
-                f"Token store {path} is corrupt ({why}). Delete it and restart: the store is "
-                f"seeded again from {token_variable} (regenerate that token in your "
-                "Field-Sales user profile, API tab, if it was renewed since)."
+                f"Token store {where} is corrupt ({why}). Delete it and restart: the store is "
+                f"seeded again from {token_variable} (regenerated in the API tab if renewed)."
             )
-        try:
-            # A store edited by hand (or written before tokens were cleaned) may hold a line break.
-            token = clean_token(stored.token, f"token store {path}")
+        try:  # a store edited by hand may hold a line break
+            return replace(stored, token=clean_token(stored.token, f"token store {where}"))
         except TokenFormatError as exc:
             raise TokenStoreError(
-                f"{exc} Or delete {path}: it is seeded again from {token_variable}."
+                f"{exc} Or delete {where}: it is seeded again from {token_variable}."
             ) from None
-        return replace(stored, token=token)
 
 
 _DECODER = msgspec.json.Decoder(StoredToken)
@@ -135,101 +133,49 @@ class Rotation:
     stored: StoredToken
 
 
-class TokenStore:
-    """The token file at ``path`` (symlinks resolved) and its lock ``<path>.lock``.
+class TokenStore(abc.ABC):
+    """The protocol every store follows; a backend supplies ``where``, ``_read_any`` (the record,
+    unchecked), ``_locked`` (the lock seeding and renewing hold; ``wait=True``: only wait until it
+    is free) and ``_open_write`` (what can fail of a write, done; yields ``commit(record)``).
 
     ``origin`` (``scheme://host:port``) is the server this client sends the token to: a store
     holding another server's token is refused. ``None`` (tests of the store alone) checks nothing.
-    ``variables``: what its errors call the token's and the store's variables (a tenant's own:
-    the client's ``variables``).
+    ``variables``: what its errors call the settings' variables (a tenant's own).
     """
 
-    def __init__(
-        self, path: Path | str, origin: str | None = None, variables: Mapping[str, str] = {}
-    ):
-        self.token_variable, self.variable = (
-            variables.get(name, name) for name in ("FIELDSALES_API_TOKEN", "FIELDSALES_TOKEN_STORE")
-        )
-        #: The path as configured; ``path`` is where it leads (the same unless a symlink).
-        self.given_path = Path(path)
-        try:
-            self.path = self.given_path.resolve()
-        except (OSError, RuntimeError) as exc:  # a symlink loop (RuntimeError before 3.13)
-            raise TokenStoreError(
-                f"Token store {self.given_path} cannot be resolved ({exc}); point "
-                f"{self.variable} (token_store_path) at a file or a link to one."
-            ) from None
+    where: str
+
+    def __init__(self, origin: str | None, variables: Mapping[str, str]):
         self.origin = origin
-        self.lock_path = self.path.with_name(self.path.name + ".lock")
+        names = ("FIELDSALES_API_TOKEN", "FIELDSALES_TOKEN_STORE", "FIELDSALES_DUCKLAKE_CATALOG")
+        self.token_variable, self.variable, self.catalog_variable = (
+            variables.get(name, name) for name in names
+        )
 
-    def __repr__(self) -> str:
-        return f"TokenStore({str(self.path)!r})"
+    @abc.abstractmethod
+    def _read_any(self) -> StoredToken | None: ...
 
-    @property
-    def where(self) -> str:
-        """The store's file for a message, with the link it was reached through, if any."""
-        if self.given_path.absolute() == self.path:
-            return str(self.path)
-        return f"{self.path} (reached through {self.given_path})"
+    @abc.abstractmethod
+    def _locked(
+        self, timeout_s: float = LOCK_TIMEOUT_S, wait: bool = False
+    ) -> contextlib.AbstractContextManager[None]: ...
 
-    # --- reading (no lock needed: the file is only ever replaced whole) --------------------
+    @abc.abstractmethod
+    def _open_write(self) -> contextlib.AbstractContextManager[Commit]: ...
 
     def read(self) -> StoredToken | None:
-        """The stored token, or ``None`` when the store does not exist yet.
-
-        Refuses a file another user owns or could read, and one that holds another server's
-        token (see ``origin``), before anything uses the token.
-        """
+        """The stored token, or ``None`` when there is none yet; refuses another server's."""
         stored = self._read_any()
-        if stored is not None:
-            self._check_origin(stored)
+        if stored is not None and self._foreign(stored):
+            self._refuse(stored)
         return stored
 
-    def _read_any(self) -> StoredToken | None:
-        """``read`` without the origin check: ``_pending`` decides about another server's store."""
-        try:
-            # The path is resolved already: a link put in its place since is not followed.
-            fd = os.open(self.path, os.O_RDONLY | getattr(os, "O_NOFOLLOW", 0))
-            with os.fdopen(fd, "rb") as file:
-                self._check_permissions(os.fstat(fd))
-                raw = file.read()
-        except FileNotFoundError:
-            return None
-        except OSError as exc:
-            raise TokenStoreError(
-                f"Cannot read token store {self.where}: {exc.strerror}."
-            ) from None
-        return StoredToken.decode(raw, self.path, self.token_variable)
-
-    def _check_permissions(self, st: os.stat_result) -> None:
-        if os.name != "posix":
-            return
-        if st.st_uid != os.geteuid():
-            raise TokenStoreError(
-                f"Token store {self.where} is owned by another user (uid {st.st_uid}; this process "
-                f"runs as uid {os.geteuid()}): whoever owns it chooses the token sent to the "
-                f"server. Delete it (it is seeded again from {self.token_variable}) or `chown` it "
-                "to the user that runs Dagster."
-            )
-        mode = stat.S_IMODE(st.st_mode)
-        if mode & 0o077:
-            raise TokenStoreError(
-                f"Token store {self.where} is readable or writable by other users (mode "
-                f"{mode:04o}); it holds the API token. Run `chmod 600 {self.path}` and check who "
-                "could read it; regenerate the token if in doubt."
-            )
-
-    def _check_origin(self, stored: StoredToken) -> None:
-        if not self._foreign(stored):
-            return
+    def _refuse(self, stored: StoredToken) -> None:
         raise TokenStoreError(
             f"Token store {self.where} holds the token of {stored.origin or 'an unnamed server'}, "
-            f"but this instance serves {self.origin}: a token is only ever sent to the server it "
-            "belongs to, so the store is not used and no token was sent. Give each Field-Sales "
-            f"instance a token_store_path of its own ({self.variable}); if the instance really "
-            f"moved to the new address, set {self.token_variable} to its current token "
-            "(regenerate it in your Field-Sales user profile, API tab) and delete the store: it "
-            "is seeded again once the new address accepts that token (docs/token-lifecycle.md)."
+            f"not of {self.origin}, so no token was sent. Give each instance a token_store_path "
+            f"of its own ({self.variable}); if the instance moved, set {self.token_variable} to "
+            "its current token and delete the store (docs/token-lifecycle.md)."
         )
 
     def _foreign(self, stored: StoredToken) -> bool:
@@ -246,8 +192,7 @@ class TokenStore:
         """
         stored, pending = self._pending(env_token)
         if pending is None:
-            assert stored is not None  # _pending only returns None for a usable stored token
-            return stored
+            return cast(StoredToken, stored)  # _pending returns None for a usable stored token
         if accept is not None:
             if stored is None or self._foreign(stored) or not self._must_reseed(stored, env_token):
                 return pending  # written by settle() after the server's first 200
@@ -281,33 +226,28 @@ class TokenStore:
         can as is)."""
         stored = self._read_any()
         if stored is not None and self._foreign(stored) and stored.token != env_token:
-            self._check_origin(stored)  # raises: another server's token is never sent here
+            self._refuse(stored)  # another server's token is never sent here
         if stored is not None and not self._must_reseed(stored, env_token):
             if stored.origin == self.origin or self.origin is None:
                 return stored, None
-            # This very token at a new address.
-            return stored, replace(stored, origin=self.origin)
+            return stored, replace(stored, origin=self.origin)  # this very token, a new address
         if not env_token:
             raise TokenStoreError(
-                f"Token store {self.where} is empty and {self.token_variable} is not set: generate "
-                f"a token in your Field-Sales user profile (API tab) and set {self.token_variable}."
+                f"Token store {self.where} is empty and {self.token_variable} is not set: set it "
+                "to a token from your Field-Sales profile (API tab)."
             )
-        env_fp = fingerprint(env_token)
+        new = StoredToken(
+            token=env_token, issued_at=_utcnow(), env_fingerprint=fingerprint(env_token)
+        )
         if stored is None or self._foreign(stored):
-            new = StoredToken(
-                token=env_token, issued_at=_utcnow(), env_fingerprint=env_fp, origin=self.origin
-            )
-            return stored, new
-        if stored.token == env_token:
-            # The environment was set to the token the store already holds: same age.
+            return stored, replace(new, origin=self.origin)
+        if stored.token == env_token:  # the environment set to the stored token: same age
             return stored, replace(
-                stored, env_fingerprint=env_fp, origin=self.origin or stored.origin
+                stored, env_fingerprint=new.env_fingerprint, origin=self.origin or stored.origin
             )
         retired = (*stored.retired_env_fingerprints, stored.env_fingerprint)
-        return stored, StoredToken(
-            token=env_token,
-            issued_at=_utcnow(),
-            env_fingerprint=env_fp,
+        return stored, replace(
+            new,
             retired_env_fingerprints=retired[-MAX_RETIRED_FINGERPRINTS:],
             origin=self.origin or stored.origin,
         )
@@ -315,20 +255,15 @@ class TokenStore:
     @staticmethod
     def _must_reseed(stored: StoredToken, env_token: str) -> bool:
         """A new environment token, one this store never saw, means a person regenerated it."""
-        if not env_token:
-            return False
         env_fp = fingerprint(env_token)
-        return env_fp != stored.env_fingerprint and env_fp not in stored.retired_env_fingerprints
+        seen = (stored.env_fingerprint, *stored.retired_env_fingerprints)
+        return bool(env_token) and env_fp not in seen
 
     def wait_for_renewal(self, timeout_s: float) -> None:
         """A request was just refused (HTTP 401): let a renewal in progress finish (its lock),
         so that the store read next holds its token. Best effort: gives up after ``timeout_s``."""
-        if self.lock_path.exists():  # never renewed here: nothing to wait for, nothing to create
-            with (
-                contextlib.suppress(Timeout, OSError),
-                FileLock(self.lock_path, timeout=timeout_s, mode=0o600),
-            ):
-                pass
+        with contextlib.suppress(TokenStoreError), self._locked(timeout_s, wait=True):
+            pass
 
     # --- renewal -----------------------------------------------------------------------------
 
@@ -350,27 +285,105 @@ class TokenStore:
         with self._locked(lock_timeout_s):
             stored = self.peek(env_token)
             now = _utcnow()
-            future = from_the_future(stored.issued_at, now, "issued_at")
-            if stored.age(now) < renew_after and future is None:
+            if stored.age(now) < renew_after and not from_the_future(
+                stored.issued_at, now, "issued_at"
+            ):
                 return Rotation(renewed=False, stored=stored)
-            renewed = replace(stored, issued_at=_utcnow(), source="renewal")
-            with self._prepared_write(renewed, renewing=True) as commit:
+            renewed = replace(stored, issued_at=now, source="renewal")
+            with self._prepared_write(renewed) as commit:  # what fails here, fails unrenewed
                 renewed = replace(renewed, token=renew(stored.token))
-                self._write_atomically(renewed, commit)
+                try:
+                    self._write_atomically(renewed, commit)
+                except TokenStoreError as exc:
+                    raise TokenStoreError(
+                        f"{exc} The token was renewed, so the stored one is no longer valid: set "
+                        f"{self.token_variable} to a token regenerated in your Field-Sales "
+                        "profile (API tab), and fix the store."
+                    ) from None
             return Rotation(renewed=True, stored=renewed)
 
-    # --- plumbing ----------------------------------------------------------------------------
+    def _write_atomically(self, stored: StoredToken, commit: Commit | None = None) -> None:
+        """Write ``stored`` through ``commit`` (opened before an irreversible call), or through a
+        write prepared now."""
+        if commit is not None:
+            return commit(stored)
+        with self._prepared_write(stored) as commit_now:
+            commit_now(stored)
 
     @contextlib.contextmanager
-    def _locked(self, timeout_s: float = LOCK_TIMEOUT_S) -> Iterator[None]:
+    def _prepared_write(self, shape: StoredToken) -> Iterator[Commit]:
+        """Everything a write needs that can fail, done before the caller's irreversible step."""
         try:
-            self.path.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
+            replace(shape, token="prepared").encode()
+        except (TypeError, ValueError, msgspec.EncodeError) as exc:
+            raise TokenStoreError(
+                f"Token store {self.where}: the record cannot be encoded ({exc}); this is a bug, "
+                "please report it."
+            ) from None
+        with self._open_write() as commit:
+            yield commit
+
+
+class FileTokenStore(TokenStore):
+    """The token file at ``path`` (symlinks resolved) and its lock ``<path>.lock``."""
+
+    def __init__(
+        self, path: Path | str, origin: str | None = None, variables: Mapping[str, str] = {}
+    ):
+        super().__init__(origin, variables)
+        #: The path as configured; ``path`` is where it leads (the same unless a symlink).
+        self.given_path = Path(path)
+        try:
+            self.path = self.given_path.resolve()
+        except (OSError, RuntimeError) as exc:  # a symlink loop (RuntimeError before 3.13)
+            raise TokenStoreError(
+                f"Token store {self.given_path} cannot be resolved ({exc}); point "
+                f"{self.variable} (token_store_path) at a file or a link to one."
+            ) from None
+        self.lock_path = self.path.with_name(self.path.name + ".lock")
+        self.where = str(self.path)
+        if self.given_path.absolute() != self.path:
+            self.where += f" (reached through {self.given_path})"
+
+    def __repr__(self) -> str:
+        return f"FileTokenStore({str(self.path)!r})"
+
+    def _read_any(self) -> StoredToken | None:
+        """The file (no lock needed: it is only ever replaced whole), if its owner alone may read
+        it."""
+        try:
+            # The path is resolved already: a link put in its place since is not followed.
+            fd = os.open(self.path, os.O_RDONLY | getattr(os, "O_NOFOLLOW", 0))
+            with os.fdopen(fd, "rb") as file:
+                st = os.fstat(fd)
+                raw = file.read()
+        except FileNotFoundError:
+            return None
         except OSError as exc:
             raise TokenStoreError(
-                f"Cannot create the directory of token store {self.where}: {exc.strerror}."
+                f"Cannot read token store {self.where}: {exc.strerror}."
             ) from None
-        lock = FileLock(self.lock_path, timeout=timeout_s, mode=0o600)
+        if os.name == "posix" and st.st_uid != os.geteuid():
+            raise TokenStoreError(
+                f"Token store {self.where} is owned by another user (uid {st.st_uid}), who could "
+                f"choose the token sent: `chown` it to uid {os.geteuid()}, or delete it (it is "
+                f"seeded again from {self.token_variable})."
+            )
+        if os.name == "posix" and (mode := stat.S_IMODE(st.st_mode)) & 0o077:
+            raise TokenStoreError(
+                f"Token store {self.where} is open to other users (mode {mode:04o}) and holds the "
+                f"API token: run `chmod 600 {self.path}`; regenerate the token if in doubt."
+            )
+        return StoredToken.decode(raw, self.path, self.token_variable)
+
+    @contextlib.contextmanager
+    def _locked(self, timeout_s: float = LOCK_TIMEOUT_S, wait: bool = False) -> Iterator[None]:
+        if wait and not self.lock_path.exists():  # never renewed here: nothing to wait for
+            yield
+            return
         try:
+            self.path.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
+            lock = FileLock(self.lock_path, timeout=timeout_s, mode=0o600)
             lock.acquire()
         except Timeout:
             raise TokenStoreError(
@@ -379,7 +392,7 @@ class TokenStore:
             ) from None
         except OSError as exc:
             raise TokenStoreError(
-                f"Cannot lock the token store {self.lock_path}: {exc.strerror}."
+                f"Cannot lock token store {self.where}: {exc.strerror}."
             ) from None
         try:
             self._finish_dead_writes()
@@ -391,44 +404,23 @@ class TokenStore:
         """Under the lock, the temporary files of dead writers: one newer than the store is a killed
         renewal's (the server already rotated the token) and is committed; any other is removed."""
         for leftover in self.path.parent.glob(f".{self.path.name}.*.tmp"):
-            candidate: StoredToken | None
             try:
-                candidate = StoredToken.decode(leftover.read_bytes(), leftover, self.token_variable)
-                self._check_origin(candidate)
+                candidate = StoredToken.decode(leftover.read_bytes(), leftover, "")
                 stored = self.read()
+                newer = not self._foreign(candidate) and (
+                    stored is None or candidate.issued_at > stored.issued_at
+                )
             except (OSError, TokenStoreError):
-                candidate = stored = None
-            if candidate is not None and (stored is None or candidate.issued_at > stored.issued_at):
+                newer = False
+            if newer:
                 os.replace(leftover, self.path)
-                self._fsync_directory(self.path.parent)
+                _fsync_directory(self.path.parent)
             else:
                 leftover.unlink(missing_ok=True)
 
-    def _write_atomically(
-        self, stored: StoredToken, commit: Callable[[StoredToken], None] | None = None
-    ) -> None:
-        """Write ``stored`` through ``commit`` (opened by ``_prepared_write`` before an
-        irreversible call), or through a write prepared now."""
-        if commit is not None:
-            return commit(stored)
-        with self._prepared_write(stored) as commit_now:
-            commit_now(stored)
-
     @contextlib.contextmanager
-    def _prepared_write(
-        self, shape: StoredToken, *, renewing: bool = False
-    ) -> Iterator[Callable[[StoredToken], None]]:
-        """Everything a write needs that can fail (encoding ``shape``, the temporary file), done
-        before the caller's irreversible step; ``commit(record)`` then writes, fsyncs and renames.
-        """
-        not_renewing = " not renewing the token, because it could not be kept;" if renewing else ""
-        try:
-            replace(shape, token="prepared").encode()
-        except (TypeError, ValueError, msgspec.EncodeError) as exc:
-            raise TokenStoreError(
-                f"Token store {self.where}: the record cannot be encoded ({exc});"
-                f"{not_renewing} this is a bug, please report it."
-            ) from None
+    def _open_write(self) -> Iterator[Commit]:
+        """A 0600 temporary file beside the store; ``commit(record)`` writes, fsyncs, renames."""
         try:
             # mkstemp opens with O_EXCL and mode 0600 whatever the umask (which only clears bits).
             fd, tmp_name = tempfile.mkstemp(
@@ -436,51 +428,39 @@ class TokenStore:
             )
         except OSError as exc:
             raise TokenStoreError(
-                f"Token store {self.where} cannot be written ({exc.strerror});{not_renewing} fix "
-                f"the permissions or the space of its directory (or set {self.variable} to "
-                "a writable path)."
+                f"Token store {self.where} cannot be written ({exc.strerror}): fix its "
+                f"directory's permissions or space, or set {self.variable} to a writable path."
             ) from None
-        file, committed = os.fdopen(fd, "wb"), False
+        file = os.fdopen(fd, "wb")
 
         def commit(record: StoredToken) -> None:
-            nonlocal committed
-            data = record.encode()
             try:
                 with file:
-                    file.write(data)
+                    file.write(record.encode())
                     file.flush()
                     os.fsync(fd)
                 pause_at("token_store")
                 os.replace(tmp_name, self.path)
             except OSError as exc:
-                after = (
-                    " The token was renewed, so the stored one is no longer valid: regenerate "
-                    "the token in your Field-Sales user profile (API tab) and set "
-                    f"{self.token_variable}, then fix the store's directory."
-                    if renewing
-                    else ""
-                )
                 raise TokenStoreError(
-                    f"Cannot write token store {self.where}: {exc.strerror}.{after}"
+                    f"Cannot write token store {self.where}: {exc.strerror}."
                 ) from None
-            committed = True
-            self._fsync_directory(self.path.parent)
+            _fsync_directory(self.path.parent)
 
         try:
             yield commit
         finally:
             file.close()
-            if not committed:
-                with contextlib.suppress(OSError):
-                    os.unlink(tmp_name)
+            with contextlib.suppress(OSError):  # not committed (else gone: writes hold the lock)
+                os.unlink(tmp_name)
 
-    @staticmethod
-    def _fsync_directory(directory: Path) -> None:
-        """Make the rename itself durable; best effort (some filesystems refuse a directory fsync,
-        and the new file is in place either way, as on Windows, which cannot open a directory)."""
-        with contextlib.suppress(OSError):
-            dir_fd = os.open(directory, os.O_RDONLY)
-            try:
-                os.fsync(dir_fd)
-            finally:
-                os.close(dir_fd)
+
+def _fsync_directory(directory: Path) -> None:
+    """Make a rename durable; best effort (some filesystems refuse a directory fsync, and the file
+    is in place either way, as on Windows, which cannot open a directory)."""
+    with contextlib.suppress(OSError):
+        dir_fd = os.open(directory, os.O_RDONLY)
+        try:
+            os.fsync(dir_fd)
+        finally:
+            os.close(dir_fd)
