@@ -136,25 +136,20 @@ def generate_token(api: FieldSalesAPI, old_token: str) -> str:
         raise TokenRenewalError(f"Token renewal refused: {exc}") from None
     except FieldSalesAPIError as exc:
         raise TokenRenewalError(
-            f"Token renewal failed: {exc} If the server renewed the token before its answer was "
-            "lost, the stored token is no longer valid; if requests now fail with HTTP 401: "
-            f"{instruction}"
+            f"Token renewal failed: {exc} If requests now fail with HTTP 401 (the server renewed "
+            f"the token, and its answer was lost): {instruction}"
         ) from None
     try:
         new_token = _GENERATED_TOKEN.decode(cast(bytes, body)).token  # get() without parse: bytes
     except (msgspec.DecodeError, msgspec.ValidationError):
         new_token = ""  # the decoder's message may quote the body: never chain it
     try:
-        new_token = clean_token(new_token, f"the answer of GET {GENERATE_TOKEN_PATH}")
+        if not (new_token := clean_token(new_token, f"the answer of GET {GENERATE_TOKEN_PATH}")):
+            raise TokenFormatError(f"GET {GENERATE_TOKEN_PATH} answered 200 without a token.")
     except TokenFormatError as exc:
         raise TokenRenewalError(
-            f"{exc} The old token may already be invalid. {instruction}"
+            f"{exc} The old token may be invalid already. {instruction}"
         ) from None
-    if not new_token:
-        raise TokenRenewalError(
-            f"GET {GENERATE_TOKEN_PATH} answered 200 without a token string; the old token may "
-            f"already be invalid. {instruction}"
-        )
     return new_token
 
 

@@ -8,7 +8,7 @@ Every rule of SPEC "Behaviour the API document implies" that concerns HTTP lives
   ends at the first empty page;
 * any envelope is accepted: a bare JSON list, or an object holding one list (and maybe a total);
 * 429, 5xx, dropped connections, timeouts and bodies cut off mid-JSON are retried with bounded
-  exponential backoff (tenacity), honouring ``Retry-After`` but never waiting less than the
+  exponential backoff, honouring ``Retry-After`` but never waiting less than the
   backoff; retries stop at ``max_retries`` or ``retry_budget_s`` (``unreachable_budget_s`` for a
   host that cannot be connected to), and each is logged as a warning while it happens;
 * a complete 200 body that is not JSON, or JSON nested too deep, fails at once, quoting what
@@ -26,6 +26,7 @@ the loader (``raw_load.py``), which asks for another pass when they disagree.
 
 from __future__ import annotations
 
+import random
 import threading
 import time
 from collections.abc import Callable, Container
@@ -33,7 +34,6 @@ from typing import TYPE_CHECKING, cast
 
 import dagster as dg
 import msgspec
-import tenacity
 from pydantic import Field, PrivateAttr
 from urllib3.exceptions import InvalidHeader
 from urllib3.util import Retry
@@ -48,11 +48,11 @@ from fieldsales_dagster.client.envelope import (
 )
 from fieldsales_dagster.client.errors import (
     AuthenticationError,
-    AuthRefused,
     FieldSalesAPIError,
     NotJSONError,
     TransientHTTPError,
     UnreachableError,
+    token_refused,
 )
 from fieldsales_dagster.settings import ApiSettings, settings_resource
 from fieldsales_dagster.token.catalog import open_token_store
@@ -84,10 +84,10 @@ def _retry_after_seconds(value: str | None) -> float | None:
         return None
 
 
-def _given_token(token: str) -> str:
-    """A token passed to ``get`` as it is, checked as the store checks one."""
+def _clean(token: str, source: str) -> str:
+    """``token`` without surrounding whitespace; refuses one a header cannot carry."""
     try:
-        return clean_token(token, "the token given")
+        return clean_token(token, source)
     except TokenFormatError as exc:
         raise AuthenticationError(str(exc)) from None
 
@@ -103,62 +103,34 @@ class FieldSalesAPI(settings_resource("ApiSettings", ApiSettings, but=("api_toke
         description="API token; set it with EnvVar('FIELDSALES_API_TOKEN'), never as a literal.",
         repr=False,
     )
-    use_token_store: bool = Field(
-        default=True,
-        description="Read the current token from the token store (seeded from api_token).",
-    )
+    use_token_store: bool = Field(default=True, description="Read the token from the store.")
     ducklake_catalog: str | None = Field(
-        default=None,
-        description="The lake's catalog (storage.ducklake_catalog): with token_store_path "
-        "'catalog', the PostgreSQL database whose row holds the token.",
+        default=None, description="With token_store_path 'catalog': the row's PostgreSQL catalog."
     )
     ducklake_password_env_var: str = Field(default="FIELDSALES_DUCKLAKE_PASSWORD")
     ducklake_schema: str | None = Field(default=None, description="The lake's row's key.")
     connect_timeout_s: float = Field(default=10.0, gt=0)
     read_timeout_s: float = Field(default=120.0, gt=0)
     request_deadline_s: float = Field(
-        default=180.0,
-        gt=0,
-        le=3600,
-        description="Longest one request may take, from connecting to the body's last byte; a "
-        "server dripping bytes cannot hold a request open longer.",
+        default=180.0, gt=0, le=3600, description="Longest one request, to the body's last byte."
     )
     retry_budget_s: float = Field(
-        default=300.0,
-        gt=0,
-        le=24 * 3600,
-        description="Longest one request may take with all its retries and waits, whatever "
-        "max_retries allows: a silent or failing server is given up after this.",
+        default=300.0, gt=0, le=86400, description="Longest one request with all its retries."
     )
     unreachable_budget_s: float = Field(
-        default=10.0,
-        ge=0,
-        le=3600,
-        description="How long to keep retrying a host that refuses connections, cannot be "
-        "resolved or never accepts one: an instance that is down is reported within seconds.",
+        default=10.0, ge=0, le=3600, description="How long a host that cannot connect is retried."
     )
     max_page_bytes: int = Field(
-        default=256 * 1024 * 1024,
-        ge=1024,
-        description="Largest body of one answer once decompressed; a larger one (a gzip bomb, a "
-        "broken server) fails at once, without being held in memory.",
+        default=256 * 1024 * 1024, ge=1024, description="Largest body, once decompressed."
     )
     max_retries: int = Field(default=6, ge=0, description="Retries of one request.")
     backoff_initial_s: float = Field(default=1.0, ge=0)
     backoff_max_s: float = Field(default=60.0, ge=0)
     max_list_passes: int = Field(
-        default=3,
-        ge=1,
-        description="Passes over a list whose distinct ids disagree with the final total.",
+        default=3, ge=1, description="Passes over a list whose ids disagree with its total."
     )
     max_pages_per_pass: int = Field(
-        default=100_000,
-        ge=1,
-        le=10_000_000,
-        description=(
-            "Most pages one pass over a list may take (100,000 pages of 500 items is 50 million "
-            "items); a server that pages forever fails the load when it is reached."
-        ),
+        default=100_000, ge=1, le=10_000_000, description="Most pages of one pass over a list."
     )
     max_retry_after_s: float = Field(
         default=300.0, ge=0, description="Longest Retry-After honoured before giving up."
@@ -203,11 +175,7 @@ class FieldSalesAPI(settings_resource("ApiSettings", ApiSettings, but=("api_toke
         )
 
     def env_token(self) -> str:
-        """``api_token`` without surrounding whitespace; refuses one a header cannot carry."""
-        try:
-            return clean_token(self.api_token, self.named("FIELDSALES_API_TOKEN"))
-        except TokenFormatError as exc:
-            raise AuthenticationError(str(exc)) from None
+        return _clean(self.api_token, self.named("FIELDSALES_API_TOKEN"))
 
     def current_token(self) -> str:
         env_token = self.env_token()
@@ -260,21 +228,19 @@ class FieldSalesAPI(settings_resource("ApiSettings", ApiSettings, but=("api_toke
         from fieldsales_dagster.client.transport import Limits, fetch
 
         where = f"GET {path}" + (f" (skip={params['skip']})" if params and "skip" in params else "")
-        origin = self.origin
         limits = Limits(
             connect_timeout_s=self.connect_timeout_s,
             read_timeout_s=self.read_timeout_s,
             deadline_s=deadline_s,
             max_body_bytes=self.max_page_bytes,
+            deadline_source=f"what was left of retry_budget_s={self.retry_budget_s:g}"
+            if deadline_s < self.request_deadline_s
+            else f"request_deadline_s={self.request_deadline_s:g}",
             base_url=self.named("FIELDSALES_BASE_URL"),
         )
-        if deadline_s < self.request_deadline_s:
-            limits.deadline_source = f"what was left of retry_budget_s={self.retry_budget_s:g}"
-        else:
-            limits.deadline_source = f"request_deadline_s={self.request_deadline_s:g}"
         answer = fetch(
             self._session(),
-            origin,
+            self.origin,
             self.root + path,
             params=params,
             token=token,
@@ -283,9 +249,9 @@ class FieldSalesAPI(settings_resource("ApiSettings", ApiSettings, but=("api_toke
             scrub=lambda text: self._scrub(text, token),
         )
         status = answer.status
-        on = f"{where} on {origin.netloc}"
+        on = f"{where} on {self.origin.netloc}"
         if status in (401, 403):
-            raise AuthRefused(status, where)
+            raise token_refused(status, where, self.named("FIELDSALES_API_TOKEN"))
         if status == 429 or status >= 500 or status == 408:
             raise TransientHTTPError(
                 f"{on}: HTTP {status}", _retry_after_seconds(answer.headers.get("Retry-After"))
@@ -304,55 +270,49 @@ class FieldSalesAPI(settings_resource("ApiSettings", ApiSettings, but=("api_toke
         stats: ListStats | None,
     ) -> object:
         """``parse(body)``, telling a body cut off (retried) from one that is not JSON (not)."""
-        body = answer.body
-        replaced = 0
-        for _ in range(2):
+        body, replaced = answer.body, 0
+        what = f"{answer.content_type}, {len(body)} bytes"
+        while True:
             try:
                 result = parse(body)
             except msgspec.DecodeError as exc:
                 reason = str(exc)
             except RecursionError:
                 raise NotJSONError(
-                    f"{on} answered JSON nested deeper than the decoder allows "
-                    f"({answer.content_type}, {len(answer.body)} bytes). Not retried."
+                    f"{on} answered JSON nested deeper than the decoder allows ({what})."
                 ) from None
             else:
                 if replaced and stats:
                     stats.count(surrogates_replaced=replaced)
                 return result
-            if replaced:
-                break
             # A lone surrogate escape (a string cut mid-emoji) trips the decoder: replace it
             # with U+FFFD, count it, and decode again.
-            body, replaced = replace_lone_surrogates(body)
-            if not replaced:
+            if replaced or not (fixed := replace_lone_surrogates(body))[1]:
                 break
+            body, replaced = fixed
         if "truncated" in reason:
             raise TransientHTTPError(f"{on}: body cut off mid-JSON ({reason})")
         raise NotJSONError(
-            f"{on} answered HTTP 200 with a complete body that is not JSON "
-            f"({answer.content_type}, {len(answer.body)} bytes; {reason}): "
+            f"{on} answered HTTP 200 with a body that is not JSON ({what}; {reason}): "
             f"{self._snippet(answer.body, token)!r}. Not retried: check "
             f"{self.named('FIELDSALES_BASE_URL')} (a login or proxy page?)."
         )
 
-    def _wait(self, state: tenacity.RetryCallState) -> float:
-        exc = state.outcome.exception() if state.outcome else None
-        backoff = tenacity.wait_exponential_jitter(
-            initial=self.backoff_initial_s, max=self.backoff_max_s, jitter=self.backoff_initial_s
+    def _wait(self, exc: TransientHTTPError, attempt: int) -> float:
+        """The backoff after ``attempt`` (exponential, with jitter), or the server's Retry-After
+        if longer; one beyond ``max_retry_after_s`` fails the request."""
+        jitter = random.uniform(0, self.backoff_initial_s)
+        wait = min(
+            self.backoff_initial_s * 2.0 ** min(attempt - 1, 60) + jitter, self.backoff_max_s
         )
-        wait = min(backoff(state), self.backoff_max_s)
-        retry_after = getattr(exc, "retry_after", None)
-        if retry_after is not None:
-            if retry_after > self.max_retry_after_s:
-                raise FieldSalesAPIError(
-                    f"{exc}: the server asks to wait {retry_after:.0f} s (Retry-After), longer "
-                    f"than max_retry_after_s={self.max_retry_after_s:.0f}; try again later."
-                )
-            # `Retry-After: 0` from a struggling server must not turn into a burst of requests:
-            # the backoff is the least we wait.
-            return max(retry_after, wait)
-        return wait
+        if exc.retry_after is not None and exc.retry_after > self.max_retry_after_s:
+            raise FieldSalesAPIError(
+                f"{exc}: the server asks to wait {exc.retry_after:.0f} s (Retry-After), longer "
+                f"than max_retry_after_s={self.max_retry_after_s:.0f}; try again later."
+            )
+        # `Retry-After: 0` from a struggling server must not turn into a burst of requests: the
+        # backoff is the least we wait.
+        return max(exc.retry_after or 0.0, wait)
 
     def get(
         self,
@@ -374,32 +334,25 @@ class FieldSalesAPI(settings_resource("ApiSettings", ApiSettings, but=("api_toke
         warning as it happens.
         """
         retries = self.max_retries if max_retries is None else max_retries
-        fixed_token = None if token is None else _given_token(token)
+        fixed_token = None if token is None else _clean(token, "the token given")
         current = fixed_token or self.current_token()
         where = f"GET {path}" + (f" (skip={params['skip']})" if params and "skip" in params else "")
         on = f"{where} on {self.origin.netloc}"
-        reread = False
-        started = time.monotonic()
-        attempts = [0]
+        reread, started, attempt = False, time.monotonic(), 0
         while True:
-            attempts[0] = 0  # a re-read token starts a new series of attempts
-
-            def attempt(token: str = current) -> object:
-                attempts[0] += 1
-                if stats:
-                    stats.count(requests=1)
-                remaining = self.retry_budget_s - (time.monotonic() - started)
-                deadline_s = min(self.request_deadline_s, max(remaining, 1.0))
-                answer = self._get_once(path, params, token, deadline_s)
-                if parse is None:
-                    return answer.body
-                return self._parse(answer, parse, on, token, stats)
-
+            attempt += 1
+            if stats:
+                stats.count(requests=1)
+            remaining = self.retry_budget_s - (time.monotonic() - started)
             try:
-                answer = self._retrying(started, retries, stats, attempts)(attempt)
+                deadline_s = min(self.request_deadline_s, max(remaining, 1.0))
+                answer = self._get_once(path, params, current, deadline_s)
+                result = (
+                    answer.body if parse is None else self._parse(answer, parse, on, current, stats)
+                )
             except TransientHTTPError as exc:
-                raise self._gave_up(exc, attempts[0], retries, started) from None
-            except AuthRefused as refused:
+                failure = exc  # handled below, outside the handler: nothing chains it
+            except AuthenticationError as refused:
                 # A renewal may have replaced the token since this run read it: re-read once.
                 store = None if reread or fixed_token is not None else self.token_store()
                 if store is not None:
@@ -407,67 +360,42 @@ class FieldSalesAPI(settings_resource("ApiSettings", ApiSettings, but=("api_toke
                     store.wait_for_renewal(RENEWAL_WAIT_S)
                     fresh = self.current_token()
                     if fresh != current:
-                        current = fresh
+                        current, attempt = fresh, 0  # a new token, a new series of attempts
                         if stats:
                             stats.count(token_rereads=1)
                         continue
-                raise refused.error(self.named("FIELDSALES_API_TOKEN")) from None
-            if fixed_token is None:
-                self._settle(current)  # the server accepted it: the store may record it now
-            return answer
-
-    def _retrying(
-        self, started: float, retries: int, stats: ListStats | None, attempts: list[int]
-    ) -> tenacity.Retrying:
-        """Retries of transient failures within ``retries`` and the time budgets, each logged."""
-        log = dg.get_dagster_logger("fieldsales_dagster.client")
-
-        def stop(state: tenacity.RetryCallState) -> bool:
-            if state.attempt_number > retries:
-                return True
-            exc = state.outcome.exception() if state.outcome else None
-            budget = (
-                self.unreachable_budget_s
-                if getattr(exc, "unreachable", False)
-                else self.retry_budget_s
-            )
-            return time.monotonic() - started + state.upcoming_sleep > budget
-
-        def before_sleep(state: tenacity.RetryCallState) -> None:
+                raise refused from None
+            else:
+                if fixed_token is None:
+                    self._settle(current)  # the server accepted it: the store may record it now
+                return result
+            wait = self._wait(failure, attempt)
+            budget = self.unreachable_budget_s if failure.unreachable else self.retry_budget_s
+            if attempt > retries or time.monotonic() - started + wait > budget:
+                raise self._gave_up(failure, attempt, retries, started)
             if stats:
                 stats.count(retries=1)
-            exc = state.outcome.exception() if state.outcome else None
             # Counted in attempts, as the final error is: attempt 1 is the first request.
-            log.warning(
-                f"{exc}; attempt {attempts[0]} of at most {retries + 1} failed, next in "
-                f"{state.upcoming_sleep:.1f} s"
+            dg.get_dagster_logger("fieldsales_dagster.client").warning(
+                f"{failure}; attempt {attempt} of at most {retries + 1} failed, next in "
+                f"{wait:.1f} s"
             )
-
-        return tenacity.Retrying(
-            retry=tenacity.retry_if_exception_type(TransientHTTPError),
-            stop=stop,
-            wait=self._wait,
-            before_sleep=before_sleep,
-            reraise=True,
-        )
+            time.sleep(wait)
 
     def _gave_up(
         self, exc: TransientHTTPError, attempts: int, retries: int, started: float
     ) -> FieldSalesAPIError:
-        spent = (
-            f"gave up after attempt {attempts} of at most {retries + 1}, "
+        spent = f"{exc}; gave up after attempt {attempts} of at most {retries + 1}, " + (
             f"{time.monotonic() - started:.1f} s after the first"
         )
         if exc.unreachable:
             return UnreachableError(
-                f"{exc}; {spent} (unreachable_budget_s={self.unreachable_budget_s:g}). "
-                f"Check {self.named('FIELDSALES_BASE_URL')} ({self.origin}) and that the instance "
-                "is up and reachable from here."
+                f"{spent} (unreachable_budget_s={self.unreachable_budget_s:g}). Check "
+                f"{self.named('FIELDSALES_BASE_URL')} ({self.origin}) and that the host is up."
             )
         return FieldSalesAPIError(
-            f"{exc}; {spent} (max_retries={retries}, retry_budget_s="
-            f"{self.retry_budget_s:g}). The server or the network is failing; try again "
-            "later or raise max_retries / retry_budget_s."
+            f"{spent} (max_retries={retries}, retry_budget_s={self.retry_budget_s:g}). Try again "
+            "later, or raise max_retries or retry_budget_s."
         )
 
     # --- endpoints --------------------------------------------------------------------------

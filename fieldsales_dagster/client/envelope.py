@@ -116,12 +116,7 @@ def replace_lone_surrogates(body: bytes) -> tuple[bytes, int]:
         replaced += 1
         return b"\\ufffd"
 
-    fixed = _SURROGATE_ESCAPE.sub(fix, body)
-    return fixed, replaced
-
-
-def _first_byte(raw: msgspec.Raw) -> bytes:
-    return bytes(raw).lstrip()[:1]
+    return _SURROGATE_ESCAPE.sub(fix, body), replaced
 
 
 @functools.cache
@@ -165,13 +160,12 @@ def split_envelope(
         doc = _ENVELOPE.decode(body)
     except msgspec.ValidationError as exc:
         raise PageFormatError(
-            f"{where} answered JSON that is neither a list nor an object ({exc}); expected a list "
-            "of items or an object holding one."
+            f"{where} answered JSON that is neither a list of items nor an object ({exc})."
         ) from None
     if isinstance(doc, list):
         return doc, None
 
-    list_keys = [key for key, value in doc.items() if _first_byte(value) == b"["]
+    list_keys = [key for key, value in doc.items() if bytes(value).lstrip()[:1] == b"["]
     if endpoint.items_key in list_keys:
         items_key = endpoint.items_key
     elif len(list_keys) == 1:
@@ -185,14 +179,10 @@ def split_envelope(
         )
     items = _LIST.decode(doc[items_key])
 
-    total = None
     for key in (endpoint.total_key, *TOTAL_KEYS):
-        if key and key in doc:
-            value = _ANY.decode(doc[key])
-            if isinstance(value, int) and not isinstance(value, bool) and value >= 0:
-                total = value
-                break
-            if isinstance(value, str) and value.isdigit():
-                total = int(value)
-                break
-    return items, total
+        value = _ANY.decode(doc[key]) if key and key in doc else None
+        if isinstance(value, str) and value.isdigit():
+            value = int(value)
+        if isinstance(value, int) and not isinstance(value, bool) and value >= 0:
+            return items, value
+    return items, None

@@ -50,21 +50,15 @@ class TransientHTTPError(Exception):
         self.unreachable = unreachable
 
 
-class AuthRefused(Exception):
-    def __init__(self, status: int, where: str):
-        super().__init__(f"{where}: HTTP {status}")
-        self.status = status
-        self.where = where
-
-    def error(self, token_variable: str) -> AuthenticationError:
-        instruction = RENEW_TOKEN_INSTRUCTION.format(token_variable)
-        if self.status == 401:
-            return AuthenticationError(
-                f"{self.where}: the Field-Sales API refused the API token (HTTP 401): it is "
-                f"invalid, expired or was replaced by a renewal. {instruction}"
-            )
+def token_refused(status: int, where: str, token_variable: str) -> AuthenticationError:
+    """The error of a request the server answered with 401 (the token) or 403 (its rights)."""
+    instruction = RENEW_TOKEN_INSTRUCTION.format(token_variable)
+    if status == 401:
         return AuthenticationError(
-            f"{self.where}: the Field-Sales API accepted the API token but denies access (HTTP "
-            "403). The token's user needs admin rights for the public API; regenerate the token "
-            f"as such a user. {instruction}"
+            f"{where}: the Field-Sales API refused the API token (HTTP 401): it is "
+            f"invalid, expired or was replaced by a renewal. {instruction}"
         )
+    return AuthenticationError(
+        f"{where}: the Field-Sales API denies the API token's user access (HTTP 403): it needs "
+        f"admin rights for the public API. {instruction}"
+    )

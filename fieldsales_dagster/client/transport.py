@@ -104,25 +104,15 @@ class _DeadlineResponse(http.client.HTTPResponse):
         self.fp = io.BufferedReader(_DeadlineReader(sock, self.fp.detach(), deadline))
 
 
-# urllib3 builds its connections from the pool's ``ConnectionCls``: these carry the response class
-# above, and the adapter below gives its pool managers pools of them.
-class _HTTPConnection(urllib3.connection.HTTPConnection):
-    response_class = _DeadlineResponse
+def _deadline_pool(pool: type[HTTPConnectionPool]) -> type[HTTPConnectionPool]:
+    """``pool`` whose connections (urllib3 builds them from its ``ConnectionCls``) carry the
+    response class above; the adapter below gives its pool managers such pools."""
+    connection = type(f"_Deadline{pool.ConnectionCls.__name__}", (pool.ConnectionCls,), {})
+    connection.response_class = _DeadlineResponse  # type: ignore[attr-defined]
+    return type(f"_Deadline{pool.__name__}", (pool,), {"ConnectionCls": connection})
 
 
-class _HTTPSConnection(urllib3.connection.HTTPSConnection):
-    response_class = _DeadlineResponse
-
-
-class _HTTPPool(HTTPConnectionPool):
-    ConnectionCls = _HTTPConnection
-
-
-class _HTTPSPool(HTTPSConnectionPool):
-    ConnectionCls = _HTTPSConnection
-
-
-_POOLS = {"http": _HTTPPool, "https": _HTTPSPool}
+_POOLS = {"http": _deadline_pool(HTTPConnectionPool), "https": _deadline_pool(HTTPSConnectionPool)}
 
 
 class _DeadlineAdapter(HTTPAdapter):
@@ -191,13 +181,12 @@ def read_body(resp: requests.Response, where: str, max_bytes: int) -> bytes:
     encoding = (resp.headers.get("Content-Encoding") or "identity").strip().lower()
     if encoding not in _DECODED:
         raise FieldSalesAPIError(
-            f"{where} answered with Content-Encoding {encoding[:40]!r}, not asked for (only "
-            f"{ACCEPT_ENCODING}): a proxy in between may rewrite answers."
+            f"{where} answered with Content-Encoding {encoding[:40]!r}, not {ACCEPT_ENCODING} as "
+            "asked: a proxy in between may rewrite answers."
         )
     too_large = ResponseTooLargeError(
         f"{where}: the body {'' if encoding == 'identity' else f'once {encoding}-decompressed '}"
-        f"is larger than max_page_bytes={max_bytes} bytes. Not retried; if pages really are "
-        "this large, raise max_page_bytes or lower page_size."
+        f"is larger than max_page_bytes={max_bytes}: raise it, or lower page_size."
     )
     declared = resp.headers.get("Content-Length", "")
     step = CHUNK_BYTES
@@ -206,25 +195,11 @@ def read_body(resp: requests.Response, where: str, max_bytes: int) -> bytes:
             raise too_large
         step = max(1, min(int(declared), WHOLE_BODY_BYTES))
     parts: list[bytes] = []
-    size = 0
     for piece in resp.raw.stream(step, decode_content=True):
-        size += len(piece)
-        if size > max_bytes:
-            raise too_large
         parts.append(piece)
+        if sum(map(len, parts)) > max_bytes:
+            raise too_large
     return parts[0] if len(parts) == 1 else b"".join(parts)
-
-
-def _cannot_connect(exc: requests.ConnectionError) -> str | None:
-    """What a failure to connect at all looks like, or ``None`` for a dropped connection."""
-    reason = exc.args[0] if exc.args else None
-    reason = getattr(reason, "reason", reason)  # MaxRetryError wraps the cause
-    if isinstance(reason, NameResolutionError):
-        return "the host name cannot be resolved"
-    if isinstance(reason, NewConnectionError):
-        detail = str(reason).rsplit("Failed to establish a new connection: ", 1)[-1]
-        return f"cannot connect ({detail})"
-    return None
 
 
 def fetch(
@@ -249,17 +224,38 @@ def fetch(
     _sending.deadline = deadline
     try:
         for _ in range(MAX_REDIRECTS + 1):
-            answer = _send(session, url, params, token, on, limits, deadline, scrub)
-            location = answer.headers.get("Location")
-            if answer.status not in REDIRECT_STATUSES or not location:
-                return answer
+            failure = None
+            try:
+                resp = session.get(
+                    url,
+                    params=params,
+                    auth=_Bearer(token),
+                    # The read timeout bounds each read; _DeadlineReader shortens it near the end.
+                    timeout=(
+                        min(limits.connect_timeout_s, max(deadline - time.monotonic(), 0.001)),
+                        limits.read_timeout_s,
+                    ),
+                    stream=True,
+                    allow_redirects=False,
+                )
+                with resp:
+                    body = b"" if resp.is_redirect else read_body(resp, on, limits.max_body_bytes)
+            except FieldSalesAPIError:
+                raise
+            except Exception as exc:  # noqa: BLE001 - told apart in _failure
+                failure = _failure(exc, on, limits, deadline, scrub)
+            if failure is not None:  # raised outside the handler: nothing chains its text
+                raise failure
+            location = resp.headers.get("Location")
+            if resp.status_code not in REDIRECT_STATUSES or not location:
+                return Answer(resp.status_code, resp.headers, body)
             target = urljoin(url, location)
             target_origin = origin_of(target)
             if target_origin != origin:
                 shown = str(target_origin) if target_origin else scrub(location[:200])
                 raise RedirectRefusedError(
-                    f"{on} redirects (HTTP {answer.status}) to another origin, {shown}; refused: "
-                    f"the API token is only sent to {origin}. If the instance moved, set "
+                    f"{on} redirects (HTTP {resp.status_code}) to another origin, {shown}; "
+                    f"refused: the API token is only sent to {origin}. If the instance moved, set "
                     f"{limits.base_url} to its new address."
                 )
             if target in visited:
@@ -275,40 +271,6 @@ def fetch(
         f"{on} redirects more than {MAX_REDIRECTS} times ({' -> '.join(map(scrub, visited))}); "
         f"check {limits.base_url}."
     )
-
-
-def _send(
-    session: requests.Session,
-    url: str,
-    params: QueryParams | None,
-    token: str,
-    on: str,
-    limits: Limits,
-    deadline: float,
-    scrub: Callable[[str], str],
-) -> Answer:
-    try:
-        left = deadline - time.monotonic()
-        resp = session.get(
-            url,
-            params=params,
-            auth=_Bearer(token),
-            # The read timeout bounds each read; _DeadlineReader shortens it near the deadline.
-            timeout=(min(limits.connect_timeout_s, max(left, 0.001)), limits.read_timeout_s),
-            stream=True,
-            allow_redirects=False,
-        )
-        try:
-            body = b"" if resp.is_redirect else read_body(resp, on, limits.max_body_bytes)
-        finally:
-            resp.close()
-        return Answer(resp.status_code, resp.headers, body)
-    except FieldSalesAPIError:
-        raise
-    except Exception as exc:  # noqa: BLE001 - told apart in _failure
-        failure = _failure(exc, on, limits, deadline, scrub)
-    # Raised outside the handler: the exception's text may quote the token, so nothing chains it.
-    raise failure
 
 
 def _failure(
@@ -327,9 +289,13 @@ def _failure(
     if isinstance(exc, requests.ConnectTimeout):
         return transient("cannot connect (no answer within connect_timeout_s)", True)
     if isinstance(exc, requests.ConnectionError):
-        failed_to_connect = _cannot_connect(exc)
-        if failed_to_connect:
-            return transient(failed_to_connect, True)
+        reason = exc.args[0] if exc.args else None
+        reason = getattr(reason, "reason", reason)  # MaxRetryError wraps the cause
+        if isinstance(reason, NameResolutionError):
+            return transient("the host name cannot be resolved", True)
+        if isinstance(reason, NewConnectionError):
+            detail = str(reason).rsplit("Failed to establish a new connection: ", 1)[-1]
+            return transient(f"cannot connect ({detail})", True)
         return transient(f"connection dropped ({type(exc).__name__})")
     if isinstance(exc, requests.Timeout):
         return transient(f"no answer within read_timeout_s={limits.read_timeout_s:g} s")
