@@ -193,41 +193,33 @@ class CatalogTokenStore(TokenStore):
     def _locked(self, timeout_s: float = LOCK_TIMEOUT_S, wait: bool = False) -> Iterator[None]:
         """The row's lock, in a transaction this store commits when it writes (else rolls back);
         ``wait``: a share lock, granted once a renewal in progress has committed."""
-        conn = self._connect()
-        try:
-            with conn.cursor() as cur:
-                cur.execute("SET idle_in_transaction_session_timeout = 0")
-                cur.execute("SET lock_timeout = %s", (f"{int(timeout_s * 1000)}ms",))
-                if not wait and not self._check_privileges(cur):
-                    cur.execute("SELECT pg_advisory_xact_lock(hashtext(%s))", (TABLE,))
-                    cur.execute(_SETUP)
-                    conn.commit()
-                    self._check_privileges(cur)
-                if (
-                    not wait
-                ):  # a first seed has no row to lock yet: an empty one, gone unless written
-                    cur.execute(
-                        f"INSERT INTO {TABLE} (lake) VALUES (%s) ON CONFLICT DO NOTHING",
-                        (self.lake,),
-                    )
-            self._held = (conn, self._select(conn, "FOR SHARE" if wait else "FOR UPDATE"))
-        except psycopg2.errors.LockNotAvailable:
-            conn.close()
-            raise TokenStoreError(
-                f"Waited {timeout_s:.0f} s for the lock of the token store, {self.where}: another "
-                "process is renewing the token. Try again later."
-            ) from None
-        except psycopg2.Error as exc:
-            conn.close()
-            raise self._failed(exc, "lock") from None
-        except BaseException:
-            conn.close()
-            raise
-        try:
-            yield
-        finally:
-            self._held = None
-            conn.close()  # rolls back what was not committed
+        with contextlib.closing(self._connect()) as conn:  # closing rolls back the uncommitted
+            try:
+                with conn.cursor() as cur:
+                    cur.execute("SET idle_in_transaction_session_timeout = 0")
+                    cur.execute("SET lock_timeout = %s", (f"{int(timeout_s * 1000)}ms",))
+                    if not wait and not self._check_privileges(cur):
+                        cur.execute("SELECT pg_advisory_xact_lock(hashtext(%s))", (TABLE,))
+                        cur.execute(_SETUP)
+                        conn.commit()
+                        self._check_privileges(cur)
+                    # A first seed has no row to lock yet: an empty one, gone unless written.
+                    insert = f"INSERT INTO {TABLE} (lake) VALUES (%s) ON CONFLICT DO NOTHING"
+                    if not wait:
+                        cur.execute(insert, (self.lake,))
+                held = self._select(conn, "FOR SHARE" if wait else "FOR UPDATE")
+            except psycopg2.errors.LockNotAvailable:
+                raise TokenStoreError(
+                    f"Waited {timeout_s:.0f} s for the lock of the token store, {self.where}: "
+                    "another process is renewing the token. Try again later."
+                ) from None
+            except psycopg2.Error as exc:
+                raise self._failed(exc, "lock") from None
+            self._held = (conn, held)
+            try:
+                yield
+            finally:
+                self._held = None
 
     @contextlib.contextmanager
     def _open_write(self) -> Iterator[Commit]:
