@@ -293,9 +293,8 @@ class FieldSalesAPI(settings_resource("ApiSettings", ApiSettings, but=("api_toke
         if "truncated" in reason:
             raise TransientHTTPError(f"{on}: body cut off mid-JSON ({reason})")
         raise NotJSONError(
-            f"{on} answered HTTP 200 with a body that is not JSON ({what}; {reason}): "
-            f"{self._snippet(answer.body, token)!r}. Not retried: check "
-            f"{self.named('FIELDSALES_BASE_URL')} (a login or proxy page?)."
+            f"{on} answered a body that is not JSON ({what}; {reason}): "
+            f"{self._snippet(answer.body, token)!r}. Check {self.named('FIELDSALES_BASE_URL')}."
         )
 
     def _wait(self, exc: TransientHTTPError, attempt: int) -> float:

@@ -254,9 +254,8 @@ def fetch(
             if target_origin != origin:
                 shown = str(target_origin) if target_origin else scrub(location[:200])
                 raise RedirectRefusedError(
-                    f"{on} redirects (HTTP {resp.status_code}) to another origin, {shown}; "
-                    f"refused: the API token is only sent to {origin}. If the instance moved, set "
-                    f"{limits.base_url} to its new address."
+                    f"{on} redirects to {shown}, refused: the token is only sent to {origin}. If "
+                    f"the instance moved, set {limits.base_url} to its new address."
                 )
             if target in visited:
                 raise RedirectRefusedError(

@@ -97,9 +97,8 @@ class CatalogTokenStore(TokenStore):
             )
         if not catalog.startswith(POSTGRES_PREFIX):
             raise TokenStoreError(
-                f"{self.variable}={CATALOG_STORE} needs a PostgreSQL catalog: set "
-                f"{self.catalog_variable} to postgres:dbname=... host=... user=..., or set "
-                f"{self.variable} to a file path (one host)."
+                f"{self.variable}={CATALOG_STORE} needs {self.catalog_variable}=postgres:dbname="
+                f"... host=... user=...; with one host, set {self.variable} to a file path."
             )
         dsn = catalog.removeprefix(POSTGRES_PREFIX)
         try:  # the libpq keywords (dbname=... host=... user=...), as psycopg2 parses them
@@ -140,15 +139,13 @@ class CatalogTokenStore(TokenStore):
         owner, user, others = row
         if owner != user:
             raise TokenStoreError(
-                f"The token store, {self.where}, is owned by role {owner}, not {user} (the "
-                f"catalog's), who could choose the token sent: run `ALTER TABLE {TABLE} OWNER TO "
-                f"{user}`, or drop it (it is seeded again from {self.token_variable})."
+                f"The token store, {self.where}, is owned by role {owner}, not {user}: run `ALTER "
+                f"TABLE {TABLE} OWNER TO {user}`, or drop it (seeded from {self.token_variable})."
             )
         if others:
             raise TokenStoreError(
-                f"The token store, {self.where}, grants rights to {', '.join(others)} and holds "
-                f"the API token: run `REVOKE ALL ON {TABLE} FROM {', '.join(others)}`; regenerate "
-                "the token if in doubt."
+                f"The token store, {self.where}, grants rights to {', '.join(others)}: run `REVOKE "
+                f"ALL ON {TABLE} FROM {', '.join(others)}`; regenerate the token if in doubt."
             )
         return True
 

@@ -52,10 +52,8 @@ def clean_token(raw: str | None, source: str) -> str:
                 else ""
             )
             raise TokenFormatError(
-                f"The API token from {source} holds {why} at position {position} of {len(token)}, "
-                f"which an HTTP header cannot carry{hint}. Copy the token again from your "
-                "Field-Sales user profile (API tab, copy button) and set it without quotes or "
-                "line breaks."
+                f"The API token from {source} holds {why} at position {position} of {len(token)}"
+                f"{hint}: copy it again from your Field-Sales profile's API tab, without quotes."
             )
     return token
 

@@ -173,9 +173,8 @@ class TokenStore(abc.ABC):
     def _refuse(self, stored: StoredToken) -> None:
         raise TokenStoreError(
             f"Token store {self.where} holds the token of {stored.origin or 'an unnamed server'}, "
-            f"not of {self.origin}, so no token was sent. Give each instance a token_store_path "
-            f"of its own ({self.variable}); if the instance moved, set {self.token_variable} to "
-            "its current token and delete the store (docs/token-lifecycle.md)."
+            f"not of {self.origin}: give each instance its own {self.variable}; if it moved, set "
+            f"{self.token_variable} to its token and delete the store (docs/token-lifecycle.md)."
         )
 
     def _foreign(self, stored: StoredToken) -> bool:
@@ -296,9 +295,8 @@ class TokenStore(abc.ABC):
                     self._write_atomically(renewed, commit)
                 except TokenStoreError as exc:
                     raise TokenStoreError(
-                        f"{exc} The token was renewed, so the stored one is no longer valid: set "
-                        f"{self.token_variable} to a token regenerated in your Field-Sales "
-                        "profile (API tab), and fix the store."
+                        f"{exc} The stored token was renewed, so invalid: fix the store and set "
+                        f"{self.token_variable} to a token regenerated in the API tab."
                     ) from None
             return Rotation(renewed=True, stored=renewed)
 
@@ -365,9 +363,8 @@ class FileTokenStore(TokenStore):
             ) from None
         if os.name == "posix" and st.st_uid != os.geteuid():
             raise TokenStoreError(
-                f"Token store {self.where} is owned by another user (uid {st.st_uid}), who could "
-                f"choose the token sent: `chown` it to uid {os.geteuid()}, or delete it (it is "
-                f"seeded again from {self.token_variable})."
+                f"Token store {self.where} is owned by another user (uid {st.st_uid}): `chown` it "
+                f"to uid {os.geteuid()}, or delete it (seeded again from {self.token_variable})."
             )
         if os.name == "posix" and (mode := stat.S_IMODE(st.st_mode)) & 0o077:
             raise TokenStoreError(
