@@ -153,13 +153,11 @@ class FieldSalesAPI(settings_resource("ApiSettings", ApiSettings, but=("api_toke
         return origin
 
     def _session(self) -> requests.Session:
-        session = getattr(self._local, "session", None)
-        if session is None:
+        if not hasattr(self._local, "session"):
             from fieldsales_dagster.client.transport import new_session
 
-            session = new_session(self.origin)
-            self._local.session = session
-        return session
+            self._local.session = new_session(self.origin)
+        return self._local.session
 
     def token_store(self) -> TokenStore | None:
         """The store of this instance's token, bound to its origin: another server's is refused."""
@@ -178,11 +176,8 @@ class FieldSalesAPI(settings_resource("ApiSettings", ApiSettings, but=("api_toke
         return _clean(self.api_token, self.named("FIELDSALES_API_TOKEN"))
 
     def current_token(self) -> str:
-        env_token = self.env_token()
-        store = self.token_store()
-        if store is None:
-            return env_token
-        return store.current(env_token, accept=self.server_accepts).token
+        env_token, store = self.env_token(), self.token_store()
+        return store.current(env_token, accept=self.server_accepts).token if store else env_token
 
     def server_accepts(self, env_token: str) -> bool:
         """Whether the server takes a new ``FIELDSALES_API_TOKEN`` the store has never seen.
@@ -206,10 +201,7 @@ class FieldSalesAPI(settings_resource("ApiSettings", ApiSettings, but=("api_toke
 
     def _settle(self, token: str) -> None:
         """A request with ``token`` succeeded: the store may record it now (once per resource)."""
-        if self._settled or not self.use_token_store:
-            return
-        store = self.token_store()
-        if store is not None:
+        if not self._settled and (store := self.token_store()) is not None:
             store.settle(self.env_token(), token)
         self._settled = True
 

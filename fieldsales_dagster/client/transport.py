@@ -72,9 +72,7 @@ class _DeadlineReader(io.RawIOBase):
 
     def __init__(self, sock: Any, raw: io.RawIOBase, deadline: float):
         super().__init__()
-        self._sock = sock
-        self._raw = raw
-        self._deadline = deadline
+        self._sock, self._raw, self._deadline = sock, raw, deadline
         timeout = sock.gettimeout()  # the read timeout urllib3 set
         self._read_timeout = math.inf if timeout is None else timeout
 
@@ -147,8 +145,7 @@ def new_session(origin: Origin) -> requests.Session:
     adapter = _DeadlineAdapter(pool_connections=1, pool_maxsize=1, max_retries=0)
     session.mount("http://", adapter)
     session.mount("https://", adapter)
-    session.headers["Accept"] = "application/json"
-    session.headers["Accept-Encoding"] = ACCEPT_ENCODING
+    session.headers.update({"Accept": "application/json", "Accept-Encoding": ACCEPT_ENCODING})
     return session
 
 

@@ -227,9 +227,8 @@ class TokenStore(abc.ABC):
         if stored is not None and self._foreign(stored) and stored.token != env_token:
             self._refuse(stored)  # another server's token is never sent here
         if stored is not None and not self._must_reseed(stored, env_token):
-            if stored.origin == self.origin or self.origin is None:
-                return stored, None
-            return stored, replace(stored, origin=self.origin)  # this very token, a new address
+            # Usable as is, or this very token at a new address.
+            return stored, replace(stored, origin=self.origin) if self._foreign(stored) else None
         if not env_token:
             raise TokenStoreError(
                 f"Token store {self.where} is empty and {self.token_variable} is not set: set it "
