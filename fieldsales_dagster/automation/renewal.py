@@ -228,10 +228,7 @@ def renew_or_check(
         )
         check_token(api, rotation.stored.token, "The renewed token (stored already)", retries=0)
         verb = "renewed" if rotation.renewed else "renewed by another process"
-        why = due.removeprefix("renewal due")
-        return TickOutcome(
-            message=f"token {verb}{why}; valid until {policy.valid_until(rotation.stored)}",
-            renewed=rotation.renewed,
-        )
+        message = f"token {verb}{due.removeprefix('renewal due')}; valid until "
+        return TickOutcome(message + policy.valid_until(rotation.stored), rotation.renewed)
     check_token(api, None, "The current API token", retries=TICK_CHECK_RETRIES)
     return TickOutcome(message=_not_yet_due(policy, stored, now, checked=True))

@@ -263,7 +263,7 @@ class FieldSalesAPI(settings_resource("ApiSettings", ApiSettings, but=("api_toke
     ) -> object:
         """``parse(body)``, telling a body cut off (retried) from one that is not JSON (not)."""
         body, replaced = answer.body, 0
-        what = f"{answer.content_type}, {len(body)} bytes"
+        what = f"{answer.headers.get('Content-Type') or 'no Content-Type'}, {len(body)} bytes"
         while True:
             try:
                 result = parse(body)

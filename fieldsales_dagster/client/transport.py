@@ -155,10 +155,6 @@ class Answer:
     headers: Mapping[str, str]
     body: bytes
 
-    @property
-    def content_type(self) -> str:
-        return self.headers.get("Content-Type") or "no Content-Type"
-
 
 @dataclass
 class Limits:

@@ -172,11 +172,9 @@ class CatalogTokenStore(TokenStore):
                     raw = self._select(self._reader(fresh=True))  # the server closed the cached
         except psycopg2.Error as exc:
             raise self._failed(exc, "read") from None
-        return (
-            None
-            if raw is None
-            else StoredToken.decode(raw.encode(), self.where, self.token_variable)
-        )
+        if raw is None:
+            return None
+        return StoredToken.decode(raw.encode(), self.where, self.token_variable)
 
     def _select(self, conn: Any, lock: str = "") -> str | None:
         with conn.cursor() as cur:
