@@ -148,9 +148,7 @@ class FieldSalesAPI(settings_resource("ApiSettings", ApiSettings, but=("api_toke
 
     @property
     def origin(self) -> Origin:
-        origin = origin_of(self.root)
-        assert origin is not None  # validate_base_url accepted it
-        return origin
+        return cast(Origin, origin_of(self.root))  # validate_base_url accepted it
 
     def _session(self) -> requests.Session:
         if not hasattr(self._local, "session"):

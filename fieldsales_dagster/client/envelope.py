@@ -124,18 +124,11 @@ def _documented_envelope(endpoint: ListEndpoint) -> msgspec.json.Decoder | None:
     """A decoder of the envelope the API document shows for ``endpoint``, if it shows one."""
     if not endpoint.items_key or not endpoint.total_key:
         return None
-    struct = msgspec.defstruct(
-        f"{endpoint.name.title()}Page",
-        [
-            (
-                "items",
-                list[msgspec.Raw] | None,
-                msgspec.field(default=None, name=endpoint.items_key),
-            ),
-            ("total", int | None, msgspec.field(default=None, name=endpoint.total_key)),
-        ],
-    )
-    return msgspec.json.Decoder(struct)
+    fields = [
+        ("items", list[msgspec.Raw] | None, msgspec.field(default=None, name=endpoint.items_key)),
+        ("total", int | None, msgspec.field(default=None, name=endpoint.total_key)),
+    ]
+    return msgspec.json.Decoder(msgspec.defstruct(f"{endpoint.name.title()}Page", fields))
 
 
 def split_envelope(

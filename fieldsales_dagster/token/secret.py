@@ -44,8 +44,7 @@ def clean_token(raw: str | None, source: str) -> str:
     """
     token = (raw or "").strip()
     for position, char in enumerate(token, start=1):
-        why = _refused(char)
-        if why is not None:
+        if (why := _refused(char)) is not None:
             hint = (
                 " (set the token alone, without 'Bearer ')"
                 if token[:7].lower() == "bearer " and why == "a space"
@@ -82,11 +81,8 @@ def mask_secrets(text: str, secrets: Iterable[str | None], limit: int | None = N
     usable = sorted({s for s in secrets if s}, key=len, reverse=True)
     for secret in usable:
         text = text.replace(secret, MASK)
-    for secret in usable:
-        if len(secret) < MIN_FRAGMENT:
-            continue
-        spans = _fragment_spans(text, secret)
-        for start, end in reversed(spans):
+    for secret in usable:  # one shorter than MIN_FRAGMENT has no fragments
+        for start, end in reversed(_fragment_spans(text, secret)):
             text = text[:start] + MASK + text[end:]
     if limit is not None and len(text) > limit:
         text = text[:limit] + "..."
