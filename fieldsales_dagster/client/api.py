@@ -8,7 +8,7 @@ Every rule of SPEC "Behaviour the API document implies" that concerns HTTP lives
   ends at the first empty page;
 * any envelope is accepted: a bare JSON list, or an object holding one list (and maybe a total);
 * 429, 5xx, dropped connections, timeouts and bodies cut off mid-JSON are retried with bounded
-  exponential backoff, honouring ``Retry-After`` but never waiting less than the
+  exponential backoff (tenacity), honouring ``Retry-After`` but never waiting less than the
   backoff; retries stop at ``max_retries`` or ``retry_budget_s`` (``unreachable_budget_s`` for a
   host that cannot be connected to), and each is logged as a warning while it happens;
 * a complete 200 body that is not JSON, or JSON nested too deep, fails at once, quoting what
@@ -26,7 +26,6 @@ the loader (``raw_load.py``), which asks for another pass when they disagree.
 
 from __future__ import annotations
 
-import random
 import threading
 import time
 from collections.abc import Callable, Container
@@ -34,6 +33,7 @@ from typing import TYPE_CHECKING, cast
 
 import dagster as dg
 import msgspec
+import tenacity
 from pydantic import Field, PrivateAttr
 from urllib3.exceptions import InvalidHeader
 from urllib3.util import Retry
@@ -287,21 +287,22 @@ class FieldSalesAPI(settings_resource("ApiSettings", ApiSettings, but=("api_toke
             f"{self._snippet(answer.body, token)!r}. Check {self.named('FIELDSALES_BASE_URL')}."
         )
 
-    def _wait(self, exc: TransientHTTPError, attempt: int) -> float:
-        """The backoff after ``attempt`` (exponential, with jitter), or the server's Retry-After
-        if longer; one beyond ``max_retry_after_s`` fails the request."""
-        jitter = random.uniform(0, self.backoff_initial_s)
-        wait = min(
-            self.backoff_initial_s * 2.0 ** min(attempt - 1, 60) + jitter, self.backoff_max_s
+    def _wait(self, state: tenacity.RetryCallState) -> float:
+        """The backoff (exponential, with jitter), or the server's Retry-After if longer; one
+        beyond ``max_retry_after_s`` fails the request."""
+        exc = state.outcome.exception() if state.outcome else None
+        backoff = tenacity.wait_exponential_jitter(
+            initial=self.backoff_initial_s, max=self.backoff_max_s, jitter=self.backoff_initial_s
         )
-        if exc.retry_after is not None and exc.retry_after > self.max_retry_after_s:
+        retry_after = getattr(exc, "retry_after", None)
+        if retry_after is not None and retry_after > self.max_retry_after_s:
             raise FieldSalesAPIError(
-                f"{exc}: the server asks to wait {exc.retry_after:.0f} s (Retry-After), longer "
+                f"{exc}: the server asks to wait {retry_after:.0f} s (Retry-After), longer "
                 f"than max_retry_after_s={self.max_retry_after_s:.0f}; try again later."
             )
         # `Retry-After: 0` from a struggling server must not turn into a burst of requests: the
         # backoff is the least we wait.
-        return max(exc.retry_after or 0.0, wait)
+        return max(retry_after or 0.0, min(backoff(state), self.backoff_max_s))
 
     def get(
         self,
@@ -327,20 +328,26 @@ class FieldSalesAPI(settings_resource("ApiSettings", ApiSettings, but=("api_toke
         current = fixed_token or self.current_token()
         where = f"GET {path}" + (f" (skip={params['skip']})" if params and "skip" in params else "")
         on = f"{where} on {self.origin.netloc}"
-        reread, started, attempt = False, time.monotonic(), 0
+        reread, started = False, time.monotonic()
         while True:
-            attempt += 1
-            if stats:
-                stats.count(requests=1)
-            remaining = self.retry_budget_s - (time.monotonic() - started)
-            try:
-                deadline_s = min(self.request_deadline_s, max(remaining, 1.0))
-                answer = self._get_once(path, params, current, deadline_s)
-                result = (
-                    answer.body if parse is None else self._parse(answer, parse, on, current, stats)
+            retrying = self._retrying(started, retries, stats)  # a new token: a new series
+
+            def attempt(token: str = current) -> object:
+                if stats:
+                    stats.count(requests=1)
+                remaining = self.retry_budget_s - (time.monotonic() - started)
+                answer = self._get_once(
+                    path, params, token, min(self.request_deadline_s, max(remaining, 1.0))
                 )
+                return (
+                    answer.body if parse is None else self._parse(answer, parse, on, token, stats)
+                )
+
+            try:
+                result = retrying(attempt)
             except TransientHTTPError as exc:
-                failure = exc  # handled below, outside the handler: nothing chains it
+                attempts = retrying.statistics.get("attempt_number", 1)
+                raise self._gave_up(exc, attempts, retries, started) from None
             except AuthenticationError as refused:
                 # A renewal may have replaced the token since this run read it: re-read once.
                 store = None if reread or fixed_token is not None else self.token_store()
@@ -349,27 +356,42 @@ class FieldSalesAPI(settings_resource("ApiSettings", ApiSettings, but=("api_toke
                     store.wait_for_renewal(RENEWAL_WAIT_S)
                     fresh = self.current_token()
                     if fresh != current:
-                        current, attempt = fresh, 0  # a new token, a new series of attempts
+                        current = fresh
                         if stats:
                             stats.count(token_rereads=1)
                         continue
                 raise refused from None
-            else:
-                if fixed_token is None:
-                    self._settle(current)  # the server accepted it: the store may record it now
-                return result
-            wait = self._wait(failure, attempt)
-            budget = self.unreachable_budget_s if failure.unreachable else self.retry_budget_s
-            if attempt > retries or time.monotonic() - started + wait > budget:
-                raise self._gave_up(failure, attempt, retries, started)
+            if fixed_token is None:
+                self._settle(current)  # the server accepted it: the store may record it now
+            return result
+
+    def _retrying(self, started: float, retries: int, stats: ListStats | None) -> tenacity.Retrying:
+        """Retries of transient failures within ``retries`` and the time budgets, each logged."""
+
+        def stop(state: tenacity.RetryCallState) -> bool:
+            exc = state.outcome.exception() if state.outcome else None
+            unreachable = getattr(exc, "unreachable", False)
+            budget = self.unreachable_budget_s if unreachable else self.retry_budget_s
+            spent = time.monotonic() - started + state.upcoming_sleep
+            return state.attempt_number > retries or spent > budget
+
+        def before_sleep(state: tenacity.RetryCallState) -> None:
             if stats:
                 stats.count(retries=1)
+            exc = state.outcome.exception() if state.outcome else None
             # Counted in attempts, as the final error is: attempt 1 is the first request.
             dg.get_dagster_logger("fieldsales_dagster.client").warning(
-                f"{failure}; attempt {attempt} of at most {retries + 1} failed, next in "
-                f"{wait:.1f} s"
+                f"{exc}; attempt {state.attempt_number} of at most {retries + 1} failed, next in "
+                f"{state.upcoming_sleep:.1f} s"
             )
-            time.sleep(wait)
+
+        return tenacity.Retrying(
+            retry=tenacity.retry_if_exception_type(TransientHTTPError),
+            stop=stop,
+            wait=self._wait,
+            before_sleep=before_sleep,
+            reraise=True,
+        )
 
     def _gave_up(
         self, exc: TransientHTTPError, attempts: int, retries: int, started: float
