@@ -13,7 +13,7 @@ asset that fails when run, while the others load.
 from __future__ import annotations
 
 import os
-from collections.abc import Callable, Hashable, Iterator
+from collections.abc import Callable, Hashable
 from dataclasses import dataclass
 from datetime import timedelta
 from pathlib import Path
@@ -65,7 +65,7 @@ from fieldsales_dagster.tenancy import (
 )
 from fieldsales_dagster.token.catalog import CATALOG_STORE, open_token_store
 from fieldsales_dagster.token.secret import TokenFormatError, clean_token
-from fieldsales_dagster.warehouse.lake import Lake, LakeError, postgres_identity
+from fieldsales_dagster.warehouse.lake import AWS_KEY_VARIABLES, Lake, LakeError, postgres_identity
 from fieldsales_dagster.warehouse.pii import PiiSettingError
 from fieldsales_dagster.warehouse.warehouse import FieldSalesWarehouse
 
@@ -90,30 +90,6 @@ def configuration_problems(exc: BaseException | None) -> list[str]:
                     found.append(str(cause))
         exc = exc.__cause__ or exc.__context__
     return list(dict.fromkeys(found))
-
-
-def unknown_keys(model: BaseModel, path: tuple[str, ...]) -> Iterator[tuple[str, ...]]:
-    """The paths of the keys in ``model`` (of a ``defs.yaml``, ``SettingsModel.model``) that
-    are no setting."""
-    for key, value in model:
-        if key in (model.model_extra or {}):
-            yield (*path, key)
-        elif isinstance(value, BaseModel):
-            yield from unknown_keys(value, (*path, key))
-
-
-def refuse_unknown_keys(attributes: BaseModel | None, context: dg.ResolutionContext) -> None:
-    """Fail the load naming each key of ``attributes`` that is no setting, and its line, but
-    never its value: a token written in the wrong place must not be printed."""
-    tree, found = context.source_position_tree, []
-    for path in unknown_keys(attributes, ("attributes",)) if attributes else ():
-        line = tree.lookup_closest_and_path(list(path), None)[0] if tree else "defs.yaml"
-        found.append(
-            f"Field-Sales: {'.'.join(path)} ({line}) is no setting: remove it, or move it where "
-            "docs/configuration.md lists it (its value is not shown)."
-        )
-    if found:
-        raise SettingError("\n".join(found))
 
 
 def tenants_isolated(context: dg.ComponentLoadContext) -> bool:
@@ -217,7 +193,6 @@ class FieldSalesComponent(dg.Component, FieldSalesSettings):
         """The component, or, if its settings are wrong and the code location has other
         tenants, ``NotConfigured``: they load, and its error shows as its own."""
         try:
-            refuse_unknown_keys(attributes, context.resolution_context)
             return super().load(attributes, context)
         except Exception as exc:
             problems = configuration_problems(exc)
@@ -353,14 +328,7 @@ class FieldSalesComponent(dg.Component, FieldSalesSettings):
         return AlertSettings(
             tenant=self.names.tenant,
             alerts=self.alerts,
-            secret_env_vars=(
-                self.api.api_token_env_var,
-                self.pii.hash_key_env_var,
-                self.storage.ducklake_password_env_var,
-                self.storage.s3_secret_access_key_env_var,
-                "AWS_SECRET_ACCESS_KEY",
-                "AWS_SESSION_TOKEN",
-            ),
+            secret_env_vars=(*self.secret_variables(), *AWS_KEY_VARIABLES),
             token_store=open_token_store(self.api.token_store_path, **self.token_row()),
         )
 

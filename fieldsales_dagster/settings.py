@@ -309,6 +309,15 @@ def secret_env_var(context: dg.ResolutionContext | None, raw: Any) -> str:
     return (match.group("attr") or match.group("call")) if match else NOT_AN_ENV_REFERENCE
 
 
+def _unknown_keys(model: BaseModel, path: list[Any]) -> Iterator[list[Any]]:
+    """The paths of the keys in ``model`` (of ``SettingsModel.model``) that are no setting."""
+    for key, value in model:
+        if key in (model.model_extra or {}):
+            yield [*path, key]
+        elif isinstance(value, BaseModel):
+            yield from _unknown_keys(value, [*path, key])
+
+
 def _plain_name(value: str | None) -> str | None:
     if value and not IDENTIFIER.match(value):
         raise ValueError("it is not a plain name")
@@ -332,15 +341,25 @@ class SettingsModel(dg.Model, dg.Resolvable):
     @classmethod
     @functools.cache
     def model(cls) -> type[BaseModel]:
-        """Dagster's model of its YAML, taking unknown keys for the component to refuse by name:
-        Dagster's own error, and ``dg check yaml``, would print their values (a misplaced token)."""
+        """Dagster's model of its YAML, taking unknown keys for ``resolve_from_model`` to refuse
+        by name: Dagster's own error would print their values (a misplaced token)."""
         derived: Any = super().model()
         return type(derived.__name__, (derived,), {"model_config": ConfigDict(extra="allow")})
 
     @classmethod
     def resolve_from_model(cls, context: dg.ResolutionContext, model: Any) -> Any:
-        """Built from ``defs.yaml``: a setting's error (``invalid``) names the variable the YAML
-        reads it from, as it is checked now and, in ``variables_named``, later."""
+        """Built from ``defs.yaml``: a key that is no setting fails first, named with its line
+        but never its value; a setting's error (``invalid``) names the variable the YAML reads
+        it from, as it is checked now and, in ``variables_named``, later."""
+        tree = context.source_position_tree
+        unknown = [
+            f"Field-Sales: {'.'.join(map(str, path))} "
+            f"({tree.lookup_closest_and_path(path, None)[0] if tree else 'defs.yaml'}) is no "
+            "setting: remove it, or move it where docs/configuration.md lists it."
+            for path in _unknown_keys(model, list(context.path))
+        ]
+        if unknown:
+            raise SettingError("\n".join(unknown))
         variables = {}
         for declared in cls.settings().values():
             read = _ENV_READ.findall(str(getattr(model, declared.key, None) or ""))
@@ -357,6 +376,13 @@ class SettingsModel(dg.Model, dg.Resolvable):
     def named(self, variable: str) -> str:
         """What its errors call the shipped ``defs.yaml``'s ``variable`` (``_variables``)."""
         return self._variables.get(variable, variable)
+
+    def secret_variables(self) -> list[str]:
+        """The variables its secrets are read from: its ``*_env_var`` settings' values, its
+        concerns' too (a new secret setting is one of them)."""
+        found = [value for field, value in self if field.endswith("_env_var")]
+        concerns = [value for _, value in self if isinstance(value, SettingsModel)]
+        return found + [variable for concern in concerns for variable in concern.secret_variables()]
 
     @classmethod
     def __pydantic_init_subclass__(cls, **kwargs: Any) -> None:

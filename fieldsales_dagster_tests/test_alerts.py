@@ -520,6 +520,20 @@ def test_no_secret_the_instance_knows_is_ever_in_a_message(
     assert MASK in text
 
 
+def test_an_alert_never_carries_the_value_of_any_secret_setting(monkeypatch):
+    """Every ``*_env_var`` setting names a secret's variable: the component's alerts hide its
+    value without a list of their own (a new secret setting is hidden too)."""
+    from fieldsales_dagster.settings import SETTINGS
+    from fieldsales_dagster_tests.project import component
+
+    variables = {s.default for s in SETTINGS.values() if s.field.endswith("_env_var")}
+    assert "FIELDSALES_S3_ACCESS_KEY_ID" in variables and "FIELDSALES_API_TOKEN" in variables
+    for variable in variables:
+        monkeypatch.setenv(variable, f"value-of-{variable}")
+    secrets = component().alert_settings().secrets()
+    assert {f"value-of-{variable}" for variable in variables} <= set(secrets)
+
+
 def test_the_webhook_key_is_masked_but_never_the_run_link_an_address_or_a_word(
     receiver, mailbox, monkeypatch
 ):
