@@ -115,7 +115,8 @@ class Setting:
 
     default: Any
     description: str
-    accepts: str
+    #: ``""``: what its type takes (``_ACCEPTS``).
+    accepts: str = ""
     variable: str = ""
     _: KW_ONLY
     name: str = ""
@@ -201,6 +202,13 @@ class Setting:
         )
 
 
+#: What a setting of a type accepts unless it says, and a ``*_env_var`` one.
+_ACCEPTS: dict[Any, str] = {
+    bool: "true or false",
+    int: "a whole number {range}",
+    float: "a number of days {range}",
+}
+_VARIABLE = "the name of an environment variable"
 #: Every setting, by flat name, in the order declared (filled as the models below are defined).
 SETTINGS: dict[str, Setting] = {}
 
@@ -392,6 +400,10 @@ class SettingsModel(dg.Model, dg.Resolvable):
             if not isinstance(declared, Setting) or declared.field:
                 continue  # not a setting, or one of a model this one extends
             declared.name, declared.key = declared.name or field, declared.key or field
+            if not declared.accepts:
+                declared.accepts = (
+                    _VARIABLE if field.endswith("_env_var") else _ACCEPTS[info.annotation]
+                )
             declared.group, declared.field = cls.GROUP, field
             SETTINGS[declared.name] = declared
 
@@ -448,8 +460,7 @@ class SettingsModel(dg.Model, dg.Resolvable):
         return value
 
 
-_DAYS = "a number of days {range}"
-_VARIABLE = "the name of an environment variable"
+_NAME = "a name of letters, digits and underscores, starting with a letter"
 
 
 class ApiSettings(SettingsModel):
@@ -461,8 +472,7 @@ class ApiSettings(SettingsModel):
     base_url: str | None = setting(
         PydanticUndefined,
         "Base URL of the instance, e.g. https://yourcompany.example.com",
-        "an https:// URL of your instance, e.g. https://yourcompany.example.com (plain "
-        "http:// only for loopback hosts such as the bundled demo API)",
+        "an https:// URL of your instance (plain http:// only for loopback hosts)",
         "FIELDSALES_BASE_URL",
     )
     api_token_env_var: Annotated[
@@ -472,7 +482,6 @@ class ApiSettings(SettingsModel):
             model_field_name="api_token",
             model_field_type=str,
             inject_before_resolve=False,
-            description="'{{ env.FIELDSALES_API_TOKEN }}': the variable holding the API token.",
         ),
     ] = setting(
         "FIELDSALES_API_TOKEN",
@@ -485,40 +494,29 @@ class ApiSettings(SettingsModel):
     )
     token_store_path: str = setting(
         "data/fieldsales_token.json",
-        "Where the current (renewed) token is kept; must be on a persistent volume"
-        ". Or catalog: a row of the lake's PostgreSQL catalog database (several machines)",
+        "Where the renewed token is kept (a persistent volume), or catalog: a row of the lake's "
+        "PostgreSQL catalog",
         "a file path on a persistent volume, or catalog (with a PostgreSQL ducklake_catalog)",
         "FIELDSALES_TOKEN_STORE",
     )
     page_size: int = setting(
-        500,
-        "`limit` asked for per page (8 in flight at ~5 KB an item: ~20 MB)",
-        "a whole number {range}",
-        "FIELDSALES_PAGE_SIZE",
-        ge=1,
-        le=10_000,
+        500, "`limit` asked for per page", variable="FIELDSALES_PAGE_SIZE", ge=1, le=10_000
     )
     max_item_mb: int = setting(
         4,
-        "The largest item (one transaction, event, ...) a list may hold, in MB; a larger one "
-        "fails the load naming it. duckdb_memory_limit must be 16 times as large",
+        "The largest item a list may hold, in MB; duckdb_memory_limit must be 16 times as large",
         "a whole number of MB {range}, at most a sixteenth of duckdb_memory_limit",
         "FIELDSALES_MAX_ITEM_MB",
         ge=1,
         le=256,  # the largest page an answer may hold (max_page_bytes)
     )
     concurrency: int = setting(
-        8,
-        "Pages in flight at once",
-        "a whole number {range}",
-        "FIELDSALES_CONCURRENCY",
-        ge=1,
-        le=64,
+        8, "Pages in flight at once", variable="FIELDSALES_CONCURRENCY", ge=1, le=64
     )
     token_renew_after_days: float = setting(
         45.0,
         "Renew the token once it is this old (days)",
-        _DAYS + " (the token's lifetime)",
+        "a number of days {range} (the token's lifetime)",
         "FIELDSALES_TOKEN_RENEW_AFTER_DAYS",
         gt=0,
         lt=TOKEN_LIFETIME_DAYS,
@@ -545,43 +543,36 @@ class StorageSettings(SettingsModel):
 
     duckdb_path: str | None = setting(
         None,
-        "The optional single-file export: each run that changed tables ends by writing one "
-        "lake snapshot into this DuckDB file, replaced atomically, for tools that open only a "
-        "file. It replaces only a previous export, never another DuckDB file",
+        "The optional single-file export: a DuckDB file each run that changed tables replaces "
+        "with a lake snapshot",
         "a file path, e.g. data/fieldsales.duckdb",
         "FIELDSALES_DUCKDB_PATH",
         unset="no export",
     )
     create_dirs: bool = setting(
         False,
-        "Create a missing folder of duckdb_path or token_store_path. Off by default: a "
-        "mistyped volume path fails the load instead of filling local disk",
-        "true or false",
-        "FIELDSALES_CREATE_DIRS",
+        "Create a missing folder of duckdb_path or token_store_path",
+        variable="FIELDSALES_CREATE_DIRS",
     )
     duckdb_memory_limit: str = setting(
         "192MB",
-        "DuckDB memory_limit; larger work spills to disk. Kept small so a nightly refresh "
-        "of millions of rows runs in well under a gigabyte",
+        "DuckDB memory_limit; larger work spills to disk",
         "a size such as 192MB or 2GB",
         "FIELDSALES_DUCKDB_MEMORY_LIMIT",
         duckdb="memory_limit",
     )
     ducklake_catalog: str | None = setting(
         None,
-        "The lake's catalog database: sqlite:<file> for one host (any number of processes), "
-        "or postgres:dbname=... host=... user=... for several machines (no password: it is "
-        "read from ducklake_password_env_var)",
-        "the lake's catalog database: sqlite:FILE (one host) or postgres:dbname=NAME "
-        "host=HOST user=USER (its password in the variable ducklake_password_env_var names)",
+        "The lake's catalog database: sqlite:<file> for one host, or postgres:dbname=... "
+        "host=... user=... for several machines",
+        "sqlite:FILE or postgres:dbname=NAME host=HOST user=USER (its password in the variable "
+        "ducklake_password_env_var names)",
         "FIELDSALES_DUCKLAKE_CATALOG",
         unset="sqlite:data/fieldsales.ducklake.sqlite",
     )
     ducklake_data_path: str | None = setting(
         None,
-        "The folder (or s3:// URL) of the lake's Parquet files. The default folder is "
-        "created with a new lake; a folder you set must exist (an unmounted volume fails the "
-        "run before anything is written)",
+        "The folder (or s3:// URL) of the lake's Parquet files; a folder you set must exist",
         "an existing folder (or s3:// URL) the lake's Parquet files go to",
         "FIELDSALES_DUCKLAKE_DATA_PATH",
         unset="lake/ beside a SQLite catalog (data/lake), created when needed; required with "
@@ -589,23 +580,17 @@ class StorageSettings(SettingsModel):
     )
     ducklake_schema: str | None = setting(
         None,
-        "This tenant's schema in the catalog database (DuckLake's "
-        "METADATA_SCHEMA), so that tenants share one catalog; its files go under "
-        "<data_path>/<schema>",
-        "a plain name: this tenant's schema in the catalog database",
+        "This tenant's schema in the catalog database, so that tenants share one catalog",
+        "a plain name",
         unset="the whole catalog",
     )
     ducklake_password_env_var: str = setting(
-        "FIELDSALES_DUCKLAKE_PASSWORD",
-        "The variable holding the PostgreSQL catalog's password (never the password)",
-        _VARIABLE,
+        "FIELDSALES_DUCKLAKE_PASSWORD", "The variable holding the PostgreSQL catalog's password"
     )
     s3_endpoint: str | None = setting(
         None,
-        "The S3-compatible server of an s3:// data path: host:port or URL (plain http:// "
-        "only on loopback)",
-        "host:port or an https:// URL of the object store, e.g. minio.example.com:9000 (plain "
-        "http:// only for loopback hosts)",
+        "The S3-compatible server of an s3:// data path: host:port or URL",
+        "host:port or an https:// URL of the object store (plain http:// only for loopback hosts)",
         "FIELDSALES_S3_ENDPOINT",
         unset="AWS_ENDPOINT_URL if set; AWS S3 otherwise",
     )
@@ -626,23 +611,14 @@ class StorageSettings(SettingsModel):
     )
     s3_access_key_id_env_var: str = setting(
         "FIELDSALES_S3_ACCESS_KEY_ID",
-        "The variable holding the object store's access key id; with neither it nor "
-        "s3_secret_access_key_env_var set, AWS_ACCESS_KEY_ID (and AWS_SESSION_TOKEN)",
-        _VARIABLE,
+        "The variable holding the object store's access key id (unset: AWS_ACCESS_KEY_ID)",
     )
     s3_secret_access_key_env_var: str = setting(
         "FIELDSALES_S3_SECRET_ACCESS_KEY",
-        "The variable holding the object store's secret access key (never the key); with "
-        "neither it nor s3_access_key_id_env_var set, AWS_SECRET_ACCESS_KEY",
-        _VARIABLE,
+        "The variable holding the object store's secret key (unset: AWS_SECRET_ACCESS_KEY)",
     )
     retain_snapshots_days: float = setting(
-        7.0,
-        "The lake's upkeep expires snapshots older than this (days); time travel "
-        "reaches back this far",
-        _DAYS,
-        gt=0,
-        le=3660,
+        7.0, "The lake's upkeep expires snapshots older than this (days)", gt=0, le=3660
     )
 
     @field_validator("duckdb_path")
@@ -729,24 +705,17 @@ class RefreshSettings(SettingsModel):
     )
     refresh_mode: RefreshMode = setting(
         "auto",
-        "How raw.transactions is refreshed: auto (incremental when a complete load exists "
-        "and the last full refresh is younger than full_refresh_every_days, full otherwise), "
-        "full or incremental; run config on raw_transactions overrides it for one run",
+        "How raw.transactions is refreshed (docs/refresh.md); run config on raw_transactions "
+        "overrides it for one run",
         "one of auto, full, incremental",
         "FIELDSALES_REFRESH_MODE",
     )
     full_refresh_every_days: float = setting(
-        7.0,
-        "In auto mode, a full refresh once the last one is this old (days)",
-        _DAYS,
-        gt=0,
-        le=366,
+        7.0, "In auto mode, a full refresh once the last one is this old (days)", gt=0, le=366
     )
     lookback_days: float = setting(
         30.0,
-        "Incremental mode re-fetches the transactions of events whose last state change is "
-        "this recent (days), besides new and changed events",
-        _DAYS,
+        "Incremental mode re-fetches the transactions of events changed this recently (days)",
         ge=0,
         le=3660,
     )
@@ -777,25 +746,20 @@ class PiiSettings(SettingsModel):
 
     mode: Literal["keep", "hash", "drop"] = setting(
         "keep",
-        "Personal data (names, emails, client IPs) in core.* and mart.*: keep as received, "
-        "hash (keyed HMAC-SHA256; joins still work) or drop (stored as NULL). See "
-        "warehouse/pii.py",
+        "Personal data in core.* and mart.*: keep, hash (keyed HMAC-SHA256) or drop",
         "keep, hash or drop",
         "FIELDSALES_PII",
         name="pii",
     )
     hash_key_env_var: str = setting(
         "FIELDSALES_PII_HASH_KEY",
-        "The variable holding the secret key of pii: hash (never the key itself)",
-        _VARIABLE,
+        "The variable holding the secret key of pii: hash",
         name="pii_hash_key_env_var",
     )
     redact_in_raw: bool = setting(
         False,
-        "Set the personal keys (firstName, lastName, email, ip) of raw.* payloads to null at "
-        "ingest, before the new table replaces the old one",
-        "true or false",
-        "FIELDSALES_REDACT_PII_IN_RAW",
+        "Null the personal keys of raw.* payloads at ingest",
+        variable="FIELDSALES_REDACT_PII_IN_RAW",
         name="redact_pii_in_raw",
     )
 
@@ -808,16 +772,12 @@ class AlertsSettings(SettingsModel):
 
     webhook_url_env_var: str = setting(
         "FIELDSALES_ALERT_WEBHOOK_URL",
-        "The variable holding the webhook URL alerts are posted to, as Slack-compatible JSON "
-        "(a webhook URL is a secret, so the YAML names only its variable); setting that "
-        "variable turns alerts on (docs/alerts.md)",
-        _VARIABLE,
+        "The variable holding the webhook URL alerts are posted to; setting it turns alerts on",
         name="alert_webhook_url_env_var",
     )
     email_to: str | None = setting(
         None,
-        "Comma-separated addresses alerts are mailed to through SMTP; setting it turns "
-        "alerts on (docs/alerts.md)",
+        "Comma-separated addresses alerts are mailed to; setting it turns alerts on",
         "e-mail addresses separated by commas",
         "FIELDSALES_ALERT_EMAIL_TO",
         name="alert_email_to",
@@ -832,7 +792,7 @@ class AlertsSettings(SettingsModel):
     )
     smtp_host: str = setting(
         "localhost",
-        "The SMTP server alert e-mails go through (STARTTLS when it offers it)",
+        "The SMTP server alert e-mails go through",
         "a host name",
         "FIELDSALES_ALERT_SMTP_HOST",
         name="alert_smtp_host",
@@ -848,7 +808,7 @@ class AlertsSettings(SettingsModel):
     )
     smtp_user: str | None = setting(
         None,
-        "The SMTP login, if the server wants one (its password in alert_smtp_password_env_var)",
+        "The SMTP login, if the server wants one",
         "a user name",
         "FIELDSALES_ALERT_SMTP_USER",
         name="alert_smtp_user",
@@ -856,14 +816,12 @@ class AlertsSettings(SettingsModel):
     )
     smtp_password_env_var: str = setting(
         "FIELDSALES_ALERT_SMTP_PASSWORD",
-        "The variable holding the SMTP password (never the password)",
-        _VARIABLE,
+        "The variable holding the SMTP password",
         name="alert_smtp_password_env_var",
     )
     ui_base_url: str | None = setting(
         None,
-        "The Dagster UI's address, e.g. https://dagster.example.com: an alert links to its "
-        "run there",
+        "The Dagster UI's address: an alert links to its run there",
         "an http:// or https:// URL",
         "FIELDSALES_UI_BASE_URL",
         unset="no link",
@@ -894,24 +852,17 @@ class FieldSalesSettings(SettingsModel):
     pii: PiiSettings = Field(default_factory=PiiSettings)
     alerts: AlertsSettings = Field(default_factory=AlertsSettings)
     key_prefix: str | None = setting(
-        None,
-        "Asset-key prefix of this instance; set it for every tenant but the first",
-        "a name of letters, digits and underscores, starting with a letter",
+        None, "Asset-key prefix of this instance; set it for every tenant but the first", _NAME
     )
     group_prefix: str | None = setting(
-        None,
-        "Prefix of the asset groups (unset: key_prefix)",
-        "a name of letters, digits and underscores, starting with a letter",
+        None, "Prefix of the asset groups (unset: key_prefix)", _NAME
     )
     owners: list[str] = setting(
-        ["team:data"],
-        "Owners shown on every asset (emails or team:NAME)",
-        "a list of emails or team:NAME",
+        ["team:data"], "Owners shown on every asset", "a list of emails or team:NAME"
     )
     user_schema: str = setting(
         "analytics",
-        "Where fieldsales_io_manager stores user assets' DataFrames (schema.<asset name>); "
-        "never one of the project's schemas (raw, core, mart, meta)",
+        "Where fieldsales_io_manager stores user assets' DataFrames (schema.<asset name>)",
         "a plain name other than raw, core, mart and meta, e.g. analytics",
     )
 
