@@ -121,9 +121,8 @@ class Setting:
     _: KW_ONLY
     name: str = ""
     key: str = ""
-    #: What an unset (``None``) default means, for the docs and the field's description.
-    unset: str = "none"
-    #: The default as the docs show it, when it is not the default itself (the token's).
+    #: The default as the docs show it, when it is not the default itself (the token's), or
+    #: what an unset (``None``) default means.
     shown: str = ""
     #: The DuckDB option the warehouse sets to it (``memory_limit``), if any.
     duckdb: str = ""
@@ -171,12 +170,10 @@ class Setting:
     @property
     def shown_default(self) -> str:
         """The default as the docs show it."""
-        if self.shown:
-            return self.shown
+        if self.shown or self.default is None:
+            return self.shown or "none"
         if self.default is PydanticUndefined:
             return "required"
-        if self.default is None:
-            return self.unset
         if isinstance(self.default, bool):
             return str(self.default).lower()
         if isinstance(self.default, float):
@@ -185,14 +182,11 @@ class Setting:
             return ", ".join(self.default)
         return str(self.default)
 
-    def inside(self, value: float) -> bool:
-        return all(getattr(operator, op)(value, bound) for op, bound in self.bounds.items())
-
     def as_field(self, *, in_model: bool = False) -> Any:
         """Its pydantic field: in its concern's model (``in_model``; a required setting is None
         until given, so that "it is not set" can say which it is), else a resource's."""
         where = f" ({self.variable})" if self.variable else ""
-        unset = f" Default: {self.unset}." if self.default is None else ""
+        unset = f" Default: {self.shown_default}." if self.default is None else ""
         extra: Any = self if in_model else {SETTING_KEY: self.name}
         description = f"{self.description}{where}.{unset}"
         required = in_model and self.default is PydanticUndefined
@@ -410,13 +404,8 @@ class SettingsModel(dg.Model, dg.Resolvable):
     @classmethod
     def settings(cls) -> dict[str, Setting]:
         """This model's settings, by field."""
-        return {field: found for field in cls.model_fields if (found := cls.declared(field))}
-
-    @classmethod
-    def declared(cls, field: str) -> Setting | None:
-        info = cls.model_fields.get(field)
-        extra = info.json_schema_extra if info is not None else None
-        return extra if isinstance(extra, Setting) else None
+        found = {field: info.json_schema_extra for field, info in cls.model_fields.items()}
+        return {field: extra for field, extra in found.items() if isinstance(extra, Setting)}
 
     @model_validator(mode="wrap")
     @classmethod
@@ -438,7 +427,7 @@ class SettingsModel(dg.Model, dg.Resolvable):
         if isinstance(cause, SettingError):  # a concern's own paragraph, or a check of several
             return str(cause)
         field = str(first["loc"][0]) if first["loc"] else "?"
-        declared = cls.declared(field)
+        declared = cls.settings().get(field)
         spelling, variable, accepts = f"{cls.GROUP}.{field}".strip("."), "", "a valid value"
         if declared is not None:
             spelling, variable, accepts = declared.spelling, declared.variable, declared.help
@@ -454,8 +443,9 @@ class SettingsModel(dg.Model, dg.Resolvable):
     @field_validator("*")
     @classmethod
     def _in_range(cls, value: Any, info: Any) -> Any:
-        declared = cls.declared(info.field_name)
-        if declared is not None and declared.bounds and not declared.inside(value):
+        declared = cls.settings().get(info.field_name)
+        bounds = declared.bounds if declared else {}
+        if not all(getattr(operator, op)(value, bound) for op, bound in bounds.items()):
             raise ValueError("it is out of range")
         return value
 
@@ -547,7 +537,7 @@ class StorageSettings(SettingsModel):
         "with a lake snapshot",
         "a file path, e.g. data/fieldsales.duckdb",
         "FIELDSALES_DUCKDB_PATH",
-        unset="no export",
+        shown="no export",
     )
     create_dirs: bool = setting(
         False,
@@ -568,21 +558,21 @@ class StorageSettings(SettingsModel):
         "sqlite:FILE or postgres:dbname=NAME host=HOST user=USER (its password in the variable "
         "ducklake_password_env_var names)",
         "FIELDSALES_DUCKLAKE_CATALOG",
-        unset="sqlite:data/fieldsales.ducklake.sqlite",
+        shown="sqlite:data/fieldsales.ducklake.sqlite",
     )
     ducklake_data_path: str | None = setting(
         None,
         "The folder (or s3:// URL) of the lake's Parquet files; a folder you set must exist",
         "an existing folder (or s3:// URL) the lake's Parquet files go to",
         "FIELDSALES_DUCKLAKE_DATA_PATH",
-        unset="lake/ beside a SQLite catalog (data/lake), created when needed; required with "
+        shown="lake/ beside a SQLite catalog (data/lake), created when needed; required with "
         "PostgreSQL",
     )
     ducklake_schema: str | None = setting(
         None,
         "This tenant's schema in the catalog database, so that tenants share one catalog",
         "a plain name",
-        unset="the whole catalog",
+        shown="the whole catalog",
     )
     ducklake_password_env_var: str = setting(
         "FIELDSALES_DUCKLAKE_PASSWORD", "The variable holding the PostgreSQL catalog's password"
@@ -592,14 +582,14 @@ class StorageSettings(SettingsModel):
         "The S3-compatible server of an s3:// data path: host:port or URL",
         "host:port or an https:// URL of the object store (plain http:// only for loopback hosts)",
         "FIELDSALES_S3_ENDPOINT",
-        unset="AWS_ENDPOINT_URL if set; AWS S3 otherwise",
+        shown="AWS_ENDPOINT_URL if set; AWS S3 otherwise",
     )
     s3_region: str | None = setting(
         None,
         "The object store's region",
         "a region name such as eu-central-1",
         "FIELDSALES_S3_REGION",
-        unset="AWS_REGION if set; us-east-1 otherwise",
+        shown="AWS_REGION if set; us-east-1 otherwise",
     )
     s3_url_style: str | None = setting(
         None,
@@ -607,7 +597,7 @@ class StorageSettings(SettingsModel):
         "(host/bucket/key)",
         "vhost or path",
         "FIELDSALES_S3_URL_STYLE",
-        unset="path with an endpoint; vhost otherwise",
+        shown="path with an endpoint; vhost otherwise",
     )
     s3_access_key_id_env_var: str = setting(
         "FIELDSALES_S3_ACCESS_KEY_ID",
@@ -624,11 +614,9 @@ class StorageSettings(SettingsModel):
     @field_validator("duckdb_path")
     @classmethod
     def _duckdb_path(cls, value: str | None) -> str | None:
-        # DuckDB names a file's catalog after its stem: raw.duckdb would shadow the raw schema.
-        if value is not None and Path(value).stem.lower() in PROJECT_SCHEMAS:
+        if value is not None and (stem := Path(value).stem.lower()) in PROJECT_SCHEMAS:
             raise ValueError(
-                f"a file named {Path(value).name} gives DuckDB a catalog named like one of the "
-                f"schemas ({', '.join(sorted(PROJECT_SCHEMAS))})"
+                f"DuckDB names its catalog {stem}, which would shadow the {stem} schema"
             )
         return value
 
@@ -674,13 +662,11 @@ class StorageSettings(SettingsModel):
     def _postgres_needs_a_data_path(self) -> StorageSettings:
         # A PostgreSQL catalog needs a data path every machine sees.
         if (self.ducklake_catalog or "").startswith("postgres:") and not self.ducklake_data_path:
-            setting, catalog = SETTINGS["ducklake_data_path"], SETTINGS["ducklake_catalog"]
             raise invalid(
-                setting.spelling,
-                setting.variable,
-                f"it is not set, and a PostgreSQL catalog ({catalog.spelling}) needs it: the "
-                "folder every machine sees (a shared volume) or an s3:// URL for the lake's "
-                "Parquet files",
+                "storage.ducklake_data_path",
+                "FIELDSALES_DUCKLAKE_DATA_PATH",
+                "a PostgreSQL catalog (storage.ducklake_catalog) needs a folder every machine "
+                "sees, or an s3:// URL",
             )
         return self
 
@@ -781,7 +767,7 @@ class AlertsSettings(SettingsModel):
         "e-mail addresses separated by commas",
         "FIELDSALES_ALERT_EMAIL_TO",
         name="alert_email_to",
-        unset="no e-mail",
+        shown="no e-mail",
     )
     email_from: str = setting(
         "fieldsales-dagster@localhost",
@@ -812,7 +798,7 @@ class AlertsSettings(SettingsModel):
         "a user name",
         "FIELDSALES_ALERT_SMTP_USER",
         name="alert_smtp_user",
-        unset="no login",
+        shown="no login",
     )
     smtp_password_env_var: str = setting(
         "FIELDSALES_ALERT_SMTP_PASSWORD",
@@ -824,7 +810,7 @@ class AlertsSettings(SettingsModel):
         "The Dagster UI's address: an alert links to its run there",
         "an http:// or https:// URL",
         "FIELDSALES_UI_BASE_URL",
-        unset="no link",
+        shown="no link",
     )
 
     @field_validator("email_to", "email_from")
