@@ -13,7 +13,7 @@ asset that fails when run, while the others load.
 from __future__ import annotations
 
 import os
-from collections.abc import Callable, Hashable
+from collections.abc import Hashable
 from dataclasses import dataclass
 from datetime import timedelta
 from pathlib import Path
@@ -21,6 +21,7 @@ from typing import Any
 
 import dagster as dg
 import urllib3
+import yaml
 from pydantic import BaseModel, ValidationError
 
 from fieldsales_dagster.assets.checks import (
@@ -53,6 +54,7 @@ from fieldsales_dagster.settings import (
     SettingError,
     invalid,
     memory_megabytes,
+    named,
     schedule_interval,
     values,
     variables_named,
@@ -81,13 +83,10 @@ def configuration_problems(exc: BaseException | None) -> list[str]:
     seen: set[int] = set()
     while exc is not None and id(exc) not in seen:
         seen.add(id(exc))
-        if isinstance(exc, CONFIGURATION_ERRORS):
-            found.append(str(exc))
-        elif isinstance(exc, ValidationError):
-            for error in exc.errors():
-                cause = (error.get("ctx") or {}).get("error")
-                if isinstance(cause, CONFIGURATION_ERRORS):
-                    found.append(str(cause))
+        causes: list[Any] = [exc]
+        if isinstance(exc, ValidationError):
+            causes = [(error.get("ctx") or {}).get("error") for error in exc.errors()]
+        found += [str(cause) for cause in causes if isinstance(cause, CONFIGURATION_ERRORS)]
         exc = exc.__cause__ or exc.__context__
     return list(dict.fromkeys(found))
 
@@ -110,8 +109,7 @@ def catalog_identity(lake: Lake) -> Hashable:
         return postgres_identity(lake)
     except LakeError as exc:
         dg.get_dagster_logger().warning(
-            f"Field-Sales: {exc} Until it answers, tenants are told apart by the catalog's "
-            "spelling (the lake still refuses a second tenant's writes)."
+            f"Field-Sales: {exc} Until then, tenants are told apart by spelling."
         )
         return lake.catalog
 
@@ -130,41 +128,39 @@ def tenant_defs_yaml(type_name: str, tenant: str) -> str:
             "key_prefix, which must be a name of letters, digits and underscores, starting with "
             "a letter (e.g. acme)."
         )
-    read: list[str] = []
+    own, read = f"{tenant.upper()}_", []
 
     def env(setting: str, fallback: str = "") -> str:
-        read.append(f"{tenant.upper()}_{SETTINGS[setting].variable}")
-        return '"{{ env.' + read[-1] + (f" or {fallback}" if fallback else "") + ' }}"'
+        read.append(own + SETTINGS[setting].variable)
+        return "{{ env." + read[-1] + (f" or {fallback}" if fallback else "") + " }}"
 
-    home_store = f"((env.DAGSTER_HOME or 'data') ~ '/{tenant}_token.json')"
-    # Unset, the lake's files go to lake/ beside its catalog (data/<tenant>/lake), created with it.
-    catalog = f"'sqlite:data/{tenant}/ducklake.sqlite'"
-    # The variables holding its secrets (the lake's password, the PII key, the alerts' webhook
-    # and SMTP password) are its own too, never the first tenant's.
-    secrets: dict[str, str] = {}
-    owned = [s for s in SETTINGS.values() if s.name.endswith("_env_var")]
-    for declared in owned:
-        secrets[declared.group] = secrets.get(declared.group, "")
-        secrets[declared.group] += f"    {declared.key}: {tenant.upper()}_{declared.default}\n"
-    attributes = (
-        f"  api:\n    base_url: {env('base_url')}\n    api_token: {env('api_token')}\n"
-        f"    token_store_path: {env('token_store_path', home_store)}\n"
-        f"  # Assets {tenant}/raw_events ..., job {tenant}_refresh_all, pools "
-        f"fieldsales_duckdb_{tenant}_*.\n"
-        f"  key_prefix: {tenant}\n  storage:\n"
-        f"    ducklake_catalog: {env('ducklake_catalog', catalog)}\n"
-        f"    ducklake_data_path: {env('ducklake_data_path')}\n{secrets.pop('storage')}"
-        + "".join(f"  {group}:\n{lines}" for group, lines in secrets.items())
-    )
+    attributes: dict[str, Any] = {
+        "api": {
+            "base_url": env("base_url"),
+            "api_token": env("api_token"),
+            "token_store_path": env(
+                "token_store_path", f'((env.DAGSTER_HOME or "data") ~ "/{tenant}_token.json")'
+            ),
+        },
+        "key_prefix": tenant,
+        # Unset, the lake's files go to lake/ beside its catalog (data/<tenant>/lake).
+        "storage": {
+            "ducklake_catalog": env("ducklake_catalog", f'"sqlite:data/{tenant}/ducklake.sqlite"'),
+            "ducklake_data_path": env("ducklake_data_path"),
+        },
+    }
+    # The variables holding its secrets are its own too, never the first tenant's.
+    for declared in SETTINGS.values():
+        if declared.name.endswith("_env_var"):
+            attributes.setdefault(declared.group, {})[declared.key] = own + declared.default
+            read.append(own + declared.default)
+    document = {"type": type_name, "attributes": attributes, "requirements": {"env": read}}
     return (
-        f"# Field-Sales tenant {tenant!r}: its own API, token, lake and token store, each\n"
-        "# read from an environment variable, and its own variables for its secrets (only a\n"
-        "# variable's name is written here, never a token or a password). Every other setting\n"
-        "# keeps its default (fieldsales_dagster/settings.py); add it under attributes to change\n"
-        f"# it.\ntype: {type_name}\n\nattributes:\n{attributes}\n"
-        "requirements:\n  env:\n"
-        + "".join(f"    - {variable}\n" for variable in read)
-        + "".join(f"    - {tenant.upper()}_{declared.default}\n" for declared in owned)
+        f"# Field-Sales tenant {tenant!r} (assets {tenant}/raw_events ..., job\n"
+        f"# {tenant}_refresh_all, pools fieldsales_duckdb_{tenant}_*): its settings read {own}*\n"
+        "# variables, and only a variable's name is written here, never a token or a password.\n"
+        "# Other settings keep their default (fieldsales_dagster/settings.py); add one under\n"
+        "# attributes to change it.\n" + yaml.safe_dump(document, sort_keys=False, width=200)
     )
 
 
@@ -237,15 +233,14 @@ class FieldSalesComponent(dg.Component, FieldSalesSettings):
 
     def check_item_size(self) -> None:
         """Fail the load at once if ``max_item_mb`` is more than the memory limit can decode."""
-        memory_mb, share = memory_megabytes(self.storage.duckdb_memory_limit), ITEM_SHARE_OF_MEMORY
-        if self.api.max_item_mb * share > memory_mb:
-            item_mb, limit = self.api.max_item_mb, self.storage.duckdb_memory_limit
+        item_mb, limit = self.api.max_item_mb, self.storage.duckdb_memory_limit
+        if item_mb > (decoded := int(memory_megabytes(limit) // ITEM_SHARE_OF_MEMORY)):
             raise invalid(
                 "api.max_item_mb",
                 "FIELDSALES_MAX_ITEM_MB",
                 f"it is {item_mb}, but storage.duckdb_memory_limit {limit} decodes at most "
-                f"{int(memory_mb // share)} MB. Raise duckdb_memory_limit to at least "
-                f"{item_mb * share}MB, or lower max_item_mb",
+                f"{decoded} MB. Raise duckdb_memory_limit to at least "
+                f"{item_mb * ITEM_SHARE_OF_MEMORY}MB, or lower max_item_mb",
             )
 
     @property
@@ -261,21 +256,17 @@ class FieldSalesComponent(dg.Component, FieldSalesSettings):
     def token_row(self) -> dict[str, Any]:
         """With ``token_store_path`` ``catalog``, where the token's row is (the resource's
         ``ducklake_*`` fields); empty for a file store. Refuses a catalog that is not PostgreSQL."""
-        if self.api.token_store_path.strip() != CATALOG_STORE:
+        if self.api.token_store_path != CATALOG_STORE:
             return {}
         if not self.warehouse_lake().is_postgres:
             raise invalid(
                 "api.token_store_path",
                 "FIELDSALES_TOKEN_STORE",
-                f"it is {CATALOG_STORE!r}, but the lake's catalog is not PostgreSQL "
-                "(storage.ducklake_catalog, FIELDSALES_DUCKLAKE_CATALOG). Set the catalog to "
-                "postgres:dbname=... host=... user=..., or token_store_path to a file path",
+                f"{CATALOG_STORE} needs a PostgreSQL storage.ducklake_catalog "
+                f"({named('FIELDSALES_DUCKLAKE_CATALOG')}); set one, or a file path here",
             )
-        return {
-            "ducklake_catalog": self.storage.ducklake_catalog,
-            "ducklake_password_env_var": self.storage.ducklake_password_env_var,
-            "ducklake_schema": self.storage.ducklake_schema,
-        }
+        row = ("ducklake_catalog", "ducklake_password_env_var", "ducklake_schema")
+        return {setting: getattr(self.storage, setting) for setting in row}
 
     def check_paths(self) -> None:
         """Fail the load at once if a file setting or the lake (``FieldSalesWarehouse.preflight``)
@@ -309,19 +300,11 @@ class FieldSalesComponent(dg.Component, FieldSalesSettings):
         if self.storage.duckdb_path is None:
             return tables
         # The single-file export, after the core and mart tables (assets/export.py).
-        built = [
-            key
-            for asset in tables
-            for key in asset.keys
-            if key.path[-1].startswith(("core_", "mart_"))
-        ]
+        built = [k for a in tables for k in a.keys if k.path[-1].startswith(("core_", "mart_"))]
         return [*tables, build_export_asset(names, self.owners, built)]
 
     def build_checks(self, assets: list[dg.AssetsDefinition]) -> list[dg.AssetChecksDefinition]:
-        return [
-            *build_core_checks(self.names),
-            build_schema_change_checks(self.names, assets),
-        ]
+        return [*build_core_checks(self.names), build_schema_change_checks(self.names, assets)]
 
     def alert_settings(self) -> AlertSettings:
         """Where this instance's alerts go (``automation/sensors.py``); off unless configured."""
@@ -334,22 +317,21 @@ class FieldSalesComponent(dg.Component, FieldSalesSettings):
 
     def tenant_claims(self) -> list[Claim]:
         """What this instance must have to itself in a code location (see ``tenancy.py``)."""
-        lake, export = self.warehouse_lake(), self.storage.duckdb_path
+        lake = self.warehouse_lake()
         schema = lake.schema or ("public" if lake.is_postgres else "main")
         one_file = "one file, links and relative paths followed"
 
-        def file(path: str) -> Callable[[], tuple[Hashable, ...]]:
-            return lambda: (identity(path),)
+        def file(thing: str, setting: str, path: str | None) -> list[Claim]:
+            if path is None:
+                return []
+            return [Claim(thing, path, setting, resolve=lambda: (identity(path),), same=one_file)]
 
         # A token row is the lake's (its catalog and schema): the DuckLake claim covers it.
-        token_file = [] if self.token_row() else [self.api.token_store_path]
-        claims = [
+        token_file = None if self.token_row() else self.api.token_store_path
+        return [
             Claim("key prefix", self.key_prefix or "(none)", "key_prefix"),
             Claim("pool", self.names.pool, "key_prefix"),
-            *(
-                Claim("token store", path, "token_store_path", resolve=file(path), same=one_file)
-                for path in token_file
-            ),
+            *file("token store", "token_store_path", token_file),
             Claim(
                 "DuckLake",
                 f"{lake.catalog_file or lake.catalog} (schema {schema})",
@@ -368,12 +350,8 @@ class FieldSalesComponent(dg.Component, FieldSalesSettings):
                 same="one folder holds the other, and each tenant's upkeep deletes the files its "
                 "catalog does not list",
             ),
+            *file("DuckDB export", "duckdb_path", self.storage.duckdb_path),
         ]
-        if export is not None:
-            claims.append(
-                Claim("DuckDB export", export, "duckdb_path", resolve=file(export), same=one_file)
-            )
-        return claims
 
     def build_defs(self, context: dg.ComponentLoadContext) -> dg.Definitions:
         refuse_shared_claims(context, FieldSalesComponent)
