@@ -39,11 +39,20 @@ class ResourceKey(Generic[R]):
         resource = getattr(context.resources, self.key)
         if not isinstance(resource, self.kind):
             raise TypeError(
-                f"The resource {self.key!r} is a {type(resource).__name__}, where the Field-Sales "
-                f"definitions need a {self.kind.__name__}: bind a {self.kind.__name__} to "
-                f"{self.key!r} in the Definitions' resources."
+                f"The resource {self.key!r} is a {type(resource).__name__}, but the Field-Sales "
+                f"definitions need a {self.kind.__name__}: bind one to {self.key!r}."
             )
         return resource
+
+
+class _Prefixed:
+    """A name of one instance: ``name``, after its key prefix and ``_`` if it has one."""
+
+    def __init__(self, name: str) -> None:
+        self.name = name
+
+    def __get__(self, names: InstanceNames, owner: type) -> str:
+        return names._prefixed(self.name)
 
 
 @dataclass(frozen=True)
@@ -53,8 +62,8 @@ class InstanceNames:
     key_prefix: str | None = None
     group_prefix: str | None = None
 
-    def _prefixed(self, name: str, sep: str = "_") -> str:
-        return f"{self.key_prefix}{sep}{name}" if self.key_prefix else name
+    def _prefixed(self, name: str) -> str:
+        return f"{self.key_prefix}_{name}" if self.key_prefix else name
 
     def asset_key(self, name: str) -> dg.AssetKey:
         return dg.AssetKey([self.key_prefix, name]) if self.key_prefix else dg.AssetKey(name)
@@ -86,14 +95,15 @@ class InstanceNames:
     def warehouse(self) -> ResourceKey[FieldSalesWarehouse]:
         return ResourceKey(self._prefixed("warehouse"), FieldSalesWarehouse)
 
-    @property
-    def io_manager(self) -> str:
-        """The pandas IO manager of user assets (``assets/io_manager.py``)."""
-        return self._prefixed("fieldsales_io_manager")
-
-    @property
-    def refresh_job(self) -> str:
-        return self._prefixed("refresh_all")
+    io_manager = _Prefixed("fieldsales_io_manager")  # of user assets (assets/io_manager.py)
+    refresh_job = _Prefixed("refresh_all")
+    token_renewal_sensor = _Prefixed("token_renewal_sensor")
+    token_renewal_job = _Prefixed("renew_token")
+    token_renewal_op = _Prefixed("renew_or_test_token")
+    automation_sensor = _Prefixed("core_automation_sensor")
+    #: Alerts on a failed run, and on a failed check of ERROR severity (automation/sensors.py).
+    alert_sensor = _Prefixed("run_failure_alert_sensor")
+    check_alert_sensor = _Prefixed("check_failure_alert_sensor")
 
     @property
     def refresh_schedule(self) -> str:
@@ -102,29 +112,3 @@ class InstanceNames:
     @property
     def refresh_tag_value(self) -> str:
         return self.key_prefix or "all"
-
-    @property
-    def token_renewal_sensor(self) -> str:
-        return self._prefixed("token_renewal_sensor")
-
-    @property
-    def token_renewal_job(self) -> str:
-        return self._prefixed("renew_token")
-
-    @property
-    def token_renewal_op(self) -> str:
-        return self._prefixed("renew_or_test_token")
-
-    @property
-    def automation_sensor(self) -> str:
-        return self._prefixed("core_automation_sensor")
-
-    @property
-    def alert_sensor(self) -> str:
-        """Alerts on a failed run (``automation/sensors.py``)."""
-        return self._prefixed("run_failure_alert_sensor")
-
-    @property
-    def check_alert_sensor(self) -> str:
-        """Alerts on a failed check of ERROR severity (``automation/sensors.py``)."""
-        return self._prefixed("check_failure_alert_sensor")

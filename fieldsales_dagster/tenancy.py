@@ -12,7 +12,7 @@ lake's tenant record refuses a second tenant at its first write (``lake.check_te
 
 from __future__ import annotations
 
-from collections.abc import Callable, Hashable, Iterator
+from collections.abc import Callable, Hashable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Protocol, cast
@@ -65,11 +65,14 @@ class TenantConflictError(ValueError):
 def refuse_shared_claims(context: dg.ComponentLoadContext, of_type: type[Tenant]) -> None:
     """Raise ``TenantConflictError`` if the component being built shares a claim with another
     component of ``of_type`` in this code location."""
-    tenants = dict(_tenants(context, of_type))
-    this = context.component_loc
+    tree, this = context.component_tree, context.component_loc
+    # Each is an of_type: a Tenant.
+    tenants = {
+        loc: cast(Tenant, tree.load_component(loc)) for loc in declared_tenants(context, of_type)
+    }
     if this not in tenants:  # built outside a defs folder: nothing to compare with
         return
-    root = context.component_tree.defs_module_path.parent
+    root = tree.defs_module_path.parent
     mine = tenants.pop(this)
     claims = mine.tenant_claims()
     for loc, other in tenants.items():
@@ -98,15 +101,6 @@ def declared_tenants(context: dg.ComponentLoadContext, of_type: type) -> list[Co
         and isinstance(decl.component_type, type)
         and issubclass(decl.component_type, of_type)
     ]
-
-
-def _tenants(
-    context: dg.ComponentLoadContext, of_type: type[Tenant]
-) -> Iterator[tuple[ComponentPath, Tenant]]:
-    """Every component of ``of_type`` the code location declares, by where it is declared."""
-    for loc in declared_tenants(context, of_type):
-        # its class is a Tenant
-        yield loc, cast(Tenant, context.component_tree.load_component(loc))
 
 
 def _describe(loc: ComponentPath, tenant: Tenant, root: Path) -> str:
