@@ -278,22 +278,17 @@ def memory_megabytes(limit: str) -> float:
     return float(match.group(1)) * _UNITS[match.group(2).lower()]
 
 
-def _ticks(cron: str, timezone: str) -> dg.TimeWindowPartitionsDefinition:
-    """The next few ticks of ``cron``, as the windows of a time-partitioned definition: Dagster's
-    public way to its own cron rules and tick times (its schedules use the same). An invalid
-    expression raises ``DagsterInvalidDefinitionError``."""
-    return dg.TimeWindowPartitionsDefinition(
+def schedule_interval(cron: str, timezone: str) -> timedelta:
+    """The longest gap between two of the next few ticks of ``cron``, read as the windows of a
+    time-partitioned definition: Dagster's public way to its own cron rules and tick times (its
+    schedules use the same). An invalid expression raises ``DagsterInvalidDefinitionError``."""
+    ticks = dg.TimeWindowPartitionsDefinition(
         cron_schedule=cron,
         start=datetime.now(UTC),
         timezone=timezone,
         fmt="%Y-%m-%dT%H:%M:%S",
         end_offset=8,
     )
-
-
-def schedule_interval(cron: str, timezone: str) -> timedelta:
-    """The longest gap between two of the next few ticks of ``cron``."""
-    ticks = _ticks(cron, timezone)
     windows = [
         ticks.time_window_for_partition_key(key)
         for key in ticks.get_partition_keys(current_time=datetime.now(UTC))
@@ -710,7 +705,7 @@ class RefreshSettings(SettingsModel):
     @classmethod
     def _cron(cls, value: str) -> str:
         try:
-            _ticks(value, "UTC")
+            schedule_interval(value, "UTC")
         except dg.DagsterInvalidDefinitionError:
             raise ValueError("it is not a cron expression") from None
         return value
