@@ -479,8 +479,7 @@ class ApiSettings(SettingsModel):
     )
     token_store_path: str = setting(
         "data/fieldsales_token.json",
-        "Where the renewed token is kept (a persistent volume), or catalog: a row of the lake's "
-        "PostgreSQL catalog",
+        "Where the renewed token is kept, or catalog: a row of the lake's PostgreSQL catalog",
         "a file path on a persistent volume, or catalog (with a PostgreSQL ducklake_catalog)",
         "FIELDSALES_TOKEN_STORE",
     )
@@ -528,8 +527,7 @@ class StorageSettings(SettingsModel):
 
     duckdb_path: str | None = setting(
         None,
-        "The optional single-file export: a DuckDB file each run that changed tables replaces "
-        "with a lake snapshot",
+        "The optional single-file export: a DuckDB file that holds the lake's last snapshot",
         "a file path, e.g. data/fieldsales.duckdb",
         "FIELDSALES_DUCKDB_PATH",
         shown="no export",
@@ -548,10 +546,8 @@ class StorageSettings(SettingsModel):
     )
     ducklake_catalog: str | None = setting(
         None,
-        "The lake's catalog database: sqlite:<file> for one host, or postgres:dbname=... "
-        "host=... user=... for several machines",
-        "sqlite:FILE or postgres:dbname=NAME host=HOST user=USER (its password in the variable "
-        "ducklake_password_env_var names)",
+        "The lake's catalog database: SQLite for one host, PostgreSQL for several machines",
+        "sqlite:FILE, or postgres:dbname=NAME host=HOST user=USER without a password",
         "FIELDSALES_DUCKLAKE_CATALOG",
         shown="sqlite:data/fieldsales.ducklake.sqlite",
     )
@@ -588,8 +584,7 @@ class StorageSettings(SettingsModel):
     )
     s3_url_style: str | None = setting(
         None,
-        "How the object store addresses a bucket: vhost (bucket.host/key) or path "
-        "(host/bucket/key)",
+        "How the object store addresses a bucket: bucket.host/key (vhost) or host/bucket/key",
         "vhost or path",
         "FIELDSALES_S3_URL_STYLE",
         shown="path with an endpoint; vhost otherwise",
@@ -686,8 +681,7 @@ class RefreshSettings(SettingsModel):
     )
     refresh_mode: RefreshMode = setting(
         "auto",
-        "How raw.transactions is refreshed (docs/refresh.md); run config on raw_transactions "
-        "overrides it for one run",
+        "How raw.transactions is refreshed; run config on raw_transactions overrides it",
         "one of auto, full, incremental",
         "FIELDSALES_REFRESH_MODE",
     )
