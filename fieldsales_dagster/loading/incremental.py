@@ -80,7 +80,7 @@ REFETCH_TABLE = "_fs_refetch"
 REMOVED_TABLE = "_fs_removed"
 #: A query of the events whose stored transactions a merge replaces.
 REPLACED_EVENTS = (
-    f"SELECT event_id FROM {REFETCH_TABLE} UNION ALL SELECT event_id FROM {REMOVED_TABLE}"
+    f"FROM {REFETCH_TABLE} SELECT event_id UNION ALL FROM {REMOVED_TABLE} SELECT event_id"
 )
 
 #: In ``auto``, re-fetching more than this share of the events by ``eventId`` costs more
@@ -433,7 +433,7 @@ def refetch_and_merge(
     """Re-fetch the transactions of ``plan``'s events by ``eventId`` and merge them (``_merge``):
     the incremental refresh's second half, and a re-sync's (``mode="resync"``, ``resync.py``),
     whose merge is not held to the server's global ``count``."""
-    stats, planned = ListStats(), time.monotonic()
+    stats = ListStats()
     # The stored rows about to be replaced are read while the pages are fetched.
     reader = ThreadPoolExecutor(max_workers=1, thread_name_prefix="fieldsales-replaced")
     replaced = reader.submit(
@@ -441,43 +441,20 @@ def refetch_and_merge(
     )
     try:
         total = _fetch_by_event(api, conn, plan, stats, log, count=mode != "resync")
-        fetched_at = time.monotonic()
         stored = replaced.result()
-        merging = time.monotonic()
         counts = _merge(conn, plan, mode, total, now, stats.bytes, stored, before_swap, run_id)
     finally:
         reader.shutdown(wait=True)
         drop_table(conn, qualified(STAGE_TABLE))
-    seconds = time.monotonic() - started
+    load = LoadReport.of(TRANSACTIONS.raw_table, counts["rows"], total, stats, started)
     log(
         f"transactions: merged {len(plan.event_ids)} events: {counts['added']} added, "
         f"{counts['changed']} changed, {counts['removed']} removed; {counts['rows']} rows "
-        f"({stats.requests} requests, {stats.bytes / 1e6:.1f} MB, {seconds:.1f} s: plan "
-        f"{planned - started:.2f} s, fetch {fetched_at - planned:.2f} s, waiting for the stored "
-        f"rows {merging - fetched_at:.2f} s, merge {time.monotonic() - merging:.2f} s)"
+        f"({stats.requests} requests, {stats.bytes / 1e6:.1f} MB, {load.seconds:.1f} s)"
     )
-    load = LoadReport(
-        table=TRANSACTIONS.raw_table,
-        rows=counts["rows"],
-        api_total=total,
-        passes=1,
-        pages=stats.pages,
-        requests=stats.requests,
-        retries=stats.retries,
-        bytes=stats.bytes,
-        duplicates_dropped=0,
-        seconds=seconds,
-    )
-    return RefreshReport(
-        load=load,
-        mode=mode,
-        reason=reason,
-        bytes_fetched=stats.bytes,
-        counts={
-            "events_refetched": len(plan.event_ids),
-            **{f"transactions_{what}": counts[what] for what in ("added", "changed", "removed")},
-        },
-    )
+    changes = {f"transactions_{what}": counts[what] for what in ("added", "changed", "removed")}
+    counted = {"events_refetched": len(plan.event_ids), **changes}
+    return RefreshReport(load, mode, reason, stats.bytes, counted)
 
 
 def _fetch_by_event(

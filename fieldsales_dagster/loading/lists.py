@@ -71,9 +71,7 @@ class IncompleteListError(FieldSalesAPIError):
 
 def id_text(value: object) -> str | None:
     """An id as it is stored and compared: text (``1002`` is ``"1002"``); ``None`` for none."""
-    if value is None or isinstance(value, bool):
-        return None
-    return value if isinstance(value, str) else str(value)
+    return None if value is None or isinstance(value, bool) else str(value)
 
 
 @functools.cache
@@ -111,12 +109,6 @@ def item_digests(items: list[msgspec.Raw]) -> array[int]:
     signed = array("q")
     signed.frombytes(memoryview(array("Q", map(digest, items))).cast("B"))
     return signed
-
-
-def _identity(keys: ItemKeys, item_digest: int) -> int:
-    """What tells items apart: the ``_id``, or the whole item (its digest) where it has none."""
-    item_id = id_text(keys[0])
-    return hash(("id", item_id)) if item_id is not None else item_digest
 
 
 # --- the strategy: pure -------------------------------------------------------------------------
@@ -238,13 +230,10 @@ class OffsetWindows:
 
     def _ended(self, skip: int, page: Page) -> int | None:
         """An empty page at ``skip``: the list ends here. The claimed total, if it is absurd."""
-        claimed = page.total if page.total is not None and self.use_totals else None
-        if claimed is None and self.stop is None and self.use_totals:
-            claimed = self.limit
+        claimed = page.total if page.total is not None or self.stop is not None else self.limit
         self.end = skip if self.end is None else min(self.end, skip)
-        if claimed is not None and claimed > 2 * skip + max(self.stride, 1):
-            return claimed
-        return None
+        far = self.use_totals and claimed is not None and claimed > 2 * skip + max(self.stride, 1)
+        return claimed if far else None
 
 
 # --- the executor -------------------------------------------------------------------------------
@@ -421,15 +410,18 @@ class PageExecutor:
         keep = self._answered(lp, window, page, baseline)
         if nulls := all_keys.count(None):
             raise PageFormatError(
-                f"{lp.stream.where(page.skip)} answered {nulls} `null` items among {page.n}: the "
-                f"server sent null where an item of {lp.stream.endpoint.name} belongs, so the "
-                "list cannot be stored as received. Report it to the Field-Sales service."
+                f"{lp.stream.where(page.skip)} answered {nulls} `null` items among {page.n} where "
+                f"{lp.stream.endpoint.name} belong; report it to the Field-Sales service."
             )
         keys = cast("list[ItemKeys]", all_keys)
         items = page.items[:keep]
         self._check_items(lp, page, items, keys[:keep])
         if items:
-            ids = [_identity(k, d) for k, d in zip(keys, digests, strict=True)]
+            # What tells items apart: the ``_id``, or the whole item (its digest) without one.
+            ids = [
+                d if (i := id_text(k[0])) is None else hash(("id", i))
+                for k, d in zip(keys, digests, strict=True)
+            ]
             page_hash = hash(frozenset(ids[:keep]))
             self._repeats(lp, page, page_hash)
             if lp.bodies is not None and page.digest is not None:
@@ -456,17 +448,13 @@ class PageExecutor:
             stats.total_decreased |= baseline is not None and page.total < baseline
         if lp.pages > (max_pages := self.limits.max_pages_per_pass):
             raise PagingError(
-                f"{stream.where(page.skip)}: {lp.pages} pages in one pass over "
-                f"{stream.endpoint.name} ({stats.items} items so far), more than "
-                f"max_pages_per_pass={max_pages}: the server seems to page forever. If the list "
-                "really is that long, raise max_pages_per_pass."
+                f"{stream.where(page.skip)}: {lp.pages} pages in one pass, more than "
+                f"max_pages_per_pass={max_pages}; if the list is that long, raise it."
             )
         if step.implausible_total is not None:
             raise PagingError(
-                f"{stream.where(page.skip)} answered no items while the server reports a "
-                f"total of {step.implausible_total} {stream.endpoint.name}; the pages end at "
-                f"{page.skip}, far short of it. The total is not plausible; nothing was "
-                "replaced. Report it to the Field-Sales service."
+                f"{stream.where(page.skip)} answered no items, far short of its total of "
+                f"{step.implausible_total}: not plausible; report it to the Field-Sales service."
             )
         return page.n if step.keep is None else step.keep
 
@@ -482,10 +470,8 @@ class PageExecutor:
             )
             raise ItemTooLargeError(
                 f"{stream.where(page.skip)}: item {item_id} of {stream.endpoint.name} is "
-                f"{size / (1 << 20):.1f} MB ({size} bytes), over the per-item limit of {limit} "
-                f"MB (max_item_mb, {self.limits.max_item_variable}). Nothing was replaced. To "
-                "load it, raise max_item_mb above its size (and duckdb_memory_limit to 16 times "
-                "max_item_mb)."
+                f"{size / (1 << 20):.1f} MB ({size} bytes), over the per-item limit of {limit} MB "
+                f"(max_item_mb, {self.limits.max_item_variable}); raise max_item_mb to load it."
             )
         for index, key, value in lp.filters:
             for item_key in keys:
@@ -502,22 +488,14 @@ class PageExecutor:
         if page_hash in lp.page_hashes:
             lp.repeated_pages += 1
             if lp.repeated_pages >= NO_NEW_IDS_PAGES:
-                if page.skip != lp.strategy.start and page_hash == lp.first_hash:
-                    what = (
-                        f"the same items as skip={lp.strategy.start}: the server ignores `skip`, "
-                        "so the list cannot be paged"
-                    )
-                else:
-                    what = (
-                        "only items already received on earlier pages: the server repeats pages "
-                        "(for example its last page for any skip past the end) instead of "
-                        "answering an empty page"
-                    )
+                what = (
+                    f"the same items as skip={lp.strategy.start}: the server ignores `skip`"
+                    if page.skip != lp.strategy.start and page_hash == lp.first_hash
+                    else "only items of earlier pages: the server repeats pages"
+                )
                 raise PagingError(
-                    f"{lp.stream.where(page.skip)} answered {page.n} items, {what}. "
-                    f"{NO_NEW_IDS_PAGES} pages of {lp.stream.endpoint.name} brought no new id; "
-                    f"stopped after {lp.pages} pages. Nothing was replaced; report it to the "
-                    "Field-Sales service."
+                    f"{lp.stream.where(page.skip)} answered {what}; {NO_NEW_IDS_PAGES} pages "
+                    "brought no new id. Report it to the Field-Sales service."
                 )
         lp.page_hashes.add(page_hash)
 
@@ -727,10 +705,8 @@ class ListPasses:
                     results[key] = ListResult(lp.stats, facts, reason, number, lp.repairs)
                 elif number == max_passes:
                     raise IncompleteListError(
-                        f"{name} ({lp.stream.url}): after {number} passes, {why}. "
-                        f"{lp.stream.endpoint.raw_table} was left as it was. Run again later; if "
-                        "the server's list is stable, report its counts to the Field-Sales "
-                        "service (or raise max_list_passes)."
+                        f"{name} ({lp.stream.url}): after {number} passes, {why}. Run again "
+                        "later, or raise max_list_passes if the server's list is stable."
                     )
                 else:
                     previous[key] = (rows, distinct)

@@ -33,7 +33,6 @@ import msgspec
 from fieldsales_dagster.client.api import FieldSalesAPI
 from fieldsales_dagster.client.endpoints import ListEndpoint
 from fieldsales_dagster.client.envelope import ListStats, Page
-from fieldsales_dagster.client.errors import FieldSalesAPIError
 from fieldsales_dagster.heap import TRIM_EVERY_PAGES, release_free_memory
 from fieldsales_dagster.loading.deletions import record_deletions
 from fieldsales_dagster.loading.lists import (
@@ -41,7 +40,6 @@ from fieldsales_dagster.loading.lists import (
     ItemKeys,
     Limits,
     ListPasses,
-    ListResult,
     PageExecutor,
     Stream,
     id_text,
@@ -87,17 +85,25 @@ class LoadReport:
     table: str
     rows: int
     api_total: int | None
-    passes: int
     pages: int
     requests: int
     retries: int
     bytes: int
-    duplicates_dropped: int
     seconds: float
+    passes: int = 1
+    duplicates_dropped: int = 0
     #: Lone surrogate escapes replaced by U+FFFD (strings the server cut mid-emoji).
     surrogates_replaced: int = 0
     #: Rounds in which the head of a list that grew was re-fetched.
     repairs: int = 0
+
+    @classmethod
+    def of(
+        cls, table: str, rows: int, total: int | None, spent: ListStats, started: float, **more: int
+    ) -> LoadReport:
+        """A load of ``rows`` that cost ``spent``, started at ``started`` (``time.monotonic``)."""
+        cost = (spent.pages, spent.requests, spent.retries, spent.bytes)
+        return cls(table, rows, total, *cost, time.monotonic() - started, **more)
 
     @property
     def rows_per_second(self) -> float:
@@ -105,34 +111,17 @@ class LoadReport:
 
 
 def raw_table_ddl(
-    endpoint: ListEndpoint,
-    table: str,
-    lake: bool = False,
-    temporary: bool = False,
-    digest: bool = False,
+    endpoint: ListEndpoint, table: str, temporary: bool = False, digest: bool = False
 ) -> str:
     """A raw table; with ``digest``, a staging table (each item's ``item_digests``)."""
-    # zstd suits ~5 KB JSON documents: measured 2.6x faster to write than DuckDB's default
-    # dictionary/FSST choice for them, smaller on disk, and faster to read back. A lake's
-    # Parquet files take no per-column compression (its files are zstd: see lake.py).
+    # A temporary table's payloads are zstd: measured 2.6x faster to write ~5 KB JSON documents
+    # than DuckDB's default dictionary/FSST choice, and smaller. A lake's Parquet files take no
+    # per-column compression (its files are zstd: see lake.py).
     extra = "".join(f", {quote_ident(col)} VARCHAR" for col, _ in endpoint.extra_columns)
-    compression = "" if lake else " USING COMPRESSION zstd"
-    kind = "TEMP TABLE" if temporary else "TABLE"
     return (
-        f"CREATE OR REPLACE {kind} {qualified(table)} "
-        f"(id VARCHAR, payload JSON{compression}, loaded_at TIMESTAMP{extra}"
+        f"CREATE OR REPLACE {'TEMP ' * temporary}TABLE {qualified(table)} (id VARCHAR, payload "
+        f"JSON{' USING COMPRESSION zstd' * temporary}, loaded_at TIMESTAMP{extra}"
         + (", digest BIGINT)" if digest else ")")
-    )
-
-
-def _insert_sql(endpoint: ListEndpoint, table: str, pages: str) -> str:
-    extra = [quote_ident(col) for col, _ in endpoint.extra_columns]
-    # `_id` where present; an item without one (event groups' shape is not documented) gets a
-    # content hash, so identical copies collapse and distinct items stay distinct.
-    return (
-        f"INSERT INTO {qualified(table)} (id, payload, loaded_at, digest"
-        f"{''.join(', ' + c for c in extra)}) SELECT coalesce(id, md5(payload)), payload, "
-        f"$loaded_at, digest{''.join(', ' + c for c in extra)} FROM {pages}"
     )
 
 
@@ -179,7 +168,7 @@ def page_batch(page: Page, schema: pa.Schema, decode: msgspec.json.Decoder) -> p
             except UnicodeDecodeError as exc:
                 raise NotTextError(
                     f"item {id_text(keys[position][0]) or f'at skip {page.skip + position}'} is "
-                    f"not UTF-8 text ({exc.reason} at byte {exc.start})"
+                    f"not UTF-8 text ({exc.reason} at byte {exc.start}); ask the server's operator"
                 ) from None
         raise
     payload = pa.ExtensionArray.from_storage(schema.field("payload").type, text)
@@ -206,9 +195,7 @@ class StagingWriter:
         self.schema = page_schema(endpoint)
         self.decode = key_decoder(endpoint)
         self.loaded_at = loaded_at.replace(tzinfo=None)
-        self.items_written = 0
         self.pages_written = 0
-        self.rows_inserted = 0
         self._batches: queue.Queue[pa.RecordBatch | None] = queue.Queue(maxsize=QUEUED_PAGES)
         self._error: BaseException | None = None
         self._ended = False
@@ -232,11 +219,18 @@ class StagingWriter:
         import pyarrow as pa
 
         pages = f"_fs_pages_{id(self)}"
+        columns = "".join(f", {quote_ident(col)}" for col, _ in self.endpoint.extra_columns)
         try:
             conn.register(pages, pa.RecordBatchReader.from_batches(self.schema, self._stream()))
             try:
-                sql = _insert_sql(self.endpoint, self.table, pages)
-                self.rows_inserted = one_row(conn, sql, {"loaded_at": self.loaded_at})[0]
+                # `_id` where present; an item without one (event groups' shape is not
+                # documented) gets a content hash: identical copies collapse, others stay apart.
+                conn.execute(
+                    f"INSERT INTO {qualified(self.table)} (id, payload, loaded_at, digest"
+                    f"{columns}) SELECT coalesce(id, md5(payload)), payload, $loaded_at, digest"
+                    f"{columns} FROM {pages}",
+                    {"loaded_at": self.loaded_at},
+                )
             finally:
                 conn.unregister(pages)
         except BaseException as exc:  # raised in the caller's thread at its next call
@@ -258,14 +252,10 @@ class StagingWriter:
         if not page.items:
             return
         try:
-            batch = page_batch(page, self.schema, self.decode)
+            self._batches.put(page_batch(page, self.schema, self.decode))
         except NotTextError as exc:
-            raise NotTextError(
-                f"Inserting fetched pages into {self.table} failed, so nothing was replaced: "
-                f"{exc}. The server sent bytes that are not text; ask its operator."
-            ) from None
-        self._batches.put(batch)
-        self.items_written += page.n
+            self._error = exc
+            self._raise_insert_error()
         self.pages_written += 1
         if self.pages_written % TRIM_EVERY_PAGES == 0:
             release_free_memory()
@@ -284,12 +274,6 @@ class StagingWriter:
 # --- loading ------------------------------------------------------------------------------------
 
 
-def _table_rows(conn: duckdb.DuckDBPyConnection, table: str) -> int | None:
-    if not table_exists(conn, table):
-        return None
-    return one_row(conn, f"SELECT count(*) FROM {qualified(table)}")[0]
-
-
 @dataclass(frozen=True)
 class ShrinkGuard:
     """How much a full refresh may shrink a raw table (``check_shrink``): the warehouse's
@@ -297,23 +281,6 @@ class ShrinkGuard:
 
     max_fraction: float
     allow: bool
-
-
-def check_shrink(
-    table: str, old_rows: int | None, new_rows: int, max_shrink_fraction: float, allow: bool
-) -> None:
-    """Refuse a refresh that empties ``table`` or shrinks it by more than the fraction."""
-    if allow or not old_rows or new_rows >= old_rows:
-        return
-    lost = 1 - new_rows / old_rows
-    if new_rows == 0 or lost > max_shrink_fraction:
-        what = "empty it" if new_rows == 0 else f"shrink it by {lost:.0%}"
-        raise ShrinkRefusedError(
-            f"{table}: the server now lists {new_rows} items where the table holds {old_rows}; "
-            f"replacing it would {what} (more than max_shrink_fraction="
-            f"{max_shrink_fraction:.0%}), so {table} was left as it was. If the data really "
-            "went away, run again allowing it (allow_shrink)."
-        )
 
 
 @dataclass
@@ -333,15 +300,7 @@ class Staging:
     temporary: bool = False
 
     def create(self) -> None:
-        self.conn.execute(
-            raw_table_ddl(
-                self.endpoint,
-                self.table,
-                lake=not self.temporary,
-                temporary=self.temporary,
-                digest=True,
-            )
-        )
+        self.conn.execute(raw_table_ddl(self.endpoint, self.table, self.temporary, digest=True))
 
     def seal(self) -> None:
         """Drop the digests: the table now holds what it will hold."""
@@ -357,50 +316,37 @@ class Staging:
             writer.finish()
         finally:
             writer.close()  # joins the inserter (and its transaction) before anything else runs
-        if writer.rows_inserted != writer.items_written:
-            raise FieldSalesAPIError(
-                f"{self.endpoint.name}: DuckDB read {writer.rows_inserted} items from the pages "
-                f"but the API returned {writer.items_written}; {self.endpoint.raw_table} was left "
-                "as it was."
-            )
+
+    @property
+    def _list(self) -> str:
+        """What tells a row's list: ``by``, or NULL (``None``, the key of one whole list)."""
+        return quote_ident(self.by) if self.by else "NULL"
 
     def counts(self) -> dict[Hashable, tuple[int, int]]:
         """``(rows, distinct ids)`` stored per list (``by``'s value)."""
-        table = qualified(self.table)
-        if self.by is None:
-            rows, distinct = one_row(self.conn, f"SELECT count(*), count(DISTINCT id) FROM {table}")
-            return {None: (rows, distinct)}
-        by = quote_ident(self.by)
         found = self.conn.execute(
-            f"SELECT {by}, count(*), count(DISTINCT id) FROM {table} GROUP BY {by}"
+            f"SELECT {self._list}, count(*), count(DISTINCT id) "
+            f"FROM {qualified(self.table)} GROUP BY ALL"
         ).fetchall()
         return {key: (rows, distinct) for key, rows, distinct in found}
 
     def differing(self, key: Hashable) -> tuple[int, list[str]]:
         """Ids of one list stored more than once with different content: how many, and a few."""
-        table = qualified(self.table)
-        where, params = "", {}
-        if self.by is not None:
-            where, params = f"WHERE {quote_ident(self.by)} = $key", {"key": key}
         count, ids = one_row(
             self.conn,
-            f"SELECT count(*), list(id ORDER BY id)[1:{NAMED_IDS}] FROM ("
-            f"  SELECT id FROM {table} {where} GROUP BY id"
-            "   HAVING count(*) > 1 AND min(digest) <> max(digest))",
-            params,
+            f"SELECT count(*), list(id ORDER BY id)[1:{NAMED_IDS}] FROM (SELECT id FROM "
+            f"{qualified(self.table)} WHERE {self._list} IS NOT DISTINCT FROM $key GROUP BY id "
+            "HAVING count(*) > 1 AND min(digest) <> max(digest))",
+            {"key": key},
         )
         return count, list(ids or [])
 
     def ids_of(self, key: Hashable, digests: set[int]) -> list[str]:
         """The first few ids (in order) of one list's items whose ``item_digests`` is listed."""
-        params: dict[str, object] = {"digests": list(digests)}
-        where = ""
-        if self.by is not None:
-            where, params["key"] = f"AND {quote_ident(self.by)} = $key", key
         found = self.conn.execute(
-            f"SELECT DISTINCT id FROM {qualified(self.table)} "
-            f"WHERE digest IN (SELECT unnest($digests)) {where} ORDER BY id LIMIT {NAMED_IDS}",
-            params,
+            f"SELECT DISTINCT id FROM {qualified(self.table)} WHERE digest IN (SELECT unnest("
+            f"$digests)) AND {self._list} IS NOT DISTINCT FROM $key ORDER BY id LIMIT {NAMED_IDS}",
+            {"key": key, "digests": list(digests)},
         ).fetchall()
         return [row[0] for row in found]
 
@@ -468,8 +414,19 @@ def load_list(
         distinct = result.facts.distinct
         if result.facts.rows != distinct:
             _drop_duplicate_ids(conn, stage)
-        old_rows = _table_rows(conn, endpoint.raw_table)
-        check_shrink(endpoint.raw_table, old_rows, distinct, max_shrink_fraction, allow_shrink)
+        table = endpoint.raw_table
+        old = (
+            one_row(conn, f"SELECT count(*) FROM {qualified(table)}")[0]
+            if table_exists(conn, table)
+            else 0
+        )
+        if old and not allow_shrink and (distinct == 0 or 1 - distinct / old > max_shrink_fraction):
+            what = "empty it" if distinct == 0 else f"shrink it by {1 - distinct / old:.0%}"
+            raise ShrinkRefusedError(
+                f"{table}: the server now lists {distinct} items where the table holds {old}; "
+                f"replacing it would {what} (max_shrink_fraction={max_shrink_fraction:.0%}), so "
+                "it was left as it was. If the data really went away, run with allow_shrink."
+            )
         if before_swap is not None:
             before_swap(stage)
 
@@ -483,33 +440,23 @@ def load_list(
         run_transaction(conn, endpoint.raw_table, swap)
     finally:
         drop_table(conn, qualified(stage))
-    report = _load_report(endpoint, executor.spent, result, started)
+    report = LoadReport.of(
+        endpoint.raw_table,
+        distinct,
+        result.facts.total,
+        executor.spent,
+        started,
+        passes=result.passes,
+        duplicates_dropped=result.facts.rows - distinct,
+        surrogates_replaced=result.stats.surrogates_replaced,  # in the rows kept
+        repairs=result.repairs,
+    )
     log(
         f"{endpoint.name}: wrote {report.rows} rows to {report.table} "
         f"({report.pages} pages, {report.retries} retries, {report.repairs} repairs, "
         f"{report.seconds:.1f} s; {result.reason})"
     )
     return report
-
-
-def _load_report(
-    endpoint: ListEndpoint, spent: ListStats, result: ListResult, started: float
-) -> LoadReport:
-    rows, distinct = result.facts.rows, result.facts.distinct
-    return LoadReport(
-        table=endpoint.raw_table,
-        rows=distinct,
-        api_total=result.facts.total,
-        passes=result.passes,
-        pages=spent.pages,
-        requests=spent.requests,
-        retries=spent.retries,
-        bytes=spent.bytes,
-        duplicates_dropped=rows - distinct,
-        seconds=time.monotonic() - started,
-        surrogates_replaced=result.stats.surrogates_replaced,  # in the rows kept
-        repairs=result.repairs,
-    )
 
 
 def _drop_duplicate_ids(conn: duckdb.DuckDBPyConnection, table: str) -> None:
