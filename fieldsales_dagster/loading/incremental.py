@@ -80,7 +80,7 @@ REFETCH_TABLE = "_fs_refetch"
 REMOVED_TABLE = "_fs_removed"
 #: A query of the events whose stored transactions a merge replaces.
 REPLACED_EVENTS = (
-    f"FROM {REFETCH_TABLE} SELECT event_id UNION ALL FROM {REMOVED_TABLE} SELECT event_id"
+    f"SELECT event_id FROM {REFETCH_TABLE} UNION ALL SELECT event_id FROM {REMOVED_TABLE}"
 )
 
 #: In ``auto``, re-fetching more than this share of the events by ``eventId`` costs more
@@ -99,6 +99,20 @@ class FallBack(Exception):
 
 
 @dataclass(frozen=True)
+class Merging:
+    """One merge of re-fetched transactions into ``raw.transactions`` (an incremental refresh's,
+    or a re-sync's): the client and connection, the run's hooks, and when it started."""
+
+    api: FieldSalesAPI
+    conn: duckdb.DuckDBPyConnection
+    log: Callable[[str], None]
+    before_swap: Callable[[str], None] | None
+    run_id: str | None
+    now: datetime = field(default_factory=lambda: datetime.now(UTC))
+    started: float = field(default_factory=time.monotonic)
+
+
+@dataclass(frozen=True)
 class RefreshPolicy:
     """The warehouse's refresh settings (validated there; defaults in ``settings.py``)."""
 
@@ -109,11 +123,8 @@ class RefreshPolicy:
     @classmethod
     def of(cls, warehouse: FieldSalesWarehouse, override: str | None = None) -> RefreshPolicy:
         """The warehouse's policy, ``override`` (the run config's mode) first."""
-        return cls(
-            mode=override or warehouse.refresh_mode,  # validated by the run config
-            full_refresh_every_days=warehouse.full_refresh_every_days,
-            lookback_days=warehouse.lookback_days,
-        )
+        mode = override or warehouse.refresh_mode  # validated by the run config
+        return cls(mode, warehouse.full_refresh_every_days, warehouse.lookback_days)
 
 
 # --- state ------------------------------------------------------------------------------------
@@ -133,13 +144,8 @@ def read_previous_load(conn: duckdb.DuckDBPyConnection) -> PreviousLoad | None:
         if table_exists(conn, TRANSACTIONS.raw_table)
         else None
     )
-    return PreviousLoad(
-        last_full_at=row[0].replace(tzinfo=UTC),
-        rows_recorded=row[1],
-        rows_stored=rows_stored,
-        events_loaded_at_recorded=row[2].replace(tzinfo=UTC) if row[2] else None,
-        events_loaded_at_now=_events_loaded_at(conn),
-    )
+    last_full_at, recorded = row[0].replace(tzinfo=UTC), row[2] and row[2].replace(tzinfo=UTC)
+    return PreviousLoad(last_full_at, row[1], rows_stored, recorded, _events_loaded_at(conn))
 
 
 def _events_loaded_at(conn: duckdb.DuckDBPyConnection) -> datetime | None:
@@ -166,22 +172,19 @@ def _fingerprint_current_events(conn: duckdb.DuckDBPyConnection, now: datetime) 
         source = "raw_events_in_slices()"
     else:
         source = "(SELECT NULL::VARCHAR AS id, NULL::JSON AS payload WHERE false)"
-    known = (
-        FINGERPRINTS_TABLE
-        if table_exists(conn, FINGERPRINTS_TABLE)
-        else "(SELECT NULL::VARCHAR AS event_id, NULL AS fingerprint, NULL::TIMESTAMPTZ AS "
-        "state_since WHERE false)"
-    )
+    known = FINGERPRINTS_TABLE
+    if not table_exists(conn, FINGERPRINTS_TABLE):
+        known = "(SELECT NULL::VARCHAR event_id, NULL fingerprint, NULL::TIMESTAMPTZ state_since)"
+        # (one row, whose NULL event_id joins none)
     conn.execute(
         f"""
         CREATE OR REPLACE TEMP TABLE {FINGERPRINTS_NOW} AS
         SELECT n.*, CASE WHEN o.fingerprint = n.fingerprint THEN o.state_since
                          ELSE $now::TIMESTAMPTZ END AS state_since
         FROM (SELECT event_id,
-               md5(concat_ws(chr(1),
-                   coalesce(state[1]::VARCHAR, 'null'),
-                   coalesce(state[2]::VARCHAR, 'null'),
-                   coalesce(state[3]::VARCHAR, 'null'))) AS fingerprint,
+               md5(concat_ws(chr(1), coalesce(state[1]::VARCHAR, 'null'),
+                   coalesce(state[2]::VARCHAR, 'null'), coalesce(state[3]::VARCHAR, 'null')))
+                 AS fingerprint,
                list_max(list_transform(
                    coalesce(json_extract_string(state[2], '$[*].date'), []),
                    lambda d: try_cast(d AS TIMESTAMPTZ))) AS last_state_change
@@ -195,13 +198,7 @@ def _fingerprint_current_events(conn: duckdb.DuckDBPyConnection, now: datetime) 
     )
 
 
-def _write_state(
-    conn: duckdb.DuckDBPyConnection,
-    *,
-    mode: str,
-    at: datetime,
-    rows: int,
-) -> None:
+def _write_state(conn: duckdb.DuckDBPyConnection, *, mode: str, at: datetime, rows: int) -> None:
     """Record a complete load and the fingerprints of the events it saw (``FINGERPRINTS_NOW``),
     in the caller's transaction. A re-sync moves only its events' fingerprints (``REFETCH_TABLE``;
     one no longer listed loses its own); the others' and the events' load time stay, so the next
@@ -230,9 +227,7 @@ def _write_state(
         [TRANSACTIONS.raw_table, last_full_at, naive, mode, rows, events_loaded_at],
     )
     if not resync:
-        conn.execute(
-            f"CREATE OR REPLACE TABLE {FINGERPRINTS_TABLE} AS SELECT * FROM {FINGERPRINTS_NOW}"
-        )
+        conn.execute(f"CREATE OR REPLACE TABLE {FINGERPRINTS_TABLE} AS FROM {FINGERPRINTS_NOW}")
         return
     events = f"SELECT event_id FROM {REFETCH_TABLE}"
     conn.execute(f"DELETE FROM {FINGERPRINTS_TABLE} WHERE event_id IN ({events})")
@@ -283,7 +278,8 @@ def refresh_raw_list(
     reason = f"{endpoint.name} are always fetched whole (they are small next to transactions)"
     spent, after_swap = 0, None
     if endpoint.raw_table == TRANSACTIONS.raw_table:
-        now = datetime.now(UTC)
+        run = Merging(api, conn, log, before_swap, run_id)
+        now = run.now
         decision = choose_mode(
             policy.mode,
             read_previous_load(conn),
@@ -294,13 +290,12 @@ def refresh_raw_list(
         reason = decision.reason
         if decision.mode == "incremental":
             try:
-                return _incremental(api, conn, policy, decision, now, log, before_swap, run_id)
+                return _incremental(run, policy, decision)
             except FallBack as exc:
                 if policy.mode == "incremental" and not exc.filter_ignored:
                     raise IncrementalRefreshError(
-                        f"raw_transactions: incremental refresh failed its guard: {exc}. "
-                        "raw.transactions was left as it was; run a full refresh "
-                        "(refresh_mode=full) to reconcile."
+                        f"raw_transactions: incremental refresh failed its guard: {exc}; nothing "
+                        "was changed. Run a full refresh (refresh_mode=full) to reconcile."
                     ) from None
                 warn(f"transactions: incremental refresh abandoned, running a full one: {exc}")
                 reason, spent = f"fell back from incremental: {exc}", exc.bytes_fetched
@@ -321,9 +316,7 @@ def refresh_raw_list(
         allow_shrink=shrink.allow,
         run_id=run_id,
     )
-    return RefreshReport(
-        load=report, mode="full", reason=reason, bytes_fetched=report.bytes + spent
-    )
+    return RefreshReport(report, "full", reason, report.bytes + spent)
 
 
 @dataclass(frozen=True)
@@ -347,14 +340,9 @@ def read_plan(conn: duckdb.DuckDBPyConnection) -> RefetchPlan:
             row[0] for row in conn.execute(f"SELECT event_id FROM {table} ORDER BY 1").fetchall()
         ]
 
-    return RefetchPlan(
-        event_ids=ids(REFETCH_TABLE),
-        removed_ids=ids(REMOVED_TABLE),
-        events=one_row(conn, f"SELECT count(*) FROM {FINGERPRINTS_NOW}")[0],
-        why=dict(
-            conn.execute(f"SELECT why, count(*) FROM {REFETCH_TABLE} GROUP BY why").fetchall()
-        ),
-    )
+    events = one_row(conn, f"SELECT count(*) FROM {FINGERPRINTS_NOW}")[0]
+    why = conn.execute(f"SELECT why, count(*) FROM {REFETCH_TABLE} GROUP BY why").fetchall()
+    return RefetchPlan(ids(REFETCH_TABLE), ids(REMOVED_TABLE), events, dict(why))
 
 
 def _plan(conn: duckdb.DuckDBPyConnection, lookback_days: float, now: datetime) -> RefetchPlan:
@@ -383,34 +371,19 @@ def _plan(conn: duckdb.DuckDBPyConnection, lookback_days: float, now: datetime) 
     return read_plan(conn)
 
 
-def _incremental(
-    api: FieldSalesAPI,
-    conn: duckdb.DuckDBPyConnection,
-    policy: RefreshPolicy,
-    decision: ModeDecision,
-    now: datetime,
-    log: Callable[[str], None],
-    before_swap: Callable[[str], None] | None,
-    run_id: str | None,
-) -> RefreshReport:
-    started = time.monotonic()
-    plan = _plan(conn, policy.lookback_days, now)
+def _incremental(run: Merging, policy: RefreshPolicy, decision: ModeDecision) -> RefreshReport:
+    plan = _plan(run.conn, policy.lookback_days, run.now)
     new, changed, recent = (plan.why.get(why, 0) for why in ("new", "changed", "recent"))
     refetched = len(plan.event_ids)
-    log(
+    run.log(
         f"transactions: re-fetching {refetched} of {plan.events} events by eventId ({new} new, "
         f"{changed} changed, {recent} within {policy.lookback_days:g} days); "
         f"{len(plan.removed_ids)} events disappeared"
     )
     if policy.mode == "auto" and refetched > MAX_REFETCH_SHARE * max(plan.events, 1):
-        raise FallBack(
-            f"{refetched} of {plan.events} events need their transactions re-fetched; "
-            "paging the whole list is cheaper",
-            0,
-        )
-    report = refetch_and_merge(
-        api, conn, plan, now, started, log, before_swap, run_id, "incremental", decision.reason
-    )
+        why = f"{refetched} of {plan.events} events changed: paging the whole list is cheaper"
+        raise FallBack(why, 0)
+    report = refetch_and_merge(run, plan, "incremental", decision.reason)
     removed = len(plan.removed_ids)
     report.counts.update(
         events_new=new, events_changed=changed, events_recent=recent, events_removed=removed
@@ -418,36 +391,24 @@ def _incremental(
     return report
 
 
-def refetch_and_merge(
-    api: FieldSalesAPI,
-    conn: duckdb.DuckDBPyConnection,
-    plan: RefetchPlan,
-    now: datetime,
-    started: float,
-    log: Callable[[str], None],
-    before_swap: Callable[[str], None] | None,
-    run_id: str | None,
-    mode: str,
-    reason: str,
-) -> RefreshReport:
+def refetch_and_merge(run: Merging, plan: RefetchPlan, mode: str, reason: str) -> RefreshReport:
     """Re-fetch the transactions of ``plan``'s events by ``eventId`` and merge them (``_merge``):
     the incremental refresh's second half, and a re-sync's (``mode="resync"``, ``resync.py``),
     whose merge is not held to the server's global ``count``."""
-    stats = ListStats()
+    stats, conn = ListStats(), run.conn
     # The stored rows about to be replaced are read while the pages are fetched.
     reader = ThreadPoolExecutor(max_workers=1, thread_name_prefix="fieldsales-replaced")
     replaced = reader.submit(
         _read_replaced, same_database_cursor(conn), plan.event_ids + plan.removed_ids
     )
     try:
-        total = _fetch_by_event(api, conn, plan, stats, log, count=mode != "resync")
-        stored = replaced.result()
-        counts = _merge(conn, plan, mode, total, now, stats.bytes, stored, before_swap, run_id)
+        total = _fetch_by_event(run, plan, stats, count=mode != "resync")
+        counts = _merge(run, mode, total, stats.bytes, replaced.result())
     finally:
         reader.shutdown(wait=True)
         drop_table(conn, qualified(STAGE_TABLE))
-    load = LoadReport.of(TRANSACTIONS.raw_table, counts["rows"], total, stats, started)
-    log(
+    load = LoadReport.of(TRANSACTIONS.raw_table, counts["rows"], total, stats, run.started)
+    run.log(
         f"transactions: merged {len(plan.event_ids)} events: {counts['added']} added, "
         f"{counts['changed']} changed, {counts['removed']} removed; {counts['rows']} rows "
         f"({stats.requests} requests, {stats.bytes / 1e6:.1f} MB, {load.seconds:.1f} s)"
@@ -457,27 +418,19 @@ def refetch_and_merge(
     return RefreshReport(load, mode, reason, stats.bytes, counted)
 
 
-def _fetch_by_event(
-    api: FieldSalesAPI,
-    conn: duckdb.DuckDBPyConnection,
-    plan: RefetchPlan,
-    stats: ListStats,
-    log: Callable[[str], None],
-    count: bool,
-) -> int | None:
+def _fetch_by_event(run: Merging, plan: RefetchPlan, stats: ListStats, count: bool) -> int | None:
     """Page ``transaction/all?eventId=X`` for every X of ``plan`` into ``STAGE_TABLE``, each
     event a stream held to the completeness rule; then, if ``count``, return the server's global
     ``count`` (one page of one item): a server that caps pages and reports each page's size as
     its total loses items the merge's count check catches. A failed guard is a ``FallBack``."""
-    staging = Staging(conn, TRANSACTIONS, STAGE_TABLE, datetime.now(UTC), "event_id", True)
+    api = run.api
+    staging = Staging(run.conn, TRANSACTIONS, STAGE_TABLE, datetime.now(UTC), "event_id", True)
     staging.create()
-    lists = [
-        Stream(TRANSACTIONS.with_params(eventId=event_id), event_id, api.page_size)
-        for event_id in plan.event_ids
-    ]
-    executor = page_executor(api, label="transactions by eventId", log=log, spent=stats)
+    executor = page_executor(api, label="transactions by eventId", log=run.log, spent=stats)
     try:
-        ListPasses(executor, staging).run(lists)
+        ListPasses(executor, staging).run(
+            [Stream(TRANSACTIONS.with_params(eventId=e), e, api.page_size) for e in plan.event_ids]
+        )
     except FilterIgnoredError as exc:
         raise FallBack(str(exc), stats.bytes, filter_ignored=True) from None
     except (PagingError, IncompleteListError) as exc:
@@ -488,10 +441,7 @@ def _fetch_by_event(
     count_page = api.fetch_page(TRANSACTIONS.with_params(limit=1), 0, stats)
     stats.count(pages=1, bytes=count_page.nbytes)
     if count_page.total is None:
-        raise FallBack(
-            "the server reported no count for the transaction list, so the merge cannot be checked",
-            stats.bytes,
-        )
+        raise FallBack("the transaction list has no count to check the merge with", stats.bytes)
     return count_page.total
 
 
@@ -517,31 +467,24 @@ def _read_replaced(cursor: duckdb.DuckDBPyConnection, event_ids: list[str]) -> d
 
 
 def _merge(
-    conn: duckdb.DuckDBPyConnection,
-    plan: RefetchPlan,
-    mode: str,
-    server_count: int | None,
-    now: datetime,
-    spent: int,
-    replaced: dict[str, int],
-    before_swap: Callable[[str], None] | None,
-    run_id: str | None,
+    run: Merging, mode: str, server_count: int | None, spent: int, replaced: dict[str, int]
 ) -> dict[str, int]:
     """Replace the re-fetched and removed events' transactions, check, record the new state
     (a re-sync's moves only its events' fingerprints): one transaction, with ``before_swap(stage)``
     (redaction, comments), the deletion audit (found by run ``run_id``) and the stage's drop.
     ``replaced``: ids and payload hashes of the stored rows of the re-fetched and removed events
     (``_read_replaced``), for the counts of changed, added and removed transactions."""
+    conn, now = run.conn, run.now
     target, stage = qualified(TRANSACTIONS.raw_table), qualified(STAGE_TABLE)
     staged, stored, old = _staged_and_old(conn, replaced, spent)
 
     def merge() -> tuple[int, dict[str, int]]:
-        if before_swap is not None:
-            before_swap(STAGE_TABLE)
+        if run.before_swap is not None:
+            run.before_swap(STAGE_TABLE)
         # After before_swap: a redacted payload compares with the redacted one stored.
         new = dict(conn.execute(f"SELECT id, hash(payload::VARCHAR) FROM {stage}").fetchall())
         scope, kept = f"event_id IN ({REPLACED_EVENTS})", f"SELECT id FROM {stage}"
-        record_deletions(conn, TRANSACTIONS, kept=kept, scope=scope, run_id=run_id, at=now)
+        record_deletions(conn, TRANSACTIONS, kept=kept, scope=scope, run_id=run.run_id, at=now)
         deleted = _delete_replaced(conn, moved=len(old) > len(replaced))
         pause_at("merge")
         conn.execute(f"INSERT INTO {target} BY NAME SELECT * FROM {stage}")
@@ -558,8 +501,7 @@ def _merge(
             counts = "" if server_count is None else f" but the server counts {server_count}"
             raise FallBack(
                 f"after the merge raw.transactions would hold {rows} rows ({stored} stored, "
-                f"{deleted} deleted where {len(old)} were expected, {staged} fetched){counts}: "
-                "something changed that incremental mode cannot see",
+                f"{deleted} deleted where {len(old)} were expected, {staged} fetched){counts}",
                 spent,
             )
         _write_state(conn, mode=mode, at=now, rows=rows)
@@ -584,9 +526,7 @@ def _staged_and_old(
     target, stage = qualified(TRANSACTIONS.raw_table), qualified(STAGE_TABLE)
     staged, distinct_staged = one_row(conn, f"SELECT count(*), count(DISTINCT id) FROM {stage}")
     if staged != distinct_staged:
-        raise FallBack(
-            f"{staged - distinct_staged} transactions were listed under two events", spent
-        )
+        raise FallBack(f"{staged - distinct_staged} transactions listed under two events", spent)
     old = dict(replaced)
     # Counted first: a query that returns the payload reads it for every row it scans.
     moved = f"WHERE id IN (SELECT id FROM {stage}) AND NOT event_id IN ({REPLACED_EVENTS})"
@@ -604,11 +544,6 @@ def _delete_replaced(conn: duckdb.DuckDBPyConnection, moved: bool) -> int:
     copies of re-fetched ids under other events (transactions that moved to a re-fetched event).
     Filters on narrow columns only: no payload is read.
     """
+    also = f" OR id IN (SELECT id FROM {qualified(STAGE_TABLE)})" if moved else ""
     target = qualified(TRANSACTIONS.raw_table)
-    (deleted,) = one_row(conn, f"DELETE FROM {target} WHERE event_id IN ({REPLACED_EVENTS})")
-    if moved:
-        (more,) = one_row(
-            conn, f"DELETE FROM {target} WHERE id IN (SELECT id FROM {qualified(STAGE_TABLE)})"
-        )
-        deleted += more
-    return deleted
+    return one_row(conn, f"DELETE FROM {target} WHERE event_id IN ({REPLACED_EVENTS}){also}")[0]

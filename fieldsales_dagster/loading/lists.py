@@ -180,9 +180,6 @@ class OffsetWindows:
         if self.phase != "windows":
             self.waiting, probe, self.phase = False, self.phase == "probe", "windows"
             if page.n == 0:
-                if probe:
-                    self.end = start
-                    return Step()
                 return Step(implausible_total=self._ended(start, page))
             self.opened_to = start + page.n
             if probe:  # every page reports its own size: page until an empty page
@@ -483,8 +480,7 @@ class PageExecutor:
 
     def _repeats(self, lp: ListPass, page: Page, page_hash: int) -> None:
         """Count a page whose ids repeat an earlier page of the pass; refuse the third."""
-        if lp.first_hash is None:
-            lp.first_hash = page_hash
+        lp.first_hash = page_hash if lp.first_hash is None else lp.first_hash
         if page_hash in lp.page_hashes:
             lp.repeated_pages += 1
             if lp.repeated_pages >= NO_NEW_IDS_PAGES:
@@ -510,19 +506,15 @@ class Sink(Protocol):
 
     def counts(self) -> dict[Hashable, tuple[int, int]]:
         """``(rows, distinct ids)`` stored per list."""
-        ...
 
-    def differing(self, key: Hashable) -> tuple[int, list[str]]:
+    def differing(self, key: Hashable) -> tuple[int, tuple[str, ...]]:
         """Ids of one list stored more than once with different content: how many, a few."""
-        ...
 
-    def ids_of(self, key: Hashable, digests: set[int]) -> list[str]:
+    def ids_of(self, key: Hashable, digests: set[int]) -> tuple[str, ...]:
         """A few ids of one list's items with these digests."""
-        ...
 
     def forget(self, keys: list[Hashable]) -> None:
         """Remove what is stored for these lists: they are paged again."""
-        ...
 
 
 def _named(count: int, named: tuple[str, ...], sentence: str) -> str:
@@ -558,28 +550,20 @@ class PassFacts:
 
     def describe(self) -> str:
         """What the server sent, in words."""
+        differing = "{} ids came more than once with different content ({})"
+        gone = "{} items the pass holds were gone or changed when the list was read again ({})"
+        totals = (
+            f"every page reported a total of {self.total}"
+            if len(self.totals_seen) == 1
+            else f"the total moved while it was paged: {', '.join(map(str, self.totals_seen))}"
+        )
         sent = [
             f"{self.rows} items with {self.distinct} distinct ids "
             f"({self.rows - self.distinct} sent twice)",
-            _named(
-                self.differing,
-                self.differing_ids,
-                "{} ids came more than once with different content ({})",
-            ),
-            _named(
-                self.gone,
-                self.gone_ids,
-                "{} items the pass holds were gone or changed when the list was read again ({})",
-            ),
+            _named(self.differing, self.differing_ids, differing),
+            _named(self.gone, self.gone_ids, gone),
+            "the server reports no total" if self.total is None else totals,
         ]
-        if self.total is None:
-            sent.append("the server reports no total")
-        elif len(self.totals_seen) == 1:
-            sent.append(f"every page reported a total of {self.total}")
-        else:
-            sent.append(
-                f"the total moved while it was paged: {', '.join(map(str, self.totals_seen))}"
-            )
         return "; ".join(part for part in sent if part)
 
     def repair(self) -> int | None:
@@ -668,7 +652,6 @@ class ListPasses:
     def __init__(self, executor: PageExecutor, sink: Sink):
         self.executor = executor
         self.sink = sink
-        self.log = executor.log
 
     def run(self, lists: list[Stream]) -> dict[Hashable, ListResult]:
         """Page every list until it is complete; raises ``IncompleteListError``."""
@@ -684,21 +667,13 @@ class ListPasses:
             counts = self.sink.counts()
             todo = []
             for lp in passes:
-                key, name = lp.stream.key, lp.stream.endpoint.name
+                key, name, stats = lp.stream.key, lp.stream.endpoint.name, lp.stats
                 rows, distinct = counts.get(key, (0, 0))
-                differing, differing_ids = self.sink.differing(key) if rows > distinct else (0, [])
+                differing = self.sink.differing(key) if rows > distinct else (0, ())
                 missing = gone[id(lp)]
-                facts = PassFacts(
-                    rows,
-                    distinct,
-                    tuple(lp.stats.totals_seen),
-                    lp.stats.total_decreased,
-                    previous.get(key),
-                    differing,
-                    tuple(differing_ids),
-                    int(missing.size),
-                    tuple(self.sink.ids_of(key, set(missing.tolist()))) if missing.size else (),
-                )
+                gone_ids = self.sink.ids_of(key, set(missing.tolist())) if missing.size else ()
+                seen = tuple(stats.totals_seen), stats.total_decreased, previous.get(key)
+                facts = PassFacts(rows, distinct, *seen, *differing, missing.size, gone_ids)
                 why = facts.incomplete()
                 if why is None:
                     reason = f"{facts.describe()}; read again, the list still held every item"
@@ -710,7 +685,7 @@ class ListPasses:
                     )
                 else:
                     previous[key] = (rows, distinct)
-                    self.log(f"{name}: pass {number}: {why}; paging it again.")
+                    executor.log(f"{name}: pass {number}: {why}; paging it again.")
                     todo.append(lp.stream)
             if not todo:
                 break
@@ -730,7 +705,7 @@ class ListPasses:
                     continue
                 lp.repairs += 1
                 total = facts.total or 0
-                self.log(
+                self.executor.log(
                     f"{lp.stream.endpoint.name}: pass {number}: {total - distinct} ids missing "
                     f"from a list that grew; re-fetching items 0-{head} (repair {lp.repairs})."
                 )
@@ -749,7 +724,7 @@ class ListPasses:
         again = {
             id(lp): ListPass(lp.stream, ListStats(parent=spent), known=lp.bodies) for lp in passes
         }
-        self._drain(list(again.values()))
+        deque(self.executor.fetch(list(again.values())), maxlen=0)  # stores nothing
         gaps = [
             ListPass(lp.stream, reread.stats, start, stop, share=reread)
             for lp in passes
@@ -758,12 +733,8 @@ class ListPasses:
                 reread.stats.answers, (reread.stats.totals_seen or [0])[-1]
             )
         ]
-        self._drain(gaps)
+        deque(self.executor.fetch(gaps), maxlen=0)
         return {id(lp): digests_gone(lp.digests, again[id(lp)].digests) for lp in passes}
-
-    def _drain(self, passes: list[ListPass]) -> None:
-        for _ in self.executor.fetch(passes):
-            pass
 
     def _stage(self, passes: list[ListPass]) -> None:
         if passes:

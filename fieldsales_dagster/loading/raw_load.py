@@ -70,10 +70,6 @@ class RawLoadError(RuntimeError):
     """Fetched pages could not be stored."""
 
 
-class NotTextError(RawLoadError):
-    """An item's bytes are not UTF-8 text."""
-
-
 class ShrinkRefusedError(RawLoadError):
     """A refresh would have emptied a raw table, or shrunk it beyond the allowed fraction."""
 
@@ -150,10 +146,11 @@ def page_batch(page: Page, schema: pa.Schema, decode: msgspec.json.Decoder) -> p
     items = page.items
     # Pages reach the table through the pager, which refuses null items: keys, never None.
     keys = page.keys if page.keys is not None else cast("list[ItemKeys]", item_keys(items, decode))
+    # A page holds items: the executor passes on none that is empty.
     columns = [
-        pa.array([id_text(value) or None for value in values], pa.string())
+        pa.array([id_text(v) or None for v in values], pa.string())
         for values in zip(*keys, strict=True)
-    ] or [pa.nulls(0, pa.string()) for _ in schema.names[:-2]]
+    ]
     offsets = np.zeros(len(items) + 1, dtype=np.int64)
     np.cumsum(np.fromiter(map(len, items), dtype=np.int64, count=len(items)), out=offsets[1:])
     text = pa.Array.from_buffers(
@@ -166,7 +163,7 @@ def page_batch(page: Page, schema: pa.Schema, decode: msgspec.json.Decoder) -> p
             try:
                 bytes(item).decode("utf-8")
             except UnicodeDecodeError as exc:
-                raise NotTextError(
+                raise RawLoadError(
                     f"item {id_text(keys[position][0]) or f'at skip {page.skip + position}'} is "
                     f"not UTF-8 text ({exc.reason} at byte {exc.start}); ask the server's operator"
                 ) from None
@@ -249,11 +246,9 @@ class StagingWriter:
 
     def add(self, page: Page) -> None:
         self._raise_insert_error()
-        if not page.items:
-            return
         try:
             self._batches.put(page_batch(page, self.schema, self.decode))
-        except NotTextError as exc:
+        except RawLoadError as exc:  # not text
             self._error = exc
             self._raise_insert_error()
         self.pages_written += 1
@@ -330,7 +325,7 @@ class Staging:
         ).fetchall()
         return {key: (rows, distinct) for key, rows, distinct in found}
 
-    def differing(self, key: Hashable) -> tuple[int, list[str]]:
+    def differing(self, key: Hashable) -> tuple[int, tuple[str, ...]]:
         """Ids of one list stored more than once with different content: how many, and a few."""
         count, ids = one_row(
             self.conn,
@@ -339,16 +334,16 @@ class Staging:
             "HAVING count(*) > 1 AND min(digest) <> max(digest))",
             {"key": key},
         )
-        return count, list(ids or [])
+        return count, tuple(ids or ())
 
-    def ids_of(self, key: Hashable, digests: set[int]) -> list[str]:
+    def ids_of(self, key: Hashable, digests: set[int]) -> tuple[str, ...]:
         """The first few ids (in order) of one list's items whose ``item_digests`` is listed."""
         found = self.conn.execute(
             f"SELECT DISTINCT id FROM {qualified(self.table)} WHERE digest IN (SELECT unnest("
             f"$digests)) AND {self._list} IS NOT DISTINCT FROM $key ORDER BY id LIMIT {NAMED_IDS}",
             {"key": key, "digests": list(digests)},
         ).fetchall()
-        return [row[0] for row in found]
+        return tuple(row[0] for row in found)
 
     def forget(self, keys: list[Hashable]) -> None:
         """Remove what is stored for these lists: they are paged again."""
@@ -370,14 +365,11 @@ def page_executor(
     spent: ListStats | None = None,
 ) -> PageExecutor:
     """The executor that pages with ``api``: its ``fetch_page`` and its limits."""
-    limits = Limits(
-        concurrency=api.concurrency,
-        max_pages_per_pass=api.max_pages_per_pass,
-        max_item_mb=api.max_item_mb,
-        max_list_passes=api.max_list_passes,
-        max_item_variable=api.named("FIELDSALES_MAX_ITEM_MB"),
+    limits = (api.concurrency, api.max_pages_per_pass, api.max_item_mb, api.max_list_passes)
+    variable = api.named("FIELDSALES_MAX_ITEM_MB")
+    return PageExecutor(
+        api.fetch_page, Limits(*limits, variable), label=label, log=log, spent=spent
     )
-    return PageExecutor(api.fetch_page, limits, label=label, log=log, spent=spent)
 
 
 def load_list(

@@ -54,9 +54,7 @@ def choose_mode(
     if requested == "full":
         return ModeDecision("full", "refresh_mode=full was asked for")
     if previous is None:
-        return ModeDecision(
-            "full", "no previous complete load of raw.transactions is recorded (first load)"
-        )
+        return ModeDecision("full", "no complete load of raw.transactions is recorded (first load)")
     if previous.rows_stored != previous.rows_recorded:
         return ModeDecision(
             "full",
@@ -65,19 +63,13 @@ def choose_mode(
         )
     if previous.events_loaded_at_recorded is None:
         return ModeDecision("full", "the last load had no raw.events to fingerprint")
-    stale = (
-        previous.events_loaded_at_now is None
-        or previous.events_loaded_at_now <= previous.events_loaded_at_recorded
-    )
-    if stale:
-        why = (
-            "raw.events was not reloaded since the last transaction load, so it cannot tell "
-            "which events changed"
-        )
+    events_now = previous.events_loaded_at_now
+    if events_now is None or events_now <= previous.events_loaded_at_recorded:
+        why = "raw.events was not reloaded since the last transaction load: no telling what changed"
         if requested == "incremental":
             raise IncrementalRefreshError(
                 f"raw_transactions: refresh_mode=incremental, but {why}. Materialize raw_events "
-                "together with raw_transactions (or ask for refresh_mode=full)."
+                "with raw_transactions, or ask for refresh_mode=full."
             )
         return ModeDecision("full", why)
     age = now - previous.last_full_at

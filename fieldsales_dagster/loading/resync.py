@@ -26,10 +26,9 @@ replaced by what the server lists for it (usually nothing), and the audit keeps 
 
 from __future__ import annotations
 
-import time
 from collections.abc import Callable
 from dataclasses import dataclass
-from datetime import UTC, datetime
+from datetime import datetime
 
 import duckdb
 
@@ -43,6 +42,7 @@ from fieldsales_dagster.loading.incremental import (
     REFETCH_TABLE,
     REMOVED_TABLE,
     FallBack,
+    Merging,
     RefreshReport,
     _fingerprint_current_events,
     read_plan,
@@ -104,19 +104,13 @@ def _choose_events(conn: duckdb.DuckDBPyConnection, request: ResyncRequest) -> N
             "FROM (SELECT unnest($ids) AS id)",
             {"ids": list(request.event_ids)},
         )
-        unknown = [
-            row[0]
-            for row in conn.execute(
-                f"SELECT event_id FROM {REFETCH_TABLE} "
-                f"WHERE event_id NOT IN ({_known_ids(conn)}) ORDER BY event_id"
-            ).fetchall()
-        ]
+        query = f"SELECT event_id FROM {REFETCH_TABLE} WHERE event_id NOT IN ({_known_ids(conn)})"
+        unknown = sorted(row[0] for row in conn.execute(query).fetchall())
         if unknown:
             raise ResyncError(
-                f"raw_transactions: resync.event_ids names {len(unknown)} event id(s) that the "
-                f"server's event list does not hold and this lake never loaded: "
-                f"{', '.join(repr(i) for i in unknown[:NAMED])}. Check the ids (an event's "
-                "_id, as core.events.event_id shows it); nothing was changed."
+                f"raw_transactions: resync.event_ids names event ids the server does not list and "
+                f"this lake never loaded: {', '.join(map(repr, unknown[:NAMED]))}. Check the ids "
+                "(core.events.event_id); nothing was changed."
             )
     else:  # raw_events_in_slices: loaded by _fingerprint_current_events
         conn.execute(
@@ -144,42 +138,30 @@ def resync_transactions(
     run_id: str | None = None,
 ) -> RefreshReport:
     """Re-fetch and merge the transactions of the events ``request`` names (see the module)."""
-    now = datetime.now(UTC)
-    started = time.monotonic()
+    run = Merging(api, conn, log, before_swap, run_id)
     if read_previous_load(conn) is None:
         raise ResyncError(
-            "raw_transactions: a re-sync merges into a complete load, and raw.transactions has "
-            "none recorded yet. Run a full refresh first (the refresh_all job, or refresh_mode: "
-            "full), then re-sync."
+            "raw_transactions: a re-sync merges into a complete load, and none is recorded yet; "
+            "run a full refresh first (refresh_mode: full), then re-sync."
         )
-    _fingerprint_current_events(conn, now)
+    _fingerprint_current_events(conn, run.now)
     _choose_events(conn, request)
     plan = read_plan(conn)
-    gone = [
-        row[0]
-        for row in conn.execute(
-            f"SELECT event_id FROM {REFETCH_TABLE} WHERE why = 'gone' ORDER BY 1"
-        ).fetchall()
-    ]
+    query = f"SELECT event_id FROM {REFETCH_TABLE} WHERE why = 'gone' ORDER BY 1"
+    gone = [row[0] for row in conn.execute(query).fetchall()]
     log(
         f"transactions: {request.describe()}: re-fetching {len(plan.event_ids)} of "
         f"{plan.events} events by eventId"
         + (f"; {len(gone)} no longer listed: {', '.join(gone[:NAMED])}" if gone else "")
     )
     try:
-        report = refetch_and_merge(
-            api, conn, plan, now, started, log, before_swap, run_id, "resync", request.describe()
-        )
+        report = refetch_and_merge(run, plan, "resync", request.describe())
     except FallBack as exc:
-        if exc.filter_ignored:
-            raise ResyncError(
-                f"raw_transactions: the server ignores the eventId filter ({exc}), so one "
-                "event's transactions cannot be fetched alone; nothing was changed. Run a full "
-                "refresh (refresh_mode: full) instead."
-            ) from None
+        what = "the server ignores the eventId filter" if exc.filter_ignored else "a failed guard"
+        again = "" if exc.filter_ignored else "it again, or run "
         raise ResyncError(
-            f"raw_transactions: the re-sync failed its guard: {exc}. raw.transactions was left "
-            "as it was; run it again, or run a full refresh (refresh_mode: full)."
+            f"raw_transactions: the re-sync stopped on {what} ({exc}); nothing was changed. Run "
+            f"{again}a full refresh (refresh_mode: full)."
         ) from None
     report.counts["events_removed"] = len(gone)
     return report
