@@ -704,3 +704,21 @@ def test_requests_per_list_are_at_most_twice_its_pages_at_the_real_page_size_plu
         asked = len(server.asked)
     assert report.rows == row_count(warehouse) == 50 and report.passes == 1
     assert asked <= 2 * 13 + 10, f"{asked} requests"
+
+
+@pytest.mark.parametrize("omit_totals", [False, True], ids=["cap", "cap_no_total"])
+def test_requests_per_list_on_the_demo_api_capping_limit_are_at_most_twice_its_pages_plus_ten(
+    demo_server, api, warehouse, omit_totals
+):
+    """The demo API's own modes: ``limit`` capped silently at 4 (30 events: 8 pages), with and
+    without totals. The pass and its re-read cost at most 2 x 8 + 10 requests."""
+    from fieldsales_dagster.client.endpoints import EVENTS
+
+    demo_server.behaviour.limit_cap = 4
+    demo_server.behaviour.omit_totals = omit_totals
+    quiet = demo_server.behaviour.request_counts["events"]
+    report = load(api, warehouse, EVENTS)
+    asked = demo_server.behaviour.request_counts["events"] - quiet
+    events = demo_server.dataset.count("events")
+    assert report.rows == events == 30 and report.passes == 1
+    assert asked <= 2 * -(-events // 4) + 10, f"{asked} requests"
