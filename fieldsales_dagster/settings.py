@@ -34,7 +34,7 @@ from pydantic import (
 from pydantic_core import PydanticUndefined
 
 from fieldsales_dagster.catalogs import check_catalog
-from fieldsales_dagster.urls import origin_of, validate_base_url
+from fieldsales_dagster.urls import endpoint_origin, validate_base_url
 
 #: The key of a field's ``json_schema_extra`` that names the setting it holds.
 SETTING_KEY = "fieldsales_setting"
@@ -625,16 +625,7 @@ class StorageSettings(SettingsModel):
     @field_validator("s3_endpoint")
     @classmethod
     def _s3_endpoint(cls, value: str | None) -> str | None:
-        # The API's URL parser and loopback rule.
-        origin = origin_of(value if "://" in value else f"https://{value}") if value else None
-        if value and origin is None:
-            raise ValueError("it is neither host:port nor an http(s):// URL")
-        if origin is not None and origin.scheme == "http" and not origin.is_loopback:
-            raise ValueError(
-                f"plain http:// to {origin.host} would carry the lake's files in clear text "
-                "(it is for loopback hosts only); use https://"
-            )
-        return str(origin) if origin else None
+        return endpoint_origin(value) if value else None
 
     @field_validator("s3_url_style")
     @classmethod

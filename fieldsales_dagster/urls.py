@@ -57,6 +57,17 @@ def is_loopback_host(host: str) -> bool:
         return False
 
 
+def refuse_plain_http(scheme: str, host: str, carried: str) -> None:
+    """The one rule for every URL the project connects to (the API's base URL, the object
+    store's endpoint): plain ``http://`` only to a loopback host, since ``carried`` would travel
+    in clear text."""
+    if scheme == "http" and not is_loopback_host(host):
+        raise InsecureURLError(
+            f"plain http:// to {host} would carry {carried} in clear text: use https:// "
+            "(plain http:// is for loopback hosts only)"
+        )
+
+
 def _bad(base_url: str, why: str) -> ValueError:
     return ValueError(
         f"FIELDSALES_BASE_URL must be {_EXAMPLE} (plain http:// only for loopback); "
@@ -116,10 +127,17 @@ def validate_base_url(base_url: str) -> str:
         raise _bad(url, "cannot be parsed") from None
     if (other.hostname or "").lower() != parts.host.strip("[]").lower() or other_port != parts.port:
         raise _bad(url, "is read differently by different URL parsers")
-    if parts.scheme == "http" and not is_loopback_host(parts.host):
-        raise InsecureURLError(
-            f"Refusing plain http:// to {parts.host}: the API token would travel in clear "
-            "text. Use https:// (plain http is allowed for loopback hosts only)."
-        )
+    refuse_plain_http(parts.scheme, parts.host, "the API token")
     port = f":{parts.port}" if parts.port is not None else ""
     return f"{parts.scheme}://{parts.host}{port}{(parts.path or '').rstrip('/')}"
+
+
+def endpoint_origin(endpoint: str, variable: str = "") -> str:
+    """An object store's ``endpoint`` (``host:port``, reached over https, or an http(s) URL) as
+    the origin DuckDB connects to; ``variable``: where it was read, named in the error."""
+    where = f" ({variable})" if variable else ""
+    origin = origin_of(endpoint if "://" in endpoint else f"https://{endpoint}")
+    if origin is None:
+        raise ValueError(f"the object store's endpoint{where} is neither host:port nor a URL")
+    refuse_plain_http(origin.scheme, origin.host, f"the lake's files{where}")
+    return str(origin)

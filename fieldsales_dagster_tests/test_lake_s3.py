@@ -19,6 +19,7 @@ from fieldsales_dagster_tests import test_ducklake
 from fieldsales_dagster_tests.conftest import make_api, make_warehouse
 from fieldsales_dagster_tests.object_store import running_object_store
 from fieldsales_dagster_tests.postgres import _free_port
+from fieldsales_dagster_tests.processes import clean_env
 from fieldsales_dagster_tests.project import DEFAULT, component
 from fieldsales_dagster_tests.test_ducklake import ALL, RAW, assert_lakes_equal, refresh
 
@@ -149,6 +150,23 @@ def test_plain_http_to_an_endpoint_off_loopback_is_refused_naming_its_variable(m
     with pytest.raises(ValueError, match="AWS_ENDPOINT_URL") as refused:
         _ = s3_warehouse(Path("data"), "s3://lake/", None).lake
     assert "clear text" in str(refused.value)
+
+
+@pytest.mark.parametrize("variable", ["FIELDSALES_S3_ENDPOINT", "AWS_ENDPOINT_URL"])
+def test_the_analysts_lines_refuse_plain_http_off_loopback_naming_the_variable_that_held_it(
+    variable,
+):
+    """``python -m fieldsales_dagster.warehouse.lake`` applies the runs' rule to either
+    variable, and names the one that held the endpoint."""
+    env = clean_env(FIELDSALES_DUCKLAKE_DATA_PATH="s3://lake/")
+    env.pop("AWS_ENDPOINT_URL", None)
+    env[variable] = "http://minio.internal:9000"
+    cli = [sys.executable, "-m", "fieldsales_dagster.warehouse.lake"]
+    done = subprocess.run(cli, env=env, capture_output=True, text=True, timeout=120)
+    other = ({"FIELDSALES_S3_ENDPOINT", "AWS_ENDPOINT_URL"} - {variable}).pop()
+    assert done.returncode != 0 and done.stdout == ""
+    assert "plain http://" in done.stderr and "minio.internal" in done.stderr
+    assert variable in done.stderr and other not in done.stderr
 
 
 @pytest.mark.parametrize("fault", ["missing bucket", "wrong keys", "unreachable endpoint"])

@@ -29,7 +29,7 @@ The extensions come from the ``duckdb-extension-*`` wheels, built for the DuckDB
 A data path on object storage (``s3://bucket/prefix/``) is read and written through ``httpfs``
 (from its wheel too), the object store's keys handed to DuckDB as a temporary secret, read from
 their variables when a connection is made (``ObjectStore``); a writer lists the data path before
-it attaches (``check_object_store``), so a missing bucket, refused keys or an endpoint out of
+it attaches (``prepare``), so a missing bucket, refused keys or an endpoint out of
 reach fail before anything is written.
 
 What DuckLake does not support, and how the project's SQL avoids it: no
@@ -68,7 +68,7 @@ from fieldsales_dagster.catalogs import (
     check_catalog,
 )
 from fieldsales_dagster.pause import pause_at
-from fieldsales_dagster.urls import origin_of
+from fieldsales_dagster.urls import endpoint_origin
 from fieldsales_dagster.warehouse.quoting import qualified, quote_ident, sql_literal
 from fieldsales_dagster.warehouse.rows import one_row
 
@@ -142,6 +142,18 @@ class ObjectStore:
     key_id_env_var: str = "FIELDSALES_S3_ACCESS_KEY_ID"
     secret_env_var: str = "FIELDSALES_S3_SECRET_ACCESS_KEY"
 
+    @classmethod
+    def or_aws(
+        cls, endpoint: str | None, region: str | None, url_style: str | None, **keys: str
+    ) -> ObjectStore:
+        """The store as set, the standard ``AWS_ENDPOINT_URL`` (checked as the setting is) and
+        ``AWS_REGION`` standing in for an endpoint and a region not set; ``keys``: their
+        variables."""
+        aws = os.environ.get("AWS_ENDPOINT_URL", "").strip()
+        endpoint = endpoint or (endpoint_origin(aws, "AWS_ENDPOINT_URL") if aws else None)
+        region = region or os.environ.get("AWS_REGION", "").strip() or None
+        return cls(endpoint, region, url_style, **keys)
+
     def key_variables(self) -> tuple[str, ...]:
         """The variables the keys are read from: ours if either is set, else the AWS ones."""
         ours = (self.key_id_env_var, self.secret_env_var)
@@ -151,11 +163,9 @@ class ObjectStore:
         """The statement that hands DuckDB the keys (``keys``, else those in their variables),
         as the default secret of every ``s3://`` path of the connection (``duckdb_secrets()``
         shows it redacted)."""
-        options = {"TYPE": "s3"}
         keys = keys or tuple(os.environ.get(variable) or "" for variable in self.key_variables())
-        for option, value in zip(("KEY_ID", "SECRET", "SESSION_TOKEN"), keys, strict=False):
-            if value:
-                options[option] = sql_literal(value)
+        named = zip(("KEY_ID", "SECRET", "SESSION_TOKEN"), keys, strict=False)
+        options = {"TYPE": "s3"} | {option: sql_literal(value) for option, value in named if value}
         options["REGION"] = sql_literal(self.region or "us-east-1")  # DuckDB's is '' here
         if self.endpoint:
             url = urlsplit(self.endpoint)
@@ -195,15 +205,10 @@ class Lake:
         return self.catalog.startswith(POSTGRES_PREFIX)
 
     @property
-    def is_sqlite(self) -> bool:
-        return self.catalog.startswith(SQLITE_PREFIX)
-
-    @property
     def catalog_file(self) -> Path | None:
         """The SQLite catalog's file; ``None`` for PostgreSQL."""
-        if not self.is_sqlite:
-            return None
-        return Path(self.catalog.removeprefix(SQLITE_PREFIX))
+        sqlite = self.catalog.startswith(SQLITE_PREFIX)
+        return Path(self.catalog.removeprefix(SQLITE_PREFIX)) if sqlite else None
 
     @property
     def is_local(self) -> bool:
@@ -220,9 +225,7 @@ class Lake:
         local folder as an absolute path (DuckLake compares file paths as text: the upkeep's
         orphan search must see the same spelling the catalog lists)."""
         base = str(Path(self.data_path).absolute()) if self.is_local else self.data_path
-        if not self.schema:
-            return base
-        return f"{base.rstrip('/')}/{self.schema}"
+        return f"{base.rstrip('/')}/{self.schema}" if self.schema else base
 
     @property
     def key(self) -> str:
@@ -235,12 +238,9 @@ class Lake:
         # The setting is where the files are: a lake whose folder moved (the project folder
         # copied, a volume mounted elsewhere) opens from there. (A missing one fails first.)
         options = [f"DATA_PATH {sql_literal(self.data_folder)}", "OVERRIDE_DATA_PATH true"]
-        if self.schema:
-            options.append(f"METADATA_SCHEMA {sql_literal(self.schema)}")
-        if read_only:
-            options.append("READ_ONLY")
-        if snapshot:
-            options.append(f"SNAPSHOT_VERSION {snapshot}")
+        options += [f"METADATA_SCHEMA {sql_literal(self.schema)}"] if self.schema else []
+        options += ["READ_ONLY"] if read_only else []
+        options += [f"SNAPSHOT_VERSION {snapshot}"] if snapshot else []
         return (
             f"ATTACH {sql_literal('ducklake:' + self.catalog)} AS {quote_ident(self.alias)} "
             f"({', '.join(options)})"
@@ -255,22 +255,14 @@ def extension_directory() -> Path:
 
 def extension_file(name: str) -> Path:
     """The binary the wheel of extension ``name`` carries for ``EXTENSION_VERSION``."""
-    module = f"duckdb_extension_{name}"
-    spec = importlib.util.find_spec(module)
-    if spec is None or not spec.submodule_search_locations:
+    spec = importlib.util.find_spec(f"duckdb_extension_{name}")
+    folder = next(iter(spec.submodule_search_locations or []), "") if spec else ""
+    path = Path(folder, "extensions", EXTENSION_VERSION, f"{name}.duckdb_extension")
+    if not folder or not path.is_file():
         raise LakeError(
-            f"The lake needs the DuckDB extension {name!r} from the Python package "
-            f"{module.replace('_', '-')}=={EXTENSION_VERSION[1:]}, which is not installed: "
-            "pip install the project again (it is a dependency)."
+            f"The lake needs the DuckDB extension {name!r} from the package duckdb-extension-"
+            f"{name}=={EXTENSION_VERSION[1:]}, a dependency: pip install the project again."
         )
-    path = (
-        Path(next(iter(spec.submodule_search_locations)))
-        / "extensions"
-        / EXTENSION_VERSION
-        / f"{name}.duckdb_extension"
-    )
-    if not path.is_file():
-        raise LakeError(f"The DuckDB extension {name!r} is missing from its package at {path}.")
     return path
 
 
@@ -313,16 +305,15 @@ def load_extensions(conn: duckdb.DuckDBPyConnection, lake: Lake) -> None:
     into ``extension_directory`` under the name DuckLake loads it by (``SCANNERS``)."""
     conn.execute(f"LOAD {sql_literal(str(extension_file('ducklake')))}")
     scanner = "postgres" if lake.is_postgres else "sqlite"
-    installed_as = SCANNERS[scanner]
     try:  # (asking first, duckdb_extensions(), reads every installed file: ~0.7 s a process)
-        conn.execute(f"LOAD {installed_as}")
+        conn.execute(f"LOAD {SCANNERS[scanner]}")
     except duckdb.IOException:  # not installed for this user yet
         directory = extension_directory()
         directory.mkdir(parents=True, exist_ok=True)
         # Two processes installing at once would write the same file.
         with filelock.FileLock(str(directory / ".install.lock"), timeout=120):
             conn.execute(f"INSTALL {sql_literal(str(extension_file(scanner)))}")
-        conn.execute(f"LOAD {installed_as}")
+        conn.execute(f"LOAD {SCANNERS[scanner]}")
     if lake.is_s3:
         conn.execute(f"LOAD {sql_literal(str(extension_file('httpfs')))}")
 
@@ -333,28 +324,21 @@ def connect(
     """A new DuckDB instance's connection whose current database is the lake (``USE <alias>``)."""
     if read_only and lake.catalog_file is not None and not lake.catalog_file.exists():
         raise LakeError(
-            f"There is no lake at {lake.catalog_file} yet ({lake.named(CATALOG_VARIABLE)}): run a "
-            "refresh first (make demo, or the refresh_all job), then read it."
+            f"There is no lake at {lake.catalog_file} ({lake.named(CATALOG_VARIABLE)}) yet: run a "
+            "refresh first (make demo, or the refresh_all job)."
         )
-    if not read_only:
-        prepare(lake)
     conn = _instance(lake, config)
     try:
         if not read_only:
-            check_object_store(conn, lake)
+            prepare(lake, conn)
         try:
             _attach(conn, lake, read_only)
         except duckdb.Error as exc:
-            hint = (
-                f" Check the catalog's connection string and the password in "
-                f"{lake.password_env_var}."
-                if lake.is_postgres
-                else ""
-            )
+            password = f" and the password in {lake.password_env_var}" if lake.is_postgres else ""
             raise LakeError(
                 f"Could not open the DuckLake with catalog {lake.catalog!r} and data path "
-                f"{lake.data_folder!r} ({lake.named(CATALOG_VARIABLE)}, "
-                f"{lake.named(DATA_PATH_VARIABLE)}).{hint} DuckDB: {exc}"
+                f"{lake.data_folder!r}: check {lake.named(CATALOG_VARIABLE)}, "
+                f"{lake.named(DATA_PATH_VARIABLE)}{password}. DuckDB: {exc}"
             ) from exc
         conn.execute(f"USE {quote_ident(lake.alias)}")
         if not read_only:
@@ -367,38 +351,25 @@ def connect(
     return conn
 
 
-def check_object_store(conn: duckdb.DuckDBPyConnection, lake: Lake) -> None:
-    """List the ``s3://`` data path (one request, for a name no file has) before a writer
-    attaches: a missing bucket, keys the store refuses or an endpoint out of reach fail here,
-    naming the setting, before anything is written."""
-    if not lake.is_s3:
-        return
-    probe = sql_literal(f"{lake.data_folder.rstrip('/')}/.fieldsales-preflight*")
-    try:
-        conn.execute(f"SELECT count(*) FROM glob({probe})").fetchall()
-    except duckdb.Error as exc:
-        raise LakeError(object_store_failure(lake, exc)) from None
-
-
-def object_store_failure(lake: Lake, exc: duckdb.Error) -> str:
-    """What failed when listing the data path, the setting that decides it, and what to do."""
-    variable, endpoint = lake.named(DATA_PATH_VARIABLE), lake.named(ENDPOINT_VARIABLE)
-    where = lake.store.endpoint or "AWS S3"
+def _store_failure(lake: Lake, exc: duckdb.Error) -> LakeError:
+    """Why listing the ``s3://`` data path failed (``prepare``), and what to set."""
+    variable = lake.named(DATA_PATH_VARIABLE)
     if _says(exc, "nosuchbucket", "http 404"):
-        why = "its bucket does not exist"
-        remedy = f"Create the bucket, or set {variable} to an existing one"
+        why, remedy = "its bucket does not exist", f"create it, or set {variable} to another"
     elif _says(exc, "http 403", "http 401"):
         key_id, secret = lake.store.key_variables()[:2]
-        ours = f"{lake.store.key_id_env_var} and {lake.store.secret_env_var}"
         why = f"the object store refused the keys in {key_id} and {secret}"
-        remedy = f"Set {ours} to keys that may list, read and write the bucket"
+        remedy = (
+            f"set {lake.store.key_id_env_var} and {lake.store.secret_env_var} to keys that may "
+            "list, read and write it"
+        )
     else:
-        why = f"the object store at {where} could not be reached"
-        remedy = f"Check {endpoint} (or AWS_ENDPOINT_URL) and that the server is up"
-    first_line = str(exc).split("\n", 1)[0]
-    return (
-        f"The lake's data path {lake.data_folder} ({variable}) cannot be used: {why} "
-        f"(DuckDB: {first_line}); nothing was written. {remedy}, and run again."
+        why = f"the object store at {lake.store.endpoint or 'AWS S3'} could not be reached"
+        remedy = f"check {lake.named(ENDPOINT_VARIABLE)} (or AWS_ENDPOINT_URL) and the server"
+    first_line = str(exc).partition("\n")[0]
+    return LakeError(
+        f"The lake's data path {lake.data_folder} ({variable}) cannot be used: {why}, so nothing "
+        f"was written; {remedy} (DuckDB: {first_line})."
     )
 
 
@@ -415,7 +386,7 @@ def _instance(lake: Lake, config: DuckDBConfig | None = None) -> duckdb.DuckDBPy
                 conn.execute(lake.store.secret_sql())
             except duckdb.Error:
                 variables = ", ".join(lake.store.key_variables())
-                raise LakeError(f"DuckDB refused the object store's keys ({variables}).") from None
+                raise LakeError(f"DuckDB refused the object store's keys in {variables}.") from None
         password = os.environ.get(lake.password_env_var) if lake.is_postgres else None
         if password:
             # The unnamed secret is the postgres extension's default for every connection
@@ -463,10 +434,10 @@ def check_writable(conn: duckdb.DuckDBPyConnection, lake: Lake) -> None:
     (writable,) = one_row(conn, f"SELECT * FROM postgres_query({metadata}, {sql_literal(query)})")
     if not writable:
         raise LakeError(
-            f"The lake's PostgreSQL catalog {lake.catalog!r} ({CATALOG_VARIABLE}) can only be "
-            f"read by its user here (a read-only role, or a standby server); nothing was fetched "
-            f"or written. Grant that user INSERT, UPDATE and DELETE on the catalog's tables in "
-            f"schema {lake.schema or 'public'}, or point {CATALOG_VARIABLE} at the primary server."
+            f"The lake's PostgreSQL catalog {lake.catalog!r} ({CATALOG_VARIABLE}) can only be read "
+            "by its user here (a read-only role, a standby), so nothing was fetched: grant it "
+            f"INSERT, UPDATE and DELETE on schema {lake.schema or 'public'}'s tables, or point "
+            f"{CATALOG_VARIABLE} at the primary server."
         )
 
 
@@ -517,33 +488,39 @@ def _says(exc: BaseException, *texts: str) -> bool:
     return any(text in message for text in texts)
 
 
-def prepare(lake: Lake) -> None:
-    """Before a writer attaches: the data path is there, the SQLite catalog is in WAL mode.
+def prepare(lake: Lake, conn: duckdb.DuckDBPyConnection | None = None) -> None:
+    """The one check of where a writer's lake lives, before it attaches, and so before anything
+    is written; then the SQLite catalog is put in WAL mode. Each failure names the variable.
 
-    The default data folder is created for a new lake. A data path the user set
-    (``FIELDSALES_DUCKLAKE_DATA_PATH``), or the default one of a lake that already has a
-    catalog, must exist: an unmounted volume re-created empty would get snapshots whose files live
-    under the bare mount point, unreadable once the volume is back. So this fails before anything
-    is written, naming the variable.
+    An ``s3://`` data path is listed with ``conn`` (one request, for a name no file has): a
+    missing bucket, keys the store refuses or an endpoint out of reach fail here. The default
+    data folder is created for a new lake. A data path the user set, or the default one of a
+    lake that already has a catalog, must exist: an unmounted volume re-created empty would get
+    snapshots whose files live under the bare mount point, unreadable once the volume is back.
+    (Whether this user may write there, and the temporary folder, is the load's preflight:
+    ``FieldSalesWarehouse.preflight``.)
     """
-    catalog = lake.catalog_file
-    if lake.is_local:
-        folder = Path(lake.data_path)
-        if not folder.is_dir():
-            existing = catalog is not None and catalog.exists()
-            if not lake.data_path_is_default or existing:
-                why = (
-                    f"the lake's catalog {catalog} lists its files there"
-                    if existing and lake.data_path_is_default
-                    else "an unmounted volume or a mistyped path"
-                )
-                variable = lake.named(DATA_PATH_VARIABLE)
-                raise LakeError(
-                    f"The lake's data path {folder} ({variable}) does not exist "
-                    f"({why}); nothing was written. Mount or restore it (or create it: mkdir -p "
-                    f"{folder}), or set {variable} to the right folder, and run again."
-                )
-            folder.mkdir(parents=True, exist_ok=True)
+    catalog, folder = lake.catalog_file, Path(lake.data_path)
+    if lake.is_s3 and conn is not None:
+        probe = sql_literal(f"{lake.data_folder.rstrip('/')}/.fieldsales-preflight*")
+        try:
+            conn.execute(f"SELECT count(*) FROM glob({probe})").fetchall()
+        except duckdb.Error as exc:
+            raise _store_failure(lake, exc) from None
+    elif lake.is_local and not folder.is_dir():
+        if not lake.data_path_is_default or (catalog is not None and catalog.exists()):
+            why = (
+                f"the lake's catalog {catalog} lists its files there"
+                if lake.data_path_is_default
+                else "an unmounted volume or a mistyped path"
+            )
+            variable = lake.named(DATA_PATH_VARIABLE)
+            raise LakeError(
+                f"The lake's data path {folder} ({variable}) does not exist ({why}), so nothing "
+                f"was written: mount or restore it (mkdir -p a new one), or set {variable} to "
+                "the right folder."
+            )
+        folder.mkdir(parents=True, exist_ok=True)
     if catalog is not None:
         catalog.parent.mkdir(parents=True, exist_ok=True)
         use_wal(catalog, lake.named(CATALOG_VARIABLE))
@@ -567,9 +544,8 @@ def use_wal(path: Path, variable: str = CATALOG_VARIABLE) -> None:
         (mode,) = db.execute("PRAGMA journal_mode=WAL").fetchone()
     if str(mode).lower() != "wal":
         raise LakeError(
-            f"Could not put the lake's SQLite catalog {path} in journal_mode=WAL (SQLite says "
-            f"{mode!r}); is it on a network file system? Keep the catalog on a local disk "
-            f"({variable}), or use a PostgreSQL catalog for several machines."
+            f"Could not put the lake's SQLite catalog {path} ({variable}) in journal_mode=WAL "
+            f"(SQLite says {mode!r}): keep it on a local disk, or use a PostgreSQL catalog."
         )
     _WAL_CATALOGS.add(key)
 
@@ -593,10 +569,9 @@ def check_tenant(conn: duckdb.DuckDBPyConnection, lake: Lake, record: bool = Fal
     elif recorded not in (None, lake.tenant):
         raise LakeError(
             f"The lake with catalog {lake.catalog!r} (schema {lake.schema or 'main'}) belongs to "
-            f"{recorded!r}, not to {lake.tenant!r}: two tenants would replace each other's "
-            f"tables, so nothing was written. Give this instance a lake of its own "
-            f"({lake.named(CATALOG_VARIABLE)}, or its own ducklake_schema); if the lake really "
-            f"moves to this instance, empty {TENANT_TABLE} first (docs/storage.md)."
+            f"{recorded!r}, not to {lake.tenant!r}, so nothing was written: give this instance a "
+            f"lake of its own ({lake.named(CATALOG_VARIABLE)}, or its own ducklake_schema), or "
+            f"empty {TENANT_TABLE} if the lake really moved here (docs/storage.md)."
         )
 
 
@@ -740,8 +715,8 @@ def run_transaction(conn: duckdb.DuckDBPyConnection, table: str, body: Callable[
             raise
         raise LakeConflictError(
             f"Writing {table} conflicted with another writer {CONFLICT_ATTEMPTS} times, so it "
-            f"was given up; {table} is left as it was. Another run is changing the same table: "
-            f"keep one writer per table (the asset's pool does) and run again. DuckDB: {exc}"
+            f"was given up and {table} left as it was: keep one writer per table (the asset's "
+            f"pool does) and run again. DuckDB: {exc}"
         ) from exc
 
 
@@ -874,39 +849,32 @@ def upkeep(
     name, snapshots = sql_literal(lake.alias), f"{quote_ident(lake.alias)}.snapshots()"
     files_before, bytes_before, counted_in = stored_files(conn, lake)
     (snapshots_before,) = one_row(conn, f"SELECT count(*) FROM {snapshots}")
-    seconds = max(0.0, retain_days * 86400.0)
-    orphan_seconds = max(0.0, orphan_age_hours * 3600.0)
+    retain_us = int(max(0.0, retain_days) * 86400e6)
+    orphan_us = int(max(0.0, orphan_age_hours) * 3600e6)
 
-    def call(statement: str) -> list[Any]:
-        return conn.execute(statement).fetchall()
+    def run(statement: str) -> list[Any]:
+        return run_transaction(conn, lake.alias, lambda: conn.execute(statement).fetchall())
 
-    def expire() -> list[Any]:
+    def expire() -> None:
         # By id: older_than as a timestamp literal (the readers' snapshot's time) expired every
         # snapshot of a SQLite catalog (measured).
         (old,) = one_row(
             conn,
             f"SELECT list(snapshot_id) FROM {snapshots} WHERE snapshot_time < now() - "
-            f"to_microseconds({int(seconds * 1e6)}) AND snapshot_id <> "
+            f"to_microseconds({retain_us}) AND snapshot_id <> "
             f"({last_complete_snapshot(lake.alias)}) AND snapshot_id < "
             f"(SELECT max(snapshot_id) FROM {snapshots})",
         )
-        return call(f"CALL ducklake_expire_snapshots({name}, versions => {old})") if old else []
+        if old:
+            conn.execute(f"CALL ducklake_expire_snapshots({name}, versions => {old})")
 
-    results = [
-        run_transaction(conn, lake.alias, body)
-        for body in (
-            functools.partial(call, f"CALL ducklake_merge_adjacent_files({name})"),
-            expire,
-            functools.partial(
-                call, f"CALL ducklake_cleanup_old_files({name}, cleanup_all => true)"
-            ),
-            functools.partial(
-                call,
-                f"CALL ducklake_delete_orphaned_files({name}, older_than => now() - "
-                f"to_microseconds({int(orphan_seconds * 1e6)}))",
-            ),
-        )
-    ]
+    run(f"CALL ducklake_merge_adjacent_files({name})")
+    run_transaction(conn, lake.alias, expire)
+    run(f"CALL ducklake_cleanup_old_files({name}, cleanup_all => true)")
+    orphans = run(
+        f"CALL ducklake_delete_orphaned_files({name}, older_than => now() - "
+        f"to_microseconds({orphan_us}))"
+    )
     snapshots_after, last = one_row(conn, f"SELECT count(*), max(snapshot_id) FROM {snapshots}")
     files_after, bytes_after, _ = stored_files(conn, lake)
     return {
@@ -918,7 +886,7 @@ def upkeep(
         "snapshots_before": snapshots_before,
         "snapshots_after": snapshots_after,
         "last_snapshot": last,
-        "orphans_deleted": len(results[-1]),
+        "orphans_deleted": len(orphans),
     }
 
 
@@ -939,58 +907,50 @@ class ExportError(RuntimeError):
     """The single-file export failed; the lake and the previous export are left as they were."""
 
 
-def not_an_export_message(path: Path, lake: Lake) -> str:
-    """Why the export leaves ``path`` (a DuckDB file without the marker) alone, and what to set."""
-    variable = lake.named(EXPORT_VARIABLE)
-    return (
-        f"{path} ({variable}) is a DuckDB file that is not an export of this project (it "
-        f"has no table {EXPORT_MARKER}), so the export does not replace it; nothing of it was "
-        f"changed. Set {variable} to another path for the export (a new file), or unset "
-        "it to write no export."
-    )
-
-
 def check_export_target(target: Path, lake: Lake) -> None:
     """Fail, naming ``target``, unless the export may replace it: it does not exist, or it is a
     previous export that no process holds read-write."""
     if not target.exists():
         return
-    wal = Path(f"{target}.wal")
-    if wal.exists():
+    variable = lake.named(EXPORT_VARIABLE)
+    # Readers of a file replaced under a program that writes it would fail replaying its log.
+    if Path(f"{target}.wal").exists():
         raise ExportError(
-            f"Cannot replace the export {target} cleanly: {wal} exists, so a program has it open "
-            f"read-write (or wrote to it and crashed). Readers of a file replaced under that "
-            f"program would fail replaying its log. Close the program that writes {target} "
-            "(open it read-only), delete the .wal if no program has it open, and run again."
+            f"Cannot replace the export {target}: its .wal exists, so a program has it open "
+            "read-write (or crashed writing it). Close that program (open the export read-only), "
+            "delete the .wal if none has it open, and run again."
         )
     try:
         marked = is_export(target)
     except duckdb.Error as exc:
         if "lock" in str(exc).lower():
             raise ExportError(
-                f"Cannot replace the export {target}: another process holds it read-write "
-                f"(DuckDB: {exc}). Readers of a file replaced under it would fail replaying its "
-                f"log. Open {target} read-only (duckdb -readonly), close that process, and run "
-                "again."
+                f"Cannot replace the export {target}: another process holds it read-write. Open "
+                f"it read-only (duckdb -readonly) there, or close that process. DuckDB: {exc}"
             ) from exc
-        variable = lake.named(EXPORT_VARIABLE)
         raise ExportError(
-            f"Cannot replace {target} ({variable}): it is not a DuckDB file this project "
-            f"can read (DuckDB: {exc}). Move it away, or set {variable} to another path."
+            f"Cannot replace {target} ({variable}): it is not a DuckDB file this project can "
+            f"read. Move it away, or set {variable} to another path. DuckDB: {exc}"
         ) from exc
     if not marked:
-        raise ExportError(not_an_export_message(target, lake))
+        raise ExportError(
+            f"{target} ({variable}) is a DuckDB file that is not an export of this project (it "
+            f"has no table {EXPORT_MARKER}), so the export does not replace it; nothing of it was "
+            f"changed. Set {variable} to another path for the export (a new file), or unset "
+            "it to write no export."
+        )
 
 
 #: What to do about a failed export, by the reason the operating system gave.
 _REMEDIES: dict[int, str] = {
     errno.ENOSPC: "Free disk space in {folder} (or grow the volume)",
     errno.EDQUOT: "Raise the disk quota of {folder} or free space in it",
-    errno.EACCES: "Let the user running the refresh write to {folder} (and replace {file})",
-    errno.EPERM: "Let the user running the refresh write to {folder} (and replace {file})",
+    **dict.fromkeys(
+        (errno.EACCES, errno.EPERM),
+        "Let the user running the refresh write to {folder} (and replace {file})",
+    ),
     errno.EROFS: "Mount {folder} read-write",
-    errno.EXDEV: "Mount the folder {folder}, not the file {file} on its own",
-    errno.EBUSY: "Mount the folder {folder}, not the file {file} on its own",
+    **dict.fromkeys((errno.EXDEV, errno.EBUSY), "Mount the folder {folder}, not the file {file}"),
     errno.ENOENT: "Create the folder {folder}, or set {variable} to another path",
 }
 #: DuckDB's error text for the same reasons (it reports them as text, not errno).
@@ -1008,17 +968,15 @@ def _failure(target: Path, snapshot: int | None, exc: BaseException, variable: s
     if code is None:
         text = str(exc).lower()
         code = next((c for reason, c in _DUCKDB_REASONS.items() if reason in text), None)
-    folder = target.parent
     remedy = _REMEDIES.get(code or 0, "Fix the cause in {folder}").format(
-        folder=folder, file=target.name, variable=variable
+        folder=target.parent, file=target.name, variable=variable
     )
     cause = (exc.strerror if isinstance(exc, OSError) else None) or str(exc)
     name = f" ({errno.errorcode[code]})" if code is not None and code in errno.errorcode else ""
     which = f"snapshot {snapshot} of the lake" if snapshot is not None else "the lake"
     return ExportError(
         f"Exporting {which} to {target} ({variable}) failed: {cause}{name}. The lake's "
-        f"snapshot stays committed, and the previous {target} is unchanged. {remedy}, then run "
-        "the export again (the next run exports)."
+        f"snapshot stays committed and the previous export whole: {remedy}, then run again."
     )
 
 
@@ -1179,13 +1137,16 @@ def main() -> None:
     default one."""
     env = {name: value.strip() for name, value in os.environ.items() if value.strip()}
     catalog = env.get(CATALOG_VARIABLE) or DEFAULT_CATALOG
+    endpoint = env.get(ENDPOINT_VARIABLE)
+    try:
+        store = ObjectStore.or_aws(
+            endpoint_origin(endpoint, ENDPOINT_VARIABLE) if endpoint else None,
+            env.get("FIELDSALES_S3_REGION"),
+            env.get("FIELDSALES_S3_URL_STYLE"),
+        )
+    except ValueError as exc:
+        raise SystemExit(str(exc)) from None
     data_path = env.get(DATA_PATH_VARIABLE) or default_data_path(catalog)
-    endpoint = env.get(ENDPOINT_VARIABLE) or env.get("AWS_ENDPOINT_URL") or ""
-    origin = origin_of(endpoint if "://" in endpoint else f"https://{endpoint}")
-    if origin and origin.scheme == "http" and not origin.is_loopback:
-        raise SystemExit(f"{ENDPOINT_VARIABLE} ({endpoint}): plain http:// is for loopback only")
-    region = env.get("FIELDSALES_S3_REGION") or env.get("AWS_REGION")
-    store = ObjectStore(str(origin) if origin else None, region, env.get("FIELDSALES_S3_URL_STYLE"))
     print(analyst_sql(Lake(check_catalog(catalog), data_path, store=store)), end="")
 
 

@@ -34,7 +34,6 @@ from fieldsales_dagster.settings import (
     variables_named,
 )
 from fieldsales_dagster.warehouse.lake import (
-    ENDPOINT_VARIABLE,
     S3_PREFIX,
     DuckDBConfig,
     Lake,
@@ -202,19 +201,13 @@ class FieldSalesWarehouse(settings_resource("WarehouseSettings", *WAREHOUSE_SETT
 
     def object_store(self) -> ObjectStore:
         """The object store of an ``s3://`` data path: the settings, else the standard AWS
-        variables (``AWS_ENDPOINT_URL``, checked as the endpoint setting is; ``AWS_REGION``)."""
+        variables (``ObjectStore.or_aws``)."""
         if not str(self.ducklake_data_path).startswith(S3_PREFIX):
             return ObjectStore()
-        endpoint, named = self.s3_endpoint, self.variables
-        if not endpoint:
-            endpoint = os.environ.get("AWS_ENDPOINT_URL")
-            named = {**named, ENDPOINT_VARIABLE: "AWS_ENDPOINT_URL"}
-        with variables_named(named):
-            checked = StorageSettings(s3_endpoint=endpoint)
-        return ObjectStore(
-            endpoint=checked.s3_endpoint,
-            region=self.s3_region or os.environ.get("AWS_REGION"),
-            url_style=self.s3_url_style,
+        return ObjectStore.or_aws(
+            self.s3_endpoint,
+            self.s3_region,
+            self.s3_url_style,
             key_id_env_var=self.s3_access_key_id_env_var,
             secret_env_var=self.s3_secret_access_key_env_var,
         )
@@ -238,8 +231,9 @@ class FieldSalesWarehouse(settings_resource("WarehouseSettings", *WAREHOUSE_SETT
         file this user can write, in a folder it can write; a data folder it can write; a
         temporary folder it can write, with room for what DuckDB may spill there (up to the
         memory limit). Each ``SettingError`` names the setting, its variable and the path. An
-        ``s3://`` data path is listed as a writer connects (``lake.check_object_store``), not
-        when the definitions load: a store out of reach fails the run, not the code location."""
+        ``s3://`` data path is listed, and a missing data folder refused, as a writer connects
+        (``lake.prepare``), not when the definitions load: a store out of reach, or a volume not
+        mounted yet, fails the run, not the code location."""
         lake = self.lake
         if lake.catalog_file is not None:
             catalog = check_file_setting(
