@@ -6,6 +6,7 @@ What a path is, however spelled (a link, ``..``, relative or absolute), is its `
 
 from __future__ import annotations
 
+import contextlib
 import os
 import posixpath
 import urllib.parse
@@ -13,6 +14,11 @@ from collections.abc import Callable, Hashable
 from pathlib import Path
 
 from fieldsales_dagster.settings import SETTINGS, SettingError, invalid, named
+
+
+def setting_error(setting: str, why: str) -> SettingError:
+    """``invalid`` for the setting named ``setting``: its spelling and variable, then ``why``."""
+    return invalid(SETTINGS[setting].spelling, SETTINGS[setting].variable, why)
 
 
 def resolved(path: str | Path) -> Path:
@@ -23,11 +29,10 @@ def resolved(path: str | Path) -> Path:
 def identity(path: str | Path) -> tuple[Hashable, ...]:
     """What ``path`` names, however spelled: the device and inode of the file or folder after
     links; for one not created yet, those of its nearest existing folder and the names below."""
-    target, below = resolved(path), tuple[str, ...]()
-    while not target.exists() and target != target.parent:
-        target, below = target.parent, (target.name, *below)
-    found = target.stat()
-    return (found.st_dev, found.st_ino, *below)
+    target = resolved(path)
+    found = next(p for p in (target, *target.parents) if p.exists() or p == p.parent)
+    below = target.relative_to(found).parts
+    return (found.stat().st_dev, found.stat().st_ino, *below)
 
 
 def locations(folder: str) -> tuple[Hashable, ...]:
@@ -83,13 +88,12 @@ def _target(
 ) -> tuple[Path, Callable[[str, str], SettingError]]:
     """``path`` resolved, and how a failure of it is told: the setting, its variable, the path
     as given (and the link's target), what is wrong and what to do."""
-    declared = SETTINGS[setting]
     given = Path(path).expanduser()
     target = resolved(given)
     shown = str(given) if target == given.absolute() else f"{given} (a link to {target})"
 
     def fail(why: str, what_to_do: str) -> SettingError:
-        return invalid(declared.spelling, declared.variable, f"{what}{shown} {why}. {what_to_do}")
+        return setting_error(setting, f"{what}{shown} {why}. {what_to_do}")
 
     return target, fail
 
@@ -103,12 +107,11 @@ def _check_whitespace(target: Path, fail: Callable[[str, str], SettingError]) ->
         raise fail(
             "has whitespace around its name", "Remove it (often a stray space in an env file)"
         )
-    try:
+    twins: list[str] = []
+    with contextlib.suppress(OSError):  # no folder yet (or none readable): _check_folder says so
         twins = [
             e.name for e in os.scandir(target.parent) if e.name != name and e.name.strip() == name
         ]
-    except OSError:  # no folder yet (or none readable): _check_folder says so
-        return
     if twins:
         raise fail(
             f"differs only by whitespace from {target.parent / twins[0]!r}, which exists",
@@ -125,9 +128,7 @@ def _check_folder(
 ) -> Path:
     """Fail unless ``folder`` exists (or may be created: ``create_dirs``) and is writable, then
     create it (``create``); returns the nearest existing folder at or above it."""
-    existing = folder
-    while not existing.exists() and existing != existing.parent:
-        existing = existing.parent
+    existing = next(p for p in (folder, *folder.parents) if p.exists() or p == p.parent)
     if not existing.is_dir():
         raise fail(
             f"cannot be created: {existing} is a file, not a folder",
@@ -139,16 +140,15 @@ def _check_folder(
             f"Create it (mkdir -p {folder}), set {named('FIELDSALES_CREATE_DIRS')}=true, or fix "
             "the path",
         )
-    if not os.access(existing, os.W_OK | os.X_OK):
-        read_only = bool(os.statvfs(existing).f_flag & os.ST_RDONLY)  # it exists: stat works
+    if os.statvfs(existing).f_flag & os.ST_RDONLY:  # it exists: stat works
         raise fail(
-            f"is in a folder this user cannot write ({existing}"
-            f"{': a read-only file system' if read_only else ''})",
-            (
-                f"Mount {existing} read-write"
-                if read_only
-                else f"Give the user running Dagster (uid {os.getuid()}) write access to {existing}"
-            ),
+            f"is in a folder this user cannot write ({existing}: a read-only file system)",
+            f"Mount {existing} read-write",
+        )
+    if not os.access(existing, os.W_OK | os.X_OK):
+        raise fail(
+            f"is in a folder this user cannot write ({existing})",
+            f"Give the user running Dagster (uid {os.getuid()}) write access to {existing}",
         )
     if create:  # below a writable folder: only a race or a full disk can fail it (OSError says)
         folder.mkdir(parents=True, exist_ok=True)

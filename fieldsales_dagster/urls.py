@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import functools
 import ipaddress
+import re
 from dataclasses import dataclass
 from urllib.parse import urlsplit
 
@@ -103,28 +104,20 @@ def validate_base_url(base_url: str) -> str:
             "user:password@): the API token is the only credential sent. Remove the part "
             "before the @."
         )
-    if "\\" in url:
-        raise _bad(url, "holds a backslash, which URL parsers read differently")
-    if any(ord(c) <= 0x20 or ord(c) == 0x7F for c in url):
-        raise _bad(url, "holds whitespace or a control character")
-    if not url.isascii():
-        raise _bad(url, "holds non-ASCII characters (write a domain in its xn-- form)")
-    if "?" in url or "#" in url:
-        raise _bad(url, "holds a query or a fragment; give the instance's address only")
+    # A backslash (parsers read it differently), whitespace, a control or non-ASCII character
+    # (a domain goes in its xn-- form), a query or a fragment.
+    if odd := re.search(r"[\x00-\x20\x7f\\?#]|[^\x00-\x7f]", url):
+        raise _bad(url, f"holds {odd.group()!r}: give the instance's address only, in ASCII")
+    # Belt and braces: the standard library's parser must see the same origin as urllib3.
     try:
-        parts = parse_url(url)
-    except LocationParseError:
+        parts, other = parse_url(url), urlsplit(url)
+        other_port = other.port
+    except (LocationParseError, ValueError):
         raise _bad(url, "cannot be parsed") from None
     if parts.scheme not in {"http", "https"} or not parts.host:
         raise _bad(url, "has no http(s) scheme or no host")
     if not url.lower().startswith(f"{parts.scheme}://"):
         raise _bad(url, "does not start with http:// or https://")
-    # Belt and braces: the standard library's parser must see the same origin as urllib3.
-    try:
-        other = urlsplit(url)
-        other_port = other.port
-    except ValueError:
-        raise _bad(url, "cannot be parsed") from None
     if (other.hostname or "").lower() != parts.host.strip("[]").lower() or other_port != parts.port:
         raise _bad(url, "is read differently by different URL parsers")
     refuse_plain_http(parts.scheme, parts.host, "the API token")

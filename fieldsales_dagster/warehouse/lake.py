@@ -374,30 +374,25 @@ def _store_failure(lake: Lake, exc: duckdb.Error) -> LakeError:
 
 
 def _instance(lake: Lake, config: DuckDBConfig | None = None) -> duckdb.DuckDBPyConnection:
-    """A new DuckDB instance with the extensions loaded and, for PostgreSQL, the password."""
+    """A new DuckDB instance with the extensions loaded and, for PostgreSQL, the password (a
+    failure here leaves nothing open: its catalog is not attached yet)."""
     conn = duckdb.connect(config={**(config or {}), **lake_config()})
-    try:
-        # DuckDB draws its progress bar on standard output, where a script's $(python -c ...)
-        # would take it for the value printed (a connection's setting, not a global one).
-        conn.execute("SET enable_progress_bar = false")
-        load_extensions(conn, lake)
-        if lake.is_s3:
-            try:  # DuckDB's error would quote the statement, keys and all
-                conn.execute(lake.store.secret_sql())
-            except duckdb.Error:
-                variables = ", ".join(lake.store.key_variables())
-                raise LakeError(f"DuckDB refused the object store's keys in {variables}.") from None
-        password = os.environ.get(lake.password_env_var) if lake.is_postgres else None
-        if password:
-            # The unnamed secret is the postgres extension's default for every connection
-            # string without a password; duckdb_secrets() shows it redacted.
-            conn.execute(
-                f"CREATE OR REPLACE TEMPORARY SECRET (TYPE postgres, PASSWORD "
-                f"{sql_literal(password)})"
-            )
-    except BaseException:
-        conn.close()
-        raise
+    # DuckDB draws its progress bar on standard output, where a script's $(python -c ...) would
+    # take it for the value printed (a connection's setting, not a global one).
+    conn.execute("SET enable_progress_bar = false")
+    load_extensions(conn, lake)
+    if lake.is_s3:
+        try:  # DuckDB's error would quote the statement, keys and all
+            conn.execute(lake.store.secret_sql())
+        except duckdb.Error:
+            variables = ", ".join(lake.store.key_variables())
+            raise LakeError(f"DuckDB refused the object store's keys in {variables}.") from None
+    if lake.is_postgres and (password := os.environ.get(lake.password_env_var)):
+        # The unnamed secret is the postgres extension's default for every connection string
+        # without a password; duckdb_secrets() shows it redacted.
+        conn.execute(
+            f"CREATE OR REPLACE TEMPORARY SECRET (TYPE postgres, PASSWORD {sql_literal(password)})"
+        )
     return conn
 
 
@@ -596,9 +591,10 @@ def table_exists(conn: duckdb.DuckDBPyConnection, table: str) -> bool:
 
 
 def _write_tenant(conn: duckdb.DuckDBPyConnection, tenant: str) -> None:
-    conn.execute("CREATE SCHEMA IF NOT EXISTS meta")
-    conn.execute(f"CREATE TABLE IF NOT EXISTS {TENANT_TABLE} (tenant VARCHAR, since TIMESTAMPTZ)")
-    conn.execute(f"DELETE FROM {TENANT_TABLE}")
+    conn.execute(
+        f"CREATE SCHEMA IF NOT EXISTS meta; CREATE TABLE IF NOT EXISTS {TENANT_TABLE} "
+        f"(tenant VARCHAR, since TIMESTAMPTZ); DELETE FROM {TENANT_TABLE}"
+    )
     conn.execute(f"INSERT INTO {TENANT_TABLE} VALUES (?, now())", [tenant])
 
 
@@ -641,12 +637,10 @@ def set_options(conn: duckdb.DuckDBPyConnection, lake: Lake) -> None:
     one takes the transaction (each change is a commit of the catalog; ~0.3 s a connection)."""
     alias = quote_ident(lake.alias)
     stored = dict(conn.execute(f"SELECT option_name, value FROM {alias}.options()").fetchall())
-    missing = {
-        name: value for name, (value, kept) in LAKE_OPTIONS.items() if stored.get(name) != kept
-    }
+    missing = [(n, value) for n, (value, kept) in LAKE_OPTIONS.items() if stored.get(n) != kept]
 
     def write() -> None:
-        for name, value in missing.items():
+        for name, value in missing:
             conn.execute(f"CALL {alias}.set_option({sql_literal(name)}, {sql_literal(value)})")
 
     if missing:
@@ -666,12 +660,12 @@ def writer_connection(lake: Lake, config: DuckDBConfig) -> duckdb.DuckDBPyConnec
 
     ``prepare`` runs each time (a few file checks): a data path that vanished since the instance
     was made (an unmounted volume) fails here, before the write."""
-    prepare(lake)
     key = (os.getpid(), lake, tuple(sorted((k, str(v)) for k, v in config.items())))
     with _INSTANCES_LOCK:
-        instance = _INSTANCES.get(key)
-        if instance is None:
-            instance = _INSTANCES[key] = connect(lake, config)
+        if (instance := _INSTANCES.get(key)) is None:
+            instance = _INSTANCES[key] = connect(lake, config)  # which prepares it
+        else:
+            prepare(lake)
         cursor = instance.cursor()
     cursor.execute(f"USE {quote_ident(lake.alias)}")  # a cursor starts in the default database
     return cursor
@@ -742,9 +736,8 @@ def _transaction(conn: duckdb.DuckDBPyConnection, body: Callable[[], T]) -> T:
 def record_build(conn: duckdb.DuckDBPyConnection, lake: Lake, table: str, reads: list[str]) -> None:
     """Record, in the transaction writing ``table``, that it read the tables ``reads`` at the
     transaction's snapshot (``BUILDS_TABLE``)."""
-    conn.execute("CREATE SCHEMA IF NOT EXISTS meta")
     conn.execute(
-        f"CREATE TABLE IF NOT EXISTS {BUILDS_TABLE} "
+        f"CREATE SCHEMA IF NOT EXISTS meta; CREATE TABLE IF NOT EXISTS {BUILDS_TABLE} "
         "(table_name VARCHAR, reads VARCHAR[], read_snapshot BIGINT)"
     )
     conn.execute(
@@ -820,14 +813,12 @@ def stored_files(conn: duckdb.DuckDBPyConnection, lake: Lake) -> tuple[int, int,
     metadata = f"{quote_ident('__ducklake_metadata_' + lake.alias)}.{quote_ident(schema)}"
     files, size = one_row(
         conn,
-        f"SELECT count(*), coalesce(sum(file_size_bytes), 0) FROM (SELECT file_size_bytes FROM "
+        f"SELECT count(*) + (SELECT count(*) FROM {metadata}.ducklake_files_scheduled_for_"
+        f"deletion), coalesce(sum(file_size_bytes), 0) FROM (SELECT file_size_bytes FROM "
         f"{metadata}.ducklake_data_file UNION ALL SELECT file_size_bytes FROM "
         f"{metadata}.ducklake_delete_file)",
     )
-    (waiting,) = one_row(
-        conn, f"SELECT count(*) FROM {metadata}.ducklake_files_scheduled_for_deletion"
-    )
-    return int(files) + int(waiting), int(size), "catalog"
+    return int(files), int(size), "catalog"
 
 
 #: A file under the data path that no snapshot lists (a killed run's) is deleted once it is older
@@ -953,30 +944,22 @@ _REMEDIES: dict[int, str] = {
     **dict.fromkeys((errno.EXDEV, errno.EBUSY), "Mount the folder {folder}, not the file {file}"),
     errno.ENOENT: "Create the folder {folder}, or set {variable} to another path",
 }
-#: DuckDB's error text for the same reasons (it reports them as text, not errno).
-_DUCKDB_REASONS = {
-    "no space left": errno.ENOSPC,
-    "disk quota": errno.EDQUOT,
-    "permission denied": errno.EACCES,
-    "read-only file system": errno.EROFS,
-    "no such file or directory": errno.ENOENT,
-}
 
 
 def _failure(target: Path, snapshot: int | None, exc: BaseException, variable: str) -> ExportError:
-    code = exc.errno if isinstance(exc, OSError) else None
-    if code is None:
-        text = str(exc).lower()
-        code = next((c for reason, c in _DUCKDB_REASONS.items() if reason in text), None)
-    remedy = _REMEDIES.get(code or 0, "Fix the cause in {folder}").format(
-        folder=target.parent, file=target.name, variable=variable
+    # DuckDB reports the reason as text, the system's own (``os.strerror``), not as errno.
+    code = (exc.errno if isinstance(exc, OSError) else None) or next(
+        (c for c in _REMEDIES if os.strerror(c).lower() in str(exc).lower()), None
     )
+    remedy = _REMEDIES.get(code or 0, "Fix the cause in {folder}")
     cause = (exc.strerror if isinstance(exc, OSError) else None) or str(exc)
-    name = f" ({errno.errorcode[code]})" if code is not None and code in errno.errorcode else ""
+    name = f" ({errno.errorcode.get(code, code)})" if code else ""
     which = f"snapshot {snapshot} of the lake" if snapshot is not None else "the lake"
     return ExportError(
-        f"Exporting {which} to {target} ({variable}) failed: {cause}{name}. The lake's "
-        f"snapshot stays committed and the previous export whole: {remedy}, then run again."
+        f"Exporting {which} to {target} ({variable}) failed: {cause}{name}. The lake's snapshot "
+        "stays committed and the previous export whole: "
+        + remedy.format(folder=target.parent, file=target.name, variable=variable)
+        + ", then run again."
     )
 
 
@@ -995,27 +978,21 @@ def export_snapshot(lake: Lake, target: Path, config: DuckDBConfig | None = None
     temporary = target.with_name(f".{target.name}{EXPORT_INFIX}{secrets.token_hex(4)}")
     snapshot: int | None = None
     try:
-        conn = connect(lake, config, read_only=True)
-        try:
+        with connect(lake, config, read_only=True) as conn:
             conn.execute(
                 f"ATTACH {sql_literal(str(temporary))} AS fieldsales_export "
-                f"(STORAGE_VERSION {sql_literal(EXPORT_STORAGE_VERSION)})"
+                f"(STORAGE_VERSION {sql_literal(EXPORT_STORAGE_VERSION)}); BEGIN TRANSACTION"
             )
-            conn.execute("BEGIN TRANSACTION")
             (snapshot,) = one_row(
                 conn, f"SELECT id FROM {quote_ident(lake.alias)}.current_snapshot()"
             )
             tables = _copy_tables(conn, lake, snapshot)
-            conn.execute("COMMIT")
-            conn.execute("DETACH fieldsales_export")
-        finally:
-            conn.close()
+            conn.execute("COMMIT; DETACH fieldsales_export")
         size = _replace_durably(temporary, target, lake)
-    except (duckdb.Error, OSError) as exc:
+    except BaseException as exc:
         _remove(temporary)
-        raise _failure(target, snapshot, exc, lake.named(EXPORT_VARIABLE)) from exc
-    except BaseException:  # an ExportError names its cause already
-        _remove(temporary)
+        if isinstance(exc, duckdb.Error | OSError):  # an ExportError names its cause already
+            raise _failure(target, snapshot, exc, lake.named(EXPORT_VARIABLE)) from exc
         raise
     return {
         "fieldsales/export_path": str(target),
@@ -1126,8 +1103,10 @@ def analyst_sql(lake: Lake) -> str:
             f"-- the object store's keys (from {key_id} and {secret}): "
             f"{lake.store.secret_sql(keys=('...', '...'))};",
         ]
-    lines += [f"{statement};" for statement in reader_statements(lake)]
-    lines.append(f"USE {quote_ident(lake.alias)};")
+    lines += [
+        *(f"{statement};" for statement in reader_statements(lake)),
+        f"USE {quote_ident(lake.alias)};",
+    ]
     return "\n".join(lines) + "\n"
 
 

@@ -48,8 +48,8 @@ def check_hash_key(key: str | None, variable: str = "FIELDSALES_PII_HASH_KEY") -
         raise PiiSettingError(
             f"pii: hash needs a secret key in {variable} (pii_hash_key: at least "
             f"{MIN_HASH_KEY_CHARS} characters; it has {len(key)}). Set it to a long random secret "
-            f"and keep it (a new "
-            f"key changes every hash), or set {named('FIELDSALES_PII')} to keep or drop."
+            f"and keep it (a new key changes every hash), or set {named('FIELDSALES_PII')} to keep "
+            "or drop."
         )
     return key
 
@@ -58,13 +58,8 @@ def hmac_pads(key: str) -> dict[str, bytes]:
     """The HMAC inner and outer padded keys, as query parameters for ``hmac_sql``."""
     check_hash_key(key)
     raw = key.encode()
-    if len(raw) > _BLOCK:
-        raw = hashlib.sha256(raw).digest()
-    raw = raw.ljust(_BLOCK, b"\0")
-    return {
-        "pii_ipad": bytes(b ^ 0x36 for b in raw),
-        "pii_opad": bytes(b ^ 0x5C for b in raw),
-    }
+    raw = (hashlib.sha256(raw).digest() if len(raw) > _BLOCK else raw).ljust(_BLOCK, b"\0")
+    return {"pii_ipad": bytes(b ^ 0x36 for b in raw), "pii_opad": bytes(b ^ 0x5C for b in raw)}
 
 
 def hmac_sql(expression: str) -> str:

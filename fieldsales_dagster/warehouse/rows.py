@@ -15,8 +15,5 @@ def one_row(conn: duckdb.DuckDBPyConnection, sql: str, params: object = None) ->
     """
     row = conn.execute(sql, params).fetchone()
     if row is None:
-        raise RuntimeError(
-            f"DuckDB returned no row for a query that always returns one ({sql[:80]!r}): a bug "
-            "in fieldsales_dagster; please report it with this traceback."
-        )
+        raise RuntimeError(f"DuckDB returned no row for {sql[:80]!r}: a bug, please report it.")
     return row

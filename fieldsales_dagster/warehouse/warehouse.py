@@ -7,6 +7,7 @@ directly, each table change in one transaction, so one snapshot (``one_commit``)
 
 from __future__ import annotations
 
+import contextlib
 import os
 import shutil
 import tempfile
@@ -22,13 +23,12 @@ from pydantic import Field, PrivateAttr, field_validator, model_validator
 
 from fieldsales_dagster.catalogs import DEFAULT_CATALOG
 from fieldsales_dagster.heap import release_free_memory
-from fieldsales_dagster.paths import check_file_setting, check_folder_setting
+from fieldsales_dagster.paths import check_file_setting, check_folder_setting, setting_error
 from fieldsales_dagster.settings import (
     SETTINGS,
     PiiSettings,
     RefreshSettings,
     StorageSettings,
-    invalid,
     memory_megabytes,
     settings_resource,
     variables_named,
@@ -112,12 +112,9 @@ def release_step_memory(
     """
     (cached,) = one_row(conn, "SELECT coalesce(sum(memory_usage_bytes), 0) FROM duckdb_memory()")
     if cached > UNLOAD_ABOVE_SHARE * limit_bytes:
-        try:
+        with contextlib.suppress(duckdb.OutOfMemoryException):  # pinned by a running query
             conn.execute("SET memory_limit = '1MB'")
-        except duckdb.OutOfMemoryException:
-            pass  # pinned by a running query: not now
-        finally:
-            conn.execute(f"SET memory_limit = {sql_literal(memory_limit)}")
+        conn.execute(f"SET memory_limit = {sql_literal(memory_limit)}")
     release_free_memory()
 
 
@@ -132,30 +129,20 @@ class FieldSalesWarehouse(settings_resource("WarehouseSettings", *WAREHOUSE_SETT
 
     tenant: str | None = Field(
         default=None,
-        description=(
-            "Who the lake belongs to (the component sets its instance's URL and key prefix): "
-            "recorded in the lake on first use, and a lake recorded for another tenant is "
-            "refused. None: not checked."
-        ),
+        description="Who the lake belongs to (recorded on first use; None: not checked).",
     )
     threads: int | None = Field(
         default=None, ge=1, le=256, description="DuckDB threads (default: all cores)."
     )
     pii_hash_key: str | None = Field(
         default=None,
-        description=(
-            "FIELDSALES_PII_HASH_KEY: the secret key of pii=hash, at least 16 characters. Give it "
-            "as an environment variable, never in YAML; a new key gives every value a new hash."
-        ),
+        description="The secret key of pii=hash (FIELDSALES_PII_HASH_KEY), 16 characters or more.",
     )
     max_shrink_fraction: float = Field(
         default=0.5,
         ge=0.0,
         le=1.0,
-        description=(
-            "Largest share of a raw table's rows a full refresh may drop (0.5: half). A refresh "
-            "that would shrink it more, or empty a non-empty table, fails and keeps the old one."
-        ),
+        description="Largest share of a raw table's rows a full refresh may drop.",
     )
 
     #: This run's shared tables (``shared_table``): those built so far, each with what it was
@@ -234,34 +221,25 @@ class FieldSalesWarehouse(settings_resource("WarehouseSettings", *WAREHOUSE_SETT
         ``s3://`` data path is listed, and a missing data folder refused, as a writer connects
         (``lake.prepare``), not when the definitions load: a store out of reach, or a volume not
         mounted yet, fails the run, not the code location."""
-        lake = self.lake
+        lake, spill, limit = self.lake, self.local_folder, self.duckdb_memory_limit
         if lake.catalog_file is not None:
             catalog = check_file_setting(
                 lake.catalog_file, setting="ducklake_catalog", create_dirs=True
             )
             if catalog.exists() and not os.access(catalog, os.W_OK):
-                declared = SETTINGS["ducklake_catalog"]
-                raise invalid(
-                    declared.spelling,
-                    declared.variable,
-                    f"{catalog} is a file this user (uid {os.getuid()}) cannot write. Give it "
-                    "write access",
-                )
+                why = f"{catalog} is a file this user (uid {os.getuid()}) cannot write"
+                raise setting_error("ducklake_catalog", f"{why}. Give it write access")
         if lake.is_local:
             check_folder_setting(lake.data_folder, setting="ducklake_data_path")
-        spill = self.local_folder
         existing = check_folder_setting(
             spill, setting="ducklake_catalog", what="its temporary folder "
         )
-        free, limit = shutil.disk_usage(existing).free, self.duckdb_memory_limit
-        if free < memory_megabytes(limit) * 1e6:
-            declared = SETTINGS["duckdb_memory_limit"]
-            raise invalid(
-                declared.spelling,
-                declared.variable,
-                f"DuckDB may spill up to {limit} to the lake's temporary folder {spill}, which "
-                f"has {free / 1e6:.0f} MB free. Free space in {existing}, lower the limit, or "
-                "move the catalog to a larger disk",
+        if (free := shutil.disk_usage(existing).free) < memory_megabytes(limit) * 1e6:
+            raise setting_error(
+                "duckdb_memory_limit",
+                f"DuckDB may spill up to {limit} to the lake's temporary folder {spill}, which has "
+                f"{free / 1e6:.0f} MB free. Free space in {existing}, lower the limit, or move the "
+                "catalog to a larger disk",
             )
 
     # --- what a run's steps share --------------------------------------------------------------
@@ -280,12 +258,17 @@ class FieldSalesWarehouse(settings_resource("WarehouseSettings", *WAREHOUSE_SETT
         """Whether a Dagster run set the resource up: its shared tables last until its end."""
         return self._in_run
 
+    @property
+    def _schema(self) -> str:
+        """This run's schema of shared tables (``shared_table``)."""
+        return f"{SHARED_DATABASE}.{quote_ident(self._shared_schema)}"
+
     def shared_table(self, name: str) -> str:
         """Where this run's steps share the table ``name``: an in-memory database of the
         process's DuckDB instance (``SHARED_DATABASE``; DuckDB spills it to the connection's
         temp_directory), never the lake. Every cursor of the instance (``get_connection``) sees
         it; ``drop_shared`` drops it, at the run's end."""
-        return f"{SHARED_DATABASE}.{quote_ident(self._shared_schema)}.{quote_ident(name)}"
+        return f"{self._schema}.{quote_ident(name)}"
 
     def shared_source(self, name: str) -> object | None:
         """What the shared ``name`` was built from (``shared_built``), ``None`` when not built."""
@@ -294,9 +277,7 @@ class FieldSalesWarehouse(settings_resource("WarehouseSettings", *WAREHOUSE_SETT
     def create_shared_schema(self, conn: duckdb.DuckDBPyConnection) -> None:
         """The run's schema for shared tables, in ``conn``'s DuckDB instance."""
         conn.execute(f"ATTACH IF NOT EXISTS ':memory:' AS {SHARED_DATABASE}")
-        conn.execute(
-            f"CREATE SCHEMA IF NOT EXISTS {SHARED_DATABASE}.{quote_ident(self._shared_schema)}"
-        )
+        conn.execute(f"CREATE SCHEMA IF NOT EXISTS {self._schema}")
 
     def shared_built(self, name: str, source: object) -> None:
         """Record that the shared ``name`` was built from ``source`` (a fingerprint)."""
@@ -309,10 +290,7 @@ class FieldSalesWarehouse(settings_resource("WarehouseSettings", *WAREHOUSE_SETT
             return
         self._shared.clear()
         with nullcontext(conn) if conn is not None else self.get_connection() as cursor:
-            cursor.execute(
-                f"DROP SCHEMA IF EXISTS {SHARED_DATABASE}.{quote_ident(self._shared_schema)} "
-                "CASCADE"
-            )
+            cursor.execute(f"DROP SCHEMA IF EXISTS {self._schema} CASCADE")
 
     # --- connections --------------------------------------------------------------------------
 
@@ -363,9 +341,8 @@ class FieldSalesWarehouse(settings_resource("WarehouseSettings", *WAREHOUSE_SETT
         mine.mkdir(parents=True, exist_ok=True)  # DuckDB makes the last folder of its own only
         # The settings that are DuckDB options (``Setting.duckdb``), as set.
         options = {s.duckdb: getattr(self, s.name, None) for s in SETTINGS.values() if s.duckdb}
-        options["threads"] = self.threads
-        config: DuckDBConfig = {k: v for k, v in options.items() if v is not None}
-        return {**config, "temp_directory": str(mine / "db.tmp")}
+        options |= {"threads": self.threads, "temp_directory": str(mine / "db.tmp")}
+        return {k: v for k, v in options.items() if v is not None}
 
     # --- the export ---------------------------------------------------------------------------
 
@@ -375,13 +352,12 @@ class FieldSalesWarehouse(settings_resource("WarehouseSettings", *WAREHOUSE_SETT
         if not self.duckdb_path:
             return None
         # As the component checks it at load time, for a warehouse built by hand too (a name
-        # with whitespace around it, a folder that is not there).
+        # with whitespace around it, a folder that is not there). Resolved: a link stays, the
+        # rename replaces its target.
         with variables_named(self.variables):
-            target = check_file_setting(  # resolved: a link stays, the rename replaces its target
-                self.duckdb_path,
-                setting="duckdb_path",
-                create_dirs=self.create_dirs,
-                create=self.create_dirs,
+            dirs = self.create_dirs
+            target = check_file_setting(
+                self.duckdb_path, setting="duckdb_path", create_dirs=dirs, create=dirs
             )
         return export_snapshot(self.lake, target, self._config())
 
@@ -417,10 +393,12 @@ def replace_table(conn: duckdb.DuckDBPyConnection, staged: str, target: str) -> 
     never a half-written one, and a failure before this call leaves the old table untouched. A
     conflict with another writer is retried (``run_transaction``).
     """
-    schema, _, name = target.partition(".")
+    name = quote_ident(target.partition(".")[2])
 
     def swap() -> None:
-        conn.execute(f"DROP TABLE IF EXISTS {qualified(target)}")
-        conn.execute(f"ALTER TABLE {qualified(staged)} RENAME TO {quote_ident(name)}")
+        conn.execute(
+            f"DROP TABLE IF EXISTS {qualified(target)}; "
+            f"ALTER TABLE {qualified(staged)} RENAME TO {name}"
+        )
 
     run_transaction(conn, target, swap)
