@@ -55,7 +55,7 @@ def _fetch_one(conn: duckdb.DuckDBPyConnection, sql: str) -> tuple:
 
 @dataclass(frozen=True)
 class CheckKind:
-    """A check implementation: one of this module's (``check``) or written out in a table's YAML
+    """A check implementation: one of this module's (``CHECKS``) or written out in a table's YAML
     (``written_check``)."""
 
     evaluate: Evaluate
@@ -69,26 +69,6 @@ class CheckKind:
         if callable(self.description):
             return self.description(table)
         return self.description.replace("{table}", table.table)
-
-
-#: Every check implementation, by the name a table's YAML gives it (``check`` registers them).
-CHECKS: dict[str, CheckKind] = {}
-
-
-def check(
-    name: str,
-    description: str | Callable[[CoreTable], str],
-    *,
-    blocking: bool = False,
-    also_reads: tuple[str, ...] = (),
-) -> Callable[[Evaluate], Evaluate]:
-    """Register the decorated function as the check ``name`` (``CheckKind``)."""
-
-    def register(evaluate: Evaluate) -> Evaluate:
-        CHECKS[name] = CheckKind(evaluate, description, blocking, also_reads)
-        return evaluate
-
-    return register
 
 
 @dataclass(frozen=True)
@@ -122,13 +102,8 @@ class CoreCheck:
     def result(self, conn: duckdb.DuckDBPyConnection, names: InstanceNames) -> dg.AssetCheckResult:
         """The evaluation, addressed to this check (an asset step may evaluate several)."""
         evaluation = self.kind.evaluate(conn, self.table)
-        return dg.AssetCheckResult(
-            asset_key=names.asset_key(self.table.asset_name),
-            check_name=self.name,
-            passed=evaluation.passed,
-            severity=evaluation.severity,
-            metadata=evaluation.metadata,
-            description=evaluation.description,
+        return evaluation._replace(
+            asset_key=names.asset_key(self.table.asset_name), check_name=self.name
         )
 
 
@@ -162,14 +137,14 @@ def _metadata_value(value: object) -> Any:
 
 def checks_of(table: CoreTable) -> list[CoreCheck]:
     """The checks ``table``'s YAML names or writes out; an unknown name fails, naming the file."""
-    written = {entry.name: written_check(entry) for entry in table.written_checks}
+    kinds = CHECKS | {entry.name: written_check(entry) for entry in table.written_checks}
     for name in table.checks:
-        if name not in CHECKS and name not in written:
+        if name not in kinds:
             raise TableFileError(
                 f"{table.yaml_file}: checks names {name!r}, which is no check of this project "
                 f"(they are {', '.join(sorted(CHECKS))}). Fix the name, or write the check out."
             )
-    return [CoreCheck(table, name, written.get(name) or CHECKS[name]) for name in table.checks]
+    return [CoreCheck(table, name, kinds[name]) for name in table.checks]
 
 
 def _cross_table_checks(names: InstanceNames, checks: list[CoreCheck]) -> dg.AssetChecksDefinition:
@@ -224,13 +199,9 @@ def build_schema_change_checks(
     def _checks(context: dg.AssetCheckExecutionContext) -> Iterator[dg.AssetCheckResult]:
         for key in sorted(context.selected_asset_check_keys, key=str):
             records = context.instance.fetch_materializations(key.asset_key, limit=2).records
-            schemas = [
-                value.value if isinstance(value, dg.TableSchemaMetadataValue) else None
-                for record in records
-                if record.asset_materialization is not None
-                for value in [record.asset_materialization.metadata.get("dagster/column_schema")]
-            ]
-            passed, description = _schema_change(schemas)
+            passed, description = _schema_change(
+                [r.asset_materialization.metadata.get("dagster/column_schema") for r in records]
+            )
             yield dg.AssetCheckResult(
                 asset_key=key.asset_key,
                 check_name=key.name,
@@ -242,13 +213,15 @@ def build_schema_change_checks(
     return _checks
 
 
-def _schema_change(schemas: list[dg.TableSchema | None]) -> tuple[bool, str]:
-    """Whether the latest of ``schemas`` (newest first) has the columns of the one before."""
-    if len(schemas) < 2:
+def _schema_change(values: list[Any]) -> tuple[bool, str]:
+    """Whether the latest of the ``dagster/column_schema`` ``values`` (newest first) has the
+    columns of the one before."""
+    if len(values) < 2:
         return True, "The asset has been materialized fewer than 2 times."
-    if None in schemas:
+    schemas = [v.value for v in values if isinstance(v, dg.TableSchemaMetadataValue)]
+    if len(schemas) < 2:
         return False, "A materialization of the last two has no column schema metadata."
-    latest, previous = ({c.name: c.type for c in schema.columns} for schema in schemas if schema)
+    latest, previous = ({c.name: c.type for c in schema.columns} for schema in schemas)
     changes = [f"added: {name}" for name in latest.keys() - previous.keys()]
     changes += [f"removed: {name}" for name in previous.keys() - latest.keys()]
     changes += [
@@ -285,54 +258,39 @@ def _any_null(table: CoreTable) -> str:
 # SCREEN_BUCKET_ROWS groups whatever the table's size. All 5.5M keys of
 # core.custom_report_results (1M transactions) grouped at once needed more than 32MB; after a
 # nightly update of that table, more than the 192MB memory_limit had left.
-def _exact_sql(table: CoreTable, in_bucket: str) -> str:
-    """The bucket's duplicated and NULL-keyed rows, and a sample of their keys: grouped by the
-    key itself, so only the rows of hashes that the screen's grouping flags."""
-    columns, any_null = ", ".join(quote_ident(c) for c in table.key), _any_null(table)
-    return f"""
-        WITH flagged AS (
-            SELECT hash({columns}) AS key_hash
-            FROM {qualified(table.table)}
-            WHERE {in_bucket}
-            GROUP BY key_hash
-            HAVING count(*) > 1 OR bool_or({any_null})
-        ),
-        keys AS (
-            SELECT {_key_text(table)} AS key_text, bool_or({any_null}) AS has_null, count(*) AS n
-            FROM {qualified(table.table)}
-            WHERE {in_bucket} AND hash({columns}) IN (SELECT key_hash FROM flagged)
-            GROUP BY {columns}
-        )
-        SELECT
-            coalesce(sum(n) FILTER (WHERE n > 1), 0) AS duplicated_rows,
-            coalesce(sum(n) FILTER (WHERE has_null), 0) AS rows_with_null_key,
-            coalesce(
-                list((n, key_text) ORDER BY n DESC, key_text) FILTER (WHERE n > 1 OR has_null),
-                []
-            )[1:{SAMPLE_SIZE}] AS sample
-        FROM keys
-    """
-
-
+#
 # A screen first, per bucket: rows grouped by a 64-bit hash of the key (cheap to group, unlike
 # the key's text; 5.5M custom report results: 2.2 -> 0.7 CPU-s). No hash shared by two rows and
 # no NULL key means no duplicate in the bucket; otherwise (a duplicate, a NULL, or a rare hash
 # collision) the exact query counts and names the bucket's offending keys.
-def _screen_sql(table: CoreTable, in_bucket: str) -> str:
+def _flagged_sql(table: CoreTable, in_bucket: str) -> str:
+    """The bucket's key hashes that two rows share or a NULL-keyed row has."""
     columns = ", ".join(quote_ident(c) for c in table.key)
+    return (
+        f"SELECT hash({columns}) AS key_hash FROM {qualified(table.table)} WHERE {in_bucket} "
+        f"GROUP BY key_hash HAVING count(*) > 1 OR bool_or({_any_null(table)})"
+    )
+
+
+def _exact_sql(table: CoreTable, in_bucket: str) -> str:
+    """The bucket's duplicated and NULL-keyed rows, and a sample of their keys: grouped by the
+    key itself, so only the rows of flagged hashes."""
+    columns, any_null = ", ".join(quote_ident(c) for c in table.key), _any_null(table)
     return f"""
-        SELECT count(*) FILTER (WHERE n > 1) + coalesce(sum(with_null), 0)
-        FROM (
-            SELECT hash({columns}) AS key_hash, count(*) AS n,
-                count(*) FILTER (WHERE {_any_null(table)}) AS with_null
+        WITH keys AS (
+            SELECT {_key_text(table)} AS key_text, bool_or({any_null}) AS has_null, count(*) AS n
             FROM {qualified(table.table)}
-            WHERE {in_bucket}
-            GROUP BY key_hash
+            WHERE {in_bucket} AND hash({columns}) IN ({_flagged_sql(table, in_bucket)})
+            GROUP BY {columns}
         )
+        SELECT coalesce(sum(n) FILTER (WHERE n > 1), 0),
+            coalesce(sum(n) FILTER (WHERE has_null), 0),
+            coalesce(list((n, key_text) ORDER BY n DESC, key_text)
+                FILTER (WHERE n > 1 OR has_null), [])[1:{SAMPLE_SIZE}]
+        FROM keys
     """
 
 
-@check("ids_unique", ids_unique_description, blocking=True)
 def ids_unique(conn: duckdb.DuckDBPyConnection, table: CoreTable) -> dg.AssetCheckResult:
     columns = ", ".join(quote_ident(c) for c in table.key)
     (rows,) = _fetch_one(conn, f"SELECT count(*) FROM {qualified(table.table)}")
@@ -343,7 +301,7 @@ def ids_unique(conn: duckdb.DuckDBPyConnection, table: CoreTable) -> dg.AssetChe
         # Literals, not $parameters: with parameters each bucket's scan ran 15x slower. One
         # bucket (under SCREEN_BUCKET_ROWS rows, most tables) needs no filter at all.
         in_bucket = f"hash({columns}) % {buckets} = {bucket}" if buckets > 1 else "true"
-        if _fetch_one(conn, _screen_sql(table, in_bucket)) == (0,):
+        if _fetch_one(conn, f"SELECT count(*) FROM ({_flagged_sql(table, in_bucket)})") == (0,):
             continue
         bucket_duplicated, bucket_null, sample = _fetch_one(conn, _exact_sql(table, in_bucket))
         duplicated, with_null = duplicated + bucket_duplicated, with_null + bucket_null
@@ -371,13 +329,10 @@ def _untyped_values_sql(table: CoreTable, not_finite: bool) -> str:
     return f"""
         WITH entries AS (
             SELECT {_key_text(table)} AS row_key, unnest(untyped_values) AS entry
-            FROM {qualified(table.table)}
-            WHERE untyped_values IS NOT NULL
-        ),
-        counted AS (
-            SELECT row_key, entry.field AS field, entry.value AS value, entry.problem AS problem
-            FROM entries
-            WHERE entry.problem {kind} '{NOT_FINITE}'
+            FROM {qualified(table.table)} WHERE untyped_values IS NOT NULL
+        ), counted AS (
+            SELECT row_key, entry.field, entry.value, entry.problem
+            FROM entries WHERE entry.problem {kind} '{NOT_FINITE}'
         )
         SELECT
             count(DISTINCT row_key),
@@ -411,19 +366,20 @@ def untyped_values_found(
     )
 
 
-check(
-    "values_typed",
-    "Every value {table} types was typed: counts the rows where a present, non-empty value (a "
-    "number, timestamp, boolean, object or array) could not be, so its column is NULL, with a "
-    "sample of ids and values as received (untyped_values names them; raw.* keeps them). A "
-    "warning: the data loads.",
-)(functools.partial(untyped_values_found, not_finite=False))
-check(
-    "values_finite",
-    'No NaN or infinity was sent for a value of {table}: counts the rows where one was ("NaN", '
-    '"Infinity", 1e309, ...), stored as NULL, with a sample of ids. A warning: the data loads, '
-    "and sums over the column stay numbers.",
-)(functools.partial(untyped_values_found, not_finite=True))
+#: Every check implementation, by the name a table's YAML gives it.
+CHECKS = {
+    "ids_unique": CheckKind(ids_unique, ids_unique_description, blocking=True),
+    "values_typed": CheckKind(
+        functools.partial(untyped_values_found, not_finite=False),
+        "Every present value of {table} was typed: counts the rows where one could not be (its "
+        "column is NULL; untyped_values and raw.* keep it as received), with a sample.",
+    ),
+    "values_finite": CheckKind(
+        functools.partial(untyped_values_found, not_finite=True),
+        "No NaN or infinity was sent for a value of {table}: counts the rows where one was "
+        "(stored as NULL, so sums stay numbers), with a sample of ids.",
+    ),
+}
 
 
 def core_checks(tables: Sequence[CoreTable] | None = None) -> list[CoreCheck]:
