@@ -25,10 +25,10 @@ of its store (one transaction, one snapshot).
 from __future__ import annotations
 
 import datetime as dt
-import decimal
 import re
 from collections.abc import Mapping
 from dataclasses import dataclass
+from decimal import Decimal
 from typing import TYPE_CHECKING, Any, cast
 
 import dagster as dg
@@ -40,34 +40,16 @@ from fieldsales_dagster.names import ResourceKey
 from fieldsales_dagster.settings import PROJECT_SCHEMAS
 from fieldsales_dagster.warehouse.lake import run_transaction
 from fieldsales_dagster.warehouse.quoting import qualified, quote_ident
-from fieldsales_dagster.warehouse.warehouse import (
-    FieldSalesWarehouse,
-    table_exists,
-)
+from fieldsales_dagster.warehouse.warehouse import FieldSalesWarehouse, table_exists
 
 if TYPE_CHECKING:
     import pandas as pd
 
 
-class FrameNotStorableError(ValueError):
-    """A DataFrame holds something DuckDB would not store as it is."""
-
-
 #: A UTF-16 surrogate code point: a string cut in the middle of a pair, which UTF-8 cannot hold.
 _SURROGATE = re.compile("[\ud800-\udfff]")
 #: Kinds of values an object column may hold, one kind per column (``None``/NaN/NaT aside).
-_KINDS: tuple[tuple[type, str], ...] = (
-    (bool, "bool"),
-    (int, "int"),
-    (float, "float"),
-    (decimal.Decimal, "Decimal"),
-    (str, "str"),
-    (bytes, "bytes"),
-    (dt.datetime, "datetime"),
-    (dt.date, "date"),
-    (dt.time, "time"),
-    (dt.timedelta, "timedelta"),
-)
+_KINDS = (bool, int, float, Decimal, str, bytes, dt.datetime, dt.date, dt.time, dt.timedelta)
 
 
 #: The name the frame being stored has in the connection while it is stored.
@@ -75,18 +57,14 @@ _FRAME = "_fieldsales_frame"
 
 
 def _kind(value: object) -> str:
-    if hasattr(value, "item") and type(value).__module__ == "numpy":  # its Python value's kind
-        value = value.item()
-    for kind, name in _KINDS:
-        if isinstance(value, kind):
-            if name == "datetime":  # naive and zoned times are different things
-                return "datetime" if cast(dt.datetime, value).tzinfo is None else "zoned datetime"
-            return name
-    return type(value).__name__
+    if isinstance(value, dt.datetime) and value.tzinfo is not None:  # naive ones are another
+        return "zoned datetime"
+    return next((kind for kind in _KINDS if isinstance(value, kind)), type(value)).__name__
 
 
-def _refuse(table: str, column: object, why: str, what_to_do: str) -> FrameNotStorableError:
-    return FrameNotStorableError(
+def _refuse(table: str, column: object, why: str, what_to_do: str) -> dg.Failure:
+    """The failure of a DataFrame holding something DuckDB would not store as it is."""
+    return dg.Failure(
         f"fieldsales_io_manager cannot store this DataFrame in {table} as it is: column "
         f"{column!r} {why}. {what_to_do}. Nothing was written; {table} is as it was."
     )
@@ -113,14 +91,13 @@ def _columns_stored(frame: pd.DataFrame, table: str) -> pd.DataFrame:
         frame = frame.reset_index(names=names)
     if len(frame.columns) == 0:
         raise _refuse(table, "", "is missing: the frame has no columns", "Return one")
-    seen: dict[str, int] = {}
+    lowered = [str(column).lower() for column in frame.columns]
     for position, column in enumerate(frame.columns):
         if _SURROGATE.search(str(column)):  # DuckDB would fail naming no column
             why = "has a lone surrogate (half of a UTF-16 pair) in its name"
             raise _refuse(table, column, why, "Rename it")
-        other = frame.columns[seen.setdefault(str(column).lower(), position)]
-        if seen[str(column).lower()] != position:
-            why = f"has the name of column {other!r} (DuckDB ignores case)"
+        if (first := lowered.index(lowered[position])) != position:
+            why = f"has the name of column {frame.columns[first]!r} (DuckDB ignores case)"
             raise _refuse(table, column, why, "Rename one of them")
     if not all(isinstance(column, str) for column in frame.columns):
         frame = frame.set_axis([str(column) for column in frame.columns], axis="columns")
@@ -138,12 +115,11 @@ def _values_stored(frame: pd.DataFrame, table: str) -> tuple[pd.DataFrame, dict[
     for position, column in enumerate(frame.columns):
         values = frame.iloc[:, position]
         if values.dtype == object:
-            present = values[values.notna()]
-            if any(isinstance(value, np.generic) for value in present):  # DuckDB makes them text
+            if any(isinstance(value, np.generic) for value in values):  # DuckDB makes them text
                 values = values.map(lambda v: v.item() if isinstance(v, np.generic) else v)
                 frame = frame.assign(**{column: values})
-            kinds = sorted({_kind(value) for value in present})
-            if len(kinds) > 1 or (kinds and kinds[0] not in {name for _, name in _KINDS}):
+            kinds = sorted({_kind(value) for value in values[values.notna()]})
+            if len(kinds) > 1 or (kinds and kinds[0] not in {kind.__name__ for kind in _KINDS}):
                 why = f"holds values of {len(kinds)} kinds ({', '.join(kinds)})"
                 raise _refuse(table, column, why, "Convert it to one type (json.dumps for dicts)")
             if not kinds:  # no value to tell the type: text, as an empty object column is
@@ -213,23 +189,18 @@ def _partition_where(
             f"fieldsales_io_manager: partitioned {asset} has no 'partition_expr' metadata. Name "
             'its partition column, e.g. metadata={"partition_expr": "sale_date"}.'
         )
-    definition = context.asset_partitions_def
-    keys = context.asset_partition_keys
+    definition, keys = context.asset_partitions_def, context.asset_partition_keys
     dimensions: list[tuple[str, dg.PartitionsDefinition | None, list[str]]] = []
     if isinstance(definition, dg.MultiPartitionsDefinition):
-        if not isinstance(expr, Mapping):
+        names = [dimension.name for dimension in definition.partitions_defs]
+        if not isinstance(expr, Mapping) or not all(name in expr for name in names):
             raise dg.Failure(
                 f"fieldsales_io_manager: {asset}'s 'partition_expr' metadata must map each "
-                'partition dimension to its column, e.g. {"date": "sale_date"}.'
+                f'partition dimension ({", ".join(names)}) to its column, e.g. {{"date": "day"}}.'
             )
         for dimension in definition.partitions_defs:
-            if dimension.name not in expr:
-                raise dg.Failure(
-                    f"fieldsales_io_manager: {asset}'s 'partition_expr' metadata names no column "
-                    f"for dimension {dimension.name!r}. Add it."
-                )
             values = {
-                cast("dg.MultiPartitionKey", key).keys_by_dimension[dimension.name] for key in keys
+                cast("dg.MultiPartitionKey", k).keys_by_dimension[dimension.name] for k in keys
             }
             dimensions.append((str(expr[dimension.name]), dimension.partitions_def, sorted(values)))
     else:
@@ -296,16 +267,13 @@ class FieldSalesIOManager(dg.IOManager):
                 f"{table_slice.schema} belongs to the project. Use a schema of your own "
                 f"(metadata={{'schema': ...}}; default {self._schema})."
             )
-        try:
-            frame, held = _values_stored(_columns_stored(obj, table), table)
-        except FrameNotStorableError as exc:
-            raise dg.Failure(str(exc)) from None
+        frame, held = _values_stored(_columns_stored(obj, table), table)
         with self._warehouse.get_connection() as conn:
             conn.register(_FRAME, frame)
             try:
                 # One transaction, so one snapshot: a store that fails leaves the table as it was.
                 metadata = run_transaction(
-                    conn, table, lambda: self._store(context, conn, table_slice, held, len(frame))
+                    conn, table, lambda: self._store(conn, table_slice, held, len(frame))
                 )
             finally:
                 conn.unregister(_FRAME)
@@ -313,7 +281,6 @@ class FieldSalesIOManager(dg.IOManager):
 
     def _store(
         self,
-        context: dg.OutputContext,
         conn: duckdb.DuckDBPyConnection,
         table_slice: TableSlice,
         held: dict[str, str],
@@ -376,11 +343,8 @@ def build_io_manager(warehouse_key: str, schema: str) -> dg.IOManagerDefinition:
 
     @dg.io_manager(
         required_resource_keys={warehouse.key},
-        description=(
-            f"Pandas DataFrames in the Field-Sales warehouse ({warehouse_key}): inputs from the "
-            f"project's tables (raw.*, core.*, mart.*), outputs to {schema}.<asset name>, "
-            "in the lake."
-        ),
+        description=f"Pandas DataFrames in the Field-Sales warehouse ({warehouse_key}): inputs "
+        f"from the project's tables (raw.*, core.*, mart.*), outputs to {schema}.<asset name>.",
     )
     def _fieldsales_io_manager(context: dg.InitResourceContext) -> FieldSalesIOManager:
         return FieldSalesIOManager(warehouse.of(context), schema)
