@@ -14,11 +14,16 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-import dagster as dg
 import duckdb
 
 from fieldsales_dagster.assets.columns import PACKAGE_SQL
-from fieldsales_dagster.assets.follow import WHOLE_ABOVE, failing_as, rows_missing, same_row
+from fieldsales_dagster.assets.follow import (
+    WHOLE_ABOVE,
+    failing_as,
+    fingerprint,
+    rows_missing,
+    same_row,
+)
 from fieldsales_dagster.pause import pause_at
 from fieldsales_dagster.warehouse.lake import drop_table, run_transaction
 from fieldsales_dagster.warehouse.quoting import qualified, quote_ident, sql_literal
@@ -86,21 +91,6 @@ def decoded_query(decoded: Decoded) -> str:
     return (PACKAGE_SQL / f"{decoded.table.replace('.', '_')}.sql").read_text("utf-8")
 
 
-def _fingerprint(conn: duckdb.DuckDBPyConnection, table: str) -> tuple | None:
-    """Row count, latest load and a hash of every (id, loaded_at); ``None`` without the table.
-
-    Every load stamps the rows it writes with its own ``loaded_at``, so a decode holds exactly the
-    rows (ids and loads) its raw table holds when the two fingerprints are equal, and a raw table
-    refreshed since differs in its count, its latest load or the hash.
-    """
-    try:  # one query: a missing table has no fingerprint
-        return conn.execute(
-            f"SELECT count(*), max(loaded_at), bit_xor(hash(id, loaded_at)) FROM {qualified(table)}"
-        ).fetchone()
-    except duckdb.CatalogException:
-        return None
-
-
 @dataclass(frozen=True)
 class DecodeRefresh:
     """What ``refresh_decoded`` did: ``mode`` (current, incremental or full), rows parsed."""
@@ -113,16 +103,10 @@ def decode_metadata(refreshed: Sequence[tuple[Decoded, DecodeRefresh]]) -> dict[
     """What bringing a table's decoded tables up to date did (nothing when it reads none)."""
     if not refreshed:
         return {}
+    done = [f"{d.table}: {r.mode} ({r.parsed:,} payloads parsed)" for d, r in refreshed]
     return {
-        "fieldsales/decode": dg.MetadataValue.text(
-            "; ".join(
-                f"{decoded.table}: {done.mode} ({done.parsed:,} payloads parsed)"
-                for decoded, done in refreshed
-            )
-        ),
-        "fieldsales/decode_payloads_parsed": dg.MetadataValue.int(
-            sum(done.parsed for _, done in refreshed)
-        ),
+        "fieldsales/decode": "; ".join(done),
+        "fieldsales/decode_payloads_parsed": sum(r.parsed for _, r in refreshed),
     }
 
 
@@ -147,10 +131,10 @@ def share_decoded(
     Parsed once per run: the first step builds it whole (``"full"``) in the process's DuckDB
     instance (``FieldSalesWarehouse.shared_table``: memory, spilled to the local temp_directory),
     the run's other steps read it (``"current"``) while its raw table holds the same rows
-    (``_fingerprint``); the run's end drops it (``drop_shared``). Outside a transaction: the
+    (``fingerprint``); the run's end drops it (``drop_shared``). Outside a transaction: the
     lake's transaction may write one database only.
     """
-    source = _fingerprint(conn, decoded.source)
+    source = fingerprint(conn, decoded.source)
     if source is not None and warehouse.shared_source(decoded.table) == source:
         return DecodeRefresh("current", 0)
     shared = warehouse.shared_table(decoded.table)
@@ -183,10 +167,10 @@ def refresh_decoded(conn: duckdb.DuckDBPyConnection, decoded: Decoded) -> Decode
     the source to parse (after a full raw load, every row). Either way the result holds exactly
     what a full decode of the source would hold.
     """
-    found = _fingerprint(conn, decoded.table)
+    found = fingerprint(conn, decoded.table)
     if found is None or _layout_changed(conn, decoded):
         return build_decoded(conn, decoded)
-    raw = _fingerprint(conn, decoded.source)
+    raw = fingerprint(conn, decoded.source)
     assert raw is not None, f"{decoded.table} exists without its source {decoded.source}"
     if found == raw:
         return DecodeRefresh("current", 0)
@@ -287,18 +271,16 @@ def build_table(
     see the new table without it. If either fails, ``target`` keeps its previous contents; the
     error names the table.
     """
-    schema, _, name = target.partition(".")
     staged = staging_table(target)
-    conn.execute(f"CREATE SCHEMA IF NOT EXISTS {quote_ident(schema)}")
-    try:
-        create_macros(conn, query)
-        conn.execute(f"CREATE OR REPLACE TABLE {qualified(staged)} AS\n{query}", params or {})
-        if before_swap is not None:
-            before_swap(staged)
-        pause_at("core")
-    except duckdb.Error as exc:
-        drop_table(conn, qualified(staged))
-        raise RuntimeError(
-            f"Building {target} failed; the previous {target} is left as it was. DuckDB: {exc}"
-        ) from exc
+    conn.execute(f"CREATE SCHEMA IF NOT EXISTS {quote_ident(target.partition('.')[0])}")
+    with failing_as(target):
+        try:
+            create_macros(conn, query)
+            conn.execute(f"CREATE OR REPLACE TABLE {qualified(staged)} AS\n{query}", params or {})
+            if before_swap is not None:
+                before_swap(staged)
+            pause_at("core")
+        except duckdb.Error:
+            drop_table(conn, qualified(staged))
+            raise
     replace_table(conn, staged, target)

@@ -27,7 +27,6 @@ from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from typing import Any
 
-import dagster as dg
 import duckdb
 import msgspec
 
@@ -46,6 +45,21 @@ WHOLE_ABOVE = 0.2
 def same_row(a: str, b: str) -> str:
     """SQL: rows ``a`` and ``b`` are the same load of the same item (``id``, ``loaded_at``)."""
     return f"{a}.id = {b}.id AND {a}.loaded_at IS NOT DISTINCT FROM {b}.loaded_at"
+
+
+def fingerprint(
+    conn: duckdb.DuckDBPyConnection, table: str, columns: str = "id, loaded_at"
+) -> tuple | None:
+    """Row count and a hash of every row's ``columns``; ``None`` without the table.
+
+    Every load stamps the rows it writes with its own ``loaded_at``, so a decode holds exactly the
+    rows (ids and loads) its raw table holds when their fingerprints are equal, and a raw table
+    refreshed since differs in its count or the hash.
+    """
+    try:  # one query: a missing table has no fingerprint
+        return one_row(conn, f"SELECT count(*), bit_xor(hash({columns})) FROM {qualified(table)}")
+    except duckdb.CatalogException:
+        return None
 
 
 @contextmanager
@@ -114,11 +128,6 @@ class Follows(msgspec.Struct, forbid_unknown_fields=True, frozen=True):
     resolved_against: dict[str, str] = msgspec.field(default_factory=dict)
 
 
-def _built(mode: str, why: str) -> dict[str, Any]:
-    """A following table's build (``"incremental"`` or ``"full"``), for its metadata."""
-    return {"fieldsales/build": dg.MetadataValue.text(f"{mode}: {why}")}
-
-
 def define_decoded_rows(conn: duckdb.DuckDBPyConnection, follows: Follows, rows: str = "") -> None:
     """``decoded_rows()``: all of the decoded table, or the rows ``rows`` selects."""
     rows = rows or f"SELECT * FROM {qualified(follows.decoded)}"
@@ -141,7 +150,11 @@ def build_following(
     ``params`` are its parameters, ``macros`` the text of the shared macros it calls (a change
     there changes the rows too, so it is fingerprinted with the query).
     """
-    _ensure_state_table(conn)
+    conn.execute("CREATE SCHEMA IF NOT EXISTS meta")
+    conn.execute(
+        f"CREATE TABLE IF NOT EXISTS {STATE_TABLE} (table_name VARCHAR, "
+        "query_fingerprint VARCHAR, inputs_fingerprint VARCHAR)"
+    )
     query_fp = hashlib.sha256(f"{query}\n{macros}".encode()).hexdigest()
     inputs_fp = _content_fingerprint(conn, follows.resolved_against)
     why = _why_whole(conn, table, follows, query_fp, inputs_fp, params)
@@ -162,7 +175,7 @@ def build_following(
         _write_state(conn, table, query_fp, inputs_fp)
 
     run_transaction(conn, follows.inputs, record)
-    return _built("full", why)
+    return {"fieldsales/build": f"full: {why}"}
 
 
 def _why_whole(
@@ -248,28 +261,15 @@ def _incremental(
     )
     if follows.from_decoded != "true":
         why += " and rebuilt the rows that come from elsewhere"
-    return _built("incremental", why)
+    return {"fieldsales/build": f"incremental: {why}"}
 
 
 def _content_fingerprint(conn: duckdb.DuckDBPyConnection, tables: dict[str, str]) -> str:
-    parts = []
-    for table, columns in tables.items():
-        if not table_exists(conn, table):
-            parts.append(f"{table}: missing")
-            continue
-        count, digest = one_row(
-            conn, f"SELECT count(*), bit_xor(hash({columns})) FROM {qualified(table)}"
-        )
-        parts.append(f"{table} ({columns}): {count} {digest}")
+    parts = [
+        f"{table} ({columns}): {fingerprint(conn, table, columns) or 'missing'}"
+        for table, columns in tables.items()
+    ]
     return hashlib.sha256("\n".join(parts).encode()).hexdigest()
-
-
-def _ensure_state_table(conn: duckdb.DuckDBPyConnection) -> None:
-    conn.execute("CREATE SCHEMA IF NOT EXISTS meta")
-    conn.execute(
-        f"CREATE TABLE IF NOT EXISTS {STATE_TABLE} (table_name VARCHAR, "
-        "query_fingerprint VARCHAR, inputs_fingerprint VARCHAR)"
-    )
 
 
 def _write_state(
