@@ -47,18 +47,13 @@ class RawRefreshConfig(dg.Config):
 
     refresh_mode: str | None = Field(
         default=None,
-        description=(
-            "auto | full | incremental for this run (raw_transactions; events and event groups "
-            "are always fetched whole). Empty: the warehouse's refresh_mode."
-        ),
+        description="auto | full | incremental for this run (raw_transactions; the other lists "
+        "are always fetched whole). Empty: the warehouse's refresh_mode.",
     )
-
     allow_shrink: bool = Field(
         default=False,
-        description=(
-            "Let this run replace a raw table with one that is empty or more than "
-            "max_shrink_fraction smaller (a tenant whose data was really deleted)."
-        ),
+        description="Let this run replace a raw table with one that is empty or more than "
+        "max_shrink_fraction smaller (a tenant whose data was really deleted).",
     )
 
     @field_validator("refresh_mode", mode="before")
@@ -72,11 +67,8 @@ class TransactionsRefreshConfig(RawRefreshConfig):
 
     resync: ResyncConfig | None = Field(
         default=None,
-        description=(
-            "Re-sync on demand instead of a refresh: re-fetch the transactions of the events "
-            "named by event_ids, or of those whose status changed between changed_from and "
-            "changed_to, merged as an incremental refresh merges (docs/refresh.md)."
-        ),
+        description="Instead of a refresh, re-fetch the transactions of the events event_ids "
+        "names, or whose status changed between changed_from and changed_to (docs/refresh.md).",
     )
 
     @model_validator(mode="after")
@@ -116,21 +108,14 @@ def record_load_run(
         return
     conn.execute("CREATE SCHEMA IF NOT EXISTS meta")
     conn.execute(
-        f"CREATE TABLE IF NOT EXISTS {qualified(LOAD_RUNS)} (table_name VARCHAR, "
-        "loaded_at TIMESTAMP, run_id VARCHAR, asset_key VARCHAR, recorded_at TIMESTAMP)"
+        f"CREATE TABLE IF NOT EXISTS {LOAD_RUNS} (table_name VARCHAR, loaded_at TIMESTAMP, "
+        "run_id VARCHAR, asset_key VARCHAR, recorded_at TIMESTAMP)"
     )
     # A load that wrote no row (nothing changed) leaves the newest stamp to its earlier run.
     conn.execute(
-        f"INSERT INTO {qualified(LOAD_RUNS)} SELECT $table, $loaded_at, $run_id, $asset_key, "
-        f"$now WHERE NOT EXISTS (SELECT 1 FROM {qualified(LOAD_RUNS)} "
-        "WHERE table_name = $table AND loaded_at = $loaded_at)",
-        {
-            "table": table,
-            "loaded_at": loaded_at,
-            "run_id": run_id,
-            "asset_key": asset_key,
-            "now": datetime.now(UTC).replace(tzinfo=None),
-        },
+        f"INSERT INTO {LOAD_RUNS} SELECT $1, $2, $3, $4, $5 WHERE NOT EXISTS "
+        f"(SELECT 1 FROM {LOAD_RUNS} WHERE table_name = $1 AND loaded_at = $2)",
+        [table, loaded_at, run_id, asset_key, datetime.now(UTC).replace(tzinfo=None)],
     )
 
 
@@ -173,91 +158,9 @@ def row_count_check(rows: int, previous: int | None, tolerance: float) -> dg.Ass
     )
 
 
-def _raw_spec(
-    names: InstanceNames,
-    endpoint: ListEndpoint,
-    owners: list[str],
-    io_manager_key: str | None,
-) -> dict[str, Any]:
-    """The ``dg.asset`` arguments of the raw asset of ``endpoint``."""
-    key = names.asset_key(raw_asset_name(endpoint))
-    return dict(
-        key=key,
-        io_manager_key=io_manager_key,
-        group_name=names.group("raw"),
-        kinds={STORAGE_KIND},
-        pool=names.pool_for(raw_asset_name(endpoint)),
-        owners=owners,
-        description=(
-            f"Every {endpoint.name.replace('_', ' ')} item (GET {endpoint.path}) as received: "
-            f"{endpoint.raw_table}(id, payload, loaded_at"
-            f"{''.join(', ' + column for column, _ in endpoint.extra_columns)})."
-        ),
-        metadata={"endpoint": endpoint.path, "table": endpoint.raw_table},
-        required_resource_keys={names.api.key, names.warehouse.key},
-        # An incremental transaction refresh compares the event list just loaded with the last.
-        deps=[names.asset_key(raw_asset_name(EVENTS))] if endpoint is TRANSACTIONS else None,
-        check_specs=[
-            dg.AssetCheckSpec(
-                ROW_COUNT_CHECK,
-                asset=key,
-                description=(
-                    "The row count moved by at most "
-                    f"{ROW_COUNT_TOLERANCE:.0%} against the previous load (a server answering "
-                    "short lists, or a tenant's data wiped, shows here)."
-                ),
-            )
-        ],
-    )
-
-
-def _refresh(
-    names: InstanceNames,
-    endpoint: ListEndpoint,
-    context: dg.AssetExecutionContext,
-    config: RawRefreshConfig,
-    conn: duckdb.DuckDBPyConnection,
-    redacted: list[int],
-) -> RefreshReport:
-    """One load of the raw table (a refresh, or a re-sync), recorded in its commit."""
-    api, warehouse = names.api.of(context), names.warehouse.of(context)
-    resync = config.resync if isinstance(config, TransactionsRefreshConfig) else None
-    name = raw_asset_name(endpoint)
-    redacted.clear()  # a lake's write that lost a conflict runs again
-    # Two instances can run in one code location: every line names whose lake it writes.
-    tenant = f"[{names.tenant}: {warehouse.lake.catalog}] "
-
-    def log(message: str) -> None:
-        context.log.info(tenant + message)
-
-    def before_swap(staged: str) -> None:
-        redacted.append(prepare_raw_table(conn, staged, name, warehouse))
-
-    if resync is not None:
-        report = resync_transactions(
-            api,
-            conn,
-            resync.request(datetime.now(UTC)),
-            log=log,
-            before_swap=before_swap,
-            run_id=context.run_id,
-        )
-    else:
-        report = refresh_raw_list(
-            api,
-            conn,
-            endpoint,
-            RefreshPolicy.of(warehouse, config.refresh_mode),
-            log=log,
-            warn=lambda message: context.log.warning(tenant + message),
-            shrink=ShrinkGuard(warehouse.max_shrink_fraction, config.allow_shrink),
-            before_swap=before_swap,
-            run_id=context.run_id,
-        )
-    # In the load's commit: each row's loaded_at leads to this run.
-    key = names.asset_key(name).to_user_string()
-    record_load_run(conn, endpoint.raw_table, context.run_id, key)
-    return report
+def raw_columns(endpoint: ListEndpoint) -> tuple[str, ...]:
+    """The columns of ``endpoint``'s raw table."""
+    return ("id", "payload", "loaded_at", *(column for column, _ in endpoint.extra_columns))
 
 
 def _materialize(
@@ -266,34 +169,63 @@ def _materialize(
     context: dg.AssetExecutionContext,
     config: RawRefreshConfig,
 ) -> dg.MaterializeResult:
-    warehouse = names.warehouse.of(context)
+    api, warehouse = names.api.of(context), names.warehouse.of(context)
+    name, table = raw_asset_name(endpoint), endpoint.raw_table
+    # Two instances can run in one code location: every line names whose lake it writes.
+    tenant = f"[{names.tenant}: {warehouse.lake.catalog}] "
     redacted: list[int] = []
     with warehouse.get_connection() as conn:
-        refresh = warehouse.one_commit(
-            conn,
-            endpoint.raw_table,
-            lambda: _refresh(names, endpoint, context, config, conn, redacted),
-        )
-        doc = table_doc(raw_asset_name(endpoint))
-        schema = column_schema(conn, endpoint.raw_table, doc, warehouse.pii)
-        metadata = table_metadata(
-            conn, warehouse.name, endpoint.raw_table, schema=schema, preview=False
-        )
+
+        def before_swap(staged: str) -> None:
+            redacted.append(prepare_raw_table(conn, staged, name, warehouse))
+
+        def refresh() -> RefreshReport:
+            """One load of the raw table (a refresh, or a re-sync), recorded in its commit."""
+            redacted.clear()  # a lake's write that lost a conflict runs again
+            resync = config.resync if isinstance(config, TransactionsRefreshConfig) else None
+            if resync is not None:
+                report = resync_transactions(
+                    api,
+                    conn,
+                    resync.request(datetime.now(UTC)),
+                    log=lambda message: context.log.info(tenant + message),
+                    before_swap=before_swap,
+                    run_id=context.run_id,
+                )
+            else:
+                report = refresh_raw_list(
+                    api,
+                    conn,
+                    endpoint,
+                    RefreshPolicy.of(warehouse, config.refresh_mode),
+                    log=lambda message: context.log.info(tenant + message),
+                    warn=lambda message: context.log.warning(tenant + message),
+                    shrink=ShrinkGuard(warehouse.max_shrink_fraction, config.allow_shrink),
+                    before_swap=before_swap,
+                    run_id=context.run_id,
+                )
+            # In the load's commit: each row's loaded_at leads to this run.
+            record_load_run(conn, table, context.run_id, names.asset_key(name).to_user_string())
+            return report
+
+        report = warehouse.one_commit(conn, table, refresh)
+        schema = column_schema(conn, table, table_doc(name), warehouse.pii)
+        metadata = table_metadata(conn, warehouse.name, table, schema=schema, preview=False)
     return dg.MaterializeResult(
         metadata={
             **metadata,
-            **storage_metadata(warehouse, endpoint.raw_table),
-            **_load_metadata(refresh.load),
-            **refresh.metadata(),
+            **storage_metadata(warehouse, table),
+            **_load_metadata(report.load),
+            **report.metadata(),
             **(
                 {"api_total": "not asked: a re-sync checks each event's list, not the total"}
-                if refresh.mode == "resync"
+                if report.mode == "resync"
                 else {}
             ),
             "pii_redacted_rows": sum(redacted) if warehouse.redact_pii_in_raw else "not asked",
         },
         check_results=[
-            row_count_check(refresh.load.rows, previous_row_count(context), ROW_COUNT_TOLERANCE)
+            row_count_check(report.load.rows, previous_row_count(context), ROW_COUNT_TOLERANCE)
         ],
     )
 
@@ -306,7 +238,29 @@ def build_raw_asset(
 ) -> dg.AssetsDefinition:
     """``io_manager_key``: what loads the table as a downstream asset's input (the component's
     ``fieldsales_io_manager``); the asset itself stores nothing through it."""
-    spec = _raw_spec(names, endpoint, owners, io_manager_key)
+    key = names.asset_key(raw_asset_name(endpoint))
+    spec: dict[str, Any] = dict(
+        key=key,
+        io_manager_key=io_manager_key,
+        group_name=names.group("raw"),
+        kinds={STORAGE_KIND},
+        pool=names.pool_for(raw_asset_name(endpoint)),
+        owners=owners,
+        description=f"Every {endpoint.name.replace('_', ' ')} item (GET {endpoint.path}) as "
+        f"received: {endpoint.raw_table}({', '.join(raw_columns(endpoint))}).",
+        metadata={"endpoint": endpoint.path, "table": endpoint.raw_table},
+        required_resource_keys={names.api.key, names.warehouse.key},
+        # An incremental transaction refresh compares the event list just loaded with the last.
+        deps=[names.asset_key(raw_asset_name(EVENTS))] if endpoint is TRANSACTIONS else None,
+        check_specs=[
+            dg.AssetCheckSpec(
+                ROW_COUNT_CHECK,
+                asset=key,
+                description=f"The row count moved by at most {ROW_COUNT_TOLERANCE:.0%} against "
+                "the previous load (short lists from a server, or a wiped tenant, show here).",
+            )
+        ],
+    )
     # Dagster reads a run config's type from the function's annotation: raw_transactions takes
     # the re-sync besides the raw assets' own config.
     if endpoint is TRANSACTIONS:

@@ -40,12 +40,15 @@ from fieldsales_dagster.assets.decode import (
 )
 from fieldsales_dagster.assets.follow import Follows
 from fieldsales_dagster.assets.lineage import QueryReadError, Reads, column_sources, reads_of
-from fieldsales_dagster.assets.raw import raw_asset_name
+from fieldsales_dagster.assets.raw import raw_asset_name, raw_columns
 from fieldsales_dagster.client.endpoints import LIST_ENDPOINTS
 from fieldsales_dagster.names import InstanceNames
 
 #: The schemas of the derived tables: ``sql/core_*.sql`` and ``sql/mart_*.sql``.
 DERIVED_SCHEMAS = ("core", "mart")
+#: Each decoded table by its name, and each raw table's asset.
+DECODED_BY_TABLE = {decoded.table: decoded for decoded in DECODED_TABLES}
+RAW_ASSETS = {endpoint.raw_table: raw_asset_name(endpoint) for endpoint in LIST_ENDPOINTS}
 
 
 class CheckEntry(msgspec.Struct, forbid_unknown_fields=True, frozen=True):
@@ -131,11 +134,10 @@ def read_table(folder: Path, asset_name: str) -> CoreTable:
     found = read_table_file(where, TableFile)
     columns = columns_of(found.columns)
     names = {column.name for column in columns}
-    decoded = [d.table for d in DECODED_TABLES]
-    if found.follows is not None and found.follows.decoded not in decoded:
+    if found.follows is not None and found.follows.decoded not in DECODED_BY_TABLE:
         raise TableFileError(
             f"{where}: follows.decoded is {found.follows.decoded!r}, which is no decoded table "
-            f"(they are {', '.join(decoded)}). Fix the file."
+            f"(they are {', '.join(DECODED_BY_TABLE)}). Fix the file."
         )
     for entry, listed in (("key", found.key), ("nullable_key", found.nullable_key)):
         if unknown := [name for name in listed if name not in names]:
@@ -162,23 +164,6 @@ def derived_tables(folder: Path = PACKAGE_SQL) -> tuple[CoreTable, ...]:
     """Every core and mart table of ``folder``: each ``core_*.sql`` and ``mart_*.sql`` with its
     YAML, each after the tables its query reads (in name order otherwise). A query without its
     YAML, or a YAML without its query, is refused."""
-    tables = _derived_tables(folder)
-    names = {table.asset_name for table in tables}
-    ordered: list[CoreTable] = []
-    while len(ordered) < len(tables):
-        done = {table.asset_name for table in ordered}
-        left = [table for table in tables if table.asset_name not in done]
-        ready = [t for t in left if all(dep in done for dep in t.deps if dep in names)]
-        if not ready:
-            raise QueryReadError(
-                f"The queries {', '.join(f'sql/{t.query_file}' for t in left)} read each other in "
-                "a cycle: no order builds them. Fix a query's FROM or JOIN."
-            )
-        ordered += ready
-    return tuple(ordered)
-
-
-def _derived_tables(folder: Path) -> tuple[CoreTable, ...]:
     files = {path.name for path in folder.iterdir()}
     stems = {
         name.rpartition(".")[0]
@@ -193,7 +178,19 @@ def _derived_tables(folder: Path) -> tuple[CoreTable, ...]:
                     f"{folder / beside} has no {missing} beside it: a table is its query and its "
                     "YAML. Add the file."
                 )
-    return tuple(read_table(folder, stem) for stem in sorted(stems))
+    tables = [read_table(folder, stem) for stem in sorted(stems)]
+    ordered: list[CoreTable] = []
+    while len(ordered) < len(tables):
+        done = {table.asset_name for table in ordered}
+        left = [table for table in tables if table.asset_name not in done]
+        ready = [t for t in left if all(dep in done for dep in t.deps if dep in stems)]
+        if not ready:
+            raise QueryReadError(
+                f"The queries {', '.join(f'sql/{t.query_file}' for t in left)} read each other in "
+                "a cycle: no order builds them. Fix a query's FROM or JOIN."
+            )
+        ordered += ready
+    return tuple(ordered)
 
 
 def core_query(table: CoreTable) -> str:
@@ -224,9 +221,7 @@ def upstream_of(table: CoreTable) -> tuple[tuple[str, ...], tuple[Decoded, ...]]
     """
     where = f"sql/{table.query_file}"
     reads = query_reads(core_query(table), where)
-    decoded_by_table = {decoded.table: decoded for decoded in DECODED_TABLES}
-    raw_assets = {endpoint.raw_table: raw_asset_name(endpoint) for endpoint in LIST_ENDPOINTS}
-    read_decoded = {name for name in reads.tables if name in decoded_by_table}
+    read_decoded = {name for name in reads.tables if name in DECODED_BY_TABLE}
     if "decoded_rows" in reads.table_functions:
         if table.follows is None:
             raise QueryReadError(
@@ -244,12 +239,12 @@ def upstream_of(table: CoreTable) -> tuple[tuple[str, ...], tuple[Decoded, ...]]
                 "project's tables only."
             )
         if schema == "raw":
-            if name not in raw_assets:
+            if name not in RAW_ASSETS:
                 raise QueryReadError(
                     f"{where} reads {name}, which no raw asset loads (they load "
-                    f"{', '.join(sorted(raw_assets))}). Fix the table name."
+                    f"{', '.join(sorted(RAW_ASSETS))}). Fix the table name."
                 )
-            deps.add(raw_assets[name])
+            deps.add(RAW_ASSETS[name])
         elif schema in ("core", "mart"):
             asset = name.replace(".", "_")
             if not (table.folder / f"{asset}.sql").is_file():
@@ -259,7 +254,7 @@ def upstream_of(table: CoreTable) -> tuple[tuple[str, ...], tuple[Decoded, ...]]
                 )
             deps.add(asset)
     decoded = tuple(d for d in DECODED_TABLES if d.table in read_decoded)
-    deps.update(raw_assets[d.source] for d in decoded)
+    deps.update(RAW_ASSETS[d.source] for d in decoded)
     return tuple(sorted(deps)), decoded
 
 
@@ -274,8 +269,7 @@ def _columns_of(asset: str, folder: Path) -> tuple[str, ...]:
     """The columns of the table asset ``asset`` writes (a raw table's, or a query's)."""
     for endpoint in LIST_ENDPOINTS:
         if raw_asset_name(endpoint) == asset:
-            extra = tuple(column for column, _ in endpoint.extra_columns)
-            return ("id", "payload", "loaded_at", *extra)
+            return raw_columns(endpoint)
     (table,) = (t for t in derived_tables(folder) if t.asset_name == asset)
     return tuple(column.name for column in table.doc.columns)
 
@@ -285,27 +279,21 @@ def column_lineage(names: InstanceNames, table: CoreTable) -> dg.TableColumnLine
     assets behind them: a decoded ``meta.*`` or ``temp.*`` table's columns come from its raw
     table's ``payload`` (its ``id`` and ``loaded_at`` from theirs); macros' constant lists are
     no asset."""
-    decoded_by_table: dict[str, Decoded] = {decoded.table: decoded for decoded in DECODED_TABLES}
+    decoded_by_table = dict(DECODED_BY_TABLE)
     if table.follows is not None:
-        decoded_by_table["decoded_rows"] = decoded_by_table[table.follows.decoded]
-    raw_assets = {endpoint.raw_table: raw_asset_name(endpoint) for endpoint in LIST_ENDPOINTS}
-    known = tuple(
-        (f"{dep.partition('_')[0]}.{dep.partition('_')[2]}", _columns_of(dep, table.folder))
-        for dep in table.deps
-    )
-    sources = column_sources(
-        core_query(table), tuple(column.name for column in table.doc.columns), known
-    )
+        decoded_by_table["decoded_rows"] = DECODED_BY_TABLE[table.follows.decoded]
+    known = tuple((dep.replace("_", ".", 1), _columns_of(dep, table.folder)) for dep in table.deps)
+    columns = tuple(column.name for column in table.doc.columns)
     deps: dict[str, list[dg.TableColumnDep]] = {}
-    for column, pairs in sources.items():
+    for column, pairs in column_sources(core_query(table), columns, known).items():
         found: set[tuple[str, str]] = set()
         for source, source_column in pairs:
             if source in decoded_by_table:
-                asset = raw_assets[decoded_by_table[source].source]
+                asset = RAW_ASSETS[decoded_by_table[source].source]
                 kept = source_column in ("id", "loaded_at")
                 found.add((asset, source_column if kept else "payload"))
-            elif source in raw_assets:
-                found.add((raw_assets[source], source_column))
+            elif source in RAW_ASSETS:
+                found.add((RAW_ASSETS[source], source_column))
             elif source.partition(".")[0] in ("core", "mart"):
                 found.add((source.replace(".", "_"), source_column))
         if found:
