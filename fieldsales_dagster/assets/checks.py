@@ -181,12 +181,9 @@ def build_schema_change_checks(
     ``build_column_schema_change_checks`` compares (the ``dagster/column_schema`` of the last two
     materializations), in one step named for what it checks: Dagster's step would be named
     ``asset_check_<hash>``, and the function is in beta."""
+    description = "The columns (names and types) are those of the previous materialization."
     specs = [
-        dg.AssetCheckSpec(
-            SCHEMA_CHECK,
-            asset=key,
-            description="The columns (names and types) are those of the previous materialization.",
-        )
+        dg.AssetCheckSpec(SCHEMA_CHECK, asset=key, description=description)
         for asset in assets
         for key in asset.keys
     ]
@@ -295,18 +292,16 @@ def ids_unique(conn: duckdb.DuckDBPyConnection, table: CoreTable) -> dg.AssetChe
     columns = ", ".join(quote_ident(c) for c in table.key)
     (rows,) = _fetch_one(conn, f"SELECT count(*) FROM {qualified(table.table)}")
     buckets = 1 + rows // SCREEN_BUCKET_ROWS
-    duplicated = with_null = 0
-    samples: list[tuple[int, str]] = []
+    found = []  # (duplicated rows, rows with a NULL key, sample) of each flagged bucket
     for bucket in range(buckets):
         # Literals, not $parameters: with parameters each bucket's scan ran 15x slower. One
         # bucket (under SCREEN_BUCKET_ROWS rows, most tables) needs no filter at all.
         in_bucket = f"hash({columns}) % {buckets} = {bucket}" if buckets > 1 else "true"
-        if _fetch_one(conn, f"SELECT count(*) FROM ({_flagged_sql(table, in_bucket)})") == (0,):
-            continue
-        bucket_duplicated, bucket_null, sample = _fetch_one(conn, _exact_sql(table, in_bucket))
-        duplicated, with_null = duplicated + bucket_duplicated, with_null + bucket_null
-        samples.extend(sample)
-    offending = [key for _, key in sorted(samples, key=lambda s: (-s[0], s[1]))]
+        if _fetch_one(conn, f"SELECT count(*) FROM ({_flagged_sql(table, in_bucket)})") != (0,):
+            found.append(_fetch_one(conn, _exact_sql(table, in_bucket)))
+    duplicated, with_null = sum(f[0] for f in found), sum(f[1] for f in found)
+    samples = sorted((sample for f in found for sample in f[2]), key=lambda s: (-s[0], s[1]))
+    offending = [key for _, key in samples]
     return dg.AssetCheckResult(
         passed=duplicated == 0 and with_null == 0,
         severity=dg.AssetCheckSeverity.ERROR,
