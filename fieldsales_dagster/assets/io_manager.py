@@ -27,7 +27,7 @@ from __future__ import annotations
 import datetime as dt
 import re
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from decimal import Decimal
 from typing import TYPE_CHECKING, Any, cast
 
@@ -83,11 +83,9 @@ def _columns_stored(frame: pd.DataFrame, table: str) -> pd.DataFrame:
         unnamed = ["index"] if index.nlevels == 1 else [f"level_{i}" for i in range(index.nlevels)]
         names = [name if name is not None else unnamed[i] for i, name in enumerate(index.names)]
         taken = {str(c).lower() for c in frame.columns}
-        for name in names:
-            if str(name).lower() in taken:
-                raise _refuse(
-                    table, name, "is both an index level and a column", "Rename or drop the level"
-                )
+        if clash := [name for name in names if str(name).lower() in taken]:
+            why = "is both an index level and a column"
+            raise _refuse(table, clash[0], why, "Rename or drop the level")
         frame = frame.reset_index(names=names)
     if len(frame.columns) == 0:
         raise _refuse(table, "", "is missing: the frame has no columns", "Return one")
@@ -139,14 +137,9 @@ def _values_stored(frame: pd.DataFrame, table: str) -> tuple[pd.DataFrame, dict[
 def check_stored(connection: duckdb.DuckDBPyConnection, table: str, held: dict[str, str]) -> None:
     """Fail if DuckDB stored an object column of non-text values as text (it does so for value
     types it does not know): the frame's values would come back as strings."""
-    schema, _, name = table.partition(".")
-    types = dict(
-        connection.execute(
-            "SELECT column_name, data_type FROM duckdb_columns() "
-            "WHERE schema_name = $schema AND table_name = $table",
-            {"schema": schema, "table": name},
-        ).fetchall()
-    )
+    types = {
+        row[0]: row[1] for row in connection.execute(f"DESCRIBE {qualified(table)}").fetchall()
+    }
     for column, kind in held.items():
         if kind != "str" and types.get(column) == "VARCHAR":
             why = f"holds {kind} values, which DuckDB would store as text"
@@ -156,32 +149,29 @@ def check_stored(connection: duckdb.DuckDBPyConnection, table: str, held: dict[s
 @dataclass(frozen=True)
 class TableSlice:
     """Where an asset's DataFrame lives: ``schema.table``, the columns an input selects, and the
-    SQL condition and parameters of the partitions a partitioned output or input covers
-    (``None``: the whole table)."""
+    `` WHERE`` clause of the partitions a partitioned output or input covers, and its parameters
+    (empty: the whole table)."""
 
     schema: str
     table: str
     columns: tuple[str, ...] | None = None
-    partitions: tuple[str, dict[str, Any]] | None = None
+    where: str = ""
+    params: dict[str, Any] = field(default_factory=dict)
 
     @property
     def name(self) -> str:
         return f"{self.schema}.{self.table}"
 
-    def where(self) -> tuple[str, dict[str, Any]]:
-        condition, params = self.partitions or ("", {})
-        return (f" WHERE {condition}" if condition else ""), params
-
 
 def _partition_where(
     context: dg.OutputContext | dg.InputContext, metadata: Mapping[str, Any]
-) -> tuple[str, dict[str, Any]] | None:
-    """The rows of the partitions ``context`` covers, as a SQL condition on the columns
+) -> tuple[str, dict[str, Any]]:
+    """The rows of the partitions ``context`` covers, as a `` WHERE`` clause on the columns
     ``partition_expr`` names (dagster-duckdb's convention: a string, or per dimension of a
     multi-partitioned asset a mapping of dimension name to expression) and its parameters;
-    ``None`` for an unpartitioned asset."""
+    empty for an unpartitioned asset."""
     if not context.has_asset_partitions:
-        return None
+        return "", {}
     asset = context.asset_key.to_user_string()
     expr = metadata.get("partition_expr")
     if expr is None:
@@ -219,7 +209,7 @@ def _partition_where(
         else:
             params[f"keys_{n}"] = in_dimension
             conditions.append(f"({column}) IN (SELECT unnest($keys_{n}))")
-    return " AND ".join(conditions), params
+    return " WHERE " + " AND ".join(conditions), params
 
 
 class FieldSalesIOManager(dg.IOManager):
@@ -243,12 +233,8 @@ class FieldSalesIOManager(dg.IOManager):
             schema = str(metadata.get("schema") or self._schema)
             table = context.asset_key.path[-1]
         columns = (context.definition_metadata or {}).get("columns")
-        return TableSlice(
-            schema=schema,
-            table=table,
-            columns=tuple(columns) if columns else None,
-            partitions=_partition_where(context, metadata),
-        )
+        where, params = _partition_where(context, metadata)
+        return TableSlice(schema, table, tuple(columns) if columns else None, where, params)
 
     def handle_output(self, context: dg.OutputContext, obj: object) -> None:
         import pandas as pd  # noqa: PLC0415
@@ -288,15 +274,14 @@ class FieldSalesIOManager(dg.IOManager):
     ) -> dict[str, Any]:
         table, target = table_slice.name, qualified(table_slice.name)
         conn.execute(f"CREATE SCHEMA IF NOT EXISTS {quote_ident(table_slice.schema)}")
-        if table_slice.partitions is not None and table_exists(conn, table):
+        if table_slice.where and table_exists(conn, table):
             # A partitioned output replaces its partitions' rows, as dagster-duckdb does.
-            where, params = table_slice.where()
-            conn.execute(f"DELETE FROM {target}{where}", params)
+            conn.execute(f"DELETE FROM {target}{table_slice.where}", table_slice.params)
             conn.execute(f"INSERT INTO {target} BY NAME SELECT * FROM {_FRAME}")
         else:  # an unpartitioned output replaces the whole table, even with other columns
             conn.execute(f"CREATE OR REPLACE TABLE {target} AS SELECT * FROM {_FRAME}")
         check_stored(conn, table, held)  # the transaction rolls the table back on failure
-        if table_slice.partitions is not None:
+        if table_slice.where:
             return {
                 "dagster/partition_row_count": rows,
                 "dagster/table_name": table_name(self._warehouse.name, table),
@@ -320,14 +305,13 @@ class FieldSalesIOManager(dg.IOManager):
         # An asset input always has an upstream output.
         upstream = cast("dg.OutputContext", context.upstream_output)
         table_slice = self._table_slice(context, upstream)
-        if table_slice.partitions is not None and not context.asset_partition_keys:
+        if table_slice.where and not context.asset_partition_keys:
             return pd.DataFrame()
         columns = ", ".join(map(quote_ident, table_slice.columns or ())) or "*"
-        where, params = table_slice.where()
-        query = f"SELECT {columns} FROM {qualified(table_slice.name)}{where}"
+        query = f"SELECT {columns} FROM {qualified(table_slice.name)}{table_slice.where}"
         with self._warehouse.get_connection() as conn:
             try:
-                return conn.execute(query, params).df()
+                return conn.execute(query, table_slice.params).df()
             except (duckdb.CatalogException, duckdb.BinderException) as exc:
                 raise dg.Failure(
                     f"fieldsales_io_manager could not load {table_slice.name} for input "
