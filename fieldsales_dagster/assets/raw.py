@@ -25,7 +25,7 @@ from fieldsales_dagster.loading.incremental import (
     RefreshReport,
     refresh_raw_list,
 )
-from fieldsales_dagster.loading.raw_load import LoadReport, ShrinkGuard
+from fieldsales_dagster.loading.raw_load import ShrinkGuard
 from fieldsales_dagster.loading.resync import resync_transactions
 from fieldsales_dagster.names import InstanceNames
 from fieldsales_dagster.settings import validate_refresh_mode
@@ -119,23 +119,6 @@ def record_load_run(
     )
 
 
-def _load_metadata(report: LoadReport) -> dict[str, Any]:
-    return {
-        "api_total": dg.MetadataValue.int(report.api_total)
-        if report.api_total is not None
-        else dg.MetadataValue.text("not reported by the server"),
-        "pages": report.pages,
-        "requests": report.requests,
-        "retries": report.retries,
-        "passes": report.passes,
-        "duplicates_dropped": report.duplicates_dropped,
-        "surrogates_replaced": report.surrogates_replaced,
-        "megabytes": round(report.bytes / 1e6, 1),
-        "seconds": round(report.seconds, 2),
-        "rows_per_second": round(report.rows_per_second),
-    }
-
-
 def row_count_check(rows: int, previous: int | None, tolerance: float) -> dg.AssetCheckResult:
     """Warn when a load's row count moved by more than ``tolerance`` against the previous load."""
     if previous is None:
@@ -211,21 +194,29 @@ def _materialize(
         report = warehouse.one_commit(conn, table, refresh)
         schema = column_schema(conn, table, table_doc(name), warehouse.pii)
         metadata = table_metadata(conn, warehouse.name, table, schema=schema, preview=False)
+    load = report.load
+    api_total = "not reported by the server" if load.api_total is None else load.api_total
+    if report.mode == "resync":
+        api_total = "not asked: a re-sync checks each event's list, not the total"
     return dg.MaterializeResult(
         metadata={
             **metadata,
             **storage_metadata(warehouse, table),
-            **_load_metadata(report.load),
+            "api_total": api_total,
+            "pages": load.pages,
+            "requests": load.requests,
+            "retries": load.retries,
+            "passes": load.passes,
+            "duplicates_dropped": load.duplicates_dropped,
+            "surrogates_replaced": load.surrogates_replaced,
+            "megabytes": round(load.bytes / 1e6, 1),
+            "seconds": round(load.seconds, 2),
+            "rows_per_second": round(load.rows_per_second),
             **report.metadata(),
-            **(
-                {"api_total": "not asked: a re-sync checks each event's list, not the total"}
-                if report.mode == "resync"
-                else {}
-            ),
             "pii_redacted_rows": sum(redacted) if warehouse.redact_pii_in_raw else "not asked",
         },
         check_results=[
-            row_count_check(report.load.rows, previous_row_count(context), ROW_COUNT_TOLERANCE)
+            row_count_check(load.rows, previous_row_count(context), ROW_COUNT_TOLERANCE)
         ],
     )
 
