@@ -28,11 +28,7 @@ from fieldsales_dagster.pause import pause_at
 from fieldsales_dagster.warehouse.lake import drop_table, run_transaction
 from fieldsales_dagster.warehouse.quoting import qualified, quote_ident, sql_literal
 from fieldsales_dagster.warehouse.rows import one_row
-from fieldsales_dagster.warehouse.warehouse import (
-    FieldSalesWarehouse,
-    replace_table,
-    staging_table,
-)
+from fieldsales_dagster.warehouse.warehouse import FieldSalesWarehouse, replace_table, staging_table
 
 
 @dataclass(frozen=True)
@@ -174,7 +170,6 @@ def refresh_decoded(conn: duckdb.DuckDBPyConnection, decoded: Decoded) -> Decode
     assert raw is not None, f"{decoded.table} exists without its source {decoded.source}"
     if found == raw:
         return DecodeRefresh("current", 0)
-    table, source = qualified(decoded.table), qualified(decoded.source)
     missing, rows = rows_missing(conn, decoded.source, decoded.table, "_fs_to_decode", slices=4)
     if missing > WHOLE_ABOVE * raw[0]:
         return build_decoded(conn, decoded)
@@ -184,10 +179,10 @@ def refresh_decoded(conn: duckdb.DuckDBPyConnection, decoded: Decoded) -> Decode
 
     def update() -> None:
         conn.execute(
-            f"DELETE FROM {table} AS d WHERE NOT EXISTS (SELECT 1 FROM {source} AS s WHERE "
-            f"{same_row('s', 'd')})"
+            f"DELETE FROM {qualified(decoded.table)} AS d WHERE NOT EXISTS "
+            f"(SELECT 1 FROM {qualified(decoded.source)} AS s WHERE {same_row('s', 'd')})"
         )
-        conn.execute(f"INSERT INTO {table} BY NAME\n{query}")
+        conn.execute(f"INSERT INTO {qualified(decoded.table)} BY NAME\n{query}")
 
     with failing_as(decoded.table, "Updating"):
         run_transaction(conn, decoded.table, update)

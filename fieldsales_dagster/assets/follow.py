@@ -102,12 +102,10 @@ def rows_missing(
     if undated:
         within = f"({within} OR s.loaded_at IS NULL)"
     rows = f"SELECT s.* FROM {qualified(source)} AS s SEMI JOIN {keys} AS k ON {same_row('s', 'k')}"
-    rows += f" WHERE {within}"
-    if slices == 1:
-        return count, rows
-    return count, "\nUNION ALL\n".join(
-        f"{rows} AND s.rowid % {slices} = {i}" for i in range(slices)
-    )
+    if slices > 1:
+        within += f" AND s.rowid % {slices} = "
+        return count, "\nUNION ALL\n".join(f"{rows} WHERE {within}{i}" for i in range(slices))
+    return count, f"{rows} WHERE {within}"
 
 
 class Follows(msgspec.Struct, forbid_unknown_fields=True, frozen=True):
@@ -155,11 +153,14 @@ def build_following(
         f"CREATE TABLE IF NOT EXISTS {STATE_TABLE} (table_name VARCHAR, "
         "query_fingerprint VARCHAR, inputs_fingerprint VARCHAR)"
     )
-    query_fp = hashlib.sha256(f"{query}\n{macros}".encode()).hexdigest()
-    inputs_fp = _content_fingerprint(conn, follows.resolved_against)
-    why = _why_whole(conn, table, follows, query_fp, inputs_fp, params)
+    #: The fingerprints of the query (and its macros) and of what the rows read elsewhere.
+    state = (
+        hashlib.sha256(f"{query}\n{macros}".encode()).hexdigest(),
+        _content_fingerprint(conn, follows.resolved_against),
+    )
+    why = _why_whole(conn, table, follows, state, params)
     if why is None:
-        result = _incremental(conn, table, follows, query, params, query_fp, inputs_fp)
+        result = _incremental(conn, table, follows, query, params, state)
         if result is not None:
             return result
         why = f"more than {WHOLE_ABOVE:.0%} of {follows.decoded} is new"
@@ -172,7 +173,7 @@ def build_following(
             f"CREATE OR REPLACE TABLE {qualified(follows.inputs)} AS "
             f"SELECT id, loaded_at FROM {qualified(follows.decoded)}"
         )
-        _write_state(conn, table, query_fp, inputs_fp)
+        _write_state(conn, table, state)
 
     run_transaction(conn, follows.inputs, record)
     return {"fieldsales/build": f"full: {why}"}
@@ -182,23 +183,22 @@ def _why_whole(
     conn: duckdb.DuckDBPyConnection,
     table: str,
     follows: Follows,
-    query_fp: str,
-    inputs_fp: str,
+    state: tuple[str, str],
     params: dict[str, object],
 ) -> str | None:
     if params:
         return "personal columns are hashed (the key is never stored, so nothing compares)"
     if not (table_exists(conn, table) and table_exists(conn, follows.inputs)):
         return "no previous build"
-    state = conn.execute(
+    found = conn.execute(
         f"SELECT query_fingerprint, inputs_fingerprint FROM {STATE_TABLE} WHERE table_name = ?",
         [table],
     ).fetchone()
-    if state is None:
+    if found is None:
         return "no record of the previous build"
-    if state[0] != query_fp:
+    if found[0] != state[0]:
         return "the query changed"
-    if state[1] != inputs_fp:
+    if found[1] != state[1]:
         changed = " or ".join(f"{t} ({columns})" for t, columns in follows.resolved_against.items())
         return f"{changed} changed"
     (unkeyed,) = one_row(
@@ -217,8 +217,7 @@ def _incremental(
     follows: Follows,
     query: str,
     params: dict[str, object],
-    query_fp: str,
-    inputs_fp: str,
+    state: tuple[str, str],
 ) -> dict[str, Any] | None:
     decoded, inputs = qualified(follows.decoded), qualified(follows.inputs)
     added, added_rows = rows_missing(conn, follows.decoded, follows.inputs, "_fs_follow_added")
@@ -239,7 +238,7 @@ def _incremental(
             f"DELETE FROM {inputs} AS i USING _fs_follow_gone AS g WHERE {same_row('i', 'g')}"
         )
         conn.execute(f"INSERT INTO {inputs} SELECT id, loaded_at FROM _fs_follow_added")
-        _write_state(conn, table, query_fp, inputs_fp)
+        _write_state(conn, table, state)
 
     try:
         with failing_as(table, "Updating"):
@@ -272,9 +271,7 @@ def _content_fingerprint(conn: duckdb.DuckDBPyConnection, tables: dict[str, str]
     return hashlib.sha256("\n".join(parts).encode()).hexdigest()
 
 
-def _write_state(
-    conn: duckdb.DuckDBPyConnection, table: str, query_fp: str, inputs_fp: str
-) -> None:
+def _write_state(conn: duckdb.DuckDBPyConnection, table: str, state: tuple[str, str]) -> None:
     # Delete-then-insert: a DuckLake has no PRIMARY KEY (files made before keep theirs).
     conn.execute(f"DELETE FROM {STATE_TABLE} WHERE table_name = ?", [table])
-    conn.execute(f"INSERT INTO {STATE_TABLE} VALUES (?, ?, ?)", [table, query_fp, inputs_fp])
+    conn.execute(f"INSERT INTO {STATE_TABLE} VALUES (?, ?, ?)", [table, *state])
