@@ -10,7 +10,7 @@ against the core tables they summarise.
 
 A table's YAML lists its checks (``checks:``). A check that only its table has is written out
 there: a query whose one row says whether it passed and what it found (``written_check``). A check
-that any table may take is a function of this module, registered by ``@check`` with its
+that any table may take is a function of this module, listed in ``CHECKS`` with its
 description, and named in the YAML (``ids_unique``, ``values_typed``, ``values_finite``). An
 unknown name fails the definitions' load, naming the file.
 
