@@ -307,9 +307,7 @@ def column_lineage(names: InstanceNames, table: CoreTable) -> dg.TableColumnLine
 def lineage_markdown(lineage: dg.TableColumnLineage) -> str:
     """``lineage`` as a markdown table: each column and the upstream columns it comes from."""
     rows = [
-        f"| {column} | "
-        + ", ".join(f"{dep.asset_key.to_user_string()}.{dep.column_name}" for dep in deps)
-        + " |"
-        for column, deps in lineage.deps_by_column.items()
+        f"| {name} | {', '.join(f'{d.asset_key.to_user_string()}.{d.column_name}' for d in deps)} |"
+        for name, deps in lineage.deps_by_column.items()
     ]
     return "\n".join(["| column | comes from |", "|---|---|", *rows])
