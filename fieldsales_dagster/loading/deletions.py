@@ -1,20 +1,6 @@
-"""The deletion audit: every row a refresh removes from a ``raw.*`` table, in ``meta.*_deleted``.
-
-The convention (docs/tables.md, "Deletions"): ``raw.*``, ``core.*`` and ``mart.*`` hold what the
-server lists now, so analysts' tables exclude deleted rows with no filter to remember. Each row a
-refresh removes (a full refresh replacing a list, an incremental or re-sync merge dropping an
-event's vanished transactions or a vanished event's transactions) is copied, as it was stored,
-to ``meta.<list>_deleted`` (``meta.events_deleted``, ``meta.transactions_deleted``,
-``meta.event_groups_deleted``): the raw table's columns (``id``, ``payload``, ``loaded_at``, and
-``event_id`` for transactions), ``deleted_at`` (when the refresh found it gone: the load's time),
-and ``run_id`` (the Dagster run of that refresh).
-
-The audit keeps history: an id that comes back is loaded again like any other, and its open audit
-rows (``reappeared_at IS NULL``) get ``reappeared_at`` and ``reappeared_run_id``; an id deleted
-again gets a new audit row. So "deleted now" is ``reappeared_at IS NULL``.
-
-``record_deletions`` runs inside the transaction that removes the rows (before the removal, which
-it reads), so the audit and the table commit together, in one lake snapshot, or not at all.
+"""The deletion audit: every row a refresh removes from a ``raw.*`` table, in ``meta.*_deleted``
+(docs/tables.md, "Deletions"), with ``deleted_at`` and ``run_id``; an id that comes back gets
+``reappeared_at``. Recorded in the removing transaction: both commit in one snapshot or neither.
 """
 
 from __future__ import annotations
@@ -31,8 +17,7 @@ from fieldsales_dagster.warehouse.rows import one_row
 from fieldsales_dagster.warehouse.warehouse import table_exists
 
 AUDIT_SCHEMA = "meta"
-#: Ids gone in one recording (this connection's temporary table).
-GONE_TABLE = "_fs_gone"
+GONE_TABLE = "_fs_gone"  # ids gone in one recording (temporary)
 
 
 def audit_table(endpoint: ListEndpoint) -> str:
@@ -49,13 +34,9 @@ def record_deletions(
     run_id: str | None,
     at: datetime,
 ) -> int:
-    """Before a refresh replaces rows of ``endpoint.raw_table``: copy to its audit every stored
-    row within ``scope`` (an SQL condition on the raw table; everything by default) whose id is
-    not in ``kept`` (a query of the ids stored after the change), and mark as reappeared the open
-    audit rows whose id is in ``kept``. Returns how many rows were recorded as deleted.
-
-    Reads narrow columns first: a payload is read only for the rows that are gone.
-    """
+    """Before a refresh replaces rows: audit every stored row within ``scope`` (SQL) whose id is
+    not in ``kept`` (a query of the ids after the change), and mark open audit rows in ``kept`` as
+    reappeared. Returns how many were deleted. Payloads are read only for rows that are gone."""
     audit = qualified(audit_table(endpoint))
     extra = "".join(f", {quote_ident(column)} VARCHAR" for column, _ in endpoint.extra_columns)
     conn.execute(f"CREATE SCHEMA IF NOT EXISTS {AUDIT_SCHEMA}")
@@ -94,8 +75,7 @@ def record_deletions(
 def _write_if_any(
     conn: duckdb.DuckDBPyConnection, rows: str, write: str, params: dict[str, Any]
 ) -> int:
-    """Run ``write`` only if ``rows`` (a table, with its condition) holds any: most refreshes
-    delete nothing, and a write that changes nothing is not made. Returns how many it held."""
+    """Run ``write`` only if ``rows`` (a table and condition) holds any; returns how many."""
     (count,) = one_row(conn, f"SELECT count(*) FROM {rows}")
     if count:
         conn.execute(write, params)

@@ -1,21 +1,7 @@
-"""Refresh modes of ``raw.transactions``: a full reload, or an incremental one by event.
-
-The API has no "updated since" filter, but the transaction list takes ``eventId`` and events
-carry their whole status history. An incremental refresh therefore
-
-1. compares the event list just loaded (``raw.events``) with the fingerprints recorded at the
-   last transaction load (``meta.event_fingerprints``: ``eventState``, ``eventStateHistory`` and
-   ``eventStateTimestamps`` per event) and re-fetches, by ``eventId``, the transactions of every
-   event that is new, whose state or history changed, or whose last state change lies within
-   ``lookback_days``;
-2. keeps the stored transactions of every other event, drops those of events that disappeared,
-   and replaces the re-fetched events' transactions with what the server returns now;
-3. trusts the result only if every transaction fetched for ``eventId=X`` carries ``eventId == X``
-   (else the server ignores the filter: full refresh), each event's pages are complete, and the
-   merged table holds exactly the server's global ``count`` (one request with ``limit=1``).
-
-The merge (delete, insert, count check, new state) is one DuckDB transaction: a failed run leaves
-the previous table and state untouched. ``choose_mode`` is the pure decision between the two modes.
+"""Refresh modes of ``raw.transactions``: a full reload, or an incremental one by event
+(docs/refresh.md): the transactions of events that are new, changed (``meta.event_fingerprints``)
+or changed within ``lookback_days`` are re-fetched by ``eventId`` and merged in one transaction,
+trusted only if the filter held, each event's pages are complete and the server's ``count`` matches.
 """
 
 from __future__ import annotations
@@ -68,24 +54,19 @@ from fieldsales_dagster.warehouse.warehouse import (
 STATE_SCHEMA = "meta"
 STATE_TABLE = "meta.refresh_state"
 FINGERPRINTS_TABLE = "meta.event_fingerprints"
-#: The re-fetched transactions wait in a temporary table: it lives in this connection's memory
-#: (spilling to DuckDB's temp_directory past memory_limit), so they are compressed and written to
-#: the database once, when the merge inserts them, not a second time as a staging table.
+#: A temporary table (memory, spilling to temp_directory): the re-fetched rows are written to the
+#: lake once, by the merge, not a second time as a staging table.
 STAGE_TABLE = "temp." + staging_table(TRANSACTIONS.raw_table, "_by_event").partition(".")[2]
 
-#: Temporary tables of one refresh (this connection only): the current events' fingerprints, and
-#: an incremental refresh's events to re-fetch and events that disappeared (see ``RefetchPlan``).
+#: Temporary tables of one refresh (see ``RefetchPlan``).
 FINGERPRINTS_NOW = "_fs_fingerprints"
 REFETCH_TABLE = "_fs_refetch"
 REMOVED_TABLE = "_fs_removed"
-#: A query of the events whose stored transactions a merge replaces.
 REPLACED_EVENTS = (
     f"SELECT event_id FROM {REFETCH_TABLE} UNION ALL SELECT event_id FROM {REMOVED_TABLE}"
 )
 
-#: In ``auto``, re-fetching more than this share of the events by ``eventId`` costs more
-#: requests than paging the whole list: a full refresh is chosen instead.
-MAX_REFETCH_SHARE = 0.5
+MAX_REFETCH_SHARE = 0.5  # of the events: past it, re-fetching costs more than a full refresh
 
 
 class FallBack(Exception):
@@ -100,8 +81,7 @@ class FallBack(Exception):
 
 @dataclass(frozen=True)
 class Merging:
-    """One merge of re-fetched transactions into ``raw.transactions`` (an incremental refresh's,
-    or a re-sync's): the client and connection, the run's hooks, and when it started."""
+    """One merge of re-fetched transactions into ``raw.transactions`` (incremental or re-sync)."""
 
     api: FieldSalesAPI
     conn: duckdb.DuckDBPyConnection
@@ -114,7 +94,7 @@ class Merging:
 
 @dataclass(frozen=True)
 class RefreshPolicy:
-    """The warehouse's refresh settings (validated there; defaults in ``settings.py``)."""
+    """The warehouse's refresh settings."""
 
     mode: str
     full_refresh_every_days: float
@@ -122,12 +102,8 @@ class RefreshPolicy:
 
     @classmethod
     def of(cls, warehouse: FieldSalesWarehouse, override: str | None = None) -> RefreshPolicy:
-        """The warehouse's policy, ``override`` (the run config's mode) first."""
         mode = override or warehouse.refresh_mode  # validated by the run config
         return cls(mode, warehouse.full_refresh_every_days, warehouse.lookback_days)
-
-
-# --- state ------------------------------------------------------------------------------------
 
 
 def read_previous_load(conn: duckdb.DuckDBPyConnection) -> PreviousLoad | None:
@@ -156,16 +132,10 @@ def _events_loaded_at(conn: duckdb.DuckDBPyConnection) -> datetime | None:
 
 
 def _fingerprint_current_events(conn: duckdb.DuckDBPyConnection, now: datetime) -> None:
-    """Fill ``FINGERPRINTS_NOW``: per event of ``raw.events``, its state fingerprint, last dated
-    change, and since when this lake has seen it in that state (``state_since``: kept from the
-    last load while the fingerprint holds, else ``now``). An event whose history has no date
-    changed state at or before ``state_since``, so that time stands in for its last change.
-
-    Each payload is parsed once (``json_extract`` with a list of paths): three separate
-    extractions of ~3 KB documents ran out of DuckDB's 192 MB at 25,000 events. The table is read
-    in slices (``sql/raw_events_in_slices.sql``): a whole vector of ~14 KB documents parsed at
-    once needs ~75 MB per thread.
-    """
+    """Fill ``FINGERPRINTS_NOW``: per event, its state fingerprint, last dated change, and
+    ``state_since`` (kept while the fingerprint holds, else ``now``; it stands in for an undated
+    change). One ``json_extract`` of a list of paths: three ran out of 192 MB at 25,000 events;
+    read in slices: a whole vector of ~14 KB documents needs ~75 MB per thread."""
     if table_exists(conn, EVENTS.raw_table):
         macro = resources.files("fieldsales_dagster") / "sql" / "raw_events_in_slices.sql"
         conn.execute(macro.read_text("utf-8"))
@@ -175,7 +145,6 @@ def _fingerprint_current_events(conn: duckdb.DuckDBPyConnection, now: datetime) 
     known = FINGERPRINTS_TABLE
     if not table_exists(conn, FINGERPRINTS_TABLE):
         known = "(SELECT NULL::VARCHAR event_id, NULL fingerprint, NULL::TIMESTAMPTZ state_since)"
-        # (one row, whose NULL event_id joins none)
     conn.execute(
         f"""
         CREATE OR REPLACE TEMP TABLE {FINGERPRINTS_NOW} AS
@@ -199,14 +168,11 @@ def _fingerprint_current_events(conn: duckdb.DuckDBPyConnection, now: datetime) 
 
 
 def _write_state(conn: duckdb.DuckDBPyConnection, *, mode: str, at: datetime, rows: int) -> None:
-    """Record a complete load and the fingerprints of the events it saw (``FINGERPRINTS_NOW``),
-    in the caller's transaction. A re-sync moves only its events' fingerprints (``REFETCH_TABLE``;
-    one no longer listed loses its own); the others' and the events' load time stay, so the next
-    incremental refresh still re-fetches the events that changed."""
+    """Record a complete load and its events' fingerprints, in the caller's transaction. A
+    re-sync moves only its events' fingerprints, so the next refresh still sees the others'."""
     naive, resync = at.astimezone(UTC).replace(tzinfo=None), mode == "resync"
     conn.execute(f"CREATE SCHEMA IF NOT EXISTS {STATE_SCHEMA}")
-    # One row per table, kept by delete-then-insert: a DuckLake has no PRIMARY KEY (files made
-    # before it keep theirs, which the same statements respect).
+    # One row per table, kept by delete-then-insert: a DuckLake has no PRIMARY KEY.
     conn.execute(
         f"CREATE TABLE IF NOT EXISTS {STATE_TABLE} (table_name VARCHAR, "
         "last_full_at TIMESTAMP, last_load_at TIMESTAMP, last_mode VARCHAR, rows BIGINT, "
@@ -237,13 +203,9 @@ def _write_state(conn: duckdb.DuckDBPyConnection, *, mode: str, at: datetime, ro
     )
 
 
-# --- the refresh ------------------------------------------------------------------------------
-
-
 @dataclass
 class RefreshReport:
-    """A raw load and how it was done; ``metadata()`` becomes asset metadata, with ``counts``
-    (of a merge: ``events_refetched``, ``transactions_added``, ...)."""
+    """A raw load and how it was done; ``metadata()`` becomes asset metadata."""
 
     load: LoadReport
     mode: str
@@ -272,9 +234,8 @@ def refresh_raw_list(
     shrink: ShrinkGuard,
     run_id: str | None = None,
 ) -> RefreshReport:
-    """Load one list into its raw table in the mode the policy calls for. ``before_swap(stage)``
-    runs on the rows about to be stored (the whole new table, or an incremental run's re-fetched
-    rows: redaction, comments); rows removed go to the deletion audit, by run ``run_id``."""
+    """Load one list into its raw table in the policy's mode. ``before_swap(stage)`` runs on the
+    rows about to be stored (the new table, or the re-fetched rows)."""
     reason = f"{endpoint.name} are always fetched whole (they are small next to transactions)"
     spent, after_swap = 0, None
     if endpoint.raw_table == TRANSACTIONS.raw_table:
@@ -321,9 +282,8 @@ def refresh_raw_list(
 
 @dataclass(frozen=True)
 class RefetchPlan:
-    """Which events' transactions are re-fetched (``REFETCH_TABLE``, each with ``why``, counted
-    in ``why``), which events disappeared since the last load (``REMOVED_TABLE``), and how many
-    events are listed now (``FINGERPRINTS_NOW``)."""
+    """Events to re-fetch (``REFETCH_TABLE``, counted by ``why``), events that disappeared
+    (``REMOVED_TABLE``), and how many are listed now."""
 
     event_ids: list[str]
     removed_ids: list[str]
@@ -332,8 +292,7 @@ class RefetchPlan:
 
 
 def read_plan(conn: duckdb.DuckDBPyConnection) -> RefetchPlan:
-    """The plan that ``REFETCH_TABLE`` and ``REMOVED_TABLE`` hold (filled by ``_plan``, or by a
-    re-sync)."""
+    """The plan that ``REFETCH_TABLE`` and ``REMOVED_TABLE`` hold."""
 
     def ids(table: str) -> list[str]:
         return [
@@ -346,8 +305,7 @@ def read_plan(conn: duckdb.DuckDBPyConnection) -> RefetchPlan:
 
 
 def _plan(conn: duckdb.DuckDBPyConnection, lookback_days: float, now: datetime) -> RefetchPlan:
-    """Which events to re-fetch (new, changed, or changed within ``lookback_days``) and which
-    disappeared, against the fingerprints recorded at the last load."""
+    """Which events to re-fetch and which disappeared, against the last load's fingerprints."""
     _fingerprint_current_events(conn, now)
     conn.execute(
         f"""
@@ -392,11 +350,9 @@ def _incremental(run: Merging, policy: RefreshPolicy, decision: ModeDecision) ->
 
 
 def refetch_and_merge(run: Merging, plan: RefetchPlan, mode: str, reason: str) -> RefreshReport:
-    """Re-fetch the transactions of ``plan``'s events by ``eventId`` and merge them (``_merge``):
-    the incremental refresh's second half, and a re-sync's (``mode="resync"``, ``resync.py``),
-    whose merge is not held to the server's global ``count``."""
+    """Re-fetch ``plan``'s events' transactions by ``eventId`` and merge them; a re-sync's merge
+    (``mode="resync"``) is not held to the server's global ``count``."""
     stats, conn = ListStats(), run.conn
-    # The stored rows about to be replaced are read while the pages are fetched.
     reader = ThreadPoolExecutor(max_workers=1, thread_name_prefix="fieldsales-replaced")
     replaced = reader.submit(
         _read_replaced, same_database_cursor(conn), plan.event_ids + plan.removed_ids
@@ -419,10 +375,8 @@ def refetch_and_merge(run: Merging, plan: RefetchPlan, mode: str, reason: str) -
 
 
 def _fetch_by_event(run: Merging, plan: RefetchPlan, stats: ListStats, count: bool) -> int | None:
-    """Page ``transaction/all?eventId=X`` for every X of ``plan`` into ``STAGE_TABLE``, each
-    event a stream held to the completeness rule; then, if ``count``, return the server's global
-    ``count`` (one page of one item): a server that caps pages and reports each page's size as
-    its total loses items the merge's count check catches. A failed guard is a ``FallBack``."""
+    """Page each event of ``plan`` into ``STAGE_TABLE``, then return the server's global count
+    if ``count`` (it catches totals that are page sizes). A failed guard is a ``FallBack``."""
     api = run.api
     staging = Staging(run.conn, TRANSACTIONS, STAGE_TABLE, datetime.now(UTC), "event_id", True)
     staging.create()
@@ -446,14 +400,10 @@ def _fetch_by_event(run: Merging, plan: RefetchPlan, stats: ListStats, count: bo
 
 
 def _read_replaced(cursor: duckdb.DuckDBPyConnection, event_ids: list[str]) -> dict[str, int]:
-    """Ids and payload hashes of the stored transactions of ``event_ids``.
-
-    A plain SELECT, on its own cursor, so it can run while the pages are fetched: reading the
-    payloads back is most of a merge's cost (DuckDB decompresses each 2,048-row vector that
-    holds a matching row: about half of the table for 1% of the events, ~1 s at 1M), and a
-    ``DELETE ... RETURNING`` would read the payload of every row. Nothing else writes the table
-    meanwhile: the loader holds the warehouse's write lock.
-    """
+    """Ids and payload hashes of the stored transactions of ``event_ids``, on its own cursor
+    while the pages are fetched: reading payloads back is most of a merge's cost (~1 s at 1M for
+    1% of the events; ``DELETE ... RETURNING`` would read every row's). The loader holds the
+    write lock."""
     try:
         return dict(
             cursor.execute(
@@ -469,11 +419,9 @@ def _read_replaced(cursor: duckdb.DuckDBPyConnection, event_ids: list[str]) -> d
 def _merge(
     run: Merging, mode: str, server_count: int | None, spent: int, replaced: dict[str, int]
 ) -> dict[str, int]:
-    """Replace the re-fetched and removed events' transactions, check, record the new state
-    (a re-sync's moves only its events' fingerprints): one transaction, with ``before_swap(stage)``
-    (redaction, comments), the deletion audit (found by run ``run_id``) and the stage's drop.
-    ``replaced``: ids and payload hashes of the stored rows of the re-fetched and removed events
-    (``_read_replaced``), for the counts of changed, added and removed transactions."""
+    """Replace the re-fetched and removed events' transactions, check, record the new state:
+    one transaction, with ``before_swap``, the deletion audit and the stage's drop. ``replaced``
+    (``_read_replaced``) gives the counts of changed, added and removed transactions."""
     conn, now = run.conn, run.now
     target, stage = qualified(TRANSACTIONS.raw_table), qualified(STAGE_TABLE)
     staged, stored, old = _staged_and_old(conn, replaced, spent)
@@ -489,10 +437,8 @@ def _merge(
         pause_at("merge")
         conn.execute(f"INSERT INTO {target} BY NAME SELECT * FROM {stage}")
         rows = one_row(conn, f"SELECT count(*) FROM {target}")[0]
-        # Every id stays distinct by construction: the stored table was (a full load drops
-        # repeats, and so did every merge), the staged ids are, and every stored copy of a
-        # staged id was just deleted. So the rows must add up, and match the server's count
-        # (when it is checked: a re-sync of some events leaves the others' changes be).
+        # Ids are distinct by construction (stored, staged, every stored copy of a staged id
+        # deleted): the rows must add up, and match the server's count unless a re-sync.
         if (
             deleted != len(old)
             or rows != stored - deleted + staged
@@ -520,9 +466,8 @@ def _merge(
 def _staged_and_old(
     conn: duckdb.DuckDBPyConnection, replaced: dict[str, int], spent: int
 ) -> tuple[int, int, dict[str, int]]:
-    """The rows staged (each id once, or the merge is refused), the rows stored, and the ids and
-    payload hashes of every stored row the merge replaces: ``replaced``, and any stored copy of a
-    staged id under an event that was not re-fetched (the transaction moved; rare)."""
+    """Rows staged (each id once, or refused), rows stored, and ids and payload hashes of every
+    stored row the merge replaces: ``replaced``, and staged ids stored under another event."""
     target, stage = qualified(TRANSACTIONS.raw_table), qualified(STAGE_TABLE)
     staged, distinct_staged = one_row(conn, f"SELECT count(*), count(DISTINCT id) FROM {stage}")
     if staged != distinct_staged:
@@ -538,12 +483,8 @@ def _staged_and_old(
 
 
 def _delete_replaced(conn: duckdb.DuckDBPyConnection, moved: bool) -> int:
-    """Delete the stored rows that the staged ones replace; returns how many.
-
-    Those are the rows of re-fetched and disappeared events, and, when ``moved``, the stored
-    copies of re-fetched ids under other events (transactions that moved to a re-fetched event).
-    Filters on narrow columns only: no payload is read.
-    """
+    """Delete the stored rows of re-fetched and disappeared events, and when ``moved``, stored
+    copies of re-fetched ids under other events; returns how many. Reads no payload."""
     also = f" OR id IN (SELECT id FROM {qualified(STAGE_TABLE)})" if moved else ""
     target = qualified(TRANSACTIONS.raw_table)
     return one_row(conn, f"DELETE FROM {target} WHERE event_id IN ({REPLACED_EVENTS}){also}")[0]

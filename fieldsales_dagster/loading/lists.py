@@ -1,21 +1,9 @@
 """Each list complete, or refused: page it into a sink, read it again, and judge it by one rule.
 
-``OffsetWindows`` says which ``skip`` window of a list to ask for next and when it ended: ``skip``
-advances by the items a page returned (SPEC); windows follow the server's real page size (a
-short page's rest is asked for again, a page that brings more re-plans the stride and its overflow,
-which the next window holds, is dropped); a total equal to a full first page is probed; a total is
-a claim, so the windows that reach it end with an empty page; an empty page far short of the total
-makes it implausible. ``PageExecutor`` runs many passes over one thread pool of
-``limits.concurrency`` requests, given a ``fetch_page`` callable (``FieldSalesAPI.fetch_page``):
-the page budget, the repeat check, ``null`` items and items a filter excludes are refused there.
-
-``ListPasses`` pages lists into a ``Sink`` (the staging table, ``raw_load.Staging``) and applies
-the one rule (``PassFacts.incomplete``): a pass is complete when everything it kept comes back
-unchanged when the list is read again right after it, no id came twice with different content,
-and its distinct ids equal the server's final total (without a total: no id came twice); else
-the list is paged again, up to ``max_list_passes``. A list that only grew while it was paged is
-repaired where it grew (its head and the gaps out-of-order answers left) before it is
-judged, and a re-read's own gaps are read before an item counts as gone.
+``OffsetWindows`` plans the ``skip`` windows (``skip`` advances by the items a page returned:
+SPEC; a total is a claim, so the windows that reach it end with an empty page); ``PageExecutor``
+fetches many passes over one thread pool and refuses bad pages; ``ListPasses`` pages lists into a
+``Sink`` (``raw_load.Staging``) until ``PassFacts.incomplete`` accepts each, or fails.
 """
 
 from __future__ import annotations
@@ -38,14 +26,10 @@ from fieldsales_dagster.client.errors import FieldSalesAPIError, PageFormatError
 if TYPE_CHECKING:
     import numpy as np
 
-#: Pages of one pass that repeat the ids of an earlier page, which prove the server pages forever.
-NO_NEW_IDS_PAGES = 3
-#: Seconds between two progress lines.
+NO_NEW_IDS_PAGES = 3  # pages of a pass repeating earlier ids: the server pages forever
 PROGRESS_EVERY_S = 5.0
-#: Ids named in a message about ids; the rest are counted.
-NAMED_IDS = 5
-#: Repair rounds (the head re-fetched) of one pass of a list that grew.
-MAX_REPAIRS = 5
+NAMED_IDS = 5  # in a message about ids; the rest are counted
+MAX_REPAIRS = 5  # rounds of one pass re-fetching the head of a list that grew
 
 #: Item keys decoded per item: ``_id`` first, then the endpoint's extra columns' keys.
 ItemKeys = tuple[str | int | float | None, ...]
@@ -104,34 +88,24 @@ def item_keys(items: list[msgspec.Raw], decode: msgspec.json.Decoder) -> list[It
 
 
 def item_digests(items: list[msgspec.Raw]) -> array[int]:
-    """Each item's ``digest`` (its id and content), signed as the staging table's BIGINT keeps it:
-    the one test of whether two copies differ."""
+    """Each item's ``digest`` (id and content) as a signed BIGINT: whether two copies differ."""
     signed = array("q")
     signed.frombytes(memoryview(array("Q", map(digest, items))).cast("B"))
     return signed
-
-
-# --- the strategy: pure -------------------------------------------------------------------------
 
 
 @dataclass(frozen=True)
 class Step:
     """What the strategy made of one answer."""
 
-    #: Items of the page to keep (its first ``keep``); ``None``: all.
-    keep: int | None = None
-    #: The page proved the totals to be page sizes: forget them.
-    totals_unreliable: bool = False
-    #: An empty page came far short of this claimed total.
-    implausible_total: int | None = None
+    keep: int | None = None  # the page's first ``keep`` items; ``None``: all
+    totals_unreliable: bool = False  # the totals proved to be page sizes: forget them
+    implausible_total: int | None = None  # an empty page came far short of this total
 
 
 class OffsetWindows:
-    """Which ``skip`` windows of ``[start, stop)`` of one list to ask for, and when it ended.
-
-    With a total, windows run up to it (and follow it when it grows); without one, they open as
-    they are asked for (the executor bounds the requests in flight) until a page comes back empty.
-    ``stop`` bounds a repair window. No I/O: ``next_window`` and ``answered`` are the interface.
+    """Which ``skip`` windows of ``[start, stop)`` (a repair's) of one list to ask for, and when
+    it ended: up to the total, following it as it grows; without one, until an empty page. No I/O.
     """
 
     def __init__(self, start: int = 0, stop: int | None = None, *, doubt_total_from: int = 1):
@@ -155,7 +129,6 @@ class OffsetWindows:
         return window[0] - 1 if window[0] in self.proofs and window[0] > self.start else window[0]
 
     def next_window(self) -> Window | None:
-        """The next window to ask for, or ``None``."""
         if self.waiting:
             return None
         if self.phase != "windows":
@@ -208,8 +181,7 @@ class OffsetWindows:
         return Step(keep=keep)
 
     def _prove_end(self, start: int, page: Page) -> None:
-        """A full page that reaches the total (or one past it) is followed by one more window,
-        which must come back empty; a short page is the end."""
+        """A full page that reaches the total is followed by a window that must come back empty."""
         if self.stop is not None or self.limit is None or self.end is not None:
             return
         reached = start + page.n
@@ -233,18 +205,13 @@ class OffsetWindows:
         return claimed if far else None
 
 
-# --- the executor -------------------------------------------------------------------------------
-
-
 @dataclass(frozen=True)
 class Stream:
-    """One list to page: an endpoint with fixed parameters, and the key its pages are stored
-    under (``None`` for a whole list, the event id for ``eventId=X``)."""
+    """One list to page, and the key its pages are stored under (``None``: whole; event id)."""
 
     endpoint: ListEndpoint
     key: Hashable = None
-    #: A first page's total equal to its size is doubted (and probed) from this many items.
-    doubt_total_from: int = 1
+    doubt_total_from: int = 1  # a first page's total equal to its size is probed from this size
 
     @property
     def url(self) -> str:
@@ -257,7 +224,7 @@ class Stream:
 
 @dataclass(frozen=True)
 class Body:
-    """A parsed page body, kept for the re-read: its total, each item's digest, the ids' hash."""
+    """A parsed page body, kept for the re-read."""
 
     total: int | None
     digests: array[int]
@@ -308,12 +275,10 @@ class Limits:
     max_pages_per_pass: int
     max_item_mb: int
     max_list_passes: int
-    #: What errors call ``max_item_mb``'s variable (this tenant's).
-    max_item_variable: str = "FIELDSALES_MAX_ITEM_MB"
+    max_item_variable: str = "FIELDSALES_MAX_ITEM_MB"  # this tenant's, for errors
 
 
-#: Fetches one page: ``(endpoint, skip, stats, known)``; a body whose ``digest`` is in ``known``
-#: comes back with no items.
+#: ``(endpoint, skip, stats, known)``: a body whose ``digest`` is ``known`` comes without items.
 FetchPage = Callable[[ListEndpoint, int, ListStats, Container[int]], Page]
 
 
@@ -390,7 +355,6 @@ class PageExecutor:
             pool.shutdown(wait=True, cancel_futures=True)
 
     def _admit(self, lp: ListPass, window: Window, page: Page, baseline: int | None) -> Page:
-        """Plan on from the page, check it, and return what of it to keep."""
         if page.digest in lp.known:  # a re-read's body the pass parsed: its checks passed
             body = lp.known[page.digest]
             shaped = Page(page.skip, [], body.total, page.nbytes, count=len(body.digests))
@@ -429,7 +393,7 @@ class PageExecutor:
         return Page(page.skip, items, page.total, page.nbytes, keys[:keep], digests=digests[:keep])
 
     def _answered(self, lp: ListPass, window: Window, page: Page, baseline: int | None) -> int:
-        """Give the strategy its answer, count the page into the pass; the items to keep."""
+        """Give the strategy its answer, count the page; the items to keep."""
         step = lp.strategy.answered(window, page)
         stats, stream = lp.stats, lp.stream
         if step.totals_unreliable:  # they were page sizes: paged as a list without a total
@@ -441,7 +405,6 @@ class PageExecutor:
         if page.total is not None and use_totals:
             if not stats.totals_seen or stats.totals_seen[-1] != page.total:
                 stats.totals_seen.append(page.total)
-            # ``baseline``: the largest total answered when this page was asked for.
             stats.total_decreased |= baseline is not None and page.total < baseline
         if lp.pages > (max_pages := self.limits.max_pages_per_pass):
             raise PagingError(
@@ -458,7 +421,6 @@ class PageExecutor:
     def _check_items(
         self, lp: ListPass, page: Page, items: list[msgspec.Raw], keys: list[ItemKeys]
     ) -> None:
-        """Refuse an item over ``max_item_mb``, or one the list's filter excludes."""
         stream, limit = lp.stream, self.limits.max_item_mb
         if items and max(map(len, items)) > limit << 20:
             size, item_id = max(
@@ -496,9 +458,6 @@ class PageExecutor:
         lp.page_hashes.add(page_hash)
 
 
-# --- the rule -----------------------------------------------------------------------------------
-
-
 class Sink(Protocol):
     """Where the pages of the lists go and are counted (``raw_load.Staging``)."""
 
@@ -525,16 +484,14 @@ def _named(count: int, named: tuple[str, ...], sentence: str) -> str:
 
 @dataclass(frozen=True)
 class PassFacts:
-    """What one pass (with its repairs) stored, what the server said meanwhile, and what its
-    re-read no longer listed as it was (``gone``)."""
+    """What one pass (with its repairs) stored, the totals the server said meanwhile, and what
+    its re-read no longer listed as it was (``gone``)."""
 
     rows: int
     distinct: int
-    #: Distinct totals in order of arrival; empty when the server reports none.
-    totals_seen: tuple[int, ...] = ()
+    totals_seen: tuple[int, ...] = ()  # in order of arrival
     total_decreased: bool = False
-    #: ``(rows, distinct)`` of the previous pass of this load, if there was one.
-    previous: tuple[int, int] | None = None
+    previous: tuple[int, int] | None = None  # ``(rows, distinct)`` of this load's previous pass
     differing: int = 0
     differing_ids: tuple[str, ...] = ()
     gone: int = 0
@@ -549,7 +506,6 @@ class PassFacts:
         return self.totals_seen[-1] if self.total_decreased else max(self.totals_seen)
 
     def describe(self) -> str:
-        """What the server sent, in words."""
         differing = "{} ids came more than once with different content ({})"
         gone = "{} items the pass holds were gone or changed when the list was read again ({})"
         totals = (
@@ -575,12 +531,9 @@ class PassFacts:
         return 2 * missing
 
     def incomplete(self) -> str | None:
-        """Why the pass is not a list the server held at one moment; ``None`` when it is.
-
-        Everything kept came back unchanged, no id twice with different content, and the
-        distinct ids equal the final total (without a total: the rows). A server that lists ids
-        twice and counts every copy is believed when two passes in a row agree.
-        """
+        """Why the pass is not a list the server held at one moment; ``None`` when it is: what
+        it kept came back unchanged, no id twice with different content, distinct ids == total
+        (or rows). A server that counts every copy of an id is believed if two passes agree."""
         expected = self.rows if self.total is None else self.total
         moved = self.differing or self.gone or len(self.totals_seen) > 1
         if not (self.differing or self.gone):
@@ -602,12 +555,9 @@ class PassFacts:
 def gap_windows(
     answers: list[tuple[int, int, int | None]], total_now: int, slack: int = 2
 ) -> list[tuple[int, int]]:
-    """Where a pass may have missed items because the list grew while pages were in flight.
-
-    Two adjacent pages answered out of order around an insertion ahead of them: the lower one saw
-    the longer list (its items shifted further), so the items between the two were in neither.
-    Each such boundary gives the window ``[start, stop)`` (today's positions) that holds them.
-    """
+    """Where a pass may have missed items because the list grew while pages were in flight: of
+    two adjacent pages answered out of order around an insertion, the lower saw the longer list,
+    so the items between them were in neither. Windows ``[start, stop)`` in today's positions."""
     gaps: list[tuple[int, int]] = []
     ordered = sorted((a for a in answers if a[2] is not None and a[1] > 0), key=lambda a: a[0])
     for (s1, n1, t1), (s2, _, t2) in zip(ordered, ordered[1:], strict=False):
@@ -637,7 +587,7 @@ def digests_gone(held: array[int], seen: array[int]) -> np.ndarray:
 
 @dataclass
 class ListResult:
-    """A list the rule accepted: its last pass's stats, facts and the reason."""
+    """A list the rule accepted, by its last pass."""
 
     stats: ListStats
     facts: PassFacts
@@ -654,7 +604,6 @@ class ListPasses:
         self.sink = sink
 
     def run(self, lists: list[Stream]) -> dict[Hashable, ListResult]:
-        """Page every list until it is complete; raises ``IncompleteListError``."""
         executor, results = self.executor, dict[Hashable, ListResult]()
         previous: dict[Hashable, tuple[int, int]] = {}
         todo, executor.lists = lists, len(lists)
@@ -693,8 +642,8 @@ class ListPasses:
         return results
 
     def _repair(self, passes: list[ListPass], number: int) -> None:
-        """Re-fetch the head of each list that only grew while it was paged, and the first time
-        the gaps its out-of-order answers left, while ids are missing."""
+        """Re-fetch the head (and, the first time, the gaps) of each list that grew, while ids
+        are missing."""
         while passes:
             counts, windows, growing = self.sink.counts(), list[ListPass](), []
             for lp in passes:
@@ -718,8 +667,7 @@ class ListPasses:
 
     def _read_again(self, passes: list[ListPass]) -> dict[int, np.ndarray]:
         """Read every list once more, storing nothing: what each pass kept that the re-read did
-        not list as it was (after the re-read's own gaps are read, so an insert that shifted
-        items between two of its pages does not make them count as gone)."""
+        not list as it was (its own gaps read, so items an insert shifted are not gone)."""
         spent = self.executor.spent
         again = {
             id(lp): ListPass(lp.stream, ListStats(parent=spent), known=lp.bodies) for lp in passes

@@ -1,20 +1,10 @@
 """Load one list endpoint into its ``raw.*`` table: stream pages into a staging table, check, swap.
 
-Pages go to DuckDB as Arrow batches: each page's items (JSON that msgspec already split and
-validated, never parsed again) become one batch of ``id``, the extra columns and ``payload``
-(Arrow's JSON type, which DuckDB takes as its JSON type without validating it again), built from
-the page's bytes without a copy per item. One ``INSERT`` per pass reads the batches as a stream
-while the pager fetches: memory holds a few pages whatever the list's size, and nothing goes
-through a file. Ids ride as the text they are (``id_text``), control characters and all, and
-payloads as received, line breaks included.
-
-The list loader (``lists.py``) pages into the staging table (``Staging``, its ``Sink``) and asks
-it for the distinct ids after each pass; its one rule accepts the pass, or pages the list again,
-or fails saying what the server sent. The previous
-table is replaced only after that, in one
-transaction, and never by one that would empty it or shrink it by more than
-``max_shrink_fraction`` unless ``allow_shrink``. A load starts by removing what a killed load left
-behind: ``_stage_*`` tables.
+Each page becomes one Arrow batch (``payload`` in Arrow's JSON type, which DuckDB does not parse
+again) built from its bytes without a copy per item; one ``INSERT`` per pass streams the batches
+while the pager fetches, so memory holds a few pages whatever the list's size. Ids and payloads
+are stored as received. The table is swapped in one transaction, never to empty or shrink it by
+more than ``max_shrink_fraction`` unless ``allow_shrink``.
 """
 
 from __future__ import annotations
@@ -56,14 +46,11 @@ from fieldsales_dagster.warehouse.warehouse import (
     table_exists,
 )
 
-if TYPE_CHECKING:
-    # Imported where a load runs (``page_schema``, ``page_batch``): the definitions load without.
+if TYPE_CHECKING:  # imported where a load runs: the definitions load without it
     import pyarrow as pa
 
-#: Pages waiting for the insert (a few MB each): what memory holds whatever the list's size.
-QUEUED_PAGES = 8
-#: Bytes of items DuckDB reads at a time (a slice of a page's batch; see ``_stream``).
-SLICE_BYTES = 256 * 1024
+QUEUED_PAGES = 8  # waiting for the insert (a few MB each)
+SLICE_BYTES = 256 * 1024  # of a page's batch DuckDB reads at a time (see ``_stream``)
 
 
 class RawLoadError(RuntimeError):
@@ -88,16 +75,13 @@ class LoadReport:
     seconds: float
     passes: int = 1
     duplicates_dropped: int = 0
-    #: Lone surrogate escapes replaced by U+FFFD (strings the server cut mid-emoji).
-    surrogates_replaced: int = 0
-    #: Rounds in which the head of a list that grew was re-fetched.
-    repairs: int = 0
+    surrogates_replaced: int = 0  # lone surrogate escapes (strings cut mid-emoji) made U+FFFD
+    repairs: int = 0  # rounds in which the head of a list that grew was re-fetched
 
     @classmethod
     def of(
         cls, table: str, rows: int, total: int | None, spent: ListStats, started: float, **more: int
     ) -> LoadReport:
-        """A load of ``rows`` that cost ``spent``, started at ``started`` (``time.monotonic``)."""
         cost = (spent.pages, spent.requests, spent.retries, spent.bytes)
         return cls(table, rows, total, *cost, time.monotonic() - started, **more)
 
@@ -110,9 +94,8 @@ def raw_table_ddl(
     endpoint: ListEndpoint, table: str, temporary: bool = False, digest: bool = False
 ) -> str:
     """A raw table; with ``digest``, a staging table (each item's ``item_digests``)."""
-    # A temporary table's payloads are zstd: measured 2.6x faster to write ~5 KB JSON documents
-    # than DuckDB's default dictionary/FSST choice, and smaller. A lake's Parquet files take no
-    # per-column compression (its files are zstd: see lake.py).
+    # A temporary table's payloads are zstd: 2.6x faster to write ~5 KB JSON documents than
+    # DuckDB's default, and smaller. A lake's Parquet files are zstd already (lake.py).
     extra = "".join(f", {quote_ident(col)} VARCHAR" for col, _ in endpoint.extra_columns)
     return (
         f"CREATE OR REPLACE {'TEMP ' * temporary}TABLE {qualified(table)} (id VARCHAR, payload "
@@ -122,8 +105,6 @@ def raw_table_ddl(
 
 
 def page_schema(endpoint: ListEndpoint) -> pa.Schema:
-    """The Arrow schema of a page's batch: ``id``, the extra columns, ``payload`` (JSON), and
-    each item's ``digest``."""
     import pyarrow as pa
 
     return pa.schema(
@@ -137,16 +118,14 @@ def page_schema(endpoint: ListEndpoint) -> pa.Schema:
 
 
 def page_batch(page: Page, schema: pa.Schema, decode: msgspec.json.Decoder) -> pa.RecordBatch:
-    """The page's items as one Arrow batch: each key as its text (``id_text``; none, or empty:
-    NULL), and the payloads as received, in one buffer shared with Arrow (one copy of the page's
-    bytes, none per item)."""
+    """The page's items as one Arrow batch: keys as text (none or empty: NULL), payloads in one
+    buffer shared with Arrow (one copy of the page's bytes, none per item)."""
     import numpy as np
     import pyarrow as pa
 
     items = page.items
-    # Pages reach the table through the pager, which refuses null items: keys, never None.
+    # The pager refuses null items (keys, never None) and passes on no empty page.
     keys = page.keys if page.keys is not None else cast("list[ItemKeys]", item_keys(items, decode))
-    # A page holds items: the executor passes on none that is empty.
     columns = [
         pa.array([id_text(v) or None for v in values], pa.string())
         for values in zip(*keys, strict=True)
@@ -203,10 +182,8 @@ class StagingWriter:
 
     def _stream(self) -> Iterator[pa.RecordBatch]:
         while (batch := self._batches.get()) is not None:
-            # In slices of about SLICE_BYTES (no copy): the lake's writer closes a row group
-            # once it passes its size (``LAKE_OPTIONS``), so a whole page of heavy items (4.5 MB)
-            # made groups ~2.5 MB larger, and reading them back needed more than 64MB
-            # (test_core_memory.py).
+            # Slices (no copy): a whole page of heavy items (4.5 MB) made the lake's row groups
+            # ~2.5 MB larger, and reading them back needed over 64MB (test_core_memory.py).
             rows = max(1, len(batch) * SLICE_BYTES // max(1, batch.nbytes))
             for start in range(0, len(batch), rows):
                 yield batch.slice(start, rows)
@@ -220,8 +197,8 @@ class StagingWriter:
         try:
             conn.register(pages, pa.RecordBatchReader.from_batches(self.schema, self._stream()))
             try:
-                # `_id` where present; an item without one (event groups' shape is not
-                # documented) gets a content hash: identical copies collapse, others stay apart.
+                # An item without `_id` (event groups' shape is not documented) gets a content
+                # hash: identical copies collapse, others stay apart.
                 conn.execute(
                     f"INSERT INTO {qualified(self.table)} (id, payload, loaded_at, digest"
                     f"{columns}) SELECT coalesce(id, md5(payload)), payload, $loaded_at, digest"
@@ -256,7 +233,6 @@ class StagingWriter:
             release_free_memory()
 
     def finish(self) -> None:
-        """End the stream and wait for the insert; raises its error."""
         self.close()
         self._raise_insert_error()
 
@@ -266,13 +242,9 @@ class StagingWriter:
             self._inserter.join()
 
 
-# --- loading ------------------------------------------------------------------------------------
-
-
 @dataclass(frozen=True)
 class ShrinkGuard:
-    """How much a full refresh may shrink a raw table (``check_shrink``): the warehouse's
-    ``max_shrink_fraction``, unless the run's config allows any shrink."""
+    """How much a full refresh may shrink a raw table (``max_shrink_fraction``, or ``allow``)."""
 
     max_fraction: float
     allow: bool
@@ -280,12 +252,8 @@ class ShrinkGuard:
 
 @dataclass
 class Staging:
-    """A staging table that receives the executor's pages, counted per list (``lists.Sink``).
-
-    ``by``: the column that tells the lists apart (``event_id`` for the per-event transaction
-    lists); ``None`` for one whole list. Each ``write`` is one insert transaction. Each row keeps
-    its item's ``item_digests`` until ``seal`` drops the column, before the table is used.
-    """
+    """A staging table that receives the executor's pages, counted per list (``lists.Sink``):
+    by column ``by`` (``event_id``), or one whole list. Rows keep a ``digest`` until ``seal``."""
 
     conn: duckdb.DuckDBPyConnection
     endpoint: ListEndpoint
@@ -298,11 +266,9 @@ class Staging:
         self.conn.execute(raw_table_ddl(self.endpoint, self.table, self.temporary, digest=True))
 
     def seal(self) -> None:
-        """Drop the digests: the table now holds what it will hold."""
         self.conn.execute(f"ALTER TABLE {qualified(self.table)} DROP COLUMN digest")
 
     def write(self, pages: Iterator[tuple[Stream, Page]]) -> None:
-        """Store every page; returns when they are all stored (raises if one was lost)."""
         writer = StagingWriter(self.conn, self.endpoint, self.table, self.loaded_at)
         try:
             for _, page in pages:
@@ -314,11 +280,9 @@ class Staging:
 
     @property
     def _list(self) -> str:
-        """What tells a row's list: ``by``, or NULL (``None``, the key of one whole list)."""
         return quote_ident(self.by) if self.by else "NULL"
 
     def counts(self) -> dict[Hashable, tuple[int, int]]:
-        """``(rows, distinct ids)`` stored per list (``by``'s value)."""
         found = self.conn.execute(
             f"SELECT {self._list}, count(*), count(DISTINCT id) "
             f"FROM {qualified(self.table)} GROUP BY ALL"
@@ -326,7 +290,6 @@ class Staging:
         return {key: (rows, distinct) for key, rows, distinct in found}
 
     def differing(self, key: Hashable) -> tuple[int, tuple[str, ...]]:
-        """Ids of one list stored more than once with different content: how many, and a few."""
         count, ids = one_row(
             self.conn,
             f"SELECT count(*), list(id ORDER BY id)[1:{NAMED_IDS}] FROM (SELECT id FROM "
@@ -337,7 +300,6 @@ class Staging:
         return count, tuple(ids or ())
 
     def ids_of(self, key: Hashable, digests: set[int]) -> tuple[str, ...]:
-        """The first few ids (in order) of one list's items whose ``item_digests`` is listed."""
         found = self.conn.execute(
             f"SELECT DISTINCT id FROM {qualified(self.table)} WHERE digest IN (SELECT unnest("
             f"$digests)) AND {self._list} IS NOT DISTINCT FROM $key ORDER BY id LIMIT {NAMED_IDS}",
@@ -346,7 +308,6 @@ class Staging:
         return tuple(row[0] for row in found)
 
     def forget(self, keys: list[Hashable]) -> None:
-        """Remove what is stored for these lists: they are paged again."""
         if self.by is None:
             self.create()
         else:
@@ -364,7 +325,6 @@ def page_executor(
     log: Callable[[str], None] = lambda message: None,
     spent: ListStats | None = None,
 ) -> PageExecutor:
-    """The executor that pages with ``api``: its ``fetch_page`` and its limits."""
     limits = (api.concurrency, api.max_pages_per_pass, api.max_item_mb, api.max_list_passes)
     variable = api.named("FIELDSALES_MAX_ITEM_MB")
     return PageExecutor(
@@ -385,14 +345,8 @@ def load_list(
     run_id: str | None = None,
 ) -> LoadReport:
     """Replace ``endpoint.raw_table`` with every item the server lists, or leave it untouched.
-
-    ``before_swap(staging_table)`` runs on the complete staging table just before it replaces
-    the old one (redaction, comments); ``after_swap(rows)`` records the load in the swap's
-    transaction (the state of an incremental refresh). ``max_shrink_fraction``: the largest share
-    of the current table's rows a refresh may lose; emptying a non-empty table is always refused
-    unless ``allow_shrink``. The rows the new table drops go to the deletion audit in the swap's
-    transaction (``deletions.record_deletions``, found gone by run ``run_id``).
-    """
+    ``before_swap(staging_table)`` runs just before the swap (redaction, comments);
+    ``after_swap(rows)`` and the deletion audit run in the swap's transaction."""
     started = time.monotonic()
     loaded_at = datetime.now(UTC)
     stage = staging_table(endpoint.raw_table)
@@ -452,8 +406,7 @@ def load_list(
 
 
 def _drop_duplicate_ids(conn: duckdb.DuckDBPyConnection, table: str) -> None:
-    """Keep one copy of each id: the copies are identical (the completeness rule pages a list
-    again, or fails it, while copies of an id differ)."""
+    """Keep one copy of each id: the completeness rule leaves only identical copies."""
     conn.execute(
         f"DELETE FROM {qualified(table)} WHERE rowid IN ("
         f"  SELECT rowid FROM (SELECT rowid, row_number() OVER (PARTITION BY id ORDER BY rowid)"

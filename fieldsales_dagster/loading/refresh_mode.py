@@ -1,8 +1,4 @@
-"""The choice between a full and an incremental refresh of ``raw.transactions``: pure logic.
-
-``choose_mode`` takes what the state tables say about the last load and returns the mode to run
-and why; ``incremental.py`` reads the state, runs the mode and applies the guards.
-"""
+"""The choice between a full and an incremental refresh of ``raw.transactions``: pure logic."""
 
 from __future__ import annotations
 
@@ -24,11 +20,8 @@ class PreviousLoad:
 
     last_full_at: datetime
     rows_recorded: int
-    #: ``count(*)`` of ``raw.transactions`` now; ``None`` if the table is missing.
-    rows_stored: int | None
-    #: ``loaded_at`` of the ``raw.events`` the last load fingerprinted (``None``: there was none).
-    events_loaded_at_recorded: datetime | None
-    #: ``loaded_at`` of ``raw.events`` now (``None``: missing).
+    rows_stored: int | None  # ``count(*)`` now; ``None``: no table
+    events_loaded_at_recorded: datetime | None  # of the ``raw.events`` the last load saw
     events_loaded_at_now: datetime | None
 
 

@@ -1,27 +1,9 @@
 """Re-sync on demand: re-fetch the transactions of chosen events, merged as an incremental refresh.
 
-A support ticket says "event X is wrong": a re-sync re-fetches, by ``eventId``, the transactions
-of the events it is asked for, either
-
-* ``event_ids``: these events, whatever the event list says of them; or
-* a window (``changed_from`` .. ``changed_to``): every event of ``raw.events`` with a status
-  change (an ``eventStateHistory`` entry) dated within it.
-
-The API has no endpoint for one event and no "changed since" filter on the event list (the API
-document shows ``skip`` and ``limit`` only), so the events themselves are re-fetched the only way
-there is, whole, by ``raw_events`` in the same run; the window is then read from that list.
-
-The re-fetched transactions are merged exactly as an incremental refresh merges (``incremental
-.refetch_and_merge``): the stored rows of those events are replaced by what the server lists now,
-the rows that are gone go to the deletion audit (``deletions.py``), and the whole is one
-transaction. What differs is the state it records: only the re-synced events' fingerprints move
-(the next incremental refresh still sees every other event's changes), and the server's global
-``count`` is not required to match (other events may have changed since the last load).
-
-Ids are checked before anything is fetched: an id that the server's event list does not hold,
-that no stored transaction carries and that no load ever saw is refused, naming it (a typo); an
-id the lake knew but the server no longer lists is a deleted event: its stored transactions are
-replaced by what the server lists for it (usually nothing), and the audit keeps them.
+The events are ``event_ids``, or those of ``raw.events`` (re-fetched whole in the same run: the
+API has no endpoint for one event) with an ``eventStateHistory`` date in a window
+(docs/refresh.md). Only their fingerprints move, and the server's global count need not match.
+An id the lake never knew is refused (a typo); one the server no longer lists is a deleted event.
 """
 
 from __future__ import annotations
@@ -52,8 +34,7 @@ from fieldsales_dagster.loading.incremental import (
 from fieldsales_dagster.warehouse.quoting import qualified
 from fieldsales_dagster.warehouse.warehouse import table_exists
 
-#: Ids named in one error message, at most.
-NAMED = 10
+NAMED = 10  # ids named in one message, at most
 
 
 class ResyncError(FieldSalesAPIError):
@@ -62,8 +43,8 @@ class ResyncError(FieldSalesAPIError):
 
 @dataclass(frozen=True)
 class ResyncRequest:
-    """What to re-sync: ``event_ids``, or the events with a status change in
-    ``changed_from <= date < changed_to`` (UTC). Validated by the run config (``ResyncConfig``)."""
+    """``event_ids``, or the events with a status change in ``changed_from <= date < changed_to``
+    (UTC)."""
 
     event_ids: tuple[str, ...] = ()
     changed_from: datetime | None = None
@@ -81,8 +62,7 @@ class ResyncRequest:
 
 
 def _known_ids(conn: duckdb.DuckDBPyConnection) -> str:
-    """A query of every event id this lake knows: listed now, carried by a stored transaction,
-    fingerprinted at a load, or audited as deleted."""
+    """A query of every event id this lake knows: listed, stored, fingerprinted or audited."""
     sources = [f"SELECT event_id FROM {FINGERPRINTS_NOW}"]
     if table_exists(conn, TRANSACTIONS.raw_table):
         sources.append(f"SELECT event_id FROM {qualified(TRANSACTIONS.raw_table)}")
@@ -94,8 +74,7 @@ def _known_ids(conn: duckdb.DuckDBPyConnection) -> str:
 
 
 def _choose_events(conn: duckdb.DuckDBPyConnection, request: ResyncRequest) -> None:
-    """Fill the plan's tables: ``REFETCH_TABLE(event_id, why)`` with the events to re-sync, and
-    ``REMOVED_TABLE`` empty (a re-sync replaces only the events it re-fetches)."""
+    """Fill ``REFETCH_TABLE(event_id, why)`` with the events to re-sync; ``REMOVED_TABLE`` empty."""
     if request.event_ids:
         conn.execute(
             f"CREATE OR REPLACE TEMP TABLE {REFETCH_TABLE} AS "
@@ -137,7 +116,6 @@ def resync_transactions(
     before_swap: Callable[[str], None] | None = None,
     run_id: str | None = None,
 ) -> RefreshReport:
-    """Re-fetch and merge the transactions of the events ``request`` names (see the module)."""
     run = Merging(api, conn, log, before_swap, run_id)
     if read_previous_load(conn) is None:
         raise ResyncError(
