@@ -1,11 +1,8 @@
 """The lake's catalog as a setting spells it: ``sqlite:<file>`` (one host) or
-``postgres:<libpq connection string>`` (several machines). It imports nothing of the project: the
-settings check the spelling here, and the lake (with its command, which loads no Dagster) reads it.
-"""
+``postgres:<libpq connection string>`` (several machines). It imports nothing of the project."""
 
 POSTGRES_PREFIX = "postgres:"
 SQLITE_PREFIX = "sqlite:"
-#: The embedded default: a SQLite catalog under ``data/``, its Parquet files beside it.
 DEFAULT_CATALOG = "sqlite:data/fieldsales.ducklake.sqlite"
 
 

@@ -1,25 +1,16 @@
-"""Stored times that decide what a run does, held to this host's clock.
-
-A time read from local state (a token store's ``issued_at``, the last full refresh, a sensor's
-last check) that lies ahead of now cannot be an age: it was written by a host whose clock ran
-fast, restored from such a host, or edited by hand. Trusted, it postpones whatever it gates by
-the whole offset (a token renewed months late, a weekly full refresh never due). Beyond a small
-tolerance for clocks that differ by seconds, such a time is treated as unknown, and the caller
-says why in its output (``from_the_future``).
+"""Stored times that decide what a run does, held to this host's clock: one ahead of now (a fast
+clock, a hand edit) would postpone what it gates by the whole offset, so it is treated as unknown.
 """
 
 from __future__ import annotations
 
 from datetime import UTC, datetime, timedelta
 
-#: How far ahead of now a stored time may lie (clocks of two hosts differ by that much) and
-#: still be trusted.
-FUTURE_TOLERANCE = timedelta(minutes=5)
+FUTURE_TOLERANCE = timedelta(minutes=5)  # ahead of now, still trusted: two hosts' clocks differ
 
 
 def from_the_future(moment: datetime | None, now: datetime, what: str) -> str | None:
-    """Why ``moment`` (``what``, a time read from local state) is unknown: it lies more than
-    ``FUTURE_TOLERANCE`` ahead of ``now``; ``None`` if it can be trusted (or there is none)."""
+    """Why ``moment`` (``what``) is unknown: too far ahead of ``now``; ``None`` if trusted."""
     if moment is None:
         return None
     if moment.tzinfo is None:

@@ -1,8 +1,6 @@
-"""File settings (``duckdb_path``, ``token_store_path``: files the pipeline replaces by a rename;
-a symlink is followed, so the rename replaces its target). A missing folder is created only with
-``create_dirs`` or for the default under data/: a mistyped volume path must never fill the disk.
-What a path is, however spelled (a link, ``..``, relative or absolute), is its ``identity``.
-"""
+"""File settings: a symlink is followed, so the pipeline's rename replaces its target. A folder
+is made only with ``create_dirs`` or for the default under data/: a mistyped volume path must never
+fill the disk."""
 
 from __future__ import annotations
 
@@ -27,8 +25,8 @@ def resolved(path: str | Path) -> Path:
 
 
 def identity(path: str | Path) -> tuple[Hashable, ...]:
-    """What ``path`` names, however spelled: the device and inode of the file or folder after
-    links; for one not created yet, those of its nearest existing folder and the names below."""
+    """What ``path`` names, however spelled: device and inode after links (of the nearest
+    existing folder, and the names below, for one not created yet)."""
     target = resolved(path)
     found = next(p for p in (target, *target.parents) if p.exists() or p == p.parent)
     below = target.relative_to(found).parts
@@ -53,8 +51,7 @@ def check_file_setting(
     path: str | Path, *, setting: str, create_dirs: bool, create: bool = False
 ) -> Path:
     """The resolved ``path``, once it is known that the pipeline can replace the file there;
-    ``create``: make a missing folder now. The ``SettingError`` names the setting, its variable,
-    the path as given (and the link's target), what is wrong and what to do."""
+    ``create``: make a missing folder now. Else a ``SettingError`` (``_target``)."""
     create_dirs = create_dirs or str(path) == SETTINGS[setting].default
     target, fail = _target(path, setting)
     _check_whitespace(target, fail)
@@ -68,14 +65,12 @@ def check_file_setting(
 
 
 def check_folder_setting(path: str | Path, *, setting: str, what: str = "") -> Path:
-    """The nearest existing folder at or above the folder ``path`` (``what``: which folder of
-    ``setting`` it is), once it is known that the pipeline can write there: the folder exists, or
-    may be made below it (a run says if it must exist). Fails like ``check_file_setting``."""
+    """The nearest existing folder at or above the folder ``path`` (``what``: which of
+    ``setting``'s), once it is known that the pipeline can write there (or make it)."""
     target, fail = _target(path, setting, what)
     return _check_folder(target, setting, fail, create_dirs=True, create=False)
 
 
-#: A file's name to suggest when a file setting names a folder.
 _EXAMPLE_NAMES = {
     "duckdb_path": "fieldsales.duckdb",
     "token_store_path": "fieldsales_token.json",
@@ -86,8 +81,7 @@ _EXAMPLE_NAMES = {
 def _target(
     path: str | Path, setting: str, what: str = ""
 ) -> tuple[Path, Callable[[str, str], SettingError]]:
-    """``path`` resolved, and how a failure of it is told: the setting, its variable, the path
-    as given (and the link's target), what is wrong and what to do."""
+    """``path`` resolved, and its failure: the setting, variable, path as given, what to do."""
     given = Path(path).expanduser()
     target = resolved(given)
     shown = str(given) if target == given.absolute() else f"{given} (a link to {target})"
@@ -99,9 +93,8 @@ def _target(
 
 
 def _check_whitespace(target: Path, fail: Callable[[str, str], SettingError]) -> None:
-    """Refuse a name with whitespace around it, and one that differs from an existing file or
-    folder beside it only by such whitespace: a stray space in a variable once wrote new files
-    there, and the other one holds the data analysts read."""
+    """Refuse a name with whitespace around it, or one differing only so from a file beside it:
+    a stray space would write new files while analysts read the other."""
     name = target.name
     if name != name.strip():
         raise fail(

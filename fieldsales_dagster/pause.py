@@ -1,10 +1,5 @@
-"""A test hook: hold the process at a named phase, so that a test can kill it exactly there.
-
-``FIELDSALES_TEST_PAUSE_AT=<phase>`` makes ``pause_at(<phase>)`` say ``paused at <phase>`` on
-stderr and sleep until the process is killed (``fieldsales_dagster_tests/test_operate.py``).
-Unset, as it always is outside that test, ``pause_at`` returns at once and does nothing. Phases:
-``loading``, ``merge``, ``core``, ``export``, ``token_store``.
-"""
+"""A test hook: ``FIELDSALES_TEST_PAUSE_AT=<phase>`` makes ``pause_at(<phase>)`` hold the process
+there (saying so on stderr) until a test kills it (``test_operate.py``); unset, it does nothing."""
 
 import os
 import sys

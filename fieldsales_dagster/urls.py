@@ -1,12 +1,8 @@
-"""The base URL: validated once, with the parser that makes the connection.
+"""The base URL: validated once, with the parser that makes the connection (urllib3's).
 
-``requests`` hands every URL to urllib3, so urllib3's ``parse_url`` decides which host the token
-is sent to. Validating with another parser (``urllib.parse``) lets an ambiguous URL pass the
-loopback check while urllib3 connects elsewhere: ``http://evil.example:80\\@127.0.0.1`` is
-``127.0.0.1`` to ``urlsplit`` and ``evil.example`` to urllib3. So the URL is parsed by urllib3,
-anything two parsers could read differently is refused outright, and the URL used afterwards is
-rebuilt from urllib3's parts. It imports nothing of the project: the settings check
-``api.base_url`` with it, and the client connects by it.
+Another parser would let ``http://evil.example:80\\@127.0.0.1`` pass as loopback while urllib3
+connects to ``evil.example``: what two parsers could read differently is refused, and the URL is
+rebuilt from urllib3's parts. It imports nothing of the project.
 """
 
 from __future__ import annotations
@@ -41,7 +37,7 @@ class Origin:
 
     @property
     def netloc(self) -> str:
-        """``host:port`` as a person would look for it in an error message."""
+        """``host:port``, for error messages."""
         return f"{self.host}:{self.port}"
 
     @property
@@ -90,16 +86,10 @@ def origin_of(url: str) -> Origin | None:
 
 @functools.lru_cache(maxsize=256)  # pure; a refused URL raises every time (nothing is cached)
 def validate_base_url(base_url: str) -> str:
-    """The base URL, rebuilt from urllib3's parts without a trailing slash.
-
-    Refused: anything but http(s), no host, user info (``user@``), backslashes, whitespace or
-    control characters inside, non-ASCII characters (write an international domain in its
-    ``xn--`` form), a query or a fragment, and plain ``http://`` to a host other than loopback.
-    """
+    """The base URL, rebuilt from urllib3's parts without a trailing slash."""
     url = base_url.strip()
     if "@" in url:
-        # Never echo the URL: what precedes the @ may be a password.
-        raise ValueError(
+        raise ValueError(  # never echoing the URL: what precedes the @ may be a password
             f"FIELDSALES_BASE_URL must be {_EXAMPLE}, without user info (user@ or "
             "user:password@): the API token is the only credential sent. Remove the part "
             "before the @."
