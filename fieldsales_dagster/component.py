@@ -1,13 +1,7 @@
-"""The Field-Sales component: one instance of the service, configured in YAML, as Dagster defs.
+"""The Field-Sales component: one instance, configured in YAML (``settings.py``), as Dagster defs.
 
-Its settings are ``FieldSalesSettings`` (``settings.py``). One instance becomes the API client
-(its token a Dagster ``EnvVar``: the UI shows only the variable's name) and warehouse resources;
-assets ``raw_*``, ``core_*`` and ``mart_*`` (under ``key_prefix`` for a second tenant) and their
-checks; the refresh and upkeep jobs and schedules; the token-renewal, automation and alert
-sensors. Subclasses may override ``build_assets`` or ``build_checks`` (the checks that run as
-steps of their own; most are check specs evaluated in their asset's step). Of several instances
-in one code location, one whose settings are wrong becomes ``NotConfigured``: its error, as an
-asset that fails when run, while the others load.
+Subclasses may override ``build_assets`` or ``build_checks`` (the checks run as steps of their
+own). Of several tenants, one whose settings are wrong becomes ``NotConfigured``; the rest load.
 """
 
 from __future__ import annotations
@@ -71,14 +65,13 @@ from fieldsales_dagster.warehouse.lake import AWS_KEY_VARIABLES, Lake, LakeError
 from fieldsales_dagster.warehouse.pii import PiiSettingError
 from fieldsales_dagster.warehouse.warehouse import FieldSalesWarehouse
 
-#: Errors of one tenant's settings, whose message is the whole story of what to fix.
+#: Errors whose message is the whole story of what to fix: one tenant's, then several's.
 TENANT_ERRORS = (SettingError, PiiSettingError, TokenFormatError)
-#: ... and of the tenants of a code location together.
 CONFIGURATION_ERRORS = (*TENANT_ERRORS, TenantConflictError)
 
 
 def configuration_problems(exc: BaseException | None) -> list[str]:
-    """The setting errors in ``exc``'s chain (a component's load error wraps them), in order."""
+    """The setting errors in ``exc``'s chain, in order."""
     found: list[str] = []
     seen: set[int] = set()
     while exc is not None and id(exc) not in seen:
@@ -92,17 +85,15 @@ def configuration_problems(exc: BaseException | None) -> list[str]:
 
 
 def tenants_isolated(context: dg.ComponentLoadContext) -> bool:
-    """Whether a tenant whose settings are wrong leaves the others loaded (``NotConfigured``): in
-    a code location with several, but not under ``dg check defs`` (``dagster definitions
-    validate`` sets ``DAGSTER_IS_DEFS_VALIDATION_CLI`` for code to tell), which fails on it."""
+    """Whether a tenant with wrong settings leaves the others loaded: with several, but not under
+    ``dg check defs`` (it sets ``DAGSTER_IS_DEFS_VALIDATION_CLI``), which fails on it."""
     validating = os.environ.get("DAGSTER_IS_DEFS_VALIDATION_CLI")
     return not validating and len(declared_tenants(context, FieldSalesComponent)) > 1
 
 
 def catalog_identity(lake: Lake) -> Hashable:
-    """What ``lake``'s catalog is, however spelled: its SQLite file (``paths.identity``), or its
-    PostgreSQL server's system identifier and database, asked at load (only for tenants spelled
-    apart). A server that cannot be asked now is its spelling, with a warning."""
+    """``lake``'s catalog however spelled: its SQLite file, or its PostgreSQL server's system
+    identifier and database; its spelling, with a warning, if the server cannot be asked."""
     if lake.catalog_file is not None:
         return identity(lake.catalog_file)
     try:
@@ -119,9 +110,7 @@ class ScaffoldNameError(ValueError):
 
 
 def tenant_defs_yaml(type_name: str, tenant: str) -> str:
-    """The ``defs.yaml`` of tenant ``tenant`` (also its key prefix): its API, token, token store
-    and lake read from its settings' variables, and its secrets from variables of its own, all
-    prefixed with its name (``ACME_FIELDSALES_...``)."""
+    """The ``defs.yaml`` of tenant ``tenant`` (its key prefix), reading ``ACME_FIELDSALES_...``."""
     if not (IDENTIFIER.match(tenant) and tenant[0].isalpha()):
         raise ScaffoldNameError(
             f"dg scaffold defs {type_name} {tenant}: the folder's name becomes the tenant's "
@@ -149,7 +138,6 @@ def tenant_defs_yaml(type_name: str, tenant: str) -> str:
             "ducklake_data_path": env("ducklake_data_path"),
         },
     }
-    # The variables holding its secrets are its own too, never the first tenant's.
     for declared in SETTINGS.values():
         if declared.name.endswith("_env_var"):
             attributes.setdefault(declared.group, {})[declared.key] = own + declared.default
@@ -165,8 +153,6 @@ def tenant_defs_yaml(type_name: str, tenant: str) -> str:
 
 
 class FieldSalesScaffolder(dg.Scaffolder):
-    """Writes a tenant's ``defs.yaml`` (see ``tenant_defs_yaml``)."""
-
     def scaffold(self, request: dg.ScaffoldRequest[Any]) -> None:
         if request.scaffold_format != "yaml":
             dg.scaffold_component(request)
@@ -186,8 +172,6 @@ class FieldSalesComponent(dg.Component, FieldSalesSettings):
 
     @classmethod
     def load(cls, attributes: BaseModel | None, context: dg.ComponentLoadContext) -> Any:
-        """The component, or, if its settings are wrong and the code location has other
-        tenants, ``NotConfigured``: they load, and its error shows as its own."""
         try:
             return super().load(attributes, context)
         except Exception as exc:
@@ -218,7 +202,7 @@ class FieldSalesComponent(dg.Component, FieldSalesSettings):
             )
         self.check_paths()
         self.check_item_size()
-        # A secret: only the variable's name reaches Dagster (the warehouse checks the key).
+        # Only the secret's variable name reaches Dagster.
         pii_hash_key = dg.EnvVar(self.pii.hash_key_env_var) if self.pii.mode == "hash" else None
         api = {**values(self.api), "api_token": dg.EnvVar(token_variable), **self.token_row()}
         warehouse = values(self.storage, self.pii, self.refresh)
@@ -227,12 +211,10 @@ class FieldSalesComponent(dg.Component, FieldSalesSettings):
             self.names.warehouse.key: FieldSalesWarehouse(
                 **warehouse, tenant=self.tenant, pii_hash_key=pii_hash_key
             ),
-            # User assets' DataFrames, through the warehouse above (assets/io_manager.py).
             self.names.io_manager: build_io_manager(self.names.warehouse.key, self.user_schema),
         }
 
     def check_item_size(self) -> None:
-        """Fail the load at once if ``max_item_mb`` is more than the memory limit can decode."""
         item_mb, limit = self.api.max_item_mb, self.storage.duckdb_memory_limit
         if item_mb > (decoded := int(memory_megabytes(limit) // ITEM_SHARE_OF_MEMORY)):
             raise invalid(
@@ -245,17 +227,14 @@ class FieldSalesComponent(dg.Component, FieldSalesSettings):
 
     @property
     def tenant(self) -> str:
-        """Who this instance's lake belongs to: the Field-Sales host and the key prefix, recorded
-        in the lake with its first commit; a lake recorded for another tenant is refused
-        (``lake.check_tenant``). The port is not part of it: the bundled demo API takes a new one
-        at every start, and an instance is its host."""
+        """Whose lake this is, recorded at its first commit (``lake.check_tenant``): the host,
+        not the port (the demo API takes a new one at every start), and the key prefix."""
         url = self.api.base_url or ""
         host = (urllib3.util.parse_url(url).host or url).lower()
         return f"{host} (key_prefix {self.key_prefix or '-'})"
 
     def token_row(self) -> dict[str, Any]:
-        """With ``token_store_path`` ``catalog``, where the token's row is (the resource's
-        ``ducklake_*`` fields); empty for a file store. Refuses a catalog that is not PostgreSQL."""
+        """Where a ``catalog`` token store's row is (``ducklake_*`` fields); empty for a file."""
         if self.api.token_store_path != CATALOG_STORE:
             return {}
         if not self.warehouse_lake().is_postgres:
@@ -269,22 +248,18 @@ class FieldSalesComponent(dg.Component, FieldSalesSettings):
         return {setting: getattr(self.storage, setting) for setting in row}
 
     def check_paths(self) -> None:
-        """Fail the load at once if a file setting or the lake (``FieldSalesWarehouse.preflight``)
-        points where the pipeline cannot write."""
         settings = {} if self.token_row() else {"token_store_path": self.api.token_store_path}
         if self.storage.duckdb_path is not None:
             settings["duckdb_path"] = self.storage.duckdb_path
         for setting, path in settings.items():
             check_file_setting(path, setting=setting, create_dirs=self.storage.create_dirs)
-        # The lake's files: a run that cannot write them sends nothing.
         FieldSalesWarehouse(**values(self.storage)).preflight()
 
     def warehouse_lake(self) -> Lake:
         return FieldSalesWarehouse(**values(self.storage)).lake
 
     def freshness_policy(self) -> dg.FreshnessPolicy:
-        """Core tables are fresh if refreshed within one schedule interval (plus an hour of slack
-        for the run itself); they fail freshness after two missed refreshes."""
+        """Warn after one schedule interval (plus an hour for the run), fail after two."""
         interval = schedule_interval(self.refresh.schedule_cron, self.refresh.schedule_timezone)
         return dg.FreshnessPolicy.time_window(
             warn_window=interval + timedelta(hours=1), fail_window=2 * interval + timedelta(hours=1)
@@ -292,14 +267,12 @@ class FieldSalesComponent(dg.Component, FieldSalesSettings):
 
     def build_assets(self) -> list[dg.AssetsDefinition]:
         names, policy = self.names, self.freshness_policy()
-        # Every table loads as a pandas input of a user asset through the IO manager.
         tables = [
             *build_raw_assets(names, self.owners, names.io_manager),
             *build_core_assets(names, self.owners, policy, checks_in_asset_step, names.io_manager),
         ]
         if self.storage.duckdb_path is None:
             return tables
-        # The single-file export, after the core and mart tables (assets/export.py).
         built = [k for a in tables for k in a.keys if k.path[-1].startswith(("core_", "mart_"))]
         return [*tables, build_export_asset(names, self.owners, built)]
 
@@ -307,7 +280,6 @@ class FieldSalesComponent(dg.Component, FieldSalesSettings):
         return [*build_core_checks(self.names), build_schema_change_checks(self.names, assets)]
 
     def alert_settings(self) -> AlertSettings:
-        """Where this instance's alerts go (``automation/sensors.py``); off unless configured."""
         return AlertSettings(
             tenant=self.names.tenant,
             alerts=self.alerts,
@@ -316,7 +288,6 @@ class FieldSalesComponent(dg.Component, FieldSalesSettings):
         )
 
     def tenant_claims(self) -> list[Claim]:
-        """What this instance must have to itself in a code location (see ``tenancy.py``)."""
         lake = self.warehouse_lake()
         schema = lake.schema or ("public" if lake.is_postgres else "main")
         one_file = "one file, links and relative paths followed"
@@ -326,7 +297,7 @@ class FieldSalesComponent(dg.Component, FieldSalesSettings):
                 return []
             return [Claim(thing, path, setting, resolve=lambda: (identity(path),), same=one_file)]
 
-        # A token row is the lake's (its catalog and schema): the DuckLake claim covers it.
+        # The DuckLake claim covers a token row.
         token_file = None if self.token_row() else self.api.token_store_path
         return [
             Claim("key prefix", self.key_prefix or "(none)", "key_prefix"),
@@ -389,7 +360,6 @@ class FieldSalesComponent(dg.Component, FieldSalesSettings):
             schedules=[schedule, upkeep_schedule],
             sensors=[
                 build_token_renewal_sensor(names, renewal),
-                # Also the user assets downstream of this instance's tables (README: Build on it).
                 build_core_automation_sensor(names, selection.downstream()),
                 *alert_sensors,
             ],
@@ -399,9 +369,8 @@ class FieldSalesComponent(dg.Component, FieldSalesSettings):
 
 @dataclass
 class NotConfigured(dg.Component):
-    """A tenant whose settings are wrong, in a code location with others: in place of its
-    definitions, an asset ``<key_prefix>/not_configured`` and its refresh job, described by the
-    error (``dg list defs``, the UI) and failing with it when run, before any request."""
+    """A tenant with wrong settings among others: an asset ``<key_prefix>/not_configured`` and its
+    refresh job, described by the error and failing with it when run."""
 
     folder: Path
     key_prefix: str | None

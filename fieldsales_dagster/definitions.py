@@ -13,35 +13,27 @@ import dagster as dg
 from fieldsales_dagster.component import configuration_problems
 
 DEFS_FOLDER = Path(__file__).parent / "defs"
-#: What else the definitions read when they load: the queries and their column descriptions.
 SQL_FOLDER = Path(__file__).parent / "sql"
-#: What Dagster's component loader says first: "Error while loading component fieldsales[0]: ...".
+#: As in "Error while loading component fieldsales[0]: ...".
 _COMPONENT = re.compile(r"component (?P<folder>[^\s\[:]+)")
 
 
 class FieldSalesConfigError(Exception):
-    """A setting of a Field-Sales instance is wrong: the message is all a user needs to fix it.
-
-    Raised without its chain, so that a command-line traceback ends with the cause (the setting,
-    its variable, what it accepts) instead of Dagster's and pydantic's frames around it.
-    """
+    """A setting is wrong: raised without its chain, so a traceback ends with what to fix."""
 
 
 def _component_file(exc: BaseException | None) -> str:
-    """The defs.yaml a component load error is about, as a path from the working directory."""
+    """The defs.yaml a component load error is about."""
     while exc is not None:
         match = _COMPONENT.search(str(exc).splitlines()[0] if str(exc) else "")
         if match and (DEFS_FOLDER / match["folder"] / "defs.yaml").is_file():
             return _shown(DEFS_FOLDER / match["folder"] / "defs.yaml")
         exc = exc.__cause__
     found = sorted(DEFS_FOLDER.glob("*/defs.yaml"))
-    # A load error not tied to a folder (a path setting checked later): name the only one there
-    # is, or the folder that holds them all, never a placeholder.
     return _shown(found[0]) if len(found) == 1 else f"one of {_shown(DEFS_FOLDER)}/*/defs.yaml"
 
 
 def _shown(path: Path) -> str:
-    """``path`` from the working directory when it lies below it, else absolute."""
     path = path.resolve()
     try:
         return str(path.relative_to(Path.cwd().resolve()))
@@ -51,21 +43,13 @@ def _shown(path: Path) -> str:
 
 @dg.definitions
 def defs() -> dg.Definitions:
-    """The definitions, built once per process for the same inputs (``_inputs``).
-
-    Dagster asks for them several times in one process (a CLI run: to list the job, to execute
-    it, for the step's context, ...), each time building every instance's component, resource
-    and asset anew: about a second of CPU each. The same environment and files give the same
-    definitions, so they are built once; a change to either (a test's variables, an edited
-    defs.yaml, a reloaded code location) builds them again.
-    """
+    """Built once per process for the same ``_inputs``: Dagster asks several times per process,
+    and each build costs about a second of CPU."""
     return _definitions(_inputs())
 
 
 def _inputs() -> str:
-    """A digest of what the definitions are built from: the environment (every setting's
-    variable, the token), and the name, size and modification time of every file of the
-    ``defs/`` and ``sql/`` folders. A digest: the token is not kept."""
+    """A digest (the token is not kept) of the environment and the ``defs/`` and ``sql/`` files."""
     digest = hashlib.sha256()
     for name, value in sorted(os.environ.items()):
         digest.update(f"{name}\0{value}\0".encode())
@@ -91,8 +75,6 @@ def _definitions(inputs: str) -> dg.Definitions:
         ) from None
     return dg.Definitions.merge(
         loaded,
-        # Steps run in the run's own process: it saves a Python process (and its start-up, and
-        # the lake's attach) per step. Separate runs (schedule, UI, CLI) write the lake at once,
-        # one writer per table (each table's pool), each table change one snapshot.
+        # In-process: saves a Python start-up and the lake's attach per step.
         dg.Definitions(executor=dg.in_process_executor),
     )

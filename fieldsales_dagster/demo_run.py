@@ -1,15 +1,7 @@
 """``fieldsales-demo-run``: the whole pipeline against the bundled demo API, in one command.
 
-Starts the demo API on loopback, materializes every asset (and runs every check) into the lake
-(``data/fieldsales.ducklake.sqlite`` and ``data/lake/`` by default), then prints the tables written
-with their row counts and the result of every check on them. The demo data breaks a few rules on
-purpose (see ``EXPECTED_DEMO_FINDINGS``); those checks are named and marked as expected, and any
-other failing check makes the command fail.
-
-The run is recorded in a persistent Dagster home (``.dagster_home/`` by default, holding the
-project's ``dagster.yaml`` without its storage keys): ``dg dev``, started from the project folder
-with ``DAGSTER_HOME`` unset, reads the project's ``dagster.yaml``, whose storage is that same
-folder, and the UI shows this run, its metadata and its check results.
+It prints each table's rows and checks; a failing check not in ``EXPECTED_DEMO_FINDINGS`` fails
+it. The run is kept in ``.dagster_home/``, where ``dg dev`` (``DAGSTER_HOME`` unset) shows it.
 """
 
 from __future__ import annotations
@@ -32,11 +24,9 @@ from fieldsales_dagster.warehouse.rows import one_row
 from fieldsales_dagster.warehouse.warehouse import FieldSalesWarehouse
 
 DEFAULT_DAGSTER_HOME = ".dagster_home"
-#: The keys of ``dagster.yaml`` that place the storage (in ``.dagster_home/``, for ``dg dev``). A
-#: copy in a Dagster home leaves them out: their defaults there are that home's own folders.
+#: Left out of a home's copy of ``dagster.yaml``: their defaults are that home's own folders.
 STORAGE_KEYS = ("storage", "local_artifact_storage", "compute_logs")
-#: The demo API's token: the same on every start (on a new port each time), so the token store
-#: follows the demo API to its new address (docs/token-lifecycle.md) and `make demo` runs again.
+#: The same on every start (on a new port), so the token store follows the demo API.
 DEMO_TOKEN = "demo-token"
 
 #: Checks that the demo data fails on purpose: (asset, check) -> what in the data trips it.
@@ -54,11 +44,7 @@ EXPECTED_DEMO_FINDINGS = {
 
 
 def prepare_dagster_home(home: Path, instance_yaml: Path | None = None) -> Path:
-    """Create ``home`` with the project's ``dagster.yaml`` (kept up to date), storage keys left out.
-
-    The home then keeps its runs in itself, wherever it is; for the default ``.dagster_home/``
-    that is where the project's ``dagster.yaml`` points ``dg dev``'s storage.
-    """
+    """Create ``home`` with the project's ``dagster.yaml`` but its storage keys: runs stay in it."""
     home.mkdir(parents=True, exist_ok=True)
     source = instance_yaml or Path("dagster.yaml")  # run from the project folder
     if source.is_file():
@@ -71,7 +57,6 @@ def prepare_dagster_home(home: Path, instance_yaml: Path | None = None) -> Path:
 
 
 def _note(asset: str, evaluation: dg.AssetCheckEvaluation) -> str:
-    """A check's result as the summary shows it, beside its table."""
     finding = EXPECTED_DEMO_FINDINGS.get((asset, evaluation.check_name))
     if evaluation.passed:
         return "passed" + (f" (the demo data usually trips it: {finding})" if finding else "")
@@ -82,7 +67,7 @@ def _note(asset: str, evaluation: dg.AssetCheckEvaluation) -> str:
 def summarize(
     warehouse: FieldSalesWarehouse, evaluations: Sequence[dg.AssetCheckEvaluation]
 ) -> tuple[str, list[str]]:
-    """Row counts with each table's check results beside them; and the unexpected failures."""
+    """Row counts with each table's check results; and the unexpected failures."""
     with warehouse.read_connection() as conn:
         tables = conn.execute(
             "SELECT table_schema || '.' || table_name FROM information_schema.tables "
@@ -114,7 +99,7 @@ def summarize(
 
 
 class _ProgressHandler(logging.Handler):
-    """One line per finished step, and every warning or error a step logs; nothing else."""
+    """One line per finished step, and every warning or error; nothing else."""
 
     done = 0
 
@@ -144,16 +129,10 @@ def progress_logger(init_context: dg.InitLoggerContext) -> logging.Logger:
 
 
 def run_and_report(loaded: dg.Definitions, instance, warehouse: FieldSalesWarehouse) -> int:
-    """Run every asset and check of ``loaded`` on ``instance``, print the tables and checks; 0
-    unless something went wrong.
-
-    The terminal shows one line per finished step (and any warning); Dagster's own DEBUG events
-    stay in the instance, where the UI shows them. The run carries its asset selection, so the
-    UI's runs list names its target.
-    """
+    """Run every asset and check of ``loaded``, print the tables and checks; 0 unless something
+    went wrong. The asset selection names the run's target in the UI's runs list."""
     job = loaded.resolve_implicit_global_asset_job_def()
     keys = sorted(job.asset_layer.executable_asset_keys)
-    # A step per asset (its own checks included) and per definition of checks run apart.
     definitions = [*(loaded.assets or ()), *(loaded.asset_checks or ())]
     steps = {d.op.name for d in definitions if isinstance(d, dg.AssetsDefinition)}
     print(
@@ -203,15 +182,12 @@ def main(argv: list[str] | None = None) -> int:
     with DemoServer(config, token=DEMO_TOKEN) as server:
         os.environ["FIELDSALES_BASE_URL"] = server.base_url
         os.environ["FIELDSALES_API_TOKEN"] = server.token
-        # The demo writes the lake only: no single-file export, no DuckDB file under data/.
         os.environ.pop("FIELDSALES_DUCKDB_PATH", None)
-        # The demo owns its data folder (data/ by default): create it on first use.
         os.environ["FIELDSALES_CREATE_DIRS"] = "true"
         os.environ["DAGSTER_HOME"] = str(home)
         from fieldsales_dagster.definitions import defs
 
         loaded = defs()
-        # The lake the run writes, as the definitions resolve it (settings, then defaults).
         warehouse = (loaded.resources or {}).get(InstanceNames().warehouse.key)
         assert isinstance(warehouse, FieldSalesWarehouse), "the project defines its warehouse"
         lake = warehouse.lake
@@ -220,8 +196,7 @@ def main(argv: list[str] | None = None) -> int:
             f"(data: {lake.data_path})",
             flush=True,
         )
-        # The bundled demo API is the same instance on a new port each time: the demo moves its
-        # lake's tenant record along, the documented step for a moved instance (docs/storage.md).
+        # The demo API is one instance on a new port each time: move the tenant record along.
         move_tenant(lake)
         with dg.DagsterInstance.from_config(str(home)) as instance:
             status = run_and_report(loaded, instance, warehouse)

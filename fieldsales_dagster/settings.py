@@ -1,10 +1,6 @@
-"""Every setting of a Field-Sales instance, declared once: the component's YAML model.
-
-A setting is a field of its concern's model (``api:``, ``storage:``, ``refresh:``, ``pii:``,
-``alerts:``, or the instance's own: ``key_prefix``, ...), made by ``setting(...)`` with its
-default, range, ``FIELDSALES_*`` variable and meaning; ``settings_resource`` gives the resource a
-concern resolves into a field per setting. Nothing is read from the environment here.
-"""
+"""Every setting of a Field-Sales instance, declared once by ``setting(...)`` as a field of its
+concern's model (``api:``, ``storage:``, ...): default, range, ``FIELDSALES_*`` variable, meaning.
+Nothing is read from the environment here."""
 
 from __future__ import annotations
 
@@ -40,13 +36,10 @@ from fieldsales_dagster.urls import endpoint_origin, validate_base_url
 SETTING_KEY = "fieldsales_setting"
 #: "A token is valid for 2 months" (API document, section 5): renewal must come before that.
 TOKEN_LIFETIME_DAYS = 60
-#: DuckDB reads and decodes an item of up to this share of its memory limit. Measured under the
-#: default 192MB: a 20 MB item is read into a table, 12 MB are decoded (``payload->>'key'``), 16 MB
-#: run out of memory; under 1GB an 80 MB item is decoded.
+#: DuckDB decodes an item of up to this share of its memory limit (measured: under 192MB 12 MB
+#: decode and 16 MB run out of memory; under 1GB 80 MB decode).
 ITEM_SHARE_OF_MEMORY = 16
-#: The schemas the project writes and rebuilds. Anything else in the lake (``analytics``, a
-#: team's own schema) belongs to its users: never dropped. A DuckDB export may not be named after
-#: one, nor may user_schema be one.
+#: The schemas the project rebuilds; any other (``analytics``) is its users', never dropped.
 PROJECT_SCHEMAS = frozenset({"raw", "core", "mart", "meta"})
 IDENTIFIER = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 _MEMORY = re.compile(r"^(\d+(?:\.\d+)?)\s*(B|KB|MB|GB|TB|KiB|MiB|GiB|TiB)$", re.IGNORECASE)
@@ -56,20 +49,15 @@ _UNITS |= {"kib": 1024 / 1e6, "mib": 1.048576, "gib": 1073.741824, "tib": 109951
 _ENV_REFERENCE = re.compile(
     r"""^\{\{\s*env(?:\.(?P<attr>[A-Za-z_][A-Za-z0-9_]*)|\(\s*['"](?P<call>[A-Za-z_][A-Za-z0-9_]*)['"]\s*\))\s*\}\}$"""
 )
-#: What ``api_token`` resolves to when the YAML holds anything but an ``env`` reference. The load
-#: then fails in ``build_resources``, whose message cannot echo the YAML line (Dagster's own
-#: resolution errors quote it, and the line would be the token).
+#: ``api_token`` of a YAML holding no ``env`` reference: ``build_resources`` then fails without
+#: quoting the YAML line (Dagster's own errors would, and the line is the token).
 NOT_AN_ENV_REFERENCE = "<not an environment variable reference>"
-#: The variable a YAML value reads: the first ``env.NAME`` (or ``env('NAME')``) of its template.
 _ENV_READ = re.compile(r"""\benv(?:\.|\(\s*['"])([A-Za-z_][A-Za-z0-9_]*)""")
-#: What the ``defs.yaml`` being loaded calls the shipped one's variables (``invalid`` names
-#: them; see ``SettingsModel._variables``); empty outside a load from YAML.
+#: What the ``defs.yaml`` being loaded calls the shipped one's variables (``_variables``).
 _VARIABLES: ContextVar[dict[str, str] | None] = ContextVar("variables", default=None)
 
 
 def named(variable: str) -> str:
-    """What the ``defs.yaml`` being loaded (``variables_named``) calls the shipped one's
-    ``variable``."""
     return (_VARIABLES.get() or {}).get(variable, variable)
 
 
@@ -79,7 +67,7 @@ RefreshMode = Literal["auto", "full", "incremental"]
 
 
 def validate_refresh_mode(value: object) -> object:
-    """Pydantic ``before`` validator shared by the resource field and the run config."""
+    """Shared by the resource field and the run config."""
     if value is None or type(value).__name__ == "EnvVar":  # resolved and validated at run time
         return value
     if not isinstance(value, str) or value.strip().lower() not in REFRESH_MODES:
@@ -92,10 +80,8 @@ class SettingError(ValueError):
 
 
 def invalid(spelling: str, variable: str, why: str) -> SettingError:
-    """Setting ``spelling`` (read from ``variable``, if any) is invalid: ``why``, then where to set
-    it: every setting's error has this one form. Of a component built from ``defs.yaml``, the
-    variable named is the one the YAML reads (``ACME_FIELDSALES_BASE_URL`` in a scaffolded
-    tenant's; none for a value written in it): see ``SettingsModel._variables``."""
+    """Every setting's error: ``why``, then where to set it, naming the variable the loading
+    ``defs.yaml`` reads (``ACME_FIELDSALES_BASE_URL`` in a scaffolded tenant's)."""
     variable = named(variable)
     read = variable not in ("", spelling)
     where, through = (f" (from {variable})", f" or through {variable}") if read else ("", "")
@@ -107,11 +93,9 @@ def invalid(spelling: str, variable: str, why: str) -> SettingError:
 
 @dataclass
 class Setting:
-    """One setting: its default (``PydanticUndefined``: required), what it means, what it accepts
-    in words (``{range}``: its bounds), the ``FIELDSALES_*`` variable the default ``defs.yaml``
-    reads it from (``""``: none). ``name`` is its flat name (a resource's field); ``group`` and
-    ``key`` place it in the YAML (``spelling``). It is its field's ``json_schema_extra``, naming it
-    under ``SETTING_KEY`` in a JSON schema."""
+    """One setting (its field's ``json_schema_extra``): ``default`` (``PydanticUndefined``:
+    required), ``accepts`` in words (``{range}``: its bounds), the variable the shipped
+    ``defs.yaml`` reads; ``name`` is a resource's field, ``group`` and ``key`` its YAML place."""
 
     default: Any
     description: str
@@ -121,18 +105,14 @@ class Setting:
     _: KW_ONLY
     name: str = ""
     key: str = ""
-    #: The default as the docs show it, when it is not the default itself (the token's), or
-    #: what an unset (``None``) default means.
+    #: The default as the docs show it, if not itself, or what unset (``None``) means.
     shown: str = ""
-    #: The DuckDB option the warehouse sets to it (``memory_limit``), if any.
     duckdb: str = ""
-    #: Numeric bounds, checked by the model (``_in_range``), not by pydantic: Dagster copies a
-    #: field's constraints onto the YAML model, where the value is still a template.
+    #: Checked by ``_in_range``, not pydantic: Dagster copies constraints onto the YAML model.
     gt: float | None = None
     ge: float | None = None
     lt: float | None = None
     le: float | None = None
-    #: Where it is declared: its concern (``""``: the instance's own) and field.
     group: str = ""
     field: str = ""
 
@@ -141,7 +121,6 @@ class Setting:
 
     @property
     def spelling(self) -> str:
-        """Where the YAML sets it: ``api.page_size``, or ``key_prefix`` for the instance's own."""
         key = self.key or self.name
         return f"{self.group}.{key}" if self.group else key
 
@@ -152,7 +131,6 @@ class Setting:
 
     @property
     def range_text(self) -> str:
-        """The bounds in words, e.g. ``from 1 to 10000`` or ``above 0, at most 366``."""
         if not self.bounds:
             return ""
         if self.ge is not None and self.le is not None:
@@ -163,13 +141,10 @@ class Setting:
 
     @property
     def help(self) -> str:
-        """What the setting accepts, as an error message says it (``accepts`` names the range
-        with ``{range}``)."""
         return self.accepts.format(range=self.range_text)
 
     @property
     def shown_default(self) -> str:
-        """The default as the docs show it."""
         if self.shown or self.default is None:
             return self.shown or "none"
         if self.default is PydanticUndefined:
@@ -183,8 +158,8 @@ class Setting:
         return str(self.default)
 
     def as_field(self, *, in_model: bool = False) -> Any:
-        """Its pydantic field: in its concern's model (``in_model``; a required setting is None
-        until given, so that "it is not set" can say which it is), else a resource's."""
+        """In its concern's model a required setting is None until given, so "it is not set"
+        can name it."""
         where = f" ({self.variable})" if self.variable else ""
         unset = f" Default: {self.shown_default}." if self.default is None else ""
         extra: Any = self if in_model else {SETTING_KEY: self.name}
@@ -196,25 +171,21 @@ class Setting:
         )
 
 
-#: What a setting of a type accepts unless it says, and a ``*_env_var`` one.
 _ACCEPTS: dict[Any, str] = {
     bool: "true or false",
     int: "a whole number {range}",
     float: "a number of days {range}",
 }
 _VARIABLE = "the name of an environment variable"
-#: Every setting, by flat name, in the order declared (filled as the models below are defined).
+#: Every setting, by flat name, in the order declared.
 SETTINGS: dict[str, Setting] = {}
 
 
 def setting(*args: Any, **kwargs: Any) -> Any:
-    """Declare a setting (``Setting``'s arguments) as a field of its concern's model."""
     return Setting(*args, **kwargs).as_field(in_model=True)
 
 
 def values(*models: SettingsModel) -> dict[str, Any]:
-    """Every setting of ``models``, by flat name, and what their errors call the variables
-    (``variables``): what ``settings_resource`` classes take."""
     given = {
         declared.name: getattr(model, field)
         for model in models
@@ -238,10 +209,8 @@ class SettingsResource(dg.ConfigurableResource):
 
 
 def settings_resource(name: str, *models: type[SettingsModel], but: tuple[str, ...] = ()) -> Any:
-    """A ``ConfigurableResource`` base with a field per setting of ``models`` (by flat name, with
-    its default and description; none of ``but``), so a resource receives its concerns' settings
-    whole and a new setting needs no resource field. Its values are checked once, by their
-    concern's model, as the component checks them (an ``EnvVar``: once read, at run time)."""
+    """A resource base with a field per setting of ``models`` but ``but``: a new setting needs no
+    resource field. Values are checked by their concern's model (an ``EnvVar`` once read)."""
     fields: dict[str, Any] = {}
     for model in models:
         for field, declared in model.settings().items():
@@ -263,7 +232,6 @@ def settings_resource(name: str, *models: type[SettingsModel], but: tuple[str, .
 
 
 def trimmed(value: Any) -> Any:
-    """A setting's value without whitespace around it (each item of a list too)."""
     if isinstance(value, str):
         return value.strip()
     if isinstance(value, list):
@@ -272,16 +240,14 @@ def trimmed(value: Any) -> Any:
 
 
 def memory_megabytes(limit: str) -> float:
-    """A DuckDB size such as ``192MB`` or ``2GiB``, in MB (``_MEMORY`` matched it already)."""
     match = _MEMORY.match(limit.strip())
     assert match is not None, limit
     return float(match.group(1)) * _UNITS[match.group(2).lower()]
 
 
 def schedule_interval(cron: str, timezone: str) -> timedelta:
-    """The longest gap between two of the next few ticks of ``cron``, read as the windows of a
-    time-partitioned definition: Dagster's public way to its own cron rules and tick times (its
-    schedules use the same). An invalid expression raises ``DagsterInvalidDefinitionError``."""
+    """The longest gap between the next few ticks of ``cron``, by Dagster's public time windows
+    (its schedules' own cron rules); a bad one raises ``DagsterInvalidDefinitionError``."""
     ticks = dg.TimeWindowPartitionsDefinition(
         cron_schedule=cron,
         start=datetime.now(UTC),
@@ -297,17 +263,13 @@ def schedule_interval(cron: str, timezone: str) -> timedelta:
 
 
 def secret_env_var(context: dg.ResolutionContext | None, raw: Any) -> str:
-    """The name of the environment variable a secret is read from, never the secret itself.
-
-    The YAML must say ``{{ env.FIELDSALES_API_TOKEN }}`` (or another variable): the resource then
-    reads it as a Dagster ``EnvVar`` at run time, so the UI and run config show the name only.
-    """
+    """The variable of a ``{{ env.NAME }}`` secret, never the secret: the resource reads it as an
+    ``EnvVar`` at run time, so the UI and run config show the name only."""
     match = _ENV_REFERENCE.match(raw.strip()) if isinstance(raw, str) else None
     return (match.group("attr") or match.group("call")) if match else NOT_AN_ENV_REFERENCE
 
 
 def _unknown_keys(model: BaseModel, path: list[Any]) -> Iterator[list[Any]]:
-    """The paths of the keys in ``model`` (of ``SettingsModel.model``) that are no setting."""
     for key, value in model:
         if key in (model.model_extra or {}):
             yield [*path, key]
@@ -322,17 +284,12 @@ def _plain_name(value: str | None) -> str | None:
 
 
 class SettingsModel(dg.Model, dg.Resolvable):
-    """The settings of one concern (``GROUP``), each declared by ``setting(...)``. An unset (or
-    empty) value keeps the default (the default ``defs.yaml`` reads every setting as
-    ``"{{ env.FIELDSALES_... }}"``, and an unset variable renders as nothing); whitespace around
-    a value is trimmed; a bad value fails with one paragraph naming the setting, its variable
-    and what it accepts."""
+    """The settings of one concern (``GROUP``). An empty value (an unset variable renders as
+    nothing) keeps the default; values are trimmed; a bad one fails in one paragraph."""
 
     GROUP: ClassVar[str] = ""
-    #: What its errors call each variable the shipped ``defs.yaml`` reads (its concerns' too),
-    #: where its own ``defs.yaml`` differs: the variable it reads instead
-    #: (``FIELDSALES_BASE_URL``: ``ACME_FIELDSALES_BASE_URL``), or the setting itself
-    #: (``api.page_size``) where it reads none. The resources carry it (``SettingsResource``).
+    #: What its errors call a shipped ``defs.yaml`` variable its own does not read: the one it
+    #: reads (``ACME_FIELDSALES_BASE_URL``), or the setting (``api.page_size``) if none.
     _variables: dict[str, str] = PrivateAttr(default_factory=dict)
 
     @classmethod
@@ -345,9 +302,7 @@ class SettingsModel(dg.Model, dg.Resolvable):
 
     @classmethod
     def resolve_from_model(cls, context: dg.ResolutionContext, model: Any) -> Any:
-        """Built from ``defs.yaml``: a key that is no setting fails first, named with its line
-        but never its value; a setting's error (``invalid``) names the variable the YAML reads
-        it from, as it is checked now and, in ``variables_named``, later."""
+        """A key that is no setting fails first, by its line, never its value."""
         tree = context.source_position_tree
         unknown = [
             f"Field-Sales: {'.'.join(map(str, path))} "
@@ -371,12 +326,10 @@ class SettingsModel(dg.Model, dg.Resolvable):
         return built
 
     def named(self, variable: str) -> str:
-        """What its errors call the shipped ``defs.yaml``'s ``variable`` (``_variables``)."""
         return self._variables.get(variable, variable)
 
     def secret_variables(self) -> list[str]:
-        """The variables its secrets are read from: its ``*_env_var`` settings' values, its
-        concerns' too (a new secret setting is one of them)."""
+        """Its and its concerns' ``*_env_var`` settings' values."""
         found = [value for field, value in self if field.endswith("_env_var")]
         concerns = [value for _, value in self if isinstance(value, SettingsModel)]
         return found + [variable for concern in concerns for variable in concern.secret_variables()]
@@ -398,7 +351,6 @@ class SettingsModel(dg.Model, dg.Resolvable):
 
     @classmethod
     def settings(cls) -> dict[str, Setting]:
-        """This model's settings, by field."""
         found = {field: info.json_schema_extra for field, info in cls.model_fields.items()}
         return {field: extra for field, extra in found.items() if isinstance(extra, Setting)}
 
@@ -641,7 +593,6 @@ class StorageSettings(SettingsModel):
 
     @model_validator(mode="after")
     def _postgres_needs_a_data_path(self) -> StorageSettings:
-        # A PostgreSQL catalog needs a data path every machine sees.
         if (self.ducklake_catalog or "").startswith("postgres:") and not self.ducklake_data_path:
             raise invalid(
                 "storage.ducklake_data_path",
@@ -847,8 +798,7 @@ class FieldSalesSettings(SettingsModel):
 
 @contextmanager
 def variables_named(variables: dict[str, str]) -> Iterator[None]:
-    """Errors of settings checked inside (``invalid``) name the variables as ``variables`` (a
-    model's ``_variables``, a resource's ``variables``) does."""
+    """Errors of settings checked inside (``invalid``) name the variables as ``variables`` does."""
     outer = _VARIABLES.set(variables)
     try:
         yield

@@ -1,13 +1,8 @@
-"""Tenants are isolated by construction: two instances never share a file, a token or a pool.
-
-Each Field-Sales component of a code location claims its lake (catalog and schema), its data
-folder, export file, token store, key prefix and pool; a claim another component shares fails the
-load (``dg check defs``, ``dagster asset materialize``, the webserver) naming both, their
-spellings and what they share. A claim is compared by what it resolves to, not by its spelling: a
-file by device and inode (links, ``..``, relative paths followed), a data folder also by the
-folders that hold it (one tenant's upkeep would delete the other's files as orphans), a
-PostgreSQL catalog by its server's system identifier and database. Across code locations, the
-lake's tenant record refuses a second tenant at its first write (``lake.check_tenant``).
+"""Tenants never share a file, a token or a pool: a claim (lake, data folder, export, token
+store, key prefix, pool) two components of a code location share fails the load, naming both.
+Claims compare what they resolve to: a file by device and inode, a data folder also by the
+folders holding it (one tenant's upkeep would delete the other's files), a PostgreSQL catalog by
+its server's system identifier. Across code locations, ``lake.check_tenant`` refuses a second.
 """
 
 from __future__ import annotations
@@ -24,7 +19,7 @@ from dagster.components.core.defs_module import ComponentPath
 
 @dataclass(frozen=True)
 class Claim:
-    """One thing a tenant must have to itself: ``thing`` ``value``, from its ``setting``."""
+    """One thing a tenant must have to itself: ``thing`` ``value`` from its ``setting``."""
 
     thing: str  # "DuckLake", "lake data folder", "DuckDB export", "token store", "key prefix", ...
     value: str  # as this tenant's settings spell it
@@ -33,7 +28,6 @@ class Claim:
     kind: Hashable = None
     #: What it resolves to, then what holds it (asked only of claims of one kind, spelled apart).
     resolve: Callable[[], tuple[Hashable, ...]] | None = field(default=None, compare=False)
-    #: Why two spellings are one, for the message.
     same: str = "one"
 
     def collides(self, other: Claim) -> bool:
@@ -63,10 +57,8 @@ class TenantConflictError(ValueError):
 
 
 def refuse_shared_claims(context: dg.ComponentLoadContext, of_type: type[Tenant]) -> None:
-    """Raise ``TenantConflictError`` if the component being built shares a claim with another
-    component of ``of_type`` in this code location."""
+    """Raise ``TenantConflictError`` if this component shares a claim with another ``of_type``."""
     tree, this = context.component_tree, context.component_loc
-    # Each is an of_type: a Tenant.
     tenants = {
         loc: cast(Tenant, tree.load_component(loc)) for loc in declared_tenants(context, of_type)
     }
@@ -76,7 +68,6 @@ def refuse_shared_claims(context: dg.ComponentLoadContext, of_type: type[Tenant]
     mine = tenants.pop(this)
     claims = mine.tenant_claims()
     for loc, other in tenants.items():
-        # A thing comes from one setting (tenant_claims): a shared claim is that setting of each.
         theirs = other.tenant_claims()
         shared = [c.shared_with(t) for c in claims for t in theirs if c.collides(t)]
         if shared:
@@ -89,8 +80,7 @@ def refuse_shared_claims(context: dg.ComponentLoadContext, of_type: type[Tenant]
 
 
 def declared_tenants(context: dg.ComponentLoadContext, of_type: type) -> list[ComponentPath]:
-    """Where the code location declares components of ``of_type`` (nowhere for one built on its
-    own, as tests do), without loading them."""
+    """Where the code location declares components of ``of_type``, without loading them."""
     tree = context.component_tree
     if isinstance(tree, TestComponentTree):
         return []
