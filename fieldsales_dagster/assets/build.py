@@ -1,12 +1,5 @@
-"""Building a core or mart table: its query, as stored for analysts, swapped in with its comments.
-
-An asset runs its table's query into a staging table (empty strings stored as NULL, personal
-columns as ``FieldSalesWarehouse.pii`` says, see ``columns.py``), writes the descriptions as
-DuckDB comments, swaps it in for the previous table (a failed query leaves the previous table in
-place), and reports the table's described schema, row count and a few rows. A table reading a
-decoded table brings it up to date first (``decode.py``); one that follows it adds only what
-changed (``follow.py``).
-"""
+"""Building a core or mart table: its query, as stored for analysts, swapped in with its comments
+(a failed query leaves the previous table)."""
 
 import functools
 from collections.abc import Callable
@@ -32,7 +25,7 @@ from fieldsales_dagster.warehouse.lake import cleanup
 from fieldsales_dagster.warehouse.quoting import quote_ident
 from fieldsales_dagster.warehouse.warehouse import FieldSalesWarehouse
 
-#: ``commit(conn, table, write)``: runs ``write()``, the table's whole write (``one_commit``).
+#: ``commit(conn, table, write)`` runs ``write()``, the table's whole write (``one_commit``).
 Commit = Callable[[duckdb.DuckDBPyConnection, str, Callable[[], dict[str, Any]]], dict[str, Any]]
 
 
@@ -42,14 +35,9 @@ def build_described_table(
     warehouse: FieldSalesWarehouse,
     commit: Commit = lambda conn, table, write: write(),
 ) -> dict[str, Any]:
-    """Build ``table`` from its query as stored for analysts, with its comments, and swap it in.
-
-    A table reading a decoded table first brings it up to date with its raw table, so the table
-    never reads a decode older than the raw data; the returned metadata says how. A not-kept
-    decoded table is shared before ``commit`` (the lake's transaction writes one database only)
-    and, outside a run, dropped after it. ``commit``: ``FieldSalesWarehouse.one_commit`` in an
-    asset; tests and benchmarks on a plain DuckDB file build without it.
-    """
+    """Build and swap in ``table``, its decoded tables brought up to date first. A not-kept one
+    is shared before ``commit`` (a lake transaction writes one database) and, outside a run,
+    dropped after it."""
     shared: dict[Decoded, DecodeRefresh] = {}
     try:
         for decoded in table.decoded:
@@ -68,7 +56,6 @@ def _build_described(
     warehouse: FieldSalesWarehouse,
     refreshed: dict[Decoded, DecodeRefresh],
 ) -> dict[str, Any]:
-    """``refreshed`` holds the shared decoded tables' refreshes; the kept ones' join them here."""
     for decoded in table.decoded:
         if not decoded.kept:
             read_shared(conn, warehouse, decoded)
@@ -108,9 +95,7 @@ def _build_described(
 def materialize_core_table(
     conn: duckdb.DuckDBPyConnection, warehouse: FieldSalesWarehouse, table: CoreTable
 ) -> dict[str, Any]:
-    """Build ``table`` on ``conn`` (on a lake: one commit) and return its metadata (schema, row
-    count, preview)."""
-    reads = [dep.replace("_", ".", 1) for dep in table.deps]  # raw_events: raw.events
+    reads = [dep.replace("_", ".", 1) for dep in table.deps]
     commit = functools.partial(warehouse.one_commit, reads=reads)
     decode = build_described_table(conn, table, warehouse, commit)
     schema = column_schema(conn, table.table, table.doc, warehouse.pii)

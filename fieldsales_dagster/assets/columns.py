@@ -1,13 +1,6 @@
-"""What every column means, and how that reaches analysts: Dagster's column schema and DuckDB.
-
-Each table's columns are declared once, in ``sql/<schema>_<table>.yaml`` beside its query: a
-description per column, and ``pii: true`` where the column holds personal data. From that:
-
-- ``publishing_query`` wraps a core or mart query so that empty strings become NULL and, in
-  ``core.*``, personal columns follow ``FieldSalesWarehouse.pii`` (keep, hash, drop);
-- ``comment_table`` writes the descriptions as ``COMMENT ON TABLE`` / ``COMMENT ON COLUMN``;
-- ``column_schema`` gives the ``dagster/column_schema`` metadata, personal columns tagged ``pii``.
-"""
+"""What every column means (``sql/<schema>_<table>.yaml``: a description, ``pii: true``), for
+analysts as DuckDB comments and ``dagster/column_schema``; and how a query stores empty strings
+and personal columns."""
 
 from __future__ import annotations
 
@@ -39,17 +32,15 @@ PII_NOTES = {
 }
 
 
-#: The package's queries and their YAML files (in the installed package: never zipped).
+#: The queries and their YAML files (an installed package is never zipped).
 PACKAGE_SQL = Path(__file__).resolve().parents[1] / "sql"
 
 
 class TableFileError(ValueError):
-    """A table's YAML file is missing, unreadable, or says something that cannot be."""
+    """A table's YAML file is missing, unreadable, or wrong."""
 
 
 class ColumnEntry(msgspec.Struct, forbid_unknown_fields=True, frozen=True):
-    """A column declared with more than its description."""
-
     description: str
     pii: bool = False
 
@@ -59,7 +50,7 @@ ColumnEntries = dict[str, str | ColumnEntry]
 
 
 class RawTableFile(msgspec.Struct, forbid_unknown_fields=True, frozen=True):
-    """``sql/raw_<name>.yaml``: a raw table's description and its columns' meanings."""
+    """``sql/raw_<name>.yaml``."""
 
     columns: ColumnEntries
     description: str | None = None
@@ -69,10 +60,7 @@ Model = TypeVar("Model", bound=msgspec.Struct)
 
 
 def read_table_file(path: Path, model: type[Model]) -> Model:
-    """``path`` (YAML) as ``model``; an error names the file and the field, and what to do.
-
-    msgspec reads the YAML with libyaml's parser when PyYAML has it (PyYAML's own, in Python,
-    took 25 ms of the definitions load for the 18 table files; libyaml 2 ms)."""
+    """msgspec reads YAML with libyaml's parser (PyYAML's own took 25 ms of the load, libyaml 2)."""
     try:
         return msgspec.yaml.decode(path.read_bytes(), type=model)
     except (OSError, msgspec.DecodeError) as exc:  # a ValidationError is a DecodeError
@@ -91,8 +79,6 @@ class Column:
 
 @dataclass(frozen=True)
 class TableDoc:
-    """A table's declared columns (and, for raw tables, its description)."""
-
     columns: tuple[Column, ...]
     description: str | None = None
 
@@ -105,7 +91,6 @@ class TableDoc:
 
 
 def columns_of(entries: ColumnEntries) -> tuple[Column, ...]:
-    """The declared columns, in table order."""
     return tuple(
         Column(name, entry.strip())
         if isinstance(entry, str)
@@ -116,7 +101,6 @@ def columns_of(entries: ColumnEntries) -> tuple[Column, ...]:
 
 @cache
 def table_doc(asset_name: str) -> TableDoc:
-    """``sql/<asset_name>.yaml`` of a raw table: its description and columns."""
     found = read_table_file(PACKAGE_SQL / f"{asset_name}.yaml", RawTableFile)
     return TableDoc(columns_of(found.columns), found.description)
 
@@ -128,12 +112,9 @@ def publishing_query(
     doc: TableDoc,
     warehouse: FieldSalesWarehouse,
 ) -> tuple[str, dict[str, object]]:
-    """``query`` as the core or mart table stores it: empty strings NULL, personal columns per
-    policy (in ``core.*``, which reads raw.*; ``mart.*`` reads core.* and inherits it).
-
-    Returns the SQL and its parameters (the hash key's pads, never in the SQL text). The query's
-    shared macros must exist on ``conn`` (DESCRIBE binds the query without running it).
-    """
+    """``query`` as stored: empty strings NULL, personal columns per policy in ``core.*`` (mart.*
+    inherits it), and its parameters (the hash key's pads, never in the SQL). The query's macros
+    must exist on ``conn``: DESCRIBE binds it."""
     policy = warehouse.pii if table.startswith("core.") else "keep"
     hashed = policy == "hash" and doc.pii_columns
     params: dict[str, object] = {**hmac_pads(warehouse.pii_hash_key or "")} if hashed else {}
@@ -181,10 +162,7 @@ def described_columns(
 def comment_table(
     conn: duckdb.DuckDBPyConnection, table: str, description: str, doc: TableDoc, pii_policy: str
 ) -> None:
-    """Write the table's and every column's description as DuckDB comments on ``table``.
-
-    In one transaction (the caller's, if one is open): on a lake each commit is a snapshot.
-    """
+    """The descriptions as DuckDB comments, in one transaction: on a lake, one snapshot."""
 
     def comment() -> None:
         conn.execute(f"COMMENT ON TABLE {qualified(table)} IS {sql_literal(description)}")
@@ -199,7 +177,6 @@ def comment_table(
 def column_schema(
     conn: duckdb.DuckDBPyConnection, table: str, doc: TableDoc, pii_policy: str
 ) -> dg.TableSchema:
-    """``dagster/column_schema``: every column's type and description, personal ones tagged."""
     described = described_columns(conn, table, doc, pii_policy)
     return dg.TableSchema(
         columns=[
@@ -212,10 +189,8 @@ def column_schema(
 def prepare_raw_table(
     conn: duckdb.DuckDBPyConnection, staged: str, asset_name: str, warehouse: FieldSalesWarehouse
 ) -> int:
-    """Before a raw table is swapped in: redact personal keys if asked, write its comments.
-
-    Returns how many rows were redacted.
-    """
+    """Before a raw table is swapped in: redact personal keys if asked (return how many rows),
+    write its comments."""
     redacted = redact_pii_keys(conn, staged) if warehouse.redact_pii_in_raw else 0
     doc = table_doc(asset_name)
     comment_table(conn, staged, doc.description or asset_name, doc, warehouse.pii)

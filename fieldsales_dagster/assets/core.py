@@ -1,9 +1,4 @@
-"""The asset factory of the core and mart tables: one asset per table ``tables.py`` finds.
-
-Each asset builds its table (``build.py``) and reports its column lineage (``tables.py``); its
-step then evaluates the checks its table's YAML names that read no table outside its upstream
-(``checks.py``). Its deps are the tables its query reads.
-"""
+"""One asset per core or mart table: it builds the table and evaluates its in-step checks."""
 
 from collections.abc import Callable, Iterator, Sequence
 
@@ -30,12 +25,7 @@ def build_core_asset(
     checks: Sequence[CoreCheck] = (),
     io_manager_key: str | None = None,
 ) -> dg.AssetsDefinition:
-    """The asset that builds ``table``; its step then evaluates ``checks`` on a new connection.
-
-    It subsets: a run may select the table, any of its checks, or both (checks alone read the
-    table as it is). ``io_manager_key`` loads the table as a downstream asset's input (the
-    component's ``fieldsales_io_manager``, which reads the ``table`` metadata).
-    """
+    """The asset building ``table``, then evaluating ``checks``; a run may select either."""
     key = names.asset_key(table.asset_name)
     by_key = {dg.AssetCheckKey(key, check.name): check for check in checks}
     spec = dg.AssetSpec(
@@ -71,8 +61,7 @@ def build_core_asset(
             # The open-source UI does not show dagster/column_lineage: the same, as a table.
             metadata["fieldsales/column_lineage"] = dg.MetadataValue.md(lineage_markdown(lineage))
             yield dg.MaterializeResult(asset_key=key, metadata=metadata)
-        # The checks get a connection of their own (a cursor of the lake's instance): its own
-        # transaction context and TEMP objects, none of the build's left over.
+        # A connection of their own: no transaction or TEMP object of the build left over.
         if check_keys := sorted(context.selected_asset_check_keys, key=str):
             with warehouse.get_connection() as conn:
                 yield from (by_key[check_key].result(conn, names) for check_key in check_keys)
@@ -88,9 +77,7 @@ def build_core_assets(
     io_manager_key: str | None = None,
     tables: Sequence[CoreTable] | None = None,
 ) -> list[dg.AssetsDefinition]:
-    """One asset per table of ``tables`` (every core and mart table of the package's ``sql/``
-    unless given), in the group named after its schema; ``checks_for(table)`` are the checks its
-    step evaluates."""
+    """One asset per table of ``tables`` (default: the package's), in its schema's group."""
     return [
         build_core_asset(
             names,

@@ -1,9 +1,5 @@
-"""The optional single-file export (``duckdb_path``, ``FIELDSALES_DUCKDB_PATH``) as an asset.
-
-Downstream of every core and mart table, so a run that builds them exports after its writers, in
-a step of its own. A failing export fails this step and so the run, naming the file and the cause
-(``warehouse/lake.py``, ``export_snapshot``); the lake and the previous export stay as they were.
-"""
+"""The optional single-file export (``duckdb_path``) as an asset downstream of every core and
+mart table: a failing export fails its step and the run, and changes nothing."""
 
 from collections.abc import Sequence
 
@@ -26,7 +22,6 @@ def build_export_asset(
         owners=owners,
         pool=names.pool_for(EXPORT_ASSET),
         required_resource_keys={names.warehouse.key},
-        # After every run that rebuilt a table it reads (the automation sensor's runs too).
         automation_condition=dg.AutomationCondition.eager(),
         description=(
             "The single-file export (FIELDSALES_DUCKDB_PATH): one lake snapshot in one DuckDB "

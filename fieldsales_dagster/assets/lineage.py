@@ -1,18 +1,8 @@
-"""Which tables a query reads, and which columns each column comes from, from its SQL.
+"""Which tables a query reads, and where each of its columns comes from, parsed by sqlglot.
 
-A query is parsed with sqlglot's DuckDB dialect, so a CTE named like a table, a table in a
-comment or a string, and a column named ``from`` are told apart from the tables a ``FROM`` or
-``JOIN`` reads. The macros of ``sql/<name>.sql`` that a query calls are read the same way: a
-table their bodies read is read by the query.
-
-Parsing takes sqlglot a few hundred milliseconds for the project's queries, and every process
-that loads the definitions (the CLI, each run, the UI's code server) needs the reads, each run's
-steps the column lineage: both are kept in a file of the user's cache folder
-(``~/.cache/fieldsales_dagster/``, ``XDG_CACHE_HOME``), by a hash of the query and sqlglot's
-version, so a query is parsed once per machine until it changes. A cache that cannot be read or
-written is parsed around, never an error. sqlglot itself is imported only to parse: its import
-(about 50 ms) is not paid by a load that finds every query in the cache.
-"""
+Parsing takes a few hundred ms per process, so results are cached in ``~/.cache`` (or
+``XDG_CACHE_HOME``) by a hash of the query and sqlglot's version (a cache that fails is parsed
+around); sqlglot (50 ms to import) is imported only to parse."""
 
 from __future__ import annotations
 
@@ -35,8 +25,6 @@ class QueryReadError(ValueError):
 
 @dataclass(frozen=True)
 class Reads:
-    """What a query reads: schema-qualified tables and the table functions it calls by name."""
-
     tables: frozenset[str]
     table_functions: frozenset[str]
 
@@ -52,7 +40,6 @@ def _cache_file() -> Path:
 
 @functools.cache
 def _stored() -> dict[str, Any]:
-    """What earlier processes parsed (``_cache_file``): by kind and key."""
     try:
         found = json.loads(_cache_file().read_text("utf-8"))
     except (OSError, ValueError):
@@ -61,7 +48,6 @@ def _stored() -> dict[str, Any]:
 
 
 def _parsed_once(kind: str, key: str, parse: Callable[[], Any]) -> Any:
-    """``parse()`` (JSON-able), or what it gave for the same ``kind`` and ``key`` before."""
     key = hashlib.sha256(f"{kind}\0{key}".encode()).hexdigest()
     stored = _stored()
     if key in stored:
@@ -78,12 +64,8 @@ def _parsed_once(kind: str, key: str, parse: Callable[[], Any]) -> Any:
 
 @functools.cache
 def reads_of(sql: str, where: str) -> Reads:
-    """The tables and table functions ``sql`` (one or more statements) reads.
-
-    A ``CREATE MACRO`` statement reads what its body reads, not the macro it creates. A table
-    without a schema must be one of the query's CTEs; ``where`` names the query in the error.
-    Built-in table functions (``range``, ``read_parquet``, ...) read no table and are left out.
-    """
+    """What ``sql``'s statements read (a macro: its body). A table without a schema must be a
+    CTE; built-in table functions (``range``, ...) are left out."""
     tables, functions = _parsed_once("reads", sql, lambda: _parse_reads(sql, where))
     return Reads(frozenset(tables), frozenset(functions))
 
@@ -128,16 +110,8 @@ KnownColumns = tuple[tuple[str, tuple[str, ...]], ...]
 def column_sources(
     sql: str, columns: tuple[str, ...], known: KnownColumns = ()
 ) -> dict[str, frozenset[tuple[str, str]]]:
-    """Where each of ``columns`` of the query's result comes from: ``(table, column)`` pairs.
-
-    ``known`` columns of the tables read let sqlglot place an unqualified column (inside an
-    aggregate's ``FILTER``, say) in its table.
-
-    ``table`` is schema-qualified (``core.events``) or, for a table function, its name
-    (``decoded_rows``). sqlglot's lineage follows CTEs, subqueries and expressions down to the
-    tables read; a column computed from none (a literal) has no source. The query is the last
-    statement of ``sql`` (the others define macros).
-    """
+    """``(table or table function, column)`` sources of each of ``columns`` of the last statement
+    of ``sql``; ``known`` columns place an unqualified one (in a ``FILTER``, say)."""
     found = _parsed_once(
         "column_sources",
         json.dumps([sql, columns, known]),

@@ -12,7 +12,6 @@ from fieldsales_dagster.warehouse.quoting import qualified, quote_ident
 from fieldsales_dagster.warehouse.rows import one_row
 from fieldsales_dagster.warehouse.warehouse import FieldSalesWarehouse
 
-#: Where the tables are: the kind badge of every table asset and its ``dagster/storage_kind``.
 STORAGE_KIND = "ducklake"
 PREVIEW_ROWS = 5
 PREVIEW_CELL_CHARS = 40
@@ -26,10 +25,7 @@ def table_name(database: str, table: str) -> str:
 def markdown_preview(
     conn: duckdb.DuckDBPyConnection, table: str, hidden: tuple[str, ...] = ()
 ) -> str:
-    """The first rows of ``table`` as a markdown table, long cells shortened.
-
-    ``hidden`` columns (personal data) are left out: run metadata is not the place for them.
-    """
+    """The first rows of ``table`` as markdown, without ``hidden`` (personal) columns."""
     exclude = f" EXCLUDE ({', '.join(quote_ident(c) for c in hidden)})" if hidden else ""
     cursor = conn.execute(f"SELECT *{exclude} FROM {qualified(table)} LIMIT {PREVIEW_ROWS}")
     header = [column[0] for column in cursor.description]
@@ -38,8 +34,6 @@ def markdown_preview(
 
 
 def _markdown_cell(value: object) -> str:
-    """``value`` as one markdown table cell: one line, its pipes escaped, at most
-    ``PREVIEW_CELL_CHARS`` characters (``None``: empty)."""
     text = "" if value is None else " ".join(str(value).splitlines())
     if len(text) > PREVIEW_CELL_CHARS:
         text = text[: PREVIEW_CELL_CHARS - 1] + "…"
@@ -55,8 +49,6 @@ def table_metadata(
     preview: bool = True,
     hidden: tuple[str, ...] = (),
 ) -> dict[str, Any]:
-    """Row count, fully qualified name, described column schema (``columns.column_schema``)
-    and a preview of ``table``."""
     (row_count,) = one_row(conn, f"SELECT count(*) FROM {qualified(table)}")
     metadata: dict[str, Any] = {
         "dagster/row_count": int(row_count),
@@ -69,10 +61,8 @@ def table_metadata(
 
 
 def storage_metadata(warehouse: FieldSalesWarehouse, table: str) -> dict[str, str]:
-    """``dagster/storage_kind`` and ``dagster/uri`` of ``table``: where a reader finds it, as
-    ``ducklake:<catalog>?table=core.events`` (a SQLite catalog by its absolute path; with the
-    tenant's ``metadata_schema``). The catalog setting never holds a password (a variable does).
-    """
+    """``dagster/uri``: ``ducklake:<catalog>?table=core.events``; the catalog setting never
+    holds a password (a variable does)."""
     lake = warehouse.lake
     catalog = f"sqlite:{lake.catalog_file.resolve()}" if lake.catalog_file else lake.catalog
     schema = f"&metadata_schema={lake.schema}" if lake.schema else ""
@@ -83,7 +73,6 @@ def storage_metadata(warehouse: FieldSalesWarehouse, table: str) -> dict[str, st
 
 
 def previous_row_count(context: dg.AssetExecutionContext) -> int | None:
-    """The row count the asset's previous materialization reported, if any."""
     event = context.instance.get_latest_materialization_event(context.asset_key)
     materialization = event.asset_materialization if event else None
     value = materialization.metadata.get("dagster/row_count") if materialization else None

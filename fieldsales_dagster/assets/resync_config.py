@@ -1,16 +1,4 @@
-"""The run config of a re-sync on demand (docs/refresh.md, "Re-sync on demand"), typed, so the
-launchpad and ``dg launch`` show and check it:
-
-    ops:
-      raw_transactions:
-        config:
-          resync:
-            event_ids: [<event id>, ...]        # these events' transactions; or
-            changed_from: "2026-11-01"          # the events whose status changed from this day
-            changed_to: "2026-11-07"            # to this day, inclusive (default: now)
-
-What a re-sync does is ``loading/resync.py``'s.
-"""
+"""The typed run config of a re-sync on demand (docs/refresh.md), checked by the launchpad."""
 
 from __future__ import annotations
 
@@ -23,7 +11,7 @@ from fieldsales_dagster.loading.resync import ResyncRequest
 
 
 def _moment(field: str, value: str) -> tuple[datetime, bool]:
-    """``value`` as a UTC time (UTC where it has no offset), and whether it was a day alone."""
+    """``value`` in UTC (UTC if no offset), and whether it was a day alone."""
     try:
         moment = datetime.fromisoformat(value.strip())
     except ValueError:
@@ -92,8 +80,7 @@ class ResyncConfig(dg.Config):
         return self
 
     def window(self, now: datetime) -> tuple[datetime, datetime]:
-        """``changed_from`` .. ``changed_to`` as UTC times, the end excluded (a day given as the
-        end counts whole)."""
+        """The window in UTC, the end excluded (a day as the end counts whole)."""
         assert self.changed_from is not None
         start, _ = _moment("changed_from", self.changed_from)
         if self.changed_to is None:

@@ -1,12 +1,4 @@
-"""The lake's upkeep, an asset with its own job and schedule.
-
-Every refresh leaves files behind: a full refresh replaces a table's files, an incremental merge
-adds small ones and marks deleted rows, and a killed run may leave Parquet files no snapshot
-lists. ``ducklake_upkeep`` merges adjacent small files, expires snapshots older than
-``retain_snapshots_days`` (time travel reaches back that far), deletes the files no remaining
-snapshot needs, and the orphaned files older than ``orphan_age_hours``. Its materialization
-shows the files and bytes before and after. Scheduled by default, weekly.
-"""
+"""The lake's upkeep (docs/storage.md), an asset with its own job and weekly schedule."""
 
 from typing import TYPE_CHECKING
 
@@ -16,8 +8,7 @@ from fieldsales_dagster.names import InstanceNames
 from fieldsales_dagster.warehouse.lake import ORPHAN_SAFETY_HOURS, upkeep
 
 if TYPE_CHECKING:
-    # The type define_asset_job returns: Dagster 1.13 does not export it (only an annotation here,
-    # so a Dagster upgrade that moves it breaks the type check, never the load).
+    # Not exported by Dagster 1.13: an annotation only, so a move breaks mypy, never the load.
     from dagster._core.definitions.unresolved_asset_job_definition import (
         UnresolvedAssetJobDefinition,
     )
