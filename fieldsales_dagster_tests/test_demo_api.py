@@ -644,4 +644,70 @@ def test_cli_shape_knobs_override_the_profile_and_are_checked(capsys):
     shape = _shape(_parser().parse_args(["--profile", "heavy", "--event-reports", "2"]))
     assert (shape.event_reports, shape.status_history) == (2, 20)
     assert main(["--port", "0", "--report-fields", "9"]) == 1
-    assert "report_fields must be 1..6, got 9" in capsys.readouterr().err
+    assert "report_fields must be 1..8, got 9" in capsys.readouterr().err
+
+
+#: The shapes that change one knob of the demo: what each must show against the demo's weight.
+ONE_KNOB_SHAPES = {
+    "many-events": lambda s, d: s["events"] == 10 * d["events"],
+    "few-events": lambda s, d: s["events"] * 10 == d["events"],
+    "long-history": lambda s, d: s["history"] >= 100 > d["history"],
+    "deep-reports": lambda s, d: (
+        s["tx_results"] > 7 * d["tx_results"]
+        and s["results_per_report"] > 6 * d["results_per_report"]
+    ),
+    "wide-events": lambda s, d: s["pos_bytes"] > 10 * d["pos_bytes"],
+}
+
+
+@pytest.mark.parametrize("name", sorted(ONE_KNOB_SHAPES))
+def test_each_shape_changes_its_one_knob_of_the_demo(name):
+    from fieldsales_dagster.demo_api.data import PROFILES
+
+    weights = {}
+    for profile in ("demo", name):
+        with DemoServer(DemoConfig(transactions=4000, shape=PROFILES[profile])) as srv:
+            weights[profile] = {**_event_weight(srv), "events": srv.dataset.count("events")}
+    assert ONE_KNOB_SHAPES[name](weights[name], weights["demo"]), weights
+
+
+@pytest.mark.parametrize("name", sorted(ONE_KNOB_SHAPES))
+def test_each_shape_loads_exactly(name, tmp_path):
+    """Every raw list row for row, every event's status changes and every custom-report value."""
+    import dagster as dg
+
+    from fieldsales_dagster.demo_api.data import PROFILES
+    from fieldsales_dagster_tests.conftest import lake_at, make_api, read_lake
+    from fieldsales_dagster_tests.project import core_assets, mart_assets, raw_assets
+
+    database = tmp_path / "shape.duckdb"
+    with DemoServer(DemoConfig(transactions=2000, seed=5, shape=PROFILES[name])) as srv:
+        api = make_api(srv, tmp_path, page_size=500)
+        assets = [*raw_assets(), *core_assets(), *mart_assets()]
+        resources = {"fieldsales_api": api, "warehouse": lake_at(database)}
+        assert dg.materialize(assets, resources=resources).success
+        data = srv.dataset
+        lists = {n: [data.item(n, i) for i in range(data.count(n))] for n in data.views}
+    events = lists["events"]
+    reports = [r for item in lists["transactions"] for r in [item.get("_customReport", {})]]
+    reports += [r for e in events for r in e.get("customReportResult", [])]
+    want = {
+        **{f"raw.{n}": (len(items), len(items)) for n, items in lists.items()},
+        "core.events": (len(events), len(events)),
+        "core.event_status_history": (sum(len(e["eventStateHistory"]) for e in events),) * 2,
+        "core.custom_report_results": (sum(len(r.get("reportResults", {})) for r in reports),) * 2,
+    }
+    key = {  # each table's key, as the YAML beside its query names it
+        "core.events": "event_id",
+        "core.event_status_history": "event_id, seq",
+        "core.custom_report_results": "source, report_id, field_id",
+    }
+    with read_lake(database) as conn:
+        got = {
+            table: conn.execute(
+                f"SELECT count(*), count(DISTINCT concat_ws('/', {key.get(table, 'id')})) "
+                f"FROM {table}"
+            ).fetchone()
+            for table in want
+        }
+    assert got == want

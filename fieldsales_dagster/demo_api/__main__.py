@@ -27,6 +27,7 @@ SHAPE_OPTIONS = {
         "transaction and per event report)",
     ),
     "--pos-extra-fields": ("pos_extra_fields", "extra attributes in every point-of-sale object"),
+    "--tx-per-event": ("tx_per_event", "transactions per event when --events is not given"),
 }
 
 
@@ -47,16 +48,19 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--host", default="127.0.0.1")
     p.add_argument("--port", type=int, default=8765, help="0 picks a free port")
     p.add_argument("--transactions", type=int, default=2000)
-    p.add_argument("--events", type=int, default=None, help="default: transactions // 40")
+    p.add_argument(
+        "--events", type=int, default=None, help="default: transactions // --tx-per-event"
+    )
     p.add_argument("--event-groups", type=int, default=None, help="default: events // 10")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument(
         "--profile",
         choices=sorted(PROFILES),
         default="demo",
-        help="how heavy the items are: demo (default) or heavy (a real tenant's weight: event "
-        "payloads ~4x the demo's, twice the custom-report results per transaction); the "
-        "options below override single knobs of it",
+        help="how heavy the items are: demo (default), heavy (a real tenant's weight: event "
+        "payloads ~4x the demo's, twice the custom-report results per transaction) or a shape "
+        "that changes one knob of demo (demo_api.data.PROFILES); the options below override "
+        "single knobs of it",
     )
     for option, (_, text) in SHAPE_OPTIONS.items():
         p.add_argument(option, type=int, default=None, help=text)

@@ -247,8 +247,11 @@ class Shape:
     the state path; more are Published/Rejected rounds after the first entry).
     ``event_reports``: custom reports on every event (0: one or two, on ~40% of the events).
     ``report_fields``: each custom-report configuration's fields, repeated this many times, so
-    this many times the results per transaction and per event report.
+    this many times the results per transaction and per event report (at 8: 48-64 fields, the
+    size of a long survey form).
     ``pos_extra_fields``: extra attributes in every point-of-sale object's ``genericFields``.
+    ``tx_per_event``: transactions per event when the size names transactions only (the events
+    default to ``transactions // tx_per_event``); each event's transactions are consecutive.
     """
 
     events_per_pos: int = 4
@@ -256,14 +259,16 @@ class Shape:
     event_reports: int = 0
     report_fields: int = 1
     pos_extra_fields: int = 0
+    tx_per_event: int = 40
 
     def __post_init__(self) -> None:
         limits = {
             "events_per_pos": (1, 10_000),
             "status_history": (0, 200),
             "event_reports": (0, 8),
-            "report_fields": (1, 6),
+            "report_fields": (1, 8),
             "pos_extra_fields": (0, 1000),
+            "tx_per_event": (1, 100_000),
         }
         for name, (lo, hi) in limits.items():
             value = getattr(self, name)
@@ -272,7 +277,15 @@ class Shape:
 
 
 #: Named shapes: ``demo`` (the default, small and uniform) and ``heavy`` (a real tenant's weight:
-#: event payloads about 4x the demo's, twice the custom-report results per transaction).
+#: event payloads about 4x the demo's, twice the custom-report results per transaction). The
+#: others change one knob of ``demo`` each, so that a cost that grows on one names its cause:
+#:
+#: * ``many-events``: 4 transactions per event (short visits, a few sales each): per-event work;
+#: * ``few-events``: 400 transactions per event (long promotions): per-transaction work;
+#: * ``long-history``: 100 status changes per event (events rejected and re-published often);
+#: * ``deep-reports``: configurations of 48-64 fields (long survey forms): 8x the custom-report
+#:   results per transaction and per event report;
+#: * ``wide-events``: 300 custom point-of-sale fields in every event (a CRM-fed store master).
 PROFILES = {
     "demo": Shape(),
     "heavy": Shape(
@@ -282,6 +295,11 @@ PROFILES = {
         report_fields=2,
         pos_extra_fields=48,
     ),
+    "many-events": Shape(tx_per_event=4),
+    "few-events": Shape(tx_per_event=400),
+    "long-history": Shape(status_history=100),
+    "deep-reports": Shape(report_fields=8),
+    "wide-events": Shape(pos_extra_fields=300),
 }
 
 # --------------------------------------------------------------------------------------------
@@ -982,7 +1000,10 @@ class Dataset:
             return head + "}"
         cfg = self.configs[b11 & 3]
         with_id = b11 & 4
-        vals = [pool[b] for pool, b in zip(cfg.entries[with_id >> 2], d[12:], strict=False)]
+        # Up to 64 fields (Shape.report_fields): the 52 bytes after d[11], then the first 12 again.
+        vals = [
+            pool[b] for pool, b in zip(cfg.entries[with_id >> 2], d[12:] + d[:12], strict=False)
+        ]
         for k, pre, suf, suf_id in cfg.uploads:
             if vals[k]:
                 fid = ids.make(fkind, idx * self._file_stride + k)

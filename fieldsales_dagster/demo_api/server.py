@@ -49,7 +49,7 @@ class DemoConfig:
     """Size, seed and shape (how heavy each item is, ``data.PROFILES``) of the demo dataset."""
 
     transactions: int = 2000
-    events: int | None = None  # default max(1, transactions // 40)
+    events: int | None = None  # default max(1, transactions // shape.tx_per_event)
     event_groups: int | None = None  # default max(1, events // 10)
     seed: int = 0
     shape: Shape = Shape()
@@ -57,7 +57,9 @@ class DemoConfig:
     numeric_event_ids: bool = False
 
     def resolved(self) -> tuple[int, int, int]:
-        events = self.events if self.events is not None else max(1, self.transactions // 40)
+        events = self.events
+        if events is None:
+            events = max(1, self.transactions // self.shape.tx_per_event)
         groups = self.event_groups if self.event_groups is not None else max(1, events // 10)
         if self.transactions < 0 or events < 1 or groups < 1:
             raise ValueError("need transactions >= 0, events >= 1 and event_groups >= 1")
