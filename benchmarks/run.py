@@ -7,7 +7,7 @@ For each size (transactions; events = size/40, event groups = events/10) one dem
 serves every measured command. Each command runs as a subprocess; its wall time, CPU time, peak
 RSS of its whole process tree and the rows it loaded are reported in a markdown table, printed and
 written to ``benchmarks/results/<UTC timestamp>-<size>.md`` and ``benchmarks/results/latest.md``
-(``latest.md`` only by a run of the sizes' steps: ``--only heavy`` and the like leave it).
+(``latest.md`` only by a run of the sizes' steps: ``--only shapes`` and the like leave it).
 Logs and databases go under ``benchmarks/work/<UTC timestamp>/`` (git-ignored).
 See ``benchmarks/README.md`` for what each row means.
 """
@@ -51,6 +51,7 @@ from benchmarks.harness import (
 )
 from benchmarks.step_cpu import StepCpu, step_cpu
 from fieldsales_dagster.client.api import FieldSalesAPI  # noqa: E402
+from fieldsales_dagster.demo_api.data import PROFILES
 from fieldsales_dagster.warehouse.lake import Lake
 from fieldsales_dagster.warehouse.lake import connect as connect_lake
 
@@ -61,7 +62,7 @@ WORK_DIR = BENCH_DIR / "work"
 PAGE_SIZE = FieldSalesAPI.model_fields["page_size"].default
 
 STEPS = ("floor", "project_raw", "project_all", "dlt_fast", "dlt_default")
-ONLY_CHOICES = (*STEPS, "project", "latency", "incremental", "heavy")
+ONLY_CHOICES = (*STEPS, "project", "latency", "incremental", "shapes")
 RAW_SELECTION = "raw_events,raw_transactions,raw_event_groups"
 #: What the refresh job (the nightly schedule's run) selects: every asset but a lake's upkeep.
 REFRESH_SELECTION = "not key:ducklake_upkeep"
@@ -515,32 +516,34 @@ class Bench:
         r.dagster_steps, _ = _dagster_steps(m.log_path)
         return r
 
-    def run_heavy(self) -> tuple[Expected, list[StepResult]]:
-        """The nightly run (every asset, default settings) on a tenant of realistic weight: the
-        demo API's ``heavy`` profile (event payloads ~4x the demo's, twice the custom-report
-        results per transaction), ``--heavy-size`` transactions."""
-        size = self.args.heavy_size
-        where = self.work / f"heavy-{size}"
+    def run_shape(self, profile: str, size: int) -> tuple[Expected, list[StepResult]]:
+        """The floor (one pass's bytes) and every asset on default settings (the first run),
+        ``--runs`` times, on the demo API's ``profile`` (``demo_api.data.PROFILES``) at ``size``
+        transactions."""
+        where = self.work / f"shape-{profile}-{size}"
         token = secrets.token_hex(24)
         self.token_values.append(token)
         out: list[StepResult] = []
-        print(f"\n== heavy profile: {size:,} transactions: starting the demo API", flush=True)
+        print(f"\n== profile {profile}: {size:,} transactions: starting the demo API", flush=True)
         with DemoAPI(
             size,
             token,
             where / "demo_api.log",
             seed=self.args.seed,
             prerender=not self.args.live_server,
-            profile="heavy",
+            profile=profile,
         ) as api:
             expected = expected_counts(api)
             try:
                 for run in range(1, self.args.runs + 1):
-                    print(f"   run {run}: every asset, heavy profile ...", end=" ", flush=True)
+                    print(f"   run {run}: floor, every asset ...", end=" ", flush=True)
                     r = self.project(
-                        api, expected, where / f"run-{run}", "heavy_all", "*",
-                        "project all (`--select '*'`), heavy profile",
+                        api, expected, where / f"run-{run}", "shape_all", "*",
+                        f"project all (`--select '*'`), {profile}",
                     )  # fmt: skip
+                    r.m.extra["pass_bytes"] = self.floor(
+                        api, expected, where / f"run-{run}"
+                    ).m.extra.get("bytes")
                     out.append(r)
                     print(_progress_line(r), flush=True)
             except (KeyboardInterrupt, Interrupted):
@@ -993,32 +996,62 @@ def _failed_steps(log_path: Path) -> list[str]:
     return list(out.values())
 
 
-def heavy_section(size: int, expected: Expected, results: list[StepResult], scrub) -> str:
+def shapes_section(shapes: list[tuple[str, Expected, list[StepResult]]], scrub) -> str:
+    """The first run of every shape side by side, then each step's CPU per shape: CPU-s, and
+    CPU-ms per MB a pass (what a step costs per byte the tenant sends)."""
     lines = [
-        f"## Heavy profile: {size:,} transactions, the nightly run on default settings",
+        "## Shapes: the first run (`--select '*'`, default settings) on each demo API profile",
         "",
-        f"`fieldsales-demo-api --profile heavy`: {expected.transactions:,} transactions, "
-        f"{expected.events:,} events, {expected.event_groups:,} event groups; event payloads "
-        "~4x the demo's (20 status changes, 4 custom reports, a point of sale of ~3.3 KB with 48 "
-        "more attributes, 25 events per point of sale), transactions with twice the "
-        "custom-report results. `dagster asset materialize -m fieldsales_dagster --select '*'` "
-        "with every setting at its default (`duckdb_memory_limit` 192MB).",
+        "Profiles of `fieldsales_dagster/demo_api/data.py` (`PROFILES`); a pass is one read of "
+        "every list (the floor's bytes); the project fetches more (the completeness re-read). "
+        "CPU, wall and peak RSS are the median run's (CPU: the project's process tree).",
         "",
-        TABLE_HEAD,
+        "| shape | transactions | events | MB a pass | MB fetched | CPU s | wall s | peak RSS "
+        "| CPU s per 100 MB a pass | × the first shape's | exact rows |",
+        "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|:---:|",
     ]
-    if results:
-        lines.append(_row(results, scrub))
-    for r in results:
-        if not r.ok:
-            lines += [
-                "",
-                f"{r.m.log_path.parent.name} failed after {_fmt_s(r.m.wall_s)} s wall, peak RSS "
-                f"{fmt_bytes(r.m.peak_rss)} (PSS {fmt_bytes(r.m.peak_pss)}); failed steps: "
-                f"{'; '.join(_failed_steps(r.m.log_path)) or 'none named in the log'}.",
-            ]
-    steps_lines = _dagster_breakdown({"project_all": results})
-    if steps_lines:
-        lines += ["", *steps_lines]
+    ok: dict[str, tuple[StepResult, float]] = {}
+    for profile, expected, results in shapes:
+        good = [r for r in results if r.ok]
+        if not good:
+            why = "; ".join(_failed_steps(results[0].m.log_path)) or _why(results[0])
+            failed = f"FAILED ({scrub(why)})" if results else "FAILED (the demo API did not start)"
+            lines.append(f"| {profile} | {expected.transactions:,} | – | {failed} |" + " – |" * 7)
+            continue
+        r = sorted(good, key=lambda r: r.m.cpu_s)[len(good) // 2]
+        mb = (r.m.extra.get("pass_bytes") or float("nan")) / 1e6
+        ok[profile] = (r, mb)
+        per_100mb = 100 * r.m.cpu_s / mb
+        first_r, first_mb = next(iter(ok.values()))
+        exact = "yes" if all(g.exact for g in good) else "NO"
+        lines.append(
+            f"| {profile} | {expected.transactions:,} | {expected.events:,} | {mb:,.0f} | "
+            f"{_bytes(r) / 1e6:,.0f} | {r.m.cpu_s:.1f} | {r.m.wall_s:.1f} | "
+            f"{fmt_bytes(r.m.peak_rss)} | {per_100mb:.2f} | "
+            f"{per_100mb / (100 * first_r.m.cpu_s / first_mb):.2f} | {exact} |"
+        )
+    if ok:
+        # Each shape's CPU per step, and outside the steps (start-up, definitions, exit).
+        cpu = {
+            name: {
+                **{s.step: s.cpu_s for s in r.step_cpu},
+                "outside the steps": r.m.cpu_s - sum(s.cpu_s for s in r.step_cpu),
+            }
+            for name, (r, _) in ok.items()
+        }
+        first = next(iter(cpu.values()))
+        steps = sorted(first, key=lambda step: -first[step])
+        steps += sorted({step for c in cpu.values() for step in c} - set(steps))
+        head = f"| step | {' | '.join(ok)} |\n|---|" + "---:|" * len(ok)
+        for title, per_mb in (("CPU s", False), ("CPU ms per MB a pass", True)):
+            lines += ["", f"{title} per step (each shape's median run):", "", head]
+            for step in steps:
+                cells = [
+                    f"{1000 * c / mb:.1f}" if per_mb else f"{c:.2f}"
+                    for name, (_, mb) in ok.items()
+                    for c in [cpu[name].get(step, float("nan"))]
+                ]
+                lines.append(f"| `{step}` | {' | '.join(cells)} |")
     return "\n".join(lines)
 
 
@@ -1235,15 +1268,21 @@ def _parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--runs", type=int, default=1, help="repetitions of every step (median shown)")
     p.add_argument(
         "--only",
-        default="floor,project,dlt_fast,dlt_default,latency,incremental,heavy",
+        default="floor,project,dlt_fast,dlt_default,latency,incremental,shapes",
         help=f"steps to run, comma list of {', '.join(ONLY_CHOICES)} (project = raw + all)",
     )
     p.add_argument("--latency-size", type=int, default=20_000)
     p.add_argument(
-        "--heavy-size",
+        "--shapes",
+        default="heavy",
+        help="demo API profiles of `--only shapes`, comma list, each PROFILE or "
+        "PROFILE:TRANSACTIONS (e.g. demo,many-events,deep-reports:20000)",
+    )
+    p.add_argument(
+        "--shape-size",
         type=int,
         default=1_000_000,
-        help="transactions of the heavy-profile run (`--only heavy`)",
+        help="transactions of a `--shapes` profile that names none",
     )
     p.add_argument("--latency-ms", type=float, default=50.0)
     p.add_argument(
@@ -1290,7 +1329,20 @@ def _parse_args(argv: list[str] | None) -> argparse.Namespace:
     args.steps = [s for s in STEPS if s in only]
     args.latency = "latency" in only
     args.incremental = "incremental" in only
-    args.heavy = "heavy" in only
+    args.shapes_run = "shapes" in only
+    try:
+        args.shapes = [
+            (name, int(size.replace("_", "")) if size else args.shape_size)
+            for name, _, size in (s.strip().partition(":") for s in args.shapes.split(","))
+            if name
+        ]
+    except ValueError:
+        p.error("--shapes takes PROFILE or PROFILE:TRANSACTIONS, e.g. demo,deep-reports:20000")
+    unknown = {name for name, _ in args.shapes} - set(PROFILES)
+    if unknown:
+        p.error(
+            f"unknown --shapes profile(s) {', '.join(sorted(unknown))}; known: {list(PROFILES)}"
+        )
     if args.runs < 1:
         p.error("--runs must be >= 1")
     return args
@@ -1334,15 +1386,20 @@ def main(argv: list[str] | None = None) -> int:
                 sections.append((f"incremental-{size}", section))
                 if bench.interrupted:
                     break
-        if args.heavy and not bench.interrupted:
-            suffix = f"heavy-{args.heavy_size}"
-            try:
-                expected, results = bench.run_heavy()
-                section = heavy_section(args.heavy_size, expected, results, bench.scrub)
-            except BenchmarkError as exc:
-                print(f"   FAILED: {exc}", file=sys.stderr)
-                section = f"## Heavy profile\n\nFAILED: {exc}"
-            sections.append((suffix, section))
+        if args.shapes_run and not bench.interrupted:
+            shapes = []
+            for profile, size in args.shapes:
+                try:
+                    shapes.append((profile, *bench.run_shape(profile, size)))
+                except BenchmarkError as exc:
+                    print(f"   FAILED: {exc}", file=sys.stderr)
+                    shapes.append((profile, Expected(size, 0, 0), []))
+                if bench.interrupted:
+                    break
+            sizes = sorted({size for _, size in args.shapes})
+            sections.append(
+                (f"shapes-{'-'.join(map(str, sizes))}", shapes_section(shapes, bench.scrub))
+            )
         if args.latency and not bench.interrupted:
             suffix = f"latency-{args.latency_size}"
             try:
@@ -1365,7 +1422,7 @@ def main(argv: list[str] | None = None) -> int:
         path = args.results_dir / f"{stamp}-{suffix}.md"
         path.write_text(bench.scrub(f"{head}\n\n{md}\n"))
     # latest.md is the table of `make bench` (the sizes' steps) that the README quotes; a run of
-    # only the heavy, incremental, DuckLake or latency comparisons leaves it as it is.
+    # only the shapes, incremental, DuckLake or latency comparisons leaves it as it is.
     written = f"{len(sections)} file(s) {stamp}-*.md"
     if args.steps:
         (args.results_dir / "latest.md").write_text(report)
