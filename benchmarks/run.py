@@ -1241,7 +1241,9 @@ def header(started: datetime, work: Path, live_server: bool = False) -> str:
             "",
             f"- command: `{cmd}`",
             f"- machine: {os.cpu_count()} cores, {mem / 2**30:.1f} GiB memory, "
-            f"{platform.system()} {platform.release()} {platform.machine()}",
+            f"{platform.system()} {platform.release()} {platform.machine()}; load average at the "
+            f"start {', '.join(f'{x:.1f}' for x in os.getloadavg())} (1, 5, 15 min: other work "
+            "on the machine makes CPU figures noisy, wall figures more so)",
             f"- Python {platform.python_version()}, duckdb {_version('duckdb')}, dagster "
             f"{_version('dagster')}, dlt {_version('dlt')}, requests {_version('requests')}",
             f"- project revision: {_git_revision()}",
