@@ -1,28 +1,7 @@
-"""The Field-Sales read API: HTTP, authentication, retries and pagination, nothing about storage.
+"""The Field-Sales read API: requests, the token, retries and page decoding (docs/refresh.md).
 
-Every rule of SPEC "Behaviour the API document implies" that concerns HTTP lives here:
-
-* ``skip`` advances by the items a page returned, never by the ``limit`` asked for, so a server
-  that caps ``limit`` silently still yields every item;
-* the total comes from ``count`` or ``total`` where the server gives one; without one, the list
-  ends at the first empty page;
-* any envelope is accepted: a bare JSON list, or an object holding one list (and maybe a total);
-* 429, 5xx, dropped connections, timeouts and bodies cut off mid-JSON are retried with bounded
-  exponential backoff (tenacity), honouring ``Retry-After`` but never waiting less than the
-  backoff; retries stop at ``max_retries`` or ``retry_budget_s`` (``unreachable_budget_s`` for a
-  host that cannot be connected to), and each is logged as a warning while it happens;
-* a complete 200 body that is not JSON, or JSON nested too deep, fails at once, quoting what
-  came back; lone surrogate escapes are replaced by U+FFFD and counted;
-* 401/403 stop with an error naming the endpoint and what to do, never the token;
-* the token is cleaned where it enters and masked (whole and in fragments) in every error;
-* the HTTP limits (deadline per request, body cap, redirects, proxies) live in ``transport.py``;
-  the base URL is validated with urllib3's parser in ``urls.py``: plain ``http://`` only for
-  loopback.
-
-Where the total is known, pages are fetched concurrently: the API is random access by ``skip``.
-Checking the pass against the final total (distinct ids) needs the stored rows, so it lives with
-the loader (``raw_load.py``), which asks for another pass when they disagree.
-"""
+429, 5xx, 408, dropped connections, timeouts and bodies cut off mid-JSON are retried with bounded
+backoff; a complete body that is not JSON fails at once. The token is masked in every error."""
 
 from __future__ import annotations
 
@@ -61,13 +40,11 @@ from fieldsales_dagster.token.store import RENEWAL_WAIT_S, TokenStore
 from fieldsales_dagster.urls import Origin, origin_of, validate_base_url
 
 if TYPE_CHECKING:
-    # Imported where a request is sent (``_session``, ``_get_once``): ``requests`` and its
-    # encodings (~70 ms) are not part of the definitions' load.
+    # Imported where a request is sent: ``requests`` (~70 ms) is not part of the definitions' load.
     import requests
 
     from fieldsales_dagster.client.transport import Answer, QueryParams
 
-#: Characters of a body quoted in an error, after the token is masked.
 SNIPPET_CHARS = 200
 #: Characters of a body searched for the token before the snippet is cut from them.
 _SCRUB_WINDOW = 64 * 1024
@@ -75,7 +52,6 @@ _RETRY_AFTER = Retry(0)
 
 
 def _retry_after_seconds(value: str | None) -> float | None:
-    """Seconds the server asks to wait (delta or HTTP date), as urllib3 reads ``Retry-After``."""
     if not value:
         return None
     try:
@@ -85,7 +61,6 @@ def _retry_after_seconds(value: str | None) -> float | None:
 
 
 def _clean(token: str, source: str) -> str:
-    """``token`` without surrounding whitespace; refuses one a header cannot carry."""
     try:
         return clean_token(token, source)
     except TokenFormatError as exc:
@@ -93,11 +68,8 @@ def _clean(token: str, source: str) -> str:
 
 
 class FieldSalesAPI(settings_resource("ApiSettings", ApiSettings, but=("api_token",))):  # type: ignore[misc]
-    """Client of one Field-Sales instance's read API; takes every ``api:`` setting by name.
-
-    The token comes from ``FIELDSALES_API_TOKEN`` (an ``EnvVar``) and, once seen, from the token
-    store, which the renewal job (requested by the renewal sensor) keeps current.
-    """
+    """Client of one Field-Sales instance's read API. The token comes from
+    ``FIELDSALES_API_TOKEN`` and, once seen, from the token store the renewal job keeps current."""
 
     api_token: str = Field(
         description="API token; set it with EnvVar('FIELDSALES_API_TOKEN'), never as a literal.",
@@ -140,8 +112,6 @@ class FieldSalesAPI(settings_resource("ApiSettings", ApiSettings, but=("api_toke
     _env_verdicts: dict[str, bool] = PrivateAttr(default_factory=dict)
     _settled: bool = PrivateAttr(default=False)
 
-    # --- plumbing ---------------------------------------------------------------------------
-
     @property
     def root(self) -> str:
         return validate_base_url(self.base_url)
@@ -178,11 +148,8 @@ class FieldSalesAPI(settings_resource("ApiSettings", ApiSettings, but=("api_toke
         return store.current(env_token, accept=self.server_accepts).token if store else env_token
 
     def server_accepts(self, env_token: str) -> bool:
-        """Whether the server takes a new ``FIELDSALES_API_TOKEN`` the store has never seen.
-
-        Asked once per process and token. Until the server accepts it, the store's token stays in
-        use, and a warning says so (the new token may be mistyped; the stored one was renewed).
-        """
+        """Whether the server takes a new ``FIELDSALES_API_TOKEN`` the store has never seen (asked
+        once per process and token); until it does, the store's token stays in use."""
         verdicts = self._env_verdicts
         if env_token not in verdicts:
             try:
@@ -214,7 +181,6 @@ class FieldSalesAPI(settings_resource("ApiSettings", ApiSettings, but=("api_toke
     def _get_once(
         self, path: str, params: QueryParams | None, token: str, deadline_s: float
     ) -> Answer:
-        """One GET; returns the 200 answer or raises ``TransientHTTPError``/an API error."""
         from fieldsales_dagster.client.transport import Limits, fetch
 
         where = f"GET {path}" + (f" (skip={params['skip']})" if params and "skip" in params else "")
@@ -288,8 +254,8 @@ class FieldSalesAPI(settings_resource("ApiSettings", ApiSettings, but=("api_toke
         )
 
     def _wait(self, state: tenacity.RetryCallState) -> float:
-        """The backoff (exponential, with jitter), or the server's Retry-After if longer; one
-        beyond ``max_retry_after_s`` fails the request."""
+        """The backoff, or the server's Retry-After if longer; one beyond ``max_retry_after_s``
+        fails."""
         exc = state.outcome.exception() if state.outcome else None
         backoff = tenacity.wait_exponential_jitter(
             initial=self.backoff_initial_s, max=self.backoff_max_s, jitter=self.backoff_initial_s
@@ -300,8 +266,7 @@ class FieldSalesAPI(settings_resource("ApiSettings", ApiSettings, but=("api_toke
                 f"{exc}: the server asks to wait {retry_after:.0f} s (Retry-After), longer "
                 f"than max_retry_after_s={self.max_retry_after_s:.0f}; try again later."
             )
-        # `Retry-After: 0` from a struggling server must not turn into a burst of requests: the
-        # backoff is the least we wait.
+        # `Retry-After: 0` from a struggling server must not turn into a burst of requests.
         return max(retry_after or 0.0, min(backoff(state), self.backoff_max_s))
 
     def get(
@@ -314,15 +279,8 @@ class FieldSalesAPI(settings_resource("ApiSettings", ApiSettings, but=("api_toke
         stats: ListStats | None = None,
         max_retries: int | None = None,
     ) -> object:
-        """GET ``path`` with retries; returns ``parse(body)`` (the raw body if ``parse`` is None).
-
-        ``parse`` runs inside the retry loop, so a body cut off mid-JSON is fetched again.
-        With ``token`` given, that token is used as it is (no store, no re-read on 401).
-        ``max_retries=0`` is for requests that must not be repeated (token renewal).
-        Retries stop at ``max_retries``, at ``retry_budget_s`` (``unreachable_budget_s`` while
-        the host cannot be connected to at all), whichever comes first; each is logged as a
-        warning as it happens.
-        """
+        """GET ``path`` with retries; ``parse(body)`` runs inside them (a cut-off body is fetched
+        again). A given ``token`` is used as it is (no store, no re-read on 401)."""
         retries = self.max_retries if max_retries is None else max_retries
         fixed_token = None if token is None else _clean(token, "the token given")
         current = fixed_token or self.current_token()
@@ -366,8 +324,6 @@ class FieldSalesAPI(settings_resource("ApiSettings", ApiSettings, but=("api_toke
             return result
 
     def _retrying(self, started: float, retries: int, stats: ListStats | None) -> tenacity.Retrying:
-        """Retries of transient failures within ``retries`` and the time budgets, each logged."""
-
         def stop(state: tenacity.RetryCallState) -> bool:
             exc = state.outcome.exception() if state.outcome else None
             unreachable = getattr(exc, "unreachable", False)
@@ -409,10 +365,7 @@ class FieldSalesAPI(settings_resource("ApiSettings", ApiSettings, but=("api_toke
             "later, or raise max_retries or retry_budget_s."
         )
 
-    # --- endpoints --------------------------------------------------------------------------
-
     def check_token(self, token: str | None = None) -> None:
-        """Raise ``AuthenticationError`` unless the server accepts the token (test route)."""
         self.get(CHECK_TOKEN_PATH, token=token)
 
     def fetch_page(

@@ -1,9 +1,4 @@
-"""The Field-Sales API as data: every endpoint path and raw table, written once.
-
-Each list endpoint names the envelope keys the API document shows; the client still copes with any
-envelope that holds one list (see ``envelope.py``), because the event list's envelope is not
-documented.
-"""
+"""The Field-Sales API as data: every endpoint path and raw table, written once."""
 
 from __future__ import annotations
 
@@ -16,11 +11,9 @@ class ListEndpoint:
 
     name: str
     path: str
-    #: Key of the item list in an object envelope, as documented; ``None`` when not documented.
+    #: Keys of the items and of the total in an object envelope, as documented (else ``None``).
     items_key: str | None
-    #: Key of the server's total, as documented; ``None`` when not documented.
     total_key: str | None
-    #: ``schema.table`` the items land in.
     raw_table: str
     #: Extra VARCHAR columns of the raw table: column name -> key of the item.
     extra_columns: tuple[tuple[str, str], ...] = ()

@@ -1,9 +1,5 @@
-"""A list page's body -> its items (as raw JSON) and the total, whatever envelope holds them;
-``Page`` is what ``FieldSalesAPI.fetch_page`` returns, ``ListStats`` what a list's requests cost.
-
-The event list's envelope is not documented: a bare list, or an object holding one list of items
-and maybe a total (``count`` or ``total``), are all accepted.
-"""
+"""A list page's body -> its items (raw JSON) and total, whatever envelope holds them (the event
+list's is not documented): a bare list, or an object holding one list and maybe a total."""
 
 from __future__ import annotations
 
@@ -31,11 +27,9 @@ class Page:
     nbytes: int
     #: Each item's ``_id`` and extra-column keys (``loading.lists.item_keys``), where decoded.
     keys: list[tuple[str | int | float | None, ...]] | None = None
-    #: Lone surrogate escapes replaced in the body (``ListStats.surrogates_replaced``).
     surrogates_replaced: int = 0
-    #: ``digest`` of the body as received. A body in ``fetch_page``'s ``known`` is not split.
     digest: int | None = None
-    #: The items a page holds, where they were not split out (a re-read's known body).
+    #: The items a page holds, where they were not split out (a body in ``fetch_page``'s ``known``).
     count: int | None = None
     #: Each kept item's digest (``loading.lists.item_digests``), where the loader admitted it.
     digests: array[int] | None = None
@@ -57,7 +51,6 @@ class ListStats:
     token_rereads: int = 0
     #: Lone UTF-16 surrogate escapes replaced by U+FFFD (strings a server cut mid-emoji).
     surrogates_replaced: int = 0
-    #: Every distinct total the server reported during the pass, in order of arrival.
     totals_seen: list[int] = field(default_factory=list)
     #: A request sent after another had answered reported a smaller total: items were deleted.
     total_decreased: bool = False
@@ -79,8 +72,7 @@ _DIGEST_SEED = secrets.randbits(64)
 
 
 def digest(data: msgspec.Raw | bytes) -> int:
-    """A 64-bit digest of bytes as received (a page body, an item): XXH3, keyed per process, ten
-    times as fast as ``hash(bytes(item))``."""
+    """XXH3 of bytes as received, keyed per process: ten times as fast as ``hash(bytes(item))``."""
     return xxhash.xxh3_64_intdigest(data, _DIGEST_SEED)
 
 
@@ -89,8 +81,7 @@ _LIST = msgspec.json.Decoder(list[msgspec.Raw])
 _ANY = msgspec.json.Decoder()
 
 
-#: An escaped backslash (consumed whole, so the scan stays aligned on escapes), a surrogate pair,
-#: a high surrogate alone, or a low surrogate alone.
+#: An escaped backslash (consumed whole: keeps the scan aligned), a surrogate pair, or a lone one.
 _SURROGATE_ESCAPE = re.compile(
     rb"\\\\"
     rb"|\\u[dD][89abAB][0-9a-fA-F]{2}(?:\\u[dD][c-fC-F][0-9a-fA-F]{2})?"
@@ -100,11 +91,8 @@ _PAIR_LENGTH = 12
 
 
 def replace_lone_surrogates(body: bytes) -> tuple[bytes, int]:
-    """``body`` with every lone UTF-16 surrogate escape replaced by ``\\ufffd``, and how many.
-
-    What Node's ``JSON.stringify`` writes when a string was cut in the middle of an emoji: valid
-    to JavaScript, refused by strict decoders (msgspec, DuckDB). Escaped backslashes and proper
-    surrogate pairs are left alone.
+    """``body`` with every lone UTF-16 surrogate escape replaced by ``\\ufffd``, and how many:
+    Node writes them for a string cut mid-emoji, and strict decoders (msgspec, DuckDB) refuse them.
     """
     replaced = 0
 
@@ -134,15 +122,11 @@ def _documented_envelope(endpoint: ListEndpoint) -> msgspec.json.Decoder | None:
 def split_envelope(
     body: bytes, endpoint: ListEndpoint, where: str
 ) -> tuple[list[msgspec.Raw], int | None]:
-    """Items and total of one page body, whatever envelope holds them.
-
-    Raises ``msgspec.DecodeError`` for a body that is not complete JSON (the caller retries it) and
-    ``PageFormatError`` for complete JSON that holds no list of items.
-    """
+    """Items and total of one page body: ``msgspec.DecodeError`` for incomplete JSON (retried),
+    ``PageFormatError`` for complete JSON that holds no list of items."""
     documented = _documented_envelope(endpoint)
     if documented is not None:
-        # One pass for the documented shape (items and total under their documented keys);
-        # anything else takes the general path below.
+        # One pass for the documented shape; anything else takes the general path below.
         try:
             page = documented.decode(body)
             if page.items is not None and page.total is not None and page.total >= 0:

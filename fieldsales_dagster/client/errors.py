@@ -38,11 +38,8 @@ class UnreachableError(FieldSalesAPIError):
 
 
 class TransientHTTPError(Exception):
-    """A failure worth another attempt; ``retry_after`` is the server's wish, in seconds.
-
-    ``unreachable`` marks a failure to connect at all (refused, unresolvable, connect timeout):
-    those get the short ``unreachable_budget_s``, not the whole retry budget.
-    """
+    """A failure worth another attempt; ``retry_after``: the server's wish, in seconds;
+    ``unreachable``: no connection at all, retried within ``unreachable_budget_s`` only."""
 
     def __init__(self, message: str, retry_after: float | None = None, unreachable: bool = False):
         super().__init__(message)

@@ -1,23 +1,7 @@
-"""One GET, with the limits a hostile or broken server cannot stretch.
-
-* **A deadline per request**, from connecting to the last byte of the body. urllib3's timeouts
-  bound each socket operation only (its ``Timeout`` documentation: a server sending a byte every
-  few seconds never trips them), so a server dripping its headers or body holds a request open for
-  ever. Each read from the socket is therefore given what is left of the deadline as its timeout
-  (``_DeadlineReader``), headers included: urllib3 reads them inside ``getresponse`` and offers no
-  other place to reach that read than the connection's ``response_class``.
-* **A cap on the body**, counted after decompression: urllib3 (2.7+) decodes gzip/deflate as the
-  body streams in, at most a step's worth at a time, so a small gzip body cannot expand into
-  gigabytes of memory before the count stops it.
-* **No proxy for loopback.** ``HTTP_PROXY``/``HTTPS_PROXY`` are for the way out; a loopback
-  instance is reached directly (other hosts still honour them, as corporate networks need).
-* **Redirects stay on the origin.** A redirect to another scheme, host or port is refused: the
-  token was configured for one origin, and pages from elsewhere are not this instance's data.
-  Redirects within the origin are followed (a few hops): a reverse proxy that normalises paths
-  is common, and the answer still comes from the server the token was meant for. A loop is
-  reported as one.
-* **Every failure in our words.** Whatever ``requests`` raises while building or sending the
-  request is turned into an error whose text is scrubbed of the token and which chains nothing.
+"""One GET, with limits a hostile server cannot stretch: a body cap after decompression, no proxy
+for loopback, redirects within the origin only, and a deadline to the body's last byte. urllib3's
+timeouts bound each socket read only, so each read gets what is left of the deadline
+(``_DeadlineReader``), headers included, which only the connection's ``response_class`` reaches.
 """
 
 from __future__ import annotations
@@ -46,12 +30,10 @@ from fieldsales_dagster.client.errors import (
 )
 from fieldsales_dagster.urls import Origin, origin_of
 
-#: Decoded bytes urllib3 hands out per step: large enough that the loop costs nothing next to the
-#: network, small enough that the cap is overshot by at most this much.
+#: Decoded bytes per step: the loop costs nothing next to the network; the cap overshoots by this.
 CHUNK_BYTES = 1 << 20
-#: An uncompressed body that declares its length (within the cap) is read in steps of up to
-#: this: one read of a ~2.5 MB page instead of three, each copied again (0.6 -> 0.4 CPU-s per GB).
-#: A step is allocated before its bytes arrive, so a lying Content-Length costs at most this.
+#: Step of a body of declared length: one read of a ~2.5 MB page instead of three (0.6 -> 0.4
+#: CPU-s per GB); allocated before its bytes arrive, so a lying Content-Length costs at most this.
 WHOLE_BODY_BYTES = 32 << 20
 MAX_REDIRECTS = 5
 REDIRECT_STATUSES = frozenset({301, 302, 303, 307, 308})
@@ -59,11 +41,9 @@ REDIRECT_STATUSES = frozenset({301, 302, 303, 307, 308})
 ACCEPT_ENCODING = "gzip, deflate"
 _DECODED = frozenset({"identity", "gzip", "x-gzip", "deflate"})
 
-#: A request's query parameters (skip, limit, filters such as eventId).
 QueryParams = Mapping[str, str | int]
 
-#: The deadline (``time.monotonic()``) of the request the calling thread is sending: requests and
-#: urllib3 have no parameter that reaches the response they build, and they build it in this thread.
+#: The deadline of this thread's request: no parameter of requests reaches the response it builds.
 _sending = threading.local()
 
 
@@ -103,8 +83,6 @@ class _DeadlineResponse(http.client.HTTPResponse):
 
 
 def _deadline_pool(pool: type[HTTPConnectionPool]) -> type[HTTPConnectionPool]:
-    """``pool`` whose connections (urllib3 builds them from its ``ConnectionCls``) carry the
-    response class above; the adapter below gives its pool managers such pools."""
     connection = type(f"_Deadline{pool.ConnectionCls.__name__}", (pool.ConnectionCls,), {})
     connection.response_class = _DeadlineResponse  # type: ignore[attr-defined]
     return type(f"_Deadline{pool.__name__}", (pool,), {"ConnectionCls": connection})
@@ -162,15 +140,13 @@ class Limits:
     read_timeout_s: float
     deadline_s: float
     max_body_bytes: int
-    #: The setting that set ``deadline_s``, for error messages.
+    #: For error messages: the setting behind ``deadline_s``, the base URL's variable.
     deadline_source: str = "request_deadline_s"
-    #: The base URL's variable (this tenant's), for error messages.
     base_url: str = "FIELDSALES_BASE_URL"
 
 
 def read_body(resp: requests.Response, where: str, max_bytes: int) -> bytes:
-    """The whole body, decoded by urllib3 as it streams in; ``ResponseTooLargeError`` past
-    the cap."""
+    """The whole body, decoded as it streams in; ``ResponseTooLargeError`` past the cap."""
     encoding = (resp.headers.get("Content-Encoding") or "identity").strip().lower()
     if encoding not in _DECODED:
         raise FieldSalesAPIError(
@@ -206,11 +182,8 @@ def fetch(
     limits: Limits,
     scrub: Callable[[str], str],
 ) -> Answer:
-    """GET ``url`` within ``limits``, following redirects within ``origin`` only.
-
-    Raises ``TransientHTTPError`` for what another attempt may cure (a dropped connection, a
-    timeout, the deadline) and ``FieldSalesAPIError`` subclasses for what it cannot.
-    """
+    """GET ``url`` within ``limits``, following redirects within ``origin`` only; raises
+    ``TransientHTTPError`` for what another attempt may cure, else a ``FieldSalesAPIError``."""
     on = f"{where} on {origin.netloc}"
     visited = [url]
     deadline = time.monotonic() + limits.deadline_s
@@ -295,8 +268,7 @@ def _failure(
         return transient(f"the body stalled for read_timeout_s={limits.read_timeout_s:g} s")
     if isinstance(exc, requests.exceptions.ChunkedEncodingError | urllib3.exceptions.HTTPError):
         return transient("body cut off or corrupt")
-    # InvalidHeader, UnicodeEncodeError, ValueError...: their text may quote the request's
-    # headers, so the token: scrub it, chain nothing.
+    # Anything else's text may quote the request's headers, so the token: scrub, chain nothing.
     unexpected = f"{type(exc).__name__}: {scrub(str(exc))[:300]}"
     return FieldSalesAPIError(
         f"{on}: the request could not be sent ({unexpected}). Check {limits.base_url} and the "
