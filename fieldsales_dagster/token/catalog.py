@@ -1,26 +1,7 @@
-"""The token store as a row of the lake's PostgreSQL catalog database: no host needs a shared disk.
-
-``FIELDSALES_TOKEN_STORE=catalog`` with a PostgreSQL catalog (``FIELDSALES_DUCKLAKE_CATALOG=
-postgres:dbname=... host=... user=...``, its password in ``FIELDSALES_DUCKLAKE_PASSWORD``) keeps
-the current token in ``fieldsales_token.token_store`` of that database, one row per lake (its
-``ducklake_schema``; ``public`` without one), holding the record the file store holds
-(``StoredToken``: origin, fingerprints, issue time). The protocol is ``TokenStore``'s
-(``store.py``); this backend supplies its primitives:
-
-* the schema and the table are created by the role the catalog connects as, and PUBLIC's rights
-  are revoked: a table another role owns, or that grants another role any right, is refused
-  before its token is used;
-* the lock is the row's (``SELECT ... FOR UPDATE``, one transaction around read, decide,
-  ``generatetoken``, write, commit): hosts due at once renew once, and the ones that waited read
-  the row the first committed; a host that dies holding the lock loses its connection, and the
-  lock with it;
-* a renewal's write is prepared with the lock (the session exempt from
-  ``idle_in_transaction_session_timeout``): after ``generatetoken`` only the ``UPDATE`` and its
-  ``COMMIT`` remain, one atomic step. A commit whose connection broke is made once more on a new
-  connection, if the row still holds what this renewal read.
-
-``python -m fieldsales_dagster.token.catalog import FILE`` moves a file store into the row (once,
-before the first run with ``FIELDSALES_TOKEN_STORE=catalog``; docs/token-lifecycle.md).
+"""The token store as a row per lake of the PostgreSQL catalog (docs/token-lifecycle.md), owned
+by the catalog's role with PUBLIC's rights revoked (one another role owns or may use is refused).
+The lock is the row's (``SELECT ... FOR UPDATE`` around read, ``generatetoken``, write, commit):
+a host that dies holding it loses its connection, and the lock with it.
 """
 
 from __future__ import annotations
@@ -76,8 +57,7 @@ _readers = threading.local()
 
 
 class CatalogTokenStore(TokenStore):
-    """The row ``lake`` of ``fieldsales_token.token_store`` in the database ``catalog``
-    (``postgres:<libpq keywords>``) opens, with the password in ``password_env_var``."""
+    """The row ``lake`` in the database ``catalog`` (``postgres:<libpq keywords>``) opens."""
 
     def __init__(
         self,
@@ -101,7 +81,7 @@ class CatalogTokenStore(TokenStore):
                 f"... host=... user=...; with one host, set {self.variable} to a file path."
             )
         dsn = catalog.removeprefix(POSTGRES_PREFIX)
-        try:  # the libpq keywords (dbname=... host=... user=...), as psycopg2 parses them
+        try:
             self.keywords: dict[str, str] = psycopg2.extensions.parse_dsn(dsn)
         except psycopg2.ProgrammingError:
             raise TokenStoreError(
@@ -150,7 +130,6 @@ class CatalogTokenStore(TokenStore):
         return True
 
     def _reader(self, fresh: bool = False) -> Any:
-        """This thread's connection for reading the row (autocommit)."""
         key = (os.getpid(), tuple(self.keywords.items()), os.environ.get(self.password_env_var))
         readers = _readers.__dict__.setdefault("connections", {})
         conn = readers.get(key)
@@ -186,8 +165,8 @@ class CatalogTokenStore(TokenStore):
 
     @contextlib.contextmanager
     def _locked(self, timeout_s: float = LOCK_TIMEOUT_S, wait: bool = False) -> Iterator[None]:
-        """The row's lock, in a transaction this store commits when it writes (else rolls back);
-        ``wait``: a share lock, granted once a renewal in progress has committed."""
+        """The row's lock, in a transaction committed by a write (else rolled back); ``wait``: a
+        share lock, granted once a renewal in progress has committed."""
         with contextlib.closing(self._connect()) as conn:  # closing rolls back the uncommitted
             try:
                 with conn.cursor() as cur:
@@ -218,8 +197,8 @@ class CatalogTokenStore(TokenStore):
 
     @contextlib.contextmanager
     def _open_write(self) -> Iterator[Commit]:
-        """Under the lock: ``commit(record)`` updates the row and commits; a broken connection is
-        retried once on a new one, if the row is as it was read (or as this commit wrote it)."""
+        """``commit(record)`` updates the row and commits; a broken connection is retried once
+        on a new one, if the row is as it was read (or as this commit wrote it)."""
         assert self._held is not None, "the row is written under its lock only"
         conn, read = self._held
 
@@ -248,8 +227,7 @@ class CatalogTokenStore(TokenStore):
         yield commit
 
     def import_file(self, path: str) -> StoredToken:
-        """Move the file store at ``path`` into the row, once: a row that holds another token
-        already is in use (the file is older than it) and is left as it is."""
+        """Move the file store at ``path`` into the row, unless the row holds another token."""
         stored = FileTokenStore(path).read()
         if stored is None:
             raise TokenStoreError(f"There is no token store at {path}: nothing to import.")
@@ -286,7 +264,6 @@ def open_token_store(
 
 
 def main(argv: list[str] | None = None) -> None:
-    """``import FILE``: the file store at FILE into the row of the lake the environment names."""
     parser = argparse.ArgumentParser(prog="python -m fieldsales_dagster.token.catalog")
     commands = parser.add_subparsers(dest="command", required=True)
     command = commands.add_parser("import", help="move a token store file into the catalog")

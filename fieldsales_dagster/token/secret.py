@@ -1,18 +1,12 @@
-"""The API token as a secret: cleaned where it enters, masked wherever text might carry it.
-
-No Dagster and no HTTP here: the client, the token store and the renewal all use these two
-functions, so a token is cleaned and masked the same way whichever way it came in.
-"""
+"""The API token as a secret: cleaned where it enters, masked wherever text might carry it."""
 
 from __future__ import annotations
 
 import unicodedata
 from collections.abc import Iterable
 
-#: What a masked secret (or a fragment of one) becomes in text.
 MASK = "***"
-#: A run of at least this many characters of a token is masked wherever it appears: a cut (ours
-#: or the server's) must not leave a usable prefix or suffix of the token behind.
+#: A run of this many characters of a token is masked anywhere: a cut must leave no usable part.
 MIN_FRAGMENT = 8
 
 
@@ -33,15 +27,9 @@ def _refused(char: str) -> str | None:
 
 
 def clean_token(raw: str | None, source: str) -> str:
-    """``raw`` without surrounding whitespace; refuses a token an HTTP header cannot carry.
-
-    Surrounding whitespace is how tokens usually arrive from env files with CRLF endings or from
-    mounted secret files, so it is stripped silently. Anything left inside the token that a header
-    cannot carry (a control character, a space, a curly quote pasted from a document) is refused
-    with a ``TokenFormatError`` naming ``source`` (the setting or file the token came from) and the
-    offending character's kind and position, never the token. An empty token stays empty: the
-    caller decides whether that is an error.
-    """
+    """``raw`` stripped (CRLF env files, mounted secrets); a character inside that a header
+    cannot carry is a ``TokenFormatError`` naming ``source`` and its position, never the token.
+    An empty token stays empty: the caller decides."""
     token = (raw or "").strip()
     for position, char in enumerate(token, start=1):
         if (why := _refused(char)) is not None:
@@ -72,12 +60,8 @@ def _fragment_spans(text: str, secret: str) -> list[tuple[int, int]]:
 
 
 def mask_secrets(text: str, secrets: Iterable[str | None], limit: int | None = None) -> str:
-    """``text`` with every secret, and every long fragment of one, masked; then cut to ``limit``.
-
-    Masking comes first: cutting first can split a token so that its first part no longer
-    matches, and survives. A fragment of ``MIN_FRAGMENT`` or more characters of a secret (what a
-    server's own cut, or a line break inside the echoed header, leaves) is masked too.
-    """
+    """``text`` with every secret, and every ``MIN_FRAGMENT``-long fragment of one, masked; then
+    cut to ``limit`` (cutting first could leave a part that no longer matches)."""
     usable = sorted({s for s in secrets if s}, key=len, reverse=True)
     for secret in usable:
         text = text.replace(secret, MASK)

@@ -1,26 +1,8 @@
-"""Durable store of the current API token: what every backend shares, and the file backend.
+"""Durable store of the current API token (docs/token-lifecycle.md): the protocol and the file.
 
-Renewing a token (``GET /api/bearer/generatetoken``) invalidates the old one at once, so the new
-token must reach the store before anything else happens, and every process must find it there:
-
-* the record holds the token, when it was issued (or first seen), a SHA-256 fingerprint of the
-  ``FIELDSALES_API_TOKEN`` it was seeded from (never that token in clear) and the origin
-  (``scheme://host:port``) of its server: a store of another origin is refused before its token is
-  sent anywhere, unless the environment gives this very token (the same token at a new address);
-* nothing is written until the server accepted the token (``settle`` after its first 200, or
-  ``accept`` in ``current``), so a mistyped base URL or token leaves the store as it was;
-* seeding and renewing hold the store's lock, so one renewal happens at a time across processes,
-  and the one that waited re-reads the store and finds it done (``TokenStore.rotate``); a request
-  refused with HTTP 401 waits for that lock before it re-reads the store (``wait_for_renewal``);
-* a renewal prepares its write (lock, encoding, temporary file) before the server rotates the
-  token: after that call only the write itself remains;
-* once seeded, the store wins over the environment; a new environment token (regenerated in the
-  UI) re-seeds it once the server accepted it, a token the store already replaced never does.
-
-``TokenStore`` is that protocol, written once; a backend supplies ``_read_any``, ``_locked`` and
-``_open_write``: ``FileTokenStore`` here (one owner-only JSON file, a symlink read and written
-through its target, written to a 0600 temporary file, fsynced and ``os.replace``-d over it, under
-``<path>.lock``), ``CatalogTokenStore`` in ``catalog.py`` (a row of the PostgreSQL catalog).
+The record binds the token to its server's origin (another's is refused before it is sent).
+Nothing is written before the server accepted the token. Once seeded the store wins over the
+environment; a new environment token re-seeds it once accepted, one it replaced never does.
 """
 
 from __future__ import annotations
@@ -47,8 +29,7 @@ from fieldsales_dagster.token.secret import TokenFormatError, clean_token
 
 #: How long a process waits for another one's seeding or renewal before giving up.
 LOCK_TIMEOUT_S = 300.0
-#: How long a request refused with HTTP 401 waits for a renewal in progress before re-reading the
-#: store (a renewal's request takes at most 15 s: ``renewal.py``).
+#: How long a request refused with HTTP 401 waits for a renewal in progress (one takes <= 15 s).
 RENEWAL_WAIT_S = 20.0
 #: Fingerprints of environment tokens the store has moved past (bounded history).
 MAX_RETIRED_FINGERPRINTS = 20
@@ -134,14 +115,9 @@ class Rotation:
 
 
 class TokenStore(abc.ABC):
-    """The protocol every store follows; a backend supplies ``where``, ``_read_any`` (the record,
-    unchecked), ``_locked`` (the lock seeding and renewing hold; ``wait=True``: only wait until it
-    is free) and ``_open_write`` (what can fail of a write, done; yields ``commit(record)``).
-
-    ``origin`` (``scheme://host:port``) is the server this client sends the token to: a store
-    holding another server's token is refused. ``None`` (tests of the store alone) checks nothing.
-    ``variables``: what its errors call the settings' variables (a tenant's own).
-    """
+    """The protocol; a backend supplies ``where``, ``_read_any`` (unchecked), ``_locked``
+    (``wait=True``: only wait until it is free) and ``_open_write`` (what can fail of a write, done;
+    yields ``commit(record)``). ``origin`` ``None`` (the store alone) checks nothing."""
 
     where: str
 
@@ -178,17 +154,12 @@ class TokenStore(abc.ABC):
         )
 
     def _foreign(self, stored: StoredToken) -> bool:
-        """The store holds the token of another server than this client's."""
         return self.origin is not None and stored.origin != self.origin
 
-    # --- the token to use ------------------------------------------------------------------
-
     def current(self, env_token: str, accept: Callable[[str], bool] | None = None) -> StoredToken:
-        """The token to use. With ``accept`` (a client) nothing is written the server has not
-        accepted (see the module): a new environment token replaces this server's stored one only
-        if ``accept(env_token)``; a first seed, an adoption or a new address is returned unsaved,
-        for ``settle``. Without ``accept`` (the store on its own) every record is written at once.
-        """
+        """The token to use. With ``accept`` (a client), a new environment token replaces the
+        stored one only if ``accept(env_token)``; a first seed or a new address is returned unsaved,
+        for ``settle``. Without it (the store alone) every record is written at once."""
         stored, pending = self._pending(env_token)
         if pending is None:
             return cast(StoredToken, stored)  # _pending returns None for a usable stored token
@@ -215,19 +186,16 @@ class TokenStore(abc.ABC):
             return pending
 
     def peek(self, env_token: str) -> StoredToken:
-        """What ``current`` would use, without writing anything or asking the server (a sensor's
-        decision): a token not yet stored is new (age 0)."""
+        """What ``current`` would use, writing and asking nothing; a token not yet stored: age 0."""
         stored, pending = self._pending(env_token)
         return pending or cast(StoredToken, stored)
 
     def _pending(self, env_token: str) -> tuple[StoredToken | None, StoredToken | None]:
-        """The store as read, and the record to write before it can be used here (``None``: it
-        can as is)."""
+        """The store as read, and the record to write before it can be used (``None``: none)."""
         stored = self._read_any()
         if stored is not None and self._foreign(stored) and stored.token != env_token:
             self._refuse(stored)  # another server's token is never sent here
         if stored is not None and not self._must_reseed(stored, env_token):
-            # Usable as is, or this very token at a new address.
             return stored, replace(stored, origin=self.origin) if self._foreign(stored) else None
         if not env_token:
             raise TokenStoreError(
@@ -258,12 +226,9 @@ class TokenStore(abc.ABC):
         return bool(env_token) and env_fp not in seen
 
     def wait_for_renewal(self, timeout_s: float) -> None:
-        """A request was just refused (HTTP 401): let a renewal in progress finish (its lock),
-        so that the store read next holds its token. Best effort: gives up after ``timeout_s``."""
+        """After a 401: let a renewal in progress finish (best effort, up to ``timeout_s``)."""
         with contextlib.suppress(TokenStoreError), self._locked(timeout_s, wait=True):
             pass
-
-    # --- renewal -----------------------------------------------------------------------------
 
     def rotate(
         self,
@@ -273,13 +238,9 @@ class TokenStore(abc.ABC):
         renew_after: timedelta,
         lock_timeout_s: float = LOCK_TIMEOUT_S,
     ) -> Rotation:
-        """Renew the token if it is older than ``renew_after``, once across all processes.
-
-        ``renew(old_token) -> new_token`` is the HTTP renewal, which invalidates the old token.
-        Under the lock the store is read again (another process may have renewed meanwhile);
-        only if renewal is still due is the write prepared and ``renew`` called, and its token
-        is stored before this method returns. A token not yet stored is not due (age 0).
-        """
+        """Renew the token if older than ``renew_after``, once across processes: ``renew(old)``
+        invalidates the old token, so the store is re-read under the lock and the write prepared
+        before it is called."""
         with self._locked(lock_timeout_s):
             stored = self.peek(env_token)
             now = _utcnow()
@@ -300,8 +261,7 @@ class TokenStore(abc.ABC):
             return Rotation(renewed=True, stored=renewed)
 
     def _write_atomically(self, stored: StoredToken, commit: Commit | None = None) -> None:
-        """Write ``stored`` through ``commit`` (opened before an irreversible call), or through a
-        write prepared now."""
+        """Write ``stored`` through ``commit`` (prepared earlier), or a write prepared now."""
         if commit is not None:
             return commit(stored)
         with self._prepared_write(stored) as commit_now:
@@ -328,7 +288,6 @@ class FileTokenStore(TokenStore):
         self, path: Path | str, origin: str | None = None, variables: Mapping[str, str] = {}
     ):
         super().__init__(origin, variables)
-        #: The path as configured; ``path`` is where it leads (the same unless a symlink).
         self.given_path = Path(path)
         try:
             self.path = self.given_path.resolve()
@@ -346,10 +305,8 @@ class FileTokenStore(TokenStore):
         return f"FileTokenStore({str(self.path)!r})"
 
     def _read_any(self) -> StoredToken | None:
-        """The file (no lock needed: it is only ever replaced whole), if its owner alone may read
-        it."""
-        try:
-            # The path is resolved already: a link put in its place since is not followed.
+        """The file (no lock: it is only replaced whole), if its owner alone may read it."""
+        try:  # the path is resolved already: a link put in its place since is not followed
             fd = os.open(self.path, os.O_RDONLY | getattr(os, "O_NOFOLLOW", 0))
             with os.fdopen(fd, "rb") as file:
                 st = os.fstat(fd)
@@ -397,8 +354,8 @@ class FileTokenStore(TokenStore):
             lock.release()
 
     def _finish_dead_writes(self) -> None:
-        """Under the lock, the temporary files of dead writers: one newer than the store is a killed
-        renewal's (the server already rotated the token) and is committed; any other is removed."""
+        """Dead writers' temporary files: one newer than the store is a killed renewal's (the
+        server already rotated the token) and is committed; any other is removed."""
         for leftover in self.path.parent.glob(f".{self.path.name}.*.tmp"):
             try:
                 candidate = StoredToken.decode(leftover.read_bytes(), leftover, "")
@@ -417,8 +374,7 @@ class FileTokenStore(TokenStore):
     @contextlib.contextmanager
     def _open_write(self) -> Iterator[Commit]:
         """A 0600 temporary file beside the store; ``commit(record)`` writes, fsyncs, renames."""
-        try:
-            # mkstemp opens with O_EXCL and mode 0600 whatever the umask (which only clears bits).
+        try:  # mkstemp opens with O_EXCL and mode 0600 whatever the umask
             fd, tmp_name = tempfile.mkstemp(
                 dir=self.path.parent, prefix=f".{self.path.name}.", suffix=".tmp"
             )
@@ -452,8 +408,7 @@ class FileTokenStore(TokenStore):
 
 
 def _fsync_directory(directory: Path) -> None:
-    """Make a rename durable; best effort (some filesystems refuse a directory fsync, and the file
-    is in place either way, as on Windows, which cannot open a directory)."""
+    """Make a rename durable; best effort (some filesystems and Windows refuse it)."""
     with contextlib.suppress(OSError):
         dir_fd = os.open(directory, os.O_RDONLY)
         try:
