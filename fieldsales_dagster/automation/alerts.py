@@ -1,11 +1,5 @@
-"""Alerts: a failed run (a refresh, a token renewal, any run of the tenant's assets) or a failed
-check of ERROR severity, told to a webhook (Slack-compatible JSON) or by e-mail.
-
-Off unless ``alerts.webhook_url_env_var`` names a set variable or ``alerts.email_to`` is set. A
-failed check does not fail its run (dagster #29896), so a second sensor reads the check evaluations
-of successful runs. Every secret the tenant knows (API token, stored token, SMTP password, the
-webhook URL's key, PII key, lake password) is masked in a cause before it is sent or logged; a
-receiver that is down is logged and skipped: an alert never fails a run or a tick.
+"""Alerts of a failed run or ERROR check, to a webhook or by e-mail (docs/alerts.md). A failed
+check does not fail its run (dagster #29896), so a second sensor reads successful runs' checks.
 """
 
 from __future__ import annotations
@@ -30,7 +24,6 @@ from fieldsales_dagster.token.store import TokenStore
 
 #: Seconds a receiver gets to answer: a sensor tick must not hang on it.
 SEND_TIMEOUT_S = 10
-#: Longest cause a message carries (its first line, shortened).
 CAUSE_CHARS = 300
 
 logger = logging.getLogger(__name__)
@@ -41,12 +34,10 @@ class AlertSettings:
     """Where one tenant's alerts go, and which variables hold its secrets (never the values)."""
 
     tenant: str
-    #: The component's ``alerts:`` settings, whole.
     alerts: AlertsSettings = field(default_factory=AlertsSettings)
     #: Variables whose values never appear in a message (the API token's, the PII key's, ...).
     secret_env_vars: tuple[str, ...] = ()
-    #: The token store: a renewed token is a secret too.
-    token_store: TokenStore | None = None
+    token_store: TokenStore | None = None  # a renewed token is a secret too
 
     @property
     def webhook_url(self) -> str | None:
@@ -63,7 +54,6 @@ class AlertSettings:
         return bool(self.channels)
 
     def secrets(self) -> list[str]:
-        """Every secret value a message must not carry, nor any long fragment of."""
         names = (*self.secret_env_vars, self.alerts.smtp_password_env_var)
         values = [(os.environ.get(name) or "").strip() for name in names]
         if self.token_store is not None:
@@ -73,9 +63,8 @@ class AlertSettings:
         return [value for value in values if len(value) >= 4]
 
     def scrub(self, text: str) -> str:
-        """``text`` (a cause, an error: never the message's own lines) without any secret. The
-        webhook URL's path, query (a Slack webhook's key) and user info are masked only whole; not
-        its scheme and host, which a run link, a receiver's address and plain words share."""
+        """``text`` without any secret. The webhook URL's path, query and user info are masked
+        only whole; not its scheme and host, which a run link and plain words share."""
         url = urlsplit(self.webhook_url or "")
         parts = (url.path, url.query, url.netloc.rpartition("@")[0], url.password or "")
         for part in sorted({part for part in parts if len(part) > 1}, key=len, reverse=True):
@@ -85,8 +74,6 @@ class AlertSettings:
 
 @dataclass(frozen=True)
 class Alert:
-    """One thing that went wrong: what (a job, asset or check), why, and in which run."""
-
     tenant: str
     headline: str
     subject: str
@@ -94,7 +81,7 @@ class Alert:
     run_id: str | None = None
 
     def text(self, settings: AlertSettings) -> str:
-        # Only the cause is scrubbed, whole, then cut: the other lines are the project's own.
+        # Only the cause is scrubbed (whole, then cut): the other lines are the project's own.
         lines = [
             f"Field-Sales [{self.tenant}]: {self.headline}",
             self.subject,
@@ -108,14 +95,13 @@ class Alert:
 
 
 def one_line(text: str) -> str:
-    """The first non-empty line of ``text``, at most ``CAUSE_CHARS`` long."""
     line = next((line.strip() for line in text.splitlines() if line.strip()), "no cause given")
     return line if len(line) <= CAUSE_CHARS else line[: CAUSE_CHARS - 1] + "…"
 
 
 @dataclass
 class Delivery:
-    """What sending one alert did: the channels it reached and the failures, already scrubbed."""
+    """The channels one alert reached, and the failures, already scrubbed."""
 
     sent: list[str] = field(default_factory=list)
     failed: list[str] = field(default_factory=list)
@@ -124,8 +110,8 @@ class Delivery:
 def send_alert(
     settings: AlertSettings, alert: Alert, warn: Callable[[str], None] | None = None
 ) -> Delivery:
-    """Post ``alert`` to the webhook and mail it, as configured. Never raises: a failure is
-    logged (through ``warn`` too, the sensor's log) and returned."""
+    """Post and mail ``alert``, as configured. Never raises: a failure is logged, given to
+    ``warn`` (the sensor's log) and returned."""
     text, alerts, delivery = alert.text(settings), settings.alerts, Delivery()
     named = alerts.named  # this tenant's variables
     for name in settings.channels:
@@ -177,12 +163,8 @@ def _mail(settings: AlertsSettings, text: str) -> None:
         smtp.send_message(message)
 
 
-# --- the sensors ------------------------------------------------------------------------------
-
-
 def run_assets(run: dg.DagsterRun, instance: dg.DagsterInstance) -> set[dg.AssetKey]:
-    """The assets a run was launched for (its checks' assets too); for a run of a whole job (or
-    of every asset), the assets it planned."""
+    """The assets a run was launched for (its checks' too); for a whole job, those it planned."""
     checked = {key.asset_key for key in run.asset_check_selection or ()}
     if selected := set(run.asset_selection or ()) | checked:
         return selected
@@ -194,7 +176,7 @@ def run_assets(run: dg.DagsterRun, instance: dg.DagsterInstance) -> set[dg.Asset
 
 
 class ErrorInfo(Protocol):
-    """What a step failure's error (Dagster's serializable error info) tells."""
+    """Dagster's serializable error info, as far as read here."""
 
     @property
     def message(self) -> str: ...
@@ -205,8 +187,7 @@ class ErrorInfo(Protocol):
 
 
 def root_cause(error: ErrorInfo) -> str:
-    """The innermost error of a Dagster failure, in one line: ``TokenStoreError: Token store ...``
-    rather than Dagster's wrapper ("Error occurred while executing op ...") or the module path."""
+    """The innermost error of a Dagster failure, in one line, rather than Dagster's wrapper."""
     while error.cause is not None:
         error = error.cause
     first = next((line for line in error.message.splitlines() if line.strip()), "").strip()
@@ -225,7 +206,6 @@ def launched(run: dg.DagsterRun, instance: dg.DagsterInstance, shown: int = 3) -
 
 
 def run_failure_alert(context: dg.RunFailureSensorContext, tenant: str) -> Alert:
-    """The alert for a failed run: its failed steps (assets), or the run's own failure."""
     label = launched(context.dagster_run, context.instance)
     failures = context.get_step_failure_events()
     failed = ", ".join(event.step_key or "?" for event in failures) or label
@@ -240,7 +220,6 @@ def run_failure_alert(context: dg.RunFailureSensorContext, tenant: str) -> Alert
 def check_alerts(
     instance: dg.DagsterInstance, run: dg.DagsterRun, tenant: str, asset_keys: frozenset
 ) -> list[Alert]:
-    """One alert per check of ERROR severity on one of ``asset_keys`` that failed in ``run``."""
     records = instance.get_records_for_run(
         run.run_id, of_type=dg.DagsterEventType.ASSET_CHECK_EVALUATION
     ).records
@@ -272,21 +251,18 @@ def build_alert_sensors(
     job_names: Iterable[str],
     asset_keys: Iterable[dg.AssetKey],
 ) -> Sequence[dg.SensorDefinition]:
-    """The run-failure and failed-check sensors of one tenant; none when alerts are off."""
     if not settings.enabled:
         return []
     jobs, keys, where = frozenset(job_names), frozenset(asset_keys), ", ".join(settings.channels)
 
     def not_ours(context: dg.RunStatusSensorContext) -> dg.SkipReason | None:
-        """A skip unless the run is one of this tenant's jobs, or of any of its assets or checks."""
         run = context.dagster_run
         if run.job_name in jobs or run_assets(run, context.instance) & keys:
             return None
         return dg.SkipReason(f"not a run of {names.tenant}")
 
-    # Every code location's runs, told apart by ``not_ours``: Dagster matches a run to the
-    # sensor's location by the run's origin, which a run launched in-process (``dg launch``,
-    # ``dagster asset materialize``) does not have, so a location's sensor would never see it.
+    # Every code location's runs, told apart by ``not_ours``: a run launched in-process (``dg
+    # launch``) has no origin to match a location by, so a location's sensor would never see it.
     @dg.run_failure_sensor(
         name=names.alert_sensor,
         monitor_all_code_locations=True,

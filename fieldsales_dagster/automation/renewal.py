@@ -1,22 +1,8 @@
-"""When and how the API token is renewed: the policy, the sensor's decision, the run's work.
+"""When and how the API token is renewed (docs/token-lifecycle.md); no Dagster here.
 
-A Field-Sales token is valid for two months (API document, section 5). Past ``renew_after`` the
-token is renewed through ``TokenStore.rotate``: ``GET /api/bearer/generatetoken`` with the current
-token, sent once (the server invalidates the old token as it answers, so a lost answer must never
-be followed by a retry), the new token stored durably before anything else, then tested with
-``GET /api/sellout/all``. Otherwise the token is tested at most once a day: the test route's answer
-is not documented and may be a whole list, so every tick would be more traffic than a token that
-changes every 45 days deserves, while a daily test still reports a token regenerated in the UI or
-expired before the next refresh fails.
-
-A sensor decides, a run acts: ``decide`` reads the store and nothing else (a sensor preview
-changes nothing), and ``renew_or_check`` is the work of the renewal run it requests. Each request
-of that run gets ``TICK_CONNECT_TIMEOUT_S`` + ``TICK_READ_TIMEOUT_S`` = 15 s: a renewal is at most
-one renewal (15 s, never retried) plus one test (15 s, not retried); a test is at most two
-attempts (15 s each) with ``TICK_BACKOFF_S`` = 1 s between them, and waiting for another
-renewer's lock is bounded by ``TICK_LOCK_TIMEOUT_S``.
-
-No Dagster here: the sensor and the job (``automation/sensors.py``) only orchestrate.
+``generatetoken`` is sent once: the server invalidates the old token as it answers, so a lost
+answer must never be retried. Otherwise the token is tested once a day: the test route's answer
+may be a whole list. The sensor's ``decide`` only reads the store; the run does the rest.
 """
 
 from __future__ import annotations
@@ -42,20 +28,15 @@ if TYPE_CHECKING:
     from fieldsales_dagster.client.api import FieldSalesAPI
 
 TOKEN_LIFETIME = timedelta(days=TOKEN_LIFETIME_DAYS)
-#: How often a token that is not due for renewal is tested against the server.
 CHECK_EVERY = timedelta(days=1)
-#: How often the renewal sensor ticks.
 TICK_INTERVAL = timedelta(hours=6)
-
-# The budget of one tick (see the module docstring): 3 + 12 s a request, one retry of the test.
+# A tick's budget: 15 s a request; a renewal and its test are not retried, a test alone once.
 TICK_CONNECT_TIMEOUT_S = 3.0
 TICK_READ_TIMEOUT_S = 12.0
 TICK_CHECK_RETRIES = 1
 TICK_BACKOFF_S = 1.0
 TICK_LOCK_TIMEOUT_S = 10.0
-#: One request with its retry: two attempts of 15 s and the 1 s backoff between them.
 TICK_REQUEST_BUDGET_S = 2 * (TICK_CONNECT_TIMEOUT_S + TICK_READ_TIMEOUT_S) + TICK_BACKOFF_S
-#: What the sensor skips with, and the job fails with, when there is no token store.
 RENEWAL_OFF = (
     "Token renewal is off: use_token_store is False, so a renewed token could not be kept; "
     "FIELDSALES_API_TOKEN is used as it is."
@@ -68,14 +49,12 @@ class TokenRenewalError(FieldSalesAPIError):
 
 @dataclass(frozen=True)
 class RenewalPolicy:
-    """Renew a token once it is ``renew_after`` old (``token_renew_after_days``, whose range the
-    setting checks); test it every ``CHECK_EVERY`` otherwise."""
+    """Renew a token once it is ``renew_after`` old; test it every ``CHECK_EVERY`` otherwise."""
 
     renew_after: timedelta
 
     def renewal_due(self, store: TokenStore, stored: StoredToken, now: datetime) -> str | None:
-        """Why ``stored`` is due for renewal at ``now`` (``"renewal due"``, or why its issue time
-        cannot be trusted); ``None`` when it is not due."""
+        """Why ``stored`` is due for renewal at ``now``; ``None`` when it is not."""
         where = f"the token store's issued_at ({store.where})"
         if (future := from_the_future(stored.issued_at, now, where)) is not None:
             return f"renewal due because {future}"
@@ -91,14 +70,12 @@ class RenewalPolicy:
 
 @dataclass(frozen=True)
 class TickOutcome:
-    """What one renewal run did, in words for its log and output."""
-
     message: str
     renewed: bool = False
 
 
 class _GeneratedToken(msgspec.Struct):
-    """The one field of the renewal answer we need first; ``user`` is not even decoded."""
+    """The one field of the renewal answer we need; ``user`` is not even decoded."""
 
     token: str
 
@@ -107,7 +84,6 @@ _GENERATED_TOKEN = msgspec.json.Decoder(_GeneratedToken)
 
 
 def within_tick(api: FieldSalesAPI, retries: int) -> FieldSalesAPI:
-    """A copy of ``api`` whose requests fit the tick budget above."""
     return api.model_copy(
         update={
             "connect_timeout_s": TICK_CONNECT_TIMEOUT_S,
@@ -124,11 +100,8 @@ def within_tick(api: FieldSalesAPI, retries: int) -> FieldSalesAPI:
 
 
 def generate_token(api: FieldSalesAPI, old_token: str) -> str:
-    """``GET /api/bearer/generatetoken`` once with ``old_token``; returns the new token.
-
-    The body is read for its ``token`` and nothing else; any failure here may have left the old
-    token invalidated, so the message says what to do.
-    """
+    """The new token, from one ``generatetoken`` with ``old_token``; any failure here may have
+    invalidated the old token, so the message says what to do."""
     instruction = RENEW_TOKEN_INSTRUCTION.format(api.named("FIELDSALES_API_TOKEN"))
     try:
         body = within_tick(api, retries=0).get(GENERATE_TOKEN_PATH, token=old_token)
@@ -163,8 +136,6 @@ def check_token(api: FieldSalesAPI, token: str | None, what: str, *, retries: in
 
 @dataclass(frozen=True)
 class Decision:
-    """What a sensor tick decided, from the store alone: request a run, or say why not."""
-
     run: bool
     message: str
     cursor: str | None
@@ -177,13 +148,8 @@ def decide(
     cursor: str | None,
     now: datetime | None = None,
 ) -> Decision:
-    """A run is due if the token is ``renew_after`` old, or a day passed since the last test.
-
-    Reads the store and nothing else: no request, no write (``TokenStore.peek``). ``cursor`` is
-    when the last run was requested (ISO), or, before the first, when the sensor first ticked:
-    the first tick of a sensor (``dg dev`` on a new instance) only starts the day, as a token
-    not yet due is tested by the first refresh anyway. The decision carries the new cursor.
-    """
+    """A run is due if the token is ``renew_after`` old, or a day passed since the last test; a
+    sensor's first tick only starts that day (the first refresh tests a token not yet due)."""
     now = now or datetime.now(UTC)
     stored = store.peek(env_token)
     if (due := policy.renewal_due(store, stored, now)) is not None:
@@ -216,7 +182,6 @@ def renew_or_check(
     policy: RenewalPolicy,
     now: datetime | None = None,
 ) -> TickOutcome:
-    """The renewal run: renew the token if it is due, else test it on the server."""
     now = now or datetime.now(UTC)
     stored = store.current(api.env_token(), accept=api.server_accepts)
     if (due := policy.renewal_due(store, stored, now)) is not None:

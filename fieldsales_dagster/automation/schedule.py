@@ -1,9 +1,5 @@
-"""The refresh job and the schedule that runs it, one run at a time.
-
-Two guards keep refreshes from overlapping: the schedule skips its tick while a run of the job is
-queued or in progress (and says which run), and the instance's run queue (``dagster.yaml``) limits
-runs tagged ``fieldsales/refresh`` to one at a time, which also covers runs launched by hand.
-"""
+"""The refresh job and its schedule, which skips a tick while a run is active; the run queue
+(``dagster.yaml``) limits runs tagged ``fieldsales/refresh`` to one, covering runs by hand too."""
 
 from typing import TYPE_CHECKING
 
@@ -12,8 +8,7 @@ import dagster as dg
 from fieldsales_dagster.names import REFRESH_TAG, InstanceNames
 
 if TYPE_CHECKING:
-    # The type define_asset_job returns: Dagster 1.13 does not export it (only an annotation here,
-    # so a Dagster upgrade that moves it breaks the type check, never the load).
+    # Not exported by Dagster 1.13: an annotation only, so a move breaks the type check, not load.
     from dagster._core.definitions.unresolved_asset_job_definition import (
         UnresolvedAssetJobDefinition,
     )

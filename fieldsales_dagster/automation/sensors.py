@@ -1,5 +1,4 @@
-"""The instance's sensors: token renewal (the sensor decides, its job renews) and core-table
-automation."""
+"""The instance's sensors: token renewal (the sensor decides, its job renews) and automation."""
 
 import dagster as dg
 
@@ -14,7 +13,6 @@ from fieldsales_dagster.names import InstanceNames
 
 
 def build_token_renewal_job(names: InstanceNames, policy: RenewalPolicy) -> dg.JobDefinition:
-    """One op that renews the token if due, else tests it: a run with a log, visible failures."""
 
     @dg.op(
         name=names.token_renewal_op,
@@ -39,7 +37,6 @@ def build_token_renewal_job(names: InstanceNames, policy: RenewalPolicy) -> dg.J
 
 
 def build_token_renewal_sensor(names: InstanceNames, policy: RenewalPolicy) -> dg.SensorDefinition:
-    """Each tick decides from the token store alone; the job it requests renews (or tests)."""
     renew_days = policy.renew_after.total_seconds() / 86400
 
     @dg.sensor(
@@ -78,11 +75,7 @@ def build_token_renewal_sensor(names: InstanceNames, policy: RenewalPolicy) -> d
 def build_core_automation_sensor(
     names: InstanceNames, target: dg.AssetSelection
 ) -> dg.AutomationConditionSensorDefinition:
-    """Evaluates the automation conditions of ``target``: the core assets'
-    ``AutomationCondition.eager()`` (after any raw table is refreshed, by the schedule, the UI or
-    the CLI, the core tables that read it are rebuilt), and those of user assets downstream of
-    them (README, "Build on it"). On by default, like the schedule; Dagster's own default
-    automation sensor starts stopped."""
+    """On by default, like the schedule; Dagster's own default automation sensor starts stopped."""
     return dg.AutomationConditionSensorDefinition(
         names.automation_sensor,
         target=target,
