@@ -1,40 +1,11 @@
-"""The warehouse's storage: a DuckLake, opened offline from the extension wheels.
+"""The warehouse's storage: a DuckLake, opened offline from the extension wheels (docs/storage.md).
 
-A DuckLake keeps its catalog (schemas, tables, snapshots, the list of data files) in a SQL
-database and the rows in immutable Parquet files under a data path. Every commit is a snapshot,
-marked as a complete refresh or not (``record_build``, ``_mark_refresh``): a reader attaches the
-last complete refresh (``reader_statements``), never half a refresh, and never makes a writer
-wait; writers of different tables do not block each other. Assets write the lake directly, each
-table change in one transaction (``run_transaction``), retried on a conflict with another writer.
-
-The catalog is one of:
-
-* ``sqlite:<file>`` (the default, ``sqlite:data/fieldsales.ducklake.sqlite``): one host, any
-  number of processes. The file is kept in SQLite's ``journal_mode=WAL``: in the default rollback
-  journal a reader holding a snapshot (``BEGIN TRANSACTION``) made every commit of a refresh fail
-  with "database is locked" (measured: 60 of 60 commits failed; in WAL none of 60);
-* ``postgres:dbname=… host=… user=…`` (a libpq connection string without the password): several
-  machines. The password is read from an environment variable and handed to DuckDB as a
-  temporary secret, never put in the connection string (DuckDB's connection errors quote it).
-
-``schema`` puts one tenant's catalog tables in their own schema of the catalog database
-(DuckLake's ``METADATA_SCHEMA``), so several tenants share one PostgreSQL database and each sees
-its own ``raw``/``core``/``mart``/``meta``; its files go under ``<data_path>/<schema>/``. Which
-tenant a lake belongs to is recorded in it on first use (``TENANT_TABLE``), and a different one
-is refused, however the catalog is spelled.
-
-The extensions come from the ``duckdb-extension-*`` wheels, built for the DuckDB release
-``pyproject.toml`` pins (``INSTALL ducklake`` would need the network): see ``load_extensions``.
-
-A data path on object storage (``s3://bucket/prefix/``) is read and written through ``httpfs``
-(from its wheel too), the object store's keys handed to DuckDB as a temporary secret, read from
-their variables when a connection is made (``ObjectStore``); a writer lists the data path before
-it attaches (``prepare``), so a missing bucket, refused keys or an endpoint out of
-reach fail before anything is written.
-
-What DuckLake does not support, and how the project's SQL avoids it: no
-``PRIMARY KEY``/``UNIQUE``/indexes (state tables are keyed by a delete-then-insert), no macros
-stored in the catalog (every macro is ``TEMP``, per connection), no ``ENUM`` columns.
+Every commit is a snapshot marked a complete refresh or not (``_mark_refresh``); readers attach
+the last complete one (``reader_statements``). A SQLite catalog is kept in ``journal_mode=WAL``:
+in the rollback journal a reader holding a snapshot made 60 of 60 commits fail with "database is
+locked" (none in WAL). A PostgreSQL password reaches DuckDB as a temporary secret, never in the
+connection string (DuckDB's errors quote it). DuckLake has no keys, indexes, stored macros or
+``ENUM``: state tables are keyed by delete-then-insert, and every macro is ``TEMP``.
 """
 
 from __future__ import annotations
@@ -72,50 +43,33 @@ from fieldsales_dagster.urls import endpoint_origin
 from fieldsales_dagster.warehouse.quoting import qualified, quote_ident, sql_literal
 from fieldsales_dagster.warehouse.rows import one_row
 
-#: The DuckDB release the extension wheels serve; duckdb itself is pinned to the same release.
 EXTENSION_VERSION = "v1.5.5"
-#: Each extension comes from the wheel ``duckdb-extension-<name>``; ``ducklake`` is loaded from
-#: its file, a catalog's scanner installed under the name DuckLake loads it by.
+#: A catalog's scanner is installed under the name DuckLake loads it by.
 SCANNERS = {"postgres": "postgres_scanner", "sqlite": "sqlite_scanner"}
-#: The embedded default's folder of Parquet files, under ``data/`` beside its SQLite catalog.
 DEFAULT_DATA_PATH = "data/lake"
 CATALOG_VARIABLE = "FIELDSALES_DUCKLAKE_CATALOG"
 DATA_PATH_VARIABLE = "FIELDSALES_DUCKLAKE_DATA_PATH"
 S3_PREFIX = "s3://"
 ENDPOINT_VARIABLE = "FIELDSALES_S3_ENDPOINT"
-#: The standard variables of the object store's keys, read when neither of ours is set.
 AWS_KEY_VARIABLES = ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY", "AWS_SESSION_TOKEN")
-#: The lake's name in every connection, so ``fieldsales.raw.events`` names one table everywhere.
 DEFAULT_ALIAS = "fieldsales"
-#: Which tenant the lake belongs to, recorded on first use (``check_tenant``).
 TENANT_TABLE = "meta.lake_tenant"
-#: Each table write of ``FieldSalesWarehouse.one_commit`` records here the tables it read and the
-#: snapshot it read them at (``record_build``).
 BUILDS_TABLE = "meta.lake_builds"
-#: The commit message of a commit after which every table ``BUILDS_TABLE`` lists was built after
-#: the last write of each table it reads (its raw, core and mart tables agree), and of one after
-#: which some table is older than a table it reads (``_mark_refresh``). Readers attach the
-#: snapshot before the first incomplete commit that follows the last complete one
-#: (``reader_statements``).
+#: Commit messages (``_mark_refresh``).
 COMPLETE = "complete refresh"
 INCOMPLETE = "incomplete refresh"
-#: The DuckDB variable in which the readers' statements keep that snapshot's id.
 SNAPSHOT_VARIABLE = "fieldsales_snapshot"
-#: How often a commit that lost a conflict with another writer is tried again (after pauses of
-#: 0.1-0.5 s times the attempt: about 20 s in all).
+#: Pauses of 0.1-0.5 s times the attempt: about 20 s in all.
 CONFLICT_ATTEMPTS = 12
 
 T = TypeVar("T")
 
-#: Connections (by id) inside ``run_transaction``'s body.
 _IN_TRANSACTION: set[int] = set()
-#: Lakes this process has read its own tenant in (``check_tenant``): read once per process.
 _TENANT_READ: set[Lake] = set()
 
 
 class LakeError(RuntimeError):
-    """The lake could not be opened: an extension, the catalog, its password or the data path is
-    missing, or the lake belongs to another tenant."""
+    """The lake could not be opened."""
 
 
 class LakeConflictError(RuntimeError):
@@ -123,8 +77,7 @@ class LakeConflictError(RuntimeError):
 
 
 def default_data_path(catalog: str) -> str:
-    """Where a lake's files go when no data path is set: ``lake/`` beside a SQLite catalog
-    (``data/lake`` for the default one)."""
+    """No data path set: ``lake/`` beside a SQLite catalog."""
     if catalog.startswith(SQLITE_PREFIX):
         return str(Path(catalog.removeprefix(SQLITE_PREFIX)).parent / "lake")
     return DEFAULT_DATA_PATH
@@ -132,9 +85,7 @@ def default_data_path(catalog: str) -> str:
 
 @dataclass(frozen=True)
 class ObjectStore:
-    """Where an ``s3://`` data path is served: the endpoint (an ``https://`` URL, or ``http://``
-    on loopback; ``None``: AWS S3), the region (``None``: us-east-1), the URL style (``None``:
-    path with an endpoint, else vhost), and the variables holding the keys (never the keys)."""
+    """Where ``s3://`` is served (``None``: AWS's defaults); the keys' variables, never keys."""
 
     endpoint: str | None = None
     region: str | None = None
@@ -146,23 +97,19 @@ class ObjectStore:
     def or_aws(
         cls, endpoint: str | None, region: str | None, url_style: str | None, **keys: str
     ) -> ObjectStore:
-        """The store as set, the standard ``AWS_ENDPOINT_URL`` (checked as the setting is) and
-        ``AWS_REGION`` standing in for an endpoint and a region not set; ``keys``: their
-        variables."""
+        """``AWS_ENDPOINT_URL`` and ``AWS_REGION`` stand in for an endpoint and region not set."""
         aws = os.environ.get("AWS_ENDPOINT_URL", "").strip()
         endpoint = endpoint or (endpoint_origin(aws, "AWS_ENDPOINT_URL") if aws else None)
         region = region or os.environ.get("AWS_REGION", "").strip() or None
         return cls(endpoint, region, url_style, **keys)
 
     def key_variables(self) -> tuple[str, ...]:
-        """The variables the keys are read from: ours if either is set, else the AWS ones."""
+        """Ours if either is set, else the AWS ones."""
         ours = (self.key_id_env_var, self.secret_env_var)
         return ours if any(os.environ.get(variable) for variable in ours) else AWS_KEY_VARIABLES
 
     def secret_sql(self, keys: tuple[str, ...] = ()) -> str:
-        """The statement that hands DuckDB the keys (``keys``, else those in their variables),
-        as the default secret of every ``s3://`` path of the connection (``duckdb_secrets()``
-        shows it redacted)."""
+        """The connection's default secret for ``s3://`` (``keys``, else their variables')."""
         keys = keys or tuple(os.environ.get(variable) or "" for variable in self.key_variables())
         named = zip(("KEY_ID", "SECRET", "SESSION_TOKEN"), keys, strict=False)
         options = {"TYPE": "s3"} | {option: sql_literal(value) for option, value in named if value}
@@ -179,12 +126,8 @@ class ObjectStore:
 
 @dataclass(frozen=True)
 class Lake:
-    """Where a DuckLake lives: its catalog database, its data path, and the tenant's schema.
-
-    ``data_path_is_default``: the data path is the default folder, created when the lake is new;
-    a data path the user set must exist (``prepare``). ``tenant``: who the lake belongs to,
-    recorded in it on first use (``check_tenant``); ``None`` checks nothing.
-    """
+    """Where a DuckLake lives. A default data path is created for a new lake; one the user set
+    must exist (``prepare``). ``tenant``: ``None`` checks nothing (``check_tenant``)."""
 
     catalog: str = DEFAULT_CATALOG
     data_path: str = DEFAULT_DATA_PATH
@@ -194,7 +137,7 @@ class Lake:
     data_path_is_default: bool = True
     tenant: str | None = None
     store: ObjectStore = field(default_factory=ObjectStore)
-    #: What errors call the shipped variables (a tenant's own: the warehouse's ``variables``).
+    #: What errors call the shipped variables (a tenant's own names).
     variables: Mapping[str, str] = field(default_factory=dict, compare=False)
 
     def named(self, variable: str) -> str:
@@ -206,13 +149,11 @@ class Lake:
 
     @property
     def catalog_file(self) -> Path | None:
-        """The SQLite catalog's file; ``None`` for PostgreSQL."""
         sqlite = self.catalog.startswith(SQLITE_PREFIX)
         return Path(self.catalog.removeprefix(SQLITE_PREFIX)) if sqlite else None
 
     @property
     def is_local(self) -> bool:
-        """Whether the data files are in a local folder (not object storage)."""
         return "://" not in self.data_path
 
     @property
@@ -221,22 +162,18 @@ class Lake:
 
     @property
     def data_folder(self) -> str:
-        """The tenant's data files: ``data_path``, or ``<data_path>/<schema>`` for a tenant; a
-        local folder as an absolute path (DuckLake compares file paths as text: the upkeep's
-        orphan search must see the same spelling the catalog lists)."""
+        """Absolute when local: DuckLake compares paths as text (the upkeep's orphan search)."""
         base = str(Path(self.data_path).absolute()) if self.is_local else self.data_path
         return f"{base.rstrip('/')}/{self.schema}" if self.schema else base
 
     @property
     def key(self) -> str:
-        """A short name of this tenant's lake, for local folders (spools) that must not mix."""
+        """For local folders (spools) that must not mix between lakes."""
         return hashlib.sha256(f"{self.catalog}\0{self.schema or ''}".encode()).hexdigest()[:16]
 
     def attach_sql(self, read_only: bool = False, snapshot: str | None = None) -> str:
-        """The ATTACH statement (no password in it: see ``connect``); ``snapshot``: an expression
-        of the snapshot id to attach (read-only) instead of the latest."""
-        # The setting is where the files are: a lake whose folder moved (the project folder
-        # copied, a volume mounted elsewhere) opens from there. (A missing one fails first.)
+        """No password in it (see ``connect``); ``snapshot``: an expression of the id to attach."""
+        # A lake whose folder moved (copied, a volume mounted elsewhere) opens from the setting.
         options = [f"DATA_PATH {sql_literal(self.data_folder)}", "OVERRIDE_DATA_PATH true"]
         options += [f"METADATA_SCHEMA {sql_literal(self.schema)}"] if self.schema else []
         options += ["READ_ONLY"] if read_only else []
@@ -248,13 +185,11 @@ class Lake:
 
 
 def extension_directory() -> Path:
-    """Where ``postgres_scanner``/``sqlite_scanner`` are installed: a per-user cache folder."""
     cache = os.environ.get("XDG_CACHE_HOME") or str(Path.home() / ".cache")
     return Path(cache) / "fieldsales_dagster" / "duckdb_extensions"
 
 
 def extension_file(name: str) -> Path:
-    """The binary the wheel of extension ``name`` carries for ``EXTENSION_VERSION``."""
     spec = importlib.util.find_spec(f"duckdb_extension_{name}")
     folder = next(iter(spec.submodule_search_locations or []), "") if spec else ""
     path = Path(folder, "extensions", EXTENSION_VERSION, f"{name}.duckdb_extension")
@@ -266,30 +201,17 @@ def extension_file(name: str) -> Path:
     return path
 
 
-#: What ``duckdb.connect(config=...)`` takes.
 DuckDBConfig = dict[str, str | bool | int | float | list[str]]
 
 
 def lake_config() -> DuckDBConfig:
-    """Connection settings of a lake connection: no download of extensions, ever; and no
-    insertion order kept, which the lake's row groups by size (``LAKE_OPTIONS``) need to write.
+    """No extension download, ever; no insertion order (``LAKE_OPTIONS``' row groups need it).
 
-    DuckDB still checks each extension file's signature on ``LOAD``: hashing the ~78 MB of the
-    two files costs about 0.65 s of a process's first connection (0.01 s unsigned, measured), but
-    a file swapped under the wheels' folder is then refused instead of run with the lake's access.
-    The refresh runs its steps in one process, so a run pays it once.
-
-    DuckDB's allocator returns what its queries freed to the system from a thread of its own
-    (``allocator_background_threads``), not only at a later allocation: between a run's steps
-    its process held up to ~70 MiB of such pages (1M demo transactions: the run's peak RSS 633 ->
-    620 MiB, the same CPU; docs/performance.md).
-
-    An internal error in a transaction (a lone surrogate reaching DuckDB's string code) would
-    invalidate the instance, and closing any of its connections then aborted the process before
-    the step's failure was recorded: a run left STARTED, its step with no error. The instance
-    holds nothing of the lake's but what its transactions commit, and a failed one is rolled
-    back (``run_transaction``, or closing the connection), so the instance stays in use
-    (``disable_database_invalidation``) and the error reaches the step."""
+    Extension signatures stay checked (~0.65 s a process, measured): a swapped file is refused.
+    Background allocator threads return freed pages (1M: peak RSS 633 -> 620 MiB;
+    docs/performance.md). An internal error (a lone surrogate) would invalidate the instance and
+    abort the process before the step's failure is recorded; a failed transaction is rolled back
+    anyway, so ``disable_database_invalidation`` lets the error reach the step."""
     return {
         "extension_directory": str(extension_directory()),
         "autoinstall_known_extensions": False,
@@ -301,8 +223,7 @@ def lake_config() -> DuckDBConfig:
 
 
 def load_extensions(conn: duckdb.DuckDBPyConnection, lake: Lake) -> None:
-    """Load ``ducklake`` from its wheel's file, and the catalog's scanner, installed once per user
-    into ``extension_directory`` under the name DuckLake loads it by (``SCANNERS``)."""
+    """``ducklake`` from its wheel's file; the scanner installed once per user (``SCANNERS``)."""
     conn.execute(f"LOAD {sql_literal(str(extension_file('ducklake')))}")
     scanner = "postgres" if lake.is_postgres else "sqlite"
     try:  # (asking first, duckdb_extensions(), reads every installed file: ~0.7 s a process)
@@ -310,7 +231,6 @@ def load_extensions(conn: duckdb.DuckDBPyConnection, lake: Lake) -> None:
     except duckdb.IOException:  # not installed for this user yet
         directory = extension_directory()
         directory.mkdir(parents=True, exist_ok=True)
-        # Two processes installing at once would write the same file.
         with filelock.FileLock(str(directory / ".install.lock"), timeout=120):
             conn.execute(f"INSTALL {sql_literal(str(extension_file(scanner)))}")
         conn.execute(f"LOAD {SCANNERS[scanner]}")
@@ -321,7 +241,6 @@ def load_extensions(conn: duckdb.DuckDBPyConnection, lake: Lake) -> None:
 def connect(
     lake: Lake, config: DuckDBConfig | None = None, read_only: bool = False
 ) -> duckdb.DuckDBPyConnection:
-    """A new DuckDB instance's connection whose current database is the lake (``USE <alias>``)."""
     if read_only and lake.catalog_file is not None and not lake.catalog_file.exists():
         raise LakeError(
             f"There is no lake at {lake.catalog_file} ({lake.named(CATALOG_VARIABLE)}) yet: run a "
@@ -352,7 +271,6 @@ def connect(
 
 
 def _store_failure(lake: Lake, exc: duckdb.Error) -> LakeError:
-    """Why listing the ``s3://`` data path failed (``prepare``), and what to set."""
     variable = lake.named(DATA_PATH_VARIABLE)
     if _says(exc, "nosuchbucket", "http 404"):
         why, remedy = "its bucket does not exist", f"create it, or set {variable} to another"
@@ -374,11 +292,8 @@ def _store_failure(lake: Lake, exc: duckdb.Error) -> LakeError:
 
 
 def _instance(lake: Lake, config: DuckDBConfig | None = None) -> duckdb.DuckDBPyConnection:
-    """A new DuckDB instance with the extensions loaded and, for PostgreSQL, the password (a
-    failure here leaves nothing open: its catalog is not attached yet)."""
     conn = duckdb.connect(config={**(config or {}), **lake_config()})
-    # DuckDB draws its progress bar on standard output, where a script's $(python -c ...) would
-    # take it for the value printed (a connection's setting, not a global one).
+    # The bar goes to stdout, where a script's $(python -c ...) would take it for the value.
     conn.execute("SET enable_progress_bar = false")
     load_extensions(conn, lake)
     if lake.is_s3:
@@ -388,8 +303,7 @@ def _instance(lake: Lake, config: DuckDBConfig | None = None) -> duckdb.DuckDBPy
             variables = ", ".join(lake.store.key_variables())
             raise LakeError(f"DuckDB refused the object store's keys in {variables}.") from None
     if lake.is_postgres and (password := os.environ.get(lake.password_env_var)):
-        # The unnamed secret is the postgres extension's default for every connection string
-        # without a password; duckdb_secrets() shows it redacted.
+        # The unnamed secret: the default of every connection string without a password.
         conn.execute(
             f"CREATE OR REPLACE TEMPORARY SECRET (TYPE postgres, PASSWORD {sql_literal(password)})"
         )
@@ -398,9 +312,7 @@ def _instance(lake: Lake, config: DuckDBConfig | None = None) -> duckdb.DuckDBPy
 
 @functools.cache
 def postgres_identity(lake: Lake) -> tuple[str, str]:
-    """The PostgreSQL cluster (``pg_control_system()``'s system identifier) and database that
-    ``lake``'s catalog connects to, however spelled (a host name or its address, the keys in
-    another order); asked once per process and lake. A ``LakeError`` if it cannot be asked."""
+    """The cluster and database ``lake``'s catalog reaches, however spelled; once per process."""
     query = "SELECT system_identifier::text, current_database() FROM pg_control_system()"
     try:
         with contextlib.closing(_instance(lake)) as conn:
@@ -418,9 +330,7 @@ def postgres_identity(lake: Lake) -> tuple[str, str]:
 
 
 def check_writable(conn: duckdb.DuckDBPyConnection, lake: Lake) -> None:
-    """Refuse, before a run's first request, a PostgreSQL catalog this connection can only read
-    (a read-only role, a standby); a SQLite catalog's file is checked before it is opened
-    (``FieldSalesWarehouse.preflight``)."""
+    """Refuse a PostgreSQL catalog this connection can only read, before a run's first request."""
     if not lake.is_postgres:
         return
     table = sql_literal(f"{quote_ident(lake.schema or 'public')}.ducklake_snapshot")
@@ -437,9 +347,7 @@ def check_writable(conn: duckdb.DuckDBPyConnection, lake: Lake) -> None:
 
 
 def _attach(conn: duckdb.DuckDBPyConnection, lake: Lake, read_only: bool) -> None:
-    """ATTACH the lake (a reader: at its last complete refresh, ``reader_statements``), again
-    after a pause while another process is creating the same new lake (its catalog tables half
-    made: "database is locked", "already exists")."""
+    """Retried while another process is creating the same new lake."""
     racing = ("database is locked", "already exists")
     retrying = _retrying(lambda exc: isinstance(exc, duckdb.Error) and _says(exc, *racing))
     for statement in reader_statements(lake) if read_only else [lake.attach_sql()]:
@@ -447,14 +355,7 @@ def _attach(conn: duckdb.DuckDBPyConnection, lake: Lake, read_only: bool) -> Non
 
 
 def reader_statements(lake: Lake) -> list[str]:
-    """The statements that attach ``lake`` read-only at its last complete refresh, found
-    through an attach of the latest snapshot: the latest snapshot, unless a commit since the last
-    ``COMPLETE`` one was ``INCOMPLETE`` (a refresh under way, failed, or of raw tables alone);
-    then the snapshot before the first such commit.
-
-    A reader so opened reads that moment whatever it does (with or without a transaction): the
-    raw, core and mart tables of one refresh, never a refresh half done. A new connection reads
-    the refresh completed since."""
+    """Attach ``lake`` read-only at its last complete refresh, never one half done."""
     latest = replace(lake, alias=f"{lake.alias}_latest")
     return [
         latest.attach_sql(read_only=True),
@@ -465,9 +366,7 @@ def reader_statements(lake: Lake) -> list[str]:
 
 
 def last_complete_snapshot(alias: str) -> str:
-    """The query of the snapshot id readers attach in the lake ``alias`` (``reader_statements``):
-    the one before the first ``INCOMPLETE`` commit after the last ``COMPLETE`` one, else the
-    latest."""
+    """The snapshot before the first ``INCOMPLETE`` commit after the last ``COMPLETE``."""
     return (
         f"WITH s AS (SELECT snapshot_id AS id, commit_message AS said FROM "
         f"{quote_ident(alias)}.snapshots()), "
@@ -478,22 +377,16 @@ def last_complete_snapshot(alias: str) -> str:
 
 
 def _says(exc: BaseException, *texts: str) -> bool:
-    """Whether ``exc``'s message holds one of ``texts`` (lower case)."""
     message = str(exc).lower()
     return any(text in message for text in texts)
 
 
 def prepare(lake: Lake, conn: duckdb.DuckDBPyConnection | None = None) -> None:
-    """The one check of where a writer's lake lives, before it attaches, and so before anything
-    is written; then the SQLite catalog is put in WAL mode. Each failure names the variable.
+    """Check where a writer's lake lives before it attaches; then put a SQLite catalog in WAL.
 
-    An ``s3://`` data path is listed with ``conn`` (one request, for a name no file has): a
-    missing bucket, keys the store refuses or an endpoint out of reach fail here. The default
-    data folder is created for a new lake. A data path the user set, or the default one of a
-    lake that already has a catalog, must exist: an unmounted volume re-created empty would get
-    snapshots whose files live under the bare mount point, unreadable once the volume is back.
-    (Whether this user may write there, and the temporary folder, is the load's preflight:
-    ``FieldSalesWarehouse.preflight``.)
+    An ``s3://`` data path is listed (one request). A data path the user set, or the default of a
+    lake with a catalog, must exist: an unmounted volume re-created empty would get snapshots
+    unreadable once the volume is back.
     """
     catalog, folder = lake.catalog_file, Path(lake.data_path)
     if lake.is_s3 and conn is not None:
@@ -521,17 +414,13 @@ def prepare(lake: Lake, conn: duckdb.DuckDBPyConnection | None = None) -> None:
         use_wal(catalog, lake.named(CATALOG_VARIABLE))
 
 
-#: Catalogs this process has put in WAL mode. The mode is stored in the file, so each is opened
-#: once: opening and closing the catalog file again would release every POSIX lock this process
-#: holds on it, those of DuckDB's SQLite connections too (SQLite's "how to corrupt", 2.2), and
-#: another process's checkpoint could then pull the WAL from under them ("disk I/O error").
+#: Opened once each: closing the file again drops this process's POSIX locks, DuckDB's too
+#: (SQLite's "how to corrupt", 2.2), so a checkpoint could pull the WAL away ("disk I/O error").
 _WAL_CATALOGS: set[str] = set()
 
 
 def use_wal(path: Path, variable: str = CATALOG_VARIABLE) -> None:
-    """Put the SQLite catalog ``path`` in ``journal_mode=WAL`` (creating it if new), once per
-    process: a reader holding a snapshot then never makes a refresh's commit fail (see the module
-    docstring). On a catalog already in WAL mode the pragma writes nothing."""
+    """``journal_mode=WAL`` (see the module docstring), once per process."""
     key = str(path.resolve())
     if key in _WAL_CATALOGS:
         return
@@ -546,19 +435,17 @@ def use_wal(path: Path, variable: str = CATALOG_VARIABLE) -> None:
 
 
 def check_tenant(conn: duckdb.DuckDBPyConnection, lake: Lake, record: bool = False) -> None:
-    """Refuse a lake recorded for another tenant, before anything is written; with ``record``
-    (inside a write's transaction), record ``lake.tenant`` in a lake that records none yet.
+    """Refuse a lake recorded for another tenant; with ``record``, record an unrecorded one.
 
-    Two spellings of one PostgreSQL catalog (a host name or its address, another key order)
-    are one lake: comparing what is recorded in it, not the settings' text, tells them apart.
-    The record is written with the lake's first commit (``FieldSalesWarehouse.one_commit``),
-    after the server answered: a run against a mistyped URL leaves no record that blocks the next.
+    The record in the lake, not the settings' text, decides (two spellings of one catalog are one
+    lake). It is written with the first commit, after the server answered, so a mistyped URL
+    leaves no record that blocks the next run.
     """
     if lake.tenant is None or lake in _TENANT_READ:
         return
     recorded = recorded_tenant(conn)
     if recorded == lake.tenant:
-        _TENANT_READ.add(lake)  # a record changes only by move_tenant: one read per process
+        _TENANT_READ.add(lake)  # changes only by move_tenant
     elif recorded is None and record:
         _write_tenant(conn, lake.tenant)
     elif recorded not in (None, lake.tenant):
@@ -571,7 +458,6 @@ def check_tenant(conn: duckdb.DuckDBPyConnection, lake: Lake, record: bool = Fal
 
 
 def recorded_tenant(conn: duckdb.DuckDBPyConnection) -> str | None:
-    """The tenant the lake on ``conn`` (its current database) records, if any."""
     try:  # one query: a missing table is no record (and leaves an open transaction whole)
         row = conn.execute(f"SELECT tenant FROM {TENANT_TABLE}").fetchone()
     except duckdb.CatalogException:
@@ -580,9 +466,7 @@ def recorded_tenant(conn: duckdb.DuckDBPyConnection) -> str | None:
 
 
 def table_exists(conn: duckdb.DuckDBPyConnection, table: str) -> bool:
-    """Whether ``schema.table`` exists in the connection's current database: a query reading
-    none of it binds. (Listing a lake's tables, ``duckdb_tables()``, costs several milliseconds
-    more; an unknown name does not abort an open transaction.)"""
+    """In the current database; cheaper than ``duckdb_tables()``, and aborts no transaction."""
     try:
         conn.execute(f"SELECT 1 FROM {qualified(table)} LIMIT 0")
     except duckdb.CatalogException:
@@ -599,9 +483,7 @@ def _write_tenant(conn: duckdb.DuckDBPyConnection, tenant: str) -> None:
 
 
 def move_tenant(lake: Lake) -> str | None:
-    """The documented step for a lake whose instance moved (a new URL, the demo API's new port):
-    record ``lake.tenant`` in place of the tenant the lake belonged to. Returns that tenant
-    (``None``: the lake records none yet, and the first write will record ``lake.tenant``)."""
+    """Record ``lake.tenant`` in place of the lake's (its instance moved); returns the old one."""
     tenant = lake.tenant
     if tenant is None:
         return None
@@ -614,18 +496,13 @@ def move_tenant(lake: Lake) -> str | None:
             return recorded
 
         moved_from = run_transaction(conn, TENANT_TABLE, move)
-    _TENANT_READ.clear()  # this process reads the record again
+    _TENANT_READ.clear()
     return moved_from
 
 
-#: Options of the lake, stored in its catalog: name -> (value set, value as the catalog stores
-#: it). zstd suits the raw tables' ~5 KB JSON documents; Parquet row groups of about 8 MB,
-#: since by rows (122,880 by default) one row group of payloads is held in memory whole: a raw
-#: load's 100 MB spool of 20,000 transactions ran out of the default memory_limit (192MB). A
-#: reader decompresses a row group's payloads (one page) into a buffer of the next power of two:
-#: at 16MB the writer's ~17 MB groups took a 32 MiB buffer, and scanning the heavy tenant's
-#: raw.transactions ran out of 64MB (test_core_memory.py); ~8.5 MB groups take 16 MiB. A
-#: writer must then run with ``preserve_insertion_order=false`` (DuckDB says so otherwise).
+#: name -> (value set, value as stored). Row groups by bytes: by rows, a 100 MB spool's group ran
+#: out of 192MB; a reader buffers a group in the next power of two, so 16MB groups took 32 MiB
+#: and ran out of 64MB (test_core_memory.py). Needs ``preserve_insertion_order=false``.
 LAKE_OPTIONS = {
     "parquet_compression": ("zstd", "zstd"),
     "parquet_row_group_size_bytes": ("8MB", "8000000"),
@@ -633,8 +510,7 @@ LAKE_OPTIONS = {
 
 
 def set_options(conn: duckdb.DuckDBPyConnection, lake: Lake) -> None:
-    """Set ``LAKE_OPTIONS`` once per lake: read first (one query), and only a lake that lacks
-    one takes the transaction (each change is a commit of the catalog; ~0.3 s a connection)."""
+    """Read first: only a lake that lacks one takes the transaction (~0.3 s a connection)."""
     alias = quote_ident(lake.alias)
     stored = dict(conn.execute(f"SELECT option_name, value FROM {alias}.options()").fetchall())
     missing = [(n, value) for n, (value, kept) in LAKE_OPTIONS.items() if stored.get(n) != kept]
@@ -647,19 +523,13 @@ def set_options(conn: duckdb.DuckDBPyConnection, lake: Lake) -> None:
         run_transaction(conn, lake.alias, write)
 
 
-#: One DuckDB instance per process and lake, with the extensions loaded and the lake attached:
-#: loading the DuckLake extension and attaching the catalog take about a second, and an asset
-#: opens a connection or two. Connections are its cursors (each its own transaction context and
-#: its own TEMP objects).
+#: One instance per process and lake (loading, attaching: ~1 s); connections are its cursors.
 _INSTANCES: dict[tuple[object, ...], duckdb.DuckDBPyConnection] = {}
 _INSTANCES_LOCK = threading.Lock()
 
 
 def writer_connection(lake: Lake, config: DuckDBConfig) -> duckdb.DuckDBPyConnection:
-    """A new read-write connection to ``lake`` (``USE <alias>``), from this process's instance.
-
-    ``prepare`` runs each time (a few file checks): a data path that vanished since the instance
-    was made (an unmounted volume) fails here, before the write."""
+    """A cursor of this process's instance; ``prepare`` runs each time (a volume unmounted)."""
     key = (os.getpid(), lake, tuple(sorted((k, str(v)) for k, v in config.items())))
     with _INSTANCES_LOCK:
         if (instance := _INSTANCES.get(key)) is None:
@@ -672,14 +542,11 @@ def writer_connection(lake: Lake, config: DuckDBConfig) -> duckdb.DuckDBPyConnec
 
 
 def is_conflict(exc: BaseException) -> bool:
-    """A commit that lost to another writer's: a DuckLake "Transaction conflict", or a SQLite
-    catalog's "database is locked" (SQLite lets one process commit at a time)."""
+    """A DuckLake "Transaction conflict", or a SQLite catalog's "database is locked"."""
     return isinstance(exc, duckdb.Error) and _says(exc, "conflict", "database is locked")
 
 
 def _retrying(retryable: Callable[[BaseException], bool]) -> tenacity.Retrying:
-    """Up to ``CONFLICT_ATTEMPTS`` tries while ``retryable`` says so, after pauses of 0.1-0.5 s
-    times the attempt; then the last error is raised."""
     return tenacity.Retrying(
         retry=tenacity.retry_if_exception(retryable),
         stop=tenacity.stop_after_attempt(CONFLICT_ATTEMPTS),
@@ -689,16 +556,10 @@ def _retrying(retryable: Callable[[BaseException], bool]) -> tenacity.Retrying:
 
 
 def run_transaction(conn: duckdb.DuckDBPyConnection, table: str, body: Callable[[], T]) -> T:
-    """Run ``body`` in one transaction; commit, or roll back and re-raise.
+    """Run ``body`` in one transaction, run again on a conflict, so it must be safe to repeat.
 
-    A commit that conflicts with another writer's runs ``body`` again in a new transaction, up to
-    ``CONFLICT_ATTEMPTS`` times in all, after a short random pause; then it fails naming
-    ``table``. ``body`` must therefore be safe to run again: it reads and writes the database, or
-    (an asset's whole write on a lake) fetches again what it stores.
-
-    Called inside another ``run_transaction``'s body, it runs ``body`` in that transaction: the
-    outer one commits, or retries, everything together (one lake snapshot per asset write). (A
-    failed BEGIN would abort the open transaction, so open ones are tracked instead.)
+    Nested, it joins the outer transaction (one snapshot per asset write); a failed BEGIN would
+    abort the open one, so open ones are tracked.
     """
     if id(conn) in _IN_TRANSACTION:
         return body()
@@ -734,8 +595,6 @@ def _transaction(conn: duckdb.DuckDBPyConnection, body: Callable[[], T]) -> T:
 
 
 def record_build(conn: duckdb.DuckDBPyConnection, lake: Lake, table: str, reads: list[str]) -> None:
-    """Record, in the transaction writing ``table``, that it read the tables ``reads`` at the
-    transaction's snapshot (``BUILDS_TABLE``)."""
     conn.execute(
         f"CREATE SCHEMA IF NOT EXISTS meta; CREATE TABLE IF NOT EXISTS {BUILDS_TABLE} "
         "(table_name VARCHAR, reads VARCHAR[], read_snapshot BIGINT)"
@@ -747,8 +606,7 @@ def record_build(conn: duckdb.DuckDBPyConnection, lake: Lake, table: str, reads:
     )
 
 
-#: How many tables of ``BUILDS_TABLE`` read a table that was written again since; a table no
-#: longer in the lake (a table the project stopped building, dropped) is not judged.
+#: Tables that read a table written again since; a table no longer in the lake is not judged.
 _STALE = f"""
     WITH last AS (
         SELECT table_name, arg_max(reads, read_snapshot) AS reads, max(read_snapshot) AS read
@@ -761,12 +619,8 @@ _STALE = f"""
 
 
 def _mark_refresh(conn: duckdb.DuckDBPyConnection) -> None:
-    """On a lake, give the commit the message ``COMPLETE`` when no table ``BUILDS_TABLE`` lists
-    is older than a table it reads (its raw, core and mart tables agree), else ``INCOMPLETE``.
-
-    A table is judged by the snapshot its writer read: a refresh's steps write one after the
-    other (and refresh runs never overlap), so a table read after its inputs' last commit. A lake
-    whose first refresh is under way is complete with the tables built so far."""
+    """``COMPLETE`` when no table is older than one it reads, judged by the snapshot its writer
+    read (refresh runs never overlap), else ``INCOMPLETE``."""
     found = conn.execute(
         "SELECT database_name FROM duckdb_databases() "
         "WHERE database_name = current_database() AND type = 'ducklake'"
@@ -783,9 +637,7 @@ def _mark_refresh(conn: duckdb.DuckDBPyConnection) -> None:
 
 @contextmanager
 def cleanup(conn: duckdb.DuckDBPyConnection) -> Iterator[None]:
-    """Statements that tidy up after a failure too: inside ``run_transaction``'s body, a DuckDB
-    error aborts the transaction, whose rollback undoes everything, so they are skipped there
-    (and the first error, not "transaction is aborted", reaches the user)."""
+    """Tidy up after a failure; skipped in an aborted transaction, so the first error shows."""
     try:
         yield
     except duckdb.TransactionException as exc:
@@ -794,18 +646,12 @@ def cleanup(conn: duckdb.DuckDBPyConnection) -> Iterator[None]:
 
 
 def drop_table(conn: duckdb.DuckDBPyConnection, table: str) -> None:
-    """``DROP TABLE IF EXISTS table`` (a quoted name), also after a failure (``cleanup``)."""
     with cleanup(conn):
         conn.execute(f"DROP TABLE IF EXISTS {table}")
 
 
-# --- upkeep -------------------------------------------------------------------------------------
-
-
 def stored_files(conn: duckdb.DuckDBPyConnection, lake: Lake) -> tuple[int, int, str]:
-    """Files, bytes, and where they were counted: every Parquet file under a local
-    ``data_folder`` ("storage"); for an object store, the data and delete files its catalog
-    lists, live or waiting for deletion ("catalog")."""
+    """Files, bytes and where counted: local Parquet files, else those the catalog lists."""
     if lake.is_local:
         sizes = [p.stat().st_size for p in Path(lake.data_folder).rglob("*.parquet")]
         return len(sizes), sum(sizes), "storage"
@@ -821,8 +667,7 @@ def stored_files(conn: duckdb.DuckDBPyConnection, lake: Lake) -> tuple[int, int,
     return int(files), int(size), "catalog"
 
 
-#: A file under the data path that no snapshot lists (a killed run's) is deleted once it is older
-#: than this: a live write's files are younger, since a run commits within minutes of writing.
+#: A live write's files are younger: a run commits within minutes of writing.
 ORPHAN_SAFETY_HOURS = 24.0
 
 
@@ -832,11 +677,7 @@ def upkeep(
     retain_days: float,
     orphan_age_hours: float = ORPHAN_SAFETY_HOURS,
 ) -> dict[str, Any]:
-    """Merge adjacent small files, expire snapshots older than ``retain_days``, delete the files
-    no snapshot needs any more, and the files no snapshot ever listed (``orphan_age_hours`` old
-    at least). The last snapshot stays readable, and so does the one readers attach (the last
-    complete refresh, however old); time travel reaches back ``retain_days``. Returns the counts
-    before and after, as the upkeep asset's metadata."""
+    """Merge, expire snapshots (never the last nor the readers'), delete unneeded files."""
     name, snapshots = sql_literal(lake.alias), f"{quote_ident(lake.alias)}.snapshots()"
     files_before, bytes_before, counted_in = stored_files(conn, lake)
     (snapshots_before,) = one_row(conn, f"SELECT count(*) FROM {snapshots}")
@@ -847,8 +688,7 @@ def upkeep(
         return run_transaction(conn, lake.alias, lambda: conn.execute(statement).fetchall())
 
     def expire() -> None:
-        # By id: older_than as a timestamp literal (the readers' snapshot's time) expired every
-        # snapshot of a SQLite catalog (measured).
+        # By id: older_than as a timestamp expired every snapshot of a SQLite catalog (measured).
         (old,) = one_row(
             conn,
             f"SELECT list(snapshot_id) FROM {snapshots} WHERE snapshot_time < now() - "
@@ -881,26 +721,20 @@ def upkeep(
     }
 
 
-# --- the single-file export ---------------------------------------------------------------------
-
-#: The table that marks a DuckDB file as this project's export: the export replaces a file only
-#: if it carries it, so another DuckDB file is never overwritten.
+#: The export replaces only a file that carries it.
 EXPORT_MARKER = "meta.fieldsales_export"
-#: A temporary export beside its target: ``.<name>.export-<hex>``.
 EXPORT_INFIX = ".export-"
-#: The storage format of the export, readable by every DuckDB client from 1.2 on; v1.2.0 also
-#: compresses the raw JSON payloads with ZSTD (v1.0.0 stores them uncompressed, ~6x larger).
+#: Read by DuckDB from 1.2 on; compresses the raw payloads (v1.0.0: ~6x larger).
 EXPORT_STORAGE_VERSION = "v1.2.0"
 EXPORT_VARIABLE = "FIELDSALES_DUCKDB_PATH"
 
 
 class ExportError(RuntimeError):
-    """The single-file export failed; the lake and the previous export are left as they were."""
+    """The single-file export failed; the lake and the previous export are as they were."""
 
 
 def check_export_target(target: Path, lake: Lake) -> None:
-    """Fail, naming ``target``, unless the export may replace it: it does not exist, or it is a
-    previous export that no process holds read-write."""
+    """Fail unless ``target`` is absent or an export no process holds read-write."""
     if not target.exists():
         return
     variable = lake.named(EXPORT_VARIABLE)
@@ -932,7 +766,6 @@ def check_export_target(target: Path, lake: Lake) -> None:
         )
 
 
-#: What to do about a failed export, by the reason the operating system gave.
 _REMEDIES: dict[int, str] = {
     errno.ENOSPC: "Free disk space in {folder} (or grow the volume)",
     errno.EDQUOT: "Raise the disk quota of {folder} or free space in it",
@@ -964,14 +797,7 @@ def _failure(target: Path, snapshot: int | None, exc: BaseException, variable: s
 
 
 def export_snapshot(lake: Lake, target: Path, config: DuckDBConfig | None = None) -> dict[str, Any]:
-    """Write every table of one lake snapshot into a new DuckDB file, then rename it over
-    ``target`` atomically (temporary file beside it, fsynced, renamed, folder fsynced).
-
-    Reads through a read-only connection in one transaction, so one snapshot, and never makes
-    a lake reader or writer wait. Raises ``ExportError`` naming ``target`` and the cause; the
-    previous ``target`` then stays whole, and the temporary file is removed. Returns the export
-    asset's metadata.
-    """
+    """One snapshot into a new DuckDB file, renamed over ``target`` atomically; blocks no one."""
     started = time.monotonic()
     check_export_target(target, lake)
     sweep_dead_exports(target)
@@ -1004,8 +830,6 @@ def export_snapshot(lake: Lake, target: Path, config: DuckDBConfig | None = None
 
 
 def _copy_tables(conn: duckdb.DuckDBPyConnection, lake: Lake, snapshot: int) -> int:
-    """Copy every table of the lake (no staging table) into ``fieldsales_export``, and mark it
-    with ``snapshot`` (``EXPORT_MARKER``); returns how many tables."""
     found = conn.execute(
         "SELECT schema_name, table_name FROM duckdb_tables() WHERE database_name = ? "
         "AND NOT starts_with(table_name, '_stage_') ORDER BY ALL",
@@ -1028,7 +852,6 @@ def _copy_tables(conn: duckdb.DuckDBPyConnection, lake: Lake, snapshot: int) -> 
 
 
 def _replace_durably(temporary: Path, target: Path, lake: Lake) -> int:
-    """fsync ``temporary``, rename it over ``target`` and fsync the folder; returns its size."""
     with open(temporary, "rb") as file:
         os.fsync(file.fileno())
     size = temporary.stat().st_size
@@ -1043,13 +866,11 @@ def _replace_durably(temporary: Path, target: Path, lake: Lake) -> int:
     return size
 
 
-#: A temporary export untouched this long was left by a dead export: a live one writes it
-#: continuously, and exports of one target never overlap (the export asset has a pool of its own).
+#: A live export writes its file continuously, and exports never overlap (a pool of their own).
 DEAD_EXPORT_AGE_S = 600
 
 
 def sweep_dead_exports(target: Path) -> None:
-    """Remove the temporary files that killed exports of ``target`` left beside it."""
     for temporary in target.parent.glob(f".{target.name}{EXPORT_INFIX}*"):
         with contextlib.suppress(FileNotFoundError):  # another sweep was first
             if time.time() - temporary.stat().st_mtime > DEAD_EXPORT_AGE_S:
@@ -1062,8 +883,6 @@ def _remove(temporary: Path) -> None:
 
 
 def is_export(path: Path) -> bool:
-    """Whether the DuckDB file ``path`` carries ``EXPORT_MARKER`` (a ``duckdb.Error`` if it is
-    held read-write elsewhere or not a DuckDB file)."""
     schema, _, name = EXPORT_MARKER.partition(".")
     with duckdb.connect(str(path), read_only=True) as conn:
         (marked,) = one_row(
@@ -1074,12 +893,8 @@ def is_export(path: Path) -> bool:
     return bool(marked)
 
 
-# --- the analysts' lines ------------------------------------------------------------------------
-
-
 def analyst_sql(lake: Lake) -> str:
-    """The SQL that opens ``lake`` read-only in a DuckDB 1.5.5 client (the CLI: ``duckdb -init``),
-    offline: the extensions from this project's wheels, by their paths on this machine."""
+    """SQL that opens ``lake`` read-only, offline, in a DuckDB client (``duckdb -init``)."""
     scanner = "postgres" if lake.is_postgres else "sqlite"
     lines = [
         "-- Opens the Field-Sales lake read-only (docs/storage.md). Written by",
@@ -1111,9 +926,7 @@ def analyst_sql(lake: Lake) -> str:
 
 
 def main() -> None:
-    """Print ``analyst_sql`` for the lake the environment names (``FIELDSALES_DUCKLAKE_*``, and
-    ``FIELDSALES_S3_*`` or ``AWS_ENDPOINT_URL``/``AWS_REGION`` for its object store), or the
-    default one."""
+    """Print ``analyst_sql`` for the lake the environment names, or the default one."""
     env = {name: value.strip() for name, value in os.environ.items() if value.strip()}
     catalog = env.get(CATALOG_VARIABLE) or DEFAULT_CATALOG
     endpoint = env.get(ENDPOINT_VARIABLE)
