@@ -1,19 +1,6 @@
-"""Personal data in the warehouse: what counts as such, how it is kept, hashed, dropped or redacted.
-
-Personal data here means people's names, email addresses and client IP addresses. In ``core.*``
-the columns holding them are tagged ``pii`` in their table's column declaration
-(``sql/<table>.yaml``) and governed by ``FieldSalesWarehouse.pii``:
-
-- ``keep``: stored as received;
-- ``hash``: replaced by HMAC-SHA256(``pii_hash_key``, value) as 64 hex digits. The same value gives
-  the same hash under the same key, so joins and distinct counts still work, while the value
-  cannot be read back or guessed by hashing candidates without the key;
-- ``drop``: stored as NULL (the column stays, so queries keep working).
-
-``mart.*`` tables read ``core.*`` only, so they inherit the policy without applying it twice.
-In ``raw.*`` the payloads keep the values unless ``redact_pii_in_raw`` is set: then the keys in
-``PII_PAYLOAD_KEYS`` are set to JSON ``null`` wherever they occur, before the new table is
-swapped in.
+"""Personal data (names, emails, client IPs): ``core.*`` columns tagged ``pii`` are kept, hashed
+(HMAC-SHA256 with ``pii_hash_key``: joins still work, values cannot be guessed without the key)
+or dropped (NULL); ``mart.*`` inherits; ``redact_pii_in_raw`` nulls ``PII_PAYLOAD_KEYS`` in raw.
 """
 
 from __future__ import annotations
@@ -26,11 +13,10 @@ from fieldsales_dagster.settings import named
 from fieldsales_dagster.warehouse.quoting import qualified
 from fieldsales_dagster.warehouse.rows import one_row
 
-#: Keys of API items whose string values are personal data (eventUser[].firstName/lastName/email,
-#: point_of_sale.address.email, eventStateHistory[].ip), redacted anywhere in a raw payload.
+#: Redacted anywhere in a raw payload (eventUser[], point_of_sale.address, eventStateHistory[]).
 PII_PAYLOAD_KEYS = ("firstName", "lastName", "email", "ip")
 
-#: Shortest hash key accepted: a short key could be guessed, and then every hash with it.
+#: A short key could be guessed, and then every hash with it.
 MIN_HASH_KEY_CHARS = 16
 
 _BLOCK = 64  # SHA-256 block size, in bytes
@@ -41,8 +27,7 @@ class PiiSettingError(ValueError):
 
 
 def check_hash_key(key: str | None, variable: str = "FIELDSALES_PII_HASH_KEY") -> str:
-    """``key`` if ``pii: hash`` can use it (at least ``MIN_HASH_KEY_CHARS`` characters), else a
-    ``PiiSettingError`` naming ``variable``, the variable it is read from."""
+    """``key`` if long enough, else a ``PiiSettingError`` naming ``variable``."""
     key = (key or "").strip()
     if len(key) < MIN_HASH_KEY_CHARS:
         raise PiiSettingError(
@@ -55,7 +40,7 @@ def check_hash_key(key: str | None, variable: str = "FIELDSALES_PII_HASH_KEY") -
 
 
 def hmac_pads(key: str) -> dict[str, bytes]:
-    """The HMAC inner and outer padded keys, as query parameters for ``hmac_sql``."""
+    """The HMAC padded keys, as ``hmac_sql``'s parameters."""
     check_hash_key(key)
     raw = key.encode()
     raw = (hashlib.sha256(raw).digest() if len(raw) > _BLOCK else raw).ljust(_BLOCK, b"\0")
@@ -63,20 +48,12 @@ def hmac_pads(key: str) -> dict[str, bytes]:
 
 
 def hmac_sql(expression: str) -> str:
-    """SQL for HMAC-SHA256 of ``expression`` (VARCHAR) as hex; binds ``hmac_pads``' parameters.
-
-    DuckDB has SHA-256 but no HMAC; this is RFC 2104 spelled out: H(opad || H(ipad || message)),
-    the same hex digest as Python's ``hmac.new(key, value, hashlib.sha256).hexdigest()``.
-    """
+    """HMAC-SHA256 of ``expression`` as hex: DuckDB has no HMAC, so RFC 2104 spelled out."""
     return f"sha256($pii_opad || unhex(sha256($pii_ipad || encode({expression}))))"
 
 
 def redact_pii_keys(conn: duckdb.DuckDBPyConnection, table: str) -> int:
-    """Set every ``PII_PAYLOAD_KEYS`` string value in ``table.payload`` to null; rows changed.
-
-    Matches the keys at any depth, so personal data in shapes the API document does not show is
-    redacted too. Only rows that mention a key are rewritten.
-    """
+    """Null ``PII_PAYLOAD_KEYS``' string values at any depth of ``payload``; rows changed."""
     mentions = " OR ".join(f"contains(payload::VARCHAR, '\"{key}\"')" for key in PII_PAYLOAD_KEYS)
     # A key followed by a JSON string value (escapes included); other value types are left alone.
     pattern = rf'"({"|".join(PII_PAYLOAD_KEYS)})"(\s*):(\s*)"(?:[^"\\]|\\.)*"'

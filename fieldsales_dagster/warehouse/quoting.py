@@ -1,8 +1,4 @@
-"""SQL text the project writes itself: the one place a name or a string becomes SQL.
-
-DuckDB takes parameters for values, but not for names (tables, schemas, a lake's alias) nor in
-``ATTACH``, ``INSTALL``, ``LOAD``, ``SET`` and ``COMMENT ON``: there the text is quoted here.
-"""
+"""The one place a name or a string becomes SQL text: where DuckDB takes no parameters."""
 
 from __future__ import annotations
 

@@ -8,11 +8,7 @@ import duckdb
 
 
 def one_row(conn: duckdb.DuckDBPyConnection, sql: str, params: object = None) -> tuple[Any, ...]:
-    """The row of ``sql``, a query that always returns one (an aggregate, a setting).
-
-    DuckDB types ``fetchone()`` as "a row or ``None``": ``None`` here would be a bug in the
-    query, named at once instead of surfacing later as "cannot unpack ``None``".
-    """
+    """The row of ``sql``; ``None`` would be a bug, named at once rather than on unpacking."""
     row = conn.execute(sql, params).fetchone()
     if row is None:
         raise RuntimeError(f"DuckDB returned no row for {sql[:80]!r}: a bug, please report it.")

@@ -1,9 +1,4 @@
-"""The warehouse resource: the project's DuckLake, as assets, checks and user assets use it.
-
-It holds the settings and hands out connections (``get_connection``); every asset writes the lake
-directly, each table change in one transaction, so one snapshot (``one_commit``). The lake itself
-(attaching it, committing, upkeep, the export to ``duckdb_path``) is ``warehouse/lake.py``.
-"""
+"""The warehouse resource: settings and connections; the lake itself is ``warehouse/lake.py``."""
 
 from __future__ import annotations
 
@@ -52,30 +47,22 @@ from fieldsales_dagster.warehouse.quoting import qualified, quote_ident, sql_lit
 from fieldsales_dagster.warehouse.rows import one_row
 
 T = TypeVar("T")
-#: The concerns whose settings the warehouse takes.
 WAREHOUSE_SETTINGS = (StorageSettings, PiiSettings, RefreshSettings)
 
-#: DuckDB's pool is emptied above this share of its limit; below, loading it again costs more
-#: than it frees (unloading at every step cost the 88k run ~1 s in 14).
+#: Below it, loading the pool again costs more than it frees (every step: the 88k run ~1 s in 14).
 UNLOAD_ABOVE_SHARE = 0.25
 
-#: The folder of a lake's local files (DuckDB's spills), beside a SQLite
-#: catalog; for PostgreSQL under the system's temporary folder. Each process has its own
-#: ``pid-<pid>`` folder in it, so a killed process's files are recognised and removed.
+#: A ``pid-<pid>`` folder per process in it, so a killed process's spills are found and removed.
 LOCAL_DIR_NAME = ".fieldsales_tmp"
 PROCESS_DIR_PREFIX = "pid-"
-#: The in-memory database of a DuckDB instance that holds what a run's steps share (a schema per
-#: run): never the lake.
+#: An in-memory database: what a run's steps share (a schema per run), never the lake.
 SHARED_DATABASE = "fieldsales_shared"
-#: Local folders whose dead processes' files this process has removed.
 _CLEANED: set[Path] = set()
 
 
 def remove_dead_processes_files(folder: Path) -> list[str]:
-    """Remove the ``pid-<pid>`` folders under ``folder`` of processes that are gone; returns those
-    that held files (a killed run's spills). A process that ended normally leaves its folder
-    empty (DuckDB removes its spills as it closes): removed without a word. Live processes'
-    folders stay."""
+    """Remove gone processes' ``pid-<pid>`` folders; returns those that held files (a killed
+    run's spills: a normal end leaves its folder empty)."""
     removed = []
     for path in sorted(folder.glob(f"{PROCESS_DIR_PREFIX}*")):
         pid = path.name.removeprefix(PROCESS_DIR_PREFIX)
@@ -100,15 +87,10 @@ def _alive(pid: int) -> bool:
 def release_step_memory(
     conn: duckdb.DuckDBPyConnection, memory_limit: str, limit_bytes: float
 ) -> None:
-    """What a step does as it opens: empty DuckDB's pool of what ended queries left in it, when
-    that passes ``UNLOAD_ABOVE_SHARE`` of the limit, then ``release_free_memory``.
+    """Empty DuckDB's pool of what ended steps left above ``UNLOAD_ABOVE_SHARE`` of the limit.
 
-    DuckDB's pool keeps the blocks of the lake's files and of the run's shared event decode after
-    the steps that read them, so a later step had less of ``duckdb_memory_limit`` and the process
-    held both (1M: the run's peak 630 -> 584 MiB once emptied; docs/performance.md). DuckDB
-    evicts what no running query holds when its limit is lowered (in-memory tables to the
-    temp folder, to be read again from there); the limit is then set back. With a query running,
-    DuckDB refuses the lower limit and nothing changes.
+    Lowering the limit evicts what no running query holds (1M: peak 630 -> 584 MiB;
+    docs/performance.md); the limit is then set back.
     """
     (cached,) = one_row(conn, "SELECT coalesce(sum(memory_usage_bytes), 0) FROM duckdb_memory()")
     if cached > UNLOAD_ABOVE_SHARE * limit_bytes:
@@ -122,9 +104,6 @@ class FieldSalesWarehouse(settings_resource("WarehouseSettings", *WAREHOUSE_SETT
     """The project's DuckLake: the tables every asset writes and analysts read. It takes every
     ``storage:``, ``pii:`` and ``refresh:`` setting by its flat name (``ducklake_catalog``,
     ``pii``, ``refresh_mode``, ...).
-
-    Assets call ``get_connection()`` (a read-write connection, whose current database is the
-    lake) and ``one_commit`` for a table's write; ``read_connection()`` is a read-only one.
     """
 
     tenant: str | None = Field(
@@ -145,8 +124,7 @@ class FieldSalesWarehouse(settings_resource("WarehouseSettings", *WAREHOUSE_SETT
         description="Largest share of a raw table's rows a full refresh may drop.",
     )
 
-    #: This run's shared tables (``shared_table``): those built so far, each with what it was
-    #: built from. Pipeline state of one run, not a setting.
+    #: This run's shared tables built so far, each with what it was built from (not a setting).
     _shared: dict[str, object] = PrivateAttr(default_factory=dict)
     _shared_schema: str = PrivateAttr(default_factory=lambda: f"run_{uuid.uuid4().hex[:12]}")
     _in_run: bool = PrivateAttr(default=False)
@@ -168,12 +146,8 @@ class FieldSalesWarehouse(settings_resource("WarehouseSettings", *WAREHOUSE_SETT
                 check_hash_key(key)
         return given
 
-    # --- where things live --------------------------------------------------------------------
-
     @property
     def lake(self) -> Lake:
-        """Where the lake lives: the settings, or the embedded default under ``data/``. Without
-        a data path, a SQLite catalog's files go to ``lake/`` beside it (``data/lake``)."""
         catalog = self.ducklake_catalog or DEFAULT_CATALOG
         return Lake(
             catalog=catalog,
@@ -187,8 +161,6 @@ class FieldSalesWarehouse(settings_resource("WarehouseSettings", *WAREHOUSE_SETT
         )
 
     def object_store(self) -> ObjectStore:
-        """The object store of an ``s3://`` data path: the settings, else the standard AWS
-        variables (``ObjectStore.or_aws``)."""
         if not str(self.ducklake_data_path).startswith(S3_PREFIX):
             return ObjectStore()
         return ObjectStore.or_aws(
@@ -201,26 +173,20 @@ class FieldSalesWarehouse(settings_resource("WarehouseSettings", *WAREHOUSE_SETT
 
     @property
     def name(self) -> str:
-        """The lake's name in every connection: ``fieldsales.raw.events``."""
         return self.lake.alias
 
     @property
     def local_folder(self) -> Path:
-        """This lake's local files (DuckDB's spills): beside a SQLite catalog, else under the
-        system's temporary folder; one folder per lake and tenant."""
+        """DuckDB's spills: beside a SQLite catalog, else in the temporary folder; one per lake."""
         here = self.lake
         base = here.catalog_file.parent if here.catalog_file else Path(tempfile.gettempdir())
         return base / LOCAL_DIR_NAME / f"lake-{here.key}"
 
     def preflight(self) -> None:
-        """What writing the lake needs, checked before a run's first request (when the
-        definitions load, and as a process first opens the lake): a SQLite catalog that is a
-        file this user can write, in a folder it can write; a data folder it can write; a
-        temporary folder it can write, with room for what DuckDB may spill there (up to the
-        memory limit). Each ``SettingError`` names the setting, its variable and the path. An
-        ``s3://`` data path is listed, and a missing data folder refused, as a writer connects
-        (``lake.prepare``), not when the definitions load: a store out of reach, or a volume not
-        mounted yet, fails the run, not the code location."""
+        """Check, as the definitions load, that this user can write the catalog, the data folder
+        and the temporary folder (room for the memory limit). An ``s3://`` path and a missing
+        data folder are checked as a writer connects (``prepare``): they fail the run, not the
+        code location."""
         lake, spill, limit = self.lake, self.local_folder, self.duckdb_memory_limit
         if lake.catalog_file is not None:
             catalog = check_file_setting(
@@ -242,11 +208,8 @@ class FieldSalesWarehouse(settings_resource("WarehouseSettings", *WAREHOUSE_SETT
                 "catalog to a larger disk",
             )
 
-    # --- what a run's steps share --------------------------------------------------------------
-
     def setup_for_execution(self, context: dg.InitResourceContext) -> None:
-        # Dagster initialises the resource once per run with the project's in-process executor
-        # (once per step's process with another executor), and tears it down at the run's end.
+        # Once per run with the in-process executor (per step's process with another).
         self._in_run = True
 
     def teardown_after_execution(self, context: dg.InitResourceContext) -> None:
@@ -255,44 +218,34 @@ class FieldSalesWarehouse(settings_resource("WarehouseSettings", *WAREHOUSE_SETT
 
     @property
     def in_run(self) -> bool:
-        """Whether a Dagster run set the resource up: its shared tables last until its end."""
+        """A run set the resource up: its shared tables last until its end."""
         return self._in_run
 
     @property
     def _schema(self) -> str:
-        """This run's schema of shared tables (``shared_table``)."""
         return f"{SHARED_DATABASE}.{quote_ident(self._shared_schema)}"
 
     def shared_table(self, name: str) -> str:
-        """Where this run's steps share the table ``name``: an in-memory database of the
-        process's DuckDB instance (``SHARED_DATABASE``; DuckDB spills it to the connection's
-        temp_directory), never the lake. Every cursor of the instance (``get_connection``) sees
-        it; ``drop_shared`` drops it, at the run's end."""
+        """Where the run's steps share ``name`` (``SHARED_DATABASE``), seen by every cursor."""
         return f"{self._schema}.{quote_ident(name)}"
 
     def shared_source(self, name: str) -> object | None:
-        """What the shared ``name`` was built from (``shared_built``), ``None`` when not built."""
         return self._shared.get(name)
 
     def create_shared_schema(self, conn: duckdb.DuckDBPyConnection) -> None:
-        """The run's schema for shared tables, in ``conn``'s DuckDB instance."""
         conn.execute(f"ATTACH IF NOT EXISTS ':memory:' AS {SHARED_DATABASE}")
         conn.execute(f"CREATE SCHEMA IF NOT EXISTS {self._schema}")
 
     def shared_built(self, name: str, source: object) -> None:
-        """Record that the shared ``name`` was built from ``source`` (a fingerprint)."""
         self._shared[name] = source
 
     def drop_shared(self, conn: duckdb.DuckDBPyConnection | None = None) -> None:
-        """Drop every shared table of this run (they may hold personal values), on ``conn`` (a
-        cursor of the instance that holds them), by default a new connection: the steps'."""
+        """Drop this run's shared tables (they may hold personal values)."""
         if not self._shared:
             return
         self._shared.clear()
         with nullcontext(conn) if conn is not None else self.get_connection() as cursor:
             cursor.execute(f"DROP SCHEMA IF EXISTS {self._schema} CASCADE")
-
-    # --- connections --------------------------------------------------------------------------
 
     def one_commit(
         self,
@@ -301,11 +254,8 @@ class FieldSalesWarehouse(settings_resource("WarehouseSettings", *WAREHOUSE_SETT
         write: Callable[[], T],
         reads: Sequence[str] = (),
     ) -> T:
-        """An asset's ``write`` of ``table`` and its state in one transaction, so one snapshot,
-        retried whole on a conflict (``run_transaction``), recording that it read the tables
-        ``reads`` (``record_build``: readers see a refresh once every table is rebuilt). The
-        lake's first commit also records its tenant (``check_tenant``): after the server
-        answered, never on a failed run."""
+        """``write`` of ``table`` in one transaction (one snapshot), recording the tables it
+        ``reads`` and, on the first commit, the tenant."""
 
         def write_and_record() -> T:
             result = write()
@@ -316,10 +266,7 @@ class FieldSalesWarehouse(settings_resource("WarehouseSettings", *WAREHOUSE_SETT
         return run_transaction(conn, table, write_and_record)
 
     def get_connection(self) -> duckdb.DuckDBPyConnection:
-        """A read-write connection whose current database is the lake; ``with`` closes it.
-
-        Each step opens one, and first hands back what the steps before left
-        (``release_step_memory``)."""
+        """A read-write connection whose current database is the lake; ``with`` closes it."""
         if self.local_folder not in _CLEANED:
             self.preflight()
             if removed := remove_dead_processes_files(self.local_folder):
@@ -331,29 +278,21 @@ class FieldSalesWarehouse(settings_resource("WarehouseSettings", *WAREHOUSE_SETT
         return conn
 
     def read_connection(self) -> duckdb.DuckDBPyConnection:
-        """A read-only connection to the lake at its last complete refresh
-        (``lake.reader_statements``), what an analyst opens (docs/storage.md); ``with`` closes
-        it."""
+        """Read-only, at the last complete refresh, as an analyst opens it; ``with`` closes it."""
         return connect(self.lake, self._config(), read_only=True)
 
     def _config(self) -> DuckDBConfig:
         mine = self.local_folder / f"{PROCESS_DIR_PREFIX}{os.getpid()}"
         mine.mkdir(parents=True, exist_ok=True)  # DuckDB makes the last folder of its own only
-        # The settings that are DuckDB options (``Setting.duckdb``), as set.
         options = {s.duckdb: getattr(self, s.name, None) for s in SETTINGS.values() if s.duckdb}
         options |= {"threads": self.threads, "temp_directory": str(mine / "db.tmp")}
         return {k: v for k, v in options.items() if v is not None}
 
-    # --- the export ---------------------------------------------------------------------------
-
     def export(self) -> dict[str, Any] | None:
-        """Write one lake snapshot to ``duckdb_path`` atomically (``lake.export_snapshot``);
-        ``None`` when no export is set. Raises ``ExportError`` naming the file and the cause."""
+        """One snapshot to ``duckdb_path`` (``export_snapshot``); ``None`` when it is not set."""
         if not self.duckdb_path:
             return None
-        # As the component checks it at load time, for a warehouse built by hand too (a name
-        # with whitespace around it, a folder that is not there). Resolved: a link stays, the
-        # rename replaces its target.
+        # As the component checks it, for a warehouse built by hand; resolved, a link stays.
         with variables_named(self.variables):
             dirs = self.create_dirs
             target = check_file_setting(
@@ -363,36 +302,24 @@ class FieldSalesWarehouse(settings_resource("WarehouseSettings", *WAREHOUSE_SETT
 
 
 def same_database_cursor(conn: duckdb.DuckDBPyConnection) -> duckdb.DuckDBPyConnection:
-    """A cursor of ``conn`` whose default database is ``conn``'s.
-
-    A DuckDB 1.5 cursor starts in the connection's original default database (``memory``, which
-    a lake's connection keeps, empty), not in the one ``USE`` chose.
-    """
+    """A cursor in ``conn``'s database (a DuckDB 1.5 cursor starts in ``memory``, not ``USE``'s)."""
     (name,) = one_row(conn, "SELECT current_database()")
     cursor = conn.cursor()
     cursor.execute(f"USE {quote_ident(name)}")
     return cursor
 
 
-#: Prefix of every staging table (raw loads, incremental merges, core builds): a table being
-#: built sits beside its target as ``<schema>._stage_<name>`` until it is swapped in, and a
-#: leftover of a killed run is recognised by the prefix.
+#: A table being built sits beside its target until swapped in; a killed run's is recognised.
 STAGE_PREFIX = "_stage_"
 
 
 def staging_table(target: str, suffix: str = "") -> str:
-    """``schema.table`` -> ``schema._stage_table[suffix]``, where ``target`` is built."""
     schema, _, name = target.partition(".")
     return f"{schema}.{STAGE_PREFIX}{name}{suffix}"
 
 
 def replace_table(conn: duckdb.DuckDBPyConnection, staged: str, target: str) -> None:
-    """Swap a fully built staging table in for ``target`` in one transaction.
-
-    Both are ``schema.table`` names in the same schema; readers see the old table or the new one,
-    never a half-written one, and a failure before this call leaves the old table untouched. A
-    conflict with another writer is retried (``run_transaction``).
-    """
+    """Swap a built staging table (same schema) in for ``target`` in one transaction."""
     name = quote_ident(target.partition(".")[2])
 
     def swap() -> None:
