@@ -1,26 +1,6 @@
-"""Asset checks on the core tables: each one queries DuckDB and says what it found.
-
-Blocking checks guard what must hold for a table to be used at all (unique ids). Data-quality
-findings that come from the API's data rather than from our decoding (values outside a slider's
-range, transactions whose event was not paged yet) are warnings with the offending rows named.
-Drift in the API's partly undocumented kinds (a new custom-report field type, a new event state)
-is a warning too: the data still loads, typed as well as it can be. The known kinds are listed
-once, in ``sql/field_type_kinds.sql`` and ``sql/known_event_states.sql``. The marts are checked
-against the core tables they summarise.
-
-A table's YAML lists its checks (``checks:``). A check that only its table has is written out
-there: a query whose one row says whether it passed and what it found (``written_check``). A check
-that any table may take is a function of this module, listed in ``CHECKS`` with its
-description, and named in the YAML (``ids_unique``, ``values_typed``, ``values_finite``). An
-unknown name fails the definitions' load, naming the file.
-
-A check whose tables are all its asset or the asset's own upstream tables runs in its asset's step,
-on the connection that built the table (a check spec of the asset: one step per table, not one per
-check, and the asset's blocking checks fail that step, so nothing downstream builds on a table that
-failed them). It can still be run alone: the asset subsets to the checks selected. A check that
-reads a table its asset does not depend on (``event_ids_known`` reads ``core.events``) runs in one
-step with the other such checks, once every table they read is built.
-"""
+"""Asset checks on the core and mart tables, named in or written out in their YAML (docs/tables.md).
+One reading only its asset's upstream runs in the asset's step (so its blocking checks stop what
+builds downstream); one reading another table (``event_ids_known``) runs in one shared step."""
 
 import functools
 import json
@@ -39,12 +19,9 @@ from fieldsales_dagster.names import InstanceNames
 from fieldsales_dagster.warehouse.quoting import qualified, quote_ident
 from fieldsales_dagster.warehouse.rows import one_row
 
-#: How many offending rows a check names in its metadata.
 SAMPLE_SIZE = 5
 #: Rows per bucket of the ids_unique screen (see there): ~1M hash groups fit the memory limit.
 SCREEN_BUCKET_ROWS = 1_000_000
-
-#: ``evaluate(connection, table) -> result``: the body of one check of ``table``.
 Evaluate = Callable[[duckdb.DuckDBPyConnection, CoreTable], dg.AssetCheckResult]
 
 
@@ -55,8 +32,7 @@ def _fetch_one(conn: duckdb.DuckDBPyConnection, sql: str) -> tuple:
 
 @dataclass(frozen=True)
 class CheckKind:
-    """A check implementation: one of this module's (``CHECKS``) or written out in a table's YAML
-    (``written_check``)."""
+    """A check implementation: one of ``CHECKS``, or written out in a table's YAML."""
 
     evaluate: Evaluate
     #: What the check promises: ``{table}`` is the checked table's name; or ``f(table)``.
@@ -73,21 +49,16 @@ class CheckKind:
 
 @dataclass(frozen=True)
 class CoreCheck:
-    """One check of a core or mart table: its name, what it promises, and how it is evaluated."""
-
     table: CoreTable
     name: str
     kind: CheckKind
 
     @property
     def also_reads(self) -> tuple[str, ...]:
-        """The assets of the tables it reads besides its own."""
         return tuple(table.replace(".", "_") for table in self.kind.also_reads)
 
     @property
     def runs_in_asset_step(self) -> bool:
-        """True when every table it reads is its asset's or one the asset depends on: the
-        asset's step can evaluate it right after building the table."""
         return all(asset in self.table.deps for asset in self.also_reads)
 
     def spec(self, names: InstanceNames) -> dg.AssetCheckSpec:
@@ -100,7 +71,6 @@ class CoreCheck:
         )
 
     def result(self, conn: duckdb.DuckDBPyConnection, names: InstanceNames) -> dg.AssetCheckResult:
-        """The evaluation, addressed to this check (an asset step may evaluate several)."""
         evaluation = self.kind.evaluate(conn, self.table)
         return evaluation._replace(
             asset_key=names.asset_key(self.table.asset_name), check_name=self.name
@@ -108,8 +78,6 @@ class CoreCheck:
 
 
 def written_check(entry: CheckEntry) -> CheckKind:
-    """A check its table's YAML writes out: its query's one row is the result (``CheckEntry``)."""
-
     def evaluate(conn: duckdb.DuckDBPyConnection, table: CoreTable) -> dg.AssetCheckResult:
         row = _fetch_one(conn, entry.sql)
         found = dict(zip([column[0] for column in conn.description or ()], row, strict=True))
@@ -128,15 +96,12 @@ def written_check(entry: CheckEntry) -> CheckKind:
 
 
 def _metadata_value(value: object) -> Any:
-    """A column of a written check as metadata: a list as its items, comma-separated; a decimal
-    as a float."""
     if isinstance(value, list):
         return ", ".join(str(item) for item in value if item is not None)
     return float(value) if isinstance(value, Decimal) else value
 
 
 def checks_of(table: CoreTable) -> list[CoreCheck]:
-    """The checks ``table``'s YAML names or writes out; an unknown name fails, naming the file."""
     kinds = CHECKS | {entry.name: written_check(entry) for entry in table.written_checks}
     for name in table.checks:
         if name not in kinds:
@@ -148,8 +113,6 @@ def checks_of(table: CoreTable) -> list[CoreCheck]:
 
 
 def _cross_table_checks(names: InstanceNames, checks: list[CoreCheck]) -> dg.AssetChecksDefinition:
-    """``checks`` (each reading a table its asset does not depend on) in one step of their own,
-    once every table they read is built; each can still be run alone (the step subsets)."""
     by_key = {
         dg.AssetCheckKey(names.asset_key(check.table.asset_name), check.name): check
         for check in checks
@@ -170,17 +133,13 @@ def _cross_table_checks(names: InstanceNames, checks: list[CoreCheck]) -> dg.Ass
     return _checks
 
 
-#: The check every table has: its columns are those of its previous materialization.
 SCHEMA_CHECK = "column_schema_change"
 
 
 def build_schema_change_checks(
     names: InstanceNames, assets: Sequence[dg.AssetsDefinition]
 ) -> dg.AssetChecksDefinition:
-    """``column_schema_change`` on every asset of ``assets``, as Dagster's
-    ``build_column_schema_change_checks`` compares (the ``dagster/column_schema`` of the last two
-    materializations), in one step named for what it checks: Dagster's step would be named
-    ``asset_check_<hash>``, and the function is in beta."""
+    """Dagster's ``build_column_schema_change_checks`` (beta), in a step not named by a hash."""
     description = "The columns (names and types) are those of the previous materialization."
     specs = [
         dg.AssetCheckSpec(SCHEMA_CHECK, asset=key, description=description)
@@ -211,8 +170,6 @@ def build_schema_change_checks(
 
 
 def _schema_change(values: list[Any]) -> tuple[bool, str]:
-    """Whether the latest of the ``dagster/column_schema`` ``values`` (newest first) has the
-    columns of the one before."""
     if len(values) < 2:
         return True, "The asset has been materialized fewer than 2 times."
     schemas = [v.value for v in values if isinstance(v, dg.TableSchemaMetadataValue)]
@@ -240,28 +197,18 @@ def ids_unique_description(table: CoreTable) -> str:
 
 
 def _key_text(table: CoreTable) -> str:
-    """SQL: a row's key as text, its columns joined by `` / ``."""
     return " || ' / ' || ".join(f"coalesce({quote_ident(c)}::VARCHAR, 'NULL')" for c in table.key)
 
 
 def _any_null(table: CoreTable) -> str:
-    """SQL: whether a key column that must not be NULL is."""
     required = [c for c in table.key if c not in table.nullable_key]
     return " OR ".join(f"{quote_ident(c)} IS NULL" for c in required) or "false"
 
 
-# Both queries of ids_unique read one bucket of key hashes at a time: equal keys have equal
-# hashes, so a duplicate never spans two buckets, and a query's hash table holds at most about
-# SCREEN_BUCKET_ROWS groups whatever the table's size. All 5.5M keys of
-# core.custom_report_results (1M transactions) grouped at once needed more than 32MB; after a
-# nightly update of that table, more than the 192MB memory_limit had left.
-#
-# A screen first, per bucket: rows grouped by a 64-bit hash of the key (cheap to group, unlike
-# the key's text; 5.5M custom report results: 2.2 -> 0.7 CPU-s). No hash shared by two rows and
-# no NULL key means no duplicate in the bucket; otherwise (a duplicate, a NULL, or a rare hash
-# collision) the exact query counts and names the bucket's offending keys.
+# ids_unique reads one bucket of key hashes at a time: all 5.5M keys of core.custom_report_results
+# at once overran the 192MB memory_limit. A 64-bit hash screens each bucket (2.2 -> 0.7 CPU-s
+# against the key's text); only a shared hash or a NULL key runs the exact, naming query.
 def _flagged_sql(table: CoreTable, in_bucket: str) -> str:
-    """The bucket's key hashes that two rows share or a NULL-keyed row has."""
     columns = ", ".join(quote_ident(c) for c in table.key)
     return (
         f"SELECT hash({columns}) AS key_hash FROM {qualified(table.table)} WHERE {in_bucket} "
@@ -270,8 +217,6 @@ def _flagged_sql(table: CoreTable, in_bucket: str) -> str:
 
 
 def _exact_sql(table: CoreTable, in_bucket: str) -> str:
-    """The bucket's duplicated and NULL-keyed rows, and a sample of their keys: grouped by the
-    key itself, so only the rows of flagged hashes."""
     columns, any_null = ", ".join(quote_ident(c) for c in table.key), _any_null(table)
     return f"""
         WITH keys AS (
@@ -294,8 +239,7 @@ def ids_unique(conn: duckdb.DuckDBPyConnection, table: CoreTable) -> dg.AssetChe
     buckets = 1 + rows // SCREEN_BUCKET_ROWS
     found = []  # (duplicated rows, rows with a NULL key, sample) of each flagged bucket
     for bucket in range(buckets):
-        # Literals, not $parameters: with parameters each bucket's scan ran 15x slower. One
-        # bucket (under SCREEN_BUCKET_ROWS rows, most tables) needs no filter at all.
+        # Literals: with $parameters each bucket's scan ran 15x slower.
         in_bucket = f"hash({columns}) % {buckets} = {bucket}" if buckets > 1 else "true"
         if _fetch_one(conn, f"SELECT count(*) FROM ({_flagged_sql(table, in_bucket)})") != (0,):
             found.append(_fetch_one(conn, _exact_sql(table, in_bucket)))
@@ -318,8 +262,7 @@ NOT_FINITE = "not finite"
 
 
 def _untyped_values_sql(table: CoreTable, not_finite: bool) -> str:
-    """The rows of ``table`` with a present value that could not be typed (``untyped_values``, see
-    ``sql/typed_values.sql``): NaN and infinity when ``not_finite``, every other kind otherwise."""
+    """Rows whose ``untyped_values`` hold NaN/infinity if ``not_finite``, else other problems."""
     kind = "=" if not_finite else "<>"
     return f"""
         WITH entries AS (
@@ -342,8 +285,6 @@ def _untyped_values_sql(table: CoreTable, not_finite: bool) -> str:
 def untyped_values_found(
     conn: duckdb.DuckDBPyConnection, table: CoreTable, not_finite: bool
 ) -> dg.AssetCheckResult:
-    """Rows of ``table`` with a present value that could not be typed, with a count per field and
-    a sample."""
     rows, by_field, sample = _fetch_one(conn, _untyped_values_sql(table, not_finite))
     label = "rows_with_nan_or_infinity" if not_finite else "rows_with_untyped_values"
     return dg.AssetCheckResult(
@@ -361,7 +302,6 @@ def untyped_values_found(
     )
 
 
-#: Every check implementation, by the name a table's YAML gives it.
 CHECKS = {
     "ids_unique": CheckKind(ids_unique, ids_unique_description, blocking=True),
     "values_typed": CheckKind(
@@ -378,24 +318,18 @@ CHECKS = {
 
 
 def core_checks(tables: Sequence[CoreTable] | None = None) -> list[CoreCheck]:
-    """Every check of ``tables`` (every core and mart table unless given), as their YAML names
-    them."""
     return [
         c for table in (derived_tables() if tables is None else tables) for c in checks_of(table)
     ]
 
 
 def checks_in_asset_step(table: CoreTable) -> list[CoreCheck]:
-    """The checks of ``table`` its asset's step evaluates (see the module's docstring)."""
     return [c for c in checks_of(table) if c.runs_in_asset_step]
 
 
 def build_core_checks(
     names: InstanceNames, tables: Sequence[CoreTable] | None = None
 ) -> list[dg.AssetChecksDefinition]:
-    """The checks of ``tables`` that run in a step of their own (one for all of them): those that
-    read a table their asset does not depend on. The others are check specs of their assets
-    (``checks_in_asset_step``)."""
     return [
         _cross_table_checks(names, [c for c in core_checks(tables) if not c.runs_in_asset_step])
     ]

@@ -1,11 +1,5 @@
-"""Decoded tables, the shared SQL macros, and the staged build every table swaps in by.
-
-A decoded table (``Decoded``) is one raw table's payloads parsed once, for the several core
-tables that read them: it is brought up to date with its raw table before a table reading it
-builds (``refresh_decoded``, or ``share_decoded`` for one a run's steps share outside the lake).
-The macros of ``sql/<name>.sql`` (``SHARED_MACROS``) are created on a connection before a query
-calling them runs (``create_macros``). ``build_table`` runs a query into a staging table and
-swaps it in: a failed query leaves the previous table in place.
+"""Decoded tables, the shared SQL macros, and ``build_table``, the staged build every table swaps
+in by: a failed query leaves the previous table in place.
 """
 
 import functools
@@ -33,16 +27,8 @@ from fieldsales_dagster.warehouse.warehouse import FieldSalesWarehouse, replace_
 
 @dataclass(frozen=True)
 class Decoded:
-    """A pipeline-internal table: one raw table's payloads parsed once, for several core tables.
-
-    Not part of the contract. It keeps the raw table's ``id`` and ``loaded_at``: every load stamps
-    the rows it writes with its own ``loaded_at`` and keeps the others as they were, so the rows
-    the decode lacks, and those it holds in vain, are told apart without parsing anything. After
-    an incremental raw load only the re-fetched rows are parsed (``refresh_decoded``).
-
-    A ``temp.<name>`` table is not kept (``kept``): the run's steps share one decode, outside
-    the lake (``share_decoded``), each reading it as ``temp.<name>``.
-    """
+    """Pipeline-internal, not in the contract: one raw table's payloads parsed once, for several
+    core tables. Keeping the raw ``id`` and ``loaded_at``, it updates without parsing the rest."""
 
     #: ``meta.<name>`` (a lake table) or ``temp.<name>`` (not kept).
     table: str
@@ -51,9 +37,8 @@ class Decoded:
 
     @property
     def kept(self) -> bool:
-        """False for a ``temp.*`` table: it holds personal values, which core.* hashes or drops
-        as ``pii`` says, so it is never written to the lake (as a lake table, a failed step left
-        its Parquet files in the data path until the upkeep deleted orphans)."""
+        """False for ``temp.*``: it holds personal values, so it never goes to the lake (a failed
+        step left its Parquet files there until the upkeep); a run's steps share it."""
         return self.table.partition(".")[0] != "temp"
 
 
@@ -65,25 +50,18 @@ TRANSACTIONS_DECODED = Decoded(
     "Pipeline-internal, not for analysis (use core.transactions and "
     "core.custom_report_results): raw.transactions' payloads parsed once for the core tables.",
 )
-
-
-#: Every raw.events payload parsed once: the eight tables that read events read it instead of
-#: parsing the payloads (up to ~14 KB each) once each; see temp_events_decoded.sql. Not kept:
-#: it holds the events' personal values (names, emails, IPs).
+#: Every raw.events payload (up to ~14 KB each) parsed once for the eight tables reading events.
 EVENTS_DECODED = Decoded(
     "temp.events_decoded",
     "raw.events",
     "Pipeline-internal, not for analysis (use core.events and the other core tables): "
     "raw.events' payloads parsed once for the core tables.",
 )
-
-
 #: Every decoded table, in the order a table reading several brings them up to date.
 DECODED_TABLES: tuple[Decoded, ...] = (TRANSACTIONS_DECODED, EVENTS_DECODED)
 
 
 def decoded_query(decoded: Decoded) -> str:
-    """The SQL that parses ``decoded``'s rows to decode, as shipped in the package."""
     return (PACKAGE_SQL / f"{decoded.table.replace('.', '_')}.sql").read_text("utf-8")
 
 
@@ -96,7 +74,6 @@ class DecodeRefresh:
 
 
 def decode_metadata(refreshed: Sequence[tuple[Decoded, DecodeRefresh]]) -> dict[str, Any]:
-    """What bringing a table's decoded tables up to date did (nothing when it reads none)."""
     if not refreshed:
         return {}
     done = [f"{d.table}: {r.mode} ({r.parsed:,} payloads parsed)" for d, r in refreshed]
@@ -107,9 +84,6 @@ def decode_metadata(refreshed: Sequence[tuple[Decoded, DecodeRefresh]]) -> dict[
 
 
 def build_decoded(conn: duckdb.DuckDBPyConnection, decoded: Decoded) -> DecodeRefresh:
-    """Parse all of ``decoded.source`` into the kept ``decoded.table``, staged and swapped like a
-    core table."""
-
     def describe(staged: str) -> None:
         conn.execute(f"COMMENT ON TABLE {qualified(staged)} IS {sql_literal(decoded.description)}")
 
@@ -122,14 +96,9 @@ def build_decoded(conn: duckdb.DuckDBPyConnection, decoded: Decoded) -> DecodeRe
 def share_decoded(
     conn: duckdb.DuckDBPyConnection, warehouse: FieldSalesWarehouse, decoded: Decoded
 ) -> DecodeRefresh:
-    """Bring the not-kept ``decoded`` up to date for this run's steps; returns what it did.
-
-    Parsed once per run: the first step builds it whole (``"full"``) in the process's DuckDB
-    instance (``FieldSalesWarehouse.shared_table``: memory, spilled to the local temp_directory),
-    the run's other steps read it (``"current"``) while its raw table holds the same rows
-    (``fingerprint``); the run's end drops it (``drop_shared``). Outside a transaction: the
-    lake's transaction may write one database only.
-    """
+    """Parse the not-kept ``decoded`` once per run into the process's DuckDB (``shared_table``),
+    for the run's steps while its raw table's ``fingerprint`` holds; the run's end drops it.
+    Outside a transaction: the lake's transaction may write one database only."""
     source = fingerprint(conn, decoded.source)
     if source is not None and warehouse.shared_source(decoded.table) == source:
         return DecodeRefresh("current", 0)
@@ -146,7 +115,6 @@ def share_decoded(
 def read_shared(
     conn: duckdb.DuckDBPyConnection, warehouse: FieldSalesWarehouse, decoded: Decoded
 ) -> None:
-    """``temp.<name>``: a view of the step's connection on the run's shared ``decoded``."""
     name = decoded.table.partition(".")[2]
     conn.execute(
         f"CREATE OR REPLACE TEMP VIEW {quote_ident(name)} AS "
@@ -155,14 +123,8 @@ def read_shared(
 
 
 def refresh_decoded(conn: duckdb.DuckDBPyConnection, decoded: Decoded) -> DecodeRefresh:
-    """Bring ``decoded`` up to date with its raw table; returns what it did.
-
-    ``"current"``: nothing to do. ``"incremental"``: only the source rows the decode lacks (by
-    ``id`` and ``loaded_at``) are parsed and inserted, and the rows no longer in the source are
-    deleted, in one transaction. ``"full"``: no decode yet, or more than ``WHOLE_ABOVE`` of
-    the source to parse (after a full raw load, every row). Either way the result holds exactly
-    what a full decode of the source would hold.
-    """
+    """Bring ``decoded`` up to date with its raw table: parse only the rows it lacks and drop those
+    gone, in one transaction, unless more than ``WHOLE_ABOVE`` are new (then all)."""
     found = fingerprint(conn, decoded.table)
     if found is None or _layout_changed(conn, decoded):
         return build_decoded(conn, decoded)
@@ -190,9 +152,8 @@ def refresh_decoded(conn: duckdb.DuckDBPyConnection, decoded: Decoded) -> Decode
 
 
 def _layout_changed(conn: duckdb.DuckDBPyConnection, decoded: Decoded) -> bool:
-    """Whether the stored decode's columns (names, types) differ from its query's: a decode
-    written by an earlier release is parsed again whole, not read with a layout it lacks. A query
-    that does not bind (a raw table without its payload) is built whole, which names the error."""
+    """Whether the stored decode's columns differ from its query's (then it is parsed whole); a
+    query that does not bind is built whole too, which names the error."""
     _define_rows_to_decode(conn, decoded, f"SELECT * FROM {qualified(decoded.source)} LIMIT 0")
     query = decoded_query(decoded)
     try:
@@ -207,15 +168,13 @@ def _layout_changed(conn: duckdb.DuckDBPyConnection, decoded: Decoded) -> bool:
 def _define_rows_to_decode(
     conn: duckdb.DuckDBPyConnection, decoded: Decoded, rows: str = ""
 ) -> None:
-    """``rows_to_decode()``, the rows a decode query parses: ``rows``, or all of the source (in
-    slices, to bound the parser's memory)."""
+    """``rows_to_decode()``: ``rows``, or all of the source in slices (for the parser's memory)."""
     rows = rows or f"SELECT * FROM {decoded.source.replace('.', '_')}_in_slices()"
     create_macros(conn, rows)
     conn.execute(f"CREATE OR REPLACE TEMP MACRO rows_to_decode() AS TABLE {rows}")
 
 
-#: Connection-scoped macros the queries and checks share (``sql/<name>.sql``; a file defines
-#: the macro it is named after, and may define helpers beside it).
+#: Connection-scoped macros the queries and checks share: ``sql/<name>.sql`` defines ``<name>``.
 SHARED_MACROS = (
     "raw_transactions_in_slices",
     "raw_events_in_slices",
@@ -227,27 +186,22 @@ SHARED_MACROS = (
 
 @functools.cache
 def macro_file(name: str) -> tuple[str, tuple[str, ...]]:
-    """``sql/<name>.sql`` as one statement list, and the names of the macros it defines."""
     text = (PACKAGE_SQL / f"{name}.sql").read_text("utf-8")
     defined = tuple(re.findall(r"CREATE OR REPLACE TEMP MACRO (\w+)\(", text))
     return text.strip().rstrip(";"), defined
 
 
 def macro_files_called(query: str) -> list[str]:
-    """The names of the macro files ``query`` calls a macro of."""
     return [
         name for name in SHARED_MACROS if any(f"{macro}(" in query for macro in macro_file(name)[1])
     ]
 
 
 def shared_macros_sql(query: str) -> str:
-    """The macro files ``query`` calls a macro of (DuckDB binds a macro's tables when it is
-    created)."""
     return ";\n".join(macro_file(name)[0] for name in macro_files_called(query))
 
 
 def create_macros(conn: duckdb.DuckDBPyConnection, query: str) -> str:
-    """Create on ``conn`` the shared macros ``query`` calls; returns their SQL."""
     if macros := shared_macros_sql(query):
         conn.execute(macros)
     return macros
@@ -260,12 +214,8 @@ def build_table(
     params: dict[str, object] | None = None,
     before_swap: Callable[[str], None] | None = None,
 ) -> None:
-    """Run ``query`` into a staging table and swap it in for ``target``.
-
-    ``before_swap(staged)`` runs on the staging table (comments, for example), so readers never
-    see the new table without it. If either fails, ``target`` keeps its previous contents; the
-    error names the table.
-    """
+    """Run ``query`` into a staging table and swap it in for ``target``; ``before_swap(staged)``
+    runs before the swap, so readers never see the table without it. A failure names the table."""
     staged = staging_table(target)
     conn.execute(f"CREATE SCHEMA IF NOT EXISTS {quote_ident(target.partition('.')[0])}")
     with failing_as(target):

@@ -1,23 +1,9 @@
-"""A core table that follows its decoded table's changes instead of being rebuilt whole.
-
-After an incremental raw load, ``meta.transactions_decoded`` changed in a few rows (the
-transactions of re-fetched events), and ``core.custom_report_results`` need only change in the
-rows those transactions give. A table that declares ``Follows`` is brought up to date so:
-
-- the decoded rows (``id``, ``loaded_at``) the table reflects are kept in ``Follows.inputs``;
-- the decoded rows added since, and those gone, are told apart by two anti joins on those keys;
-- the table's rows from the gone and the added decoded rows are deleted, its other rows (those
-  not from decoded rows, such as event results) too, and the table's query is run over the added
-  decoded rows only: it returns their rows and all the others again; all in one transaction.
-
-That equals a whole rebuild only while everything else a decoded row's table rows depend on is
-unchanged. ``Follows.resolved_against`` names those tables and the columns those rows read
-(``core.custom_report_fields``' field definitions), and their content, the query text and its
-macros are fingerprinted in ``STATE_TABLE``: any
-difference, a missing state, hashed personal columns (whose key is never stored, not even
-hashed), or more than ``WHOLE_ABOVE`` of the decoded rows changed, and the table is rebuilt
-whole. A whole rebuild forgets the state first, so a crash between the swap and the new state
-leaves no state, and the next build is whole again.
+"""A core table that follows its decoded table's changes instead of being rebuilt whole
+(docs/refresh.md): its rows from the decoded rows added and gone since ``Follows.inputs``, and its
+rows from elsewhere, are replaced in one transaction. That equals a rebuild only while what those
+rows read elsewhere (``resolved_against``), the query and its macros are unchanged: they are
+fingerprinted in ``STATE_TABLE``. A whole rebuild forgets the state first, so a crash before the
+new state leaves none, and the next build is whole again.
 """
 
 from __future__ import annotations
@@ -50,13 +36,9 @@ def same_row(a: str, b: str) -> str:
 def fingerprint(
     conn: duckdb.DuckDBPyConnection, table: str, columns: str = "id, loaded_at"
 ) -> tuple | None:
-    """Row count and a hash of every row's ``columns``; ``None`` without the table.
-
-    Every load stamps the rows it writes with its own ``loaded_at``, so a decode holds exactly the
-    rows (ids and loads) its raw table holds when their fingerprints are equal, and a raw table
-    refreshed since differs in its count or the hash.
-    """
-    try:  # one query: a missing table has no fingerprint
+    """Row count and a hash of every row's ``columns``; ``None`` without the table. Every load
+    stamps its rows with its own ``loaded_at``: equal fingerprints, same rows and loads."""
+    try:
         return one_row(conn, f"SELECT count(*), bit_xor(hash({columns})) FROM {qualified(table)}")
     except duckdb.CatalogException:
         return None
@@ -80,14 +62,8 @@ def rows_missing(
     conn: duckdb.DuckDBPyConnection, source: str, target: str, keys: str, slices: int = 1
 ) -> tuple[int, str]:
     """How many rows of ``source`` ``target`` lacks by (``id``, ``loaded_at``), and SQL selecting
-    them, every column.
-
-    Their keys go into the temporary table ``keys`` first: the anti join reads narrow columns
-    only. The returned SELECT reads the rows themselves within those keys' ``loaded_at`` range:
-    the rows a load wrote are its newest, so DuckDB skips older row groups by their min/max
-    without reading their wide columns. ``slices`` > 1 reads them in that many slices by rowid,
-    to bound the JSON parser's memory as ``raw_transactions_in_slices`` does.
-    """
+    them. The anti join reads the narrow keys only; the SELECT stays within their ``loaded_at``
+    range, so DuckDB skips older row groups by min/max. ``slices``: bounds the parser's memory."""
     conn.execute(
         f"CREATE OR REPLACE TEMP TABLE {keys} AS SELECT s.id, s.loaded_at "
         f"FROM {qualified(source)} AS s ANTI JOIN {qualified(target)} AS t ON {same_row('s', 't')}"
@@ -109,25 +85,20 @@ def rows_missing(
 
 
 class Follows(msgspec.Struct, forbid_unknown_fields=True, frozen=True):
-    """How a core table follows a decoded table: ``follows:`` of its YAML (see the module
-    docstring)."""
+    """``follows:`` of a core table's YAML (see the module docstring)."""
 
-    #: The decoded table whose rows the query reads through ``decoded_rows()``.
     decoded: str
     #: The table's column holding the decoded row's ``id`` its row comes from.
     key: str
-    #: Where the decoded rows the table reflects are kept.
+    #: The decoded rows (``id``, ``loaded_at``) the table reflects.
     inputs: str
     #: SQL predicate: the table's rows that come from decoded rows (the others are rebuilt).
     from_decoded: str = "true"
-    #: What the decoded rows' table rows read of other tables: table -> its columns read. Any
-    #: change there, and the table is rebuilt whole. Only the rows from decoded rows are kept
-    #: across builds, so only the columns those rows read count.
+    #: Table -> the columns the rows from decoded rows read there: any change rebuilds whole.
     resolved_against: dict[str, str] = msgspec.field(default_factory=dict)
 
 
 def define_decoded_rows(conn: duckdb.DuckDBPyConnection, follows: Follows, rows: str = "") -> None:
-    """``decoded_rows()``: all of the decoded table, or the rows ``rows`` selects."""
     rows = rows or f"SELECT * FROM {qualified(follows.decoded)}"
     conn.execute(f"CREATE OR REPLACE TEMP MACRO decoded_rows() AS TABLE {rows}")
 
@@ -141,19 +112,13 @@ def build_following(
     build_whole: Callable[[], None],
     macros: str = "",
 ) -> dict[str, Any]:
-    """Bring ``table`` up to date: incrementally when it is safe, else ``build_whole()``; returns
-    how, as metadata.
-
-    ``query`` is the table's SQL as stored, reading its decoded rows from ``decoded_rows()``;
-    ``params`` are its parameters, ``macros`` the text of the shared macros it calls (a change
-    there changes the rows too, so it is fingerprinted with the query).
-    """
+    """Bring ``table`` up to date, incrementally when safe, else ``build_whole()``; returns how, as
+    metadata. ``macros`` (the shared macros ``query`` calls) are fingerprinted with the query."""
     conn.execute("CREATE SCHEMA IF NOT EXISTS meta")
     conn.execute(
         f"CREATE TABLE IF NOT EXISTS {STATE_TABLE} (table_name VARCHAR, "
         "query_fingerprint VARCHAR, inputs_fingerprint VARCHAR)"
     )
-    #: The fingerprints of the query (and its macros) and of what the rows read elsewhere.
     state = (
         hashlib.sha256(f"{query}\n{macros}".encode()).hexdigest(),
         _content_fingerprint(conn, follows.resolved_against),
@@ -242,8 +207,7 @@ def _incremental(
 
     try:
         with failing_as(table, "Updating"):
-            # The new rows are computed before the transaction: inside it, after the deletes,
-            # the query's memory and the transaction's would have to fit DuckDB's memory_limit.
+            # Before the transaction: inside it, query and transaction would share memory_limit.
             conn.execute(f"CREATE OR REPLACE TEMP TABLE _fs_follow_rows AS\n{query}", params or {})
             conn.execute(
                 "CREATE OR REPLACE TEMP TABLE _fs_follow_keys AS SELECT DISTINCT id FROM "
@@ -272,6 +236,6 @@ def _content_fingerprint(conn: duckdb.DuckDBPyConnection, tables: dict[str, str]
 
 
 def _write_state(conn: duckdb.DuckDBPyConnection, table: str, state: tuple[str, str]) -> None:
-    # Delete-then-insert: a DuckLake has no PRIMARY KEY (files made before keep theirs).
+    # Delete-then-insert: a DuckLake has no PRIMARY KEY.
     conn.execute(f"DELETE FROM {STATE_TABLE} WHERE table_name = ?", [table])
     conn.execute(f"INSERT INTO {STATE_TABLE} VALUES (?, ?, ?)", [table, *state])

@@ -1,26 +1,6 @@
-"""The pandas IO manager of user assets: DataFrames in and out of the warehouse, one writer.
-
-``fieldsales_io_manager`` (prefixed per tenant) is a ``dg.IOManager`` (public Dagster API only)
-that keeps dagster-duckdb's conventions (``schema``, ``columns`` and ``partition_expr``
-metadata) and connects through ``FieldSalesWarehouse.get_connection()``. So a user asset reads
-and writes the same lake as the project's assets, and its table reaches analysts with the commit
-of its store (one transaction, one snapshot).
-
-* An input from one of the project's assets (``core_transactions: pd.DataFrame``) is read from
-  the table the asset declares (its ``table`` metadata, ``core.transactions``); ``columns`` in
-  the input's metadata selects columns (dagster-duckdb's convention).
-* An output lands in ``<schema>.<asset name>``: the schema is the asset's ``schema`` metadata,
-  else the component's ``user_schema`` (``analytics``). An unpartitioned output replaces the
-  whole table (its columns may change from run to run); a partitioned one replaces its
-  partitions, as dagster-duckdb does. The project's own schemas are refused: their tables are
-  rebuilt by the project and would overwrite it, or be overwritten.
-* What is stored is exactly what the frame holds, or nothing: an index
-  becomes columns (a ``groupby`` result keeps its keys; only an unnamed integer index, pandas'
-  row numbering, is left out), and a frame DuckDB would store otherwise (two columns of one name,
-  which it renames; an object column of mixed types, which it turns into text; a lone surrogate
-  in a value, a category or a column's name, which DuckDB cannot take: in a value, it kills the
-  process, leaving a run with no failure event) fails the run naming the column and what to do.
-"""
+"""``fieldsales_io_manager``, the pandas IO manager of user assets (docs/building-on-it.md).
+It stores exactly what the frame holds or fails naming the column: DuckDB renames case-equal
+names, stores mixed or unknown kinds as text, and dies on a lone surrogate (no failure event)."""
 
 from __future__ import annotations
 
@@ -50,9 +30,6 @@ if TYPE_CHECKING:
 _SURROGATE = re.compile("[\ud800-\udfff]")
 #: Kinds of values an object column may hold, one kind per column (``None``/NaN/NaT aside).
 _KINDS = (bool, int, float, Decimal, str, bytes, dt.datetime, dt.date, dt.time, dt.timedelta)
-
-
-#: The name the frame being stored has in the connection while it is stored.
 _FRAME = "_fieldsales_frame"
 
 
@@ -63,7 +40,6 @@ def _kind(value: object) -> str:
 
 
 def _refuse(table: str, column: object, why: str, what_to_do: str) -> dg.Failure:
-    """The failure of a DataFrame holding something DuckDB would not store as it is."""
     return dg.Failure(
         f"fieldsales_io_manager cannot store this DataFrame in {table} as it is: column "
         f"{column!r} {why}. {what_to_do}. Nothing was written; {table} is as it was."
@@ -71,8 +47,6 @@ def _refuse(table: str, column: object, why: str, what_to_do: str) -> dg.Failure
 
 
 def _columns_stored(frame: pd.DataFrame, table: str) -> pd.DataFrame:
-    """``frame`` with its index as columns (but pandas' row numbering), each column name a
-    distinct string."""
     import pandas as pd  # noqa: PLC0415  (a definitions load does without pandas)
 
     if isinstance(frame.columns, pd.MultiIndex):
@@ -103,9 +77,7 @@ def _columns_stored(frame: pd.DataFrame, table: str) -> pd.DataFrame:
 
 
 def _values_stored(frame: pd.DataFrame, table: str) -> tuple[pd.DataFrame, dict[str, str]]:
-    """``frame`` with numpy scalars as Python values, and the kind each object column holds
-    (``check_stored`` holds the stored table to it); refused if a column holds several kinds, or
-    a string (a value or a category) UTF-8 cannot hold."""
+    """``frame`` with numpy scalars as Python values, and each object column's kind."""
     import numpy as np  # noqa: PLC0415
     import pandas as pd  # noqa: PLC0415
 
@@ -135,8 +107,7 @@ def _values_stored(frame: pd.DataFrame, table: str) -> tuple[pd.DataFrame, dict[
 
 
 def check_stored(connection: duckdb.DuckDBPyConnection, table: str, held: dict[str, str]) -> None:
-    """Fail if DuckDB stored an object column of non-text values as text (it does so for value
-    types it does not know): the frame's values would come back as strings."""
+    """Fail if DuckDB stored an object column of non-text values as text (unknown types)."""
     types = {
         row[0]: row[1] for row in connection.execute(f"DESCRIBE {qualified(table)}").fetchall()
     }
@@ -148,9 +119,7 @@ def check_stored(connection: duckdb.DuckDBPyConnection, table: str, held: dict[s
 
 @dataclass(frozen=True)
 class TableSlice:
-    """Where an asset's DataFrame lives: ``schema.table``, the columns an input selects, and the
-    `` WHERE`` clause of the partitions a partitioned output or input covers, and its parameters
-    (empty: the whole table)."""
+    """Where an asset's DataFrame lives; ``where`` selects its partitions (empty: all of it)."""
 
     schema: str
     table: str
@@ -166,10 +135,7 @@ class TableSlice:
 def _partition_where(
     context: dg.OutputContext | dg.InputContext, metadata: Mapping[str, Any]
 ) -> tuple[str, dict[str, Any]]:
-    """The rows of the partitions ``context`` covers, as a `` WHERE`` clause on the columns
-    ``partition_expr`` names (dagster-duckdb's convention: a string, or per dimension of a
-    multi-partitioned asset a mapping of dimension name to expression) and its parameters;
-    empty for an unpartitioned asset."""
+    """``context``'s partitions as a `` WHERE`` clause on ``partition_expr`` (dagster-duckdb's)."""
     if not context.has_asset_partitions:
         return "", {}
     asset = context.asset_key.to_user_string()
@@ -222,9 +188,6 @@ class FieldSalesIOManager(dg.IOManager):
     def _table_slice(
         self, context: dg.OutputContext | dg.InputContext, output: dg.OutputContext
     ) -> TableSlice:
-        """The table of the asset ``output`` writes: its declared ``table`` metadata (the
-        project's assets: ``core_transactions`` is ``core.transactions``), else ``<schema>.<asset
-        name>``, the schema the asset's ``schema`` metadata or the component's ``user_schema``."""
         metadata = output.definition_metadata or {}
         declared = metadata.get("table")
         if isinstance(declared, str) and "." in declared:
@@ -275,7 +238,6 @@ class FieldSalesIOManager(dg.IOManager):
         table, target = table_slice.name, qualified(table_slice.name)
         conn.execute(f"CREATE SCHEMA IF NOT EXISTS {quote_ident(table_slice.schema)}")
         if table_slice.where and table_exists(conn, table):
-            # A partitioned output replaces its partitions' rows, as dagster-duckdb does.
             conn.execute(f"DELETE FROM {target}{table_slice.where}", table_slice.params)
             conn.execute(f"INSERT INTO {target} BY NAME SELECT * FROM {_FRAME}")
         else:  # an unpartitioned output replaces the whole table, even with other columns
@@ -321,8 +283,6 @@ class FieldSalesIOManager(dg.IOManager):
 
 
 def build_io_manager(warehouse_key: str, schema: str) -> dg.IOManagerDefinition:
-    """The IO manager on the warehouse resource under ``warehouse_key`` (the very instance the
-    project's assets use)."""
     warehouse = ResourceKey(warehouse_key, FieldSalesWarehouse)
 
     @dg.io_manager(

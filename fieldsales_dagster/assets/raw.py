@@ -1,8 +1,4 @@
-"""Raw assets: every item of each list endpoint, as received, in ``raw.*``.
-
-Each asset reads like the sentence it is: page the list into a staging table, check it against the
-server's total, swap it in, report what it cost.
-"""
+"""Raw assets: every item of each list endpoint, as received, in ``raw.*``."""
 
 from datetime import UTC, datetime
 from typing import Any
@@ -33,8 +29,7 @@ from fieldsales_dagster.warehouse.quoting import qualified
 from fieldsales_dagster.warehouse.rows import one_row
 
 ROW_COUNT_CHECK = "row_count_near_previous_load"
-#: A load whose row count moved by more than this fraction of the previous load's warns. (The
-#: loader itself refuses a load that would shrink a table by half or empty it.)
+#: A load whose row count moved by more than this share of the previous one's warns.
 ROW_COUNT_TOLERANCE = 0.2
 
 
@@ -81,21 +76,7 @@ class TransactionsRefreshConfig(RawRefreshConfig):
         return self
 
 
-# --- provenance: which run wrote a row ---------------------------------------------------
-# ``meta.load_runs`` holds one record per load of a raw table.
-#
-# Every raw load stamps the rows it writes with its own ``loaded_at`` and keeps the rows it did not
-# re-fetch as they were (``warehouse/raw_load.py``), so ``(table, loaded_at)`` names the load a row
-# came from, and this table names that load's run (compare dlt's ``_dlt_load_id``)::
-#
-#     SELECT e.id, r.run_id
-#     FROM raw.events AS e
-#     JOIN meta.load_runs AS r ON r.table_name = 'raw.events' AND r.loaded_at = e.loaded_at
-#
-# The record is written in the load's own commit (``FieldSalesWarehouse.one_commit``): a load
-# that fails leaves none.
-
-#: One record per load of a raw table: which run wrote the rows stamped with its loaded_at.
+#: Per raw load, in its commit, the run that wrote rows stamped with its loaded_at (dlt's load id).
 LOAD_RUNS = "meta.load_runs"
 
 
@@ -120,7 +101,6 @@ def record_load_run(
 
 
 def row_count_check(rows: int, previous: int | None, tolerance: float) -> dg.AssetCheckResult:
-    """Warn when a load's row count moved by more than ``tolerance`` against the previous load."""
     if previous is None:
         return dg.AssetCheckResult(
             check_name=ROW_COUNT_CHECK,
@@ -142,7 +122,6 @@ def row_count_check(rows: int, previous: int | None, tolerance: float) -> dg.Ass
 
 
 def raw_columns(endpoint: ListEndpoint) -> tuple[str, ...]:
-    """The columns of ``endpoint``'s raw table."""
     return ("id", "payload", "loaded_at", *(column for column, _ in endpoint.extra_columns))
 
 
@@ -163,7 +142,6 @@ def _materialize(
             redacted.append(prepare_raw_table(conn, staged, name, warehouse))
 
         def refresh() -> RefreshReport:
-            """One load of the raw table (a refresh, or a re-sync), recorded in its commit."""
             redacted.clear()  # a lake's write that lost a conflict runs again
             resync = config.resync if isinstance(config, TransactionsRefreshConfig) else None
             if resync is not None:
@@ -227,8 +205,7 @@ def build_raw_asset(
     owners: list[str],
     io_manager_key: str | None = None,
 ) -> dg.AssetsDefinition:
-    """``io_manager_key``: what loads the table as a downstream asset's input (the component's
-    ``fieldsales_io_manager``); the asset itself stores nothing through it."""
+    """``io_manager_key`` loads the table for downstream inputs; the asset stores nothing by it."""
     key = names.asset_key(raw_asset_name(endpoint))
     spec: dict[str, Any] = dict(
         key=key,
@@ -252,8 +229,7 @@ def build_raw_asset(
             )
         ],
     )
-    # Dagster reads a run config's type from the function's annotation: raw_transactions takes
-    # the re-sync besides the raw assets' own config.
+    # Dagster reads the run config's type from the annotation: raw_transactions also takes resync.
     if endpoint is TRANSACTIONS:
 
         @dg.asset(**spec)

@@ -1,17 +1,6 @@
-"""The derived tables (``core.*`` and ``mart.*``), each declared once: ``sql/<schema>_<name>.sql``
-and the YAML beside it. Python keeps no list of them.
-
-The query builds the table. The YAML (``TableFile``) says everything else: its description, its
-key (the columns that identify a row; ``nullable_key`` those of them that may be NULL), what it
-follows when it follows a decoded table's changes rather than being rebuilt whole (``follows``,
-see ``follow.py``), its checks by name (``checks.py``), and its columns' meanings (``columns.py``).
-``derived_tables`` finds every ``core_*.sql`` and ``mart_*.sql`` of a folder with its YAML; a YAML
-that is missing, names an unknown field or lacks a required one fails the definitions' load,
-naming the file and the field.
-
-What a table reads is read from its query (``upstream_of``): the FROM and JOIN clauses are its
-asset's deps, so a new JOIN is a new dependency without a line of Python; each column's sources
-are its column lineage (``column_lineage``).
+"""The derived tables (``core.*``, ``mart.*``): each is ``sql/<schema>_<name>.sql`` and the YAML
+beside it (``TableFile``; docs/tables.md), and Python keeps no list of them. Their deps and column
+lineage are read from the query's FROM and JOIN clauses.
 """
 
 import functools
@@ -44,17 +33,14 @@ from fieldsales_dagster.assets.raw import raw_asset_name, raw_columns
 from fieldsales_dagster.client.endpoints import LIST_ENDPOINTS
 from fieldsales_dagster.names import InstanceNames
 
-#: The schemas of the derived tables: ``sql/core_*.sql`` and ``sql/mart_*.sql``.
 DERIVED_SCHEMAS = ("core", "mart")
-#: Each decoded table by its name, and each raw table's asset.
 DECODED_BY_TABLE = {decoded.table: decoded for decoded in DECODED_TABLES}
 RAW_ASSETS = {endpoint.raw_table: raw_asset_name(endpoint) for endpoint in LIST_ENDPOINTS}
 
 
 class CheckEntry(msgspec.Struct, forbid_unknown_fields=True, frozen=True):
-    """A check a table's YAML writes out (``checks:``): one query returning one row, whose
-    ``passed`` column says whether the check passed and whose other columns are its metadata (a
-    list is shown as its items, comma-separated). ``{table}`` in ``description`` is the table."""
+    """A check a table's YAML writes out: one query, one row, whose ``passed`` column says whether
+    it passed and whose others are metadata. ``{table}`` in ``description`` is the table."""
 
     name: str
     description: str
@@ -65,8 +51,7 @@ class CheckEntry(msgspec.Struct, forbid_unknown_fields=True, frozen=True):
 
 
 class TableFile(msgspec.Struct, forbid_unknown_fields=True, frozen=True):
-    """``sql/<schema>_<name>.yaml`` of a core or mart table: a check is the name of one of
-    ``checks.py``'s (those every table may take) or written out (``CheckEntry``)."""
+    """``sql/<schema>_<name>.yaml``: a check is one of ``checks.py``'s, or written out."""
 
     description: str
     key: list[str]
@@ -78,21 +63,15 @@ class TableFile(msgspec.Struct, forbid_unknown_fields=True, frozen=True):
 
 @dataclass(frozen=True)
 class CoreTable:
-    """One core or mart table, as its YAML declares it; what it reads is read from the query."""
-
     table: str
-    #: Columns that identify a row; checked for uniqueness by ``checks.py``.
     key: tuple[str, ...]
     description: str
-    #: Its columns' meanings.
     doc: TableDoc
-    #: The folder of its query and YAML (the package's ``sql/``).
     folder: Path = PACKAGE_SQL
     #: Key columns that may be NULL (a mart's group-by key); the others must not be.
     nullable_key: tuple[str, ...] = ()
     #: Set when the table follows the decoded table's changes rather than being rebuilt whole.
     follows: Follows | None = field(default=None, hash=False)
-    #: The names of its checks (``checks.py``'s, or written out in its YAML: ``written_checks``).
     checks: tuple[str, ...] = ()
     written_checks: tuple[CheckEntry, ...] = ()
 
@@ -114,12 +93,11 @@ class CoreTable:
 
     @functools.cached_property
     def upstream(self) -> tuple[tuple[str, ...], tuple[Decoded, ...]]:
-        """What the query reads (``upstream_of``; parsed on first use, as the definitions load)."""
+        """Parsed on first use, as the definitions load."""
         return upstream_of(self)
 
     @property
     def deps(self) -> tuple[str, ...]:
-        """The assets whose tables the query reads, sorted: the asset's ``deps``."""
         return self.upstream[0]
 
     @property
@@ -129,7 +107,6 @@ class CoreTable:
 
 
 def read_table(folder: Path, asset_name: str) -> CoreTable:
-    """The table ``<folder>/<asset_name>.sql`` builds, as ``<asset_name>.yaml`` declares it."""
     where = folder / f"{asset_name}.yaml"
     found = read_table_file(where, TableFile)
     columns = columns_of(found.columns)
@@ -161,9 +138,7 @@ def read_table(folder: Path, asset_name: str) -> CoreTable:
 
 @functools.cache  # read once per process and folder
 def derived_tables(folder: Path = PACKAGE_SQL) -> tuple[CoreTable, ...]:
-    """Every core and mart table of ``folder``: each ``core_*.sql`` and ``mart_*.sql`` with its
-    YAML, each after the tables its query reads (in name order otherwise). A query without its
-    YAML, or a YAML without its query, is refused."""
+    """Every core and mart table of ``folder``, each after the tables its query reads."""
     files = {path.name for path in folder.iterdir()}
     stems = {
         name.rpartition(".")[0]
@@ -194,7 +169,6 @@ def derived_tables(folder: Path = PACKAGE_SQL) -> tuple[CoreTable, ...]:
 
 
 def core_query(table: CoreTable) -> str:
-    """The SQL that builds ``table``."""
     return (table.folder / table.query_file).read_text("utf-8")
 
 
@@ -203,7 +177,7 @@ BUILT_SCHEMAS = ("raw", "meta", "core", "mart")
 
 
 def query_reads(query: str, where: str) -> Reads:
-    """The tables ``query`` reads, with those the bodies of the shared macros it calls read."""
+    """With the tables the shared macros ``query`` calls read."""
     reads = reads_of(query, where)
     for name in macro_files_called(query):
         reads |= reads_of(macro_file(name)[0], f"sql/{name}.sql")
@@ -211,14 +185,9 @@ def query_reads(query: str, where: str) -> Reads:
 
 
 def upstream_of(table: CoreTable) -> tuple[tuple[str, ...], tuple[Decoded, ...]]:
-    """The assets and decoded tables ``table``'s query reads, from its FROM and JOIN clauses.
-
-    ``raw.*``: the raw asset of that list. ``core.*``, ``mart.*``: the asset building the table.
-    A decoded ``meta.*`` or ``temp.*`` table, or ``decoded_rows()`` of a table that follows one:
-    the decoded table, and the raw asset it decodes. Other ``meta.*`` tables are pipeline state,
-    no asset's. A table in any other schema (the user's own, for one) is refused: the project's
-    tables are built before the user's assets, never from them.
-    """
+    """The assets and decoded tables ``table``'s query reads. A decoded table (``decoded_rows()``
+    too) brings its raw asset; other ``meta.*`` tables are no asset's; another schema is refused:
+    the project's tables are built before the user's assets, never from them."""
     where = f"sql/{table.query_file}"
     reads = query_reads(core_query(table), where)
     read_decoded = {name for name in reads.tables if name in DECODED_BY_TABLE}
@@ -259,14 +228,12 @@ def upstream_of(table: CoreTable) -> tuple[tuple[str, ...], tuple[Decoded, ...]]
 
 
 def query_code_version(table: CoreTable) -> str:
-    """The asset's code version: a hash of its query and of the shared macros it calls, so the
-    UI marks the table changed when its SQL changes (dagster-dbt's convention)."""
+    """A hash of the query and its shared macros: the UI marks SQL changes (as dagster-dbt)."""
     query = core_query(table)
     return hashlib.sha256(f"{query}\n{shared_macros_sql(query)}".encode()).hexdigest()[:16]
 
 
 def _columns_of(asset: str, folder: Path) -> tuple[str, ...]:
-    """The columns of the table asset ``asset`` writes (a raw table's, or a query's)."""
     for endpoint in LIST_ENDPOINTS:
         if raw_asset_name(endpoint) == asset:
             return raw_columns(endpoint)
@@ -275,10 +242,8 @@ def _columns_of(asset: str, folder: Path) -> tuple[str, ...]:
 
 
 def column_lineage(names: InstanceNames, table: CoreTable) -> dg.TableColumnLineage:
-    """Each column's source columns, read from the query (``lineage.column_sources``), as the
-    assets behind them: a decoded ``meta.*`` or ``temp.*`` table's columns come from its raw
-    table's ``payload`` (its ``id`` and ``loaded_at`` from theirs); macros' constant lists are
-    no asset."""
+    """Each column's source columns, as assets: a decoded table's come from its raw ``payload`` (but
+    ``id`` and ``loaded_at``); macros' constant lists are no asset."""
     decoded_by_table = dict(DECODED_BY_TABLE)
     if table.follows is not None:
         decoded_by_table["decoded_rows"] = DECODED_BY_TABLE[table.follows.decoded]
@@ -305,7 +270,6 @@ def column_lineage(names: InstanceNames, table: CoreTable) -> dg.TableColumnLine
 
 
 def lineage_markdown(lineage: dg.TableColumnLineage) -> str:
-    """``lineage`` as a markdown table: each column and the upstream columns it comes from."""
     rows = [
         f"| {name} | {', '.join(f'{d.asset_key.to_user_string()}.{d.column_name}' for d in deps)} |"
         for name, deps in lineage.deps_by_column.items()
