@@ -1,6 +1,4 @@
-"""Decoded tables, the shared SQL macros, and ``build_table``, the staged build every table swaps
-in by: a failed query leaves the previous table in place.
-"""
+"""Decoded tables, the shared SQL macros, and ``build_table``, the staged build of every table."""
 
 import functools
 import re
@@ -27,8 +25,7 @@ from fieldsales_dagster.warehouse.warehouse import FieldSalesWarehouse, replace_
 
 @dataclass(frozen=True)
 class Decoded:
-    """Pipeline-internal, not in the contract: one raw table's payloads parsed once, for several
-    core tables. Keeping the raw ``id`` and ``loaded_at``, it updates without parsing the rest."""
+    """Pipeline-internal, not in the contract: raw payloads parsed once for core tables."""
 
     #: ``meta.<name>`` (a lake table) or ``temp.<name>`` (not kept).
     table: str
@@ -37,13 +34,11 @@ class Decoded:
 
     @property
     def kept(self) -> bool:
-        """False for ``temp.*``: it holds personal values, so it never goes to the lake (a failed
-        step left its Parquet files there until the upkeep); a run's steps share it."""
+        """False for ``temp.*``: it holds personal values, so it never goes to the lake."""
         return self.table.partition(".")[0] != "temp"
 
 
-#: Every raw.transactions payload parsed once: core.transactions and core.custom_report_results
-#: read it instead of parsing the ~5 KB payloads once each.
+#: Every raw.transactions payload (~5 KB each) parsed once for the two tables reading them.
 TRANSACTIONS_DECODED = Decoded(
     "meta.transactions_decoded",
     "raw.transactions",
@@ -96,9 +91,8 @@ def build_decoded(conn: duckdb.DuckDBPyConnection, decoded: Decoded) -> DecodeRe
 def share_decoded(
     conn: duckdb.DuckDBPyConnection, warehouse: FieldSalesWarehouse, decoded: Decoded
 ) -> DecodeRefresh:
-    """Parse the not-kept ``decoded`` once per run into the process's DuckDB (``shared_table``),
-    for the run's steps while its raw table's ``fingerprint`` holds; the run's end drops it.
-    Outside a transaction: the lake's transaction may write one database only."""
+    """Parse ``decoded`` once per run into the process's DuckDB, outside a transaction (the lake's
+    writes one database only), for the run's steps while its raw table's ``fingerprint`` holds."""
     source = fingerprint(conn, decoded.source)
     if source is not None and warehouse.shared_source(decoded.table) == source:
         return DecodeRefresh("current", 0)
@@ -123,8 +117,7 @@ def read_shared(
 
 
 def refresh_decoded(conn: duckdb.DuckDBPyConnection, decoded: Decoded) -> DecodeRefresh:
-    """Bring ``decoded`` up to date with its raw table: parse only the rows it lacks and drop those
-    gone, in one transaction, unless more than ``WHOLE_ABOVE`` are new (then all)."""
+    """Parse only the rows ``decoded`` lacks and drop those gone, unless ``WHOLE_ABOVE`` are new."""
     found = fingerprint(conn, decoded.table)
     if found is None or _layout_changed(conn, decoded):
         return build_decoded(conn, decoded)
@@ -152,8 +145,7 @@ def refresh_decoded(conn: duckdb.DuckDBPyConnection, decoded: Decoded) -> Decode
 
 
 def _layout_changed(conn: duckdb.DuckDBPyConnection, decoded: Decoded) -> bool:
-    """Whether the stored decode's columns differ from its query's (then it is parsed whole); a
-    query that does not bind is built whole too, which names the error."""
+    """Whether the stored columns differ from the query's, or it fails to bind (build it whole)."""
     _define_rows_to_decode(conn, decoded, f"SELECT * FROM {qualified(decoded.source)} LIMIT 0")
     query = decoded_query(decoded)
     try:
@@ -214,8 +206,7 @@ def build_table(
     params: dict[str, object] | None = None,
     before_swap: Callable[[str], None] | None = None,
 ) -> None:
-    """Run ``query`` into a staging table and swap it in for ``target``; ``before_swap(staged)``
-    runs before the swap, so readers never see the table without it. A failure names the table."""
+    """``query`` into a staging table, ``before_swap(staged)``, then swapped in for ``target``."""
     staged = staging_table(target)
     conn.execute(f"CREATE SCHEMA IF NOT EXISTS {quote_ident(target.partition('.')[0])}")
     with failing_as(target):

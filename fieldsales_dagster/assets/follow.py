@@ -1,10 +1,6 @@
 """A core table that follows its decoded table's changes instead of being rebuilt whole
-(docs/refresh.md): its rows from the decoded rows added and gone since ``Follows.inputs``, and its
-rows from elsewhere, are replaced in one transaction. That equals a rebuild only while what those
-rows read elsewhere (``resolved_against``), the query and its macros are unchanged: they are
-fingerprinted in ``STATE_TABLE``. A whole rebuild forgets the state first, so a crash before the
-new state leaves none, and the next build is whole again.
-"""
+(docs/refresh.md), while the query, its macros and ``resolved_against`` keep the fingerprints in
+``STATE_TABLE``. A whole rebuild forgets the state first: after a crash, the next is whole too."""
 
 from __future__ import annotations
 
@@ -23,8 +19,7 @@ from fieldsales_dagster.warehouse.warehouse import table_exists
 
 STATE_TABLE = "meta.core_follow_state"
 
-#: Above this share of its source's rows to add, a table is rebuilt whole rather than updated:
-#: deleting and inserting most of a table costs more than writing it anew.
+#: Above this share of rows to add, rebuilding whole costs less than deleting and inserting.
 WHOLE_ABOVE = 0.2
 
 
@@ -36,8 +31,7 @@ def same_row(a: str, b: str) -> str:
 def fingerprint(
     conn: duckdb.DuckDBPyConnection, table: str, columns: str = "id, loaded_at"
 ) -> tuple | None:
-    """Row count and a hash of every row's ``columns``; ``None`` without the table. Every load
-    stamps its rows with its own ``loaded_at``: equal fingerprints, same rows and loads."""
+    """Row count and a hash of ``columns`` (each load stamps its own ``loaded_at``), or ``None``."""
     try:
         return one_row(conn, f"SELECT count(*), bit_xor(hash({columns})) FROM {qualified(table)}")
     except duckdb.CatalogException:
@@ -46,8 +40,7 @@ def fingerprint(
 
 @contextmanager
 def failing_as(target: str, doing: str = "Building", reads: str = "") -> Iterator[None]:
-    """A DuckDB error in the block (with ``reads``: the failure to bring that decoded table up to
-    date) fails naming ``target``, which is left as it was."""
+    """A DuckDB error in the block (or ``reads``' update) fails naming ``target``, left as is."""
     caught: type[Exception] = RuntimeError if reads else duckdb.Error
     try:
         yield
@@ -62,8 +55,7 @@ def rows_missing(
     conn: duckdb.DuckDBPyConnection, source: str, target: str, keys: str, slices: int = 1
 ) -> tuple[int, str]:
     """How many rows of ``source`` ``target`` lacks by (``id``, ``loaded_at``), and SQL selecting
-    them. The anti join reads the narrow keys only; the SELECT stays within their ``loaded_at``
-    range, so DuckDB skips older row groups by min/max. ``slices``: bounds the parser's memory."""
+    them within their ``loaded_at`` range: DuckDB skips older row groups by min/max."""
     conn.execute(
         f"CREATE OR REPLACE TEMP TABLE {keys} AS SELECT s.id, s.loaded_at "
         f"FROM {qualified(source)} AS s ANTI JOIN {qualified(target)} AS t ON {same_row('s', 't')}"
@@ -85,8 +77,6 @@ def rows_missing(
 
 
 class Follows(msgspec.Struct, forbid_unknown_fields=True, frozen=True):
-    """``follows:`` of a core table's YAML (see the module docstring)."""
-
     decoded: str
     #: The table's column holding the decoded row's ``id`` its row comes from.
     key: str
@@ -112,8 +102,7 @@ def build_following(
     build_whole: Callable[[], None],
     macros: str = "",
 ) -> dict[str, Any]:
-    """Bring ``table`` up to date, incrementally when safe, else ``build_whole()``; returns how, as
-    metadata. ``macros`` (the shared macros ``query`` calls) are fingerprinted with the query."""
+    """Bring ``table`` up to date, incrementally when safe, else ``build_whole()``; says how."""
     conn.execute("CREATE SCHEMA IF NOT EXISTS meta")
     conn.execute(
         f"CREATE TABLE IF NOT EXISTS {STATE_TABLE} (table_name VARCHAR, "

@@ -1,7 +1,5 @@
-"""The derived tables (``core.*``, ``mart.*``): each is ``sql/<schema>_<name>.sql`` and the YAML
-beside it (``TableFile``; docs/tables.md), and Python keeps no list of them. Their deps and column
-lineage are read from the query's FROM and JOIN clauses.
-"""
+"""The derived tables (``core.*``, ``mart.*``): each a query and its YAML (docs/tables.md), no
+Python list. Their deps and column lineage are read from the query's FROM and JOIN clauses."""
 
 import functools
 import hashlib
@@ -39,14 +37,12 @@ RAW_ASSETS = {endpoint.raw_table: raw_asset_name(endpoint) for endpoint in LIST_
 
 
 class CheckEntry(msgspec.Struct, forbid_unknown_fields=True, frozen=True):
-    """A check a table's YAML writes out: one query, one row, whose ``passed`` column says whether
-    it passed and whose others are metadata. ``{table}`` in ``description`` is the table."""
+    """A check written out in a table's YAML: one row, ``passed`` and metadata columns."""
 
     name: str
     description: str
     sql: str
     severity: Literal["warn", "error"] = "warn"
-    #: The tables (``schema.name``) it reads besides its own.
     also_reads: tuple[str, ...] = ()
 
 
@@ -70,7 +66,6 @@ class CoreTable:
     folder: Path = PACKAGE_SQL
     #: Key columns that may be NULL (a mart's group-by key); the others must not be.
     nullable_key: tuple[str, ...] = ()
-    #: Set when the table follows the decoded table's changes rather than being rebuilt whole.
     follows: Follows | None = field(default=None, hash=False)
     checks: tuple[str, ...] = ()
     written_checks: tuple[CheckEntry, ...] = ()
@@ -93,7 +88,6 @@ class CoreTable:
 
     @functools.cached_property
     def upstream(self) -> tuple[tuple[str, ...], tuple[Decoded, ...]]:
-        """Parsed on first use, as the definitions load."""
         return upstream_of(self)
 
     @property
@@ -172,12 +166,11 @@ def core_query(table: CoreTable) -> str:
     return (table.folder / table.query_file).read_text("utf-8")
 
 
-#: The schemas whose tables this project builds: a query may read only these.
 BUILT_SCHEMAS = ("raw", "meta", "core", "mart")
 
 
 def query_reads(query: str, where: str) -> Reads:
-    """With the tables the shared macros ``query`` calls read."""
+    """The tables ``query`` reads, and those its shared macros read."""
     reads = reads_of(query, where)
     for name in macro_files_called(query):
         reads |= reads_of(macro_file(name)[0], f"sql/{name}.sql")
@@ -185,9 +178,8 @@ def query_reads(query: str, where: str) -> Reads:
 
 
 def upstream_of(table: CoreTable) -> tuple[tuple[str, ...], tuple[Decoded, ...]]:
-    """The assets and decoded tables ``table``'s query reads. A decoded table (``decoded_rows()``
-    too) brings its raw asset; other ``meta.*`` tables are no asset's; another schema is refused:
-    the project's tables are built before the user's assets, never from them."""
+    """The assets and decoded tables ``table``'s query reads; another schema than the project's is
+    refused: the project's tables are built before the user's assets, never from them."""
     where = f"sql/{table.query_file}"
     reads = query_reads(core_query(table), where)
     read_decoded = {name for name in reads.tables if name in DECODED_BY_TABLE}
@@ -242,8 +234,7 @@ def _columns_of(asset: str, folder: Path) -> tuple[str, ...]:
 
 
 def column_lineage(names: InstanceNames, table: CoreTable) -> dg.TableColumnLineage:
-    """Each column's source columns, as assets: a decoded table's come from its raw ``payload`` (but
-    ``id`` and ``loaded_at``); macros' constant lists are no asset."""
+    """Each column's source columns, as assets: a decoded table's come from its raw ``payload``."""
     decoded_by_table = dict(DECODED_BY_TABLE)
     if table.follows is not None:
         decoded_by_table["decoded_rows"] = DECODED_BY_TABLE[table.follows.decoded]
