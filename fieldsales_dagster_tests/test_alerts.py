@@ -551,6 +551,17 @@ def test_the_webhook_key_is_masked_but_never_the_run_link_an_address_or_a_word(
     ]
 
 
+def test_the_components_alerts_mask_the_webhook_by_its_parts_as_well(monkeypatch):
+    """The component hands every secret setting's variable to the alerts: the webhook URL's among
+    them must still be masked by its parts, not whole (its host and words stay readable)."""
+    from fieldsales_dagster_tests.project import component
+
+    url = "http://127.0.0.1:9/hooks/abc123xyz"
+    monkeypatch.setenv("FIELDSALES_ALERT_WEBHOOK_URL", url)
+    scrubbed = component().alert_settings().scrub(f"POST {url} failed: the chat services said 503")
+    assert scrubbed == f"POST http://127.0.0.1:9{MASK} failed: the chat services said 503"
+
+
 def test_a_webhook_that_is_down_is_named_by_its_address_without_its_secret_parts(
     monkeypatch, caplog
 ):

@@ -54,7 +54,7 @@ class AlertSettings:
         return bool(self.channels)
 
     def secrets(self) -> list[str]:
-        names = (*self.secret_env_vars, self.alerts.smtp_password_env_var)
+        names = {*self.secret_env_vars, *self.alerts.secret_variables()}
         values = [(os.environ.get(name) or "").strip() for name in names]
         if self.token_store is not None:
             with suppress(Exception):  # an unreadable store holds nothing to hide from here
@@ -69,7 +69,8 @@ class AlertSettings:
         parts = (url.path, url.query, url.netloc.rpartition("@")[0], url.password or "")
         for part in sorted({part for part in parts if len(part) > 1}, key=len, reverse=True):
             text = text.replace(part, MASK)
-        return mask_secrets(text, self.secrets())
+        # The URL itself is masked by its parts above, never whole: its host is a run link's.
+        return mask_secrets(text, [s for s in self.secrets() if s != self.webhook_url])
 
 
 @dataclass(frozen=True)
