@@ -221,6 +221,15 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
+def listening(port: int) -> bool:
+    """The webserver logs "Serving dagster-webserver" before uvicorn binds its port."""
+    try:
+        socket.create_connection(("127.0.0.1", port), timeout=1).close()
+    except OSError:
+        return False
+    return True
+
+
 #: docs/web-ui.md: Ctrl-C or `kill -INT` stops `dg dev` in a few seconds (a guard, not a timing).
 DG_DEV_STOP_S = 60
 
@@ -495,14 +504,14 @@ def test_dg_dev_with_a_run_in_flight_stops_as_documented(demo_env, tmp_path):
     log = tmp_path / "dg_dev.log"
     argv = [str(BIN / "dg"), "dev", "--port", str(port)]
 
-    def wait_for(done, what: str) -> None:
-        deadline = time.monotonic() + DG_DEV_STOP_S
+    def wait_for(done, what: str, seconds: float = DG_DEV_STOP_S) -> None:
+        deadline = time.monotonic() + seconds
         while not done():
             assert time.monotonic() < deadline, f"{what}:\n{tail(log)}"
             time.sleep(0.5)
 
     with process_group(argv, log, env, cwd=clone, preexec_fn=interruptible) as proc:
-        wait_for(lambda: "Serving dagster-webserver" in log.read_text(errors="replace"), "no UI")
+        wait_for(lambda: listening(port), "no UI", seconds=120)
         client = DagsterGraphQLClient("127.0.0.1", port_number=port)
         run_id = client.submit_job_execution("refresh_all")
         # dg dev's output carries the run's step output, the pause hook's line included.
