@@ -52,6 +52,7 @@ FROM pg_class AS c WHERE c.oid = to_regclass('{TABLE}')
 """
 _READ = f"SELECT record FROM {TABLE} WHERE lake = %s"
 _WRITE = f"UPDATE {TABLE} SET record = %s, updated_at = now() WHERE lake = %s"
+_INSERT = f"INSERT INTO {TABLE} (lake) VALUES (%s) ON CONFLICT DO NOTHING"
 #: Per process and thread, the connections that read the row (a request reads it each time).
 _readers = threading.local()
 
@@ -93,9 +94,6 @@ class CatalogTokenStore(TokenStore):
         self.where = f"row {self.lake!r} of {TABLE} in the catalog database ({dsn.strip()})"
         self._held: tuple[Any, str | None] | None = None
 
-    def __repr__(self) -> str:
-        return f"CatalogTokenStore({self.lake!r})"
-
     def _connect(self) -> Any:
         password = os.environ.get(self.password_env_var)
         keywords = {**self.keywords, **({"password": password} if password else {})}
@@ -103,12 +101,9 @@ class CatalogTokenStore(TokenStore):
             return psycopg2.connect(connect_timeout=10, **keywords)
         except psycopg2.Error as exc:
             raise TokenStoreError(
-                f"Cannot connect to the token store, {self.where}: {_first_line(exc)}. Check "
-                f"{self.catalog_variable} and the password in {self.password_env_var}."
+                f"{self._failed('connect to', exc)} Check {self.catalog_variable} and the password "
+                f"in {self.password_env_var}."
             ) from None
-
-    def _failed(self, exc: psycopg2.Error, doing: str) -> TokenStoreError:
-        return TokenStoreError(f"Cannot {doing} the token store, {self.where}: {_first_line(exc)}.")
 
     def _check_privileges(self, cur: Any) -> bool:
         """Whether the table exists; refuses one another role owns or may use."""
@@ -150,10 +145,8 @@ class CatalogTokenStore(TokenStore):
                 except (psycopg2.OperationalError, psycopg2.InterfaceError):
                     raw = self._select(self._reader(fresh=True))  # the server closed the cached
         except psycopg2.Error as exc:
-            raise self._failed(exc, "read") from None
-        if raw is None:
-            return None
-        return StoredToken.decode(raw.encode(), self.where, self.token_variable)
+            raise self._failed("read", exc) from None
+        return None if raw is None else StoredToken.decode(raw, self.where, self.token_variable)
 
     def _select(self, conn: Any, lock: str = "") -> str | None:
         with conn.cursor() as cur:
@@ -172,23 +165,19 @@ class CatalogTokenStore(TokenStore):
                 with conn.cursor() as cur:
                     cur.execute("SET idle_in_transaction_session_timeout = 0")
                     cur.execute("SET lock_timeout = %s", (f"{int(timeout_s * 1000)}ms",))
-                    if not wait and not self._check_privileges(cur):
-                        cur.execute("SELECT pg_advisory_xact_lock(hashtext(%s))", (TABLE,))
-                        cur.execute(_SETUP)
-                        conn.commit()
-                        self._check_privileges(cur)
-                    # A first seed has no row to lock yet: an empty one, gone unless written.
-                    insert = f"INSERT INTO {TABLE} (lake) VALUES (%s) ON CONFLICT DO NOTHING"
                     if not wait:
-                        cur.execute(insert, (self.lake,))
+                        if not self._check_privileges(cur):
+                            cur.execute("SELECT pg_advisory_xact_lock(hashtext(%s))", (TABLE,))
+                            cur.execute(_SETUP)
+                            conn.commit()
+                            self._check_privileges(cur)
+                        # A first seed has no row to lock yet: an empty one, gone unless written.
+                        cur.execute(_INSERT, (self.lake,))
                 held = self._select(conn, "FOR SHARE" if wait else "FOR UPDATE")
             except psycopg2.errors.LockNotAvailable:
-                raise TokenStoreError(
-                    f"Waited {timeout_s:.0f} s for the lock of the token store, {self.where}: "
-                    "another process is renewing the token. Try again later."
-                ) from None
+                raise self._lock_timed_out(timeout_s) from None
             except psycopg2.Error as exc:
-                raise self._failed(exc, "lock") from None
+                raise self._failed("lock", exc) from None
             self._held = (conn, held)
             try:
                 yield
@@ -222,7 +211,7 @@ class CatalogTokenStore(TokenStore):
                 again.commit()
                 if cur.rowcount == 1:
                     return
-            raise self._failed(first, "write")
+            raise self._failed("write", first)
 
         yield commit
 
@@ -240,10 +229,6 @@ class CatalogTokenStore(TokenStore):
                 )
             self._write_atomically(stored)
         return stored
-
-
-def _first_line(exc: BaseException) -> str:
-    return (str(exc).strip().splitlines() or [type(exc).__name__])[0].rstrip(".")
 
 
 def open_token_store(

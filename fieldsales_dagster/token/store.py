@@ -45,10 +45,6 @@ def fingerprint(token: str) -> str:
     return hashlib.sha256(token.encode("utf-8")).hexdigest()
 
 
-def _utcnow() -> datetime:
-    return datetime.now(UTC)
-
-
 Fingerprint = Annotated[str, msgspec.Meta(pattern="^[0-9a-f]{64}$")]
 
 
@@ -77,7 +73,7 @@ class StoredToken(msgspec.Struct, frozen=True, kw_only=True):
         return f"StoredToken(issued_at={self.issued_at!r}, source={self.source!r})"
 
     def age(self, now: datetime | None = None) -> timedelta:
-        return (now or _utcnow()) - self.issued_at
+        return (now or datetime.now(UTC)) - self.issued_at
 
     def encode(self) -> bytes:
         # A frozen clock's datetime subclass is not encodable as is: written as ISO text.
@@ -85,7 +81,7 @@ class StoredToken(msgspec.Struct, frozen=True, kw_only=True):
         return msgspec.json.format(raw, indent=2) + b"\n"
 
     @classmethod
-    def decode(cls, raw: bytes, where: object, token_variable: str) -> StoredToken:
+    def decode(cls, raw: bytes | str, where: object, token_variable: str) -> StoredToken:
         try:
             stored, why = _DECODER.decode(raw), ""
         except (msgspec.DecodeError, msgspec.ValidationError) as exc:
@@ -138,6 +134,21 @@ class TokenStore(abc.ABC):
 
     @abc.abstractmethod
     def _open_write(self) -> contextlib.AbstractContextManager[Commit]: ...
+
+    def __repr__(self) -> str:
+        return f"{type(self).__name__}({self.where!r})"
+
+    def _failed(self, doing: str, exc: Exception) -> TokenStoreError:
+        """``exc`` in one line (a driver's text may go on, never with the token)."""
+        first = str(exc).strip().partition("\n")[0]
+        why = getattr(exc, "strerror", None) or first or type(exc).__name__
+        return TokenStoreError(f"Cannot {doing} the token store, {self.where}: {why.rstrip('.')}.")
+
+    def _lock_timed_out(self, timeout_s: float) -> TokenStoreError:
+        return TokenStoreError(
+            f"Waited {timeout_s:.0f} s for the lock of the token store, {self.where}: another "
+            "process is renewing the token, or died holding the lock. Try again later."
+        )
 
     def read(self) -> StoredToken | None:
         """The stored token, or ``None`` when there is none yet; refuses another server's."""
@@ -203,27 +214,23 @@ class TokenStore(abc.ABC):
                 "to a token from your Field-Sales profile (API tab)."
             )
         new = StoredToken(
-            token=env_token, issued_at=_utcnow(), env_fingerprint=fingerprint(env_token)
+            token=env_token,
+            issued_at=datetime.now(UTC),
+            env_fingerprint=fingerprint(env_token),
+            origin=self.origin or (stored.origin if stored else None),
         )
         if stored is None or self._foreign(stored):
-            return stored, replace(new, origin=self.origin)
+            return stored, new
         if stored.token == env_token:  # the environment set to the stored token: same age
-            return stored, replace(
-                stored, env_fingerprint=new.env_fingerprint, origin=self.origin or stored.origin
-            )
+            return stored, replace(stored, env_fingerprint=new.env_fingerprint, origin=new.origin)
         retired = (*stored.retired_env_fingerprints, stored.env_fingerprint)
-        return stored, replace(
-            new,
-            retired_env_fingerprints=retired[-MAX_RETIRED_FINGERPRINTS:],
-            origin=self.origin or stored.origin,
-        )
+        return stored, replace(new, retired_env_fingerprints=retired[-MAX_RETIRED_FINGERPRINTS:])
 
     @staticmethod
     def _must_reseed(stored: StoredToken, env_token: str) -> bool:
         """A new environment token, one this store never saw, means a person regenerated it."""
-        env_fp = fingerprint(env_token)
         seen = (stored.env_fingerprint, *stored.retired_env_fingerprints)
-        return bool(env_token) and env_fp not in seen
+        return bool(env_token) and fingerprint(env_token) not in seen
 
     def wait_for_renewal(self, timeout_s: float) -> None:
         """After a 401: let a renewal in progress finish (best effort, up to ``timeout_s``)."""
@@ -243,7 +250,7 @@ class TokenStore(abc.ABC):
         before it is called."""
         with self._locked(lock_timeout_s):
             stored = self.peek(env_token)
-            now = _utcnow()
+            now = datetime.now(UTC)
             if stored.age(now) < renew_after and not from_the_future(
                 stored.issued_at, now, "issued_at"
             ):
@@ -262,10 +269,8 @@ class TokenStore(abc.ABC):
 
     def _write_atomically(self, stored: StoredToken, commit: Commit | None = None) -> None:
         """Write ``stored`` through ``commit`` (prepared earlier), or a write prepared now."""
-        if commit is not None:
-            return commit(stored)
-        with self._prepared_write(stored) as commit_now:
-            commit_now(stored)
+        with contextlib.nullcontext(commit) if commit else self._prepared_write(stored) as write:
+            write(stored)
 
     @contextlib.contextmanager
     def _prepared_write(self, shape: StoredToken) -> Iterator[Commit]:
@@ -301,9 +306,6 @@ class FileTokenStore(TokenStore):
         if self.given_path.absolute() != self.path:
             self.where += f" (reached through {self.given_path})"
 
-    def __repr__(self) -> str:
-        return f"FileTokenStore({str(self.path)!r})"
-
     def _read_any(self) -> StoredToken | None:
         """The file (no lock: it is only replaced whole), if its owner alone may read it."""
         try:  # the path is resolved already: a link put in its place since is not followed
@@ -314,9 +316,7 @@ class FileTokenStore(TokenStore):
         except FileNotFoundError:
             return None
         except OSError as exc:
-            raise TokenStoreError(
-                f"Cannot read token store {self.where}: {exc.strerror}."
-            ) from None
+            raise self._failed("read", exc) from None
         if os.name == "posix" and st.st_uid != os.geteuid():
             raise TokenStoreError(
                 f"Token store {self.where} is owned by another user (uid {st.st_uid}): `chown` it "
@@ -336,22 +336,14 @@ class FileTokenStore(TokenStore):
             return
         try:
             self.path.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
-            lock = FileLock(self.lock_path, timeout=timeout_s, mode=0o600)
-            lock.acquire()
+            held = FileLock(self.lock_path, timeout=timeout_s, mode=0o600).acquire()
         except Timeout:
-            raise TokenStoreError(
-                f"Waited {timeout_s:.0f} s for the token store lock {self.lock_path}: another "
-                "process is renewing the token or died holding the lock. Try again later."
-            ) from None
+            raise self._lock_timed_out(timeout_s) from None
         except OSError as exc:
-            raise TokenStoreError(
-                f"Cannot lock token store {self.where}: {exc.strerror}."
-            ) from None
-        try:
+            raise self._failed("lock", exc) from None
+        with held:  # released on the way out
             self._finish_dead_writes()
             yield
-        finally:
-            lock.release()
 
     def _finish_dead_writes(self) -> None:
         """Dead writers' temporary files: one newer than the store is a killed renewal's (the
@@ -394,9 +386,7 @@ class FileTokenStore(TokenStore):
                 pause_at("token_store")
                 os.replace(tmp_name, self.path)
             except OSError as exc:
-                raise TokenStoreError(
-                    f"Cannot write token store {self.where}: {exc.strerror}."
-                ) from None
+                raise self._failed("write", exc) from None
             _fsync_directory(self.path.parent)
 
         try:
