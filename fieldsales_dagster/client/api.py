@@ -5,6 +5,7 @@ backoff; a complete body that is not JSON fails at once. The token is masked in 
 
 from __future__ import annotations
 
+import contextlib
 import threading
 import time
 from collections.abc import Callable, Container
@@ -43,21 +44,17 @@ if TYPE_CHECKING:
     # Imported where a request is sent: ``requests`` (~70 ms) is not part of the definitions' load.
     import requests
 
-    from fieldsales_dagster.client.transport import Answer, QueryParams
+    from fieldsales_dagster.client.transport import QueryParams
 
 SNIPPET_CHARS = 200
 #: Characters of a body searched for the token before the snippet is cut from them.
 _SCRUB_WINDOW = 64 * 1024
-_RETRY_AFTER = Retry(0)
 
 
-def _retry_after_seconds(value: str | None) -> float | None:
-    if not value:
-        return None
-    try:
-        return _RETRY_AFTER.parse_retry_after(value)
-    except InvalidHeader:
-        return None
+def _retry_after_seconds(value: str) -> float | None:
+    with contextlib.suppress(InvalidHeader):
+        return Retry(0).parse_retry_after(value)
+    return None
 
 
 def _clean(token: str, source: str) -> str:
@@ -179,11 +176,19 @@ class FieldSalesAPI(settings_resource("ApiSettings", ApiSettings, but=("api_toke
         return self._scrub(text, token, limit=SNIPPET_CHARS)
 
     def _get_once(
-        self, path: str, params: QueryParams | None, token: str, deadline_s: float
-    ) -> Answer:
+        self,
+        path: str,
+        params: QueryParams | None,
+        token: str,
+        deadline_s: float,
+        parse: Callable[[bytes], object] | None = None,
+        stats: ListStats | None = None,
+    ) -> object:
+        """One request (no retries); its body, or ``parse(body)``."""
         from fieldsales_dagster.client.transport import Limits, fetch
 
         where = f"GET {path}" + (f" (skip={params['skip']})" if params and "skip" in params else "")
+        on = f"{where} on {self.origin.netloc}"
         limits = Limits(
             connect_timeout_s=self.connect_timeout_s,
             read_timeout_s=self.read_timeout_s,
@@ -194,40 +199,40 @@ class FieldSalesAPI(settings_resource("ApiSettings", ApiSettings, but=("api_toke
             else f"request_deadline_s={self.request_deadline_s:g}",
             base_url=self.named("FIELDSALES_BASE_URL"),
         )
-        answer = fetch(
+        resp, body = fetch(
             self._session(),
             self.origin,
             self.root + path,
             params=params,
             token=token,
-            where=where,
+            on=on,
             limits=limits,
             scrub=lambda text: self._scrub(text, token),
         )
-        status = answer.status
-        on = f"{where} on {self.origin.netloc}"
+        status = resp.status_code
         if status in (401, 403):
             raise token_refused(status, where, self.named("FIELDSALES_API_TOKEN"))
         if status == 429 or status >= 500 or status == 408:
             raise TransientHTTPError(
-                f"{on}: HTTP {status}", _retry_after_seconds(answer.headers.get("Retry-After"))
+                f"{on}: HTTP {status}", _retry_after_seconds(resp.headers.get("Retry-After", ""))
             )
         if status != 200:
-            snippet = self._snippet(answer.body, token)
+            snippet = self._snippet(body, token)
             raise FieldSalesAPIError(f"{on} answered HTTP {status}: {snippet!r}")
-        return answer
+        return body if parse is None else self._parse(resp, body, parse, on, token, stats)
 
     def _parse(
         self,
-        answer: Answer,
+        resp: requests.Response,
+        answer: bytes,
         parse: Callable[[bytes], object],
         on: str,
         token: str,
         stats: ListStats | None,
     ) -> object:
         """``parse(body)``, telling a body cut off (retried) from one that is not JSON (not)."""
-        body, replaced = answer.body, 0
-        what = f"{answer.headers.get('Content-Type') or 'no Content-Type'}, {len(body)} bytes"
+        body, replaced = answer, 0
+        what = f"{resp.headers.get('Content-Type') or 'no Content-Type'}, {len(body)} bytes"
         while True:
             try:
                 result = parse(body)
@@ -250,7 +255,7 @@ class FieldSalesAPI(settings_resource("ApiSettings", ApiSettings, but=("api_toke
             raise TransientHTTPError(f"{on}: body cut off mid-JSON ({reason})")
         raise NotJSONError(
             f"{on} answered a body that is not JSON ({what}; {reason}): "
-            f"{self._snippet(answer.body, token)!r}. Check {self.named('FIELDSALES_BASE_URL')}."
+            f"{self._snippet(answer, token)!r}. Check {self.named('FIELDSALES_BASE_URL')}."
         )
 
     def _wait(self, state: tenacity.RetryCallState) -> float:
@@ -284,46 +289,48 @@ class FieldSalesAPI(settings_resource("ApiSettings", ApiSettings, but=("api_toke
         retries = self.max_retries if max_retries is None else max_retries
         fixed_token = None if token is None else _clean(token, "the token given")
         current = fixed_token or self.current_token()
-        where = f"GET {path}" + (f" (skip={params['skip']})" if params and "skip" in params else "")
-        on = f"{where} on {self.origin.netloc}"
-        reread, started = False, time.monotonic()
+        stats, reread, started = stats or ListStats(), False, time.monotonic()
         while True:
             retrying = self._retrying(started, retries, stats)  # a new token: a new series
 
             def attempt(token: str = current) -> object:
-                if stats:
-                    stats.count(requests=1)
+                stats.count(requests=1)
                 remaining = self.retry_budget_s - (time.monotonic() - started)
-                answer = self._get_once(
-                    path, params, token, min(self.request_deadline_s, max(remaining, 1.0))
-                )
-                return (
-                    answer.body if parse is None else self._parse(answer, parse, on, token, stats)
-                )
+                deadline_s = min(self.request_deadline_s, max(remaining, 1.0))
+                return self._get_once(path, params, token, deadline_s, parse, stats)
 
             try:
                 result = retrying(attempt)
             except TransientHTTPError as exc:
                 attempts = retrying.statistics.get("attempt_number", 1)
-                raise self._gave_up(exc, attempts, retries, started) from None
+                spent = f"{exc}; gave up after attempt {attempts} of at most {retries + 1}, " + (
+                    f"{time.monotonic() - started:.1f} s after the first"
+                )
+                if exc.unreachable:
+                    raise UnreachableError(
+                        f"{spent} (unreachable_budget_s={self.unreachable_budget_s:g}). Check "
+                        f"{self.named('FIELDSALES_BASE_URL')} ({self.origin}) and that the host "
+                        "is up."
+                    ) from None
+                raise FieldSalesAPIError(
+                    f"{spent} (max_retries={retries}, retry_budget_s={self.retry_budget_s:g}). "
+                    "Try again later, or raise max_retries or retry_budget_s."
+                ) from None
             except AuthenticationError as refused:
                 # A renewal may have replaced the token since this run read it: re-read once.
                 store = None if reread or fixed_token is not None else self.token_store()
                 if store is not None:
-                    reread = True
                     store.wait_for_renewal(RENEWAL_WAIT_S)
-                    fresh = self.current_token()
-                    if fresh != current:
-                        current = fresh
-                        if stats:
-                            stats.count(token_rereads=1)
-                        continue
-                raise refused from None
-            if fixed_token is None:
-                self._settle(current)  # the server accepted it: the store may record it now
-            return result
+                if store is None or (fresh := self.current_token()) == current:
+                    raise refused from None
+                current, reread = fresh, True
+                stats.count(token_rereads=1)
+            else:
+                if fixed_token is None:
+                    self._settle(current)  # the server accepted it: the store may record it now
+                return result
 
-    def _retrying(self, started: float, retries: int, stats: ListStats | None) -> tenacity.Retrying:
+    def _retrying(self, started: float, retries: int, stats: ListStats) -> tenacity.Retrying:
         def stop(state: tenacity.RetryCallState) -> bool:
             exc = state.outcome.exception() if state.outcome else None
             unreachable = getattr(exc, "unreachable", False)
@@ -332,8 +339,7 @@ class FieldSalesAPI(settings_resource("ApiSettings", ApiSettings, but=("api_toke
             return state.attempt_number > retries or spent > budget
 
         def before_sleep(state: tenacity.RetryCallState) -> None:
-            if stats:
-                stats.count(retries=1)
+            stats.count(retries=1)
             exc = state.outcome.exception() if state.outcome else None
             # Counted in attempts, as the final error is: attempt 1 is the first request.
             dg.get_dagster_logger("fieldsales_dagster.client").warning(
@@ -347,22 +353,6 @@ class FieldSalesAPI(settings_resource("ApiSettings", ApiSettings, but=("api_toke
             wait=self._wait,
             before_sleep=before_sleep,
             reraise=True,
-        )
-
-    def _gave_up(
-        self, exc: TransientHTTPError, attempts: int, retries: int, started: float
-    ) -> FieldSalesAPIError:
-        spent = f"{exc}; gave up after attempt {attempts} of at most {retries + 1}, " + (
-            f"{time.monotonic() - started:.1f} s after the first"
-        )
-        if exc.unreachable:
-            return UnreachableError(
-                f"{spent} (unreachable_budget_s={self.unreachable_budget_s:g}). Check "
-                f"{self.named('FIELDSALES_BASE_URL')} ({self.origin}) and that the host is up."
-            )
-        return FieldSalesAPIError(
-            f"{spent} (max_retries={retries}, retry_budget_s={self.retry_budget_s:g}). Try again "
-            "later, or raise max_retries or retry_budget_s."
         )
 
     def check_token(self, token: str | None = None) -> None:
@@ -379,23 +369,10 @@ class FieldSalesAPI(settings_resource("ApiSettings", ApiSettings, but=("api_toke
         already parsed) is not parsed again: its page has no items."""
         params = {"skip": skip, "limit": self.page_size, **dict(endpoint.params)}
         where = f"GET {endpoint.path} (skip={skip})"
-        holder: dict[str, int] = {}
 
-        def parse(body: bytes) -> tuple[list[msgspec.Raw], int | None] | None:
-            holder["nbytes"], holder["digest"] = len(body), digest(body)
-            return None if holder["digest"] in known else split_envelope(body, endpoint, where)
+        def parse(body: bytes) -> Page:
+            key = digest(body)
+            items, total = ([], None) if key in known else split_envelope(body, endpoint, where)
+            return Page(skip, items, total, len(body), digest=key)
 
-        counted = ListStats(parent=stats)  # this page's counts, added to the list's too
-        parsed = cast(
-            "tuple[list[msgspec.Raw], int | None] | None",  # what parse returns
-            self.get(endpoint.path, params, parse=parse, stats=counted),
-        )
-        items, total = parsed or ([], None)
-        return Page(
-            skip=skip,
-            items=items,
-            total=total,
-            nbytes=holder["nbytes"],
-            surrogates_replaced=counted.surrogates_replaced,
-            digest=holder["digest"],
-        )
+        return cast(Page, self.get(endpoint.path, params, parse=parse, stats=stats))

@@ -49,13 +49,10 @@ class TransientHTTPError(Exception):
 
 def token_refused(status: int, where: str, token_variable: str) -> AuthenticationError:
     """The error of a request the server answered with 401 (the token) or 403 (its rights)."""
-    instruction = RENEW_TOKEN_INSTRUCTION.format(token_variable)
-    if status == 401:
-        return AuthenticationError(
-            f"{where}: the Field-Sales API refused the API token (HTTP 401): it is "
-            f"invalid, expired or was replaced by a renewal. {instruction}"
-        )
-    return AuthenticationError(
-        f"{where}: the Field-Sales API denies the API token's user access (HTTP 403): it needs "
-        f"admin rights for the public API. {instruction}"
+    why = (
+        "refused the API token (HTTP 401): it is invalid, expired or was replaced by a renewal"
+        if status == 401
+        else "denies the token's user access (HTTP 403): it needs admin rights for the public API"
     )
+    instruction = RENEW_TOKEN_INSTRUCTION.format(token_variable)
+    return AuthenticationError(f"{where}: the Field-Sales API {why}. {instruction}")

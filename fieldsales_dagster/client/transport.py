@@ -36,7 +36,6 @@ CHUNK_BYTES = 1 << 20
 #: CPU-s per GB); allocated before its bytes arrive, so a lying Content-Length costs at most this.
 WHOLE_BODY_BYTES = 32 << 20
 MAX_REDIRECTS = 5
-REDIRECT_STATUSES = frozenset({301, 302, 303, 307, 308})
 #: Content codings asked for, all of which urllib3 decodes (it would add br/zstd where installed).
 ACCEPT_ENCODING = "gzip, deflate"
 _DECODED = frozenset({"identity", "gzip", "x-gzip", "deflate"})
@@ -102,20 +101,6 @@ class _DeadlineAdapter(HTTPAdapter):
         return manager
 
 
-class _Bearer(requests.auth.AuthBase):
-    """The token as an auth object: ``requests`` then never swaps in ``.netrc`` credentials."""
-
-    def __init__(self, token: str):
-        self._token = token
-
-    def __call__(self, request: requests.PreparedRequest) -> requests.PreparedRequest:
-        request.headers["Authorization"] = f"Bearer {self._token}"
-        return request
-
-    def __repr__(self) -> str:
-        return "_Bearer(***)"
-
-
 def new_session(origin: Origin) -> requests.Session:
     """A session for one thread: one connection, no retries of its own, no proxy for loopback."""
     session = requests.Session()
@@ -125,13 +110,6 @@ def new_session(origin: Origin) -> requests.Session:
     session.mount("https://", adapter)
     session.headers.update({"Accept": "application/json", "Accept-Encoding": ACCEPT_ENCODING})
     return session
-
-
-@dataclass
-class Answer:
-    status: int
-    headers: Mapping[str, str]
-    body: bytes
 
 
 @dataclass
@@ -178,24 +156,25 @@ def fetch(
     *,
     params: QueryParams | None,
     token: str,
-    where: str,
+    on: str,
     limits: Limits,
     scrub: Callable[[str], str],
-) -> Answer:
-    """GET ``url`` within ``limits``, following redirects within ``origin`` only; raises
-    ``TransientHTTPError`` for what another attempt may cure, else a ``FieldSalesAPIError``."""
-    on = f"{where} on {origin.netloc}"
+) -> tuple[requests.Response, bytes]:
+    """GET ``url`` within ``limits``, following redirects within ``origin`` only: the response
+    (closed) and its body. Raises ``TransientHTTPError`` for what another attempt may cure, else a
+    ``FieldSalesAPIError``; ``on`` names the request in errors."""
     visited = [url]
     deadline = time.monotonic() + limits.deadline_s
     _sending.deadline = deadline
     try:
-        for _ in range(MAX_REDIRECTS + 1):
+        while True:
             failure = None
             try:
                 resp = session.get(
                     url,
                     params=params,
-                    auth=_Bearer(token),
+                    headers={"Authorization": f"Bearer {token}"},
+                    auth=lambda request: request,  # not None: no .netrc credentials instead
                     # The read timeout bounds each read; _DeadlineReader shortens it near the end.
                     timeout=(
                         min(limits.connect_timeout_s, max(deadline - time.monotonic(), 0.001)),
@@ -212,30 +191,24 @@ def fetch(
                 failure = _failure(exc, on, limits, deadline, scrub)
             if failure is not None:  # raised outside the handler: nothing chains its text
                 raise failure
-            location = resp.headers.get("Location")
-            if resp.status_code not in REDIRECT_STATUSES or not location:
-                return Answer(resp.status_code, resp.headers, body)
-            target = urljoin(url, location)
-            target_origin = origin_of(target)
-            if target_origin != origin:
+            if not resp.is_redirect:
+                return resp, body
+            location = resp.headers["Location"]
+            url, params = urljoin(url, location), None
+            if (target_origin := origin_of(url)) != origin:
                 shown = str(target_origin) if target_origin else scrub(location[:200])
                 raise RedirectRefusedError(
                     f"{on} redirects to {shown}, refused: the token is only sent to {origin}. If "
                     f"the instance moved, set {limits.base_url} to its new address."
                 )
-            if target in visited:
+            visited.append(url)
+            if url in visited[:-1] or len(visited) > MAX_REDIRECTS + 1:
                 raise RedirectRefusedError(
-                    f"{on} redirects in a loop ({' -> '.join(scrub(u) for u in visited)} -> "
-                    f"{scrub(target)}); check {limits.base_url}."
+                    f"{on} redirects in a loop or more than {MAX_REDIRECTS} times "
+                    f"({' -> '.join(map(scrub, visited))}); check {limits.base_url}."
                 )
-            visited.append(target)
-            url, params = target, None
     finally:
         _sending.deadline = math.inf
-    raise RedirectRefusedError(
-        f"{on} redirects more than {MAX_REDIRECTS} times ({' -> '.join(map(scrub, visited))}); "
-        f"check {limits.base_url}."
-    )
 
 
 def _failure(
