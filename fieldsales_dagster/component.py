@@ -281,7 +281,6 @@ class FieldSalesComponent(dg.Component, FieldSalesSettings):
 
     def alert_settings(self) -> AlertSettings:
         return AlertSettings(
-            tenant=self.names.tenant,
             alerts=self.alerts,
             secret_env_vars=(*self.secret_variables(), *AWS_KEY_VARIABLES),
             token_store=open_token_store(self.api.token_store_path, **self.token_row()),

@@ -132,7 +132,7 @@ def settings_to(
     alerts = AlertsSettings(
         email_to="data@example.com", smtp_host="127.0.0.1", smtp_port=smtp_port, ui_base_url=ui
     )
-    return AlertSettings(tenant=overrides.pop("tenant", "default"), alerts=alerts, **overrides)
+    return AlertSettings(alerts=alerts, **overrides)
 
 
 def core_events_sensors(monkeypatch, receiver, mailbox) -> list[dg.SensorDefinition]:
@@ -224,7 +224,7 @@ def test_a_run_of_another_tenant_is_not_alerted(
     defs, result = failed_refresh(instance, demo_env)
     other = build_alert_sensors(
         InstanceNames("acme"),
-        settings_to(monkeypatch, receiver.url, mailbox.port, tenant="acme"),
+        settings_to(monkeypatch, receiver.url, mailbox.port),
         job_names=["acme_refresh_all"],
         asset_keys=[dg.AssetKey(["acme", "raw_events"])],
     )[0]
@@ -451,7 +451,7 @@ def test_a_refused_smtp_login_names_the_login_variables_not_the_host(monkeypatch
             smtp_port=controller.port,
             smtp_user="alerts",
         )
-        delivery = send_alert(AlertSettings("default", alerts), Alert("default", "x", "y", "z"))
+        delivery = send_alert(AlertSettings(alerts), Alert("default", "x", "y", "z"))
     finally:
         controller.stop()
     (failure,) = delivery.failed

@@ -214,7 +214,7 @@ def test_a_scaffolded_tenant_reads_its_secrets_from_variables_of_its_own(monkeyp
         "ACME_FIELDSALES_ALERT_SMTP_PASSWORD",
     ]
     # The first tenant's webhook is not acme's: acme's alerts stay off until it has its own.
-    assert not acme.alert_settings().enabled
+    assert acme.alert_settings().channels == []
 
 
 def test_a_scaffolded_tenants_alert_that_cannot_be_sent_names_its_settings(monkeypatch):

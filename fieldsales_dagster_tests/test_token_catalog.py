@@ -264,7 +264,7 @@ def test_store_errors_name_the_settings_and_never_a_secret(demo_server, catalog,
 def test_alerts_mask_the_token_of_the_row(demo_server, catalog):
     make_api(demo_server, catalog).check_token()
     store = open_token_store("catalog", ducklake_catalog=catalog)
-    settings = AlertSettings(tenant="default", token_store=store)
+    settings = AlertSettings(token_store=store)
     assert demo_server.token in settings.secrets()
     assert demo_server.token not in settings.scrub(f"401 for Bearer {demo_server.token}")
 

@@ -31,9 +31,8 @@ logger = logging.getLogger(__name__)
 
 @dataclass(frozen=True)
 class AlertSettings:
-    """Where one tenant's alerts go, and which variables hold its secrets (never the values)."""
+    """Where alerts go, and which variables hold secrets (never the values)."""
 
-    tenant: str
     alerts: AlertsSettings = field(default_factory=AlertsSettings)
     #: Variables whose values never appear in a message (the API token's, the PII key's, ...).
     secret_env_vars: tuple[str, ...] = ()
@@ -48,10 +47,6 @@ class AlertSettings:
         """Where alerts go (``webhook``, ``email``); none: alerts are off."""
         channels = {"webhook": self.webhook_url, "email": self.alerts.email_to}
         return [name for name, on in channels.items() if on]
-
-    @property
-    def enabled(self) -> bool:
-        return bool(self.channels)
 
     def secrets(self) -> list[str]:
         names = {*self.secret_env_vars, *self.alerts.secret_variables()}
@@ -206,38 +201,6 @@ def launched(run: dg.DagsterRun, instance: dg.DagsterInstance, shown: int = 3) -
     return ", ".join(names[:shown]) + more if names else "assets"
 
 
-def run_failure_alert(context: dg.RunFailureSensorContext, tenant: str) -> Alert:
-    label = launched(context.dagster_run, context.instance)
-    failures = context.get_step_failure_events()
-    failed = ", ".join(event.step_key or "?" for event in failures) or label
-    if failures and (error := failures[0].step_failure_data.error):
-        cause = root_cause(error)
-    else:
-        cause = (failures[0] if failures else context.failure_event).message or "the run failed"
-    run_id = context.dagster_run.run_id
-    return Alert(tenant, f"run of {label} failed", f"Failed: {failed}", cause, run_id)
-
-
-def check_alerts(
-    instance: dg.DagsterInstance, run: dg.DagsterRun, tenant: str, asset_keys: frozenset
-) -> list[Alert]:
-    records = instance.get_records_for_run(
-        run.run_id, of_type=dg.DagsterEventType.ASSET_CHECK_EVALUATION
-    ).records
-    return [
-        Alert(
-            tenant,
-            f"check {e.check_name} failed (ERROR)",
-            f"Check: {e.asset_key.to_user_string()} / {e.check_name}",
-            e.description or _metadata_cause(e.metadata) or "check failed",
-            run.run_id,
-        )
-        for record in records
-        for e in [record.event_log_entry.get_dagster_event().asset_check_evaluation_data]
-        if not e.passed and e.severity == dg.AssetCheckSeverity.ERROR and e.asset_key in asset_keys
-    ]
-
-
 def _metadata_cause(metadata: Mapping[str, object]) -> str:
     return "; ".join(
         f"{key}: {getattr(value, 'value', value)}"
@@ -252,7 +215,7 @@ def build_alert_sensors(
     job_names: Iterable[str],
     asset_keys: Iterable[dg.AssetKey],
 ) -> Sequence[dg.SensorDefinition]:
-    if not settings.enabled:
+    if not settings.channels:
         return []
     jobs, keys, where = frozenset(job_names), frozenset(asset_keys), ", ".join(settings.channels)
 
@@ -277,7 +240,18 @@ def build_alert_sensors(
     def _run_failed(context: dg.RunFailureSensorContext) -> dg.SkipReason | None:
         if skip := not_ours(context):
             return skip
-        send_alert(settings, run_failure_alert(context, names.tenant), warn=context.log.warning)
+        run = context.dagster_run
+        label = launched(run, context.instance)
+        failures = context.get_step_failure_events()
+        failed = ", ".join(event.step_key or "?" for event in failures) or label
+        if failures and (error := failures[0].step_failure_data.error):
+            cause = root_cause(error)
+        else:
+            cause = (failures[0] if failures else context.failure_event).message or "the run failed"
+        alert = Alert(
+            names.tenant, f"run of {label} failed", f"Failed: {failed}", cause, run.run_id
+        )
+        send_alert(settings, alert, warn=context.log.warning)
         return None
 
     @dg.run_status_sensor(
@@ -294,7 +268,22 @@ def build_alert_sensors(
     def _checks_failed(context: dg.RunStatusSensorContext) -> dg.SkipReason | None:
         if skip := not_ours(context):
             return skip
-        alerts = check_alerts(context.instance, context.dagster_run, names.tenant, keys)
+        run = context.dagster_run
+        records = context.instance.get_records_for_run(
+            run.run_id, of_type=dg.DagsterEventType.ASSET_CHECK_EVALUATION
+        ).records
+        alerts = [
+            Alert(
+                names.tenant,
+                f"check {e.check_name} failed (ERROR)",
+                f"Check: {e.asset_key.to_user_string()} / {e.check_name}",
+                e.description or _metadata_cause(e.metadata) or "check failed",
+                run.run_id,
+            )
+            for record in records
+            for e in [record.event_log_entry.get_dagster_event().asset_check_evaluation_data]
+            if not e.passed and e.severity == dg.AssetCheckSeverity.ERROR and e.asset_key in keys
+        ]
         for alert in alerts:
             send_alert(settings, alert, warn=context.log.warning)
         return None if alerts else dg.SkipReason("no check of ERROR severity failed")
