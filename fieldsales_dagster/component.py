@@ -30,7 +30,7 @@ from fieldsales_dagster.assets.raw import build_raw_assets
 from fieldsales_dagster.assets.upkeep import build_upkeep_asset, build_upkeep_job_and_schedule
 from fieldsales_dagster.automation.alerts import AlertSettings, build_alert_sensors
 from fieldsales_dagster.automation.renewal import RenewalPolicy
-from fieldsales_dagster.automation.schedule import build_refresh_job, build_refresh_schedule
+from fieldsales_dagster.automation.schedule import build_refresh_job_and_schedule
 from fieldsales_dagster.automation.sensors import (
     build_core_automation_sensor,
     build_token_renewal_job,
@@ -337,9 +337,8 @@ class FieldSalesComponent(dg.Component, FieldSalesSettings):
         names, refresh = self.names, self.refresh
         assets = self.build_assets()
         selection = dg.AssetSelection.assets(*assets)
-        job = build_refresh_job(names, selection)
-        schedule = build_refresh_schedule(
-            names, job, refresh.schedule_cron, refresh.schedule_timezone
+        job, schedule = build_refresh_job_and_schedule(
+            names, selection, refresh.schedule_cron, refresh.schedule_timezone
         )
         upkeep = build_upkeep_asset(names, self.owners, self.storage.retain_snapshots_days)
         upkeep_job, upkeep_schedule = build_upkeep_job_and_schedule(

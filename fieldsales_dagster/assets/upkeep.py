@@ -1,17 +1,9 @@
 """The lake's upkeep (docs/storage.md), an asset with its own job and weekly schedule."""
 
-from typing import TYPE_CHECKING
-
 import dagster as dg
 
 from fieldsales_dagster.names import InstanceNames
 from fieldsales_dagster.warehouse.lake import ORPHAN_SAFETY_HOURS, upkeep
-
-if TYPE_CHECKING:
-    # Not exported by Dagster 1.13: an annotation only, so a move breaks mypy, never the load.
-    from dagster._core.definitions.unresolved_asset_job_definition import (
-        UnresolvedAssetJobDefinition,
-    )
 
 UPKEEP_ASSET = "ducklake_upkeep"
 
@@ -55,9 +47,8 @@ def build_upkeep_asset(
     return _upkeep
 
 
-def build_upkeep_job_and_schedule(
-    names: InstanceNames, asset: dg.AssetsDefinition, timezone: str
-) -> tuple["UnresolvedAssetJobDefinition", dg.ScheduleDefinition]:
+def build_upkeep_job_and_schedule(names: InstanceNames, asset: dg.AssetsDefinition, timezone: str):
+    """The job (``dg.define_asset_job``'s, a type Dagster does not export) and its schedule."""
     job = dg.define_asset_job(
         name=f"{names.refresh_job.removesuffix('refresh_all')}lake_upkeep",
         selection=dg.AssetSelection.assets(asset),

@@ -1,17 +1,9 @@
 """The refresh job and its schedule, which skips a tick while a run is active; the run queue
 (``dagster.yaml``) limits runs tagged ``fieldsales/refresh`` to one, covering runs by hand too."""
 
-from typing import TYPE_CHECKING
-
 import dagster as dg
 
 from fieldsales_dagster.names import REFRESH_TAG, InstanceNames
-
-if TYPE_CHECKING:
-    # Not exported by Dagster 1.13: an annotation only, so a move breaks the type check, not load.
-    from dagster._core.definitions.unresolved_asset_job_definition import (
-        UnresolvedAssetJobDefinition,
-    )
 
 #: Runs that hold (or will soon hold) the DuckDB file: a new refresh waits for them.
 ACTIVE_RUN_STATUSES = [
@@ -20,23 +12,17 @@ ACTIVE_RUN_STATUSES = [
 ]
 
 
-def build_refresh_job(
-    names: InstanceNames, selection: dg.AssetSelection
-) -> "UnresolvedAssetJobDefinition":
-    return dg.define_asset_job(
+def build_refresh_job_and_schedule(
+    names: InstanceNames, selection: dg.AssetSelection, cron: str, timezone: str
+):
+    """The job (``dg.define_asset_job``'s, a type Dagster does not export) and its schedule."""
+    job = dg.define_asset_job(
         name=names.refresh_job,
         selection=selection,
         tags={REFRESH_TAG: names.refresh_tag_value},
         description="Loads every Field-Sales list into raw, then rebuilds and checks every table.",
     )
 
-
-def build_refresh_schedule(
-    names: InstanceNames,
-    job: "UnresolvedAssetJobDefinition",
-    cron: str,
-    timezone: str,
-) -> dg.ScheduleDefinition:
     @dg.schedule(
         name=names.refresh_schedule,
         job=job,
@@ -57,4 +43,4 @@ def build_refresh_schedule(
             )
         return dg.RunRequest()
 
-    return _refresh_schedule
+    return job, _refresh_schedule
