@@ -33,10 +33,7 @@ TICK_INTERVAL = timedelta(hours=6)
 # A tick's budget: 15 s a request; a renewal and its test are not retried, a test alone once.
 TICK_CONNECT_TIMEOUT_S = 3.0
 TICK_READ_TIMEOUT_S = 12.0
-TICK_CHECK_RETRIES = 1
 TICK_BACKOFF_S = 1.0
-TICK_LOCK_TIMEOUT_S = 10.0
-TICK_REQUEST_BUDGET_S = 2 * (TICK_CONNECT_TIMEOUT_S + TICK_READ_TIMEOUT_S) + TICK_BACKOFF_S
 RENEWAL_OFF = (
     "Token renewal is off: use_token_store is False, so a renewed token could not be kept; "
     "FIELDSALES_API_TOKEN is used as it is."
@@ -93,7 +90,7 @@ def within_tick(api: FieldSalesAPI, retries: int) -> FieldSalesAPI:
             "backoff_max_s": TICK_BACKOFF_S,
             "max_retry_after_s": TICK_BACKOFF_S,
             "request_deadline_s": TICK_CONNECT_TIMEOUT_S + TICK_READ_TIMEOUT_S,
-            "retry_budget_s": TICK_REQUEST_BUDGET_S,
+            "retry_budget_s": 2 * (TICK_CONNECT_TIMEOUT_S + TICK_READ_TIMEOUT_S) + TICK_BACKOFF_S,
             "unreachable_budget_s": TICK_BACKOFF_S * 2,
         }
     )
@@ -189,11 +186,11 @@ def renew_or_check(
             api.api_token,
             lambda old_token: generate_token(api, old_token),
             renew_after=policy.renew_after,
-            lock_timeout_s=TICK_LOCK_TIMEOUT_S,
+            lock_timeout_s=10.0,
         )
         check_token(api, rotation.stored.token, "The renewed token (stored already)", retries=0)
         verb = "renewed" if rotation.renewed else "renewed by another process"
         message = f"token {verb}{due.removeprefix('renewal due')}; valid until "
         return TickOutcome(message + policy.valid_until(rotation.stored), rotation.renewed)
-    check_token(api, None, "The current API token", retries=TICK_CHECK_RETRIES)
+    check_token(api, None, "The current API token", retries=1)
     return TickOutcome(message=_not_yet_due(policy, stored, now, checked=True))
