@@ -117,13 +117,6 @@ class FieldSalesAPI(settings_resource("ApiSettings", ApiSettings, but=("api_toke
     def origin(self) -> Origin:
         return cast(Origin, origin_of(self.root))  # validate_base_url accepted it
 
-    def _session(self) -> requests.Session:
-        if not hasattr(self._local, "session"):
-            from fieldsales_dagster.client.transport import new_session
-
-            self._local.session = new_session(self.origin)
-        return self._local.session
-
     def token_store(self) -> TokenStore | None:
         """The store of this instance's token, bound to its origin: another server's is refused."""
         if not self.use_token_store:
@@ -161,12 +154,6 @@ class FieldSalesAPI(settings_resource("ApiSettings", ApiSettings, but=("api_toke
                 )
         return verdicts[env_token]
 
-    def _settle(self, token: str) -> None:
-        """A request with ``token`` succeeded: the store may record it now (once per resource)."""
-        if not self._settled and (store := self.token_store()) is not None:
-            store.settle(self.env_token(), token)
-        self._settled = True
-
     def _scrub(self, text: str, *tokens: str, limit: int | None = None) -> str:
         return mask_secrets(text, (self.api_token, self.api_token.strip(), *tokens), limit)
 
@@ -185,7 +172,7 @@ class FieldSalesAPI(settings_resource("ApiSettings", ApiSettings, but=("api_toke
         stats: ListStats | None = None,
     ) -> object:
         """One request (no retries); its body, or ``parse(body)``."""
-        from fieldsales_dagster.client.transport import Limits, fetch
+        from fieldsales_dagster.client.transport import Limits, fetch, new_session
 
         where = f"GET {path}" + (f" (skip={params['skip']})" if params and "skip" in params else "")
         on = f"{where} on {self.origin.netloc}"
@@ -199,8 +186,10 @@ class FieldSalesAPI(settings_resource("ApiSettings", ApiSettings, but=("api_toke
             else f"request_deadline_s={self.request_deadline_s:g}",
             base_url=self.named("FIELDSALES_BASE_URL"),
         )
+        if not hasattr(self._local, "session"):  # one per thread
+            self._local.session = new_session(self.origin)
         resp, body = fetch(
-            self._session(),
+            self._local.session,
             self.origin,
             self.root + path,
             params=params,
@@ -326,8 +315,11 @@ class FieldSalesAPI(settings_resource("ApiSettings", ApiSettings, but=("api_toke
                 current, reread = fresh, True
                 stats.count(token_rereads=1)
             else:
-                if fixed_token is None:
-                    self._settle(current)  # the server accepted it: the store may record it now
+                # Accepted: the store may record the token now (once per resource).
+                if fixed_token is None and not self._settled:
+                    if (store := self.token_store()) is not None:
+                        store.settle(self.env_token(), current)
+                    self._settled = True
                 return result
 
     def _retrying(self, started: float, retries: int, stats: ListStats) -> tenacity.Retrying:

@@ -235,10 +235,8 @@ def _failure(
             detail = str(reason).rsplit("Failed to establish a new connection: ", 1)[-1]
             return transient(f"cannot connect ({detail})", True)
         return transient(f"connection dropped ({type(exc).__name__})")
-    if isinstance(exc, requests.Timeout):
+    if isinstance(exc, requests.Timeout | urllib3.exceptions.ReadTimeoutError):
         return transient(f"no answer within read_timeout_s={limits.read_timeout_s:g} s")
-    if isinstance(exc, urllib3.exceptions.ReadTimeoutError):
-        return transient(f"the body stalled for read_timeout_s={limits.read_timeout_s:g} s")
     if isinstance(exc, requests.exceptions.ChunkedEncodingError | urllib3.exceptions.HTTPError):
         return transient("body cut off or corrupt")
     # Anything else's text may quote the request's headers, so the token: scrub, chain nothing.
