@@ -12,7 +12,7 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from contextlib import suppress
 from dataclasses import dataclass, field
 from email.message import EmailMessage
-from typing import Protocol
+from typing import NamedTuple, Protocol
 from urllib.parse import urlsplit
 
 import dagster as dg
@@ -68,8 +68,7 @@ class AlertSettings:
         return mask_secrets(text, [s for s in self.secrets() if s != self.webhook_url])
 
 
-@dataclass(frozen=True)
-class Alert:
+class Alert(NamedTuple):
     tenant: str
     headline: str
     subject: str

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
-from typing import TYPE_CHECKING, cast
+from typing import TYPE_CHECKING, NamedTuple, cast
 
 import msgspec
 
@@ -65,8 +65,7 @@ class RenewalPolicy:
         return (stored.issued_at + TOKEN_LIFETIME).astimezone(UTC).strftime("%Y-%m-%d %H:%M UTC")
 
 
-@dataclass(frozen=True)
-class TickOutcome:
+class TickOutcome(NamedTuple):
     message: str
     renewed: bool = False
 
@@ -131,8 +130,7 @@ def check_token(api: FieldSalesAPI, token: str | None, what: str, *, retries: in
         raise TokenRenewalError(f"{what} was refused: {exc}") from None
 
 
-@dataclass(frozen=True)
-class Decision:
+class Decision(NamedTuple):
     run: bool
     message: str
     cursor: str | None

@@ -12,8 +12,7 @@ import math
 import threading
 import time
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass
-from typing import Any
+from typing import Any, NamedTuple
 from urllib.parse import urljoin
 
 import requests
@@ -112,8 +111,7 @@ def new_session(origin: Origin) -> requests.Session:
     return session
 
 
-@dataclass
-class Limits:
+class Limits(NamedTuple):
     connect_timeout_s: float
     read_timeout_s: float
     deadline_s: float

@@ -14,10 +14,9 @@ import os
 import stat
 import tempfile
 from collections.abc import Callable, Iterator, Mapping
-from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
-from typing import Annotated, cast
+from typing import Annotated, NamedTuple, cast
 
 import msgspec
 from filelock import FileLock, Timeout
@@ -102,8 +101,7 @@ class StoredToken(msgspec.Struct, frozen=True, kw_only=True):
 _DECODER = msgspec.json.Decoder(StoredToken)
 
 
-@dataclass(frozen=True)
-class Rotation:
+class Rotation(NamedTuple):
     """Outcome of ``TokenStore.rotate``: the token now stored, and whether this call renewed it."""
 
     renewed: bool
