@@ -2,6 +2,7 @@
 Python list. Their deps and column lineage are read from the query's FROM and JOIN clauses."""
 
 import functools
+import graphlib
 import hashlib
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -31,7 +32,6 @@ from fieldsales_dagster.assets.raw import raw_asset_name, raw_columns
 from fieldsales_dagster.client.endpoints import LIST_ENDPOINTS
 from fieldsales_dagster.names import InstanceNames
 
-DERIVED_SCHEMAS = ("core", "mart")
 DECODED_BY_TABLE = {decoded.table: decoded for decoded in DECODED_TABLES}
 RAW_ASSETS = {endpoint.raw_table: raw_asset_name(endpoint) for endpoint in LIST_ENDPOINTS}
 
@@ -133,13 +133,8 @@ def read_table(folder: Path, asset_name: str) -> CoreTable:
 @functools.cache  # read once per process and folder
 def derived_tables(folder: Path = PACKAGE_SQL) -> tuple[CoreTable, ...]:
     """Every core and mart table of ``folder``, each after the tables its query reads."""
-    files = {path.name for path in folder.iterdir()}
-    stems = {
-        name.rpartition(".")[0]
-        for name in files
-        if name.startswith(tuple(f"{schema}_" for schema in DERIVED_SCHEMAS))
-        and name.endswith((".sql", ".yaml"))
-    }
+    files = {path.name for path in folder.iterdir() if path.name.startswith(("core_", "mart_"))}
+    stems = {name.rpartition(".")[0] for name in files if name.endswith((".sql", ".yaml"))}
     for stem in sorted(stems):
         for missing, beside in ((f"{stem}.yaml", f"{stem}.sql"), (f"{stem}.sql", f"{stem}.yaml")):
             if missing not in files:
@@ -147,19 +142,16 @@ def derived_tables(folder: Path = PACKAGE_SQL) -> tuple[CoreTable, ...]:
                     f"{folder / beside} has no {missing} beside it: a table is its query and its "
                     "YAML. Add the file."
                 )
-    tables = [read_table(folder, stem) for stem in sorted(stems)]
-    ordered: list[CoreTable] = []
-    while len(ordered) < len(tables):
-        done = {table.asset_name for table in ordered}
-        left = [table for table in tables if table.asset_name not in done]
-        ready = [t for t in left if all(dep in done for dep in t.deps if dep in stems)]
-        if not ready:
-            raise QueryReadError(
-                f"The queries {', '.join(f'sql/{t.query_file}' for t in left)} read each other in "
-                "a cycle: no order builds them. Fix a query's FROM or JOIN."
-            )
-        ordered += ready
-    return tuple(ordered)
+    tables = {stem: read_table(folder, stem) for stem in sorted(stems)}
+    order = {stem: [dep for dep in t.deps if dep in stems] for stem, t in tables.items()}
+    try:
+        return tuple(tables[stem] for stem in graphlib.TopologicalSorter(order).static_order())
+    except graphlib.CycleError as exc:
+        cycle = ", ".join(f"sql/{stem}.sql" for stem in sorted(set(exc.args[1])))
+        raise QueryReadError(
+            f"The queries {cycle} read each other in a cycle: no order builds them. Fix a query's "
+            "FROM or JOIN."
+        ) from None
 
 
 def core_query(table: CoreTable) -> str:
@@ -225,20 +217,15 @@ def query_code_version(table: CoreTable) -> str:
     return hashlib.sha256(f"{query}\n{shared_macros_sql(query)}".encode()).hexdigest()[:16]
 
 
-def _columns_of(asset: str, folder: Path) -> tuple[str, ...]:
-    for endpoint in LIST_ENDPOINTS:
-        if raw_asset_name(endpoint) == asset:
-            return raw_columns(endpoint)
-    (table,) = (t for t in derived_tables(folder) if t.asset_name == asset)
-    return tuple(column.name for column in table.doc.columns)
-
-
 def column_lineage(names: InstanceNames, table: CoreTable) -> dg.TableColumnLineage:
     """Each column's source columns, as assets: a decoded table's come from its raw ``payload``."""
     decoded_by_table = dict(DECODED_BY_TABLE)
     if table.follows is not None:
         decoded_by_table["decoded_rows"] = DECODED_BY_TABLE[table.follows.decoded]
-    known = tuple((dep.replace("_", ".", 1), _columns_of(dep, table.folder)) for dep in table.deps)
+    known_columns = {raw_asset_name(e): raw_columns(e) for e in LIST_ENDPOINTS} | {
+        t.asset_name: tuple(c.name for c in t.doc.columns) for t in derived_tables(table.folder)
+    }
+    known = tuple((dep.replace("_", ".", 1), known_columns[dep]) for dep in table.deps)
     columns = tuple(column.name for column in table.doc.columns)
     deps: dict[str, list[dg.TableColumnDep]] = {}
     for column, pairs in column_sources(core_query(table), columns, known).items():
