@@ -112,27 +112,6 @@ def checks_of(table: CoreTable) -> list[CoreCheck]:
     return [CoreCheck(table, name, kinds[name]) for name in table.checks]
 
 
-def _cross_table_checks(names: InstanceNames, checks: list[CoreCheck]) -> dg.AssetChecksDefinition:
-    by_key = {
-        dg.AssetCheckKey(names.asset_key(check.table.asset_name), check.name): check
-        for check in checks
-    }
-
-    @dg.multi_asset_check(
-        specs=[check.spec(names) for check in checks],
-        name=names.asset_key("core_cross_table_checks").to_python_identifier(),
-        can_subset=True,
-        required_resource_keys={names.warehouse.key},
-    )
-    def _checks(context: dg.AssetCheckExecutionContext) -> Iterator[dg.AssetCheckResult]:
-        warehouse = names.warehouse.of(context)
-        with warehouse.get_connection() as conn:
-            for key in sorted(context.selected_asset_check_keys, key=str):
-                yield by_key[key].result(conn, names)
-
-    return _checks
-
-
 SCHEMA_CHECK = "column_schema_change"
 
 
@@ -261,10 +240,14 @@ def ids_unique(conn: duckdb.DuckDBPyConnection, table: CoreTable) -> dg.AssetChe
 NOT_FINITE = "not finite"
 
 
-def _untyped_values_sql(table: CoreTable, not_finite: bool) -> str:
+def untyped_values_found(
+    conn: duckdb.DuckDBPyConnection, table: CoreTable, not_finite: bool
+) -> dg.AssetCheckResult:
     """Rows whose ``untyped_values`` hold NaN/infinity if ``not_finite``, else other problems."""
     kind = "=" if not_finite else "<>"
-    return f"""
+    rows, by_field, sample = _fetch_one(
+        conn,
+        f"""
         WITH entries AS (
             SELECT {_key_text(table)} AS row_key, unnest(untyped_values) AS entry
             FROM {qualified(table.table)} WHERE untyped_values IS NOT NULL
@@ -279,13 +262,8 @@ def _untyped_values_sql(table: CoreTable, not_finite: bool) -> str:
             (SELECT coalesce(list([row_key, field, value, problem]), [])
              FROM (SELECT * FROM counted ORDER BY row_key, field LIMIT {SAMPLE_SIZE}))
         FROM counted
-    """
-
-
-def untyped_values_found(
-    conn: duckdb.DuckDBPyConnection, table: CoreTable, not_finite: bool
-) -> dg.AssetCheckResult:
-    rows, by_field, sample = _fetch_one(conn, _untyped_values_sql(table, not_finite))
+        """,
+    )
     label = "rows_with_nan_or_infinity" if not_finite else "rows_with_untyped_values"
     return dg.AssetCheckResult(
         passed=rows == 0,
@@ -330,6 +308,19 @@ def checks_in_asset_step(table: CoreTable) -> list[CoreCheck]:
 def build_core_checks(
     names: InstanceNames, tables: Sequence[CoreTable] | None = None
 ) -> list[dg.AssetChecksDefinition]:
-    return [
-        _cross_table_checks(names, [c for c in core_checks(tables) if not c.runs_in_asset_step])
-    ]
+    """The checks that read another table than theirs, in one shared step."""
+    checks = [c for c in core_checks(tables) if not c.runs_in_asset_step]
+    by_key = {check.spec(names).key: check for check in checks}
+
+    @dg.multi_asset_check(
+        specs=[check.spec(names) for check in checks],
+        name=names.asset_key("core_cross_table_checks").to_python_identifier(),
+        can_subset=True,
+        required_resource_keys={names.warehouse.key},
+    )
+    def _checks(context: dg.AssetCheckExecutionContext) -> Iterator[dg.AssetCheckResult]:
+        with names.warehouse.of(context).get_connection() as conn:
+            for key in sorted(context.selected_asset_check_keys, key=str):
+                yield by_key[key].result(conn, names)
+
+    return [_checks]

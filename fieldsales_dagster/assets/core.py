@@ -27,7 +27,7 @@ def build_core_asset(
 ) -> dg.AssetsDefinition:
     """The asset building ``table``, then evaluating ``checks``; a run may select either."""
     key = names.asset_key(table.asset_name)
-    by_key = {dg.AssetCheckKey(key, check.name): check for check in checks}
+    by_key = {check.spec(names).key: check for check in checks}
     spec = dg.AssetSpec(
         key=key,
         description=table.description,
