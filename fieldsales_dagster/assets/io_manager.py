@@ -7,7 +7,7 @@ from __future__ import annotations
 import datetime as dt
 import re
 from collections.abc import Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from decimal import Decimal
 from typing import TYPE_CHECKING, Any, cast
 
@@ -123,9 +123,8 @@ class TableSlice:
 
     schema: str
     table: str
-    columns: tuple[str, ...] | None = None
-    where: str = ""
-    params: dict[str, Any] = field(default_factory=dict)
+    where: str
+    params: dict[str, Any]
 
     @property
     def name(self) -> str:
@@ -138,44 +137,21 @@ def _partition_where(
     """``context``'s partitions as a `` WHERE`` clause on ``partition_expr`` (dagster-duckdb's)."""
     if not context.has_asset_partitions:
         return "", {}
-    asset = context.asset_key.to_user_string()
-    expr = metadata.get("partition_expr")
-    if expr is None:
+    expr, definition = metadata.get("partition_expr"), context.asset_partitions_def
+    if not isinstance(expr, str) or isinstance(definition, dg.MultiPartitionsDefinition):
         raise dg.Failure(
-            f"fieldsales_io_manager: partitioned {asset} has no 'partition_expr' metadata. Name "
-            'its partition column, e.g. metadata={"partition_expr": "sale_date"}.'
+            f"fieldsales_io_manager: partitioned {context.asset_key.to_user_string()} needs a "
+            "'partition_expr' metadata naming its one partition column (no multi-partitions), "
+            'e.g. metadata={"partition_expr": "sale_date"}.'
         )
-    definition, keys = context.asset_partitions_def, context.asset_partition_keys
-    dimensions: list[tuple[str, dg.PartitionsDefinition | None, list[str]]] = []
-    if isinstance(definition, dg.MultiPartitionsDefinition):
-        names = [dimension.name for dimension in definition.partitions_defs]
-        if not isinstance(expr, Mapping) or not all(name in expr for name in names):
-            raise dg.Failure(
-                f"fieldsales_io_manager: {asset}'s 'partition_expr' metadata must map each "
-                f'partition dimension ({", ".join(names)}) to its column, e.g. {{"date": "day"}}.'
-            )
-        for dimension in definition.partitions_defs:
-            values = {
-                cast("dg.MultiPartitionKey", k).keys_by_dimension[dimension.name] for k in keys
-            }
-            dimensions.append((str(expr[dimension.name]), dimension.partitions_def, sorted(values)))
-    else:
-        dimensions.append((str(expr), definition, list(keys)))
-    conditions: list[str] = []
-    params: dict[str, Any] = {}
-    for n, (column, partitions, in_dimension) in enumerate(dimensions):
-        if isinstance(partitions, dg.TimeWindowPartitionsDefinition) and in_dimension:
-            windows = [partitions.time_window_for_partition_key(key) for key in in_dimension]
-            # As dagster-duckdb: the windows' span as naive UTC times, end exclusive.
-            params[f"start_{n}"], params[f"end_{n}"] = (
-                moment.astimezone(dt.UTC).replace(tzinfo=None)
-                for moment in (min(w.start for w in windows), max(w.end for w in windows))
-            )
-            conditions.append(f"({column}) >= $start_{n} AND ({column}) < $end_{n}")
-        else:
-            params[f"keys_{n}"] = in_dimension
-            conditions.append(f"({column}) IN (SELECT unnest($keys_{n}))")
-    return " WHERE " + " AND ".join(conditions), params
+    if isinstance(definition, dg.TimeWindowPartitionsDefinition) and context.asset_partition_keys:
+        # As dagster-duckdb: the window as naive UTC times, end exclusive.
+        start, end = (
+            moment.astimezone(dt.UTC).replace(tzinfo=None)
+            for moment in context.asset_partitions_time_window
+        )
+        return f" WHERE ({expr}) >= $start AND ({expr}) < $end", {"start": start, "end": end}
+    return f" WHERE ({expr}) IN (SELECT unnest($keys))", {"keys": context.asset_partition_keys}
 
 
 class FieldSalesIOManager(dg.IOManager):
@@ -195,9 +171,7 @@ class FieldSalesIOManager(dg.IOManager):
         else:
             schema = str(metadata.get("schema") or self._schema)
             table = context.asset_key.path[-1]
-        columns = (context.definition_metadata or {}).get("columns")
-        where, params = _partition_where(context, metadata)
-        return TableSlice(schema, table, tuple(columns) if columns else None, where, params)
+        return TableSlice(schema, table, *_partition_where(context, metadata))
 
     def handle_output(self, context: dg.OutputContext, obj: object) -> None:
         import pandas as pd  # noqa: PLC0415
@@ -269,7 +243,8 @@ class FieldSalesIOManager(dg.IOManager):
         table_slice = self._table_slice(context, upstream)
         if table_slice.where and not context.asset_partition_keys:
             return pd.DataFrame()
-        columns = ", ".join(map(quote_ident, table_slice.columns or ())) or "*"
+        wanted_columns = (context.definition_metadata or {}).get("columns") or ()
+        columns = ", ".join(map(quote_ident, wanted_columns)) or "*"
         query = f"SELECT {columns} FROM {qualified(table_slice.name)}{table_slice.where}"
         with self._warehouse.get_connection() as conn:
             try:
