@@ -133,11 +133,9 @@ def run_and_report(loaded: dg.Definitions, instance, warehouse: FieldSalesWareho
     went wrong. The asset selection names the run's target in the UI's runs list."""
     job = loaded.resolve_implicit_global_asset_job_def()
     keys = sorted(job.asset_layer.executable_asset_keys)
-    definitions = [*(loaded.assets or ()), *(loaded.asset_checks or ())]
-    steps = {d.op.name for d in definitions if isinstance(d, dg.AssetsDefinition)}
     print(
-        f"Materializing {len(keys)} assets and their checks in {len(steps)} steps; each line is "
-        "a step that finished:",
+        f"Materializing {len(keys)} assets and their checks in {len(job.graph.nodes)} steps; each "
+        "line is a step that finished:",
         flush=True,
     )
     result = job.with_logger_defs({"progress": progress_logger}).execute_in_process(

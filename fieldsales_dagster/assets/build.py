@@ -80,10 +80,9 @@ def _build_described(
         if table.follows is None:
             build_whole()
             return metadata
-        followed = build_following(
+        return metadata | build_following(
             conn, table.table, table.follows, published, params, build_whole, macros=macros
         )
-        return {**metadata, **followed}
     finally:
         with cleanup(conn):
             for decoded in table.decoded:
