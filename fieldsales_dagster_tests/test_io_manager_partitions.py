@@ -102,3 +102,26 @@ def test_a_partitioned_asset_without_partition_expr_fails_naming_the_metadata(tm
     assert not result.success
     failure = result.get_step_failure_events()[0].step_failure_data.error.to_string()
     assert "no_partition_expr" in failure and "'partition_expr' metadata" in failure
+
+
+@dg.asset(
+    io_manager_key="fieldsales_io_manager",
+    partitions_def=dg.MultiPartitionsDefinition({"day": DAYS, "region": REGIONS}),
+    metadata={"partition_expr": {"day": "sale_date", "region": "region"}},
+)
+def by_day_and_region() -> pd.DataFrame:
+    return pd.DataFrame({"sale_date": [pd.Timestamp("2024-01-01")], "region": ["north"]})
+
+
+def test_a_multi_partitioned_asset_is_refused_naming_the_metadata(tmp_path):
+    # One partition column per asset: a multi-partitioned one is refused before anything is stored.
+    result = dg.materialize(
+        [by_day_and_region],
+        partition_key=dg.MultiPartitionKey({"day": "2024-01-01", "region": "north"}),
+        resources=resources(make_warehouse(tmp_path)),
+        raise_on_error=False,
+    )
+    assert not result.success
+    failure = result.get_step_failure_events()[0].step_failure_data.error.to_string()
+    assert "by_day_and_region" in failure and "'partition_expr' metadata" in failure
+    assert "no multi-partitions" in failure

@@ -191,40 +191,33 @@ class FieldSalesIOManager(dg.IOManager):
                 f"(metadata={{'schema': ...}}; default {self._schema})."
             )
         frame, held = _values_stored(_columns_stored(obj, table), table)
+        target, where, params = qualified(table), table_slice.where, table_slice.params
+
+        def store(conn: duckdb.DuckDBPyConnection) -> dict[str, Any]:
+            conn.execute(f"CREATE SCHEMA IF NOT EXISTS {quote_ident(table_slice.schema)}")
+            if where and table_exists(conn, table):
+                conn.execute(f"DELETE FROM {target}{where}", params)
+                conn.execute(f"INSERT INTO {target} BY NAME SELECT * FROM {_FRAME}")
+            else:  # an unpartitioned output replaces the whole table, even with other columns
+                conn.execute(f"CREATE OR REPLACE TABLE {target} AS SELECT * FROM {_FRAME}")
+            check_stored(conn, table, held)  # the transaction rolls the table back on failure
+            if where:
+                return {
+                    "dagster/partition_row_count": len(frame),
+                    "dagster/table_name": table_name(self._warehouse.name, table),
+                }
+            # No preview: a user table may hold personal data the project cannot see.
+            schema = column_schema(conn, table, TableDoc(()), "keep")
+            return table_metadata(conn, self._warehouse.name, table, schema=schema, preview=False)
+
         with self._warehouse.get_connection() as conn:
             conn.register(_FRAME, frame)
             try:
                 # One transaction, so one snapshot: a store that fails leaves the table as it was.
-                metadata = run_transaction(
-                    conn, table, lambda: self._store(conn, table_slice, held, len(frame))
-                )
+                metadata = run_transaction(conn, table, lambda: store(conn))
             finally:
                 conn.unregister(_FRAME)
         context.add_output_metadata({**metadata, **storage_metadata(self._warehouse, table)})
-
-    def _store(
-        self,
-        conn: duckdb.DuckDBPyConnection,
-        table_slice: TableSlice,
-        held: dict[str, str],
-        rows: int,
-    ) -> dict[str, Any]:
-        table, target = table_slice.name, qualified(table_slice.name)
-        conn.execute(f"CREATE SCHEMA IF NOT EXISTS {quote_ident(table_slice.schema)}")
-        if table_slice.where and table_exists(conn, table):
-            conn.execute(f"DELETE FROM {target}{table_slice.where}", table_slice.params)
-            conn.execute(f"INSERT INTO {target} BY NAME SELECT * FROM {_FRAME}")
-        else:  # an unpartitioned output replaces the whole table, even with other columns
-            conn.execute(f"CREATE OR REPLACE TABLE {target} AS SELECT * FROM {_FRAME}")
-        check_stored(conn, table, held)  # the transaction rolls the table back on failure
-        if table_slice.where:
-            return {
-                "dagster/partition_row_count": rows,
-                "dagster/table_name": table_name(self._warehouse.name, table),
-            }
-        # No preview: a user table may hold personal data the project cannot see.
-        schema = column_schema(conn, table, TableDoc(()), "keep")
-        return table_metadata(conn, self._warehouse.name, table, schema=schema, preview=False)
 
     def load_input(self, context: dg.InputContext) -> pd.DataFrame:
         import pandas as pd  # noqa: PLC0415
