@@ -22,7 +22,6 @@ from fieldsales_dagster.warehouse.rows import one_row
 SAMPLE_SIZE = 5
 #: Rows per bucket of the ids_unique screen (see there): ~1M hash groups fit the memory limit.
 SCREEN_BUCKET_ROWS = 1_000_000
-Evaluate = Callable[[duckdb.DuckDBPyConnection, CoreTable], dg.AssetCheckResult]
 
 
 def _fetch_one(conn: duckdb.DuckDBPyConnection, sql: str) -> tuple:
@@ -34,7 +33,7 @@ def _fetch_one(conn: duckdb.DuckDBPyConnection, sql: str) -> tuple:
 class CheckKind:
     """A check implementation: one of ``CHECKS``, or written out in a table's YAML."""
 
-    evaluate: Evaluate
+    evaluate: Callable[[duckdb.DuckDBPyConnection, CoreTable], dg.AssetCheckResult]
     #: What the check promises: ``{table}`` is the checked table's name; or ``f(table)``.
     description: str | Callable[[CoreTable], str]
     blocking: bool = False
@@ -112,16 +111,13 @@ def checks_of(table: CoreTable) -> list[CoreCheck]:
     return [CoreCheck(table, name, kinds[name]) for name in table.checks]
 
 
-SCHEMA_CHECK = "column_schema_change"
-
-
 def build_schema_change_checks(
     names: InstanceNames, assets: Sequence[dg.AssetsDefinition]
 ) -> dg.AssetChecksDefinition:
     """Dagster's ``build_column_schema_change_checks`` (beta), in a step not named by a hash."""
     description = "The columns (names and types) are those of the previous materialization."
     specs = [
-        dg.AssetCheckSpec(SCHEMA_CHECK, asset=key, description=description)
+        dg.AssetCheckSpec("column_schema_change", asset=key, description=description)
         for asset in assets
         for key in asset.keys
     ]
@@ -237,14 +233,10 @@ def ids_unique(conn: duckdb.DuckDBPyConnection, table: CoreTable) -> dg.AssetChe
     )
 
 
-NOT_FINITE = "not finite"
-
-
 def untyped_values_found(
     conn: duckdb.DuckDBPyConnection, table: CoreTable, not_finite: bool
 ) -> dg.AssetCheckResult:
     """Rows whose ``untyped_values`` hold NaN/infinity if ``not_finite``, else other problems."""
-    kind = "=" if not_finite else "<>"
     rows, by_field, sample = _fetch_one(
         conn,
         f"""
@@ -253,7 +245,7 @@ def untyped_values_found(
             FROM {qualified(table.table)} WHERE untyped_values IS NOT NULL
         ), counted AS (
             SELECT row_key, entry.field, entry.value, entry.problem
-            FROM entries WHERE entry.problem {kind} '{NOT_FINITE}'
+            FROM entries WHERE entry.problem {"=" if not_finite else "<>"} 'not finite'
         )
         SELECT
             count(DISTINCT row_key),
