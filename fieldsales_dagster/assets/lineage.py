@@ -41,10 +41,9 @@ def _cache_file() -> Path:
 @functools.cache
 def _stored() -> dict[str, Any]:
     try:
-        found = json.loads(_cache_file().read_text("utf-8"))
+        return json.loads(_cache_file().read_text("utf-8"))
     except (OSError, ValueError):
         return {}
-    return found if isinstance(found, dict) else {}
 
 
 def _parsed_once(kind: str, key: str, parse: Callable[[], Any]) -> Any:
