@@ -52,15 +52,11 @@ def _columns_stored(frame: pd.DataFrame, table: str) -> pd.DataFrame:
     if isinstance(frame.columns, pd.MultiIndex):
         raise _refuse(table, frame.columns[0], "is one of several column levels", "Flatten them")
     index = frame.index
-    row_numbers = index.nlevels == 1 and index.name is None and pd.api.types.is_integer_dtype(index)
-    if not row_numbers:
-        unnamed = ["index"] if index.nlevels == 1 else [f"level_{i}" for i in range(index.nlevels)]
-        names = [name if name is not None else unnamed[i] for i, name in enumerate(index.names)]
-        taken = {str(c).lower() for c in frame.columns}
-        if clash := [name for name in names if str(name).lower() in taken]:
+    if not (index.nlevels == 1 and index.name is None and pd.api.types.is_integer_dtype(index)):
+        if clash := [name for name in index.names if name in frame.columns]:
             why = "is both an index level and a column"
             raise _refuse(table, clash[0], why, "Rename or drop the level")
-        frame = frame.reset_index(names=names)
+        frame = frame.reset_index()  # an unnamed level as pandas names it: index, level_0, ...
     if len(frame.columns) == 0:
         raise _refuse(table, "", "is missing: the frame has no columns", "Return one")
     lowered = [str(column).lower() for column in frame.columns]
