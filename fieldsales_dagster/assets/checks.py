@@ -153,11 +153,7 @@ def _schema_change(values: list[Any]) -> tuple[bool, str]:
     latest, previous = ({c.name: c.type for c in schema.columns} for schema in schemas)
     changes = [f"added: {name}" for name in latest.keys() - previous.keys()]
     changes += [f"removed: {name}" for name in previous.keys() - latest.keys()]
-    changes += [
-        f"{name}: {previous[name]} -> {latest[name]}"
-        for name in latest.keys() & previous.keys()
-        if latest[name] != previous[name]
-    ]
+    changes += [f"{n}: {previous[n]} -> {t}" for n, t in latest.items() if previous.get(n, t) != t]
     if not changes:
         return True, "The columns are those of the previous materialization."
     return False, "Column schema changed since the previous materialization: " + "; ".join(
@@ -220,7 +216,6 @@ def ids_unique(conn: duckdb.DuckDBPyConnection, table: CoreTable) -> dg.AssetChe
             found.append(_fetch_one(conn, _exact_sql(table, in_bucket)))
     duplicated, with_null = sum(f[0] for f in found), sum(f[1] for f in found)
     samples = sorted((sample for f in found for sample in f[2]), key=lambda s: (-s[0], s[1]))
-    offending = [key for _, key in samples]
     return dg.AssetCheckResult(
         passed=duplicated == 0 and with_null == 0,
         severity=dg.AssetCheckSeverity.ERROR,
@@ -228,7 +223,7 @@ def ids_unique(conn: duckdb.DuckDBPyConnection, table: CoreTable) -> dg.AssetChe
             "key": ", ".join(table.key),
             "duplicated_rows": int(duplicated),
             "rows_with_null_key": int(with_null),
-            "offending_keys": ", ".join(offending[:SAMPLE_SIZE]),
+            "offending_keys": ", ".join(key for _, key in samples[:SAMPLE_SIZE]),
         },
     )
 

@@ -29,9 +29,8 @@ def build_export_asset(
         ),
     )
     def _export(context: dg.AssetExecutionContext) -> dg.MaterializeResult:
-        warehouse = names.warehouse.of(context)
         try:
-            done = warehouse.export()
+            done = names.warehouse.of(context).export()
         except ExportError as exc:
             raise dg.Failure(str(exc)) from None
         assert done is not None  # defined only when an export is set
