@@ -70,8 +70,7 @@ class CoreCheck:
         )
 
     def result(self, conn: duckdb.DuckDBPyConnection, names: InstanceNames) -> dg.AssetCheckResult:
-        evaluation = self.kind.evaluate(conn, self.table)
-        return evaluation._replace(
+        return self.kind.evaluate(conn, self.table)._replace(
             asset_key=names.asset_key(self.table.asset_name), check_name=self.name
         )
 

@@ -149,8 +149,7 @@ def derived_tables(folder: Path = PACKAGE_SQL) -> tuple[CoreTable, ...]:
     except graphlib.CycleError as exc:
         cycle = ", ".join(f"sql/{stem}.sql" for stem in sorted(set(exc.args[1])))
         raise QueryReadError(
-            f"The queries {cycle} read each other in a cycle: no order builds them. Fix a query's "
-            "FROM or JOIN."
+            f"The queries {cycle} read each other in a cycle. Fix a query's FROM or JOIN."
         ) from None
 
 
@@ -187,9 +186,8 @@ def upstream_of(table: CoreTable) -> tuple[tuple[str, ...], tuple[Decoded, ...]]
         schema = name.partition(".")[0]
         if schema not in BUILT_SCHEMAS:
             raise QueryReadError(
-                f"{where} reads {name}, in schema {schema}, which this project does not build "
-                f"(it builds {', '.join(BUILT_SCHEMAS)}), so it may be built later. Read the "
-                "project's tables only."
+                f"{where} reads {name}, in schema {schema}, which this project does not build (it "
+                f"builds {', '.join(BUILT_SCHEMAS)}). Read the project's tables only."
             )
         if schema == "raw":
             if name not in RAW_ASSETS:
