@@ -78,14 +78,8 @@ def build_core_assets(
     tables: Sequence[CoreTable] | None = None,
 ) -> list[dg.AssetsDefinition]:
     """One asset per table of ``tables`` (default: the package's), in its schema's group."""
+    checks_of = checks_for or (lambda table: ())
     return [
-        build_core_asset(
-            names,
-            table,
-            owners,
-            freshness_policy,
-            checks_for(table) if checks_for else (),
-            io_manager_key,
-        )
-        for table in (derived_tables() if tables is None else tables)
+        build_core_asset(names, t, owners, freshness_policy, checks_of(t), io_manager_key)
+        for t in (derived_tables() if tables is None else tables)
     ]
