@@ -38,57 +38,52 @@ def build_described_table(
     """Build and swap in ``table``, its decoded tables brought up to date first. A not-kept one
     is shared before ``commit`` (a lake transaction writes one database) and, outside a run,
     dropped after it."""
-    shared: dict[Decoded, DecodeRefresh] = {}
+    refreshed: dict[Decoded, DecodeRefresh] = {}
+
+    def build() -> dict[str, Any]:
+        for decoded in table.decoded:
+            if not decoded.kept:
+                read_shared(conn, warehouse, decoded)
+                continue
+            with failing_as(table.table, reads=decoded.table):
+                refreshed[decoded] = refresh_decoded(conn, decoded)
+        metadata = decode_metadata([(decoded, refreshed[decoded]) for decoded in table.decoded])
+        query = core_query(table)
+        with failing_as(table.table):
+            macros = create_macros(conn, query)
+            if table.follows is not None:
+                define_decoded_rows(conn, table.follows)
+            published, params = publishing_query(conn, table.table, query, table.doc, warehouse)
+
+        def describe(staged: str) -> None:
+            comment_table(conn, staged, table.description, table.doc, warehouse.pii)
+
+        def build_whole() -> None:
+            build_table(conn, table.table, published, params, before_swap=describe)
+
+        try:
+            if table.follows is None:
+                build_whole()
+                return metadata
+            return metadata | build_following(
+                conn, table.table, table.follows, published, params, build_whole, macros=macros
+            )
+        finally:
+            with cleanup(conn):
+                for decoded in table.decoded:
+                    if not decoded.kept:
+                        name = decoded.table.partition(".")[2]
+                        conn.execute(f"DROP VIEW IF EXISTS temp.{quote_ident(name)}")
+
     try:
         for decoded in table.decoded:
             if not decoded.kept:
                 with failing_as(table.table, reads=decoded.table):
-                    shared[decoded] = share_decoded(conn, warehouse, decoded)
-        return commit(conn, table.table, lambda: _build_described(conn, table, warehouse, shared))
+                    refreshed[decoded] = share_decoded(conn, warehouse, decoded)
+        return commit(conn, table.table, build)
     finally:
         if not warehouse.in_run:
             warehouse.drop_shared(conn)
-
-
-def _build_described(
-    conn: duckdb.DuckDBPyConnection,
-    table: CoreTable,
-    warehouse: FieldSalesWarehouse,
-    refreshed: dict[Decoded, DecodeRefresh],
-) -> dict[str, Any]:
-    for decoded in table.decoded:
-        if not decoded.kept:
-            read_shared(conn, warehouse, decoded)
-            continue
-        with failing_as(table.table, reads=decoded.table):
-            refreshed[decoded] = refresh_decoded(conn, decoded)
-    metadata = decode_metadata([(decoded, refreshed[decoded]) for decoded in table.decoded])
-    query = core_query(table)
-    with failing_as(table.table):
-        macros = create_macros(conn, query)
-        if table.follows is not None:
-            define_decoded_rows(conn, table.follows)
-        published, params = publishing_query(conn, table.table, query, table.doc, warehouse)
-
-    def describe(staged: str) -> None:
-        comment_table(conn, staged, table.description, table.doc, warehouse.pii)
-
-    def build_whole() -> None:
-        build_table(conn, table.table, published, params, before_swap=describe)
-
-    try:
-        if table.follows is None:
-            build_whole()
-            return metadata
-        return metadata | build_following(
-            conn, table.table, table.follows, published, params, build_whole, macros=macros
-        )
-    finally:
-        with cleanup(conn):
-            for decoded in table.decoded:
-                if not decoded.kept:
-                    name = decoded.table.partition(".")[2]
-                    conn.execute(f"DROP VIEW IF EXISTS temp.{quote_ident(name)}")
 
 
 def materialize_core_table(
