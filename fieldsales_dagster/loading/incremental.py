@@ -11,6 +11,7 @@ from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
+from functools import partial
 from importlib import resources
 from typing import Any
 
@@ -36,7 +37,6 @@ from fieldsales_dagster.loading.raw_load import (
 )
 from fieldsales_dagster.loading.refresh_mode import (
     IncrementalRefreshError,
-    ModeDecision,
     PreviousLoad,
     choose_mode,
 )
@@ -51,7 +51,6 @@ from fieldsales_dagster.warehouse.warehouse import (
     table_exists,
 )
 
-STATE_SCHEMA = "meta"
 STATE_TABLE = "meta.refresh_state"
 FINGERPRINTS_TABLE = "meta.event_fingerprints"
 #: A temporary table (memory, spilling to temp_directory): the re-fetched rows are written to the
@@ -120,15 +119,17 @@ def read_previous_load(conn: duckdb.DuckDBPyConnection) -> PreviousLoad | None:
         if table_exists(conn, TRANSACTIONS.raw_table)
         else None
     )
-    last_full_at, recorded = row[0].replace(tzinfo=UTC), row[2] and row[2].replace(tzinfo=UTC)
-    return PreviousLoad(last_full_at, row[1], rows_stored, recorded, _events_loaded_at(conn))
+    last_full_at, recorded, events_now = (
+        moment and moment.replace(tzinfo=UTC) for moment in (*row[::2], _events_loaded_at(conn))
+    )
+    return PreviousLoad(last_full_at, row[1], rows_stored, recorded, events_now)
 
 
 def _events_loaded_at(conn: duckdb.DuckDBPyConnection) -> datetime | None:
-    if not table_exists(conn, EVENTS.raw_table):
-        return None
-    value = one_row(conn, f"SELECT max(loaded_at) FROM {qualified(EVENTS.raw_table)}")[0]
-    return value.replace(tzinfo=UTC) if value else None
+    """The newest ``raw.events`` load (naive, UTC)."""
+    if table_exists(conn, EVENTS.raw_table):
+        return one_row(conn, f"SELECT max(loaded_at) FROM {qualified(EVENTS.raw_table)}")[0]
+    return None
 
 
 def _fingerprint_current_events(conn: duckdb.DuckDBPyConnection, now: datetime) -> None:
@@ -167,11 +168,11 @@ def _fingerprint_current_events(conn: duckdb.DuckDBPyConnection, now: datetime) 
     )
 
 
-def _write_state(conn: duckdb.DuckDBPyConnection, *, mode: str, at: datetime, rows: int) -> None:
+def _write_state(conn: duckdb.DuckDBPyConnection, rows: int, *, mode: str, at: datetime) -> None:
     """Record a complete load and its events' fingerprints, in the caller's transaction. A
     re-sync moves only its events' fingerprints, so the next refresh still sees the others'."""
     naive, resync = at.astimezone(UTC).replace(tzinfo=None), mode == "resync"
-    conn.execute(f"CREATE SCHEMA IF NOT EXISTS {STATE_SCHEMA}")
+    conn.execute("CREATE SCHEMA IF NOT EXISTS meta")
     # One row per table, kept by delete-then-insert: a DuckLake has no PRIMARY KEY.
     conn.execute(
         f"CREATE TABLE IF NOT EXISTS {STATE_TABLE} (table_name VARCHAR, "
@@ -183,9 +184,7 @@ def _write_state(conn: duckdb.DuckDBPyConnection, *, mode: str, at: datetime, ro
         f"SELECT max(last_full_at), max(events_loaded_at) FROM {STATE_TABLE} WHERE table_name = ?",
         [TRANSACTIONS.raw_table],
     )
-    if not resync:
-        events_now = _events_loaded_at(conn)
-        events_loaded_at = events_now.replace(tzinfo=None) if events_now else None
+    events_loaded_at = events_loaded_at if resync else _events_loaded_at(conn)
     conn.execute(f"DELETE FROM {STATE_TABLE} WHERE table_name = ?", [TRANSACTIONS.raw_table])
     last_full_at = naive if mode == "full" else last_full_at
     conn.execute(
@@ -241,17 +240,13 @@ def refresh_raw_list(
     if endpoint.raw_table == TRANSACTIONS.raw_table:
         run = Merging(api, conn, log, before_swap, run_id)
         now = run.now
-        decision = choose_mode(
-            policy.mode,
-            read_previous_load(conn),
-            now=now,
-            full_refresh_every_days=policy.full_refresh_every_days,
-        )
+        previous, every = read_previous_load(conn), policy.full_refresh_every_days
+        decision = choose_mode(policy.mode, previous, now=now, full_refresh_every_days=every)
         log(f"transactions: {decision.mode} refresh: {decision.reason}")
         reason = decision.reason
         if decision.mode == "incremental":
             try:
-                return _incremental(run, policy, decision)
+                return _incremental(run, policy, reason)
             except FallBack as exc:
                 if policy.mode == "incremental" and not exc.filter_ignored:
                     raise IncrementalRefreshError(
@@ -261,10 +256,8 @@ def refresh_raw_list(
                 warn(f"transactions: incremental refresh abandoned, running a full one: {exc}")
                 reason, spent = f"fell back from incremental: {exc}", exc.bytes_fetched
         _fingerprint_current_events(conn, now)
-
-        def after_swap(rows: int) -> None:
-            # In the swap's transaction: never a new table with old state.
-            _write_state(conn, mode="full", at=now, rows=rows)
+        # In the swap's transaction: never a new table with old state.
+        after_swap = partial(_write_state, conn, mode="full", at=now)
 
     report = load_list(
         api,
@@ -329,23 +322,19 @@ def _plan(conn: duckdb.DuckDBPyConnection, lookback_days: float, now: datetime) 
     return read_plan(conn)
 
 
-def _incremental(run: Merging, policy: RefreshPolicy, decision: ModeDecision) -> RefreshReport:
+def _incremental(run: Merging, policy: RefreshPolicy, reason: str) -> RefreshReport:
     plan = _plan(run.conn, policy.lookback_days, run.now)
-    new, changed, recent = (plan.why.get(why, 0) for why in ("new", "changed", "recent"))
-    refetched = len(plan.event_ids)
+    counts = {f"events_{why}": plan.why.get(why, 0) for why in ("new", "changed", "recent")}
+    counts["events_removed"], refetched = len(plan.removed_ids), len(plan.event_ids)
     run.log(
-        f"transactions: re-fetching {refetched} of {plan.events} events by eventId ({new} new, "
-        f"{changed} changed, {recent} within {policy.lookback_days:g} days); "
-        f"{len(plan.removed_ids)} events disappeared"
+        f"transactions: re-fetching {refetched} of {plan.events} events by eventId (recent: "
+        f"within {policy.lookback_days:g} days): {counts}"
     )
     if policy.mode == "auto" and refetched > MAX_REFETCH_SHARE * max(plan.events, 1):
         why = f"{refetched} of {plan.events} events changed: paging the whole list is cheaper"
         raise FallBack(why, 0)
-    report = refetch_and_merge(run, plan, "incremental", decision.reason)
-    removed = len(plan.removed_ids)
-    report.counts.update(
-        events_new=new, events_changed=changed, events_recent=recent, events_removed=removed
-    )
+    report = refetch_and_merge(run, plan, "incremental", reason)
+    report.counts.update(counts)
     return report
 
 
@@ -353,20 +342,17 @@ def refetch_and_merge(run: Merging, plan: RefetchPlan, mode: str, reason: str) -
     """Re-fetch ``plan``'s events' transactions by ``eventId`` and merge them; a re-sync's merge
     (``mode="resync"``) is not held to the server's global ``count``."""
     stats, conn = ListStats(), run.conn
-    reader = ThreadPoolExecutor(max_workers=1, thread_name_prefix="fieldsales-replaced")
-    replaced = reader.submit(
-        _read_replaced, same_database_cursor(conn), plan.event_ids + plan.removed_ids
-    )
-    try:
-        total = _fetch_by_event(run, plan, stats, count=mode != "resync")
-        counts = _merge(run, mode, total, stats.bytes, replaced.result())
-    finally:
-        reader.shutdown(wait=True)
-        drop_table(conn, qualified(STAGE_TABLE))
+    with ThreadPoolExecutor(max_workers=1, thread_name_prefix="fieldsales-replaced") as reader:
+        cursor = same_database_cursor(conn)
+        replaced = reader.submit(_read_replaced, cursor, plan.event_ids + plan.removed_ids)
+        try:
+            total = _fetch_by_event(run, plan, stats, count=mode != "resync")
+            counts = _merge(run, mode, total, stats.bytes, replaced.result())
+        finally:
+            drop_table(conn, qualified(STAGE_TABLE))
     load = LoadReport.of(TRANSACTIONS.raw_table, counts["rows"], total, stats, run.started)
     run.log(
-        f"transactions: merged {len(plan.event_ids)} events: {counts['added']} added, "
-        f"{counts['changed']} changed, {counts['removed']} removed; {counts['rows']} rows "
+        f"transactions: merged {len(plan.event_ids)} events: {counts} "
         f"({stats.requests} requests, {stats.bytes / 1e6:.1f} MB, {load.seconds:.1f} s)"
     )
     changes = {f"transactions_{what}": counts[what] for what in ("added", "changed", "removed")}
@@ -385,10 +371,9 @@ def _fetch_by_event(run: Merging, plan: RefetchPlan, stats: ListStats, count: bo
         ListPasses(executor, staging).run(
             [Stream(TRANSACTIONS.with_params(eventId=e), e, api.page_size) for e in plan.event_ids]
         )
-    except FilterIgnoredError as exc:
-        raise FallBack(str(exc), stats.bytes, filter_ignored=True) from None
-    except (PagingError, IncompleteListError) as exc:
-        raise FallBack(str(exc), stats.bytes) from None
+    except (FilterIgnoredError, PagingError, IncompleteListError) as exc:
+        ignored = isinstance(exc, FilterIgnoredError)
+        raise FallBack(str(exc), stats.bytes, filter_ignored=ignored) from None
     staging.seal()
     if not count:
         return None
@@ -404,7 +389,7 @@ def _read_replaced(cursor: duckdb.DuckDBPyConnection, event_ids: list[str]) -> d
     while the pages are fetched: reading payloads back is most of a merge's cost (~1 s at 1M for
     1% of the events; ``DELETE ... RETURNING`` would read every row's). The loader holds the
     write lock."""
-    try:
+    with cursor:
         return dict(
             cursor.execute(
                 f"SELECT id, hash(payload::VARCHAR) FROM {qualified(TRANSACTIONS.raw_table)} "
@@ -412,63 +397,16 @@ def _read_replaced(cursor: duckdb.DuckDBPyConnection, event_ids: list[str]) -> d
                 {"ids": event_ids},
             ).fetchall()
         )
-    finally:
-        cursor.close()
 
 
 def _merge(
     run: Merging, mode: str, server_count: int | None, spent: int, replaced: dict[str, int]
 ) -> dict[str, int]:
     """Replace the re-fetched and removed events' transactions, check, record the new state:
-    one transaction, with ``before_swap``, the deletion audit and the stage's drop. ``replaced``
-    (``_read_replaced``) gives the counts of changed, added and removed transactions."""
-    conn, now = run.conn, run.now
-    target, stage = qualified(TRANSACTIONS.raw_table), qualified(STAGE_TABLE)
-    staged, stored, old = _staged_and_old(conn, replaced, spent)
-
-    def merge() -> tuple[int, dict[str, int]]:
-        if run.before_swap is not None:
-            run.before_swap(STAGE_TABLE)
-        # After before_swap: a redacted payload compares with the redacted one stored.
-        new = dict(conn.execute(f"SELECT id, hash(payload::VARCHAR) FROM {stage}").fetchall())
-        scope, kept = f"event_id IN ({REPLACED_EVENTS})", f"SELECT id FROM {stage}"
-        record_deletions(conn, TRANSACTIONS, kept=kept, scope=scope, run_id=run.run_id, at=now)
-        deleted = _delete_replaced(conn, moved=len(old) > len(replaced))
-        pause_at("merge")
-        conn.execute(f"INSERT INTO {target} BY NAME SELECT * FROM {stage}")
-        rows = one_row(conn, f"SELECT count(*) FROM {target}")[0]
-        # Ids are distinct by construction (stored, staged, every stored copy of a staged id
-        # deleted): the rows must add up, and match the server's count unless a re-sync.
-        if (
-            deleted != len(old)
-            or rows != stored - deleted + staged
-            or server_count not in (None, rows)
-        ):
-            counts = "" if server_count is None else f" but the server counts {server_count}"
-            raise FallBack(
-                f"after the merge raw.transactions would hold {rows} rows ({stored} stored, "
-                f"{deleted} deleted where {len(old)} were expected, {staged} fetched){counts}",
-                spent,
-            )
-        _write_state(conn, mode=mode, at=now, rows=rows)
-        conn.execute(f"DROP TABLE {stage}")
-        return rows, new
-
-    rows, new = run_transaction(conn, TRANSACTIONS.raw_table, merge)
-    return {
-        "rows": rows,
-        "added": sum(1 for key in new if key not in old),
-        "changed": sum(1 for key, digest in new.items() if key in old and old[key] != digest),
-        "removed": sum(1 for key in old if key not in new),
-    }
-
-
-def _staged_and_old(
-    conn: duckdb.DuckDBPyConnection, replaced: dict[str, int], spent: int
-) -> tuple[int, int, dict[str, int]]:
-    """Rows staged (each id once, or refused), rows stored, and ids and payload hashes of every
-    stored row the merge replaces: ``replaced``, and staged ids stored under another event."""
-    target, stage = qualified(TRANSACTIONS.raw_table), qualified(STAGE_TABLE)
+    one transaction, with ``before_swap``, the deletion audit and the stage's drop. ``old`` is
+    every stored row replaced: ``replaced`` (``_read_replaced``) and staged ids stored under
+    another event; it gives the counts of changed, added and removed transactions."""
+    conn, target, stage = run.conn, qualified(TRANSACTIONS.raw_table), qualified(STAGE_TABLE)
     staged, distinct_staged = one_row(conn, f"SELECT count(*), count(DISTINCT id) FROM {stage}")
     if staged != distinct_staged:
         raise FallBack(f"{staged - distinct_staged} transactions listed under two events", spent)
@@ -479,7 +417,38 @@ def _staged_and_old(
         old.update(
             conn.execute(f"SELECT id, hash(payload::VARCHAR) FROM {target} {moved}").fetchall()
         )
-    return staged, one_row(conn, f"SELECT count(*) FROM {target}")[0], old
+
+    def merge() -> tuple[int, dict[str, int]]:
+        if run.before_swap is not None:
+            run.before_swap(STAGE_TABLE)
+        # After before_swap: a redacted payload compares with the redacted one stored.
+        new = dict(conn.execute(f"SELECT id, hash(payload::VARCHAR) FROM {stage}").fetchall())
+        scope, kept = f"event_id IN ({REPLACED_EVENTS})", f"SELECT id FROM {stage}"
+        record_deletions(conn, TRANSACTIONS, kept=kept, scope=scope, run_id=run.run_id, at=run.now)
+        deleted = _delete_replaced(conn, moved=len(old) > len(replaced))
+        pause_at("merge")
+        conn.execute(f"INSERT INTO {target} BY NAME SELECT * FROM {stage}")
+        rows = one_row(conn, f"SELECT count(*) FROM {target}")[0]
+        # Ids are distinct by construction (staged once each, every stored copy of a staged id
+        # deleted): the delete must match what was read, and rows the server's count.
+        if deleted != len(old) or server_count not in (None, rows):
+            counts = "" if server_count is None else f" but the server counts {server_count}"
+            raise FallBack(
+                f"after the merge raw.transactions would hold {rows} rows ({deleted} deleted "
+                f"where {len(old)} were expected){counts}",
+                spent,
+            )
+        _write_state(conn, rows, mode=mode, at=run.now)
+        conn.execute(f"DROP TABLE {stage}")
+        return rows, new
+
+    rows, new = run_transaction(conn, TRANSACTIONS.raw_table, merge)
+    return {
+        "rows": rows,
+        "added": sum(1 for key in new if key not in old),
+        "changed": sum(1 for key, digest in new.items() if key in old and old[key] != digest),
+        "removed": sum(1 for key in old if key not in new),
+    }
 
 
 def _delete_replaced(conn: duckdb.DuckDBPyConnection, moved: bool) -> int:

@@ -31,10 +31,6 @@ class ModeDecision:
     reason: str
 
 
-def _days(delta: timedelta) -> str:
-    return f"{delta.total_seconds() / 86400:.1f} days"
-
-
 def choose_mode(
     requested: str,
     previous: PreviousLoad | None,
@@ -66,21 +62,12 @@ def choose_mode(
             )
         return ModeDecision("full", why)
     age = now - previous.last_full_at
-    future = from_the_future(previous.last_full_at, now, "the last full refresh")
-    if future is not None and requested != "incremental":
-        return ModeDecision("full", future)
+    why = f"the last full refresh was {age.total_seconds() / 86400:.1f} days ago"
     if requested == "incremental":
-        return ModeDecision(
-            "incremental", f"refresh_mode=incremental was asked for (last full {_days(age)} ago)"
-        )
+        return ModeDecision("incremental", f"refresh_mode=incremental was asked for ({why})")
+    if future := from_the_future(previous.last_full_at, now, "the last full refresh"):
+        return ModeDecision("full", future)
+    every = f"full_refresh_every_days={full_refresh_every_days:g}"
     if age >= timedelta(days=full_refresh_every_days):
-        return ModeDecision(
-            "full",
-            f"the last full refresh was {_days(age)} ago, full_refresh_every_days="
-            f"{full_refresh_every_days:g}",
-        )
-    return ModeDecision(
-        "incremental",
-        f"a complete load exists and the last full refresh was {_days(age)} ago "
-        f"(< full_refresh_every_days={full_refresh_every_days:g})",
-    )
+        return ModeDecision("full", f"{why}, {every}")
+    return ModeDecision("incremental", f"a complete load exists and {why} (< {every})")

@@ -52,9 +52,8 @@ class ResyncRequest:
 
     def describe(self) -> str:
         if self.event_ids:
-            shown = ", ".join(self.event_ids[:NAMED])
             more = f" and {len(self.event_ids) - NAMED} more" if len(self.event_ids) > NAMED else ""
-            return f"re-sync of event_ids {shown}{more}"
+            return f"re-sync of event_ids {', '.join(self.event_ids[:NAMED])}{more}"
         start, end = (
             moment.isoformat() if moment else "?" for moment in (self.changed_from, self.changed_to)
         )
@@ -62,15 +61,13 @@ class ResyncRequest:
 
 
 def _known_ids(conn: duckdb.DuckDBPyConnection) -> str:
-    """A query of every event id this lake knows: listed, stored, fingerprinted or audited."""
-    sources = [f"SELECT event_id FROM {FINGERPRINTS_NOW}"]
-    if table_exists(conn, TRANSACTIONS.raw_table):
-        sources.append(f"SELECT event_id FROM {qualified(TRANSACTIONS.raw_table)}")
-    if table_exists(conn, FINGERPRINTS_TABLE):
-        sources.append(f"SELECT event_id FROM {FINGERPRINTS_TABLE}")
-    if table_exists(conn, audit_table(EVENTS)):
-        sources.append(f"SELECT id FROM {qualified(audit_table(EVENTS))}")
-    return " UNION ".join(sources)
+    """A query of every event id this lake knows: listed, fingerprinted, stored or audited."""
+    tables = {FINGERPRINTS_TABLE: "event_id", TRANSACTIONS.raw_table: "event_id"}
+    tables[audit_table(EVENTS)] = "id"
+    known = [
+        f"SELECT {key} FROM {qualified(t)}" for t, key in tables.items() if table_exists(conn, t)
+    ]
+    return " UNION ".join([f"SELECT event_id FROM {FINGERPRINTS_NOW}", *known])
 
 
 def _choose_events(conn: duckdb.DuckDBPyConnection, request: ResyncRequest) -> None:
@@ -129,17 +126,14 @@ def resync_transactions(
     gone = [row[0] for row in conn.execute(query).fetchall()]
     log(
         f"transactions: {request.describe()}: re-fetching {len(plan.event_ids)} of "
-        f"{plan.events} events by eventId"
-        + (f"; {len(gone)} no longer listed: {', '.join(gone[:NAMED])}" if gone else "")
+        f"{plan.events} events by eventId; no longer listed: {', '.join(gone[:NAMED]) or 'none'}"
     )
     try:
         report = refetch_and_merge(run, plan, "resync", request.describe())
     except FallBack as exc:
-        what = "the server ignores the eventId filter" if exc.filter_ignored else "a failed guard"
-        again = "" if exc.filter_ignored else "it again, or run "
         raise ResyncError(
-            f"raw_transactions: the re-sync stopped on {what} ({exc}); nothing was changed. Run "
-            f"{again}a full refresh (refresh_mode: full)."
+            f"raw_transactions: the re-sync stopped: {exc}; nothing was changed. Run a full "
+            "refresh (refresh_mode: full) to reconcile."
         ) from None
     report.counts["events_removed"] = len(gone)
     return report
