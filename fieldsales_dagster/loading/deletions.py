@@ -16,13 +16,12 @@ from fieldsales_dagster.warehouse.quoting import qualified, quote_ident
 from fieldsales_dagster.warehouse.rows import one_row
 from fieldsales_dagster.warehouse.warehouse import table_exists
 
-AUDIT_SCHEMA = "meta"
 GONE_TABLE = "_fs_gone"  # ids gone in one recording (temporary)
 
 
 def audit_table(endpoint: ListEndpoint) -> str:
     """``raw.transactions`` -> ``meta.transactions_deleted``."""
-    return f"{AUDIT_SCHEMA}.{endpoint.table}_deleted"
+    return f"meta.{endpoint.table}_deleted"
 
 
 def record_deletions(
@@ -39,7 +38,7 @@ def record_deletions(
     reappeared. Returns how many were deleted. Payloads are read only for rows that are gone."""
     audit = qualified(audit_table(endpoint))
     extra = "".join(f", {quote_ident(column)} VARCHAR" for column, _ in endpoint.extra_columns)
-    conn.execute(f"CREATE SCHEMA IF NOT EXISTS {AUDIT_SCHEMA}")
+    conn.execute("CREATE SCHEMA IF NOT EXISTS meta")
     conn.execute(
         f"CREATE TABLE IF NOT EXISTS {audit} (id VARCHAR, payload JSON, loaded_at TIMESTAMP"
         f"{extra}, deleted_at TIMESTAMP, run_id VARCHAR, reappeared_at TIMESTAMP, "

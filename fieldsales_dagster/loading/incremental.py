@@ -194,12 +194,9 @@ def _write_state(conn: duckdb.DuckDBPyConnection, rows: int, *, mode: str, at: d
     if not resync:
         conn.execute(f"CREATE OR REPLACE TABLE {FINGERPRINTS_TABLE} AS FROM {FINGERPRINTS_NOW}")
         return
-    events = f"SELECT event_id FROM {REFETCH_TABLE}"
-    conn.execute(f"DELETE FROM {FINGERPRINTS_TABLE} WHERE event_id IN ({events})")
-    conn.execute(
-        f"INSERT INTO {FINGERPRINTS_TABLE} BY NAME SELECT * FROM {FINGERPRINTS_NOW} "
-        f"WHERE event_id IN ({events})"
-    )
+    ours = f"event_id IN (SELECT event_id FROM {REFETCH_TABLE})"
+    conn.execute(f"DELETE FROM {FINGERPRINTS_TABLE} WHERE {ours}")
+    conn.execute(f"INSERT INTO {FINGERPRINTS_TABLE} BY NAME FROM {FINGERPRINTS_NOW} WHERE {ours}")
 
 
 @dataclass
@@ -284,17 +281,18 @@ class RefetchPlan:
     why: dict[str, int]
 
 
+def event_ids(conn: duckdb.DuckDBPyConnection, rows: str) -> list[str]:
+    """The ``event_id`` of ``rows`` (a table and condition), sorted."""
+    return [row[0] for row in conn.execute(f"SELECT event_id FROM {rows} ORDER BY 1").fetchall()]
+
+
 def read_plan(conn: duckdb.DuckDBPyConnection) -> RefetchPlan:
     """The plan that ``REFETCH_TABLE`` and ``REMOVED_TABLE`` hold."""
-
-    def ids(table: str) -> list[str]:
-        return [
-            row[0] for row in conn.execute(f"SELECT event_id FROM {table} ORDER BY 1").fetchall()
-        ]
-
     events = one_row(conn, f"SELECT count(*) FROM {FINGERPRINTS_NOW}")[0]
     why = conn.execute(f"SELECT why, count(*) FROM {REFETCH_TABLE} GROUP BY why").fetchall()
-    return RefetchPlan(ids(REFETCH_TABLE), ids(REMOVED_TABLE), events, dict(why))
+    return RefetchPlan(
+        event_ids(conn, REFETCH_TABLE), event_ids(conn, REMOVED_TABLE), events, dict(why)
+    )
 
 
 def _plan(conn: duckdb.DuckDBPyConnection, lookback_days: float, now: datetime) -> RefetchPlan:
@@ -341,23 +339,29 @@ def _incremental(run: Merging, policy: RefreshPolicy, reason: str) -> RefreshRep
 def refetch_and_merge(run: Merging, plan: RefetchPlan, mode: str, reason: str) -> RefreshReport:
     """Re-fetch ``plan``'s events' transactions by ``eventId`` and merge them; a re-sync's merge
     (``mode="resync"``) is not held to the server's global ``count``."""
-    stats, conn = ListStats(), run.conn
-    with ThreadPoolExecutor(max_workers=1, thread_name_prefix="fieldsales-replaced") as reader:
-        cursor = same_database_cursor(conn)
-        replaced = reader.submit(_read_replaced, cursor, plan.event_ids + plan.removed_ids)
+    stats, conn, target = ListStats(), run.conn, qualified(TRANSACTIONS.raw_table)
+    # The stored rows' digests, on their own cursor while the pages are fetched: reading payloads
+    # back is most of a merge's cost (~1 s at 1M for 1% of the events; ``DELETE ... RETURNING``
+    # would read every row's). The loader holds the write lock.
+    with (
+        same_database_cursor(conn) as cursor,
+        ThreadPoolExecutor(max_workers=1, thread_name_prefix="fieldsales-replaced") as reader,
+    ):
+        where = f"{target} WHERE event_id IN (SELECT unnest($ids))"
+        ids = {"ids": plan.event_ids + plan.removed_ids}
+        replaced = reader.submit(_digests, cursor, where, ids)
         try:
             total = _fetch_by_event(run, plan, stats, count=mode != "resync")
-            counts = _merge(run, mode, total, stats.bytes, replaced.result())
+            rows, counts = _merge(run, mode, total, stats.bytes, replaced.result())
         finally:
             drop_table(conn, qualified(STAGE_TABLE))
-    load = LoadReport.of(TRANSACTIONS.raw_table, counts["rows"], total, stats, run.started)
+    load = LoadReport.of(TRANSACTIONS.raw_table, rows, total, stats, run.started)
     run.log(
-        f"transactions: merged {len(plan.event_ids)} events: {counts} "
+        f"transactions: merged {len(plan.event_ids)} events, {rows} rows: {counts} "
         f"({stats.requests} requests, {stats.bytes / 1e6:.1f} MB, {load.seconds:.1f} s)"
     )
-    changes = {f"transactions_{what}": counts[what] for what in ("added", "changed", "removed")}
-    counted = {"events_refetched": len(plan.event_ids), **changes}
-    return RefreshReport(load, mode, reason, stats.bytes, counted)
+    counts["events_refetched"] = len(plan.event_ids)
+    return RefreshReport(load, mode, reason, stats.bytes, counts)
 
 
 def _fetch_by_event(run: Merging, plan: RefetchPlan, stats: ListStats, count: bool) -> int | None:
@@ -384,28 +388,18 @@ def _fetch_by_event(run: Merging, plan: RefetchPlan, stats: ListStats, count: bo
     return count_page.total
 
 
-def _read_replaced(cursor: duckdb.DuckDBPyConnection, event_ids: list[str]) -> dict[str, int]:
-    """Ids and payload hashes of the stored transactions of ``event_ids``, on its own cursor
-    while the pages are fetched: reading payloads back is most of a merge's cost (~1 s at 1M for
-    1% of the events; ``DELETE ... RETURNING`` would read every row's). The loader holds the
-    write lock."""
-    with cursor:
-        return dict(
-            cursor.execute(
-                f"SELECT id, hash(payload::VARCHAR) FROM {qualified(TRANSACTIONS.raw_table)} "
-                "WHERE event_id IN (SELECT unnest($ids))",
-                {"ids": event_ids},
-            ).fetchall()
-        )
+def _digests(conn: duckdb.DuckDBPyConnection, rows: str, params: Any = None) -> dict[str, int]:
+    """Id -> payload hash of ``rows`` (a table and condition)."""
+    return dict(conn.execute(f"SELECT id, hash(payload::VARCHAR) FROM {rows}", params).fetchall())
 
 
 def _merge(
     run: Merging, mode: str, server_count: int | None, spent: int, replaced: dict[str, int]
-) -> dict[str, int]:
+) -> tuple[int, dict[str, int]]:
     """Replace the re-fetched and removed events' transactions, check, record the new state:
-    one transaction, with ``before_swap``, the deletion audit and the stage's drop. ``old`` is
-    every stored row replaced: ``replaced`` (``_read_replaced``) and staged ids stored under
-    another event; it gives the counts of changed, added and removed transactions."""
+    one transaction, with ``before_swap``, the deletion audit and the stage's drop. Returns the
+    rows and the transactions added, changed and removed, against ``old``: every stored row
+    replaced, ``replaced`` (the re-fetched events') and staged ids stored under another event."""
     conn, target, stage = run.conn, qualified(TRANSACTIONS.raw_table), qualified(STAGE_TABLE)
     staged, distinct_staged = one_row(conn, f"SELECT count(*), count(DISTINCT id) FROM {stage}")
     if staged != distinct_staged:
@@ -414,15 +408,13 @@ def _merge(
     # Counted first: a query that returns the payload reads it for every row it scans.
     moved = f"WHERE id IN (SELECT id FROM {stage}) AND NOT event_id IN ({REPLACED_EVENTS})"
     if one_row(conn, f"SELECT count(*) FROM {target} {moved}")[0]:
-        old.update(
-            conn.execute(f"SELECT id, hash(payload::VARCHAR) FROM {target} {moved}").fetchall()
-        )
+        old.update(_digests(conn, f"{target} {moved}"))
 
     def merge() -> tuple[int, dict[str, int]]:
         if run.before_swap is not None:
             run.before_swap(STAGE_TABLE)
         # After before_swap: a redacted payload compares with the redacted one stored.
-        new = dict(conn.execute(f"SELECT id, hash(payload::VARCHAR) FROM {stage}").fetchall())
+        new = _digests(conn, stage)
         scope, kept = f"event_id IN ({REPLACED_EVENTS})", f"SELECT id FROM {stage}"
         record_deletions(conn, TRANSACTIONS, kept=kept, scope=scope, run_id=run.run_id, at=run.now)
         deleted = _delete_replaced(conn, moved=len(old) > len(replaced))
@@ -443,11 +435,10 @@ def _merge(
         return rows, new
 
     rows, new = run_transaction(conn, TRANSACTIONS.raw_table, merge)
-    return {
-        "rows": rows,
-        "added": sum(1 for key in new if key not in old),
-        "changed": sum(1 for key, digest in new.items() if key in old and old[key] != digest),
-        "removed": sum(1 for key in old if key not in new),
+    return rows, {
+        "transactions_added": len(new.keys() - old.keys()),
+        "transactions_changed": sum(old.get(key, digest) != digest for key, digest in new.items()),
+        "transactions_removed": len(old.keys() - new.keys()),
     }
 
 

@@ -27,6 +27,7 @@ from fieldsales_dagster.loading.incremental import (
     Merging,
     RefreshReport,
     _fingerprint_current_events,
+    event_ids,
     read_plan,
     read_previous_load,
     refetch_and_merge,
@@ -80,8 +81,7 @@ def _choose_events(conn: duckdb.DuckDBPyConnection, request: ResyncRequest) -> N
             "FROM (SELECT unnest($ids) AS id)",
             {"ids": list(request.event_ids)},
         )
-        query = f"SELECT event_id FROM {REFETCH_TABLE} WHERE event_id NOT IN ({_known_ids(conn)})"
-        unknown = sorted(row[0] for row in conn.execute(query).fetchall())
+        unknown = event_ids(conn, f"{REFETCH_TABLE} WHERE event_id NOT IN ({_known_ids(conn)})")
         if unknown:
             raise ResyncError(
                 f"raw_transactions: resync.event_ids names event ids the server does not list and "
@@ -122,8 +122,7 @@ def resync_transactions(
     _fingerprint_current_events(conn, run.now)
     _choose_events(conn, request)
     plan = read_plan(conn)
-    query = f"SELECT event_id FROM {REFETCH_TABLE} WHERE why = 'gone' ORDER BY 1"
-    gone = [row[0] for row in conn.execute(query).fetchall()]
+    gone = event_ids(conn, f"{REFETCH_TABLE} WHERE why = 'gone'")
     log(
         f"transactions: {request.describe()}: re-fetching {len(plan.event_ids)} of "
         f"{plan.events} events by eventId; no longer listed: {', '.join(gone[:NAMED]) or 'none'}"
