@@ -24,10 +24,7 @@ EMPTY_IS_NULL_SCHEMAS = ("core", "mart")
 EMPTY_IS_NULL_NOTE = "An empty string from the API is stored as NULL."
 PII_NOTES = {
     "keep": "Personal data (FIELDSALES_PII=keep: stored as received).",
-    "hash": (
-        "Personal data (FIELDSALES_PII=hash: HMAC-SHA256 of the value under "
-        "FIELDSALES_PII_HASH_KEY, 64 hex digits; equal values have equal hashes)."
-    ),
+    "hash": "Personal data (FIELDSALES_PII=hash: HMAC-SHA256 under FIELDSALES_PII_HASH_KEY).",
     "drop": "Personal data (FIELDSALES_PII=drop: always NULL).",
 }
 
@@ -64,10 +61,8 @@ def read_table_file(path: Path, model: type[Model]) -> Model:
     try:
         return msgspec.yaml.decode(path.read_bytes(), type=model)
     except (OSError, msgspec.DecodeError) as exc:  # a ValidationError is a DecodeError
-        raise TableFileError(
-            f"{path}: {exc}. Fix the file: the fields a table's YAML takes are "
-            f"{', '.join(model.__struct_fields__)}."
-        ) from exc
+        fields = ", ".join(model.__struct_fields__)
+        raise TableFileError(f"{path}: {exc}. Fix the file (its fields: {fields}).") from exc
 
 
 @dataclass(frozen=True)
@@ -120,9 +115,7 @@ def publishing_query(
     params: dict[str, object] = {**hmac_pads(warehouse.pii_hash_key or "")} if hashed else {}
     projections = []
     for name, data_type, *_ in conn.execute(f"DESCRIBE {query}").fetchall():
-        column = quote_ident(name)
-        declared = doc.column(name)
-        pii = declared is not None and declared.pii
+        column, pii = quote_ident(name), name in doc.pii_columns
         if pii and data_type != "VARCHAR":
             raise ValueError(
                 f"{table}.{name} is declared personal data but is {data_type}; only VARCHAR "
@@ -144,12 +137,10 @@ def described_columns(
     """``(name, type, description, pii)`` of ``table``'s columns as stored, notes appended."""
     derived = table.partition(".")[0] in EMPTY_IS_NULL_SCHEMAS
     out = []
-    for name, type_code, *_ in conn.execute(
-        f"SELECT * FROM {qualified(table)} LIMIT 0"
-    ).description:
+    stored = conn.execute(f"SELECT * FROM {qualified(table)} LIMIT 0").description
+    for name, type_code, *_ in stored:
         data_type = str(type_code)  # the type's name, as information_schema.columns gives it
-        declared = doc.column(name)
-        pii = bool(declared and declared.pii)
+        declared, pii = doc.column(name), name in doc.pii_columns
         text = [declared.description if declared else "(not described)"]
         if derived and data_type in ("VARCHAR", "VARCHAR[]"):
             text.append(EMPTY_IS_NULL_NOTE)
@@ -177,11 +168,10 @@ def comment_table(
 def column_schema(
     conn: duckdb.DuckDBPyConnection, table: str, doc: TableDoc, pii_policy: str
 ) -> dg.TableSchema:
-    described = described_columns(conn, table, doc, pii_policy)
     return dg.TableSchema(
-        columns=[
+        [
             dg.TableColumn(name, data_type, text, tags={"pii": ""} if pii else None)
-            for name, data_type, text, pii in described
+            for name, data_type, text, pii in described_columns(conn, table, doc, pii_policy)
         ]
     )
 

@@ -30,7 +30,7 @@ class Decoded:
     #: ``meta.<name>`` (a lake table) or ``temp.<name>`` (not kept).
     table: str
     source: str
-    description: str
+    description: str = ""  # a kept table's comment
 
     @property
     def kept(self) -> bool:
@@ -46,12 +46,7 @@ TRANSACTIONS_DECODED = Decoded(
     "core.custom_report_results): raw.transactions' payloads parsed once for the core tables.",
 )
 #: Every raw.events payload (up to ~14 KB each) parsed once for the eight tables reading events.
-EVENTS_DECODED = Decoded(
-    "temp.events_decoded",
-    "raw.events",
-    "Pipeline-internal, not for analysis (use core.events and the other core tables): "
-    "raw.events' payloads parsed once for the core tables.",
-)
+EVENTS_DECODED = Decoded("temp.events_decoded", "raw.events")
 #: Every decoded table, in the order a table reading several brings them up to date.
 DECODED_TABLES: tuple[Decoded, ...] = (TRANSACTIONS_DECODED, EVENTS_DECODED)
 
@@ -102,8 +97,7 @@ def share_decoded(
         warehouse.create_shared_schema(conn)
         conn.execute(f"CREATE OR REPLACE TABLE {shared} AS\n{decoded_query(decoded)}")
     warehouse.shared_built(decoded.table, source)
-    (rows,) = one_row(conn, f"SELECT count(*) FROM {shared}")
-    return DecodeRefresh("full", rows)
+    return DecodeRefresh("full", one_row(conn, f"SELECT count(*) FROM {shared}")[0])
 
 
 def read_shared(
@@ -166,27 +160,17 @@ def _define_rows_to_decode(
     conn.execute(f"CREATE OR REPLACE TEMP MACRO rows_to_decode() AS TABLE {rows}")
 
 
-#: Connection-scoped macros the queries and checks share: ``sql/<name>.sql`` defines ``<name>``.
-SHARED_MACROS = (
-    "raw_transactions_in_slices",
-    "raw_events_in_slices",
-    "field_type_kinds",
-    "known_event_states",
-    "typed_values",
-)
-
-
 @functools.cache
 def macro_file(name: str) -> tuple[str, tuple[str, ...]]:
+    """``sql/<name>.sql`` and the connection-scoped macros it defines (for queries and checks)."""
     text = (PACKAGE_SQL / f"{name}.sql").read_text("utf-8")
     defined = tuple(re.findall(r"CREATE OR REPLACE TEMP MACRO (\w+)\(", text))
     return text.strip().rstrip(";"), defined
 
 
 def macro_files_called(query: str) -> list[str]:
-    return [
-        name for name in SHARED_MACROS if any(f"{macro}(" in query for macro in macro_file(name)[1])
-    ]
+    names = sorted(path.stem for path in PACKAGE_SQL.glob("*.sql"))
+    return [name for name in names if any(f"{m}(" in query for m in macro_file(name)[1])]
 
 
 def shared_macros_sql(query: str) -> str:

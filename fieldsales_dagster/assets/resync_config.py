@@ -29,45 +29,32 @@ class ResyncConfig(dg.Config):
 
     event_ids: list[str] = Field(
         default=[],
-        description=(
-            "Re-fetch the transactions of these events (their _id, as core.events.event_id "
-            "shows it). An id the server no longer lists is a deleted event: its stored "
-            "transactions go to meta.transactions_deleted; an id never seen fails the run."
-        ),
+        description="Re-fetch the transactions of these events (core.events.event_id). One the "
+        "server no longer lists is a deleted event (its rows are audited); one never seen fails.",
     )
     changed_from: str | None = Field(
         default=None,
-        description=(
-            "Instead of event_ids: re-fetch the transactions of every event with a status "
-            "change (eventStateHistory) at or after this day (YYYY-MM-DD, UTC) or time (ISO "
-            "8601)."
-        ),
+        description="Instead of event_ids: the events with a status change (eventStateHistory) "
+        "at or after this day (YYYY-MM-DD, UTC) or time (ISO 8601).",
     )
     changed_to: str | None = Field(
         default=None,
-        description=(
-            "End of the window: a day (YYYY-MM-DD, included) or a time (ISO 8601, excluded). "
-            "Empty: now."
-        ),
+        description="End of the window: a day (YYYY-MM-DD, included) or a time (ISO 8601, "
+        "excluded). Empty: now.",
     )
 
     @field_validator("event_ids")
     @classmethod
     def _check_ids(cls, ids: list[str]) -> list[str]:
-        if blank := [position for position, event_id in enumerate(ids) if not event_id.strip()]:
-            raise ValueError(
-                f"resync.event_ids holds an empty id at position {blank[0]}: give each event's "
-                "_id, as core.events.event_id shows it"
-            )
+        if blank := [at for at, event_id in enumerate(ids) if not event_id.strip()]:
+            raise ValueError(f"resync.event_ids holds an empty id at position {blank[0]}: drop it")
         return list(dict.fromkeys(ids))  # ids exactly as given (they may hold spaces), once each
 
     @model_validator(mode="after")
     def _one_way(self) -> ResyncConfig:
         if bool(self.event_ids) == (self.changed_from is not None):
-            raise ValueError(
-                "resync needs either event_ids (a list of event ids) or changed_from (and "
-                "optionally changed_to), not " + ("both" if self.event_ids else "neither")
-            )
+            both = "both" if self.event_ids else "neither"
+            raise ValueError(f"resync needs either event_ids or changed_from, not {both}")
         if self.changed_to is not None and self.changed_from is None:
             raise ValueError("resync.changed_to needs resync.changed_from: give the window's start")
         if self.changed_from is not None:  # parses both ends: a bad date fails here, naming it
