@@ -7,7 +7,7 @@ from __future__ import annotations
 import functools
 import operator
 import re
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from contextvars import ContextVar
 from dataclasses import KW_ONLY, dataclass
@@ -62,8 +62,8 @@ def named(variable: str) -> str:
 
 
 #: The values of ``refresh_mode``: the setting, and the run config of ``raw_transactions``.
-REFRESH_MODES = ("auto", "full", "incremental")
 RefreshMode = Literal["auto", "full", "incremental"]
+REFRESH_MODES = get_args(RefreshMode)
 
 
 def validate_refresh_mode(value: object) -> object:
@@ -101,18 +101,21 @@ class Setting:
     description: str
     #: ``""``: what its type takes (``_ACCEPTS``).
     accepts: str = ""
-    variable: str = ""
+    #: ``FIELDSALES_*``: ``*`` is its name in capitals (none for a ``*_env_var``); ``""``: none.
+    variable: str = "FIELDSALES_*"
     _: KW_ONLY
     name: str = ""
     key: str = ""
     #: The default as the docs show it, if not itself, or what unset (``None``) means.
     shown: str = ""
     duckdb: str = ""
-    #: Checked by ``_in_range``, not pydantic: Dagster copies constraints onto the YAML model.
+    #: Checked by ``_check``, not pydantic: Dagster copies constraints onto the YAML model.
     gt: float | None = None
     ge: float | None = None
     lt: float | None = None
     le: float | None = None
+    #: Its value's own check, given a value that is set: returns it (normalized) or raises.
+    check: Callable[[Any], Any] | None = None
     group: str = ""
     field: str = ""
 
@@ -126,8 +129,7 @@ class Setting:
 
     @property
     def bounds(self) -> dict[str, float]:
-        given = {"gt": self.gt, "ge": self.ge, "lt": self.lt, "le": self.le}
-        return {key: value for key, value in given.items() if value is not None}
+        return {op: b for op in ("gt", "ge", "lt", "le") if (b := getattr(self, op)) is not None}
 
     @property
     def range_text(self) -> str:
@@ -157,17 +159,20 @@ class Setting:
             return ", ".join(self.default)
         return str(self.default)
 
-    def as_field(self, *, in_model: bool = False) -> Any:
-        """In its concern's model a required setting is None until given, so "it is not set"
-        can name it."""
+    @property
+    def explained(self) -> str:
         where = f" ({self.variable})" if self.variable else ""
         unset = f" Default: {self.shown_default}." if self.default is None else ""
+        return f"{self.description}{where}.{unset}"
+
+    def as_field(self, *, in_model: bool = False) -> Any:
+        """In its concern's model a required setting is None until given, so "it is not set"
+        can name it; its description names its variable once ``SettingsModel`` knows it."""
         extra: Any = self if in_model else {SETTING_KEY: self.name}
-        description = f"{self.description}{where}.{unset}"
         required = in_model and self.default is PydanticUndefined
         given: Any = None if required else self.default  # pydantic copies a list per instance
         return Field(
-            given, validate_default=required, json_schema_extra=extra, description=description
+            given, validate_default=required, json_schema_extra=extra, description=self.explained
         )
 
 
@@ -277,10 +282,72 @@ def _unknown_keys(model: BaseModel, path: list[Any]) -> Iterator[list[Any]]:
             yield from _unknown_keys(value, [*path, key])
 
 
-def _plain_name(value: str | None) -> str | None:
-    if value and not IDENTIFIER.match(value):
+def _plain_name(value: str) -> str:
+    if not IDENTIFIER.match(value):
         raise ValueError("it is not a plain name")
-    return value or None
+    return value
+
+
+def _base_url(value: str) -> str:
+    try:
+        return validate_base_url(value)
+    except ValueError as exc:  # named as the setting (``invalid`` adds its variable)
+        raise ValueError(
+            str(exc).rstrip(".").replace("FIELDSALES_BASE_URL must", "it must")
+        ) from None
+
+
+def _export_path(value: str) -> str:
+    if (stem := Path(value).stem.lower()) in PROJECT_SCHEMAS:
+        raise ValueError(f"DuckDB names its catalog {stem}, which would shadow the {stem} schema")
+    return value
+
+
+def _size(value: str) -> str:
+    if not _MEMORY.match(value):
+        raise ValueError("it is not a size")
+    return value
+
+
+def _url_style(value: str) -> str:
+    if value not in ("vhost", "path"):
+        raise ValueError("it is neither vhost nor path")
+    return value
+
+
+def _cron(value: str) -> str:
+    try:
+        schedule_interval(value, "UTC")
+    except dg.DagsterInvalidDefinitionError:
+        raise ValueError("it is not a cron expression") from None
+    return value
+
+
+def _timezone(value: str) -> str:
+    try:
+        ZoneInfo(value)
+    except (ZoneInfoNotFoundError, ValueError):
+        raise ValueError("it is not an IANA time zone") from None
+    return value
+
+
+def _addresses(value: str) -> str | None:
+    addresses = [a.strip() for a in value.split(",") if a.strip()]
+    if any("@" not in address or " " in address for address in addresses):
+        raise ValueError("it is not a list of e-mail addresses")
+    return ", ".join(addresses) or None
+
+
+def _ui_url(value: str) -> str:
+    if not re.match(r"^https?://[^/\s]+", value):
+        raise ValueError("it is not an http:// or https:// URL")
+    return value.rstrip("/")
+
+
+def _user_schema(value: str) -> str:
+    if _plain_name(value).lower() in PROJECT_SCHEMAS:
+        raise ValueError("the project rebuilds that schema, so it would overwrite your tables")
+    return value
 
 
 class SettingsModel(dg.Model, dg.Resolvable):
@@ -288,6 +355,8 @@ class SettingsModel(dg.Model, dg.Resolvable):
     nothing) keeps the default; values are trimmed; a bad one fails in one paragraph."""
 
     GROUP: ClassVar[str] = ""
+    #: What its settings' flat names (``name``) start with, unless declared.
+    PREFIX: ClassVar[str] = ""
     #: What its errors call a shipped ``defs.yaml`` variable its own does not read: the one it
     #: reads (``ACME_FIELDSALES_BASE_URL``), or the setting (``api.page_size``) if none.
     _variables: dict[str, str] = PrivateAttr(default_factory=dict)
@@ -341,7 +410,11 @@ class SettingsModel(dg.Model, dg.Resolvable):
             declared = info.json_schema_extra
             if not isinstance(declared, Setting) or declared.field:
                 continue  # not a setting, or one of a model this one extends
-            declared.name, declared.key = declared.name or field, declared.key or field
+            declared.name, declared.key = declared.name or cls.PREFIX + field, declared.key or field
+            if declared.variable == "FIELDSALES_*":
+                derived = f"FIELDSALES_{declared.name.upper()}"
+                declared.variable = "" if declared.name.endswith("_env_var") else derived
+            info.description = declared.explained
             if not declared.accepts:
                 declared.accepts = (
                     _VARIABLE if field.endswith("_env_var") else _ACCEPTS[info.annotation]
@@ -357,10 +430,11 @@ class SettingsModel(dg.Model, dg.Resolvable):
     @model_validator(mode="wrap")
     @classmethod
     def _explain(cls, values: Any, handler: Any) -> Any:
-        if isinstance(values, dict):  # trimmed; an empty value of an optional setting: unset
+        if isinstance(values, dict):  # trimmed; an empty value of a setting: unset
             values = {key: trimmed(value) for key, value in values.items()}
-            optional = {k for k, s in cls.settings().items() if s.default is not PydanticUndefined}
-            values = {k: v for k, v in values.items() if not (v in (None, "") and k in optional)}
+            values = {
+                k: v for k, v in values.items() if v not in (None, "") or k not in cls.settings()
+            }
         try:
             return handler(values)
         except ValidationError as exc:
@@ -374,30 +448,33 @@ class SettingsModel(dg.Model, dg.Resolvable):
         if isinstance(cause, SettingError):  # a concern's own paragraph, or a check of several
             return str(cause)
         field = str(first["loc"][0]) if first["loc"] else "?"
-        declared = cls.settings().get(field)
-        spelling, variable, accepts = f"{cls.GROUP}.{field}".strip("."), "", "a valid value"
-        if declared is not None:
-            spelling, variable, accepts = declared.spelling, declared.variable, declared.help
+        unknown = Setting(None, "", "a valid value", "", name=field, group=cls.GROUP)
+        declared = cls.settings().get(field, unknown)
         why = "; ".join(
             error["msg"].removeprefix("Value error, ")
             for error in errors
             if error["loc"][:1] == first["loc"][:1]
         )
         value = values.get(field) if isinstance(values, dict) else None
-        shown = "" if declared is not None and declared.name == "api_token" else f" Got {value!r}."
-        return str(invalid(spelling, variable, f"{why}.{shown} It takes {accepts}"))
+        shown = "" if declared.name == "api_token" else f" Got {value!r}."
+        return str(
+            invalid(declared.spelling, declared.variable, f"{why}.{shown} It takes {declared.help}")
+        )
 
     @field_validator("*")
     @classmethod
-    def _in_range(cls, value: Any, info: Any) -> Any:
+    def _check(cls, value: Any, info: Any) -> Any:
         declared = cls.settings().get(info.field_name)
-        bounds = declared.bounds if declared else {}
-        if not all(getattr(operator, op)(value, bound) for op, bound in bounds.items()):
+        if declared is None:
+            return value
+        if not value and declared.default is PydanticUndefined:
+            raise ValueError("it is not set")
+        if not all(getattr(operator, op)(value, b) for op, b in declared.bounds.items()):
             raise ValueError("it is out of range")
-        return value
+        return declared.check(value) if declared.check and value is not None else value
 
 
-_NAME = "a name of letters, digits and underscores, starting with a letter"
+PLAIN_NAME = "a name of letters, digits and underscores, starting with a letter"
 
 
 class ApiSettings(SettingsModel):
@@ -410,7 +487,7 @@ class ApiSettings(SettingsModel):
         PydanticUndefined,
         "Base URL of the instance, e.g. https://yourcompany.example.com",
         "an https:// URL of your instance (plain http:// only for loopback hosts)",
-        "FIELDSALES_BASE_URL",
+        check=_base_url,
     )
     api_token_env_var: Annotated[
         str,
@@ -424,7 +501,6 @@ class ApiSettings(SettingsModel):
         "FIELDSALES_API_TOKEN",
         "'{{ env.FIELDSALES_API_TOKEN }}': the variable holding the API token",
         "a token from your Field-Sales profile's API tab",
-        "FIELDSALES_API_TOKEN",
         name="api_token",
         key="api_token",
         shown="required",
@@ -435,40 +511,22 @@ class ApiSettings(SettingsModel):
         "a file path on a persistent volume, or catalog (with a PostgreSQL ducklake_catalog)",
         "FIELDSALES_TOKEN_STORE",
     )
-    page_size: int = setting(
-        500, "`limit` asked for per page", variable="FIELDSALES_PAGE_SIZE", ge=1, le=10_000
-    )
+    page_size: int = setting(500, "`limit` asked for per page", ge=1, le=10_000)
     max_item_mb: int = setting(
         4,
         "The largest item a list may hold, in MB; duckdb_memory_limit must be 16 times as large",
         "a whole number of MB {range}, at most a sixteenth of duckdb_memory_limit",
-        "FIELDSALES_MAX_ITEM_MB",
         ge=1,
         le=256,  # the largest page an answer may hold (max_page_bytes)
     )
-    concurrency: int = setting(
-        8, "Pages in flight at once", variable="FIELDSALES_CONCURRENCY", ge=1, le=64
-    )
+    concurrency: int = setting(8, "Pages in flight at once", ge=1, le=64)
     token_renew_after_days: float = setting(
         45.0,
         "Renew the token once it is this old (days)",
         "a number of days {range} (the token's lifetime)",
-        "FIELDSALES_TOKEN_RENEW_AFTER_DAYS",
         gt=0,
         lt=TOKEN_LIFETIME_DAYS,
     )
-
-    @field_validator("base_url")
-    @classmethod
-    def _base_url(cls, value: str | None) -> str:
-        if not value:
-            raise ValueError("it is not set")
-        try:
-            return validate_base_url(value)
-        except ValueError as exc:  # named as the setting (``invalid`` adds its variable)
-            raise ValueError(
-                str(exc).rstrip(".").replace("FIELDSALES_BASE_URL must", "it must")
-            ) from None
 
 
 class StorageSettings(SettingsModel):
@@ -481,33 +539,28 @@ class StorageSettings(SettingsModel):
         None,
         "The optional single-file export: a DuckDB file that holds the lake's last snapshot",
         "a file path, e.g. data/fieldsales.duckdb",
-        "FIELDSALES_DUCKDB_PATH",
+        check=_export_path,
         shown="no export",
     )
-    create_dirs: bool = setting(
-        False,
-        "Create a missing folder of duckdb_path or token_store_path",
-        variable="FIELDSALES_CREATE_DIRS",
-    )
+    create_dirs: bool = setting(False, "Create a missing folder of duckdb_path or token_store_path")
     duckdb_memory_limit: str = setting(
         "192MB",
         "DuckDB memory_limit; larger work spills to disk",
         "a size such as 192MB or 2GB",
-        "FIELDSALES_DUCKDB_MEMORY_LIMIT",
+        check=_size,
         duckdb="memory_limit",
     )
     ducklake_catalog: str | None = setting(
         None,
         "The lake's catalog database: SQLite for one host, PostgreSQL for several machines",
         "sqlite:FILE, or postgres:dbname=NAME host=HOST user=USER without a password",
-        "FIELDSALES_DUCKLAKE_CATALOG",
+        check=check_catalog,
         shown="sqlite:data/fieldsales.ducklake.sqlite",
     )
     ducklake_data_path: str | None = setting(
         None,
         "The folder (or s3:// URL) of the lake's Parquet files; a folder you set must exist",
         "an existing folder (or s3:// URL) the lake's Parquet files go to",
-        "FIELDSALES_DUCKLAKE_DATA_PATH",
         shown="lake/ beside a SQLite catalog (data/lake), created when needed; required with "
         "PostgreSQL",
     )
@@ -515,6 +568,8 @@ class StorageSettings(SettingsModel):
         None,
         "This tenant's schema in the catalog database, so that tenants share one catalog",
         "a plain name",
+        "",
+        check=_plain_name,
         shown="the whole catalog",
     )
     ducklake_password_env_var: str = setting(
@@ -524,21 +579,20 @@ class StorageSettings(SettingsModel):
         None,
         "The S3-compatible server of an s3:// data path: host:port or URL",
         "host:port or an https:// URL of the object store (plain http:// only for loopback hosts)",
-        "FIELDSALES_S3_ENDPOINT",
+        check=endpoint_origin,
         shown="AWS_ENDPOINT_URL if set; AWS S3 otherwise",
     )
     s3_region: str | None = setting(
         None,
         "The object store's region",
         "a region name such as eu-central-1",
-        "FIELDSALES_S3_REGION",
         shown="AWS_REGION if set; us-east-1 otherwise",
     )
     s3_url_style: str | None = setting(
         None,
         "How the object store addresses a bucket: bucket.host/key (vhost) or host/bucket/key",
         "vhost or path",
-        "FIELDSALES_S3_URL_STYLE",
+        check=_url_style,
         shown="path with an endpoint; vhost otherwise",
     )
     s3_access_key_id_env_var: str = setting(
@@ -550,46 +604,12 @@ class StorageSettings(SettingsModel):
         "The variable holding the object store's secret key (unset: AWS_SECRET_ACCESS_KEY)",
     )
     retain_snapshots_days: float = setting(
-        7.0, "The lake's upkeep expires snapshots older than this (days)", gt=0, le=3660
+        7.0,
+        "The lake's upkeep expires snapshots older than this (days)",
+        variable="",
+        gt=0,
+        le=3660,
     )
-
-    @field_validator("duckdb_path")
-    @classmethod
-    def _duckdb_path(cls, value: str | None) -> str | None:
-        if value is not None and (stem := Path(value).stem.lower()) in PROJECT_SCHEMAS:
-            raise ValueError(
-                f"DuckDB names its catalog {stem}, which would shadow the {stem} schema"
-            )
-        return value
-
-    @field_validator("duckdb_memory_limit")
-    @classmethod
-    def _memory_limit(cls, value: str) -> str:
-        if not _MEMORY.match(value):
-            raise ValueError("it is not a size")
-        return value
-
-    @field_validator("ducklake_catalog")
-    @classmethod
-    def _catalog(cls, value: str | None) -> str | None:
-        return None if value is None else check_catalog(value)
-
-    @field_validator("s3_endpoint")
-    @classmethod
-    def _s3_endpoint(cls, value: str | None) -> str | None:
-        return endpoint_origin(value) if value else None
-
-    @field_validator("s3_url_style")
-    @classmethod
-    def _s3_url_style(cls, value: str | None) -> str | None:
-        if value not in (None, "vhost", "path"):
-            raise ValueError("it is neither vhost nor path")
-        return value
-
-    @field_validator("ducklake_schema")
-    @classmethod
-    def _lake_schema(cls, value: str | None) -> str | None:
-        return _plain_name(value)
 
     @model_validator(mode="after")
     def _postgres_needs_a_data_path(self) -> StorageSettings:
@@ -610,50 +630,33 @@ class RefreshSettings(SettingsModel):
     GROUP: ClassVar[str] = "refresh"
 
     schedule_cron: str = setting(
-        "0 5 * * *",
-        "When the refresh runs",
-        "a cron expression such as '0 5 * * *'",
-        "FIELDSALES_SCHEDULE_CRON",
+        "0 5 * * *", "When the refresh runs", "a cron expression such as '0 5 * * *'", check=_cron
     )
     schedule_timezone: str = setting(
         "UTC",
         "Time zone of the cron",
         "an IANA time zone such as UTC or Europe/Vienna",
-        "FIELDSALES_SCHEDULE_TIMEZONE",
+        check=_timezone,
     )
     refresh_mode: RefreshMode = setting(
         "auto",
         "How raw.transactions is refreshed; run config on raw_transactions overrides it",
         "one of auto, full, incremental",
-        "FIELDSALES_REFRESH_MODE",
     )
     full_refresh_every_days: float = setting(
-        7.0, "In auto mode, a full refresh once the last one is this old (days)", gt=0, le=366
+        7.0,
+        "In auto mode, a full refresh once the last one is this old (days)",
+        variable="",
+        gt=0,
+        le=366,
     )
     lookback_days: float = setting(
         30.0,
         "Incremental mode re-fetches the transactions of events changed this recently (days)",
+        variable="",
         ge=0,
         le=3660,
     )
-
-    @field_validator("schedule_cron")
-    @classmethod
-    def _cron(cls, value: str) -> str:
-        try:
-            schedule_interval(value, "UTC")
-        except dg.DagsterInvalidDefinitionError:
-            raise ValueError("it is not a cron expression") from None
-        return value
-
-    @field_validator("schedule_timezone")
-    @classmethod
-    def _timezone(cls, value: str) -> str:
-        try:
-            ZoneInfo(value)
-        except (ZoneInfoNotFoundError, ValueError):
-            raise ValueError("it is not an IANA time zone") from None
-        return value
 
 
 class PiiSettings(SettingsModel):
@@ -665,7 +668,6 @@ class PiiSettings(SettingsModel):
         "keep",
         "Personal data in core.* and mart.*: keep, hash (keyed HMAC-SHA256) or drop",
         "keep, hash or drop",
-        "FIELDSALES_PII",
         name="pii",
     )
     hash_key_env_var: str = setting(
@@ -674,10 +676,7 @@ class PiiSettings(SettingsModel):
         name="pii_hash_key_env_var",
     )
     redact_in_raw: bool = setting(
-        False,
-        "Null the personal keys of raw.* payloads at ingest",
-        variable="FIELDSALES_REDACT_PII_IN_RAW",
-        name="redact_pii_in_raw",
+        False, "Null the personal keys of raw.* payloads at ingest", name="redact_pii_in_raw"
     )
 
 
@@ -686,78 +685,41 @@ class AlertsSettings(SettingsModel):
     resolves into the alert policy (``automation/alerts.py``)."""
 
     GROUP: ClassVar[str] = "alerts"
+    PREFIX: ClassVar[str] = "alert_"
 
     webhook_url_env_var: str = setting(
         "FIELDSALES_ALERT_WEBHOOK_URL",
         "The variable holding the webhook URL alerts are posted to; setting it turns alerts on",
-        name="alert_webhook_url_env_var",
     )
     email_to: str | None = setting(
         None,
         "Comma-separated addresses alerts are mailed to; setting it turns alerts on",
         "e-mail addresses separated by commas",
-        "FIELDSALES_ALERT_EMAIL_TO",
-        name="alert_email_to",
+        check=_addresses,
         shown="no e-mail",
     )
     email_from: str = setting(
         "fieldsales-dagster@localhost",
         "The sender of alert e-mails",
         "an e-mail address",
-        "FIELDSALES_ALERT_EMAIL_FROM",
-        name="alert_email_from",
+        check=_addresses,
     )
-    smtp_host: str = setting(
-        "localhost",
-        "The SMTP server alert e-mails go through",
-        "a host name",
-        "FIELDSALES_ALERT_SMTP_HOST",
-        name="alert_smtp_host",
-    )
-    smtp_port: int = setting(
-        25,
-        "The SMTP server's port",
-        "a port number {range}",
-        "FIELDSALES_ALERT_SMTP_PORT",
-        name="alert_smtp_port",
-        ge=1,
-        le=65535,
-    )
+    smtp_host: str = setting("localhost", "The SMTP server alert e-mails go through", "a host name")
+    smtp_port: int = setting(25, "The SMTP server's port", "a port number {range}", ge=1, le=65535)
     smtp_user: str | None = setting(
-        None,
-        "The SMTP login, if the server wants one",
-        "a user name",
-        "FIELDSALES_ALERT_SMTP_USER",
-        name="alert_smtp_user",
-        shown="no login",
+        None, "The SMTP login, if the server wants one", "a user name", shown="no login"
     )
     smtp_password_env_var: str = setting(
-        "FIELDSALES_ALERT_SMTP_PASSWORD",
-        "The variable holding the SMTP password",
-        name="alert_smtp_password_env_var",
+        "FIELDSALES_ALERT_SMTP_PASSWORD", "The variable holding the SMTP password"
     )
     ui_base_url: str | None = setting(
         None,
         "The Dagster UI's address: an alert links to its run there",
         "an http:// or https:// URL",
-        "FIELDSALES_UI_BASE_URL",
+        name="ui_base_url",
+        check=_ui_url,
         shown="no link",
     )
-
-    @field_validator("email_to", "email_from")
-    @classmethod
-    def _addresses(cls, value: str | None) -> str | None:
-        addresses = [a.strip() for a in (value or "").split(",") if a.strip()]
-        if any("@" not in address or " " in address for address in addresses):
-            raise ValueError("it is not a list of e-mail addresses")
-        return ", ".join(addresses) or None
-
-    @field_validator("ui_base_url")
-    @classmethod
-    def _ui_url(cls, value: str | None) -> str | None:
-        if value and not re.match(r"^https?://[^/\s]+", value):
-            raise ValueError("it is not an http:// or https:// URL")
-        return value.rstrip("/") if value else None
 
 
 class FieldSalesSettings(SettingsModel):
@@ -769,31 +731,25 @@ class FieldSalesSettings(SettingsModel):
     pii: PiiSettings = Field(default_factory=PiiSettings)
     alerts: AlertsSettings = Field(default_factory=AlertsSettings)
     key_prefix: str | None = setting(
-        None, "Asset-key prefix of this instance; set it for every tenant but the first", _NAME
+        None,
+        "Asset-key prefix of this instance; set it for every tenant but the first",
+        PLAIN_NAME,
+        "",
+        check=_plain_name,
     )
     group_prefix: str | None = setting(
-        None, "Prefix of the asset groups (unset: key_prefix)", _NAME
+        None, "Prefix of the asset groups (unset: key_prefix)", PLAIN_NAME, "", check=_plain_name
     )
     owners: list[str] = setting(
-        ["team:data"], "Owners shown on every asset", "a list of emails or team:NAME"
+        ["team:data"], "Owners shown on every asset", "a list of emails or team:NAME", ""
     )
     user_schema: str = setting(
         "analytics",
         "Where fieldsales_io_manager stores user assets' DataFrames (schema.<asset name>)",
         "a plain name other than raw, core, mart and meta, e.g. analytics",
+        "",
+        check=_user_schema,
     )
-
-    @field_validator("key_prefix", "group_prefix")
-    @classmethod
-    def _prefix(cls, value: str | None) -> str | None:
-        return _plain_name(value)
-
-    @field_validator("user_schema")
-    @classmethod
-    def _user_schema(cls, value: str) -> str:
-        if _plain_name(value) and value.lower() in PROJECT_SCHEMAS:
-            raise ValueError("the project rebuilds that schema, so it would overwrite your tables")
-        return value
 
 
 @contextmanager
