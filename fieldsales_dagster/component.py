@@ -43,6 +43,7 @@ from fieldsales_dagster.settings import (
     IDENTIFIER,
     ITEM_SHARE_OF_MEMORY,
     NOT_AN_ENV_REFERENCE,
+    PLAIN_NAME,
     SETTINGS,
     FieldSalesSettings,
     SettingError,
@@ -84,11 +85,16 @@ def configuration_problems(exc: BaseException | None) -> list[str]:
     return list(dict.fromkeys(found))
 
 
-def tenants_isolated(context: dg.ComponentLoadContext) -> bool:
-    """Whether a tenant with wrong settings leaves the others loaded: with several, but not under
-    ``dg check defs`` (it sets ``DAGSTER_IS_DEFS_VALIDATION_CLI``), which fails on it."""
+def not_configured(
+    exc: Exception, context: dg.ComponentLoadContext, key_prefix: str | None
+) -> NotConfigured:
+    """A tenant with wrong settings among several leaves the others loaded; ``exc`` is raised
+    again if it is no setting's, or under ``dg check defs`` (``DAGSTER_IS_DEFS_VALIDATION_CLI``)."""
+    problems = configuration_problems(exc)
     validating = os.environ.get("DAGSTER_IS_DEFS_VALIDATION_CLI")
-    return not validating and len(declared_tenants(context, FieldSalesComponent)) > 1
+    if not problems or validating or len(declared_tenants(context, FieldSalesComponent)) < 2:
+        raise exc
+    return NotConfigured(context.path, key_prefix, "\n".join(problems))
 
 
 def catalog_identity(lake: Lake) -> Hashable:
@@ -114,8 +120,7 @@ def tenant_defs_yaml(type_name: str, tenant: str) -> str:
     if not (IDENTIFIER.match(tenant) and tenant[0].isalpha()):
         raise ScaffoldNameError(
             f"dg scaffold defs {type_name} {tenant}: the folder's name becomes the tenant's "
-            "key_prefix, which must be a name of letters, digits and underscores, starting with "
-            "a letter (e.g. acme)."
+            f"key_prefix, which must be {PLAIN_NAME} (e.g. acme)."
         )
     own, read = f"{tenant.upper()}_", []
 
@@ -144,11 +149,9 @@ def tenant_defs_yaml(type_name: str, tenant: str) -> str:
             read.append(own + declared.default)
     document = {"type": type_name, "attributes": attributes, "requirements": {"env": read}}
     return (
-        f"# Field-Sales tenant {tenant!r} (assets {tenant}/raw_events ..., job\n"
-        f"# {tenant}_refresh_all, pools fieldsales_duckdb_{tenant}_*): its settings read {own}*\n"
-        "# variables, and only a variable's name is written here, never a token or a password.\n"
-        "# Other settings keep their default (fieldsales_dagster/settings.py); add one under\n"
-        "# attributes to change it.\n" + yaml.safe_dump(document, sort_keys=False, width=200)
+        f"# Field-Sales tenant {tenant!r}: its settings read {own}* variables (only their names\n"
+        "# are written here); add one under attributes to change its default.\n"
+        + yaml.safe_dump(document, sort_keys=False, width=200)
     )
 
 
@@ -175,13 +178,10 @@ class FieldSalesComponent(dg.Component, FieldSalesSettings):
         try:
             return super().load(attributes, context)
         except Exception as exc:
-            problems = configuration_problems(exc)
-            if not problems or not tenants_isolated(context):
-                raise
             prefix = getattr(attributes, "key_prefix", None)
             if prefix is not None and not IDENTIFIER.match(str(prefix)):
                 prefix = context.path.name  # the key prefix itself is wrong: the folder's name
-            return NotConfigured(context.path, prefix, "\n".join(problems))
+            return not_configured(exc, context, prefix)
 
     @property
     def names(self) -> InstanceNames:
@@ -237,7 +237,7 @@ class FieldSalesComponent(dg.Component, FieldSalesSettings):
         """Where a ``catalog`` token store's row is (``ducklake_*`` fields); empty for a file."""
         if self.api.token_store_path != CATALOG_STORE:
             return {}
-        if not self.warehouse_lake().is_postgres:
+        if not self.warehouse().lake.is_postgres:
             raise invalid(
                 "api.token_store_path",
                 "FIELDSALES_TOKEN_STORE",
@@ -247,16 +247,20 @@ class FieldSalesComponent(dg.Component, FieldSalesSettings):
         row = ("ducklake_catalog", "ducklake_password_env_var", "ducklake_schema")
         return {setting: getattr(self.storage, setting) for setting in row}
 
-    def check_paths(self) -> None:
-        settings = {} if self.token_row() else {"token_store_path": self.api.token_store_path}
-        if self.storage.duckdb_path is not None:
-            settings["duckdb_path"] = self.storage.duckdb_path
-        for setting, path in settings.items():
-            check_file_setting(path, setting=setting, create_dirs=self.storage.create_dirs)
-        FieldSalesWarehouse(**values(self.storage)).preflight()
+    @property
+    def token_file(self) -> str | None:
+        """The token store's file; none for a ``catalog`` one (the lake's claim covers its row)."""
+        return None if self.token_row() else self.api.token_store_path
 
-    def warehouse_lake(self) -> Lake:
-        return FieldSalesWarehouse(**values(self.storage)).lake
+    def check_paths(self) -> None:
+        paths = {"token_store_path": self.token_file, "duckdb_path": self.storage.duckdb_path}
+        for setting, path in paths.items():
+            if path is not None:
+                check_file_setting(path, setting=setting, create_dirs=self.storage.create_dirs)
+        self.warehouse().preflight()
+
+    def warehouse(self) -> FieldSalesWarehouse:
+        return FieldSalesWarehouse(**values(self.storage))
 
     def freshness_policy(self) -> dg.FreshnessPolicy:
         """Warn after one schedule interval (plus an hour for the run), fail after two."""
@@ -287,7 +291,7 @@ class FieldSalesComponent(dg.Component, FieldSalesSettings):
         )
 
     def tenant_claims(self) -> list[Claim]:
-        lake = self.warehouse_lake()
+        lake = self.warehouse().lake
         schema = lake.schema or ("public" if lake.is_postgres else "main")
         one_file = "one file, links and relative paths followed"
 
@@ -296,12 +300,10 @@ class FieldSalesComponent(dg.Component, FieldSalesSettings):
                 return []
             return [Claim(thing, path, setting, resolve=lambda: (identity(path),), same=one_file)]
 
-        # The DuckLake claim covers a token row.
-        token_file = None if self.token_row() else self.api.token_store_path
         return [
             Claim("key prefix", self.key_prefix or "(none)", "key_prefix"),
             Claim("pool", self.names.pool, "key_prefix"),
-            *file("token store", "token_store_path", token_file),
+            *file("token store", "token_store_path", self.token_file),
             Claim(
                 "DuckLake",
                 f"{lake.catalog_file or lake.catalog} (schema {schema})",
@@ -329,11 +331,7 @@ class FieldSalesComponent(dg.Component, FieldSalesSettings):
             with variables_named(self._variables):
                 resources = self.build_resources()
         except (*TENANT_ERRORS, ValidationError) as exc:  # a resource's check: ValidationError
-            problems = configuration_problems(exc)
-            if not problems or not tenants_isolated(context):
-                raise
-            error = "\n".join(problems)
-            return NotConfigured(context.path, self.key_prefix, error).build_defs(context)
+            return not_configured(exc, context, self.key_prefix).build_defs(context)
         names, refresh = self.names, self.refresh
         assets = self.build_assets()
         selection = dg.AssetSelection.assets(*assets)
