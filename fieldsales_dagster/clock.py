@@ -13,10 +13,8 @@ def from_the_future(moment: datetime | None, now: datetime, what: str) -> str | 
     """Why ``moment`` (``what``) is unknown: too far ahead of ``now``; ``None`` if trusted."""
     if moment is None:
         return None
-    if moment.tzinfo is None:
-        moment = moment.replace(tzinfo=UTC)
-    ahead = moment - now
-    if ahead <= FUTURE_TOLERANCE:
+    moment = moment if moment.tzinfo else moment.replace(tzinfo=UTC)
+    if (ahead := moment - now) <= FUTURE_TOLERANCE:
         return None
     return (
         f"{what} ({moment.astimezone(UTC):%Y-%m-%d %H:%M} UTC) lies "

@@ -11,7 +11,6 @@ VARIABLE = "FIELDSALES_TEST_PAUSE_AT"
 def pause_at(phase: str) -> None:
     if os.environ.get(VARIABLE) != phase:
         return
-    sys.stderr.write(f"{VARIABLE}: paused at {phase}\n")
-    sys.stderr.flush()
+    print(f"{VARIABLE}: paused at {phase}", file=sys.stderr, flush=True)
     while True:
         time.sleep(3600)
