@@ -47,10 +47,10 @@ from fieldsales_dagster.settings import (
     SETTINGS,
     FieldSalesSettings,
     SettingError,
-    invalid,
     memory_megabytes,
     named,
     schedule_interval,
+    setting_error,
     values,
     variables_named,
 )
@@ -217,9 +217,8 @@ class FieldSalesComponent(dg.Component, FieldSalesSettings):
     def check_item_size(self) -> None:
         item_mb, limit = self.api.max_item_mb, self.storage.duckdb_memory_limit
         if item_mb > (decoded := int(memory_megabytes(limit) // ITEM_SHARE_OF_MEMORY)):
-            raise invalid(
-                "api.max_item_mb",
-                "FIELDSALES_MAX_ITEM_MB",
+            raise setting_error(
+                "max_item_mb",
                 f"it is {item_mb}, but storage.duckdb_memory_limit {limit} decodes at most "
                 f"{decoded} MB. Raise duckdb_memory_limit to at least "
                 f"{item_mb * ITEM_SHARE_OF_MEMORY}MB, or lower max_item_mb",
@@ -238,9 +237,8 @@ class FieldSalesComponent(dg.Component, FieldSalesSettings):
         if self.api.token_store_path != CATALOG_STORE:
             return {}
         if not self.warehouse().lake.is_postgres:
-            raise invalid(
-                "api.token_store_path",
-                "FIELDSALES_TOKEN_STORE",
+            raise setting_error(
+                "token_store_path",
                 f"{CATALOG_STORE} needs a PostgreSQL storage.ducklake_catalog "
                 f"({named('FIELDSALES_DUCKLAKE_CATALOG')}); set one, or a file path here",
             )

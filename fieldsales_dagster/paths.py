@@ -11,12 +11,7 @@ import urllib.parse
 from collections.abc import Callable, Hashable
 from pathlib import Path
 
-from fieldsales_dagster.settings import SETTINGS, SettingError, invalid, named
-
-
-def setting_error(setting: str, why: str) -> SettingError:
-    """``invalid`` for the setting named ``setting``: its spelling and variable, then ``why``."""
-    return invalid(SETTINGS[setting].spelling, SETTINGS[setting].variable, why)
+from fieldsales_dagster.settings import SETTINGS, SettingError, named, setting_error
 
 
 def resolved(path: str | Path) -> Path:

@@ -91,6 +91,11 @@ def invalid(spelling: str, variable: str, why: str) -> SettingError:
     )
 
 
+def setting_error(setting: str, why: str) -> SettingError:
+    """``invalid`` for the setting named ``setting``: its spelling and variable, then ``why``."""
+    return invalid(SETTINGS[setting].spelling, SETTINGS[setting].variable, why)
+
+
 @dataclass
 class Setting:
     """One setting (its field's ``json_schema_extra``): ``default`` (``PydanticUndefined``:
@@ -614,9 +619,8 @@ class StorageSettings(SettingsModel):
     @model_validator(mode="after")
     def _postgres_needs_a_data_path(self) -> StorageSettings:
         if (self.ducklake_catalog or "").startswith("postgres:") and not self.ducklake_data_path:
-            raise invalid(
-                "storage.ducklake_data_path",
-                "FIELDSALES_DUCKLAKE_DATA_PATH",
+            raise setting_error(
+                "ducklake_data_path",
                 "a PostgreSQL catalog (storage.ducklake_catalog) needs a folder every machine "
                 "sees, or an s3:// URL",
             )
