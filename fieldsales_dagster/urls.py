@@ -88,11 +88,9 @@ def origin_of(url: str) -> Origin | None:
 def validate_base_url(base_url: str) -> str:
     """The base URL, rebuilt from urllib3's parts without a trailing slash."""
     url = base_url.strip()
-    if "@" in url:
-        raise ValueError(  # never echoing the URL: what precedes the @ may be a password
-            f"FIELDSALES_BASE_URL must be {_EXAMPLE}, without user info (user@ or "
-            "user:password@): the API token is the only credential sent. Remove the part "
-            "before the @."
+    if "@" in url:  # never echoing the URL: what precedes the @ may be a password
+        raise ValueError(
+            f"FIELDSALES_BASE_URL must be {_EXAMPLE}, without user@: remove the part before the @."
         )
     # A backslash (parsers read it differently), whitespace, a control or non-ASCII character
     # (a domain goes in its xn-- form), a query or a fragment.
@@ -104,13 +102,11 @@ def validate_base_url(base_url: str) -> str:
         other_port = other.port
     except (LocationParseError, ValueError):
         raise _bad(url, "cannot be parsed") from None
-    if parts.scheme not in {"http", "https"} or not parts.host:
-        raise _bad(url, "has no http(s) scheme or no host")
-    if not url.lower().startswith(f"{parts.scheme}://"):
-        raise _bad(url, "does not start with http:// or https://")
+    if not parts.host or not url.lower().startswith(("http://", "https://")):
+        raise _bad(url, "does not start with http:// or https:// and a host")
     if (other.hostname or "").lower() != parts.host.strip("[]").lower() or other_port != parts.port:
         raise _bad(url, "is read differently by different URL parsers")
-    refuse_plain_http(parts.scheme, parts.host, "the API token")
+    refuse_plain_http(str(parts.scheme), parts.host, "the API token")
     port = f":{parts.port}" if parts.port is not None else ""
     return f"{parts.scheme}://{parts.host}{port}{(parts.path or '').rstrip('/')}"
 
