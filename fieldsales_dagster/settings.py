@@ -208,11 +208,9 @@ class SettingsResource(dg.ConfigurableResource):
     """What ``settings_resource`` builds on: its errors name the variables as its tenant's
     ``defs.yaml`` reads them (``SettingsModel._variables``, given by the component)."""
 
-    variables: dict[str, str] = Field(
-        default_factory=dict,
-        description="What errors call a variable of the shipped defs.yaml: the one this "
-        "tenant's defs.yaml reads instead, or the setting itself; unlisted: its own name.",
-    )
+    #: What errors call a variable of the shipped defs.yaml: the one this tenant's defs.yaml
+    #: reads instead, or the setting itself; unlisted: its own name.
+    variables: dict[str, str] = Field(default_factory=dict)
 
     def named(self, variable: str) -> str:
         return self.variables.get(variable, variable)
