@@ -414,14 +414,12 @@ class SettingsModel(dg.Model, dg.Resolvable):
             if not isinstance(declared, Setting) or declared.field:
                 continue  # not a setting, or one of a model this one extends
             declared.name, declared.key = declared.name or cls.PREFIX + field, declared.key or field
+            secret = declared.name.endswith("_env_var")  # it names a secret's variable
             if declared.variable == "FIELDSALES_*":
-                derived = f"FIELDSALES_{declared.name.upper()}"
-                declared.variable = "" if declared.name.endswith("_env_var") else derived
+                declared.variable = "" if secret else f"FIELDSALES_{declared.name.upper()}"
             info.description = declared.explained
             if not declared.accepts:
-                declared.accepts = (
-                    _VARIABLE if field.endswith("_env_var") else _ACCEPTS[info.annotation]
-                )
+                declared.accepts = _VARIABLE if secret else _ACCEPTS[info.annotation]
             declared.group, declared.field = cls.GROUP, field
             SETTINGS[declared.name] = declared
 
@@ -453,16 +451,12 @@ class SettingsModel(dg.Model, dg.Resolvable):
         field = str(first["loc"][0]) if first["loc"] else "?"
         unknown = Setting(None, "", "a valid value", "", name=field, group=cls.GROUP)
         declared = cls.settings().get(field, unknown)
-        why = "; ".join(
-            error["msg"].removeprefix("Value error, ")
-            for error in errors
-            if error["loc"][:1] == first["loc"][:1]
-        )
+        same = [error for error in errors if error["loc"][:1] == first["loc"][:1]]
+        why = "; ".join(error["msg"].removeprefix("Value error, ") for error in same)
         value = values.get(field) if isinstance(values, dict) else None
         shown = "" if declared.name == "api_token" else f" Got {value!r}."
-        return str(
-            invalid(declared.spelling, declared.variable, f"{why}.{shown} It takes {declared.help}")
-        )
+        why = f"{why}.{shown} It takes {declared.help}"
+        return str(invalid(declared.spelling, declared.variable, why))
 
     @field_validator("*")
     @classmethod
