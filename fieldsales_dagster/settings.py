@@ -256,17 +256,11 @@ def memory_megabytes(limit: str) -> float:
 def schedule_interval(cron: str, timezone: str) -> timedelta:
     """The longest gap between the next few ticks of ``cron``, by Dagster's public time windows
     (its schedules' own cron rules); a bad one raises ``DagsterInvalidDefinitionError``."""
+    now = datetime.now(UTC)
     ticks = dg.TimeWindowPartitionsDefinition(
-        cron_schedule=cron,
-        start=datetime.now(UTC),
-        timezone=timezone,
-        fmt="%Y-%m-%dT%H:%M:%S",
-        end_offset=8,
+        cron_schedule=cron, start=now, timezone=timezone, fmt="%Y-%m-%dT%H:%M:%S", end_offset=8
     )
-    windows = [
-        ticks.time_window_for_partition_key(key)
-        for key in ticks.get_partition_keys(current_time=datetime.now(UTC))
-    ]
+    windows = map(ticks.time_window_for_partition_key, ticks.get_partition_keys(current_time=now))
     return max(window.end - window.start for window in windows)
 
 
