@@ -34,11 +34,8 @@ def _component_file(exc: BaseException | None) -> str:
 
 
 def _shown(path: Path) -> str:
-    path = path.resolve()
-    try:
-        return str(path.relative_to(Path.cwd().resolve()))
-    except ValueError:
-        return str(path)
+    path, here = path.resolve(), Path.cwd().resolve()
+    return str(path.relative_to(here) if path.is_relative_to(here) else path)
 
 
 @dg.definitions
@@ -73,8 +70,5 @@ def _definitions(inputs: str) -> dg.Definitions:
             f"The Field-Sales instance in {_component_file(exc)} is not configured correctly:\n"
             + "\n".join(f"- {problem}" for problem in problems)
         ) from None
-    return dg.Definitions.merge(
-        loaded,
-        # In-process: saves a Python start-up and the lake's attach per step.
-        dg.Definitions(executor=dg.in_process_executor),
-    )
+    # In-process: saves a Python start-up and the lake's attach per step.
+    return dg.Definitions.merge(loaded, dg.Definitions(executor=dg.in_process_executor))

@@ -86,10 +86,7 @@ class InstanceNames:
     automation_sensor = _Prefixed("core_automation_sensor")
     alert_sensor = _Prefixed("run_failure_alert_sensor")
     check_alert_sensor = _Prefixed("check_failure_alert_sensor")
-
-    @property
-    def refresh_schedule(self) -> str:
-        return f"{self.refresh_job}_schedule"
+    refresh_schedule = _Prefixed("refresh_all_schedule")
 
     @property
     def refresh_tag_value(self) -> str:
