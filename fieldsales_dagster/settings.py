@@ -458,7 +458,7 @@ class SettingsModel(dg.Model, dg.Resolvable):
         declared = cls.settings().get(info.field_name)
         if declared is None:
             return value
-        if not value and declared.default is PydanticUndefined:
+        if value is None and declared.default is PydanticUndefined:
             raise ValueError("it is not set")
         if not all(getattr(operator, op)(value, b) for op, b in declared.bounds.items()):
             raise ValueError("it is out of range")
