@@ -577,8 +577,9 @@ def test_total_equal_to_a_full_first_page_is_probed_before_it_is_trusted():
     plan = OffsetWindows()
     plan.next_window()
     plan.answered((0, None), Page(0, [b"{}"] * 10, 10, 0))
-    assert plan.next_window() == (10, None) and plan.next_window() is None
-    step = plan.answered((10, None), Page(10, [b"{}"] * 10, 10, 0))
+    window = plan.next_window()  # the end's proof, asked from the last item
+    assert window == (10, 20) and plan.asked_skip(window) == 9 and plan.next_window() is None
+    step = plan.answered(window, Page(10, [b"{}"] * 10, 10, 0))
     assert step.totals_unreliable and plan.limit is None  # paged as a list without a total
     assert plan.next_window() == (20, 30)
 

@@ -14,7 +14,7 @@ from array import array
 from collections import deque
 from collections.abc import Callable, Container, Hashable, Iterator
 from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Protocol, cast
 
 import msgspec
@@ -33,7 +33,7 @@ MAX_REPAIRS = 5  # rounds of one pass re-fetching the head of a list that grew
 
 #: Item keys decoded per item: ``_id`` first, then the endpoint's extra columns' keys.
 ItemKeys = tuple[str | int | float | None, ...]
-#: ``[start, end)`` of a list; ``end`` is ``None`` for a page kept whole (the first, the probe).
+#: ``[start, end)`` of a list; ``end`` is ``None`` for the first page, kept whole.
 Window = tuple[int, int | None]
 
 
@@ -113,15 +113,15 @@ class OffsetWindows:
         self.stop = stop
         self.doubt_total_from = doubt_total_from
         self.widest = 0  # the most items one answer held: the server's page size
-        self.phase = "first"  # "first" page, the "probe", then "windows"
-        self.waiting = False  # the first page or the probe is in flight: nothing else is asked
-        self.followups: deque[Window] = deque()
+        self.followups: deque[Window] = deque([(start, None)])  # the first page, asked alone
         self.limit: int | None = stop  # where windows end; None: until an empty page
         self.end: int | None = None  # first skip known to be past the list
         self.opened_to = start  # windows exist for [start, opened_to)
-        self.stride = 0
+        self.stride = 0  # set by the first page: no window opens before it answered
         self.use_totals = True
-        self.proofs: set[int] = set()  # windows that prove the end: asked one item early
+        #: Windows that prove the end, asked one item early; ``True``: the total they doubt may
+        #: be the first page's own size.
+        self.proofs: dict[int, bool] = {}
 
     def asked_skip(self, window: Window) -> int:
         """The ``skip`` that asks for ``window``. A window that proves the end is asked from the
@@ -129,12 +129,7 @@ class OffsetWindows:
         return window[0] - 1 if window[0] in self.proofs and window[0] > self.start else window[0]
 
     def next_window(self) -> Window | None:
-        if self.waiting:
-            return None
-        if self.phase != "windows":
-            self.waiting = True
-            return (self.start if self.phase == "first" else self.opened_to, None)
-        while True:
+        while self.followups or self.stride:
             if self.followups:
                 window = self.followups.popleft()
             elif any(b is not None and self.opened_to >= b for b in (self.end, self.limit)):
@@ -145,57 +140,38 @@ class OffsetWindows:
                 self.opened_to = window[1]
             if self.end is None or window[0] < self.end:
                 return window
+        return None
 
     def answered(self, window: Window, page: Page) -> Step:
-        """Plan on from ``page``, the answer to ``window``."""
-        start, end = window
+        """Plan on from ``page``, the answer to ``window`` (the first page's sets the stride)."""
+        start, first, reached = window[0], window[1] is None, window[0] + page.n
+        end = reached if window[1] is None else window[1]
         self.widest = max(self.widest, page.n)
-        if self.phase != "windows":
-            self.waiting, probe, self.phase = False, self.phase == "probe", "windows"
-            if page.n == 0:
-                return Step(implausible_total=self._ended(start, page))
-            self.opened_to = start + page.n
-            if probe:  # every page reports its own size: page until an empty page
-                self.use_totals, self.limit = False, self.stop
-                return Step(totals_unreliable=True)
-            self.stride = page.n
-            self._follow_total(page)
-            if self.stop is None and page.total == page.n >= self.doubt_total_from:
-                self.phase = "probe"
-                self.proofs.add(self.opened_to)
-            return Step()
         if page.n == 0:
             return Step(implausible_total=self._ended(start, page))
-        assert end is not None
-        if page.n != end - start and page.n != self.stride:
-            self.stride = page.n  # the server's page size is another: re-plan
+        if first or page.n != end - start and page.n != self.stride:
+            self.stride = page.n  # the server's page size (another than planned: re-plan)
         keep = None
-        if start + page.n < end:
-            self.followups.appendleft((start + page.n, end))
+        if reached < end:
+            self.followups.appendleft((reached, end))
         elif end < self.opened_to:
             keep = end - start  # the overflow is the next window's, already planned
         else:
-            self.opened_to = start + page.n  # the last window brought more
-        self._follow_total(page)
-        self._prove_end(start, page)
-        return Step(keep=keep)
-
-    def _prove_end(self, start: int, page: Page) -> None:
-        """A full page that reaches the total is followed by a window that must come back empty."""
-        if self.stop is not None or self.limit is None or self.end is not None:
-            return
-        reached = start + page.n
-        if reached < self.limit or self.opened_to > reached:
-            return
-        if reached > self.limit or page.n >= self.widest:
-            self.limit = reached + self.stride
-            self.opened_to = reached
-            self.proofs.add(reached)
-
-    def _follow_total(self, page: Page) -> None:
+            self.opened_to = reached  # the last window brought more
+        if self.proofs.get(start):  # items past a total that was the first page's size
+            self.use_totals, self.limit = False, self.stop  # page until an empty page
+            return Step(keep, totals_unreliable=True)
         grew = page.total is not None and (self.limit is None or page.total > self.limit)
         if self.stop is None and self.use_totals and grew:
             self.limit = page.total  # the list grew: ask for the rest
+        full = page.n >= (self.doubt_total_from if first else self.widest)
+        # A full page that reaches the total of a list (not a repair's window, not yet ended) is
+        # followed by a window that must come back empty.
+        limit = self.limit if self.stop is None and self.end is None else None
+        if limit is not None and limit <= reached >= self.opened_to and (reached > limit or full):
+            self.limit, self.opened_to = reached + self.stride, reached
+            self.proofs[reached] = first and page.total == page.n
+        return Step(keep=keep)
 
     def _ended(self, skip: int, page: Page) -> int | None:
         """An empty page at ``skip``: the list ends here. The claimed total, if it is absurd."""
@@ -211,7 +187,7 @@ class Stream:
 
     endpoint: ListEndpoint
     key: Hashable = None
-    doubt_total_from: int = 1  # a first page's total equal to its size is probed from this size
+    doubt_total_from: int = 1  # a first page's total equal to its size is proven from this size
 
     @property
     def url(self) -> str:
@@ -248,13 +224,6 @@ class ListPass:
         self.stream = stream
         self.stats = stats
         self.strategy = OffsetWindows(start, stop, doubt_total_from=stream.doubt_total_from)
-        self.decode = key_decoder(stream.endpoint)
-        params = dict(stream.endpoint.params)
-        self.filters = [  # (index in the item keys, key, value) of each filtering parameter
-            (i + 1, key, str(params[key]))
-            for i, (_, key) in enumerate(stream.endpoint.extra_columns)
-            if key in params
-        ]
         self.pages = self.in_flight = self.repeated_pages = self.repairs = 0
         self.finished = False
         self.page_hashes: set[int] = set()
@@ -282,25 +251,18 @@ class Limits:
 FetchPage = Callable[[ListEndpoint, int, ListStats, Container[int]], Page]
 
 
+@dataclass
 class PageExecutor:
     """Fetches the pages of many passes over one thread pool (``fetch``); ``spent`` sums them."""
 
-    def __init__(
-        self,
-        fetch_page: FetchPage,
-        limits: Limits,
-        *,
-        label: str,
-        log: Callable[[str], None] = lambda message: None,
-        spent: ListStats | None = None,
-    ):
-        self.fetch_page = fetch_page
-        self.limits = limits
-        self.label = label
-        self.log = log
-        self.spent = spent if spent is not None else ListStats()
-        self._started = time.monotonic()
-        self.lists = self.lists_done = 0
+    fetch_page: FetchPage
+    limits: Limits
+    label: str
+    log: Callable[[str], None] = lambda message: None
+    spent: ListStats = field(default_factory=ListStats)
+    lists: int = 0  # the lists of a run, and those paged: for the progress log
+    lists_done: int = 0
+    started: float = field(default_factory=time.monotonic)
 
     def fetch(self, passes: list[ListPass]) -> Iterator[tuple[Stream, Page]]:
         """Every page of ``passes`` as it arrives, ``limits.concurrency`` requests in flight;
@@ -347,7 +309,7 @@ class PageExecutor:
                     self.log(
                         f"{self.label}: {lists if self.lists > 1 else ''}{spent.items} items in "
                         f"{spent.pages} pages, {spent.bytes / 1e6:.0f} MB, {spent.retries} "
-                        f"retries, {now - self._started:.1f} s"
+                        f"retries, {now - self.started:.1f} s"
                     )
         finally:
             for future in in_flight:
@@ -366,7 +328,7 @@ class PageExecutor:
             return Page(page.skip, [], body.total, page.nbytes, count=keep)
         if over := window[0] - page.skip:  # asked one item early: that item is another page's
             page = Page(window[0], page.items[over:], page.total, page.nbytes)
-        all_keys = item_keys(page.items, lp.decode)
+        all_keys = item_keys(page.items, key_decoder(lp.stream.endpoint))
         digests = item_digests(page.items)
         keep = self._answered(lp, window, page, baseline)
         if nulls := all_keys.count(None):
@@ -432,9 +394,10 @@ class PageExecutor:
                 f"{size / (1 << 20):.1f} MB ({size} bytes), over the per-item limit of {limit} MB "
                 f"(max_item_mb, {self.limits.max_item_variable}); raise max_item_mb to load it."
             )
-        for index, key, value in lp.filters:
+        params = dict(stream.endpoint.params)  # a filter (``eventId``) is an extra column's key
+        for index, (_, key) in enumerate(stream.endpoint.extra_columns, 1):
             for item_key in keys:
-                if id_text(item_key[index]) != value:
+                if key in params and id_text(item_key[index]) != str(params[key]):
                     raise FilterIgnoredError(
                         f"{stream.where(page.skip)} returned an item of {stream.endpoint.name} "
                         f"with {key} {item_key[index]!r}: the server ignores the {key} filter"
