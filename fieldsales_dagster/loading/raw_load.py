@@ -15,7 +15,7 @@ import time
 from collections.abc import Callable, Hashable, Iterator
 from dataclasses import dataclass
 from datetime import UTC, datetime
-from typing import TYPE_CHECKING, cast
+from typing import TYPE_CHECKING, Any, cast
 
 import duckdb
 import msgspec
@@ -318,18 +318,12 @@ class Staging:
             )
 
 
-def page_executor(
-    api: FieldSalesAPI,
-    *,
-    label: str,
-    log: Callable[[str], None] = lambda message: None,
-    spent: ListStats | None = None,
-) -> PageExecutor:
+def page_executor(api: FieldSalesAPI, **options: Any) -> PageExecutor:
+    """A ``PageExecutor`` of ``api``'s pages within its settings; ``options``: its ``label``,
+    ``log`` and ``spent``."""
     limits = (api.concurrency, api.max_pages_per_pass, api.max_item_mb, api.max_list_passes)
     variable = api.named("FIELDSALES_MAX_ITEM_MB")
-    return PageExecutor(
-        api.fetch_page, Limits(*limits, variable), label=label, log=log, spent=spent
-    )
+    return PageExecutor(api.fetch_page, Limits(*limits, variable), **options)
 
 
 def load_list(
