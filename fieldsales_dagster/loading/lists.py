@@ -312,9 +312,7 @@ class PageExecutor:
                         f"retries, {now - self.started:.1f} s"
                     )
         finally:
-            for future in in_flight:
-                future.cancel()
-            pool.shutdown(wait=True, cancel_futures=True)
+            pool.shutdown(cancel_futures=True)  # waits for the requests under way
 
     def _admit(self, lp: ListPass, window: Window, page: Page, baseline: int | None) -> Page:
         if page.digest in lp.known:  # a re-read's body the pass parsed: its checks passed
@@ -464,9 +462,8 @@ class PassFacts:
     def total(self) -> int | None:
         """The server's final total: while it only grew, the largest is the newest (answers
         arrive out of order)."""
-        if not self.totals_seen:
-            return None
-        return self.totals_seen[-1] if self.total_decreased else max(self.totals_seen)
+        seen = self.totals_seen
+        return seen[-1] if seen and self.total_decreased else max(seen, default=None)
 
     def describe(self) -> str:
         differing = "{} ids came more than once with different content ({})"
@@ -610,20 +607,18 @@ class ListPasses:
         while passes:
             counts, windows, growing = self.sink.counts(), list[ListPass](), []
             for lp in passes:
-                stats = lp.stats
-                rows, distinct = counts.get(lp.stream.key, (0, 0))
-                facts = PassFacts(rows, distinct, tuple(stats.totals_seen), stats.total_decreased)
+                seen = tuple(lp.stats.totals_seen), lp.stats.total_decreased
+                facts = PassFacts(*counts.get(lp.stream.key, (0, 0)), *seen)
                 if (head := facts.repair()) is None or lp.repairs >= MAX_REPAIRS:
                     continue
                 lp.repairs += 1
                 total = facts.total or 0
                 self.executor.log(
-                    f"{lp.stream.endpoint.name}: pass {number}: {total - distinct} ids missing "
-                    f"from a list that grew; re-fetching items 0-{head} (repair {lp.repairs})."
+                    f"{lp.stream.endpoint.name}: pass {number}: {head // 2} ids missing from a "
+                    f"list that grew; re-fetching items 0-{head} (repair {lp.repairs})."
                 )
-                gaps = gap_windows(stats.answers, total) if lp.repairs == 1 else []
-                for start, stop in [(0, head), *gaps]:
-                    windows.append(ListPass(lp.stream, lp.stats, start, stop, share=lp))
+                gaps = gap_windows(lp.stats.answers, total) if lp.repairs == 1 else []
+                windows += [ListPass(lp.stream, lp.stats, *w, share=lp) for w in [(0, head), *gaps]]
                 growing.append(lp)
             self._stage(windows)
             passes = growing
