@@ -100,7 +100,7 @@ def raw_table_ddl(
     return (
         f"CREATE OR REPLACE {'TEMP ' * temporary}TABLE {qualified(table)} (id VARCHAR, payload "
         f"JSON{' USING COMPRESSION zstd' * temporary}, loaded_at TIMESTAMP{extra}"
-        + (", digest BIGINT)" if digest else ")")
+        f"{', digest BIGINT' * digest})"
     )
 
 
@@ -169,7 +169,6 @@ class StagingWriter:
         self.table = table
         self.endpoint = endpoint
         self.schema = page_schema(endpoint)
-        self.decode = key_decoder(endpoint)
         self.loaded_at = loaded_at.replace(tzinfo=None)
         self.pages_written = 0
         self._batches: queue.Queue[pa.RecordBatch | None] = queue.Queue(maxsize=QUEUED_PAGES)
@@ -224,7 +223,7 @@ class StagingWriter:
     def add(self, page: Page) -> None:
         self._raise_insert_error()
         try:
-            self._batches.put(page_batch(page, self.schema, self.decode))
+            self._batches.put(page_batch(page, self.schema, key_decoder(self.endpoint)))
         except RawLoadError as exc:  # not text
             self._error = exc
             self._raise_insert_error()
