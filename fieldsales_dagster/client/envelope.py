@@ -87,7 +87,6 @@ _SURROGATE_ESCAPE = re.compile(
     rb"|\\u[dD][89abAB][0-9a-fA-F]{2}(?:\\u[dD][c-fC-F][0-9a-fA-F]{2})?"
     rb"|\\u[dD][c-fC-F][0-9a-fA-F]{2}"
 )
-_PAIR_LENGTH = 12
 
 
 def replace_lone_surrogates(body: bytes) -> tuple[bytes, int]:
@@ -99,7 +98,7 @@ def replace_lone_surrogates(body: bytes) -> tuple[bytes, int]:
     def fix(match: re.Match[bytes]) -> bytes:
         nonlocal replaced
         text = match.group()
-        if text == b"\\\\" or len(text) == _PAIR_LENGTH:
+        if text == b"\\\\" or len(text) == 12:  # an escaped backslash, or a pair
             return text
         replaced += 1
         return b"\\ufffd"
@@ -144,17 +143,15 @@ def split_envelope(
 
     list_keys = [key for key, value in doc.items() if bytes(value).lstrip()[:1] == b"["]
     if endpoint.items_key in list_keys:
-        items_key = endpoint.items_key
-    elif len(list_keys) == 1:
-        items_key = list_keys[0]
-    else:
+        list_keys = [endpoint.items_key]
+    if len(list_keys) != 1:
         found = ", ".join(sorted(doc)) or "none"
         why = "no list" if not list_keys else f"several lists ({', '.join(sorted(list_keys))})"
         raise PageFormatError(
             f"{where} answered an object with {why} of items (keys: {found}); expected a list "
             f"of items{f' under {endpoint.items_key!r}' if endpoint.items_key else ''}."
         )
-    items = _LIST.decode(doc[items_key])
+    items = _LIST.decode(doc[list_keys[0]])
 
     for key in (endpoint.total_key, *TOTAL_KEYS):
         value = _ANY.decode(doc[key]) if key and key in doc else None
