@@ -31,8 +31,10 @@ PROGRESS_EVERY_S = 5.0
 NAMED_IDS = 5  # in a message about ids; the rest are counted
 MAX_REPAIRS = 5  # rounds of one pass re-fetching the head of a list that grew
 
+#: One key of an item as decoded (an object or a list as a key is ``None``).
+Key = str | int | float | None
 #: Item keys decoded per item: ``_id`` first, then the endpoint's extra columns' keys.
-ItemKeys = tuple[str | int | float | None, ...]
+ItemKeys = tuple[Key, ...]
 #: ``[start, end)`` of a list; ``end`` is ``None`` for the first page, kept whole.
 Window = tuple[int, int | None]
 
@@ -61,11 +63,8 @@ def id_text(value: object) -> str | None:
 @functools.cache
 def key_decoder(endpoint: ListEndpoint) -> msgspec.json.Decoder:
     """Decodes an item's ``_id`` and extra-column keys, skipping every other field."""
-    keys = ("_id", *(key for _, key in endpoint.extra_columns))
-    fields = [
-        (f"k{i}", str | int | float | None, msgspec.field(default=None, name=key))
-        for i, key in enumerate(keys)
-    ]
+    keys = ("_id", *dict(endpoint.extra_columns).values())
+    fields = [(f"k{i}", Key, msgspec.field(default=None, name=k)) for i, k in enumerate(keys)]
     return msgspec.json.Decoder(msgspec.defstruct("ItemKeys", fields))
 
 
@@ -78,20 +77,15 @@ def item_keys(items: list[msgspec.Raw], decode: msgspec.json.Decoder) -> list[It
             out.append(msgspec.structs.astuple(decode.decode(item)))
         except msgspec.ValidationError:  # not an object, or a key holding an object or a list
             doc = msgspec.json.decode(item)
-            if doc is None:
-                out.append(None)
-                continue
-            doc = doc if isinstance(doc, dict) else {}
-            values = [doc.get(name) for name in names]
-            out.append(tuple(v if isinstance(v, str | int | float) else None for v in values))
+            found = doc if isinstance(doc, dict) else {}
+            keys = tuple(v if isinstance(v, Key) else None for v in map(found.get, names))
+            out.append(None if doc is None else keys)
     return out
 
 
 def item_digests(items: list[msgspec.Raw]) -> array[int]:
     """Each item's ``digest`` (id and content) as a signed BIGINT: whether two copies differ."""
-    signed = array("q")
-    signed.frombytes(memoryview(array("Q", map(digest, items))).cast("B"))
-    return signed
+    return array("q", array("Q", map(digest, items)).tobytes())
 
 
 @dataclass(frozen=True)
@@ -224,7 +218,7 @@ class ListPass:
         self.stream = stream
         self.stats = stats
         self.strategy = OffsetWindows(start, stop, doubt_total_from=stream.doubt_total_from)
-        self.pages = self.in_flight = self.repeated_pages = self.repairs = 0
+        self.pages = self.repeated_pages = self.repairs = 0
         self.finished = False
         self.page_hashes: set[int] = set()
         self.first_hash: int | None = None
@@ -277,14 +271,13 @@ class PageExecutor:
             while len(in_flight) < concurrency:
                 window = lp.strategy.next_window()
                 if window is None:
-                    if lp.in_flight == 0:
+                    if not any(owner is lp for owner, _, _ in in_flight.values()):
                         lp.finished, lp.page_hashes = True, set()
                         self.lists_done += lp.whole
                     return
                 skip = lp.strategy.asked_skip(window)
                 future = pool.submit(self.fetch_page, lp.stream.endpoint, skip, lp.stats, lp.known)
                 in_flight[future] = (lp, window, max(lp.stats.totals_seen, default=None))
-                lp.in_flight += 1
 
         try:
             while True:
@@ -299,7 +292,6 @@ class PageExecutor:
                 done, _ = wait(in_flight, return_when=FIRST_COMPLETED)
                 for future in done:
                     lp, window, baseline = in_flight.pop(future)
-                    lp.in_flight -= 1
                     page = self._admit(lp, window, future.result(), baseline)
                     if page.n:
                         yield lp.stream, page
@@ -495,12 +487,11 @@ class PassFacts:
         it kept came back unchanged, no id twice with different content, distinct ids == total
         (or rows). A server that counts every copy of an id is believed if two passes agree."""
         expected = self.rows if self.total is None else self.total
-        moved = self.differing or self.gone or len(self.totals_seen) > 1
-        if not (self.differing or self.gone):
-            if self.distinct == expected:
-                return None
-            if not moved and self.rows == expected and self.previous == (self.rows, self.distinct):
-                return None
+        changed = self.differing or self.gone
+        moved = changed or len(self.totals_seen) > 1
+        agreed = not moved and self.rows == expected and self.previous == (self.rows, self.distinct)
+        if not changed and (self.distinct == expected or agreed):
+            return None
         if moved:
             why = "the list shifted under its pages: it kept changing while it was paged"
         elif self.distinct > expected:
