@@ -107,14 +107,8 @@ def raw_table_ddl(
 def page_schema(endpoint: ListEndpoint) -> pa.Schema:
     import pyarrow as pa
 
-    return pa.schema(
-        [
-            ("id", pa.string()),
-            *((column, pa.string()) for column, _ in endpoint.extra_columns),
-            ("payload", pa.json_(pa.large_string())),
-            ("digest", pa.int64()),
-        ]
-    )
+    keys = [(column, pa.string()) for column in ("id", *dict(endpoint.extra_columns))]
+    return pa.schema([*keys, ("payload", pa.json_(pa.large_string())), ("digest", pa.int64())])
 
 
 def page_batch(page: Page, schema: pa.Schema, decode: msgspec.json.Decoder) -> pa.RecordBatch:
@@ -148,11 +142,9 @@ def page_batch(page: Page, schema: pa.Schema, decode: msgspec.json.Decoder) -> p
                 ) from None
         raise
     payload = pa.ExtensionArray.from_storage(schema.field("payload").type, text)
-    digests = (
-        pa.array(np.frombuffer(page.digests, np.int64))
-        if page.digests is not None
-        else pa.nulls(len(items), pa.int64())
-    )
+    digests = pa.nulls(len(items), pa.int64())  # a page the executor did not admit has none
+    if page.digests is not None:
+        digests = pa.array(np.frombuffer(page.digests, np.int64))
     return pa.RecordBatch.from_arrays([*columns, payload, digests], schema=schema)
 
 
@@ -354,11 +346,8 @@ def load_list(
         if result.facts.rows != distinct:
             _drop_duplicate_ids(conn, stage)
         table = endpoint.raw_table
-        old = (
-            one_row(conn, f"SELECT count(*) FROM {qualified(table)}")[0]
-            if table_exists(conn, table)
-            else 0
-        )
+        exists = table_exists(conn, table)
+        old = one_row(conn, f"SELECT count(*) FROM {qualified(table)}")[0] if exists else 0
         if old and not allow_shrink and (distinct == 0 or 1 - distinct / old > max_shrink_fraction):
             what = "empty it" if distinct == 0 else f"shrink it by {1 - distinct / old:.0%}"
             raise ShrinkRefusedError(
@@ -401,7 +390,6 @@ def load_list(
 def _drop_duplicate_ids(conn: duckdb.DuckDBPyConnection, table: str) -> None:
     """Keep one copy of each id: the completeness rule leaves only identical copies."""
     conn.execute(
-        f"DELETE FROM {qualified(table)} WHERE rowid IN ("
-        f"  SELECT rowid FROM (SELECT rowid, row_number() OVER (PARTITION BY id ORDER BY rowid)"
-        f"  AS copy FROM {qualified(table)}) WHERE copy > 1)"
+        f"DELETE FROM {qualified(table)} WHERE rowid IN (SELECT rowid FROM {qualified(table)} "
+        "QUALIFY row_number() OVER (PARTITION BY id ORDER BY rowid) > 1)"
     )
