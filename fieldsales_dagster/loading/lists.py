@@ -547,12 +547,12 @@ class ListResult:
     repairs: int
 
 
+@dataclass
 class ListPasses:
     """Pages lists with ``executor`` into ``sink`` until the rule accepts each of them."""
 
-    def __init__(self, executor: PageExecutor, sink: Sink):
-        self.executor = executor
-        self.sink = sink
+    executor: PageExecutor
+    sink: Sink
 
     def run(self, lists: list[Stream]) -> dict[Hashable, ListResult]:
         executor, results = self.executor, dict[Hashable, ListResult]()
