@@ -270,8 +270,10 @@ def test_count_that_is_only_the_page_size_is_verified_and_every_item_loads(wareh
 
     with HostileServer(answer) as server:
         report = load(hostile_api(server, page_size=10), warehouse)
+        asked = len(server.asked)
     assert report.rows == row_count(warehouse) == 50
     assert report.api_total is None
+    assert asked <= 2 * 5 + 10, f"{asked} requests"  # 5 pages: the pass and its re-read
 
 
 def test_total_equal_to_a_full_first_page_costs_one_empty_page(warehouse):

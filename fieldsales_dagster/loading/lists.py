@@ -143,6 +143,9 @@ class OffsetWindows:
         self.widest = max(self.widest, page.n)
         if page.n == 0:
             return Step(implausible_total=self._ended(start, page))
+        if self.proofs.get(start):  # past a total equal to the first page's size: page sizes
+            self.use_totals, self.limit, self.opened_to = False, self.stop, reached
+            return Step(totals_unreliable=True)  # kept whole; paged as a list without a total
         if first or page.n != end - start and page.n != self.stride:
             self.stride = page.n  # the server's page size (another than planned: re-plan)
         keep = None
@@ -152,9 +155,6 @@ class OffsetWindows:
             keep = end - start  # the overflow is the next window's, already planned
         else:
             self.opened_to = reached  # the last window brought more
-        if self.proofs.get(start):  # items past a total that was the first page's size
-            self.use_totals, self.limit = False, self.stop  # page until an empty page
-            return Step(keep, totals_unreliable=True)
         grew = page.total is not None and (self.limit is None or page.total > self.limit)
         if self.stop is None and self.use_totals and grew:
             self.limit = page.total  # the list grew: ask for the rest
