@@ -8,9 +8,8 @@ DEFAULT_CATALOG = "sqlite:data/fieldsales.ducklake.sqlite"
 
 def check_catalog(catalog: str) -> str:
     """``catalog`` if it is a catalog this project opens, else a ``ValueError`` saying which."""
-    if catalog.startswith(SQLITE_PREFIX) and catalog.removeprefix(SQLITE_PREFIX).strip():
-        return catalog
-    if catalog.startswith(POSTGRES_PREFIX):
+    sqlite_file = catalog.startswith(SQLITE_PREFIX) and catalog.removeprefix(SQLITE_PREFIX).strip()
+    if sqlite_file or catalog.startswith(POSTGRES_PREFIX):
         return catalog
     raise ValueError(
         "it is neither sqlite:<file> (one host; the default is "

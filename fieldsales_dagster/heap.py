@@ -19,6 +19,5 @@ def _malloc_trim() -> Callable[[int], int] | None:
 
 
 def release_free_memory() -> None:
-    trim = _malloc_trim()
-    if trim is not None:
+    if trim := _malloc_trim():
         trim(0)

@@ -12,7 +12,7 @@ from typing import Any
 import duckdb
 import msgspec
 
-from fieldsales_dagster.warehouse.lake import cleanup, run_transaction
+from fieldsales_dagster.warehouse.lake import cleanup, ensure_table, run_transaction
 from fieldsales_dagster.warehouse.quoting import qualified
 from fieldsales_dagster.warehouse.rows import one_row
 from fieldsales_dagster.warehouse.warehouse import table_exists
@@ -103,11 +103,8 @@ def build_following(
     macros: str = "",
 ) -> dict[str, Any]:
     """Bring ``table`` up to date, incrementally when safe, else ``build_whole()``; says how."""
-    conn.execute("CREATE SCHEMA IF NOT EXISTS meta")
-    conn.execute(
-        f"CREATE TABLE IF NOT EXISTS {STATE_TABLE} (table_name VARCHAR, "
-        "query_fingerprint VARCHAR, inputs_fingerprint VARCHAR)"
-    )
+    fingerprints = "query_fingerprint VARCHAR, inputs_fingerprint VARCHAR"
+    ensure_table(conn, STATE_TABLE, f"table_name VARCHAR, {fingerprints}")
     state = (
         hashlib.sha256(f"{query}\n{macros}".encode()).hexdigest(),
         _content_fingerprint(conn, follows.resolved_against),

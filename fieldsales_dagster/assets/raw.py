@@ -25,6 +25,7 @@ from fieldsales_dagster.loading.raw_load import ShrinkGuard
 from fieldsales_dagster.loading.resync import resync_transactions
 from fieldsales_dagster.names import InstanceNames
 from fieldsales_dagster.settings import validate_refresh_mode
+from fieldsales_dagster.warehouse.lake import ensure_table
 from fieldsales_dagster.warehouse.quoting import qualified
 from fieldsales_dagster.warehouse.rows import one_row
 
@@ -87,11 +88,8 @@ def record_load_run(
     (loaded_at,) = one_row(conn, f"SELECT max(loaded_at) FROM {qualified(table)}")
     if loaded_at is None:  # an empty table: no row to trace
         return
-    conn.execute("CREATE SCHEMA IF NOT EXISTS meta")
-    conn.execute(
-        f"CREATE TABLE IF NOT EXISTS {LOAD_RUNS} (table_name VARCHAR, loaded_at TIMESTAMP, "
-        "run_id VARCHAR, asset_key VARCHAR, recorded_at TIMESTAMP)"
-    )
+    columns = "loaded_at TIMESTAMP, run_id VARCHAR, asset_key VARCHAR, recorded_at TIMESTAMP"
+    ensure_table(conn, LOAD_RUNS, f"table_name VARCHAR, {columns}")
     # A load that wrote no row (nothing changed) leaves the newest stamp to its earlier run.
     conn.execute(
         f"INSERT INTO {LOAD_RUNS} SELECT $1, $2, $3, $4, $5 WHERE NOT EXISTS "

@@ -44,15 +44,12 @@ from fieldsales_dagster.warehouse.quoting import qualified, quote_ident, sql_lit
 from fieldsales_dagster.warehouse.rows import one_row
 
 EXTENSION_VERSION = "v1.5.5"
-#: A catalog's scanner is installed under the name DuckLake loads it by.
-SCANNERS = {"postgres": "postgres_scanner", "sqlite": "sqlite_scanner"}
 DEFAULT_DATA_PATH = "data/lake"
 CATALOG_VARIABLE = "FIELDSALES_DUCKLAKE_CATALOG"
 DATA_PATH_VARIABLE = "FIELDSALES_DUCKLAKE_DATA_PATH"
 S3_PREFIX = "s3://"
 ENDPOINT_VARIABLE = "FIELDSALES_S3_ENDPOINT"
 AWS_KEY_VARIABLES = ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY", "AWS_SESSION_TOKEN")
-DEFAULT_ALIAS = "fieldsales"
 TENANT_TABLE = "meta.lake_tenant"
 BUILDS_TABLE = "meta.lake_builds"
 #: Commit messages (``_mark_refresh``).
@@ -95,13 +92,14 @@ class ObjectStore:
 
     @classmethod
     def or_aws(
-        cls, endpoint: str | None, region: str | None, url_style: str | None, **keys: str
+        cls, endpoint: str | None, region: str | None, url_style: str | None, *keys: str
     ) -> ObjectStore:
-        """``AWS_ENDPOINT_URL`` and ``AWS_REGION`` stand in for an endpoint and region not set."""
+        """``AWS_ENDPOINT_URL`` and ``AWS_REGION`` stand in for an endpoint and region not set;
+        ``keys``: the keys' variables."""
         aws = os.environ.get("AWS_ENDPOINT_URL", "").strip()
         endpoint = endpoint or (endpoint_origin(aws, "AWS_ENDPOINT_URL") if aws else None)
         region = region or os.environ.get("AWS_REGION", "").strip() or None
-        return cls(endpoint, region, url_style, **keys)
+        return cls(endpoint, region, url_style, *keys)
 
     def key_variables(self) -> tuple[str, ...]:
         """Ours if either is set, else the AWS ones."""
@@ -133,7 +131,7 @@ class Lake:
     data_path: str = DEFAULT_DATA_PATH
     schema: str | None = None
     password_env_var: str = "FIELDSALES_DUCKLAKE_PASSWORD"
-    alias: str = DEFAULT_ALIAS
+    alias: str = "fieldsales"
     data_path_is_default: bool = True
     tenant: str | None = None
     store: ObjectStore = field(default_factory=ObjectStore)
@@ -223,17 +221,17 @@ def lake_config() -> DuckDBConfig:
 
 
 def load_extensions(conn: duckdb.DuckDBPyConnection, lake: Lake) -> None:
-    """``ducklake`` from its wheel's file; the scanner installed once per user (``SCANNERS``)."""
+    """``ducklake`` from its wheel's file; the catalog's ``<name>_scanner`` installed once."""
     conn.execute(f"LOAD {sql_literal(str(extension_file('ducklake')))}")
     scanner = "postgres" if lake.is_postgres else "sqlite"
     try:  # (asking first, duckdb_extensions(), reads every installed file: ~0.7 s a process)
-        conn.execute(f"LOAD {SCANNERS[scanner]}")
+        conn.execute(f"LOAD {scanner}_scanner")
     except duckdb.IOException:  # not installed for this user yet
         directory = extension_directory()
         directory.mkdir(parents=True, exist_ok=True)
         with filelock.FileLock(str(directory / ".install.lock"), timeout=120):
             conn.execute(f"INSTALL {sql_literal(str(extension_file(scanner)))}")
-        conn.execute(f"LOAD {SCANNERS[scanner]}")
+        conn.execute(f"LOAD {scanner}_scanner")
     if lake.is_s3:
         conn.execute(f"LOAD {sql_literal(str(extension_file('httpfs')))}")
 
@@ -242,24 +240,13 @@ def connect(
     lake: Lake, config: DuckDBConfig | None = None, read_only: bool = False
 ) -> duckdb.DuckDBPyConnection:
     if read_only and lake.catalog_file is not None and not lake.catalog_file.exists():
-        raise LakeError(
-            f"There is no lake at {lake.catalog_file} ({lake.named(CATALOG_VARIABLE)}) yet: run a "
-            "refresh first (make demo, or the refresh_all job)."
-        )
+        variable = lake.named(CATALOG_VARIABLE)
+        raise LakeError(f"There is no lake at {lake.catalog_file} ({variable}) yet: run a refresh.")
     conn = _instance(lake, config)
     try:
         if not read_only:
             prepare(lake, conn)
-        try:
-            _attach(conn, lake, read_only)
-        except duckdb.Error as exc:
-            password = f" and the password in {lake.password_env_var}" if lake.is_postgres else ""
-            raise LakeError(
-                f"Could not open the DuckLake with catalog {lake.catalog!r} and data path "
-                f"{lake.data_folder!r}: check {lake.named(CATALOG_VARIABLE)}, "
-                f"{lake.named(DATA_PATH_VARIABLE)}{password}. DuckDB: {exc}"
-            ) from exc
-        conn.execute(f"USE {quote_ident(lake.alias)}")
+        _attach(conn, lake, read_only)
         if not read_only:
             check_writable(conn, lake)
             set_options(conn, lake)
@@ -273,21 +260,18 @@ def connect(
 def _store_failure(lake: Lake, exc: duckdb.Error) -> LakeError:
     variable = lake.named(DATA_PATH_VARIABLE)
     if _says(exc, "nosuchbucket", "http 404"):
-        why, remedy = "its bucket does not exist", f"create it, or set {variable} to another"
+        why = f"its bucket does not exist: create it, or set {variable} to another"
     elif _says(exc, "http 403", "http 401"):
-        key_id, secret = lake.store.key_variables()[:2]
-        why = f"the object store refused the keys in {key_id} and {secret}"
-        remedy = (
-            f"set {lake.store.key_id_env_var} and {lake.store.secret_env_var} to keys that may "
-            "list, read and write it"
-        )
+        keys = " and ".join(lake.store.key_variables()[:2])
+        why = f"the object store refused the keys in {keys}: set keys that may list, read, write"
     else:
-        why = f"the object store at {lake.store.endpoint or 'AWS S3'} could not be reached"
-        remedy = f"check {lake.named(ENDPOINT_VARIABLE)} (or AWS_ENDPOINT_URL) and the server"
-    first_line = str(exc).partition("\n")[0]
+        why = (
+            f"the object store at {lake.store.endpoint or 'AWS S3'} could not be reached: check "
+            f"{lake.named(ENDPOINT_VARIABLE)} (or AWS_ENDPOINT_URL) and the server"
+        )
     return LakeError(
-        f"The lake's data path {lake.data_folder} ({variable}) cannot be used: {why}, so nothing "
-        f"was written; {remedy} (DuckDB: {first_line})."
+        f"The lake's data path {lake.data_folder} ({variable}) cannot be used, so nothing was "
+        f"written; {why} (DuckDB: {str(exc).splitlines()[0]})."
     )
 
 
@@ -311,22 +295,19 @@ def _instance(lake: Lake, config: DuckDBConfig | None = None) -> duckdb.DuckDBPy
 
 
 @functools.cache
-def postgres_identity(lake: Lake) -> tuple[str, str]:
+def postgres_identity(lake: Lake) -> tuple[Any, ...]:
     """The cluster and database ``lake``'s catalog reaches, however spelled; once per process."""
     query = "SELECT system_identifier::text, current_database() FROM pg_control_system()"
+    dsn = sql_literal(lake.catalog.removeprefix(POSTGRES_PREFIX))
     try:
         with contextlib.closing(_instance(lake)) as conn:
-            dsn = sql_literal(lake.catalog.removeprefix(POSTGRES_PREFIX))
             conn.execute(f"ATTACH {dsn} AS catalog (TYPE postgres, READ_ONLY)")
-            system, database = one_row(
-                conn, f"SELECT * FROM postgres_query('catalog', {sql_literal(query)})"
-            )
+            return one_row(conn, f"SELECT * FROM postgres_query('catalog', {sql_literal(query)})")
     except duckdb.Error as exc:
         raise LakeError(
             f"Could not ask the PostgreSQL catalog {lake.catalog!r} ({CATALOG_VARIABLE}) which "
             f"database it is. DuckDB: {exc}"
         ) from exc
-    return str(system), str(database)
 
 
 def check_writable(conn: duckdb.DuckDBPyConnection, lake: Lake) -> None:
@@ -341,8 +322,7 @@ def check_writable(conn: duckdb.DuckDBPyConnection, lake: Lake) -> None:
         raise LakeError(
             f"The lake's PostgreSQL catalog {lake.catalog!r} ({CATALOG_VARIABLE}) can only be read "
             "by its user here (a read-only role, a standby), so nothing was fetched: grant it "
-            f"INSERT, UPDATE and DELETE on schema {lake.schema or 'public'}'s tables, or point "
-            f"{CATALOG_VARIABLE} at the primary server."
+            f"write access, or point {CATALOG_VARIABLE} at the primary server."
         )
 
 
@@ -350,8 +330,16 @@ def _attach(conn: duckdb.DuckDBPyConnection, lake: Lake, read_only: bool) -> Non
     """Retried while another process is creating the same new lake."""
     racing = ("database is locked", "already exists")
     retrying = _retrying(lambda exc: isinstance(exc, duckdb.Error) and _says(exc, *racing))
-    for statement in reader_statements(lake) if read_only else [lake.attach_sql()]:
-        retrying(conn.execute, statement)
+    try:
+        for statement in reader_statements(lake) if read_only else [lake.attach_sql()]:
+            retrying(conn.execute, statement)
+    except duckdb.Error as exc:
+        password = f" and the password in {lake.password_env_var}" if lake.is_postgres else ""
+        raise LakeError(
+            f"Could not open the DuckLake {lake.catalog!r} at {lake.data_folder!r}: check "
+            f"{lake.named(CATALOG_VARIABLE)}, {lake.named(DATA_PATH_VARIABLE)}{password}. {exc}"
+        ) from exc
+    conn.execute(f"USE {quote_ident(lake.alias)}")
 
 
 def reader_statements(lake: Lake) -> list[str]:
@@ -396,34 +384,27 @@ def prepare(lake: Lake, conn: duckdb.DuckDBPyConnection | None = None) -> None:
         except duckdb.Error as exc:
             raise _store_failure(lake, exc) from None
     elif lake.is_local and not folder.is_dir():
-        if not lake.data_path_is_default or (catalog is not None and catalog.exists()):
-            why = (
-                f"the lake's catalog {catalog} lists its files there"
-                if lake.data_path_is_default
-                else "an unmounted volume or a mistyped path"
-            )
+        if lake.data_path_is_default and (catalog is None or not catalog.exists()):
+            folder.mkdir(parents=True, exist_ok=True)
+        else:
+            why = "an unmounted volume or a mistyped path"
+            if lake.data_path_is_default:
+                why = f"the lake's catalog {catalog} lists its files there"
             variable = lake.named(DATA_PATH_VARIABLE)
             raise LakeError(
                 f"The lake's data path {folder} ({variable}) does not exist ({why}), so nothing "
-                f"was written: mount or restore it (mkdir -p a new one), or set {variable} to "
-                "the right folder."
+                f"was written: mount, restore or create it, or set {variable} to the right folder."
             )
-        folder.mkdir(parents=True, exist_ok=True)
     if catalog is not None:
         catalog.parent.mkdir(parents=True, exist_ok=True)
-        use_wal(catalog, lake.named(CATALOG_VARIABLE))
+        use_wal(catalog.resolve(), lake.named(CATALOG_VARIABLE))
 
 
-#: Opened once each: closing the file again drops this process's POSIX locks, DuckDB's too
+#: Once per file: closing the file again drops this process's POSIX locks, DuckDB's too
 #: (SQLite's "how to corrupt", 2.2), so a checkpoint could pull the WAL away ("disk I/O error").
-_WAL_CATALOGS: set[str] = set()
-
-
-def use_wal(path: Path, variable: str = CATALOG_VARIABLE) -> None:
-    """``journal_mode=WAL`` (see the module docstring), once per process."""
-    key = str(path.resolve())
-    if key in _WAL_CATALOGS:
-        return
+@functools.cache
+def use_wal(path: Path, variable: str) -> None:
+    """``journal_mode=WAL`` (see the module docstring); ``path`` resolved."""
     with contextlib.closing(sqlite3.connect(path, timeout=60)) as db:
         (mode,) = db.execute("PRAGMA journal_mode=WAL").fetchone()
     if str(mode).lower() != "wal":
@@ -431,7 +412,6 @@ def use_wal(path: Path, variable: str = CATALOG_VARIABLE) -> None:
             f"Could not put the lake's SQLite catalog {path} ({variable}) in journal_mode=WAL "
             f"(SQLite says {mode!r}): keep it on a local disk, or use a PostgreSQL catalog."
         )
-    _WAL_CATALOGS.add(key)
 
 
 def check_tenant(conn: duckdb.DuckDBPyConnection, lake: Lake, record: bool = False) -> None:
@@ -448,12 +428,11 @@ def check_tenant(conn: duckdb.DuckDBPyConnection, lake: Lake, record: bool = Fal
         _TENANT_READ.add(lake)  # changes only by move_tenant
     elif recorded is None and record:
         _write_tenant(conn, lake.tenant)
-    elif recorded not in (None, lake.tenant):
+    elif recorded is not None:
         raise LakeError(
             f"The lake with catalog {lake.catalog!r} (schema {lake.schema or 'main'}) belongs to "
             f"{recorded!r}, not to {lake.tenant!r}, so nothing was written: give this instance a "
-            f"lake of its own ({lake.named(CATALOG_VARIABLE)}, or its own ducklake_schema), or "
-            f"empty {TENANT_TABLE} if the lake really moved here (docs/storage.md)."
+            f"lake of its own ({lake.named(CATALOG_VARIABLE)} or ducklake_schema; docs/storage.md)."
         )
 
 
@@ -474,11 +453,18 @@ def table_exists(conn: duckdb.DuckDBPyConnection, table: str) -> bool:
     return True
 
 
-def _write_tenant(conn: duckdb.DuckDBPyConnection, tenant: str) -> None:
+def ensure_table(conn: duckdb.DuckDBPyConnection, table: str, columns: str) -> None:
+    """``table`` (``schema.name``) with ``columns``, and its schema, unless they exist."""
+    schema = quote_ident(table.partition(".")[0])
     conn.execute(
-        f"CREATE SCHEMA IF NOT EXISTS meta; CREATE TABLE IF NOT EXISTS {TENANT_TABLE} "
-        f"(tenant VARCHAR, since TIMESTAMPTZ); DELETE FROM {TENANT_TABLE}"
+        f"CREATE SCHEMA IF NOT EXISTS {schema}; "
+        f"CREATE TABLE IF NOT EXISTS {qualified(table)} ({columns})"
     )
+
+
+def _write_tenant(conn: duckdb.DuckDBPyConnection, tenant: str) -> None:
+    ensure_table(conn, TENANT_TABLE, "tenant VARCHAR, since TIMESTAMPTZ")
+    conn.execute(f"DELETE FROM {TENANT_TABLE}")
     conn.execute(f"INSERT INTO {TENANT_TABLE} VALUES (?, now())", [tenant])
 
 
@@ -569,9 +555,8 @@ def run_transaction(conn: duckdb.DuckDBPyConnection, table: str, body: Callable[
         if not is_conflict(exc):
             raise
         raise LakeConflictError(
-            f"Writing {table} conflicted with another writer {CONFLICT_ATTEMPTS} times, so it "
-            f"was given up and {table} left as it was: keep one writer per table (the asset's "
-            f"pool does) and run again. DuckDB: {exc}"
+            f"Writing {table} conflicted with another writer {CONFLICT_ATTEMPTS} times, so it was "
+            f"given up and {table} left as it was: keep one writer per table, run again. {exc}"
         ) from exc
 
 
@@ -595,10 +580,7 @@ def _transaction(conn: duckdb.DuckDBPyConnection, body: Callable[[], T]) -> T:
 
 
 def record_build(conn: duckdb.DuckDBPyConnection, lake: Lake, table: str, reads: list[str]) -> None:
-    conn.execute(
-        f"CREATE SCHEMA IF NOT EXISTS meta; CREATE TABLE IF NOT EXISTS {BUILDS_TABLE} "
-        "(table_name VARCHAR, reads VARCHAR[], read_snapshot BIGINT)"
-    )
+    ensure_table(conn, BUILDS_TABLE, "table_name VARCHAR, reads VARCHAR[], read_snapshot BIGINT")
     conn.execute(
         f"INSERT INTO {BUILDS_TABLE} SELECT ?, ?, id FROM "
         f"{quote_ident(lake.alias)}.current_snapshot()",
@@ -679,8 +661,14 @@ def upkeep(
 ) -> dict[str, Any]:
     """Merge, expire snapshots (never the last nor the readers'), delete unneeded files."""
     name, snapshots = sql_literal(lake.alias), f"{quote_ident(lake.alias)}.snapshots()"
-    files_before, bytes_before, counted_in = stored_files(conn, lake)
-    (snapshots_before,) = one_row(conn, f"SELECT count(*) FROM {snapshots}")
+
+    def measured(when: str) -> dict[str, Any]:
+        files, size, counted_in = stored_files(conn, lake)
+        count, last = one_row(conn, f"SELECT count(*), max(snapshot_id) FROM {snapshots}")
+        counts = {f"files_{when}": files, f"bytes_{when}": size, f"snapshots_{when}": count}
+        return {**counts, "counted_in": counted_in, "last_snapshot": last}
+
+    before = measured("before")
     retain_us = int(max(0.0, retain_days) * 86400e6)
     orphan_us = int(max(0.0, orphan_age_hours) * 3600e6)
 
@@ -706,19 +694,7 @@ def upkeep(
         f"CALL ducklake_delete_orphaned_files({name}, older_than => now() - "
         f"to_microseconds({orphan_us}))"
     )
-    snapshots_after, last = one_row(conn, f"SELECT count(*), max(snapshot_id) FROM {snapshots}")
-    files_after, bytes_after, _ = stored_files(conn, lake)
-    return {
-        "files_before": files_before,
-        "files_after": files_after,
-        "bytes_before": bytes_before,
-        "bytes_after": bytes_after,
-        "counted_in": counted_in,
-        "snapshots_before": snapshots_before,
-        "snapshots_after": snapshots_after,
-        "last_snapshot": last,
-        "orphans_deleted": len(orphans),
-    }
+    return {**before, **measured("after"), "orphans_deleted": len(orphans)}
 
 
 #: The export replaces only a file that carries it.
@@ -727,6 +703,10 @@ EXPORT_INFIX = ".export-"
 #: Read by DuckDB from 1.2 on; compresses the raw payloads (v1.0.0: ~6x larger).
 EXPORT_STORAGE_VERSION = "v1.2.0"
 EXPORT_VARIABLE = "FIELDSALES_DUCKDB_PATH"
+
+
+#: A live export writes its file continuously, and exports never overlap (a pool of their own).
+DEAD_EXPORT_AGE_S = 600
 
 
 class ExportError(RuntimeError):
@@ -739,24 +719,22 @@ def check_export_target(target: Path, lake: Lake) -> None:
         return
     variable = lake.named(EXPORT_VARIABLE)
     # Readers of a file replaced under a program that writes it would fail replaying its log.
-    if Path(f"{target}.wal").exists():
-        raise ExportError(
-            f"Cannot replace the export {target}: its .wal exists, so a program has it open "
-            "read-write (or crashed writing it). Close that program (open the export read-only), "
-            "delete the .wal if none has it open, and run again."
-        )
+    held = Path(f"{target}.wal").exists()
     try:
-        marked = is_export(target)
+        marked = held or is_export(target)
     except duckdb.Error as exc:
-        if "lock" in str(exc).lower():
+        if not _says(exc, "lock"):
             raise ExportError(
-                f"Cannot replace the export {target}: another process holds it read-write. Open "
-                f"it read-only (duckdb -readonly) there, or close that process. DuckDB: {exc}"
+                f"Cannot replace {target} ({variable}): it is not a DuckDB file this project can "
+                f"read. Move it away, or set {variable} to another path. DuckDB: {exc}"
             ) from exc
+        held = True
+    if held:
         raise ExportError(
-            f"Cannot replace {target} ({variable}): it is not a DuckDB file this project can "
-            f"read. Move it away, or set {variable} to another path. DuckDB: {exc}"
-        ) from exc
+            f"Cannot replace the export {target}: another process holds it read-write (or one "
+            "crashed writing it, leaving its .wal). Open it read-only there (duckdb -readonly) or "
+            "close that process (delete a crashed one's .wal), and run again."
+        )
     if not marked:
         raise ExportError(
             f"{target} ({variable}) is a DuckDB file that is not an export of this project (it "
@@ -766,33 +744,34 @@ def check_export_target(target: Path, lake: Lake) -> None:
         )
 
 
+def is_export(path: Path) -> bool:
+    with duckdb.connect(str(path), read_only=True) as conn:
+        query = "SELECT 1 FROM duckdb_tables() WHERE schema_name || '.' || table_name = ?"
+        return bool(conn.execute(query, [EXPORT_MARKER]).fetchall())
+
+
 _REMEDIES: dict[int, str] = {
-    errno.ENOSPC: "Free disk space in {folder} (or grow the volume)",
-    errno.EDQUOT: "Raise the disk quota of {folder} or free space in it",
+    **dict.fromkeys((errno.ENOSPC, errno.EDQUOT), "Free disk space in {folder}"),
     **dict.fromkeys(
-        (errno.EACCES, errno.EPERM),
-        "Let the user running the refresh write to {folder} (and replace {file})",
+        (errno.EACCES, errno.EPERM), "Let the user running the refresh write to {folder}"
     ),
     errno.EROFS: "Mount {folder} read-write",
     **dict.fromkeys((errno.EXDEV, errno.EBUSY), "Mount the folder {folder}, not the file {file}"),
-    errno.ENOENT: "Create the folder {folder}, or set {variable} to another path",
 }
 
 
-def _failure(target: Path, snapshot: int | None, exc: BaseException, variable: str) -> ExportError:
+def _failure(target: Path, exc: BaseException, variable: str) -> ExportError:
     # DuckDB reports the reason as text, the system's own (``os.strerror``), not as errno.
-    code = (exc.errno if isinstance(exc, OSError) else None) or next(
+    code = getattr(exc, "errno", None) or next(
         (c for c in _REMEDIES if os.strerror(c).lower() in str(exc).lower()), None
     )
     remedy = _REMEDIES.get(code or 0, "Fix the cause in {folder}")
-    cause = (exc.strerror if isinstance(exc, OSError) else None) or str(exc)
     name = f" ({errno.errorcode.get(code, code)})" if code else ""
-    which = f"snapshot {snapshot} of the lake" if snapshot is not None else "the lake"
     return ExportError(
-        f"Exporting {which} to {target} ({variable}) failed: {cause}{name}. The lake's snapshot "
-        "stays committed and the previous export whole: "
-        + remedy.format(folder=target.parent, file=target.name, variable=variable)
-        + ", then run again."
+        f"Exporting the lake to {target} ({variable}) failed: "
+        f"{getattr(exc, 'strerror', None) or exc}{name}. The lake's snapshot stays committed and "
+        f"the previous export whole: {remedy.format(folder=target.parent, file=target.name)}, "
+        "then run again."
     )
 
 
@@ -802,7 +781,6 @@ def export_snapshot(lake: Lake, target: Path, config: DuckDBConfig | None = None
     check_export_target(target, lake)
     sweep_dead_exports(target)
     temporary = target.with_name(f".{target.name}{EXPORT_INFIX}{secrets.token_hex(4)}")
-    snapshot: int | None = None
     try:
         with connect(lake, config, read_only=True) as conn:
             conn.execute(
@@ -814,11 +792,21 @@ def export_snapshot(lake: Lake, target: Path, config: DuckDBConfig | None = None
             )
             tables = _copy_tables(conn, lake, snapshot)
             conn.execute("COMMIT; DETACH fieldsales_export")
-        size = _replace_durably(temporary, target, lake)
+        with open(temporary, "rb") as file:
+            os.fsync(file.fileno())
+        size = temporary.stat().st_size
+        pause_at("export")
+        check_export_target(target, lake)  # a program may have opened it meanwhile
+        os.replace(temporary, target)
+        fd = os.open(target.parent, os.O_RDONLY)
+        try:
+            os.fsync(fd)
+        finally:
+            os.close(fd)
     except BaseException as exc:
         _remove(temporary)
         if isinstance(exc, duckdb.Error | OSError):  # an ExportError names its cause already
-            raise _failure(target, snapshot, exc, lake.named(EXPORT_VARIABLE)) from exc
+            raise _failure(target, exc, lake.named(EXPORT_VARIABLE)) from exc
         raise
     return {
         "fieldsales/export_path": str(target),
@@ -831,43 +819,23 @@ def export_snapshot(lake: Lake, target: Path, config: DuckDBConfig | None = None
 
 def _copy_tables(conn: duckdb.DuckDBPyConnection, lake: Lake, snapshot: int) -> int:
     found = conn.execute(
-        "SELECT schema_name, table_name FROM duckdb_tables() WHERE database_name = ? "
+        "SELECT schema_name || '.' || table_name FROM duckdb_tables() WHERE database_name = ? "
         "AND NOT starts_with(table_name, '_stage_') ORDER BY ALL",
         [lake.alias],
     ).fetchall()
-    for schema in sorted({schema for schema, _ in found} | {"meta"}):
-        conn.execute(f"CREATE SCHEMA IF NOT EXISTS fieldsales_export.{quote_ident(schema)}")
-    for schema, name in found:
-        table = f"{quote_ident(schema)}.{quote_ident(name)}"
+    for (table,) in found:
         conn.execute(
-            f"CREATE TABLE fieldsales_export.{table} AS "
-            f"SELECT * FROM {quote_ident(lake.alias)}.{table}"
+            f"CREATE SCHEMA IF NOT EXISTS fieldsales_export.{quote_ident(table.split('.')[0])}; "
+            f"CREATE TABLE fieldsales_export.{qualified(table)} AS "
+            f"SELECT * FROM {quote_ident(lake.alias)}.{qualified(table)}"
         )
+    conn.execute("CREATE SCHEMA IF NOT EXISTS fieldsales_export.meta")
     conn.execute(
         f"CREATE TABLE fieldsales_export.{EXPORT_MARKER} AS SELECT ? AS snapshot_id, "
         "now() AS exported_at, ? AS catalog",
         [snapshot, lake.catalog],
     )
     return len(found)
-
-
-def _replace_durably(temporary: Path, target: Path, lake: Lake) -> int:
-    with open(temporary, "rb") as file:
-        os.fsync(file.fileno())
-    size = temporary.stat().st_size
-    pause_at("export")
-    check_export_target(target, lake)  # a program may have opened it meanwhile
-    os.replace(temporary, target)
-    fd = os.open(target.parent, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-    return size
-
-
-#: A live export writes its file continuously, and exports never overlap (a pool of their own).
-DEAD_EXPORT_AGE_S = 600
 
 
 def sweep_dead_exports(target: Path) -> None:
@@ -882,28 +850,15 @@ def _remove(temporary: Path) -> None:
         path.unlink(missing_ok=True)
 
 
-def is_export(path: Path) -> bool:
-    schema, _, name = EXPORT_MARKER.partition(".")
-    with duckdb.connect(str(path), read_only=True) as conn:
-        (marked,) = one_row(
-            conn,
-            "SELECT count(*) FROM duckdb_tables() WHERE schema_name = ? AND table_name = ?",
-            [schema, name],
-        )
-    return bool(marked)
-
-
 def analyst_sql(lake: Lake) -> str:
     """SQL that opens ``lake`` read-only, offline, in a DuckDB client (``duckdb -init``)."""
     scanner = "postgres" if lake.is_postgres else "sqlite"
     lines = [
-        "-- Opens the Field-Sales lake read-only (docs/storage.md). Written by",
-        "-- python -m fieldsales_dagster.warehouse.lake for this install.",
         "SET autoinstall_known_extensions = false;",
         "SET autoload_known_extensions = false;",
         f"SET extension_directory = {sql_literal(str(extension_directory()))};",
         f"INSTALL {sql_literal(str(extension_file(scanner)))};",
-        f"LOAD {SCANNERS[scanner]};",
+        f"LOAD {scanner}_scanner;",
         f"LOAD {sql_literal(str(extension_file('ducklake')))};",
     ]
     if lake.is_postgres:
@@ -912,17 +867,13 @@ def analyst_sql(lake: Lake) -> str:
             f"(from {lake.password_env_var})"
         )
     if lake.is_s3:
-        key_id, secret = lake.store.key_variables()[:2]
         lines += [
             f"LOAD {sql_literal(str(extension_file('httpfs')))};",
-            f"-- the object store's keys (from {key_id} and {secret}): "
+            f"-- the object store's keys (from {' and '.join(lake.store.key_variables()[:2])}): "
             f"{lake.store.secret_sql(keys=('...', '...'))};",
         ]
-    lines += [
-        *(f"{statement};" for statement in reader_statements(lake)),
-        f"USE {quote_ident(lake.alias)};",
-    ]
-    return "\n".join(lines) + "\n"
+    lines += [f"{statement};" for statement in reader_statements(lake)]
+    return "\n".join([*lines, f"USE {quote_ident(lake.alias)};", ""])
 
 
 def main() -> None:

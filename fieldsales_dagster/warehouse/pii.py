@@ -31,10 +31,9 @@ def check_hash_key(key: str | None, variable: str = "FIELDSALES_PII_HASH_KEY") -
     key = (key or "").strip()
     if len(key) < MIN_HASH_KEY_CHARS:
         raise PiiSettingError(
-            f"pii: hash needs a secret key in {variable} (pii_hash_key: at least "
-            f"{MIN_HASH_KEY_CHARS} characters; it has {len(key)}). Set it to a long random secret "
-            f"and keep it (a new key changes every hash), or set {named('FIELDSALES_PII')} to keep "
-            "or drop."
+            f"pii: hash needs a secret key in {variable} (pii_hash_key) of {MIN_HASH_KEY_CHARS} "
+            f"characters or more, not {len(key)}: set a long random one and keep it (a new key "
+            f"changes every hash), or set {named('FIELDSALES_PII')} to keep or drop."
         )
     return key
 

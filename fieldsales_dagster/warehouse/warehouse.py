@@ -47,6 +47,7 @@ from fieldsales_dagster.warehouse.quoting import qualified, quote_ident, sql_lit
 from fieldsales_dagster.warehouse.rows import one_row
 
 T = TypeVar("T")
+CATALOG = "ducklake_catalog"
 WAREHOUSE_SETTINGS = (StorageSettings, PiiSettings, RefreshSettings)
 
 #: Below it, loading the pool again costs more than it frees (every step: the 88k run ~1 s in 14).
@@ -149,6 +150,10 @@ class FieldSalesWarehouse(settings_resource("WarehouseSettings", *WAREHOUSE_SETT
     @property
     def lake(self) -> Lake:
         catalog = self.ducklake_catalog or DEFAULT_CATALOG
+        store = ObjectStore()
+        if str(self.ducklake_data_path).startswith(S3_PREFIX):
+            keys = (self.s3_access_key_id_env_var, self.s3_secret_access_key_env_var)
+            store = ObjectStore.or_aws(self.s3_endpoint, self.s3_region, self.s3_url_style, *keys)
         return Lake(
             catalog=catalog,
             data_path=self.ducklake_data_path or default_data_path(catalog),
@@ -156,19 +161,8 @@ class FieldSalesWarehouse(settings_resource("WarehouseSettings", *WAREHOUSE_SETT
             password_env_var=self.ducklake_password_env_var,
             data_path_is_default=not self.ducklake_data_path,
             tenant=self.tenant,
-            store=self.object_store(),
+            store=store,
             variables=self.variables,
-        )
-
-    def object_store(self) -> ObjectStore:
-        if not str(self.ducklake_data_path).startswith(S3_PREFIX):
-            return ObjectStore()
-        return ObjectStore.or_aws(
-            self.s3_endpoint,
-            self.s3_region,
-            self.s3_url_style,
-            key_id_env_var=self.s3_access_key_id_env_var,
-            secret_env_var=self.s3_secret_access_key_env_var,
         )
 
     @property
@@ -189,17 +183,13 @@ class FieldSalesWarehouse(settings_resource("WarehouseSettings", *WAREHOUSE_SETT
         code location."""
         lake, spill, limit = self.lake, self.local_folder, self.duckdb_memory_limit
         if lake.catalog_file is not None:
-            catalog = check_file_setting(
-                lake.catalog_file, setting="ducklake_catalog", create_dirs=True
-            )
+            catalog = check_file_setting(lake.catalog_file, setting=CATALOG, create_dirs=True)
             if catalog.exists() and not os.access(catalog, os.W_OK):
                 why = f"{catalog} is a file this user (uid {os.getuid()}) cannot write"
-                raise setting_error("ducklake_catalog", f"{why}. Give it write access")
+                raise setting_error(CATALOG, f"{why}. Give it write access")
         if lake.is_local:
             check_folder_setting(lake.data_folder, setting="ducklake_data_path")
-        existing = check_folder_setting(
-            spill, setting="ducklake_catalog", what="its temporary folder "
-        )
+        existing = check_folder_setting(spill, setting=CATALOG, what="its temporary folder ")
         if (free := shutil.disk_usage(existing).free) < memory_megabytes(limit) * 1e6:
             raise setting_error(
                 "duckdb_memory_limit",
@@ -320,12 +310,6 @@ def staging_table(target: str, suffix: str = "") -> str:
 
 def replace_table(conn: duckdb.DuckDBPyConnection, staged: str, target: str) -> None:
     """Swap a built staging table (same schema) in for ``target`` in one transaction."""
-    name = quote_ident(target.partition(".")[2])
-
-    def swap() -> None:
-        conn.execute(
-            f"DROP TABLE IF EXISTS {qualified(target)}; "
-            f"ALTER TABLE {qualified(staged)} RENAME TO {name}"
-        )
-
-    run_transaction(conn, target, swap)
+    drop = f"DROP TABLE IF EXISTS {qualified(target)}"
+    rename = f"ALTER TABLE {qualified(staged)} RENAME TO {quote_ident(target.partition('.')[2])}"
+    run_transaction(conn, target, lambda: conn.execute(f"{drop}; {rename}"))
