@@ -100,11 +100,8 @@ def record_load_run(
 
 def row_count_check(rows: int, previous: int | None, tolerance: float) -> dg.AssetCheckResult:
     if previous is None:
-        return dg.AssetCheckResult(
-            check_name=ROW_COUNT_CHECK,
-            passed=True,
-            metadata={"rows": rows, "note": "first load: nothing to compare with"},
-        )
+        first: dict[str, Any] = {"rows": rows, "note": "first load: nothing to compare with"}
+        return dg.AssetCheckResult(check_name=ROW_COUNT_CHECK, passed=True, metadata=first)
     change = (rows - previous) / previous if previous else (0.0 if rows == 0 else 1.0)
     return dg.AssetCheckResult(
         check_name=ROW_COUNT_CHECK,
@@ -117,6 +114,10 @@ def row_count_check(rows: int, previous: int | None, tolerance: float) -> dg.Ass
             "tolerance": tolerance,
         },
     )
+
+
+#: What a load cost, and what it dropped or repaired, each as metadata.
+LOAD_COSTS = ("pages", "requests", "retries", "passes", "duplicates_dropped", "surrogates_replaced")
 
 
 def raw_columns(endpoint: ListEndpoint) -> tuple[str, ...]:
@@ -179,12 +180,7 @@ def _materialize(
             **metadata,
             **storage_metadata(warehouse, table),
             "api_total": api_total,
-            "pages": load.pages,
-            "requests": load.requests,
-            "retries": load.retries,
-            "passes": load.passes,
-            "duplicates_dropped": load.duplicates_dropped,
-            "surrogates_replaced": load.surrogates_replaced,
+            **{name: getattr(load, name) for name in LOAD_COSTS},
             "megabytes": round(load.bytes / 1e6, 1),
             "seconds": round(load.seconds, 2),
             "rows_per_second": round(load.rows_per_second),
@@ -204,13 +200,17 @@ def build_raw_asset(
     io_manager_key: str | None = None,
 ) -> dg.AssetsDefinition:
     """``io_manager_key`` loads the table for downstream inputs; the asset stores nothing by it."""
-    key = names.asset_key(raw_asset_name(endpoint))
-    spec: dict[str, Any] = dict(
+    name = raw_asset_name(endpoint)
+    key = names.asset_key(name)
+    # Dagster reads the run config's type from the annotation: raw_transactions also takes resync.
+    config_type = TransactionsRefreshConfig if endpoint is TRANSACTIONS else RawRefreshConfig
+
+    @dg.asset(
         key=key,
         io_manager_key=io_manager_key,
         group_name=names.group("raw"),
         kinds={STORAGE_KIND},
-        pool=names.pool_for(raw_asset_name(endpoint)),
+        pool=names.pool_for(name),
         owners=owners,
         description=f"Every {endpoint.name.replace('_', ' ')} item (GET {endpoint.path}) as "
         f"received: {endpoint.raw_table}({', '.join(raw_columns(endpoint))}).",
@@ -227,20 +227,9 @@ def build_raw_asset(
             )
         ],
     )
-    # Dagster reads the run config's type from the annotation: raw_transactions also takes resync.
-    if endpoint is TRANSACTIONS:
-
-        @dg.asset(**spec)
-        def _raw_transactions(
-            context: dg.AssetExecutionContext, config: TransactionsRefreshConfig
-        ) -> dg.MaterializeResult:
-            return _materialize(names, endpoint, context, config)
-
-        return _raw_transactions
-
-    @dg.asset(**spec)
     def _raw_asset(
-        context: dg.AssetExecutionContext, config: RawRefreshConfig
+        context: dg.AssetExecutionContext,
+        config: config_type,  # type: ignore[valid-type]  # a class, chosen above
     ) -> dg.MaterializeResult:
         return _materialize(names, endpoint, context, config)
 
