@@ -180,15 +180,13 @@ def _incremental(
     target = qualified(table)
 
     def update() -> None:
-        conn.execute(f"DELETE FROM {target} WHERE ({follows.from_decoded}) IS NOT TRUE")
         conn.execute(
-            f"DELETE FROM {target} AS t USING _fs_follow_keys AS k WHERE t.{follows.key} = k.id"
+            f"DELETE FROM {target} WHERE ({follows.from_decoded}) IS NOT TRUE; "
+            f"DELETE FROM {target} AS t USING _fs_follow_keys AS k WHERE t.{follows.key} = k.id; "
+            f"INSERT INTO {target} BY NAME SELECT * FROM _fs_follow_rows; "
+            f"DELETE FROM {inputs} AS i USING _fs_follow_gone AS g WHERE {same_row('i', 'g')}; "
+            f"INSERT INTO {inputs} SELECT id, loaded_at FROM _fs_follow_added"
         )
-        conn.execute(f"INSERT INTO {target} BY NAME SELECT * FROM _fs_follow_rows")
-        conn.execute(
-            f"DELETE FROM {inputs} AS i USING _fs_follow_gone AS g WHERE {same_row('i', 'g')}"
-        )
-        conn.execute(f"INSERT INTO {inputs} SELECT id, loaded_at FROM _fs_follow_added")
         _write_state(conn, table, state)
 
     try:
