@@ -111,8 +111,7 @@ def build_following(
     )
     why = _why_whole(conn, table, follows, state, params)
     if why is None:
-        result = _incremental(conn, table, follows, query, params, state)
-        if result is not None:
+        if (result := _incremental(conn, table, follows, query, params, state)) is not None:
             return result
         why = f"more than {WHOLE_ABOVE:.0%} of {follows.decoded} is new"
     conn.execute(f"DELETE FROM {STATE_TABLE} WHERE table_name = ?", [table])

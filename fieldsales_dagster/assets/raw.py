@@ -16,11 +16,7 @@ from fieldsales_dagster.assets.metadata import (
 )
 from fieldsales_dagster.assets.resync_config import ResyncConfig
 from fieldsales_dagster.client.endpoints import EVENTS, LIST_ENDPOINTS, TRANSACTIONS, ListEndpoint
-from fieldsales_dagster.loading.incremental import (
-    RefreshPolicy,
-    RefreshReport,
-    refresh_raw_list,
-)
+from fieldsales_dagster.loading.incremental import RefreshPolicy, RefreshReport, refresh_raw_list
 from fieldsales_dagster.loading.raw_load import ShrinkGuard
 from fieldsales_dagster.loading.resync import resync_transactions
 from fieldsales_dagster.names import InstanceNames

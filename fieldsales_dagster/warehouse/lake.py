@@ -13,7 +13,6 @@ from __future__ import annotations
 import contextlib
 import errno
 import functools
-import hashlib
 import importlib.util
 import os
 import random
@@ -164,11 +163,6 @@ class Lake:
         base = str(Path(self.data_path).absolute()) if self.is_local else self.data_path
         return f"{base.rstrip('/')}/{self.schema}" if self.schema else base
 
-    @property
-    def key(self) -> str:
-        """For local folders (spools) that must not mix between lakes."""
-        return hashlib.sha256(f"{self.catalog}\0{self.schema or ''}".encode()).hexdigest()[:16]
-
     def attach_sql(self, read_only: bool = False, snapshot: str | None = None) -> str:
         """No password in it (see ``connect``); ``snapshot``: an expression of the id to attach."""
         # A lake whose folder moved (copied, a volume mounted elsewhere) opens from the setting.
@@ -239,9 +233,6 @@ def load_extensions(conn: duckdb.DuckDBPyConnection, lake: Lake) -> None:
 def connect(
     lake: Lake, config: DuckDBConfig | None = None, read_only: bool = False
 ) -> duckdb.DuckDBPyConnection:
-    if read_only and lake.catalog_file is not None and not lake.catalog_file.exists():
-        variable = lake.named(CATALOG_VARIABLE)
-        raise LakeError(f"There is no lake at {lake.catalog_file} ({variable}) yet: run a refresh.")
     conn = _instance(lake, config)
     try:
         if not read_only:
@@ -829,11 +820,10 @@ def _copy_tables(conn: duckdb.DuckDBPyConnection, lake: Lake, snapshot: int) -> 
             f"CREATE TABLE fieldsales_export.{qualified(table)} AS "
             f"SELECT * FROM {quote_ident(lake.alias)}.{qualified(table)}"
         )
-    conn.execute("CREATE SCHEMA IF NOT EXISTS fieldsales_export.meta")
     conn.execute(
-        f"CREATE TABLE fieldsales_export.{EXPORT_MARKER} AS SELECT ? AS snapshot_id, "
-        "now() AS exported_at, ? AS catalog",
-        [snapshot, lake.catalog],
+        f"CREATE SCHEMA IF NOT EXISTS fieldsales_export.meta; CREATE TABLE fieldsales_export."
+        f"{EXPORT_MARKER} AS SELECT {snapshot} AS snapshot_id, now() AS exported_at, "
+        f"{sql_literal(lake.catalog)} AS catalog"
     )
     return len(found)
 

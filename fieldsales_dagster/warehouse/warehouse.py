@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import hashlib
 import os
 import shutil
 import tempfile
@@ -127,7 +128,9 @@ class FieldSalesWarehouse(settings_resource("WarehouseSettings", *WAREHOUSE_SETT
 
     #: This run's shared tables built so far, each with what it was built from (not a setting).
     _shared: dict[str, object] = PrivateAttr(default_factory=dict)
-    _shared_schema: str = PrivateAttr(default_factory=lambda: f"run_{uuid.uuid4().hex[:12]}")
+    _run_schema: str = PrivateAttr(
+        default_factory=lambda: f"{SHARED_DATABASE}.run_{uuid.uuid4().hex}"
+    )
     _in_run: bool = PrivateAttr(default=False)
 
     @field_validator("ducklake_catalog")
@@ -174,7 +177,8 @@ class FieldSalesWarehouse(settings_resource("WarehouseSettings", *WAREHOUSE_SETT
         """DuckDB's spills: beside a SQLite catalog, else in the temporary folder; one per lake."""
         here = self.lake
         base = here.catalog_file.parent if here.catalog_file else Path(tempfile.gettempdir())
-        return base / LOCAL_DIR_NAME / f"lake-{here.key}"
+        key = hashlib.sha256(f"{here.catalog}\0{here.schema or ''}".encode()).hexdigest()[:16]
+        return base / LOCAL_DIR_NAME / f"lake-{key}"
 
     def preflight(self) -> None:
         """Check, as the definitions load, that this user can write the catalog, the data folder
@@ -193,9 +197,8 @@ class FieldSalesWarehouse(settings_resource("WarehouseSettings", *WAREHOUSE_SETT
         if (free := shutil.disk_usage(existing).free) < memory_megabytes(limit) * 1e6:
             raise setting_error(
                 "duckdb_memory_limit",
-                f"DuckDB may spill up to {limit} to the lake's temporary folder {spill}, which has "
-                f"{free / 1e6:.0f} MB free. Free space in {existing}, lower the limit, or move the "
-                "catalog to a larger disk",
+                f"DuckDB may spill up to {limit} to the lake's temporary folder {spill} ({free:,}"
+                f" bytes free). Free space in {existing}, lower the limit, or move the catalog",
             )
 
     def setup_for_execution(self, context: dg.InitResourceContext) -> None:
@@ -211,20 +214,16 @@ class FieldSalesWarehouse(settings_resource("WarehouseSettings", *WAREHOUSE_SETT
         """A run set the resource up: its shared tables last until its end."""
         return self._in_run
 
-    @property
-    def _schema(self) -> str:
-        return f"{SHARED_DATABASE}.{quote_ident(self._shared_schema)}"
-
     def shared_table(self, name: str) -> str:
         """Where the run's steps share ``name`` (``SHARED_DATABASE``), seen by every cursor."""
-        return f"{self._schema}.{quote_ident(name)}"
+        return f"{self._run_schema}.{quote_ident(name)}"
 
     def shared_source(self, name: str) -> object | None:
         return self._shared.get(name)
 
     def create_shared_schema(self, conn: duckdb.DuckDBPyConnection) -> None:
         conn.execute(f"ATTACH IF NOT EXISTS ':memory:' AS {SHARED_DATABASE}")
-        conn.execute(f"CREATE SCHEMA IF NOT EXISTS {self._schema}")
+        conn.execute(f"CREATE SCHEMA IF NOT EXISTS {self._run_schema}")
 
     def shared_built(self, name: str, source: object) -> None:
         self._shared[name] = source
@@ -235,7 +234,7 @@ class FieldSalesWarehouse(settings_resource("WarehouseSettings", *WAREHOUSE_SETT
             return
         self._shared.clear()
         with nullcontext(conn) if conn is not None else self.get_connection() as cursor:
-            cursor.execute(f"DROP SCHEMA IF EXISTS {self._schema} CASCADE")
+            cursor.execute(f"DROP SCHEMA IF EXISTS {self._run_schema} CASCADE")
 
     def one_commit(
         self,
