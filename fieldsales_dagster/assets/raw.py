@@ -23,7 +23,6 @@ from fieldsales_dagster.names import InstanceNames
 from fieldsales_dagster.settings import validate_refresh_mode
 from fieldsales_dagster.warehouse.lake import ensure_table
 from fieldsales_dagster.warehouse.quoting import qualified
-from fieldsales_dagster.warehouse.rows import one_row
 
 ROW_COUNT_CHECK = "row_count_near_previous_load"
 #: A load whose row count moved by more than this share of the previous one's warns.
@@ -81,16 +80,15 @@ def record_load_run(
     conn: duckdb.DuckDBPyConnection, table: str, run_id: str, asset_key: str
 ) -> None:
     """Record that run ``run_id`` (asset ``asset_key``) wrote ``table``'s newest load."""
-    (loaded_at,) = one_row(conn, f"SELECT max(loaded_at) FROM {qualified(table)}")
-    if loaded_at is None:  # an empty table: no row to trace
-        return
     columns = "loaded_at TIMESTAMP, run_id VARCHAR, asset_key VARCHAR, recorded_at TIMESTAMP"
     ensure_table(conn, LOAD_RUNS, f"table_name VARCHAR, {columns}")
-    # A load that wrote no row (nothing changed) leaves the newest stamp to its earlier run.
+    # An empty table has no row to trace; a load that wrote no row (nothing changed) leaves the
+    # newest stamp to its earlier run.
     conn.execute(
-        f"INSERT INTO {LOAD_RUNS} SELECT $1, $2, $3, $4, $5 WHERE NOT EXISTS "
-        f"(SELECT 1 FROM {LOAD_RUNS} WHERE table_name = $1 AND loaded_at = $2)",
-        [table, loaded_at, run_id, asset_key, datetime.now(UTC).replace(tzinfo=None)],
+        f"INSERT INTO {LOAD_RUNS} SELECT $1, stamp, $2, $3, $4 FROM (SELECT max(loaded_at) AS "
+        f"stamp FROM {qualified(table)}) WHERE stamp IS NOT NULL AND NOT EXISTS "
+        f"(SELECT 1 FROM {LOAD_RUNS} WHERE table_name = $1 AND loaded_at = stamp)",
+        [table, run_id, asset_key, datetime.now(UTC).replace(tzinfo=None)],
     )
 
 

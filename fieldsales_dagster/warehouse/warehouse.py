@@ -143,8 +143,7 @@ class FieldSalesWarehouse(settings_resource("WarehouseSettings", *WAREHOUSE_SETT
     def _check_hash_key(cls, given: Any) -> Any:
         # An EnvVar (the component's way) is read now, so that a missing key fails the load.
         if isinstance(given, dict) and given.get("pii") == "hash":
-            key = given.get("pii_hash_key")
-            if isinstance(key, dg.EnvVar):
+            if isinstance(key := given.get("pii_hash_key"), dg.EnvVar):
                 check_hash_key(os.environ.get(key.env_var_name), key.env_var_name)
             else:
                 check_hash_key(key)
