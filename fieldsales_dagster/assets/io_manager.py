@@ -7,7 +7,6 @@ from __future__ import annotations
 import datetime as dt
 import re
 from collections.abc import Mapping
-from dataclasses import dataclass
 from decimal import Decimal
 from typing import TYPE_CHECKING, Any, cast
 
@@ -102,31 +101,6 @@ def _values_stored(frame: pd.DataFrame, table: str) -> tuple[pd.DataFrame, dict[
     return frame, held
 
 
-def check_stored(connection: duckdb.DuckDBPyConnection, table: str, held: dict[str, str]) -> None:
-    """Fail if DuckDB stored an object column of non-text values as text (unknown types)."""
-    types = {
-        row[0]: row[1] for row in connection.execute(f"DESCRIBE {qualified(table)}").fetchall()
-    }
-    for column, kind in held.items():
-        if kind != "str" and types.get(column) == "VARCHAR":
-            why = f"holds {kind} values, which DuckDB would store as text"
-            raise _refuse(table, column, why, "Convert it to a pandas type")
-
-
-@dataclass(frozen=True)
-class TableSlice:
-    """Where an asset's DataFrame lives; ``where`` selects its partitions (empty: all of it)."""
-
-    schema: str
-    table: str
-    where: str
-    params: dict[str, Any]
-
-    @property
-    def name(self) -> str:
-        return f"{self.schema}.{self.table}"
-
-
 def _partition_where(
     context: dg.OutputContext | dg.InputContext, metadata: Mapping[str, Any]
 ) -> tuple[str, dict[str, Any]]:
@@ -159,15 +133,13 @@ class FieldSalesIOManager(dg.IOManager):
 
     def _table_slice(
         self, context: dg.OutputContext | dg.InputContext, output: dg.OutputContext
-    ) -> TableSlice:
+    ) -> tuple[str, str, dict[str, Any]]:
+        """``schema.table`` of the asset's DataFrame, and a ``WHERE`` of its partitions."""
         metadata = output.definition_metadata or {}
         declared = metadata.get("table")
-        if isinstance(declared, str) and "." in declared:
-            schema, _, table = declared.partition(".")
-        else:
-            schema = str(metadata.get("schema") or self._schema)
-            table = context.asset_key.path[-1]
-        return TableSlice(schema, table, *_partition_where(context, metadata))
+        if not (isinstance(declared, str) and "." in declared):
+            declared = f"{metadata.get('schema') or self._schema}.{context.asset_key.path[-1]}"
+        return declared, *_partition_where(context, metadata)
 
     def handle_output(self, context: dg.OutputContext, obj: object) -> None:
         import pandas as pd  # noqa: PLC0415
@@ -178,25 +150,31 @@ class FieldSalesIOManager(dg.IOManager):
                 f"fieldsales_io_manager stores pandas DataFrames, but {asset} returned "
                 f"{type(obj).__name__}. Return a DataFrame, or use another io_manager_key."
             )
-        table_slice = self._table_slice(context, context)
-        table = table_slice.name
-        if table_slice.schema in PROJECT_SCHEMAS:
+        table, where, params = self._table_slice(context, context)
+        owner = table.partition(".")[0]
+        if owner in PROJECT_SCHEMAS:
             raise dg.Failure(
                 f"fieldsales_io_manager will not write {table} for asset {asset}: schema "
-                f"{table_slice.schema} belongs to the project. Use a schema of your own "
+                f"{owner} belongs to the project. Use a schema of your own "
                 f"(metadata={{'schema': ...}}; default {self._schema})."
             )
         frame, held = _values_stored(_columns_stored(obj, table), table)
-        target, where, params = qualified(table), table_slice.where, table_slice.params
+        target = qualified(table)
 
         def store(conn: duckdb.DuckDBPyConnection) -> dict[str, Any]:
-            conn.execute(f"CREATE SCHEMA IF NOT EXISTS {quote_ident(table_slice.schema)}")
+            conn.execute(f"CREATE SCHEMA IF NOT EXISTS {quote_ident(owner)}")
             if where and table_exists(conn, table):
                 conn.execute(f"DELETE FROM {target}{where}", params)
                 conn.execute(f"INSERT INTO {target} BY NAME SELECT * FROM {_FRAME}")
             else:  # an unpartitioned output replaces the whole table, even with other columns
                 conn.execute(f"CREATE OR REPLACE TABLE {target} AS SELECT * FROM {_FRAME}")
-            check_stored(conn, table, held)  # the transaction rolls the table back on failure
+            # An object column of non-text values stored as text (unknown types) fails: the
+            # transaction rolls the table back.
+            types = dict(row[:2] for row in conn.execute(f"DESCRIBE {target}").fetchall())
+            for column, kind in held.items():
+                if kind != "str" and types.get(column) == "VARCHAR":
+                    why = f"holds {kind} values, which DuckDB would store as text"
+                    raise _refuse(table, column, why, "Convert it to a pandas type")
             if where:
                 return {
                     "dagster/partition_row_count": len(frame),
@@ -229,18 +207,18 @@ class FieldSalesIOManager(dg.IOManager):
             )
         # An asset input always has an upstream output.
         upstream = cast("dg.OutputContext", context.upstream_output)
-        table_slice = self._table_slice(context, upstream)
-        if table_slice.where and not context.asset_partition_keys:
+        table, where, params = self._table_slice(context, upstream)
+        if where and not context.asset_partition_keys:
             return pd.DataFrame()
         wanted_columns = (context.definition_metadata or {}).get("columns") or ()
         columns = ", ".join(map(quote_ident, wanted_columns)) or "*"
-        query = f"SELECT {columns} FROM {qualified(table_slice.name)}{table_slice.where}"
+        query = f"SELECT {columns} FROM {qualified(table)}{where}"
         with self._warehouse.get_connection() as conn:
             try:
-                return conn.execute(query, table_slice.params).df()
+                return conn.execute(query, params).df()
             except (duckdb.CatalogException, duckdb.BinderException) as exc:
                 raise dg.Failure(
-                    f"fieldsales_io_manager could not load {table_slice.name} for input "
+                    f"fieldsales_io_manager could not load {table} for input "
                     f"{context.name!r}: {exc}. Materialize {asset} first, and check the "
                     "input's 'columns' metadata."
                 ) from exc
