@@ -114,22 +114,23 @@ def read_previous_load(conn: duckdb.DuckDBPyConnection) -> PreviousLoad | None:
     ).fetchone()
     if row is None:
         return None
-    rows_stored = (
-        one_row(conn, f"SELECT count(*) FROM {qualified(TRANSACTIONS.raw_table)}")[0]
-        if table_exists(conn, TRANSACTIONS.raw_table)
-        else None
-    )
     last_full_at, recorded, events_now = (
         moment and moment.replace(tzinfo=UTC) for moment in (*row[::2], _events_loaded_at(conn))
     )
+    rows_stored = _if_exists(conn, TRANSACTIONS.raw_table, "count(*)")
     return PreviousLoad(last_full_at, row[1], rows_stored, recorded, events_now)
+
+
+def _if_exists(conn: duckdb.DuckDBPyConnection, table: str, value: str) -> Any:
+    """``SELECT value FROM table``, or ``None`` without the table."""
+    if table_exists(conn, table):
+        return one_row(conn, f"SELECT {value} FROM {qualified(table)}")[0]
+    return None
 
 
 def _events_loaded_at(conn: duckdb.DuckDBPyConnection) -> datetime | None:
     """The newest ``raw.events`` load (naive, UTC)."""
-    if table_exists(conn, EVENTS.raw_table):
-        return one_row(conn, f"SELECT max(loaded_at) FROM {qualified(EVENTS.raw_table)}")[0]
-    return None
+    return _if_exists(conn, EVENTS.raw_table, "max(loaded_at)")
 
 
 def _fingerprint_current_events(conn: duckdb.DuckDBPyConnection, now: datetime) -> None:
@@ -210,12 +211,8 @@ class RefreshReport:
     counts: dict[str, int] = field(default_factory=dict)
 
     def metadata(self) -> dict[str, Any]:
-        return {
-            "refresh_mode": self.mode,
-            "refresh_reason": self.reason,
-            "bytes_fetched": self.bytes_fetched,
-            **self.counts,
-        }
+        how = {"refresh_mode": self.mode, "refresh_reason": self.reason}
+        return how | {"bytes_fetched": self.bytes_fetched, **self.counts}
 
 
 def refresh_raw_list(
@@ -236,9 +233,8 @@ def refresh_raw_list(
     spent, after_swap = 0, None
     if endpoint.raw_table == TRANSACTIONS.raw_table:
         run = Merging(api, conn, log, before_swap, run_id)
-        now = run.now
         previous, every = read_previous_load(conn), policy.full_refresh_every_days
-        decision = choose_mode(policy.mode, previous, now=now, full_refresh_every_days=every)
+        decision = choose_mode(policy.mode, previous, now=run.now, full_refresh_every_days=every)
         log(f"transactions: {decision.mode} refresh: {decision.reason}")
         reason = decision.reason
         if decision.mode == "incremental":
@@ -252,9 +248,9 @@ def refresh_raw_list(
                     ) from None
                 warn(f"transactions: incremental refresh abandoned, running a full one: {exc}")
                 reason, spent = f"fell back from incremental: {exc}", exc.bytes_fetched
-        _fingerprint_current_events(conn, now)
+        _fingerprint_current_events(conn, run.now)
         # In the swap's transaction: never a new table with old state.
-        after_swap = partial(_write_state, conn, mode="full", at=now)
+        after_swap = partial(_write_state, conn, mode="full", at=run.now)
 
     report = load_list(
         api,

@@ -45,11 +45,8 @@ def choose_mode(
     if previous is None:
         return ModeDecision("full", "no complete load of raw.transactions is recorded (first load)")
     if previous.rows_stored != previous.rows_recorded:
-        return ModeDecision(
-            "full",
-            f"raw.transactions holds {previous.rows_stored} rows but the last load recorded "
-            f"{previous.rows_recorded}: it was changed outside this loader",
-        )
+        rows = f"{previous.rows_stored} rows, the last load recorded {previous.rows_recorded}"
+        return ModeDecision("full", f"raw.transactions was changed outside this loader ({rows})")
     if previous.events_loaded_at_recorded is None:
         return ModeDecision("full", "the last load had no raw.events to fingerprint")
     events_now = previous.events_loaded_at_now
