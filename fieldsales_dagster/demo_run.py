@@ -147,11 +147,9 @@ def run_and_report(loaded: dg.Definitions, instance, warehouse: FieldSalesWareho
     print()
     if not result.success:
         # No table summary: the lake holds what an earlier run wrote, not this run's work.
-        failed = [
-            (e.step_key, e.step_failure_data.error) for e in result.all_events if e.is_step_failure
-        ]
+        errors = [(e.step_key, e.step_failure_data.error) for e in result.get_step_failure_events()]
         cause = next(
-            (f"{step}: {root_cause(error)}" for step, error in failed if error is not None),
+            (f"{step}: {root_cause(error)}" for step, error in errors if error is not None),
             "(no step failed; see the run's log)",
         )
         print(
@@ -189,11 +187,7 @@ def main(argv: list[str] | None = None) -> int:
         warehouse = (loaded.resources or {}).get(InstanceNames().warehouse.key)
         assert isinstance(warehouse, FieldSalesWarehouse), "the project defines its warehouse"
         lake = warehouse.lake
-        print(
-            f"Demo API on {server.base_url}; loading into the lake {lake.catalog} "
-            f"(data: {lake.data_path})",
-            flush=True,
-        )
+        print(f"Demo API on {server.base_url}; lake {lake.catalog}, data in {lake.data_path}")
         # The demo API is one instance on a new port each time: move the tenant record along.
         move_tenant(lake)
         with dg.DagsterInstance.from_config(str(home)) as instance:

@@ -22,7 +22,7 @@ from fieldsales_dagster.assets.follow import build_following, define_decoded_row
 from fieldsales_dagster.assets.metadata import storage_metadata, table_metadata
 from fieldsales_dagster.assets.tables import CoreTable, core_query
 from fieldsales_dagster.warehouse.lake import cleanup
-from fieldsales_dagster.warehouse.quoting import quote_ident
+from fieldsales_dagster.warehouse.quoting import qualified
 from fieldsales_dagster.warehouse.warehouse import FieldSalesWarehouse
 
 #: ``commit(conn, table, write)`` runs ``write()``, the table's whole write (``one_commit``).
@@ -39,6 +39,7 @@ def build_described_table(
     is shared before ``commit`` (a lake transaction writes one database) and, outside a run,
     dropped after it."""
     refreshed: dict[Decoded, DecodeRefresh] = {}
+    shared = [decoded for decoded in table.decoded if not decoded.kept]
 
     def build() -> dict[str, Any]:
         for decoded in table.decoded:
@@ -70,16 +71,13 @@ def build_described_table(
             )
         finally:
             with cleanup(conn):
-                for decoded in table.decoded:
-                    if not decoded.kept:
-                        name = decoded.table.partition(".")[2]
-                        conn.execute(f"DROP VIEW IF EXISTS temp.{quote_ident(name)}")
+                for decoded in shared:
+                    conn.execute(f"DROP VIEW IF EXISTS {qualified(decoded.table)}")
 
     try:
-        for decoded in table.decoded:
-            if not decoded.kept:
-                with failing_as(table.table, reads=decoded.table):
-                    refreshed[decoded] = share_decoded(conn, warehouse, decoded)
+        for decoded in shared:
+            with failing_as(table.table, reads=decoded.table):
+                refreshed[decoded] = share_decoded(conn, warehouse, decoded)
         return commit(conn, table.table, build)
     finally:
         if not warehouse.in_run:

@@ -41,9 +41,8 @@ class CheckKind:
     also_reads: tuple[str, ...] = ()
 
     def describe(self, table: CoreTable) -> str:
-        if callable(self.description):
-            return self.description(table)
-        return self.description.replace("{table}", table.table)
+        text = self.description
+        return text(table) if callable(text) else text.replace("{table}", table.table)
 
 
 @dataclass(frozen=True)

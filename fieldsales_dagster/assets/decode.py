@@ -42,8 +42,7 @@ class Decoded:
 TRANSACTIONS_DECODED = Decoded(
     "meta.transactions_decoded",
     "raw.transactions",
-    "Pipeline-internal, not for analysis (use core.transactions and "
-    "core.custom_report_results): raw.transactions' payloads parsed once for the core tables.",
+    "Pipeline-internal (analysts: core.transactions): raw.transactions' payloads parsed once.",
 )
 #: Every raw.events payload (up to ~14 KB each) parsed once for the eight tables reading events.
 EVENTS_DECODED = Decoded("temp.events_decoded", "raw.events")
