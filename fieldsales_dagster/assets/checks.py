@@ -152,11 +152,9 @@ def _schema_change(values: list[Any]) -> tuple[bool, str]:
     changes = [f"added: {name}" for name in latest.keys() - previous.keys()]
     changes += [f"removed: {name}" for name in previous.keys() - latest.keys()]
     changes += [f"{n}: {previous[n]} -> {t}" for n, t in latest.items() if previous.get(n, t) != t]
-    if not changes:
+    if not (changed := "; ".join(sorted(changes))):
         return True, "The columns are those of the previous materialization."
-    return False, "Column schema changed since the previous materialization: " + "; ".join(
-        sorted(changes)
-    )
+    return False, f"Column schema changed since the previous materialization: {changed}"
 
 
 def ids_unique_description(table: CoreTable) -> str:
