@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import itertools
 import unicodedata
 from collections.abc import Iterable
 
@@ -45,20 +46,6 @@ def clean_token(raw: str | None, source: str) -> str:
     return token
 
 
-def _fragment_spans(text: str, secret: str) -> list[tuple[int, int]]:
-    """Spans of ``text`` that are runs of ``MIN_FRAGMENT``+ characters found in ``secret``."""
-    grams = {secret[i : i + MIN_FRAGMENT] for i in range(len(secret) - MIN_FRAGMENT + 1)}
-    spans: list[tuple[int, int]] = []
-    for i in range(len(text) - MIN_FRAGMENT + 1):
-        if text[i : i + MIN_FRAGMENT] in grams:
-            end = i + MIN_FRAGMENT
-            if spans and i <= spans[-1][1]:
-                spans[-1] = (spans[-1][0], end)
-            else:
-                spans.append((i, end))
-    return spans
-
-
 def mask_secrets(text: str, secrets: Iterable[str | None], limit: int | None = None) -> str:
     """``text`` with every secret, and every ``MIN_FRAGMENT``-long fragment of one, masked; then
     cut to ``limit`` (cutting first could leave a part that no longer matches)."""
@@ -66,8 +53,11 @@ def mask_secrets(text: str, secrets: Iterable[str | None], limit: int | None = N
     for secret in usable:
         text = text.replace(secret, MASK)
     for secret in usable:  # one shorter than MIN_FRAGMENT has no fragments
-        for start, end in reversed(_fragment_spans(text, secret)):
-            text = text[:start] + MASK + text[end:]
+        grams = {secret[i : i + MIN_FRAGMENT] for i in range(len(secret) - MIN_FRAGMENT + 1)}
+        starts = [i for i in range(len(text)) if text[i : i + MIN_FRAGMENT] in grams]
+        hidden = {j for i in starts for j in range(i, i + MIN_FRAGMENT)}
+        runs = itertools.groupby(range(len(text)), hidden.__contains__)  # touching runs: one
+        text = "".join(MASK if masked else "".join(text[i] for i in run) for masked, run in runs)
     if limit is not None and len(text) > limit:
         text = text[:limit] + "..."
     return text
