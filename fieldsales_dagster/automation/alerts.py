@@ -12,7 +12,7 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from contextlib import suppress
 from dataclasses import dataclass, field
 from email.message import EmailMessage
-from typing import NamedTuple, Protocol
+from typing import Any, NamedTuple
 from urllib.parse import urlsplit
 
 import dagster as dg
@@ -170,19 +170,9 @@ def run_assets(run: dg.DagsterRun, instance: dg.DagsterInstance) -> set[dg.Asset
     return {event.asset_key for event in events if event is not None and event.asset_key}
 
 
-class ErrorInfo(Protocol):
-    """Dagster's serializable error info, as far as read here."""
-
-    @property
-    def message(self) -> str: ...
-    @property
-    def cls_name(self) -> str | None: ...
-    @property
-    def cause(self) -> ErrorInfo | None: ...
-
-
-def root_cause(error: ErrorInfo) -> str:
-    """The innermost error of a Dagster failure, in one line, rather than Dagster's wrapper."""
+def root_cause(error: Any) -> str:
+    """The innermost error of a Dagster failure (its ``SerializableErrorInfo``: ``message``,
+    ``cls_name``, ``cause``), in one line, rather than Dagster's wrapper."""
     while error.cause is not None:
         error = error.cause
     first = next((line for line in error.message.splitlines() if line.strip()), "").strip()
