@@ -51,12 +51,6 @@ SNIPPET_CHARS = 200
 _SCRUB_WINDOW = 64 * 1024
 
 
-def _retry_after_seconds(value: str) -> float | None:
-    with contextlib.suppress(InvalidHeader):
-        return Retry(0).parse_retry_after(value)
-    return None
-
-
 def _clean(token: str, source: str) -> str:
     try:
         return clean_token(token, source)
@@ -148,9 +142,8 @@ class FieldSalesAPI(settings_resource("ApiSettings", ApiSettings, but=("api_toke
             except FieldSalesAPIError as exc:
                 verdicts[env_token] = False
                 dg.get_dagster_logger().warning(
-                    f"{self.named('FIELDSALES_API_TOKEN')} holds a new token that could not be "
-                    f"confirmed ({type(exc).__name__}); keeping the one in "
-                    f"{self.token_store_path}. Check the new token for a typo."
+                    f"{self.named('FIELDSALES_API_TOKEN')} holds a new token the server did not "
+                    f"accept ({type(exc).__name__}); the stored one stays: check it for a typo."
                 )
         return verdicts[env_token]
 
@@ -202,9 +195,10 @@ class FieldSalesAPI(settings_resource("ApiSettings", ApiSettings, but=("api_toke
         if status in (401, 403):
             raise token_refused(status, where, self.named("FIELDSALES_API_TOKEN"))
         if status == 429 or status >= 500 or status == 408:
-            raise TransientHTTPError(
-                f"{on}: HTTP {status}", _retry_after_seconds(resp.headers.get("Retry-After", ""))
-            )
+            retry_after = None
+            with contextlib.suppress(InvalidHeader):  # absent or neither seconds nor a date
+                retry_after = Retry(0).parse_retry_after(resp.headers.get("Retry-After", ""))
+            raise TransientHTTPError(f"{on}: HTTP {status}", retry_after)
         if status != 200:
             snippet = self._snippet(body, token)
             raise FieldSalesAPIError(f"{on} answered HTTP {status}: {snippet!r}")
@@ -261,7 +255,7 @@ class FieldSalesAPI(settings_resource("ApiSettings", ApiSettings, but=("api_toke
                 f"than max_retry_after_s={self.max_retry_after_s:.0f}; try again later."
             )
         # `Retry-After: 0` from a struggling server must not turn into a burst of requests.
-        return max(retry_after or 0.0, min(backoff(state), self.backoff_max_s))
+        return max(retry_after or 0.0, backoff(state))
 
     def get(
         self,
