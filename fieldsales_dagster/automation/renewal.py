@@ -57,10 +57,6 @@ class RenewalPolicy:
             return f"renewal due because {future}"
         return "renewal due" if stored.age(now) >= self.renew_after else None
 
-    def check_due(self, last_check: datetime | None, now: datetime) -> bool:
-        # Half a tick of slack, so 6-hour ticks test the token every 24 hours, not every 30.
-        return last_check is None or now - last_check >= CHECK_EVERY - TICK_INTERVAL / 2
-
     def valid_until(self, stored: StoredToken) -> str:
         return (stored.issued_at + TOKEN_LIFETIME).astimezone(UTC).strftime("%Y-%m-%d %H:%M UTC")
 
@@ -74,9 +70,6 @@ class _GeneratedToken(msgspec.Struct):
     """The one field of the renewal answer we need; ``user`` is not even decoded."""
 
     token: str
-
-
-_GENERATED_TOKEN = msgspec.json.Decoder(_GeneratedToken)
 
 
 def within_tick(api: FieldSalesAPI, retries: int) -> FieldSalesAPI:
@@ -109,8 +102,8 @@ def generate_token(api: FieldSalesAPI, old_token: str) -> str:
             f"the token, and its answer was lost): {instruction}"
         ) from None
     try:
-        new_token = _GENERATED_TOKEN.decode(cast(bytes, body)).token  # get() without parse: bytes
-    except (msgspec.DecodeError, msgspec.ValidationError):
+        new_token = msgspec.json.decode(cast(bytes, body), type=_GeneratedToken).token
+    except msgspec.DecodeError:  # a ValidationError too
         new_token = ""  # the decoder's message may quote the body: never chain it
     try:
         if not (new_token := clean_token(new_token, f"the answer of GET {GENERATE_TOKEN_PATH}")):
@@ -153,12 +146,15 @@ def decide(
         first = _not_yet_due(policy, stored, now, checked=False)
         return Decision(False, f"{first}; the daily test starts a day from now", now.isoformat())
     try:
-        last_run: datetime | None = datetime.fromisoformat(cursor)
-    except ValueError:
-        last_run = None
-    if from_the_future(last_run, now, "the last token test"):
-        last_run = None  # unknown: test now
-    if policy.check_due(last_run, now):
+        last_run = datetime.fromisoformat(cursor)
+    except ValueError:  # unknown: test now
+        last_run = now - CHECK_EVERY
+    # Half a tick of slack, so 6-hour ticks test the token every 24 hours, not every 30; a last
+    # test from the future is unknown: test now.
+    if (
+        from_the_future(last_run, now, "the last token test")
+        or now - last_run >= CHECK_EVERY - TICK_INTERVAL / 2
+    ):
         return Decision(True, "daily test of the token due", now.isoformat())
     return Decision(False, _not_yet_due(policy, stored, now, checked=False), cursor)
 

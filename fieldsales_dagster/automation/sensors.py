@@ -21,8 +21,7 @@ def build_token_renewal_job(names: InstanceNames, policy: RenewalPolicy) -> dg.J
     )
     def _renew_token(context: dg.OpExecutionContext) -> str:
         api = names.api.of(context)
-        store = api.token_store()
-        if store is None:
+        if (store := api.token_store()) is None:
             raise dg.Failure(RENEWAL_OFF)
         outcome = renew_or_check(api, store, policy)
         where = f"; stored in {store.where}" if outcome.renewed else ""
@@ -58,8 +57,7 @@ def build_token_renewal_sensor(names: InstanceNames, policy: RenewalPolicy) -> d
     ) -> dg.SensorResult | dg.SkipReason:
         # Invoked directly (tests), Dagster hands the required resources over as keywords.
         api = names.api.of(context)
-        store = api.token_store()
-        if store is None:
+        if (store := api.token_store()) is None:
             return dg.SkipReason(RENEWAL_OFF)
         decision = decide(store, api.env_token(), policy, context.cursor)
         if not decision.run:
