@@ -58,19 +58,21 @@ _readers = threading.local()
 
 
 class CatalogTokenStore(TokenStore):
-    """The row ``lake`` in the database ``catalog`` (``postgres:<libpq keywords>``) opens."""
+    """The row ``ducklake_schema`` in the database ``ducklake_catalog``
+    (``postgres:<libpq keywords>``) opens."""
 
     def __init__(
         self,
-        catalog: str,
-        password_env_var: str,
-        lake: str | None,
+        ducklake_catalog: str | None = None,
+        ducklake_password_env_var: str = "FIELDSALES_DUCKLAKE_PASSWORD",
+        ducklake_schema: str | None = None,
         origin: str | None = None,
         variables: Mapping[str, str] = {},
     ):
         super().__init__(origin, variables)
-        self.lake = lake or "public"
-        self.password_env_var = password_env_var
+        self.lake = ducklake_schema or "public"
+        self.password_env_var = ducklake_password_env_var
+        catalog = ducklake_catalog or ""
         if psycopg2 is None:
             raise TokenStoreError(
                 f"{self.variable}={CATALOG_STORE} needs psycopg2: install the production extra "
@@ -232,20 +234,13 @@ class CatalogTokenStore(TokenStore):
 
 
 def open_token_store(
-    path: str,
-    origin: str | None = None,
-    variables: Mapping[str, str] = {},
-    *,
-    ducklake_catalog: str | None = None,
-    ducklake_password_env_var: str = "FIELDSALES_DUCKLAKE_PASSWORD",
-    ducklake_schema: str | None = None,
+    path: str, origin: str | None = None, variables: Mapping[str, str] = {}, **row: Any
 ) -> TokenStore:
-    """The store ``token_store_path`` names: ``catalog``, the lake's row; else the file."""
+    """The store ``token_store_path`` names: ``catalog``, the lake's row (``row``: the
+    ``ducklake_*`` keywords of ``CatalogTokenStore``); else the file."""
     if path.strip() != CATALOG_STORE:
         return FileTokenStore(path, origin, variables)
-    return CatalogTokenStore(
-        ducklake_catalog or "", ducklake_password_env_var, ducklake_schema, origin, variables
-    )
+    return CatalogTokenStore(origin=origin, variables=variables, **row)
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -257,7 +252,7 @@ def main(argv: list[str] | None = None) -> None:
     args = parser.parse_args(argv)
     catalog = os.environ.get("FIELDSALES_DUCKLAKE_CATALOG", "")
     try:
-        store = CatalogTokenStore(catalog, "FIELDSALES_DUCKLAKE_PASSWORD", args.schema)
+        store = CatalogTokenStore(catalog, ducklake_schema=args.schema)
         stored = store.import_file(args.file)
     except TokenStoreError as exc:
         raise SystemExit(str(exc)) from None
