@@ -115,14 +115,9 @@ class FieldSalesAPI(settings_resource("ApiSettings", ApiSettings, but=("api_toke
         """The store of this instance's token, bound to its origin: another server's is refused."""
         if not self.use_token_store:
             return None
-        return open_token_store(
-            self.token_store_path,
-            str(self.origin),
-            self.variables,
-            ducklake_catalog=self.ducklake_catalog,
-            ducklake_password_env_var=self.ducklake_password_env_var,
-            ducklake_schema=self.ducklake_schema,
-        )
+        row = ("ducklake_catalog", "ducklake_password_env_var", "ducklake_schema")
+        keywords = {name: getattr(self, name) for name in row}
+        return open_token_store(self.token_store_path, str(self.origin), self.variables, **keywords)
 
     def env_token(self) -> str:
         return _clean(self.api_token, self.named("FIELDSALES_API_TOKEN"))
