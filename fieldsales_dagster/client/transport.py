@@ -51,8 +51,6 @@ class _DeadlineReader(io.RawIOBase):
     def __init__(self, sock: Any, raw: io.RawIOBase, deadline: float):
         super().__init__()
         self._sock, self._raw, self._deadline = sock, raw, deadline
-        timeout = sock.gettimeout()  # the read timeout urllib3 set
-        self._read_timeout = math.inf if timeout is None else timeout
 
     def readable(self) -> bool:
         return True
@@ -62,9 +60,9 @@ class _DeadlineReader(io.RawIOBase):
 
     def readinto(self, buffer: Any) -> int | None:
         left = self._deadline - time.monotonic()
-        if left < self._read_timeout:
-            if left <= 0:
-                raise TimeoutError("the request's deadline passed")
+        if left <= 0:
+            raise TimeoutError("the request's deadline passed")
+        if left < (self._sock.gettimeout() or math.inf):  # the read timeout urllib3 set, or less
             self._sock.settimeout(left)
         return self._raw.readinto(buffer)
 
