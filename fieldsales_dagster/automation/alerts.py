@@ -94,12 +94,11 @@ def one_line(text: str) -> str:
     return line if len(line) <= CAUSE_CHARS else line[: CAUSE_CHARS - 1] + "…"
 
 
-@dataclass
-class Delivery:
+class Delivery(NamedTuple):
     """The channels one alert reached, and the failures, already scrubbed."""
 
-    sent: list[str] = field(default_factory=list)
-    failed: list[str] = field(default_factory=list)
+    sent: list[str]
+    failed: list[str]
 
 
 def send_alert(
@@ -107,7 +106,7 @@ def send_alert(
 ) -> Delivery:
     """Post and mail ``alert``, as configured. Never raises: a failure is logged, given to
     ``warn`` (the sensor's log) and returned."""
-    text, alerts, delivery = alert.text(settings), settings.alerts, Delivery()
+    text, alerts, delivery = alert.text(settings), settings.alerts, Delivery([], [])
     named = alerts.named  # this tenant's variables
     for name in settings.channels:
         try:

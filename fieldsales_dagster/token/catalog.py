@@ -50,7 +50,6 @@ SELECT pg_get_userbyid(c.relowner), current_user, ARRAY(
     FROM aclexplode(c.relacl) AS a WHERE a.grantee <> c.relowner ORDER BY 1)
 FROM pg_class AS c WHERE c.oid = to_regclass('{TABLE}')
 """
-_READ = f"SELECT record FROM {TABLE} WHERE lake = %s"
 _WRITE = f"UPDATE {TABLE} SET record = %s, updated_at = now() WHERE lake = %s"
 _INSERT = f"INSERT INTO {TABLE} (lake) VALUES (%s) ON CONFLICT DO NOTHING"
 #: Per process and thread, the connections that read the row (a request reads it each time).
@@ -154,7 +153,7 @@ class CatalogTokenStore(TokenStore):
         with conn.cursor() as cur:
             if not self._check_privileges(cur):
                 return None
-            cur.execute(f"{_READ} {lock}", (self.lake,))
+            cur.execute(f"SELECT record FROM {TABLE} WHERE lake = %s {lock}", (self.lake,))
             row = cur.fetchone()
         return None if row is None else row[0]
 

@@ -82,8 +82,8 @@ class StoredToken(msgspec.Struct, frozen=True, kw_only=True):
     @classmethod
     def decode(cls, raw: bytes | str, where: object, token_variable: str) -> StoredToken:
         try:
-            stored, why = _DECODER.decode(raw), ""
-        except (msgspec.DecodeError, msgspec.ValidationError) as exc:
+            stored, why = msgspec.json.decode(raw, type=cls), ""
+        except msgspec.DecodeError as exc:  # a ValidationError too
             stored, why = None, str(exc)  # msgspec names the field and the rule, never the value
         if stored is None:  # raised outside the except block: no decoder error is attached
             raise TokenStoreError(
@@ -96,9 +96,6 @@ class StoredToken(msgspec.Struct, frozen=True, kw_only=True):
             raise TokenStoreError(
                 f"{exc} Or delete {where}: it is seeded again from {token_variable}."
             ) from None
-
-
-_DECODER = msgspec.json.Decoder(StoredToken)
 
 
 class Rotation(NamedTuple):
