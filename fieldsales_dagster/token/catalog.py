@@ -33,23 +33,16 @@ except ImportError:  # pragma: no cover - the test extra installs it
 #: What ``token_store_path`` (``FIELDSALES_TOKEN_STORE``) holds to keep the token in the catalog.
 CATALOG_STORE = "catalog"
 TABLE = "fieldsales_token.token_store"
-_SETUP = f"""
-CREATE SCHEMA IF NOT EXISTS fieldsales_token;
+_SETUP = f"""CREATE SCHEMA IF NOT EXISTS fieldsales_token;
 REVOKE ALL ON SCHEMA fieldsales_token FROM PUBLIC;
-CREATE TABLE IF NOT EXISTS {TABLE} (
-    lake text PRIMARY KEY,
-    record text,
-    updated_at timestamptz NOT NULL DEFAULT now()
-);
-REVOKE ALL ON TABLE {TABLE} FROM PUBLIC;
-"""
+CREATE TABLE IF NOT EXISTS {TABLE} (lake text PRIMARY KEY, record text,
+    updated_at timestamptz NOT NULL DEFAULT now());
+REVOKE ALL ON TABLE {TABLE} FROM PUBLIC;"""
 #: The table's owner, the role connected, and every other role the table grants a right to.
-_PRIVILEGES = f"""
-SELECT pg_get_userbyid(c.relowner), current_user, ARRAY(
+_PRIVILEGES = f"""SELECT pg_get_userbyid(c.relowner), current_user, ARRAY(
     SELECT DISTINCT CASE a.grantee WHEN 0 THEN 'PUBLIC' ELSE pg_get_userbyid(a.grantee) END
     FROM aclexplode(c.relacl) AS a WHERE a.grantee <> c.relowner ORDER BY 1)
-FROM pg_class AS c WHERE c.oid = to_regclass('{TABLE}')
-"""
+FROM pg_class AS c WHERE c.oid = to_regclass('{TABLE}')"""
 _WRITE = f"UPDATE {TABLE} SET record = %s, updated_at = now() WHERE lake = %s"
 _INSERT = f"INSERT INTO {TABLE} (lake) VALUES (%s) ON CONFLICT DO NOTHING"
 #: Per process and thread, the connections that read the row (a request reads it each time).
