@@ -47,8 +47,6 @@ if TYPE_CHECKING:
     from fieldsales_dagster.client.transport import QueryParams
 
 SNIPPET_CHARS = 200
-#: Characters of a body searched for the token before the snippet is cut from them.
-_SCRUB_WINDOW = 64 * 1024
 
 
 def _clean(token: str, source: str) -> str:
@@ -146,9 +144,8 @@ class FieldSalesAPI(settings_resource("ApiSettings", ApiSettings, but=("api_toke
         return mask_secrets(text, (self.api_token, self.api_token.strip(), *tokens), limit)
 
     def _snippet(self, body: bytes, token: str) -> str:
-        """The start of ``body`` as text: the token masked first, then cut."""
-        text = body[:_SCRUB_WINDOW].decode("utf-8", "replace")
-        return self._scrub(text, token, limit=SNIPPET_CHARS)
+        """The start of ``body`` as text (its first 64 KiB searched): the token masked, then cut."""
+        return self._scrub(body[: 64 * 1024].decode("utf-8", "replace"), token, limit=SNIPPET_CHARS)
 
     def _get_once(
         self,
@@ -286,9 +283,8 @@ class FieldSalesAPI(settings_resource("ApiSettings", ApiSettings, but=("api_toke
                 )
                 if exc.unreachable:
                     raise UnreachableError(
-                        f"{spent} (unreachable_budget_s={self.unreachable_budget_s:g}). Check "
-                        f"{self.named('FIELDSALES_BASE_URL')} ({self.origin}) and that the host "
-                        "is up."
+                        f"{spent}; check the host is up and {self.named('FIELDSALES_BASE_URL')} "
+                        f"({self.origin}; unreachable_budget_s={self.unreachable_budget_s:g})."
                     ) from None
                 raise FieldSalesAPIError(
                     f"{spent} (max_retries={retries}, retry_budget_s={self.retry_budget_s:g}). "
