@@ -13,6 +13,9 @@ from pathlib import Path
 
 from fieldsales_dagster.settings import SETTINGS, SettingError, named, setting_error
 
+#: A path setting's failure: why, then what to do.
+Fail = Callable[[str, str], SettingError]
+
 
 def resolved(path: str | Path) -> Path:
     """``path`` with every symlink followed (a dangling link gives the file it would create)."""
@@ -55,7 +58,7 @@ def check_file_setting(
             "is a directory, not a file",
             f"Give the path of a file in it, e.g. {target / _EXAMPLE_NAMES[setting]}",
         )
-    _check_folder(target.parent, setting, fail, create_dirs, create)
+    _check_folder(target.parent, fail, create_dirs, create)
     return target
 
 
@@ -63,7 +66,7 @@ def check_folder_setting(path: str | Path, *, setting: str, what: str = "") -> P
     """The nearest existing folder at or above the folder ``path`` (``what``: which of
     ``setting``'s), once it is known that the pipeline can write there (or make it)."""
     target, fail = _target(path, setting, what)
-    return _check_folder(target, setting, fail, create_dirs=True, create=False)
+    return _check_folder(target, fail, create_dirs=True, create=False)
 
 
 _EXAMPLE_NAMES = {
@@ -73,9 +76,7 @@ _EXAMPLE_NAMES = {
 }
 
 
-def _target(
-    path: str | Path, setting: str, what: str = ""
-) -> tuple[Path, Callable[[str, str], SettingError]]:
+def _target(path: str | Path, setting: str, what: str = "") -> tuple[Path, Fail]:
     """``path`` resolved, and its failure: the setting, variable, path as given, what to do."""
     given = Path(path).expanduser()
     target = resolved(given)
@@ -87,7 +88,7 @@ def _target(
     return target, fail
 
 
-def _check_whitespace(target: Path, fail: Callable[[str, str], SettingError]) -> None:
+def _check_whitespace(target: Path, fail: Fail) -> None:
     """Refuse a name with whitespace around it, or one differing only so from a file beside it:
     a stray space would write new files while analysts read the other."""
     name = target.name
@@ -95,32 +96,26 @@ def _check_whitespace(target: Path, fail: Callable[[str, str], SettingError]) ->
         raise fail(
             "has whitespace around its name", "Remove it (often a stray space in an env file)"
         )
-    twins: list[str] = []
+    twin: os.DirEntry[str] | None = None
     with contextlib.suppress(OSError):  # no folder yet (or none readable): _check_folder says so
-        twins = [
-            e.name for e in os.scandir(target.parent) if e.name != name and e.name.strip() == name
-        ]
-    if twins:
+        twin = next(
+            (e for e in os.scandir(target.parent) if e.name.strip() == name != e.name), None
+        )
+    if twin:
         raise fail(
-            f"differs only by whitespace from {target.parent / twins[0]!r}, which exists",
+            f"differs only by whitespace from {twin.path!r}, which exists",
             "Keep one of the two and point the setting at it",
         )
 
 
-def _check_folder(
-    folder: Path,
-    setting: str,
-    fail: Callable[[str, str], SettingError],
-    create_dirs: bool,
-    create: bool,
-) -> Path:
+def _check_folder(folder: Path, fail: Fail, create_dirs: bool, create: bool) -> Path:
     """Fail unless ``folder`` exists (or may be created: ``create_dirs``) and is writable, then
     create it (``create``); returns the nearest existing folder at or above it."""
     existing = next(p for p in (folder, *folder.parents) if p.exists() or p == p.parent)
     if not existing.is_dir():
         raise fail(
             f"cannot be created: {existing} is a file, not a folder",
-            f"Move that file away or choose another path for {setting}",
+            "Move that file away or choose another path",
         )
     if existing != folder and not create_dirs:
         raise fail(
