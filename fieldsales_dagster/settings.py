@@ -67,12 +67,11 @@ REFRESH_MODES = get_args(RefreshMode)
 
 
 def validate_refresh_mode(value: object) -> object:
-    """Shared by the resource field and the run config."""
-    if value is None or type(value).__name__ == "EnvVar":  # resolved and validated at run time
-        return value
-    if not isinstance(value, str) or value.strip().lower() not in REFRESH_MODES:
+    """The run config's ``refresh_mode`` (``raw_transactions``): unset, or a mode in any case."""
+    mode = value.strip().lower() if isinstance(value, str) else value
+    if mode is not None and mode not in REFRESH_MODES:
         raise ValueError(f"refresh_mode must be one of {', '.join(REFRESH_MODES)}; got {value!r}")
-    return value.strip().lower()
+    return mode
 
 
 class SettingError(ValueError):
@@ -279,10 +278,20 @@ def _unknown_keys(model: BaseModel, path: list[Any]) -> Iterator[list[Any]]:
             yield from _unknown_keys(value, [*path, key])
 
 
-def _plain_name(value: str) -> str:
-    if not IDENTIFIER.match(value):
-        raise ValueError("it is not a plain name")
-    return value
+def _matching(pattern: str | re.Pattern[str], why: str) -> Callable[[str], str]:
+    """A setting's check: its value must match ``pattern``, else ``why``."""
+
+    def check(value: str) -> str:
+        if not re.match(pattern, value):
+            raise ValueError(why)
+        return value
+
+    return check
+
+
+_plain_name = _matching(IDENTIFIER, "it is not a plain name")
+_size = _matching(_MEMORY, "it is not a size")
+_url_style = _matching("^(vhost|path)$", "it is neither vhost nor path")
 
 
 def _base_url(value: str) -> str:
@@ -297,18 +306,6 @@ def _base_url(value: str) -> str:
 def _export_path(value: str) -> str:
     if (stem := Path(value).stem.lower()) in PROJECT_SCHEMAS:
         raise ValueError(f"DuckDB names its catalog {stem}, which would shadow the {stem} schema")
-    return value
-
-
-def _size(value: str) -> str:
-    if not _MEMORY.match(value):
-        raise ValueError("it is not a size")
-    return value
-
-
-def _url_style(value: str) -> str:
-    if value not in ("vhost", "path"):
-        raise ValueError("it is neither vhost nor path")
     return value
 
 
