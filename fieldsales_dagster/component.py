@@ -74,9 +74,7 @@ CONFIGURATION_ERRORS = (*TENANT_ERRORS, TenantConflictError)
 def configuration_problems(exc: BaseException | None) -> list[str]:
     """The setting errors in ``exc``'s chain, in order."""
     found: list[str] = []
-    seen: set[int] = set()
-    while exc is not None and id(exc) not in seen:
-        seen.add(id(exc))
+    while exc is not None:  # Python breaks a cycle of contexts as it raises
         causes: list[Any] = [exc]
         if isinstance(exc, ValidationError):
             causes = [(error.get("ctx") or {}).get("error") for error in exc.errors()]
@@ -200,8 +198,19 @@ class FieldSalesComponent(dg.Component, FieldSalesSettings):
                 f"api_token: the environment variable {token_variable} is not set (or empty). "
                 "Set it to a token from your Field-Sales user profile (API tab)."
             )
-        self.check_paths()
-        self.check_item_size()
+        paths = {"token_store_path": self.token_file, "duckdb_path": self.storage.duckdb_path}
+        for setting, path in paths.items():
+            if path is not None:
+                check_file_setting(path, setting=setting, create_dirs=self.storage.create_dirs)
+        self.warehouse().preflight()
+        item_mb, limit = self.api.max_item_mb, self.storage.duckdb_memory_limit
+        if item_mb > (decoded := int(memory_megabytes(limit) // ITEM_SHARE_OF_MEMORY)):
+            raise setting_error(
+                "max_item_mb",
+                f"it is {item_mb}, but storage.duckdb_memory_limit {limit} decodes at most "
+                f"{decoded} MB. Raise duckdb_memory_limit to at least "
+                f"{item_mb * ITEM_SHARE_OF_MEMORY}MB, or lower max_item_mb",
+            )
         # Only the secret's variable name reaches Dagster.
         pii_hash_key = dg.EnvVar(self.pii.hash_key_env_var) if self.pii.mode == "hash" else None
         api = {**values(self.api), "api_token": dg.EnvVar(token_variable), **self.token_row()}
@@ -213,16 +222,6 @@ class FieldSalesComponent(dg.Component, FieldSalesSettings):
             ),
             self.names.io_manager: build_io_manager(self.names.warehouse.key, self.user_schema),
         }
-
-    def check_item_size(self) -> None:
-        item_mb, limit = self.api.max_item_mb, self.storage.duckdb_memory_limit
-        if item_mb > (decoded := int(memory_megabytes(limit) // ITEM_SHARE_OF_MEMORY)):
-            raise setting_error(
-                "max_item_mb",
-                f"it is {item_mb}, but storage.duckdb_memory_limit {limit} decodes at most "
-                f"{decoded} MB. Raise duckdb_memory_limit to at least "
-                f"{item_mb * ITEM_SHARE_OF_MEMORY}MB, or lower max_item_mb",
-            )
 
     @property
     def tenant(self) -> str:
@@ -250,25 +249,19 @@ class FieldSalesComponent(dg.Component, FieldSalesSettings):
         """The token store's file; none for a ``catalog`` one (the lake's claim covers its row)."""
         return None if self.token_row() else self.api.token_store_path
 
-    def check_paths(self) -> None:
-        paths = {"token_store_path": self.token_file, "duckdb_path": self.storage.duckdb_path}
-        for setting, path in paths.items():
-            if path is not None:
-                check_file_setting(path, setting=setting, create_dirs=self.storage.create_dirs)
-        self.warehouse().preflight()
-
     def warehouse(self) -> FieldSalesWarehouse:
         return FieldSalesWarehouse(**values(self.storage))
 
-    def freshness_policy(self) -> dg.FreshnessPolicy:
-        """Warn after one schedule interval (plus an hour for the run), fail after two."""
-        interval = schedule_interval(self.refresh.schedule_cron, self.refresh.schedule_timezone)
-        return dg.FreshnessPolicy.time_window(
-            warn_window=interval + timedelta(hours=1), fail_window=2 * interval + timedelta(hours=1)
-        )
-
     def build_assets(self) -> list[dg.AssetsDefinition]:
-        names, policy = self.names, self.freshness_policy()
+        # Fresh: warn after one schedule interval (plus an hour for the run), fail after two.
+        interval = schedule_interval(self.refresh.schedule_cron, self.refresh.schedule_timezone)
+        names, policy = (
+            self.names,
+            dg.FreshnessPolicy.time_window(
+                warn_window=interval + timedelta(hours=1),
+                fail_window=2 * interval + timedelta(hours=1),
+            ),
+        )
         tables = [
             *build_raw_assets(names, self.owners, names.io_manager),
             *build_core_assets(names, self.owners, policy, checks_in_asset_step, names.io_manager),
