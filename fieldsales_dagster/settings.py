@@ -294,15 +294,6 @@ _size = _matching(_MEMORY, "it is not a size")
 _url_style = _matching("^(vhost|path)$", "it is neither vhost nor path")
 
 
-def _base_url(value: str) -> str:
-    try:
-        return validate_base_url(value)
-    except ValueError as exc:  # named as the setting (``invalid`` adds its variable)
-        raise ValueError(
-            str(exc).rstrip(".").replace("FIELDSALES_BASE_URL must", "it must")
-        ) from None
-
-
 def _export_path(value: str) -> str:
     if (stem := Path(value).stem.lower()) in PROJECT_SCHEMAS:
         raise ValueError(f"DuckDB names its catalog {stem}, which would shadow the {stem} schema")
@@ -443,7 +434,7 @@ class SettingsModel(dg.Model, dg.Resolvable):
         unknown = Setting(None, "", "a valid value", "", name=field, group=cls.GROUP)
         declared = cls.settings().get(field, unknown)
         same = [error for error in errors if error["loc"][:1] == first["loc"][:1]]
-        why = "; ".join(error["msg"].removeprefix("Value error, ") for error in same)
+        why = "; ".join(error["msg"].removeprefix("Value error, ").rstrip(".") for error in same)
         value = values.get(field) if isinstance(values, dict) else None
         shown = "" if declared.name == "api_token" else f" Got {value!r}."
         why = f"{why}.{shown} It takes {declared.help}"
@@ -475,7 +466,7 @@ class ApiSettings(SettingsModel):
         PydanticUndefined,
         "Base URL of the instance, e.g. https://yourcompany.example.com",
         "an https:// URL of your instance (plain http:// only for loopback hosts)",
-        check=_base_url,
+        check=functools.partial(validate_base_url, name="it"),  # ``invalid`` names it
     )
     api_token_env_var: Annotated[
         str,

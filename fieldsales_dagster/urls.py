@@ -65,10 +65,9 @@ def refuse_plain_http(scheme: str, host: str, carried: str) -> None:
         )
 
 
-def _bad(base_url: str, why: str) -> ValueError:
+def _bad(name: str, base_url: str, why: str) -> ValueError:
     return ValueError(
-        f"FIELDSALES_BASE_URL must be {_EXAMPLE} (plain http:// only for loopback); "
-        f"{base_url!r} {why}."
+        f"{name} must be {_EXAMPLE} (plain http:// only for loopback); {base_url!r} {why}."
     )
 
 
@@ -85,27 +84,26 @@ def origin_of(url: str) -> Origin | None:
 
 
 @functools.lru_cache(maxsize=256)  # pure; a refused URL raises every time (nothing is cached)
-def validate_base_url(base_url: str) -> str:
-    """The base URL, rebuilt from urllib3's parts without a trailing slash."""
+def validate_base_url(base_url: str, name: str = "FIELDSALES_BASE_URL") -> str:
+    """The base URL, rebuilt from urllib3's parts without a trailing slash; ``name``: what its
+    errors call it."""
     url = base_url.strip()
     if "@" in url:  # never echoing the URL: what precedes the @ may be a password
-        raise ValueError(
-            f"FIELDSALES_BASE_URL must be {_EXAMPLE}, without user@: remove the part before the @."
-        )
+        raise ValueError(f"{name} must be {_EXAMPLE}, without user@: remove the part before the @.")
     # A backslash (parsers read it differently), whitespace, a control or non-ASCII character
     # (a domain goes in its xn-- form), a query or a fragment.
     if odd := re.search(r"[\x00-\x20\x7f\\?#]|[^\x00-\x7f]", url):
-        raise _bad(url, f"holds {odd.group()!r}: give the instance's address only, in ASCII")
+        raise _bad(name, url, f"holds {odd.group()!r}: give the instance's address only, in ASCII")
     # Belt and braces: the standard library's parser must see the same origin as urllib3.
     try:
         parts, other = parse_url(url), urlsplit(url)
         other_port = other.port
     except (LocationParseError, ValueError):
-        raise _bad(url, "cannot be parsed") from None
+        raise _bad(name, url, "cannot be parsed") from None
     if not parts.host or not url.lower().startswith(("http://", "https://")):
-        raise _bad(url, "does not start with http:// or https:// and a host")
+        raise _bad(name, url, "does not start with http:// or https:// and a host")
     if (other.hostname or "").lower() != parts.host.strip("[]").lower() or other_port != parts.port:
-        raise _bad(url, "is read differently by different URL parsers")
+        raise _bad(name, url, "is read differently by different URL parsers")
     refuse_plain_http(str(parts.scheme), parts.host, "the API token")
     port = f":{parts.port}" if parts.port is not None else ""
     return f"{parts.scheme}://{parts.host}{port}{(parts.path or '').rstrip('/')}"
