@@ -11,10 +11,8 @@ FUTURE_TOLERANCE = timedelta(minutes=5)  # ahead of now, still trusted: two host
 
 def from_the_future(moment: datetime | None, now: datetime, what: str) -> str | None:
     """Why ``moment`` (``what``) is unknown: too far ahead of ``now``; ``None`` if trusted."""
-    if moment is None:
-        return None
-    moment = moment if moment.tzinfo else moment.replace(tzinfo=UTC)
-    if (ahead := moment - now) <= FUTURE_TOLERANCE:
+    moment = moment and moment.replace(tzinfo=moment.tzinfo or UTC)  # naive: UTC
+    if moment is None or (ahead := moment - now) <= FUTURE_TOLERANCE:
         return None
     return (
         f"{what} ({moment.astimezone(UTC):%Y-%m-%d %H:%M} UTC) lies "

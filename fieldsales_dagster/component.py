@@ -66,9 +66,8 @@ from fieldsales_dagster.warehouse.lake import AWS_KEY_VARIABLES, Lake, LakeError
 from fieldsales_dagster.warehouse.pii import PiiSettingError
 from fieldsales_dagster.warehouse.warehouse import FieldSalesWarehouse
 
-#: Errors whose message is the whole story of what to fix: one tenant's, then several's.
-TENANT_ERRORS = (SettingError, PiiSettingError, TokenFormatError)
-CONFIGURATION_ERRORS = (*TENANT_ERRORS, TenantConflictError)
+#: Errors whose message is the whole story of what to fix.
+CONFIGURATION_ERRORS = (SettingError, PiiSettingError, TokenFormatError, TenantConflictError)
 
 
 def configuration_problems(exc: BaseException | None) -> list[str]:
@@ -321,7 +320,7 @@ class FieldSalesComponent(dg.Component, FieldSalesSettings):
         try:
             with variables_named(self._variables):
                 resources = self.build_resources()
-        except (*TENANT_ERRORS, ValidationError) as exc:  # a resource's check: ValidationError
+        except Exception as exc:  # raised again unless a setting's (a resource's: ValidationError)
             return not_configured(exc, context, self.key_prefix).build_defs(context)
         names, refresh = self.names, self.refresh
         assets = self.build_assets()
