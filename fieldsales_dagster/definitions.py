@@ -47,14 +47,11 @@ def defs() -> dg.Definitions:
 
 def _inputs() -> str:
     """A digest (the token is not kept) of the environment and the ``defs/`` and ``sql/`` files."""
-    digest = hashlib.sha256()
-    for name, value in sorted(os.environ.items()):
-        digest.update(f"{name}\0{value}\0".encode())
-    for folder in (DEFS_FOLDER, SQL_FOLDER):
-        for path in sorted(folder.rglob("*")):
-            if path.is_file() and "__pycache__" not in path.parts:
-                stat = path.stat()
-                digest.update(f"{path}\0{stat.st_size}\0{stat.st_mtime_ns}\0".encode())
+    digest = hashlib.sha256(repr(sorted(os.environ.items())).encode())
+    for path in sorted([*DEFS_FOLDER.rglob("*"), *SQL_FOLDER.rglob("*")]):
+        if path.is_file() and "__pycache__" not in path.parts:
+            stat = path.stat()
+            digest.update(f"{path}\0{stat.st_size}\0{stat.st_mtime_ns}\0".encode())
     return digest.hexdigest()
 
 
