@@ -226,8 +226,7 @@ class FieldSalesComponent(dg.Component, FieldSalesSettings):
     def tenant(self) -> str:
         """Whose lake this is, recorded at its first commit (``lake.check_tenant``): the host,
         not the port (the demo API takes a new one at every start), and the key prefix."""
-        url = self.api.base_url or ""
-        host = (urllib3.util.parse_url(url).host or url).lower()
+        host = str(urllib3.util.parse_url(self.api.base_url or "").host).lower()
         return f"{host} (key_prefix {self.key_prefix or '-'})"
 
     def token_row(self) -> dict[str, Any]:

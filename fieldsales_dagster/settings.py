@@ -46,9 +46,7 @@ _MEMORY = re.compile(r"^(\d+(?:\.\d+)?)\s*(B|KB|MB|GB|TB|KiB|MiB|GiB|TiB)$", re.
 _UNITS = {"b": 1e-6, "kb": 1e-3, "mb": 1, "gb": 1e3, "tb": 1e6}
 _UNITS |= {"kib": 1024 / 1e6, "mib": 1.048576, "gib": 1073.741824, "tib": 1099511.627776}
 #: ``{{ env.NAME }}`` or ``{{ env('NAME') }}``: the only accepted form of a secret in YAML.
-_ENV_REFERENCE = re.compile(
-    r"""^\{\{\s*env(?:\.(?P<attr>[A-Za-z_][A-Za-z0-9_]*)|\(\s*['"](?P<call>[A-Za-z_][A-Za-z0-9_]*)['"]\s*\))\s*\}\}$"""
-)
+_ENV_REFERENCE = re.compile(r"""^\{\{\s*env(?:\.(\w+)|\(\s*['"](\w+)['"]\s*\))\s*\}\}$""")
 #: ``api_token`` of a YAML holding no ``env`` reference: ``build_resources`` then fails without
 #: quoting the YAML line (Dagster's own errors would, and the line is the token).
 NOT_AN_ENV_REFERENCE = "<not an environment variable reference>"
@@ -267,7 +265,7 @@ def secret_env_var(context: dg.ResolutionContext | None, raw: Any) -> str:
     """The variable of a ``{{ env.NAME }}`` secret, never the secret: the resource reads it as an
     ``EnvVar`` at run time, so the UI and run config show the name only."""
     match = _ENV_REFERENCE.match(raw.strip()) if isinstance(raw, str) else None
-    return (match.group("attr") or match.group("call")) if match else NOT_AN_ENV_REFERENCE
+    return (match[1] or match[2]) if match else NOT_AN_ENV_REFERENCE
 
 
 def _unknown_keys(model: BaseModel, path: list[Any]) -> Iterator[list[Any]]:
