@@ -149,10 +149,8 @@ class Setting:
 
     @property
     def shown_default(self) -> str:
-        if self.shown or self.default is None:
-            return self.shown or "none"
-        if self.default is PydanticUndefined:
-            return "required"
+        if self.shown or self.default in (None, PydanticUndefined):
+            return self.shown or ("none" if self.default is None else "required")
         if isinstance(self.default, bool):
             return str(self.default).lower()
         if isinstance(self.default, float):
