@@ -11,7 +11,7 @@ from typing import Any
 import duckdb
 
 from fieldsales_dagster.client.endpoints import ListEndpoint
-from fieldsales_dagster.warehouse.lake import drop_table
+from fieldsales_dagster.warehouse.lake import drop_table, ensure_table
 from fieldsales_dagster.warehouse.quoting import qualified, quote_ident
 from fieldsales_dagster.warehouse.rows import one_row
 from fieldsales_dagster.warehouse.warehouse import table_exists
@@ -38,11 +38,11 @@ def record_deletions(
     reappeared. Returns how many were deleted. Payloads are read only for rows that are gone."""
     audit = qualified(audit_table(endpoint))
     extra = "".join(f", {quote_ident(column)} VARCHAR" for column, _ in endpoint.extra_columns)
-    conn.execute("CREATE SCHEMA IF NOT EXISTS meta")
-    conn.execute(
-        f"CREATE TABLE IF NOT EXISTS {audit} (id VARCHAR, payload JSON, loaded_at TIMESTAMP"
-        f"{extra}, deleted_at TIMESTAMP, run_id VARCHAR, reappeared_at TIMESTAMP, "
-        "reappeared_run_id VARCHAR)"
+    ensure_table(
+        conn,
+        audit_table(endpoint),
+        f"id VARCHAR, payload JSON, loaded_at TIMESTAMP{extra}, deleted_at TIMESTAMP, "
+        "run_id VARCHAR, reappeared_at TIMESTAMP, reappeared_run_id VARCHAR",
     )
     stamp = {"at": at.astimezone(UTC).replace(tzinfo=None), "run_id": run_id}
     _write_if_any(

@@ -41,7 +41,7 @@ from fieldsales_dagster.loading.refresh_mode import (
     choose_mode,
 )
 from fieldsales_dagster.pause import pause_at
-from fieldsales_dagster.warehouse.lake import drop_table, run_transaction
+from fieldsales_dagster.warehouse.lake import drop_table, ensure_table, run_transaction
 from fieldsales_dagster.warehouse.quoting import qualified
 from fieldsales_dagster.warehouse.rows import one_row
 from fieldsales_dagster.warehouse.warehouse import (
@@ -173,12 +173,12 @@ def _write_state(conn: duckdb.DuckDBPyConnection, rows: int, *, mode: str, at: d
     """Record a complete load and its events' fingerprints, in the caller's transaction. A
     re-sync moves only its events' fingerprints, so the next refresh still sees the others'."""
     naive, resync = at.astimezone(UTC).replace(tzinfo=None), mode == "resync"
-    conn.execute("CREATE SCHEMA IF NOT EXISTS meta")
     # One row per table, kept by delete-then-insert: a DuckLake has no PRIMARY KEY.
-    conn.execute(
-        f"CREATE TABLE IF NOT EXISTS {STATE_TABLE} (table_name VARCHAR, "
-        "last_full_at TIMESTAMP, last_load_at TIMESTAMP, last_mode VARCHAR, rows BIGINT, "
-        "events_loaded_at TIMESTAMP)"
+    ensure_table(
+        conn,
+        STATE_TABLE,
+        "table_name VARCHAR, last_full_at TIMESTAMP, last_load_at TIMESTAMP, last_mode VARCHAR, "
+        "rows BIGINT, events_loaded_at TIMESTAMP",
     )
     last_full_at, events_loaded_at = one_row(
         conn,
