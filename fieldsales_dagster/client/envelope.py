@@ -27,7 +27,6 @@ class Page:
     nbytes: int
     #: Each item's ``_id`` and extra-column keys (``loading.lists.item_keys``), where decoded.
     keys: list[tuple[str | int | float | None, ...]] | None = None
-    surrogates_replaced: int = 0
     digest: int | None = None
     #: The items a page holds, where they were not split out (a body in ``fetch_page``'s ``known``).
     count: int | None = None
