@@ -7,7 +7,7 @@ from typing import Any
 
 import duckdb
 
-from fieldsales_dagster.assets.columns import column_schema, comment_table, publishing_query
+from fieldsales_dagster.assets.columns import comment_table, publishing_query
 from fieldsales_dagster.assets.decode import (
     Decoded,
     DecodeRefresh,
@@ -19,7 +19,7 @@ from fieldsales_dagster.assets.decode import (
     share_decoded,
 )
 from fieldsales_dagster.assets.follow import build_following, define_decoded_rows, failing_as
-from fieldsales_dagster.assets.metadata import storage_metadata, table_metadata
+from fieldsales_dagster.assets.metadata import table_metadata
 from fieldsales_dagster.assets.tables import CoreTable, core_query
 from fieldsales_dagster.warehouse.lake import cleanup
 from fieldsales_dagster.warehouse.quoting import qualified
@@ -90,11 +90,4 @@ def materialize_core_table(
     reads = [dep.replace("_", ".", 1) for dep in table.deps]
     commit = functools.partial(warehouse.one_commit, reads=reads)
     decode = build_described_table(conn, table, warehouse, commit)
-    schema = column_schema(conn, table.table, table.doc, warehouse.pii)
-    return {
-        **table_metadata(
-            conn, warehouse.name, table.table, schema=schema, hidden=table.doc.pii_columns
-        ),
-        **storage_metadata(warehouse, table.table),
-        **decode,
-    }
+    return {**table_metadata(conn, warehouse, table.table, table.doc, preview=True), **decode}

@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING, Any, cast
 import dagster as dg
 import duckdb
 
-from fieldsales_dagster.assets.columns import TableDoc, column_schema
+from fieldsales_dagster.assets.columns import TableDoc
 from fieldsales_dagster.assets.metadata import storage_metadata, table_metadata, table_name
 from fieldsales_dagster.names import ResourceKey
 from fieldsales_dagster.settings import PROJECT_SCHEMAS
@@ -179,10 +179,10 @@ class FieldSalesIOManager(dg.IOManager):
                 return {
                     "dagster/partition_row_count": len(frame),
                     "dagster/table_name": table_name(self._warehouse.name, table),
+                    **storage_metadata(self._warehouse, table),
                 }
             # No preview: a user table may hold personal data the project cannot see.
-            schema = column_schema(conn, table, TableDoc(()), "keep")
-            return table_metadata(conn, self._warehouse.name, table, schema=schema, preview=False)
+            return table_metadata(conn, self._warehouse, table, TableDoc(()), pii_policy="keep")
 
         with self._warehouse.get_connection() as conn:
             conn.register(_FRAME, frame)
@@ -191,7 +191,7 @@ class FieldSalesIOManager(dg.IOManager):
                 metadata = run_transaction(conn, table, lambda: store(conn))
             finally:
                 conn.unregister(_FRAME)
-        context.add_output_metadata({**metadata, **storage_metadata(self._warehouse, table)})
+        context.add_output_metadata(metadata)
 
     def load_input(self, context: dg.InputContext) -> pd.DataFrame:
         import pandas as pd  # noqa: PLC0415

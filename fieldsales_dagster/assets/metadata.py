@@ -8,6 +8,7 @@ from typing import Any
 import dagster as dg
 import duckdb
 
+from fieldsales_dagster.assets.columns import TableDoc, column_schema
 from fieldsales_dagster.warehouse.quoting import qualified, quote_ident
 from fieldsales_dagster.warehouse.rows import one_row
 from fieldsales_dagster.warehouse.warehouse import FieldSalesWarehouse
@@ -42,21 +43,24 @@ def _markdown_cell(value: object) -> str:
 
 def table_metadata(
     conn: duckdb.DuckDBPyConnection,
-    database: str,
+    warehouse: FieldSalesWarehouse,
     table: str,
+    doc: TableDoc,
     *,
-    schema: dg.TableSchema,
-    preview: bool = True,
-    hidden: tuple[str, ...] = (),
+    pii_policy: str | None = None,
+    preview: bool = False,
 ) -> dict[str, Any]:
+    """Row count, name, column schema and storage of ``table``; a preview without the personal
+    columns if asked."""
     (row_count,) = one_row(conn, f"SELECT count(*) FROM {qualified(table)}")
     metadata: dict[str, Any] = {
         "dagster/row_count": int(row_count),
-        "dagster/table_name": table_name(database, table),
-        "dagster/column_schema": schema,
+        "dagster/table_name": table_name(warehouse.name, table),
+        "dagster/column_schema": column_schema(conn, table, doc, pii_policy or warehouse.pii),
+        **storage_metadata(warehouse, table),
     }
     if preview:
-        metadata["preview"] = dg.MetadataValue.md(markdown_preview(conn, table, hidden))
+        metadata["preview"] = dg.MetadataValue.md(markdown_preview(conn, table, doc.pii_columns))
     return metadata
 
 

@@ -7,11 +7,10 @@ import dagster as dg
 import duckdb
 from pydantic import Field, field_validator, model_validator
 
-from fieldsales_dagster.assets.columns import column_schema, prepare_raw_table, table_doc
+from fieldsales_dagster.assets.columns import prepare_raw_table, table_doc
 from fieldsales_dagster.assets.metadata import (
     STORAGE_KIND,
     previous_row_count,
-    storage_metadata,
     table_metadata,
 )
 from fieldsales_dagster.assets.resync_config import ResyncConfig
@@ -163,8 +162,7 @@ def _materialize(
             return report
 
         report = warehouse.one_commit(conn, table, refresh)
-        schema = column_schema(conn, table, table_doc(name), warehouse.pii)
-        metadata = table_metadata(conn, warehouse.name, table, schema=schema, preview=False)
+        metadata = table_metadata(conn, warehouse, table, table_doc(name))
     load = report.load
     api_total = "not reported by the server" if load.api_total is None else load.api_total
     if report.mode == "resync":
@@ -172,7 +170,6 @@ def _materialize(
     return dg.MaterializeResult(
         metadata={
             **metadata,
-            **storage_metadata(warehouse, table),
             "api_total": api_total,
             **{name: getattr(load, name) for name in LOAD_COSTS},
             "megabytes": round(load.bytes / 1e6, 1),
