@@ -87,16 +87,14 @@ def share_decoded(
 ) -> DecodeRefresh:
     """Parse ``decoded`` once per run into the process's DuckDB, outside a transaction (the lake's
     writes one database only), for the run's steps while its raw table's ``fingerprint`` holds."""
-    source = fingerprint(conn, decoded.source)
-    if source is not None and warehouse.shared_source(decoded.table) == source:
-        return DecodeRefresh("current", 0)
-    shared = warehouse.shared_table(decoded.table)
-    _define_rows_to_decode(conn, decoded)
+
+    def query() -> str:
+        _define_rows_to_decode(conn, decoded)
+        return decoded_query(decoded)
+
     with failing_as(decoded.table):
-        warehouse.create_shared_schema(conn)
-        conn.execute(f"CREATE OR REPLACE TABLE {shared} AS\n{decoded_query(decoded)}")
-    warehouse.shared_built(decoded.table, source)
-    return DecodeRefresh("full", one_row(conn, f"SELECT count(*) FROM {shared}")[0])
+        rows = warehouse.share(conn, decoded.table, fingerprint(conn, decoded.source), query)
+    return DecodeRefresh("current", 0) if rows is None else DecodeRefresh("full", rows)
 
 
 def read_shared(

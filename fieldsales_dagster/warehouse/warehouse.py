@@ -217,15 +217,18 @@ class FieldSalesWarehouse(settings_resource("WarehouseSettings", *WAREHOUSE_SETT
         """Where the run's steps share ``name`` (``SHARED_DATABASE``), seen by every cursor."""
         return f"{self._run_schema}.{quote_ident(name)}"
 
-    def shared_source(self, name: str) -> object | None:
-        return self._shared.get(name)
-
-    def create_shared_schema(self, conn: duckdb.DuckDBPyConnection) -> None:
+    def share(
+        self, conn: duckdb.DuckDBPyConnection, name: str, source: object, query: Callable[[], str]
+    ) -> int | None:
+        """Build ``name`` from ``query()`` where the run's steps share it, and return its row count;
+        ``None`` if this run built it from ``source`` (not ``None``) already."""
+        if source is not None and self._shared.get(name) == source:
+            return None
         conn.execute(f"ATTACH IF NOT EXISTS ':memory:' AS {SHARED_DATABASE}")
         conn.execute(f"CREATE SCHEMA IF NOT EXISTS {self._run_schema}")
-
-    def shared_built(self, name: str, source: object) -> None:
+        conn.execute(f"CREATE OR REPLACE TABLE {self.shared_table(name)} AS\n{query()}")
         self._shared[name] = source
+        return one_row(conn, f"SELECT count(*) FROM {self.shared_table(name)}")[0]
 
     def drop_shared(self, conn: duckdb.DuckDBPyConnection | None = None) -> None:
         """Drop this run's shared tables (they may hold personal values)."""
