@@ -36,7 +36,7 @@ from fieldsales_dagster.automation.sensors import (
     build_token_renewal_job,
     build_token_renewal_sensor,
 )
-from fieldsales_dagster.client.api import FieldSalesAPI
+from fieldsales_dagster.client.api import TOKEN_ROW, FieldSalesAPI
 from fieldsales_dagster.names import InstanceNames
 from fieldsales_dagster.paths import check_file_setting, identity, locations
 from fieldsales_dagster.settings import (
@@ -239,8 +239,7 @@ class FieldSalesComponent(dg.Component, FieldSalesSettings):
                 f"{CATALOG_STORE} needs a PostgreSQL storage.ducklake_catalog "
                 f"({named('FIELDSALES_DUCKLAKE_CATALOG')}); set one, or a file path here",
             )
-        row = ("ducklake_catalog", "ducklake_password_env_var", "ducklake_schema")
-        return {setting: getattr(self.storage, setting) for setting in row}
+        return {setting: getattr(self.storage, setting) for setting in TOKEN_ROW}
 
     @property
     def token_file(self) -> str | None:

@@ -47,6 +47,8 @@ if TYPE_CHECKING:
     from fieldsales_dagster.client.transport import QueryParams
 
 SNIPPET_CHARS = 200
+#: Where a ``catalog`` token store's row is: the settings ``CatalogTokenStore`` takes.
+TOKEN_ROW = ("ducklake_catalog", "ducklake_password_env_var", "ducklake_schema")
 
 
 def _clean(token: str, source: str) -> str:
@@ -113,8 +115,7 @@ class FieldSalesAPI(settings_resource("ApiSettings", ApiSettings, but=("api_toke
         """The store of this instance's token, bound to its origin: another server's is refused."""
         if not self.use_token_store:
             return None
-        row = ("ducklake_catalog", "ducklake_password_env_var", "ducklake_schema")
-        keywords = {name: getattr(self, name) for name in row}
+        keywords = {name: getattr(self, name) for name in TOKEN_ROW}
         return open_token_store(self.token_store_path, str(self.origin), self.variables, **keywords)
 
     def env_token(self) -> str:
