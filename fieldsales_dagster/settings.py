@@ -34,6 +34,9 @@ from fieldsales_dagster.urls import endpoint_origin, validate_base_url
 
 #: The key of a field's ``json_schema_extra`` that names the setting it holds.
 SETTING_KEY = "fieldsales_setting"
+#: A setting's default or variable derived from its name: ``FIELDSALES_*``, ``*`` its name in
+#: capitals (``pii_hash_key_env_var``'s default: ``FIELDSALES_PII_HASH_KEY``).
+DERIVED = "FIELDSALES_*"
 #: "A token is valid for 2 months" (API document, section 5): renewal must come before that.
 TOKEN_LIFETIME_DAYS = 60
 #: DuckDB decodes an item of up to this share of its memory limit (measured: under 192MB 12 MB
@@ -103,8 +106,8 @@ class Setting:
     description: str
     #: ``""``: what its type takes (``_ACCEPTS``).
     accepts: str = ""
-    #: ``FIELDSALES_*``: ``*`` is its name in capitals (none for a ``*_env_var``); ``""``: none.
-    variable: str = "FIELDSALES_*"
+    #: ``""``: none, as for a ``*_env_var`` (its default is a variable).
+    variable: str = DERIVED
     _: KW_ONLY
     name: str = ""
     key: str = ""
@@ -123,6 +126,20 @@ class Setting:
 
     def __call__(self, schema: dict[str, Any]) -> None:
         schema[SETTING_KEY] = self.name
+
+    def __set_name__(self, model: type[SettingsModel], field: str) -> None:
+        """Declared as ``field`` of ``model``: its names are filled in, then its pydantic field
+        replaces it before pydantic collects the model's fields."""
+        self.name, self.key = self.name or model.PREFIX + field, self.key or field
+        secret = self.name.endswith("_env_var")  # it names a secret's variable
+        derived = f"FIELDSALES_{self.name.removesuffix('_env_var').upper()}"
+        self.default = derived if self.default == DERIVED else self.default
+        if self.variable == DERIVED:
+            self.variable = "" if secret else derived
+        self.accepts = self.accepts or (_VARIABLE if secret else _ACCEPTS[type(self.default)])
+        self.group, self.field = model.GROUP, field
+        SETTINGS[self.name] = self
+        setattr(model, field, self.as_field(in_model=True))
 
     @property
     def spelling(self) -> str:
@@ -167,7 +184,7 @@ class Setting:
 
     def as_field(self, *, in_model: bool = False) -> Any:
         """In its concern's model a required setting is None until given, so "it is not set"
-        can name it; its description names its variable once ``SettingsModel`` knows it."""
+        can name it."""
         extra: Any = self if in_model else {SETTING_KEY: self.name}
         required = in_model and self.default is PydanticUndefined
         given: Any = None if required else self.default  # pydantic copies a list per instance
@@ -187,7 +204,8 @@ SETTINGS: dict[str, Setting] = {}
 
 
 def setting(*args: Any, **kwargs: Any) -> Any:
-    return Setting(*args, **kwargs).as_field(in_model=True)
+    """A setting, declared as a field of its concern's model (``Setting.__set_name__``)."""
+    return Setting(*args, **kwargs)
 
 
 def values(*models: SettingsModel) -> dict[str, Any]:
@@ -385,23 +403,6 @@ class SettingsModel(dg.Model, dg.Resolvable):
         return found + [variable for concern in concerns for variable in concern.secret_variables()]
 
     @classmethod
-    def __pydantic_init_subclass__(cls, **kwargs: Any) -> None:
-        super().__pydantic_init_subclass__(**kwargs)
-        for field, info in cls.model_fields.items():
-            declared = info.json_schema_extra
-            if not isinstance(declared, Setting) or declared.field:
-                continue  # not a setting, or one of a model this one extends
-            declared.name, declared.key = declared.name or cls.PREFIX + field, declared.key or field
-            secret = declared.name.endswith("_env_var")  # it names a secret's variable
-            if declared.variable == "FIELDSALES_*":
-                declared.variable = "" if secret else f"FIELDSALES_{declared.name.upper()}"
-            info.description = declared.explained
-            if not declared.accepts:
-                declared.accepts = _VARIABLE if secret else _ACCEPTS[info.annotation]
-            declared.group, declared.field = cls.GROUP, field
-            SETTINGS[declared.name] = declared
-
-    @classmethod
     def settings(cls) -> dict[str, Setting]:
         found = {field: info.json_schema_extra for field, info in cls.model_fields.items()}
         return {field: extra for field, extra in found.items() if isinstance(extra, Setting)}
@@ -473,7 +474,7 @@ class ApiSettings(SettingsModel):
             inject_before_resolve=False,
         ),
     ] = setting(
-        "FIELDSALES_API_TOKEN",
+        DERIVED,
         "'{{ env.FIELDSALES_API_TOKEN }}': the variable holding the API token",
         "a token from your Field-Sales profile's API tab",
         name="api_token",
@@ -548,7 +549,7 @@ class StorageSettings(SettingsModel):
         shown="the whole catalog",
     )
     ducklake_password_env_var: str = setting(
-        "FIELDSALES_DUCKLAKE_PASSWORD", "The variable holding the PostgreSQL catalog's password"
+        DERIVED, "The variable holding the PostgreSQL catalog's password"
     )
     s3_endpoint: str | None = setting(
         None,
@@ -571,12 +572,10 @@ class StorageSettings(SettingsModel):
         shown="path with an endpoint; vhost otherwise",
     )
     s3_access_key_id_env_var: str = setting(
-        "FIELDSALES_S3_ACCESS_KEY_ID",
-        "The variable holding the object store's access key id (unset: AWS_ACCESS_KEY_ID)",
+        DERIVED, "The variable holding the object store's access key id (unset: AWS_ACCESS_KEY_ID)"
     )
     s3_secret_access_key_env_var: str = setting(
-        "FIELDSALES_S3_SECRET_ACCESS_KEY",
-        "The variable holding the object store's secret key (unset: AWS_SECRET_ACCESS_KEY)",
+        DERIVED, "The variable holding the object store's secret key (unset: AWS_SECRET_ACCESS_KEY)"
     )
     retain_snapshots_days: float = setting(
         7.0,
@@ -645,9 +644,7 @@ class PiiSettings(SettingsModel):
         name="pii",
     )
     hash_key_env_var: str = setting(
-        "FIELDSALES_PII_HASH_KEY",
-        "The variable holding the secret key of pii: hash",
-        name="pii_hash_key_env_var",
+        DERIVED, "The variable holding the secret key of pii: hash", name="pii_hash_key_env_var"
     )
     redact_in_raw: bool = setting(
         False, "Null the personal keys of raw.* payloads at ingest", name="redact_pii_in_raw"
@@ -662,7 +659,7 @@ class AlertsSettings(SettingsModel):
     PREFIX: ClassVar[str] = "alert_"
 
     webhook_url_env_var: str = setting(
-        "FIELDSALES_ALERT_WEBHOOK_URL",
+        DERIVED,
         "The variable holding the webhook URL alerts are posted to; setting it turns alerts on",
     )
     email_to: str | None = setting(
@@ -683,9 +680,7 @@ class AlertsSettings(SettingsModel):
     smtp_user: str | None = setting(
         None, "The SMTP login, if the server wants one", "a user name", shown="no login"
     )
-    smtp_password_env_var: str = setting(
-        "FIELDSALES_ALERT_SMTP_PASSWORD", "The variable holding the SMTP password"
-    )
+    smtp_password_env_var: str = setting(DERIVED, "The variable holding the SMTP password")
     ui_base_url: str | None = setting(
         None,
         "The Dagster UI's address: an alert links to its run there",
