@@ -418,15 +418,11 @@ class SettingsModel(dg.Model, dg.Resolvable):
         try:
             return handler(values)
         except ValidationError as exc:
-            raise SettingError(cls._explained(exc, values)) from None
-
-    @classmethod
-    def _explained(cls, exc: ValidationError, values: Any) -> str:
-        errors = exc.errors()
+            errors = exc.errors()
         first = errors[0]
         cause = (first.get("ctx") or {}).get("error")
         if isinstance(cause, SettingError):  # a concern's own paragraph, or a check of several
-            return str(cause)
+            raise cause from None
         field = str(first["loc"][0]) if first["loc"] else "?"
         unknown = Setting(None, "", "a valid value", "", name=field, group=cls.GROUP)
         declared = cls.settings().get(field, unknown)
@@ -435,7 +431,7 @@ class SettingsModel(dg.Model, dg.Resolvable):
         value = values.get(field) if isinstance(values, dict) else None
         shown = "" if declared.name == "api_token" else f" Got {value!r}."
         why = f"{why}.{shown} It takes {declared.help}"
-        return str(invalid(declared.spelling, declared.variable, why))
+        raise invalid(declared.spelling, declared.variable, why)
 
     @field_validator("*")
     @classmethod
