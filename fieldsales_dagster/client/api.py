@@ -284,8 +284,9 @@ class FieldSalesAPI(settings_resource("ApiSettings", ApiSettings, but=("api_toke
                 )
                 if exc.unreachable:
                     raise UnreachableError(
-                        f"{spent}; check the host is up and {self.named('FIELDSALES_BASE_URL')} "
-                        f"({self.origin}; unreachable_budget_s={self.unreachable_budget_s:g})."
+                        f"{spent} (unreachable_budget_s={self.unreachable_budget_s:g}). Check "
+                        f"{self.named('FIELDSALES_BASE_URL')} ({self.origin}) and that the "
+                        "host is up."
                     ) from None
                 raise FieldSalesAPIError(
                     f"{spent} (max_retries={retries}, retry_budget_s={self.retry_budget_s:g}). "
