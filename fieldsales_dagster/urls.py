@@ -35,15 +35,6 @@ class Origin:
         default = {"http": 80, "https": 443}[self.scheme]
         return f"{self.scheme}://{self.host}" + (f":{self.port}" if self.port != default else "")
 
-    @property
-    def netloc(self) -> str:
-        """``host:port``, for error messages."""
-        return f"{self.host}:{self.port}"
-
-    @property
-    def is_loopback(self) -> bool:
-        return is_loopback_host(self.host)
-
 
 def is_loopback_host(host: str) -> bool:
     if host.lower() in {"localhost", "localhost.localdomain"}:

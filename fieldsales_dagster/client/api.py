@@ -161,7 +161,7 @@ class FieldSalesAPI(settings_resource("ApiSettings", ApiSettings, but=("api_toke
         from fieldsales_dagster.client.transport import Limits, fetch, new_session
 
         where = f"GET {path}" + (f" (skip={params['skip']})" if params and "skip" in params else "")
-        on = f"{where} on {self.origin.netloc}"
+        on = f"{where} on {self.origin.host}:{self.origin.port}"
         limits = Limits(
             connect_timeout_s=self.connect_timeout_s,
             read_timeout_s=self.read_timeout_s,

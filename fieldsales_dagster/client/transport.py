@@ -27,7 +27,7 @@ from fieldsales_dagster.client.errors import (
     ResponseTooLargeError,
     TransientHTTPError,
 )
-from fieldsales_dagster.urls import Origin, origin_of
+from fieldsales_dagster.urls import Origin, is_loopback_host, origin_of
 
 #: Decoded bytes per step: the loop costs nothing next to the network; the cap overshoots by this.
 CHUNK_BYTES = 1 << 20
@@ -101,7 +101,7 @@ class _DeadlineAdapter(HTTPAdapter):
 def new_session(origin: Origin) -> requests.Session:
     """A session for one thread: one connection, no retries of its own, no proxy for loopback."""
     session = requests.Session()
-    session.trust_env = not origin.is_loopback
+    session.trust_env = not is_loopback_host(origin.host)
     adapter = _DeadlineAdapter(pool_connections=1, pool_maxsize=1, max_retries=0)
     session.mount("http://", adapter)
     session.mount("https://", adapter)
