@@ -131,20 +131,18 @@ class Setting:
         """Declared as ``field`` of ``model``: its names are filled in, then its pydantic field
         replaces it before pydantic collects the model's fields."""
         self.name, self.key = self.name or model.PREFIX + field, self.key or field
-        secret = self.name.endswith("_env_var")  # it names a secret's variable
         derived = f"FIELDSALES_{self.name.removesuffix('_env_var').upper()}"
         self.default = derived if self.default == DERIVED else self.default
-        if self.variable == DERIVED:
-            self.variable = "" if secret else derived
-        self.accepts = self.accepts or (_VARIABLE if secret else _ACCEPTS[type(self.default)])
+        if self.variable == DERIVED:  # none for a ``*_env_var``: its value names a variable
+            self.variable = "" if self.name.endswith("_env_var") else derived
+        self.accepts = self.accepts or _ACCEPTS[type(self.default)]
         self.group, self.field = model.GROUP, field
         SETTINGS[self.name] = self
         setattr(model, field, self.as_field(in_model=True))
 
     @property
     def spelling(self) -> str:
-        key = self.key or self.name
-        return f"{self.group}.{key}" if self.group else key
+        return f"{self.group}.{self.key}" if self.group else self.key
 
     @property
     def bounds(self) -> dict[str, float]:
@@ -176,20 +174,17 @@ class Setting:
             return ", ".join(self.default)
         return str(self.default)
 
-    @property
-    def explained(self) -> str:
-        where = f" ({self.variable})" if self.variable else ""
-        unset = f" Default: {self.shown_default}." if self.default is None else ""
-        return f"{self.description}{where}.{unset}"
-
     def as_field(self, *, in_model: bool = False) -> Any:
         """In its concern's model a required setting is None until given, so "it is not set"
-        can name it."""
+        can name it. Its description names its variable, and its default if unset is none."""
         extra: Any = self if in_model else {SETTING_KEY: self.name}
         required = in_model and self.default is PydanticUndefined
         given: Any = None if required else self.default  # pydantic copies a list per instance
+        where = f" ({self.variable})" if self.variable else ""
+        unset = f" Default: {self.shown_default}." if self.default is None else ""
+        description = f"{self.description}{where}.{unset}"
         return Field(
-            given, validate_default=required, json_schema_extra=extra, description=self.explained
+            given, validate_default=required, json_schema_extra=extra, description=description
         )
 
 
@@ -197,15 +192,14 @@ _ACCEPTS: dict[Any, str] = {
     bool: "true or false",
     int: "a whole number {range}",
     float: "a number of days {range}",
+    str: "the name of an environment variable",  # a ``*_env_var``'s
 }
-_VARIABLE = "the name of an environment variable"
 #: Every setting, by flat name, in the order declared.
 SETTINGS: dict[str, Setting] = {}
 
 
-def setting(*args: Any, **kwargs: Any) -> Any:
-    """A setting, declared as a field of its concern's model (``Setting.__set_name__``)."""
-    return Setting(*args, **kwargs)
+#: A setting, declared as a field of its concern's model (``Setting.__set_name__``).
+setting: Callable[..., Any] = Setting
 
 
 def values(*models: SettingsModel) -> dict[str, Any]:
@@ -424,7 +418,7 @@ class SettingsModel(dg.Model, dg.Resolvable):
         if isinstance(cause, SettingError):  # a concern's own paragraph, or a check of several
             raise cause from None
         field = str(first["loc"][0]) if first["loc"] else "?"
-        unknown = Setting(None, "", "a valid value", "", name=field, group=cls.GROUP)
+        unknown = Setting(None, "", "a valid value", "", key=field, group=cls.GROUP)
         declared = cls.settings().get(field, unknown)
         same = [error for error in errors if error["loc"][:1] == first["loc"][:1]]
         why = "; ".join(error["msg"].removeprefix("Value error, ").rstrip(".") for error in same)
