@@ -98,9 +98,10 @@ def setting_error(setting: str, why: str) -> SettingError:
 
 @dataclass
 class Setting:
-    """One setting (its field's ``json_schema_extra``): ``default`` (``PydanticUndefined``:
-    required), ``accepts`` in words (``{range}``: its bounds), the variable the shipped
-    ``defs.yaml`` reads; ``name`` is a resource's field, ``group`` and ``key`` its YAML place."""
+    """One setting (named by its field's ``json_schema_extra``): ``default``
+    (``PydanticUndefined``: required), ``accepts`` in words (``{range}``: its bounds), the variable
+    the shipped ``defs.yaml`` reads; ``name`` is a resource's field, ``group`` and ``key`` its YAML
+    place: its model's ``GROUP`` and its field."""
 
     default: Any
     description: str
@@ -123,9 +124,6 @@ class Setting:
     check: Callable[[Any], Any] | None = None
     group: str = ""
     field: str = ""
-
-    def __call__(self, schema: dict[str, Any]) -> None:
-        schema[SETTING_KEY] = self.name
 
     def __set_name__(self, model: type[SettingsModel], field: str) -> None:
         """Declared as ``field`` of ``model``: its names are filled in, then its pydantic field
@@ -166,18 +164,13 @@ class Setting:
     def shown_default(self) -> str:
         if self.shown or self.default in (None, PydanticUndefined):
             return self.shown or ("none" if self.default is None else "required")
-        if isinstance(self.default, bool):
-            return str(self.default).lower()
-        if isinstance(self.default, float):
-            return f"{self.default:g}"
-        if isinstance(self.default, list):
-            return ", ".join(self.default)
-        return str(self.default)
+        shown = {bool: lambda default: str(default).lower(), float: "{:g}".format, list: ", ".join}
+        return shown.get(type(self.default), str)(self.default)
 
     def as_field(self, *, in_model: bool = False) -> Any:
         """In its concern's model a required setting is None until given, so "it is not set"
         can name it. Its description names its variable, and its default if unset is none."""
-        extra: Any = self if in_model else {SETTING_KEY: self.name}
+        extra: Any = {SETTING_KEY: self.name}
         required = in_model and self.default is PydanticUndefined
         given: Any = None if required else self.default  # pydantic copies a list per instance
         where = f" ({self.variable})" if self.variable else ""
@@ -203,11 +196,7 @@ setting: Callable[..., Any] = Setting
 
 
 def values(*models: SettingsModel) -> dict[str, Any]:
-    given = {
-        declared.name: getattr(model, field)
-        for model in models
-        for field, declared in type(model).settings().items()
-    }
+    given = {s.name: getattr(model, s.field) for model in models for s in model.settings().values()}
     return {**given, "variables": {k: v for model in models for k, v in model._variables.items()}}
 
 
@@ -398,8 +387,8 @@ class SettingsModel(dg.Model, dg.Resolvable):
 
     @classmethod
     def settings(cls) -> dict[str, Setting]:
-        found = {field: info.json_schema_extra for field, info in cls.model_fields.items()}
-        return {field: extra for field, extra in found.items() if isinstance(extra, Setting)}
+        """Its settings, by field: those of its group."""
+        return {s.field: s for s in SETTINGS.values() if s.group == cls.GROUP}
 
     @model_validator(mode="wrap")
     @classmethod
