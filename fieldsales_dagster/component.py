@@ -214,20 +214,17 @@ class FieldSalesComponent(dg.Component, FieldSalesSettings):
         pii_hash_key = dg.EnvVar(self.pii.hash_key_env_var) if self.pii.mode == "hash" else None
         api = {**values(self.api), "api_token": dg.EnvVar(token_variable), **self.token_row()}
         warehouse = values(self.storage, self.pii, self.refresh)
+        # Whose lake this is, recorded at its first commit (``lake.check_tenant``): the host, not
+        # the port (the demo API takes a new one at every start), and the key prefix.
+        host = str(urllib3.util.parse_url(self.api.base_url or "").host).lower()
+        tenant = f"{host} (key_prefix {self.key_prefix or '-'})"
         return {
             self.names.api.key: FieldSalesAPI(**api),
             self.names.warehouse.key: FieldSalesWarehouse(
-                **warehouse, tenant=self.tenant, pii_hash_key=pii_hash_key
+                **warehouse, tenant=tenant, pii_hash_key=pii_hash_key
             ),
             self.names.io_manager: build_io_manager(self.names.warehouse.key, self.user_schema),
         }
-
-    @property
-    def tenant(self) -> str:
-        """Whose lake this is, recorded at its first commit (``lake.check_tenant``): the host,
-        not the port (the demo API takes a new one at every start), and the key prefix."""
-        host = str(urllib3.util.parse_url(self.api.base_url or "").host).lower()
-        return f"{host} (key_prefix {self.key_prefix or '-'})"
 
     def token_row(self) -> dict[str, Any]:
         """Where a ``catalog`` token store's row is (``ducklake_*`` fields); empty for a file."""
@@ -252,12 +249,9 @@ class FieldSalesComponent(dg.Component, FieldSalesSettings):
     def build_assets(self) -> list[dg.AssetsDefinition]:
         # Fresh: warn after one schedule interval (plus an hour for the run), fail after two.
         interval = schedule_interval(self.refresh.schedule_cron, self.refresh.schedule_timezone)
-        names, policy = (
-            self.names,
-            dg.FreshnessPolicy.time_window(
-                warn_window=interval + timedelta(hours=1),
-                fail_window=2 * interval + timedelta(hours=1),
-            ),
+        names, hour = self.names, timedelta(hours=1)
+        policy = dg.FreshnessPolicy.time_window(
+            warn_window=interval + hour, fail_window=2 * interval + hour
         )
         tables = [
             *build_raw_assets(names, self.owners, names.io_manager),
@@ -330,12 +324,6 @@ class FieldSalesComponent(dg.Component, FieldSalesSettings):
         upkeep_job, upkeep_schedule = build_upkeep_job_and_schedule(
             names, upkeep, refresh.schedule_timezone
         )
-        alert_sensors = build_alert_sensors(
-            names,
-            self.alert_settings(),
-            job_names=[job.name, upkeep_job.name, names.token_renewal_job],
-            asset_keys=[key for a in [*assets, upkeep] for key in a.keys],
-        )
         renewal = RenewalPolicy(timedelta(days=self.api.token_renew_after_days))
         return dg.Definitions(
             assets=dg.with_source_code_references([*assets, upkeep]),
@@ -345,7 +333,12 @@ class FieldSalesComponent(dg.Component, FieldSalesSettings):
             sensors=[
                 build_token_renewal_sensor(names, renewal),
                 build_core_automation_sensor(names, selection.downstream()),
-                *alert_sensors,
+                *build_alert_sensors(
+                    names,
+                    self.alert_settings(),
+                    job_names=[job.name, upkeep_job.name, names.token_renewal_job],
+                    asset_keys=[key for a in [*assets, upkeep] for key in a.keys],
+                ),
             ],
             resources=resources,
         )
