@@ -98,12 +98,12 @@ def summarize(
     return "\n".join(lines), unexpected
 
 
-class _ProgressHandler(logging.Handler):
+class _Progress(logging.Logger):
     """One line per finished step, and every warning or error; nothing else."""
 
     done = 0
 
-    def emit(self, record: logging.LogRecord) -> None:
+    def handle(self, record: logging.LogRecord) -> None:
         meta = getattr(record, "dagster_meta", None) or {}
         event, step = meta.get("dagster_event"), meta.get("step_key") or "run"
         if event is None:
@@ -121,11 +121,7 @@ class _ProgressHandler(logging.Handler):
 # config_schema=None (the default) given by position: Dagster types no overload without it.
 @dg.logger(None, "Progress of the demo run on the terminal; the full log is in the instance.")
 def progress_logger(init_context: dg.InitLoggerContext) -> logging.Logger:
-    logger = logging.getLogger("fieldsales_dagster.demo_run.progress")
-    logger.propagate = False
-    logger.handlers = [_ProgressHandler()]
-    logger.setLevel(logging.DEBUG)
-    return logger
+    return _Progress("fieldsales_dagster.demo_run.progress")
 
 
 def run_and_report(loaded: dg.Definitions, instance, warehouse: FieldSalesWarehouse) -> int:
@@ -176,11 +172,9 @@ def main(argv: list[str] | None = None) -> int:
     home = prepare_dagster_home(Path(args.dagster_home))
     config = DemoConfig(transactions=args.transactions, seed=args.seed)
     with DemoServer(config, token=DEMO_TOKEN) as server:
-        os.environ["FIELDSALES_BASE_URL"] = server.base_url
-        os.environ["FIELDSALES_API_TOKEN"] = server.token
+        os.environ.update(FIELDSALES_BASE_URL=server.base_url, FIELDSALES_API_TOKEN=server.token)
+        os.environ.update(FIELDSALES_CREATE_DIRS="true", DAGSTER_HOME=str(home))
         os.environ.pop("FIELDSALES_DUCKDB_PATH", None)
-        os.environ["FIELDSALES_CREATE_DIRS"] = "true"
-        os.environ["DAGSTER_HOME"] = str(home)
         from fieldsales_dagster.definitions import defs
 
         loaded = defs()
