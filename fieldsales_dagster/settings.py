@@ -100,8 +100,8 @@ def setting_error(setting: str, why: str) -> SettingError:
 class Setting:
     """One setting (named by its field's ``json_schema_extra``): ``default``
     (``PydanticUndefined``: required), ``accepts`` in words (``{range}``: its bounds), the variable
-    the shipped ``defs.yaml`` reads; ``name`` is a resource's field, ``group`` and ``key`` its YAML
-    place: its model's ``GROUP`` and its field."""
+    the shipped ``defs.yaml`` reads; ``name`` is a resource's field, ``group`` (its model's
+    ``GROUP``) and ``key`` its YAML place."""
 
     default: Any
     description: str
@@ -445,13 +445,7 @@ class ApiSettings(SettingsModel):
         check=functools.partial(validate_base_url, name="it"),  # ``invalid`` names it
     )
     api_token_env_var: Annotated[
-        str,
-        dg.Resolver(
-            secret_env_var,
-            model_field_name="api_token",
-            model_field_type=str,
-            inject_before_resolve=False,
-        ),
+        str, dg.Resolver(secret_env_var, model_field_name="api_token", inject_before_resolve=False)
     ] = setting(
         DERIVED,
         "'{{ env.FIELDSALES_API_TOKEN }}': the variable holding the API token",
