@@ -1,6 +1,7 @@
 """The incremental refresh's decision is a value (``RefetchPlan``): the events it re-fetches and
 why, and the events that disappeared; the merge deletes their stored transactions and records the
-current events' fingerprints. Real DuckDB files in ``tmp_path``."""
+current events' fingerprints. The events are loaded by the loader from a server on 127.0.0.1, which
+writes their states beside ``raw.events``; real DuckDB files in ``tmp_path``."""
 
 from __future__ import annotations
 
@@ -12,7 +13,9 @@ import pytest
 
 from fieldsales_dagster.client.endpoints import EVENTS, TRANSACTIONS
 from fieldsales_dagster.loading import incremental
-from fieldsales_dagster.loading.raw_load import raw_table_ddl
+from fieldsales_dagster.loading.raw_load import EVENT_STATES, load_list, raw_table_ddl
+from fieldsales_dagster_tests.hostile_lists import HostileServer
+from fieldsales_dagster_tests.test_hostile_paging import hostile_api
 
 NOW = datetime(2026, 6, 1, tzinfo=UTC)
 LONG_AGO = "2020-01-01T00:00:00Z"
@@ -29,20 +32,24 @@ def event(event_id: str, state: str, last_change: str = LONG_AGO) -> str:
     )
 
 
-def store_events(conn: duckdb.DuckDBPyConnection, events: dict[str, str]) -> None:
-    conn.execute(raw_table_ddl(EVENTS, EVENTS.raw_table))
-    conn.executemany(
-        f"INSERT INTO {EVENTS.raw_table} VALUES (?, ?, ?)",
-        [(event_id, payload, NOW.replace(tzinfo=None)) for event_id, payload in events.items()],
-    )
+@pytest.fixture
+def store_events():
+    """Loads the event list (``load_list``), as a server on 127.0.0.1 now lists ``events``."""
+    listed: list[dict] = []
+    with HostileServer(lambda path, skip, limit: listed[skip : skip + limit]) as server:
+
+        def store(conn: duckdb.DuckDBPyConnection, events: dict[str, str]) -> None:
+            listed[:] = map(json.loads, events.values())
+            load_list(hostile_api(server), conn, EVENTS, allow_shrink=True)
+
+        yield store
 
 
 @pytest.fixture
-def conn(tmp_path):
+def conn(tmp_path, store_events):
     """A warehouse whose last load saw events a (unchanged since), b (about to change) and c
     (about to disappear), two transactions each; the event list now also holds a new event d."""
     with duckdb.connect(str(tmp_path / "plan.duckdb")) as conn:
-        conn.execute("CREATE SCHEMA raw")
         store_events(conn, {"a": event("a", "done"), "b": event("b", "open"), "c": event("c", "x")})
         conn.execute(raw_table_ddl(TRANSACTIONS, TRANSACTIONS.raw_table))
         conn.executemany(
@@ -71,12 +78,13 @@ def test_the_plan_carries_which_events_are_refetched_and_which_disappeared(conn)
     assert (plan.events, plan.why) == (3, {"new": 1, "changed": 1})
 
 
-def test_an_event_without_a_dated_history_is_recent_only_while_first_seen_in_its_state(tmp_path):
+def test_an_event_without_a_dated_history_is_recent_only_while_first_seen_in_its_state(
+    tmp_path, store_events
+):
     """An undated event changed state at or before the load that first saw it in that state: it
     is re-fetched while that load is within lookback_days, then no more, until its state moves."""
     undated = json.dumps({"_id": "u", "eventState": "open", "eventStateHistory": []})
     with duckdb.connect(str(tmp_path / "undated.duckdb")) as conn:
-        conn.execute("CREATE SCHEMA raw")
         store_events(conn, {"u": undated})
         incremental._fingerprint_current_events(conn, NOW)
         incremental._write_state(conn, mode="full", at=NOW, rows=0)
@@ -93,6 +101,35 @@ def test_an_event_without_a_dated_history_is_recent_only_while_first_seen_in_its
         store_events(conn, {"u": undated.replace('"open"', '"closed"')})
         assert plan(days=32) == {"changed": 1}
         assert plan(days=33) == {"recent": 1}  # seen closed since day 32
+
+
+def test_the_event_list_load_writes_each_events_state_beside_it(conn):
+    """raw.events keeps its columns; meta.event_states holds what the plan compares, per event."""
+    states = conn.execute(
+        f"SELECT event_id, fingerprint, state_changes FROM {EVENT_STATES} ORDER BY event_id"
+    ).fetchall()
+    columns = conn.execute(f"SELECT * FROM {EVENTS.raw_table} LIMIT 0").description
+
+    assert [column[0] for column in columns] == ["id", "payload", "loaded_at"]
+    assert [(event_id, changes) for event_id, _, changes in states] == [
+        ("a", [datetime(2020, 1, 1, tzinfo=UTC)]),
+        ("b", [datetime(2020, 1, 1, tzinfo=UTC)]),
+        ("d", [datetime(2026, 5, 30, tzinfo=UTC)]),
+    ]
+    assert len({fingerprint for _, fingerprint, _ in states}) == 3
+
+
+def test_the_plan_reads_the_states_written_with_the_events_not_their_payloads(conn):
+    """Planning parses no event payload: the states were computed as the list was loaded."""
+    conn.execute(f"UPDATE {EVENTS.raw_table} SET payload = '{{}}'")
+
+    plan = incremental._plan(conn, lookback_days=30, now=NOW)
+
+    assert (sorted(plan.event_ids), plan.removed_ids, plan.why) == (
+        ["b", "d"],
+        ["c"],
+        {"new": 1, "changed": 1},
+    )
 
 
 def test_the_merge_deletes_the_transactions_of_the_refetched_and_removed_events(conn):

@@ -12,7 +12,6 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 from functools import partial
-from importlib import resources
 from typing import Any
 
 import duckdb
@@ -29,6 +28,8 @@ from fieldsales_dagster.loading.lists import (
     Stream,
 )
 from fieldsales_dagster.loading.raw_load import (
+    EVENT_STATES,
+    STATE_COLUMNS,
     LoadReport,
     ShrinkGuard,
     Staging,
@@ -134,36 +135,21 @@ def _events_loaded_at(conn: duckdb.DuckDBPyConnection) -> datetime | None:
 
 
 def _fingerprint_current_events(conn: duckdb.DuckDBPyConnection, now: datetime) -> None:
-    """Fill ``FINGERPRINTS_NOW``: per event, its state fingerprint, last dated change, and
+    """Fill ``FINGERPRINTS_NOW``: per listed event, its state fingerprint, last dated change, and
     ``state_since`` (kept while the fingerprint holds, else ``now``; it stands in for an undated
-    change). One ``json_extract`` of a list of paths: three ran out of 192 MB at 25,000 events;
-    read in slices: a whole vector of ~14 KB documents needs ~75 MB per thread."""
-    if table_exists(conn, EVENTS.raw_table):
-        macro = resources.files("fieldsales_dagster") / "sql" / "raw_events_in_slices.sql"
-        conn.execute(macro.read_text("utf-8"))
-        source = "raw_events_in_slices()"
-    else:
-        source = "(SELECT NULL::VARCHAR AS id, NULL::JSON AS payload WHERE false)"
+    change). Reads ``EVENT_STATES``, written with ``raw.events`` (empty before its first load):
+    no payload is parsed here."""
+    ensure_table(conn, EVENT_STATES, STATE_COLUMNS)
     known = FINGERPRINTS_TABLE
     if not table_exists(conn, FINGERPRINTS_TABLE):
         known = "(SELECT NULL::VARCHAR event_id, NULL fingerprint, NULL::TIMESTAMPTZ state_since)"
     conn.execute(
         f"""
         CREATE OR REPLACE TEMP TABLE {FINGERPRINTS_NOW} AS
-        SELECT n.*, CASE WHEN o.fingerprint = n.fingerprint THEN o.state_since
-                         ELSE $now::TIMESTAMPTZ END AS state_since
-        FROM (SELECT event_id,
-               md5(concat_ws(chr(1), coalesce(state[1]::VARCHAR, 'null'),
-                   coalesce(state[2]::VARCHAR, 'null'), coalesce(state[3]::VARCHAR, 'null')))
-                 AS fingerprint,
-               list_max(list_transform(
-                   coalesce(json_extract_string(state[2], '$[*].date'), []),
-                   lambda d: try_cast(d AS TIMESTAMPTZ))) AS last_state_change
-        FROM (SELECT id AS event_id,
-                     json_extract(payload, ['$.eventState', '$.eventStateHistory',
-                                            '$.eventStateTimestamps']) AS state
-              FROM {source})) n
-        LEFT JOIN {known} o USING (event_id)
+        SELECT n.event_id, n.fingerprint, list_max(n.state_changes) AS last_state_change,
+               CASE WHEN o.fingerprint = n.fingerprint THEN o.state_since
+                    ELSE $now::TIMESTAMPTZ END AS state_since
+        FROM {EVENT_STATES} n LEFT JOIN {known} o USING (event_id)
         """,
         {"now": now},
     )

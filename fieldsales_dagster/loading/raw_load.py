@@ -9,6 +9,7 @@ more than ``max_shrink_fraction`` unless ``allow_shrink``.
 
 from __future__ import annotations
 
+import hashlib
 import queue
 import threading
 import time
@@ -21,7 +22,7 @@ import duckdb
 import msgspec
 
 from fieldsales_dagster.client.api import FieldSalesAPI
-from fieldsales_dagster.client.endpoints import ListEndpoint
+from fieldsales_dagster.client.endpoints import EVENTS, ListEndpoint
 from fieldsales_dagster.client.envelope import ListStats, Page
 from fieldsales_dagster.heap import TRIM_EVERY_PAGES, release_free_memory
 from fieldsales_dagster.loading.deletions import record_deletions
@@ -51,6 +52,28 @@ if TYPE_CHECKING:  # imported where a load runs: the definitions load without it
 
 QUEUED_PAGES = 8  # waiting for the insert (a few MB each)
 SLICE_BYTES = 256 * 1024  # of a page's batch DuckDB reads at a time (see ``_stream``)
+#: Per event of ``raw.events``, written with it: the state an incremental refresh compares
+#: (docs/refresh.md), computed from each item as it is staged (``event_state``, columns of the
+#: staging table until ``Staging.seal``) so that no step parses the payloads for it.
+EVENT_STATES, STAGED_STATES = "meta.event_states", "_fs_event_states"
+STATE_COLUMNS = "event_id VARCHAR, fingerprint VARCHAR, state_changes TIMESTAMPTZ[]"
+
+
+class _State(msgspec.Struct, rename="camel"):
+    event_state: msgspec.Raw = msgspec.Raw(b"null")
+    event_state_history: msgspec.Raw = msgspec.Raw(b"null")
+    event_state_timestamps: msgspec.Raw = msgspec.Raw(b"null")
+
+
+def event_state(item: msgspec.Raw) -> tuple[str, bytes]:
+    """An event's state fingerprint (its ``_State`` as received, whitespace aside), and its
+    ``eventStateHistory`` (``null`` without one), whose dates ``Staging.seal`` reads in DuckDB."""
+    try:
+        state = msgspec.structs.astuple(msgspec.json.decode(item, type=_State))
+    except msgspec.ValidationError:  # not an object
+        state = msgspec.structs.astuple(_State())
+    fingerprint = hashlib.md5(b"\x01".join(msgspec.json.format(s, indent=-1) for s in state))
+    return fingerprint.hexdigest(), bytes(state[1])
 
 
 class RawLoadError(RuntimeError):
@@ -93,14 +116,16 @@ class LoadReport:
 def raw_table_ddl(
     endpoint: ListEndpoint, table: str, temporary: bool = False, digest: bool = False
 ) -> str:
-    """A raw table; with ``digest``, a staging table (each item's ``item_digests``)."""
+    """A raw table; with ``digest``, a staging table (each item's ``item_digests``, and an
+    event's ``event_state``)."""
     # A temporary table's payloads are zstd: 2.6x faster to write ~5 KB JSON documents than
     # DuckDB's default, and smaller. A lake's Parquet files are zstd already (lake.py).
     extra = "".join(f", {quote_ident(col)} VARCHAR" for col, _ in endpoint.extra_columns)
+    states = ", fingerprint VARCHAR, state_history VARCHAR" * (endpoint is EVENTS)
     return (
         f"CREATE OR REPLACE {'TEMP ' * temporary}TABLE {qualified(table)} (id VARCHAR, payload "
         f"JSON{' USING COMPRESSION zstd' * temporary}, loaded_at TIMESTAMP{extra}"
-        f"{', digest BIGINT' * digest})"
+        f"{f', digest BIGINT{states}' * digest})"
     )
 
 
@@ -108,7 +133,9 @@ def page_schema(endpoint: ListEndpoint) -> pa.Schema:
     import pyarrow as pa
 
     keys = [(column, pa.string()) for column in ("id", *dict(endpoint.extra_columns))]
-    return pa.schema([*keys, ("payload", pa.json_(pa.large_string())), ("digest", pa.int64())])
+    fields = [*keys, ("payload", pa.json_(pa.large_string())), ("digest", pa.int64())]
+    states = [("fingerprint", pa.string()), ("state_history", pa.string())]
+    return pa.schema(fields + states * (endpoint is EVENTS))
 
 
 def page_batch(page: Page, schema: pa.Schema, decode: msgspec.json.Decoder) -> pa.RecordBatch:
@@ -145,7 +172,9 @@ def page_batch(page: Page, schema: pa.Schema, decode: msgspec.json.Decoder) -> p
     digests = pa.nulls(len(items), pa.int64())  # a page the executor did not admit has none
     if page.digests is not None:
         digests = pa.array(np.frombuffer(page.digests, np.int64))
-    return pa.RecordBatch.from_arrays([*columns, payload, digests], schema=schema)
+    found = zip(*map(event_state, items), strict=True) if "fingerprint" in schema.names else ()
+    states = [pa.array(col, kind) for col, kind in zip(found, schema.types[-2:], strict=False)]
+    return pa.RecordBatch.from_arrays([*columns, payload, digests, *states], schema=schema)
 
 
 class StagingWriter:
@@ -184,16 +213,14 @@ class StagingWriter:
         import pyarrow as pa
 
         pages = f"_fs_pages_{id(self)}"
-        columns = "".join(f", {quote_ident(col)}" for col, _ in self.endpoint.extra_columns)
         try:
             conn.register(pages, pa.RecordBatchReader.from_batches(self.schema, self._stream()))
             try:
                 # An item without `_id` (event groups' shape is not documented) gets a content
                 # hash: identical copies collapse, others stay apart.
                 conn.execute(
-                    f"INSERT INTO {qualified(self.table)} (id, payload, loaded_at, digest"
-                    f"{columns}) SELECT coalesce(id, md5(payload)), payload, $loaded_at, digest"
-                    f"{columns} FROM {pages}",
+                    f"INSERT INTO {qualified(self.table)} BY NAME SELECT * REPLACE "
+                    f"(coalesce(id, md5(payload)) AS id), $loaded_at AS loaded_at FROM {pages}",
                     {"loaded_at": self.loaded_at},
                 )
             finally:
@@ -257,7 +284,17 @@ class Staging:
         self.conn.execute(raw_table_ddl(self.endpoint, self.table, self.temporary, digest=True))
 
     def seal(self) -> None:
-        self.conn.execute(f"ALTER TABLE {qualified(self.table)} DROP COLUMN digest")
+        """Drop the staging columns; an event's state waits in ``STAGED_STATES`` for the swap
+        (a DuckLake table's columns dropped in the swap's transaction fail its rename)."""
+        stage, dates = qualified(self.table), "json_extract_string(state_history, '$[*].date')"
+        if self.endpoint is EVENTS:
+            self.conn.execute(
+                f"CREATE OR REPLACE TEMP TABLE {STAGED_STATES} AS SELECT id AS event_id, "
+                f"fingerprint, list_transform(coalesce({dates}, []), lambda d: try_cast(d AS "
+                f"TIMESTAMPTZ)) AS state_changes FROM {stage}; ALTER TABLE {stage} DROP "
+                f"fingerprint; ALTER TABLE {stage} DROP state_history"
+            )
+        self.conn.execute(f"ALTER TABLE {stage} DROP COLUMN digest")
 
     def write(self, pages: Iterator[tuple[Stream, Page]]) -> None:
         writer = StagingWriter(self.conn, self.endpoint, self.table, self.loaded_at)
@@ -361,6 +398,11 @@ def load_list(
         def swap(rows: int = distinct) -> None:
             kept = f"SELECT id FROM {qualified(stage)}"
             record_deletions(conn, endpoint, kept=kept, run_id=run_id, at=loaded_at)
+            if endpoint is EVENTS:
+                conn.execute(
+                    "CREATE SCHEMA IF NOT EXISTS meta; CREATE OR REPLACE TABLE "
+                    f"{EVENT_STATES} AS SELECT DISTINCT * FROM {STAGED_STATES}"
+                )
             replace_table(conn, stage, endpoint.raw_table)
             if after_swap is not None:
                 after_swap(rows)

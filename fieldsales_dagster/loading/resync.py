@@ -32,6 +32,7 @@ from fieldsales_dagster.loading.incremental import (
     read_previous_load,
     refetch_and_merge,
 )
+from fieldsales_dagster.loading.raw_load import EVENT_STATES
 from fieldsales_dagster.warehouse.quoting import qualified
 from fieldsales_dagster.warehouse.warehouse import table_exists
 
@@ -88,17 +89,11 @@ def _choose_events(conn: duckdb.DuckDBPyConnection, request: ResyncRequest) -> N
                 f"this lake never loaded: {', '.join(map(repr, unknown[:NAMED]))}. Check the ids "
                 "(core.events.event_id); nothing was changed."
             )
-    else:  # raw_events_in_slices: loaded by _fingerprint_current_events
+    else:
         conn.execute(
-            f"""
-            CREATE OR REPLACE TEMP TABLE {REFETCH_TABLE} AS
-            SELECT id AS event_id, 'changed in window' AS why
-            FROM raw_events_in_slices()
-            WHERE len(list_filter(
-                coalesce(json_extract_string(payload, '$.eventStateHistory[*].date'), []),
-                lambda d: try_cast(d AS TIMESTAMPTZ) >= $start
-                          AND try_cast(d AS TIMESTAMPTZ) < $end)) > 0
-            """,
+            f"CREATE OR REPLACE TEMP TABLE {REFETCH_TABLE} AS SELECT event_id, 'changed in "
+            f"window' AS why FROM {EVENT_STATES} WHERE len(list_filter(state_changes, "
+            "lambda d: d >= $start AND d < $end)) > 0",
             {"start": request.changed_from, "end": request.changed_to},
         )
     conn.execute(f"CREATE OR REPLACE TEMP TABLE {REMOVED_TABLE} (event_id VARCHAR)")

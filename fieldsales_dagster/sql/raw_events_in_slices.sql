@@ -1,6 +1,6 @@
 -- raw_events_in_slices(): raw.events, read as eight slices (by rowid) instead of in one pass, for
--- the queries that parse every payload: temp.events_decoded (the one parse the core tables read)
--- and the incremental refresh's event fingerprints. Like raw_transactions_in_slices (see there),
+-- the query that parses every payload: temp.events_decoded (the one parse the core tables read;
+-- the incremental refresh's event states are computed as the list is loaded). Like raw_transactions_in_slices (see there),
 -- it bounds the JSON parser's memory: in one pass, 2,048 parsed ~3.4 KB event documents per
 -- thread, beside the table being written in 16,384-row groups, exceeded the 192 MB memory_limit
 -- at 25,000 events (1M transactions); ~14 KB documents need ~75 MB per thread per 2,048 rows,
