@@ -8,11 +8,7 @@ import duckdb
 from pydantic import Field, field_validator, model_validator
 
 from fieldsales_dagster.assets.columns import prepare_raw_table, table_doc
-from fieldsales_dagster.assets.metadata import (
-    STORAGE_KIND,
-    previous_row_count,
-    table_metadata,
-)
+from fieldsales_dagster.assets.metadata import STORAGE_KIND, previous_row_count, table_metadata
 from fieldsales_dagster.assets.resync_config import ResyncConfig
 from fieldsales_dagster.client.endpoints import EVENTS, LIST_ENDPOINTS, TRANSACTIONS, ListEndpoint
 from fieldsales_dagster.loading.incremental import RefreshPolicy, RefreshReport, refresh_raw_list
@@ -174,7 +170,7 @@ def _materialize(
             **{name: getattr(load, name) for name in LOAD_COSTS},
             "megabytes": round(load.bytes / 1e6, 1),
             "seconds": round(load.seconds, 2),
-            "rows_per_second": round(load.rows_per_second),
+            "rows_per_second": round(load.rows / load.seconds) if load.seconds > 0 else 0,
             **report.metadata(),
             "pii_redacted_rows": sum(redacted) if warehouse.redact_pii_in_raw else "not asked",
         },

@@ -41,11 +41,7 @@ from fieldsales_dagster.pause import pause_at
 from fieldsales_dagster.warehouse.lake import drop_table, run_transaction
 from fieldsales_dagster.warehouse.quoting import qualified, quote_ident
 from fieldsales_dagster.warehouse.rows import one_row
-from fieldsales_dagster.warehouse.warehouse import (
-    replace_table,
-    staging_table,
-    table_exists,
-)
+from fieldsales_dagster.warehouse.warehouse import replace_table, staging_table, table_exists
 
 if TYPE_CHECKING:  # imported where a load runs: the definitions load without it
     import pyarrow as pa
@@ -107,10 +103,6 @@ class LoadReport:
     ) -> LoadReport:
         cost = (spent.pages, spent.requests, spent.retries, spent.bytes)
         return cls(table, rows, total, *cost, time.monotonic() - started, **more)
-
-    @property
-    def rows_per_second(self) -> float:
-        return self.rows / self.seconds if self.seconds > 0 else 0.0
 
 
 def raw_table_ddl(
