@@ -9,11 +9,12 @@ import json
 from datetime import UTC, datetime, timedelta
 
 import duckdb
+import msgspec
 import pytest
 
 from fieldsales_dagster.client.endpoints import EVENTS, TRANSACTIONS
 from fieldsales_dagster.loading import incremental
-from fieldsales_dagster.loading.raw_load import EVENT_STATES, load_list, raw_table_ddl
+from fieldsales_dagster.loading.raw_load import EVENT_STATES, event_state, load_list, raw_table_ddl
 from fieldsales_dagster_tests.hostile_lists import HostileServer
 from fieldsales_dagster_tests.test_hostile_paging import hostile_api
 
@@ -117,6 +118,19 @@ def test_the_event_list_load_writes_each_events_state_beside_it(conn):
         ("d", [datetime(2026, 5, 30, tzinfo=UTC)]),
     ]
     assert len({fingerprint for _, fingerprint, _ in states}) == 3
+
+
+def test_an_events_fingerprint_holds_no_personal_value():
+    """The fingerprint is an unkeyed hash: a client address in the history must not be guessable
+    from it (pii.redact_in_raw nulls it in the payload); a state change still moves it."""
+
+    def fingerprint(state: str, ip: str) -> str:
+        history = [{"stateNew": state, "date": LONG_AGO, "ip": ip, "user": "u1"}]
+        item = {"_id": "e", "eventState": state, "eventStateHistory": history}
+        return event_state(msgspec.Raw(json.dumps(item).encode()))[0]
+
+    assert fingerprint("open", "10.0.0.1") == fingerprint("open", "192.168.7.9")
+    assert fingerprint("open", "10.0.0.1") != fingerprint("done", "10.0.0.1")
 
 
 def test_the_plan_reads_the_states_written_with_the_events_not_their_payloads(conn):

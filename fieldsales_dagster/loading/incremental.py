@@ -29,7 +29,6 @@ from fieldsales_dagster.loading.lists import (
 )
 from fieldsales_dagster.loading.raw_load import (
     EVENT_STATES,
-    STATE_COLUMNS,
     LoadReport,
     ShrinkGuard,
     Staging,
@@ -139,7 +138,7 @@ def _fingerprint_current_events(conn: duckdb.DuckDBPyConnection, now: datetime) 
     ``state_since`` (kept while the fingerprint holds, else ``now``; it stands in for an undated
     change). Reads ``EVENT_STATES``, written with ``raw.events`` (empty before its first load):
     no payload is parsed here."""
-    ensure_table(conn, EVENT_STATES, STATE_COLUMNS)
+    ensure_table(conn, EVENT_STATES, "event_id TEXT, fingerprint TEXT, state_changes TIMESTAMPTZ[]")
     known = FINGERPRINTS_TABLE
     if not table_exists(conn, FINGERPRINTS_TABLE):
         known = "(SELECT NULL::VARCHAR event_id, NULL fingerprint, NULL::TIMESTAMPTZ state_since)"

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import hashlib
 import queue
+import re
 import threading
 import time
 from collections.abc import Callable, Hashable, Iterator
@@ -39,6 +40,7 @@ from fieldsales_dagster.loading.lists import (
 )
 from fieldsales_dagster.pause import pause_at
 from fieldsales_dagster.warehouse.lake import drop_table, run_transaction
+from fieldsales_dagster.warehouse.pii import PII_VALUE
 from fieldsales_dagster.warehouse.quoting import qualified, quote_ident
 from fieldsales_dagster.warehouse.rows import one_row
 from fieldsales_dagster.warehouse.warehouse import replace_table, staging_table, table_exists
@@ -52,7 +54,6 @@ SLICE_BYTES = 256 * 1024  # of a page's batch DuckDB reads at a time (see ``_str
 #: (docs/refresh.md), computed from each item as it is staged (``event_state``, columns of the
 #: staging table until ``Staging.seal``) so that no step parses the payloads for it.
 EVENT_STATES, STAGED_STATES = "meta.event_states", "_fs_event_states"
-STATE_COLUMNS = "event_id VARCHAR, fingerprint VARCHAR, state_changes TIMESTAMPTZ[]"
 
 
 class _State(msgspec.Struct, rename="camel"):
@@ -62,13 +63,15 @@ class _State(msgspec.Struct, rename="camel"):
 
 
 def event_state(item: msgspec.Raw) -> tuple[str, bytes]:
-    """An event's state fingerprint (its ``_State`` as received, whitespace aside), and its
+    """An event's state fingerprint (its ``_State`` as received, whitespace aside, personal values
+    nulled as ``redact_pii_keys`` nulls them: an unkeyed hash of one could be guessed), and its
     ``eventStateHistory`` (``null`` without one), whose dates ``Staging.seal`` reads in DuckDB."""
     try:
         state = msgspec.structs.astuple(msgspec.json.decode(item, type=_State))
     except msgspec.ValidationError:  # not an object
         state = msgspec.structs.astuple(_State())
-    fingerprint = hashlib.md5(b"\x01".join(msgspec.json.format(s, indent=-1) for s in state))
+    whole = b"\x01".join(msgspec.json.format(s, indent=-1) for s in state)
+    fingerprint = hashlib.md5(re.sub(PII_VALUE.encode(), rb'"\1"\2:\3null', whole))
     return fingerprint.hexdigest(), bytes(state[1])
 
 
@@ -124,10 +127,9 @@ def raw_table_ddl(
 def page_schema(endpoint: ListEndpoint) -> pa.Schema:
     import pyarrow as pa
 
-    keys = [(column, pa.string()) for column in ("id", *dict(endpoint.extra_columns))]
-    fields = [*keys, ("payload", pa.json_(pa.large_string())), ("digest", pa.int64())]
-    states = [("fingerprint", pa.string()), ("state_history", pa.string())]
-    return pa.schema(fields + states * (endpoint is EVENTS))
+    states = ("fingerprint", "state_history") * (endpoint is EVENTS)
+    keys = [(column, pa.string()) for column in ("id", *dict(endpoint.extra_columns), *states)]
+    return pa.schema([*keys, ("payload", pa.json_(pa.large_string())), ("digest", pa.int64())])
 
 
 def page_batch(page: Page, schema: pa.Schema, decode: msgspec.json.Decoder) -> pa.RecordBatch:
@@ -165,8 +167,8 @@ def page_batch(page: Page, schema: pa.Schema, decode: msgspec.json.Decoder) -> p
     if page.digests is not None:
         digests = pa.array(np.frombuffer(page.digests, np.int64))
     found = zip(*map(event_state, items), strict=True) if "fingerprint" in schema.names else ()
-    states = [pa.array(col, kind) for col, kind in zip(found, schema.types[-2:], strict=False)]
-    return pa.RecordBatch.from_arrays([*columns, payload, digests, *states], schema=schema)
+    states = [pa.array(column, pa.string()) for column in found]
+    return pa.RecordBatch.from_arrays([*columns, *states, payload, digests], schema=schema)
 
 
 class StagingWriter:

@@ -15,6 +15,8 @@ from fieldsales_dagster.warehouse.rows import one_row
 
 #: Redacted anywhere in a raw payload (eventUser[], point_of_sale.address, eventStateHistory[]).
 PII_PAYLOAD_KEYS = ("firstName", "lastName", "email", "ip")
+#: Such a key followed by a JSON string value (escapes included); other value types are left alone.
+PII_VALUE = rf'"({"|".join(PII_PAYLOAD_KEYS)})"(\s*):(\s*)"(?:[^"\\]|\\.)*"'
 
 #: A short key could be guessed, and then every hash with it.
 MIN_HASH_KEY_CHARS = 16
@@ -54,13 +56,11 @@ def hmac_sql(expression: str) -> str:
 def redact_pii_keys(conn: duckdb.DuckDBPyConnection, table: str) -> int:
     """Null ``PII_PAYLOAD_KEYS``' string values at any depth of ``payload``; rows changed."""
     mentions = " OR ".join(f"contains(payload::VARCHAR, '\"{key}\"')" for key in PII_PAYLOAD_KEYS)
-    # A key followed by a JSON string value (escapes included); other value types are left alone.
-    pattern = rf'"({"|".join(PII_PAYLOAD_KEYS)})"(\s*):(\s*)"(?:[^"\\]|\\.)*"'
     (changed,) = one_row(
         conn,
         f"UPDATE {qualified(table)} "
         r"""SET payload = regexp_replace(payload::VARCHAR, $pattern, '"\1"\2:\3null', 'g')::JSON """
         f"WHERE ({mentions}) AND regexp_matches(payload::VARCHAR, $pattern)",
-        {"pattern": pattern},
+        {"pattern": PII_VALUE},
     )
     return int(changed)
