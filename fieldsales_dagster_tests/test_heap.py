@@ -34,9 +34,9 @@ def test_the_freed_heap_goes_back_to_the_system():
     from fieldsales_dagster import heap
 
     if platform.libc_ver()[0] != "glibc":  # musl, macOS: no malloc_trim, so nothing is called
-        assert heap._malloc_trim() is None
+        assert heap._malloc_trim is None
         return
-    assert heap._malloc_trim() is not None
+    assert heap._malloc_trim is not None
     out = subprocess.run(
         [sys.executable, "-c", PROBE], capture_output=True, text=True, check=True
     ).stdout
@@ -48,5 +48,5 @@ def test_the_freed_heap_goes_back_to_the_system():
 def test_it_does_nothing_where_the_c_library_has_no_trim(monkeypatch):
     from fieldsales_dagster import heap
 
-    monkeypatch.setattr(heap, "_malloc_trim", lambda: None)
+    monkeypatch.setattr(heap, "_malloc_trim", None)
     heap.release_free_memory()  # no error
