@@ -28,8 +28,8 @@ class PiiSettingError(ValueError):
     """The privacy settings cannot be applied as given."""
 
 
-def check_hash_key(key: str | None, variable: str = "FIELDSALES_PII_HASH_KEY") -> str:
-    """``key`` if long enough, else a ``PiiSettingError`` naming ``variable``."""
+def check_hash_key(key: str | None, variable: str = "FIELDSALES_PII_HASH_KEY") -> None:
+    """A ``PiiSettingError`` naming ``variable`` unless ``key`` is long enough."""
     key = (key or "").strip()
     if len(key) < MIN_HASH_KEY_CHARS:
         raise PiiSettingError(
@@ -37,7 +37,6 @@ def check_hash_key(key: str | None, variable: str = "FIELDSALES_PII_HASH_KEY") -
             f"characters or more, not {len(key)}: set a long random one and keep it (a new key "
             f"changes every hash), or set {named('FIELDSALES_PII')} to keep or drop."
         )
-    return key
 
 
 def hmac_pads(key: str) -> dict[str, bytes]:
