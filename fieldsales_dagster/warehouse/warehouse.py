@@ -51,9 +51,6 @@ T = TypeVar("T")
 CATALOG = "ducklake_catalog"
 WAREHOUSE_SETTINGS = (StorageSettings, PiiSettings, RefreshSettings)
 
-#: Below it, loading the pool again costs more than it frees (every step: the 88k run ~1 s in 14).
-UNLOAD_ABOVE_SHARE = 0.25
-
 #: A ``pid-<pid>`` folder per process in it, so a killed process's spills are found and removed.
 LOCAL_DIR_NAME = ".fieldsales_tmp"
 PROCESS_DIR_PREFIX = "pid-"
@@ -78,24 +75,24 @@ def remove_dead_processes_files(folder: Path) -> list[str]:
 
 def _alive(pid: int) -> bool:
     try:
-        os.kill(pid, 0)
+        with contextlib.suppress(PermissionError):  # another user's process
+            os.kill(pid, 0)
     except ProcessLookupError:
         return False
-    except PermissionError:
-        return True  # another user's process
     return True
 
 
 def release_step_memory(
     conn: duckdb.DuckDBPyConnection, memory_limit: str, limit_bytes: float
 ) -> None:
-    """Empty DuckDB's pool of what ended steps left above ``UNLOAD_ABOVE_SHARE`` of the limit.
+    """Empty DuckDB's pool of what ended steps left above a quarter of the limit (below it,
+    loading the pool again costs more than it frees: every step of the 88k run, ~1 s in 14).
 
     Lowering the limit evicts what no running query holds (1M: peak 630 -> 584 MiB;
     docs/performance.md); the limit is then set back.
     """
     (cached,) = one_row(conn, "SELECT coalesce(sum(memory_usage_bytes), 0) FROM duckdb_memory()")
-    if cached > UNLOAD_ABOVE_SHARE * limit_bytes:
+    if cached > 0.25 * limit_bytes:
         with contextlib.suppress(duckdb.OutOfMemoryException):  # pinned by a running query
             conn.execute("SET memory_limit = '1MB'")
         conn.execute(f"SET memory_limit = {sql_literal(memory_limit)}")
@@ -109,8 +106,7 @@ class FieldSalesWarehouse(settings_resource("WarehouseSettings", *WAREHOUSE_SETT
     """
 
     tenant: str | None = Field(
-        default=None,
-        description="Who the lake belongs to (recorded on first use; None: not checked).",
+        None, description="Who the lake belongs to (recorded on first use; None: not checked)."
     )
     threads: int | None = Field(
         default=None, ge=1, le=256, description="DuckDB threads (default: all cores)."
