@@ -312,15 +312,13 @@ def check_writable(conn: duckdb.DuckDBPyConnection, lake: Lake) -> None:
     if not writable:
         raise LakeError(
             f"The lake's PostgreSQL catalog {lake.catalog!r} ({CATALOG_VARIABLE}) can only be read "
-            "by its user here (a read-only role, a standby), so nothing was fetched: grant it "
-            f"write access, or point {CATALOG_VARIABLE} at the primary server."
+            "by its user here (a read-only role, a standby): grant it INSERT, or use the primary."
         )
 
 
 def _attach(conn: duckdb.DuckDBPyConnection, lake: Lake, read_only: bool) -> None:
     """Retried while another process is creating the same new lake."""
-    racing = ("database is locked", "already exists")
-    retrying = _retrying(lambda exc: isinstance(exc, duckdb.Error) and _says(exc, *racing))
+    retrying = _retrying(lambda exc: is_conflict(exc) or _says(exc, "already exists"))
     try:
         for statement in reader_statements(lake) if read_only else [lake.attach_sql()]:
             retrying(conn.execute, statement)
@@ -660,8 +658,6 @@ def upkeep(
         return {**counts, "counted_in": counted_in, "last_snapshot": last}
 
     before = measured("before")
-    retain_us = int(max(0.0, retain_days) * 86400e6)
-    orphan_us = int(max(0.0, orphan_age_hours) * 3600e6)
 
     def run(statement: str) -> list[Any]:
         return run_transaction(conn, lake.alias, lambda: conn.execute(statement).fetchall())
@@ -671,7 +667,7 @@ def upkeep(
         (old,) = one_row(
             conn,
             f"SELECT list(snapshot_id) FROM {snapshots} WHERE snapshot_time < now() - "
-            f"to_microseconds({retain_us}) AND snapshot_id <> "
+            f"to_microseconds({int(max(0.0, retain_days) * 86400e6)}) AND snapshot_id <> "
             f"({last_complete_snapshot(lake.alias)}) AND snapshot_id < "
             f"(SELECT max(snapshot_id) FROM {snapshots})",
         )
@@ -683,7 +679,7 @@ def upkeep(
     run(f"CALL ducklake_cleanup_old_files({name}, cleanup_all => true)")
     orphans = run(
         f"CALL ducklake_delete_orphaned_files({name}, older_than => now() - "
-        f"to_microseconds({orphan_us}))"
+        f"to_microseconds({int(max(0.0, orphan_age_hours) * 3600e6)}))"
     )
     return {**before, **measured("after"), "orphans_deleted": len(orphans)}
 
@@ -691,8 +687,6 @@ def upkeep(
 #: The export replaces only a file that carries it.
 EXPORT_MARKER = "meta.fieldsales_export"
 EXPORT_INFIX = ".export-"
-#: Read by DuckDB from 1.2 on; compresses the raw payloads (v1.0.0: ~6x larger).
-EXPORT_STORAGE_VERSION = "v1.2.0"
 EXPORT_VARIABLE = "FIELDSALES_DUCKDB_PATH"
 
 
@@ -722,9 +716,8 @@ def check_export_target(target: Path, lake: Lake) -> None:
         held = True
     if held:
         raise ExportError(
-            f"Cannot replace the export {target}: another process holds it read-write (or one "
-            "crashed writing it, leaving its .wal). Open it read-only there (duckdb -readonly) or "
-            "close that process (delete a crashed one's .wal), and run again."
+            f"Cannot replace the export {target}: another process holds it read-write (or crashed, "
+            "leaving its .wal): open it read-only (duckdb -readonly), close it or delete the .wal."
         )
     if not marked:
         raise ExportError(
@@ -775,8 +768,9 @@ def export_snapshot(lake: Lake, target: Path, config: DuckDBConfig | None = None
     try:
         with connect(lake, config, read_only=True) as conn:
             conn.execute(
+                # Read by DuckDB from 1.2 on; compresses the raw payloads (v1.0.0: ~6x larger).
                 f"ATTACH {sql_literal(str(temporary))} AS fieldsales_export "
-                f"(STORAGE_VERSION {sql_literal(EXPORT_STORAGE_VERSION)}); BEGIN TRANSACTION"
+                "(STORAGE_VERSION 'v1.2.0'); BEGIN TRANSACTION"
             )
             (snapshot,) = one_row(
                 conn, f"SELECT id FROM {quote_ident(lake.alias)}.current_snapshot()"
@@ -785,7 +779,6 @@ def export_snapshot(lake: Lake, target: Path, config: DuckDBConfig | None = None
             conn.execute("COMMIT; DETACH fieldsales_export")
         with open(temporary, "rb") as file:
             os.fsync(file.fileno())
-        size = temporary.stat().st_size
         pause_at("export")
         check_export_target(target, lake)  # a program may have opened it meanwhile
         os.replace(temporary, target)
@@ -803,7 +796,7 @@ def export_snapshot(lake: Lake, target: Path, config: DuckDBConfig | None = None
         "fieldsales/export_path": str(target),
         "fieldsales/snapshot_id": int(snapshot),
         "fieldsales/tables": tables,
-        "fieldsales/bytes": size,
+        "fieldsales/bytes": target.stat().st_size,
         "fieldsales/seconds": round(time.monotonic() - started, 3),
     }
 
