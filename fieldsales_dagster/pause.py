@@ -9,8 +9,7 @@ VARIABLE = "FIELDSALES_TEST_PAUSE_AT"
 
 
 def pause_at(phase: str) -> None:
-    if os.environ.get(VARIABLE) != phase:
-        return
-    print(f"{VARIABLE}: paused at {phase}", file=sys.stderr, flush=True)
-    while True:
-        time.sleep(3600)
+    if os.environ.get(VARIABLE) == phase:
+        print(f"{VARIABLE}: paused at {phase}", file=sys.stderr, flush=True)
+        while True:
+            time.sleep(3600)

@@ -427,10 +427,9 @@ def check_tenant(conn: duckdb.DuckDBPyConnection, lake: Lake, record: bool = Fal
 
 def recorded_tenant(conn: duckdb.DuckDBPyConnection) -> str | None:
     try:  # one query: a missing table is no record (and leaves an open transaction whole)
-        row = conn.execute(f"SELECT tenant FROM {TENANT_TABLE}").fetchone()
+        return one_row(conn, f"SELECT max(tenant) FROM {TENANT_TABLE}")[0]
     except duckdb.CatalogException:
         return None
-    return None if row is None else str(row[0])
 
 
 def table_exists(conn: duckdb.DuckDBPyConnection, table: str) -> bool:
@@ -444,9 +443,8 @@ def table_exists(conn: duckdb.DuckDBPyConnection, table: str) -> bool:
 
 def ensure_table(conn: duckdb.DuckDBPyConnection, table: str, columns: str) -> None:
     """``table`` (``schema.name``) with ``columns``, and its schema, unless they exist."""
-    schema = quote_ident(table.partition(".")[0])
     conn.execute(
-        f"CREATE SCHEMA IF NOT EXISTS {schema}; "
+        f"CREATE SCHEMA IF NOT EXISTS {quote_ident(table.partition('.')[0])}; "
         f"CREATE TABLE IF NOT EXISTS {qualified(table)} ({columns})"
     )
 
@@ -468,11 +466,10 @@ def move_tenant(lake: Lake) -> str | None:
             recorded = recorded_tenant(conn)
             if recorded not in (None, tenant):
                 _write_tenant(conn, tenant)
+            _TENANT_READ.clear()
             return recorded
 
-        moved_from = run_transaction(conn, TENANT_TABLE, move)
-    _TENANT_READ.clear()
-    return moved_from
+        return run_transaction(conn, TENANT_TABLE, move)
 
 
 #: name -> (value set, value as stored). Row groups by bytes: by rows, a 100 MB spool's group ran
@@ -558,11 +555,8 @@ def _transaction(conn: duckdb.DuckDBPyConnection, body: Callable[[], T]) -> T:
         conn.execute("COMMIT")
         return result
     except BaseException:
-        try:
+        with contextlib.suppress(duckdb.TransactionException):  # a failed COMMIT ended it already
             conn.execute("ROLLBACK")
-        except duckdb.TransactionException as exc:  # a failed COMMIT has ended it already
-            if "no transaction is active" not in str(exc):
-                raise
         raise
     finally:
         _IN_TRANSACTION.discard(id(conn))

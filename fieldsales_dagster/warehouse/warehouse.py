@@ -51,8 +51,8 @@ T = TypeVar("T")
 CATALOG = "ducklake_catalog"
 WAREHOUSE_SETTINGS = (StorageSettings, PiiSettings, RefreshSettings)
 
-#: A ``pid-<pid>`` folder per process in it, so a killed process's spills are found and removed.
-LOCAL_DIR_NAME = ".fieldsales_tmp"
+#: A ``pid-<pid>`` folder per process in ``local_folder``, so a killed process's spills are found
+#: and removed.
 PROCESS_DIR_PREFIX = "pid-"
 #: An in-memory database: what a run's steps share (a schema per run), never the lake.
 SHARED_DATABASE = "fieldsales_shared"
@@ -173,7 +173,7 @@ class FieldSalesWarehouse(settings_resource("WarehouseSettings", *WAREHOUSE_SETT
         here = self.lake
         base = here.catalog_file.parent if here.catalog_file else Path(tempfile.gettempdir())
         key = hashlib.sha256(f"{here.catalog}\0{here.schema or ''}".encode()).hexdigest()[:16]
-        return base / LOCAL_DIR_NAME / f"lake-{key}"
+        return base / ".fieldsales_tmp" / f"lake-{key}"
 
     def preflight(self) -> None:
         """Check, as the definitions load, that this user can write the catalog, the data folder
