@@ -74,9 +74,8 @@ class LakeConflictError(RuntimeError):
 
 def default_data_path(catalog: str) -> str:
     """No data path set: ``lake/`` beside a SQLite catalog."""
-    if catalog.startswith(SQLITE_PREFIX):
-        return str(Path(catalog.removeprefix(SQLITE_PREFIX)).parent / "lake")
-    return DEFAULT_DATA_PATH
+    file = Lake(catalog).catalog_file
+    return str(file.parent / "lake") if file else DEFAULT_DATA_PATH
 
 
 @dataclass(frozen=True)
@@ -89,16 +88,12 @@ class ObjectStore:
     key_id_env_var: str = "FIELDSALES_S3_ACCESS_KEY_ID"
     secret_env_var: str = "FIELDSALES_S3_SECRET_ACCESS_KEY"
 
-    @classmethod
-    def or_aws(
-        cls, endpoint: str | None, region: str | None, url_style: str | None, *keys: str
-    ) -> ObjectStore:
-        """``AWS_ENDPOINT_URL`` and ``AWS_REGION`` stand in for an endpoint and region not set;
-        ``keys``: the keys' variables."""
+    def or_aws(self) -> ObjectStore:
+        """``AWS_ENDPOINT_URL`` and ``AWS_REGION`` stand in for an endpoint and region not set."""
         aws = os.environ.get("AWS_ENDPOINT_URL", "").strip()
-        endpoint = endpoint or (endpoint_origin(aws, "AWS_ENDPOINT_URL") if aws else None)
-        region = region or os.environ.get("AWS_REGION", "").strip() or None
-        return cls(endpoint, region, url_style, *keys)
+        endpoint = self.endpoint or (endpoint_origin(aws, "AWS_ENDPOINT_URL") if aws else None)
+        region = self.region or os.environ.get("AWS_REGION", "").strip() or None
+        return replace(self, endpoint=endpoint, region=region)
 
     def key_variables(self) -> tuple[str, ...]:
         """Ours if either is set, else the AWS ones."""
@@ -859,11 +854,11 @@ def main() -> None:
     catalog = env.get(CATALOG_VARIABLE) or DEFAULT_CATALOG
     endpoint = env.get(ENDPOINT_VARIABLE)
     try:
-        store = ObjectStore.or_aws(
+        store = ObjectStore(
             endpoint_origin(endpoint, ENDPOINT_VARIABLE) if endpoint else None,
             env.get("FIELDSALES_S3_REGION"),
             env.get("FIELDSALES_S3_URL_STYLE"),
-        )
+        ).or_aws()
     except ValueError as exc:
         raise SystemExit(str(exc)) from None
     data_path = env.get(DATA_PATH_VARIABLE) or default_data_path(catalog)

@@ -151,7 +151,7 @@ class FieldSalesWarehouse(settings_resource("WarehouseSettings", *WAREHOUSE_SETT
         store = ObjectStore()
         if str(self.ducklake_data_path).startswith(S3_PREFIX):
             keys = (self.s3_access_key_id_env_var, self.s3_secret_access_key_env_var)
-            store = ObjectStore.or_aws(self.s3_endpoint, self.s3_region, self.s3_url_style, *keys)
+            store = ObjectStore(self.s3_endpoint, self.s3_region, self.s3_url_style, *keys).or_aws()
         return Lake(
             catalog=catalog,
             data_path=self.ducklake_data_path or default_data_path(catalog),
