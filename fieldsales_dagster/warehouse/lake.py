@@ -21,7 +21,6 @@ import sqlite3
 import threading
 import time
 from collections.abc import Callable, Iterator, Mapping
-from contextlib import contextmanager
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, TypeVar
@@ -595,7 +594,7 @@ def _mark_refresh(conn: duckdb.DuckDBPyConnection) -> None:
     conn.execute(f"CALL {quote_ident(found[0])}.set_commit_message({message})")
 
 
-@contextmanager
+@contextlib.contextmanager
 def cleanup(conn: duckdb.DuckDBPyConnection) -> Iterator[None]:
     """Tidy up after a failure; skipped in an aborted transaction, so the first error shows."""
     try:

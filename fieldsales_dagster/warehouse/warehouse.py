@@ -9,7 +9,6 @@ import shutil
 import tempfile
 import uuid
 from collections.abc import Callable, Sequence
-from contextlib import nullcontext
 from pathlib import Path
 from typing import Any, TypeVar
 
@@ -231,7 +230,7 @@ class FieldSalesWarehouse(settings_resource("WarehouseSettings", *WAREHOUSE_SETT
         if not self._shared:
             return
         self._shared.clear()
-        with nullcontext(conn) if conn is not None else self.get_connection() as cursor:
+        with contextlib.nullcontext(conn) if conn is not None else self.get_connection() as cursor:
             cursor.execute(f"DROP SCHEMA IF EXISTS {self._run_schema} CASCADE")
 
     def one_commit(
