@@ -147,10 +147,8 @@ class FieldSalesWarehouse(settings_resource("WarehouseSettings", *WAREHOUSE_SETT
     @property
     def lake(self) -> Lake:
         catalog = self.ducklake_catalog or DEFAULT_CATALOG
-        store = ObjectStore()
-        if str(self.ducklake_data_path).startswith(S3_PREFIX):
-            keys = (self.s3_access_key_id_env_var, self.s3_secret_access_key_env_var)
-            store = ObjectStore(self.s3_endpoint, self.s3_region, self.s3_url_style, *keys).or_aws()
+        keys = (self.s3_access_key_id_env_var, self.s3_secret_access_key_env_var)
+        store = ObjectStore(self.s3_endpoint, self.s3_region, self.s3_url_style, *keys)
         return Lake(
             catalog=catalog,
             data_path=self.ducklake_data_path or default_data_path(catalog),
@@ -158,7 +156,7 @@ class FieldSalesWarehouse(settings_resource("WarehouseSettings", *WAREHOUSE_SETT
             password_env_var=self.ducklake_password_env_var,
             data_path_is_default=not self.ducklake_data_path,
             tenant=self.tenant,
-            store=store,
+            store=store.or_aws() if str(self.ducklake_data_path).startswith(S3_PREFIX) else store,
             variables=self.variables,
         )
 
