@@ -214,10 +214,8 @@ def load_extensions(conn: duckdb.DuckDBPyConnection, lake: Lake) -> None:
     scanner = "postgres" if lake.is_postgres else "sqlite"
     try:  # (asking first, duckdb_extensions(), reads every installed file: ~0.7 s a process)
         conn.execute(f"LOAD {scanner}_scanner")
-    except duckdb.IOException:  # not installed for this user yet
-        directory = extension_directory()
-        directory.mkdir(parents=True, exist_ok=True)
-        with filelock.FileLock(str(directory / ".install.lock"), timeout=120):
+    except duckdb.IOException:  # not installed for this user yet (the lock makes its folder)
+        with filelock.FileLock(str(extension_directory() / ".install.lock"), timeout=120):
             conn.execute(f"INSTALL {sql_literal(str(extension_file(scanner)))}")
         conn.execute(f"LOAD {scanner}_scanner")
     if lake.is_s3:
@@ -718,8 +716,7 @@ def check_export_target(target: Path, lake: Lake) -> None:
 
 def is_export(path: Path) -> bool:
     with duckdb.connect(str(path), read_only=True) as conn:
-        query = "SELECT 1 FROM duckdb_tables() WHERE schema_name || '.' || table_name = ?"
-        return bool(conn.execute(query, [EXPORT_MARKER]).fetchall())
+        return table_exists(conn, EXPORT_MARKER)
 
 
 _REMEDIES: dict[int, str] = {

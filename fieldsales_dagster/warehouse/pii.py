@@ -55,11 +55,10 @@ def hmac_sql(expression: str) -> str:
 def redact_pii_keys(conn: duckdb.DuckDBPyConnection, table: str) -> int:
     """Null ``PII_PAYLOAD_KEYS``' string values at any depth of ``payload``; rows changed."""
     mentions = " OR ".join(f"contains(payload::VARCHAR, '\"{key}\"')" for key in PII_PAYLOAD_KEYS)
-    (changed,) = one_row(
+    return one_row(
         conn,
         f"UPDATE {qualified(table)} "
         r"""SET payload = regexp_replace(payload::VARCHAR, $pattern, '"\1"\2:\3null', 'g')::JSON """
         f"WHERE ({mentions}) AND regexp_matches(payload::VARCHAR, $pattern)",
         {"pattern": PII_VALUE},
-    )
-    return int(changed)
+    )[0]
