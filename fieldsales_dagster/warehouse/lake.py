@@ -474,14 +474,14 @@ LAKE_OPTIONS = {
 
 
 def set_options(conn: duckdb.DuckDBPyConnection, lake: Lake) -> None:
-    """Read first: only a lake that lacks one takes the transaction (~0.3 s a connection)."""
-    alias = quote_ident(lake.alias)
-    stored = dict(conn.execute(f"SELECT option_name, value FROM {alias}.options()").fetchall())
+    """Read first: only a lake that lacks one takes the transaction (~0.3 s a connection); the
+    lake is the current database (``_attach``)."""
+    stored = dict(conn.execute("SELECT option_name, value FROM options()").fetchall())
     missing = [(n, value) for n, (value, kept) in LAKE_OPTIONS.items() if stored.get(n) != kept]
 
     def write() -> None:
         for name, value in missing:
-            conn.execute(f"CALL {alias}.set_option({sql_literal(name)}, {sql_literal(value)})")
+            conn.execute(f"CALL set_option({sql_literal(name)}, {sql_literal(value)})")
 
     if missing:
         run_transaction(conn, lake.alias, write)
@@ -554,12 +554,11 @@ def _transaction(conn: duckdb.DuckDBPyConnection, body: Callable[[], T]) -> T:
         _IN_TRANSACTION.discard(id(conn))
 
 
-def record_build(conn: duckdb.DuckDBPyConnection, lake: Lake, table: str, reads: list[str]) -> None:
+def record_build(conn: duckdb.DuckDBPyConnection, table: str, reads: list[str]) -> None:
+    """In the current database, the lake (``_mark_refresh``)."""
     ensure_table(conn, BUILDS_TABLE, "table_name VARCHAR, reads VARCHAR[], read_snapshot BIGINT")
     conn.execute(
-        f"INSERT INTO {BUILDS_TABLE} SELECT ?, ?, id FROM "
-        f"{quote_ident(lake.alias)}.current_snapshot()",
-        [table, reads],
+        f"INSERT INTO {BUILDS_TABLE} SELECT ?, ?, id FROM current_snapshot()", [table, reads]
     )
 
 
@@ -757,9 +756,7 @@ def export_snapshot(lake: Lake, target: Path, config: DuckDBConfig | None = None
                 f"ATTACH {sql_literal(str(temporary))} AS fieldsales_export "
                 "(STORAGE_VERSION 'v1.2.0'); BEGIN TRANSACTION"
             )
-            (snapshot,) = one_row(
-                conn, f"SELECT id FROM {quote_ident(lake.alias)}.current_snapshot()"
-            )
+            (snapshot,) = one_row(conn, "SELECT id FROM current_snapshot()")
             tables = _copy_tables(conn, lake, snapshot)
             conn.execute("COMMIT; DETACH fieldsales_export")
         with open(temporary, "rb") as file:

@@ -243,7 +243,7 @@ class FieldSalesWarehouse(settings_resource("WarehouseSettings", *WAREHOUSE_SETT
 
         def write_and_record() -> T:
             result = write()
-            record_build(conn, self.lake, table, list(reads))
+            record_build(conn, table, list(reads))
             check_tenant(conn, self.lake, record=True)
             return result
 
