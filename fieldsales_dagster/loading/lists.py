@@ -159,10 +159,10 @@ class OffsetWindows:
         if self.stop is None and self.use_totals and grew:
             self.limit = page.total  # the list grew: ask for the rest
         full = page.n >= (self.doubt_total_from if first else self.widest)
-        # A full page that reaches the total of a list (not a repair's window, not yet ended) is
-        # followed by a window that must come back empty.
-        limit = self.limit if self.stop is None and self.end is None else None
-        if limit is not None and limit <= reached >= self.opened_to and (reached > limit or full):
+        # A full page that reaches the list's planned end (``top``: not a repair's window, not
+        # yet ended) is followed by a window that must come back empty.
+        top = self.limit if self.stop is None and self.end is None else None
+        if top is not None and reached >= max(top, self.opened_to) and (reached > top or full):
             self.limit, self.opened_to = reached + self.stride, reached
             self.proofs[reached] = first and page.total == page.n
         return Step(keep=keep)
@@ -219,7 +219,6 @@ class ListPass:
         self.stats = stats
         self.strategy = OffsetWindows(start, stop, doubt_total_from=stream.doubt_total_from)
         self.pages = self.repeated_pages = self.repairs = 0
-        self.finished = False
         self.page_hashes: set[int] = set()
         self.first_hash: int | None = None
         self.whole = start == 0 and stop is None and known is None
@@ -267,26 +266,24 @@ class PageExecutor:
         in_flight: dict[Future[Page], tuple[ListPass, Window, int | None]] = {}
         last_progress = time.monotonic()
 
-        def fill(lp: ListPass) -> None:
+        def fill(lp: ListPass) -> bool:
+            """Ask for ``lp``'s next windows while requests are free; whether it is still open."""
             while len(in_flight) < concurrency:
-                window = lp.strategy.next_window()
-                if window is None:
-                    if not any(owner is lp for owner, _, _ in in_flight.values()):
-                        lp.finished, lp.page_hashes = True, set()
-                        self.lists_done += lp.whole
-                    return
+                if (window := lp.strategy.next_window()) is None:
+                    running = any(owner is lp for owner, _, _ in in_flight.values())
+                    self.lists_done += lp.whole and not running
+                    return running
                 skip = lp.strategy.asked_skip(window)
                 future = pool.submit(self.fetch_page, lp.stream.endpoint, skip, lp.stats, lp.known)
                 in_flight[future] = (lp, window, max(lp.stats.totals_seen, default=None))
+            return True
 
         try:
             while True:
-                for lp in active:
-                    fill(lp)
+                active = [lp for lp in active if fill(lp)]
                 while waiting and len(in_flight) < concurrency:
-                    active.append(waiting.popleft())
-                    fill(active[-1])
-                active = [lp for lp in active if not lp.finished]
+                    if fill(lp := waiting.popleft()):
+                        active.append(lp)
                 if not in_flight:
                     return
                 done, _ = wait(in_flight, return_when=FIRST_COMPLETED)
@@ -307,6 +304,7 @@ class PageExecutor:
             pool.shutdown(cancel_futures=True)  # waits for the requests under way
 
     def _admit(self, lp: ListPass, window: Window, page: Page, baseline: int | None) -> Page:
+        stream = lp.stream
         if page.digest in lp.known:  # a re-read's body the pass parsed: its checks passed
             body = lp.known[page.digest]
             shaped = Page(page.skip, [], body.total, page.nbytes, count=len(body.digests))
@@ -318,17 +316,34 @@ class PageExecutor:
             return Page(page.skip, [], body.total, page.nbytes, count=keep)
         if over := window[0] - page.skip:  # asked one item early: that item is another page's
             page = Page(window[0], page.items[over:], page.total, page.nbytes)
-        all_keys = item_keys(page.items, key_decoder(lp.stream.endpoint))
+        all_keys = item_keys(page.items, key_decoder(stream.endpoint))
         digests = item_digests(page.items)
         keep = self._answered(lp, window, page, baseline)
         if nulls := all_keys.count(None):
             raise PageFormatError(
-                f"{lp.stream.where(page.skip)} answered {nulls} `null` items among {page.n} where "
-                f"{lp.stream.endpoint.name} belong; report it to the Field-Sales service."
+                f"{stream.where(page.skip)} answered {nulls} `null` items among {page.n} where "
+                f"{stream.endpoint.name} belong; report it to the Field-Sales service."
             )
         keys = cast("list[ItemKeys]", all_keys)
-        items = page.items[:keep]
-        self._check_items(lp, page, items, keys[:keep])
+        items, kept, limit = page.items[:keep], keys[:keep], self.limits.max_item_mb
+        if items and max(map(len, items)) > limit << 20:
+            size, item_id = max(
+                (len(item), id_text(key[0]) or "without _id")
+                for item, key in zip(items, kept, strict=True)
+            )
+            raise ItemTooLargeError(
+                f"{stream.where(page.skip)}: item {item_id} of {stream.endpoint.name} is "
+                f"{size / (1 << 20):.1f} MB ({size} bytes), over the per-item limit of {limit} MB "
+                f"(max_item_mb, {self.limits.max_item_variable}); raise max_item_mb to load it."
+            )
+        params = dict(stream.endpoint.params)  # a filter (``eventId``) is an extra column's key
+        for index, (_, key) in enumerate(stream.endpoint.extra_columns, 1):
+            for item_key in kept:
+                if key in params and id_text(item_key[index]) != str(params[key]):
+                    raise FilterIgnoredError(
+                        f"{stream.where(page.skip)} returned an item of {stream.endpoint.name} "
+                        f"with {key} {item_key[index]!r}: the server ignores the {key} filter"
+                    )
         if items:
             # What tells items apart: the ``_id``, or the whole item (its digest) without one.
             ids = [
@@ -342,7 +357,7 @@ class PageExecutor:
                 lp.bodies[page.digest] = Body(page.total, digests, whole)
         lp.digests.extend(digests[:keep])
         lp.stats.count(items=keep)
-        return Page(page.skip, items, page.total, page.nbytes, keys[:keep], digests=digests[:keep])
+        return Page(page.skip, items, page.total, page.nbytes, kept, digests=digests[:keep])
 
     def _answered(self, lp: ListPass, window: Window, page: Page, baseline: int | None) -> int:
         """Give the strategy its answer, count the page; the items to keep."""
@@ -369,29 +384,6 @@ class PageExecutor:
                 f"{step.implausible_total}: not plausible; report it to the Field-Sales service."
             )
         return page.n if step.keep is None else step.keep
-
-    def _check_items(
-        self, lp: ListPass, page: Page, items: list[msgspec.Raw], keys: list[ItemKeys]
-    ) -> None:
-        stream, limit = lp.stream, self.limits.max_item_mb
-        if items and max(map(len, items)) > limit << 20:
-            size, item_id = max(
-                (len(item), id_text(key[0]) or "without _id")
-                for item, key in zip(items, keys, strict=True)
-            )
-            raise ItemTooLargeError(
-                f"{stream.where(page.skip)}: item {item_id} of {stream.endpoint.name} is "
-                f"{size / (1 << 20):.1f} MB ({size} bytes), over the per-item limit of {limit} MB "
-                f"(max_item_mb, {self.limits.max_item_variable}); raise max_item_mb to load it."
-            )
-        params = dict(stream.endpoint.params)  # a filter (``eventId``) is an extra column's key
-        for index, (_, key) in enumerate(stream.endpoint.extra_columns, 1):
-            for item_key in keys:
-                if key in params and id_text(item_key[index]) != str(params[key]):
-                    raise FilterIgnoredError(
-                        f"{stream.where(page.skip)} returned an item of {stream.endpoint.name} "
-                        f"with {key} {item_key[index]!r}: the server ignores the {key} filter"
-                    )
 
     def _repeats(self, lp: ListPass, page: Page, page_hash: int) -> None:
         """Count a page whose ids repeat an earlier page of the pass; refuse the third."""
