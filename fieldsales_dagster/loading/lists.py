@@ -556,13 +556,11 @@ class ListPasses:
             self._stage(passes)
             self._repair(passes, number)
             gone = self._read_again(passes)
-            counts = self.sink.counts()
-            todo = []
-            for lp in passes:
+            counts, todo = self.sink.counts(), []
+            for lp, missing in zip(passes, gone, strict=True):
                 key, name, stats = lp.stream.key, lp.stream.endpoint.name, lp.stats
                 rows, distinct = counts.get(key, (0, 0))
                 differing = self.sink.differing(key) if rows > distinct else (0, ())
-                missing = gone[id(lp)]
                 gone_ids = self.sink.ids_of(key, set(missing.tolist())) if missing.size else ()
                 seen = tuple(stats.totals_seen), stats.total_decreased, previous.get(key)
                 facts = PassFacts(rows, distinct, *seen, *differing, missing.size, gone_ids)
@@ -595,35 +593,34 @@ class ListPasses:
                 if (head := facts.repair()) is None or lp.repairs >= MAX_REPAIRS:
                     continue
                 lp.repairs += 1
-                total = facts.total or 0
                 self.executor.log(
                     f"{lp.stream.endpoint.name}: pass {number}: {head // 2} ids missing from a "
                     f"list that grew; re-fetching items 0-{head} (repair {lp.repairs})."
                 )
-                gaps = gap_windows(lp.stats.answers, total) if lp.repairs == 1 else []
+                gaps = gap_windows(lp.stats.answers, facts.total or 0) if lp.repairs == 1 else []
                 windows += [ListPass(lp.stream, lp.stats, *w, share=lp) for w in [(0, head), *gaps]]
                 growing.append(lp)
             self._stage(windows)
             passes = growing
 
-    def _read_again(self, passes: list[ListPass]) -> dict[int, np.ndarray]:
+    def _read_again(self, passes: list[ListPass]) -> list[np.ndarray]:
         """Read every list once more, storing nothing: what each pass kept that the re-read did
         not list as it was (its own gaps read, so items an insert shifted are not gone)."""
         spent = self.executor.spent
-        again = {
-            id(lp): ListPass(lp.stream, ListStats(parent=spent), known=lp.bodies) for lp in passes
-        }
-        deque(self.executor.fetch(list(again.values())), maxlen=0)  # stores nothing
+        again = [
+            (lp, ListPass(lp.stream, ListStats(parent=spent), known=lp.bodies)) for lp in passes
+        ]
+        deque(self.executor.fetch([reread for _, reread in again]), maxlen=0)  # stores nothing
         gaps = [
             ListPass(lp.stream, reread.stats, start, stop, share=reread)
-            for lp in passes
-            if digests_gone(lp.digests, (reread := again[id(lp)]).digests).size
+            for lp, reread in again
+            if digests_gone(lp.digests, reread.digests).size
             for start, stop in gap_windows(
                 reread.stats.answers, (reread.stats.totals_seen or [0])[-1]
             )
         ]
         deque(self.executor.fetch(gaps), maxlen=0)
-        return {id(lp): digests_gone(lp.digests, again[id(lp)].digests) for lp in passes}
+        return [digests_gone(lp.digests, reread.digests) for lp, reread in again]
 
     def _stage(self, passes: list[ListPass]) -> None:
         if passes:
