@@ -219,9 +219,7 @@ class ListPass:
         self.stats = stats
         self.strategy = OffsetWindows(start, stop, doubt_total_from=stream.doubt_total_from)
         self.pages = self.repeated_pages = self.repairs = 0
-        self.page_hashes: set[int] = set()
-        self.first_hash: int | None = None
-        self.whole = start == 0 and stop is None and known is None
+        self.page_hashes: dict[int, None] = {}  # in order: the first is the first page's
         self.digests: array[int] = share.digests if share else array("q")
         self.bodies: dict[int, Body] | None = (
             share.bodies if share else {} if known is None else None
@@ -253,8 +251,6 @@ class PageExecutor:
     label: str
     log: Callable[[str], None] = lambda message: None
     spent: ListStats = field(default_factory=ListStats)
-    lists: int = 0  # the lists of a run, and those paged: for the progress log
-    lists_done: int = 0
     started: float = field(default_factory=time.monotonic)
 
     def fetch(self, passes: list[ListPass]) -> Iterator[tuple[Stream, Page]]:
@@ -270,9 +266,7 @@ class PageExecutor:
             """Ask for ``lp``'s next windows while requests are free; whether it is still open."""
             while len(in_flight) < concurrency:
                 if (window := lp.strategy.next_window()) is None:
-                    running = any(owner is lp for owner, _, _ in in_flight.values())
-                    self.lists_done += lp.whole and not running
-                    return running
+                    return any(owner is lp for owner, _, _ in in_flight.values())
                 skip = lp.strategy.asked_skip(window)
                 future = pool.submit(self.fetch_page, lp.stream.endpoint, skip, lp.stats, lp.known)
                 in_flight[future] = (lp, window, max(lp.stats.totals_seen, default=None))
@@ -293,10 +287,10 @@ class PageExecutor:
                     if page.n:
                         yield lp.stream, page
                 if (now := time.monotonic()) - last_progress >= PROGRESS_EVERY_S:
-                    last_progress = now
-                    spent, lists = self.spent, f"{self.lists_done}/{self.lists} lists, "
+                    last_progress, spent = now, self.spent
+                    lists = f"{len(passes) - len(waiting) - len(active)}/{len(passes)} lists, "
                     self.log(
-                        f"{self.label}: {lists if self.lists > 1 else ''}{spent.items} items in "
+                        f"{self.label}: {lists if len(passes) > 1 else ''}{spent.items} items in "
                         f"{spent.pages} pages, {spent.bytes / 1e6:.0f} MB, {spent.retries} "
                         f"retries, {now - self.started:.1f} s"
                     )
@@ -387,20 +381,19 @@ class PageExecutor:
 
     def _repeats(self, lp: ListPass, page: Page, page_hash: int) -> None:
         """Count a page whose ids repeat an earlier page of the pass; refuse the third."""
-        lp.first_hash = page_hash if lp.first_hash is None else lp.first_hash
         if page_hash in lp.page_hashes:
             lp.repeated_pages += 1
             if lp.repeated_pages >= NO_NEW_IDS_PAGES:
                 what = (
                     f"the same items as skip={lp.strategy.start}: the server ignores `skip`"
-                    if page.skip != lp.strategy.start and page_hash == lp.first_hash
+                    if page.skip != lp.strategy.start and page_hash == next(iter(lp.page_hashes))
                     else "only items of earlier pages: the server repeats pages"
                 )
                 raise PagingError(
                     f"{lp.stream.where(page.skip)} answered {what}; {NO_NEW_IDS_PAGES} pages "
                     "brought no new id. Report it to the Field-Sales service."
                 )
-        lp.page_hashes.add(page_hash)
+        lp.page_hashes[page_hash] = None
 
 
 class Sink(Protocol):
@@ -548,8 +541,7 @@ class ListPasses:
 
     def run(self, lists: list[Stream]) -> dict[Hashable, ListResult]:
         executor, results = self.executor, dict[Hashable, ListResult]()
-        previous: dict[Hashable, tuple[int, int]] = {}
-        todo, executor.lists = lists, len(lists)
+        todo, previous = lists, dict[Hashable, tuple[int, int]]()
         max_passes = executor.limits.max_list_passes
         for number in range(1, max_passes + 1):
             passes = [ListPass(stream, ListStats(parent=executor.spent)) for stream in todo]
