@@ -221,9 +221,7 @@ class ListPass:
         self.pages = self.repeated_pages = self.repairs = 0
         self.page_hashes: dict[int, None] = {}  # in order: the first is the first page's
         self.digests: array[int] = share.digests if share else array("q")
-        self.bodies: dict[int, Body] | None = (
-            share.bodies if share else {} if known is None else None
-        )
+        self.bodies: dict[int, Body] = share.bodies if share else {}
         self.known: dict[int, Body] = share.known if share else known or {}
 
 
@@ -346,7 +344,7 @@ class PageExecutor:
             ]
             page_hash = hash(frozenset(ids[:keep]))
             self._repeats(lp, page, page_hash)
-            if lp.bodies is not None and page.digest is not None:
+            if page.digest is not None:
                 whole = page_hash if keep == page.n else hash(frozenset(ids))
                 lp.bodies[page.digest] = Body(page.total, digests, whole)
         lp.digests.extend(digests[:keep])
@@ -414,10 +412,10 @@ class Sink(Protocol):
         """Remove what is stored for these lists: they are paged again."""
 
 
-def _named(count: int, named: tuple[str, ...], sentence: str) -> str:
-    """``sentence`` with the count and the few ``named`` ("and N more"); "" for none."""
-    more = f" and {count - len(named)} more" if count > len(named) else ""
-    return sentence.format(count, ", ".join(named) + more) if count else ""
+def named(count: int, few: tuple[str, ...], sentence: str) -> str:
+    """``sentence`` with the count and the ``few`` named of them ("and N more"); "" for none."""
+    more = f" and {count - len(few)} more" if count > len(few) else ""
+    return sentence.format(count, ", ".join(few) + more) if count else ""
 
 
 @dataclass(frozen=True)
@@ -453,8 +451,8 @@ class PassFacts:
         sent = [
             f"{self.rows} items with {self.distinct} distinct ids "
             f"({self.rows - self.distinct} sent twice)",
-            _named(self.differing, self.differing_ids, differing),
-            _named(self.gone, self.gone_ids, gone),
+            named(self.differing, self.differing_ids, differing),
+            named(self.gone, self.gone_ids, gone),
             "the server reports no total" if self.total is None else totals,
         ]
         return "; ".join(part for part in sent if part)
@@ -547,17 +545,15 @@ class ListPasses:
             passes = [ListPass(stream, ListStats(parent=executor.spent)) for stream in todo]
             self._stage(passes)
             self._repair(passes, number)
-            gone = self._read_again(passes)
-            counts, todo = self.sink.counts(), []
-            for lp, missing in zip(passes, gone, strict=True):
+            counts, todo = self.sink.counts(), []  # the re-read stores nothing
+            for lp, missing in zip(passes, self._read_again(passes), strict=True):
                 key, name, stats = lp.stream.key, lp.stream.endpoint.name, lp.stats
                 rows, distinct = counts.get(key, (0, 0))
                 differing = self.sink.differing(key) if rows > distinct else (0, ())
                 gone_ids = self.sink.ids_of(key, set(missing.tolist())) if missing.size else ()
                 seen = tuple(stats.totals_seen), stats.total_decreased, previous.get(key)
                 facts = PassFacts(rows, distinct, *seen, *differing, missing.size, gone_ids)
-                why = facts.incomplete()
-                if why is None:
+                if (why := facts.incomplete()) is None:
                     reason = f"{facts.describe()}; read again, the list still held every item"
                     results[key] = ListResult(lp.stats, facts, reason, number, lp.repairs)
                 elif number == max_passes:
