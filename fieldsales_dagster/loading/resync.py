@@ -32,6 +32,7 @@ from fieldsales_dagster.loading.incremental import (
     read_previous_load,
     refetch_and_merge,
 )
+from fieldsales_dagster.loading.lists import named
 from fieldsales_dagster.loading.raw_load import EVENT_STATES
 from fieldsales_dagster.warehouse.quoting import qualified
 from fieldsales_dagster.warehouse.warehouse import table_exists
@@ -54,11 +55,8 @@ class ResyncRequest:
 
     def describe(self) -> str:
         if self.event_ids:
-            more = f" and {len(self.event_ids) - NAMED} more" if len(self.event_ids) > NAMED else ""
-            return f"re-sync of event_ids {', '.join(self.event_ids[:NAMED])}{more}"
-        start, end = (
-            moment.isoformat() if moment else "?" for moment in (self.changed_from, self.changed_to)
-        )
+            return named(len(self.event_ids), self.event_ids[:NAMED], "re-sync of event_ids {1}")
+        start, end = (at.isoformat() if at else "?" for at in (self.changed_from, self.changed_to))
         return f"re-sync of the events whose status changed from {start} to {end} (exclusive)"
 
 
