@@ -15,7 +15,7 @@ from collections import deque
 from collections.abc import Callable, Container, Hashable, Iterator
 from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Protocol, cast
+from typing import TYPE_CHECKING, NamedTuple, Protocol, cast
 
 import msgspec
 
@@ -27,9 +27,7 @@ if TYPE_CHECKING:
     import numpy as np
 
 NO_NEW_IDS_PAGES = 3  # pages of a pass repeating earlier ids: the server pages forever
-PROGRESS_EVERY_S = 5.0
 NAMED_IDS = 5  # in a message about ids; the rest are counted
-MAX_REPAIRS = 5  # rounds of one pass re-fetching the head of a list that grew
 
 #: One key of an item as decoded (an object or a list as a key is ``None``).
 Key = str | int | float | None
@@ -192,8 +190,7 @@ class Stream:
         return f"GET {self.url} (skip={skip})"
 
 
-@dataclass(frozen=True)
-class Body:
+class Body(NamedTuple):
     """A parsed page body, kept for the re-read."""
 
     total: int | None
@@ -284,7 +281,7 @@ class PageExecutor:
                     page = self._admit(lp, window, future.result(), baseline)
                     if page.n:
                         yield lp.stream, page
-                if (now := time.monotonic()) - last_progress >= PROGRESS_EVERY_S:
+                if (now := time.monotonic()) - last_progress >= 5.0:  # a progress line every 5 s
                     last_progress, spent = now, self.spent
                     lists = f"{len(passes) - len(waiting) - len(active)}/{len(passes)} lists, "
                     self.log(
@@ -496,9 +493,8 @@ def gap_windows(
     ordered = sorted((a for a in answers if a[2] is not None and a[1] > 0), key=lambda a: a[0])
     for (s1, n1, t1), (s2, _, t2) in zip(ordered, ordered[1:], strict=False):
         if s1 < s2 <= s1 + n1 and cast("int", t1) > cast("int", t2):
-            end = s1 + n1
-            start = max(0, end + total_now - cast("int", t1) - slack)
-            stop = end + total_now - cast("int", t2) + slack
+            start = max(0, s1 + n1 + total_now - cast("int", t1) - slack)
+            stop = s1 + n1 + total_now - cast("int", t2) + slack
             if gaps and start <= gaps[-1][1]:
                 gaps[-1] = (gaps[-1][0], max(stop, gaps[-1][1]))
             else:
@@ -578,7 +574,7 @@ class ListPasses:
             for lp in passes:
                 seen = tuple(lp.stats.totals_seen), lp.stats.total_decreased
                 facts = PassFacts(*counts.get(lp.stream.key, (0, 0)), *seen)
-                if (head := facts.repair()) is None or lp.repairs >= MAX_REPAIRS:
+                if (head := facts.repair()) is None or lp.repairs >= 5:  # rounds, at most
                     continue
                 lp.repairs += 1
                 self.executor.log(
