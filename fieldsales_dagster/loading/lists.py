@@ -233,15 +233,12 @@ class Limits:
     max_item_variable: str = "FIELDSALES_MAX_ITEM_MB"  # this tenant's, for errors
 
 
-#: ``(endpoint, skip, stats, known)``: a body whose ``digest`` is ``known`` comes without items.
-FetchPage = Callable[[ListEndpoint, int, ListStats, Container[int]], Page]
-
-
 @dataclass
 class PageExecutor:
     """Fetches the pages of many passes over one thread pool (``fetch``); ``spent`` sums them."""
 
-    fetch_page: FetchPage
+    #: ``(endpoint, skip, stats, known)``: a body whose ``digest`` is ``known`` comes without items.
+    fetch_page: Callable[[ListEndpoint, int, ListStats, Container[int]], Page]
     limits: Limits
     label: str
     log: Callable[[str], None] = lambda message: None
