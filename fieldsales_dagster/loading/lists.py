@@ -455,9 +455,8 @@ class PassFacts:
         """For a list that only grew while it was paged and misses ids: the head ``[0, head)``
         to fetch again (items appended are paged in the pass: it follows a growing total)."""
         missing = (self.total or 0) - self.distinct
-        if missing <= 0 or len(self.totals_seen) < 2 or self.total_decreased:
-            return None
-        return 2 * missing
+        grew = missing > 0 and len(self.totals_seen) > 1 and not self.total_decreased
+        return 2 * missing if grew else None
 
     def incomplete(self) -> str | None:
         """Why the pass is not a list the server held at one moment; ``None`` when it is: what
