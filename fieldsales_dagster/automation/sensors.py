@@ -59,13 +59,9 @@ def build_token_renewal_sensor(names: InstanceNames, policy: RenewalPolicy) -> d
         api = names.api.of(context)
         if (store := api.token_store()) is None:
             return dg.SkipReason(RENEWAL_OFF)
-        decision = decide(store, api.env_token(), policy, context.cursor)
-        if not decision.run:
-            return dg.SensorResult(skip_reason=decision.message, cursor=decision.cursor)
-        request = dg.RunRequest(
-            run_key=decision.cursor, tags={"fieldsales/token": decision.message}
-        )
-        return dg.SensorResult(run_requests=[request], cursor=decision.cursor)
+        run, message, cursor = decide(store, api.env_token(), policy, context.cursor)
+        runs = [dg.RunRequest(run_key=cursor, tags={"fieldsales/token": message})] if run else []
+        return dg.SensorResult(runs, skip_reason=None if run else message, cursor=cursor)
 
     return _token_renewal
 
