@@ -9,7 +9,7 @@ import contextlib
 import threading
 import time
 from collections.abc import Callable, Container
-from typing import TYPE_CHECKING, cast
+from typing import TYPE_CHECKING, NoReturn, cast
 
 import dagster as dg
 import msgspec
@@ -49,6 +49,11 @@ if TYPE_CHECKING:
 SNIPPET_CHARS = 200
 #: Where a ``catalog`` token store's row is: the settings ``CatalogTokenStore`` takes.
 TOKEN_ROW = ("ducklake_catalog", "ducklake_password_env_var", "ducklake_schema")
+
+
+def _raised(state: tenacity.RetryCallState) -> TransientHTTPError:
+    """What the attempt ``state`` follows raised: a retried failure, so a TransientHTTPError."""
+    return cast(TransientHTTPError, cast(tenacity.Future, state.outcome).exception())
 
 
 def _clean(token: str, source: str) -> str:
@@ -184,8 +189,7 @@ class FieldSalesAPI(settings_resource("ApiSettings", ApiSettings, but=("api_toke
             limits=limits,
             scrub=lambda text: self._scrub(text, token),
         )
-        status = resp.status_code
-        if status in (401, 403):
+        if (status := resp.status_code) in (401, 403):
             raise token_refused(status, where, self.named("FIELDSALES_API_TOKEN"))
         if status == 429 or status >= 500 or status == 408:
             retry_after = None
@@ -237,12 +241,11 @@ class FieldSalesAPI(settings_resource("ApiSettings", ApiSettings, but=("api_toke
     def _wait(self, state: tenacity.RetryCallState) -> float:
         """The backoff, or the server's Retry-After if longer; one beyond ``max_retry_after_s``
         fails."""
-        exc = state.outcome.exception() if state.outcome else None
+        exc = _raised(state)
         backoff = tenacity.wait_exponential_jitter(
             initial=self.backoff_initial_s, max=self.backoff_max_s, jitter=self.backoff_initial_s
         )
-        retry_after = getattr(exc, "retry_after", None)
-        if retry_after is not None and retry_after > self.max_retry_after_s:
+        if (retry_after := exc.retry_after) is not None and retry_after > self.max_retry_after_s:
             raise FieldSalesAPIError(
                 f"{exc}: the server asks to wait {retry_after:.0f} s (Retry-After), longer "
                 f"than max_retry_after_s={self.max_retry_after_s:.0f}; try again later."
@@ -267,7 +270,6 @@ class FieldSalesAPI(settings_resource("ApiSettings", ApiSettings, but=("api_toke
         current = fixed_token or self.current_token()
         stats, reread, started = stats or ListStats(), False, time.monotonic()
         while True:
-            retrying = self._retrying(started, retries, stats)  # a new token: a new series
 
             def attempt(token: str = current) -> object:
                 stats.count(requests=1)
@@ -275,23 +277,8 @@ class FieldSalesAPI(settings_resource("ApiSettings", ApiSettings, but=("api_toke
                 deadline_s = min(self.request_deadline_s, max(remaining, 1.0))
                 return self._get_once(path, params, token, deadline_s, parse, stats)
 
-            try:
-                result = retrying(attempt)
-            except TransientHTTPError as exc:
-                attempts = retrying.statistics.get("attempt_number", 1)
-                spent = f"{exc}; gave up after attempt {attempts} of at most {retries + 1}, " + (
-                    f"{time.monotonic() - started:.1f} s after the first"
-                )
-                if exc.unreachable:
-                    raise UnreachableError(
-                        f"{spent} (unreachable_budget_s={self.unreachable_budget_s:g}). Check "
-                        f"{self.named('FIELDSALES_BASE_URL')} ({self.origin}) and that the "
-                        "host is up."
-                    ) from None
-                raise FieldSalesAPIError(
-                    f"{spent} (max_retries={retries}, retry_budget_s={self.retry_budget_s:g}). "
-                    "Try again later, or raise max_retries or retry_budget_s."
-                ) from None
+            try:  # a new token: a new series of attempts
+                result = self._retrying(started, retries, stats)(attempt)
             except AuthenticationError as refused:
                 # A renewal may have replaced the token since this run read it: re-read once.
                 store = None if reread or fixed_token is not None else self.token_store()
@@ -310,20 +297,35 @@ class FieldSalesAPI(settings_resource("ApiSettings", ApiSettings, but=("api_toke
                 return result
 
     def _retrying(self, started: float, retries: int, stats: ListStats) -> tenacity.Retrying:
+        # Only a TransientHTTPError is retried: it is what ``_raised`` finds in these callbacks.
         def stop(state: tenacity.RetryCallState) -> bool:
-            exc = state.outcome.exception() if state.outcome else None
-            unreachable = getattr(exc, "unreachable", False)
+            unreachable = _raised(state).unreachable
             budget = self.unreachable_budget_s if unreachable else self.retry_budget_s
             spent = time.monotonic() - started + state.upcoming_sleep
             return state.attempt_number > retries or spent > budget
 
         def before_sleep(state: tenacity.RetryCallState) -> None:
             stats.count(retries=1)
-            exc = state.outcome.exception() if state.outcome else None
             # Counted in attempts, as the final error is: attempt 1 is the first request.
             dg.get_dagster_logger("fieldsales_dagster.client").warning(
-                f"{exc}; attempt {state.attempt_number} of at most {retries + 1} failed, next in "
-                f"{state.upcoming_sleep:.1f} s"
+                f"{_raised(state)}; attempt {state.attempt_number} of at most {retries + 1} "
+                f"failed, next in {state.upcoming_sleep:.1f} s"
+            )
+
+        def give_up(state: tenacity.RetryCallState) -> NoReturn:
+            exc = _raised(state)
+            spent = (
+                f"{exc}; gave up after attempt {state.attempt_number} of at most {retries + 1}, "
+                f"{time.monotonic() - started:.1f} s after the first"
+            )
+            if exc.unreachable:
+                raise UnreachableError(
+                    f"{spent} (unreachable_budget_s={self.unreachable_budget_s:g}). Check "
+                    f"{self.named('FIELDSALES_BASE_URL')} ({self.origin}) and that the host is up."
+                )
+            raise FieldSalesAPIError(
+                f"{spent} (max_retries={retries}, retry_budget_s={self.retry_budget_s:g}). "
+                "Try again later, or raise max_retries or retry_budget_s."
             )
 
         return tenacity.Retrying(
@@ -331,7 +333,7 @@ class FieldSalesAPI(settings_resource("ApiSettings", ApiSettings, but=("api_toke
             stop=stop,
             wait=self._wait,
             before_sleep=before_sleep,
-            reraise=True,
+            retry_error_callback=give_up,
         )
 
     def check_token(self, token: str | None = None) -> None:
