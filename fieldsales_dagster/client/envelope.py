@@ -122,8 +122,7 @@ def split_envelope(
 ) -> tuple[list[msgspec.Raw], int | None]:
     """Items and total of one page body: ``msgspec.DecodeError`` for incomplete JSON (retried),
     ``PageFormatError`` for complete JSON that holds no list of items."""
-    documented = _documented_envelope(endpoint)
-    if documented is not None:
+    if (documented := _documented_envelope(endpoint)) is not None:
         # One pass for the documented shape; anything else takes the general path below.
         try:
             page = documented.decode(body)

@@ -59,8 +59,7 @@ class _DeadlineReader(io.RawIOBase):
         return self._raw.fileno()
 
     def readinto(self, buffer: Any) -> int | None:
-        left = self._deadline - time.monotonic()
-        if left <= 0:
+        if (left := self._deadline - time.monotonic()) <= 0:
             raise TimeoutError("the request's deadline passed")
         if left < (self._sock.gettimeout() or math.inf):  # the read timeout urllib3 set, or less
             self._sock.settimeout(left)

@@ -102,8 +102,7 @@ class CatalogTokenStore(TokenStore):
     def _check_privileges(self, cur: Any) -> bool:
         """Whether the table exists; refuses one another role owns or may use."""
         cur.execute(_PRIVILEGES)
-        row = cur.fetchone()
-        if row is None:
+        if (row := cur.fetchone()) is None:
             return False
         owner, user, others = row
         if owner != user:
@@ -211,12 +210,10 @@ class CatalogTokenStore(TokenStore):
 
     def import_file(self, path: str) -> StoredToken:
         """Move the file store at ``path`` into the row, unless the row holds another token."""
-        stored = FileTokenStore(path).read()
-        if stored is None:
+        if (stored := FileTokenStore(path).read()) is None:
             raise TokenStoreError(f"There is no token store at {path}: nothing to import.")
         with self._locked():
-            held = self._read_any()
-            if held is not None and held.token != stored.token:
+            if (held := self._read_any()) is not None and held.token != stored.token:
                 raise TokenStoreError(
                     f"The token store, {self.where}, holds another token already (issued "
                     f"{held.issued_at:%Y-%m-%d %H:%M} UTC), so {path} was not imported."

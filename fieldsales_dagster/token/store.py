@@ -147,8 +147,7 @@ class TokenStore(abc.ABC):
 
     def read(self) -> StoredToken | None:
         """The stored token, or ``None`` when there is none yet; refuses another server's."""
-        stored = self._read_any()
-        if stored is not None and self._foreign(stored):
+        if (stored := self._read_any()) is not None and self._foreign(stored):
             self._refuse(stored)
         return stored
 
@@ -198,8 +197,7 @@ class TokenStore(abc.ABC):
 
     def _pending(self, env_token: str) -> tuple[StoredToken | None, StoredToken | None]:
         """The store as read, and the record to write before it can be used (``None``: none)."""
-        stored = self._read_any()
-        if stored is not None and self._foreign(stored) and stored.token != env_token:
+        if (stored := self._read_any()) and self._foreign(stored) and stored.token != env_token:
             self._refuse(stored)  # another server's token is never sent here
         if stored is not None and not self._must_reseed(stored, env_token):
             return stored, replace(stored, origin=self.origin) if self._foreign(stored) else None
