@@ -46,7 +46,6 @@ if TYPE_CHECKING:
 
     from fieldsales_dagster.client.transport import QueryParams
 
-SNIPPET_CHARS = 200
 #: Where a ``catalog`` token store's row is: the settings ``CatalogTokenStore`` takes.
 TOKEN_ROW = ("ducklake_catalog", "ducklake_password_env_var", "ducklake_schema")
 
@@ -151,7 +150,7 @@ class FieldSalesAPI(settings_resource("ApiSettings", ApiSettings, but=("api_toke
 
     def _snippet(self, body: bytes, token: str) -> str:
         """The start of ``body`` as text (its first 64 KiB searched): the token masked, then cut."""
-        return self._scrub(body[: 64 * 1024].decode("utf-8", "replace"), token, limit=SNIPPET_CHARS)
+        return self._scrub(body[: 64 * 1024].decode("utf-8", "replace"), token, limit=200)
 
     def _get_once(
         self,

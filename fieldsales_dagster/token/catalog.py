@@ -64,13 +64,12 @@ class CatalogTokenStore(TokenStore):
         super().__init__(origin, variables)
         self.lake = ducklake_schema or "public"
         self.password_env_var = ducklake_password_env_var
-        catalog = ducklake_catalog or ""
         if psycopg2 is None:
             raise TokenStoreError(
                 f"{self.variable}={CATALOG_STORE} needs psycopg2: install the production extra "
                 "(pip install 'fieldsales_dagster[production]')."
             )
-        if not catalog.startswith(POSTGRES_PREFIX):
+        if not (catalog := ducklake_catalog or "").startswith(POSTGRES_PREFIX):
             raise TokenStoreError(
                 f"{self.variable}={CATALOG_STORE} needs {self.catalog_variable}=postgres:dbname="
                 f"... host=... user=...; with one host, set {self.variable} to a file path."
