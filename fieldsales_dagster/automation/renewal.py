@@ -130,15 +130,11 @@ class Decision(NamedTuple):
 
 
 def decide(
-    store: TokenStore,
-    env_token: str,
-    policy: RenewalPolicy,
-    cursor: str | None,
-    now: datetime | None = None,
+    store: TokenStore, env_token: str, policy: RenewalPolicy, cursor: str | None
 ) -> Decision:
     """A run is due if the token is ``renew_after`` old, or a day passed since the last test; a
     sensor's first tick only starts that day (the first refresh tests a token not yet due)."""
-    now = now or datetime.now(UTC)
+    now = datetime.now(UTC)
     stored = store.peek(env_token)
     if (due := policy.renewal_due(store, stored, now)) is not None:
         return Decision(True, due, now.isoformat())
@@ -167,13 +163,8 @@ def _not_yet_due(policy: RenewalPolicy, stored: StoredToken, now: datetime, chec
     )
 
 
-def renew_or_check(
-    api: FieldSalesAPI,
-    store: TokenStore,
-    policy: RenewalPolicy,
-    now: datetime | None = None,
-) -> TickOutcome:
-    now = now or datetime.now(UTC)
+def renew_or_check(api: FieldSalesAPI, store: TokenStore, policy: RenewalPolicy) -> TickOutcome:
+    now = datetime.now(UTC)
     stored = store.current(api.env_token(), accept=api.server_accepts)
     if (due := policy.renewal_due(store, stored, now)) is not None:
         rotation = store.rotate(
