@@ -229,16 +229,14 @@ def build_alert_sensors(
         if skip := not_ours(context):
             return skip
         run = context.dagster_run
-        label = launched(run, context.instance)
+        ran = launched(run, context.instance)
         failures = context.get_step_failure_events()
-        failed = ", ".join(event.step_key or "?" for event in failures) or label
+        failed = ", ".join(event.step_key or "?" for event in failures) or ran
         if failures and (error := failures[0].step_failure_data.error):
             cause = root_cause(error)
         else:
             cause = (failures[0] if failures else context.failure_event).message or "the run failed"
-        alert = Alert(
-            names.tenant, f"run of {label} failed", f"Failed: {failed}", cause, run.run_id
-        )
+        alert = Alert(names.tenant, f"run of {ran} failed", f"Failed: {failed}", cause, run.run_id)
         send_alert(settings, alert, warn=context.log.warning)
         return None
 

@@ -177,8 +177,7 @@ class TokenStore(abc.ABC):
 
     def settle(self, env_token: str, token: str) -> None:
         """The server just accepted ``token``: write the record ``current`` left unsaved for it."""
-        _, pending = self._pending(env_token)
-        if pending is not None and pending.token == token:
+        if (pending := self._pending(env_token)[1]) is not None and pending.token == token:
             self._write_pending(env_token, token)
 
     def _write_pending(self, env_token: str, token: str | None = None) -> StoredToken | None:
