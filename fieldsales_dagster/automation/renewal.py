@@ -7,6 +7,7 @@ may be a whole list. The sensor's ``decide`` only reads the store; the run does 
 
 from __future__ import annotations
 
+import contextlib
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from typing import TYPE_CHECKING, NamedTuple, cast
@@ -101,10 +102,9 @@ def generate_token(api: FieldSalesAPI, old_token: str) -> str:
             f"Token renewal failed: {exc} If requests now fail with HTTP 401 (the server renewed "
             f"the token, and its answer was lost): {instruction}"
         ) from None
-    try:
+    new_token = ""  # unless the body decodes: the decoder's message may quote it, never chained
+    with contextlib.suppress(msgspec.DecodeError):  # a ValidationError too
         new_token = msgspec.json.decode(cast(bytes, body), type=_GeneratedToken).token
-    except msgspec.DecodeError:  # a ValidationError too
-        new_token = ""  # the decoder's message may quote the body: never chain it
     try:
         if not (new_token := clean_token(new_token, f"the answer of GET {GENERATE_TOKEN_PATH}")):
             raise TokenFormatError(f"GET {GENERATE_TOKEN_PATH} answered 200 without a token.")
@@ -123,24 +123,19 @@ def check_token(api: FieldSalesAPI, token: str | None, what: str, *, retries: in
         raise TokenRenewalError(f"{what} was refused: {exc}") from None
 
 
-class Decision(NamedTuple):
-    run: bool
-    message: str
-    cursor: str | None
-
-
 def decide(
     store: TokenStore, env_token: str, policy: RenewalPolicy, cursor: str | None
-) -> Decision:
-    """A run is due if the token is ``renew_after`` old, or a day passed since the last test; a
-    sensor's first tick only starts that day (the first refresh tests a token not yet due)."""
+) -> tuple[bool, str, str | None]:
+    """Whether a run is due, why, and the sensor's new cursor. A run is due if the token is
+    ``renew_after`` old, or a day passed since the last test; a sensor's first tick only starts
+    that day (the first refresh tests a token not yet due)."""
     now = datetime.now(UTC)
     stored = store.peek(env_token)
     if (due := policy.renewal_due(store, stored, now)) is not None:
-        return Decision(True, due, now.isoformat())
+        return True, due, now.isoformat()
     if cursor is None:
         first = _not_yet_due(policy, stored, now, checked=False)
-        return Decision(False, f"{first}; the daily test starts a day from now", now.isoformat())
+        return False, f"{first}; the daily test starts a day from now", now.isoformat()
     try:
         last_run = datetime.fromisoformat(cursor)
     except ValueError:  # unknown: test now
@@ -151,8 +146,8 @@ def decide(
         from_the_future(last_run, now, "the last token test")
         or now - last_run >= CHECK_EVERY - TICK_INTERVAL / 2
     ):
-        return Decision(True, "daily test of the token due", now.isoformat())
-    return Decision(False, _not_yet_due(policy, stored, now, checked=False), cursor)
+        return True, "daily test of the token due", now.isoformat()
+    return False, _not_yet_due(policy, stored, now, checked=False), cursor
 
 
 def _not_yet_due(policy: RenewalPolicy, stored: StoredToken, now: datetime, checked: bool) -> str:

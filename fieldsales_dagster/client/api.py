@@ -289,9 +289,8 @@ class FieldSalesAPI(settings_resource("ApiSettings", ApiSettings, but=("api_toke
                 stats.count(token_rereads=1)
             else:
                 # Accepted: the store may record the token now (once per resource).
-                if fixed_token is None and not self._settled:
-                    if (store := self.token_store()) is not None:
-                        store.settle(self.env_token(), current)
+                if fixed_token is None and not self._settled and (store := self.token_store()):
+                    store.settle(self.env_token(), current)
                     self._settled = True
                 return result
 

@@ -34,11 +34,8 @@ def clean_token(raw: str | None, source: str) -> str:
     token = (raw or "").strip()
     for position, char in enumerate(token, start=1):
         if (why := _refused(char)) is not None:
-            hint = (
-                " (set the token alone, without 'Bearer ')"
-                if token[:7].lower() == "bearer " and why == "a space"
-                else ""
-            )
+            bearer = token[:7].lower() == "bearer " and why == "a space"
+            hint = " (set the token alone, without 'Bearer ')" if bearer else ""
             raise TokenFormatError(
                 f"The API token from {source} holds {why} at position {position} of {len(token)}"
                 f"{hint}: copy it again from your Field-Sales profile's API tab, without quotes."
