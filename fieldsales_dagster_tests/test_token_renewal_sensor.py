@@ -201,6 +201,8 @@ def test_the_first_tick_of_a_fresh_store_requests_no_run_and_starts_the_day(serv
     a_day_ago = (datetime.now(UTC) - timedelta(days=1)).isoformat()
     assert tick(api, cursor=a_day_ago).ran
     assert requests_to(server, CHECK_TOKEN_PATH) == 1
+    assert tick(api, cursor="not a time").ran  # a last test that does not parse: test now
+    assert requests_to(server, CHECK_TOKEN_PATH) == 2
 
 
 def test_the_first_tick_renews_a_token_that_is_due(server, store_path):

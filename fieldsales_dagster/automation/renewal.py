@@ -136,18 +136,15 @@ def decide(
     if cursor is None:
         first = _not_yet_due(policy, stored, now, checked=False)
         return False, f"{first}; the daily test starts a day from now", now.isoformat()
-    try:
+    with contextlib.suppress(ValueError):  # a last test that does not parse is unknown: test now
         last_run = datetime.fromisoformat(cursor)
-    except ValueError:  # unknown: test now
-        last_run = now - CHECK_EVERY
-    # Half a tick of slack, so 6-hour ticks test the token every 24 hours, not every 30; a last
-    # test from the future is unknown: test now.
-    if (
-        from_the_future(last_run, now, "the last token test")
-        or now - last_run >= CHECK_EVERY - TICK_INTERVAL / 2
-    ):
-        return True, "daily test of the token due", now.isoformat()
-    return False, _not_yet_due(policy, stored, now, checked=False), cursor
+        # Half a tick of slack, so 6-hour ticks test the token every 24 hours, not every 30; a
+        # last test from the future is unknown: test now.
+        if not from_the_future(last_run, now, "the last token test") and (
+            now - last_run < CHECK_EVERY - TICK_INTERVAL / 2
+        ):
+            return False, _not_yet_due(policy, stored, now, checked=False), cursor
+    return True, "daily test of the token due", now.isoformat()
 
 
 def _not_yet_due(policy: RenewalPolicy, stored: StoredToken, now: datetime, checked: bool) -> str:
