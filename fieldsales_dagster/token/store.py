@@ -30,8 +30,6 @@ from fieldsales_dagster.token.secret import TokenFormatError, clean_token
 LOCK_TIMEOUT_S = 300.0
 #: How long a request refused with HTTP 401 waits for a renewal in progress (one takes <= 15 s).
 RENEWAL_WAIT_S = 20.0
-#: Fingerprints of environment tokens the store has moved past (bounded history).
-MAX_RETIRED_FINGERPRINTS = 20
 Commit = Callable[["StoredToken"], None]
 
 
@@ -216,7 +214,8 @@ class TokenStore(abc.ABC):
         if stored.token == env_token:  # the environment set to the stored token: same age
             return stored, replace(stored, env_fingerprint=new.env_fingerprint, origin=new.origin)
         retired = (*stored.retired_env_fingerprints, stored.env_fingerprint)
-        return stored, replace(new, retired_env_fingerprints=retired[-MAX_RETIRED_FINGERPRINTS:])
+        # The environment tokens the store has moved past: the last 20, a bounded history.
+        return stored, replace(new, retired_env_fingerprints=retired[-20:])
 
     @staticmethod
     def _must_reseed(stored: StoredToken, env_token: str) -> bool:
