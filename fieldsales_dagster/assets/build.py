@@ -14,15 +14,14 @@ from fieldsales_dagster.assets.decode import (
     build_table,
     create_macros,
     decode_metadata,
-    read_shared,
     refresh_decoded,
     share_decoded,
 )
-from fieldsales_dagster.assets.follow import build_following, define_decoded_rows, failing_as
+from fieldsales_dagster.assets.follow import build_following, define_rows, failing_as
 from fieldsales_dagster.assets.metadata import table_metadata
 from fieldsales_dagster.assets.tables import CoreTable, core_query
 from fieldsales_dagster.warehouse.lake import cleanup
-from fieldsales_dagster.warehouse.quoting import qualified
+from fieldsales_dagster.warehouse.quoting import qualified, quote_ident
 from fieldsales_dagster.warehouse.warehouse import FieldSalesWarehouse
 
 #: ``commit(conn, table, write)`` runs ``write()``, the table's whole write (``one_commit``).
@@ -43,8 +42,10 @@ def build_described_table(
 
     def build() -> dict[str, Any]:
         for decoded in table.decoded:
-            if not decoded.kept:
-                read_shared(conn, warehouse, decoded)
+            if not decoded.kept:  # a view of the run's shared copy
+                view = quote_ident(decoded.table.partition(".")[2])
+                shared_copy = warehouse.shared_table(decoded.table)
+                conn.execute(f"CREATE OR REPLACE TEMP VIEW {view} AS SELECT * FROM {shared_copy}")
                 continue
             with failing_as(table.table, reads=decoded.table):
                 refreshed[decoded] = refresh_decoded(conn, decoded)
@@ -52,8 +53,8 @@ def build_described_table(
         query = core_query(table)
         with failing_as(table.table):
             macros = create_macros(conn, query)
-            if table.follows is not None:
-                define_decoded_rows(conn, table.follows)
+            if follows := table.follows:
+                define_rows(conn, "decoded_rows", f"SELECT * FROM {qualified(follows.decoded)}")
             published, params = publishing_query(conn, table.table, query, table.doc, warehouse)
 
         def describe(staged: str) -> None:

@@ -11,6 +11,7 @@ import duckdb
 from fieldsales_dagster.assets.columns import PACKAGE_SQL
 from fieldsales_dagster.assets.follow import (
     WHOLE_ABOVE,
+    define_rows,
     failing_as,
     fingerprint,
     rows_missing,
@@ -50,10 +51,6 @@ EVENTS_DECODED = Decoded("temp.events_decoded", "raw.events")
 DECODED_TABLES: tuple[Decoded, ...] = (TRANSACTIONS_DECODED, EVENTS_DECODED)
 
 
-def decoded_query(decoded: Decoded) -> str:
-    return (PACKAGE_SQL / f"{decoded.table.replace('.', '_')}.sql").read_text("utf-8")
-
-
 @dataclass(frozen=True)
 class DecodeRefresh:
     """What ``refresh_decoded`` did: ``mode`` (current, incremental or full), rows parsed."""
@@ -76,8 +73,7 @@ def build_decoded(conn: duckdb.DuckDBPyConnection, decoded: Decoded) -> DecodeRe
     def describe(staged: str) -> None:
         conn.execute(f"COMMENT ON TABLE {qualified(staged)} IS {sql_literal(decoded.description)}")
 
-    _define_rows_to_decode(conn, decoded)
-    build_table(conn, decoded.table, decoded_query(decoded), before_swap=describe)
+    build_table(conn, decoded.table, _decode_query(conn, decoded), before_swap=describe)
     (rows,) = one_row(conn, f"SELECT count(*) FROM {qualified(decoded.table)}")
     return DecodeRefresh("full", rows)
 
@@ -87,24 +83,10 @@ def share_decoded(
 ) -> DecodeRefresh:
     """Parse ``decoded`` once per run into the process's DuckDB, outside a transaction (the lake's
     writes one database only), for the run's steps while its raw table's ``fingerprint`` holds."""
-
-    def query() -> str:
-        _define_rows_to_decode(conn, decoded)
-        return decoded_query(decoded)
-
+    query = functools.partial(_decode_query, conn, decoded)
     with failing_as(decoded.table):
         rows = warehouse.share(conn, decoded.table, fingerprint(conn, decoded.source), query)
     return DecodeRefresh("current", 0) if rows is None else DecodeRefresh("full", rows)
-
-
-def read_shared(
-    conn: duckdb.DuckDBPyConnection, warehouse: FieldSalesWarehouse, decoded: Decoded
-) -> None:
-    name = decoded.table.partition(".")[2]
-    conn.execute(
-        f"CREATE OR REPLACE TEMP VIEW {quote_ident(name)} AS "
-        f"SELECT * FROM {warehouse.shared_table(decoded.table)}"
-    )
 
 
 def refresh_decoded(conn: duckdb.DuckDBPyConnection, decoded: Decoded) -> DecodeRefresh:
@@ -119,9 +101,7 @@ def refresh_decoded(conn: duckdb.DuckDBPyConnection, decoded: Decoded) -> Decode
     missing, rows = rows_missing(conn, decoded.source, decoded.table, "_fs_to_decode", slices=4)
     if missing > WHOLE_ABOVE * raw[0]:
         return build_decoded(conn, decoded)
-    _define_rows_to_decode(conn, decoded, rows)
-    query = decoded_query(decoded)
-    create_macros(conn, query)  # the decode types values with typed_values.sql
+    query = _decode_query(conn, decoded, rows)
 
     def update() -> None:
         conn.execute(
@@ -137,10 +117,8 @@ def refresh_decoded(conn: duckdb.DuckDBPyConnection, decoded: Decoded) -> Decode
 
 def _layout_changed(conn: duckdb.DuckDBPyConnection, decoded: Decoded) -> bool:
     """Whether the stored columns differ from the query's, or it fails to bind (build it whole)."""
-    _define_rows_to_decode(conn, decoded, f"SELECT * FROM {qualified(decoded.source)} LIMIT 0")
-    query = decoded_query(decoded)
+    query = _decode_query(conn, decoded, f"SELECT * FROM {qualified(decoded.source)} LIMIT 0")
     try:
-        create_macros(conn, query)
         wanted = [row[:2] for row in conn.execute(f"DESCRIBE {query}").fetchall()]
     except duckdb.Error:
         return True
@@ -148,13 +126,14 @@ def _layout_changed(conn: duckdb.DuckDBPyConnection, decoded: Decoded) -> bool:
     return wanted != [row[:2] for row in stored]
 
 
-def _define_rows_to_decode(
-    conn: duckdb.DuckDBPyConnection, decoded: Decoded, rows: str = ""
-) -> None:
-    """``rows_to_decode()``: ``rows``, or all of the source in slices (for the parser's memory)."""
+def _decode_query(conn: duckdb.DuckDBPyConnection, decoded: Decoded, rows: str = "") -> str:
+    """``decoded``'s query, its macros created and ``rows_to_decode()`` defined as ``rows``, or
+    all of the source in slices (for the parser's memory)."""
     rows = rows or f"SELECT * FROM {decoded.source.replace('.', '_')}_in_slices()"
-    create_macros(conn, rows)
-    conn.execute(f"CREATE OR REPLACE TEMP MACRO rows_to_decode() AS TABLE {rows}")
+    query = (PACKAGE_SQL / f"{decoded.table.replace('.', '_')}.sql").read_text("utf-8")
+    create_macros(conn, f"{rows}\n{query}")  # the decode types values with typed_values.sql
+    define_rows(conn, "rows_to_decode", rows)
+    return query
 
 
 @functools.cache

@@ -88,9 +88,9 @@ class Follows(msgspec.Struct, forbid_unknown_fields=True, frozen=True):
     resolved_against: dict[str, str] = msgspec.field(default_factory=dict)
 
 
-def define_decoded_rows(conn: duckdb.DuckDBPyConnection, follows: Follows, rows: str = "") -> None:
-    rows = rows or f"SELECT * FROM {qualified(follows.decoded)}"
-    conn.execute(f"CREATE OR REPLACE TEMP MACRO decoded_rows() AS TABLE {rows}")
+def define_rows(conn: duckdb.DuckDBPyConnection, macro: str, rows: str) -> None:
+    """``<macro>()``, the rows a query reads: all of a table, or those a build lacks."""
+    conn.execute(f"CREATE OR REPLACE TEMP MACRO {macro}() AS TABLE {rows}")
 
 
 def build_following(
@@ -102,20 +102,24 @@ def build_following(
     build_whole: Callable[[], None],
     macros: str = "",
 ) -> dict[str, Any]:
-    """Bring ``table`` up to date, incrementally when safe, else ``build_whole()``; says how."""
+    """Bring ``table`` up to date, incrementally when safe, else ``build_whole()`` (its query's
+    ``decoded_rows()`` all of ``follows.decoded``); says how."""
     fingerprints = "query_fingerprint VARCHAR, inputs_fingerprint VARCHAR"
     ensure_table(conn, STATE_TABLE, f"table_name VARCHAR, {fingerprints}")
+    resolved = "\n".join(
+        f"{t} ({columns}): {fingerprint(conn, t, columns) or 'missing'}"
+        for t, columns in follows.resolved_against.items()
+    )
     state = (
         hashlib.sha256(f"{query}\n{macros}".encode()).hexdigest(),
-        _content_fingerprint(conn, follows.resolved_against),
+        hashlib.sha256(resolved.encode()).hexdigest(),
     )
     why = _why_whole(conn, table, follows, state, params)
     if why is None:
-        if (result := _incremental(conn, table, follows, query, params, state)) is not None:
+        if (result := _incremental(conn, table, follows, query, state)) is not None:
             return result
         why = f"more than {WHOLE_ABOVE:.0%} of {follows.decoded} is new"
     conn.execute(f"DELETE FROM {STATE_TABLE} WHERE table_name = ?", [table])
-    define_decoded_rows(conn, follows)
     build_whole()
 
     def record() -> None:
@@ -166,7 +170,6 @@ def _incremental(
     table: str,
     follows: Follows,
     query: str,
-    params: dict[str, object],
     state: tuple[str, str],
 ) -> dict[str, Any] | None:
     decoded, inputs = qualified(follows.decoded), qualified(follows.inputs)
@@ -175,7 +178,7 @@ def _incremental(
     (rows,) = one_row(conn, f"SELECT count(*) FROM {decoded}")
     if added > WHOLE_ABOVE * rows:
         return None
-    define_decoded_rows(conn, follows, added_rows)
+    define_rows(conn, "decoded_rows", added_rows)
     target = qualified(table)
 
     def update() -> None:
@@ -191,7 +194,7 @@ def _incremental(
     try:
         with failing_as(table, "Updating"):
             # Before the transaction: inside it, query and transaction would share memory_limit.
-            conn.execute(f"CREATE OR REPLACE TEMP TABLE _fs_follow_rows AS\n{query}", params or {})
+            conn.execute(f"CREATE OR REPLACE TEMP TABLE _fs_follow_rows AS\n{query}")
             conn.execute(
                 "CREATE OR REPLACE TEMP TABLE _fs_follow_keys AS SELECT DISTINCT id FROM "
                 "(SELECT id FROM _fs_follow_added UNION ALL SELECT id FROM _fs_follow_gone)"
@@ -199,7 +202,6 @@ def _incremental(
             run_transaction(conn, table, update)
     finally:
         with cleanup(conn):
-            define_decoded_rows(conn, follows)
             conn.execute("DROP TABLE IF EXISTS _fs_follow_rows")
     why = (
         f"only {follows.decoded} changed since the previous build; replaced the rows of its "
@@ -208,14 +210,6 @@ def _incremental(
     if follows.from_decoded != "true":
         why += " and rebuilt the rows that come from elsewhere"
     return {"fieldsales/build": f"incremental: {why}"}
-
-
-def _content_fingerprint(conn: duckdb.DuckDBPyConnection, tables: dict[str, str]) -> str:
-    parts = [
-        f"{table} ({columns}): {fingerprint(conn, table, columns) or 'missing'}"
-        for table, columns in tables.items()
-    ]
-    return hashlib.sha256("\n".join(parts).encode()).hexdigest()
 
 
 def _write_state(conn: duckdb.DuckDBPyConnection, table: str, state: tuple[str, str]) -> None:
