@@ -77,9 +77,6 @@ class TableDoc:
     columns: tuple[Column, ...]
     description: str | None = None
 
-    def column(self, name: str) -> Column | None:
-        return next((c for c in self.columns if c.name == name), None)
-
     @property
     def pii_columns(self) -> tuple[str, ...]:
         return tuple(c.name for c in self.columns if c.pii)
@@ -136,17 +133,18 @@ def described_columns(
 ) -> list[tuple[str, str, str, bool]]:
     """``(name, type, description, pii)`` of ``table``'s columns as stored, notes appended."""
     derived = table.partition(".")[0] in EMPTY_IS_NULL_SCHEMAS
+    declared = {c.name: c for c in doc.columns}
     out = []
     stored = conn.execute(f"SELECT * FROM {qualified(table)} LIMIT 0").description
     for name, type_code, *_ in stored:
         data_type = str(type_code)  # the type's name, as information_schema.columns gives it
-        declared, pii = doc.column(name), name in doc.pii_columns
-        text = [declared.description if declared else "(not described)"]
+        column = declared.get(name, Column(name, "(not described)"))
+        text = [column.description]
         if derived and data_type in ("VARCHAR", "VARCHAR[]"):
             text.append(EMPTY_IS_NULL_NOTE)
-        if derived and pii:
+        if derived and column.pii:
             text.append(PII_NOTES[pii_policy])
-        out.append((name, data_type, " ".join(text), pii))
+        out.append((name, data_type, " ".join(text), column.pii))
     return out
 
 
