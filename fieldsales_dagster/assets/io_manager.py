@@ -212,10 +212,9 @@ class FieldSalesIOManager(dg.IOManager):
             return pd.DataFrame()
         wanted_columns = (context.definition_metadata or {}).get("columns") or ()
         columns = ", ".join(map(quote_ident, wanted_columns)) or "*"
-        query = f"SELECT {columns} FROM {qualified(table)}{where}"
         with self._warehouse.get_connection() as conn:
             try:
-                return conn.execute(query, params).df()
+                return conn.execute(f"SELECT {columns} FROM {qualified(table)}{where}", params).df()
             except (duckdb.CatalogException, duckdb.BinderException) as exc:
                 raise dg.Failure(
                     f"fieldsales_io_manager could not load {table} for input "
