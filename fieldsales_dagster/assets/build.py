@@ -1,8 +1,6 @@
 """Building a core or mart table: its query, as stored for analysts, swapped in with its comments
 (a failed query leaves the previous table)."""
 
-import functools
-from collections.abc import Callable
 from typing import Any
 
 import duckdb
@@ -20,33 +18,24 @@ from fieldsales_dagster.assets.decode import (
 from fieldsales_dagster.assets.follow import build_following, define_rows, failing_as
 from fieldsales_dagster.assets.metadata import table_metadata
 from fieldsales_dagster.assets.tables import CoreTable, core_query
-from fieldsales_dagster.warehouse.lake import cleanup
 from fieldsales_dagster.warehouse.quoting import qualified, quote_ident
 from fieldsales_dagster.warehouse.warehouse import FieldSalesWarehouse
-
-#: ``commit(conn, table, write)`` runs ``write()``, the table's whole write (``one_commit``).
-Commit = Callable[[duckdb.DuckDBPyConnection, str, Callable[[], dict[str, Any]]], dict[str, Any]]
 
 
 def build_described_table(
     conn: duckdb.DuckDBPyConnection,
     table: CoreTable,
     warehouse: FieldSalesWarehouse,
-    commit: Commit = lambda conn, table, write: write(),
+    commit: bool = False,
 ) -> dict[str, Any]:
-    """Build and swap in ``table``, its decoded tables brought up to date first. A not-kept one
-    is shared before ``commit`` (a lake transaction writes one database) and, outside a run,
-    dropped after it."""
+    """Build and swap in ``table``, its decoded tables brought up to date first; if ``commit``, in
+    one lake transaction recording what it read (``one_commit``). A not-kept decoded table is
+    shared before it (a lake transaction writes one database) and, outside a run, dropped after."""
     refreshed: dict[Decoded, DecodeRefresh] = {}
     shared = [decoded for decoded in table.decoded if not decoded.kept]
 
     def build() -> dict[str, Any]:
-        for decoded in table.decoded:
-            if not decoded.kept:  # a view of the run's shared copy
-                view = quote_ident(decoded.table.partition(".")[2])
-                shared_copy = warehouse.shared_table(decoded.table)
-                conn.execute(f"CREATE OR REPLACE TEMP VIEW {view} AS SELECT * FROM {shared_copy}")
-                continue
+        for decoded in [decoded for decoded in table.decoded if decoded.kept]:
             with failing_as(table.table, reads=decoded.table):
                 refreshed[decoded] = refresh_decoded(conn, decoded)
         metadata = decode_metadata([(decoded, refreshed[decoded]) for decoded in table.decoded])
@@ -63,24 +52,25 @@ def build_described_table(
         def build_whole() -> None:
             build_table(conn, table.table, published, params, before_swap=describe)
 
-        try:
-            if table.follows is None:
-                build_whole()
-                return metadata
-            return metadata | build_following(
-                conn, table.table, table.follows, published, params, build_whole, macros=macros
-            )
-        finally:
-            with cleanup(conn):
-                for decoded in shared:
-                    conn.execute(f"DROP VIEW IF EXISTS {qualified(decoded.table)}")
+        if table.follows is None:
+            build_whole()
+            return metadata
+        return metadata | build_following(
+            conn, table.table, table.follows, published, params, build_whole, macros=macros
+        )
 
     try:
         for decoded in shared:
             with failing_as(table.table, reads=decoded.table):
                 refreshed[decoded] = share_decoded(conn, warehouse, decoded)
-        return commit(conn, table.table, build)
+            view = quote_ident(decoded.table.partition(".")[2])  # of the run's shared copy
+            shared_copy = warehouse.shared_table(decoded.table)
+            conn.execute(f"CREATE OR REPLACE TEMP VIEW {view} AS SELECT * FROM {shared_copy}")
+        reads = [dep.replace("_", ".", 1) for dep in table.deps]
+        return warehouse.one_commit(conn, table.table, build, reads) if commit else build()
     finally:
+        for decoded in shared:
+            conn.execute(f"DROP VIEW IF EXISTS {qualified(decoded.table)}")
         if not warehouse.in_run:
             warehouse.drop_shared(conn)
 
@@ -88,7 +78,5 @@ def build_described_table(
 def materialize_core_table(
     conn: duckdb.DuckDBPyConnection, warehouse: FieldSalesWarehouse, table: CoreTable
 ) -> dict[str, Any]:
-    reads = [dep.replace("_", ".", 1) for dep in table.deps]
-    commit = functools.partial(warehouse.one_commit, reads=reads)
-    decode = build_described_table(conn, table, warehouse, commit)
+    decode = build_described_table(conn, table, warehouse, commit=True)
     return {**table_metadata(conn, warehouse, table.table, table.doc, preview=True), **decode}
