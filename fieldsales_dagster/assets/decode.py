@@ -47,8 +47,8 @@ TRANSACTIONS_DECODED = Decoded(
 )
 #: Every raw.events payload (up to ~14 KB each) parsed once for the eight tables reading events.
 EVENTS_DECODED = Decoded("temp.events_decoded", "raw.events")
-#: Every decoded table, in the order a table reading several brings them up to date.
-DECODED_TABLES: tuple[Decoded, ...] = (TRANSACTIONS_DECODED, EVENTS_DECODED)
+#: Every decoded table by name, in the order a table reading several brings them up to date.
+DECODED_BY_TABLE = {decoded.table: decoded for decoded in (TRANSACTIONS_DECODED, EVENTS_DECODED)}
 
 
 @dataclass(frozen=True)

@@ -20,7 +20,7 @@ from fieldsales_dagster.assets.columns import (
     read_table_file,
 )
 from fieldsales_dagster.assets.decode import (
-    DECODED_TABLES,
+    DECODED_BY_TABLE,
     Decoded,
     macro_file,
     macro_files_called,
@@ -32,7 +32,6 @@ from fieldsales_dagster.assets.raw import raw_asset_name, raw_columns
 from fieldsales_dagster.client.endpoints import LIST_ENDPOINTS
 from fieldsales_dagster.names import InstanceNames
 
-DECODED_BY_TABLE = {decoded.table: decoded for decoded in DECODED_TABLES}
 RAW_ASSETS = {endpoint.raw_table: raw_asset_name(endpoint) for endpoint in LIST_ENDPOINTS}
 
 
@@ -103,15 +102,13 @@ class CoreTable:
 def read_table(folder: Path, asset_name: str) -> CoreTable:
     where = folder / f"{asset_name}.yaml"
     found = read_table_file(where, TableFile)
-    columns = columns_of(found.columns)
-    names = {column.name for column in columns}
     if found.follows is not None and found.follows.decoded not in DECODED_BY_TABLE:
         raise TableFileError(
             f"{where}: follows.decoded is {found.follows.decoded!r}, which is no decoded table "
             f"(they are {', '.join(DECODED_BY_TABLE)}). Fix the file."
         )
     for entry, listed in (("key", found.key), ("nullable_key", found.nullable_key)):
-        if unknown := [name for name in listed if name not in names]:
+        if unknown := [name for name in listed if name not in found.columns]:
             raise TableFileError(
                 f"{where}: {entry} names {', '.join(unknown)}, which columns does not declare. "
                 "Fix the file."
@@ -121,7 +118,7 @@ def read_table(folder: Path, asset_name: str) -> CoreTable:
         f"{schema}.{name}",
         tuple(found.key),
         found.description,
-        TableDoc(columns),
+        TableDoc(columns_of(found.columns)),
         folder,
         tuple(found.nullable_key),
         found.follows,
@@ -204,7 +201,7 @@ def upstream_of(table: CoreTable) -> tuple[tuple[str, ...], tuple[Decoded, ...]]
                     f"sql/{asset}.sql). Fix the table name."
                 )
             deps.add(asset)
-    decoded = tuple(d for d in DECODED_TABLES if d.table in read_decoded)
+    decoded = tuple(d for d in DECODED_BY_TABLE.values() if d.table in read_decoded)
     deps.update(RAW_ASSETS[d.source] for d in decoded)
     return tuple(sorted(deps)), decoded
 
