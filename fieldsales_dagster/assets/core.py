@@ -56,8 +56,7 @@ def build_core_asset(
         if key in context.selected_asset_keys:
             with warehouse.get_connection() as conn:
                 metadata = materialize_core_table(conn, warehouse, table)
-            lineage = column_lineage(names, table)
-            metadata["dagster/column_lineage"] = lineage
+            metadata["dagster/column_lineage"] = lineage = column_lineage(names, table)
             # The open-source UI does not show dagster/column_lineage: the same, as a table.
             metadata["fieldsales/column_lineage"] = dg.MetadataValue.md(lineage_markdown(lineage))
             yield dg.MaterializeResult(asset_key=key, metadata=metadata)

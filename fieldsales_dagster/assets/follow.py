@@ -155,14 +155,9 @@ def _why_whole(
     if found[1] != state[1]:
         changed = " or ".join(f"{t} ({columns})" for t, columns in follows.resolved_against.items())
         return f"{changed} changed"
-    (unkeyed,) = one_row(
-        conn,
-        f"SELECT count(*) FROM {qualified(table)} WHERE ({follows.from_decoded}) "
-        f"AND {follows.key} IS NULL",
-    )
-    if unkeyed:
-        return f"{unkeyed} rows have no {follows.key}"
-    return None
+    where = f"({follows.from_decoded}) AND {follows.key} IS NULL"
+    (unkeyed,) = one_row(conn, f"SELECT count(*) FROM {qualified(table)} WHERE {where}")
+    return f"{unkeyed} rows have no {follows.key}" if unkeyed else None
 
 
 def _incremental(
