@@ -435,6 +435,26 @@ def test_lookback_refetches_events_whose_last_state_change_is_recent(demo_server
     assert meta["transactions_removed"] == 0
 
 
+def test_events_without_history_are_dated_by_their_state_timestamps(tmp_path):
+    # Half the events come with an empty eventStateHistory; their eventStateTimestamps still date
+    # their changes (2024-2025): the second run re-fetches only the new and the changed events.
+    from fieldsales_dagster.demo_api import DemoConfig, DemoServer
+    from fieldsales_dagster.demo_api.data import Shape
+
+    config = DemoConfig(transactions=1200, seed=3, shape=Shape(undated_events=50))
+    with DemoServer(config, host="127.0.0.1", port=0) as server:
+        warehouse = _first_load(server, tmp_path, RAW_ASSETS)
+        changes = server.behaviour.evolve(1)
+        second = _materialize(server, tmp_path, warehouse, mode="incremental")
+
+    meta = _refresh_metadata(second)
+    assert (meta["events_new"], meta["events_changed"], meta["events_recent"]) == (
+        changes["events_added"],
+        changes["events_evolved"],
+        0,
+    )
+
+
 def test_auto_runs_full_when_most_events_need_refetching(demo_server, tmp_path, loaded):
     wide = _warehouse(tmp_path, "incremental.duckdb", lookback_days=3650)
 

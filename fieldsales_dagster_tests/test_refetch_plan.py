@@ -28,7 +28,7 @@ def event(event_id: str, state: str, last_change: str = LONG_AGO) -> str:
             "_id": event_id,
             "eventState": state,
             "eventStateHistory": [{"state": state, "date": last_change}],
-            "eventStateTimestamps": {state: last_change},
+            "eventStateTimestamps": {state: [last_change]},
         }
     )
 
@@ -102,6 +102,27 @@ def test_an_event_without_a_dated_history_is_recent_only_while_first_seen_in_its
         store_events(conn, {"u": undated.replace('"open"', '"closed"')})
         assert plan(days=32) == {"changed": 1}
         assert plan(days=33) == {"recent": 1}  # seen closed since day 32
+
+
+def test_an_event_without_history_is_dated_by_its_state_timestamps(tmp_path, store_events):
+    """An empty eventStateHistory beside dated eventStateTimestamps (the server appends the time
+    of every state change there): the event is as recent as its last timestamp, from the first
+    load on, not re-fetched for a month as if undated."""
+
+    def stamped(event_id: str, paid: str) -> str:
+        stamps = {"Planned": [LONG_AGO], "Paid": [paid]}
+        item = {"_id": event_id, "eventState": "Paid", "eventStateHistory": []}
+        return json.dumps({**item, "eventStateTimestamps": stamps})
+
+    settled, fresh = stamped("s", "2021-03-01T00:00:00Z"), stamped("f", "2026-05-30T00:00:00Z")
+    with duckdb.connect(str(tmp_path / "stamped.duckdb")) as conn:
+        store_events(conn, {"s": settled, "f": fresh})
+        incremental._fingerprint_current_events(conn, NOW)
+        incremental._write_state(conn, mode="full", at=NOW, rows=0)
+
+        plan = incremental._plan(conn, lookback_days=30, now=NOW + timedelta(days=1))
+
+    assert (plan.event_ids, plan.why) == (["f"], {"recent": 1})
 
 
 def test_the_event_list_load_writes_each_events_state_beside_it(conn):

@@ -28,6 +28,7 @@ SHAPE_OPTIONS = {
     ),
     "--pos-extra-fields": ("pos_extra_fields", "extra attributes in every point-of-sale object"),
     "--tx-per-event": ("tx_per_event", "transactions per event when --events is not given"),
+    "--undated-events": ("undated_events", "percent of events with an empty status history"),
 }
 
 

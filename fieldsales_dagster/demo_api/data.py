@@ -252,6 +252,8 @@ class Shape:
     ``pos_extra_fields``: extra attributes in every point-of-sale object's ``genericFields``.
     ``tx_per_event``: transactions per event when the size names transactions only (the events
     default to ``transactions // tx_per_event``); each event's transactions are consecutive.
+    ``undated_events``: percent of the events served with an empty ``eventStateHistory`` (their
+    ``eventStateTimestamps`` kept), as some tenants serve their events.
     """
 
     events_per_pos: int = 4
@@ -260,6 +262,7 @@ class Shape:
     report_fields: int = 1
     pos_extra_fields: int = 0
     tx_per_event: int = 40
+    undated_events: int = 0
 
     def __post_init__(self) -> None:
         limits = {
@@ -269,6 +272,7 @@ class Shape:
             "report_fields": (1, 8),
             "pos_extra_fields": (0, 1000),
             "tx_per_event": (1, 100_000),
+            "undated_events": (0, 100),
         }
         for name, (lo, hi) in limits.items():
             value = getattr(self, name)
@@ -1267,7 +1271,7 @@ class Dataset:
             "pointOfSaleProjectStructure": {"area": area},
             "times": times,
             "eventState": state,
-            "eventStateHistory": history,
+            "eventStateHistory": [] if e * 61 % 100 < self.shape.undated_events else history,
             "eventStateTimestamps": stamps,
             "eventUser": [self.user_obj(u) for u in users],
             "agency_user": [

@@ -289,7 +289,7 @@ def _plan(conn: duckdb.DuckDBPyConnection, lookback_days: float, now: datetime) 
         FROM {FINGERPRINTS_NOW} n LEFT JOIN {FINGERPRINTS_TABLE} o USING (event_id)
         WHERE o.event_id IS NULL
            OR o.fingerprint IS DISTINCT FROM n.fingerprint
-           -- no history to date it: recent while first seen in this state within the window
+           -- nothing dated: recent while first seen in this state within the window
            OR coalesce(n.last_state_change, n.state_since) >= $since
         """,
         {"since": now - timedelta(days=lookback_days)},

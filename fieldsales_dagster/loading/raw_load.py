@@ -65,14 +65,14 @@ class _State(msgspec.Struct, rename="camel"):
 def event_state(item: msgspec.Raw) -> tuple[str, bytes]:
     """An event's state fingerprint (its ``_State`` as received, whitespace aside, personal values
     nulled as ``redact_pii_keys`` nulls them: an unkeyed hash of one could be guessed), and its
-    ``eventStateHistory`` (``null`` without one), whose dates ``Staging.seal`` reads in DuckDB."""
+    ``[eventStateHistory, eventStateTimestamps]``, whose dates ``Staging.seal`` reads in DuckDB."""
     try:
         state = msgspec.structs.astuple(msgspec.json.decode(item, type=_State))
     except msgspec.ValidationError:  # not an object
         state = msgspec.structs.astuple(_State())
     whole = b"\x01".join(msgspec.json.format(s, indent=-1) for s in state)
     fingerprint = hashlib.md5(re.sub(PII_VALUE.encode(), rb'"\1"\2:\3null', whole))
-    return fingerprint.hexdigest(), bytes(state[1])
+    return fingerprint.hexdigest(), b"[%b,%b]" % state[1:]
 
 
 class RawLoadError(RuntimeError):
@@ -116,7 +116,7 @@ def raw_table_ddl(
     # A temporary table's payloads are zstd: 2.6x faster to write ~5 KB JSON documents than
     # DuckDB's default, and smaller. A lake's Parquet files are zstd already (lake.py).
     extra = "".join(f", {quote_ident(col)} VARCHAR" for col, _ in endpoint.extra_columns)
-    states = ", fingerprint VARCHAR, state_history VARCHAR" * (endpoint is EVENTS)
+    states = ", fingerprint VARCHAR, state_times VARCHAR" * (endpoint is EVENTS)
     return (
         f"CREATE OR REPLACE {'TEMP ' * temporary}TABLE {qualified(table)} (id VARCHAR, payload "
         f"JSON{' USING COMPRESSION zstd' * temporary}, loaded_at TIMESTAMP{extra}"
@@ -127,7 +127,7 @@ def raw_table_ddl(
 def page_schema(endpoint: ListEndpoint) -> pa.Schema:
     import pyarrow as pa
 
-    states = ("fingerprint", "state_history") * (endpoint is EVENTS)
+    states = ("fingerprint", "state_times") * (endpoint is EVENTS)
     keys = [(column, pa.string()) for column in ("id", *dict(endpoint.extra_columns), *states)]
     return pa.schema([*keys, ("payload", pa.json_(pa.large_string())), ("digest", pa.int64())])
 
@@ -279,14 +279,16 @@ class Staging:
 
     def seal(self) -> None:
         """Drop the staging columns; an event's state waits in ``STAGED_STATES`` for the swap
-        (a DuckLake table's columns dropped in the swap's transaction fail its rename)."""
-        stage, dates = qualified(self.table), "json_extract_string(state_history, '$[*].date')"
+        (a DuckLake table's columns dropped in the swap's transaction fail its rename). Its dated
+        changes: its history's dates and every time its state timestamps hold."""
+        stage, history = qualified(self.table), "json_extract_string(state_times, '$[0][*].date')"
+        stamps = "json_extract_string(state_times, '$[1].*[*]')"
         if self.endpoint is EVENTS:
             self.conn.execute(
                 f"CREATE OR REPLACE TEMP TABLE {STAGED_STATES} AS SELECT id AS event_id, "
-                f"fingerprint, list_transform(coalesce({dates}, []), lambda d: try_cast(d AS "
-                f"TIMESTAMPTZ)) AS state_changes FROM {stage}; ALTER TABLE {stage} DROP "
-                f"fingerprint; ALTER TABLE {stage} DROP state_history"
+                f"fingerprint, list_distinct(list_transform({history} || {stamps}, lambda d: "
+                f"try_cast(d AS TIMESTAMPTZ))) AS state_changes FROM {stage}; ALTER TABLE "
+                f"{stage} DROP fingerprint; ALTER TABLE {stage} DROP state_times"
             )
         self.conn.execute(f"ALTER TABLE {stage} DROP COLUMN digest")
 
