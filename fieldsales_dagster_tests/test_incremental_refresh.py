@@ -22,6 +22,7 @@ from fieldsales_dagster.loading.refresh_mode import (
 from fieldsales_dagster.warehouse.warehouse import FieldSalesWarehouse
 from fieldsales_dagster_tests.conftest import make_api, make_warehouse, read_lake
 from fieldsales_dagster_tests.project import core_assets, materialize, raw_assets
+from fieldsales_dagster_tests.test_demo_api import TX, get
 
 RAW_ASSETS = raw_assets()
 ALL_ASSETS = [*RAW_ASSETS, *core_assets()]
@@ -453,6 +454,23 @@ def test_events_without_history_are_dated_by_their_state_timestamps(tmp_path):
         changes["events_evolved"],
         0,
     )
+
+
+def test_an_events_transaction_count_misses_an_edit_in_place(demo_server):
+    """Why no cheap check (the list's count, limit=1) can spare re-fetching a recent event's
+    transactions: an event whose transactions are edited in place lists as many as before."""
+    events = [demo_server.dataset.event_id(e) for e in range(demo_server.dataset.n_events)]
+
+    def listed(event_id: str) -> tuple[int, list]:
+        count = get(demo_server, TX, eventId=event_id, limit=1).json()["count"]  # the cheap check
+        return count, get(demo_server, TX, eventId=event_id, limit=1000).json()["transactions"]
+
+    before = {e: listed(e) for e in events}
+    demo_server.behaviour.evolve(1)
+    after = {e: listed(e) for e in events}
+
+    edited = [e for e in events if before[e][0] == after[e][0] and before[e][1] != after[e][1]]
+    assert edited
 
 
 def test_auto_runs_full_when_most_events_need_refetching(demo_server, tmp_path, loaded):
