@@ -34,8 +34,8 @@ class ResyncConfig(dg.Config):
     )
     changed_from: str | None = Field(
         default=None,
-        description="Instead of event_ids: the events with a status change (eventStateHistory) "
-        "at or after this day (YYYY-MM-DD, UTC) or time (ISO 8601).",
+        description="Instead of event_ids: the events with a status change (eventStateHistory, "
+        "eventStateTimestamps) at or after this day (YYYY-MM-DD, UTC) or time (ISO 8601).",
     )
     changed_to: str | None = Field(
         default=None,
