@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+from datetime import UTC, datetime
 from pathlib import Path
 
 import duckdb
@@ -11,12 +12,15 @@ import pytest
 
 from fieldsales_dagster.client.api import FieldSalesAPI
 from fieldsales_dagster.client.endpoints import TRANSACTIONS
+from fieldsales_dagster.client.envelope import ListStats
 from fieldsales_dagster.client.errors import PageFormatError
-from fieldsales_dagster.loading.lists import ItemTooLargeError, PagingError
+from fieldsales_dagster.loading.lists import ItemTooLargeError, ListPasses, PagingError, Stream
 from fieldsales_dagster.loading.raw_load import (
     RawLoadError,
     ShrinkRefusedError,
+    Staging,
     load_list,
+    page_executor,
 )
 from fieldsales_dagster.settings import SETTINGS
 from fieldsales_dagster_tests.conftest import read_lake
@@ -641,13 +645,20 @@ def test_items_between_pages_answered_out_of_order_are_fetched_by_a_gap_repair(w
     assert report.passes == 1 and report.repairs == 1
 
 
+def by_event(api: FieldSalesAPI, tmp_path: Path, *events: str) -> tuple[dict, Staging]:
+    """Pages each event's transaction list into a staging table as the incremental refresh
+    does (a short page's total is trusted): the results by event, and the staging."""
+    conn = duckdb.connect(str(tmp_path / "stage.duckdb"))
+    conn.execute("CREATE SCHEMA raw")
+    staging = Staging(conn, TRANSACTIONS, "raw.stage", datetime.now(UTC), "event_id")
+    staging.create()
+    lists = [Stream(TRANSACTIONS.with_params(eventId=e), e, api.page_size) for e in events]
+    return ListPasses(page_executor(api, label="by event"), staging).run(lists), staging
+
+
 def test_an_event_list_that_moved_is_paged_again_alone(tmp_path):
     """The per-event lists share the executor and its rule: the one whose total went down while
     it was paged is paged again, its first pass's rows forgotten; the others are not asked again."""
-    from datetime import UTC, datetime
-
-    from fieldsales_dagster.loading.lists import ListPasses, Stream
-    from fieldsales_dagster.loading.raw_load import Staging, page_executor
 
     def event_items(event, start, stop):
         return [{"_id": f"{event}-{i:03d}", "eventId": event} for i in range(start, stop)]
@@ -664,20 +675,11 @@ def test_an_event_list_that_moved_is_paged_again_alone(tmp_path):
         return {"transactions": listed[skip : skip + limit], "count": len(listed)}
 
     with HostileServer(answer, with_params=True) as server:
-        api = hostile_api(server)
-        conn = duckdb.connect(str(tmp_path / "stage.duckdb"))
-        conn.execute("CREATE SCHEMA raw")
-        staging = Staging(conn, TRANSACTIONS, "raw.stage", datetime.now(UTC), "event_id")
-        staging.create()
-        lists = [  # as the incremental refresh builds them: a short page's total is trusted
-            Stream(TRANSACTIONS.with_params(eventId=e), e, api.page_size)
-            for e in ("moving", "calm")
-        ]
-        results = ListPasses(page_executor(api, label="by event"), staging).run(lists)
+        results, staging = by_event(hostile_api(server), tmp_path, "moving", "calm")
         asked = [dict(a.params)["eventId"] for a in server.asked]
     assert {key: result.passes for key, result in results.items()} == {"moving": 2, "calm": 1}
     assert staging.counts() == {"moving": (149, 149), "calm": (30, 30)}
-    assert asked.count("calm") == 2  # its pass and one re-read: not paged again
+    assert asked.count("calm") == 1  # one answer held it whole: not read or paged again
 
 
 # --- requests per list ------------------------------------------------------------------------
@@ -725,3 +727,27 @@ def test_requests_per_list_on_the_demo_api_capping_limit_are_at_most_twice_its_p
     events = demo_server.dataset.count("events")
     assert report.rows == events == 30 and report.passes == 1
     assert asked <= 2 * -(-events // 4) + 10, f"{asked} requests"
+
+
+def test_a_pass_whose_end_a_later_answer_proved_is_read_again_though_one_answer_held_it(
+    demo_server, api, tmp_path
+):
+    """Why only a pass of ONE answer skips the re-read (issue 48), on the demo API's modes: no
+    totals and ``limit`` capped silently one below an event's transactions. Its first page
+    holds all but the last; the first of them is deleted before the next request, so the empty
+    page that ends the list comes from a list one shorter. Every kept item came in one answer,
+    yet the pass holds a set the server never had (the deleted item, not the last one): the
+    re-read finds the deleted one gone, and the second pass holds the list as it is."""
+    first = demo_server.dataset.item("transactions", 0)
+    endpoint = TRANSACTIONS.with_params(eventId=first["eventId"])
+    listed = api.fetch_page(endpoint, 0, ListStats()).total
+    demo_server.behaviour.limit_cap, demo_server.behaviour.omit_totals = listed - 1, True
+    demo_server.behaviour.mutate("transactions", after_requests=1, delete=1, at=0)
+
+    results, staging = by_event(api, tmp_path, first["eventId"])
+    (result,) = results.values()
+
+    stored = {one for (one,) in staging.conn.execute("SELECT id FROM raw.stage").fetchall()}
+    now = {json.loads(bytes(one))["_id"] for one in api.fetch_page(endpoint, 0, ListStats()).items}
+    assert first["_id"] not in stored
+    assert stored == now and len(now) == listed - 1 and result.passes == 2

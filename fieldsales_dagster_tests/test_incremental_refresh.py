@@ -3,6 +3,7 @@ and every raw.* and core.* table must equal a fresh full load of the evolved dat
 
 from __future__ import annotations
 
+import collections
 import dataclasses
 import logging
 from datetime import UTC, datetime, timedelta
@@ -551,3 +552,21 @@ def test_choose_mode_incremental_with_stale_events_fails_clearly():
     assert _choose("auto", stale).mode == "full"
     with pytest.raises(IncrementalRefreshError, match="Materialize raw_events"):
         _choose("incremental", stale)
+
+
+def test_a_changed_events_transactions_that_one_page_holds_are_fetched_in_one_request(
+    demo_server, tmp_path, loaded
+):
+    """Issue 48: each re-fetched event's list (40-odd transactions, a page of 100, its count
+    equal to its items) is one answer, a set the server held at one instant: it is not read
+    again. The run's ``requests`` are those lists, the global count and the whole lists."""
+    demo_server.behaviour.evolve(1)
+    demo_server.clear_requests()
+
+    meta = _refresh_metadata(_materialize(demo_server, tmp_path, loaded, assets=RAW_ASSETS))
+
+    queries = [r.query for r in demo_server.requests if r.path.endswith("/transaction/all")]
+    per_event = collections.Counter(q["eventId"] for q in queries if "eventId" in q)
+    assert len(per_event) == meta["events_refetched"] == 4
+    assert sorted(per_event.values()) == [1, 1, 1, 1]
+    assert meta["requests"] == len(queries) == 4 + 1

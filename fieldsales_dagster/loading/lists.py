@@ -221,6 +221,11 @@ class ListPass:
         self.bodies: dict[int, Body] = share.bodies if share else {}
         self.known: dict[int, Body] = share.known if share else known or {}
 
+    def reread(self, spent: ListStats) -> ListPass:
+        """A pass that reads the list again; a pass of one answer is its own (``_read_again``)."""
+        one = len(self.stats.answers) < 2  # no request, repair or probe followed the first
+        return self if one else ListPass(self.stream, ListStats(parent=spent), known=self.bodies)
+
 
 @dataclass(frozen=True)
 class Limits:
@@ -546,7 +551,9 @@ class ListPasses:
                 seen = tuple(stats.totals_seen), stats.total_decreased, previous.get(key)
                 facts = PassFacts(rows, distinct, *seen, *differing, missing.size, gone_ids)
                 if (why := facts.incomplete()) is None:
-                    reason = f"{facts.describe()}; read again, the list still held every item"
+                    proof = "read again, the list still held every item"
+                    proof = "one answer held the whole list" if len(stats.answers) < 2 else proof
+                    reason = f"{facts.describe()}; {proof}"
                     results[key] = ListResult(lp.stats, facts, reason, number, lp.repairs)
                 elif number == max_passes:
                     raise IncompleteListError(
@@ -584,13 +591,16 @@ class ListPasses:
             passes = growing
 
     def _read_again(self, passes: list[ListPass]) -> list[np.ndarray]:
-        """Read every list once more, storing nothing: what each pass kept that the re-read did
-        not list as it was (its own gaps read, so items an insert shifted are not gone)."""
+        """Read each list once more, storing nothing: what each pass kept that the re-read did
+        not list as it was (its own gaps read, so items an insert shifted are not gone).
+
+        A pass of one answer (an empty list, or a page whose total equals its items and is not
+        doubted) is its own re-read: one response is a set the server held at one instant, with
+        its end in it. A later answer that proves the end (a probe, an empty page) may see the
+        list after it shrank, so such a pass is read again (``test_hostile_paging.py``)."""
         spent = self.executor.spent
-        again = [
-            (lp, ListPass(lp.stream, ListStats(parent=spent), known=lp.bodies)) for lp in passes
-        ]
-        deque(self.executor.fetch([reread for _, reread in again]), maxlen=0)  # stores nothing
+        again = [(lp, lp.reread(spent)) for lp in passes]
+        deque(self.executor.fetch([r for lp, r in again if r is not lp]), maxlen=0)  # no store
         gaps = [
             ListPass(lp.stream, reread.stats, start, stop, share=reread)
             for lp, reread in again
