@@ -25,6 +25,7 @@ from fieldsales_dagster.loading.raw_load import (
 from fieldsales_dagster.settings import SETTINGS
 from fieldsales_dagster_tests.conftest import read_lake
 from fieldsales_dagster_tests.hostile_lists import HostileServer, items
+from fieldsales_dagster_tests.test_paginators import stored as stored_ids
 
 #: The largest item the client lets through by default (max_item_mb).
 MAX_ITEM_BYTES = SETTINGS["max_item_mb"].default << 20
@@ -747,7 +748,25 @@ def test_a_pass_whose_end_a_later_answer_proved_is_read_again_though_one_answer_
     results, staging = by_event(api, tmp_path, first["eventId"])
     (result,) = results.values()
 
-    stored = {one for (one,) in staging.conn.execute("SELECT id FROM raw.stage").fetchall()}
+    stored = stored_ids(staging)
     now = {json.loads(bytes(one))["_id"] for one in api.fetch_page(endpoint, 0, ListStats()).items}
     assert first["_id"] not in stored
     assert stored == now and len(now) == listed - 1 and result.passes == 2
+
+
+def test_a_full_first_page_whose_total_is_the_limit_asked_is_read_again(tmp_path):
+    """The same with a full first page and a count that is only the ``limit`` asked: 101
+    transactions, pages of 100 counted 100; the first is deleted before the probe, which then
+    finds the list ending at 100. One answer held every kept item, not a set the server had."""
+    listed = [{**one, "eventId": "e"} for one in items(0, 101)]
+
+    def answer(path, skip, limit):
+        page = listed[skip : skip + limit]
+        if len(server.asked) == 1:
+            del listed[0]
+        return {"transactions": page, "count": limit}
+
+    with HostileServer(answer) as server:
+        results, staging = by_event(hostile_api(server), tmp_path, "e")
+    assert staging.counts() == {"e": (100, 100)} and results["e"].passes == 2
+    assert stored_ids(staging) == {one["_id"] for one in listed}
