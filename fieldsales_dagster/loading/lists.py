@@ -221,10 +221,16 @@ class ListPass:
         self.bodies: dict[int, Body] = share.bodies if share else {}
         self.known: dict[int, Body] = share.known if share else known or {}
 
+    @property
+    def one_answer(self) -> bool:
+        """No request, repair or probe followed the first answer (``_read_again``)."""
+        return len(self.stats.answers) < 2
+
     def reread(self, spent: ListStats) -> ListPass:
-        """A pass that reads the list again; a pass of one answer is its own (``_read_again``)."""
-        one = len(self.stats.answers) < 2  # no request, repair or probe followed the first
-        return self if one else ListPass(self.stream, ListStats(parent=spent), known=self.bodies)
+        """A pass that reads the list again; a pass of one answer is its own."""
+        if self.one_answer:
+            return self
+        return ListPass(self.stream, ListStats(parent=spent), known=self.bodies)
 
 
 @dataclass(frozen=True)
@@ -552,7 +558,7 @@ class ListPasses:
                 facts = PassFacts(rows, distinct, *seen, *differing, missing.size, gone_ids)
                 if (why := facts.incomplete()) is None:
                     proof = "read again, the list still held every item"
-                    proof = "one answer held the whole list" if len(stats.answers) < 2 else proof
+                    proof = "one answer held the whole list" if lp.one_answer else proof
                     reason = f"{facts.describe()}; {proof}"
                     results[key] = ListResult(lp.stats, facts, reason, number, lp.repairs)
                 elif number == max_passes:
