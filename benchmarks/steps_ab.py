@@ -21,6 +21,12 @@ into a single DuckDB file, which must be new for each run as the lake is:
     python -m benchmarks.steps_ab 1000000 2 \
         dfc037d=../dfc@FIELDSALES_DUCKDB_PATH={run}/fieldsales.duckdb final=.
 
+``--nightly G`` measures each lake's second run: its first run (not measured) against the demo
+API at generation 0, then the run measured against generation ``G`` (``G`` = 1: ~1% of the events
+changed, the nightly run; ``G`` = 0: nothing changed):
+
+    python -m benchmarks.steps_ab --nightly 1 100000 2 base=/tmp/base-checkout branch=.
+
 ``--profile heavy`` serves the demo API's heavy profile instead of the default one;
 ``--select raw_events,raw_transactions`` runs those assets instead of every one (``*``), in
 Dagster's selection syntax, to look at one step's CPU and peak RSS alone.
@@ -65,10 +71,10 @@ def _side(arg: str) -> tuple[str, Path, dict[str, str]]:
 
 
 def main(argv: list[str]) -> int:
-    options = {"--profile": "demo", "--select": "*"}
+    options = {"--profile": "demo", "--select": "*", "--nightly": ""}
     while argv and argv[0] in options:
         options[argv[0]], argv = argv[1], argv[2:]
-    profile, select = options["--profile"], options["--select"]
+    profile, select, nightly = options["--profile"], options["--select"], options["--nightly"]
     size, rounds = int(argv[0]), int(argv[1])
     sides = [_side(a) for a in argv[2:]]
     trees = {name: tree for name, tree, _ in sides}
@@ -78,44 +84,57 @@ def main(argv: list[str]) -> int:
     env0 = {k: v for k, v in os.environ.items() if not k.startswith(("FIELDSALES_", "DAGSTER_"))}
     env0["PYTHONUNBUFFERED"] = "1"
     results: dict[str, list[dict]] = {name: [] for name in trees}
-    with DemoAPI(size, token, out / "api.log", prerender=True, profile=profile) as api:
-        for round_ in range(rounds):
-            for name, tree in trees.items():
-                where = out / f"{name}-{round_}"
-                (where / "lake").mkdir(parents=True)
-                env = {
-                    **env0,
-                    "PYTHONPATH": str(tree),
-                    "DAGSTER_HOME": str(where / "home"),
-                    "FIELDSALES_BASE_URL": api.base_url,
-                    "FIELDSALES_API_TOKEN": token,
-                    "FIELDSALES_DUCKLAKE_CATALOG": f"sqlite:{where}/lake.sqlite",
-                    "FIELDSALES_DUCKLAKE_DATA_PATH": str(where / "lake"),
-                    "FIELDSALES_TOKEN_STORE": str(where / "token.json"),
-                    # ``{run}`` in a side's value: this run's folder (a file of its own per run).
-                    **{k: v.replace("{run}", str(where)) for k, v in extra_env[name].items()},
-                }
-                _home(tree, where / "home", env)
-                argv_run = [str(BIN / "dagster"), "asset", "materialize", "-m"]
-                argv_run += ["fieldsales_dagster", "--select", select]
-                m = measure(name, argv_run, where / "run.log", env, server=api, cwd=tree)
-                steps = step_cpu(where / "home", m.cpu_samples, m.rss_samples)
-                results[name].append(
-                    {
-                        "ok": m.ok,
-                        "wall": m.wall_s,
-                        "cpu": m.cpu_s,
-                        "rss": m.peak_rss,
-                        "steps": {s.step: (s.cpu_s, s.wall_s, s.peak_rss) for s in steps},
+    # ``--nightly G``: each lake's first run at generation 0, then the measured run at G.
+    generations = [0, int(nightly)] if nightly else [0]
+    for round_ in range(rounds):
+        for index, generation in enumerate(generations):
+            log = out / f"api-{round_}-{index}.log"
+            with DemoAPI(
+                size, token, log, prerender=True, profile=profile, generation=generation
+            ) as api:
+                for name, tree in trees.items():
+                    where = out / f"{name}-{round_}"
+                    if not (where / "lake").exists():
+                        (where / "lake").mkdir(parents=True)
+                    env = {
+                        **env0,
+                        "PYTHONPATH": str(tree),
+                        "DAGSTER_HOME": str(where / "home"),
+                        "FIELDSALES_BASE_URL": api.base_url,
+                        "FIELDSALES_API_TOKEN": token,
+                        "FIELDSALES_DUCKLAKE_CATALOG": f"sqlite:{where}/lake.sqlite",
+                        "FIELDSALES_DUCKLAKE_DATA_PATH": str(where / "lake"),
+                        "FIELDSALES_TOKEN_STORE": str(where / "token.json"),
+                        # ``{run}`` in a side's value: this run's folder (a file of its own).
+                        **{k: v.replace("{run}", str(where)) for k, v in extra_env[name].items()},
                     }
-                )
-                print(
-                    f"{name} round {round_}: {'ok' if m.ok else 'FAILED'}, wall {m.wall_s:.1f} s, "
-                    f"CPU {m.cpu_s:.1f} s, peak RSS {m.peak_rss / 2**20:.0f} MiB",
-                    file=sys.stderr,
-                    flush=True,
-                )
-                shutil.rmtree(where / "lake", ignore_errors=True)
+                    if not (where / "home").exists():
+                        _home(tree, where / "home", env)
+                    argv_run = [str(BIN / "dagster"), "asset", "materialize", "-m"]
+                    argv_run += ["fieldsales_dagster", "--select", select]
+                    run_log = where / f"run-{index}.log"
+                    m = measure(name, argv_run, run_log, env, server=api, cwd=tree)
+                    print(
+                        f"{name} round {round_} generation {generation}: "
+                        f"{'ok' if m.ok else 'FAILED'}, wall {m.wall_s:.1f} s, "
+                        f"CPU {m.cpu_s:.1f} s, peak RSS {m.peak_rss / 2**20:.0f} MiB",
+                        file=sys.stderr,
+                        flush=True,
+                    )
+                    if index < len(generations) - 1:
+                        continue
+                    by_step = step_cpu(where / "home", m.cpu_samples, m.rss_samples)
+                    results[name].append(
+                        {
+                            "ok": m.ok,
+                            "wall": m.wall_s,
+                            "cpu": m.cpu_s,
+                            "rss": m.peak_rss,
+                            "steps": {s.step: (s.cpu_s, s.wall_s, s.peak_rss) for s in by_step},
+                        }
+                    )
+        for name in trees:
+            shutil.rmtree(out / f"{name}-{round_}" / "lake", ignore_errors=True)
     (out / "results.json").write_text(json.dumps(results, indent=1))
 
     def median(name: str, pick) -> float:
