@@ -23,7 +23,12 @@ WITH chosen_events AS (
 pos_objects AS (
     SELECT
         chosen_events.pos_id,
-        e.point_of_sale AS pos
+        -- Without genericFields, which nothing here reads: each function below parses pos again,
+        -- and a tenant's hundreds of custom fields made those parses outgrow the memory limit.
+        CASE json_type(e.point_of_sale)
+            WHEN 'OBJECT' THEN json_merge_patch(e.point_of_sale, '{"genericFields": null}')
+            ELSE e.point_of_sale
+        END AS pos
     FROM chosen_events
     JOIN temp.events_decoded AS e ON e.id = chosen_events.event_id
 ),
