@@ -57,17 +57,15 @@ def latest_metadata(instance: dg.DagsterInstance, asset: str) -> dict:
     return dict(event.asset_materialization.metadata)
 
 
-def table_columns(warehouse: FieldSalesWarehouse, table: str) -> set[str]:
-    schema, _, name = table.partition(".")
+def lake_columns(warehouse: FieldSalesWarehouse) -> dict[str, set[str]]:
+    """Every table's columns in the lake, by ``schema.table``, read in one query."""
+    columns: dict[str, set[str]] = {}
     with read_lake(warehouse) as conn:
-        return {
-            row[0]
-            for row in conn.execute(
-                "SELECT column_name FROM information_schema.columns "
-                "WHERE table_schema = ? AND table_name = ?",
-                [schema, name],
-            ).fetchall()
-        }
+        for table, column in conn.execute(
+            "SELECT table_schema || '.' || table_name, column_name FROM information_schema.columns"
+        ).fetchall():
+            columns.setdefault(table, set()).add(column)
+    return columns
 
 
 # --- code version -------------------------------------------------------------------------
@@ -109,17 +107,18 @@ def test_every_core_and_mart_table_reports_column_lineage_from_its_sql(refreshed
     }
     table_of = {dg.AssetKey(t.asset_name): t.table for t in SQL_TABLES}
     table_of.update({dg.AssetKey(t.replace(".", "_")): t for t in RAW_TABLES})
+    columns = lake_columns(warehouse)
     for table in SQL_TABLES:
         key = dg.AssetKey(table.asset_name)
         lineage = latest_metadata(instance, table.asset_name)["dagster/column_lineage"].value
         assert isinstance(lineage, dg.TableColumnLineage), table.table
         assert lineage.deps_by_column, table.table
-        assert set(lineage.deps_by_column) <= table_columns(warehouse, table.table)
+        assert set(lineage.deps_by_column) <= columns[table.table]
         for column, deps in lineage.deps_by_column.items():
             for dep in deps:
                 # A column comes from a table the asset depends on, and from a column it has.
                 assert dep.asset_key in deps_of[key], (table.table, column, dep)
-                upstream = table_columns(warehouse, table_of[dep.asset_key])
+                upstream = columns[table_of[dep.asset_key]]
                 assert dep.column_name in upstream, (table.table, column, dep)
 
 
