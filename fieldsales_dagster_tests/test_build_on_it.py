@@ -25,7 +25,7 @@ from dagster._core.definitions.automation_condition_sensor_definition import (
 )
 
 import fieldsales_dagster
-from fieldsales_dagster_tests.conftest import lake_at, lake_paths, make_warehouse, read_lake
+from fieldsales_dagster_tests.conftest import lake_at, lake_paths, read_lake
 from fieldsales_dagster_tests.project import error_chain, instance_yaml, write_project
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
@@ -153,6 +153,9 @@ def user_env(demo_server, tmp_path, monkeypatch) -> dict[str, str]:
 
 
 def test_readme_examples_build_with_everything_and_survive_a_raw_only_run(user_env, tmp_path):
+    """The two examples on the lake the environment sets (catalog and data path): their tables
+    land in its ``analytics`` schema, beside the core tables they read, and a raw-only run leaves
+    them as they were; with no export set, no DuckDB file is written anywhere."""
     package = write_user_location(tmp_path / "location", readme_examples())
     database = tmp_path / "fieldsales.duckdb"
     env = {**user_env, "DAGSTER_HOME": str(tmp_path)}
@@ -169,6 +172,7 @@ def test_readme_examples_build_with_everything_and_survive_a_raw_only_run(user_e
     assert user_tables(database) == built  # ... and left the user tables as they were
     with read_lake(database) as conn:  # ... which readers see with the core tables built from it
         assert conn.execute("SELECT max(loaded_at) FROM raw.events").fetchone() == (raw_loaded,)
+    assert not list(tmp_path.rglob("*.duckdb"))  # no export: no DuckDB file at all
 
 
 def run_assets(
@@ -382,25 +386,3 @@ def test_warehouse_is_importable_from_the_package_and_is_the_resource_of_the_key
         write_user_location(tmp_path / "location", readme_examples()), monkeypatch
     )
     assert isinstance(defs.resources["warehouse"], FieldSalesWarehouse)
-
-
-def test_readme_examples_build_on_a_lake_of_its_own_and_write_no_duckdb_file(user_env, tmp_path):
-    """The same two examples on a lake whose catalog and data path are set: their tables land in
-    the lake's ``analytics`` schema, beside the core tables they read; with no export set, no
-    DuckDB file is written anywhere."""
-    package = write_user_location(tmp_path / "location", readme_examples())
-    warehouse = make_warehouse(tmp_path / "elsewhere", "shared")
-    env = {
-        **user_env,
-        "DAGSTER_HOME": str(tmp_path),
-        "FIELDSALES_DUCKLAKE_CATALOG": str(warehouse.ducklake_catalog),
-        "FIELDSALES_DUCKLAKE_DATA_PATH": str(warehouse.ducklake_data_path),
-    }
-    materialize(package, env, "*")
-
-    with read_lake(warehouse) as conn:
-        revenue = daily_revenue(conn, "analytics.daily_revenue")
-        sales = product_sales(conn, "analytics.product_sales")
-        assert revenue and revenue == expected_daily_revenue(conn)
-        assert sales and sales == expected_product_sales(conn)
-    assert not list(tmp_path.rglob("*.duckdb"))  # no export: no DuckDB file at all
