@@ -1,11 +1,14 @@
 """Building a core or mart table: its query, as stored for analysts, swapped in with its comments
-(a failed query leaves the previous table)."""
+(a failed query leaves the previous table); or not, where nothing it is made from changed."""
 
+import functools
+import hashlib
+from pathlib import Path
 from typing import Any
 
 import duckdb
 
-from fieldsales_dagster.assets.columns import comment_table, publishing_query
+from fieldsales_dagster.assets.columns import PACKAGE_SQL, comment_table, publishing_query
 from fieldsales_dagster.assets.decode import (
     Decoded,
     DecodeRefresh,
@@ -18,8 +21,76 @@ from fieldsales_dagster.assets.decode import (
 from fieldsales_dagster.assets.follow import build_following, define_rows, failing_as
 from fieldsales_dagster.assets.metadata import table_metadata
 from fieldsales_dagster.assets.tables import CoreTable, core_query
+from fieldsales_dagster.warehouse.lake import changed_since, ensure_table, table_exists
 from fieldsales_dagster.warehouse.quoting import qualified, quote_ident
 from fieldsales_dagster.warehouse.warehouse import FieldSalesWarehouse
+
+#: Per built table: what it was built from besides its inputs, and the snapshot its build read.
+FINGERPRINTS = "meta.build_fingerprints"
+#: The code that shapes a built table beside its query (publishing, decoding, comments, PII).
+BUILD_CODE = (
+    *(Path(__file__).parent / f"{name}.py" for name in ("build", "columns", "decode", "follow")),
+    Path(__file__).parent.parent / "warehouse" / "pii.py",
+)
+
+
+@functools.cache
+def _code_digest(folder: Path) -> str:
+    """DuckDB's version, the build code, and every query, macro and YAML file it may read."""
+    digest = hashlib.sha256(duckdb.__version__.encode())
+    files = sorted({*folder.glob("*.sql"), *folder.glob("*.yaml"), *PACKAGE_SQL.glob("*.sql")})
+    for path in [*BUILD_CODE, *files]:
+        digest.update(f"{path.name}\0".encode() + path.read_bytes())
+    return digest.hexdigest()
+
+
+def build_fingerprint(table: CoreTable, warehouse: FieldSalesWarehouse) -> str | None:
+    """What ``table`` is made of besides its inputs' rows: code, queries, the PII policy. ``None``
+    where its personal columns are hashed: the key is never stored, so nothing compares."""
+    if warehouse.pii == "hash" and table.table.startswith("core.") and table.doc.pii_columns:
+        return None
+    return f"{_code_digest(table.folder)}:{warehouse.pii}"
+
+
+def inputs_of(table: CoreTable) -> list[str]:
+    """The lake tables ``table``'s build reads (a decoded table's raw table among them)."""
+    return [dep.replace("_", ".", 1) for dep in table.deps]
+
+
+def unchanged(
+    conn: duckdb.DuckDBPyConnection, warehouse: FieldSalesWarehouse, table: CoreTable
+) -> str | None:
+    """Why ``table`` is still what a build would make now, or ``None``: it was built, by the same
+    ``build_fingerprint``, and no commit since the snapshot that build read changed an input."""
+    try:
+        found = conn.execute(
+            f"SELECT fingerprint, read_snapshot FROM {FINGERPRINTS} WHERE table_name = ?",
+            [table.table],
+        ).fetchone()
+    except duckdb.CatalogException:
+        return None
+    # A decoded table follows its raw table, which is an input (changed in the build's own commit).
+    inputs = inputs_of(table)
+    if found is None or found[0] != build_fingerprint(table, warehouse):
+        return None
+    if not table_exists(conn, table.table) or changed_since(conn, warehouse.lake, found[1], inputs):
+        return None
+    return f"{', '.join(inputs)} and its code and settings are as at snapshot {found[1]}"
+
+
+def record_fingerprint(
+    conn: duckdb.DuckDBPyConnection, table: str, fingerprint: str | None
+) -> None:
+    """In the build's transaction: ``fingerprint`` and the snapshot the build reads."""
+    ensure_table(
+        conn, FINGERPRINTS, "table_name VARCHAR, fingerprint VARCHAR, read_snapshot BIGINT"
+    )
+    conn.execute(f"DELETE FROM {FINGERPRINTS} WHERE table_name = ?", [table])
+    if fingerprint is not None:
+        conn.execute(
+            f"INSERT INTO {FINGERPRINTS} SELECT ?, ?, id FROM current_snapshot()",
+            [table, fingerprint],
+        )
 
 
 def build_described_table(
@@ -27,10 +98,12 @@ def build_described_table(
     table: CoreTable,
     warehouse: FieldSalesWarehouse,
     commit: bool = False,
+    fingerprint: str | None = None,
 ) -> dict[str, Any]:
     """Build and swap in ``table``, its decoded tables brought up to date first; if ``commit``, in
-    one lake transaction recording what it read (``one_commit``). A not-kept decoded table is
-    shared before it (a lake transaction writes one database) and, outside a run, dropped after."""
+    one lake transaction recording what it read (``one_commit``) and ``fingerprint``. A not-kept
+    decoded table is shared before it (a lake transaction writes one database) and, outside a
+    run, dropped after."""
     refreshed: dict[Decoded, DecodeRefresh] = {}
     shared = [decoded for decoded in table.decoded if not decoded.kept]
 
@@ -59,6 +132,11 @@ def build_described_table(
             conn, table.table, table.follows, published, params, build_whole, macros=macros
         )
 
+    def build_and_record() -> dict[str, Any]:
+        built = build()
+        record_fingerprint(conn, table.table, fingerprint)
+        return built
+
     try:
         for decoded in shared:
             with failing_as(table.table, reads=decoded.table):
@@ -66,8 +144,9 @@ def build_described_table(
             view = quote_ident(decoded.table.partition(".")[2])  # of the run's shared copy
             shared_copy = warehouse.shared_table(decoded.table)
             conn.execute(f"CREATE OR REPLACE TEMP VIEW {view} AS SELECT * FROM {shared_copy}")
-        reads = [dep.replace("_", ".", 1) for dep in table.deps]
-        return warehouse.one_commit(conn, table.table, build, reads) if commit else build()
+        if commit:
+            return warehouse.one_commit(conn, table.table, build_and_record, inputs_of(table))
+        return build()
     finally:
         for decoded in shared:
             conn.execute(f"DROP VIEW IF EXISTS {qualified(decoded.table)}")
@@ -78,5 +157,16 @@ def build_described_table(
 def materialize_core_table(
     conn: duckdb.DuckDBPyConnection, warehouse: FieldSalesWarehouse, table: CoreTable
 ) -> dict[str, Any]:
-    decode = build_described_table(conn, table, warehouse, commit=True)
-    return {**table_metadata(conn, warehouse, table.table, table.doc, preview=True), **decode}
+    """Build ``table``, or where it is ``unchanged``, record that it is current (its readers see
+    a complete refresh) and say why."""
+    fingerprint = build_fingerprint(table, warehouse)
+    if why := unchanged(conn, warehouse, table):
+
+        def record() -> None:
+            record_fingerprint(conn, table.table, fingerprint)
+
+        warehouse.one_commit(conn, table.table, record, inputs_of(table))
+        built: dict[str, Any] = {"fieldsales/build": f"unchanged: {why}"}
+    else:
+        built = build_described_table(conn, table, warehouse, commit=True, fingerprint=fingerprint)
+    return {**table_metadata(conn, warehouse, table.table, table.doc, preview=True), **built}

@@ -169,6 +169,7 @@ def _materialize(
             "api_total": api_total,
             **{name: getattr(load, name) for name in LOAD_COSTS},
             "megabytes": round(load.bytes / 1e6, 1),
+            "table_written": load.written,
             "seconds": round(load.seconds, 2),
             "rows_per_second": round(load.rows / load.seconds) if load.seconds > 0 else 0,
             **report.metadata(),

@@ -29,6 +29,7 @@ from fieldsales_dagster.loading.lists import (
 )
 from fieldsales_dagster.loading.raw_load import (
     EVENT_STATES,
+    LIST_CHECKS,
     LoadReport,
     ShrinkGuard,
     Staging,
@@ -129,8 +130,12 @@ def _if_exists(conn: duckdb.DuckDBPyConnection, table: str, value: str) -> Any:
 
 
 def _events_loaded_at(conn: duckdb.DuckDBPyConnection) -> datetime | None:
-    """The newest ``raw.events`` load (naive, UTC)."""
-    return _if_exists(conn, EVENTS.raw_table, "max(loaded_at)")
+    """The newest ``raw.events`` load (naive, UTC), or the newer time the list was found as
+    stored (``LIST_CHECKS``)."""
+    loaded = _if_exists(conn, EVENTS.raw_table, "max(loaded_at)")
+    where = f"table_name = '{EVENTS.raw_table}'"
+    checked = _if_exists(conn, LIST_CHECKS, f"max(checked_at) FILTER (WHERE {where})")
+    return loaded and max(loaded, checked or loaded)
 
 
 def _fingerprint_current_events(conn: duckdb.DuckDBPyConnection, now: datetime) -> None:
@@ -336,7 +341,8 @@ def refetch_and_merge(run: Merging, plan: RefetchPlan, mode: str, reason: str) -
             rows, counts = _merge(run, mode, total, stats.bytes, replaced.result())
         finally:
             drop_table(conn, qualified(STAGE_TABLE))
-    load = LoadReport.of(TRANSACTIONS.raw_table, rows, total, stats, run.started)
+    written = any(counts.values())  # else every re-fetched row was stored as it is (``_merge``)
+    load = LoadReport.of(TRANSACTIONS.raw_table, rows, total, stats, run.started, written=written)
     run.log(
         f"transactions: merged {len(plan.event_ids)} events, {rows} rows: {counts} "
         f"({stats.requests} requests, {stats.bytes / 1e6:.1f} MB, {load.seconds:.1f} s)"
@@ -396,11 +402,15 @@ def _merge(
             run.before_swap(STAGE_TABLE)
         # After before_swap: a redacted payload compares with the redacted one stored.
         new = _digests(conn, stage)
-        scope, kept = f"event_id IN ({REPLACED_EVENTS})", f"SELECT id FROM {stage}"
-        record_deletions(conn, TRANSACTIONS, kept=kept, scope=scope, run_id=run.run_id, at=run.now)
-        deleted = _delete_replaced(conn, moved=len(old) > len(replaced))
-        pause_at("merge")
-        conn.execute(f"INSERT INTO {target} BY NAME SELECT * FROM {stage}")
+        deleted = len(old)
+        # Rows stored as re-fetched are kept, loaded_at and all: the tables built on them hold.
+        if new != old or not _stored_as_staged(conn, stage, target):
+            scope, kept = f"event_id IN ({REPLACED_EVENTS})", f"SELECT id FROM {stage}"
+            at = run.now
+            record_deletions(conn, TRANSACTIONS, kept=kept, scope=scope, run_id=run.run_id, at=at)
+            deleted = _delete_replaced(conn, moved=len(old) > len(replaced))
+            pause_at("merge")
+            conn.execute(f"INSERT INTO {target} BY NAME SELECT * FROM {stage}")
         rows = one_row(conn, f"SELECT count(*) FROM {target}")[0]
         # Ids are distinct by construction (staged once each, every stored copy of a staged id
         # deleted): the delete must match what was read, and rows the server's count.
@@ -421,6 +431,13 @@ def _merge(
         "transactions_changed": sum(old.get(key, digest) != digest for key, digest in new.items()),
         "transactions_removed": len(old.keys() - new.keys()),
     }
+
+
+def _stored_as_staged(conn: duckdb.DuckDBPyConnection, stage: str, target: str) -> bool:
+    """Whether every staged row is stored as staged (same id, event and payload); with the same
+    digests by id, ``target`` then holds exactly the staged rows of the replaced events."""
+    same = "s.id = t.id AND s.event_id IS NOT DISTINCT FROM t.event_id AND s.payload = t.payload"
+    return not one_row(conn, f"SELECT count(*) FROM {stage} s ANTI JOIN {target} t ON {same}")[0]
 
 
 def _delete_replaced(conn: duckdb.DuckDBPyConnection, moved: bool) -> int:

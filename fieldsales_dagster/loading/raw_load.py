@@ -39,7 +39,7 @@ from fieldsales_dagster.loading.lists import (
     key_decoder,
 )
 from fieldsales_dagster.pause import pause_at
-from fieldsales_dagster.warehouse.lake import drop_table, run_transaction
+from fieldsales_dagster.warehouse.lake import drop_table, ensure_table, run_transaction
 from fieldsales_dagster.warehouse.pii import PII_VALUE
 from fieldsales_dagster.warehouse.quoting import qualified, quote_ident
 from fieldsales_dagster.warehouse.rows import one_row
@@ -54,6 +54,9 @@ SLICE_BYTES = 256 * 1024  # of a page's batch DuckDB reads at a time (see ``_str
 #: (docs/refresh.md), computed from each item as it is staged (``event_state``, columns of the
 #: staging table until ``Staging.seal``) so that no step parses the payloads for it.
 EVENT_STATES, STAGED_STATES = "meta.event_states", "_fs_event_states"
+#: Per raw table: when the server last listed exactly the rows it holds, which then keep their
+#: ``loaded_at`` (nothing is written: the tables built from it stay current).
+LIST_CHECKS = "meta.list_checks"
 
 
 class _State(msgspec.Struct, rename="camel"):
@@ -96,13 +99,15 @@ class LoadReport:
     bytes: int
     seconds: float
     passes: int = 1
+    #: False where the server listed exactly what the table held: it was kept as it was.
+    written: bool = True
     duplicates_dropped: int = 0
     surrogates_replaced: int = 0  # lone surrogate escapes (strings cut mid-emoji) made U+FFFD
     repairs: int = 0  # rounds in which the head of a list that grew was re-fetched
 
     @classmethod
     def of(
-        cls, table: str, rows: int, total: int | None, spent: ListStats, started: float, **more: int
+        cls, table: str, rows: int, total: int | None, spent: ListStats, started: float, **more: Any
     ) -> LoadReport:
         cost = (spent.pages, spent.requests, spent.retries, spent.bytes)
         return cls(table, rows, total, *cost, time.monotonic() - started, **more)
@@ -390,16 +395,20 @@ def load_list(
             )
         if before_swap is not None:
             before_swap(stage)
+        written = not (exists and old == distinct and same_rows(conn, stage, table))
 
         def swap(rows: int = distinct) -> None:
-            kept = f"SELECT id FROM {qualified(stage)}"
-            record_deletions(conn, endpoint, kept=kept, run_id=run_id, at=loaded_at)
             if endpoint is EVENTS:
                 conn.execute(
                     "CREATE SCHEMA IF NOT EXISTS meta; CREATE OR REPLACE TABLE "
                     f"{EVENT_STATES} AS SELECT DISTINCT * FROM {STAGED_STATES}"
                 )
-            replace_table(conn, stage, endpoint.raw_table)
+            if written:
+                kept = f"SELECT id FROM {qualified(stage)}"
+                record_deletions(conn, endpoint, kept=kept, run_id=run_id, at=loaded_at)
+                replace_table(conn, stage, endpoint.raw_table)
+            else:
+                record_list_check(conn, table, loaded_at)
             if after_swap is not None:
                 after_swap(rows)
 
@@ -416,13 +425,37 @@ def load_list(
         duplicates_dropped=result.facts.rows - distinct,
         surrogates_replaced=result.stats.surrogates_replaced,  # in the rows kept
         repairs=result.repairs,
+        written=written,
     )
     log(
-        f"{endpoint.name}: wrote {report.rows} rows to {report.table} "
+        f"{endpoint.name}: {'wrote' if written else 'kept (the server lists them as stored)'} "
+        f"{report.rows} rows {'to' if written else 'of'} {report.table} "
         f"({report.pages} pages, {report.retries} retries, {report.repairs} repairs, "
         f"{report.seconds:.1f} s; {result.reason})"
     )
     return report
+
+
+def same_rows(conn: duckdb.DuckDBPyConnection, staged: str, table: str) -> bool:
+    """Whether ``staged`` holds exactly ``table``'s rows, columns and comments, ``loaded_at`` aside
+    (``table`` exists; both hold distinct ids, so one ``EXCEPT`` proves them equal)."""
+    layout = (
+        "SELECT list((column_name, data_type, comment) ORDER BY column_index) FROM duckdb_columns()"
+        " WHERE database_name = current_database() AND schema_name = ? AND table_name = ?"
+    )
+    staged_layout, stored = (one_row(conn, layout, t.split(".", 1))[0] for t in (staged, table))
+    if staged_layout != stored:
+        return False
+    rows = "SELECT * EXCLUDE (loaded_at) FROM {}"
+    differing = f"{rows.format(qualified(staged))} EXCEPT {rows.format(qualified(table))}"
+    return one_row(conn, f"SELECT NOT EXISTS ({differing})")[0]
+
+
+def record_list_check(conn: duckdb.DuckDBPyConnection, table: str, at: datetime) -> None:
+    """``LIST_CHECKS``: the server listed ``table``'s rows as stored, ``at``."""
+    ensure_table(conn, LIST_CHECKS, "table_name VARCHAR, checked_at TIMESTAMP")
+    conn.execute(f"DELETE FROM {LIST_CHECKS} WHERE table_name = ?", [table])
+    conn.execute(f"INSERT INTO {LIST_CHECKS} VALUES (?, ?)", [table, at.replace(tzinfo=None)])
 
 
 def _drop_duplicate_ids(conn: duckdb.DuckDBPyConnection, table: str) -> None:

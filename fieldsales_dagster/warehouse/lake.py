@@ -433,6 +433,30 @@ def table_exists(conn: duckdb.DuckDBPyConnection, table: str) -> bool:
     return True
 
 
+def changed_since(
+    conn: duckdb.DuckDBPyConnection, lake: Lake, snapshot: int, tables: list[str]
+) -> list[str]:
+    """Of ``tables`` (``schema.name``, in ``lake``, the current database), those missing, or
+    created, written or altered by a commit after ``snapshot``, as DuckLake records each commit's
+    changes (``snapshots()``: a created table by name, a written or altered one by its id)."""
+    metadata = f"{quote_ident(f'__ducklake_metadata_{lake.alias}')}."
+    metadata += quote_ident(lake.schema or ("public" if lake.is_postgres else "main"))
+    ids = conn.execute(
+        f"SELECT s.schema_name || '.' || t.table_name, t.table_id::VARCHAR "
+        f"FROM {metadata}.ducklake_table AS t JOIN {metadata}.ducklake_schema AS s USING "
+        "(schema_id) WHERE t.end_snapshot IS NULL AND s.end_snapshot IS NULL"
+    ).fetchall()
+    (touched,) = one_row(
+        conn,
+        "SELECT list_distinct(flatten(list(flatten(map_values(changes))))) "
+        f"FROM {quote_ident(lake.alias)}.snapshots() WHERE snapshot_id > ?",
+        [snapshot],
+    )
+    current = dict(ids)
+    touched = set(touched or ())
+    return [t for t in tables if t not in current or {t, current[t]} & touched]
+
+
 def ensure_table(conn: duckdb.DuckDBPyConnection, table: str, columns: str) -> None:
     """``table`` (``schema.name``) with ``columns``, and its schema, unless they exist."""
     conn.execute(

@@ -1,0 +1,94 @@
+"""A run in which nothing changed writes nothing: raw tables the server lists as stored are kept,
+and a core or mart table whose inputs, code and settings are as at its last build is not built
+again (``fieldsales/build: unchanged``). Any change is built."""
+
+from fieldsales_dagster_tests.conftest import make_api, make_warehouse
+from fieldsales_dagster_tests.project import core_assets, mart_assets, materialize, raw_assets
+from fieldsales_dagster_tests.test_ducklake import assert_lakes_equal
+
+ASSETS = [*raw_assets(), *core_assets(), *mart_assets()]
+DERIVED = {asset.key.to_user_string() for asset in [*core_assets(), *mart_assets()]}
+
+
+def _run(server, tmp_path, warehouse, **kwargs) -> dict[str, dict]:
+    """Every asset (or ``selection``) once; each materialization's metadata by asset."""
+    resources = {"fieldsales_api": make_api(server, tmp_path), "warehouse": warehouse}
+    result = materialize(ASSETS, resources=resources, **kwargs)
+    assert result.success
+    found = (event.materialization for event in result.get_asset_materialization_events())
+    return {
+        m.asset_key.to_user_string(): {k: v.value for k, v in m.metadata.items()} for m in found
+    }
+
+
+def _builds(metadata: dict[str, dict]) -> dict[str, str]:
+    return {
+        asset: str(found.get("fieldsales/build", "built")).partition(":")[0]
+        for asset, found in metadata.items()
+        if asset in DERIVED
+    }
+
+
+def _tables(warehouse) -> dict[str, list]:
+    with warehouse.get_connection() as conn:
+        names = [
+            f"{schema}.{name}"
+            for schema, name in conn.execute(
+                "SELECT schema_name, table_name FROM duckdb_tables() WHERE database_name = "
+                "current_database() AND schema_name IN ('raw', 'core', 'mart')"
+            ).fetchall()
+        ]
+        return {name: sorted(map(str, conn.execute(f"FROM {name}").fetchall())) for name in names}
+
+
+def test_a_run_with_nothing_changed_keeps_every_table_and_says_why(
+    demo_server, tmp_path, warehouse
+):
+    _run(demo_server, tmp_path, warehouse)
+    before = _tables(warehouse)
+    again = _run(demo_server, tmp_path, warehouse)
+    assert set(_builds(again).values()) == {"unchanged"}, {
+        a: again[a].get("fieldsales/build") for a in DERIVED
+    }
+    assert "raw.events" in again["core_events"]["fieldsales/build"]
+    assert [again[name]["table_written"] for name in ("raw_events", "raw_event_groups")] == [0, 0]
+    # The refresh by event still ran (the event list was checked this run), writing nothing.
+    transactions = again["raw_transactions"]
+    assert transactions["refresh_mode"] == "incremental"
+    assert transactions["table_written"] == 0
+    assert _tables(warehouse) == before  # loaded_at too: nothing was written
+
+
+def test_a_changed_input_is_built_again_and_equals_a_first_build(demo_server, tmp_path, warehouse):
+    _run(demo_server, tmp_path, warehouse)
+    demo_server.behaviour.evolve(1)  # events changed, added and deleted; transactions too
+    changed = _run(demo_server, tmp_path, warehouse)
+    assert changed["raw_events"]["table_written"] == 1
+    built = _builds(changed)
+    assert built["core_events"] != "unchanged"
+    assert built["mart_daily_sales"] != "unchanged"
+    fresh = make_warehouse(tmp_path, "fresh")
+    _run(demo_server, tmp_path, fresh)
+    assert_lakes_equal(warehouse, fresh)
+
+
+def test_tables_whose_build_did_not_follow_a_change_are_built_by_the_next_run(
+    demo_server, tmp_path, warehouse
+):
+    """A run that refreshed the raw tables but not what reads them (deselected, or failed):
+    the next run finds nothing new on the server, and builds them anyway."""
+    _run(demo_server, tmp_path, warehouse)
+    demo_server.behaviour.evolve(1)
+    _run(demo_server, tmp_path, warehouse, selection=["raw_events", "raw_transactions"])
+    after = _builds(_run(demo_server, tmp_path, warehouse))
+    assert after["core_events"] != "unchanged"
+    assert after["core_transactions"] != "unchanged"
+
+
+def test_a_setting_that_changes_the_tables_builds_them_again(demo_server, tmp_path, warehouse):
+    _run(demo_server, tmp_path, warehouse)
+    dropped = make_warehouse(tmp_path, pii="drop")  # the same lake
+    after = _run(demo_server, tmp_path, dropped)
+    assert _builds(after)["core_users"] != "unchanged"
+    with dropped.get_connection() as conn:
+        assert conn.execute("SELECT count(email) FROM core.users").fetchone() == (0,)
