@@ -6,15 +6,19 @@
 ``--before`` is another checkout of this project with its own ``.venv`` (``pip install -e .``),
 for example an earlier revision in a git worktree. For each size one demo API serves both sides:
 generation 0 for each side's first run (every asset the refresh job selects, into an empty
-warehouse), then generation 1 (~1% of the events changed) for each side's next run, the nightly
-one. Sides alternate (before, after, before, after) so that a drift of the machine's speed falls
-on both.
+warehouse), then each side's run again with nothing changed (the same server), then generation 1
+(~1% of the events changed) for each side's next run, the nightly one. Sides alternate (before,
+after, before, after) so that a drift of the machine's speed falls on both. Beside them, Dagster's
+own floor: ``dagster asset materialize -f benchmarks/noop_defs.py --select noop`` (one asset that
+does nothing), whose CPU a run with nothing changed is held to (at most twice it).
 
 Each run is ``dagster asset materialize -m fieldsales_dagster`` in a fresh process, measured as a
 whole: wall, CPU of its process tree (user + system), peak RSS of the tree, the bytes it wrote to
 storage (``benchmarks/io_written.py``), and the warehouse on disk after it: every file the
 deployment's storage settings point at (for a lake: the catalog and the data path; for a
-single-file warehouse: that file and what sits beside it). The report goes to
+single-file warehouse: that file and what sits beside it), the requests and bytes the raw
+assets fetched (their ``requests`` and ``bytes_fetched`` metadata in the run's event log), and
+the CPU of each step (``step_cpu.py``), shown for the run with nothing changed. The report goes to
 ``benchmarks/results/<UTC timestamp>-deployment.md``.
 """
 
@@ -31,13 +35,25 @@ from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
 
-from benchmarks.harness import BIN, ROOT, DemoAPI, Measurement, fmt_bytes, measure
+from benchmarks.harness import (
+    BIN,
+    ROOT,
+    DemoAPI,
+    Measurement,
+    fmt_bytes,
+    measure,
+    prepare_dagster_home,
+)
+from benchmarks.step_cpu import StepCpu, step_cpu
 
 RESULTS_DIR = Path(__file__).resolve().parent / "results"
 #: What the nightly schedule's job refreshes: every asset but the lake's weekly upkeep (a
 #: selection that names nothing absent, so an older checkout without the upkeep takes it too).
 SELECTION = "*"
 LAKE_SELECTION = "not key:ducklake_upkeep"
+NOOP_DEFS = Path(__file__).resolve().parent / "noop_defs.py"
+#: (run, demo API generation): the first run, the same again with nothing changed, the nightly.
+RUNS = ((0, "first"), (0, "unchanged"), (1, "nightly"))
 
 
 @dataclass
@@ -71,6 +87,9 @@ class Row:
     m: Measurement
     written: int
     size: int
+    requests: int = 0
+    fetched: int = 0
+    steps: tuple[StepCpu, ...] = ()
 
 
 def _du(path: Path) -> int:
@@ -134,7 +153,34 @@ def _run(side: Side, api: DemoAPI, where: Path, run: str, base_env: dict[str, st
     # From the side's own root: Dagster puts the working directory first on the import path.
     m = measure(f"{side.name}-{run}", argv, where / f"{run}.log", env, server=api, cwd=side.root)
     written = json.loads(io_json.read_text())["write_bytes"] if io_json.exists() else 0
-    return Row(side.name, run, m, written, sum(_du(p) for p in paths if p.exists()))
+    size = sum(_du(p) for p in paths if p.exists())
+    steps = tuple(step_cpu(home, m.cpu_samples, m.rss_samples))
+    return Row(side.name, run, m, written, size, *_fetched(home), steps)
+
+
+def _fetched(home: Path) -> tuple[int, int]:
+    """Requests and bytes the latest run's raw assets fetched, from their metadata."""
+    import dagster as dg
+
+    requests = fetched = 0
+    with dg.DagsterInstance.from_config(str(home)) as instance:
+        runs = instance.get_runs(limit=1)
+        of_type = dg.DagsterEventType.ASSET_MATERIALIZATION
+        for entry in instance.all_logs(runs[0].run_id, of_type=of_type) if runs else ():
+            metadata = entry.asset_materialization.metadata
+            if "requests" in metadata and "bytes_fetched" in metadata:
+                requests += int(metadata["requests"].value)
+                fetched += int(metadata["bytes_fetched"].value)
+    return requests, fetched
+
+
+def _noop(where: Path, base_env: dict[str, str]) -> Row:
+    """Dagster's own floor: one asset that does nothing, on a prepared ``DAGSTER_HOME``."""
+    home = where / "noop_home"
+    prepare_dagster_home(home, base_env)
+    argv = [str(BIN / "dagster"), "asset", "materialize", "-f", str(NOOP_DEFS), "--select", "noop"]
+    m = measure("noop", argv, where / "noop.log", {**base_env, "DAGSTER_HOME": str(home)})
+    return Row("dagster", "noop", m, 0, 0, steps=tuple(step_cpu(home, m.cpu_samples)))
 
 
 def _table(size: int, rows: list[Row], sides: list[Side]) -> list[str]:
@@ -142,8 +188,8 @@ def _table(size: int, rows: list[Row], sides: list[Side]) -> list[str]:
         f"## {size:,} transactions",
         "",
         "| side | run | exit | wall s | CPU s | peak RSS (tree) | written by the run "
-        "| warehouse after | added by the run |",
-        "|---|---|---:|---:|---:|---:|---:|---:|---:|",
+        "| warehouse after | added by the run | requests | fetched |",
+        "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
     ]
     before_size: dict[str, int] = {}
     for r in rows:
@@ -152,11 +198,24 @@ def _table(size: int, rows: list[Row], sides: list[Side]) -> list[str]:
         lines.append(
             f"| {r.side} | {r.run} | {r.m.returncode} | {r.m.wall_s:.1f} | {r.m.cpu_s:.1f} | "
             f"{fmt_bytes(r.m.peak_rss)} | {fmt_bytes(r.written)} | {fmt_bytes(r.size)} | "
-            f"{fmt_bytes(added)} |"
+            f"{fmt_bytes(added)} | {r.requests:,} | {fmt_bytes(r.fetched)} |"
         )
+    noop = next((r for r in rows if r.run == "noop" and r.m.ok), None)
+    for r in rows:
+        if noop and r.run == "unchanged" and r.m.ok:
+            lines += ["", f"{r.side}, unchanged / noop CPU: {r.m.cpu_s / noop.m.cpu_s:.2f}"]
+    lines += ["", "| step | " + " | ".join(f"{r.side} {r.run} CPU s" for r in rows) + " |"]
+    lines.append("|---|" + "---:|" * len(rows))
+    cpu = [{s.step: s.cpu_s for s in r.steps} for r in rows]
+    by = next((c for c, r in zip(cpu, rows, strict=True) if r.run == "unchanged"), cpu[0])
+    names = sorted({step for by_step in cpu for step in by_step}, key=lambda s: -by.get(s, 0))
+    for step in names:
+        lines.append(f"| `{step}` | " + " | ".join(f"{c.get(step, 0):.2f}" for c in cpu) + " |")
+    outside = [r.m.cpu_s - sum(s.cpu_s for s in r.steps) for r in rows]
+    lines.append("| outside the steps | " + " | ".join(f"{c:.2f}" for c in outside) + " |")
     if len(sides) == 2:
         lines += ["", "| run | wall before/after | CPU before/after |", "|---|---:|---:|"]
-        for run in ("first", "nightly"):
+        for _, run in RUNS:
             pair = {r.side: r for r in rows if r.run == run}
             b, a = pair.get("before"), pair.get("after")
             if b and a and b.m.ok and a.m.ok:
@@ -195,7 +254,7 @@ def main(argv: list[str] | None = None) -> int:
     for size in (int(s) for s in args.sizes.split(",")):
         rows: list[Row] = []
         token = secrets.token_hex(24)
-        for generation, run in ((0, "first"), (1, "nightly")):
+        for generation in sorted({generation for generation, _ in RUNS}):
             log = work / f"{size}" / f"demo_api-{generation}.log"
             with DemoAPI(
                 size,
@@ -205,11 +264,12 @@ def main(argv: list[str] | None = None) -> int:
                 generation=generation,
                 prerender=not args.live_server,
             ) as api:
-                for side in sides:
+                for side, run in [(s, r) for g, r in RUNS if g == generation for s in sides]:
                     print(f"{size:,} {side.name} {run} ...", end=" ", flush=True)
                     row = _run(side, api, work / f"{size}" / side.name, run, base_env)
                     rows.append(row)
                     print(f"exit {row.m.returncode}, {row.m.wall_s:.1f} s", flush=True)
+        rows.append(_noop(work / f"{size}", base_env))
         report += _table(size, rows, sides) + [""]
     text = "\n".join(report)
     RESULTS_DIR.mkdir(exist_ok=True)

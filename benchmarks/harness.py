@@ -245,7 +245,7 @@ class Measurement:
     over_memory: bool = False
     stdout: str = ""
     extra: dict[str, object] = field(default_factory=dict)
-    #: (epoch, user + system CPU seconds) of the command's own process, every ~50 ms: the run's
+    #: (epoch, user + system CPU seconds) of the command's process tree, every ~50 ms: the run's
     #: steps execute in it (``step_cpu.py``).
     cpu_samples: list[tuple[float, float]] = field(default_factory=list)
     #: (epoch, RSS bytes of the process tree), at the same moments: a step's peak memory.
@@ -299,9 +299,7 @@ class _RSSPoller(threading.Thread):
         while not self._done.is_set():
             tree = self._tree()
             if tree:
-                with contextlib.suppress(psutil.Error):
-                    cpu = tree[0].cpu_times()
-                    self.cpu_samples.append((time.time(), cpu.user + cpu.system))
+                self.cpu_samples.append((time.time(), _tree_cpu(tree)))
             rss = 0
             for proc in tree:
                 with contextlib.suppress(psutil.Error):
@@ -327,6 +325,17 @@ class _RSSPoller(threading.Thread):
         self._done.set()
         self.join()
         return self.peak, self.peak_pss
+
+
+def _tree_cpu(tree: list[psutil.Process]) -> float:
+    """User + system CPU of the live processes of ``tree`` and the children they reaped: a
+    command started through a wrapper (``io_written.py``) runs its steps in a child."""
+    total = 0.0
+    for proc in tree:
+        with contextlib.suppress(psutil.Error):
+            cpu = proc.cpu_times()
+            total += cpu.user + cpu.system + cpu.children_user + cpu.children_system
+    return total
 
 
 def _children_cpu() -> float:
