@@ -157,16 +157,12 @@ def build_described_table(
 def materialize_core_table(
     conn: duckdb.DuckDBPyConnection, warehouse: FieldSalesWarehouse, table: CoreTable
 ) -> dict[str, Any]:
-    """Build ``table``, or where it is ``unchanged``, record that it is current (its readers see
-    a complete refresh) and say why."""
-    fingerprint = build_fingerprint(table, warehouse)
+    """Build ``table``, or where it is ``unchanged``, say why and write nothing: no input was
+    written since its build was recorded (``FieldSalesWarehouse.one_commit``), so readers still
+    see a complete refresh."""
     if why := unchanged(conn, warehouse, table):
-
-        def record() -> None:
-            record_fingerprint(conn, table.table, fingerprint)
-
-        warehouse.one_commit(conn, table.table, record, inputs_of(table))
         built: dict[str, Any] = {"fieldsales/build": f"unchanged: {why}"}
     else:
+        fingerprint = build_fingerprint(table, warehouse)
         built = build_described_table(conn, table, warehouse, commit=True, fingerprint=fingerprint)
     return {**table_metadata(conn, warehouse, table.table, table.doc, preview=True), **built}

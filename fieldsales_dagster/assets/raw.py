@@ -157,7 +157,7 @@ def _materialize(
             record_load_run(conn, table, context.run_id, names.asset_key(name).to_user_string())
             return report
 
-        report = warehouse.one_commit(conn, table, refresh)
+        report = warehouse.one_commit(conn, table, refresh, wrote=lambda r: r.load.written)
         metadata = table_metadata(conn, warehouse, table, table_doc(name))
     load = report.load
     api_total = "not reported by the server" if load.api_total is None else load.api_total

@@ -237,13 +237,16 @@ class FieldSalesWarehouse(settings_resource("WarehouseSettings", *WAREHOUSE_SETT
         table: str,
         write: Callable[[], T],
         reads: Sequence[str] = (),
+        wrote: Callable[[T], bool] = lambda result: True,
     ) -> T:
         """``write`` of ``table`` in one transaction (one snapshot), recording the tables it
-        ``reads`` and, on the first commit, the tenant."""
+        ``reads`` unless it ``wrote`` nothing to ``table`` (the tables built from it stay
+        current), and, on the first commit, the tenant."""
 
         def write_and_record() -> T:
             result = write()
-            record_build(conn, table, list(reads))
+            if wrote(result):
+                record_build(conn, table, list(reads))
             check_tenant(conn, self.lake, record=True)
             return result
 
