@@ -85,6 +85,19 @@ def test_tables_whose_build_did_not_follow_a_change_are_built_by_the_next_run(
     assert after["core_transactions"] != "unchanged"
 
 
+def test_a_change_whose_snapshot_was_expired_still_builds_what_reads_it(
+    demo_server, tmp_path, warehouse
+):
+    _run(demo_server, tmp_path, warehouse)
+    demo_server.behaviour.evolve(1)
+    _run(demo_server, tmp_path, warehouse, selection=["raw_events"])
+    _run(demo_server, tmp_path, warehouse, selection=["raw_event_groups"])  # a later commit
+    with warehouse.get_connection() as conn:  # the lake's upkeep, past every snapshot but one
+        conn.execute("CALL ducklake_expire_snapshots('fieldsales', older_than => now())")
+    after = _builds(_run(demo_server, tmp_path, warehouse))
+    assert after["core_events"] != "unchanged"
+
+
 def test_a_setting_that_changes_the_tables_builds_them_again(demo_server, tmp_path, warehouse):
     _run(demo_server, tmp_path, warehouse)
     dropped = make_warehouse(tmp_path, pii="drop")  # the same lake

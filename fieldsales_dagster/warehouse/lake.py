@@ -438,7 +438,8 @@ def changed_since(
 ) -> list[str]:
     """Of ``tables`` (``schema.name``, in ``lake``, the current database), those missing, or
     created, written or altered by a commit after ``snapshot``, as DuckLake records each commit's
-    changes (``snapshots()``: a created table by name, a written or altered one by its id)."""
+    changes (``snapshots()``: a created table by name, a written or altered one by its id); all
+    of them where a snapshot since ``snapshot`` was expired."""
     metadata = f"{quote_ident(f'__ducklake_metadata_{lake.alias}')}."
     metadata += quote_ident(lake.schema or ("public" if lake.is_postgres else "main"))
     ids = conn.execute(
@@ -446,15 +447,17 @@ def changed_since(
         f"FROM {metadata}.ducklake_table AS t JOIN {metadata}.ducklake_schema AS s USING "
         "(schema_id) WHERE t.end_snapshot IS NULL AND s.end_snapshot IS NULL"
     ).fetchall()
-    (touched,) = one_row(
+    touched, listed, last = one_row(
         conn,
-        "SELECT list_distinct(flatten(list(flatten(map_values(changes))))) "
-        f"FROM {quote_ident(lake.alias)}.snapshots() WHERE snapshot_id > ?",
-        [snapshot],
+        "SELECT list_distinct(flatten(list(flatten(map_values(changes))) FILTER (snapshot_id > "
+        f"$s))), count(*), max(snapshot_id) FROM {quote_ident(lake.alias)}.snapshots() "
+        "WHERE snapshot_id >= $s",
+        {"s": snapshot},
     )
+    if last is None or listed != last - snapshot + 1:  # expired (upkeep): changes not known
+        return list(tables)
     current = dict(ids)
-    touched = set(touched or ())
-    return [t for t in tables if t not in current or {t, current[t]} & touched]
+    return [t for t in tables if t not in current or {t, current[t]} & set(touched or ())]
 
 
 def ensure_table(conn: duckdb.DuckDBPyConnection, table: str, columns: str) -> None:
