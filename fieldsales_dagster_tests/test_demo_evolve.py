@@ -72,6 +72,45 @@ def test_evolved_data_filtered_by_event_id_returns_exactly_each_events_transacti
         assert {t["_id"] for t in filtered} == by_event.get(event_id, set())
 
 
+def test_single_changes_change_what_they_say_and_a_restored_event_comes_back_as_it_was():
+    dataset = _dataset()
+
+    def served(name: str) -> dict[str, dict]:
+        return {item["_id"]: item for item in _items(dataset, name)}
+
+    before, events = served("transactions"), served("events")
+    event_id, (src, idx) = dataset.event_id(4), dataset.keys("transactions")[0]
+    edited = json.loads(from_wire(dataset.render("transactions", src, idx)))["_id"]
+    dataset.edit_transaction(src, idx)
+    dataset.add_transactions([4, 4])
+    after = served("transactions")
+    assert after[edited]["productId"] != before[edited]["productId"]
+    assert {i: t for i, t in after.items() if i != edited} == {
+        **{i: t for i, t in before.items() if i != edited},
+        **{i: t for i, t in after.items() if i not in before},
+    }
+    assert [t["eventId"] for i, t in after.items() if i not in before] == [event_id] * 2
+    dataset.delete_event(4)
+    assert event_id not in served("events")
+    assert not any(t["eventId"] == event_id for t in served("transactions").values())
+    dataset.restore_event(4)
+    assert served("events") == events
+    assert {i for i, t in served("transactions").items() if t["eventId"] == event_id} == {
+        i for i, t in before.items() if t["eventId"] == event_id
+    }
+    dataset.advance_event(4)
+    assert served("events")[event_id]["eventState"] != events[event_id]["eventState"]
+    dataset.reconfigure(1, 0, ("Bewertung", "Slider", {"minimum": 0, "maximum": 50, "step": 1}))
+    carried = [
+        t["_customReport"]["_configcreatedTime"]
+        for t in served("transactions").values()
+        if t.get("_customReport", {}).get("_customReportConfig") == dataset.configs[1].config_id
+        and "_configcreatedTime" in t["_customReport"]
+    ]
+    assert carried
+    assert {c["customFields"][0]["config"]["fieldObject"]["maximum"] for c in carried} == {50}
+
+
 def test_evolve_cannot_go_back():
     dataset = _dataset()
     dataset.evolve(2)

@@ -468,11 +468,13 @@ def _value_pool(rng_bytes: bytes, field_type: str, params: dict, required: bool)
     return pool
 
 
-def build_configs(ids: IdCodec, rng: Rng, report_fields: int = 1) -> list[Config]:
+def build_configs(
+    ids: IdCodec, rng: Rng, config_specs: list[ConfigSpec], report_fields: int = 1
+) -> list[Config]:
     """The configurations; ``report_fields`` > 1 repeats each one's fields (numbered copies)."""
     configs = []
     fno = 0
-    for ci, (cname, ctype, tconfig, base_specs) in enumerate(CONFIG_SPECS):
+    for ci, (cname, ctype, tconfig, base_specs) in enumerate(config_specs):
         cid = ids.make(K_CONFIG, ci)
         specs = [
             (f"{fname} {copy + 1}" if copy else fname, ftype, params)
@@ -643,6 +645,16 @@ class ListView:
             self.segments = out
             return removed
 
+    def restore(self, src: int, lo: int, hi: int) -> int:
+        """List the items ``lo..hi`` of ``src`` that are not listed again, at the list's end.
+
+        Returns how many came back.
+        """
+        with self._lock:
+            back = [(src, i, i + 1) for i in range(lo, hi) if not self.contains(src, i)]
+            self.segments = self.segments + back
+            return len(back)
+
 
 def _cut(segs: list[tuple[int, int, int]], lo: int, hi: int) -> list[tuple[int, int, int]]:
     """The segments with list positions ``lo..hi`` removed."""
@@ -716,7 +728,9 @@ class Dataset:
         self.codec = IdCodec(seed)
         self.rng = Rng(seed)
         self.shape = shape
-        self.configs = build_configs(self.codec, self.rng, shape.report_fields)
+        #: What ``reconfigure`` edits; ``configs`` is built from it.
+        self.config_specs = list(CONFIG_SPECS)
+        self.configs = build_configs(self.codec, self.rng, self.config_specs, shape.report_fields)
         #: Transaction file ids are ``idx * stride + field position``: unique per field.
         self._file_stride = max(16, max(len(c.fields) for c in self.configs))
         self.views = {
@@ -747,6 +761,8 @@ class Dataset:
         #: Inserted transaction -> its event, set by ``evolve`` (``n_events + i``: inserted event
         #: ``i``); other inserted transactions belong to a random base event.
         self.tx_event: dict[int, int] = {}
+        #: Transaction ``(src, index)`` -> how many times ``edit_transaction`` edited it.
+        self.tx_edits: dict[tuple[int, int], int] = {}
 
     # ---- views -----------------------------------------------------------------------------
 
@@ -827,6 +843,42 @@ class Dataset:
                 removed += txs.remove(INS_SRC, i, i + 1)
         return removed
 
+    # ---- single changes (for tests that choose their own; evolve is made of the first two) ----
+    # They change how items render without a new generation: not for a prerendered server.
+
+    def advance_event(self, e: int) -> None:
+        """Base event ``e`` moves one state on; every other transaction of its changes."""
+        self.event_version[e] = self.event_version.get(e, 0) + 1
+
+    def add_transactions(self, events: list[int]) -> None:
+        """A new transaction for each of ``events`` (``n_events + i``: inserted event ``i``)."""
+        txs = self.views["transactions"]
+        first = txs.inserted
+        txs.mutate(insert=len(events), at=txs.count())
+        for j, e in enumerate(events):
+            self.tx_event[first + j] = e
+
+    def edit_transaction(self, src: int, idx: int) -> None:
+        """Transaction ``(src, idx)`` is edited in place: another product, at another price."""
+        self.tx_edits[src, idx] = self.tx_edits.get((src, idx), 0) + 1
+
+    def restore_event(self, e: int) -> int:
+        """List deleted base event ``e`` again, the same id, with the base transactions it was
+        generated with; returns how many transactions came back."""
+        self.views["events"].restore(BASE_SRC, e, e + 1)
+        return self.views["transactions"].restore(BASE_SRC, *self.event_block(e))
+
+    def reconfigure(self, config: int, field: int, spec: tuple[str, str, dict[str, Any]]) -> None:
+        """The tenant edits field ``field`` of configuration ``config`` (its id kept) into ``spec``
+        (name, fieldType, params, as in ``CONFIG_SPECS``): every transaction and event report
+        carries the new definition, and values of its kind, from now on."""
+        cname, ctype, tconfig, fields = self.config_specs[config]
+        fields = [*fields[:field], spec, *fields[field + 1 :]]
+        self.config_specs[config] = (cname, ctype, tconfig, fields)
+        self.configs = build_configs(
+            self.codec, self.rng, self.config_specs, self.shape.report_fields
+        )
+
     def _evolve_once(self, k: int) -> dict[str, int]:
         events, txs = self.views["events"], self.views["transactions"]
         listed = [i for src, a, b in events.segments if src == BASE_SRC for i in range(a, b)]
@@ -845,7 +897,7 @@ class Dataset:
                 if (i + version) % 2 == 0 and not self.is_orphan(i) and txs.contains(BASE_SRC, i)
             ]
             before = [self.render_transaction(BASE_SRC, i) for i in touched]
-            self.event_version[e] = version
+            self.advance_event(e)
             out["transactions_changed"] += sum(
                 self.render_transaction(BASE_SRC, i) != text
                 for i, text in zip(touched, before, strict=True)
@@ -863,10 +915,7 @@ class Dataset:
         events.mutate(insert=n_delete, at=events.count())
         for j in range(n_delete):
             new_tx_events += [self.n_events + first_new + j] * 3
-        first_tx = txs.inserted
-        txs.mutate(insert=len(new_tx_events), at=txs.count())
-        for j, e in enumerate(new_tx_events):
-            self.tx_event[first_tx + j] = e
+        self.add_transactions(new_tx_events)
         groups = self.views["event_groups"]
         n_groups = max(1, self.n_groups // 100)
         groups.mutate(insert=n_groups, at=groups.count())
@@ -969,6 +1018,8 @@ class Dataset:
             eid = self.event_id(e) if e < self.n_events else self._ins_event_id(e)
             version = 0
             fkind = K_FILE_INS
+        if edits := self.tx_edits.get((src, idx)):
+            d = bytes([(d[0] + edits) & 255]) + d[1:]  # the product: d[0] & 15
         if version and (idx + version) % 2 == 0:
             # An evolved event's transactions change: every other one gets another qty and is
             # exported.
