@@ -32,8 +32,12 @@ def fingerprint(
     conn: duckdb.DuckDBPyConnection, table: str, columns: str = "id, loaded_at"
 ) -> tuple | None:
     """Row count and a hash of ``columns`` (each load stamps its own ``loaded_at``), or ``None``."""
+    # Each row's hash hashed again: DuckDB XORs a row's column hashes together, so rows stamped
+    # with one new loaded_at, in an even number, would cancel out of bit_xor(hash(id, loaded_at)).
     try:
-        return one_row(conn, f"SELECT count(*), bit_xor(hash({columns})) FROM {qualified(table)}")
+        return one_row(
+            conn, f"SELECT count(*), bit_xor(hash(hash({columns}))) FROM {qualified(table)}"
+        )
     except duckdb.CatalogException:
         return None
 
