@@ -160,9 +160,12 @@ def materialize_core_table(
     """Build ``table``, or where it is ``unchanged``, say why and write nothing: no input was
     written since its build was recorded (``FieldSalesWarehouse.one_commit``), so readers still
     see a complete refresh."""
+    built: dict[str, Any] = {
+        "fieldsales/build": "full: the table follows no changes (no follows: in its YAML)"
+    }
     if why := unchanged(conn, warehouse, table):
-        built: dict[str, Any] = {"fieldsales/build": f"unchanged: {why}"}
+        built = {"fieldsales/build": f"unchanged: {why}"}
     else:
         fingerprint = build_fingerprint(table, warehouse)
-        built = build_described_table(conn, table, warehouse, commit=True, fingerprint=fingerprint)
+        built |= build_described_table(conn, table, warehouse, commit=True, fingerprint=fingerprint)
     return {**table_metadata(conn, warehouse, table.table, table.doc, preview=True), **built}
