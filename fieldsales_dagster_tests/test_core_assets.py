@@ -146,12 +146,14 @@ def test_results_alone_decode_raw_transactions_when_no_decode_is_stored(tmp_path
 
 
 def test_a_decode_stored_with_another_layout_is_parsed_again_whole(tmp_path):
-    # A decode written by an earlier release (here: one column fewer) is rebuilt, not read as
-    # current because its rows match raw.transactions.
+    # A decode written by an earlier release (here: one column fewer, and no record of the code
+    # its tables were built with) is rebuilt, not read as current because its rows match
+    # raw.transactions.
     database = tmp_path / "t.duckdb"
     p.materialize_core(database, transactions=[_reported(f"t-{i}", i) for i in range(3)])
     with lake_at(database).get_connection() as conn:
         conn.execute("ALTER TABLE meta.transactions_decoded DROP COLUMN report_results")
+        conn.execute("DROP TABLE meta.build_fingerprints")
 
     result = _materialize_results_only(database)
 
