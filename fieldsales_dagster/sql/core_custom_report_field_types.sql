@@ -17,12 +17,12 @@ submitted AS (
         field_type,
         count(*) AS result_count,
         count(*) FILTER (WHERE value_raw IS NOT NULL) AS answered_count,
-        -- An answer is typed when it landed in one of the typed columns.
+        -- An answer is typed when it landed in one of the typed columns (tested for NULL as they
+        -- are: casting 5.5M values to text to coalesce them cost half of this query).
         count(*) FILTER (
-            WHERE coalesce(
-                value_number::VARCHAR, value_text, file_ref, value_bool::VARCHAR,
-                value_json_number::VARCHAR, value_json_text
-            ) IS NOT NULL
+            WHERE value_number IS NOT NULL OR value_text IS NOT NULL OR file_ref IS NOT NULL
+                OR value_bool IS NOT NULL OR value_json_number IS NOT NULL
+                OR value_json_text IS NOT NULL
         ) AS typed_count,
         list(DISTINCT value_kind ORDER BY value_kind) AS value_kinds
     FROM core.custom_report_results
