@@ -98,15 +98,17 @@ def refresh_decoded(conn: duckdb.DuckDBPyConnection, decoded: Decoded) -> Decode
     assert raw is not None, f"{decoded.table} exists without its source {decoded.source}"
     if found == raw:
         return DecodeRefresh("current", 0)
-    missing, rows = rows_missing(conn, decoded.source, decoded.table, "_fs_to_decode", slices=4)
+    missing, rows = rows_missing(
+        conn, decoded.source, decoded.table, "_fs_to_decode", slices=4, gone="_fs_decoded_gone"
+    )
     if missing > WHOLE_ABOVE * raw[0]:
         return build_decoded(conn, decoded)
     query = _decode_query(conn, decoded, rows)
 
     def update() -> None:
         conn.execute(
-            f"DELETE FROM {qualified(decoded.table)} AS d WHERE NOT EXISTS "
-            f"(SELECT 1 FROM {qualified(decoded.source)} AS s WHERE {same_row('s', 'd')})"
+            f"DELETE FROM {qualified(decoded.table)} AS d USING _fs_decoded_gone AS g "
+            f"WHERE {same_row('d', 'g')}"
         )
         conn.execute(f"INSERT INTO {qualified(decoded.table)} BY NAME\n{query}")
 

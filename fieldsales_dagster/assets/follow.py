@@ -56,14 +56,33 @@ def failing_as(target: str, doing: str = "Building", reads: str = "") -> Iterato
 
 
 def rows_missing(
-    conn: duckdb.DuckDBPyConnection, source: str, target: str, keys: str, slices: int = 1
+    conn: duckdb.DuckDBPyConnection,
+    source: str,
+    target: str,
+    keys: str,
+    slices: int = 1,
+    gone: str = "",
 ) -> tuple[int, str]:
     """How many rows of ``source`` ``target`` lacks by (``id``, ``loaded_at``), and SQL selecting
-    them within their ``loaded_at`` range: DuckDB skips older row groups by min/max."""
+    them within their ``loaded_at`` range: DuckDB skips older row groups by min/max. With
+    ``gone``, that table gets the rows of ``target`` that ``source`` lacks, from the same join."""
+    tagged = "SELECT id, loaded_at, true AS here FROM"
     conn.execute(
-        f"CREATE OR REPLACE TEMP TABLE {keys} AS SELECT s.id, s.loaded_at "
-        f"FROM {qualified(source)} AS s ANTI JOIN {qualified(target)} AS t ON {same_row('s', 't')}"
+        "CREATE OR REPLACE TEMP TABLE _fs_unmatched AS SELECT s.id, s.loaded_at, "
+        "t.id AS target_id, t.loaded_at AS target_loaded_at, t.here AS in_target "
+        f"FROM ({tagged} {qualified(source)}) AS s {'FULL' if gone else 'LEFT'} JOIN "
+        f"({tagged} {qualified(target)}) AS t ON {same_row('s', 't')} "
+        "WHERE s.here IS NULL OR t.here IS NULL"
     )
+    conn.execute(
+        f"CREATE OR REPLACE TEMP TABLE {keys} AS "
+        "SELECT id, loaded_at FROM _fs_unmatched WHERE in_target IS NULL"
+    )
+    if gone:
+        conn.execute(
+            f"CREATE OR REPLACE TEMP TABLE {gone} AS SELECT target_id AS id, "
+            "target_loaded_at AS loaded_at FROM _fs_unmatched WHERE in_target"
+        )
     count, first, last, undated = one_row(
         conn,
         f"SELECT count(*), min(loaded_at), max(loaded_at), count(*) - count(loaded_at) FROM {keys}",
@@ -172,8 +191,10 @@ def _incremental(
     state: tuple[str, str],
 ) -> dict[str, Any] | None:
     decoded, inputs = qualified(follows.decoded), qualified(follows.inputs)
-    added, added_rows = rows_missing(conn, follows.decoded, follows.inputs, "_fs_follow_added")
-    gone, _ = rows_missing(conn, follows.inputs, follows.decoded, "_fs_follow_gone")
+    added, added_rows = rows_missing(
+        conn, follows.decoded, follows.inputs, "_fs_follow_added", gone="_fs_follow_gone"
+    )
+    (gone,) = one_row(conn, "SELECT count(*) FROM _fs_follow_gone")
     (rows,) = one_row(conn, f"SELECT count(*) FROM {decoded}")
     if added > WHOLE_ABOVE * rows:
         return None
@@ -181,9 +202,9 @@ def _incremental(
     target = qualified(table)
 
     def update() -> None:
-        conn.execute(
-            f"DELETE FROM {target} WHERE ({follows.from_decoded}) IS NOT TRUE; "
-            f"DELETE FROM {target} AS t USING _fs_follow_keys AS k WHERE t.{follows.key} = k.id; "
+        conn.execute(  # one scan of the table for both kinds of rows replaced
+            f"DELETE FROM {target} WHERE ({follows.from_decoded}) IS NOT TRUE "
+            f"OR {follows.key} IN (SELECT id FROM _fs_follow_keys); "
             f"INSERT INTO {target} BY NAME SELECT * FROM _fs_follow_rows; "
             f"DELETE FROM {inputs} AS i USING _fs_follow_gone AS g WHERE {same_row('i', 'g')}; "
             f"INSERT INTO {inputs} SELECT id, loaded_at FROM _fs_follow_added"
