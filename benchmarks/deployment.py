@@ -246,7 +246,10 @@ def main(argv: list[str] | None = None) -> int:
         "",
         f"- command: `python -m benchmarks.deployment {' '.join(argv or sys.argv[1:])}`",
         f"- machine: {os.cpu_count()} cores, {platform.platform()}",
-        *(f"- {s.name}: {s.root} at {s.revision()}" for s in sides),
+        *(
+            f"- {s.name}: {s.root.name if s.root != ROOT else 'this checkout'} at {s.revision()}"
+            for s in sides
+        ),
         "- each run: `dagster asset materialize -m fieldsales_dagster` (every asset the "
         "refresh job selects), default settings, the warehouse in the work folder",
         "",
