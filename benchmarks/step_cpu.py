@@ -2,7 +2,8 @@
 
 The project's runs execute every step in the run's own process (``in_process_executor``), so a
 step's CPU is what that process spent between the step's start and its end: the harness samples
-the process's user + system CPU (every thread's, DuckDB's included) every ~50 ms
+the user + system CPU of the command's process tree (every thread's, DuckDB's included, and the
+run's process where a wrapper started it) every ~50 ms
 (``harness.measure``), and the step boundaries come from the run's event log in its
 ``DAGSTER_HOME`` (``STEP_START`` and ``STEP_SUCCESS``/``STEP_FAILURE``, at sub-millisecond
 resolution). The CPU at a boundary is interpolated between the two samples around it. Wall time
