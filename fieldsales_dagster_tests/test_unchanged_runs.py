@@ -67,6 +67,10 @@ def test_a_changed_input_is_built_again_and_equals_a_first_build(demo_server, tm
     built = _builds(changed)
     assert built["core_events"] != "unchanged"
     assert built["mart_daily_sales"] != "unchanged"
+    with warehouse.get_connection() as conn:  # one record of each table's last build, not one a run
+        records = "SELECT count(*), count(DISTINCT table_name) FROM meta.lake_builds"
+        rows, tables = conn.execute(records).fetchone()
+    assert rows == tables > len(DERIVED)
     fresh = make_warehouse(tmp_path, "fresh")
     _run(demo_server, tmp_path, fresh)
     assert_lakes_equal(warehouse, fresh)

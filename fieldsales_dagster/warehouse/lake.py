@@ -582,8 +582,10 @@ def _transaction(conn: duckdb.DuckDBPyConnection, body: Callable[[], T]) -> T:
 
 
 def record_build(conn: duckdb.DuckDBPyConnection, table: str, reads: list[str]) -> None:
-    """In the current database, the lake (``_mark_refresh``)."""
+    """In the current database, the lake (``_mark_refresh``): one row per table, its last build,
+    so that the check at every commit reads as much after years of runs as after the first."""
     ensure_table(conn, BUILDS_TABLE, "table_name VARCHAR, reads VARCHAR[], read_snapshot BIGINT")
+    conn.execute(f"DELETE FROM {BUILDS_TABLE} WHERE table_name = ?", [table])
     conn.execute(
         f"INSERT INTO {BUILDS_TABLE} SELECT ?, ?, id FROM current_snapshot()", [table, reads]
     )
