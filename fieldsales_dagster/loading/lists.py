@@ -69,7 +69,9 @@ def key_decoder(endpoint: ListEndpoint) -> msgspec.json.Decoder:
 def item_keys(items: list[msgspec.Raw], decode: msgspec.json.Decoder) -> list[ItemKeys | None]:
     """Each item's keys; ``None`` for an item that is JSON ``null``."""
     out: list[ItemKeys | None] = []
-    names = [f.encode_name for f in msgspec.structs.fields(decode.type)]
+    names = [
+        f.encode_name for f in msgspec.structs.fields(cast("type[msgspec.Struct]", decode.type))
+    ]
     for item in items:
         try:
             out.append(msgspec.structs.astuple(decode.decode(item)))
