@@ -152,7 +152,9 @@ def user_env(demo_server, tmp_path, monkeypatch) -> dict[str, str]:
     return env
 
 
-def test_readme_examples_build_with_everything_and_survive_a_raw_only_run(user_env, tmp_path):
+def test_readme_examples_build_with_everything_and_survive_a_raw_only_run(
+    user_env, demo_server, tmp_path
+):
     """The two examples on the lake the environment sets (catalog and data path): their tables
     land in its ``analytics`` schema, beside the core tables they read, and a raw-only run leaves
     them as they were; with no export set, no DuckDB file is written anywhere."""
@@ -165,6 +167,7 @@ def test_readme_examples_build_with_everything_and_survive_a_raw_only_run(user_e
 
     with read_lake(database) as conn:
         (raw_loaded,) = conn.execute("SELECT max(loaded_at) FROM raw.events").fetchone()
+    demo_server.behaviour.evolve(1)  # events changed: the raw-only run has rows to write
     materialize(package, env, "group:raw")
     with lake_at(database).get_connection() as conn:  # the latest snapshot
         (republished,) = conn.execute("SELECT max(loaded_at) FROM raw.events").fetchone()

@@ -194,6 +194,17 @@ PHASES = {
     "core": ("core_events", None),  # a staging table built, not yet swapped in
 }
 
+#: SQL on a phase's copy first, so that its run has work there: the published state is current,
+#: and a run with nothing changed merges and builds nothing. The stored transactions of one event
+#: differ from the server's, and that event's state passes for changed; no build is on record.
+STALE = {
+    "merge": [
+        "UPDATE meta.event_fingerprints SET fingerprint = 'stale' WHERE event_id = ?",
+        "UPDATE raw.transactions SET payload = '{}' WHERE event_id = ?",
+    ],
+    "core": ["DELETE FROM meta.build_fingerprints"],
+}
+
 
 @pytest.mark.silent_failures_expected
 def test_a_run_killed_at_any_phase_never_blocks_the_next_one(small_server, published, tmp_path):
@@ -214,6 +225,11 @@ def kill_then_rerun(phase: str, server: DemoServer, published: Published, folder
     env = run_env(server, data, home)
     if phase == "token_store":
         (data / "fieldsales_token.json").unlink()
+    if phase in STALE:
+        with lake(data).get_connection() as conn:
+            (event,) = conn.execute("SELECT min(event_id) FROM raw.transactions").fetchone()
+            for statement in STALE[phase]:
+                conn.execute(statement, [event] if "?" in statement else [])
 
     killed_at(phase, materialize_argv(select), env)
 
