@@ -153,7 +153,7 @@ def test_a_decode_stored_with_another_layout_is_parsed_again_whole(tmp_path):
     p.materialize_core(database, transactions=[_reported(f"t-{i}", i) for i in range(3)])
     with lake_at(database).get_connection() as conn:
         conn.execute("ALTER TABLE meta.transactions_decoded DROP COLUMN report_results")
-        conn.execute("DROP TABLE meta.build_fingerprints")
+        conn.execute("ALTER TABLE meta.lake_builds DROP COLUMN fingerprint")
 
     result = _materialize_results_only(database)
 

@@ -202,7 +202,7 @@ STALE = {
         "UPDATE meta.event_fingerprints SET fingerprint = 'stale' WHERE event_id = ?",
         "UPDATE raw.transactions SET payload = '{}' WHERE event_id = ?",
     ],
-    "core": ["DELETE FROM meta.build_fingerprints"],
+    "core": ["UPDATE meta.lake_builds SET fingerprint = NULL"],
 }
 
 

@@ -2,6 +2,7 @@
 and a core or mart table whose inputs, code and settings are as at its last build is not built
 again (``fieldsales/build: unchanged``). Any change is built."""
 
+from fieldsales_dagster.warehouse.lake import table_exists
 from fieldsales_dagster_tests.conftest import make_api, make_warehouse
 from fieldsales_dagster_tests.project import core_assets, mart_assets, materialize, raw_assets
 from fieldsales_dagster_tests.test_ducklake import assert_lakes_equal
@@ -109,3 +110,25 @@ def test_a_setting_that_changes_the_tables_builds_them_again(demo_server, tmp_pa
     assert _builds(after)["core_users"] != "unchanged"
     with dropped.get_connection() as conn:
         assert conn.execute("SELECT count(email) FROM core.users").fetchone() == (0,)
+
+
+def test_a_lake_of_an_earlier_release_builds_its_tables_once_then_keeps_them(
+    demo_server, tmp_path, warehouse
+):
+    """Its builds were recorded without their fingerprints, which a table of their own held."""
+    _run(demo_server, tmp_path, warehouse)
+    with warehouse.get_connection() as conn:
+        conn.execute("ALTER TABLE meta.lake_builds DROP COLUMN fingerprint")
+        conn.execute(
+            "CREATE TABLE meta.build_fingerprints "
+            "(table_name VARCHAR, fingerprint VARCHAR, read_snapshot BIGINT)"
+        )
+    assert "unchanged" not in _builds(_run(demo_server, tmp_path, warehouse)).values()
+    assert set(_builds(_run(demo_server, tmp_path, warehouse)).values()) == {"unchanged"}
+    with warehouse.get_connection() as conn:  # one record per table: its build and fingerprint
+        records = "SELECT count(*), count(DISTINCT table_name) FROM meta.lake_builds"
+        assert conn.execute(records + " WHERE fingerprint IS NOT NULL").fetchone() == (
+            len(DERIVED),
+            len(DERIVED),
+        )
+        assert not table_exists(conn, "meta.build_fingerprints")

@@ -21,12 +21,10 @@ from fieldsales_dagster.assets.decode import (
 from fieldsales_dagster.assets.follow import build_following, define_rows, failing_as
 from fieldsales_dagster.assets.metadata import table_metadata
 from fieldsales_dagster.assets.tables import CoreTable, core_query
-from fieldsales_dagster.warehouse.lake import changed_since, ensure_table, table_exists
+from fieldsales_dagster.warehouse.lake import build_record, changed_since, table_exists
 from fieldsales_dagster.warehouse.quoting import qualified, quote_ident
 from fieldsales_dagster.warehouse.warehouse import FieldSalesWarehouse
 
-#: Per built table: what it was built from besides its inputs, and the snapshot its build read.
-FINGERPRINTS = "meta.build_fingerprints"
 #: The code that shapes a built table beside its query (publishing, decoding, comments, PII).
 BUILD_CODE = (
     *(Path(__file__).parent / f"{name}.py" for name in ("build", "columns", "decode", "follow")),
@@ -62,13 +60,7 @@ def unchanged(
 ) -> str | None:
     """Why ``table`` is still what a build would make now, or ``None``: it was built, by the same
     ``build_fingerprint``, and no commit since the snapshot that build read changed an input."""
-    try:
-        found = conn.execute(
-            f"SELECT fingerprint, read_snapshot FROM {FINGERPRINTS} WHERE table_name = ?",
-            [table.table],
-        ).fetchone()
-    except duckdb.CatalogException:
-        return None
+    found = build_record(conn, table.table)
     # A decoded table follows its raw table, which is an input (changed in the build's own commit).
     inputs = inputs_of(table)
     if found is None or found[0] != build_fingerprint(table, warehouse):
@@ -78,32 +70,16 @@ def unchanged(
     return f"{', '.join(inputs)} and its code and settings are as at snapshot {found[1]}"
 
 
-def record_fingerprint(
-    conn: duckdb.DuckDBPyConnection, table: str, fingerprint: str | None
-) -> None:
-    """In the build's transaction: ``fingerprint`` and the snapshot the build reads."""
-    ensure_table(
-        conn, FINGERPRINTS, "table_name VARCHAR, fingerprint VARCHAR, read_snapshot BIGINT"
-    )
-    conn.execute(f"DELETE FROM {FINGERPRINTS} WHERE table_name = ?", [table])
-    if fingerprint is not None:
-        conn.execute(
-            f"INSERT INTO {FINGERPRINTS} SELECT ?, ?, id FROM current_snapshot()",
-            [table, fingerprint],
-        )
-
-
 def build_described_table(
     conn: duckdb.DuckDBPyConnection,
     table: CoreTable,
     warehouse: FieldSalesWarehouse,
     commit: bool = False,
-    fingerprint: str | None = None,
 ) -> dict[str, Any]:
     """Build and swap in ``table``, its decoded tables brought up to date first; if ``commit``, in
-    one lake transaction recording what it read (``one_commit``) and ``fingerprint``. A not-kept
-    decoded table is shared before it (a lake transaction writes one database) and, outside a
-    run, dropped after."""
+    one lake transaction recording what it read and its ``build_fingerprint`` (``one_commit``).
+    A not-kept decoded table is shared before it (a lake transaction writes one database) and,
+    outside a run, dropped after."""
     refreshed: dict[Decoded, DecodeRefresh] = {}
     shared = [decoded for decoded in table.decoded if not decoded.kept]
 
@@ -132,11 +108,6 @@ def build_described_table(
             conn, table.table, table.follows, published, params, build_whole, macros=macros
         )
 
-    def build_and_record() -> dict[str, Any]:
-        built = build()
-        record_fingerprint(conn, table.table, fingerprint)
-        return built
-
     try:
         for decoded in shared:
             with failing_as(table.table, reads=decoded.table):
@@ -145,7 +116,10 @@ def build_described_table(
             shared_copy = warehouse.shared_table(decoded.table)
             conn.execute(f"CREATE OR REPLACE TEMP VIEW {view} AS SELECT * FROM {shared_copy}")
         if commit:
-            return warehouse.one_commit(conn, table.table, build_and_record, inputs_of(table))
+            fingerprint = build_fingerprint(table, warehouse)
+            return warehouse.one_commit(
+                conn, table.table, build, inputs_of(table), fingerprint=fingerprint
+            )
         return build()
     finally:
         for decoded in shared:
@@ -166,6 +140,5 @@ def materialize_core_table(
     if why := unchanged(conn, warehouse, table):
         built = {"fieldsales/build": f"unchanged: {why}"}
     else:
-        fingerprint = build_fingerprint(table, warehouse)
-        built |= build_described_table(conn, table, warehouse, commit=True, fingerprint=fingerprint)
+        built |= build_described_table(conn, table, warehouse, commit=True)
     return {**table_metadata(conn, warehouse, table.table, table.doc, preview=True), **built}

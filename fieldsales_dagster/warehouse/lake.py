@@ -581,14 +581,38 @@ def _transaction(conn: duckdb.DuckDBPyConnection, body: Callable[[], T]) -> T:
         _IN_TRANSACTION.discard(id(conn))
 
 
-def record_build(conn: duckdb.DuckDBPyConnection, table: str, reads: list[str]) -> None:
+def record_build(
+    conn: duckdb.DuckDBPyConnection, table: str, reads: list[str], fingerprint: str | None = None
+) -> None:
     """In the current database, the lake (``_mark_refresh``): one row per table, its last build,
-    so that the check at every commit reads as much after years of runs as after the first."""
-    ensure_table(conn, BUILDS_TABLE, "table_name VARCHAR, reads VARCHAR[], read_snapshot BIGINT")
+    so that the check at every commit reads as much after years of runs as after the first; with
+    what the build was made of besides its inputs (``build_record``)."""
+    columns = "table_name VARCHAR, reads VARCHAR[], read_snapshot BIGINT, fingerprint VARCHAR"
+    ensure_table(conn, BUILDS_TABLE, columns)
+    # A lake of an earlier release: the fingerprints had a table of their own; no build of it
+    # matches one, so each of its tables is built once.
+    conn.execute(
+        f"ALTER TABLE {BUILDS_TABLE} ADD COLUMN IF NOT EXISTS fingerprint VARCHAR; "
+        "DROP TABLE IF EXISTS meta.build_fingerprints"
+    )
     conn.execute(f"DELETE FROM {BUILDS_TABLE} WHERE table_name = ?", [table])
     conn.execute(
-        f"INSERT INTO {BUILDS_TABLE} SELECT ?, ?, id FROM current_snapshot()", [table, reads]
+        f"INSERT INTO {BUILDS_TABLE} BY NAME SELECT ? AS table_name, ? AS reads, "
+        "id AS read_snapshot, ? AS fingerprint FROM current_snapshot()",
+        [table, reads, fingerprint],
     )
+
+
+def build_record(conn: duckdb.DuckDBPyConnection, table: str) -> tuple[str, int] | None:
+    """``table``'s last build: its fingerprint and the snapshot it read; ``None`` if it has none
+    (not built, built without one, or on a lake from before fingerprints were recorded)."""
+    try:
+        found = conn.execute(
+            f"SELECT fingerprint, read_snapshot FROM {BUILDS_TABLE} WHERE table_name = ?", [table]
+        ).fetchone()
+    except (duckdb.CatalogException, duckdb.BinderException):
+        return None
+    return (found[0], found[1]) if found and found[0] is not None else None
 
 
 #: Tables that read a table written again since; a table no longer in the lake is not judged.

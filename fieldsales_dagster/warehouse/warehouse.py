@@ -238,15 +238,16 @@ class FieldSalesWarehouse(settings_resource("WarehouseSettings", *WAREHOUSE_SETT
         write: Callable[[], T],
         reads: Sequence[str] = (),
         wrote: Callable[[T], bool] = lambda result: True,
+        fingerprint: str | None = None,
     ) -> T:
         """``write`` of ``table`` in one transaction (one snapshot), recording the tables it
-        ``reads`` unless it ``wrote`` nothing to ``table`` (the tables built from it stay
-        current), and, on the first commit, the tenant."""
+        ``reads`` and its ``fingerprint`` unless it ``wrote`` nothing to ``table`` (the tables
+        built from it stay current), and, on the first commit, the tenant."""
 
         def write_and_record() -> T:
             result = write()
             if wrote(result):
-                record_build(conn, table, list(reads))
+                record_build(conn, table, list(reads), fingerprint)
             check_tenant(conn, self.lake, record=True)
             return result
 
