@@ -270,6 +270,25 @@ def test_upkeep_deletes_orphaned_files_past_the_safety_age_and_keeps_the_live_on
     assert counts == (1200, 30)  # every live file still read
 
 
+def test_changes_are_read_once_per_snapshot_and_a_commit_since_is_seen(warehouse):
+    """A run's steps share one read of the lake's changes while nothing commits; a table written
+    meanwhile (by an earlier step, or another writer) counts as changed for the next."""
+    lake = warehouse.lake
+    with warehouse.get_connection() as conn:
+        conn.execute("CREATE SCHEMA raw")
+        run_transaction(conn, "raw.a", lambda: conn.execute("CREATE TABLE raw.a AS SELECT 1"))
+        run_transaction(conn, "raw.b", lambda: conn.execute("CREATE TABLE raw.b AS SELECT 1"))
+        (built,) = conn.execute("SELECT id FROM current_snapshot()").fetchone()
+        assert lake_module.changed_since(conn, lake, built, ["raw.a", "raw.b"]) == []
+        read = lake_module._CHANGES[lake]
+        assert lake_module.changed_since(conn, lake, built - 1, ["raw.a", "raw.b"]) == ["raw.b"]
+        assert lake_module._CHANGES[lake] is read  # no commit since: not read again
+        with warehouse.get_connection() as writer:
+            run_transaction(writer, "raw.a", lambda: writer.execute("INSERT INTO raw.a VALUES (2)"))
+        assert lake_module.changed_since(conn, lake, built, ["raw.a", "raw.b"]) == ["raw.a"]
+        assert lake_module._CHANGES[lake] is not read
+
+
 def test_readers_wait_for_the_tables_built_from_a_new_one_unless_they_were_dropped(warehouse):
     """A table written again makes the tables built from it stale: readers keep the snapshot
     before, until they are built again, or dropped (a table the project no longer builds)."""

@@ -433,13 +433,27 @@ def table_exists(conn: duckdb.DuckDBPyConnection, table: str) -> bool:
     return True
 
 
-def changed_since(
-    conn: duckdb.DuckDBPyConnection, lake: Lake, snapshot: int, tables: list[str]
-) -> list[str]:
-    """Of ``tables`` (``schema.name``, in ``lake``, the current database), those missing, or
-    created, written or altered by a commit after ``snapshot``, as DuckLake records each commit's
-    changes (``snapshots()``: a created table by name, a written or altered one by its id); all
-    of them where a snapshot since ``snapshot`` was expired."""
+@dataclass(frozen=True)
+class _Changes:
+    """What DuckLake records of ``lake``'s commits, as of its snapshot ``last``."""
+
+    last: int
+    #: Each live table's id (``schema.name`` -> id as text).
+    ids: dict[str, str]
+    #: Each snapshot still listed -> the tables it created (by name), wrote or altered (by id).
+    touched: dict[int, frozenset[str]]
+
+
+#: Per lake, its changes as of its last snapshot read: one run's unchanged steps read it once.
+_CHANGES: dict[Lake, _Changes] = {}
+
+
+def _changes(conn: duckdb.DuckDBPyConnection, lake: Lake) -> _Changes:
+    """``lake``'s changes, read again only when a commit (this process's or another's) made a
+    new snapshot: a table written by an earlier step counts as changed for the next."""
+    (current,) = one_row(conn, "SELECT id FROM current_snapshot()")
+    if (known := _CHANGES.get(lake)) is not None and known.last == current:
+        return known
     metadata = f"{quote_ident(f'__ducklake_metadata_{lake.alias}')}."
     metadata += quote_ident(lake.schema or ("public" if lake.is_postgres else "main"))
     ids = conn.execute(
@@ -447,17 +461,30 @@ def changed_since(
         f"FROM {metadata}.ducklake_table AS t JOIN {metadata}.ducklake_schema AS s USING "
         "(schema_id) WHERE t.end_snapshot IS NULL AND s.end_snapshot IS NULL"
     ).fetchall()
-    touched, listed, last = one_row(
-        conn,
-        "SELECT list_distinct(flatten(list(flatten(map_values(changes))) FILTER (snapshot_id > "
-        f"$s))), count(*), max(snapshot_id) FROM {quote_ident(lake.alias)}.snapshots() "
-        "WHERE snapshot_id >= $s",
-        {"s": snapshot},
-    )
-    if last is None or listed != last - snapshot + 1:  # expired (upkeep): changes not known
-        return list(tables)
-    current = dict(ids)
-    return [t for t in tables if t not in current or {t, current[t]} & set(touched or ())]
+    # Read after the ids: a commit in between is seen here, so a table it created counts as
+    # changed (missing from ids), and the listing is filed under its own last snapshot.
+    listed = conn.execute(
+        "SELECT snapshot_id, flatten(map_values(changes)) "
+        f"FROM {quote_ident(lake.alias)}.snapshots()"
+    ).fetchall()
+    touched = {snapshot: frozenset(changed or ()) for snapshot, changed in listed}
+    _CHANGES[lake] = known = _Changes(max(touched), dict(ids), touched)
+    return known
+
+
+def changed_since(
+    conn: duckdb.DuckDBPyConnection, lake: Lake, snapshot: int, tables: list[str]
+) -> list[str]:
+    """Of ``tables`` (``schema.name``, in ``lake``, the current database), those missing, or
+    created, written or altered by a commit after ``snapshot``, as DuckLake records each commit's
+    changes (``snapshots()``: a created table by name, a written or altered one by its id); all
+    of them where a snapshot since ``snapshot`` was expired."""
+    known = _changes(conn, lake)
+    since = range(snapshot + 1, known.last + 1)
+    if snapshot not in known.touched or any(s not in known.touched for s in since):
+        return list(tables)  # expired (upkeep): changes not known
+    touched = frozenset().union(*(known.touched[s] for s in since))
+    return [t for t in tables if t not in known.ids or {t, known.ids[t]} & touched]
 
 
 def ensure_table(conn: duckdb.DuckDBPyConnection, table: str, columns: str) -> None:
