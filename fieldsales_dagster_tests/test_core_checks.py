@@ -2,13 +2,17 @@
 
 from __future__ import annotations
 
+import json
+
 import dagster as dg
 import duckdb
 import pytest
 
 from fieldsales_dagster.assets import checks
 from fieldsales_dagster.assets.tables import derived_tables
+from fieldsales_dagster.warehouse.lake import run_transaction
 from fieldsales_dagster_tests import core_payloads as p
+from fieldsales_dagster_tests.conftest import lake_at
 from fieldsales_dagster_tests.project import DEFAULT, core_check_count
 
 SLIDER = p.field("f-slider", "Slider", minimum=0, maximum=10, step=1)
@@ -182,3 +186,32 @@ def test_column_schema_change_runs_in_a_named_step_and_says_what_changed():
         "Column schema changed since the previous materialization: added: added; "
         "name: VARCHAR -> INTEGER"
     )
+
+
+def test_a_check_reports_its_last_result_while_nothing_it_reads_changed_and_runs_when_one_did(
+    tmp_path,
+):
+    database = tmp_path / "t.duckdb"
+    orphan = [p.transaction("t-orphan", event_id="e-later")]
+    first = evaluations(
+        p.materialize_core(database, transactions=orphan, events=[p.event("e1")], with_checks=True)
+    )
+    again = evaluations(p.materialize_core_only(database, with_checks=True))
+    unique, known = ("core_transactions", "ids_unique"), ("core_transactions", "event_ids_known")
+    metadata = dict(again[unique].metadata)
+    carried = metadata.pop("fieldsales/check").value
+    assert carried.startswith("carried: core.transactions unchanged since snapshot ")
+    assert (again[unique].passed, metadata) == (True, first[unique].metadata)
+    assert (again[known].passed, again[known].severity) == (False, dg.AssetCheckSeverity.WARN)
+    assert (
+        "carried: core.transactions, core.events" in again[known].metadata["fieldsales/check"].value
+    )
+    # The event turns up: core.events changes, which the cross-table check reads beside its own.
+    with lake_at(database).get_connection() as conn:
+        event = json.dumps(p.event("e-later"))
+        insert = "INSERT INTO raw.events VALUES ('e-later', ?, now()::TIMESTAMP)"
+        run_transaction(conn, "raw.events", lambda: conn.execute(insert, [event]))
+    after = evaluations(p.materialize_core_only(database, with_checks=True))
+    assert after[known].passed
+    assert "fieldsales/check" not in after[known].metadata
+    assert after[unique].metadata["fieldsales/check"].value.startswith("carried: ")

@@ -33,7 +33,7 @@ BUILD_CODE = (
 
 
 @functools.cache
-def _code_digest(folder: Path) -> str:
+def code_digest(folder: Path) -> str:
     """DuckDB's version, the build code, and every query, macro and YAML file it may read."""
     digest = hashlib.sha256(duckdb.__version__.encode())
     files = sorted({*folder.glob("*.sql"), *folder.glob("*.yaml"), *PACKAGE_SQL.glob("*.sql")})
@@ -47,7 +47,7 @@ def build_fingerprint(table: CoreTable, warehouse: FieldSalesWarehouse) -> str |
     where its personal columns are hashed: the key is never stored, so nothing compares."""
     if warehouse.pii == "hash" and table.table.startswith("core.") and table.doc.pii_columns:
         return None
-    return f"{_code_digest(table.folder)}:{warehouse.pii}"
+    return f"{code_digest(table.folder)}:{warehouse.pii}"
 
 
 def inputs_of(table: CoreTable) -> list[str]:

@@ -1,25 +1,34 @@
 """Asset checks on the core and mart tables, named in or written out in their YAML (docs/tables.md).
 One reading only its asset's upstream runs in the asset's step (so its blocking checks stop what
-builds downstream); one reading another table (``event_ids_known``) runs in one shared step."""
+builds downstream); one reading another table (``event_ids_known``) runs in one shared step.
+A check none of whose tables changed since its last evaluation reports that result again
+(``check_results``)."""
 
 import functools
+import hashlib
 import json
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from decimal import Decimal
-from typing import Any
+from pathlib import Path
+from typing import Any, cast
 
 import dagster as dg
 import duckdb
 
+from fieldsales_dagster.assets.build import code_digest
 from fieldsales_dagster.assets.columns import TableFileError
 from fieldsales_dagster.assets.decode import create_macros
 from fieldsales_dagster.assets.tables import CheckEntry, CoreTable, derived_tables
 from fieldsales_dagster.names import InstanceNames
+from fieldsales_dagster.warehouse.lake import changed_since, ensure_table, run_transaction
 from fieldsales_dagster.warehouse.quoting import qualified, quote_ident
 from fieldsales_dagster.warehouse.rows import one_row
+from fieldsales_dagster.warehouse.warehouse import FieldSalesWarehouse
 
 SAMPLE_SIZE = 5
+#: Each check's last evaluation, the snapshot it read and the code it ran (``check_results``).
+RESULTS_TABLE = "meta.check_evaluations"
 #: Rows per bucket of the ids_unique screen (see there): ~1M hash groups fit the memory limit.
 SCREEN_BUCKET_ROWS = 1_000_000
 
@@ -56,6 +65,16 @@ class CoreCheck:
         return tuple(table.replace(".", "_") for table in self.kind.also_reads)
 
     @property
+    def reads(self) -> list[str]:
+        """Every table its result depends on: its own and those it ``also_reads``."""
+        return [self.table.table, *self.kind.also_reads]
+
+    @property
+    def fingerprint(self) -> str:
+        """Its code: the queries, macros and YAML of its table's folder, and this module."""
+        return f"{code_digest(self.table.folder)}:{_module_digest()}"
+
+    @property
     def runs_in_asset_step(self) -> bool:
         return all(asset in self.table.deps for asset in self.also_reads)
 
@@ -72,6 +91,82 @@ class CoreCheck:
         return self.kind.evaluate(conn, self.table)._replace(
             asset_key=names.asset_key(self.table.asset_name), check_name=self.name
         )
+
+
+def check_results(
+    conn: duckdb.DuckDBPyConnection,
+    warehouse: FieldSalesWarehouse,
+    names: InstanceNames,
+    checks: Sequence[CoreCheck],
+) -> list[dg.AssetCheckResult]:
+    """Each check's result: where its code is that of its last evaluation and none of the tables
+    it ``reads`` changed since the snapshot that evaluation read, that result, saying so; else
+    evaluated now, and recorded in ``RESULTS_TABLE`` (one commit for all of them)."""
+    try:
+        rows = conn.execute(
+            f"SELECT table_name, check_name, fingerprint, evaluated_at, passed, severity, "
+            f"metadata FROM {RESULTS_TABLE} WHERE table_name IN (SELECT unnest(?))",
+            [sorted({check.table.table for check in checks})],
+        ).fetchall()
+    except duckdb.CatalogException:
+        rows = []
+    last = {(row[0], row[1]): row[2:] for row in rows}
+    (snapshot,) = one_row(conn, "SELECT id FROM current_snapshot()")  # read before evaluating
+    results, evaluated = [], []
+    for check in checks:
+        found = last.get((check.table.table, check.name))
+        if found and found[0] == check.fingerprint:
+            fingerprint, since, passed, severity, metadata = found
+            if not changed_since(conn, warehouse.lake, since, check.reads):
+                why = f"{', '.join(check.reads)} unchanged since snapshot {since}, evaluated there"
+                results.append(
+                    dg.AssetCheckResult(
+                        asset_key=names.asset_key(check.table.asset_name),
+                        check_name=check.name,
+                        passed=passed,
+                        severity=dg.AssetCheckSeverity[severity],
+                        metadata={
+                            **dg.deserialize_value(metadata, dict),
+                            "fieldsales/check": f"carried: {why}",
+                        },
+                    )
+                )
+                continue
+        results.append(result := check.result(conn, names))
+        evaluated.append((check, result))
+
+    def record() -> None:
+        ensure_table(
+            conn,
+            RESULTS_TABLE,
+            "table_name VARCHAR, check_name VARCHAR, fingerprint VARCHAR, evaluated_at BIGINT, "
+            "passed BOOLEAN, severity VARCHAR, metadata VARCHAR",
+        )
+        for check, result in evaluated:
+            key = [check.table.table, check.name]
+            conn.execute(
+                f"DELETE FROM {RESULTS_TABLE} WHERE table_name = ? AND check_name = ?", key
+            )
+            conn.execute(
+                f"INSERT INTO {RESULTS_TABLE} VALUES (?, ?, ?, ?, ?, ?, ?)",
+                [
+                    *key,
+                    check.fingerprint,
+                    snapshot,
+                    result.passed,
+                    result.severity.name,
+                    dg.serialize_value(cast(dict[str, Any], result.metadata)),
+                ],
+            )
+
+    if evaluated:
+        run_transaction(conn, RESULTS_TABLE, record)
+    return results
+
+
+@functools.cache
+def _module_digest() -> str:
+    return hashlib.sha256(Path(__file__).read_bytes()).hexdigest()
 
 
 def written_check(entry: CheckEntry) -> CheckKind:
@@ -302,8 +397,9 @@ def build_core_checks(
         required_resource_keys={names.warehouse.key},
     )
     def _checks(context: dg.AssetCheckExecutionContext) -> Iterator[dg.AssetCheckResult]:
-        with names.warehouse.of(context).get_connection() as conn:
-            for key in sorted(context.selected_asset_check_keys, key=str):
-                yield by_key[key].result(conn, names)
+        warehouse = names.warehouse.of(context)
+        with warehouse.get_connection() as conn:
+            selected = [by_key[key] for key in sorted(context.selected_asset_check_keys, key=str)]
+            yield from check_results(conn, warehouse, names, selected)
 
     return [_checks]

@@ -5,7 +5,7 @@ from collections.abc import Callable, Iterator, Sequence
 import dagster as dg
 
 from fieldsales_dagster.assets.build import materialize_core_table
-from fieldsales_dagster.assets.checks import CoreCheck
+from fieldsales_dagster.assets.checks import CoreCheck, check_results
 from fieldsales_dagster.assets.metadata import STORAGE_KIND
 from fieldsales_dagster.assets.tables import (
     CoreTable,
@@ -63,7 +63,8 @@ def build_core_asset(
         # A connection of their own: no transaction or TEMP object of the build left over.
         if check_keys := sorted(context.selected_asset_check_keys, key=str):
             with warehouse.get_connection() as conn:
-                yield from (by_key[check_key].result(conn, names) for check_key in check_keys)
+                selected = [by_key[check_key] for check_key in check_keys]
+                yield from check_results(conn, warehouse, names, selected)
 
     return _core_table
 
