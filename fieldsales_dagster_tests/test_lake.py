@@ -280,13 +280,13 @@ def test_changes_are_read_once_per_snapshot_and_a_commit_since_is_seen(warehouse
         run_transaction(conn, "raw.b", lambda: conn.execute("CREATE TABLE raw.b AS SELECT 1"))
         (built,) = conn.execute("SELECT id FROM current_snapshot()").fetchone()
         assert lake_module.changed_since(conn, lake, built, ["raw.a", "raw.b"]) == []
-        read = lake_module._CHANGES[lake]
+        read = lake_module._READ_AT[lake, "changes"]
         assert lake_module.changed_since(conn, lake, built - 1, ["raw.a", "raw.b"]) == ["raw.b"]
-        assert lake_module._CHANGES[lake] is read  # no commit since: not read again
+        assert lake_module._READ_AT[lake, "changes"] is read  # no commit since: not read again
         with warehouse.get_connection() as writer:
             run_transaction(writer, "raw.a", lambda: writer.execute("INSERT INTO raw.a VALUES (2)"))
         assert lake_module.changed_since(conn, lake, built, ["raw.a", "raw.b"]) == ["raw.a"]
-        assert lake_module._CHANGES[lake] is not read
+        assert lake_module._READ_AT[lake, "changes"] is not read
 
 
 def test_readers_wait_for_the_tables_built_from_a_new_one_unless_they_were_dropped(warehouse):

@@ -2,6 +2,7 @@
 and a core or mart table whose inputs, code and settings are as at its last build is not built
 again (``fieldsales/build: unchanged``). Any change is built."""
 
+from fieldsales_dagster.warehouse import lake as lake_module
 from fieldsales_dagster.warehouse.lake import table_exists
 from fieldsales_dagster_tests.conftest import make_api, make_warehouse
 from fieldsales_dagster_tests.project import core_assets, mart_assets, materialize, raw_assets
@@ -132,3 +133,22 @@ def test_a_lake_of_an_earlier_release_builds_its_tables_once_then_keeps_them(
             len(DERIVED),
         )
         assert not table_exists(conn, "meta.build_fingerprints")
+
+
+def test_the_steps_of_an_unchanged_run_share_one_read_of_the_build_records(
+    demo_server, tmp_path, warehouse, monkeypatch
+):
+    """Read again only after a commit: the raw steps may record a list check between them."""
+    _run(demo_server, tmp_path, warehouse)
+    reads: list[str] = []
+
+    class Counted(dict):
+        def __setitem__(self, key, value) -> None:
+            reads.append(key[1])
+            super().__setitem__(key, value)
+
+    monkeypatch.setattr(lake_module, "_READ_AT", Counted())
+    again = _run(demo_server, tmp_path, warehouse)
+    assert set(_builds(again).values()) == {"unchanged"}
+    assert 1 <= reads.count(lake_module.BUILDS_TABLE) <= 3 < len(DERIVED), reads
+    assert 1 <= reads.count("changes") <= 3, reads

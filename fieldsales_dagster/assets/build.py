@@ -60,7 +60,7 @@ def unchanged(
 ) -> str | None:
     """Why ``table`` is still what a build would make now, or ``None``: it was built, by the same
     ``build_fingerprint``, and no commit since the snapshot that build read changed an input."""
-    found = build_record(conn, table.table)
+    found = build_record(conn, warehouse.lake, table.table)
     # A decoded table follows its raw table, which is an input (changed in the build's own commit).
     inputs = inputs_of(table)
     if found is None or found[0] != build_fingerprint(table, warehouse):

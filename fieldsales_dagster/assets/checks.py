@@ -21,7 +21,12 @@ from fieldsales_dagster.assets.columns import TableFileError
 from fieldsales_dagster.assets.decode import create_macros
 from fieldsales_dagster.assets.tables import CheckEntry, CoreTable, derived_tables
 from fieldsales_dagster.names import InstanceNames
-from fieldsales_dagster.warehouse.lake import changed_since, ensure_table, run_transaction
+from fieldsales_dagster.warehouse.lake import (
+    changed_since,
+    ensure_table,
+    per_snapshot,
+    run_transaction,
+)
 from fieldsales_dagster.warehouse.quoting import qualified, quote_ident
 from fieldsales_dagster.warehouse.rows import one_row
 from fieldsales_dagster.warehouse.warehouse import FieldSalesWarehouse
@@ -102,21 +107,23 @@ def check_results(
     """Each check's result: where its code is that of its last evaluation and none of the tables
     it ``reads`` changed since the snapshot that evaluation read, that result, saying so; else
     evaluated now, and recorded in ``RESULTS_TABLE`` (one commit for all of them)."""
-    try:
-        rows = conn.execute(
-            f"SELECT table_name, check_name, fingerprint, evaluated_at, passed, severity, "
-            f"metadata FROM {RESULTS_TABLE} WHERE table_name IN (SELECT unnest(?))",
-            [sorted({check.table.table for check in checks})],
-        ).fetchall()
-    except duckdb.CatalogException:
-        rows = []
-    last = {(row[0], row[1]): row[2:] for row in rows}
-    (snapshot,) = one_row(conn, "SELECT id FROM current_snapshot()")  # read before evaluating
-    results, evaluated = [], []
+
+    def read() -> dict[tuple[str, str], tuple]:
+        try:
+            rows = conn.execute(
+                "SELECT table_name, check_name, fingerprint, evaluated_at, passed, severity, "
+                f"metadata FROM {RESULTS_TABLE}"
+            ).fetchall()
+        except duckdb.CatalogException:
+            return {}
+        return {(row[0], row[1]): row[2:] for row in rows}
+
+    last = per_snapshot(conn, warehouse.lake, RESULTS_TABLE, read)
+    results, evaluated, snapshot = [], [], None
     for check in checks:
         found = last.get((check.table.table, check.name))
         if found and found[0] == check.fingerprint:
-            fingerprint, since, passed, severity, metadata = found
+            since, passed, severity, metadata = found[1:]
             if not changed_since(conn, warehouse.lake, since, check.reads):
                 why = f"{', '.join(check.reads)} unchanged since snapshot {since}, evaluated there"
                 results.append(
@@ -132,6 +139,8 @@ def check_results(
                     )
                 )
                 continue
+        if snapshot is None:  # read before evaluating
+            (snapshot,) = one_row(conn, "SELECT id FROM current_snapshot()")
         results.append(result := check.result(conn, names))
         evaluated.append((check, result))
 

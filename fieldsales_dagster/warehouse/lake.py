@@ -444,16 +444,26 @@ class _Changes:
     touched: dict[int, frozenset[str]]
 
 
-#: Per lake, its changes as of its last snapshot read: one run's unchanged steps read it once.
-_CHANGES: dict[Lake, _Changes] = {}
+#: Per lake and name, a ``per_snapshot`` read and the snapshot it was read at.
+_READ_AT: dict[tuple[Lake, str], tuple[int, Any]] = {}
+
+
+def per_snapshot(
+    conn: duckdb.DuckDBPyConnection, lake: Lake, name: str, read: Callable[[], T]
+) -> T:
+    """``read()`` of ``lake``, kept under ``name`` until a commit (this process's or another's)
+    makes a new snapshot: one run's unchanged steps read once what a written one reads again. A
+    commit during ``read()`` is in what it returns, which is read again at the next call."""
+    (current,) = one_row(conn, "SELECT id FROM current_snapshot()")
+    found = _READ_AT.get((lake, name))
+    if found is None or found[0] != current:
+        found = _READ_AT[lake, name] = (current, read())
+    return found[1]
 
 
 def _changes(conn: duckdb.DuckDBPyConnection, lake: Lake) -> _Changes:
-    """``lake``'s changes, read again only when a commit (this process's or another's) made a
-    new snapshot: a table written by an earlier step counts as changed for the next."""
-    (current,) = one_row(conn, "SELECT id FROM current_snapshot()")
-    if (known := _CHANGES.get(lake)) is not None and known.last == current:
-        return known
+    """``lake``'s changes as DuckLake records them; a table a commit during the read created
+    counts as changed (missing from ``ids``, read first)."""
     metadata = f"{quote_ident(f'__ducklake_metadata_{lake.alias}')}."
     metadata += quote_ident(lake.schema or ("public" if lake.is_postgres else "main"))
     ids = conn.execute(
@@ -461,15 +471,12 @@ def _changes(conn: duckdb.DuckDBPyConnection, lake: Lake) -> _Changes:
         f"FROM {metadata}.ducklake_table AS t JOIN {metadata}.ducklake_schema AS s USING "
         "(schema_id) WHERE t.end_snapshot IS NULL AND s.end_snapshot IS NULL"
     ).fetchall()
-    # Read after the ids: a commit in between is seen here, so a table it created counts as
-    # changed (missing from ids), and the listing is filed under its own last snapshot.
     listed = conn.execute(
         "SELECT snapshot_id, flatten(map_values(changes)) "
         f"FROM {quote_ident(lake.alias)}.snapshots()"
     ).fetchall()
     touched = {snapshot: frozenset(changed or ()) for snapshot, changed in listed}
-    _CHANGES[lake] = known = _Changes(max(touched), dict(ids), touched)
-    return known
+    return _Changes(max(touched), dict(ids), touched)
 
 
 def changed_since(
@@ -479,7 +486,7 @@ def changed_since(
     created, written or altered by a commit after ``snapshot``, as DuckLake records each commit's
     changes (``snapshots()``: a created table by name, a written or altered one by its id); all
     of them where a snapshot since ``snapshot`` was expired."""
-    known = _changes(conn, lake)
+    known = per_snapshot(conn, lake, "changes", lambda: _changes(conn, lake))
     since = range(snapshot + 1, known.last + 1)
     if snapshot not in known.touched or any(s not in known.touched for s in since):
         return list(tables)  # expired (upkeep): changes not known
@@ -630,16 +637,19 @@ def record_build(
     )
 
 
-def build_record(conn: duckdb.DuckDBPyConnection, table: str) -> tuple[str, int] | None:
+def build_record(conn: duckdb.DuckDBPyConnection, lake: Lake, table: str) -> tuple[str, int] | None:
     """``table``'s last build: its fingerprint and the snapshot it read; ``None`` if it has none
     (not built, built without one, or on a lake from before fingerprints were recorded)."""
-    try:
-        found = conn.execute(
-            f"SELECT fingerprint, read_snapshot FROM {BUILDS_TABLE} WHERE table_name = ?", [table]
-        ).fetchone()
-    except (duckdb.CatalogException, duckdb.BinderException):
-        return None
-    return (found[0], found[1]) if found and found[0] is not None else None
+
+    def read() -> dict[str, tuple[str, int]]:
+        try:
+            query = f"SELECT table_name, fingerprint, read_snapshot FROM {BUILDS_TABLE}"
+            rows = conn.execute(f"{query} WHERE fingerprint IS NOT NULL").fetchall()
+        except (duckdb.CatalogException, duckdb.BinderException):
+            return {}
+        return {name: (fingerprint, snapshot) for name, fingerprint, snapshot in rows}
+
+    return per_snapshot(conn, lake, BUILDS_TABLE, read).get(table)
 
 
 #: Tables that read a table written again since; a table no longer in the lake is not judged.
