@@ -207,6 +207,29 @@ def test_insertions_without_totals_are_paged_again_until_no_id_repeats(demo_serv
     assert_table_matches_server(warehouse, demo_server, TRANSACTIONS)
 
 
+def test_a_changed_list_writes_only_its_changed_rows_and_the_others_keep_their_loaded_at(
+    demo_server, api, warehouse
+):
+    load(api, warehouse, EVENTS)
+    stamps = "SELECT id, loaded_at FROM raw.events"
+    with read_lake(warehouse) as conn:
+        before = dict(conn.execute(stamps).fetchall())
+    demo_server.dataset.advance_event(0)
+    demo_server.dataset.delete_event(1)
+    report = load(api, warehouse, EVENTS)
+    with read_lake(warehouse) as conn:
+        after = dict(conn.execute(stamps).fetchall())
+    changed, deleted = (demo_server.dataset.event_id(e) for e in (0, 1))
+    assert report.written and deleted not in after and after.keys() == before.keys() - {deleted}
+    assert after[changed] > before[changed] == before[deleted]
+    kept = {i: at for i, at in after.items() if i != changed}
+    assert kept == {i: before[i] for i in kept}, "rows listed as stored were stamped anew"
+    with read_lake(warehouse) as conn:  # the list was loaded whole then
+        checked = "SELECT checked_at FROM meta.list_checks WHERE table_name = 'raw.events'"
+        assert conn.execute(checked).fetchone() == (after[changed],)
+    assert_table_matches_server(warehouse, demo_server, EVENTS)
+
+
 def test_repeated_ids_keep_their_first_copy(tmp_path):
     from fieldsales_dagster.loading.raw_load import _drop_duplicate_ids
 

@@ -130,8 +130,8 @@ def _if_exists(conn: duckdb.DuckDBPyConnection, table: str, value: str) -> Any:
 
 
 def _events_loaded_at(conn: duckdb.DuckDBPyConnection) -> datetime | None:
-    """The newest ``raw.events`` load (naive, UTC), or the newer time the list was found as
-    stored (``LIST_CHECKS``)."""
+    """When ``raw.events`` was last loaded whole (naive, UTC): ``LIST_CHECKS``' time, or on a
+    lake from before that record, its newest ``loaded_at``."""
     loaded = _if_exists(conn, EVENTS.raw_table, "max(loaded_at)")
     where = f"table_name = '{EVENTS.raw_table}'"
     checked = _if_exists(conn, LIST_CHECKS, f"max(checked_at) FILTER (WHERE {where})")

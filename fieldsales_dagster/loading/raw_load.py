@@ -3,8 +3,9 @@
 Each page becomes one Arrow batch (``payload`` in Arrow's JSON type, which DuckDB does not parse
 again) built from its bytes without a copy per item; one ``INSERT`` per pass streams the batches
 while the pager fetches, so memory holds a few pages whatever the list's size. Ids and payloads
-are stored as received. The table is swapped in one transaction, never to empty or shrink it by
-more than ``max_shrink_fraction`` unless ``allow_shrink``.
+are stored as received. The table is brought to the list in one transaction (only its changed
+rows replaced), never to empty or shrink it by more than ``max_shrink_fraction`` unless
+``allow_shrink``.
 """
 
 from __future__ import annotations
@@ -54,8 +55,8 @@ SLICE_BYTES = 256 * 1024  # of a page's batch DuckDB reads at a time (see ``_str
 #: (docs/refresh.md), computed from each item as it is staged (``event_state``, columns of the
 #: staging table until ``Staging.seal``) so that no step parses the payloads for it.
 EVENT_STATES, STAGED_STATES = "meta.event_states", "_fs_event_states"
-#: Per raw table: when the server last listed exactly the rows it holds, which then keep their
-#: ``loaded_at`` (nothing is written: the tables built from it stay current).
+#: Per raw table: when the server last listed it whole (it then holds what was listed; a row
+#: listed as stored keeps its ``loaded_at``, so the tables built from it stay current).
 LIST_CHECKS = "meta.list_checks"
 
 
@@ -367,7 +368,8 @@ def load_list(
     allow_shrink: bool = False,
     run_id: str | None = None,
 ) -> LoadReport:
-    """Replace ``endpoint.raw_table`` with every item the server lists, or leave it untouched.
+    """Make ``endpoint.raw_table`` hold every item the server lists (a row listed as stored is
+    kept, ``loaded_at`` and all), or leave it untouched.
     ``before_swap(staging_table)`` runs just before the swap (redaction, comments);
     ``after_swap(rows)`` and the deletion audit run in the swap's transaction."""
     started = time.monotonic()
@@ -395,10 +397,11 @@ def load_list(
             )
         if before_swap is not None:
             before_swap(stage)
-        written = not (exists and old == distinct and same_rows(conn, stage, table))
+        changes = list_changes(conn, stage, table, "_fs_list_changes") if exists else None
+        written = changes != 0
 
         def swap(rows: int = distinct) -> None:
-            if endpoint is EVENTS:
+            if endpoint is EVENTS and (written or not table_exists(conn, EVENT_STATES)):
                 conn.execute(
                     "CREATE SCHEMA IF NOT EXISTS meta; CREATE OR REPLACE TABLE "
                     f"{EVENT_STATES} AS SELECT DISTINCT * FROM {STAGED_STATES}"
@@ -406,15 +409,18 @@ def load_list(
             if written:
                 kept = f"SELECT id FROM {qualified(stage)}"
                 record_deletions(conn, endpoint, kept=kept, run_id=run_id, at=loaded_at)
-                replace_table(conn, stage, endpoint.raw_table)
-            else:
-                record_list_check(conn, table, loaded_at)
+                if changes is None:
+                    replace_table(conn, stage, endpoint.raw_table)
+                else:
+                    merge_changes(conn, stage, table, "_fs_list_changes")
+            record_list_check(conn, table, loaded_at)
             if after_swap is not None:
                 after_swap(rows)
 
         run_transaction(conn, endpoint.raw_table, swap)
     finally:
         drop_table(conn, qualified(stage))
+        drop_table(conn, "_fs_list_changes")
     report = LoadReport.of(
         endpoint.raw_table,
         distinct,
@@ -436,23 +442,45 @@ def load_list(
     return report
 
 
-def same_rows(conn: duckdb.DuckDBPyConnection, staged: str, table: str) -> bool:
-    """Whether ``staged`` holds exactly ``table``'s rows, columns and comments, ``loaded_at`` aside
-    (``table`` exists; both hold distinct ids, so one ``EXCEPT`` proves them equal)."""
+def list_changes(conn: duckdb.DuckDBPyConnection, staged: str, table: str, into: str) -> int | None:
+    """How many rows of ``staged`` and ``table`` differ, ``loaded_at`` aside, or ``None`` where
+    their columns or comments differ (every row is then new). The temp table ``into`` gets the id
+    of each, and whether it is the staged row (``staged``) or the stored one: a changed id is both.
+    Both hold distinct ids, so one full join by every column finds every difference."""
     layout = (
         "SELECT list((column_name, data_type, comment) ORDER BY column_index) FROM duckdb_columns()"
         " WHERE database_name = current_database() AND schema_name = ? AND table_name = ?"
     )
     staged_layout, stored = (one_row(conn, layout, t.split(".", 1))[0] for t in (staged, table))
     if staged_layout != stored:
-        return False
-    rows = "SELECT * EXCLUDE (loaded_at) FROM {}"
-    differing = f"{rows.format(qualified(staged))} EXCEPT {rows.format(qualified(table))}"
-    return one_row(conn, f"SELECT NOT EXISTS ({differing})")[0]
+        return None
+    same = " AND ".join(
+        f"s.{quote_ident(name)} IS NOT DISTINCT FROM t.{quote_ident(name)}"
+        for name, _, _ in stored
+        if name not in ("id", "loaded_at")
+    )
+    conn.execute(
+        f"CREATE OR REPLACE TEMP TABLE {into} AS SELECT coalesce(s.id, t.id) AS id, "
+        f"s.id IS NOT NULL AS staged FROM {qualified(staged)} AS s FULL JOIN {qualified(table)} "
+        f"AS t ON s.id = t.id AND {same} WHERE s.id IS NULL OR t.id IS NULL"
+    )
+    return one_row(conn, f"SELECT count(*) FROM {into}")[0]
+
+
+def merge_changes(conn: duckdb.DuckDBPyConnection, staged: str, table: str, changes: str) -> None:
+    """Make ``table`` hold ``staged``'s rows by replacing only the rows of ``changes`` (see
+    ``list_changes``): a row stored as listed keeps its ``loaded_at``, so the tables built on it
+    follow only what changed."""
+    changed = f"SELECT id FROM {changes} WHERE {{}}staged"
+    conn.execute(
+        f"DELETE FROM {qualified(table)} WHERE id IN ({changed.format('NOT ')}); "
+        f"INSERT INTO {qualified(table)} SELECT * FROM {qualified(staged)} "
+        f"WHERE id IN ({changed.format('')})"
+    )
 
 
 def record_list_check(conn: duckdb.DuckDBPyConnection, table: str, at: datetime) -> None:
-    """``LIST_CHECKS``: the server listed ``table``'s rows as stored, ``at``."""
+    """``LIST_CHECKS``: ``table`` holds what the server listed ``at``."""
     ensure_table(conn, LIST_CHECKS, "table_name VARCHAR, checked_at TIMESTAMP")
     conn.execute(f"DELETE FROM {LIST_CHECKS} WHERE table_name = ?", [table])
     conn.execute(f"INSERT INTO {LIST_CHECKS} VALUES (?, ?)", [table, at.replace(tzinfo=None)])
