@@ -29,7 +29,7 @@ LINEAGE = {
     "core_dim_point_of_sale": {"raw_events", "core_events"},
     "core_dim_point_of_sale_history": {"raw_events", "core_events"},
     "core_event_status_history": {"raw_events"},
-    "core_event_state_durations": {"core_event_status_history"},
+    "core_event_state_durations": {"core_event_status_history", "raw_events"},
     "core_custom_report_fields": {"raw_transactions", "core_transactions"},
     "core_custom_report_results": {"raw_transactions", "raw_events", "core_custom_report_fields"},
     "core_custom_report_field_types": {"core_custom_report_fields", "core_custom_report_results"},

@@ -191,15 +191,45 @@ def test_second_generation_is_incremental_again_and_still_equal(demo_server, tmp
     assert_same_tables(loaded, fresh)
 
 
+#: The core tables that follow their decoded table's changes (``follows:`` in their YAML).
+FOLLOWING = (
+    "core_transactions",
+    "core_custom_report_results",
+    "core_events",
+    "core_event_status_history",
+    "core_event_state_durations",
+)
+
+
 def test_core_tables_follow_two_incremental_generations_and_still_equal(
     demo_server, tmp_path, loaded_all
 ):
     for generation in (1, 2):
         demo_server.behaviour.evolve(generation)
         result = _materialize(demo_server, tmp_path, loaded_all, assets=ALL_ASSETS)
-        for node in ("core_transactions", "core_custom_report_results"):
+        for node in FOLLOWING:
             (event,) = result.asset_materializations_for_node(node)
-            assert event.metadata["fieldsales/build"].value.startswith("incremental: "), node
+            assert event.metadata["fieldsales/build"].value.startswith("incremental: "), (
+                node,
+                event.metadata["fieldsales/build"].value,
+            )
+    fresh = _full_load_of_current_data(demo_server, tmp_path, ALL_ASSETS)
+    assert_same_tables(loaded_all, fresh)
+
+
+def test_durations_built_before_the_history_they_read_follows_are_whole_until_it_does(
+    demo_server, tmp_path, loaded_all
+):
+    demo_server.behaviour.evolve(1)
+    alone = ["raw_events", "raw_transactions", "core_event_state_durations"]
+    first = _materialize(demo_server, tmp_path, loaded_all, assets=ALL_ASSETS, selection=alone)
+    (event,) = first.asset_materializations_for_node("core_event_state_durations")
+    assert event.metadata["fieldsales/build"].value == (
+        "full: a table it reads does not reflect temp.events_decoded yet "
+        "(meta.core_event_status_history_inputs)"
+    )
+    # The history now follows the events; the durations built from its old rows must too.
+    assert _materialize(demo_server, tmp_path, loaded_all, assets=ALL_ASSETS).success
     fresh = _full_load_of_current_data(demo_server, tmp_path, ALL_ASSETS)
     assert_same_tables(loaded_all, fresh)
 

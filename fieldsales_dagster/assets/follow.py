@@ -109,6 +109,9 @@ class Follows(msgspec.Struct, forbid_unknown_fields=True, frozen=True):
     from_decoded: str = "true"
     #: Table -> the columns the rows from decoded rows read there: any change rebuilds whole.
     resolved_against: dict[str, str] = msgspec.field(default_factory=dict)
+    #: The ``inputs`` of tables following ``decoded`` whose rows of a decoded row the query reads:
+    #: each must reflect ``decoded`` as it is, else the build is whole and records no state.
+    reads_inputs: list[str] = msgspec.field(default_factory=list)
 
 
 def define_rows(conn: duckdb.DuckDBPyConnection, macro: str, rows: str) -> None:
@@ -137,13 +140,19 @@ def build_following(
         hashlib.sha256(f"{query}\n{macros}".encode()).hexdigest(),
         hashlib.sha256(resolved.encode()).hexdigest(),
     )
+    now = fingerprint(conn, follows.decoded)
+    behind = [inputs for inputs in follows.reads_inputs if fingerprint(conn, inputs) != now]
     why = _why_whole(conn, table, follows, state, params)
-    if why is None:
+    if behind:
+        why = f"a table it reads does not reflect {follows.decoded} yet ({', '.join(behind)})"
+    elif why is None:
         if (result := _incremental(conn, table, follows, query, state)) is not None:
             return result
         why = f"more than {WHOLE_ABOVE:.0%} of {follows.decoded} is new"
     conn.execute(f"DELETE FROM {STATE_TABLE} WHERE table_name = ?", [table])
     build_whole()
+    if behind:  # what it read will change with no change to its inputs: the next build is whole
+        return {"fieldsales/build": f"full: {why}"}
 
     def record() -> None:
         conn.execute(

@@ -4,6 +4,9 @@
 -- Rejected, Published): each stay is a row, numbered by visit.
 -- The current state has no left_at and no seconds_in_state. A change without a date sorts last
 -- and leaves the durations around it NULL.
+-- An event's stays come from its own status changes alone: decoded_rows() is every event for a
+-- whole build, or only those a raw load wrote, whose stays replace those of the events changed or
+-- gone (follow.py), once core.event_status_history reflects the same events (reads_inputs).
 SELECT
     event_id,
     seq,
@@ -16,4 +19,5 @@ SELECT
     lead(seq) OVER stays IS NULL AS is_current,
     user_id AS entered_by_user_id
 FROM core.event_status_history
+WHERE event_id IN (SELECT id FROM decoded_rows())
 WINDOW stays AS (PARTITION BY event_id ORDER BY seq)

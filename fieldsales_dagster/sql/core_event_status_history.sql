@@ -4,6 +4,8 @@
 -- entries with the same date (or none) keep their array order, so seq is deterministic.
 -- An empty stateOld (the first transition) becomes NULL. client_ip is personal data (see
 -- warehouse/pii.py).
+-- decoded_rows() is temp.events_decoded, or only the events a raw load wrote: an event's rows
+-- come from it alone, so they replace the rows of the events changed or gone (follow.py).
 WITH entries AS (
     SELECT
         e.id AS event_id,
@@ -13,7 +15,7 @@ WITH entries AS (
                 lambda entry, position: {'entry': entry, 'position': position}
             )
         ) AS item
-    FROM temp.events_decoded AS e
+    FROM decoded_rows() AS e
 )
 
 SELECT

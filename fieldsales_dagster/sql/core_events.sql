@@ -7,6 +7,9 @@
 -- untyped_values names what could not be typed: a reference that gives no id, a planned time
 -- that is not a timestamp, a list that is not an array, an event report whose reportResults is
 -- not an object (temp.events_decoded keeps those values as received: unparsed_*).
+-- decoded_rows() is temp.events_decoded: all of it for a whole build; after a raw load that wrote
+-- some events only those (new, or a newer loaded_at), whose rows replace those of the events
+-- changed or gone (follow.py): each row comes from its event alone.
 WITH embedded AS (
     SELECT
         e.id AS event_id,
@@ -31,7 +34,7 @@ WITH embedded AS (
         json_transform(e.project, '{"_id": "VARCHAR", "name": "VARCHAR"}') AS project_ref,
         e.pos_fields AS pos_ref,
         json_transform(e.area, '{"_id": "VARCHAR", "name": "VARCHAR"}') AS area_ref
-    FROM temp.events_decoded AS e
+    FROM decoded_rows() AS e
 ),
 
 embedded_references AS (
