@@ -99,7 +99,7 @@ def refresh_decoded(conn: duckdb.DuckDBPyConnection, decoded: Decoded) -> Decode
     if found == raw:
         return DecodeRefresh("current", 0)
     missing, rows = rows_missing(
-        conn, decoded.source, decoded.table, "_fs_to_decode", slices=4, gone="_fs_decoded_gone"
+        conn, decoded.source, decoded.table, "_fs_to_decode", "_fs_decoded_gone", slices=4
     )
     if missing > WHOLE_ABOVE * raw[0]:
         return build_decoded(conn, decoded)

@@ -60,29 +60,21 @@ def rows_missing(
     source: str,
     target: str,
     keys: str,
+    gone: str,
     slices: int = 1,
-    gone: str = "",
 ) -> tuple[int, str]:
     """How many rows of ``source`` ``target`` lacks by (``id``, ``loaded_at``), and SQL selecting
-    them within their ``loaded_at`` range: DuckDB skips older row groups by min/max. With
-    ``gone``, that table gets the rows of ``target`` that ``source`` lacks, from the same join."""
+    them within their ``loaded_at`` range: DuckDB skips older row groups by min/max. ``gone`` gets
+    the rows of ``target`` that ``source`` lacks, from the same join."""
     tagged = "SELECT id, loaded_at, true AS here FROM"
-    conn.execute(
-        "CREATE OR REPLACE TEMP TABLE _fs_unmatched AS SELECT s.id, s.loaded_at, "
-        "t.id AS target_id, t.loaded_at AS target_loaded_at, t.here AS in_target "
-        f"FROM ({tagged} {qualified(source)}) AS s {'FULL' if gone else 'LEFT'} JOIN "
-        f"({tagged} {qualified(target)}) AS t ON {same_row('s', 't')} "
-        "WHERE s.here IS NULL OR t.here IS NULL"
+    conn.execute(  # a row unmatched has one side only
+        f"CREATE OR REPLACE TEMP TABLE {keys} AS SELECT coalesce(s.id, t.id) AS id, "
+        "coalesce(s.loaded_at, t.loaded_at) AS loaded_at, t.here IS NOT NULL AS in_target "
+        f"FROM ({tagged} {qualified(source)}) AS s FULL JOIN ({tagged} {qualified(target)}) AS t "
+        f"ON {same_row('s', 't')} WHERE s.here IS NULL OR t.here IS NULL; "
+        f"CREATE OR REPLACE TEMP TABLE {gone} AS SELECT id, loaded_at FROM {keys} WHERE in_target; "
+        f"DELETE FROM {keys} WHERE in_target"
     )
-    conn.execute(
-        f"CREATE OR REPLACE TEMP TABLE {keys} AS "
-        "SELECT id, loaded_at FROM _fs_unmatched WHERE in_target IS NULL"
-    )
-    if gone:
-        conn.execute(
-            f"CREATE OR REPLACE TEMP TABLE {gone} AS SELECT target_id AS id, "
-            "target_loaded_at AS loaded_at FROM _fs_unmatched WHERE in_target"
-        )
     count, first, last, undated = one_row(
         conn,
         f"SELECT count(*), min(loaded_at), max(loaded_at), count(*) - count(loaded_at) FROM {keys}",
@@ -201,7 +193,7 @@ def _incremental(
 ) -> dict[str, Any] | None:
     decoded, inputs = qualified(follows.decoded), qualified(follows.inputs)
     added, added_rows = rows_missing(
-        conn, follows.decoded, follows.inputs, "_fs_follow_added", gone="_fs_follow_gone"
+        conn, follows.decoded, follows.inputs, "_fs_follow_added", "_fs_follow_gone"
     )
     (gone,) = one_row(conn, "SELECT count(*) FROM _fs_follow_gone")
     (rows,) = one_row(conn, f"SELECT count(*) FROM {decoded}")
