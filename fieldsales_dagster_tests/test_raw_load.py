@@ -19,6 +19,7 @@ from fieldsales_dagster.client.errors import (
 from fieldsales_dagster.loading.lists import IncompleteListError
 from fieldsales_dagster.loading.raw_load import load_list
 from fieldsales_dagster.urls import InsecureURLError
+from fieldsales_dagster.warehouse.lake import changed_since
 from fieldsales_dagster_tests.conftest import make_api, read_lake
 
 TX = TRANSACTIONS.path
@@ -228,6 +229,17 @@ def test_a_changed_list_writes_only_its_changed_rows_and_the_others_keep_their_l
         checked = "SELECT checked_at FROM meta.list_checks WHERE table_name = 'raw.events'"
         assert conn.execute(checked).fetchone() == (after[changed],)
     assert_table_matches_server(warehouse, demo_server, EVENTS)
+
+
+def test_a_list_listed_as_stored_rewrites_neither_its_table_nor_its_event_states(
+    demo_server, api, warehouse
+):
+    load(api, warehouse, EVENTS)
+    with warehouse.get_connection() as conn:
+        (before,) = conn.execute("SELECT id FROM current_snapshot()").fetchone()
+        assert not load_list(api, conn, EVENTS).written
+        tables = ["raw.events", "meta.event_states"]
+        assert changed_since(conn, warehouse.lake, before, tables) == []
 
 
 def test_repeated_ids_keep_their_first_copy(tmp_path):
