@@ -178,6 +178,27 @@ def test_a_written_check_without_a_passed_column_fails_naming_the_file(tmp_path)
         written.kind.evaluate(duckdb.connect(), table)
 
 
+def test_a_written_check_reading_a_table_it_does_not_declare_fails_the_load(tmp_path):
+    # Its result is carried while the tables it names are unchanged: one it reads unnamed could
+    # change under a carried result, and it could run before that table is built.
+    check = "sql: SELECT count(*) > 0 AS passed FROM core.areas JOIN core.events USING (area_id)"
+
+    def areas_with(entry: str, where: Path) -> list:
+        folder = sql_folder(where)
+        _edit(folder, "core_areas.yaml", "  - ids_unique\n", f"  - ids_unique\n  - {entry}\n")
+        (table,) = [t for t in derived_tables(folder) if t.table == "core.areas"]
+        return checks_of(table)
+
+    with pytest.raises(TableFileError) as failed:
+        areas_with(f"{{name: used, description: d, {check}}}", tmp_path / "undeclared")
+    assert str(tmp_path / "undeclared" / "sql" / "core_areas.yaml") in str(failed.value)
+    assert "check 'used' reads core.events" in str(failed.value)
+    assert "also_reads: [core.events]" in str(failed.value)
+    declared = f"{{name: used, description: d, also_reads: [core.events], {check}}}"
+    (used,) = [c for c in areas_with(declared, tmp_path / "declared") if c.name == "used"]
+    assert used.reads == ["core.areas", "core.events"]
+
+
 def test_following_an_unknown_decoded_table_fails_the_load(tmp_path):
     folder = sql_folder(tmp_path)
     _edit(folder, "core_transactions.yaml", "decoded: meta.transactions_decoded", "decoded: x.y")

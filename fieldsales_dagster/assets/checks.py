@@ -19,7 +19,7 @@ import duckdb
 from fieldsales_dagster.assets.build import code_digest
 from fieldsales_dagster.assets.columns import TableFileError
 from fieldsales_dagster.assets.decode import create_macros
-from fieldsales_dagster.assets.tables import CheckEntry, CoreTable, derived_tables
+from fieldsales_dagster.assets.tables import CheckEntry, CoreTable, derived_tables, query_reads
 from fieldsales_dagster.names import InstanceNames
 from fieldsales_dagster.warehouse.lake import (
     changed_since,
@@ -203,6 +203,16 @@ def _metadata_value(value: object) -> Any:
 
 
 def checks_of(table: CoreTable) -> list[CoreCheck]:
+    for entry in table.written_checks:  # a table read undeclared could carry a stale result
+        where = f"{table.yaml_file}: check {entry.name!r}"
+        if undeclared := sorted(
+            query_reads(entry.sql, where).tables - {table.table} - set(entry.also_reads)
+        ):
+            raise TableFileError(
+                f"{where} reads {', '.join(undeclared)}, which its also_reads does not name: add "
+                f"also_reads: [{', '.join(undeclared)}] to it, so that it runs after them and is "
+                "evaluated again when they change."
+            )
     kinds = CHECKS | {entry.name: written_check(entry) for entry in table.written_checks}
     for name in table.checks:
         if name not in kinds:
