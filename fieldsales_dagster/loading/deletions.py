@@ -17,6 +17,11 @@ from fieldsales_dagster.warehouse.rows import one_row
 from fieldsales_dagster.warehouse.warehouse import table_exists
 
 GONE_TABLE = "_fs_gone"  # ids gone in one recording (temporary)
+#: The rows of the events ``$events`` lists: DuckDB evaluates this in the Parquet scan, which then
+#: reads payloads only where those events' rows lie. ``event_id IN (<list or query>)`` is a join
+#: above the scan (the list only an optional filter for zone maps, which random ids never prune):
+#: it read every stored payload.
+OF_EVENTS = "list_contains($events::VARCHAR[], event_id)"
 
 
 def audit_table(endpoint: ListEndpoint) -> str:
@@ -29,13 +34,14 @@ def record_deletions(
     endpoint: ListEndpoint,
     *,
     kept: str,
-    scope: str = "true",
+    events: list[str] | None = None,
     run_id: str | None,
     at: datetime,
 ) -> int:
-    """Before a refresh replaces rows: audit every stored row within ``scope`` (SQL) whose id is
-    not in ``kept`` (a query of the ids after the change), and mark open audit rows in ``kept`` as
-    reappeared. Returns how many were deleted. Payloads are read only for rows that are gone."""
+    """Before a refresh replaces rows: audit every stored row (of ``events`` only, if given) whose
+    id is not in ``kept`` (a query of the ids after the change), and mark open audit rows in
+    ``kept`` as reappeared. Returns how many were deleted. Payloads are read only for rows that are
+    gone (and, with ``events``, only where those events' rows lie)."""
     audit = qualified(audit_table(endpoint))
     extra = "".join(f", {quote_ident(column)} VARCHAR" for column, _ in endpoint.extra_columns)
     ensure_table(
@@ -55,17 +61,19 @@ def record_deletions(
     if not table_exists(conn, endpoint.raw_table):
         return 0
     target = qualified(endpoint.raw_table)
+    scope, of_events = ("true", {}) if events is None else (OF_EVENTS, {"events": events})
     conn.execute(
         f"CREATE OR REPLACE TEMP TABLE {GONE_TABLE} AS "
-        f"SELECT id FROM {target} WHERE ({scope}) EXCEPT SELECT id FROM ({kept})"
+        f"SELECT id FROM {target} WHERE {scope} EXCEPT SELECT id FROM ({kept})",
+        of_events,
     )
     try:
         return _write_if_any(
             conn,
             GONE_TABLE,
             f"INSERT INTO {audit} BY NAME SELECT *, $at AS deleted_at, $run_id AS run_id "
-            f"FROM {target} WHERE id IN (SELECT id FROM {GONE_TABLE})",
-            stamp,
+            f"FROM {target} WHERE {scope} AND id IN (SELECT id FROM {GONE_TABLE})",
+            stamp | of_events,
         )
     finally:
         drop_table(conn, f"temp.{GONE_TABLE}")

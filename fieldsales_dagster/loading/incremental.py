@@ -19,7 +19,7 @@ import duckdb
 from fieldsales_dagster.client.api import FieldSalesAPI
 from fieldsales_dagster.client.endpoints import EVENTS, TRANSACTIONS, ListEndpoint
 from fieldsales_dagster.client.envelope import ListStats
-from fieldsales_dagster.loading.deletions import record_deletions
+from fieldsales_dagster.loading.deletions import OF_EVENTS, record_deletions
 from fieldsales_dagster.loading.lists import (
     FilterIgnoredError,
     IncompleteListError,
@@ -62,9 +62,6 @@ STAGE_TABLE = "temp." + staging_table(TRANSACTIONS.raw_table, "_by_event").parti
 FINGERPRINTS_NOW = "_fs_fingerprints"
 REFETCH_TABLE = "_fs_refetch"
 REMOVED_TABLE = "_fs_removed"
-REPLACED_EVENTS = (
-    f"SELECT event_id FROM {REFETCH_TABLE} UNION ALL SELECT event_id FROM {REMOVED_TABLE}"
-)
 
 MAX_REFETCH_SHARE = 0.5  # of the events: past it, re-fetching costs more than a full refresh
 
@@ -266,6 +263,11 @@ class RefetchPlan:
     events: int
     why: dict[str, int]
 
+    @property
+    def replaced(self) -> dict[str, list[str]]:
+        """The events whose stored rows a merge replaces, as ``OF_EVENTS``' parameter."""
+        return {"events": self.event_ids + self.removed_ids}
+
 
 def event_ids(conn: duckdb.DuckDBPyConnection, rows: str) -> list[str]:
     """The ``event_id`` of ``rows`` (a table and condition), sorted."""
@@ -327,18 +329,17 @@ def refetch_and_merge(run: Merging, plan: RefetchPlan, mode: str, reason: str) -
     (``mode="resync"``) is not held to the server's global ``count``."""
     stats, conn, target = ListStats(), run.conn, qualified(TRANSACTIONS.raw_table)
     # The stored rows' digests, on their own cursor while the pages are fetched: reading payloads
-    # back is most of a merge's cost (~1 s at 1M for 1% of the events; ``DELETE ... RETURNING``
-    # would read every row's). The loader holds the write lock.
+    # back is most of a merge's cost (``DELETE ... RETURNING`` would read every row's). The loader
+    # holds the write lock.
+    events = plan.replaced
     with (
         same_database_cursor(conn) as cursor,
         ThreadPoolExecutor(max_workers=1, thread_name_prefix="fieldsales-replaced") as reader,
     ):
-        where = f"{target} WHERE event_id IN (SELECT unnest($ids))"
-        ids = {"ids": plan.event_ids + plan.removed_ids}
-        replaced = reader.submit(_digests, cursor, where, ids)
+        replaced = reader.submit(_digests, cursor, f"{target} WHERE {OF_EVENTS}", events)
         try:
             total = _fetch_by_event(run, plan, stats, count=mode != "resync")
-            rows, counts = _merge(run, mode, total, stats.bytes, replaced.result())
+            rows, counts = _merge(run, mode, total, stats.bytes, replaced.result(), events)
         finally:
             drop_table(conn, qualified(STAGE_TABLE))
     written = any(counts.values())  # else every re-fetched row was stored as it is (``_merge``)
@@ -381,21 +382,26 @@ def _digests(conn: duckdb.DuckDBPyConnection, rows: str, params: Any = None) -> 
 
 
 def _merge(
-    run: Merging, mode: str, server_count: int | None, spent: int, replaced: dict[str, int]
+    run: Merging,
+    mode: str,
+    server_count: int | None,
+    spent: int,
+    replaced: dict[str, int],
+    events: dict[str, list[str]],
 ) -> tuple[int, dict[str, int]]:
-    """Replace the re-fetched and removed events' transactions, check, record the new state:
-    one transaction, with ``before_swap``, the deletion audit and the stage's drop. Returns the
-    rows and the transactions added, changed and removed, against ``old``: every stored row
-    replaced, ``replaced`` (the re-fetched events') and staged ids stored under another event."""
+    """Replace the transactions of ``events`` (re-fetched and removed), check, record the new
+    state: one transaction, with ``before_swap``, the deletion audit and the stage's drop. Returns
+    the rows and the transactions added, changed and removed, against ``old``: every stored row
+    replaced, ``replaced`` (the events' rows) and staged ids stored under another event."""
     conn, target, stage = run.conn, qualified(TRANSACTIONS.raw_table), qualified(STAGE_TABLE)
     staged, distinct_staged = one_row(conn, f"SELECT count(*), count(DISTINCT id) FROM {stage}")
     if staged != distinct_staged:
         raise FallBack(f"{staged - distinct_staged} transactions listed under two events", spent)
     old = dict(replaced)
     # Counted first: a query that returns the payload reads it for every row it scans.
-    moved = f"WHERE id IN (SELECT id FROM {stage}) AND NOT event_id IN ({REPLACED_EVENTS})"
-    if one_row(conn, f"SELECT count(*) FROM {target} {moved}")[0]:
-        old.update(_digests(conn, f"{target} {moved}"))
+    moved = f"WHERE id IN (SELECT id FROM {stage}) AND NOT {OF_EVENTS}"
+    if one_row(conn, f"SELECT count(*) FROM {target} {moved}", events)[0]:
+        old.update(_digests(conn, f"{target} {moved}", events))
 
     def merge() -> tuple[int, dict[str, int]]:
         if run.before_swap is not None:
@@ -404,11 +410,11 @@ def _merge(
         new = _digests(conn, stage)
         deleted = len(old)
         # Rows stored as re-fetched are kept, loaded_at and all: the tables built on them hold.
-        if new != old or not _stored_as_staged(conn, stage, target):
-            scope, kept = f"event_id IN ({REPLACED_EVENTS})", f"SELECT id FROM {stage}"
-            at = run.now
-            record_deletions(conn, TRANSACTIONS, kept=kept, scope=scope, run_id=run.run_id, at=at)
-            deleted = _delete_replaced(conn, moved=len(old) > len(replaced))
+        if new != old or not _stored_as_staged(conn, stage, target, events):
+            kept, at = f"SELECT id FROM {stage}", run.now
+            ours = events["events"]
+            record_deletions(conn, TRANSACTIONS, kept=kept, events=ours, run_id=run.run_id, at=at)
+            deleted = _delete_replaced(conn, events, moved=len(old) > len(replaced))
             pause_at("merge")
             conn.execute(f"INSERT INTO {target} BY NAME SELECT * FROM {stage}")
         rows = one_row(conn, f"SELECT count(*) FROM {target}")[0]
@@ -433,16 +439,24 @@ def _merge(
     }
 
 
-def _stored_as_staged(conn: duckdb.DuckDBPyConnection, stage: str, target: str) -> bool:
+def _stored_as_staged(
+    conn: duckdb.DuckDBPyConnection, stage: str, target: str, events: dict[str, list[str]]
+) -> bool:
     """Whether every staged row is stored as staged (same id, event and payload); with the same
-    digests by id, ``target`` then holds exactly the staged rows of the replaced events."""
+    digests by id, ``target`` then holds exactly the staged rows of the replaced events. A staged
+    row is of one of ``events``: only their stored rows can match it."""
     same = "s.id = t.id AND s.event_id IS NOT DISTINCT FROM t.event_id AND s.payload = t.payload"
-    return not one_row(conn, f"SELECT count(*) FROM {stage} s ANTI JOIN {target} t ON {same}")[0]
+    stored = f"(FROM {target} WHERE {OF_EVENTS}) t"
+    return not one_row(
+        conn, f"SELECT count(*) FROM {stage} s ANTI JOIN {stored} ON {same}", events
+    )[0]
 
 
-def _delete_replaced(conn: duckdb.DuckDBPyConnection, moved: bool) -> int:
-    """Delete the stored rows of re-fetched and disappeared events, and when ``moved``, stored
-    copies of re-fetched ids under other events; returns how many. Reads no payload."""
+def _delete_replaced(
+    conn: duckdb.DuckDBPyConnection, events: dict[str, list[str]], moved: bool
+) -> int:
+    """Delete the stored rows of ``events``, and when ``moved``, stored copies of re-fetched ids
+    under other events; returns how many. Reads no payload."""
     also = f" OR id IN (SELECT id FROM {qualified(STAGE_TABLE)})" if moved else ""
     target = qualified(TRANSACTIONS.raw_table)
-    return one_row(conn, f"DELETE FROM {target} WHERE event_id IN ({REPLACED_EVENTS}){also}")[0]
+    return one_row(conn, f"DELETE FROM {target} WHERE {OF_EVENTS}{also}", events)[0]
