@@ -58,6 +58,7 @@ EVENT_STATES, STAGED_STATES = "meta.event_states", "_fs_event_states"
 #: Per raw table: when the server last listed it whole (it then holds what was listed; a row
 #: listed as stored keeps its ``loaded_at``, so the tables built from it stay current).
 LIST_CHECKS = "meta.list_checks"
+_PII_VALUE = re.compile(PII_VALUE.encode())
 
 
 class _State(msgspec.Struct, rename="camel"):
@@ -75,7 +76,9 @@ def event_state(item: msgspec.Raw) -> tuple[str, bytes]:
     except msgspec.ValidationError:  # not an object
         state = msgspec.structs.astuple(_State())
     whole = b"\x01".join(msgspec.json.format(s, indent=-1) for s in state)
-    fingerprint = hashlib.md5(re.sub(PII_VALUE.encode(), rb'"\1"\2:\3null', whole))
+    # No whitespace is left between tokens: a key and ``null`` are the whole replacement (a
+    # function is twice as fast as a template with groups).
+    fingerprint = hashlib.md5(_PII_VALUE.sub(lambda value: b'"%b":null' % value[1], whole))
     return fingerprint.hexdigest(), b"[%b,%b]" % state[1:]
 
 
