@@ -18,7 +18,10 @@ storage (``benchmarks/io_written.py``), and the warehouse on disk after it: ever
 deployment's storage settings point at (for a lake: the catalog and the data path; for a
 single-file warehouse: that file and what sits beside it), the requests and bytes the raw
 assets fetched (their ``requests`` and ``bytes_fetched`` metadata in the run's event log), and
-the CPU of each step (``step_cpu.py``), shown for the run with nothing changed. The report goes to
+the CPU of each step (``step_cpu.py``), shown for the run with nothing changed, and whether the
+run left its tables exact: ``raw.transactions``, ``raw.events`` and ``raw.event_groups``, and
+``core.transactions`` and ``core.events``, each one row per item the server holds (rows and
+distinct ids equal to the server's count, ``harness.expected_counts``). The report goes to
 ``benchmarks/results/<UTC timestamp>-deployment.md``.
 """
 
@@ -35,16 +38,22 @@ from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
 
+import duckdb
+
 from benchmarks.harness import (
     BIN,
     ROOT,
     DemoAPI,
+    Expected,
     Measurement,
+    expected_counts,
     fmt_bytes,
     measure,
     prepare_dagster_home,
 )
 from benchmarks.step_cpu import StepCpu, step_cpu
+from fieldsales_dagster.warehouse.lake import Lake
+from fieldsales_dagster.warehouse.lake import connect as connect_lake
 
 RESULTS_DIR = Path(__file__).resolve().parent / "results"
 #: What the nightly schedule's job refreshes: every asset but the lake's weekly upkeep (a
@@ -54,6 +63,12 @@ LAKE_SELECTION = "not key:ducklake_upkeep"
 NOOP_DEFS = Path(__file__).resolve().parent / "noop_defs.py"
 #: (run, demo API generation): the first run, the same again with nothing changed, the nightly.
 RUNS = ((0, "first"), (0, "unchanged"), (1, "nightly"))
+#: The tables a run must leave holding each of the server's items once, by list: (table, id).
+EXACT = {
+    "transactions": (("raw.transactions", "id"), ("core.transactions", "transaction_id")),
+    "events": (("raw.events", "id"), ("core.events", "event_id")),
+    "event_groups": (("raw.event_groups", "id"),),
+}
 
 
 @dataclass
@@ -90,6 +105,7 @@ class Row:
     requests: int = 0
     fetched: int = 0
     steps: tuple[StepCpu, ...] = ()
+    exact: str = "–"
 
 
 def _du(path: Path) -> int:
@@ -112,6 +128,25 @@ def _storage_env(side: Side, where: Path) -> tuple[dict[str, str], list[Path]]:
     return {"FIELDSALES_DUCKDB_PATH": str(database)}, [database]
 
 
+def _exact(storage: dict[str, str], expected: Expected) -> str:
+    """``yes``, or each table of ``EXACT`` whose rows or distinct ids are not the server's count."""
+    if "FIELDSALES_DUCKDB_PATH" in storage:
+        conn = duckdb.connect(storage["FIELDSALES_DUCKDB_PATH"], read_only=True)
+    else:
+        catalog, data_path = (storage[f"FIELDSALES_DUCKLAKE_{k}"] for k in ("CATALOG", "DATA_PATH"))
+        conn = connect_lake(Lake(catalog, data_path), read_only=True)
+    wrong = []
+    with conn:
+        for name, tables in EXACT.items():
+            want = getattr(expected, name)
+            for table, key in tables:
+                sql = f"SELECT count(*), count(DISTINCT {key}) FROM {table}"
+                rows, ids = conn.execute(sql).fetchone() or (0, 0)
+                if (rows, ids) != (want, want):
+                    wrong.append(f"{table}: {rows:,} rows, {ids:,} ids, want {want:,}")
+    return "; ".join(wrong) or "yes"
+
+
 def _home(side: Side, home: Path, env: dict[str, str]) -> None:
     """An initialised DAGSTER_HOME holding the side's own dagster.yaml, untimed."""
     write = (
@@ -132,7 +167,9 @@ def _home(side: Side, home: Path, env: dict[str, str]) -> None:
         )
 
 
-def _run(side: Side, api: DemoAPI, where: Path, run: str, base_env: dict[str, str]) -> Row:
+def _run(
+    side: Side, api: DemoAPI, expected: Expected, where: Path, run: str, base_env: dict[str, str]
+) -> Row:
     storage, paths = _storage_env(side, where)
     home = where / "dagster_home"
     env = {
@@ -155,7 +192,8 @@ def _run(side: Side, api: DemoAPI, where: Path, run: str, base_env: dict[str, st
     written = json.loads(io_json.read_text())["write_bytes"] if io_json.exists() else 0
     size = sum(_du(p) for p in paths if p.exists())
     steps = tuple(step_cpu(home, m.cpu_samples, m.rss_samples))
-    return Row(side.name, run, m, written, size, *_fetched(home), steps)
+    exact = _exact(storage, expected) if m.ok else "–"
+    return Row(side.name, run, m, written, size, *_fetched(home), steps, exact)
 
 
 def _fetched(home: Path) -> tuple[int, int]:
@@ -188,8 +226,8 @@ def _table(size: int, rows: list[Row], sides: list[Side]) -> list[str]:
         f"## {size:,} transactions",
         "",
         "| side | run | exit | wall s | CPU s | peak RSS (tree) | written by the run "
-        "| warehouse after | added by the run | requests | fetched |",
-        "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
+        "| warehouse after | added by the run | requests | fetched | exact rows |",
+        "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|",
     ]
     before_size: dict[str, int] = {}
     for r in rows:
@@ -198,7 +236,7 @@ def _table(size: int, rows: list[Row], sides: list[Side]) -> list[str]:
         lines.append(
             f"| {r.side} | {r.run} | {r.m.returncode} | {r.m.wall_s:.1f} | {r.m.cpu_s:.1f} | "
             f"{fmt_bytes(r.m.peak_rss)} | {fmt_bytes(r.written)} | {fmt_bytes(r.size)} | "
-            f"{fmt_bytes(added)} | {r.requests:,} | {fmt_bytes(r.fetched)} |"
+            f"{fmt_bytes(added)} | {r.requests:,} | {fmt_bytes(r.fetched)} | {r.exact} |"
         )
     noop = next((r for r in rows if r.run == "noop" and r.m.ok), None)
     for r in rows:
@@ -267,9 +305,10 @@ def main(argv: list[str] | None = None) -> int:
                 generation=generation,
                 prerender=not args.live_server,
             ) as api:
+                expected = expected_counts(api)
                 for side, run in [(s, r) for g, r in RUNS if g == generation for s in sides]:
                     print(f"{size:,} {side.name} {run} ...", end=" ", flush=True)
-                    row = _run(side, api, work / f"{size}" / side.name, run, base_env)
+                    row = _run(side, api, expected, work / f"{size}" / side.name, run, base_env)
                     rows.append(row)
                     print(f"exit {row.m.returncode}, {row.m.wall_s:.1f} s", flush=True)
         rows.append(_noop(work / f"{size}", base_env))
