@@ -91,3 +91,37 @@ def test_every_core_and_mart_query_runs_on_a_heavy_tenant_under_a_small_memory_l
             "SELECT count(*) FROM core.dim_point_of_sale_history WHERE NOT is_current"
         ).fetchone()
         assert versions > 0  # points of sale with many events change between them
+
+
+#: Sales at many points of sale: 1.5M day x event x product rows into 150k day x point-of-sale
+#: groups (10M demo transactions: 3.7M rows into 250k groups, which ran out of 192MB).
+SALES_EVENTS, SALES_PER_EVENT = 50_000, 30
+
+
+def test_mart_daily_sales_counts_products_of_many_groups_under_a_small_memory_limit(tmp_path):
+    """count(DISTINCT product_id) in the last grouping held every group's products in memory:
+    10M demo transactions ran out of the default 192MB; plain sums spill. The core tables are
+    written here: this many groups would take ~1.5M demo transactions over HTTP."""
+    database = tmp_path / "sales.duckdb"
+    with lake_at(database).get_connection() as conn:
+        conn.execute("CREATE SCHEMA core")
+        conn.execute(
+            "CREATE TABLE core.events AS SELECT 'e' || i AS event_id, 'p' || i % 7 AS project_id, "
+            f"'s' || i AS pos_id, 'a' || i % 13 AS area_id FROM range({SALES_EVENTS}) AS r(i)"
+        )
+        conn.execute(
+            "CREATE TABLE core.transactions AS SELECT 't' || i AS transaction_id, "
+            f"'e' || i // {SALES_PER_EVENT} AS event_id, 'product' || i % 997 AS product_id, "
+            "TIMESTAMP '2026-01-01' + INTERVAL (i % 3) DAY AS sale_time, 1 + i % 5 AS qty, "
+            f"(i % 100) * 0.5 AS total_value FROM range({SALES_EVENTS * SALES_PER_EVENT}) AS r(i)"
+        )
+    (daily_sales,) = [t for t in derived_tables() if t.table == "mart.daily_sales"]
+
+    result = _materialize(database, daily_sales, MEMORY_LIMIT)
+
+    failures = [e for e in result.all_events if e.is_step_failure]
+    assert not failures, _why(str(failures[0].event_specific_data.error))
+    with read_lake(database) as conn:
+        assert conn.execute(
+            "SELECT count(*), sum(transactions), max(distinct_products) FROM mart.daily_sales"
+        ).fetchone() == (3 * SALES_EVENTS, SALES_EVENTS * SALES_PER_EVENT, SALES_PER_EVENT // 3)
