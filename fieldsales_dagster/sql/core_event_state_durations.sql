@@ -19,5 +19,5 @@ SELECT
     lead(seq) OVER stays IS NULL AS is_current,
     user_id AS entered_by_user_id
 FROM core.event_status_history
-WHERE event_id IN (SELECT id FROM decoded_rows())
+WHERE event_id IN (SELECT d.id FROM decoded_rows() AS d)
 WINDOW stays AS (PARTITION BY event_id ORDER BY seq)
