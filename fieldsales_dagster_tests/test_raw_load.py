@@ -231,6 +231,26 @@ def test_a_changed_list_writes_only_its_changed_rows_and_the_others_keep_their_l
     assert_table_matches_server(warehouse, demo_server, EVENTS)
 
 
+def test_a_list_received_in_more_bytes_than_the_memory_limit_is_replaced_whole(tmp_path, warehouse):
+    # Comparing it row by row joins every payload in memory (raw.transactions at 1M failed its
+    # full refresh so); replacing it whole is exact and bounded.
+    from fieldsales_dagster.demo_api import DemoConfig, DemoServer
+
+    with DemoServer(DemoConfig(transactions=5000, seed=3), host="127.0.0.1", port=0) as server:
+        api = make_api(server, tmp_path)
+        load(api, warehouse)
+        server.dataset.edit_transaction(0, 0)
+        with warehouse.get_connection() as conn:
+            conn.execute("SET threads = 1; SET memory_limit = '32MB'")
+            report = load_list(api, conn, TRANSACTIONS)
+        assert report.bytes > 32e6, report.bytes  # received, in the list's two reads
+        with read_lake(warehouse) as conn:
+            stamps = "SELECT count(DISTINCT loaded_at) FROM raw.transactions"
+            assert conn.execute(stamps).fetchone() == (1,), "rows listed as stored were kept"
+        assert report.written
+        assert_table_matches_server(warehouse, server, TRANSACTIONS)
+
+
 def test_a_list_listed_as_stored_rewrites_neither_its_table_nor_its_event_states(
     demo_server, api, warehouse
 ):
