@@ -196,13 +196,17 @@ PHASES = {
 
 #: SQL on a phase's copy first, so that its run has work there: the published state is current,
 #: and a run with nothing changed merges and builds nothing. The stored transactions of one event
-#: differ from the server's, and that event's state passes for changed; no build is on record.
+#: differ from the server's, and that event's state passes for changed; no build is on record,
+#: nor what a following table reflects (so it is built whole, through a staging table).
 STALE = {
     "merge": [
         "UPDATE meta.event_fingerprints SET fingerprint = 'stale' WHERE event_id = ?",
         "UPDATE raw.transactions SET payload = '{}' WHERE event_id = ?",
     ],
-    "core": ["UPDATE meta.lake_builds SET fingerprint = NULL"],
+    "core": [
+        "UPDATE meta.lake_builds SET fingerprint = NULL",
+        "DELETE FROM meta.core_follow_state",
+    ],
 }
 
 
