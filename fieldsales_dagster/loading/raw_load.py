@@ -401,8 +401,12 @@ def load_list(
             )
         if before_swap is not None:
             before_swap(stage)
-        compared = exists and comparable(conn, executor.spent.bytes)
-        changes = list_changes(conn, stage, table, "_fs_list_changes") if compared else None
+        changes = None
+        if exists and comparable(conn, executor.spent.bytes):
+            try:
+                changes = list_changes(conn, stage, table, "_fs_list_changes")
+            except duckdb.OutOfMemoryException:  # payloads larger than their bytes suggested
+                log(f"{endpoint.name}: comparing the list ran out of memory; replacing it whole")
         written = changes != 0
 
         def swap(rows: int = distinct) -> None:
