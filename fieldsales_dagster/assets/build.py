@@ -25,9 +25,11 @@ from fieldsales_dagster.warehouse.lake import build_record, changed_since, table
 from fieldsales_dagster.warehouse.quoting import qualified, quote_ident
 from fieldsales_dagster.warehouse.warehouse import FieldSalesWarehouse
 
-#: The code that shapes a built table beside its query (publishing, decoding, comments, PII).
+#: The code that shapes a built table beside its query (publishing, decoding, comments, PII), and
+#: evaluates its checks.
+_MODULES = ("build", "checks", "columns", "decode", "follow")
 BUILD_CODE = (
-    *(Path(__file__).parent / f"{name}.py" for name in ("build", "columns", "decode", "follow")),
+    *(Path(__file__).parent / f"{name}.py" for name in _MODULES),
     Path(__file__).parent.parent / "warehouse" / "pii.py",
 )
 

@@ -5,12 +5,10 @@ A check none of whose tables changed since its last evaluation reports that resu
 (``check_results``)."""
 
 import functools
-import hashlib
 import json
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from decimal import Decimal
-from pathlib import Path
 from typing import Any, cast
 
 import dagster as dg
@@ -76,8 +74,8 @@ class CoreCheck:
 
     @property
     def fingerprint(self) -> str:
-        """Its code: the queries, macros and YAML of its table's folder, and this module."""
-        return f"{code_digest(self.table.folder)}:{_module_digest()}"
+        """Its code: the queries, macros and YAML of its table's folder, and the build code."""
+        return code_digest(self.table.folder)
 
     @property
     def runs_in_asset_step(self) -> bool:
@@ -171,11 +169,6 @@ def check_results(
     if evaluated:
         run_transaction(conn, RESULTS_TABLE, record)
     return results
-
-
-@functools.cache
-def _module_digest() -> str:
-    return hashlib.sha256(Path(__file__).read_bytes()).hexdigest()
 
 
 def written_check(entry: CheckEntry) -> CheckKind:
