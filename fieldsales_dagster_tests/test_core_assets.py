@@ -8,6 +8,8 @@ import re
 import dagster as dg
 import duckdb
 
+from fieldsales_dagster.assets import decode
+from fieldsales_dagster.assets.follow import fingerprint
 from fieldsales_dagster.assets.metadata import PREVIEW_CELL_CHARS, markdown_preview
 from fieldsales_dagster.assets.tables import derived_tables
 from fieldsales_dagster_tests import core_payloads as p
@@ -240,6 +242,28 @@ def test_after_an_incremental_raw_load_only_the_rows_it_wrote_are_parsed(tmp_pat
             "SELECT transaction_id, value_number::VARCHAR FROM core.custom_report_results",
         )
     ]
+
+
+def test_a_decode_whose_source_no_commit_wrote_since_its_refresh_reads_no_key(
+    tmp_path, monkeypatch
+):
+    """The second table of a run reading meta.transactions_decoded finds it current by the
+    snapshot its refresh read, not by hashing every key of it and of raw.transactions."""
+    database = tmp_path / "t.duckdb"
+    p.materialize_core(database, transactions=[_reported(f"t-{i}", i) for i in range(3)])
+    scanned: list[str] = []
+
+    def scanning(conn: duckdb.DuckDBPyConnection, table: str, *args: str) -> tuple | None:
+        scanned.append(table)
+        return fingerprint(conn, table, *args)
+
+    monkeypatch.setattr(decode, "fingerprint", scanning)
+    monkeypatch.setattr(decode, "rows_missing", lambda *args: scanned.append("rows_missing"))
+    warehouse = lake_at(database)
+    with warehouse.get_connection() as conn:
+        refreshed = decode.refresh_decoded(conn, decode.TRANSACTIONS_DECODED, warehouse.lake)
+
+    assert (refreshed, scanned) == (decode.DecodeRefresh("current", 0), [])
 
 
 def test_a_decode_with_most_rows_to_parse_is_rebuilt_whole(tmp_path):

@@ -254,7 +254,7 @@ def test_failure_mid_core_update_leaves_the_core_tables_and_their_state_as_they_
     def fail(conn, table, *args):
         raise duckdb.IOException("disk full (simulated) after the rows were replaced")
 
-    monkeypatch.setattr(follow, "_write_state", fail)
+    monkeypatch.setattr(follow, "write_state", fail)
     results_only = ["raw_events", "raw_transactions", "raw_event_groups"]
     results_only += ["core_custom_report_fields", "core_custom_report_results"]
     failed = _materialize(

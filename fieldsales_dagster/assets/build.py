@@ -88,7 +88,9 @@ def build_described_table(
     def build() -> dict[str, Any]:
         for decoded in [decoded for decoded in table.decoded if decoded.kept]:
             with failing_as(table.table, reads=decoded.table):
-                refreshed[decoded] = refresh_decoded(conn, decoded)
+                refreshed[decoded] = refresh_decoded(
+                    conn, decoded, warehouse.lake if commit else None
+                )
         metadata = decode_metadata([(decoded, refreshed[decoded]) for decoded in table.decoded])
         query = core_query(table)
         with failing_as(table.table):

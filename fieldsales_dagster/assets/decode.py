@@ -1,6 +1,7 @@
 """Decoded tables, the shared SQL macros, and ``build_table``, the staged build of every table."""
 
 import functools
+import hashlib
 import re
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -14,11 +15,19 @@ from fieldsales_dagster.assets.follow import (
     define_rows,
     failing_as,
     fingerprint,
+    recorded_state,
     rows_missing,
     same_row,
+    write_state,
 )
 from fieldsales_dagster.pause import pause_at
-from fieldsales_dagster.warehouse.lake import drop_table, run_transaction
+from fieldsales_dagster.warehouse.lake import (
+    Lake,
+    changed_since,
+    drop_table,
+    run_transaction,
+    table_exists,
+)
 from fieldsales_dagster.warehouse.quoting import qualified, quote_ident, sql_literal
 from fieldsales_dagster.warehouse.rows import one_row
 from fieldsales_dagster.warehouse.warehouse import FieldSalesWarehouse, replace_table, staging_table
@@ -89,31 +98,61 @@ def share_decoded(
     return DecodeRefresh("current", 0) if rows is None else DecodeRefresh("full", rows)
 
 
-def refresh_decoded(conn: duckdb.DuckDBPyConnection, decoded: Decoded) -> DecodeRefresh:
-    """Parse only the rows ``decoded`` lacks and drop those gone, unless ``WHOLE_ABOVE`` are new."""
-    found = fingerprint(conn, decoded.table)
-    if found is None or _layout_changed(conn, decoded):
-        return build_decoded(conn, decoded)
-    raw = fingerprint(conn, decoded.source)
-    assert raw is not None, f"{decoded.table} exists without its source {decoded.source}"
-    if found == raw:
+def refresh_decoded(
+    conn: duckdb.DuckDBPyConnection, decoded: Decoded, lake: Lake | None = None
+) -> DecodeRefresh:
+    """Parse only the rows ``decoded`` lacks and drop those gone, unless ``WHOLE_ABOVE`` are new.
+    In ``lake``, nothing where no commit wrote the source since the snapshot the last refresh by
+    this query read (``STATE_TABLE``): a run's second table reading it scans no key. One
+    transaction (nested in the caller's), so the snapshot recorded is the one read."""
+    return run_transaction(conn, decoded.table, lambda: _refresh(conn, decoded, lake))
+
+
+def _refresh(conn: duckdb.DuckDBPyConnection, decoded: Decoded, lake: Lake | None) -> DecodeRefresh:
+    query = _decode_sql(decoded)
+    digest = hashlib.sha256(f"{query}\n{shared_macros_sql(query)}".encode()).hexdigest()
+    if not table_exists(conn, decoded.table) or _layout_changed(conn, decoded):
+        refreshed = build_decoded(conn, decoded)
+    elif _reflects_source(conn, decoded, lake, digest):
         return DecodeRefresh("current", 0)
-    missing, rows = rows_missing(
+    else:
+        refreshed = _parse_missing(conn, decoded)
+    if lake:
+        (read,) = one_row(conn, "SELECT id FROM current_snapshot()")
+        write_state(conn, decoded.table, (digest, str(read)))
+    return refreshed
+
+
+def _reflects_source(
+    conn: duckdb.DuckDBPyConnection, decoded: Decoded, lake: Lake | None, digest: str
+) -> bool:
+    """No commit wrote the source since the snapshot the last refresh by this query read."""
+    last = recorded_state(conn, decoded.table) if lake else None
+    return (
+        lake is not None
+        and last is not None
+        and last[0] == digest
+        and not changed_since(conn, lake, int(last[1]), [decoded.source])
+    )
+
+
+def _parse_missing(conn: duckdb.DuckDBPyConnection, decoded: Decoded) -> DecodeRefresh:
+    (rows,) = one_row(conn, f"SELECT count(*) FROM {qualified(decoded.source)}")
+    missing, missing_rows = rows_missing(
         conn, decoded.source, decoded.table, "_fs_to_decode", "_fs_decoded_gone", slices=4
     )
-    if missing > WHOLE_ABOVE * raw[0]:
+    if missing > WHOLE_ABOVE * rows:
         return build_decoded(conn, decoded)
-    query = _decode_query(conn, decoded, rows)
-
-    def update() -> None:
+    (gone,) = one_row(conn, "SELECT count(*) FROM _fs_decoded_gone")
+    if not (missing or gone):
+        return DecodeRefresh("current", 0)
+    query = _decode_query(conn, decoded, missing_rows)
+    with failing_as(decoded.table, "Updating"):
         conn.execute(
             f"DELETE FROM {qualified(decoded.table)} AS d USING _fs_decoded_gone AS g "
             f"WHERE {same_row('d', 'g')}"
         )
         conn.execute(f"INSERT INTO {qualified(decoded.table)} BY NAME\n{query}")
-
-    with failing_as(decoded.table, "Updating"):
-        run_transaction(conn, decoded.table, update)
     return DecodeRefresh("incremental", missing)
 
 
@@ -128,11 +167,15 @@ def _layout_changed(conn: duckdb.DuckDBPyConnection, decoded: Decoded) -> bool:
     return wanted != [row[:2] for row in stored]
 
 
+def _decode_sql(decoded: Decoded) -> str:
+    return (PACKAGE_SQL / f"{decoded.table.replace('.', '_')}.sql").read_text("utf-8")
+
+
 def _decode_query(conn: duckdb.DuckDBPyConnection, decoded: Decoded, rows: str = "") -> str:
     """``decoded``'s query, its macros created and ``rows_to_decode()`` defined as ``rows``, or
     all of the source in slices (for the parser's memory)."""
     rows = rows or f"SELECT * FROM {decoded.source.replace('.', '_')}_in_slices()"
-    query = (PACKAGE_SQL / f"{decoded.table.replace('.', '_')}.sql").read_text("utf-8")
+    query = _decode_sql(decoded)
     create_macros(conn, f"{rows}\n{query}")  # the decode types values with typed_values.sql
     define_rows(conn, "rows_to_decode", rows)
     return query

@@ -1,6 +1,7 @@
 """A core table that follows its decoded table's changes instead of being rebuilt whole
 (docs/refresh.md), while the query, its macros and ``resolved_against`` keep the fingerprints in
-``STATE_TABLE``. A whole rebuild forgets the state first: after a crash, the next is whole too."""
+``STATE_TABLE``. A whole rebuild forgets the state first: after a crash, the next is whole too.
+A decoded table keeps there its query's hash and the snapshot its last refresh read (decode.py)."""
 
 from __future__ import annotations
 
@@ -18,6 +19,7 @@ from fieldsales_dagster.warehouse.rows import one_row
 from fieldsales_dagster.warehouse.warehouse import table_exists
 
 STATE_TABLE = "meta.core_follow_state"
+STATE_COLUMNS = "table_name VARCHAR, query_fingerprint VARCHAR, inputs_fingerprint VARCHAR"
 
 #: Above this share of rows to add, rebuilding whole costs less than deleting and inserting.
 WHOLE_ABOVE = 0.2
@@ -122,8 +124,7 @@ def build_following(
 ) -> dict[str, Any]:
     """Bring ``table`` up to date, incrementally when safe, else ``build_whole()`` (its query's
     ``decoded_rows()`` all of ``follows.decoded``); says how."""
-    fingerprints = "query_fingerprint VARCHAR, inputs_fingerprint VARCHAR"
-    ensure_table(conn, STATE_TABLE, f"table_name VARCHAR, {fingerprints}")
+    ensure_table(conn, STATE_TABLE, STATE_COLUMNS)
     resolved = "\n".join(
         f"{t} ({columns}): {fingerprint(conn, t, columns) or 'missing'}"
         for t, columns in follows.resolved_against.items()
@@ -151,7 +152,7 @@ def build_following(
             f"CREATE OR REPLACE TABLE {qualified(follows.inputs)} AS "
             f"SELECT id, loaded_at FROM {qualified(follows.decoded)}"
         )
-        _write_state(conn, table, state)
+        write_state(conn, table, state)
 
     run_transaction(conn, follows.inputs, record)
     return {"fieldsales/build": f"full: {why}"}
@@ -168,11 +169,7 @@ def _why_whole(
         return "personal columns are hashed (the key is never stored, so nothing compares)"
     if not (table_exists(conn, table) and table_exists(conn, follows.inputs)):
         return "no previous build"
-    found = conn.execute(
-        f"SELECT query_fingerprint, inputs_fingerprint FROM {STATE_TABLE} WHERE table_name = ?",
-        [table],
-    ).fetchone()
-    if found is None:
+    if (found := recorded_state(conn, table)) is None:
         return "no record of the previous build"
     if found[0] != state[0]:
         return "the query changed"
@@ -210,7 +207,7 @@ def _incremental(
             f"DELETE FROM {inputs} AS i USING _fs_follow_gone AS g WHERE {same_row('i', 'g')}; "
             f"INSERT INTO {inputs} SELECT id, loaded_at FROM _fs_follow_added"
         )
-        _write_state(conn, table, state)
+        write_state(conn, table, state)
 
     try:
         with failing_as(table, "Updating"):
@@ -233,7 +230,19 @@ def _incremental(
     return {"fieldsales/build": f"incremental: {why}"}
 
 
-def _write_state(conn: duckdb.DuckDBPyConnection, table: str, state: tuple[str, str]) -> None:
+def recorded_state(conn: duckdb.DuckDBPyConnection, table: str) -> tuple[str, str] | None:
+    """``table``'s fingerprints in ``STATE_TABLE`` (query, inputs), if any."""
+    try:
+        return conn.execute(
+            f"SELECT query_fingerprint, inputs_fingerprint FROM {STATE_TABLE} WHERE table_name = ?",
+            [table],
+        ).fetchone()
+    except duckdb.CatalogException:
+        return None
+
+
+def write_state(conn: duckdb.DuckDBPyConnection, table: str, state: tuple[str, str]) -> None:
     # Delete-then-insert: a DuckLake has no PRIMARY KEY.
+    ensure_table(conn, STATE_TABLE, STATE_COLUMNS)
     conn.execute(f"DELETE FROM {STATE_TABLE} WHERE table_name = ?", [table])
     conn.execute(f"INSERT INTO {STATE_TABLE} VALUES (?, ?, ?)", [table, *state])
