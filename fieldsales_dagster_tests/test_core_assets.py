@@ -8,7 +8,7 @@ import re
 import dagster as dg
 import duckdb
 
-from fieldsales_dagster.assets import decode
+from fieldsales_dagster.assets import decode, follow
 from fieldsales_dagster.assets.follow import fingerprint
 from fieldsales_dagster.assets.metadata import PREVIEW_CELL_CHARS, markdown_preview
 from fieldsales_dagster.assets.tables import derived_tables
@@ -264,6 +264,31 @@ def test_a_decode_whose_source_no_commit_wrote_since_its_refresh_reads_no_key(
         refreshed = decode.refresh_decoded(conn, decode.TRANSACTIONS_DECODED, warehouse.lake)
 
     assert (refreshed, scanned) == (decode.DecodeRefresh("current", 0), [])
+
+
+def test_a_following_table_reading_no_other_tables_inputs_hashes_no_key(tmp_path, monkeypatch):
+    """core.transactions reads no other following table's inputs, so it never compares their
+    fingerprint with its decoded table's: it hashes no key of either."""
+    database = tmp_path / "t.duckdb"
+    p.materialize_core(database, transactions=[_reported(f"t-{i}", i) for i in range(10)])
+    with lake_at(database).get_connection() as conn:  # an incremental raw load's write
+        conn.execute("UPDATE raw.transactions SET loaded_at = now()::TIMESTAMP WHERE id = 't-1'")
+    hashed: list[str] = []
+
+    def hashing(conn: duckdb.DuckDBPyConnection, table: str, *args: str) -> tuple | None:
+        hashed.append(table)
+        return fingerprint(conn, table, *args)
+
+    monkeypatch.setattr(follow, "fingerprint", hashing)
+    result = materialize(
+        [*p.RAW_STAND_INS, *core_assets()],
+        selection=["core_transactions"],
+        resources={"warehouse": lake_at(database)},
+    )
+
+    assert result.success
+    assert _core_metadata(result, "core_transactions")["fieldsales/build"].startswith("incremental")
+    assert hashed == []
 
 
 def test_a_decode_with_most_rows_to_parse_is_rebuilt_whole(tmp_path):

@@ -133,7 +133,7 @@ def build_following(
         hashlib.sha256(f"{query}\n{macros}".encode()).hexdigest(),
         hashlib.sha256(resolved.encode()).hexdigest(),
     )
-    now = fingerprint(conn, follows.decoded)
+    now = fingerprint(conn, follows.decoded) if follows.reads_inputs else None
     behind = [inputs for inputs in follows.reads_inputs if fingerprint(conn, inputs) != now]
     why = _why_whole(conn, table, follows, state, params)
     if behind:
