@@ -10,7 +10,7 @@ import pytest
 
 from fieldsales_dagster.assets import checks
 from fieldsales_dagster.assets.tables import derived_tables
-from fieldsales_dagster.warehouse.lake import run_transaction
+from fieldsales_dagster.warehouse.lake import run_transaction, table_exists
 from fieldsales_dagster_tests import core_payloads as p
 from fieldsales_dagster_tests.conftest import lake_at
 from fieldsales_dagster_tests.project import DEFAULT, core_check_count
@@ -215,3 +215,33 @@ def test_a_check_reports_its_last_result_while_nothing_it_reads_changed_and_runs
     assert after[known].passed
     assert "fieldsales/check" not in after[known].metadata
     assert after[unique].metadata["fieldsales/check"].value.startswith("carried: ")
+
+
+def test_a_lake_of_an_earlier_release_evaluates_its_checks_once_then_carries_them(tmp_path):
+    """Its check results had a table of their own, ``meta.check_evaluations``, which no check
+    trusts (this one says, falsely, that every transaction's event is known); its build records
+    have no check_name or result."""
+    database = tmp_path / "t.duckdb"
+    orphan = [p.transaction("t-orphan", event_id="e-later")]
+    p.materialize_core(database, transactions=orphan, events=[p.event("e1")], with_checks=True)
+    (known,) = [c for c in checks.core_checks() if c.name == "event_ids_known"]
+    with lake_at(database).get_connection() as conn:
+        conn.execute(
+            "CREATE OR REPLACE TABLE meta.lake_builds AS SELECT table_name, reads, read_snapshot, "
+            "fingerprint FROM (FROM meta.lake_builds UNION ALL BY NAME "
+            "SELECT NULL::VARCHAR AS check_name WHERE false) WHERE check_name IS NULL"
+        )
+        conn.execute(
+            "CREATE OR REPLACE TABLE meta.check_evaluations AS SELECT 'core.transactions' AS "
+            "table_name, 'event_ids_known' AS check_name, ? AS fingerprint, id AS evaluated_at, "
+            "true AS passed, 'WARN' AS severity, '{}' AS metadata FROM current_snapshot()",
+            [known.fingerprint],
+        )
+    key = ("core_transactions", "event_ids_known")
+    evaluated = evaluations(p.materialize_core_only(database, with_checks=True))[key]
+    assert (evaluated.passed, "fieldsales/check" in evaluated.metadata) == (False, False)
+    carried = evaluations(p.materialize_core_only(database, with_checks=True))[key]
+    assert not carried.passed
+    assert carried.metadata["fieldsales/check"].value.startswith("carried: core.transactions")
+    with lake_at(database).get_connection() as conn:
+        assert not table_exists(conn, "meta.check_evaluations")

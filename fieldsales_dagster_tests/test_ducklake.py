@@ -404,13 +404,13 @@ def lake_snapshots(warehouse: FieldSalesWarehouse) -> int:
 
 
 def data_snapshots(warehouse: FieldSalesWarehouse, after: int) -> int:
-    """Snapshots since the ``after`` first that touch a table other than
-    ``meta.check_evaluations`` (its asset checks' results, committed after the asset's write)."""
+    """Snapshots since the ``after`` first that touch a table other than ``meta.lake_builds``
+    (alone, its asset checks' results, committed after the asset's write)."""
     with warehouse.get_connection() as conn:
         ids = (
             conn.execute(
                 "SELECT list(table_id::VARCHAR) FROM ducklake_table_info('fieldsales') "
-                "WHERE table_name = 'check_evaluations'"
+                "WHERE table_name = 'lake_builds'"
             ).fetchone()[0]
             or []
         )
@@ -419,7 +419,7 @@ def data_snapshots(warehouse: FieldSalesWarehouse, after: int) -> int:
             "ORDER BY snapshot_id OFFSET ?",
             [after],
         ).fetchall()
-    checks = {*ids, "meta.check_evaluations", "meta"}
+    checks = {*ids, "meta.lake_builds", "meta"}
     return sum(1 for (changed,) in touched if set(changed or ()) - checks)
 
 

@@ -21,7 +21,7 @@ from fieldsales_dagster.assets.decode import (
 from fieldsales_dagster.assets.follow import build_following, define_rows, failing_as
 from fieldsales_dagster.assets.metadata import table_metadata
 from fieldsales_dagster.assets.tables import CoreTable, core_query
-from fieldsales_dagster.warehouse.lake import build_record, changed_since, table_exists
+from fieldsales_dagster.warehouse.lake import still_valid, table_exists
 from fieldsales_dagster.warehouse.quoting import qualified, quote_ident
 from fieldsales_dagster.warehouse.warehouse import FieldSalesWarehouse
 
@@ -53,23 +53,21 @@ def build_fingerprint(table: CoreTable, warehouse: FieldSalesWarehouse) -> str |
 
 
 def inputs_of(table: CoreTable) -> list[str]:
-    """The lake tables ``table``'s build reads (a decoded table's raw table among them)."""
+    """The lake tables ``table``'s build reads: a decoded table's raw table among them, not the
+    decoded table (which the build's own commit writes)."""
     return [dep.replace("_", ".", 1) for dep in table.deps]
 
 
 def unchanged(
     conn: duckdb.DuckDBPyConnection, warehouse: FieldSalesWarehouse, table: CoreTable
 ) -> str | None:
-    """Why ``table`` is still what a build would make now, or ``None``: it was built, by the same
-    ``build_fingerprint``, and no commit since the snapshot that build read changed an input."""
-    found = build_record(conn, warehouse.lake, table.table)
-    # A decoded table follows its raw table, which is an input (changed in the build's own commit).
-    inputs = inputs_of(table)
-    if found is None or found[0] != build_fingerprint(table, warehouse):
+    """Why ``table`` is still what a build would make now, or ``None``: its last build is
+    ``still_valid`` (the same ``build_fingerprint``, no input changed since the snapshot it read)
+    and the table is there."""
+    found = still_valid(conn, warehouse.lake, table.table, build_fingerprint(table, warehouse))
+    if found is None or not table_exists(conn, table.table):
         return None
-    if not table_exists(conn, table.table) or changed_since(conn, warehouse.lake, found[1], inputs):
-        return None
-    return f"{', '.join(inputs)} and its code and settings are as at snapshot {found[1]}"
+    return f"{', '.join(found.reads)} and its code and settings are as at snapshot {found.read}"
 
 
 def build_described_table(

@@ -9,7 +9,7 @@ import json
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from decimal import Decimal
-from typing import Any, cast
+from typing import Any
 
 import dagster as dg
 import duckdb
@@ -20,18 +20,16 @@ from fieldsales_dagster.assets.decode import create_macros
 from fieldsales_dagster.assets.tables import CheckEntry, CoreTable, derived_tables, query_reads
 from fieldsales_dagster.names import InstanceNames
 from fieldsales_dagster.warehouse.lake import (
-    changed_since,
-    ensure_table,
-    per_snapshot,
+    BUILDS_TABLE,
+    record_evaluation,
     run_transaction,
+    still_valid,
 )
 from fieldsales_dagster.warehouse.quoting import qualified, quote_ident
 from fieldsales_dagster.warehouse.rows import one_row
 from fieldsales_dagster.warehouse.warehouse import FieldSalesWarehouse
 
 SAMPLE_SIZE = 5
-#: Each check's last evaluation, the snapshot it read and the code it ran (``check_results``).
-RESULTS_TABLE = "meta.check_evaluations"
 #: Rows per bucket of the ids_unique screen (see there): ~1M hash groups fit the memory limit.
 SCREEN_BUCKET_ROWS = 1_000_000
 
@@ -90,8 +88,9 @@ class CoreCheck:
             additional_deps=[names.asset_key(asset) for asset in self.also_reads],
         )
 
-    def result(self, conn: duckdb.DuckDBPyConnection, names: InstanceNames) -> dg.AssetCheckResult:
-        return self.kind.evaluate(conn, self.table)._replace(
+    def result(self, found: dg.AssetCheckResult, names: InstanceNames) -> dg.AssetCheckResult:
+        """``found`` (evaluated, or carried) as this check's of ``names``'s asset."""
+        return found._replace(
             asset_key=names.asset_key(self.table.asset_name), check_name=self.name
         )
 
@@ -102,72 +101,30 @@ def check_results(
     names: InstanceNames,
     checks: Sequence[CoreCheck],
 ) -> list[dg.AssetCheckResult]:
-    """Each check's result: where its code is that of its last evaluation and none of the tables
-    it ``reads`` changed since the snapshot that evaluation read, that result, saying so; else
-    evaluated now, and recorded in ``RESULTS_TABLE`` (one commit for all of them)."""
-
-    def read() -> dict[tuple[str, str], tuple]:
-        try:
-            rows = conn.execute(
-                "SELECT table_name, check_name, fingerprint, evaluated_at, passed, severity, "
-                f"metadata FROM {RESULTS_TABLE}"
-            ).fetchall()
-        except duckdb.CatalogException:
-            return {}
-        return {(row[0], row[1]): row[2:] for row in rows}
-
-    last = per_snapshot(conn, warehouse.lake, RESULTS_TABLE, read)
+    """Each check's result: where its last evaluation is ``still_valid`` (its code, none of the
+    tables it ``reads`` changed since the snapshot it read), that result, saying so; else
+    evaluated now, and recorded with the builds (one commit for all of them)."""
     results, evaluated, snapshot = [], [], None
     for check in checks:
-        found = last.get((check.table.table, check.name))
-        if found and found[0] == check.fingerprint:
-            since, passed, severity, metadata = found[1:]
-            if not changed_since(conn, warehouse.lake, since, check.reads):
-                why = f"{', '.join(check.reads)} unchanged since snapshot {since}, evaluated there"
-                results.append(
-                    dg.AssetCheckResult(
-                        asset_key=names.asset_key(check.table.asset_name),
-                        check_name=check.name,
-                        passed=passed,
-                        severity=dg.AssetCheckSeverity[severity],
-                        metadata={
-                            **dg.deserialize_value(metadata, dict),
-                            "fieldsales/check": f"carried: {why}",
-                        },
-                    )
-                )
-                continue
+        lake, table = warehouse.lake, check.table.table
+        if found := still_valid(conn, lake, table, check.fingerprint, check.name):
+            carried = dg.deserialize_value(str(found.result), dict)
+            why = f"{', '.join(found.reads)} unchanged since snapshot {found.read}, evaluated there"
+            carried["metadata"] |= {"fieldsales/check": f"carried: {why}"}
+            results.append(check.result(dg.AssetCheckResult(**carried), names))
+            continue
         if snapshot is None:  # read before evaluating
             (snapshot,) = one_row(conn, "SELECT id FROM current_snapshot()")
-        results.append(result := check.result(conn, names))
-        evaluated.append((check, result))
+        results.append(result := check.result(check.kind.evaluate(conn, check.table), names))
+        kept = dg.serialize_value(result._asdict())
+        evaluated.append((table, check.reads, check.fingerprint, check.name, kept, snapshot))
 
     def record() -> None:
-        ensure_table(
-            conn,
-            RESULTS_TABLE,
-            "table_name VARCHAR, check_name VARCHAR, fingerprint VARCHAR, evaluated_at BIGINT, "
-            "passed BOOLEAN, severity VARCHAR, metadata VARCHAR",
-        )
-        for check, result in evaluated:
-            key = [check.table.table, check.name]
-            conn.execute(
-                f"DELETE FROM {RESULTS_TABLE} WHERE table_name = ? AND check_name = ?", key
-            )
-            conn.execute(
-                f"INSERT INTO {RESULTS_TABLE} VALUES (?, ?, ?, ?, ?, ?, ?)",
-                [
-                    *key,
-                    check.fingerprint,
-                    snapshot,
-                    result.passed,
-                    result.severity.name,
-                    dg.serialize_value(cast(dict[str, Any], result.metadata)),
-                ],
-            )
+        for evaluation in evaluated:
+            record_evaluation(conn, *evaluation)
 
     if evaluated:
-        run_transaction(conn, RESULTS_TABLE, record)
+        run_transaction(conn, BUILDS_TABLE, record)
     return results
 
 

@@ -20,7 +20,7 @@ import secrets
 import sqlite3
 import threading
 import time
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, TypeVar
@@ -615,48 +615,90 @@ def _transaction(conn: duckdb.DuckDBPyConnection, body: Callable[[], T]) -> T:
         _IN_TRANSACTION.discard(id(conn))
 
 
-def record_build(
-    conn: duckdb.DuckDBPyConnection, table: str, reads: list[str], fingerprint: str | None = None
+@dataclass(frozen=True)
+class Evaluation:
+    """The last build of a table, or evaluation of one of its checks (``record_evaluation``):
+    the tables it ``reads``, at snapshot ``read``, the code it ran and a check's ``result``."""
+
+    reads: tuple[str, ...]
+    read: int
+    fingerprint: str
+    result: str | None
+
+
+def record_evaluation(
+    conn: duckdb.DuckDBPyConnection,
+    table: str,
+    reads: Sequence[str],
+    fingerprint: str | None = None,
+    check: str | None = None,
+    result: str | None = None,
+    read: int | None = None,
 ) -> None:
     """In the current database, the lake (``_mark_refresh``): one row per table, its last build,
-    so that the check at every commit reads as much after years of runs as after the first; with
-    what the build was made of besides its inputs (``build_record``)."""
+    so that the check at every commit reads as much after years of runs as after the first, and
+    one per ``check`` of it, its last evaluation with its ``result``; each with the snapshot it
+    read (the current one unless ``read``) and what it ran besides its inputs (``fingerprint``),
+    for ``still_valid``."""
     columns = "table_name VARCHAR, reads VARCHAR[], read_snapshot BIGINT, fingerprint VARCHAR"
-    ensure_table(conn, BUILDS_TABLE, columns)
-    # A lake of an earlier release: the fingerprints had a table of their own; no build of it
-    # matches one, so each of its tables is built once.
+    ensure_table(conn, BUILDS_TABLE, f"{columns}, check_name VARCHAR, result VARCHAR")
+    # A lake of earlier releases: fingerprints, then check results, had tables of their own; no
+    # record of theirs matches, so each table is built and each check evaluated once.
     conn.execute(
         f"ALTER TABLE {BUILDS_TABLE} ADD COLUMN IF NOT EXISTS fingerprint VARCHAR; "
-        "DROP TABLE IF EXISTS meta.build_fingerprints"
+        f"ALTER TABLE {BUILDS_TABLE} ADD COLUMN IF NOT EXISTS check_name VARCHAR; "
+        f"ALTER TABLE {BUILDS_TABLE} ADD COLUMN IF NOT EXISTS result VARCHAR; "
+        "DROP TABLE IF EXISTS meta.build_fingerprints; DROP TABLE IF EXISTS meta.check_evaluations"
     )
-    conn.execute(f"DELETE FROM {BUILDS_TABLE} WHERE table_name = ?", [table])
+    key = "table_name = ? AND check_name IS NOT DISTINCT FROM ?"
+    conn.execute(f"DELETE FROM {BUILDS_TABLE} WHERE {key}", [table, check])
     conn.execute(
         f"INSERT INTO {BUILDS_TABLE} BY NAME SELECT ? AS table_name, ? AS reads, "
-        "id AS read_snapshot, ? AS fingerprint FROM current_snapshot()",
-        [table, reads, fingerprint],
+        "coalesce(?, id) AS read_snapshot, ? AS fingerprint, ? AS check_name, ? AS result "
+        "FROM current_snapshot()",
+        [table, list(reads), read, fingerprint, check, result],
     )
 
 
-def build_record(conn: duckdb.DuckDBPyConnection, lake: Lake, table: str) -> tuple[str, int] | None:
-    """``table``'s last build: its fingerprint and the snapshot it read; ``None`` if it has none
-    (not built, built without one, or on a lake from before fingerprints were recorded)."""
+#: Every record; an earlier release's table has no check_name (its rows are builds) or result.
+_RECORDS = (
+    f"(FROM {BUILDS_TABLE} UNION ALL BY NAME "
+    "SELECT NULL::VARCHAR AS check_name, NULL::VARCHAR AS result WHERE false)"
+)
 
-    def read() -> dict[str, tuple[str, int]]:
+
+def still_valid(
+    conn: duckdb.DuckDBPyConnection,
+    lake: Lake,
+    table: str,
+    fingerprint: str | None,
+    check: str | None = None,
+) -> Evaluation | None:
+    """``table``'s last build (or its ``check``'s last evaluation) where it ran ``fingerprint`` and
+    no table it read changed since the snapshot it read (``changed_since``); else ``None``: none
+    recorded, another fingerprint, or ``fingerprint`` ``None`` (nothing compares)."""
+
+    def read() -> dict[tuple[str, str | None], Evaluation]:
         try:
-            query = f"SELECT table_name, fingerprint, read_snapshot FROM {BUILDS_TABLE}"
-            rows = conn.execute(f"{query} WHERE fingerprint IS NOT NULL").fetchall()
-        except (duckdb.CatalogException, duckdb.BinderException):
+            rows = conn.execute(
+                "SELECT table_name, check_name, reads, read_snapshot, fingerprint, result "
+                f"FROM {_RECORDS} WHERE fingerprint IS NOT NULL"
+            ).fetchall()
+        except (duckdb.CatalogException, duckdb.BinderException):  # none, or none fingerprinted
             return {}
-        return {name: (fingerprint, snapshot) for name, fingerprint, snapshot in rows}
+        return {(row[0], row[1]): Evaluation(tuple(row[2]), *row[3:]) for row in rows}
 
-    return per_snapshot(conn, lake, BUILDS_TABLE, read).get(table)
+    found = per_snapshot(conn, lake, BUILDS_TABLE, read).get((table, check))
+    if found is None or found.fingerprint != fingerprint:
+        return None
+    return None if changed_since(conn, lake, found.read, list(found.reads)) else found
 
 
 #: Tables that read a table written again since (``_mark_refresh`` judges those in the lake).
 _STALE = f"""
     WITH last AS (
         SELECT table_name, arg_max(reads, read_snapshot) AS reads, max(read_snapshot) AS read
-        FROM {BUILDS_TABLE} GROUP BY table_name)
+        FROM {_RECORDS} WHERE check_name IS NULL GROUP BY table_name)
     SELECT DISTINCT built.table_name
     FROM (SELECT table_name, read, unnest(reads) AS input FROM last) AS built
     JOIN last AS input ON input.table_name = built.input WHERE input.read >= built.read
