@@ -9,6 +9,7 @@ import duckdb
 import pytest
 
 from fieldsales_dagster.assets import checks
+from fieldsales_dagster.assets.build import code_digest
 from fieldsales_dagster.assets.tables import derived_tables
 from fieldsales_dagster.warehouse.lake import run_transaction, table_exists
 from fieldsales_dagster_tests import core_payloads as p
@@ -200,7 +201,8 @@ def test_a_check_reports_its_last_result_while_nothing_it_reads_changed_and_runs
     unique, known = ("core_transactions", "ids_unique"), ("core_transactions", "event_ids_known")
     metadata = dict(again[unique].metadata)
     carried = metadata.pop("fieldsales/check").value
-    assert carried.startswith("carried: core.transactions unchanged since snapshot ")
+    # Evaluated in its table's build commit: it holds while what the build read does.
+    assert carried.startswith("carried: raw.transactions unchanged since snapshot ")
     assert (again[unique].passed, metadata) == (True, first[unique].metadata)
     assert (again[known].passed, again[known].severity) == (False, dg.AssetCheckSeverity.WARN)
     assert (
@@ -235,7 +237,7 @@ def test_a_lake_of_an_earlier_release_evaluates_its_checks_once_then_carries_the
             "CREATE OR REPLACE TABLE meta.check_evaluations AS SELECT 'core.transactions' AS "
             "table_name, 'event_ids_known' AS check_name, ? AS fingerprint, id AS evaluated_at, "
             "true AS passed, 'WARN' AS severity, '{}' AS metadata FROM current_snapshot()",
-            [known.fingerprint],
+            [code_digest(known.table.folder)],  # as that release fingerprinted a check
         )
     key = ("core_transactions", "event_ids_known")
     evaluated = evaluations(p.materialize_core_only(database, with_checks=True))[key]
@@ -245,3 +247,26 @@ def test_a_lake_of_an_earlier_release_evaluates_its_checks_once_then_carries_the
     assert carried.metadata["fieldsales/check"].value.startswith("carried: core.transactions")
     with lake_at(database).get_connection() as conn:
         assert not table_exists(conn, "meta.check_evaluations")
+
+
+def test_a_check_run_alone_before_its_tables_build_is_evaluated_again_in_that_build(tmp_path):
+    """Run alone after an input changed, it judges the table as it was; the build that follows
+    evaluates it again in its commit, whatever the record of that lone evaluation says."""
+    database = tmp_path / "t.duckdb"
+    same = p.transaction("t-1", report_config=CONFIG, report_results=p.results(**{"f-slider": 3}))
+    p.materialize_core(database, transactions=[same], events=[p.event("e1")], with_checks=True)
+    with lake_at(database).get_connection() as conn:  # the id twice: no longer unique
+        insert = (
+            "INSERT INTO raw.transactions SELECT id, event_id, payload, now() FROM raw.transactions"
+        )
+        run_transaction(conn, "raw.transactions", lambda: conn.execute(insert))
+    key = ("core_transactions", "ids_unique")
+    alone = dg.materialize(
+        [*p.RAW_STAND_INS, *p.core_assets(True)],
+        resources={"warehouse": lake_at(database, threads=2)},
+        selection=dg.AssetSelection.checks(dg.AssetCheckKey(dg.AssetKey(key[0]), key[1])),
+    )
+    assert evaluations(alone)[key].passed  # the table as it was built
+    built = evaluations(p.materialize_core_only(database, with_checks=True, raise_on_error=False))
+    assert not built[key].passed
+    assert "fieldsales/check" not in built[key].metadata

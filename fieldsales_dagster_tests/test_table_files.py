@@ -16,6 +16,7 @@ from fieldsales_dagster.assets.columns import PACKAGE_SQL, TableFileError
 from fieldsales_dagster.assets.core import build_core_assets
 from fieldsales_dagster.assets.lineage import QueryReadError
 from fieldsales_dagster.assets.tables import derived_tables
+from fieldsales_dagster.warehouse.lake import table_exists
 from fieldsales_dagster_tests.conftest import make_api, read_lake
 from fieldsales_dagster_tests.project import DEFAULT, OWNERS, raw_assets
 
@@ -176,6 +177,27 @@ def test_a_written_check_without_a_passed_column_fails_naming_the_file(tmp_path)
     (written,) = [c for c in checks_of(table) if c.name == "counted"]
     with pytest.raises(TableFileError, match=r"core_areas\.yaml: the query of check 'counted'"):
         written.kind.evaluate(duckdb.connect(), table)
+
+
+def test_a_check_that_cannot_be_evaluated_fails_its_step_and_its_build_is_not_committed(
+    tmp_path, demo_server, warehouse
+):
+    """The step's checks are evaluated in its build's commit: the table stays as it was."""
+    folder = sql_folder(tmp_path)
+    written = "  - {name: counted, description: d, sql: SELECT 1 AS areas}\n"
+    _edit(folder, "core_areas.yaml", "  - ids_unique\n", f"  - ids_unique\n{written}")
+    result = dg.materialize(
+        [*raw_assets(), *assets_of(folder)],
+        resources={"fieldsales_api": make_api(demo_server, tmp_path), "warehouse": warehouse},
+        selection=["raw_events", "core_events", "core_areas"],
+        raise_on_error=False,
+    )
+    (failure,) = [e for e in result.all_events if e.is_step_failure]
+    assert failure.step_key == "core_areas"
+    assert "core_areas.yaml: the query of check 'counted'" in str(failure.step_failure_data.error)
+    with warehouse.get_connection() as conn:
+        assert table_exists(conn, "core.events")
+        assert not table_exists(conn, "core.areas")
 
 
 def test_a_written_check_reading_a_table_it_does_not_declare_fails_the_load(tmp_path):

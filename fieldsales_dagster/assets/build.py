@@ -3,6 +3,7 @@
 
 import functools
 import hashlib
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -75,9 +76,11 @@ def build_described_table(
     table: CoreTable,
     warehouse: FieldSalesWarehouse,
     commit: bool = False,
+    then: Callable[[], object] = lambda: None,
 ) -> dict[str, Any]:
-    """Build and swap in ``table``, its decoded tables brought up to date first; if ``commit``, in
-    one lake transaction recording what it read and its ``build_fingerprint`` (``one_commit``).
+    """Build and swap in ``table``, its decoded tables brought up to date first, then call
+    ``then``; if ``commit``, in one lake transaction recording what it read and its
+    ``build_fingerprint`` (``one_commit``), with what ``then`` writes.
     A not-kept decoded table is shared before it (a lake transaction writes one database) and,
     outside a run, dropped after."""
     refreshed: dict[Decoded, DecodeRefresh] = {}
@@ -103,12 +106,14 @@ def build_described_table(
         def build_whole() -> None:
             build_table(conn, table.table, published, params, before_swap=describe)
 
-        if table.follows is None:
+        if follows is None:
             build_whole()
-            return metadata
-        return metadata | build_following(
-            conn, table.table, table.follows, published, params, build_whole, macros=macros
-        )
+        else:
+            metadata |= build_following(
+                conn, table.table, follows, published, params, build_whole, macros=macros
+            )
+        then()
+        return metadata
 
     try:
         for decoded in shared:
@@ -131,16 +136,22 @@ def build_described_table(
 
 
 def materialize_core_table(
-    conn: duckdb.DuckDBPyConnection, warehouse: FieldSalesWarehouse, table: CoreTable
+    conn: duckdb.DuckDBPyConnection,
+    warehouse: FieldSalesWarehouse,
+    table: CoreTable,
+    check: Callable[[Sequence[str] | None], object],
 ) -> dict[str, Any]:
-    """Build ``table``, or where it is ``unchanged``, say why and write nothing: no input was
-    written since its build was recorded (``FieldSalesWarehouse.one_commit``), so readers still
-    see a complete refresh."""
+    """Build ``table`` and ``check`` it in the build's commit, given what the build read; or where
+    it is ``unchanged``, say why, write nothing (no input was written since its build was
+    recorded, ``FieldSalesWarehouse.one_commit``, so readers still see a complete refresh) and
+    ``check`` it, given ``None``."""
     built: dict[str, Any] = {
         "fieldsales/build": "full: the table follows no changes (no follows: in its YAML)"
     }
     if why := unchanged(conn, warehouse, table):
         built = {"fieldsales/build": f"unchanged: {why}"}
+        check(None)
     else:
-        built |= build_described_table(conn, table, warehouse, commit=True)
+        then = functools.partial(check, inputs_of(table))
+        built |= build_described_table(conn, table, warehouse, commit=True, then=then)
     return {**table_metadata(conn, warehouse, table.table, table.doc, preview=True), **built}

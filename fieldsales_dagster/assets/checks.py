@@ -14,7 +14,7 @@ from typing import Any
 import dagster as dg
 import duckdb
 
-from fieldsales_dagster.assets.build import code_digest
+from fieldsales_dagster.assets.build import build_fingerprint
 from fieldsales_dagster.assets.columns import TableFileError
 from fieldsales_dagster.assets.decode import create_macros
 from fieldsales_dagster.assets.tables import CheckEntry, CoreTable, derived_tables, query_reads
@@ -71,11 +71,6 @@ class CoreCheck:
         return [self.table.table, *self.kind.also_reads]
 
     @property
-    def fingerprint(self) -> str:
-        """Its code: the queries, macros and YAML of its table's folder, and the build code."""
-        return code_digest(self.table.folder)
-
-    @property
     def runs_in_asset_step(self) -> bool:
         return all(asset in self.table.deps for asset in self.also_reads)
 
@@ -100,14 +95,18 @@ def check_results(
     warehouse: FieldSalesWarehouse,
     names: InstanceNames,
     checks: Sequence[CoreCheck],
+    built_from: Sequence[str] | None = None,
 ) -> list[dg.AssetCheckResult]:
     """Each check's result: where its last evaluation is ``still_valid`` (its code, none of the
     tables it ``reads`` changed since the snapshot it read), that result, saying so; else
-    evaluated now, and recorded with the builds (one commit for all of them)."""
+    evaluated now, and recorded with the builds (one commit for all of them). In the commit of
+    their table's build, each is evaluated, and recorded as reading what the build read
+    (``built_from``): its result holds while the build does."""
     results, evaluated, snapshot = [], [], None
     for check in checks:
-        lake, table = warehouse.lake, check.table.table
-        if found := still_valid(conn, lake, table, check.fingerprint, check.name):
+        table, fingerprint = check.table.table, build_fingerprint(check.table, warehouse)
+        found = still_valid(conn, warehouse.lake, table, fingerprint, check.name)
+        if found and built_from is None:
             carried = dg.deserialize_value(str(found.result), dict)
             why = f"{', '.join(found.reads)} unchanged since snapshot {found.read}, evaluated there"
             carried["metadata"] |= {"fieldsales/check": f"carried: {why}"}
@@ -116,8 +115,9 @@ def check_results(
         if snapshot is None:  # read before evaluating
             (snapshot,) = one_row(conn, "SELECT id FROM current_snapshot()")
         results.append(result := check.result(check.kind.evaluate(conn, check.table), names))
-        kept = dg.serialize_value(result._asdict())
-        evaluated.append((table, check.reads, check.fingerprint, check.name, kept, snapshot))
+        reads = check.reads if built_from is None else built_from
+        stored = (table, reads, fingerprint, check.name, dg.serialize_value(result._asdict()))
+        evaluated.append((*stored, snapshot))
 
     def record() -> None:
         for evaluation in evaluated:

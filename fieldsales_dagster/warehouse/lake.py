@@ -644,10 +644,9 @@ def record_evaluation(
     ensure_table(conn, BUILDS_TABLE, f"{columns}, check_name VARCHAR, result VARCHAR")
     # A lake of earlier releases: fingerprints, then check results, had tables of their own; no
     # record of theirs matches, so each table is built and each check evaluated once.
+    for column in ("fingerprint", "check_name", "result"):
+        conn.execute(f"ALTER TABLE {BUILDS_TABLE} ADD COLUMN IF NOT EXISTS {column} VARCHAR")
     conn.execute(
-        f"ALTER TABLE {BUILDS_TABLE} ADD COLUMN IF NOT EXISTS fingerprint VARCHAR; "
-        f"ALTER TABLE {BUILDS_TABLE} ADD COLUMN IF NOT EXISTS check_name VARCHAR; "
-        f"ALTER TABLE {BUILDS_TABLE} ADD COLUMN IF NOT EXISTS result VARCHAR; "
         "DROP TABLE IF EXISTS meta.build_fingerprints; DROP TABLE IF EXISTS meta.check_evaluations"
     )
     key = "table_name = ? AND check_name IS NOT DISTINCT FROM ?"
