@@ -15,17 +15,16 @@ from fieldsales_dagster.assets.follow import (
     define_rows,
     failing_as,
     fingerprint,
-    recorded_state,
     rows_missing,
     same_row,
-    write_state,
 )
 from fieldsales_dagster.pause import pause_at
 from fieldsales_dagster.warehouse.lake import (
     Lake,
-    changed_since,
     drop_table,
+    record_evaluation,
     run_transaction,
+    still_valid,
     table_exists,
 )
 from fieldsales_dagster.warehouse.quoting import qualified, quote_ident, sql_literal
@@ -103,7 +102,7 @@ def refresh_decoded(
 ) -> DecodeRefresh:
     """Parse only the rows ``decoded`` lacks and drop those gone, unless ``WHOLE_ABOVE`` are new.
     In ``lake``, nothing where no commit wrote the source since the snapshot the last refresh by
-    this query read (``STATE_TABLE``): a run's second table reading it scans no key. One
+    this query read (``record_evaluation``): a run's second table reading it scans no key. One
     transaction (nested in the caller's), so the snapshot recorded is the one read."""
     return run_transaction(conn, decoded.table, lambda: _refresh(conn, decoded, lake))
 
@@ -118,8 +117,7 @@ def _refresh(conn: duckdb.DuckDBPyConnection, decoded: Decoded, lake: Lake | Non
     else:
         refreshed = _parse_missing(conn, decoded)
     if lake:
-        (read,) = one_row(conn, "SELECT id FROM current_snapshot()")
-        write_state(conn, decoded.table, (digest, str(read)))
+        record_evaluation(conn, decoded.table, [decoded.source], digest)
     return refreshed
 
 
@@ -127,13 +125,7 @@ def _reflects_source(
     conn: duckdb.DuckDBPyConnection, decoded: Decoded, lake: Lake | None, digest: str
 ) -> bool:
     """No commit wrote the source since the snapshot the last refresh by this query read."""
-    last = recorded_state(conn, decoded.table) if lake else None
-    return (
-        lake is not None
-        and last is not None
-        and last[0] == digest
-        and not changed_since(conn, lake, int(last[1]), [decoded.source])
-    )
+    return lake is not None and still_valid(conn, lake, decoded.table, digest) is not None
 
 
 def _parse_missing(conn: duckdb.DuckDBPyConnection, decoded: Decoded) -> DecodeRefresh:
