@@ -16,7 +16,7 @@ import pytest
 
 from fieldsales_dagster.assets.tables import derived_tables
 from fieldsales_dagster.demo_api import DemoConfig, DemoServer
-from fieldsales_dagster.demo_api.data import PROFILES
+from fieldsales_dagster.demo_api.data import PROFILES, Shape
 from fieldsales_dagster_tests import core_payloads as p
 from fieldsales_dagster_tests.conftest import lake_at, make_api, read_lake
 from fieldsales_dagster_tests.project import core_assets, mart_assets, raw_assets
@@ -125,3 +125,35 @@ def test_mart_daily_sales_counts_products_of_many_groups_under_a_small_memory_li
         assert conn.execute(
             "SELECT count(*), sum(transactions), max(distinct_products) FROM mart.daily_sales"
         ).fetchone() == (3 * SALES_EVENTS, SALES_EVENTS * SALES_PER_EVENT, SALES_PER_EVENT // 3)
+
+
+def test_dim_point_of_sale_parses_the_chosen_objects_in_slices_under_a_small_memory_limit(
+    tmp_path,
+):
+    """Every JSON function keeps, per thread, the working memory of the largest vector it parsed,
+    and does not spill: three parses (and a patch) of whole 2,048-row vectors of point-of-sale
+    objects ran 10M demo transactions (61k points of sale, 2 threads) out of the default 192MB.
+    Here about one point of sale per event (5k), so that most of a vector is chosen objects: the
+    old query needed more than 96MB on one thread; the decode it reads needs more than 56MB."""
+    database = tmp_path / "pos.duckdb"
+    config = DemoConfig(transactions=8000, events=8000, seed=7, shape=Shape(events_per_pos=1))
+    with DemoServer(config, host="127.0.0.1", port=0) as server:
+        api = make_api(server, tmp_path, page_size=500)
+        resources = {"fieldsales_api": api, "warehouse": lake_at(database)}
+        assert dg.materialize(raw_assets(), selection=["raw_events"], resources=resources).success
+    tables = {t.table: t for t in derived_tables()}
+    assert _materialize(database, tables["core.events"], "2GB").success
+
+    result = _materialize(database, tables["core.dim_point_of_sale"], "80MB")
+
+    failures = [e for e in result.all_events if e.is_step_failure]
+    assert not failures, _why(str(failures[0].event_specific_data.error))
+    with read_lake(database) as conn:
+        (points_of_sale,) = conn.execute(
+            "SELECT count(DISTINCT pos_id) FROM core.events"
+        ).fetchone()
+        assert points_of_sale > 5000
+        assert conn.execute(
+            "SELECT count(*), count(DISTINCT pos_id), count(untyped_values) "
+            "FROM core.dim_point_of_sale"
+        ).fetchone() == (points_of_sale, points_of_sale, 0)
