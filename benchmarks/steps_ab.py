@@ -5,7 +5,7 @@ fieldsales_dagster --select '*'`` once per checkout (``name=path``: that folder'
 ``fieldsales_dagster`` is imported, through ``PYTHONPATH``, with this virtualenv's packages),
 each into a fresh lake and an initialised ``DAGSTER_HOME``, and reads each step's CPU and wall
 seconds (``step_cpu.py``). Prints the median over rounds per step, the CPU outside the steps
-and the whole command's CPU, wall and peak RSS.
+and the whole command's CPU, wall, peak RSS and bytes written (``io_written.py``).
 
     python -m benchmarks.steps_ab 100000 2 base=/tmp/base-checkout branch=.
 
@@ -48,6 +48,8 @@ from pathlib import Path
 
 from benchmarks.harness import BIN, DemoAPI, measure
 from benchmarks.step_cpu import step_cpu
+
+IO_WRITTEN = Path(__file__).with_name("io_written.py")
 
 
 def _home(tree: Path, home: Path, env: dict[str, str]) -> None:
@@ -114,14 +116,19 @@ def main(argv: list[str]) -> int:
                     }
                     if not (where / "home").exists():
                         _home(tree, where / "home", env)
-                    argv_run = [str(BIN / "dagster"), "asset", "materialize", "-m"]
+                    # The bytes the run's process tree wrote (benchmarks/io_written.py).
+                    io_json = where / f"run-{index}.io.json"
+                    argv_run = [sys.executable, str(IO_WRITTEN), str(io_json), "--"]
+                    argv_run += [str(BIN / "dagster"), "asset", "materialize", "-m"]
                     argv_run += ["fieldsales_dagster", "--select", select]
                     run_log = where / f"run-{index}.log"
                     m = measure(name, argv_run, run_log, env, server=api, cwd=tree)
+                    written = json.loads(io_json.read_text())["write_bytes"] if m.ok else 0
                     print(
                         f"{name} round {round_} generation {generation}: "
                         f"{'ok' if m.ok else 'FAILED'}, wall {m.wall_s:.1f} s, "
-                        f"CPU {m.cpu_s:.1f} s, peak RSS {m.peak_rss / 2**20:.0f} MiB",
+                        f"CPU {m.cpu_s:.1f} s, peak RSS {m.peak_rss / 2**20:.0f} MiB, "
+                        f"written {written / 2**20:.0f} MiB",
                         file=sys.stderr,
                         flush=True,
                     )
@@ -134,6 +141,7 @@ def main(argv: list[str]) -> int:
                             "wall": m.wall_s,
                             "cpu": m.cpu_s,
                             "rss": m.peak_rss,
+                            "written": written,
                             "steps": {s.step: (s.cpu_s, s.wall_s, s.peak_rss) for s in by_step},
                         }
                     )
@@ -172,7 +180,8 @@ def main(argv: list[str]) -> int:
     ]
     print("| whole command | " + " | ".join(whole) + " |")
     rss = ", ".join(f"{n} {median(n, lambda r: r['rss']) / 2**20:.0f} MiB" for n in trees)
-    print(f"peak RSS (median): {rss}; logs and results.json in {out}")
+    written = ", ".join(f"{n} {median(n, lambda r: r['written']) / 2**20:.1f} MiB" for n in trees)
+    print(f"peak RSS (median): {rss}; written (median): {written}; logs, results.json in {out}")
     return 0
 
 
