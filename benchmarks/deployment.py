@@ -14,7 +14,8 @@ does nothing), whose CPU a run with nothing changed is held to (at most twice it
 
 Each run is ``dagster asset materialize -m fieldsales_dagster`` in a fresh process, measured as a
 whole: wall, CPU of its process tree (user + system), peak RSS of the tree, the bytes it wrote to
-storage (``benchmarks/io_written.py``), and the warehouse on disk after it: every file the
+storage (``benchmarks/io_written.py``; and of those, what reached the disk: a file deleted
+before it was written out, a spill or a staging table, is cancelled), and the warehouse on disk after it: every file the
 deployment's storage settings point at (for a lake: the catalog and the data path; for a
 single-file warehouse: that file and what sits beside it), the requests and bytes the raw
 assets fetched (their ``requests`` and ``bytes_fetched`` metadata in the run's event log), and
@@ -106,6 +107,8 @@ class Row:
     fetched: int = 0
     steps: tuple[StepCpu, ...] = ()
     exact: str = "–"
+    #: Of ``written``, the bytes of files deleted before they reached the disk (spills, staging).
+    cancelled: int = 0
 
 
 def _du(path: Path) -> int:
@@ -189,11 +192,12 @@ def _run(
     argv += ["--select", selection]
     # From the side's own root: Dagster puts the working directory first on the import path.
     m = measure(f"{side.name}-{run}", argv, where / f"{run}.log", env, server=api, cwd=side.root)
-    written = json.loads(io_json.read_text())["write_bytes"] if io_json.exists() else 0
+    io = json.loads(io_json.read_text()) if io_json.exists() else {}
+    written, cancelled = io.get("write_bytes", 0), io.get("cancelled_write_bytes", 0)
     size = sum(_du(p) for p in paths if p.exists())
     steps = tuple(step_cpu(home, m.cpu_samples, m.rss_samples))
     exact = _exact(storage, expected) if m.ok else "–"
-    return Row(side.name, run, m, written, size, *_fetched(home), steps, exact)
+    return Row(side.name, run, m, written, size, *_fetched(home), steps, exact, cancelled)
 
 
 def _fetched(home: Path) -> tuple[int, int]:
@@ -226,8 +230,9 @@ def _table(size: int, rows: list[Row], sides: list[Side]) -> list[str]:
         f"## {size:,} transactions",
         "",
         "| side | run | exit | wall s | CPU s | peak RSS (tree) | written by the run "
-        "| warehouse after | added by the run | requests | fetched | exact rows |",
-        "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|",
+        "| of it, reached the disk | warehouse after | added by the run | requests | fetched "
+        "| exact rows |",
+        "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|",
     ]
     before_size: dict[str, int] = {}
     for r in rows:
@@ -235,7 +240,8 @@ def _table(size: int, rows: list[Row], sides: list[Side]) -> list[str]:
         before_size[r.side] = r.size
         lines.append(
             f"| {r.side} | {r.run} | {r.m.returncode} | {r.m.wall_s:.1f} | {r.m.cpu_s:.1f} | "
-            f"{fmt_bytes(r.m.peak_rss)} | {fmt_bytes(r.written)} | {fmt_bytes(r.size)} | "
+            f"{fmt_bytes(r.m.peak_rss)} | {fmt_bytes(r.written)} | "
+            f"{fmt_bytes(r.written - r.cancelled)} | {fmt_bytes(r.size)} | "
             f"{fmt_bytes(added)} | {r.requests:,} | {fmt_bytes(r.fetched)} | {r.exact} |"
         )
     noop = next((r for r in rows if r.run == "noop" and r.m.ok), None)
