@@ -21,6 +21,9 @@ from fieldsales_dagster.warehouse.warehouse import table_exists
 STATE_TABLE = "meta.core_follow_state"
 STATE_COLUMNS = "table_name VARCHAR, query_fingerprint VARCHAR, inputs_fingerprint VARCHAR"
 
+#: A state is recorded only where the table holds no row without a key (``unkeyed``).
+STATE_RULES = "unkeyed rows: none where recorded"
+
 #: Above this share of rows to add, rebuilding whole costs less than deleting and inserting.
 WHOLE_ABOVE = 0.2
 
@@ -129,8 +132,8 @@ def build_following(
         f"{t} ({columns}): {fingerprint(conn, t, columns) or 'missing'}"
         for t, columns in follows.resolved_against.items()
     )
-    state = (
-        hashlib.sha256(f"{query}\n{macros}".encode()).hexdigest(),
+    state = (  # STATE_RULES: a state recorded by other rules is not this one's
+        hashlib.sha256(f"{STATE_RULES}\n{query}\n{macros}".encode()).hexdigest(),
         hashlib.sha256(resolved.encode()).hexdigest(),
     )
     now = fingerprint(conn, follows.decoded) if follows.reads_inputs else None
@@ -146,6 +149,10 @@ def build_following(
     build_whole()
     if behind:  # what it read will change with no change to its inputs: the next build is whole
         return {"fieldsales/build": f"full: {why}"}
+
+    if missing_key := unkeyed(conn, qualified(table), follows):
+        unsure = f"{missing_key} rows have no {follows.key}, so the next build is whole too"
+        return {"fieldsales/build": f"full: {why}; {unsure}"}
 
     def record() -> None:
         conn.execute(
@@ -176,9 +183,15 @@ def _why_whole(
     if found[1] != state[1]:
         changed = " or ".join(f"{t} ({columns})" for t, columns in follows.resolved_against.items())
         return f"{changed} changed"
+    return None
+
+
+def unkeyed(conn: duckdb.DuckDBPyConnection, rows: str, follows: Follows) -> int:
+    """How many of ``rows`` (SQL naming a table) come from decoded rows but have no key: no build
+    can replace them by key, so a table holding any records no state (its next build is whole).
+    Counted over the rows a build writes, as only those can add any."""
     where = f"({follows.from_decoded}) AND {follows.key} IS NULL"
-    (unkeyed,) = one_row(conn, f"SELECT count(*) FROM {qualified(table)} WHERE {where}")
-    return f"{unkeyed} rows have no {follows.key}" if unkeyed else None
+    return int(one_row(conn, f"SELECT count(*) FROM {rows} WHERE {where}")[0])
 
 
 def _incremental(
@@ -207,12 +220,16 @@ def _incremental(
             f"DELETE FROM {inputs} AS i USING _fs_follow_gone AS g WHERE {same_row('i', 'g')}; "
             f"INSERT INTO {inputs} SELECT id, loaded_at FROM _fs_follow_added"
         )
-        write_state(conn, table, state)
+        if missing_key:  # the next build is whole
+            conn.execute(f"DELETE FROM {STATE_TABLE} WHERE table_name = ?", [table])
+        else:
+            write_state(conn, table, state)
 
     try:
         with failing_as(table, "Updating"):
             # Before the transaction: inside it, query and transaction would share memory_limit.
             conn.execute(f"CREATE OR REPLACE TEMP TABLE _fs_follow_rows AS\n{query}")
+            missing_key = unkeyed(conn, "_fs_follow_rows", follows)
             conn.execute(
                 "CREATE OR REPLACE TEMP TABLE _fs_follow_keys AS SELECT DISTINCT id FROM "
                 "(SELECT id FROM _fs_follow_added UNION ALL SELECT id FROM _fs_follow_gone)"
