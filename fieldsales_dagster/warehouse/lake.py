@@ -666,16 +666,15 @@ _RECORDS = (
 )
 
 
-def still_valid(
+def last_evaluation(
     conn: duckdb.DuckDBPyConnection,
     lake: Lake,
     table: str,
     fingerprint: str | None,
     check: str | None = None,
 ) -> Evaluation | None:
-    """``table``'s last build (or its ``check``'s last evaluation) where it ran ``fingerprint`` and
-    no table it read changed since the snapshot it read (``changed_since``); else ``None``: none
-    recorded, another fingerprint, or ``fingerprint`` ``None`` (nothing compares)."""
+    """``table``'s last build (or its ``check``'s last evaluation) where it ran ``fingerprint``;
+    else ``None``: none recorded, another fingerprint, or ``fingerprint`` ``None``."""
 
     def read() -> dict[tuple[str, str | None], Evaluation]:
         try:
@@ -688,9 +687,21 @@ def still_valid(
         return {(row[0], row[1]): Evaluation(tuple(row[2]), *row[3:]) for row in rows}
 
     found = per_snapshot(conn, lake, BUILDS_TABLE, read).get((table, check))
-    if found is None or found.fingerprint != fingerprint:
+    return None if found is None or found.fingerprint != fingerprint else found
+
+
+def still_valid(
+    conn: duckdb.DuckDBPyConnection,
+    lake: Lake,
+    table: str,
+    fingerprint: str | None,
+    check: str | None = None,
+) -> Evaluation | None:
+    """The ``last_evaluation`` where no table it read changed since the snapshot it read."""
+    found = last_evaluation(conn, lake, table, fingerprint, check)
+    if found is None or changed_since(conn, lake, found.read, list(found.reads)):
         return None
-    return None if changed_since(conn, lake, found.read, list(found.reads)) else found
+    return found
 
 
 #: Tables that read a table written again since (``_mark_refresh`` judges those in the lake).
