@@ -2,6 +2,9 @@
 and a core or mart table whose inputs, code and settings are as at its last build is not built
 again (``fieldsales/build: unchanged``). Any change is built."""
 
+import dagster as dg
+
+from fieldsales_dagster.assets import metadata as metadata_module
 from fieldsales_dagster.warehouse import lake as lake_module
 from fieldsales_dagster.warehouse.lake import table_exists
 from fieldsales_dagster_tests.conftest import make_api, make_warehouse
@@ -59,6 +62,38 @@ def test_a_run_with_nothing_changed_keeps_every_table_and_says_why(
     assert transactions["refresh_mode"] == "incremental"
     assert transactions["table_written"] == 0
     assert _tables(warehouse) == before  # loaded_at too: nothing was written
+
+
+def test_an_unchanged_table_reports_its_last_materializations_description(
+    demo_server, tmp_path, warehouse, monkeypatch
+):
+    """Row count, column schema and preview of a table no commit wrote since its last
+    materialization are that materialization's, not read from the table again."""
+    instance = dg.DagsterInstance.ephemeral()
+    first = _run(demo_server, tmp_path, warehouse, instance=instance)
+    described: list[str] = []
+    monkeypatch.setattr(
+        metadata_module, "column_schema", lambda conn, table, *a: described.append(table)
+    )
+    again = _run(demo_server, tmp_path, warehouse, instance=instance)
+    assert described == [], "described again though unchanged"
+    for asset, found in again.items():
+        for key in ("dagster/row_count", "dagster/column_schema", "preview"):
+            assert found.get(key) == first[asset].get(key), (asset, key)
+
+
+def test_a_table_written_since_its_last_materialization_is_described_again(
+    demo_server, tmp_path, warehouse
+):
+    instance = dg.DagsterInstance.ephemeral()
+    first = _run(demo_server, tmp_path, warehouse, instance=instance)
+    with warehouse.get_connection() as conn:  # a writer outside the project's builds
+        conn.execute(
+            "DELETE FROM core.users WHERE user_id IN (SELECT min(user_id) FROM core.users)"
+        )
+    again = _run(demo_server, tmp_path, warehouse, instance=instance)
+    assert again["core_users"]["fieldsales/build"].startswith("unchanged")
+    assert again["core_users"]["dagster/row_count"] == first["core_users"]["dagster/row_count"] - 1
 
 
 def test_a_changed_input_is_built_again_and_equals_a_first_build(demo_server, tmp_path, warehouse):

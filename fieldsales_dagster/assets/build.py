@@ -3,10 +3,11 @@
 
 import functools
 import hashlib
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
+import dagster as dg
 import duckdb
 
 from fieldsales_dagster.assets.columns import PACKAGE_SQL, comment_table, publishing_query
@@ -140,11 +141,12 @@ def materialize_core_table(
     warehouse: FieldSalesWarehouse,
     table: CoreTable,
     check: Callable[[Sequence[str] | None], object],
+    last: Mapping[str, dg.MetadataValue] | None = None,
 ) -> dict[str, Any]:
     """Build ``table`` and ``check`` it in the build's commit, given what the build read; or where
     it is ``unchanged``, say why, write nothing (no input was written since its build was
     recorded, ``FieldSalesWarehouse.one_commit``, so readers still see a complete refresh) and
-    ``check`` it, given ``None``."""
+    ``check`` it, given ``None``. ``last``: the asset's last metadata (``table_metadata``)."""
     built: dict[str, Any] = {
         "fieldsales/build": "full: the table follows no changes (no follows: in its YAML)"
     }
@@ -154,4 +156,5 @@ def materialize_core_table(
     else:
         then = functools.partial(check, inputs_of(table))
         built |= build_described_table(conn, table, warehouse, commit=True, then=then)
-    return {**table_metadata(conn, warehouse, table.table, table.doc, preview=True), **built}
+    described = table_metadata(conn, warehouse, table.table, table.doc, preview=True, last=last)
+    return {**described, **built}

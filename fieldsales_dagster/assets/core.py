@@ -6,7 +6,7 @@ import dagster as dg
 
 from fieldsales_dagster.assets.build import materialize_core_table
 from fieldsales_dagster.assets.checks import CoreCheck, check_results
-from fieldsales_dagster.assets.metadata import STORAGE_KIND
+from fieldsales_dagster.assets.metadata import STORAGE_KIND, last_metadata
 from fieldsales_dagster.assets.tables import (
     CoreTable,
     column_lineage,
@@ -61,7 +61,8 @@ def build_core_asset(
                 results[:] = check_results(conn, warehouse, names, selected, built_from)
 
             if key in context.selected_asset_keys:
-                metadata = materialize_core_table(conn, warehouse, table, check)
+                last = last_metadata(context.instance, key)
+                metadata = materialize_core_table(conn, warehouse, table, check, last)
             else:
                 check(None)
         if key in context.selected_asset_keys:

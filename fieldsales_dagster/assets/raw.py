@@ -8,7 +8,12 @@ import duckdb
 from pydantic import Field, field_validator, model_validator
 
 from fieldsales_dagster.assets.columns import prepare_raw_table, table_doc
-from fieldsales_dagster.assets.metadata import STORAGE_KIND, previous_row_count, table_metadata
+from fieldsales_dagster.assets.metadata import (
+    STORAGE_KIND,
+    last_metadata,
+    previous_row_count,
+    table_metadata,
+)
 from fieldsales_dagster.assets.resync_config import ResyncConfig
 from fieldsales_dagster.client.endpoints import EVENTS, LIST_ENDPOINTS, TRANSACTIONS, ListEndpoint
 from fieldsales_dagster.loading.incremental import RefreshPolicy, RefreshReport, refresh_raw_list
@@ -158,7 +163,8 @@ def _materialize(
             return report
 
         report = warehouse.one_commit(conn, table, refresh, wrote=lambda r: r.load.written)
-        metadata = table_metadata(conn, warehouse, table, table_doc(name))
+        last = last_metadata(context.instance, context.asset_key)
+        metadata = table_metadata(conn, warehouse, table, table_doc(name), last=last)
     load = report.load
     api_total = "not reported by the server" if load.api_total is None else load.api_total
     if report.mode == "resync":
@@ -175,9 +181,7 @@ def _materialize(
             **report.metadata(),
             "pii_redacted_rows": sum(redacted) if warehouse.redact_pii_in_raw else "not asked",
         },
-        check_results=[
-            row_count_check(load.rows, previous_row_count(context), ROW_COUNT_TOLERANCE)
-        ],
+        check_results=[row_count_check(load.rows, previous_row_count(last), ROW_COUNT_TOLERANCE)],
     )
 
 
