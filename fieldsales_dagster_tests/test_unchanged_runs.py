@@ -5,6 +5,7 @@ again (``fieldsales/build: unchanged``). Any change is built."""
 import dagster as dg
 
 from fieldsales_dagster.assets import metadata as metadata_module
+from fieldsales_dagster.assets.columns import TableDoc
 from fieldsales_dagster.warehouse import lake as lake_module
 from fieldsales_dagster.warehouse.lake import table_exists
 from fieldsales_dagster_tests.conftest import make_api, make_warehouse
@@ -94,6 +95,28 @@ def test_a_table_written_since_its_last_materialization_is_described_again(
     again = _run(demo_server, tmp_path, warehouse, instance=instance)
     assert again["core_users"]["fieldsales/build"].startswith("unchanged")
     assert again["core_users"]["dagster/row_count"] == first["core_users"]["dagster/row_count"] - 1
+
+
+def test_a_description_is_carried_only_from_the_same_snapshot_of_the_same_lake(tmp_path, warehouse):
+    """A materialization's snapshot id may be another lake's (the lake made again, its Dagster
+    instance kept): the snapshot's commit time tells them apart."""
+
+    def described(lake, rows: int, last=None) -> dict:
+        with lake.get_connection() as conn:
+            conn.execute(
+                f"CREATE SCHEMA IF NOT EXISTS mine; CREATE OR REPLACE TABLE mine.t AS "
+                f"SELECT * FROM range({rows})"
+            )
+            found = metadata_module.table_metadata(conn, lake, "mine.t", TableDoc(()), last=last)
+        # As a materialization stores it.
+        return {
+            key: dg.MetadataValue.text(v) if isinstance(v, str) else v for key, v in found.items()
+        }
+
+    first = described(warehouse, 1)
+    # The same commits on another lake: the same snapshot ids, another table.
+    elsewhere = described(make_warehouse(tmp_path, "again"), 2, last=first)
+    assert elsewhere["dagster/row_count"] == 2
 
 
 def test_a_changed_input_is_built_again_and_equals_a_first_build(demo_server, tmp_path, warehouse):

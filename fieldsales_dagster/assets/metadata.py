@@ -19,7 +19,8 @@ from fieldsales_dagster.warehouse.warehouse import FieldSalesWarehouse
 STORAGE_KIND = "ducklake"
 PREVIEW_ROWS = 5
 PREVIEW_CELL_CHARS = 40
-#: How the metadata described its table, and at which snapshot: ``<digest> at snapshot <id>``.
+#: How the metadata described its table, and at which snapshot of the lake:
+#: ``<digest> at snapshot <id> of <commit time>`` (another lake may have a snapshot of that id).
 DESCRIBED = "fieldsales/described"
 _AT = " at snapshot "
 
@@ -75,21 +76,32 @@ def table_metadata(
         *(("preview",) if preview else ()),
     )
     before, _, at = str(getattr(last.get(DESCRIBED), "value", "")).partition(_AT)
+    at_id = at.partition(" ")[0]
     if (
         before == digest
-        and at.isdigit()
+        and at_id.isdigit()
         and all(key in last for key in kept)
-        and not changed_since(conn, warehouse.lake, int(at), [table])
+        and not changed_since(conn, warehouse.lake, int(at_id), [table])
+        and _snapshot(conn, warehouse, at_id) == at
     ):
         return metadata | {key: last[key] for key in kept}
-    (snapshot,) = one_row(conn, "SELECT id FROM current_snapshot()")  # before the table is read
+    at = _snapshot(conn, warehouse, "SELECT id FROM current_snapshot()")  # before reading it
     (row_count,) = one_row(conn, f"SELECT count(*) FROM {qualified(table)}")
-    metadata[DESCRIBED] = f"{digest}{_AT}{snapshot}"
+    metadata[DESCRIBED] = f"{digest}{_AT}{at}"
     metadata["dagster/row_count"] = int(row_count)
     metadata["dagster/column_schema"] = column_schema(conn, table, doc, pii)
     if preview:
         metadata["preview"] = dg.MetadataValue.md(markdown_preview(conn, table, doc.pii_columns))
     return metadata
+
+
+def _snapshot(conn: duckdb.DuckDBPyConnection, warehouse: FieldSalesWarehouse, which: str) -> str:
+    """``<id> of <commit time>`` of the snapshot the SQL ``which`` names."""
+    found = conn.execute(
+        f"SELECT snapshot_id, snapshot_time FROM {quote_ident(warehouse.lake.alias)}.snapshots() "
+        f"WHERE snapshot_id = ({which})"
+    ).fetchone()
+    return f"{found[0]} of {found[1].isoformat()}" if found else "none"
 
 
 def storage_metadata(warehouse: FieldSalesWarehouse, table: str) -> dict[str, str]:
