@@ -11,7 +11,7 @@ import dagster as dg
 import duckdb
 
 from fieldsales_dagster.assets.columns import TableDoc, column_schema
-from fieldsales_dagster.warehouse.lake import changed_since
+from fieldsales_dagster.warehouse.lake import changed_since, snapshot_stamp
 from fieldsales_dagster.warehouse.quoting import qualified, quote_ident
 from fieldsales_dagster.warehouse.rows import one_row
 from fieldsales_dagster.warehouse.warehouse import FieldSalesWarehouse
@@ -82,26 +82,17 @@ def table_metadata(
         and at_id.isdigit()
         and all(key in last for key in kept)
         and not changed_since(conn, warehouse.lake, int(at_id), [table])
-        and _snapshot(conn, warehouse, at_id) == at
+        and snapshot_stamp(conn, warehouse.lake, int(at_id)) == at
     ):
         return metadata | {key: last[key] for key in kept}
-    at = _snapshot(conn, warehouse, "SELECT id FROM current_snapshot()")  # before reading it
+    stamp = snapshot_stamp(conn, warehouse.lake)  # before the table is read
     (row_count,) = one_row(conn, f"SELECT count(*) FROM {qualified(table)}")
-    metadata[DESCRIBED] = f"{digest}{_AT}{at}"
+    metadata[DESCRIBED] = f"{digest}{_AT}{stamp}"
     metadata["dagster/row_count"] = int(row_count)
     metadata["dagster/column_schema"] = column_schema(conn, table, doc, pii)
     if preview:
         metadata["preview"] = dg.MetadataValue.md(markdown_preview(conn, table, doc.pii_columns))
     return metadata
-
-
-def _snapshot(conn: duckdb.DuckDBPyConnection, warehouse: FieldSalesWarehouse, which: str) -> str:
-    """``<id> of <commit time>`` of the snapshot the SQL ``which`` names."""
-    found = conn.execute(
-        f"SELECT snapshot_id, snapshot_time FROM {quote_ident(warehouse.lake.alias)}.snapshots() "
-        f"WHERE snapshot_id = ({which})"
-    ).fetchone()
-    return f"{found[0]} of {found[1].isoformat()}" if found else "none"
 
 
 def storage_metadata(warehouse: FieldSalesWarehouse, table: str) -> dict[str, str]:

@@ -442,6 +442,8 @@ class _Changes:
     ids: dict[str, str]
     #: Each snapshot still listed -> the tables it created (by name), wrote or altered (by id).
     touched: dict[int, frozenset[str]]
+    #: Each snapshot still listed -> its commit time (ISO 8601).
+    times: dict[int, str]
 
 
 #: Per lake and name, a ``per_snapshot`` read and the snapshot it was read at.
@@ -472,11 +474,12 @@ def _changes(conn: duckdb.DuckDBPyConnection, lake: Lake) -> _Changes:
         "(schema_id) WHERE t.end_snapshot IS NULL AND s.end_snapshot IS NULL"
     ).fetchall()
     listed = conn.execute(
-        "SELECT snapshot_id, flatten(map_values(changes)) "
+        "SELECT snapshot_id, snapshot_time, flatten(map_values(changes)) "
         f"FROM {quote_ident(lake.alias)}.snapshots()"
     ).fetchall()
-    touched = {snapshot: frozenset(changed or ()) for snapshot, changed in listed}
-    return _Changes(max(touched), dict(ids), touched)
+    touched = {snapshot: frozenset(changed or ()) for snapshot, _, changed in listed}
+    times = {snapshot: when.isoformat() for snapshot, when, _ in listed}
+    return _Changes(max(touched), dict(ids), touched, times)
 
 
 def changed_since(
@@ -492,6 +495,16 @@ def changed_since(
         return list(tables)  # expired (upkeep): changes not known
     touched = frozenset().union(*(known.touched[s] for s in since))
     return [t for t in tables if t not in known.ids or {t, known.ids[t]} & touched]
+
+
+def snapshot_stamp(
+    conn: duckdb.DuckDBPyConnection, lake: Lake, snapshot: int | None = None
+) -> str | None:
+    """``<id> of <commit time>`` of ``snapshot`` (default: the last) in ``lake``, ``None`` where it
+    is no longer listed: an id alone may be another lake's snapshot (a lake made again)."""
+    known = per_snapshot(conn, lake, "changes", lambda: _changes(conn, lake))
+    at = known.last if snapshot is None else snapshot
+    return f"{at} of {known.times[at]}" if at in known.times else None
 
 
 def ensure_table(conn: duckdb.DuckDBPyConnection, table: str, columns: str) -> None:
