@@ -14,17 +14,16 @@ does nothing), whose CPU a run with nothing changed is held to (at most twice it
 
 Each run is ``dagster asset materialize -m fieldsales_dagster`` in a fresh process, measured as a
 whole: wall, CPU of its process tree (user + system), peak RSS of the tree, the bytes it wrote to
-storage (``benchmarks/io_written.py``; and of those, what reached the disk: a file deleted
-before it was written out, a spill or a staging table, is cancelled), and the warehouse on disk after it: every file the
-deployment's storage settings point at (for a lake: the catalog and the data path; for a
-single-file warehouse: that file and what sits beside it), the requests and bytes the raw
-assets fetched (their ``requests`` and ``bytes_fetched`` metadata in the run's event log), and
-the CPU of each step (``step_cpu.py``), shown for the run with nothing changed, and whether the
-run left its tables exact: ``raw.transactions``, ``raw.events`` and ``raw.event_groups``, and
-``core.transactions`` and ``core.events``, each one row per item the server holds (rows and
-distinct ids equal to the server's count, ``harness.expected_counts``). The report goes to
-``benchmarks/results/<UTC timestamp>-deployment.md``.
-"""
+storage (``benchmarks/io_written.py``; and of those, what reached the disk: a file deleted before it
+was written out, a spill or a staging table, is cancelled), and the warehouse on disk after it:
+every file the deployment's storage settings point at (for a lake: the catalog and the data path;
+for a single-file warehouse: that file and what sits beside it), the requests and bytes the raw
+assets fetched (their ``requests`` and ``bytes_fetched`` metadata in the run's event log), and the
+CPU of each step (``step_cpu.py``), shown for the run with nothing changed, and whether the run left
+its tables exact: ``raw.transactions``, ``raw.events`` and ``raw.event_groups``, and
+``core.transactions`` and ``core.events``, each one row per item the server holds (rows and distinct
+ids equal to the server's count, ``harness.expected_counts``). The report goes to
+``benchmarks/results/<UTC timestamp>-deployment.md``."""
 
 from __future__ import annotations
 
