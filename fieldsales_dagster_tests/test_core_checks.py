@@ -270,3 +270,45 @@ def test_a_check_run_alone_before_its_tables_build_is_evaluated_again_in_that_bu
     built = evaluations(p.materialize_core_only(database, with_checks=True, raise_on_error=False))
     assert not built[key].passed
     assert "fieldsales/check" not in built[key].metadata
+
+
+def test_after_an_incremental_follow_uniqueness_is_checked_over_the_inserted_keys(tmp_path):
+    """Where it passed at the last build, a duplicate can only involve a row the follow inserted:
+    the check reads the rows sharing their keys, and still finds it; after it failed, it reads
+    every row again."""
+    database = tmp_path / "t.duckdb"
+    transactions = [p.transaction(f"t-{i}") for i in range(10)]
+    p.materialize_core(
+        database, transactions=transactions, events=[p.event("e1")], with_checks=True
+    )
+    key = ("core_transactions", "ids_unique")
+
+    def load_again(*ids: str) -> dg.ExecuteInProcessResult:
+        with lake_at(database).get_connection() as conn:  # one new load of each, here t-3 twice
+            load = "SELECT id, event_id, payload, now() FROM raw.transactions WHERE id = ?"
+            insert = f"INSERT INTO raw.transactions {' UNION ALL '.join([load] * len(ids))}"
+            run_transaction(conn, "raw.transactions", lambda: conn.execute(insert, list(ids)))
+        return p.materialize_core_only(database, with_checks=True, raise_on_error=False)
+
+    def build_and_check(result: dg.ExecuteInProcessResult) -> tuple[str, object]:
+        (built,) = [
+            m.materialization.metadata["fieldsales/build"].value
+            for m in result.get_asset_materialization_events()
+            if m.asset_key.to_user_string() == key[0]
+        ]
+        return built.partition(":")[0], evaluations(result)[key]
+
+    built, narrowed = build_and_check(load_again("t-3", "t-3"))
+    assert built == "incremental"
+    assert narrowed.metadata["fieldsales/check"].value.startswith(
+        "over the keys of the rows the follow inserted: it passed at the build that read snapshot "
+    )
+    assert not narrowed.passed
+    assert narrowed.metadata["duplicated_rows"].value == 2
+    assert narrowed.metadata["rows_with_null_key"].value == 0
+    assert narrowed.metadata["offending_keys"].value == "t-3"
+    built, whole = build_and_check(load_again("t-5"))
+    assert built == "incremental"
+    assert "fieldsales/check" not in whole.metadata  # it failed last: every row read again
+    assert not whole.passed
+    assert whole.metadata["offending_keys"].value == "t-3"

@@ -20,10 +20,15 @@ from fieldsales_dagster.assets.decode import (
     refresh_decoded,
     share_decoded,
 )
-from fieldsales_dagster.assets.follow import build_following, define_rows, failing_as
+from fieldsales_dagster.assets.follow import (
+    FOLLOW_ROWS,
+    build_following,
+    define_rows,
+    failing_as,
+)
 from fieldsales_dagster.assets.metadata import table_metadata
 from fieldsales_dagster.assets.tables import CoreTable, core_query
-from fieldsales_dagster.warehouse.lake import still_valid, table_exists
+from fieldsales_dagster.warehouse.lake import cleanup, still_valid, table_exists
 from fieldsales_dagster.warehouse.quoting import qualified, quote_ident
 from fieldsales_dagster.warehouse.warehouse import FieldSalesWarehouse
 
@@ -107,13 +112,17 @@ def build_described_table(
         def build_whole() -> None:
             build_table(conn, table.table, published, params, before_swap=describe)
 
-        if follows is None:
-            build_whole()
-        else:
-            metadata |= build_following(
-                conn, table.table, follows, published, params, build_whole, macros=macros
-            )
-        then()
+        try:
+            if follows is None:
+                build_whole()
+            else:
+                metadata |= build_following(
+                    conn, table.table, follows, published, params, build_whole, macros=macros
+                )
+            then()
+        finally:
+            with cleanup(conn):
+                conn.execute(f"DROP TABLE IF EXISTS {FOLLOW_ROWS}")
         return metadata
 
     try:

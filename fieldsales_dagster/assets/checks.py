@@ -17,13 +17,16 @@ import duckdb
 from fieldsales_dagster.assets.build import build_fingerprint
 from fieldsales_dagster.assets.columns import TableFileError
 from fieldsales_dagster.assets.decode import create_macros
+from fieldsales_dagster.assets.follow import FOLLOW_ROWS
 from fieldsales_dagster.assets.tables import CheckEntry, CoreTable, derived_tables, query_reads
 from fieldsales_dagster.names import InstanceNames
 from fieldsales_dagster.warehouse.lake import (
     BUILDS_TABLE,
+    changed_since,
     record_evaluation,
     run_transaction,
     still_valid,
+    table_exists,
 )
 from fieldsales_dagster.warehouse.quoting import qualified, quote_ident
 from fieldsales_dagster.warehouse.rows import one_row
@@ -49,6 +52,10 @@ class CheckKind:
     blocking: bool = False
     #: The tables (``schema.name``) it reads besides the one it checks.
     also_reads: tuple[str, ...] = ()
+    #: Evaluates it over the rows a follow inserted (``FOLLOW_ROWS``), where it passed before.
+    over_inserted: Callable[[duckdb.DuckDBPyConnection, CoreTable], dg.AssetCheckResult] | None = (
+        None
+    )
 
     def describe(self, table: CoreTable) -> str:
         text = self.description
@@ -114,7 +121,16 @@ def check_results(
             continue
         if snapshot is None:  # read before evaluating
             (snapshot,) = one_row(conn, "SELECT id FROM current_snapshot()")
-        results.append(result := check.result(check.kind.evaluate(conn, check.table), names))
+        before = built_from is not None and _passed_before(conn, warehouse, check, fingerprint)
+        if before and check.kind.over_inserted:
+            now = check.kind.over_inserted(conn, check.table)
+            how = f"over the keys of the rows the follow inserted: {before}"
+            now = now._replace(
+                metadata={**now.metadata, "fieldsales/check": dg.MetadataValue.text(how)}
+            )
+        else:
+            now = check.kind.evaluate(conn, check.table)
+        results.append(result := check.result(now, names))
         reads = check.reads if built_from is None else built_from
         stored = (table, reads, fingerprint, check.name, dg.serialize_value(result._asdict()))
         evaluated.append((*stored, snapshot))
@@ -126,6 +142,30 @@ def check_results(
     if evaluated:
         run_transaction(conn, BUILDS_TABLE, record)
     return results
+
+
+def _passed_before(
+    conn: duckdb.DuckDBPyConnection,
+    warehouse: FieldSalesWarehouse,
+    check: CoreCheck,
+    fingerprint: str | None,
+) -> str | None:
+    """Why ``check`` holds of every row of its table but those a follow inserted in this commit
+    (``FOLLOW_ROWS``, there): it passed, running ``fingerprint``, in the commit of the table's
+    last build, and no commit since wrote the table (the build's own is the snapshot after the
+    one it read); else ``None``."""
+    lake, table = warehouse.lake, check.table.table
+    if check.kind.over_inserted is None or not table_exists(conn, f"temp.{FOLLOW_ROWS}"):
+        return None
+    last = still_valid(conn, lake, table, fingerprint, check.name, judged=False)
+    built = still_valid(conn, lake, table, fingerprint, judged=False)
+    if last is None or built is None or last.read != built.read:
+        return None
+    if not dg.deserialize_value(str(last.result), dict)["passed"]:
+        return None
+    if changed_since(conn, lake, built.read + 1, [table]):
+        return None
+    return f"it passed at the build that read snapshot {built.read}, the table unchanged since"
 
 
 def written_check(entry: CheckEntry) -> CheckKind:
@@ -264,16 +304,25 @@ def _exact_sql(table: CoreTable, in_bucket: str) -> str:
     """
 
 
-def ids_unique(conn: duckdb.DuckDBPyConnection, table: CoreTable) -> dg.AssetCheckResult:
+def ids_unique(
+    conn: duckdb.DuckDBPyConnection, table: CoreTable, inserted: str | None = None
+) -> dg.AssetCheckResult:
+    """Over every row; or, where every row but the ``inserted`` ones passed, over the rows
+    sharing a key hash with an inserted row: a duplicated or NULL key has one among them."""
     columns = ", ".join(quote_ident(c) for c in table.key)
-    (rows,) = _fetch_one(conn, f"SELECT count(*) FROM {qualified(table.table)}")
-    buckets = 1 + rows // SCREEN_BUCKET_ROWS
-    found = []  # (duplicated rows, rows with a NULL key, sample) of each flagged bucket
-    for bucket in range(buckets):
+    if inserted is None:
+        (rows,) = _fetch_one(conn, f"SELECT count(*) FROM {qualified(table.table)}")
+        buckets = 1 + rows // SCREEN_BUCKET_ROWS
         # Literals: with $parameters each bucket's scan ran 15x slower.
-        in_bucket = f"hash({columns}) % {buckets} = {bucket}" if buckets > 1 else "true"
-        if _fetch_one(conn, f"SELECT count(*) FROM ({_flagged_sql(table, in_bucket)})") != (0,):
-            found.append(_fetch_one(conn, _exact_sql(table, in_bucket)))
+        parts = [
+            f"hash({columns}) % {buckets} = {b}" if buckets > 1 else "true" for b in range(buckets)
+        ]
+    else:
+        parts = [f"hash({columns}) IN (SELECT hash({columns}) FROM {inserted})"]
+    found = []  # (duplicated rows, rows with a NULL key, sample) of each flagged part
+    for part in parts:
+        if _fetch_one(conn, f"SELECT count(*) FROM ({_flagged_sql(table, part)})") != (0,):
+            found.append(_fetch_one(conn, _exact_sql(table, part)))
     duplicated, with_null = sum(f[0] for f in found), sum(f[1] for f in found)
     samples = sorted((sample for f in found for sample in f[2]), key=lambda s: (-s[0], s[1]))
     return dg.AssetCheckResult(
@@ -328,7 +377,12 @@ def untyped_values_found(
 
 
 CHECKS = {
-    "ids_unique": CheckKind(ids_unique, ids_unique_description, blocking=True),
+    "ids_unique": CheckKind(
+        ids_unique,
+        ids_unique_description,
+        blocking=True,
+        over_inserted=functools.partial(ids_unique, inserted=FOLLOW_ROWS),
+    ),
     "values_typed": CheckKind(
         functools.partial(untyped_values_found, not_finite=False),
         "Every present value of {table} was typed: counts the rows where one could not be (its "

@@ -24,9 +24,9 @@ from fieldsales_dagster.warehouse.lake import (
     Lake,
     changed_since,
     drop_table,
-    last_evaluation,
     record_evaluation,
     run_transaction,
+    still_valid,
     table_exists,
 )
 from fieldsales_dagster.warehouse.quoting import qualified, quote_ident, sql_literal
@@ -112,7 +112,7 @@ def refresh_decoded(
 def _refresh(conn: duckdb.DuckDBPyConnection, decoded: Decoded, lake: Lake | None) -> DecodeRefresh:
     query = _decode_sql(decoded)
     digest = hashlib.sha256(f"{query}\n{shared_macros_sql(query)}".encode()).hexdigest()
-    last = last_evaluation(conn, lake, decoded.table, digest) if lake else None
+    last = still_valid(conn, lake, decoded.table, digest, judged=False) if lake else None
     since = last.read if last else None  # the snapshot it reflects
     if not table_exists(conn, decoded.table) or _layout_changed(conn, decoded):
         refreshed = build_decoded(conn, decoded)

@@ -13,7 +13,7 @@ from typing import Any
 import duckdb
 import msgspec
 
-from fieldsales_dagster.warehouse.lake import cleanup, ensure_table, run_transaction
+from fieldsales_dagster.warehouse.lake import ensure_table, run_transaction
 from fieldsales_dagster.warehouse.quoting import qualified
 from fieldsales_dagster.warehouse.rows import one_row
 from fieldsales_dagster.warehouse.warehouse import table_exists
@@ -23,6 +23,9 @@ STATE_COLUMNS = "table_name VARCHAR, query_fingerprint VARCHAR, inputs_fingerpri
 
 #: A state is recorded only where the table holds no row without a key (``unkeyed``).
 STATE_RULES = "unkeyed rows: none where recorded"
+
+#: The rows an incremental update inserted, until its builder drops them (its checks read them).
+FOLLOW_ROWS = "_fs_follow_rows"
 
 #: Above this share of rows to add, rebuilding whole costs less than deleting and inserting.
 WHOLE_ABOVE = 0.2
@@ -225,7 +228,7 @@ def _incremental(
         conn.execute(  # one scan of the table for both kinds of rows replaced
             f"DELETE FROM {target} WHERE ({follows.from_decoded}) IS NOT TRUE "
             f"OR {follows.key} IN (SELECT id FROM _fs_follow_keys); "
-            f"INSERT INTO {target} BY NAME SELECT * FROM _fs_follow_rows; "
+            f"INSERT INTO {target} BY NAME SELECT * FROM {FOLLOW_ROWS}; "
             f"DELETE FROM {inputs} AS i USING _fs_follow_gone AS g WHERE {same_row('i', 'g')}; "
             f"INSERT INTO {inputs} SELECT id, loaded_at FROM _fs_follow_added"
         )
@@ -234,19 +237,15 @@ def _incremental(
         else:
             write_state(conn, table, state)
 
-    try:
-        with failing_as(table, "Updating"):
-            # Before the transaction: inside it, query and transaction would share memory_limit.
-            conn.execute(f"CREATE OR REPLACE TEMP TABLE _fs_follow_rows AS\n{query}")
-            missing_key = unkeyed(conn, "_fs_follow_rows", follows)
-            conn.execute(
-                "CREATE OR REPLACE TEMP TABLE _fs_follow_keys AS SELECT DISTINCT id FROM "
-                "(SELECT id FROM _fs_follow_added UNION ALL SELECT id FROM _fs_follow_gone)"
-            )
-            run_transaction(conn, table, update)
-    finally:
-        with cleanup(conn):
-            conn.execute("DROP TABLE IF EXISTS _fs_follow_rows")
+    with failing_as(table, "Updating"):
+        # Before the transaction: inside it, query and transaction would share memory_limit.
+        conn.execute(f"CREATE OR REPLACE TEMP TABLE {FOLLOW_ROWS} AS\n{query}")
+        missing_key = unkeyed(conn, FOLLOW_ROWS, follows)
+        conn.execute(
+            "CREATE OR REPLACE TEMP TABLE _fs_follow_keys AS SELECT DISTINCT id FROM "
+            "(SELECT id FROM _fs_follow_added UNION ALL SELECT id FROM _fs_follow_gone)"
+        )
+        run_transaction(conn, table, update)
     why = (
         f"only {follows.decoded} changed since the previous build; replaced the rows of its "
         f"{added:,} new and {gone:,} gone rows"

@@ -679,15 +679,19 @@ _RECORDS = (
 )
 
 
-def last_evaluation(
+def still_valid(
     conn: duckdb.DuckDBPyConnection,
     lake: Lake,
     table: str,
     fingerprint: str | None,
     check: str | None = None,
+    *,
+    judged: bool = True,
 ) -> Evaluation | None:
-    """``table``'s last build (or its ``check``'s last evaluation) where it ran ``fingerprint``;
-    else ``None``: none recorded, another fingerprint, or ``fingerprint`` ``None``."""
+    """``table``'s last build (or its ``check``'s last evaluation) where it ran ``fingerprint`` and
+    no table it read changed since the snapshot it read (``changed_since``; unless not
+    ``judged``); else ``None``: none recorded, another fingerprint, or ``fingerprint`` ``None``
+    (nothing compares)."""
 
     def read() -> dict[tuple[str, str | None], Evaluation]:
         try:
@@ -700,21 +704,9 @@ def last_evaluation(
         return {(row[0], row[1]): Evaluation(tuple(row[2]), *row[3:]) for row in rows}
 
     found = per_snapshot(conn, lake, BUILDS_TABLE, read).get((table, check))
-    return None if found is None or found.fingerprint != fingerprint else found
-
-
-def still_valid(
-    conn: duckdb.DuckDBPyConnection,
-    lake: Lake,
-    table: str,
-    fingerprint: str | None,
-    check: str | None = None,
-) -> Evaluation | None:
-    """The ``last_evaluation`` where no table it read changed since the snapshot it read."""
-    found = last_evaluation(conn, lake, table, fingerprint, check)
-    if found is None or changed_since(conn, lake, found.read, list(found.reads)):
+    if found is None or found.fingerprint != fingerprint:
         return None
-    return found
+    return None if judged and changed_since(conn, lake, found.read, list(found.reads)) else found
 
 
 #: Tables that read a table written again since (``_mark_refresh`` judges those in the lake).
