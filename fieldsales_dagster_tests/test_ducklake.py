@@ -289,7 +289,7 @@ def test_upkeep_removes_old_files_and_keeps_the_last_snapshot_readable(
     first = set(files.rglob("*.parquet"))
     small_demo.behaviour.evolve(1)
     # Lists too large to compare in memory (a large tenant's) are replaced whole: every file.
-    monkeypatch.setattr(raw_load, "comparable", lambda conn, received: False)
+    monkeypatch.setattr(raw_load, "comparison_slices", lambda conn, received: 0)
     refresh(small_demo, tmp_path, lake, assets=RAW, mode="full")
     with lake.get_connection() as conn:
         expected = conn.execute("SELECT count(*), max(id) FROM raw.transactions").fetchone()

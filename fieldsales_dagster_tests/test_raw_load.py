@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+from typing import Any
 
 import duckdb
 import pydantic
@@ -232,17 +233,11 @@ def test_a_changed_list_writes_only_its_changed_rows_and_the_others_keep_their_l
     assert_table_matches_server(warehouse, demo_server, EVENTS)
 
 
-@pytest.mark.parametrize("judged", ["by its bytes", "by running out of memory"])
-def test_a_list_received_in_more_bytes_than_the_memory_limit_is_replaced_whole(
-    tmp_path, warehouse, monkeypatch, judged
-):
-    # Comparing it row by row joins every payload in memory (raw.transactions at 1M failed its
-    # full refresh so); replacing it whole is exact and bounded. Where the bytes received let the
-    # comparison start, its running out of memory replaces the list whole too.
+def _reload_after_one_edit(tmp_path, warehouse) -> tuple[Any, int]:
+    """A list of 5,000 transactions loaded, one edited, loaded again at a 32MB memory limit: the
+    report and how many distinct ``loaded_at`` the table then holds."""
     from fieldsales_dagster.demo_api import DemoConfig, DemoServer
 
-    if judged != "by its bytes":
-        monkeypatch.setattr(raw_load, "comparable", lambda conn, received: True)
     with DemoServer(DemoConfig(transactions=5000, seed=3), host="127.0.0.1", port=0) as server:
         api = make_api(server, tmp_path)
         load(api, warehouse)
@@ -251,11 +246,33 @@ def test_a_list_received_in_more_bytes_than_the_memory_limit_is_replaced_whole(
             conn.execute("SET threads = 1; SET memory_limit = '32MB'")
             report = load_list(api, conn, TRANSACTIONS)
         assert report.bytes > 32e6, report.bytes  # received, in the list's two reads
-        with read_lake(warehouse) as conn:
-            stamps = "SELECT count(DISTINCT loaded_at) FROM raw.transactions"
-            assert conn.execute(stamps).fetchone() == (1,), "rows listed as stored were kept"
         assert report.written
         assert_table_matches_server(warehouse, server, TRANSACTIONS)
+    with read_lake(warehouse) as conn:
+        stamps = "SELECT count(DISTINCT loaded_at) FROM raw.transactions"
+        return report, conn.execute(stamps).fetchone()[0]
+
+
+def test_a_list_received_in_more_bytes_than_the_memory_limit_is_compared_in_slices(
+    tmp_path, warehouse
+):
+    # Each slice of the ids' hashes holds at most the memory limit's worth of bytes received.
+    default = duckdb.connect(config={"memory_limit": "192MB"})  # the default limit
+    assert [raw_load.comparison_slices(default, n * 1e6) for n in (160, 400, 1400)] == [1, 3, 0]
+    _, stamps = _reload_after_one_edit(tmp_path, warehouse)
+    assert stamps == 2, "only the edited row takes the new loaded_at"
+
+
+@pytest.mark.parametrize("judged", ["by its bytes", "by running out of memory"])
+def test_a_list_too_large_to_compare_is_replaced_whole(tmp_path, warehouse, monkeypatch, judged):
+    # Above MAX_COMPARISON_SLICES slices (each scans both tables again), or where a slice runs out
+    # of memory all the same, the list is replaced whole: exact, and bounded.
+    if judged == "by its bytes":
+        monkeypatch.setattr(raw_load, "MAX_COMPARISON_SLICES", 1)
+    else:
+        monkeypatch.setattr(raw_load, "comparison_slices", lambda conn, received: 1)
+    _, stamps = _reload_after_one_edit(tmp_path, warehouse)
+    assert stamps == 1, "rows listed as stored were kept"
 
 
 def test_a_list_listed_as_stored_rewrites_neither_its_table_nor_its_event_states(

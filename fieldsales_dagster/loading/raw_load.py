@@ -4,13 +4,14 @@ Each page becomes one Arrow batch (``payload`` in Arrow's JSON type, which DuckD
 again) built from its bytes without a copy per item; one ``INSERT`` per pass streams the batches
 while the pager fetches, so memory holds a few pages whatever the list's size. Ids and payloads
 are stored as received. The table is brought to the list in one transaction (only its changed
-rows replaced, or whole where comparing them would not fit memory: ``comparable``), never to
+rows replaced, or whole where comparing them would not fit memory: ``comparison_slices``), never to
 empty or shrink it by more than ``max_shrink_fraction`` unless ``allow_shrink``.
 """
 
 from __future__ import annotations
 
 import hashlib
+import math
 import queue
 import re
 import threading
@@ -373,7 +374,8 @@ def load_list(
     run_id: str | None = None,
 ) -> LoadReport:
     """Make ``endpoint.raw_table`` hold every item the server lists (a row listed as stored is
-    kept, ``loaded_at`` and all, where the list is ``comparable``), or leave it untouched.
+    kept, ``loaded_at`` and all, where it is compared: ``comparison_slices``), or leave it
+    untouched.
     ``before_swap(staging_table)`` runs just before the swap (redaction, comments);
     ``after_swap(rows)`` and the deletion audit run in the swap's transaction."""
     started = time.monotonic()
@@ -402,9 +404,9 @@ def load_list(
         if before_swap is not None:
             before_swap(stage)
         changes = None
-        if exists and comparable(conn, executor.spent.bytes):
+        if exists and (slices := comparison_slices(conn, executor.spent.bytes)):
             try:
-                changes = list_changes(conn, stage, table, "_fs_list_changes")
+                changes = list_changes(conn, stage, table, "_fs_list_changes", slices)
             except duckdb.OutOfMemoryException:  # payloads larger than their bytes suggested
                 log(f"{endpoint.name}: comparing the list ran out of memory; replacing it whole")
         written = changes != 0
@@ -451,11 +453,14 @@ def load_list(
     return report
 
 
-def list_changes(conn: duckdb.DuckDBPyConnection, staged: str, table: str, into: str) -> int | None:
+def list_changes(
+    conn: duckdb.DuckDBPyConnection, staged: str, table: str, into: str, slices: int = 1
+) -> int | None:
     """How many rows of ``staged`` and ``table`` differ, ``loaded_at`` aside, or ``None`` where
     their columns or comments differ (every row is then new). The temp table ``into`` gets the id
     of each, and whether it is the staged row (``staged``) or the stored one: a changed id is both.
-    Both hold distinct ids, so one full join by every column finds every difference."""
+    Both hold distinct ids, so one full join by every column finds every difference; it runs in
+    ``slices`` of the ids' hashes, each holding that share of the payloads in memory."""
     layout = (
         "SELECT list((column_name, data_type, comment) ORDER BY column_index) FROM duckdb_columns()"
         " WHERE database_name = current_database() AND schema_name = ? AND table_name = ?"
@@ -468,11 +473,16 @@ def list_changes(conn: duckdb.DuckDBPyConnection, staged: str, table: str, into:
         for name, _, _ in stored
         if name not in ("id", "loaded_at")
     )
-    conn.execute(
-        f"CREATE OR REPLACE TEMP TABLE {into} AS SELECT coalesce(s.id, t.id) AS id, "
-        f"s.id IS NOT NULL AS staged FROM {qualified(staged)} AS s FULL JOIN {qualified(table)} "
-        f"AS t ON s.id = t.id AND {same} WHERE s.id IS NULL OR t.id IS NULL"
-    )
+    conn.execute(f"CREATE OR REPLACE TEMP TABLE {into} (id VARCHAR, staged BOOLEAN)")
+    for part in range(slices):
+        # Literals: a $parameter in the filter slows each scan down (as in checks.ids_unique).
+        sliced = f"WHERE hash(id) % {slices} = {part}" if slices > 1 else ""
+        conn.execute(
+            f"INSERT INTO {into} SELECT coalesce(s.id, t.id), s.id IS NOT NULL "
+            f"FROM (FROM {qualified(staged)} {sliced}) AS s FULL JOIN "
+            f"(FROM {qualified(table)} {sliced}) AS t ON s.id = t.id AND {same} "
+            "WHERE s.id IS NULL OR t.id IS NULL"
+        )
     return one_row(conn, f"SELECT count(*) FROM {into}")[0]
 
 
@@ -488,15 +498,25 @@ def merge_changes(conn: duckdb.DuckDBPyConnection, staged: str, table: str, chan
     )
 
 
-def comparable(conn: duckdb.DuckDBPyConnection, received: int) -> bool:
-    """Whether a list received in ``received`` bytes is compared row by row (``list_changes``)
-    rather than replaced whole (exact too; every row then takes the load's ``loaded_at``, and the
-    tables built on it are rebuilt whole). The comparison joins every staged and stored payload
-    in memory, and DuckDB does not spill that join of ~5 KB strings: raw.transactions at 1M
-    (9.7 GB received) failed its full refresh out of memory at the default 192MB, raw.events at
-    1M (171 MB received) passed. So: at most the memory limit."""
-    limit = one_row(conn, "SELECT current_setting('memory_limit')")[0]
-    return received <= memory_megabytes(limit) * 1e6
+#: Above this many slices, a list is replaced whole: each slice scans both tables again (the
+#: full refresh of raw.transactions at 1M, 9.7 GB received, would take ~50).
+MAX_COMPARISON_SLICES = 8
+#: What the lake and the load hold beside a slice's join, measured: at 32MB a list received in
+#: 48 MB failed in 2 or 3 slices and passed in 4; at 192MB one of 385 MB failed in 1, passed in 2.
+COMPARISON_RESERVE_MB = 24
+
+
+def comparison_slices(conn: duckdb.DuckDBPyConnection, received: int) -> int:
+    """In how many slices a list received in ``received`` bytes is compared row by row
+    (``list_changes``); 0: replaced whole instead (exact too; every row then takes the load's
+    ``loaded_at``, and the tables built on it are rebuilt whole). The comparison joins the staged
+    and stored payloads in memory, and DuckDB does not spill that join of ~5 KB strings
+    (raw.transactions at 1M, 9.7 GB received, failed it at the default 192MB; raw.events at 1M,
+    171 MB, passed): a slice holds at most the memory limit's worth of bytes received, less
+    ``COMPARISON_RESERVE_MB``."""
+    limit = memory_megabytes(one_row(conn, "SELECT current_setting('memory_limit')")[0])
+    slices = math.ceil(received / (max(limit - COMPARISON_RESERVE_MB, 1) * 1e6)) or 1
+    return slices if slices <= MAX_COMPARISON_SLICES else 0
 
 
 def record_list_check(conn: duckdb.DuckDBPyConnection, table: str, at: datetime) -> None:
