@@ -501,9 +501,10 @@ def merge_changes(conn: duckdb.DuckDBPyConnection, staged: str, table: str, chan
 #: Above this many slices, a list is replaced whole: each slice scans both tables again (the
 #: full refresh of raw.transactions at 1M, 9.7 GB received, would take ~50).
 MAX_COMPARISON_SLICES = 8
-#: What the lake and the load hold beside a slice's join, measured: at 32MB a list received in
-#: 48 MB failed in 2 or 3 slices and passed in 4; at 192MB one of 385 MB failed in 1, passed in 2.
-COMPARISON_RESERVE_MB = 24
+#: What the lake and the load hold beside a slice's join, measured (lists of transactions, bytes
+#: received): at 48MB, 58 MB failed in 1 slice and passed in 2; at 64MB, 96 MB failed in 1 and
+#: passed in 2; at 192MB, 385 MB failed in 1 and passed in 2 (and raw.events at 1M, 171 MB, in 1).
+COMPARISON_RESERVE_MB = 16
 
 
 def comparison_slices(conn: duckdb.DuckDBPyConnection, received: int) -> int:
