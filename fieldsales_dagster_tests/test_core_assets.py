@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import json
 import re
-from typing import Any
 
 import dagster as dg
 import duckdb
@@ -266,37 +265,6 @@ def test_a_decode_whose_source_no_commit_wrote_since_its_refresh_reads_no_key(
         refreshed = decode.refresh_decoded(conn, decode.TRANSACTIONS_DECODED, warehouse.lake)
 
     assert (refreshed, scanned) == (decode.DecodeRefresh("current", 0), [])
-
-
-def test_a_decode_reads_the_rows_written_since_its_refresh_from_the_lakes_change_feed(
-    tmp_path, monkeypatch
-):
-    """After an incremental raw load, meta.transactions_decoded parses the rows the commits since
-    its refresh inserted and drops those they deleted, as DuckLake's change feed lists them: it
-    compares no key of the two tables (0.3 CPU-s at 1M transactions)."""
-    database = tmp_path / "t.duckdb"
-    p.materialize_core(database, transactions=[_reported(f"t-{i}", i) for i in range(10)])
-    with lake_at(database).get_connection() as conn:  # an incremental raw load's writes
-        conn.execute("UPDATE raw.transactions SET loaded_at = now()::TIMESTAMP WHERE id = 't-1'")
-        conn.execute("DELETE FROM raw.transactions WHERE id = 't-2'")
-        conn.execute(
-            "INSERT INTO raw.transactions VALUES ('t-10', NULL, ?, now()::TIMESTAMP)",
-            [json.dumps(_reported("t-10", 10))],
-        )
-    compared: list[str] = []
-
-    def comparing(*args: Any, **kwargs: Any) -> tuple[int, str]:
-        compared.append("rows_missing")
-        return follow.rows_missing(*args, **kwargs)
-
-    monkeypatch.setattr(decode, "rows_missing", comparing)
-    warehouse = lake_at(database)
-    with warehouse.get_connection() as conn:
-        refreshed = decode.refresh_decoded(conn, decode.TRANSACTIONS_DECODED, warehouse.lake)
-        decoded = conn.execute("SELECT id FROM meta.transactions_decoded ORDER BY 1").fetchall()
-
-    assert (refreshed, compared) == (decode.DecodeRefresh("incremental", 2), [])
-    assert decoded == sorted((f"t-{i}",) for i in range(11) if i != 2)
 
 
 def test_a_following_table_reading_no_other_tables_inputs_hashes_no_key(tmp_path, monkeypatch):

@@ -15,14 +15,12 @@ from fieldsales_dagster.assets.follow import (
     define_rows,
     failing_as,
     fingerprint,
-    rows_keyed,
     rows_missing,
     same_row,
 )
 from fieldsales_dagster.pause import pause_at
 from fieldsales_dagster.warehouse.lake import (
     Lake,
-    changed_since,
     drop_table,
     record_evaluation,
     run_transaction,
@@ -112,82 +110,15 @@ def refresh_decoded(
 def _refresh(conn: duckdb.DuckDBPyConnection, decoded: Decoded, lake: Lake | None) -> DecodeRefresh:
     query = _decode_sql(decoded)
     digest = hashlib.sha256(f"{query}\n{shared_macros_sql(query)}".encode()).hexdigest()
-    last = still_valid(conn, lake, decoded.table, digest, judged=False) if lake else None
-    since = last.read if last else None  # the snapshot it reflects
     if not table_exists(conn, decoded.table) or _layout_changed(conn, decoded):
         refreshed = build_decoded(conn, decoded)
-    elif lake is None or since is None:
-        refreshed = _parse_missing(conn, decoded)
-    elif not changed_since(conn, lake, since, [decoded.source]):
+    elif lake and still_valid(conn, lake, decoded.table, digest):
         return DecodeRefresh("current", 0)
-    elif changed := _changed_since(conn, lake, decoded.source, since):
-        refreshed = _parse_keys(conn, decoded, changed)
     else:
         refreshed = _parse_missing(conn, decoded)
     if lake:
         record_evaluation(conn, decoded.table, [decoded.source], digest)
     return refreshed
-
-
-#: The commits DuckLake's change feed shows row by row (kinds of ``snapshots()``' changes); after
-#: any other commit on a table (created, altered, dropped) its rows are compared instead.
-FEED_CHANGES = frozenset(
-    {"tables_inserted_into", "tables_deleted_from", "inlined_insert", "inlined_delete"}
-    | {"merge_adjacent"}  # rewrites files, not rows: the feed reads the same rows through it
-)
-
-
-def _changed_since(
-    conn: duckdb.DuckDBPyConnection, lake: Lake, table: str, since: int
-) -> str | None:
-    """SQL of the keys (``id``, ``loaded_at``, ``inserted``) of the rows of ``table`` that commits
-    after snapshot ``since`` inserted or deleted, from DuckLake's change feed; ``None`` where it
-    cannot tell: a snapshot since expired, or a commit did more to the table than write rows (the
-    table created since: the feed would list the new table's rows, not the old one's deleted)."""
-    schema, _, name = table.partition(".")
-    metadata = f"{quote_ident(f'__ducklake_metadata_{lake.alias}')}."
-    metadata += quote_ident(lake.schema or ("public" if lake.is_postgres else "main"))
-    found = conn.execute(
-        f"SELECT t.table_id::VARCHAR FROM {metadata}.ducklake_table AS t JOIN {metadata}."
-        "ducklake_schema AS s USING (schema_id) WHERE t.end_snapshot IS NULL AND "
-        "s.end_snapshot IS NULL AND s.schema_name = ? AND t.table_name = ? "
-        "AND t.begin_snapshot <= ?",
-        [schema, name, since],
-    ).fetchall()
-    (now,) = one_row(conn, "SELECT id FROM current_snapshot()")
-    database = quote_ident(lake.alias)
-    commits = conn.execute(
-        f"SELECT snapshot_id, changes FROM {database}.snapshots() "
-        "WHERE snapshot_id >= ? ORDER BY snapshot_id",
-        [since],
-    ).fetchall()
-    if len(found) != 1 or [s for s, _ in commits] != list(range(since, now + 1)):
-        return None  # created since, or snapshots expired
-    if any(
-        kind not in FEED_CHANGES and found[0][0] in touched
-        for _, changes in commits[1:]
-        for kind, touched in changes.items()
-    ):
-        return None
-    feed = ", ".join([sql_literal(lake.alias), sql_literal(schema), sql_literal(name)])
-    feed += f", {since + 1}, {now}"
-    return (
-        f"SELECT id, loaded_at, true AS inserted FROM ducklake_table_insertions({feed}) UNION "
-        f"SELECT id, loaded_at, false FROM ducklake_table_deletions({feed})"
-    )
-
-
-def _parse_keys(conn: duckdb.DuckDBPyConnection, decoded: Decoded, changed: str) -> DecodeRefresh:
-    """Replace the decoded rows of the keys ``changed`` (``_changed_since``) by the parse of the
-    source rows holding them now; whole, if more than ``WHOLE_ABOVE`` of the rows are new."""
-    conn.execute(f"CREATE OR REPLACE TEMP TABLE _fs_decode_keys AS {changed}")
-    inserted, rows_to_parse = rows_keyed(
-        conn, decoded.source, "(SELECT * FROM _fs_decode_keys WHERE inserted)", slices=4
-    )
-    (rows,) = one_row(conn, f"SELECT count(*) FROM {qualified(decoded.source)}")
-    if inserted > WHOLE_ABOVE * rows:
-        return build_decoded(conn, decoded)
-    return _replace_decoded(conn, decoded, "_fs_decode_keys", rows_to_parse)
 
 
 def _parse_missing(conn: duckdb.DuckDBPyConnection, decoded: Decoded) -> DecodeRefresh:
@@ -197,23 +128,17 @@ def _parse_missing(conn: duckdb.DuckDBPyConnection, decoded: Decoded) -> DecodeR
     )
     if missing > WHOLE_ABOVE * rows:
         return build_decoded(conn, decoded)
-    return _replace_decoded(conn, decoded, "_fs_decoded_gone", missing_rows)
-
-
-def _replace_decoded(
-    conn: duckdb.DuckDBPyConnection, decoded: Decoded, gone: str, rows_to_parse: str
-) -> DecodeRefresh:
-    """Delete the decoded rows whose keys ``gone`` holds, insert the parse of ``rows_to_parse``."""
-    query = _decode_query(conn, decoded, rows_to_parse)
-    with failing_as(decoded.table, "Updating"):
-        deleted = conn.execute(
-            f"DELETE FROM {qualified(decoded.table)} AS d USING {gone} AS g "
-            f"WHERE {same_row('d', 'g')}"
-        ).fetchone()
-        parsed = conn.execute(f"INSERT INTO {qualified(decoded.table)} BY NAME\n{query}").fetchone()
-    if not (parsed and parsed[0]) and not (deleted and deleted[0]):
+    (gone,) = one_row(conn, "SELECT count(*) FROM _fs_decoded_gone")
+    if not (missing or gone):
         return DecodeRefresh("current", 0)
-    return DecodeRefresh("incremental", parsed[0] if parsed else 0)
+    query = _decode_query(conn, decoded, missing_rows)
+    with failing_as(decoded.table, "Updating"):
+        conn.execute(
+            f"DELETE FROM {qualified(decoded.table)} AS d USING _fs_decoded_gone AS g "
+            f"WHERE {same_row('d', 'g')}"
+        )
+        conn.execute(f"INSERT INTO {qualified(decoded.table)} BY NAME\n{query}")
+    return DecodeRefresh("incremental", missing)
 
 
 def _layout_changed(conn: duckdb.DuckDBPyConnection, decoded: Decoded) -> bool:

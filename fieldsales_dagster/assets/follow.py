@@ -72,8 +72,8 @@ def rows_missing(
     slices: int = 1,
 ) -> tuple[int, str]:
     """How many rows of ``source`` ``target`` lacks by (``id``, ``loaded_at``), and SQL selecting
-    them (``rows_keyed``). ``gone`` gets the rows of ``target`` that ``source`` lacks, from the
-    same join."""
+    them within their ``loaded_at`` range: DuckDB skips older row groups by min/max. ``gone`` gets
+    the rows of ``target`` that ``source`` lacks, from the same join."""
     tagged = "SELECT id, loaded_at, true AS here FROM"
     conn.execute(  # a row unmatched has one side only
         f"CREATE OR REPLACE TEMP TABLE {keys} AS SELECT coalesce(s.id, t.id) AS id, "
@@ -83,15 +83,6 @@ def rows_missing(
         f"CREATE OR REPLACE TEMP TABLE {gone} AS SELECT id, loaded_at FROM {keys} WHERE in_target; "
         f"DELETE FROM {keys} WHERE in_target"
     )
-    return rows_keyed(conn, source, keys, slices)
-
-
-def rows_keyed(
-    conn: duckdb.DuckDBPyConnection, source: str, keys: str, slices: int = 1
-) -> tuple[int, str]:
-    """How many keys (``id``, ``loaded_at``) ``keys`` (SQL naming a relation) holds, and SQL
-    selecting the rows of ``source`` that have them, within their ``loaded_at`` range: DuckDB
-    skips older row groups by min/max."""
     count, first, last, undated = one_row(
         conn,
         f"SELECT count(*), min(loaded_at), max(loaded_at), count(*) - count(loaded_at) FROM {keys}",
