@@ -312,3 +312,29 @@ def test_after_an_incremental_follow_uniqueness_is_checked_over_the_inserted_key
     assert "fieldsales/check" not in whole.metadata  # it failed last: every row read again
     assert not whole.passed
     assert whole.metadata["offending_keys"].value == "t-3"
+
+
+def test_uniqueness_reads_every_row_where_a_commit_wrote_the_table_since_it_passed(tmp_path):
+    """A writer outside the builds duplicated a key the next follow does not insert: it is found."""
+    database = tmp_path / "t.duckdb"
+    transactions = [p.transaction(f"t-{i}") for i in range(10)]
+    p.materialize_core(
+        database, transactions=transactions, events=[p.event("e1")], with_checks=True
+    )
+    with lake_at(database).get_connection() as conn:
+        duplicate = "INSERT INTO core.transactions FROM core.transactions WHERE transaction_id = ?"
+        run_transaction(conn, "core.transactions", lambda: conn.execute(duplicate, ["t-2"]))
+        load = "SELECT id, event_id, payload, now() FROM raw.transactions WHERE id = 't-5'"
+        run_transaction(
+            conn, "raw.transactions", lambda: conn.execute(f"INSERT INTO raw.transactions {load}")
+        )
+    result = p.materialize_core_only(database, with_checks=True, raise_on_error=False)
+    (built,) = [
+        m.materialization.metadata["fieldsales/build"].value
+        for m in result.get_asset_materialization_events()
+        if m.asset_key.to_user_string() == "core_transactions"
+    ]
+    assert built.startswith("incremental"), built
+    found = evaluations(result)["core_transactions", "ids_unique"]
+    assert "fieldsales/check" not in found.metadata, found.metadata  # every row read
+    assert found.metadata["offending_keys"].value == "t-2"

@@ -121,15 +121,8 @@ def check_results(
             continue
         if snapshot is None:  # read before evaluating
             (snapshot,) = one_row(conn, "SELECT id FROM current_snapshot()")
-        before = built_from is not None and _passed_before(conn, warehouse, check, fingerprint)
-        if before and check.kind.over_inserted:
-            now = check.kind.over_inserted(conn, check.table)
-            how = f"over the keys of the rows the follow inserted: {before}"
-            now = now._replace(
-                metadata={**now.metadata, "fieldsales/check": dg.MetadataValue.text(how)}
-            )
-        else:
-            now = check.kind.evaluate(conn, check.table)
+        narrowed = built_from is not None and _over_inserted(conn, warehouse, check, fingerprint)
+        now = narrowed or check.kind.evaluate(conn, check.table)
         results.append(result := check.result(now, names))
         reads = check.reads if built_from is None else built_from
         stored = (table, reads, fingerprint, check.name, dg.serialize_value(result._asdict()))
@@ -144,28 +137,29 @@ def check_results(
     return results
 
 
-def _passed_before(
+def _over_inserted(
     conn: duckdb.DuckDBPyConnection,
     warehouse: FieldSalesWarehouse,
     check: CoreCheck,
     fingerprint: str | None,
-) -> str | None:
-    """Why ``check`` holds of every row of its table but those a follow inserted in this commit
-    (``FOLLOW_ROWS``, there): it passed, running ``fingerprint``, in the commit of the table's
-    last build, and no commit since wrote the table (the build's own is the snapshot after the
-    one it read); else ``None``."""
-    lake, table = warehouse.lake, check.table.table
-    if check.kind.over_inserted is None or not table_exists(conn, f"temp.{FOLLOW_ROWS}"):
+) -> dg.AssetCheckResult | None:
+    """``check`` over the rows a follow inserted in this commit (``FOLLOW_ROWS``, there), saying
+    why, where it holds of every other row: it passed, running ``fingerprint``, in the commit of
+    a build of the table (its last evaluation read what the build read, not the table), and no
+    commit wrote the table since (the build's own is the snapshot after the one it read); else
+    ``None``."""
+    lake, table, narrowed = warehouse.lake, check.table.table, check.kind.over_inserted
+    if narrowed is None or not table_exists(conn, f"temp.{FOLLOW_ROWS}"):
         return None
     last = still_valid(conn, lake, table, fingerprint, check.name, judged=False)
-    built = still_valid(conn, lake, table, fingerprint, judged=False)
-    if last is None or built is None or last.read != built.read:
+    if last is None or table in last.reads or changed_since(conn, lake, last.read + 1, [table]):
         return None
     if not dg.deserialize_value(str(last.result), dict)["passed"]:
         return None
-    if changed_since(conn, lake, built.read + 1, [table]):
-        return None
-    return f"it passed at the build that read snapshot {built.read}, the table unchanged since"
+    now = narrowed(conn, check.table)
+    how = "over the keys of the rows the follow inserted: it passed at the build that read "
+    how += f"snapshot {last.read}, the table unchanged since"
+    return now._replace(metadata={**now.metadata, "fieldsales/check": dg.MetadataValue.text(how)})
 
 
 def written_check(entry: CheckEntry) -> CheckKind:
