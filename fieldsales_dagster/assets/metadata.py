@@ -23,6 +23,8 @@ PREVIEW_CELL_CHARS = 40
 #: ``<digest> at snapshot <id> of <commit time>`` (another lake may have a snapshot of that id).
 DESCRIBED = "fieldsales/described"
 _AT = " at snapshot "
+#: What a description carries (``preview`` where it has one).
+_KEPT = (DESCRIBED, "dagster/row_count", "dagster/column_schema", "preview")
 
 
 def table_name(database: str, table: str) -> str:
@@ -69,25 +71,17 @@ def table_metadata(
         "dagster/table_name": table_name(warehouse.name, table),
         **storage_metadata(warehouse, table),
     }
-    kept = (
-        DESCRIBED,
-        "dagster/row_count",
-        "dagster/column_schema",
-        *(("preview",) if preview else ()),
-    )
-    before, _, at = str(getattr(last.get(DESCRIBED), "value", "")).partition(_AT)
-    at_id = at.partition(" ")[0]
+    described, lake = f"{digest}{_AT}", warehouse.lake
+    before = str(getattr(last.get(DESCRIBED), "value", ""))
+    at = before.removeprefix(described).partition(" ")[0]
     if (
-        before == digest
-        and at_id.isdigit()
-        and all(key in last for key in kept)
-        and not changed_since(conn, warehouse.lake, int(at_id), [table])
-        and snapshot_stamp(conn, warehouse.lake, int(at_id)) == at
+        at.isdigit()
+        and before == f"{described}{snapshot_stamp(conn, lake, int(at))}"
+        and not changed_since(conn, lake, int(at), [table])
     ):
-        return metadata | {key: last[key] for key in kept}
-    stamp = snapshot_stamp(conn, warehouse.lake)  # before the table is read
+        return metadata | {key: last[key] for key in _KEPT if key in last}
+    metadata[DESCRIBED] = f"{described}{snapshot_stamp(conn, lake)}"  # before the table is read
     (row_count,) = one_row(conn, f"SELECT count(*) FROM {qualified(table)}")
-    metadata[DESCRIBED] = f"{digest}{_AT}{stamp}"
     metadata["dagster/row_count"] = int(row_count)
     metadata["dagster/column_schema"] = column_schema(conn, table, doc, pii)
     if preview:
