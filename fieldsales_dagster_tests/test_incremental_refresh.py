@@ -20,7 +20,7 @@ from fieldsales_dagster.loading.refresh_mode import (
     PreviousLoad,
     choose_mode,
 )
-from fieldsales_dagster.warehouse.warehouse import FieldSalesWarehouse
+from fieldsales_dagster.warehouse.warehouse import FieldSalesWarehouse, table_exists
 from fieldsales_dagster_tests.conftest import make_api, make_warehouse, read_lake
 from fieldsales_dagster_tests.project import core_assets, materialize, raw_assets
 from fieldsales_dagster_tests.test_demo_api import TX, get
@@ -217,6 +217,33 @@ def test_core_tables_follow_two_incremental_generations_and_still_equal(
     assert_same_tables(loaded_all, fresh)
 
 
+def test_a_lake_of_an_earlier_release_builds_its_following_tables_whole_once_then_follows(
+    demo_server, tmp_path, loaded_all
+):
+    """Their states had a table of their own (meta.core_follow_state): it is dropped, none of its
+    states is read, and each following table is built whole once."""
+    states = f"FROM meta.lake_builds WHERE check_name = '{follow.FOLLOWED}'"
+    with loaded_all.get_connection() as conn:
+        conn.execute(
+            "CREATE TABLE IF NOT EXISTS meta.core_follow_state AS SELECT table_name, "
+            f"fingerprint AS query_fingerprint, result AS inputs_fingerprint {states}"
+        )
+        conn.execute(f"DELETE {states}")
+    for generation, how in ((1, "full: no record of a previous build"), (2, "incremental: ")):
+        demo_server.behaviour.evolve(generation)
+        result = _materialize(demo_server, tmp_path, loaded_all, assets=ALL_ASSETS)
+        builds = {
+            node: event.metadata["fieldsales/build"].value
+            for node in FOLLOWING
+            for event in result.asset_materializations_for_node(node)
+        }
+        assert len(builds) == len(FOLLOWING) and all(b.startswith(how) for b in builds.values()), (
+            builds
+        )
+    with read_lake(loaded_all) as conn:
+        assert not table_exists(conn, "meta.core_follow_state")
+
+
 def test_durations_built_before_the_history_they_read_follows_are_whole_until_it_does(
     demo_server, tmp_path, loaded_all
 ):
@@ -244,7 +271,7 @@ def test_failure_mid_core_update_leaves_the_core_tables_and_their_state_as_they_
                 for table in (
                     "core.custom_report_results",
                     "meta.custom_report_results_inputs",
-                    "meta.core_follow_state",
+                    "meta.lake_builds WHERE table_name = 'core.custom_report_results'",
                 )
             ]
 

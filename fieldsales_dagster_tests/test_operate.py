@@ -203,10 +203,7 @@ STALE = {
         "UPDATE meta.event_fingerprints SET fingerprint = 'stale' WHERE event_id = ?",
         "UPDATE raw.transactions SET payload = '{}' WHERE event_id = ?",
     ],
-    "core": [
-        "UPDATE meta.lake_builds SET fingerprint = NULL",
-        "DELETE FROM meta.core_follow_state",
-    ],
+    "core": ["UPDATE meta.lake_builds SET fingerprint = NULL"],
 }
 
 

@@ -116,8 +116,9 @@ def build_described_table(
             if follows is None:
                 build_whole()
             else:
+                lake = warehouse.lake if commit else None
                 metadata |= build_following(
-                    conn, table.table, follows, published, params, build_whole, macros=macros
+                    conn, table.table, follows, published, params, build_whole, macros, lake
                 )
             then()
         finally:

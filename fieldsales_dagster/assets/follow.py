@@ -1,7 +1,6 @@
 """A core table that follows its decoded table's changes instead of being rebuilt whole
-(docs/refresh.md), while the query, its macros and ``resolved_against`` keep the fingerprints in
-``STATE_TABLE``. A whole rebuild forgets the state first: after a crash, the next is whole too.
-A decoded table keeps there its query's hash and the snapshot its last refresh read (decode.py)."""
+(docs/refresh.md), while the query, its macros and ``resolved_against`` keep the fingerprints its
+build recorded (``FOLLOWED``)."""
 
 from __future__ import annotations
 
@@ -13,13 +12,14 @@ from typing import Any
 import duckdb
 import msgspec
 
-from fieldsales_dagster.warehouse.lake import ensure_table, run_transaction
-from fieldsales_dagster.warehouse.quoting import qualified
+from fieldsales_dagster.warehouse.lake import Lake, record_evaluation, run_transaction, still_valid
+from fieldsales_dagster.warehouse.quoting import qualified, quote_ident
 from fieldsales_dagster.warehouse.rows import one_row
 from fieldsales_dagster.warehouse.warehouse import table_exists
 
-STATE_TABLE = "meta.core_follow_state"
-STATE_COLUMNS = "table_name VARCHAR, query_fingerprint VARCHAR, inputs_fingerprint VARCHAR"
+#: A following table's state, recorded as a check's evaluation is (``record_evaluation``): its
+#: query's hash as the fingerprint, that of what it resolves against as the result (none: no state).
+FOLLOWED = "(follows its decoded table)"
 
 #: A state is recorded only where the table holds no row without a key (``unkeyed``).
 STATE_RULES = "unkeyed rows: none where recorded"
@@ -127,10 +127,11 @@ def build_following(
     params: dict[str, object],
     build_whole: Callable[[], None],
     macros: str = "",
+    lake: Lake | None = None,
 ) -> dict[str, Any]:
     """Bring ``table`` up to date, incrementally when safe, else ``build_whole()`` (its query's
-    ``decoded_rows()`` all of ``follows.decoded``); says how."""
-    ensure_table(conn, STATE_TABLE, STATE_COLUMNS)
+    ``decoded_rows()`` all of ``follows.decoded``); says how. Only in ``lake`` is the state
+    recorded, so elsewhere every build is whole."""
     resolved = "\n".join(
         f"{t} ({columns}): {fingerprint(conn, t, columns) or 'missing'}"
         for t, columns in follows.resolved_against.items()
@@ -141,35 +142,36 @@ def build_following(
     )
     now = fingerprint(conn, follows.decoded) if follows.reads_inputs else None
     behind = [inputs for inputs in follows.reads_inputs if fingerprint(conn, inputs) != now]
-    why = _why_whole(conn, table, follows, state, params)
+    why = _why_whole(conn, lake, table, follows, state, params)
     if behind:
         why = f"a table it reads does not reflect {follows.decoded} yet ({', '.join(behind)})"
     elif why is None:
-        if (result := _incremental(conn, table, follows, query, state)) is not None:
+        if (result := _incremental(conn, lake, table, follows, query, state)) is not None:
             return result
         why = f"more than {WHOLE_ABOVE:.0%} of {follows.decoded} is new"
-    conn.execute(f"DELETE FROM {STATE_TABLE} WHERE table_name = ?", [table])
     build_whole()
-    if behind:  # what it read will change with no change to its inputs: the next build is whole
-        return {"fieldsales/build": f"full: {why}"}
-
-    if missing_key := unkeyed(conn, qualified(table), follows):
-        unsure = f"{missing_key} rows have no {follows.key}, so the next build is whole too"
-        return {"fieldsales/build": f"full: {why}; {unsure}"}
+    # Where what it read will change with no change to its inputs, the next build is whole.
+    missing_key = 0 if behind else unkeyed(conn, qualified(table), follows)
 
     def record() -> None:
-        conn.execute(
-            f"CREATE OR REPLACE TABLE {qualified(follows.inputs)} AS "
-            f"SELECT id, loaded_at FROM {qualified(follows.decoded)}"
-        )
-        write_state(conn, table, state)
+        if not (behind or missing_key):
+            schema = quote_ident(follows.inputs.partition(".")[0])
+            conn.execute(
+                f"CREATE SCHEMA IF NOT EXISTS {schema}; CREATE OR REPLACE TABLE "
+                f"{qualified(follows.inputs)} AS SELECT id, loaded_at FROM "
+                f"{qualified(follows.decoded)}"
+            )
+        write_state(conn, lake, table, None if behind or missing_key else state)
 
     run_transaction(conn, follows.inputs, record)
+    if missing_key:
+        why += f"; {missing_key} rows have no {follows.key}, so the next build is whole too"
     return {"fieldsales/build": f"full: {why}"}
 
 
 def _why_whole(
     conn: duckdb.DuckDBPyConnection,
+    lake: Lake | None,
     table: str,
     follows: Follows,
     state: tuple[str, str],
@@ -179,11 +181,10 @@ def _why_whole(
         return "personal columns are hashed (the key is never stored, so nothing compares)"
     if not (table_exists(conn, table) and table_exists(conn, follows.inputs)):
         return "no previous build"
-    if (found := recorded_state(conn, table)) is None:
-        return "no record of the previous build"
-    if found[0] != state[0]:
-        return "the query changed"
-    if found[1] != state[1]:
+    found = still_valid(conn, lake, table, state[0], FOLLOWED, judged=False) if lake else None
+    if found is None:
+        return "no record of a previous build by this query"
+    if found.result != state[1]:
         changed = " or ".join(f"{t} ({columns})" for t, columns in follows.resolved_against.items())
         return f"{changed} changed"
     return None
@@ -199,6 +200,7 @@ def unkeyed(conn: duckdb.DuckDBPyConnection, rows: str, follows: Follows) -> int
 
 def _incremental(
     conn: duckdb.DuckDBPyConnection,
+    lake: Lake | None,
     table: str,
     follows: Follows,
     query: str,
@@ -223,10 +225,7 @@ def _incremental(
             f"DELETE FROM {inputs} AS i USING _fs_follow_gone AS g WHERE {same_row('i', 'g')}; "
             f"INSERT INTO {inputs} SELECT id, loaded_at FROM _fs_follow_added"
         )
-        if missing_key:  # the next build is whole
-            conn.execute(f"DELETE FROM {STATE_TABLE} WHERE table_name = ?", [table])
-        else:
-            write_state(conn, table, state)
+        write_state(conn, lake, table, None if missing_key else state)  # none: the next is whole
 
     with failing_as(table, "Updating"):
         # Before the transaction: inside it, query and transaction would share memory_limit.
@@ -246,19 +245,10 @@ def _incremental(
     return {"fieldsales/build": f"incremental: {why}"}
 
 
-def recorded_state(conn: duckdb.DuckDBPyConnection, table: str) -> tuple[str, str] | None:
-    """``table``'s fingerprints in ``STATE_TABLE`` (query, inputs), if any."""
-    try:
-        return conn.execute(
-            f"SELECT query_fingerprint, inputs_fingerprint FROM {STATE_TABLE} WHERE table_name = ?",
-            [table],
-        ).fetchone()
-    except duckdb.CatalogException:
-        return None
-
-
-def write_state(conn: duckdb.DuckDBPyConnection, table: str, state: tuple[str, str]) -> None:
-    # Delete-then-insert: a DuckLake has no PRIMARY KEY.
-    ensure_table(conn, STATE_TABLE, STATE_COLUMNS)
-    conn.execute(f"DELETE FROM {STATE_TABLE} WHERE table_name = ?", [table])
-    conn.execute(f"INSERT INTO {STATE_TABLE} VALUES (?, ?, ?)", [table, *state])
+def write_state(
+    conn: duckdb.DuckDBPyConnection, lake: Lake | None, table: str, state: tuple[str, str] | None
+) -> None:
+    """Record ``table``'s ``state`` (``FOLLOWED``) in ``lake``; ``None``: forget it."""
+    if lake is not None:
+        query, inputs = state or (None, None)
+        record_evaluation(conn, table, (), query, FOLLOWED, inputs)

@@ -650,18 +650,18 @@ def record_evaluation(
 ) -> None:
     """In the current database, the lake (``_mark_refresh``): one row per table, its last build,
     so that the check at every commit reads as much after years of runs as after the first, and
-    one per ``check`` of it, its last evaluation with its ``result``; each with the snapshot it
-    read (the current one unless ``read``) and what it ran besides its inputs (``fingerprint``),
-    for ``still_valid``."""
+    one per ``check`` of it (or a following table's state, follow.py), its last evaluation with
+    its ``result``; each with the snapshot it read (the current one unless ``read``) and what it
+    ran besides its inputs (``fingerprint``), for ``still_valid``."""
     columns = "table_name VARCHAR, reads VARCHAR[], read_snapshot BIGINT, fingerprint VARCHAR"
     ensure_table(conn, BUILDS_TABLE, f"{columns}, check_name VARCHAR, result VARCHAR")
-    # A lake of earlier releases: fingerprints, then check results, had tables of their own; no
-    # record of theirs matches, so each table is built and each check evaluated once.
+    # A lake of earlier releases: fingerprints, then check results and the states of following
+    # tables, had tables of their own; no record of theirs matches, so each table is built (a
+    # following one whole) and each check evaluated once.
     for column in ("fingerprint", "check_name", "result"):
         conn.execute(f"ALTER TABLE {BUILDS_TABLE} ADD COLUMN IF NOT EXISTS {column} VARCHAR")
-    conn.execute(
-        "DROP TABLE IF EXISTS meta.build_fingerprints; DROP TABLE IF EXISTS meta.check_evaluations"
-    )
+    old = ("build_fingerprints", "check_evaluations", "core_follow_state")
+    conn.execute("; ".join(f"DROP TABLE IF EXISTS meta.{name}" for name in old))
     key = "table_name = ? AND check_name IS NOT DISTINCT FROM ?"
     conn.execute(f"DELETE FROM {BUILDS_TABLE} WHERE {key}", [table, check])
     conn.execute(
