@@ -28,6 +28,8 @@ from fieldsales_dagster_tests.test_demo_api import TX, get
 RAW_ASSETS = raw_assets()
 ALL_ASSETS = [*RAW_ASSETS, *core_assets()]
 NOW = datetime(2026, 6, 1, tzinfo=UTC)
+#: The row of ``meta.refresh_state`` recording raw.transactions' last load.
+TRANSACTIONS_STATE = "table_name = 'raw.transactions'"
 
 
 def _warehouse(tmp_path, name: str, **settings) -> FieldSalesWarehouse:
@@ -92,7 +94,9 @@ def _snapshot(warehouse: FieldSalesWarehouse) -> tuple[list, list]:
         rows = conn.execute(
             "SELECT id, event_id, payload::VARCHAR, loaded_at FROM raw.transactions ORDER BY id"
         ).fetchall()
-        state = conn.execute("SELECT * FROM meta.refresh_state").fetchall()
+        state = conn.execute(
+            f"SELECT * FROM meta.refresh_state WHERE {TRANSACTIONS_STATE}"
+        ).fetchall()
     return rows, state
 
 
@@ -189,6 +193,24 @@ def test_second_generation_is_incremental_again_and_still_equal(demo_server, tmp
         assert _refresh_metadata(result)["refresh_mode"] == "incremental"
     fresh = _full_load_of_current_data(demo_server, tmp_path)
     assert_same_tables(loaded, fresh)
+
+
+def test_a_lake_of_an_earlier_release_refreshes_incrementally_on(demo_server, tmp_path, loaded):
+    """It recorded when each list was last loaded whole in a table of its own (meta.list_checks),
+    which is dropped: the run's load of raw.events records it again for raw.transactions."""
+    with loaded.get_connection() as conn:
+        listed = f"FROM meta.refresh_state WHERE NOT {TRANSACTIONS_STATE}"
+        conn.execute(
+            "CREATE TABLE IF NOT EXISTS meta.list_checks AS "
+            f"SELECT table_name, last_full_at AS checked_at {listed}"
+        )
+        conn.execute(f"DELETE {listed}")
+    demo_server.behaviour.evolve(1)
+    result = _materialize(demo_server, tmp_path, loaded)
+    assert _refresh_metadata(result)["refresh_mode"] == "incremental"
+    with read_lake(loaded) as conn:
+        assert not table_exists(conn, "meta.list_checks")
+    assert_same_tables(loaded, _full_load_of_current_data(demo_server, tmp_path))
 
 
 #: The core tables that follow their decoded table's changes (``follows:`` in their YAML).
@@ -450,7 +472,10 @@ def test_failure_mid_merge_leaves_previous_table_and_state_untouched(
 
 def test_auto_runs_full_when_the_last_full_refresh_is_too_old(demo_server, tmp_path, loaded):
     with loaded.get_connection() as conn:
-        conn.execute("UPDATE meta.refresh_state SET last_full_at = last_full_at - INTERVAL 8 DAY")
+        conn.execute(
+            "UPDATE meta.refresh_state SET last_full_at = last_full_at - INTERVAL 8 DAY "
+            f"WHERE {TRANSACTIONS_STATE}"
+        )
 
     result = _materialize(demo_server, tmp_path, loaded, assets=RAW_ASSETS)
 
@@ -458,7 +483,9 @@ def test_auto_runs_full_when_the_last_full_refresh_is_too_old(demo_server, tmp_p
     assert meta["refresh_mode"] == "full"
     assert "full_refresh_every_days=7" in meta["refresh_reason"]
     with read_lake(loaded) as conn:
-        last_full = conn.execute("SELECT last_full_at FROM meta.refresh_state").fetchone()[0]
+        last_full = conn.execute(
+            f"SELECT last_full_at FROM meta.refresh_state WHERE {TRANSACTIONS_STATE}"
+        ).fetchone()[0]
     assert datetime.now(UTC).replace(tzinfo=None) - last_full < timedelta(hours=1)
 
 

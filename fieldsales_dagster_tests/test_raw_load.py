@@ -228,7 +228,7 @@ def test_a_changed_list_writes_only_its_changed_rows_and_the_others_keep_their_l
     kept = {i: at for i, at in after.items() if i != changed}
     assert kept == {i: before[i] for i in kept}, "rows listed as stored were stamped anew"
     with read_lake(warehouse) as conn:  # the list was loaded whole then
-        checked = "SELECT checked_at FROM meta.list_checks WHERE table_name = 'raw.events'"
+        checked = "SELECT last_full_at FROM meta.refresh_state WHERE table_name = 'raw.events'"
         assert conn.execute(checked).fetchone() == (after[changed],)
     assert_table_matches_server(warehouse, demo_server, EVENTS)
 

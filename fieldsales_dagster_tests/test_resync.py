@@ -273,7 +273,8 @@ def test_dg_launch_re_syncs_an_event_as_documented(demo_server, tmp_path):
         k: r for k, r in before.items() if r[0] != event_id
     }
     with read_lake(loaded) as conn:
-        assert conn.execute("SELECT last_mode FROM meta.refresh_state").fetchall() == [("resync",)]
+        state = "SELECT last_mode FROM meta.refresh_state WHERE table_name = 'raw.transactions'"
+        assert conn.execute(state).fetchall() == [("resync",)]
 
 
 def test_error_chain_names_each_exception_once_when_its_causes_loop():

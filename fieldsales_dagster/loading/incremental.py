@@ -29,12 +29,13 @@ from fieldsales_dagster.loading.lists import (
 )
 from fieldsales_dagster.loading.raw_load import (
     EVENT_STATES,
-    LIST_CHECKS,
     LoadReport,
     ShrinkGuard,
     Staging,
     load_list,
     page_executor,
+    record_load,
+    recorded_load,
 )
 from fieldsales_dagster.loading.refresh_mode import (
     IncrementalRefreshError,
@@ -52,7 +53,6 @@ from fieldsales_dagster.warehouse.warehouse import (
     table_exists,
 )
 
-STATE_TABLE = "meta.refresh_state"
 FINGERPRINTS_TABLE = "meta.event_fingerprints"
 #: A temporary table (memory, spilling to temp_directory): the re-fetched rows are written to the
 #: lake once, by the merge, not a second time as a staging table.
@@ -104,13 +104,8 @@ class RefreshPolicy:
 
 
 def read_previous_load(conn: duckdb.DuckDBPyConnection) -> PreviousLoad | None:
-    if not (table_exists(conn, STATE_TABLE) and table_exists(conn, FINGERPRINTS_TABLE)):
-        return None
-    row = conn.execute(
-        f"SELECT last_full_at, rows, events_loaded_at FROM {STATE_TABLE} WHERE table_name = ?",
-        [TRANSACTIONS.raw_table],
-    ).fetchone()
-    if row is None:
+    row = recorded_load(conn, TRANSACTIONS.raw_table)
+    if row[1] is None or not table_exists(conn, FINGERPRINTS_TABLE):
         return None
     last_full_at, recorded, events_now = (
         moment and moment.replace(tzinfo=UTC) for moment in (*row[::2], _events_loaded_at(conn))
@@ -127,12 +122,11 @@ def _if_exists(conn: duckdb.DuckDBPyConnection, table: str, value: str) -> Any:
 
 
 def _events_loaded_at(conn: duckdb.DuckDBPyConnection) -> datetime | None:
-    """When ``raw.events`` was last loaded whole (naive, UTC): ``LIST_CHECKS``' time, or on a
-    lake from before that record, its newest ``loaded_at``."""
+    """When ``raw.events`` was last loaded whole (naive, UTC): as ``record_load`` recorded it, or
+    on a lake from before that record, its newest ``loaded_at``."""
     loaded = _if_exists(conn, EVENTS.raw_table, "max(loaded_at)")
-    where = f"table_name = '{EVENTS.raw_table}'"
-    checked = _if_exists(conn, LIST_CHECKS, f"max(checked_at) FILTER (WHERE {where})")
-    return loaded and max(loaded, checked or loaded)
+    listed = recorded_load(conn, EVENTS.raw_table)[0]
+    return loaded and max(loaded, listed or loaded)
 
 
 def _fingerprint_current_events(conn: duckdb.DuckDBPyConnection, now: datetime) -> None:
@@ -159,26 +153,10 @@ def _fingerprint_current_events(conn: duckdb.DuckDBPyConnection, now: datetime) 
 def _write_state(conn: duckdb.DuckDBPyConnection, rows: int, *, mode: str, at: datetime) -> None:
     """Record a complete load and its events' fingerprints, in the caller's transaction. A
     re-sync moves only its events' fingerprints, so the next refresh still sees the others'."""
-    naive, resync = at.astimezone(UTC).replace(tzinfo=None), mode == "resync"
-    # One row per table, kept by delete-then-insert: a DuckLake has no PRIMARY KEY.
-    ensure_table(
-        conn,
-        STATE_TABLE,
-        "table_name VARCHAR, last_full_at TIMESTAMP, last_load_at TIMESTAMP, last_mode VARCHAR, "
-        "rows BIGINT, events_loaded_at TIMESTAMP",
-    )
-    last_full_at, events_loaded_at = one_row(
-        conn,
-        f"SELECT max(last_full_at), max(events_loaded_at) FROM {STATE_TABLE} WHERE table_name = ?",
-        [TRANSACTIONS.raw_table],
-    )
-    events_loaded_at = events_loaded_at if resync else _events_loaded_at(conn)
-    conn.execute(f"DELETE FROM {STATE_TABLE} WHERE table_name = ?", [TRANSACTIONS.raw_table])
-    last_full_at = naive if mode == "full" else last_full_at
-    conn.execute(
-        f"INSERT INTO {STATE_TABLE} VALUES (?, ?, ?, ?, ?, ?)",
-        [TRANSACTIONS.raw_table, last_full_at, naive, mode, rows, events_loaded_at],
-    )
+    table, resync = TRANSACTIONS.raw_table, mode == "resync"
+    # A re-sync keeps when raw.events was loaded whole, as the load it re-syncs saw it.
+    events_at = recorded_load(conn, table)[2] if resync else _events_loaded_at(conn)
+    record_load(conn, table, rows, at, mode, events_at)
     if not resync:
         conn.execute(f"CREATE OR REPLACE TABLE {FINGERPRINTS_TABLE} AS FROM {FINGERPRINTS_NOW}")
         return

@@ -19,6 +19,7 @@ import time
 from collections.abc import Callable, Hashable, Iterator
 from dataclasses import dataclass
 from datetime import UTC, datetime
+from functools import partial
 from typing import TYPE_CHECKING, Any, cast
 
 import duckdb
@@ -57,9 +58,11 @@ SLICE_BYTES = 256 * 1024  # of a page's batch DuckDB reads at a time (see ``_str
 #: (docs/refresh.md), computed from each item as it is staged (``event_state``, columns of the
 #: staging table until ``Staging.seal``) so that no step parses the payloads for it.
 EVENT_STATES, STAGED_STATES = "meta.event_states", "_fs_event_states"
-#: Per raw table: when the server last listed it whole (it then holds what was listed; a row
-#: listed as stored keeps its ``loaded_at``, so the tables built from it stay current).
-LIST_CHECKS = "meta.list_checks"
+#: Per raw table, its last load (``record_load``): when the server last listed it whole (it then
+#: holds what was listed; a row listed as stored keeps its ``loaded_at``, so the tables built from
+#: it stay current), when it was last loaded and how, its rows; for ``raw.transactions``, when
+#: ``raw.events`` was last listed whole then (incremental.py).
+STATE_TABLE = "meta.refresh_state"
 _PII_VALUE = re.compile(PII_VALUE.encode())
 
 
@@ -377,7 +380,8 @@ def load_list(
     kept, ``loaded_at`` and all, where it is compared: ``comparison_slices``), or leave it
     untouched.
     ``before_swap(staging_table)`` runs just before the swap (redaction, comments);
-    ``after_swap(rows)`` and the deletion audit run in the swap's transaction."""
+    ``after_swap(rows)`` (by default ``record_load``) and the deletion audit run in the swap's
+    transaction."""
     started = time.monotonic()
     loaded_at = datetime.now(UTC)
     stage = staging_table(endpoint.raw_table)
@@ -424,9 +428,7 @@ def load_list(
                     replace_table(conn, stage, endpoint.raw_table)
                 else:
                     merge_changes(conn, stage, table, "_fs_list_changes")
-            record_list_check(conn, table, loaded_at)
-            if after_swap is not None:
-                after_swap(rows)
+            (after_swap or partial(record_load, conn, table, at=loaded_at))(rows)
 
         run_transaction(conn, endpoint.raw_table, swap)
     finally:
@@ -520,11 +522,34 @@ def comparison_slices(conn: duckdb.DuckDBPyConnection, received: int) -> int:
     return slices if slices <= MAX_COMPARISON_SLICES else 0
 
 
-def record_list_check(conn: duckdb.DuckDBPyConnection, table: str, at: datetime) -> None:
-    """``LIST_CHECKS``: ``table`` holds what the server listed ``at``."""
-    ensure_table(conn, LIST_CHECKS, "table_name VARCHAR, checked_at TIMESTAMP")
-    conn.execute(f"DELETE FROM {LIST_CHECKS} WHERE table_name = ?", [table])
-    conn.execute(f"INSERT INTO {LIST_CHECKS} VALUES (?, ?)", [table, at.replace(tzinfo=None)])
+def record_load(
+    conn: duckdb.DuckDBPyConnection,
+    table: str,
+    rows: int,
+    at: datetime,
+    mode: str = "full",
+    events_loaded_at: datetime | None = None,
+) -> None:
+    """``STATE_TABLE``: ``table`` holds ``rows``, loaded ``at`` in ``mode`` (``full``: whole, as
+    the server listed it then). One row per table, by delete-then-insert: a DuckLake has no
+    PRIMARY KEY. An earlier release's record of lists loaded whole is dropped: a lake's first load
+    of raw.events since is taken as its first (incremental.py)."""
+    columns = "last_full_at TIMESTAMP, last_load_at TIMESTAMP, last_mode VARCHAR, rows BIGINT"
+    ensure_table(conn, STATE_TABLE, f"table_name VARCHAR, {columns}, events_loaded_at TIMESTAMP")
+    conn.execute("DROP TABLE IF EXISTS meta.list_checks")
+    naive = at.astimezone(UTC).replace(tzinfo=None)
+    last_full_at = naive if mode == "full" else recorded_load(conn, table)[0]
+    conn.execute(f"DELETE FROM {STATE_TABLE} WHERE table_name = ?", [table])
+    values = [table, last_full_at, naive, mode, rows, events_loaded_at]
+    conn.execute(f"INSERT INTO {STATE_TABLE} VALUES (?, ?, ?, ?, ?, ?)", values)
+
+
+def recorded_load(conn: duckdb.DuckDBPyConnection, table: str) -> tuple[Any, ...]:
+    """``table``'s ``last_full_at``, ``rows`` and ``events_loaded_at`` (``record_load``); each
+    ``None`` where no load of it is recorded."""
+    query = f"SELECT last_full_at, rows, events_loaded_at FROM {STATE_TABLE} WHERE table_name = ?"
+    found = conn.execute(query, [table]).fetchone() if table_exists(conn, STATE_TABLE) else None
+    return found or (None, None, None)
 
 
 def _drop_duplicate_ids(conn: duckdb.DuckDBPyConnection, table: str) -> None:
