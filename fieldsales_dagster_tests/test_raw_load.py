@@ -170,7 +170,9 @@ def test_complete_html_body_fails_at_once_naming_endpoint_and_content_type(
 
 def test_page_that_is_not_a_list_fails_naming_the_page(demo_server, api, warehouse):
     demo_server.behaviour.inject(TX, "not_list", times=1, skip_first=2)
-    with pytest.raises(PageFormatError, match=r"transaction/all \(skip=\d+\).*no list"):
+    # Named as every other error of its request is: the page, and the host it came from.
+    on = r"transaction/all \(skip=\d+\) on 127\.0\.0\.1:\d+ answered an object with no list"
+    with pytest.raises(PageFormatError, match=on):
         load(api, warehouse)
 
 

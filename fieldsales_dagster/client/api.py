@@ -158,10 +158,10 @@ class FieldSalesAPI(settings_resource("ApiSettings", ApiSettings, but=("api_toke
         params: QueryParams | None,
         token: str,
         deadline_s: float,
-        parse: Callable[[bytes], object] | None = None,
+        parse: Callable[[bytes, str], object] | None = None,
         stats: ListStats | None = None,
     ) -> object:
-        """One request (no retries); its body, or ``parse(body)``."""
+        """One request (no retries); its body, or ``parse(body, on)`` (``on`` names the request)."""
         from fieldsales_dagster.client.transport import Limits, fetch, new_session
 
         where = f"GET {path}" + (f" (skip={params['skip']})" if params and "skip" in params else "")
@@ -204,17 +204,17 @@ class FieldSalesAPI(settings_resource("ApiSettings", ApiSettings, but=("api_toke
         self,
         resp: requests.Response,
         answer: bytes,
-        parse: Callable[[bytes], object],
+        parse: Callable[[bytes, str], object],
         on: str,
         token: str,
         stats: ListStats | None,
     ) -> object:
-        """``parse(body)``, telling a body cut off (retried) from one that is not JSON (not)."""
+        """``parse(body, on)``, telling a body cut off (retried) from one that is not JSON (not)."""
         body, replaced = answer, 0
         what = f"{resp.headers.get('Content-Type') or 'no Content-Type'}, {len(body)} bytes"
         while True:
             try:
-                result = parse(body)
+                result = parse(body, on)
             except msgspec.DecodeError as exc:
                 reason = str(exc)
             except RecursionError:
@@ -258,12 +258,12 @@ class FieldSalesAPI(settings_resource("ApiSettings", ApiSettings, but=("api_toke
         params: QueryParams | None = None,
         *,
         token: str | None = None,
-        parse: Callable[[bytes], object] | None = None,
+        parse: Callable[[bytes, str], object] | None = None,
         stats: ListStats | None = None,
         max_retries: int | None = None,
     ) -> object:
-        """GET ``path`` with retries; ``parse(body)`` runs inside them (a cut-off body is fetched
-        again). A given ``token`` is used as it is (no store, no re-read on 401)."""
+        """GET ``path`` with retries; ``parse(body, on)`` runs inside them (a cut-off body is
+        fetched again). A given ``token`` is used as it is (no store, no re-read on 401)."""
         retries = self.max_retries if max_retries is None else max_retries
         fixed_token = None if token is None else _clean(token, "the token given")
         current = fixed_token or self.current_token()
@@ -347,11 +347,10 @@ class FieldSalesAPI(settings_resource("ApiSettings", ApiSettings, but=("api_toke
         """One page of ``endpoint`` from ``skip``. A body whose ``digest`` is in ``known`` (one
         already parsed) is not parsed again: its page has no items."""
         params = {"skip": skip, "limit": self.page_size, **dict(endpoint.params)}
-        where = f"GET {endpoint.path} (skip={skip})"
 
-        def parse(body: bytes) -> Page:
+        def parse(body: bytes, on: str) -> Page:
             key = digest(body)
-            items, total = ([], None) if key in known else split_envelope(body, endpoint, where)
+            items, total = ([], None) if key in known else split_envelope(body, endpoint, on)
             return Page(skip, items, total, len(body), digest=key)
 
         return cast(Page, self.get(endpoint.path, params, parse=parse, stats=stats))
