@@ -562,6 +562,12 @@ def test_the_components_alerts_mask_the_webhook_by_its_parts_as_well(monkeypatch
     assert scrubbed == f"POST http://127.0.0.1:9{MASK} failed: the chat services said 503"
 
 
+def test_a_ui_address_set_with_a_trailing_slash_links_the_run_without_doubling_it():
+    settings = AlertSettings(AlertsSettings(ui_base_url=f" {UI}/ "))
+    text = Alert("default", "run of refresh_all failed", "x", "y", "6a1f-77").text(settings)
+    assert text.splitlines()[-1] == f"Run: {UI}/runs/6a1f-77"
+
+
 def test_a_webhook_that_is_down_is_named_by_its_address_without_its_secret_parts(
     monkeypatch, caplog
 ):

@@ -83,7 +83,7 @@ class Alert(NamedTuple):
             f"Cause: {one_line(settings.scrub(self.cause))}",
         ]
         if self.run_id and (base := settings.alerts.ui_base_url):
-            lines.append(f"Run: {base.rstrip('/')}/runs/{self.run_id}")
+            lines.append(f"Run: {base}/runs/{self.run_id}")  # its trailing / dropped as set
         elif self.run_id:
             lines.append(f"Run id: {self.run_id}")
         return "\n".join(lines)
