@@ -29,7 +29,7 @@ from pydantic import (
 )
 from pydantic_core import PydanticUndefined
 
-from fieldsales_dagster.catalogs import check_catalog
+from fieldsales_dagster.catalogs import DEFAULT_CATALOG, check_catalog
 from fieldsales_dagster.urls import endpoint_origin, validate_base_url
 
 #: The key of a field's ``json_schema_extra`` that names the setting it holds.
@@ -504,7 +504,7 @@ class StorageSettings(SettingsModel):
         "The lake's catalog database: SQLite for one host, PostgreSQL for several machines",
         "sqlite:FILE, or postgres:dbname=NAME host=HOST user=USER without a password",
         check=check_catalog,
-        shown="sqlite:data/fieldsales.ducklake.sqlite",
+        shown=DEFAULT_CATALOG,
     )
     ducklake_data_path: str | None = setting(
         None,
