@@ -213,6 +213,13 @@ def test_the_first_tick_renews_a_token_that_is_due(server, store_path):
     assert first.ran and first.message.startswith("token renewed; valid until ")
 
 
+def test_the_renewal_runs_output_says_where_the_renewed_token_is_stored(server, store_path):
+    api = make_api(server, store_path)
+    tick(api)
+    backdate(store_path, 46)
+    assert tick(api).message.endswith(f"; stored in {store_path.resolve()}")
+
+
 def test_token_is_checked_at_most_once_a_day_when_not_due(server, store_path):
     api = make_api(server, store_path)
     first = tick(api)

@@ -10,7 +10,7 @@ from __future__ import annotations
 import contextlib
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
-from typing import TYPE_CHECKING, NamedTuple, cast
+from typing import TYPE_CHECKING, cast
 
 import msgspec
 
@@ -59,11 +59,6 @@ class RenewalPolicy:
 
     def valid_until(self, stored: StoredToken) -> str:
         return (stored.issued_at + TOKEN_LIFETIME).astimezone(UTC).strftime("%Y-%m-%d %H:%M UTC")
-
-
-class TickOutcome(NamedTuple):
-    message: str
-    renewed: bool = False
 
 
 class _GeneratedToken(msgspec.Struct):
@@ -154,7 +149,8 @@ def _not_yet_due(policy: RenewalPolicy, stored: StoredToken, now: datetime, chec
     )
 
 
-def renew_or_check(api: FieldSalesAPI, store: TokenStore, policy: RenewalPolicy) -> TickOutcome:
+def renew_or_check(api: FieldSalesAPI, store: TokenStore, policy: RenewalPolicy) -> str:
+    """What the run did: renewed the token (and where it is stored now), or tested it."""
     now = datetime.now(UTC)
     stored = store.current(api.env_token(), accept=api.server_accepts)
     if (due := policy.renewal_due(store, stored, now)) is not None:
@@ -166,7 +162,8 @@ def renew_or_check(api: FieldSalesAPI, store: TokenStore, policy: RenewalPolicy)
         )
         check_token(api, rotation.stored.token, "The renewed token (stored already)", retries=0)
         verb = "renewed" if rotation.renewed else "renewed by another process"
-        message = f"token {verb}{due.removeprefix('renewal due')}; valid until "
-        return TickOutcome(message + policy.valid_until(rotation.stored), rotation.renewed)
+        stored_in = f"; stored in {store.where}" if rotation.renewed else ""
+        valid = f"; valid until {policy.valid_until(rotation.stored)}"
+        return f"token {verb}{due.removeprefix('renewal due')}{valid}{stored_in}"
     check_token(api, None, "The current API token", retries=1)
-    return TickOutcome(message=_not_yet_due(policy, stored, now, checked=True))
+    return _not_yet_due(policy, stored, now, checked=True)

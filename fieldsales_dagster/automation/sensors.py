@@ -23,10 +23,9 @@ def build_token_renewal_job(names: InstanceNames, policy: RenewalPolicy) -> dg.J
         api = names.api.of(context)
         if (store := api.token_store()) is None:
             raise dg.Failure(RENEWAL_OFF)
-        outcome = renew_or_check(api, store, policy)
-        where = f"; stored in {store.where}" if outcome.renewed else ""
-        context.log.info(f"Field-Sales API {outcome.message}{where}.")
-        return outcome.message
+        message = renew_or_check(api, store, policy)
+        context.log.info(f"Field-Sales API {message}.")
+        return message
 
     @dg.job(name=names.token_renewal_job, description=_renew_token.description)
     def _job() -> None:
