@@ -41,9 +41,8 @@ from fieldsales_dagster.token.store import RENEWAL_WAIT_S, TokenStore
 from fieldsales_dagster.urls import Origin, origin_of, validate_base_url
 
 if TYPE_CHECKING:
-    # Imported where a request is sent: ``requests`` (~70 ms) is not part of the definitions' load.
-    import requests
-
+    # Imported where a request is sent: its ``requests`` (~70 ms) is not part of the definitions'
+    # load.
     from fieldsales_dagster.client.transport import QueryParams
 
 #: Where a ``catalog`` token store's row is: the settings ``CatalogTokenStore`` takes.
@@ -198,19 +197,10 @@ class FieldSalesAPI(settings_resource("ApiSettings", ApiSettings, but=("api_toke
         if status != 200:
             snippet = self._snippet(body, token)
             raise FieldSalesAPIError(f"{on} answered HTTP {status}: {snippet!r}")
-        return body if parse is None else self._parse(resp, body, parse, on, token, stats)
-
-    def _parse(
-        self,
-        resp: requests.Response,
-        answer: bytes,
-        parse: Callable[[bytes, str], object],
-        on: str,
-        token: str,
-        stats: ListStats | None,
-    ) -> object:
-        """``parse(body, on)``, telling a body cut off (retried) from one that is not JSON (not)."""
-        body, replaced = answer, 0
+        if parse is None:
+            return body
+        # Parsed here, telling a body cut off (retried) from one that is not JSON (not).
+        answer, replaced = body, 0
         what = f"{resp.headers.get('Content-Type') or 'no Content-Type'}, {len(body)} bytes"
         while True:
             try:
