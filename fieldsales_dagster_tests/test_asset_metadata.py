@@ -171,6 +171,7 @@ def test_a_postgres_catalog_names_its_own_uri(tmp_path):
         ducklake_schema="acme",
     )
     assert storage_metadata(lake, "core.events") == {
+        "dagster/table_name": "fieldsales.core.events",
         "dagster/storage_kind": "ducklake",
         "dagster/uri": (
             "ducklake:postgres:dbname=lake host=db user=dagster?table=core.events"

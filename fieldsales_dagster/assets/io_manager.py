@@ -14,7 +14,7 @@ import dagster as dg
 import duckdb
 
 from fieldsales_dagster.assets.columns import TableDoc
-from fieldsales_dagster.assets.metadata import storage_metadata, table_metadata, table_name
+from fieldsales_dagster.assets.metadata import storage_metadata, table_metadata
 from fieldsales_dagster.names import ResourceKey
 from fieldsales_dagster.settings import PROJECT_SCHEMAS
 from fieldsales_dagster.warehouse.lake import run_transaction
@@ -178,7 +178,6 @@ class FieldSalesIOManager(dg.IOManager):
             if where:
                 return {
                     "dagster/partition_row_count": len(frame),
-                    "dagster/table_name": table_name(self._warehouse.name, table),
                     **storage_metadata(self._warehouse, table),
                 }
             # No preview: a user table may hold personal data the project cannot see.

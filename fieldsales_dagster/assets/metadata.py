@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import hashlib
 from collections.abc import Mapping
-from pathlib import Path
 from typing import Any
 
 import dagster as dg
@@ -25,11 +24,6 @@ DESCRIBED = "fieldsales/described"
 _AT = " at snapshot "
 #: What a description carries (``preview`` where it has one).
 _KEPT = (DESCRIBED, "dagster/row_count", "dagster/column_schema", "preview")
-
-
-def table_name(database: str, table: str) -> str:
-    """``<catalog>.<schema>.<table>``: DuckDB names a file's catalog after the file's stem."""
-    return f"{Path(database).stem}.{table}"
 
 
 def markdown_preview(
@@ -67,10 +61,7 @@ def table_metadata(
     pii, last = pii_policy or warehouse.pii, last or {}
     how = repr((doc, pii, preview, PREVIEW_ROWS, PREVIEW_CELL_CHARS))
     digest = hashlib.sha256(how.encode()).hexdigest()[:16]
-    metadata: dict[str, Any] = {
-        "dagster/table_name": table_name(warehouse.name, table),
-        **storage_metadata(warehouse, table),
-    }
+    metadata: dict[str, Any] = storage_metadata(warehouse, table)
     described, lake = f"{digest}{_AT}", warehouse.lake
     before = str(getattr(last.get(DESCRIBED), "value", ""))
     at = before.removeprefix(described).partition(" ")[0]
@@ -90,12 +81,14 @@ def table_metadata(
 
 
 def storage_metadata(warehouse: FieldSalesWarehouse, table: str) -> dict[str, str]:
-    """``dagster/uri``: ``ducklake:<catalog>?table=core.events``; the catalog setting never
-    holds a password (a variable does)."""
+    """``dagster/table_name`` as analysts name it (``<lake alias>.core.events``), and
+    ``dagster/uri``: ``ducklake:<catalog>?table=core.events``; the catalog setting never holds a
+    password (a variable does)."""
     lake = warehouse.lake
     catalog = f"sqlite:{lake.catalog_file.resolve()}" if lake.catalog_file else lake.catalog
     schema = f"&metadata_schema={lake.schema}" if lake.schema else ""
     return {
+        "dagster/table_name": f"{lake.alias}.{table}",
         "dagster/storage_kind": STORAGE_KIND,
         "dagster/uri": f"ducklake:{catalog}?table={table}{schema}",
     }

@@ -161,10 +161,6 @@ class FieldSalesWarehouse(settings_resource("WarehouseSettings", *WAREHOUSE_SETT
         )
 
     @property
-    def name(self) -> str:
-        return self.lake.alias
-
-    @property
     def local_folder(self) -> Path:
         """DuckDB's spills: beside a SQLite catalog, else in the temporary folder; one per lake."""
         here = self.lake
