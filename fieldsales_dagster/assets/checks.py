@@ -42,20 +42,22 @@ def _fetch_one(conn: duckdb.DuckDBPyConnection, sql: str) -> tuple:
     return one_row(conn, sql)
 
 
+#: A check's evaluation of a table.
+Evaluate = Callable[[duckdb.DuckDBPyConnection, CoreTable], dg.AssetCheckResult]
+
+
 @dataclass(frozen=True)
 class CheckKind:
     """A check implementation: one of ``CHECKS``, or written out in a table's YAML."""
 
-    evaluate: Callable[[duckdb.DuckDBPyConnection, CoreTable], dg.AssetCheckResult]
+    evaluate: Evaluate
     #: What the check promises: ``{table}`` is the checked table's name; or ``f(table)``.
     description: str | Callable[[CoreTable], str]
     blocking: bool = False
     #: The tables (``schema.name``) it reads besides the one it checks.
     also_reads: tuple[str, ...] = ()
     #: Evaluates it over the rows a follow inserted (``FOLLOW_ROWS``), where it passed before.
-    over_inserted: Callable[[duckdb.DuckDBPyConnection, CoreTable], dg.AssetCheckResult] | None = (
-        None
-    )
+    over_inserted: Evaluate | None = None
 
     def describe(self, table: CoreTable) -> str:
         text = self.description
