@@ -224,8 +224,9 @@ def test_after_an_incremental_raw_load_only_the_rows_it_wrote_are_parsed(tmp_pat
         "temp.events_decoded: full (0 payloads parsed)"
     )
     assert results["fieldsales/build"] == (
-        "incremental: only meta.transactions_decoded changed since the previous build; replaced "
-        "the rows of its 2 new and 2 gone rows and rebuilt the rows that come from elsewhere"
+        "incremental: only meta.transactions_decoded and temp.events_decoded changed since the "
+        "previous build; meta.transactions_decoded: replaced the rows of its 2 new and 2 gone "
+        "rows; temp.events_decoded: replaced the rows of its 0 new and 0 gone rows"
     )
     assert metadata["fieldsales/build"] == (
         "incremental: only meta.transactions_decoded changed since the previous build; replaced "
@@ -243,6 +244,101 @@ def test_after_an_incremental_raw_load_only_the_rows_it_wrote_are_parsed(tmp_pat
             "SELECT transaction_id, value_number::VARCHAR FROM core.custom_report_results",
         )
     ]
+
+
+def _reporting_events(values: dict[str, int], named: dict[str, str] | None = None) -> list[dict]:
+    """Events each submitting one event-level report answering f-1 with its value; ``named``:
+    events whose report names another event as ``_event``."""
+    return [
+        p.event(e, report_results=[p.event_report(f"r-{e}", (named or {}).get(e, e), {"f-1": v})])
+        for e, v in values.items()
+    ]
+
+
+def _change_event(database, item: dict) -> int:
+    """What a raw load does to a changed event; returns the snapshot before it."""
+    with lake_at(database).get_connection() as conn:
+        (before,) = one_row(conn, "SELECT id FROM current_snapshot()")
+        conn.execute(
+            "UPDATE raw.events SET payload = ?, loaded_at = now()::TIMESTAMP WHERE id = ?",
+            [json.dumps(item), item["_id"]],
+        )
+    return before
+
+
+def _same_as_a_full_build(tmp_path, database, events: list[dict]) -> None:
+    fresh = tmp_path / "fresh.duckdb"
+    p.materialize_core(fresh, transactions=[_reported("t-0", 0)], events=events)
+    table = "core.custom_report_results"
+    assert _rows(database, table) == _rows(fresh, table)
+
+
+def test_the_event_rows_of_custom_report_results_follow_the_changed_events(tmp_path):
+    """One event changed: the build's commit deletes and writes that event's rows only, as it
+    does a changed transaction's; the other events' rows stay as they were."""
+    database = tmp_path / "t.duckdb"
+    values = {f"e-{i}": i for i in range(10)}
+    p.materialize_core(
+        database, transactions=[_reported("t-0", 0)], events=_reporting_events(values)
+    )
+    values["e-3"] = 300
+    before = _change_event(database, _reporting_events(values)[3])
+
+    second = _materialize_results_only(database)
+
+    feed = f"'fieldsales', 'core', 'custom_report_results', {before + 1}, {before + 2}"
+    assert p.query(
+        database,
+        f"SELECT 'inserted', event_id, value_raw FROM ducklake_table_insertions({feed}) UNION ALL "
+        f"SELECT 'deleted', event_id, value_raw FROM ducklake_table_deletions({feed}) ORDER BY 1",
+    ) == [("deleted", "e-3", "3"), ("inserted", "e-3", "300")]
+    assert _core_metadata(second, "core_custom_report_results")["fieldsales/build"] == (
+        "incremental: only meta.transactions_decoded and temp.events_decoded changed since the "
+        "previous build; meta.transactions_decoded: replaced the rows of its 0 new and 0 gone "
+        "rows; temp.events_decoded: replaced the rows of its 1 new and 1 gone rows"
+    )
+    _same_as_a_full_build(tmp_path, database, _reporting_events(values))
+
+
+def test_custom_report_results_built_whole_for_its_events_reads_every_transaction(tmp_path):
+    """More than 20% of the events changed, none of the transactions: the build is whole, and
+    reads every transaction too, not only those it would have replaced."""
+    database = tmp_path / "t.duckdb"
+    values = {f"e-{i}": i for i in range(5)}
+    p.materialize_core(
+        database, transactions=[_reported("t-0", 0)], events=_reporting_events(values)
+    )
+    values |= {"e-1": 100, "e-2": 200}
+    for item in _reporting_events(values)[1:3]:
+        _change_event(database, item)
+
+    second = _materialize_results_only(database)
+
+    assert _core_metadata(second, "core_custom_report_results")["fieldsales/build"] == (
+        "full: more than 20% of temp.events_decoded is new"
+    )
+    _same_as_a_full_build(tmp_path, database, _reporting_events(values))
+
+
+def test_a_result_naming_another_event_keeps_custom_report_results_whole(tmp_path):
+    """An event's result naming another event as _event is stored under that event_id, where a
+    change to its own event could not find it: builds are whole while any result does."""
+    database = tmp_path / "t.duckdb"
+    values, named = {"e-1": 1, "e-2": 2}, {"e-1": "e-2"}
+    first = p.materialize_core(
+        database, transactions=[_reported("t-0", 0)], events=_reporting_events(values, named)
+    )
+    values["e-2"] = 200
+    _change_event(database, _reporting_events(values, named)[1])
+
+    second = _materialize_results_only(database)
+
+    _same_as_a_full_build(tmp_path, database, _reporting_events(values, named))
+    for result in (first, second):
+        assert _core_metadata(result, "core_custom_report_results")["fieldsales/build"] == (
+            "full: no previous build; 1 rows have no key to find them by, so the next build is "
+            "whole too"
+        )
 
 
 def test_a_decode_whose_source_no_commit_wrote_since_its_refresh_reads_no_key(

@@ -102,8 +102,9 @@ def build_described_table(
         query = core_query(table)
         with failing_as(table.table):
             macros = create_macros(conn, query)
-            if follows := table.follows:
-                define_rows(conn, "decoded_rows", f"SELECT * FROM {qualified(follows.decoded)}")
+            follows = table.follows
+            for source in follows.sources if follows else []:
+                define_rows(conn, source.rows, f"SELECT * FROM {qualified(source.decoded)}")
             published, params = publishing_query(conn, table.table, query, table.doc, warehouse)
 
         def describe(staged: str) -> None:

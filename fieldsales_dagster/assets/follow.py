@@ -112,6 +112,17 @@ class Follows(msgspec.Struct, forbid_unknown_fields=True, frozen=True):
     #: The ``inputs`` of tables following ``decoded`` whose rows of a decoded row the query reads:
     #: each must reflect ``decoded`` as it is, else the build is whole and records no state.
     reads_inputs: list[str] = msgspec.field(default_factory=list)
+    #: The table function the query reads the decoded rows by: all, or those a build lacks.
+    rows: str = "decoded_rows"
+    #: SQL predicate on a decoded row: its table rows carry its ``id`` as ``key`` (else a build
+    #: could not find them by it: whole, recording no state, as for rows without a key).
+    keyed_when: str = "true"
+    #: Rows of the table that are not ``from_decoded`` and follow another decoded table likewise.
+    also: list[Follows] = msgspec.field(default_factory=list)
+
+    @property
+    def sources(self) -> list[Follows]:
+        return [self, *self.also]
 
 
 def define_rows(conn: duckdb.DuckDBPyConnection, macro: str, rows: str) -> None:
@@ -136,8 +147,8 @@ def build_following(
         f"{t} ({columns}): {fingerprint(conn, t, columns) or 'missing'}"
         for t, columns in follows.resolved_against.items()
     )
-    state = (  # STATE_RULES: a state recorded by other rules is not this one's
-        hashlib.sha256(f"{STATE_RULES}\n{query}\n{macros}".encode()).hexdigest(),
+    state = (  # STATE_RULES, follows: a state recorded by other rules or sources is not this one's
+        hashlib.sha256(f"{STATE_RULES}\n{follows}\n{query}\n{macros}".encode()).hexdigest(),
         hashlib.sha256(resolved.encode()).hexdigest(),
     )
     now = fingerprint(conn, follows.decoded) if follows.reads_inputs else None
@@ -146,26 +157,27 @@ def build_following(
     if behind:
         why = f"a table it reads does not reflect {follows.decoded} yet ({', '.join(behind)})"
     elif why is None:
-        if (result := _incremental(conn, lake, table, follows, query, state)) is not None:
+        result = _incremental(conn, lake, table, follows, query, state)
+        if not isinstance(result, str):
             return result
-        why = f"more than {WHOLE_ABOVE:.0%} of {follows.decoded} is new"
+        why = f"more than {WHOLE_ABOVE:.0%} of {result} is new"
     build_whole()
     # Where what it read will change with no change to its inputs, the next build is whole.
     missing_key = 0 if behind else unkeyed(conn, qualified(table), follows)
 
     def record() -> None:
-        if not (behind or missing_key):
-            schema = quote_ident(follows.inputs.partition(".")[0])
+        for source in follows.sources if not (behind or missing_key) else []:
+            schema = quote_ident(source.inputs.partition(".")[0])
             conn.execute(
                 f"CREATE SCHEMA IF NOT EXISTS {schema}; CREATE OR REPLACE TABLE "
-                f"{qualified(follows.inputs)} AS SELECT id, loaded_at FROM "
-                f"{qualified(follows.decoded)}"
+                f"{qualified(source.inputs)} AS SELECT id, loaded_at FROM "
+                f"{qualified(source.decoded)}"
             )
         write_state(conn, lake, table, None if behind or missing_key else state)
 
     run_transaction(conn, follows.inputs, record)
     if missing_key:
-        why += f"; {missing_key} rows have no {follows.key}, so the next build is whole too"
+        why += f"; {missing_key} rows have no key to find them by, so the next build is whole too"
     return {"fieldsales/build": f"full: {why}"}
 
 
@@ -179,7 +191,7 @@ def _why_whole(
 ) -> str | None:
     if params:
         return "personal columns are hashed (the key is never stored, so nothing compares)"
-    if not (table_exists(conn, table) and table_exists(conn, follows.inputs)):
+    if not all(table_exists(conn, t) for t in [table, *(s.inputs for s in follows.sources)]):
         return "no previous build"
     found = still_valid(conn, lake, table, state[0], FOLLOWED, judged=False) if lake else None
     if found is None:
@@ -191,11 +203,19 @@ def _why_whole(
 
 
 def unkeyed(conn: duckdb.DuckDBPyConnection, rows: str, follows: Follows) -> int:
-    """How many of ``rows`` (SQL naming a table) come from decoded rows but have no key: no build
-    can replace them by key, so a table holding any records no state (its next build is whole).
-    Counted over the rows a build writes, as only those can add any."""
-    where = f"({follows.from_decoded}) AND {follows.key} IS NULL"
-    return int(one_row(conn, f"SELECT count(*) FROM {rows} WHERE {where}")[0])
+    """How many of ``rows`` (SQL naming a table) come from decoded rows but have no key, and how
+    many decoded rows fail ``keyed_when``: no build can replace their rows by key, so a table
+    holding any records no state (its next build is whole). Counted over the rows a build writes,
+    as only those can add any, and over every decoded row."""
+    found = 0
+    for source in follows.sources:
+        where = f"({source.from_decoded}) AND {source.key} IS NULL"
+        found += int(one_row(conn, f"SELECT count(*) FROM {rows} WHERE {where}")[0])
+        where = f"NOT ({source.keyed_when})"
+        found += int(
+            one_row(conn, f"SELECT count(*) FROM {qualified(source.decoded)} WHERE {where}")[0]
+        )
+    return found
 
 
 def _incremental(
@@ -205,25 +225,40 @@ def _incremental(
     follows: Follows,
     query: str,
     state: tuple[str, str],
-) -> dict[str, Any] | None:
-    decoded, inputs = qualified(follows.decoded), qualified(follows.inputs)
-    added, added_rows = rows_missing(
-        conn, follows.decoded, follows.inputs, "_fs_follow_added", "_fs_follow_gone"
-    )
-    (gone,) = one_row(conn, "SELECT count(*) FROM _fs_follow_gone")
-    (rows,) = one_row(conn, f"SELECT count(*) FROM {decoded}")
-    if added > WHOLE_ABOVE * rows:
-        return None
-    define_rows(conn, "decoded_rows", added_rows)
+) -> dict[str, Any] | str:
+    """Replace the rows of the decoded rows each source lacks or lost; else the decoded table of
+    which more than ``WHOLE_ABOVE`` is new."""
+    replaced: list[str] = []
+    changes: list[str] = []
+    whys: list[str] = []
+    rows_of: dict[str, str] = {}  # defined once no source is whole: build_whole reads them all
+    for i, source in enumerate(follows.sources):
+        added, added_rows = rows_missing(
+            conn, source.decoded, source.inputs, f"_fs_follow_added{i}", f"_fs_follow_gone{i}"
+        )
+        (gone,) = one_row(conn, f"SELECT count(*) FROM _fs_follow_gone{i}")
+        (rows,) = one_row(conn, f"SELECT count(*) FROM {qualified(source.decoded)}")
+        if added > WHOLE_ABOVE * rows:
+            return source.decoded
+        rows_of[source.rows] = added_rows
+        replaced.append(
+            f"({source.from_decoded}) AND {source.key} IN (SELECT id FROM _fs_follow_keys{i})"
+        )
+        inputs = qualified(source.inputs)
+        changes.append(
+            f"DELETE FROM {inputs} AS i USING _fs_follow_gone{i} AS g WHERE {same_row('i', 'g')}; "
+            f"INSERT INTO {inputs} SELECT id, loaded_at FROM _fs_follow_added{i}"
+        )
+        whys.append(f"replaced the rows of its {added:,} new and {gone:,} gone rows")
+    for macro, rows_sql in rows_of.items():
+        define_rows(conn, macro, rows_sql)
+    elsewhere = " AND ".join(f"({source.from_decoded}) IS NOT TRUE" for source in follows.sources)
     target = qualified(table)
 
     def update() -> None:
-        conn.execute(  # one scan of the table for both kinds of rows replaced
-            f"DELETE FROM {target} WHERE ({follows.from_decoded}) IS NOT TRUE "
-            f"OR {follows.key} IN (SELECT id FROM _fs_follow_keys); "
-            f"INSERT INTO {target} BY NAME SELECT * FROM {FOLLOW_ROWS}; "
-            f"DELETE FROM {inputs} AS i USING _fs_follow_gone AS g WHERE {same_row('i', 'g')}; "
-            f"INSERT INTO {inputs} SELECT id, loaded_at FROM _fs_follow_added"
+        conn.execute(  # one scan of the table for every kind of row replaced
+            f"DELETE FROM {target} WHERE {elsewhere} OR {' OR '.join(replaced)}; "
+            f"INSERT INTO {target} BY NAME SELECT * FROM {FOLLOW_ROWS}; {'; '.join(changes)}"
         )
         write_state(conn, lake, table, None if missing_key else state)  # none: the next is whole
 
@@ -231,16 +266,17 @@ def _incremental(
         # Before the transaction: inside it, query and transaction would share memory_limit.
         conn.execute(f"CREATE OR REPLACE TEMP TABLE {FOLLOW_ROWS} AS\n{query}")
         missing_key = unkeyed(conn, FOLLOW_ROWS, follows)
-        conn.execute(
-            "CREATE OR REPLACE TEMP TABLE _fs_follow_keys AS SELECT DISTINCT id FROM "
-            "(SELECT id FROM _fs_follow_added UNION ALL SELECT id FROM _fs_follow_gone)"
-        )
+        for i in range(len(follows.sources)):
+            conn.execute(
+                f"CREATE OR REPLACE TEMP TABLE _fs_follow_keys{i} AS SELECT DISTINCT id FROM "
+                f"(SELECT id FROM _fs_follow_added{i} UNION ALL SELECT id FROM _fs_follow_gone{i})"
+            )
         run_transaction(conn, table, update)
-    why = (
-        f"only {follows.decoded} changed since the previous build; replaced the rows of its "
-        f"{added:,} new and {gone:,} gone rows"
-    )
-    if follows.from_decoded != "true":
+    if follows.also:
+        whys = [f"{s.decoded}: {why}" for s, why in zip(follows.sources, whys, strict=True)]
+    decoded = " and ".join(source.decoded for source in follows.sources)
+    why = f"only {decoded} changed since the previous build; {'; '.join(whys)}"
+    if not follows.also and follows.from_decoded != "true":
         why += " and rebuilt the rows that come from elsewhere"
     return {"fieldsales/build": f"incremental: {why}"}
 

@@ -102,11 +102,12 @@ class CoreTable:
 def read_table(folder: Path, asset_name: str) -> CoreTable:
     where = folder / f"{asset_name}.yaml"
     found = read_table_file(where, TableFile)
-    if found.follows is not None and found.follows.decoded not in DECODED_BY_TABLE:
-        raise TableFileError(
-            f"{where}: follows.decoded is {found.follows.decoded!r}, which is no decoded table "
-            f"(they are {', '.join(DECODED_BY_TABLE)}). Fix the file."
-        )
+    for source in found.follows.sources if found.follows else []:
+        if source.decoded not in DECODED_BY_TABLE:
+            raise TableFileError(
+                f"{where}: follows.decoded is {source.decoded!r}, which is no decoded table "
+                f"(they are {', '.join(DECODED_BY_TABLE)}). Fix the file."
+            )
     for entry, listed in (("key", found.key), ("nullable_key", found.nullable_key)):
         if unknown := [name for name in listed if name not in found.columns]:
             raise TableFileError(
@@ -165,19 +166,23 @@ def query_reads(query: str, where: str) -> Reads:
     return reads
 
 
+def follows_rows(table: CoreTable) -> list[Follows]:
+    """Each decoded table ``table`` follows, read by its query as ``<rows>()``."""
+    return table.follows.sources if table.follows else []
+
+
 def upstream_of(table: CoreTable) -> tuple[tuple[str, ...], tuple[Decoded, ...]]:
     """The assets and decoded tables ``table``'s query reads; another schema than the project's is
     refused: the project's tables are built before the user's assets, never from them."""
     where = f"sql/{table.query_file}"
     reads = query_reads(core_query(table), where)
     read_decoded = {name for name in reads.tables if name in DECODED_BY_TABLE}
-    if "decoded_rows" in reads.table_functions:
-        if table.follows is None:
-            raise QueryReadError(
-                f"{where} calls decoded_rows(), which only a table that follows a decoded table "
-                "defines: read that table by name, or add follows: to the YAML."
-            )
-        read_decoded.add(table.follows.decoded)
+    if "decoded_rows" in reads.table_functions and table.follows is None:
+        raise QueryReadError(
+            f"{where} calls decoded_rows(), which only a table that follows a decoded table "
+            "defines: read that table by name, or add follows: to the YAML."
+        )
+    read_decoded |= {s.decoded for s in follows_rows(table) if s.rows in reads.table_functions}
     deps: set[str] = set()
     for name in reads.tables - read_decoded:
         schema = name.partition(".")[0]
@@ -215,8 +220,7 @@ def query_code_version(table: CoreTable) -> str:
 def column_lineage(names: InstanceNames, table: CoreTable) -> dg.TableColumnLineage:
     """Each column's source columns, as assets: a decoded table's come from its raw ``payload``."""
     decoded_by_table = dict(DECODED_BY_TABLE)
-    if table.follows is not None:
-        decoded_by_table["decoded_rows"] = DECODED_BY_TABLE[table.follows.decoded]
+    decoded_by_table |= {s.rows: DECODED_BY_TABLE[s.decoded] for s in follows_rows(table)}
     known_columns = {raw_asset_name(e): raw_columns(e) for e in LIST_ENDPOINTS} | {
         t.asset_name: tuple(c.name for c in t.doc.columns) for t in derived_tables(table.folder)
     }

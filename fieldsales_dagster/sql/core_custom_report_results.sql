@@ -35,9 +35,11 @@
 -- result as a typed entry (typed_report_result in typed_values.sql: field id, name, the value's
 -- JSON type, text and number), for this table and core.transactions. decoded_rows() is that
 -- table: all of it for a whole build; after an incremental raw load only its added rows, when
--- this table follows their changes instead of being rebuilt (follow.py: the event rows are then
--- rebuilt, the other rows kept). Event payloads are parsed by temp.events_decoded
--- (temp_events_decoded.sql); their results are typed here the same way (typed_report_results).
+-- this table follows their changes instead of being rebuilt (follow.py: the other rows kept).
+-- Event payloads are parsed by temp.events_decoded (temp_events_decoded.sql); their results are
+-- typed here the same way (typed_report_results). event_rows() is that table, followed the same
+-- way: all of it, or the events added or changed since the last build, whose event rows replace
+-- those with their event_id (the YAML's keyed_when: no result names another event as _event).
 WITH transaction_results AS (
     SELECT
         id AS transaction_id,
@@ -74,7 +76,7 @@ event_reports AS (
     SELECT
         e.id AS event_id,
         unnest(e.report_results) AS report
-    FROM temp.events_decoded AS e
+    FROM event_rows() AS e
 ),
 
 event_results AS (
