@@ -30,7 +30,6 @@ from fieldsales_dagster.loading.lists import (
 from fieldsales_dagster.loading.raw_load import (
     EVENT_STATES,
     LoadReport,
-    ShrinkGuard,
     Staging,
     load_list,
     page_executor,
@@ -189,11 +188,13 @@ def refresh_raw_list(
     log: Callable[[str], None] = lambda message: None,
     warn: Callable[[str], None] = lambda message: None,
     before_swap: Callable[[str], None] | None = None,
-    shrink: ShrinkGuard,
+    max_shrink_fraction: float,
+    allow_shrink: bool,
     run_id: str | None = None,
 ) -> RefreshReport:
     """Load one list into its raw table in the policy's mode. ``before_swap(stage)`` runs on the
-    rows about to be stored (the new table, or the re-fetched rows)."""
+    rows about to be stored (the new table, or the re-fetched rows); a full load may shrink the
+    table as ``load_list`` allows."""
     reason = f"{endpoint.name} are always fetched whole (they are small next to transactions)"
     spent, after_swap = 0, None
     if endpoint.raw_table == TRANSACTIONS.raw_table:
@@ -224,8 +225,8 @@ def refresh_raw_list(
         log=log,
         before_swap=before_swap,
         after_swap=after_swap,
-        max_shrink_fraction=shrink.max_fraction,
-        allow_shrink=shrink.allow,
+        max_shrink_fraction=max_shrink_fraction,
+        allow_shrink=allow_shrink,
         run_id=run_id,
     )
     return RefreshReport(report, "full", reason, report.bytes + spent)
@@ -388,7 +389,12 @@ def _merge(
         new = _digests(conn, stage)
         deleted = len(old)
         # Rows stored as re-fetched are kept, loaded_at and all: the tables built on them hold.
-        if new != old or not _stored_as_staged(conn, stage, target, events):
+        # With the same digests by id, no staged row missing from the replaced events' stored rows
+        # (same id, event and payload: a staged row is of one of ``events``) means the table
+        # holds exactly the staged rows of those events.
+        same = "s.event_id IS NOT DISTINCT FROM t.event_id AND s.payload = t.payload"
+        unstored = f"FROM {stage} s ANTI JOIN (FROM {target} WHERE {OF_EVENTS}) t ON s.id = t.id"
+        if new != old or one_row(conn, f"SELECT count(*) {unstored} AND {same}", events)[0]:
             kept, at = f"SELECT id FROM {stage}", run.now
             ours = events["events"]
             record_deletions(conn, TRANSACTIONS, kept=kept, events=ours, run_id=run.run_id, at=at)
@@ -415,19 +421,6 @@ def _merge(
         "transactions_changed": sum(old.get(key, digest) != digest for key, digest in new.items()),
         "transactions_removed": len(old.keys() - new.keys()),
     }
-
-
-def _stored_as_staged(
-    conn: duckdb.DuckDBPyConnection, stage: str, target: str, events: dict[str, list[str]]
-) -> bool:
-    """Whether every staged row is stored as staged (same id, event and payload); with the same
-    digests by id, ``target`` then holds exactly the staged rows of the replaced events. A staged
-    row is of one of ``events``: only their stored rows can match it."""
-    same = "s.id = t.id AND s.event_id IS NOT DISTINCT FROM t.event_id AND s.payload = t.payload"
-    stored = f"(FROM {target} WHERE {OF_EVENTS}) t"
-    return not one_row(
-        conn, f"SELECT count(*) FROM {stage} s ANTI JOIN {stored} ON {same}", events
-    )[0]
 
 
 def _delete_replaced(

@@ -268,14 +268,6 @@ class StagingWriter:
             self._inserter.join()
 
 
-@dataclass(frozen=True)
-class ShrinkGuard:
-    """How much a full refresh may shrink a raw table (``max_shrink_fraction``, or ``allow``)."""
-
-    max_fraction: float
-    allow: bool
-
-
 @dataclass
 class Staging:
     """A staging table that receives the executor's pages, counted per list (``lists.Sink``):
