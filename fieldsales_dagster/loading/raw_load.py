@@ -407,7 +407,7 @@ def load_list(
                 log(f"{endpoint.name}: comparing the list ran out of memory; replacing it whole")
         written = changes != 0
 
-        def swap(rows: int = distinct) -> None:
+        def swap() -> None:
             if endpoint is EVENTS and (written or not table_exists(conn, EVENT_STATES)):
                 conn.execute(
                     "CREATE SCHEMA IF NOT EXISTS meta; CREATE OR REPLACE TABLE "
@@ -418,9 +418,14 @@ def load_list(
                 record_deletions(conn, endpoint, kept=kept, run_id=run_id, at=loaded_at)
                 if changes is None:
                     replace_table(conn, stage, endpoint.raw_table)
-                else:
-                    merge_changes(conn, stage, table, "_fs_list_changes")
-            (after_swap or partial(record_load, conn, table, at=loaded_at))(rows)
+                else:  # only the rows of ``list_changes``: one stored as listed keeps its loaded_at
+                    changed = "SELECT id FROM _fs_list_changes WHERE {}staged"
+                    conn.execute(
+                        f"DELETE FROM {qualified(table)} WHERE id IN ({changed.format('NOT ')}); "
+                        f"INSERT INTO {qualified(table)} SELECT * FROM {qualified(stage)} "
+                        f"WHERE id IN ({changed.format('')})"
+                    )
+            (after_swap or partial(record_load, conn, table, at=loaded_at))(distinct)
 
         run_transaction(conn, endpoint.raw_table, swap)
     finally:
@@ -478,18 +483,6 @@ def list_changes(
             "WHERE s.id IS NULL OR t.id IS NULL"
         )
     return one_row(conn, f"SELECT count(*) FROM {into}")[0]
-
-
-def merge_changes(conn: duckdb.DuckDBPyConnection, staged: str, table: str, changes: str) -> None:
-    """Make ``table`` hold ``staged``'s rows by replacing only the rows of ``changes`` (see
-    ``list_changes``): a row stored as listed keeps its ``loaded_at``, so the tables built on it
-    follow only what changed."""
-    changed = f"SELECT id FROM {changes} WHERE {{}}staged"
-    conn.execute(
-        f"DELETE FROM {qualified(table)} WHERE id IN ({changed.format('NOT ')}); "
-        f"INSERT INTO {qualified(table)} SELECT * FROM {qualified(staged)} "
-        f"WHERE id IN ({changed.format('')})"
-    )
 
 
 #: Above this many slices, a list is replaced whole: each slice scans both tables again (the
