@@ -82,7 +82,7 @@ class Merging:
     api: FieldSalesAPI
     conn: duckdb.DuckDBPyConnection
     log: Callable[[str], None]
-    before_swap: Callable[[str], None] | None
+    before_swap: Callable[[str], None]
     run_id: str | None
     now: datetime = field(default_factory=lambda: datetime.now(UTC))
     started: float = field(default_factory=time.monotonic)
@@ -187,7 +187,7 @@ def refresh_raw_list(
     *,
     log: Callable[[str], None] = lambda message: None,
     warn: Callable[[str], None] = lambda message: None,
-    before_swap: Callable[[str], None] | None = None,
+    before_swap: Callable[[str], None],
     max_shrink_fraction: float,
     allow_shrink: bool,
     run_id: str | None = None,
@@ -383,8 +383,7 @@ def _merge(
         old.update(_digests(conn, f"{target} {moved}", events))
 
     def merge() -> tuple[int, dict[str, int]]:
-        if run.before_swap is not None:
-            run.before_swap(STAGE_TABLE)
+        run.before_swap(STAGE_TABLE)
         # After before_swap: a redacted payload compares with the redacted one stored.
         new = _digests(conn, stage)
         deleted = len(old)

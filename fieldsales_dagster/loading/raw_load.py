@@ -362,7 +362,7 @@ def load_list(
     endpoint: ListEndpoint,
     *,
     log: Callable[[str], None] = lambda message: None,
-    before_swap: Callable[[str], None] | None = None,
+    before_swap: Callable[[str], None] = lambda staged: None,
     after_swap: Callable[[int], None] | None = None,
     max_shrink_fraction: float = 0.5,
     allow_shrink: bool = False,
@@ -397,8 +397,7 @@ def load_list(
                 f"replacing it would {what} (max_shrink_fraction={max_shrink_fraction:.0%}), so "
                 "it was left as it was. If the data really went away, run with allow_shrink."
             )
-        if before_swap is not None:
-            before_swap(stage)
+        before_swap(stage)
         changes = None
         if exists and (slices := comparison_slices(conn, executor.spent.bytes)):
             try:

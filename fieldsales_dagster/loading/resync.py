@@ -103,7 +103,7 @@ def resync_transactions(
     request: ResyncRequest,
     *,
     log: Callable[[str], None] = lambda message: None,
-    before_swap: Callable[[str], None] | None = None,
+    before_swap: Callable[[str], None],
     run_id: str | None = None,
 ) -> RefreshReport:
     run = Merging(api, conn, log, before_swap, run_id)
