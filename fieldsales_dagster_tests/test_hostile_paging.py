@@ -23,7 +23,7 @@ from fieldsales_dagster.loading.raw_load import (
     page_executor,
 )
 from fieldsales_dagster.settings import SETTINGS
-from fieldsales_dagster_tests.conftest import read_lake
+from fieldsales_dagster_tests.conftest import make_warehouse, read_lake
 from fieldsales_dagster_tests.hostile_lists import HostileServer, items
 from fieldsales_dagster_tests.test_paginators import stored as stored_ids
 
@@ -324,6 +324,16 @@ def test_refresh_within_the_shrink_fraction_replaces_the_table(demo_server, tmp_
     demo_server.behaviour.mutate("transactions", delete=500)
     assert materialize_transactions(demo_server, tmp_path, warehouse).success
     assert row_count(warehouse) == 700
+
+
+def test_the_raw_asset_holds_a_refresh_to_the_warehouses_shrink_fraction(demo_server, tmp_path):
+    """The asset passes the warehouse's ``max_shrink_fraction`` to the load, not the load's
+    default (0.5): a refresh that drops 58 % of the rows passes at 0.7."""
+    warehouse = make_warehouse(tmp_path, max_shrink_fraction=0.7)
+    assert materialize_transactions(demo_server, tmp_path, warehouse).success
+    demo_server.behaviour.mutate("transactions", delete=700)
+    assert materialize_transactions(demo_server, tmp_path, warehouse).success
+    assert row_count(warehouse) == 500
 
 
 def test_shrink_explicitly_allowed_replaces_the_table(demo_server, api, warehouse):

@@ -16,7 +16,7 @@ from fieldsales_dagster.assets.metadata import (
 )
 from fieldsales_dagster.assets.resync_config import ResyncConfig
 from fieldsales_dagster.client.endpoints import EVENTS, LIST_ENDPOINTS, TRANSACTIONS, ListEndpoint
-from fieldsales_dagster.loading.incremental import RefreshPolicy, RefreshReport, refresh_raw_list
+from fieldsales_dagster.loading.incremental import RefreshReport, refresh_raw_list
 from fieldsales_dagster.loading.resync import resync_transactions
 from fieldsales_dagster.names import InstanceNames
 from fieldsales_dagster.settings import validate_refresh_mode
@@ -150,10 +150,10 @@ def _materialize(
                     api,
                     conn,
                     endpoint,
-                    RefreshPolicy.of(warehouse, config.refresh_mode),
+                    warehouse,
+                    mode=config.refresh_mode,
                     log=lambda message: context.log.info(tenant + message),
                     warn=lambda message: context.log.warning(tenant + message),
-                    max_shrink_fraction=warehouse.max_shrink_fraction,
                     allow_shrink=config.allow_shrink,
                     before_swap=before_swap,
                     run_id=context.run_id,

@@ -88,20 +88,6 @@ class Merging:
     started: float = field(default_factory=time.monotonic)
 
 
-@dataclass(frozen=True)
-class RefreshPolicy:
-    """The warehouse's refresh settings."""
-
-    mode: str
-    full_refresh_every_days: float
-    lookback_days: float
-
-    @classmethod
-    def of(cls, warehouse: FieldSalesWarehouse, override: str | None = None) -> RefreshPolicy:
-        mode = override or warehouse.refresh_mode  # validated by the run config
-        return cls(mode, warehouse.full_refresh_every_days, warehouse.lookback_days)
-
-
 def read_previous_load(conn: duckdb.DuckDBPyConnection) -> PreviousLoad | None:
     row = recorded_load(conn, TRANSACTIONS.raw_table)
     if row[1] is None or not table_exists(conn, FINGERPRINTS_TABLE):
@@ -183,31 +169,33 @@ def refresh_raw_list(
     api: FieldSalesAPI,
     conn: duckdb.DuckDBPyConnection,
     endpoint: ListEndpoint,
-    policy: RefreshPolicy,
+    warehouse: FieldSalesWarehouse,
     *,
+    mode: str | None,
     log: Callable[[str], None] = lambda message: None,
     warn: Callable[[str], None] = lambda message: None,
     before_swap: Callable[[str], None],
-    max_shrink_fraction: float,
     allow_shrink: bool,
     run_id: str | None = None,
 ) -> RefreshReport:
-    """Load one list into its raw table in the policy's mode. ``before_swap(stage)`` runs on the
-    rows about to be stored (the new table, or the re-fetched rows); a full load may shrink the
-    table as ``load_list`` allows."""
+    """Load one list into its raw table by the warehouse's refresh settings, in ``mode`` (the run
+    config's, validated there) or the warehouse's own. ``before_swap(stage)`` runs on the rows
+    about to be stored (the new table, or the re-fetched rows); a full load may shrink the table
+    as ``load_list`` allows."""
+    mode = mode or warehouse.refresh_mode
     reason = f"{endpoint.name} are always fetched whole (they are small next to transactions)"
     spent, after_swap = 0, None
     if endpoint.raw_table == TRANSACTIONS.raw_table:
         run = Merging(api, conn, log, before_swap, run_id)
-        previous, every = read_previous_load(conn), policy.full_refresh_every_days
-        decision = choose_mode(policy.mode, previous, now=run.now, full_refresh_every_days=every)
+        previous, every = read_previous_load(conn), warehouse.full_refresh_every_days
+        decision = choose_mode(mode, previous, now=run.now, full_refresh_every_days=every)
         log(f"transactions: {decision.mode} refresh: {decision.reason}")
         reason = decision.reason
         if decision.mode == "incremental":
             try:
-                return _incremental(run, policy, reason)
+                return _incremental(run, mode, warehouse.lookback_days, reason)
             except FallBack as exc:
-                if policy.mode == "incremental" and not exc.filter_ignored:
+                if mode == "incremental" and not exc.filter_ignored:
                     raise IncrementalRefreshError(
                         f"raw_transactions: incremental refresh failed its guard: {exc}; nothing "
                         "was changed. Run a full refresh (refresh_mode=full) to reconcile."
@@ -225,7 +213,7 @@ def refresh_raw_list(
         log=log,
         before_swap=before_swap,
         after_swap=after_swap,
-        max_shrink_fraction=max_shrink_fraction,
+        max_shrink_fraction=warehouse.max_shrink_fraction,
         allow_shrink=allow_shrink,
         run_id=run_id,
     )
@@ -287,15 +275,15 @@ def _plan(conn: duckdb.DuckDBPyConnection, lookback_days: float, now: datetime) 
     return read_plan(conn)
 
 
-def _incremental(run: Merging, policy: RefreshPolicy, reason: str) -> RefreshReport:
-    plan = _plan(run.conn, policy.lookback_days, run.now)
+def _incremental(run: Merging, mode: str, lookback_days: float, reason: str) -> RefreshReport:
+    plan = _plan(run.conn, lookback_days, run.now)
     counts = {f"events_{why}": plan.why.get(why, 0) for why in ("new", "changed", "recent")}
     counts["events_removed"], refetched = len(plan.removed_ids), len(plan.event_ids)
     run.log(
         f"transactions: re-fetching {refetched} of {plan.events} events by eventId (recent: "
-        f"within {policy.lookback_days:g} days): {counts}"
+        f"within {lookback_days:g} days): {counts}"
     )
-    if policy.mode == "auto" and refetched > MAX_REFETCH_SHARE * max(plan.events, 1):
+    if mode == "auto" and refetched > MAX_REFETCH_SHARE * max(plan.events, 1):
         why = f"{refetched} of {plan.events} events changed: paging the whole list is cheaper"
         raise FallBack(why, 0)
     report = refetch_and_merge(run, plan, "incremental", reason)
