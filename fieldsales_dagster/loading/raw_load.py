@@ -484,9 +484,15 @@ def list_changes(
     return one_row(conn, f"SELECT count(*) FROM {into}")[0]
 
 
-#: Above this many slices, a list is replaced whole: each slice scans both tables again (the
-#: full refresh of raw.transactions at 1M, 9.7 GB received, would take ~50).
-MAX_COMPARISON_SLICES = 8
+#: Above this many slices, a list is replaced whole: each slice scans both tables again, so the
+#: comparison grows with the square of the bytes received, its replacement linearly. On the events
+#: list of 10M transactions (250,000 events, 1.7 GB received, at 192MB; benchmarks/
+#: comparison_slices.py), 4 and 8 slices ran out of memory; 10 took 13.3 CPU-s, 12 15.6, 16 19.6,
+#: 24 28.2, 32 36.7, 48 56.1, where replacing it whole cost the run 66 CPU-s more (the tables
+#: built on it rebuilt): the events compare cheaper up to ~60 slices. A list of transactions
+#: replaces cheaper (~4 CPU-s a GB against the events' ~38) from ~6 slices on; at 16 (2.8 GB, a
+#: weekly full refresh of ~290k transactions) ~3x. 16: the events up to 16M transactions.
+MAX_COMPARISON_SLICES = 16
 #: What the lake and the load hold beside a slice's join, measured (lists of transactions, bytes
 #: received): at 48MB, 58 MB failed in 1 slice and passed in 2; at 64MB, 96 MB failed in 1 and
 #: passed in 2; at 192MB, 385 MB failed in 1 and passed in 2 (and raw.events at 1M, 171 MB, in 1).
