@@ -131,13 +131,14 @@ def _parse_missing(conn: duckdb.DuckDBPyConnection, decoded: Decoded) -> DecodeR
     (gone,) = one_row(conn, "SELECT count(*) FROM _fs_decoded_gone")
     if not (missing or gone):
         return DecodeRefresh("current", 0)
-    query = _decode_query(conn, decoded, missing_rows)
     with failing_as(decoded.table, "Updating"):
         conn.execute(
             f"DELETE FROM {qualified(decoded.table)} AS d USING _fs_decoded_gone AS g "
             f"WHERE {same_row('d', 'g')}"
         )
-        conn.execute(f"INSERT INTO {qualified(decoded.table)} BY NAME\n{query}")
+        for part in missing_rows:  # one statement each: see rows_missing
+            query = _decode_query(conn, decoded, part)
+            conn.execute(f"INSERT INTO {qualified(decoded.table)} BY NAME\n{query}")
     return DecodeRefresh("incremental", missing)
 
 
