@@ -107,7 +107,8 @@ class Follows(msgspec.Struct, forbid_unknown_fields=True, frozen=True):
     key: str
     #: The decoded rows (``id``, ``loaded_at``) the table reflects.
     inputs: str
-    #: SQL predicate: the table's rows that come from decoded rows (the others are rebuilt).
+    #: SQL predicate: the table's rows that come from these decoded rows (every row of the table
+    #: comes from one of its sources: ``also``).
     from_decoded: str = "true"
     #: Table -> the columns the rows from decoded rows read there: any change rebuilds whole.
     resolved_against: dict[str, str] = msgspec.field(default_factory=dict)
@@ -206,17 +207,15 @@ def _why_whole(
 
 def unkeyed(conn: duckdb.DuckDBPyConnection, rows: str, follows: Follows) -> int:
     """How many of ``rows`` (SQL naming a table) come from decoded rows but have no key, and how
-    many decoded rows fail ``keyed_when``: no build can replace their rows by key, so a table
-    holding any records no state (its next build is whole). Counted over the rows a build writes,
-    as only those can add any, and over every decoded row."""
+    many decoded rows the build reads (each source's ``rows()``) fail ``keyed_when``: no build can
+    replace their rows by key, so a table holding any records no state (its next build is whole).
+    Counted over what a build writes and reads, as only those can add any."""
     found = 0
     for source in follows.sources:
         where = f"({source.from_decoded}) AND {source.key} IS NULL"
         found += int(one_row(conn, f"SELECT count(*) FROM {rows} WHERE {where}")[0])
         where = f"NOT ({source.keyed_when})"
-        found += int(
-            one_row(conn, f"SELECT count(*) FROM {qualified(source.decoded)} WHERE {where}")[0]
-        )
+        found += int(one_row(conn, f"SELECT count(*) FROM {source.rows}() WHERE {where}")[0])
     return found
 
 
@@ -254,12 +253,11 @@ def _incremental(
         whys.append(f"replaced the rows of its {added:,} new and {gone:,} gone rows")
     for macro, rows_sql in rows_of.items():
         define_rows(conn, macro, rows_sql)
-    elsewhere = " AND ".join(f"({source.from_decoded}) IS NOT TRUE" for source in follows.sources)
     target = qualified(table)
 
     def update() -> None:
         conn.execute(  # one scan of the table for every kind of row replaced
-            f"DELETE FROM {target} WHERE {elsewhere} OR {' OR '.join(replaced)}; "
+            f"DELETE FROM {target} WHERE {' OR '.join(replaced)}; "
             f"INSERT INTO {target} BY NAME SELECT * FROM {FOLLOW_ROWS}; {'; '.join(changes)}"
         )
         write_state(conn, lake, table, None if missing_key else state)  # none: the next is whole
@@ -278,8 +276,6 @@ def _incremental(
         whys = [f"{s.decoded}: {why}" for s, why in zip(follows.sources, whys, strict=True)]
     decoded = " and ".join(source.decoded for source in follows.sources)
     why = f"only {decoded} changed since the previous build; {'; '.join(whys)}"
-    if not follows.also and follows.from_decoded != "true":
-        why += " and rebuilt the rows that come from elsewhere"
     return {"fieldsales/build": f"incremental: {why}"}
 
 
