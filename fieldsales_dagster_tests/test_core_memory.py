@@ -69,6 +69,14 @@ def _materialize(database, table, memory_limit: str) -> dg.ExecuteInProcessResul
     )
 
 
+def _assert_builds(database, table: str, memory_limit: str) -> None:
+    """``table`` (its name, e.g. ``mart.daily_sales``) builds under ``memory_limit``."""
+    (found,) = [t for t in derived_tables() if t.table == table]
+    result = _materialize(database, found, memory_limit)
+    failures = [e for e in result.all_events if e.is_step_failure]
+    assert not failures, _why(str(failures[0].event_specific_data.error))
+
+
 def test_every_core_and_mart_query_runs_on_a_heavy_tenant_under_a_small_memory_limit(heavy_raw):
     database, counts, limit = heavy_raw
     failures = {}
@@ -143,12 +151,9 @@ def test_mart_daily_sales_counts_products_of_many_groups_under_a_small_memory_li
             "TIMESTAMP '2026-01-01' + INTERVAL (i % 3) DAY AS sale_time, 1 + i % 5 AS qty, "
             f"(i % 100) * 0.5 AS total_value FROM range({SALES_EVENTS * SALES_PER_EVENT}) AS r(i)"
         )
-    (daily_sales,) = [t for t in derived_tables() if t.table == "mart.daily_sales"]
 
-    result = _materialize(database, daily_sales, MEMORY_LIMIT)
+    _assert_builds(database, "mart.daily_sales", MEMORY_LIMIT)
 
-    failures = [e for e in result.all_events if e.is_step_failure]
-    assert not failures, _why(str(failures[0].event_specific_data.error))
     with read_lake(database) as conn:
         assert conn.execute(
             "SELECT count(*), sum(transactions), max(distinct_products) FROM mart.daily_sales"
@@ -169,13 +174,10 @@ def test_dim_point_of_sale_parses_the_chosen_objects_in_slices_under_a_small_mem
         api = make_api(server, tmp_path, page_size=500)
         resources = {"fieldsales_api": api, "warehouse": lake_at(database)}
         assert dg.materialize(raw_assets(), selection=["raw_events"], resources=resources).success
-    tables = {t.table: t for t in derived_tables()}
-    assert _materialize(database, tables["core.events"], "2GB").success
+    _assert_builds(database, "core.events", "2GB")
 
-    result = _materialize(database, tables["core.dim_point_of_sale"], "80MB")
+    _assert_builds(database, "core.dim_point_of_sale", "80MB")
 
-    failures = [e for e in result.all_events if e.is_step_failure]
-    assert not failures, _why(str(failures[0].event_specific_data.error))
     with read_lake(database) as conn:
         (points_of_sale,) = conn.execute(
             "SELECT count(DISTINCT pos_id) FROM core.events"
@@ -185,3 +187,53 @@ def test_dim_point_of_sale_parses_the_chosen_objects_in_slices_under_a_small_mem
             "SELECT count(*), count(DISTINCT pos_id), count(untyped_values) "
             "FROM core.dim_point_of_sale"
         ).fetchone() == (points_of_sale, points_of_sale, 0)
+
+
+#: Events of one or two users each, their sales on one day: 2.25M transactions, 3M joined to
+#: their users, into ~300k user x day rows (10M demo transactions: 13M joined into 727k rows,
+#: which ran out of the default 192MB). The old query needed over 56MB here, on one thread.
+ACTIVITY_EVENTS, ACTIVITY_USERS, ACTIVITY_PER_EVENT = 75_000, 9_000, 30
+MEMORY_LIMIT_USER_ACTIVITY = "48MB"
+
+
+def test_mart_user_activity_counts_events_of_many_groups_under_a_small_memory_limit(tmp_path):
+    """Every transaction joined to its event's users, then grouped per user and day with a count
+    of distinct events, held the groups' distinct sets in memory: a 10M demo nightly run ran out
+    of the default 192MB. The core tables are written here, with ids as long as the API's."""
+    database = tmp_path / "activity.duckdb"
+    with lake_at(database).get_connection() as conn:
+        conn.execute("CREATE SCHEMA core")
+        conn.execute("CREATE MACRO uid(kind, i) AS left(md5(kind || i), 24)")
+        conn.execute(
+            "CREATE TABLE core.events AS SELECT uid('e', i) AS event_id, "
+            "TIMESTAMP '2026-01-01' + INTERVAL (i % 365) DAY AS planned_start, "
+            f"[uid('u', i % {ACTIVITY_USERS}), uid('u', CASE i % 300 WHEN 5 THEN i ELSE 7 * i + 1 "
+            f"END % {ACTIVITY_USERS})][:1 + i % 3 // 2] AS assigned_user_ids "
+            f"FROM range({ACTIVITY_EVENTS}) AS r(i)"
+        )
+        conn.execute(
+            f"CREATE TABLE core.transactions AS SELECT uid('e', i // {ACTIVITY_PER_EVENT}) "
+            f"AS event_id, TIMESTAMP '2026-01-01' + INTERVAL (i // {ACTIVITY_PER_EVENT} % 365) "
+            "DAY AS sale_time, 1.0 + i % 5 AS qty, (i % 100) * 0.5 AS total_value "
+            f"FROM range({ACTIVITY_EVENTS * ACTIVITY_PER_EVENT}) AS r(i)"
+        )
+        conn.execute(
+            "CREATE TABLE core.event_status_history AS SELECT uid('e', i) AS event_id, "
+            f"uid('u', i % {ACTIVITY_USERS}) AS user_id, TIMESTAMP '2026-01-01' AS changed_at "
+            f"FROM range({ACTIVITY_EVENTS}) AS r(i)"
+        )
+        conn.execute(
+            "CREATE TABLE core.users AS SELECT uid('u', i) AS user_id, 'Ann' AS first_name, "
+            f"'Lee' AS last_name FROM range({ACTIVITY_USERS}) AS r(i)"
+        )
+
+    _assert_builds(database, "mart.user_activity", MEMORY_LIMIT_USER_ACTIVITY)
+
+    with read_lake(database) as conn:
+        # A third of the events have two users: their sales count for both; 250 of them list
+        # one user twice, whose sales count twice and the event once.
+        assignments = ACTIVITY_EVENTS * 4 // 3
+        assert conn.execute(
+            "SELECT sum(transactions), sum(events_with_sales), sum(status_changes) "
+            "FROM mart.user_activity"
+        ).fetchone() == (assignments * ACTIVITY_PER_EVENT, assignments - 250, ACTIVITY_EVENTS)
