@@ -16,13 +16,15 @@ import duckdb
 
 from fieldsales_dagster.assets.build import build_fingerprint
 from fieldsales_dagster.assets.columns import TableFileError
-from fieldsales_dagster.assets.decode import create_macros
+from fieldsales_dagster.assets.decode import create_macros, macro_file, macro_files_called
 from fieldsales_dagster.assets.follow import FOLLOW_ROWS
+from fieldsales_dagster.assets.lineage import over_rows, reads_of
 from fieldsales_dagster.assets.tables import CheckEntry, CoreTable, derived_tables, query_reads
 from fieldsales_dagster.names import InstanceNames
 from fieldsales_dagster.warehouse.lake import (
     BUILDS_TABLE,
     changed_since,
+    drop_table,
     record_evaluation,
     run_transaction,
     still_valid,
@@ -33,6 +35,7 @@ from fieldsales_dagster.warehouse.rows import one_row
 from fieldsales_dagster.warehouse.warehouse import FieldSalesWarehouse
 
 SAMPLE_SIZE = 5
+UNTYPED_TABLE = "_fs_untyped_values"  # one scan's untyped values, for two checks (temporary)
 #: Rows per bucket of the ids_unique screen (see there): ~1M hash groups fit the memory limit.
 SCREEN_BUCKET_ROWS = 1_000_000
 
@@ -44,6 +47,9 @@ def _fetch_one(conn: duckdb.DuckDBPyConnection, sql: str) -> tuple:
 
 #: A check's evaluation of a table.
 Evaluate = Callable[[duckdb.DuckDBPyConnection, CoreTable], dg.AssetCheckResult]
+#: The results of several checks (by name) from one reading of a table, or of the rows a follow
+#: inserted in it (``FOLLOW_ROWS``, if given).
+Scan = Callable[[duckdb.DuckDBPyConnection, CoreTable, str | None], dict[str, dg.AssetCheckResult]]
 
 
 @dataclass(frozen=True)
@@ -58,6 +64,8 @@ class CheckKind:
     also_reads: tuple[str, ...] = ()
     #: Evaluates it over the rows a follow inserted (``FOLLOW_ROWS``), where it passed before.
     over_inserted: Evaluate | None = None
+    #: Where set, evaluated by it, once for every check of a table evaluated with the same scan.
+    scan: Scan | None = None
 
     def describe(self, table: CoreTable) -> str:
         text = self.description
@@ -112,6 +120,16 @@ def check_results(
     their table's build, each is evaluated, and recorded as reading what the build read
     (``built_from``): its result holds while the build does."""
     results, evaluated, snapshot = [], [], None
+    scans: dict[tuple[Scan, str, bool], dict[str, dg.AssetCheckResult]] = {}
+
+    def evaluate(check: CoreCheck, inserted: bool) -> dg.AssetCheckResult:
+        kind, table = check.kind, check.table
+        if kind.scan is None:
+            return ((kind.over_inserted if inserted else None) or kind.evaluate)(conn, table)
+        if (key := (kind.scan, table.table, inserted)) not in scans:
+            scans[key] = kind.scan(conn, table, FOLLOW_ROWS if inserted else None)
+        return scans[key][check.name]
+
     for check in checks:
         table, fingerprint = check.table.table, build_fingerprint(check.table, warehouse)
         found = still_valid(conn, warehouse.lake, table, fingerprint, check.name)
@@ -124,7 +142,9 @@ def check_results(
         if snapshot is None:  # read before evaluating
             (snapshot,) = one_row(conn, "SELECT id FROM current_snapshot()")
         narrowed = built_from is not None and _over_inserted(conn, warehouse, check, fingerprint)
-        now = narrowed or check.kind.evaluate(conn, check.table)
+        now = evaluate(check, bool(narrowed))
+        if narrowed:
+            now = now._replace(metadata={**now.metadata, "fieldsales/check": narrowed})
         results.append(result := check.result(now, names))
         reads = check.reads if built_from is None else built_from
         stored = (table, reads, fingerprint, check.name, dg.serialize_value(result._asdict()))
@@ -144,29 +164,37 @@ def _over_inserted(
     warehouse: FieldSalesWarehouse,
     check: CoreCheck,
     fingerprint: str | None,
-) -> dg.AssetCheckResult | None:
-    """``check`` over the rows a follow inserted in this commit (``FOLLOW_ROWS``, there), saying
-    why, where it holds of every other row: it passed, running ``fingerprint``, in the commit of
-    a build of the table (its last evaluation read what the build read, not the table), and no
-    commit wrote the table since (the build's own is the snapshot after the one it read); else
-    ``None``."""
-    lake, table, narrowed = warehouse.lake, check.table.table, check.kind.over_inserted
-    if narrowed is None or not table_exists(conn, f"temp.{FOLLOW_ROWS}"):
+) -> dg.MetadataValue | None:
+    """Why ``check`` may be evaluated over the rows a follow inserted in this commit
+    (``FOLLOW_ROWS``, there), where it holds of every other row: it passed, running
+    ``fingerprint``, in the commit of a build of the table (its last evaluation read what the
+    build read, not the table), and no commit wrote the table since (the build's own is the
+    snapshot after the one it read); else ``None`` (and always after a failure: its counts must
+    be those of every row)."""
+    lake, table, kind = warehouse.lake, check.table.table, check.kind
+    if kind.over_inserted is None or not table_exists(conn, f"temp.{FOLLOW_ROWS}"):
         return None
     last = still_valid(conn, lake, table, fingerprint, check.name, judged=False)
     if last is None or table in last.reads or changed_since(conn, lake, last.read + 1, [table]):
         return None
     if not dg.deserialize_value(str(last.result), dict)["passed"]:
         return None
-    now = narrowed(conn, check.table)
     how = "over the keys of the rows the follow inserted: it passed at the build that read "
-    how += f"snapshot {last.read}, the table unchanged since"
-    return now._replace(metadata={**now.metadata, "fieldsales/check": dg.MetadataValue.text(how)})
+    return dg.MetadataValue.text(f"{how}snapshot {last.read}, the table unchanged since")
 
 
-def written_check(entry: CheckEntry) -> CheckKind:
-    def evaluate(conn: duckdb.DuckDBPyConnection, table: CoreTable) -> dg.AssetCheckResult:
-        row = _fetch_one(conn, entry.sql)
+def written_check(entry: CheckEntry, table: CoreTable) -> CheckKind:
+    """Evaluated over the rows a follow inserted too where that is sound (``over_rows``): it reads
+    no table but its own, and no shared macro it calls reads one."""
+    where = f"{table.yaml_file}: check {entry.name!r}"
+    macros_read = any(reads_of(macro_file(m)[0], m).tables for m in macro_files_called(entry.sql))
+    alone = query_reads(entry.sql, where).tables == {table.table} and not macros_read
+    narrowed = over_rows(entry.sql, table.table, FOLLOW_ROWS) if alone else None
+
+    def evaluate(
+        conn: duckdb.DuckDBPyConnection, table: CoreTable, sql: str = entry.sql
+    ) -> dg.AssetCheckResult:
+        row = _fetch_one(conn, sql)
         found = dict(zip([column[0] for column in conn.description or ()], row, strict=True))
         if "passed" not in found:
             raise TableFileError(
@@ -179,7 +207,10 @@ def written_check(entry: CheckEntry) -> CheckKind:
             metadata={name: _metadata_value(value) for name, value in found.items()},
         )
 
-    return CheckKind(evaluate, entry.description, also_reads=entry.also_reads)
+    over_inserted = None if narrowed is None else functools.partial(evaluate, sql=narrowed)
+    return CheckKind(
+        evaluate, entry.description, also_reads=entry.also_reads, over_inserted=over_inserted
+    )
 
 
 def _metadata_value(value: object) -> Any:
@@ -199,7 +230,7 @@ def checks_of(table: CoreTable) -> list[CoreCheck]:
                 f"also_reads: [{', '.join(undeclared)}] to it, so that it runs after them and is "
                 "evaluated again when they change."
             )
-    kinds = CHECKS | {entry.name: written_check(entry) for entry in table.written_checks}
+    kinds = CHECKS | {entry.name: written_check(entry, table) for entry in table.written_checks}
     for name in table.checks:
         if name not in kinds:
             raise TableFileError(
@@ -333,19 +364,36 @@ def ids_unique(
     )
 
 
-def untyped_values_found(
-    conn: duckdb.DuckDBPyConnection, table: CoreTable, not_finite: bool
-) -> dg.AssetCheckResult:
-    """Rows whose ``untyped_values`` hold NaN/infinity if ``not_finite``, else other problems."""
+def untyped_values(
+    conn: duckdb.DuckDBPyConnection, table: CoreTable, inserted: str | None
+) -> dict[str, dg.AssetCheckResult]:
+    """``values_typed`` and ``values_finite``: the rows whose ``untyped_values`` hold other
+    problems, and NaN/infinity, from one scan of the table (or of the ``inserted`` rows)."""
+    conn.execute(
+        f"""
+        CREATE OR REPLACE TEMP TABLE {UNTYPED_TABLE} AS
+        SELECT row_key, entry.field, entry.value, entry.problem
+        FROM (
+            SELECT {_key_text(table)} AS row_key, unnest(untyped_values) AS entry
+            FROM {inserted or qualified(table.table)} WHERE untyped_values IS NOT NULL
+        )
+        """
+    )
+    try:
+        return {
+            "values_typed": _untyped_values_found(conn, not_finite=False),
+            "values_finite": _untyped_values_found(conn, not_finite=True),
+        }
+    finally:
+        drop_table(conn, f"temp.{UNTYPED_TABLE}")
+
+
+def _untyped_values_found(conn: duckdb.DuckDBPyConnection, not_finite: bool) -> dg.AssetCheckResult:
     rows, by_field, sample = _fetch_one(
         conn,
         f"""
-        WITH entries AS (
-            SELECT {_key_text(table)} AS row_key, unnest(untyped_values) AS entry
-            FROM {qualified(table.table)} WHERE untyped_values IS NOT NULL
-        ), counted AS (
-            SELECT row_key, entry.field, entry.value, entry.problem
-            FROM entries WHERE entry.problem {"=" if not_finite else "<>"} 'not finite'
+        WITH counted AS (
+            FROM {UNTYPED_TABLE} WHERE problem {"=" if not_finite else "<>"} 'not finite'
         )
         SELECT
             count(DISTINCT row_key),
@@ -372,6 +420,15 @@ def untyped_values_found(
     )
 
 
+def _scanned(scan: Scan, name: str, description: str) -> CheckKind:
+    return CheckKind(
+        lambda conn, table: scan(conn, table, None)[name],
+        description,
+        over_inserted=lambda conn, table: scan(conn, table, FOLLOW_ROWS)[name],
+        scan=scan,
+    )
+
+
 CHECKS = {
     "ids_unique": CheckKind(
         ids_unique,
@@ -379,13 +436,15 @@ CHECKS = {
         blocking=True,
         over_inserted=functools.partial(ids_unique, inserted=FOLLOW_ROWS),
     ),
-    "values_typed": CheckKind(
-        functools.partial(untyped_values_found, not_finite=False),
+    "values_typed": _scanned(
+        untyped_values,
+        "values_typed",
         "Every present value of {table} was typed: counts the rows where one could not be (its "
         "column is NULL; untyped_values and raw.* keep it as received), with a sample.",
     ),
-    "values_finite": CheckKind(
-        functools.partial(untyped_values_found, not_finite=True),
+    "values_finite": _scanned(
+        untyped_values,
+        "values_finite",
         "No NaN or infinity was sent for a value of {table}: counts the rows where one was "
         "(stored as NULL, so sums stay numbers), with a sample of ids.",
     ),

@@ -1,8 +1,8 @@
 """Which tables a query reads, and where each of its columns comes from, parsed by sqlglot.
 
 Parsing takes a few hundred ms per process, so results are cached in ``~/.cache`` (or
-``XDG_CACHE_HOME``) by a hash of the query and sqlglot's version (a cache that fails is parsed
-around); sqlglot (50 ms to import) is imported only to parse."""
+``XDG_CACHE_HOME``) by a hash of the query, sqlglot's version and this module's text (a cache
+that fails is parsed around); sqlglot (50 ms to import) is imported only to parse."""
 
 from __future__ import annotations
 
@@ -35,7 +35,8 @@ class Reads:
 def _cache_file() -> Path:
     cache = os.environ.get("XDG_CACHE_HOME") or str(Path.home() / ".cache")
     version = importlib.metadata.version("sqlglot")  # without importing it
-    return Path(cache) / "fieldsales_dagster" / f"query_lineage-sqlglot-{version}.json"
+    rules = hashlib.sha256(Path(__file__).read_bytes()).hexdigest()[:12]  # what is parsed, how
+    return Path(cache) / "fieldsales_dagster" / f"query_lineage-sqlglot-{version}-{rules}.json"
 
 
 @functools.cache
@@ -148,3 +149,49 @@ def _column_sources(
                 sources.add((f"{table.db}.{table.name}".lower(), source))
         found[column] = sorted(sources)
     return found
+
+
+def over_rows(sql: str, table: str, rows: str) -> str | None:
+    """``sql`` reading the table ``rows`` in place of ``table``, where that gives the same result
+    whenever no other row of ``table`` offends: its one statement reads ``table`` once, and its
+    ``passed`` is ``count(*) = 0`` over the rows a WHERE keeps of that reading (in its own FROM,
+    or in a CTE that only filters it), which its every other column reads too; else ``None``."""
+    narrowed = _parsed_once(
+        "over_rows", f"{table}\0{rows}\0{sql}", lambda: _over_rows(sql, table, rows)
+    )
+    return str(narrowed) if narrowed is not None else None
+
+
+def _over_rows(sql: str, table: str, rows: str) -> str | None:
+    import sqlglot
+    from sqlglot import exp
+
+    def plain(select: Any) -> bool:  # no step that reads several rows of its FROM
+        modifiers = ("group", "having", "qualify", "joins", "distinct", "limit", "offset")
+        return isinstance(select, exp.Select) and not any(select.args.get(m) for m in modifiers)
+
+    statements: list[Any] = [s for s in sqlglot.parse(sql, read="duckdb") if s is not None]
+    if len(statements) != 1 or not plain(query := statements[0]):
+        return None
+    reads = [t for t in query.find_all(exp.Table) if t.db]
+    passed = [c.unalias() for c in query.expressions if c.alias_or_name.lower() == "passed"]
+    zero = exp.EQ(this=exp.Count(this=exp.Star(), big_int=True), expression=exp.Literal.number(0))
+    if len(reads) != 1 or f"{reads[0].db}.{reads[0].name}".lower() != table or passed != [zero]:
+        return None
+    (read,), source = reads, query.args["from_"].this
+    if source is not read:  # through a CTE: the rows it keeps, whatever the query does with them
+        name = source.name.lower() if isinstance(source, exp.Table) and not source.db else None
+        ctes = [c for c in query.ctes if c.alias_or_name.lower() == name]
+        if len(ctes) != 1 or query.args["with_"].args.get("recursive") or query.args.get("where"):
+            return None
+        query = ctes[0].this
+        if not plain(query) or query.args["from_"].this is not read:
+            return None
+        if any(query.find_all(exp.AggFunc, exp.Window)):
+            return None
+    if not query.args.get("where"):
+        return None
+    # In the text as written: sqlglot's own rendering may rename a column named by its expression.
+    start, end = (read.args.get("catalog") or read.args["db"]).meta["start"], read.this.meta["end"]
+    named = "" if read.alias else f" AS {exp.to_identifier(read.name).sql('duckdb')}"
+    return f"{sql[:start]}{rows}{named}{sql[end + 1 :]}"

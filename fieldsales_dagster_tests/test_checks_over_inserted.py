@@ -1,0 +1,208 @@
+"""A check that passed at its table's last build, when a follow changed only some rows, is
+evaluated over the rows the follow inserted, and gives the result an evaluation of every row
+gives; after a failure, it reads every row again."""
+
+from __future__ import annotations
+
+import json
+
+import dagster as dg
+import duckdb
+import pytest
+from hypothesis import HealthCheck, assume, given, settings
+from hypothesis import strategies as st
+
+from fieldsales_dagster.assets import checks
+from fieldsales_dagster.assets.follow import FOLLOW_ROWS
+from fieldsales_dagster.assets.lineage import over_rows
+from fieldsales_dagster.warehouse.lake import run_transaction
+from fieldsales_dagster_tests import core_payloads as p
+from fieldsales_dagster_tests.conftest import lake_at
+
+SLIDER = p.field("f-slider", "Slider", minimum=0, maximum=10, step=1)
+CONFIG = p.config("cfg-1", [SLIDER, p.field("f-count", "number")])
+NARROWED = "over the keys of the rows the follow inserted: it passed at the build that read "
+
+
+def good(transaction_id: str) -> dict:
+    """Passes every check; its report leaves the number field unanswered."""
+    return p.transaction(
+        transaction_id, report_config=CONFIG, report_results=p.results(**{"f-slider": 3})
+    )
+
+
+def bad(transaction_id: str) -> dict:
+    """Fails every row-wise check of core.transactions and core.custom_report_results."""
+    values = {"f-slider": 11, "f-count": "many", "f-unknown": 1}
+    report = good(transaction_id)["_customReport"] | {"reportResults": p.results(**values)}
+    return good(transaction_id) | {"price": "NaN", "qty": "four", "_customReport": report}
+
+
+@pytest.fixture(scope="module")
+def mixed_rows(tmp_path_factory) -> dict[str, object]:
+    """Every core table's rows, of good and bad transactions, events and points of sale."""
+    database = tmp_path_factory.mktemp("mixed") / "t.duckdb"
+    transactions = [good(f"t-{i}") for i in range(6)] + [bad("t-bad"), bad("t-worse")]
+    events = [
+        p.event("e1", history=[p.history_entry("h-1", "", "Planned", p.T0)]),
+        p.event("e2", pos=p.point_of_sale("pos-swapped", location=[200.0, 95.0])),
+        p.event("e3", starts=("not a time",)),
+    ]
+    p.materialize_core(database, transactions=transactions, events=events, raise_on_error=False)
+    with lake_at(database).get_connection() as conn:
+        return {
+            check.table.table: conn.execute(f"FROM {check.table.table}").fetch_arrow_table()
+            for check in checks.core_checks()
+            if check.kind.over_inserted is not None
+        }
+
+
+NARROWABLE = {
+    f"{check.table.table}.{check.name}": check
+    for check in checks.core_checks()
+    if check.kind.over_inserted is not None
+}
+
+
+def test_every_row_wise_check_of_a_following_table_can_be_narrowed():
+    names = {(c.table.table, c.name) for c in NARROWABLE.values()}
+    for table in ("core.transactions", "core.events", "core.custom_report_results"):
+        assert {(table, "values_typed"), (table, "values_finite")} <= names
+    assert ("core.custom_report_results", "slider_values_valid") in names
+    assert ("core.custom_report_results", "field_types_resolved") in names
+    assert ("core.dim_point_of_sale", "coordinates_in_range") in names
+    # Reading another table: a row of it can make an unchanged row offend.
+    assert ("core.transactions", "event_ids_known") not in names
+    assert ("mart.daily_sales", "daily_sales_match_transactions") not in names
+
+
+@pytest.mark.parametrize(
+    "sql",
+    [
+        # The duplicates among rows kept: old rows pass the filter too.
+        "SELECT count(*) = 0 AS passed FROM (SELECT k FROM core.t WHERE k IS NOT NULL "
+        "GROUP BY k HAVING count(*) > 1)",
+        "SELECT count(*) > 0 AS passed FROM core.t WHERE x",
+        "SELECT count(*) = 0 AS passed FROM core.t",
+        "SELECT count(*) = 0 AS passed, (SELECT count(*) FROM core.t) AS n FROM core.t WHERE x",
+        "WITH o AS (SELECT * FROM core.t WHERE x) SELECT count(*) = 0 AS passed FROM o WHERE y",
+        "WITH o AS (SELECT k, count(*) OVER () AS n FROM core.t WHERE x) "
+        "SELECT count(*) = 0 AS passed FROM o",
+        "SELECT count(*) = 0 AS passed FROM core.t JOIN core.u USING (k) WHERE x",
+    ],
+)
+def test_a_written_check_not_counting_its_own_offending_rows_is_not_narrowed(sql):
+    assert over_rows(sql, "core.t", FOLLOW_ROWS) is None
+
+
+def test_a_written_check_is_narrowed_in_its_text_as_written():
+    sql = 'SELECT count(*) = 0 AS passed, count(*) FROM core."t" WHERE t.x -- core.t\n'
+    narrowed = (
+        f"SELECT count(*) = 0 AS passed, count(*) FROM {FOLLOW_ROWS} AS t WHERE t.x -- core.t\n"
+    )
+    assert over_rows(sql, "core.t", FOLLOW_ROWS) == narrowed
+
+
+def result_of(found: dg.AssetCheckResult) -> tuple:
+    metadata = {k: v for k, v in found.metadata.items() if k != "fieldsales/check"}
+    return found.passed, found.severity, metadata
+
+
+@pytest.mark.parametrize("name", NARROWABLE)
+@settings(
+    max_examples=25,
+    deadline=None,
+    suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow],
+)
+@given(data=st.data())
+def test_a_narrowed_check_gives_the_result_of_every_row(name, mixed_rows, data):
+    """The table's rows before the follow pass; the follow inserts any rows, copies of kept ones
+    among them: over the inserted rows, the check finds what it finds over every row."""
+    check = NARROWABLE[name]
+    conn = duckdb.connect()
+    conn.execute(f"CREATE SCHEMA {check.table.schema}")
+    conn.register("source", mixed_rows[check.table.table])
+    conn.execute("CREATE TABLE rows AS SELECT row_number() OVER () AS i, * FROM source")
+    (count,) = conn.execute("SELECT count(*) FROM rows").fetchone()
+    assert count > 0, f"no row of {check.table.table} to draw from"
+    kept = data.draw(st.sets(st.integers(1, count)), label="kept")
+    inserted = data.draw(st.lists(st.integers(1, count), max_size=6), label="inserted")
+
+    def rows(ids: list[int]) -> str:
+        return f"SELECT rows.* EXCLUDE (i) FROM unnest({ids}::BIGINT[]) AS k(i) JOIN rows USING (i)"
+
+    conn.execute(f"CREATE TABLE {check.table.table} AS {rows(sorted(kept))}")
+    assume(check.kind.evaluate(conn, check.table).passed)
+    conn.execute(f"CREATE TEMP TABLE {FOLLOW_ROWS} AS {rows(inserted)}")
+    conn.execute(f"INSERT INTO {check.table.table} FROM {FOLLOW_ROWS}")
+    whole = check.kind.evaluate(conn, check.table)
+    assert result_of(check.kind.over_inserted(conn, check.table)) == result_of(whole)
+
+
+def load_again(database, *changed: dict) -> dict[tuple[str, str], dg.AssetCheckEvaluation]:
+    with lake_at(database).get_connection() as conn:
+        update = "UPDATE raw.transactions SET payload = ?, loaded_at = now() WHERE id = ?"
+        for item in changed:
+            run_transaction(
+                conn,
+                "raw.transactions",
+                lambda i=item: conn.execute(update, [json.dumps(i), i["_id"]]),
+            )
+    result = p.materialize_core_only(database, with_checks=True, raise_on_error=False)
+    for m in result.get_asset_materialization_events():
+        if m.asset_key.to_user_string() in ("core_transactions", "core_custom_report_results"):
+            assert m.materialization.metadata["fieldsales/build"].value.startswith("incremental")
+    return {
+        (e.asset_key.to_user_string(), e.check_name): e
+        for e in result.get_asset_check_evaluations()
+    }
+
+
+ROW_WISE = [
+    ("core_transactions", "values_typed"),
+    ("core_transactions", "values_finite"),
+    ("core_custom_report_results", "values_typed"),
+    ("core_custom_report_results", "slider_values_valid"),
+    ("core_custom_report_results", "field_types_resolved"),
+]
+
+
+def test_after_a_follow_row_wise_checks_read_the_inserted_rows_and_after_a_failure_every_row(
+    tmp_path,
+):
+    database = tmp_path / "t.duckdb"
+    transactions = [good(f"t-{i}") for i in range(10)]
+    first = p.materialize_core(
+        database, transactions=transactions, events=[p.event("e1")], with_checks=True
+    )
+    assert all(e.passed for e in first.get_asset_check_evaluations())
+    by_name = {(c.table.asset_name, c.name): c for c in checks.core_checks()}
+
+    def whole(key: tuple[str, str]) -> tuple:
+        check = by_name[key]
+        with lake_at(database).get_connection() as conn:
+            return result_of(check.kind.evaluate(conn, check.table))
+
+    narrowed = load_again(database, bad("t-3"))
+    for key in ROW_WISE:
+        assert narrowed[key].metadata["fieldsales/check"].value.startswith(NARROWED), key
+        assert not narrowed[key].passed, key
+        assert result_of(narrowed[key]) == whole(key), key
+    assert (
+        narrowed["core_custom_report_results", "slider_values_valid"].metadata["out_of_range"].value
+        == 1
+    )
+    # Failed last: every row read again, the count exact (t-3 still offends, t-5 does not).
+    again = load_again(database, good("t-5") | {"qty": 5})
+    for key in ROW_WISE:
+        assert "fieldsales/check" not in again[key].metadata, key
+        assert result_of(again[key]) == whole(key), key
+    assert (
+        again["core_transactions", "values_finite"].metadata["rows_with_nan_or_infinity"].value == 1
+    )
+    # Passed last: still over the inserted rows.
+    assert (
+        again["core_transactions", "ids_unique"]
+        .metadata["fieldsales/check"]
+        .value.startswith(NARROWED)
+    )
