@@ -6,10 +6,17 @@ run leaves the audit and the tables as they were."""
 
 from __future__ import annotations
 
-import dagster as dg
-import pytest
+from datetime import UTC, datetime
 
+import dagster as dg
+import duckdb
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from fieldsales_dagster.client.endpoints import TRANSACTIONS
 from fieldsales_dagster.loading import incremental, raw_load
+from fieldsales_dagster.loading.deletions import record_deletions
 from fieldsales_dagster_tests.conftest import make_api, make_warehouse, read_lake
 from fieldsales_dagster_tests.project import core_assets, raw_assets
 
@@ -169,3 +176,40 @@ def test_a_failed_run_leaves_the_audit_and_the_table_as_they_were(
     assert not result.success and recorded and recorded[-1] > 0
     assert audit(warehouse, "transactions") == audited
     assert stored(warehouse, "transactions") == before
+
+
+@settings(max_examples=60, deadline=None)
+@given(
+    stored=st.lists(st.tuples(st.integers(0, 12), st.integers(0, 3)), max_size=12),
+    events=st.sets(st.integers(0, 3)),
+    kept=st.sets(st.integers(0, 15)),
+)
+def test_the_audit_of_ids_a_merge_knows_gone_records_what_finding_them_records(
+    stored, events, kept
+):
+    """The merge read the re-fetched events' stored rows: given the ids of those the server no
+    longer lists, the audit records the rows it records comparing every stored row with the
+    list (an id stored under another event too, or listed again elsewhere, included)."""
+    scope = [f"e-{e}" for e in sorted(events)]
+    listed = "SELECT unnest($kept::VARCHAR[]) AS id"
+    at = datetime(2026, 1, 2, tzinfo=UTC)
+
+    def audited(**known) -> list[tuple]:
+        conn = duckdb.connect()
+        conn.execute(
+            "CREATE SCHEMA raw; CREATE TABLE raw.transactions "
+            "(id VARCHAR, event_id VARCHAR, payload JSON, loaded_at TIMESTAMP)"
+        )
+        for i, (transaction, event) in enumerate(stored):
+            row = [f"t-{transaction}", f"e-{event}", f'{{"n": {i}}}']
+            conn.execute("INSERT INTO raw.transactions VALUES (?, ?, ?, '2026-01-01')", row)
+        conn.execute(f"CREATE TEMP TABLE kept AS {listed}", {"kept": [f"t-{k}" for k in kept]})
+        count = record_deletions(
+            conn, TRANSACTIONS, kept="FROM kept", events=scope, run_id="r", at=at, **known
+        )
+        rows = conn.execute("FROM meta.transactions_deleted ORDER BY ALL").fetchall()
+        return [count, *rows]
+
+    of_events = {f"t-{t}" for t, e in stored if f"e-{e}" in scope}
+    gone = of_events - {f"t-{k}" for k in kept}
+    assert audited(gone=gone) == audited()

@@ -5,6 +5,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Collection
 from datetime import UTC, datetime
 from typing import Any
 
@@ -35,13 +36,16 @@ def record_deletions(
     *,
     kept: str,
     events: list[str] | None = None,
+    gone: Collection[str] | None = None,
     run_id: str | None,
     at: datetime,
 ) -> int:
     """Before a refresh replaces rows: audit every stored row (of ``events`` only, if given) whose
     id is not in ``kept`` (a query of the ids after the change), and mark open audit rows in
     ``kept`` as reappeared. Returns how many were deleted. Payloads are read only for rows that are
-    gone (and, with ``events``, only where those events' rows lie)."""
+    gone (and, with ``events``, only where those events' rows lie). ``gone``: those ids, where the
+    caller read them already (the merge reads the events' stored rows): the stored rows in scope
+    are then read for them only, not every one of them to compare with ``kept``."""
     audit = qualified(audit_table(endpoint))
     extra = "".join(f", {quote_ident(column)} VARCHAR" for column, _ in endpoint.extra_columns)
     ensure_table(
@@ -62,11 +66,17 @@ def record_deletions(
         return 0
     target = qualified(endpoint.raw_table)
     scope, of_events = ("true", {}) if events is None else (OF_EVENTS, {"events": events})
-    conn.execute(
-        f"CREATE OR REPLACE TEMP TABLE {GONE_TABLE} AS "
-        f"SELECT id FROM {target} WHERE {scope} EXCEPT SELECT id FROM ({kept})",
-        of_events,
-    )
+    if gone is None:
+        conn.execute(
+            f"CREATE OR REPLACE TEMP TABLE {GONE_TABLE} AS "
+            f"SELECT id FROM {target} WHERE {scope} EXCEPT SELECT id FROM ({kept})",
+            of_events,
+        )
+    else:
+        conn.execute(
+            f"CREATE OR REPLACE TEMP TABLE {GONE_TABLE} AS SELECT unnest($gone::VARCHAR[]) AS id",
+            {"gone": sorted(gone)},
+        )
     try:
         return _write_if_any(
             conn,

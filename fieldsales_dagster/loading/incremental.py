@@ -383,8 +383,10 @@ def _merge(
         unstored = f"FROM {stage} s ANTI JOIN (FROM {target} WHERE {OF_EVENTS}) t ON s.id = t.id"
         if new != old or one_row(conn, f"SELECT count(*) {unstored} AND {same}", events)[0]:
             kept, at = f"SELECT id FROM {stage}", run.now
-            ours = events["events"]
-            record_deletions(conn, TRANSACTIONS, kept=kept, events=ours, run_id=run.run_id, at=at)
+            ours, gone = events["events"], replaced.keys() - new.keys()
+            record_deletions(
+                conn, TRANSACTIONS, kept=kept, events=ours, gone=gone, run_id=run.run_id, at=at
+            )
             deleted = _delete_replaced(conn, events, moved=len(old) > len(replaced))
             pause_at("merge")
             conn.execute(f"INSERT INTO {target} BY NAME SELECT * FROM {stage}")
