@@ -211,3 +211,30 @@ def test_the_steps_of_an_unchanged_run_share_one_read_of_the_build_records(
     assert set(_builds(again).values()) == {"unchanged"}
     assert 1 <= reads.count(lake_module.BUILDS_TABLE) <= 3 < len(DERIVED), reads
     assert 1 <= reads.count("changes") <= 3, reads
+
+
+def _statements(warehouse, run) -> list[str]:
+    """The statements the process's lake instance ran during ``run()`` (DuckDB's query log)."""
+    with warehouse.get_connection() as conn:
+        conn.execute("CALL truncate_duckdb_logs(); CALL enable_logging('QueryLog')")
+        try:
+            run()
+        finally:
+            logged = conn.execute("SELECT message FROM duckdb_logs WHERE type = 'QueryLog'")
+            statements = [message for (message,) in logged.fetchall()]
+            conn.execute("CALL disable_logging(); CALL truncate_duckdb_logs()")
+    return statements
+
+
+def test_a_run_upgrades_the_lakes_meta_tables_once_not_at_each_commit(
+    demo_server, tmp_path, warehouse
+):
+    """An earlier release's tables are looked for, and its records' columns added, once, before
+    the run's first step reads a record, however many builds and checks it records."""
+    _run(demo_server, tmp_path, warehouse)
+    demo_server.behaviour.evolve(1)
+    statements = _statements(warehouse, lambda: _run(demo_server, tmp_path, warehouse))
+    upgrades = [s for s in statements if "ADD COLUMN IF NOT EXISTS" in s]
+    drops = [s for s in statements if "DROP TABLE IF EXISTS meta.list_checks" in s]
+    assert statements.count("COMMIT") > len(DERIVED)
+    assert (len(upgrades), len(drops)) == (3, 1), (upgrades, drops)

@@ -522,11 +522,10 @@ def record_load(
 ) -> None:
     """``STATE_TABLE``: ``table`` holds ``rows``, loaded ``at`` in ``mode`` (``full``: whole, as
     the server listed it then). One row per table, by delete-then-insert: a DuckLake has no
-    PRIMARY KEY. An earlier release's record of lists loaded whole is dropped: a lake's first load
-    of raw.events since is taken as its first (incremental.py)."""
+    PRIMARY KEY. An earlier release's record of lists loaded whole is dropped (``lake.upgrade``): a
+    lake's first load of raw.events since is taken as its first (incremental.py)."""
     columns = "last_full_at TIMESTAMP, last_load_at TIMESTAMP, last_mode VARCHAR, rows BIGINT"
     ensure_table(conn, STATE_TABLE, f"table_name VARCHAR, {columns}, events_loaded_at TIMESTAMP")
-    conn.execute("DROP TABLE IF EXISTS meta.list_checks")
     naive = at.astimezone(UTC).replace(tzinfo=None)
     last_full_at = naive if mode == "full" else recorded_load(conn, table)[0]
     conn.execute(f"DELETE FROM {STATE_TABLE} WHERE table_name = ?", [table])

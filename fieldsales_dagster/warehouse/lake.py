@@ -655,13 +655,6 @@ def record_evaluation(
     ran besides its inputs (``fingerprint``), for ``still_valid``."""
     columns = "table_name VARCHAR, reads VARCHAR[], read_snapshot BIGINT, fingerprint VARCHAR"
     ensure_table(conn, BUILDS_TABLE, f"{columns}, check_name VARCHAR, result VARCHAR")
-    # A lake of earlier releases: fingerprints, then check results and the states of following
-    # tables, had tables of their own; no record of theirs matches, so each table is built (a
-    # following one whole) and each check evaluated once.
-    for column in ("fingerprint", "check_name", "result"):
-        conn.execute(f"ALTER TABLE {BUILDS_TABLE} ADD COLUMN IF NOT EXISTS {column} VARCHAR")
-    old = ("build_fingerprints", "check_evaluations", "core_follow_state")
-    conn.execute("; ".join(f"DROP TABLE IF EXISTS meta.{name}" for name in old))
     key = "table_name = ? AND check_name IS NOT DISTINCT FROM ?"
     conn.execute(f"DELETE FROM {BUILDS_TABLE} WHERE {key}", [table, check])
     conn.execute(
@@ -670,6 +663,28 @@ def record_evaluation(
         "FROM current_snapshot()",
         [table, list(reads), read, fingerprint, check, result],
     )
+
+
+#: The meta tables of earlier releases, which ``upgrade`` drops.
+_DROPPED = ("build_fingerprints", "check_evaluations", "core_follow_state", "list_checks")
+
+
+def upgrade(conn: duckdb.DuckDBPyConnection) -> None:
+    """Bring the meta tables of a lake of an earlier release (the current database) to this one's,
+    in one commit where there is anything to change: once per run, before its first step reads
+    a record (``FieldSalesWarehouse.get_connection``), not at every commit. Fingerprints, then
+    check results and the states of following tables, had tables of their own, and so had the
+    times each list was last loaded whole (``meta.list_checks``): no record of theirs matches,
+    so each table is built (a following one whole) and each check evaluated once, and the next
+    load of ``raw.events`` records its time again (incremental.py)."""
+
+    def run() -> None:
+        if table_exists(conn, BUILDS_TABLE):
+            for column in ("fingerprint", "check_name", "result"):
+                conn.execute(f"ALTER TABLE {BUILDS_TABLE} ADD COLUMN IF NOT EXISTS {column} TEXT")
+        conn.execute("; ".join(f"DROP TABLE IF EXISTS meta.{name}" for name in _DROPPED))
+
+    run_transaction(conn, BUILDS_TABLE, run)
 
 
 #: Every record; an earlier release's table has no check_name (its rows are builds) or result.
