@@ -238,3 +238,25 @@ def test_a_run_upgrades_the_lakes_meta_tables_once_not_at_each_commit(
     drops = [s for s in statements if "DROP TABLE IF EXISTS meta.list_checks" in s]
     assert statements.count("COMMIT") > len(DERIVED)
     assert (len(upgrades), len(drops)) == (3, 1), (upgrades, drops)
+
+
+def test_a_run_reads_its_assets_last_materializations_in_one_query(
+    demo_server, tmp_path, warehouse, monkeypatch
+):
+    """Each asset's last metadata (what an unchanged table reports again): one read of the event
+    log for the run, not one per step (the schema-change checks read two of each, apart)."""
+    instance = dg.DagsterInstance.ephemeral()
+    _run(demo_server, tmp_path, warehouse, instance=instance)
+    reads: list[object] = []
+    for method in ("fetch_materializations", "get_latest_materialization_events"):
+        counted = getattr(instance, method)
+
+        def count(*args, counted=counted, **kwargs):
+            if kwargs.get("limit") != 2:
+                reads.append(args[0])
+            return counted(*args, **kwargs)
+
+        monkeypatch.setattr(instance, method, count)
+    again = _run(demo_server, tmp_path, warehouse, instance=instance)
+    assert len(reads) == 1, reads
+    assert all("dagster/row_count" in found for found in again.values())

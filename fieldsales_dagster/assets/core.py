@@ -61,7 +61,7 @@ def build_core_asset(
                 results[:] = check_results(conn, warehouse, names, selected, built_from)
 
             if key in context.selected_asset_keys:
-                last = last_metadata(context.instance, key)
+                last = last_metadata(context, key)
                 metadata = materialize_core_table(conn, warehouse, table, check, last)
             else:
                 check(None)

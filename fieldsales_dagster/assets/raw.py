@@ -163,7 +163,7 @@ def _materialize(
             return report
 
         report = warehouse.one_commit(conn, table, refresh, wrote=lambda r: r.load.written)
-        last = last_metadata(context.instance, context.asset_key)
+        last = last_metadata(context, context.asset_key)
         metadata = table_metadata(conn, warehouse, table, table_doc(name), last=last)
     load = report.load
     api_total = "not reported by the server" if load.api_total is None else load.api_total
