@@ -18,11 +18,16 @@ from fieldsales_dagster.client.errors import (
     PageFormatError,
 )
 from fieldsales_dagster.loading import raw_load
+from fieldsales_dagster.loading.deletions import audit_table
 from fieldsales_dagster.loading.lists import IncompleteListError
 from fieldsales_dagster.loading.raw_load import load_list
 from fieldsales_dagster.urls import InsecureURLError
 from fieldsales_dagster.warehouse.lake import changed_since
-from fieldsales_dagster_tests.conftest import make_api, read_lake
+from fieldsales_dagster.warehouse.pii import PII_VALUE
+from fieldsales_dagster_tests.conftest import lake_at, make_api, make_warehouse, read_lake
+from fieldsales_dagster_tests.hostile_lists import HostileServer
+from fieldsales_dagster_tests.project import materialize, raw_assets
+from fieldsales_dagster_tests.test_hostile_paging import hostile_api
 
 TX = TRANSACTIONS.path
 EV = EVENTS.path
@@ -255,28 +260,96 @@ def _reload_after_one_edit(tmp_path, warehouse) -> tuple[Any, int]:
         return report, conn.execute(stamps).fetchone()[0]
 
 
-def test_a_list_received_in_more_bytes_than_the_memory_limit_is_compared_in_slices(
+def test_a_list_received_in_more_bytes_than_the_memory_limit_rewrites_only_its_changed_row(
     tmp_path, warehouse
 ):
-    # Each slice of the ids' hashes holds at most the memory limit's worth of bytes received, up
-    # to 16: the events list at 10M transactions (1,730 MB received) takes 10.
-    default = duckdb.connect(config={"memory_limit": "192MB"})  # the default limit
-    slices = [raw_load.comparison_slices(default, n * 1e6) for n in (171, 400, 1730, 2900)]
-    assert slices == [1, 3, 10, 0]
+    # Compared by id and digest (meta.raw_transactions_digests): no payload is read back.
     _, stamps = _reload_after_one_edit(tmp_path, warehouse)
     assert stamps == 2, "only the edited row takes the new loaded_at"
 
 
-@pytest.mark.parametrize("judged", ["by its bytes", "by running out of memory"])
-def test_a_list_too_large_to_compare_is_replaced_whole(tmp_path, warehouse, monkeypatch, judged):
-    # Above MAX_COMPARISON_SLICES slices (each scans both tables again), or where a slice runs out
-    # of memory all the same, the list is replaced whole: exact, and bounded.
-    if judged == "by its bytes":
-        monkeypatch.setattr(raw_load, "MAX_COMPARISON_SLICES", 1)
-    else:
-        monkeypatch.setattr(raw_load, "comparison_slices", lambda conn, received: 1)
-    _, stamps = _reload_after_one_edit(tmp_path, warehouse)
-    assert stamps == 1, "rows listed as stored were kept"
+def stored_digests(warehouse, table: str) -> list[tuple]:
+    with read_lake(warehouse) as conn:
+        return conn.execute(f"FROM {raw_load.digests_table(table)} ORDER BY id").fetchall()
+
+
+def distinct_loaded_at(warehouse, table: str) -> int:
+    with read_lake(warehouse) as conn:
+        return conn.execute(f"SELECT count(DISTINCT loaded_at) FROM {table}").fetchone()[0]
+
+
+def test_a_lake_without_recorded_digests_replaces_a_list_whole_once_then_compares(
+    demo_server, api, warehouse
+):
+    load(api, warehouse)
+    with warehouse.get_connection() as conn:  # as a lake from before digests were stored
+        conn.execute("DROP TABLE IF EXISTS meta.raw_transactions_digests")
+    demo_server.dataset.edit_transaction(0, 0)
+    assert load(api, warehouse).written
+    assert distinct_loaded_at(warehouse, "raw.transactions") == 1, "compared without digests"
+    ids = [row[0] for row in stored_digests(warehouse, "raw.transactions")]
+    assert ids == table_ids(warehouse, "raw.transactions")
+    demo_server.dataset.edit_transaction(0, 1)
+    assert load(api, warehouse).written
+    assert distinct_loaded_at(warehouse, "raw.transactions") == 2
+    assert_table_matches_server(warehouse, demo_server, TRANSACTIONS)
+
+
+def test_a_refused_shrink_leaves_the_stored_digests_untouched(demo_server, api, warehouse):
+    load(api, warehouse, EVENTS)
+    before = stored_digests(warehouse, "raw.events")
+    demo_server.dataset.delete_event(0)
+    with pytest.raises(raw_load.ShrinkRefusedError, match="raw.events"):
+        load(api, warehouse, EVENTS, max_shrink_fraction=0.0)
+    assert stored_digests(warehouse, "raw.events") == before
+    load(api, warehouse, EVENTS, max_shrink_fraction=0.0, allow_shrink=True)
+    after = stored_digests(warehouse, "raw.events")
+    assert len(after) == len(before) - 1 == len(table_ids(warehouse, "raw.events"))
+
+
+def test_items_without_id_are_compared_by_their_content_ids_and_a_gone_one_is_audited(tmp_path):
+    groups = [{"name": "a"}, {"name": "a"}, {"name": "b"}]  # no `_id`; a copy of "a" twice
+
+    def answer(path: str, skip: int, limit: int) -> object:
+        return {"data": groups[skip : skip + limit], "total": len(groups)}
+
+    warehouse = lake_at(tmp_path / "groups.duckdb")
+    with HostileServer(answer) as server:
+        api = hostile_api(server, page_size=1000)
+        first = load(api, warehouse, EVENT_GROUPS)
+        assert first.rows == 2 and first.duplicates_dropped == 1
+        assert not load(api, warehouse, EVENT_GROUPS).written
+        groups[2] = {"name": "c"}
+        assert load(api, warehouse, EVENT_GROUPS).written
+    with read_lake(warehouse) as conn:
+        rows = "SELECT payload->>'name', id = md5(payload::VARCHAR) FROM raw.event_groups"
+        assert sorted(conn.execute(rows).fetchall()) == [("a", True), ("c", True)]
+        gone = f"SELECT payload->>'name' FROM {audit_table(EVENT_GROUPS)}"
+        assert conn.execute(gone).fetchall() == [("b",)]
+    ids = [row[0] for row in stored_digests(warehouse, "raw.event_groups")]
+    assert ids == table_ids(warehouse, "raw.event_groups")
+    assert distinct_loaded_at(warehouse, "raw.event_groups") == 2, "row listed as stored rewritten"
+
+
+def test_a_changed_raw_redaction_rewrites_rows_received_the_same(demo_server, tmp_path):
+    def run(redact: bool, mode: str) -> None:
+        warehouse = make_warehouse(tmp_path, redact_pii_in_raw=redact)
+        config = {"ops": {"raw_transactions": {"config": {"refresh_mode": mode}}}}
+        api = make_api(demo_server, tmp_path)
+        resources = {"fieldsales_api": api, "warehouse": warehouse}
+        assert materialize(raw_assets(), resources=resources, run_config=config).success
+
+    def personal_rows() -> int:  # the demo's personal keys are in its events
+        with read_lake(make_warehouse(tmp_path)) as conn:
+            found = "SELECT count(*) FROM raw.events WHERE regexp_matches(payload::VARCHAR, $pii)"
+            return conn.execute(found, {"pii": PII_VALUE}).fetchone()[0]
+
+    run(redact=False, mode="full")
+    assert personal_rows() == 30
+    run(redact=True, mode="full")  # the same bytes received: stored otherwise
+    assert personal_rows() == 0
+    run(redact=False, mode="full")
+    assert personal_rows() == 30, "rows stored redacted were kept"
 
 
 def test_a_list_listed_as_stored_rewrites_neither_its_table_nor_its_event_states(
@@ -286,7 +359,7 @@ def test_a_list_listed_as_stored_rewrites_neither_its_table_nor_its_event_states
     with warehouse.get_connection() as conn:
         (before,) = conn.execute("SELECT id FROM current_snapshot()").fetchone()
         assert not load_list(api, conn, EVENTS).written
-        tables = ["raw.events", "meta.event_states"]
+        tables = ["raw.events", "meta.event_states", "meta.raw_events_digests"]
         assert changed_since(conn, warehouse.lake, before, tables) == []
 
 

@@ -143,6 +143,7 @@ def _materialize(
                     resync.request(datetime.now(UTC)),
                     log=lambda message: context.log.info(tenant + message),
                     before_swap=before_swap,
+                    redact_pii_in_raw=warehouse.redact_pii_in_raw,
                     run_id=context.run_id,
                 )
             else:

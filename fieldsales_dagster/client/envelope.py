@@ -66,13 +66,14 @@ class ListStats:
             self.parent.count(**deltas)
 
 
-#: The key of ``digest``, drawn per process: digests are compared within a run, never stored.
-_DIGEST_SEED = secrets.randbits(64)
+#: The key of ``digest`` by default, drawn per process: such digests are compared within a run,
+#: never stored (a stored item's are keyed by what its row is made of: raw_load.digest_key).
+PROCESS_KEY = secrets.randbits(64)
 
 
-def digest(data: msgspec.Raw | bytes) -> int:
-    """XXH3 of bytes as received, keyed per process: ten times as fast as ``hash(bytes(item))``."""
-    return xxhash.xxh3_64_intdigest(data, _DIGEST_SEED)
+def digest(data: msgspec.Raw | bytes, key: int = PROCESS_KEY) -> int:
+    """XXH3 of bytes as received, keyed: ten times as fast as ``hash(bytes(item))``."""
+    return xxhash.xxh3_64_intdigest(data, key)
 
 
 _ENVELOPE = msgspec.json.Decoder(list[msgspec.Raw] | dict[str, msgspec.Raw])

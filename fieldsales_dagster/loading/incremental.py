@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 from functools import partial
@@ -29,8 +28,11 @@ from fieldsales_dagster.loading.lists import (
 )
 from fieldsales_dagster.loading.raw_load import (
     EVENT_STATES,
+    STAGED_DIGESTS,
     LoadReport,
     Staging,
+    digest_key,
+    digests_table,
     load_list,
     page_executor,
     record_load,
@@ -45,14 +47,11 @@ from fieldsales_dagster.pause import pause_at
 from fieldsales_dagster.warehouse.lake import drop_table, ensure_table, run_transaction
 from fieldsales_dagster.warehouse.quoting import qualified
 from fieldsales_dagster.warehouse.rows import one_row
-from fieldsales_dagster.warehouse.warehouse import (
-    FieldSalesWarehouse,
-    same_database_cursor,
-    staging_table,
-    table_exists,
-)
+from fieldsales_dagster.warehouse.warehouse import FieldSalesWarehouse, staging_table, table_exists
 
 FINGERPRINTS_TABLE = "meta.event_fingerprints"
+#: The stored transactions' digests (raw_load.digests_table), which a merge compares and keeps.
+DIGESTS_TABLE = digests_table(TRANSACTIONS.raw_table)
 #: A temporary table (memory, spilling to temp_directory): the re-fetched rows are written to the
 #: lake once, by the merge, not a second time as a staging table.
 STAGE_TABLE = "temp." + staging_table(TRANSACTIONS.raw_table, "_by_event").partition(".")[2]
@@ -84,13 +83,18 @@ class Merging:
     log: Callable[[str], None]
     before_swap: Callable[[str], None]
     run_id: str | None
+    digest_key: int  # of the stored rows' digests (raw_load.digest_key)
     now: datetime = field(default_factory=lambda: datetime.now(UTC))
     started: float = field(default_factory=time.monotonic)
 
 
 def read_previous_load(conn: duckdb.DuckDBPyConnection) -> PreviousLoad | None:
+    """The last complete load, if one recorded its state and its rows' digests (a lake from
+    before digests were stored takes one full refresh to record them)."""
     row = recorded_load(conn, TRANSACTIONS.raw_table)
-    if row[1] is None or not table_exists(conn, FINGERPRINTS_TABLE):
+    if row[1] is None or not all(
+        table_exists(conn, t) for t in (FINGERPRINTS_TABLE, DIGESTS_TABLE)
+    ):
         return None
     last_full_at, recorded, events_now = (
         moment and moment.replace(tzinfo=UTC) for moment in (*row[::2], _events_loaded_at(conn))
@@ -186,7 +190,7 @@ def refresh_raw_list(
     reason = f"{endpoint.name} are always fetched whole (they are small next to transactions)"
     spent, after_swap = 0, None
     if endpoint.raw_table == TRANSACTIONS.raw_table:
-        run = Merging(api, conn, log, before_swap, run_id)
+        run = Merging(api, conn, log, before_swap, run_id, digest_key(warehouse.redact_pii_in_raw))
         previous, every = read_previous_load(conn), warehouse.full_refresh_every_days
         decision = choose_mode(mode, previous, now=run.now, full_refresh_every_days=every)
         log(f"transactions: {decision.mode} refresh: {decision.reason}")
@@ -216,6 +220,7 @@ def refresh_raw_list(
         max_shrink_fraction=warehouse.max_shrink_fraction,
         allow_shrink=allow_shrink,
         run_id=run_id,
+        redact_pii_in_raw=warehouse.redact_pii_in_raw,
     )
     return RefreshReport(report, "full", reason, report.bytes + spent)
 
@@ -294,21 +299,13 @@ def _incremental(run: Merging, mode: str, lookback_days: float, reason: str) -> 
 def refetch_and_merge(run: Merging, plan: RefetchPlan, mode: str, reason: str) -> RefreshReport:
     """Re-fetch ``plan``'s events' transactions by ``eventId`` and merge them; a re-sync's merge
     (``mode="resync"``) is not held to the server's global ``count``."""
-    stats, conn, target = ListStats(), run.conn, qualified(TRANSACTIONS.raw_table)
-    # The stored rows' digests, on their own cursor while the pages are fetched: reading payloads
-    # back is most of a merge's cost (``DELETE ... RETURNING`` would read every row's). The loader
-    # holds the write lock.
-    events = plan.replaced
-    with (
-        same_database_cursor(conn) as cursor,
-        ThreadPoolExecutor(max_workers=1, thread_name_prefix="fieldsales-replaced") as reader,
-    ):
-        replaced = reader.submit(_digests, cursor, f"{target} WHERE {OF_EVENTS}", events)
-        try:
-            total = _fetch_by_event(run, plan, stats, count=mode != "resync")
-            rows, counts = _merge(run, mode, total, stats.bytes, replaced.result(), events)
-        finally:
-            drop_table(conn, qualified(STAGE_TABLE))
+    stats, conn, events = ListStats(), run.conn, plan.replaced
+    try:
+        total = _fetch_by_event(run, plan, stats, count=mode != "resync")
+        rows, counts = _merge(run, mode, total, stats.bytes, events)
+    finally:
+        drop_table(conn, qualified(STAGE_TABLE))
+        drop_table(conn, STAGED_DIGESTS)
     written = any(counts.values())  # else every re-fetched row was stored as it is (``_merge``)
     load = LoadReport.of(TRANSACTIONS.raw_table, rows, total, stats, run.started, written=written)
     run.log(
@@ -325,7 +322,9 @@ def _fetch_by_event(run: Merging, plan: RefetchPlan, stats: ListStats, count: bo
     api = run.api
     staging = Staging(run.conn, TRANSACTIONS, STAGE_TABLE, datetime.now(UTC), "event_id", True)
     staging.create()
-    executor = page_executor(api, label="transactions by eventId", log=run.log, spent=stats)
+    executor = page_executor(
+        api, label="transactions by eventId", log=run.log, spent=stats, digest_key=run.digest_key
+    )
     try:
         ListPasses(executor, staging).run(
             [Stream(TRANSACTIONS.with_params(eventId=e), e, api.page_size) for e in plan.event_ids]
@@ -344,8 +343,8 @@ def _fetch_by_event(run: Merging, plan: RefetchPlan, stats: ListStats, count: bo
 
 
 def _digests(conn: duckdb.DuckDBPyConnection, rows: str, params: Any = None) -> dict[str, int]:
-    """Id -> payload hash of ``rows`` (a table and condition)."""
-    return dict(conn.execute(f"SELECT id, hash(payload::VARCHAR) FROM {rows}", params).fetchall())
+    """Id -> digest of ``rows`` (a table of digests and condition): no payload is read."""
+    return dict(conn.execute(f"SELECT id, digest FROM {rows}", params).fetchall())
 
 
 def _merge(
@@ -353,43 +352,48 @@ def _merge(
     mode: str,
     server_count: int | None,
     spent: int,
-    replaced: dict[str, int],
     events: dict[str, list[str]],
 ) -> tuple[int, dict[str, int]]:
-    """Replace the transactions of ``events`` (re-fetched and removed), check, record the new
-    state: one transaction, with ``before_swap``, the deletion audit and the stage's drop. Returns
-    the rows and the transactions added, changed and removed, against ``old``: every stored row
-    replaced, ``replaced`` (the events' rows) and staged ids stored under another event."""
+    """Replace the transactions of ``events`` (re-fetched and removed) and their digests, check,
+    record the new state: one transaction, with ``before_swap``, the deletion audit and the
+    stage's drop. Returns the rows and the transactions added, changed and removed, against
+    ``old``: the stored digests of every row replaced (the events' rows, and staged ids stored
+    under another event), compared with the staged rows' (``STAGED_DIGESTS``, of the same key)."""
     conn, target, stage = run.conn, qualified(TRANSACTIONS.raw_table), qualified(STAGE_TABLE)
     staged, distinct_staged = one_row(conn, f"SELECT count(*), count(DISTINCT id) FROM {stage}")
     if staged != distinct_staged:
         raise FallBack(f"{staged - distinct_staged} transactions listed under two events", spent)
-    old = dict(replaced)
-    # Counted first: a query that returns the payload reads it for every row it scans.
-    moved = f"WHERE id IN (SELECT id FROM {stage}) AND NOT {OF_EVENTS}"
-    if one_row(conn, f"SELECT count(*) FROM {target} {moved}", events)[0]:
-        old.update(_digests(conn, f"{target} {moved}", events))
+    moved = f"id IN (SELECT id FROM {stage}) AND NOT {OF_EVENTS}"
+    old = _digests(conn, f"{DIGESTS_TABLE} WHERE {OF_EVENTS} OR {moved}", events)
+    new = _digests(conn, STAGED_DIGESTS)
+    replaced = one_row(conn, f"SELECT count(*) FROM {DIGESTS_TABLE} WHERE {OF_EVENTS}", events)[0]
 
     def merge() -> tuple[int, dict[str, int]]:
         run.before_swap(STAGE_TABLE)
-        # After before_swap: a redacted payload compares with the redacted one stored.
-        new = _digests(conn, stage)
         deleted = len(old)
         # Rows stored as re-fetched are kept, loaded_at and all: the tables built on them hold.
         # With the same digests by id, no staged row missing from the replaced events' stored rows
-        # (same id, event and payload: a staged row is of one of ``events``) means the table
+        # (same id, event and digest: a staged row is of one of ``events``) means the table
         # holds exactly the staged rows of those events.
-        same = "s.event_id IS NOT DISTINCT FROM t.event_id AND s.payload = t.payload"
-        unstored = f"FROM {stage} s ANTI JOIN (FROM {target} WHERE {OF_EVENTS}) t ON s.id = t.id"
+        same = "s.event_id IS NOT DISTINCT FROM t.event_id AND s.digest = t.digest"
+        unstored = (
+            f"FROM {STAGED_DIGESTS} s ANTI JOIN (FROM {DIGESTS_TABLE} WHERE {OF_EVENTS}) t "
+            "ON s.id = t.id"
+        )
         if new != old or one_row(conn, f"SELECT count(*) {unstored} AND {same}", events)[0]:
             kept, at = f"SELECT id FROM {stage}", run.now
-            ours, gone = events["events"], replaced.keys() - new.keys()
+            ours, gone = events["events"], old.keys() - new.keys()  # moved ids are staged
             record_deletions(
                 conn, TRANSACTIONS, kept=kept, events=ours, gone=gone, run_id=run.run_id, at=at
             )
-            deleted = _delete_replaced(conn, events, moved=len(old) > len(replaced))
+            moves = len(old) > replaced
+            deleted = _delete_replaced(conn, TRANSACTIONS.raw_table, events, moved=moves)
+            _delete_replaced(conn, DIGESTS_TABLE, events, moved=moves)
             pause_at("merge")
-            conn.execute(f"INSERT INTO {target} BY NAME SELECT * FROM {stage}")
+            conn.execute(
+                f"INSERT INTO {target} BY NAME SELECT * FROM {stage}; "
+                f"INSERT INTO {DIGESTS_TABLE} BY NAME FROM {STAGED_DIGESTS}"
+            )
         rows = one_row(conn, f"SELECT count(*) FROM {target}")[0]
         # Ids are distinct by construction (staged once each, every stored copy of a staged id
         # deleted): the delete must match what was read, and rows the server's count.
@@ -413,10 +417,10 @@ def _merge(
 
 
 def _delete_replaced(
-    conn: duckdb.DuckDBPyConnection, events: dict[str, list[str]], moved: bool
+    conn: duckdb.DuckDBPyConnection, table: str, events: dict[str, list[str]], moved: bool
 ) -> int:
-    """Delete the stored rows of ``events``, and when ``moved``, stored copies of re-fetched ids
-    under other events; returns how many. Reads no payload."""
+    """Delete the rows of ``events`` from ``table`` (the raw table, or its digests), and when
+    ``moved``, stored copies of re-fetched ids under other events; returns how many. Reads no
+    payload."""
     also = f" OR id IN (SELECT id FROM {qualified(STAGE_TABLE)})" if moved else ""
-    target = qualified(TRANSACTIONS.raw_table)
-    return one_row(conn, f"DELETE FROM {target} WHERE {OF_EVENTS}{also}", events)[0]
+    return one_row(conn, f"DELETE FROM {qualified(table)} WHERE {OF_EVENTS}{also}", events)[0]

@@ -15,12 +15,13 @@ from collections import deque
 from collections.abc import Callable, Container, Hashable, Iterator
 from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
 from dataclasses import dataclass, field
+from itertools import repeat
 from typing import TYPE_CHECKING, NamedTuple, Protocol, cast
 
 import msgspec
 
 from fieldsales_dagster.client.endpoints import ListEndpoint
-from fieldsales_dagster.client.envelope import ListStats, Page, digest
+from fieldsales_dagster.client.envelope import PROCESS_KEY, ListStats, Page, digest
 from fieldsales_dagster.client.errors import FieldSalesAPIError, PageFormatError
 
 if TYPE_CHECKING:
@@ -83,9 +84,9 @@ def item_keys(items: list[msgspec.Raw], decode: msgspec.json.Decoder) -> list[It
     return out
 
 
-def item_digests(items: list[msgspec.Raw]) -> array[int]:
+def item_digests(items: list[msgspec.Raw], key: int = PROCESS_KEY) -> array[int]:
     """Each item's ``digest`` (id and content) as a signed BIGINT: whether two copies differ."""
-    return array("q", array("Q", map(digest, items)).tobytes())
+    return array("q", array("Q", map(digest, items, repeat(key))).tobytes())
 
 
 @dataclass(frozen=True)
@@ -257,6 +258,7 @@ class PageExecutor:
     log: Callable[[str], None] = lambda message: None
     spent: ListStats = field(default_factory=ListStats)
     started: float = field(default_factory=time.monotonic)
+    digest_key: int = PROCESS_KEY  # of the items' digests (``item_digests``)
 
     def fetch(self, passes: list[ListPass]) -> Iterator[tuple[Stream, Page]]:
         """Every page of ``passes`` as it arrives, ``limits.concurrency`` requests in flight;
@@ -316,7 +318,7 @@ class PageExecutor:
         if over := window[0] - page.skip:  # asked one item early: that item is another page's
             page = Page(window[0], page.items[over:], page.total, page.nbytes)
         all_keys = item_keys(page.items, key_decoder(stream.endpoint))
-        digests = item_digests(page.items)
+        digests = item_digests(page.items, self.digest_key)
         keep = self._answered(lp, window, page, baseline)
         if nulls := all_keys.count(None):
             raise PageFormatError(

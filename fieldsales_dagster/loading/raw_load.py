@@ -3,15 +3,14 @@
 Each page becomes one Arrow batch (``payload`` in Arrow's JSON type, which DuckDB does not parse
 again) built from its bytes without a copy per item; one ``INSERT`` per pass streams the batches
 while the pager fetches, so memory holds a few pages whatever the list's size. Ids and payloads
-are stored as received. The table is brought to the list in one transaction (only its changed
-rows replaced, or whole where comparing them would not fit memory: ``comparison_slices``), never to
-empty or shrink it by more than ``max_shrink_fraction`` unless ``allow_shrink``.
+are stored as received. The table is brought to the list in one transaction (only the rows whose
+digest changed replaced: ``list_changes``), never to empty or shrink it by more than
+``max_shrink_fraction`` unless ``allow_shrink``.
 """
 
 from __future__ import annotations
 
 import hashlib
-import math
 import queue
 import re
 import threading
@@ -24,6 +23,7 @@ from typing import TYPE_CHECKING, Any, cast
 
 import duckdb
 import msgspec
+import xxhash
 
 from fieldsales_dagster.client.api import FieldSalesAPI
 from fieldsales_dagster.client.endpoints import EVENTS, ListEndpoint
@@ -42,7 +42,6 @@ from fieldsales_dagster.loading.lists import (
     key_decoder,
 )
 from fieldsales_dagster.pause import pause_at
-from fieldsales_dagster.settings import memory_megabytes
 from fieldsales_dagster.warehouse.lake import drop_table, ensure_table, run_transaction
 from fieldsales_dagster.warehouse.pii import PII_VALUE
 from fieldsales_dagster.warehouse.quoting import qualified, quote_ident
@@ -63,6 +62,12 @@ EVENT_STATES, STAGED_STATES = "meta.event_states", "_fs_event_states"
 #: it stay current), when it was last loaded and how, its rows; for ``raw.transactions``, when
 #: ``raw.events`` was last listed whole then (incremental.py).
 STATE_TABLE = "meta.refresh_state"
+#: Each staged item's id, extra columns and digest, kept by ``Staging.seal`` for the comparison and
+#: stored with the rows (``digests_table``).
+STAGED_DIGESTS = "_fs_staged_digests"
+#: Bumped when the code that makes a row of the bytes received changes what it stores (the id of an
+#: item without ``_id``, how an item is stored): every row is then compared as changed once.
+STORED_FORM = 1
 _PII_VALUE = re.compile(PII_VALUE.encode())
 
 
@@ -85,6 +90,24 @@ def event_state(item: msgspec.Raw) -> tuple[str, bytes]:
     # function is twice as fast as a template with groups).
     fingerprint = hashlib.md5(_PII_VALUE.sub(lambda value: b'"%b":null' % value[1], whole))
     return fingerprint.hexdigest(), b"[%b,%b]" % state[1:]
+
+
+def digest_key(redact_pii_in_raw: bool) -> int:
+    """The key of the digests stored with a raw table's rows: what makes a row of the bytes
+    received (``STORED_FORM``, and the redaction, if asked). A row stored in another form has
+    another digest, so a changed setting rewrites every row: a digest describes what is stored.
+
+    A digest is 64 bits (XXH3, ``lists.item_digests``): an item edited in place keeps its row
+    only if its new digest equals the old, by chance: 2**-64 per edit (a million edits a night
+    for a thousand years: 2e-8). Rows are matched by id first: two items never share one."""
+    form = f"{STORED_FORM}:{PII_VALUE if redact_pii_in_raw else ''}"
+    return xxhash.xxh3_64_intdigest(form.encode())
+
+
+def digests_table(table: str) -> str:
+    """Where each row of raw ``table`` has its id, extra columns and digest (``digest_key``),
+    written in the transaction that writes the row: ``meta.raw_events_digests``."""
+    return f"meta.{table.replace('.', '_')}_digests"
 
 
 class RawLoadError(RuntimeError):
@@ -284,11 +307,17 @@ class Staging:
         self.conn.execute(raw_table_ddl(self.endpoint, self.table, self.temporary, digest=True))
 
     def seal(self) -> None:
-        """Drop the staging columns; an event's state waits in ``STAGED_STATES`` for the swap
-        (a DuckLake table's columns dropped in the swap's transaction fail its rename). Its dated
-        changes: its history's dates and every time its state timestamps hold."""
+        """Drop the staging columns; the digests wait in ``STAGED_DIGESTS`` (one row per id: the
+        completeness rule leaves only identical copies), an event's state in ``STAGED_STATES``,
+        for the swap (a DuckLake table's columns dropped in the swap's transaction fail its
+        rename). Its dated changes: its history's dates and every time its state timestamps hold."""
         stage, history = qualified(self.table), "json_extract_string(state_times, '$[0][*].date')"
         stamps = "json_extract_string(state_times, '$[1].*[*]')"
+        keys = "".join(f"{quote_ident(column)}, " for column, _ in self.endpoint.extra_columns)
+        self.conn.execute(
+            f"CREATE OR REPLACE TEMP TABLE {STAGED_DIGESTS} AS "
+            f"SELECT DISTINCT id, {keys}digest FROM {stage}"
+        )
         if self.endpoint is EVENTS:
             self.conn.execute(
                 f"CREATE OR REPLACE TEMP TABLE {STAGED_STATES} AS SELECT id AS event_id, "
@@ -356,6 +385,18 @@ def page_executor(api: FieldSalesAPI, **options: Any) -> PageExecutor:
     return PageExecutor(api.fetch_page, Limits(*limits, variable), **options)
 
 
+def write_rows(conn: duckdb.DuckDBPyConnection, changes: str, pairs: list[tuple[str, str]]) -> None:
+    """For each ``(table, staged)`` (SQL names): delete the rows of ``changes`` not ``staged``
+    (changed or gone), insert those of ``staged`` (changed or new); any other row stays as is."""
+    changed = f"SELECT id FROM {changes} WHERE {{}}staged"
+    for table, staged in pairs:
+        conn.execute(
+            f"DELETE FROM {table} WHERE id IN ({changed.format('NOT ')}); "
+            f"INSERT INTO {table} SELECT * FROM {staged} "
+            f"WHERE id IN ({changed.format('')})"
+        )
+
+
 def load_list(
     api: FieldSalesAPI,
     conn: duckdb.DuckDBPyConnection,
@@ -367,19 +408,21 @@ def load_list(
     max_shrink_fraction: float = 0.5,
     allow_shrink: bool = False,
     run_id: str | None = None,
+    redact_pii_in_raw: bool = False,
 ) -> LoadReport:
     """Make ``endpoint.raw_table`` hold every item the server lists (a row listed as stored is
-    kept, ``loaded_at`` and all, where it is compared: ``comparison_slices``), or leave it
-    untouched.
-    ``before_swap(staging_table)`` runs just before the swap (redaction, comments);
-    ``after_swap(rows)`` (by default ``record_load``) and the deletion audit run in the swap's
-    transaction."""
+    kept, ``loaded_at`` and all: ``list_changes``), or leave it untouched.
+    ``before_swap(staging_table)`` runs just before the swap (comments, and the redaction that
+    ``redact_pii_in_raw`` says it makes); ``after_swap(rows)`` (by default ``record_load``) and
+    the deletion audit run in the swap's transaction."""
     started = time.monotonic()
     loaded_at = datetime.now(UTC)
-    stage = staging_table(endpoint.raw_table)
+    stage, table = staging_table(endpoint.raw_table), endpoint.raw_table
+    digests = digests_table(table)
     conn.execute(f"CREATE SCHEMA IF NOT EXISTS {quote_ident(endpoint.schema)}")
     staging = Staging(conn, endpoint, stage, loaded_at)
-    executor = page_executor(api, label=endpoint.name, log=log)
+    key = digest_key(redact_pii_in_raw)
+    executor = page_executor(api, label=endpoint.name, log=log, digest_key=key)
     try:
         staging.create()
         (result,) = ListPasses(executor, staging).run([Stream(endpoint)]).values()
@@ -387,7 +430,6 @@ def load_list(
         distinct = result.facts.distinct
         if result.facts.rows != distinct:
             _drop_duplicate_ids(conn, stage)
-        table = endpoint.raw_table
         exists = table_exists(conn, table)
         old = one_row(conn, f"SELECT count(*) FROM {qualified(table)}")[0] if exists else 0
         if old and not allow_shrink and (distinct == 0 or 1 - distinct / old > max_shrink_fraction):
@@ -399,11 +441,8 @@ def load_list(
             )
         before_swap(stage)
         changes = None
-        if exists and (slices := comparison_slices(conn, executor.spent.bytes)):
-            try:
-                changes = list_changes(conn, stage, table, "_fs_list_changes", slices)
-            except duckdb.OutOfMemoryException:  # payloads larger than their bytes suggested
-                log(f"{endpoint.name}: comparing the list ran out of memory; replacing it whole")
+        if exists and table_exists(conn, digests):  # else replaced whole, its digests recorded
+            changes = list_changes(conn, stage, table, digests, "_fs_list_changes")
         written = changes != 0
 
         def swap() -> None:
@@ -416,20 +455,21 @@ def load_list(
                 kept = f"SELECT id FROM {qualified(stage)}"
                 record_deletions(conn, endpoint, kept=kept, run_id=run_id, at=loaded_at)
                 if changes is None:
-                    replace_table(conn, stage, endpoint.raw_table)
-                else:  # only the rows of ``list_changes``: one stored as listed keeps its loaded_at
-                    changed = "SELECT id FROM _fs_list_changes WHERE {}staged"
+                    replace_table(conn, stage, table)
                     conn.execute(
-                        f"DELETE FROM {qualified(table)} WHERE id IN ({changed.format('NOT ')}); "
-                        f"INSERT INTO {qualified(table)} SELECT * FROM {qualified(stage)} "
-                        f"WHERE id IN ({changed.format('')})"
+                        "CREATE SCHEMA IF NOT EXISTS meta; "
+                        f"CREATE OR REPLACE TABLE {digests} AS FROM {STAGED_DIGESTS}"
                     )
+                else:  # only the rows of ``list_changes``: one stored as listed keeps its loaded_at
+                    pairs = [(qualified(table), qualified(stage)), (digests, STAGED_DIGESTS)]
+                    write_rows(conn, "_fs_list_changes", pairs)
             (after_swap or partial(record_load, conn, table, at=loaded_at))(distinct)
 
         run_transaction(conn, endpoint.raw_table, swap)
     finally:
         drop_table(conn, qualified(stage))
         drop_table(conn, "_fs_list_changes")
+        drop_table(conn, STAGED_DIGESTS)
     report = LoadReport.of(
         endpoint.raw_table,
         distinct,
@@ -452,13 +492,13 @@ def load_list(
 
 
 def list_changes(
-    conn: duckdb.DuckDBPyConnection, staged: str, table: str, into: str, slices: int = 1
+    conn: duckdb.DuckDBPyConnection, staged: str, table: str, digests: str, into: str
 ) -> int | None:
-    """How many rows of ``staged`` and ``table`` differ, ``loaded_at`` aside, or ``None`` where
-    their columns or comments differ (every row is then new). The temp table ``into`` gets the id
-    of each, and whether it is the staged row (``staged``) or the stored one: a changed id is both.
-    Both hold distinct ids, so one full join by every column finds every difference; it runs in
-    ``slices`` of the ids' hashes, each holding that share of the payloads in memory."""
+    """How many rows of ``staged`` (its digests: ``STAGED_DIGESTS``) and ``table`` (its stored
+    ``digests``) differ, or ``None`` where the tables' columns or comments differ (every row is
+    then new). The temp table ``into`` gets the id of each, and whether it is the staged row
+    (``staged``) or the stored one: a changed id is both. Both hold distinct ids, so one full join
+    by id and digest finds every difference, reading no payload."""
     layout = (
         "SELECT list((column_name, data_type, comment) ORDER BY column_index) FROM duckdb_columns()"
         " WHERE database_name = current_database() AND schema_name = ? AND table_name = ?"
@@ -466,50 +506,12 @@ def list_changes(
     staged_layout, stored = (one_row(conn, layout, t.split(".", 1))[0] for t in (staged, table))
     if staged_layout != stored:
         return None
-    same = " AND ".join(
-        f"s.{quote_ident(name)} IS NOT DISTINCT FROM t.{quote_ident(name)}"
-        for name, _, _ in stored
-        if name not in ("id", "loaded_at")
+    conn.execute(
+        f"CREATE OR REPLACE TEMP TABLE {into} AS SELECT coalesce(s.id, t.id) AS id, "
+        f"s.id IS NOT NULL AS staged FROM {STAGED_DIGESTS} s FULL JOIN {qualified(digests)} t "
+        "ON s.id = t.id AND s.digest = t.digest WHERE s.id IS NULL OR t.id IS NULL"
     )
-    conn.execute(f"CREATE OR REPLACE TEMP TABLE {into} (id VARCHAR, staged BOOLEAN)")
-    for part in range(slices):
-        # Literals: a $parameter in the filter slows each scan down (as in checks.ids_unique).
-        sliced = f"WHERE hash(id) % {slices} = {part}" if slices > 1 else ""
-        conn.execute(
-            f"INSERT INTO {into} SELECT coalesce(s.id, t.id), s.id IS NOT NULL "
-            f"FROM (FROM {qualified(staged)} {sliced}) AS s FULL JOIN "
-            f"(FROM {qualified(table)} {sliced}) AS t ON s.id = t.id AND {same} "
-            "WHERE s.id IS NULL OR t.id IS NULL"
-        )
     return one_row(conn, f"SELECT count(*) FROM {into}")[0]
-
-
-#: Above this many slices, a list is replaced whole: each slice scans both tables again, so the
-#: comparison grows with the square of the bytes received, its replacement linearly. On the events
-#: list of 10M transactions (250,000 events, 1.7 GB received, at 192MB; benchmarks/
-#: comparison_slices.py), 4 and 8 slices ran out of memory; 10 took 13.3 CPU-s, 12 15.6, 16 19.6,
-#: 24 28.2, 32 36.7, 48 56.1, where replacing it whole cost the run 66 CPU-s more (the tables
-#: built on it rebuilt): the events compare cheaper up to ~60 slices. A list of transactions
-#: replaces cheaper (~4 CPU-s a GB against the events' ~38) from ~6 slices on; at 16 (2.8 GB, a
-#: weekly full refresh of ~290k transactions) ~3x. 16: the events up to 16M transactions.
-MAX_COMPARISON_SLICES = 16
-#: What the lake and the load hold beside a slice's join, measured (lists of transactions, bytes
-#: received): at 48MB, 58 MB failed in 1 slice and passed in 2; at 64MB, 96 MB failed in 1 and
-#: passed in 2; at 192MB, 385 MB failed in 1 and passed in 2 (and raw.events at 1M, 171 MB, in 1).
-COMPARISON_RESERVE_MB = 16
-
-
-def comparison_slices(conn: duckdb.DuckDBPyConnection, received: int) -> int:
-    """In how many slices a list received in ``received`` bytes is compared row by row
-    (``list_changes``); 0: replaced whole instead (exact too; every row then takes the load's
-    ``loaded_at``, and the tables built on it are rebuilt whole). The comparison joins the staged
-    and stored payloads in memory, and DuckDB does not spill that join of ~5 KB strings
-    (raw.transactions at 1M, 9.7 GB received, failed it at the default 192MB; raw.events at 1M,
-    171 MB, passed): a slice holds at most the memory limit's worth of bytes received, less
-    ``COMPARISON_RESERVE_MB``."""
-    limit = memory_megabytes(one_row(conn, "SELECT current_setting('memory_limit')")[0])
-    slices = math.ceil(received / (max(limit - COMPARISON_RESERVE_MB, 1) * 1e6)) or 1
-    return slices if slices <= MAX_COMPARISON_SLICES else 0
 
 
 def record_load(

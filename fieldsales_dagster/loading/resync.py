@@ -33,7 +33,7 @@ from fieldsales_dagster.loading.incremental import (
     refetch_and_merge,
 )
 from fieldsales_dagster.loading.lists import named
-from fieldsales_dagster.loading.raw_load import EVENT_STATES
+from fieldsales_dagster.loading.raw_load import EVENT_STATES, digest_key
 from fieldsales_dagster.warehouse.quoting import qualified
 from fieldsales_dagster.warehouse.warehouse import table_exists
 
@@ -104,9 +104,12 @@ def resync_transactions(
     *,
     log: Callable[[str], None] = lambda message: None,
     before_swap: Callable[[str], None],
+    redact_pii_in_raw: bool,
     run_id: str | None = None,
 ) -> RefreshReport:
-    run = Merging(api, conn, log, before_swap, run_id)
+    """Re-fetch and merge the transactions of the events ``request`` names; ``before_swap``
+    redacts as ``redact_pii_in_raw`` says."""
+    run = Merging(api, conn, log, before_swap, run_id, digest_key(redact_pii_in_raw))
     if read_previous_load(conn) is None:
         raise ResyncError(
             "raw_transactions: a re-sync merges into a complete load, and none is recorded yet; "

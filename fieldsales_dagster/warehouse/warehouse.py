@@ -297,14 +297,6 @@ class FieldSalesWarehouse(settings_resource("WarehouseSettings", *WAREHOUSE_SETT
         return export_snapshot(self.lake, target, self._config())
 
 
-def same_database_cursor(conn: duckdb.DuckDBPyConnection) -> duckdb.DuckDBPyConnection:
-    """A cursor in ``conn``'s database (a DuckDB 1.5 cursor starts in ``memory``, not ``USE``'s)."""
-    (name,) = one_row(conn, "SELECT current_database()")
-    cursor = conn.cursor()
-    cursor.execute(f"USE {quote_ident(name)}")
-    return cursor
-
-
 #: A table being built sits beside its target until swapped in; a killed run's is recognised.
 STAGE_PREFIX = "_stage_"
 
