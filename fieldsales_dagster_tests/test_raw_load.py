@@ -352,6 +352,31 @@ def test_a_changed_raw_redaction_rewrites_rows_received_the_same(demo_server, tm
     assert personal_rows() == 30, "rows stored redacted were kept"
 
 
+def test_an_incremental_merge_keeps_the_digests_a_full_refresh_then_finds_current(
+    demo_server, tmp_path
+):
+    warehouse = make_warehouse(tmp_path)
+
+    def run(mode: str | None = None) -> dict[str, object]:
+        config = {"ops": {"raw_transactions": {"config": {"refresh_mode": mode}}}}
+        api = make_api(demo_server, tmp_path)
+        resources = {"fieldsales_api": api, "warehouse": warehouse}
+        result = materialize(raw_assets(), resources=resources, run_config=config)
+        (event,) = result.asset_materializations_for_node("raw_transactions")
+        return {key: value.value for key, value in event.metadata.items()}
+
+    run()
+    changes = demo_server.behaviour.evolve(1)
+    merged = run()
+    assert merged["refresh_mode"] == "incremental" and changes["transactions_changed"]
+    with read_lake(warehouse) as conn:
+        rows = "SELECT id, event_id FROM {} ORDER BY id"
+        stored = conn.execute(rows.format("raw.transactions")).fetchall()
+        assert conn.execute(rows.format("meta.raw_transactions_digests")).fetchall() == stored
+    full = run("full")
+    assert full["refresh_mode"] == "full" and not full["table_written"], "digests went stale"
+
+
 def test_a_list_listed_as_stored_rewrites_neither_its_table_nor_its_event_states(
     demo_server, api, warehouse
 ):
