@@ -170,7 +170,7 @@ def test_the_plan_reads_the_states_written_with_the_events_not_their_payloads(co
 def test_the_merge_deletes_the_transactions_of_the_refetched_and_removed_events(conn):
     plan = incremental._plan(conn, lookback_days=30, now=NOW)
 
-    deleted = incremental._delete_replaced(conn, TRANSACTIONS.raw_table, plan.replaced, moved=False)
+    deleted = incremental._delete_replaced(conn, plan.replaced, moved=False)
 
     assert deleted == 4  # b's two and c's two; d had none stored
     left = conn.execute(f"SELECT id FROM {TRANSACTIONS.raw_table} ORDER BY id").fetchall()

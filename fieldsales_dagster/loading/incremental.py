@@ -60,6 +60,7 @@ STAGE_TABLE = "temp." + staging_table(TRANSACTIONS.raw_table, "_by_event").parti
 FINGERPRINTS_NOW = "_fs_fingerprints"
 REFETCH_TABLE = "_fs_refetch"
 REMOVED_TABLE = "_fs_removed"
+REPLACED_TABLE = "_fs_replaced"  # the stored digests of the rows a merge replaces
 
 MAX_REFETCH_SHARE = 0.5  # of the events: past it, re-fetching costs more than a full refresh
 
@@ -304,8 +305,8 @@ def refetch_and_merge(run: Merging, plan: RefetchPlan, mode: str, reason: str) -
         total = _fetch_by_event(run, plan, stats, count=mode != "resync")
         rows, counts = _merge(run, mode, total, stats.bytes, events)
     finally:
-        drop_table(conn, qualified(STAGE_TABLE))
-        drop_table(conn, STAGED_DIGESTS)
+        for table in (qualified(STAGE_TABLE), STAGED_DIGESTS, REPLACED_TABLE):
+            drop_table(conn, table)
     written = any(counts.values())  # else every re-fetched row was stored as it is (``_merge``)
     load = LoadReport.of(TRANSACTIONS.raw_table, rows, total, stats, run.started, written=written)
     run.log(
@@ -363,10 +364,14 @@ def _merge(
     staged, distinct_staged = one_row(conn, f"SELECT count(*), count(DISTINCT id) FROM {stage}")
     if staged != distinct_staged:
         raise FallBack(f"{staged - distinct_staged} transactions listed under two events", spent)
-    moved = f"id IN (SELECT id FROM {stage}) AND NOT {OF_EVENTS}"
-    old = _digests(conn, f"{DIGESTS_TABLE} WHERE {OF_EVENTS} OR {moved}", events)
-    new = _digests(conn, STAGED_DIGESTS)
-    replaced = one_row(conn, f"SELECT count(*) FROM {DIGESTS_TABLE} WHERE {OF_EVENTS}", events)[0]
+    # One scan of the stored digests: the events' rows (``ours``) and staged ids stored elsewhere.
+    conn.execute(
+        f"CREATE OR REPLACE TEMP TABLE {REPLACED_TABLE} AS SELECT *, {OF_EVENTS} AS ours FROM "
+        f"{DIGESTS_TABLE} WHERE {OF_EVENTS} OR id IN (SELECT id FROM {stage})",
+        events,
+    )
+    old, new = _digests(conn, REPLACED_TABLE), _digests(conn, STAGED_DIGESTS)
+    moves = one_row(conn, f"SELECT count(*) FROM {REPLACED_TABLE} WHERE NOT ours")[0] > 0
 
     def merge() -> tuple[int, dict[str, int]]:
         run.before_swap(STAGE_TABLE)
@@ -376,19 +381,17 @@ def _merge(
         # (same id, event and digest: a staged row is of one of ``events``) means the table
         # holds exactly the staged rows of those events.
         same = "s.event_id IS NOT DISTINCT FROM t.event_id AND s.digest = t.digest"
-        unstored = (
-            f"FROM {STAGED_DIGESTS} s ANTI JOIN (FROM {DIGESTS_TABLE} WHERE {OF_EVENTS}) t "
-            "ON s.id = t.id"
-        )
-        if new != old or one_row(conn, f"SELECT count(*) {unstored} AND {same}", events)[0]:
+        unstored = f"FROM {STAGED_DIGESTS} s ANTI JOIN (FROM {REPLACED_TABLE} WHERE ours) t"
+        if new != old or one_row(conn, f"SELECT count(*) {unstored} ON s.id = t.id AND {same}")[0]:
             kept, at = f"SELECT id FROM {stage}", run.now
             ours, gone = events["events"], old.keys() - new.keys()  # moved ids are staged
             record_deletions(
                 conn, TRANSACTIONS, kept=kept, events=ours, gone=gone, run_id=run.run_id, at=at
             )
-            moves = len(old) > replaced
-            deleted = _delete_replaced(conn, TRANSACTIONS.raw_table, events, moved=moves)
-            _delete_replaced(conn, DIGESTS_TABLE, events, moved=moves)
+            deleted = _delete_replaced(conn, events, moved=moves)
+            conn.execute(
+                f"DELETE FROM {DIGESTS_TABLE} WHERE id IN (SELECT id FROM {REPLACED_TABLE})"
+            )
             pause_at("merge")
             conn.execute(
                 f"INSERT INTO {target} BY NAME SELECT * FROM {stage}; "
@@ -417,10 +420,10 @@ def _merge(
 
 
 def _delete_replaced(
-    conn: duckdb.DuckDBPyConnection, table: str, events: dict[str, list[str]], moved: bool
+    conn: duckdb.DuckDBPyConnection, events: dict[str, list[str]], moved: bool
 ) -> int:
-    """Delete the rows of ``events`` from ``table`` (the raw table, or its digests), and when
-    ``moved``, stored copies of re-fetched ids under other events; returns how many. Reads no
-    payload."""
+    """Delete the stored rows of ``events``, and when ``moved``, stored copies of re-fetched ids
+    under other events; returns how many. Reads no payload."""
     also = f" OR id IN (SELECT id FROM {qualified(STAGE_TABLE)})" if moved else ""
-    return one_row(conn, f"DELETE FROM {qualified(table)} WHERE {OF_EVENTS}{also}", events)[0]
+    target = qualified(TRANSACTIONS.raw_table)
+    return one_row(conn, f"DELETE FROM {target} WHERE {OF_EVENTS}{also}", events)[0]
