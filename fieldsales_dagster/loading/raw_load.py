@@ -307,16 +307,15 @@ class Staging:
         self.conn.execute(raw_table_ddl(self.endpoint, self.table, self.temporary, digest=True))
 
     def seal(self) -> None:
-        """Drop the staging columns; the digests wait in ``STAGED_DIGESTS`` (one row per id: the
-        completeness rule leaves only identical copies), an event's state in ``STAGED_STATES``,
+        """Drop the staging columns; the digests wait in ``STAGED_DIGESTS`` (a row per staged
+        row: ``_drop_duplicate_ids`` as for the stage), an event's state in ``STAGED_STATES``,
         for the swap (a DuckLake table's columns dropped in the swap's transaction fail its
         rename). Its dated changes: its history's dates and every time its state timestamps hold."""
         stage, history = qualified(self.table), "json_extract_string(state_times, '$[0][*].date')"
         stamps = "json_extract_string(state_times, '$[1].*[*]')"
         keys = "".join(f"{quote_ident(column)}, " for column, _ in self.endpoint.extra_columns)
         self.conn.execute(
-            f"CREATE OR REPLACE TEMP TABLE {STAGED_DIGESTS} AS "
-            f"SELECT DISTINCT id, {keys}digest FROM {stage}"
+            f"CREATE OR REPLACE TEMP TABLE {STAGED_DIGESTS} AS SELECT id, {keys}digest FROM {stage}"
         )
         if self.endpoint is EVENTS:
             self.conn.execute(
@@ -429,7 +428,8 @@ def load_list(
         staging.seal()
         distinct = result.facts.distinct
         if result.facts.rows != distinct:
-            _drop_duplicate_ids(conn, stage)
+            _drop_duplicate_ids(conn, qualified(stage))
+            _drop_duplicate_ids(conn, STAGED_DIGESTS)
         exists = table_exists(conn, table)
         old = one_row(conn, f"SELECT count(*) FROM {qualified(table)}")[0] if exists else 0
         if old and not allow_shrink and (distinct == 0 or 1 - distinct / old > max_shrink_fraction):
@@ -544,8 +544,9 @@ def recorded_load(conn: duckdb.DuckDBPyConnection, table: str) -> tuple[Any, ...
 
 
 def _drop_duplicate_ids(conn: duckdb.DuckDBPyConnection, table: str) -> None:
-    """Keep one copy of each id: the completeness rule leaves only identical copies."""
+    """Keep one copy of each id of ``table`` (a SQL name): the completeness rule leaves only
+    identical copies."""
     conn.execute(
-        f"DELETE FROM {qualified(table)} WHERE rowid IN (SELECT rowid FROM {qualified(table)} "
+        f"DELETE FROM {table} WHERE rowid IN (SELECT rowid FROM {table} "
         "QUALIFY row_number() OVER (PARTITION BY id ORDER BY rowid) > 1)"
     )
