@@ -196,12 +196,15 @@ PHASES = {
 
 #: SQL on a phase's copy first, so that its run has work there: the published state is current,
 #: and a run with nothing changed merges and builds nothing. The stored transactions of one event
-#: differ from the server's, and that event's state passes for changed; no build is on record,
-#: nor what a following table reflects (so it is built whole, through a staging table).
+#: differ from the server's (payloads and digests), and that event's state passes for changed; no
+#: build is on record, nor what a following table reflects (so it is built whole, through a
+#: staging table).
 STALE = {
     "merge": [
         "UPDATE meta.event_fingerprints SET fingerprint = 'stale' WHERE event_id = ?",
         "UPDATE raw.transactions SET payload = '{}' WHERE event_id = ?",
+        # A list is compared by the digests stored with its rows: theirs say what was stored.
+        "UPDATE meta.raw_transactions_digests SET digest = 0 WHERE event_id = ?",
     ],
     "core": ["UPDATE meta.lake_builds SET fingerprint = NULL"],
 }
