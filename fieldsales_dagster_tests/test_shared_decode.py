@@ -8,7 +8,12 @@ import dagster as dg
 import duckdb
 import pytest
 
-from fieldsales_dagster.assets.decode import EVENTS_DECODED, share_decoded
+from fieldsales_dagster.assets.decode import (
+    EVENTS_DECODED,
+    keep_parsed,
+    parse_shared,
+    share_decoded,
+)
 from fieldsales_dagster.assets.tables import derived_tables
 from fieldsales_dagster_tests import core_payloads as p
 from fieldsales_dagster_tests.conftest import lake_at
@@ -60,19 +65,26 @@ def test_a_run_parses_the_events_once_for_every_table_reading_them(tmp_path):
     assert p.query(database, "SELECT count(*) FROM core.users") == [(3,)]
 
 
+def _parse(conn, warehouse, ids: str | None = None) -> tuple[str, int]:
+    """One step's parse of ``ids`` into the run's copy of temp.events_decoded, kept for the next."""
+    share_decoded(conn, warehouse, EVENTS_DECODED)
+    parsed = parse_shared(conn, EVENTS_DECODED, ids)
+    keep_parsed(conn, warehouse, EVENTS_DECODED)
+    return parsed.mode, parsed.parsed
+
+
 def test_a_shared_decode_is_parsed_again_when_raw_events_changed(tmp_path):
     database = tmp_path / "t.duckdb"
     p.write_raw_tables(database, events=[p.event("e1")])
     warehouse = lake_at(database, threads=2)
     with warehouse.get_connection() as conn:
-        assert share_decoded(conn, warehouse, EVENTS_DECODED).mode == "full"
-        assert share_decoded(conn, warehouse, EVENTS_DECODED).mode == "current"
+        assert _parse(conn, warehouse) == ("full", 1)
+        assert _parse(conn, warehouse) == ("current", 0)
         conn.execute(
             "INSERT INTO raw.events VALUES (?, ?, now()::TIMESTAMP)",
             ["e2", json.dumps(p.event("e2"))],
         )
-        again = share_decoded(conn, warehouse, EVENTS_DECODED)
-        assert (again.mode, again.parsed) == ("full", 2)
+        assert _parse(conn, warehouse) == ("full", 2)
         shared = warehouse.shared_table(EVENTS_DECODED.table)
         assert conn.execute(f"SELECT id FROM {shared} ORDER BY id").fetchall() == [
             ("e1",),
@@ -82,3 +94,45 @@ def test_a_shared_decode_is_parsed_again_when_raw_events_changed(tmp_path):
     assert _shared_schemas(database) == []
     with warehouse.get_connection() as conn, pytest.raises(duckdb.CatalogException):
         conn.execute(f"SELECT * FROM {shared}")
+
+
+def test_a_step_parses_only_the_events_it_reads_that_no_step_before_parsed(tmp_path):
+    database = tmp_path / "t.duckdb"
+    p.write_raw_tables(database, events=[p.event(f"e{i}") for i in range(4)])
+    warehouse = lake_at(database, threads=2)
+    with warehouse.get_connection() as conn:
+        assert _parse(conn, warehouse, "SELECT 'e1' UNION ALL SELECT 'e2'") == ("incremental", 2)
+        assert _parse(conn, warehouse, "SELECT 'e2'") == ("current", 0)
+        assert _parse(conn, warehouse) == ("full", 2)
+        shared = warehouse.shared_table(EVENTS_DECODED.table)
+        assert conn.execute(f"SELECT id FROM {shared} ORDER BY id").fetchall() == [
+            (f"e{i}",) for i in range(4)
+        ]
+    warehouse.drop_shared()
+
+
+def test_a_run_after_one_event_changed_parses_it_and_the_copies_its_ids_keep(tmp_path):
+    """Issue 48: the tables of the objects events embed follow the changed event by the ids it
+    names, so a run parses it and, of the others, only the events whose copies those ids keep
+    (the latest) or, for the point-of-sale history, all of its point of sale's: not every event."""
+    database = tmp_path / "t.duckdb"
+    events = [
+        p.event(f"e{i}", pos=p.point_of_sale(_id=f"pos{i % 5}"), users=[p.user(f"u{i}")])
+        for i in range(10)
+    ]
+    p.materialize_core(database, events=events)
+    changed = p.event("e3", pos=p.point_of_sale(_id="pos3"), users=[p.user("u3", "Grace")])
+    with lake_at(database).get_connection() as conn:
+        conn.execute(
+            "UPDATE raw.events SET payload = ?, loaded_at = now()::TIMESTAMP WHERE id = 'e3'",
+            [json.dumps(changed)],
+        )
+
+    result = p.materialize_core_only(database)
+
+    # e3; e9, the latest (by id: they start alike) of proj1 and area1; e8, pos3's other event.
+    parsed = [int(t.split("(")[1].split()[0]) for t in _decode_of(result).values()]
+    assert sum(parsed) == 3, _decode_of(result)
+    assert p.query(database, "SELECT first_name FROM core.users WHERE user_id = 'u3'") == [
+        ("Grace",)
+    ]

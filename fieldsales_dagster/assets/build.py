@@ -12,24 +12,19 @@ import duckdb
 
 from fieldsales_dagster.assets.columns import PACKAGE_SQL, comment_table, publishing_query
 from fieldsales_dagster.assets.decode import (
-    Decoded,
     DecodeRefresh,
     build_table,
     create_macros,
     decode_metadata,
+    keep_parsed,
+    parse_shared,
     refresh_decoded,
     share_decoded,
 )
-from fieldsales_dagster.assets.follow import (
-    FOLLOW_ROWS,
-    build_following,
-    define_rows,
-    failing_as,
-)
+from fieldsales_dagster.assets.follow import FOLLOW_ROWS, build_following, define_whole, failing_as
 from fieldsales_dagster.assets.metadata import table_metadata
 from fieldsales_dagster.assets.tables import CoreTable, core_query
 from fieldsales_dagster.warehouse.lake import cleanup, still_valid, table_exists
-from fieldsales_dagster.warehouse.quoting import qualified, quote_ident
 from fieldsales_dagster.warehouse.warehouse import FieldSalesWarehouse
 
 #: The code that shapes a built table beside its query (publishing, decoding, comments, PII), and
@@ -87,10 +82,16 @@ def build_described_table(
     """Build and swap in ``table``, its decoded tables brought up to date first, then call
     ``then``; if ``commit``, in one lake transaction recording what it read and its
     ``build_fingerprint`` (``one_commit``), with what ``then`` writes.
-    A not-kept decoded table is shared before it (a lake transaction writes one database) and,
-    outside a run, dropped after."""
-    refreshed: dict[Decoded, DecodeRefresh] = {}
-    shared = [decoded for decoded in table.decoded if not decoded.kept]
+    A not-kept decoded table is shared (a lake transaction writes one database), its rows parsed
+    as the build reads them, and, outside a run, dropped after."""
+    refreshed = {decoded: DecodeRefresh("current", 0) for decoded in table.decoded}
+    shared = {decoded.table: decoded for decoded in table.decoded if not decoded.kept}
+
+    def parse(name: str, ids: str | None) -> None:
+        if decoded := shared.get(name):
+            with failing_as(table.table, reads=decoded.table):
+                parsed = parse_shared(conn, decoded, ids)
+            refreshed[decoded] = refreshed[decoded].and_then(parsed)
 
     def build() -> dict[str, Any]:
         for decoded in [decoded for decoded in table.decoded if decoded.kept]:
@@ -98,42 +99,51 @@ def build_described_table(
                 refreshed[decoded] = refresh_decoded(
                     conn, decoded, warehouse.lake if commit else None
                 )
-        metadata = decode_metadata([(decoded, refreshed[decoded]) for decoded in table.decoded])
         query = core_query(table)
+        follows = table.follows
         with failing_as(table.table):
-            macros = create_macros(conn, query)
-            follows = table.follows
-            for source in follows.sources if follows else []:
-                define_rows(conn, source.rows, f"SELECT * FROM {qualified(source.decoded)}")
+            named = [f"{s.keys}\n{s.reads}" for s in follows.sources] if follows else []
+            macros = create_macros(conn, "\n".join([query, *named]))
+            define_whole(conn, follows)
             published, params = publishing_query(conn, table.table, query, table.doc, warehouse)
 
         def describe(staged: str) -> None:
             comment_table(conn, staged, table.description, table.doc, warehouse.pii)
 
         def build_whole() -> None:
+            for name in shared:
+                parse(name, None)
             build_table(conn, table.table, published, params, before_swap=describe)
 
         try:
             if follows is None:
                 build_whole()
+                built = {}
             else:
                 lake = warehouse.lake if commit else None
-                metadata |= build_following(
-                    conn, table.table, follows, published, params, build_whole, macros, lake
+                listed = {name: decoded.source for name, decoded in shared.items()}
+                built = build_following(
+                    conn,
+                    table.table,
+                    follows,
+                    published,
+                    params,
+                    build_whole,
+                    macros,
+                    lake,
+                    listed,
+                    parse,
                 )
             then()
         finally:
             with cleanup(conn):
                 conn.execute(f"DROP TABLE IF EXISTS {FOLLOW_ROWS}")
-        return metadata
+        return decode_metadata([(d, refreshed[d]) for d in table.decoded]) | built
 
     try:
-        for decoded in shared:
+        for decoded in shared.values():
             with failing_as(table.table, reads=decoded.table):
-                refreshed[decoded] = share_decoded(conn, warehouse, decoded)
-            view = quote_ident(decoded.table.partition(".")[2])  # of the run's shared copy
-            shared_copy = warehouse.shared_table(decoded.table)
-            conn.execute(f"CREATE OR REPLACE TEMP VIEW {view} AS SELECT * FROM {shared_copy}")
+                share_decoded(conn, warehouse, decoded)
         if commit:
             fingerprint = build_fingerprint(table, warehouse)
             return warehouse.one_commit(
@@ -141,8 +151,8 @@ def build_described_table(
             )
         return build()
     finally:
-        for decoded in shared:
-            conn.execute(f"DROP VIEW IF EXISTS {qualified(decoded.table)}")
+        for decoded in shared.values():
+            keep_parsed(conn, warehouse, decoded)
         if not warehouse.in_run:
             warehouse.drop_shared(conn)
 

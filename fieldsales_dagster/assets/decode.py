@@ -1,5 +1,7 @@
 """Decoded tables, the shared SQL macros, and ``build_table``, the staged build of every table."""
 
+from __future__ import annotations
+
 import functools
 import hashlib
 import re
@@ -53,7 +55,7 @@ TRANSACTIONS_DECODED = Decoded(
     "raw.transactions",
     "Pipeline-internal (analysts: core.transactions): raw.transactions' payloads parsed once.",
 )
-#: Every raw.events payload (up to ~14 KB each) parsed once for the eight tables reading events.
+#: raw.events payloads (up to ~14 KB each), each parsed once per run, when a step first reads it.
 EVENTS_DECODED = Decoded("temp.events_decoded", "raw.events")
 #: Every decoded table by name, in the order a table reading several brings them up to date.
 DECODED_BY_TABLE = {decoded.table: decoded for decoded in (TRANSACTIONS_DECODED, EVENTS_DECODED)}
@@ -65,6 +67,11 @@ class DecodeRefresh:
 
     mode: str
     parsed: int
+
+    def and_then(self, later: DecodeRefresh) -> DecodeRefresh:
+        """This and a ``later`` parse of one build, as one."""
+        mode = max(self.mode, later.mode, key=("current", "incremental", "full").index)
+        return DecodeRefresh(mode, self.parsed + later.parsed)
 
 
 def decode_metadata(refreshed: Sequence[tuple[Decoded, DecodeRefresh]]) -> dict[str, Any]:
@@ -88,13 +95,55 @@ def build_decoded(conn: duckdb.DuckDBPyConnection, decoded: Decoded) -> DecodeRe
 
 def share_decoded(
     conn: duckdb.DuckDBPyConnection, warehouse: FieldSalesWarehouse, decoded: Decoded
-) -> DecodeRefresh:
-    """Parse ``decoded`` once per run into the process's DuckDB, outside a transaction (the lake's
-    writes one database only), for the run's steps while its raw table's ``fingerprint`` holds."""
-    query = functools.partial(_decode_query, conn, decoded)
+) -> None:
+    """Read ``decoded`` in this step (``temp.<name>``, a view) as the run's copy of it, shared by
+    the run's steps in the process's DuckDB while its raw table's ``fingerprint`` holds (begun
+    again, empty, where it changed), with the rows this step parses (``parse_shared``) until
+    ``keep_parsed``. Outside a transaction: the lake's writes one database only."""
+    source = qualified(decoded.source)
+    empty = functools.partial(_decode_query, conn, decoded, f"SELECT * FROM {source} LIMIT 0")
+    shared, here = warehouse.shared_table(decoded.table), _parsed_here(decoded)
     with failing_as(decoded.table):
-        rows = warehouse.share(conn, decoded.table, fingerprint(conn, decoded.source), query)
-    return DecodeRefresh("current", 0) if rows is None else DecodeRefresh("full", rows)
+        warehouse.share(conn, decoded.table, fingerprint(conn, decoded.source), empty)
+        conn.execute(
+            f"CREATE OR REPLACE TEMP TABLE {here} AS FROM {shared} LIMIT 0; "
+            f"CREATE OR REPLACE TEMP VIEW {quote_ident(decoded.table.partition('.')[2])} AS "
+            f"FROM {shared} UNION ALL FROM {here}"
+        )
+
+
+def parse_shared(
+    conn: duckdb.DuckDBPyConnection, decoded: Decoded, ids: str | None
+) -> DecodeRefresh:
+    """Parse the rows of ``ids`` (SQL selecting ``id``; all if ``None``) that ``decoded``, read
+    by ``share_decoded``, lacks: into a temp table, which a lake transaction may write. A run
+    parses each row once, when a step first reads it."""
+    source = f"{decoded.source.replace('.', '_')}_in_slices()"
+    if ids is not None:
+        source = qualified(decoded.source)
+    rows = f"SELECT r.* FROM {source} AS r ANTI JOIN {qualified(decoded.table)} AS d USING (id)"
+    if ids is not None:
+        rows += f" WHERE r.id IN ({ids})"
+    with failing_as(decoded.table):
+        query = _decode_query(conn, decoded, rows)
+        (parsed,) = one_row(conn, f"INSERT INTO {_parsed_here(decoded)} BY NAME\n{query}")
+    mode = "current" if not parsed else "full" if ids is None else "incremental"
+    return DecodeRefresh(mode, parsed)
+
+
+def keep_parsed(
+    conn: duckdb.DuckDBPyConnection, warehouse: FieldSalesWarehouse, decoded: Decoded
+) -> None:
+    """After the step's transaction: the rows it parsed join the run's copy, for the next."""
+    here = _parsed_here(decoded)
+    conn.execute(
+        f"DROP VIEW IF EXISTS {qualified(decoded.table)}; INSERT INTO "
+        f"{warehouse.shared_table(decoded.table)} FROM {here}; DROP TABLE {here}"
+    )
+
+
+def _parsed_here(decoded: Decoded) -> str:
+    return f"temp.{quote_ident('_fs_parsed_' + decoded.table.partition('.')[2])}"
 
 
 def refresh_decoded(

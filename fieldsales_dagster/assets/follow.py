@@ -5,7 +5,7 @@ build recorded (``FOLLOWED``)."""
 from __future__ import annotations
 
 import hashlib
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager
 from typing import Any
 
@@ -29,6 +29,9 @@ FOLLOW_ROWS = "_fs_follow_rows"
 
 #: Above this share of rows to add, rebuilding whole costs less than deleting and inserting.
 WHOLE_ABOVE = 0.2
+
+#: The table macro of the keys a build makes rows for, where ``Follows.keys`` is set.
+FOLLOWED_KEYS = "followed_keys"
 
 
 def same_row(a: str, b: str) -> str:
@@ -120,6 +123,14 @@ class Follows(msgspec.Struct, forbid_unknown_fields=True, frozen=True):
     #: SQL predicate on a decoded row: its table rows carry its ``id`` as ``key`` (else a build
     #: could not find them by it: whole, recording no state, as for rows without a key).
     keyed_when: str = "true"
+    #: SQL of (``id``, ``key``): the ``key`` values whose rows each decoded row is part of, where
+    #: a row of the table reads several decoded rows (else ``key`` is the decoded row's ``id``).
+    #: A build replaces the rows of the keys the rows added name and those gone named at the last
+    #: build (the inputs record them): ``FOLLOWED_KEYS()``. One source only may set it.
+    keys: str = ""
+    #: SQL of the ``id`` of the decoded rows the query reads (``rows``) for ``FOLLOWED_KEYS``:
+    #: only those are parsed (else the rows added).
+    reads: str = ""
     #: Rows of the table that are not ``from_decoded`` and follow another decoded table likewise.
     also: list[Follows] = msgspec.field(default_factory=list)
 
@@ -133,6 +144,36 @@ def define_rows(conn: duckdb.DuckDBPyConnection, macro: str, rows: str) -> None:
     conn.execute(f"CREATE OR REPLACE TEMP MACRO {macro}() AS TABLE {rows}")
 
 
+def define_whole(conn: duckdb.DuckDBPyConnection, follows: Follows | None) -> None:
+    """The macros a whole build's query reads: every decoded row, every key."""
+    for source in follows.sources if follows else []:
+        define_rows(conn, source.rows, f"SELECT * FROM {qualified(source.decoded)}")
+        if source.keys:
+            define_rows(conn, FOLLOWED_KEYS, f"SELECT DISTINCT key FROM ({source.keys})")
+
+
+def _inputs_rows(source: Follows, rows: str) -> str:
+    """SQL: the (``id``, ``loaded_at``) of ``rows`` (a table) a source's inputs record, with
+    the ``keys`` each names where ``source.keys`` is set."""
+    if not source.keys:
+        return f"SELECT id, loaded_at FROM {rows}"
+    named = f"SELECT id, list(key) AS keys FROM ({source.keys}) GROUP BY id"
+    return f"SELECT r.id, r.loaded_at, k.keys FROM {rows} AS r LEFT JOIN ({named}) AS k USING (id)"
+
+
+def _keys_replaced(source: Follows, i: int) -> str:
+    """SQL: the keys whose rows a build replaces (as ``id``): those of the decoded rows added
+    and gone (``_incremental``'s tables), or those they named (``Follows.keys``)."""
+    added, gone = f"_fs_follow_added{i}", f"_fs_follow_gone{i}"
+    if not source.keys:
+        return f"SELECT id FROM {added} UNION SELECT id FROM {gone}"
+    return (
+        f"SELECT unnest(i.keys) AS id FROM {qualified(source.inputs)} AS i SEMI JOIN {gone} "
+        f"AS g ON {same_row('i', 'g')} UNION SELECT key FROM ({source.keys}) "
+        f"WHERE id IN (SELECT id FROM {added})"
+    )
+
+
 def build_following(
     conn: duckdb.DuckDBPyConnection,
     table: str,
@@ -142,10 +183,15 @@ def build_following(
     build_whole: Callable[[], None],
     macros: str = "",
     lake: Lake | None = None,
+    listed: Mapping[str, str] | None = None,
+    parse: Callable[[str, str], None] = lambda decoded, ids: None,
 ) -> dict[str, Any]:
     """Bring ``table`` up to date, incrementally when safe, else ``build_whole()`` (its query's
     ``decoded_rows()`` all of ``follows.decoded``); says how. Only in ``lake`` is the state
-    recorded, so elsewhere every build is whole."""
+    recorded, so elsewhere every build is whole. ``listed``: a decoded table parsed on demand ->
+    the table listing its rows (``id``, ``loaded_at``); ``parse(decoded, ids)`` parses the rows of
+    ``ids`` (SQL) it lacks before a build reads them."""
+    listed = {s.decoded: s.decoded for s in follows.sources} | dict(listed or {})
     resolved = "\n".join(
         f"{t} ({columns}): {fingerprint(conn, t, columns) or 'missing'}"
         for t, columns in follows.resolved_against.items()
@@ -154,13 +200,13 @@ def build_following(
         hashlib.sha256(f"{STATE_RULES}\n{follows}\n{query}\n{macros}".encode()).hexdigest(),
         hashlib.sha256(resolved.encode()).hexdigest(),
     )
-    now = fingerprint(conn, follows.decoded) if follows.reads_inputs else None
+    now = fingerprint(conn, listed[follows.decoded]) if follows.reads_inputs else None
     behind = [inputs for inputs in follows.reads_inputs if fingerprint(conn, inputs) != now]
     why = _why_whole(conn, lake, table, follows, state, params)
     if behind:
         why = f"a table it reads does not reflect {follows.decoded} yet ({', '.join(behind)})"
     elif why is None:
-        result = _incremental(conn, lake, table, follows, query, state)
+        result = _incremental(conn, lake, table, follows, query, state, listed, parse)
         if not isinstance(result, str):
             return result
         why = f"more than {WHOLE_ABOVE:.0%} of {result} is new"
@@ -173,8 +219,8 @@ def build_following(
             schema = quote_ident(source.inputs.partition(".")[0])
             conn.execute(
                 f"CREATE SCHEMA IF NOT EXISTS {schema}; CREATE OR REPLACE TABLE "
-                f"{qualified(source.inputs)} AS SELECT id, loaded_at FROM "
-                f"{qualified(source.decoded)}"
+                f"{qualified(source.inputs)} AS "
+                f"{_inputs_rows(source, qualified(listed[source.decoded]))}"
             )
         write_state(conn, lake, table, None if behind or missing_key else state)
 
@@ -226,33 +272,47 @@ def _incremental(
     follows: Follows,
     query: str,
     state: tuple[str, str],
+    listed: Mapping[str, str],
+    parse: Callable[[str, str], None],
 ) -> dict[str, Any] | str:
-    """Replace the rows of the decoded rows each source lacks or lost; else the decoded table of
-    which more than ``WHOLE_ABOVE`` is new."""
+    """Replace the rows of the decoded rows each source lacks or lost (or of the keys they
+    named); else the decoded table of which more than ``WHOLE_ABOVE`` is new."""
     replaced: list[str] = []
     changes: list[str] = []
     whys: list[str] = []
-    rows_of: dict[str, str] = {}  # defined once no source is whole: build_whole reads them all
+    rows_of: list[tuple[int, Follows, str]] = []  # once no source is whole: build_whole reads all
     for i, source in enumerate(follows.sources):
+        found = listed[source.decoded]
         added, (added_rows,) = rows_missing(
-            conn, source.decoded, source.inputs, f"_fs_follow_added{i}", f"_fs_follow_gone{i}"
+            conn, found, source.inputs, f"_fs_follow_added{i}", f"_fs_follow_gone{i}"
         )
         (gone,) = one_row(conn, f"SELECT count(*) FROM _fs_follow_gone{i}")
-        (rows,) = one_row(conn, f"SELECT count(*) FROM {qualified(source.decoded)}")
+        (rows,) = one_row(conn, f"SELECT count(*) FROM {qualified(found)}")
         if added > WHOLE_ABOVE * rows:
             return source.decoded
-        rows_of[source.rows] = added_rows
+        rows_of.append((i, source, added_rows))
         replaced.append(
             f"({source.from_decoded}) AND {source.key} IN (SELECT id FROM _fs_follow_keys{i})"
         )
         inputs = qualified(source.inputs)
         changes.append(
             f"DELETE FROM {inputs} AS i USING _fs_follow_gone{i} AS g WHERE {same_row('i', 'g')}; "
-            f"INSERT INTO {inputs} SELECT id, loaded_at FROM _fs_follow_added{i}"
+            f"INSERT INTO {inputs} {_inputs_rows(source, f'_fs_follow_added{i}')}"
         )
         whys.append(f"replaced the rows of its {added:,} new and {gone:,} gone rows")
-    for macro, rows_sql in rows_of.items():
-        define_rows(conn, macro, rows_sql)
+    for i, source, added_rows in rows_of:
+        with failing_as(table, "Updating"):
+            keys = _keys_replaced(source, i)
+            conn.execute(f"CREATE OR REPLACE TEMP TABLE _fs_follow_keys{i} AS {keys}")
+            if source.keys:
+                define_rows(conn, FOLLOWED_KEYS, f"SELECT id AS key FROM _fs_follow_keys{i}")
+                (named,) = one_row(conn, f"SELECT count(*) FROM _fs_follow_keys{i}")
+                whys[i] += f", of the {named:,} {source.key} values they name"
+        if source.reads or listed[source.decoded] != source.decoded:
+            ids = source.reads or f"SELECT id FROM _fs_follow_added{i}"
+            parse(source.decoded, ids)
+            added_rows = f"SELECT * FROM {qualified(source.decoded)} WHERE id IN ({ids})"
+        define_rows(conn, source.rows, added_rows)
     target = qualified(table)
 
     def update() -> None:
@@ -266,11 +326,6 @@ def _incremental(
         # Before the transaction: inside it, query and transaction would share memory_limit.
         conn.execute(f"CREATE OR REPLACE TEMP TABLE {FOLLOW_ROWS} AS\n{query}")
         missing_key = unkeyed(conn, FOLLOW_ROWS, follows)
-        for i in range(len(follows.sources)):
-            conn.execute(
-                f"CREATE OR REPLACE TEMP TABLE _fs_follow_keys{i} AS SELECT DISTINCT id FROM "
-                f"(SELECT id FROM _fs_follow_added{i} UNION ALL SELECT id FROM _fs_follow_gone{i})"
-            )
         run_transaction(conn, table, update)
     if follows.also:
         whys = [f"{s.decoded}: {why}" for s, why in zip(follows.sources, whys, strict=True)]

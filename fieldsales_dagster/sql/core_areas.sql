@@ -1,12 +1,14 @@
--- core.areas: one row per area id, from pointOfSaleProjectStructure.area embedded in events.
+-- core.areas: one row per area id core.events names, from pointOfSaleProjectStructure.area
+-- embedded in events.
 --
 -- Like projects, areas only exist as copies inside events; the copy kept is the one in the event
--- with the latest planned start (then the greatest event id).
-WITH embedded AS (
+-- with the latest planned start (then the greatest event id): latest_copies (event_copies.sql);
+-- decoded_rows() holds the payloads of the events picked.
+WITH latest_copy AS (
     SELECT
-        e.id AS event_id,
+        latest.key AS area_id,
+        events.project_id,
         json_transform(e.area, '{
-            "_id": "VARCHAR",
             "name": "VARCHAR",
             "number": "VARCHAR",
             "channel": "VARCHAR[]",
@@ -14,24 +16,14 @@ WITH embedded AS (
             "active": "BOOLEAN",
             "created": "TIMESTAMPTZ"
         }') AS area
-    FROM temp.events_decoded AS e
-),
-
-latest_copy AS (
-    SELECT
-        embedded.area,
-        events.project_id
-    FROM embedded
-    JOIN core.events AS events USING (event_id)
-    WHERE embedded.area._id IS NOT NULL
-    QUALIFY row_number() OVER (
-        PARTITION BY embedded.area._id
-        ORDER BY events.planned_start DESC NULLS LAST, events.event_id DESC
-    ) = 1
+    FROM latest_copies('area') AS latest
+    JOIN decoded_rows() AS e ON e.id = latest.event_id
+    JOIN core.events AS events ON events.event_id = latest.event_id
+    WHERE latest.key IN (SELECT key FROM followed_keys())
 )
 
 SELECT
-    area._id AS area_id,
+    area_id,
     area.name AS name,
     area.number AS number,
     project_id,

@@ -1,9 +1,10 @@
 -- core.dim_point_of_sale: one row per point of sale, from the copy embedded in the event with the
 -- latest planned start (then the greatest event id, so the choice is deterministic).
 --
--- Only the chosen events' point-of-sale objects are parsed (temp.events_decoded holds them as
--- JSON). location is [longitude, latitude] (GeoJSON order); a GeoJSON point object
--- {"coordinates": [lng, lat]} is read the same way.
+-- latest_copies (event_copies.sql) picks the event; decoded_rows() holds the payloads of the
+-- events picked, their point-of-sale objects as JSON (temp.events_decoded). location is
+-- [longitude, latitude] (GeoJSON order); a GeoJSON point object {"coordinates": [lng, lat]} is
+-- read the same way.
 -- The places-directory object is documented as placesResult, but its real key carries the
 -- provider's name (googleResult, ...). It is recognised by its shape: an object value of
 -- point_of_sale holding place_id, formatted_address or geometry (address and genericFields, which
@@ -17,24 +18,15 @@
 -- the chosen objects are read in eight slices (sliced, as raw_events_in_slices does for the
 -- decode): a slice's filter leaves ~256 rows of each vector to parse. At 250k demo events on 2
 -- threads, temp.events_decoded built, the query needed more than 176MB; it holds in 64MB.
-WITH chosen_events AS (
-    SELECT
-        event_id,
-        pos_id
-    FROM core.events
-    WHERE pos_id IS NOT NULL
-    QUALIFY row_number() OVER (
-        PARTITION BY pos_id ORDER BY planned_start DESC NULLS LAST, event_id DESC
-    ) = 1
-),
-
+--
 -- Kept whole (and spilled where it must be) so that the slices' filters read it, not the join.
-chosen AS MATERIALIZED (
+WITH chosen AS MATERIALIZED (
     SELECT
-        chosen_events.pos_id,
+        latest.key AS pos_id,
         e.point_of_sale
-    FROM chosen_events
-    JOIN temp.events_decoded AS e ON e.id = chosen_events.event_id
+    FROM latest_copies('point_of_sale') AS latest
+    JOIN decoded_rows() AS e ON e.id = latest.event_id
+    WHERE latest.key IN (SELECT key FROM followed_keys())
 ),
 
 sliced AS (

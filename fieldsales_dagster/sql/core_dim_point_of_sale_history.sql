@@ -15,16 +15,19 @@
 -- join, the windows and the grouping carry ~100 bytes per event, never the payload or the whole
 -- embedded object (joining raw.events carried every payload through the join and ran out of the
 -- 192 MB memory_limit at 20,000 events of a few KB).
+-- It follows the changed events by point of sale (event_copies.sql): followed_keys() are the
+-- points of sale whose versions are made again, decoded_rows() holds the payloads of all their
+-- events.
 WITH carried AS (
     SELECT
         e.id AS event_id,
         e.pos_fields AS p
-    FROM temp.events_decoded AS e
+    FROM decoded_rows() AS e
 ),
 
 copies AS (
     SELECT
-        events.pos_id,
+        events.key AS pos_id,
         events.event_id,
         events.planned_start,
         {
@@ -38,8 +41,8 @@ copies AS (
             'latitude': location_latitude(p.location)
         } AS copy
     FROM carried
-    JOIN core.events AS events ON events.event_id = carried.event_id
-    WHERE events.pos_id IS NOT NULL
+    JOIN events_naming('point_of_sale') AS events ON events.event_id = carried.event_id
+    WHERE events.key IN (SELECT key FROM followed_keys())
 ),
 
 changes AS (

@@ -1,29 +1,21 @@
 -- core.users: one row per user id, from the users assigned to events (eventUser).
 --
 -- Users only exist as copies inside events; the copy kept is the one in the event with the
--- latest planned start (then the greatest event id), the most recent profile the API has shown.
-WITH assigned AS (
+-- latest planned start (then the greatest event id), the most recent profile the API has shown:
+-- latest_copies (event_copies.sql) picks it and counts the user's assignments; decoded_rows()
+-- holds the payloads of the events picked. A user listed twice in that event: the first copy.
+WITH latest_copy AS (
     SELECT
-        e.id AS event_id,
-        unnest(e.event_users) AS app_user
-    FROM temp.events_decoded AS e
-),
-
-latest_copy AS (
-    SELECT
-        assigned.app_user,
-        count(*) OVER (PARTITION BY assigned.app_user._id) AS event_count
-    FROM assigned
-    JOIN core.events AS events USING (event_id)
-    WHERE assigned.app_user._id IS NOT NULL
-    QUALIFY row_number() OVER (
-        PARTITION BY assigned.app_user._id
-        ORDER BY events.planned_start DESC NULLS LAST, events.event_id DESC
-    ) = 1
+        latest.key AS user_id,
+        latest.event_count,
+        list_filter(e.event_users, lambda u: u._id = latest.key)[1] AS app_user
+    FROM latest_copies('user') AS latest
+    JOIN decoded_rows() AS e ON e.id = latest.event_id
+    WHERE latest.key IN (SELECT key FROM followed_keys())
 )
 
 SELECT
-    app_user._id AS user_id,
+    user_id,
     app_user.firstName AS first_name,
     app_user.lastName AS last_name,
     app_user.email AS email,

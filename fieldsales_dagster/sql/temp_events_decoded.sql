@@ -1,15 +1,16 @@
--- temp.events_decoded: every raw.events payload parsed once, into the columns the event tables
--- read (core.events, core.projects, core.areas, core.users, core.dim_point_of_sale,
+-- temp.events_decoded: raw.events payloads, each parsed once per run, into the columns the event
+-- tables read (core.events, core.projects, core.areas, core.users, core.dim_point_of_sale,
 -- core.dim_point_of_sale_history, core.event_status_history, core.custom_report_results).
--- Pipeline-internal (not part of the contract); parsed once per run (core.py: share_decoded): the
--- first of those tables' steps builds it as a table of the process's DuckDB instance (in memory,
--- spilled to its temp_directory), the run's other steps read it as a TEMP view temp.events_decoded,
--- and the run's end drops it. It holds personal values (names, emails, IPs) that core.* hashes or
--- drops as the pii setting says, so it never outlives the run and is never written to the lake:
--- as a lake table its Parquet files sat in the data path, and a failed step left them there
--- (unknown to the catalog until the upkeep deletes orphans), and the lake's snapshots would keep
--- them until expiry. (The lake's Parquet writer also held this table's row groups in memory:
--- 64MB was too little for the heavy tenant, test_core_memory.py.)
+-- Pipeline-internal (not part of the contract); each payload parsed once per run, when a step
+-- first reads it (decode.py: share_decoded, parse_shared; a nightly step reads the changed events
+-- and the copies their ids keep, event_copies.sql): a table of the process's DuckDB instance (in
+-- memory, spilled to its temp_directory) that the run's steps read, with the rows the step parsed,
+-- as a TEMP view temp.events_decoded, and the run's end drops. It holds personal values (names,
+-- emails, IPs) that core.* hashes or drops as the pii setting says, so it never outlives the run
+-- and is never written to the lake: as a lake table its Parquet files sat in the data path, and a
+-- failed step left them there (unknown to the catalog until the upkeep deletes orphans), and the
+-- lake's snapshots would keep them until expiry. (The lake's Parquet writer also held this
+-- table's row groups in memory: 64MB was too little for the heavy tenant, test_core_memory.py.)
 --
 -- Why: parsing a payload holds the whole parsed document, ~2.7 times its text, for every row of
 -- the 2,048-row vector being parsed. With event payloads of ~14 KB (long status histories, many
