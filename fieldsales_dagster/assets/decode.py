@@ -117,18 +117,22 @@ def parse_shared(
 ) -> DecodeRefresh:
     """Parse the rows of ``ids`` (SQL selecting ``id``; all if ``None``) that ``decoded``, read
     by ``share_decoded``, lacks: into a temp table, which a lake transaction may write. A run
-    parses each row once, when a step first reads it."""
-    source = f"{decoded.source.replace('.', '_')}_in_slices()"
+    parses each row once, when a step first reads it; a step finding none to parse reads no
+    payload (the ids are found first)."""
+    source = qualified(decoded.source)
+    missing = f"SELECT r.id FROM {source} AS r ANTI JOIN {qualified(decoded.table)} AS d USING (id)"
     if ids is not None:
-        source = qualified(decoded.source)
-    rows = f"SELECT r.* FROM {source} AS r ANTI JOIN {qualified(decoded.table)} AS d USING (id)"
-    if ids is not None:
-        rows += f" WHERE r.id IN ({ids})"
+        missing += f" WHERE r.id IN ({ids})"
+    else:
+        source = f"{decoded.source.replace('.', '_')}_in_slices()"
     with failing_as(decoded.table):
+        conn.execute(f"CREATE OR REPLACE TEMP TABLE _fs_to_parse AS {missing}")
+        if not one_row(conn, "SELECT count(*) FROM _fs_to_parse")[0]:
+            return DecodeRefresh("current", 0)
+        rows = f"SELECT r.* FROM {source} AS r SEMI JOIN _fs_to_parse USING (id)"
         query = _decode_query(conn, decoded, rows)
         (parsed,) = one_row(conn, f"INSERT INTO {_parsed_here(decoded)} BY NAME\n{query}")
-    mode = "current" if not parsed else "full" if ids is None else "incremental"
-    return DecodeRefresh(mode, parsed)
+    return DecodeRefresh("full" if ids is None else "incremental", parsed)
 
 
 def keep_parsed(
