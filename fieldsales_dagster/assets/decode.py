@@ -102,7 +102,7 @@ def share_decoded(
     ``keep_parsed``. Outside a transaction: the lake's writes one database only."""
     source = qualified(decoded.source)
     empty = functools.partial(_decode_query, conn, decoded, f"SELECT * FROM {source} LIMIT 0")
-    shared, here = warehouse.shared_table(decoded.table), _parsed_here(decoded)
+    shared, here = warehouse.shared_table(decoded.table), qualified(_parsed_here(decoded))
     with failing_as(decoded.table):
         warehouse.share(conn, decoded.table, fingerprint(conn, decoded.source), empty)
         conn.execute(
@@ -131,7 +131,8 @@ def parse_shared(
             return DecodeRefresh("current", 0)
         rows = f"SELECT r.* FROM {source} AS r SEMI JOIN _fs_to_parse USING (id)"
         query = _decode_query(conn, decoded, rows)
-        (parsed,) = one_row(conn, f"INSERT INTO {_parsed_here(decoded)} BY NAME\n{query}")
+        here = qualified(_parsed_here(decoded))
+        (parsed,) = one_row(conn, f"INSERT INTO {here} BY NAME\n{query}")
     return DecodeRefresh("full" if ids is None else "incremental", parsed)
 
 
@@ -139,15 +140,15 @@ def keep_parsed(
     conn: duckdb.DuckDBPyConnection, warehouse: FieldSalesWarehouse, decoded: Decoded
 ) -> None:
     """After the step's transaction: the rows it parsed join the run's copy, for the next."""
+    conn.execute(f"DROP VIEW IF EXISTS {qualified(decoded.table)}")
     here = _parsed_here(decoded)
-    conn.execute(
-        f"DROP VIEW IF EXISTS {qualified(decoded.table)}; INSERT INTO "
-        f"{warehouse.shared_table(decoded.table)} FROM {here}; DROP TABLE {here}"
-    )
+    if table_exists(conn, here):  # not where share_decoded failed
+        shared = warehouse.shared_table(decoded.table)
+        conn.execute(f"INSERT INTO {shared} FROM {qualified(here)}; DROP TABLE {qualified(here)}")
 
 
 def _parsed_here(decoded: Decoded) -> str:
-    return f"temp.{quote_ident('_fs_parsed_' + decoded.table.partition('.')[2])}"
+    return f"temp._fs_parsed_{decoded.table.partition('.')[2]}"
 
 
 def refresh_decoded(
