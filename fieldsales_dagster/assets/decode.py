@@ -117,23 +117,28 @@ def parse_shared(
 ) -> DecodeRefresh:
     """Parse the rows of ``ids`` (SQL selecting ``id``; all if ``None``) that ``decoded``, read
     by ``share_decoded``, lacks: into a temp table, which a lake transaction may write. A run
-    parses each row once, when a step first reads it; a step finding none to parse reads no
-    payload (the ids are found first)."""
+    parses each row when a step first reads it (all: every row, kept where lacking); a step
+    finding none to parse reads no payload (the ids are found first)."""
     source = qualified(decoded.source)
     missing = f"SELECT r.id FROM {source} AS r ANTI JOIN {qualified(decoded.table)} AS d USING (id)"
     if ids is not None:
         missing += f" WHERE r.id IN ({ids})"
-    else:
-        source = f"{decoded.source.replace('.', '_')}_in_slices()"
+    here = qualified(_parsed_here(decoded))
     with failing_as(decoded.table):
         conn.execute(f"CREATE OR REPLACE TEMP TABLE _fs_to_parse AS {missing}")
         if not one_row(conn, "SELECT count(*) FROM _fs_to_parse")[0]:
             return DecodeRefresh("current", 0)
+        if ids is None:
+            # Every payload in slices, joined to nothing, then the rows the run's copy has are
+            # dropped: the payloads joined to the ids to parse needed more than 64MB on the heavy
+            # tenant (test_core_memory.py); these parse ~40MB.
+            (parsed,) = one_row(conn, f"INSERT INTO {here} BY NAME\n{_decode_query(conn, decoded)}")
+            conn.execute(f"DELETE FROM {here} WHERE id NOT IN (SELECT id FROM _fs_to_parse)")
+            return DecodeRefresh("full", parsed)
         rows = f"SELECT r.* FROM {source} AS r SEMI JOIN _fs_to_parse USING (id)"
         query = _decode_query(conn, decoded, rows)
-        here = qualified(_parsed_here(decoded))
         (parsed,) = one_row(conn, f"INSERT INTO {here} BY NAME\n{query}")
-    return DecodeRefresh("full" if ids is None else "incremental", parsed)
+    return DecodeRefresh("incremental", parsed)
 
 
 def keep_parsed(
