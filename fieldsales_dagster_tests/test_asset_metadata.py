@@ -147,6 +147,10 @@ def test_column_lineage_follows_expressions_and_joins(refreshed):
     assert sources("core_event_state_durations", "event_id") == {
         "core_event_status_history.event_id"
     }
+    # Through a table macro's body (event_copies.sql), its parameter choosing the column.
+    assert sources("core_areas", "area_id") == {"core_events.area_id"}
+    assert sources("core_users", "user_id") == {"core_events.assigned_user_ids"}
+    assert sources("core_dim_point_of_sale_history", "pos_id") == {"core_events.pos_id"}
 
 
 # --- storage kind and URI -----------------------------------------------------------------

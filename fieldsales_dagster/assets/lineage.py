@@ -108,26 +108,27 @@ KnownColumns = tuple[tuple[str, tuple[str, ...]], ...]
 
 @functools.cache
 def column_sources(
-    sql: str, columns: tuple[str, ...], known: KnownColumns = ()
+    sql: str, columns: tuple[str, ...], known: KnownColumns = (), macros: str = ""
 ) -> dict[str, frozenset[tuple[str, str]]]:
     """``(table or table function, column)`` sources of each of ``columns`` of the last statement
-    of ``sql``; ``known`` columns place an unqualified one (in a ``FILTER``, say)."""
+    of ``sql``; ``known`` columns place an unqualified one (in a ``FILTER``, say). A table macro
+    of ``macros`` (their SQL) that ``sql`` calls is followed through its body."""
     found = _parsed_once(
         "column_sources",
-        json.dumps([sql, columns, known]),
-        lambda: _column_sources(sql, columns, known),
+        json.dumps([sql, columns, known, macros]),
+        lambda: _column_sources(sql, columns, known, macros),
     )
     return {column: frozenset(map(tuple, pairs)) for column, pairs in found.items()}
 
 
 def _column_sources(
-    sql: str, columns: tuple[str, ...], known: KnownColumns
+    sql: str, columns: tuple[str, ...], known: KnownColumns, macros: str
 ) -> dict[str, list[tuple[str, str]]]:
     import sqlglot
     from sqlglot import exp
     from sqlglot.lineage import lineage
 
-    query = [s for s in sqlglot.parse(sql, read="duckdb") if s is not None][-1]
+    query = _expand_table_macros([s for s in sqlglot.parse(sql, read="duckdb") if s][-1], macros)
     schema: dict[str, dict[str, dict[str, str]]] = {}
     for qualified_name, names in known:
         db, _, name = qualified_name.partition(".")
@@ -149,6 +150,39 @@ def _column_sources(
                 sources.add((f"{table.db}.{table.name}".lower(), source))
         found[column] = sorted(sources)
     return found
+
+
+def _expand_table_macros(query: Any, macros: str) -> Any:
+    """``query`` with each call of a table macro of ``macros`` replaced by its body (nested calls
+    too), its parameters by the call's arguments, simplified (a ``CASE`` on a parameter keeps
+    its branch): lineage follows a subquery, not a table function."""
+    import sqlglot
+    from sqlglot import exp
+    from sqlglot.optimizer.simplify import simplify
+
+    bodies = {
+        s.this.this.name.lower(): ([p.name for p in s.this.expressions], s.expression)
+        for s in sqlglot.parse(macros, read="duckdb")
+        if isinstance(s, exp.Create) and isinstance(s.expression, exp.Query)
+    }
+
+    def expand(node: Any) -> Any:
+        call = node.this if isinstance(node, exp.Table) else None
+        if not isinstance(call, exp.Anonymous) or call.name.lower() not in bodies:
+            return node
+        params, body = bodies[call.name.lower()]
+        values = dict(zip(params, call.expressions, strict=False))
+
+        def bind(n: Any) -> Any:
+            bound = isinstance(n, exp.Column) and not n.table and n.name in values
+            return values[n.name].copy() if bound else n
+
+        alias = node.args.get("alias") or exp.TableAlias(this=exp.to_identifier(call.name))
+        return exp.Subquery(
+            this=simplify(body.copy().transform(bind).transform(expand)), alias=alias
+        )
+
+    return query.transform(expand)
 
 
 def over_rows(sql: str, table: str, rows: str) -> str | None:

@@ -227,7 +227,8 @@ def column_lineage(names: InstanceNames, table: CoreTable) -> dg.TableColumnLine
     known = tuple((dep.replace("_", ".", 1), known_columns[dep]) for dep in table.deps)
     columns = tuple(column.name for column in table.doc.columns)
     deps: dict[str, list[dg.TableColumnDep]] = {}
-    for column, pairs in column_sources(core_query(table), columns, known).items():
+    query = core_query(table)
+    for column, pairs in column_sources(query, columns, known, shared_macros_sql(query)).items():
         found: set[tuple[str, str]] = set()
         for source, source_column in pairs:
             if source in decoded_by_table:

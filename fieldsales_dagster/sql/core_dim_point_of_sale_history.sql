@@ -42,7 +42,7 @@ copies AS (
         } AS copy
     FROM carried
     JOIN events_naming('point_of_sale') AS events ON events.event_id = carried.event_id
-    WHERE events.key IN (SELECT key FROM followed_keys())
+    WHERE events.key IN (SELECT f.key FROM followed_keys() AS f)
 ),
 
 changes AS (
