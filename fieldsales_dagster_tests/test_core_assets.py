@@ -164,7 +164,7 @@ def test_a_decode_stored_with_another_layout_is_parsed_again_whole(tmp_path):
     metadata = _core_metadata(result, "core_custom_report_results")
     assert metadata["fieldsales/decode"] == (
         "meta.transactions_decoded: full (3 payloads parsed); "
-        "temp.events_decoded: full (0 payloads parsed)"
+        "temp.events_decoded: current (0 payloads parsed)"
     )
     assert p.query(
         database,
@@ -221,7 +221,7 @@ def test_after_an_incremental_raw_load_only_the_rows_it_wrote_are_parsed(tmp_pat
     results = _core_metadata(second, "core_custom_report_results")
     assert results["fieldsales/decode"] == (
         "meta.transactions_decoded: current (0 payloads parsed); "
-        "temp.events_decoded: full (0 payloads parsed)"
+        "temp.events_decoded: current (0 payloads parsed)"
     )
     assert results["fieldsales/build"] == (
         "incremental: only meta.transactions_decoded and temp.events_decoded changed since the "
@@ -439,7 +439,7 @@ def test_a_decode_with_most_rows_to_parse_is_rebuilt_whole(tmp_path):
     metadata = _core_metadata(result, "core_custom_report_results")
     assert metadata["fieldsales/decode"] == (
         "meta.transactions_decoded: full (5 payloads parsed); "
-        "temp.events_decoded: full (0 payloads parsed)"
+        "temp.events_decoded: current (0 payloads parsed)"
     )
     assert p.query(
         database,
