@@ -138,3 +138,25 @@ def test_a_run_after_one_event_changed_parses_it_and_the_copies_its_ids_keep(tmp
     assert p.query(database, "SELECT first_name FROM core.users WHERE user_id = 'u3'") == [
         ("Grace",)
     ]
+
+
+def test_a_step_whose_shared_decode_fails_to_begin_names_that_failure(tmp_path):
+    # Here raw.events is gone, so the run's copy cannot begin: the step's error is that, not the
+    # missing table of the rows it would have parsed (which its cleanup found absent).
+    database = tmp_path / "t.duckdb"
+    p.write_raw_tables(database, events=[p.event("e1")])
+    with lake_at(database).get_connection() as conn:
+        conn.execute("DROP TABLE raw.events")
+
+    result = p.materialize_core_only(database, raise_on_error=False)
+
+    failures = [e.event_specific_data.error for e in result.all_events if e.is_step_failure]
+    assert failures
+    for error in failures:  # the exception the step raised, not what it raised while handling it
+        why = error.cause.message.splitlines()[0]
+        assert why.startswith("RuntimeError: Building core"), why
+        assert why.endswith(
+            "It reads temp.events_decoded: Building temp.events_decoded failed; the previous "
+            "temp.events_decoded is left as it was. DuckDB: Catalog Error: Table with name events "
+            "does not exist!"
+        ), why
