@@ -53,14 +53,14 @@ def mixed_rows(tmp_path_factory) -> dict[str, object]:
         return {
             check.table.table: conn.execute(f"FROM {check.table.table}").fetch_arrow_table()
             for check in checks.core_checks()
-            if check.kind.over_inserted is not None
+            if check.kind.narrows
         }
 
 
 NARROWABLE = {
     f"{check.table.table}.{check.name}": check
     for check in checks.core_checks()
-    if check.kind.over_inserted is not None
+    if check.kind.narrows
 }
 
 
@@ -103,6 +103,10 @@ def test_a_written_check_is_narrowed_in_its_text_as_written():
     assert over_rows(sql, "core.t", FOLLOW_ROWS) == narrowed
 
 
+def evaluate(check: checks.CoreCheck, conn, inserted: bool) -> dg.AssetCheckResult:
+    return check.kind.evaluate(conn, check.table, inserted)[check.name]
+
+
 def result_of(found: dg.AssetCheckResult) -> tuple:
     metadata = {k: v for k, v in found.metadata.items() if k != "fieldsales/check"}
     return found.passed, found.severity, metadata
@@ -132,11 +136,11 @@ def test_a_narrowed_check_gives_the_result_of_every_row(name, mixed_rows, data):
         return f"SELECT rows.* EXCLUDE (i) FROM unnest({ids}::BIGINT[]) AS k(i) JOIN rows USING (i)"
 
     conn.execute(f"CREATE TABLE {check.table.table} AS {rows(sorted(kept))}")
-    assume(check.kind.evaluate(conn, check.table).passed)
+    assume(evaluate(check, conn, inserted=False).passed)
     conn.execute(f"CREATE TEMP TABLE {FOLLOW_ROWS} AS {rows(inserted)}")
     conn.execute(f"INSERT INTO {check.table.table} FROM {FOLLOW_ROWS}")
-    whole = check.kind.evaluate(conn, check.table)
-    assert result_of(check.kind.over_inserted(conn, check.table)) == result_of(whole)
+    whole = evaluate(check, conn, inserted=False)
+    assert result_of(evaluate(check, conn, inserted=True)) == result_of(whole)
 
 
 def load_again(database, *changed: dict) -> dict[tuple[str, str], dg.AssetCheckEvaluation]:
@@ -181,7 +185,7 @@ def test_after_a_follow_row_wise_checks_read_the_inserted_rows_and_after_a_failu
     def whole(key: tuple[str, str]) -> tuple:
         check = by_name[key]
         with lake_at(database).get_connection() as conn:
-            return result_of(check.kind.evaluate(conn, check.table))
+            return result_of(evaluate(check, conn, inserted=False))
 
     narrowed = load_again(database, bad("t-3"))
     for key in ROW_WISE:

@@ -152,7 +152,7 @@ def test_uniqueness_check_of_millions_of_keys_fits_a_small_memory_limit(many_rep
     (table,) = [t for t in derived_tables() if t.table == "core.custom_report_results"]
     config = {"memory_limit": "32MB", "threads": 2, "preserve_insertion_order": False}
     with duckdb.connect(str(many_report_results), config=config) as conn:
-        result = checks.ids_unique(conn, table)
+        result = checks.ids_unique(conn, table, False)["ids_unique"]
     assert not result.passed
     assert result.metadata["duplicated_rows"].value == 2
     assert result.metadata["offending_keys"].value == "transaction / tx-7 / field-2"

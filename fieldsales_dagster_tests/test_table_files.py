@@ -176,7 +176,7 @@ def test_a_written_check_without_a_passed_column_fails_naming_the_file(tmp_path)
     (table,) = [t for t in derived_tables(folder) if t.table == "core.areas"]
     (written,) = [c for c in checks_of(table) if c.name == "counted"]
     with pytest.raises(TableFileError, match=r"core_areas\.yaml: the query of check 'counted'"):
-        written.kind.evaluate(duckdb.connect(), table)
+        written.kind.evaluate(duckdb.connect(), table, False)
 
 
 def test_a_check_that_cannot_be_evaluated_fails_its_step_and_its_build_is_not_committed(

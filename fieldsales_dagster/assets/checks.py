@@ -4,7 +4,6 @@ builds downstream); one reading another table (``event_ids_known``) runs in one 
 A check none of whose tables changed since its last evaluation reports that result again
 (``check_results``)."""
 
-import functools
 import json
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
@@ -24,7 +23,6 @@ from fieldsales_dagster.names import InstanceNames
 from fieldsales_dagster.warehouse.lake import (
     BUILDS_TABLE,
     changed_since,
-    drop_table,
     record_evaluation,
     run_transaction,
     still_valid,
@@ -35,7 +33,6 @@ from fieldsales_dagster.warehouse.rows import one_row
 from fieldsales_dagster.warehouse.warehouse import FieldSalesWarehouse
 
 SAMPLE_SIZE = 5
-UNTYPED_TABLE = "_fs_untyped_values"  # one scan's untyped values, for two checks (temporary)
 #: Rows per bucket of the ids_unique screen (see there): ~1M hash groups fit the memory limit.
 SCREEN_BUCKET_ROWS = 1_000_000
 
@@ -45,11 +42,9 @@ def _fetch_one(conn: duckdb.DuckDBPyConnection, sql: str) -> tuple:
     return one_row(conn, sql)
 
 
-#: A check's evaluation of a table.
-Evaluate = Callable[[duckdb.DuckDBPyConnection, CoreTable], dg.AssetCheckResult]
-#: The results of several checks (by name) from one reading of a table, or of the rows a follow
-#: inserted in it (``FOLLOW_ROWS``, if given).
-Scan = Callable[[duckdb.DuckDBPyConnection, CoreTable, str | None], dict[str, dg.AssetCheckResult]]
+#: The results of a kind's checks (by name) from one reading of every row of a table, or (given
+#: ``True``) of the rows a follow inserted in it (``FOLLOW_ROWS``).
+Evaluate = Callable[[duckdb.DuckDBPyConnection, CoreTable, bool], dict[str, dg.AssetCheckResult]]
 
 
 @dataclass(frozen=True)
@@ -59,13 +54,11 @@ class CheckKind:
     evaluate: Evaluate
     #: What the check promises: ``{table}`` is the checked table's name; or ``f(table)``.
     description: str | Callable[[CoreTable], str]
+    #: Over the inserted rows, it gives its result over every row where the others passed.
+    narrows: bool
     blocking: bool = False
     #: The tables (``schema.name``) it reads besides the one it checks.
     also_reads: tuple[str, ...] = ()
-    #: Evaluates it over the rows a follow inserted (``FOLLOW_ROWS``), where it passed before.
-    over_inserted: Evaluate | None = None
-    #: Where set, evaluated by it, once for every check of a table evaluated with the same scan.
-    scan: Scan | None = None
 
     def describe(self, table: CoreTable) -> str:
         text = self.description
@@ -120,15 +113,12 @@ def check_results(
     their table's build, each is evaluated, and recorded as reading what the build read
     (``built_from``): its result holds while the build does."""
     results, evaluated, snapshot = [], [], None
-    scans: dict[tuple[Scan, str, bool], dict[str, dg.AssetCheckResult]] = {}
+    readings: dict[tuple[Evaluate, str, bool], dict[str, dg.AssetCheckResult]] = {}
 
     def evaluate(check: CoreCheck, inserted: bool) -> dg.AssetCheckResult:
-        kind, table = check.kind, check.table
-        if kind.scan is None:
-            return ((kind.over_inserted if inserted else None) or kind.evaluate)(conn, table)
-        if (key := (kind.scan, table.table, inserted)) not in scans:
-            scans[key] = kind.scan(conn, table, FOLLOW_ROWS if inserted else None)
-        return scans[key][check.name]
+        if (key := (check.kind.evaluate, check.table.table, inserted)) not in readings:
+            readings[key] = check.kind.evaluate(conn, check.table, inserted)
+        return readings[key][check.name]
 
     for check in checks:
         table, fingerprint = check.table.table, build_fingerprint(check.table, warehouse)
@@ -172,7 +162,7 @@ def _over_inserted(
     snapshot after the one it read); else ``None`` (and always after a failure: its counts must
     be those of every row)."""
     lake, table, kind = warehouse.lake, check.table.table, check.kind
-    if kind.over_inserted is None or not table_exists(conn, f"temp.{FOLLOW_ROWS}"):
+    if not kind.narrows or not table_exists(conn, f"temp.{FOLLOW_ROWS}"):
         return None
     last = still_valid(conn, lake, table, fingerprint, check.name, judged=False)
     if last is None or table in last.reads or changed_since(conn, lake, last.read + 1, [table]):
@@ -192,25 +182,24 @@ def written_check(entry: CheckEntry, table: CoreTable) -> CheckKind:
     narrowed = over_rows(entry.sql, table.table, FOLLOW_ROWS) if alone else None
 
     def evaluate(
-        conn: duckdb.DuckDBPyConnection, table: CoreTable, sql: str = entry.sql
-    ) -> dg.AssetCheckResult:
-        row = _fetch_one(conn, sql)
+        conn: duckdb.DuckDBPyConnection, table: CoreTable, inserted: bool
+    ) -> dict[str, dg.AssetCheckResult]:
+        row = _fetch_one(conn, (narrowed if inserted else None) or entry.sql)
         found = dict(zip([column[0] for column in conn.description or ()], row, strict=True))
         if "passed" not in found:
             raise TableFileError(
                 f"{table.yaml_file}: the query of check {entry.name!r} returns "
                 "no column named passed. Add one."
             )
-        return dg.AssetCheckResult(
-            passed=bool(found.pop("passed")),
-            severity=dg.AssetCheckSeverity[entry.severity.upper()],
-            metadata={name: _metadata_value(value) for name, value in found.items()},
-        )
+        return {
+            entry.name: dg.AssetCheckResult(
+                passed=bool(found.pop("passed")),
+                severity=dg.AssetCheckSeverity[entry.severity.upper()],
+                metadata={name: _metadata_value(value) for name, value in found.items()},
+            )
+        }
 
-    over_inserted = None if narrowed is None else functools.partial(evaluate, sql=narrowed)
-    return CheckKind(
-        evaluate, entry.description, also_reads=entry.also_reads, over_inserted=over_inserted
-    )
+    return CheckKind(evaluate, entry.description, narrowed is not None, also_reads=entry.also_reads)
 
 
 def _metadata_value(value: object) -> Any:
@@ -332,121 +321,101 @@ def _exact_sql(table: CoreTable, in_bucket: str) -> str:
 
 
 def ids_unique(
-    conn: duckdb.DuckDBPyConnection, table: CoreTable, inserted: str | None = None
-) -> dg.AssetCheckResult:
+    conn: duckdb.DuckDBPyConnection, table: CoreTable, inserted: bool
+) -> dict[str, dg.AssetCheckResult]:
     """Over every row; or, where every row but the ``inserted`` ones passed, over the rows
     sharing a key hash with an inserted row: a duplicated or NULL key has one among them."""
     columns = ", ".join(quote_ident(c) for c in table.key)
-    if inserted is None:
+    if inserted:
+        parts = [f"hash({columns}) IN (SELECT hash({columns}) FROM {FOLLOW_ROWS})"]
+    else:
         (rows,) = _fetch_one(conn, f"SELECT count(*) FROM {qualified(table.table)}")
         buckets = 1 + rows // SCREEN_BUCKET_ROWS
         # Literals: with $parameters each bucket's scan ran 15x slower.
         parts = [
             f"hash({columns}) % {buckets} = {b}" if buckets > 1 else "true" for b in range(buckets)
         ]
-    else:
-        parts = [f"hash({columns}) IN (SELECT hash({columns}) FROM {inserted})"]
     found = []  # (duplicated rows, rows with a NULL key, sample) of each flagged part
     for part in parts:
         if _fetch_one(conn, f"SELECT count(*) FROM ({_flagged_sql(table, part)})") != (0,):
             found.append(_fetch_one(conn, _exact_sql(table, part)))
     duplicated, with_null = sum(f[0] for f in found), sum(f[1] for f in found)
     samples = sorted((sample for f in found for sample in f[2]), key=lambda s: (-s[0], s[1]))
-    return dg.AssetCheckResult(
-        passed=duplicated == 0 and with_null == 0,
-        severity=dg.AssetCheckSeverity.ERROR,
-        metadata={
-            "key": ", ".join(table.key),
-            "duplicated_rows": int(duplicated),
-            "rows_with_null_key": int(with_null),
-            "offending_keys": ", ".join(key for _, key in samples[:SAMPLE_SIZE]),
-        },
-    )
+    return {
+        "ids_unique": dg.AssetCheckResult(
+            passed=duplicated == 0 and with_null == 0,
+            severity=dg.AssetCheckSeverity.ERROR,
+            metadata={
+                "key": ", ".join(table.key),
+                "duplicated_rows": int(duplicated),
+                "rows_with_null_key": int(with_null),
+                "offending_keys": ", ".join(key for _, key in samples[:SAMPLE_SIZE]),
+            },
+        )
+    }
 
 
 def untyped_values(
-    conn: duckdb.DuckDBPyConnection, table: CoreTable, inserted: str | None
+    conn: duckdb.DuckDBPyConnection, table: CoreTable, inserted: bool
 ) -> dict[str, dg.AssetCheckResult]:
     """``values_typed`` and ``values_finite``: the rows whose ``untyped_values`` hold other
     problems, and NaN/infinity, from one scan of the table (or of the ``inserted`` rows)."""
-    conn.execute(
-        f"""
-        CREATE OR REPLACE TEMP TABLE {UNTYPED_TABLE} AS
-        SELECT row_key, entry.field, entry.value, entry.problem
-        FROM (
-            SELECT {_key_text(table)} AS row_key, unnest(untyped_values) AS entry
-            FROM {inserted or qualified(table.table)} WHERE untyped_values IS NOT NULL
+    query = f"""
+        WITH entries AS (
+            SELECT row_key, entry.field, entry.value, entry.problem,
+                entry.problem = 'not finite' AS not_finite
+            FROM (
+                SELECT {_key_text(table)} AS row_key, unnest(untyped_values) AS entry
+                FROM {FOLLOW_ROWS if inserted else qualified(table.table)}
+                WHERE untyped_values IS NOT NULL
+            )
+        ), fields AS (
+            SELECT not_finite,
+                string_agg(field || ': ' || n, ', ' ORDER BY n DESC, field) AS by_field
+            FROM (SELECT not_finite, field, count(*) AS n FROM entries GROUP BY ALL)
+            GROUP BY ALL
         )
-        """
-    )
-    try:
-        return {
-            "values_typed": _untyped_values_found(conn, not_finite=False),
-            "values_finite": _untyped_values_found(conn, not_finite=True),
-        }
-    finally:
-        drop_table(conn, f"temp.{UNTYPED_TABLE}")
+        SELECT not_finite, count(DISTINCT row_key), any_value(by_field),
+            min([row_key, field, value, problem], {SAMPLE_SIZE})
+        FROM entries JOIN fields USING (not_finite) GROUP BY ALL
+    """
+    found = {not_finite: counts for not_finite, *counts in conn.execute(query).fetchall()}
 
-
-def _untyped_values_found(conn: duckdb.DuckDBPyConnection, not_finite: bool) -> dg.AssetCheckResult:
-    rows, by_field, sample = _fetch_one(
-        conn,
-        f"""
-        WITH counted AS (
-            FROM {UNTYPED_TABLE} WHERE problem {"=" if not_finite else "<>"} 'not finite'
+    def result(not_finite: bool, label: str) -> dg.AssetCheckResult:
+        rows, by_field, sample = found.get(not_finite, (0, "", []))
+        return dg.AssetCheckResult(
+            passed=rows == 0,
+            severity=dg.AssetCheckSeverity.WARN,
+            metadata={
+                label: int(rows),
+                "values_by_field": by_field,
+                # Ids and values may hold any character: shown as JSON strings.
+                "sample": "\n".join(
+                    f"{json.dumps(key)}: {field} = {json.dumps(value)} ({problem})"
+                    for key, field, value, problem in sample
+                ),
+            },
         )
-        SELECT
-            count(DISTINCT row_key),
-            (SELECT coalesce(string_agg(field || ': ' || n, ', ' ORDER BY n DESC, field), '')
-             FROM (SELECT field, count(*) AS n FROM counted GROUP BY field)),
-            (SELECT coalesce(list([row_key, field, value, problem]), [])
-             FROM (SELECT * FROM counted ORDER BY row_key, field LIMIT {SAMPLE_SIZE}))
-        FROM counted
-        """,
-    )
-    label = "rows_with_nan_or_infinity" if not_finite else "rows_with_untyped_values"
-    return dg.AssetCheckResult(
-        passed=rows == 0,
-        severity=dg.AssetCheckSeverity.WARN,
-        metadata={
-            label: int(rows),
-            "values_by_field": by_field,
-            # Ids and values may hold any character: shown as JSON strings.
-            "sample": "\n".join(
-                f"{json.dumps(key)}: {field} = {json.dumps(value)} ({problem})"
-                for key, field, value, problem in sample
-            ),
-        },
-    )
 
-
-def _scanned(scan: Scan, name: str, description: str) -> CheckKind:
-    return CheckKind(
-        lambda conn, table: scan(conn, table, None)[name],
-        description,
-        over_inserted=lambda conn, table: scan(conn, table, FOLLOW_ROWS)[name],
-        scan=scan,
-    )
+    return {
+        "values_typed": result(False, "rows_with_untyped_values"),
+        "values_finite": result(True, "rows_with_nan_or_infinity"),
+    }
 
 
 CHECKS = {
-    "ids_unique": CheckKind(
-        ids_unique,
-        ids_unique_description,
-        blocking=True,
-        over_inserted=functools.partial(ids_unique, inserted=FOLLOW_ROWS),
-    ),
-    "values_typed": _scanned(
+    "ids_unique": CheckKind(ids_unique, ids_unique_description, True, blocking=True),
+    "values_typed": CheckKind(
         untyped_values,
-        "values_typed",
         "Every present value of {table} was typed: counts the rows where one could not be (its "
         "column is NULL; untyped_values and raw.* keep it as received), with a sample.",
+        True,
     ),
-    "values_finite": _scanned(
+    "values_finite": CheckKind(
         untyped_values,
-        "values_finite",
         "No NaN or infinity was sent for a value of {table}: counts the rows where one was "
         "(stored as NULL, so sums stay numbers), with a sample of ids.",
+        True,
     ),
 }
 
