@@ -37,11 +37,6 @@ SAMPLE_SIZE = 5
 SCREEN_BUCKET_ROWS = 1_000_000
 
 
-def _fetch_one(conn: duckdb.DuckDBPyConnection, sql: str) -> tuple:
-    create_macros(conn, sql)
-    return one_row(conn, sql)
-
-
 #: The results of a kind's checks (by name) from one reading of every row of a table, or (given
 #: ``True``) of the rows a follow inserted in it (``FOLLOW_ROWS``).
 Evaluate = Callable[[duckdb.DuckDBPyConnection, CoreTable, bool], dict[str, dg.AssetCheckResult]]
@@ -174,17 +169,27 @@ def _over_inserted(
 
 
 def written_check(entry: CheckEntry, table: CoreTable) -> CheckKind:
-    """Evaluated over the rows a follow inserted too where that is sound (``over_rows``): it reads
-    no table but its own, and no shared macro it calls reads one."""
+    """It must name in ``also_reads`` every other table it reads (else it could carry a stale
+    result). Evaluated over the rows a follow inserted too where that is sound (``over_rows``): it
+    reads no table but its own, and no shared macro it calls reads one."""
     where = f"{table.yaml_file}: check {entry.name!r}"
+    reads = query_reads(entry.sql, where).tables
+    if undeclared := sorted(reads - {table.table, *entry.also_reads}):
+        raise TableFileError(
+            f"{where} reads {', '.join(undeclared)}, which its also_reads does not name: add "
+            f"also_reads: [{', '.join(undeclared)}] to it, so that it runs after them and is "
+            "evaluated again when they change."
+        )
     macros_read = any(reads_of(macro_file(m)[0], m).tables for m in macro_files_called(entry.sql))
-    alone = query_reads(entry.sql, where).tables == {table.table} and not macros_read
+    alone = reads == {table.table} and not macros_read
     narrowed = over_rows(entry.sql, table.table, FOLLOW_ROWS) if alone else None
 
     def evaluate(
         conn: duckdb.DuckDBPyConnection, table: CoreTable, inserted: bool
     ) -> dict[str, dg.AssetCheckResult]:
-        row = _fetch_one(conn, (narrowed if inserted else None) or entry.sql)
+        sql = (narrowed if inserted else None) or entry.sql
+        create_macros(conn, sql)
+        row = one_row(conn, sql)
         found = dict(zip([column[0] for column in conn.description or ()], row, strict=True))
         if "passed" not in found:
             raise TableFileError(
@@ -209,16 +214,6 @@ def _metadata_value(value: object) -> Any:
 
 
 def checks_of(table: CoreTable) -> list[CoreCheck]:
-    for entry in table.written_checks:  # a table read undeclared could carry a stale result
-        where = f"{table.yaml_file}: check {entry.name!r}"
-        if undeclared := sorted(
-            query_reads(entry.sql, where).tables - {table.table} - set(entry.also_reads)
-        ):
-            raise TableFileError(
-                f"{where} reads {', '.join(undeclared)}, which its also_reads does not name: add "
-                f"also_reads: [{', '.join(undeclared)}] to it, so that it runs after them and is "
-                "evaluated again when they change."
-            )
     kinds = CHECKS | {entry.name: written_check(entry, table) for entry in table.written_checks}
     for name in table.checks:
         if name not in kinds:
@@ -329,7 +324,7 @@ def ids_unique(
     if inserted:
         parts = [f"hash({columns}) IN (SELECT hash({columns}) FROM {FOLLOW_ROWS})"]
     else:
-        (rows,) = _fetch_one(conn, f"SELECT count(*) FROM {qualified(table.table)}")
+        (rows,) = one_row(conn, f"SELECT count(*) FROM {qualified(table.table)}")
         buckets = 1 + rows // SCREEN_BUCKET_ROWS
         # Literals: with $parameters each bucket's scan ran 15x slower.
         parts = [
@@ -337,8 +332,8 @@ def ids_unique(
         ]
     found = []  # (duplicated rows, rows with a NULL key, sample) of each flagged part
     for part in parts:
-        if _fetch_one(conn, f"SELECT count(*) FROM ({_flagged_sql(table, part)})") != (0,):
-            found.append(_fetch_one(conn, _exact_sql(table, part)))
+        if one_row(conn, f"SELECT count(*) FROM ({_flagged_sql(table, part)})") != (0,):
+            found.append(one_row(conn, _exact_sql(table, part)))
     duplicated, with_null = sum(f[0] for f in found), sum(f[1] for f in found)
     samples = sorted((sample for f in found for sample in f[2]), key=lambda s: (-s[0], s[1]))
     return {
