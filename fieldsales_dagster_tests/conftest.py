@@ -13,6 +13,7 @@ import duckdb
 import pytest
 
 from fieldsales_dagster.client.api import FieldSalesAPI
+from fieldsales_dagster.warehouse import lake as lake_module
 from fieldsales_dagster.warehouse.warehouse import FieldSalesWarehouse
 
 
@@ -136,6 +137,13 @@ def lake_at(database: Path | str, **settings) -> FieldSalesWarehouse:
     environment of ``isolated_state`` points at)."""
     path = Path(database)
     return make_warehouse(path.parent, path.stem, **settings)
+
+
+def attach_again(warehouse: FieldSalesWarehouse) -> None:
+    """The next connection to ``warehouse``'s lake attaches it again, as a new process's first
+    does (a lake an earlier release changed is upgraded then: ``lake.upgrade``)."""
+    for key in [key for key in lake_module._INSTANCES if warehouse.lake in key]:
+        lake_module._INSTANCES.pop(key).close()
 
 
 @contextmanager

@@ -13,7 +13,7 @@ from fieldsales_dagster.assets.build import code_digest
 from fieldsales_dagster.assets.tables import derived_tables
 from fieldsales_dagster.warehouse.lake import run_transaction, table_exists
 from fieldsales_dagster_tests import core_payloads as p
-from fieldsales_dagster_tests.conftest import lake_at
+from fieldsales_dagster_tests.conftest import attach_again, lake_at
 from fieldsales_dagster_tests.project import DEFAULT, core_check_count
 
 SLIDER = p.field("f-slider", "Slider", minimum=0, maximum=10, step=1)
@@ -239,6 +239,7 @@ def test_a_lake_of_an_earlier_release_evaluates_its_checks_once_then_carries_the
             "true AS passed, 'WARN' AS severity, '{}' AS metadata FROM current_snapshot()",
             [code_digest(known.table.folder)],  # as that release fingerprinted a check
         )
+    attach_again(lake_at(database))
     key = ("core_transactions", "event_ids_known")
     evaluated = evaluations(p.materialize_core_only(database, with_checks=True))[key]
     assert (evaluated.passed, "fieldsales/check" in evaluated.metadata) == (False, False)

@@ -21,7 +21,7 @@ from fieldsales_dagster.loading.refresh_mode import (
     choose_mode,
 )
 from fieldsales_dagster.warehouse.warehouse import FieldSalesWarehouse, table_exists
-from fieldsales_dagster_tests.conftest import make_api, make_warehouse, read_lake
+from fieldsales_dagster_tests.conftest import attach_again, make_api, make_warehouse, read_lake
 from fieldsales_dagster_tests.project import core_assets, materialize, raw_assets
 from fieldsales_dagster_tests.test_demo_api import TX, get
 
@@ -205,6 +205,7 @@ def test_a_lake_of_an_earlier_release_refreshes_incrementally_on(demo_server, tm
             f"SELECT table_name, last_full_at AS checked_at {listed}"
         )
         conn.execute(f"DELETE {listed}")
+    attach_again(loaded)
     demo_server.behaviour.evolve(1)
     result = _materialize(demo_server, tmp_path, loaded)
     assert _refresh_metadata(result)["refresh_mode"] == "incremental"
@@ -251,6 +252,7 @@ def test_a_lake_of_an_earlier_release_builds_its_following_tables_whole_once_the
             f"fingerprint AS query_fingerprint, result AS inputs_fingerprint {states}"
         )
         conn.execute(f"DELETE {states}")
+    attach_again(loaded_all)
     for generation, how in ((1, "full: no record of a previous build"), (2, "incremental: ")):
         demo_server.behaviour.evolve(generation)
         result = _materialize(demo_server, tmp_path, loaded_all, assets=ALL_ASSETS)

@@ -8,7 +8,7 @@ from fieldsales_dagster.assets import metadata as metadata_module
 from fieldsales_dagster.assets.columns import TableDoc
 from fieldsales_dagster.warehouse import lake as lake_module
 from fieldsales_dagster.warehouse.lake import table_exists
-from fieldsales_dagster_tests.conftest import make_api, make_warehouse
+from fieldsales_dagster_tests.conftest import attach_again, make_api, make_warehouse
 from fieldsales_dagster_tests.project import core_assets, mart_assets, materialize, raw_assets
 from fieldsales_dagster_tests.test_ducklake import assert_lakes_equal
 
@@ -184,6 +184,7 @@ def test_a_lake_of_an_earlier_release_builds_its_tables_once_then_keeps_them(
             "CREATE TABLE meta.build_fingerprints "
             "(table_name VARCHAR, fingerprint VARCHAR, read_snapshot BIGINT)"
         )
+    attach_again(warehouse)
     assert "unchanged" not in _builds(_run(demo_server, tmp_path, warehouse)).values()
     assert set(_builds(_run(demo_server, tmp_path, warehouse)).values()) == {"unchanged"}
     with warehouse.get_connection() as conn:  # one record per table: its build and fingerprint
@@ -226,18 +227,24 @@ def _statements(warehouse, run) -> list[str]:
     return statements
 
 
-def test_a_run_upgrades_the_lakes_meta_tables_once_not_at_each_commit(
-    demo_server, tmp_path, warehouse
+def test_a_process_upgrades_the_lakes_meta_tables_as_it_attaches_it_not_in_its_runs(
+    demo_server, tmp_path, warehouse, monkeypatch
 ):
-    """An earlier release's tables are looked for, and its records' columns added, once, before
-    the run's first step reads a record, however many builds and checks it records."""
+    """An earlier release's tables are looked for, and its records' columns added, as a writer
+    attaches the lake, before anything reads a record: not in each run, nor at each commit."""
     _run(demo_server, tmp_path, warehouse)
     demo_server.behaviour.evolve(1)
     statements = _statements(warehouse, lambda: _run(demo_server, tmp_path, warehouse))
     upgrades = [s for s in statements if "ADD COLUMN IF NOT EXISTS" in s]
     drops = [s for s in statements if "DROP TABLE IF EXISTS meta.list_checks" in s]
     assert statements.count("COMMIT") > len(DERIVED)
-    assert (len(upgrades), len(drops)) == (3, 1), (upgrades, drops)
+    assert (upgrades, drops) == ([], [])
+    attached: list[object] = []
+    upgrade = lake_module.upgrade
+    monkeypatch.setattr(lake_module, "upgrade", lambda conn: [attached.append(conn), upgrade(conn)])
+    attach_again(warehouse)
+    _run(demo_server, tmp_path, warehouse)
+    assert len(attached) == 1
 
 
 def test_a_run_reads_its_assets_last_materializations_in_one_query(

@@ -233,6 +233,7 @@ def connect(
         if not read_only:
             check_writable(conn, lake)
             set_options(conn, lake)
+            upgrade(conn)
             check_tenant(conn, lake)
     except BaseException:
         conn.close()
@@ -671,12 +672,12 @@ _DROPPED = ("build_fingerprints", "check_evaluations", "core_follow_state", "lis
 
 def upgrade(conn: duckdb.DuckDBPyConnection) -> None:
     """Bring the meta tables of a lake of an earlier release (the current database) to this one's,
-    in one commit where there is anything to change: once per run, before its first step reads
-    a record (``FieldSalesWarehouse.get_connection``), not at every commit. Fingerprints, then
-    check results and the states of following tables, had tables of their own, and so had the
-    times each list was last loaded whole (``meta.list_checks``): no record of theirs matches,
-    so each table is built (a following one whole) and each check evaluated once, and the next
-    load of ``raw.events`` records its time again (incremental.py)."""
+    in one commit where there is anything to change, as a writer attaches it (``connect``): before
+    anything reads a record, and once per process, not at every commit. Fingerprints, then check
+    results and the states of following tables, had tables of their own, and so had the times
+    each list was last loaded whole (``meta.list_checks``): no record of theirs matches, so each
+    table is built (a following one whole) and each check evaluated once, and the next load of
+    ``raw.events`` records its time again (incremental.py)."""
 
     def run() -> None:
         if table_exists(conn, BUILDS_TABLE):
@@ -685,13 +686,6 @@ def upgrade(conn: duckdb.DuckDBPyConnection) -> None:
         conn.execute("; ".join(f"DROP TABLE IF EXISTS meta.{name}" for name in _DROPPED))
 
     run_transaction(conn, BUILDS_TABLE, run)
-
-
-#: Every record; an earlier release's table has no check_name (its rows are builds) or result.
-_RECORDS = (
-    f"(FROM {BUILDS_TABLE} UNION ALL BY NAME "
-    "SELECT NULL::VARCHAR AS check_name, NULL::VARCHAR AS result WHERE false)"
-)
 
 
 def still_valid(
@@ -712,9 +706,9 @@ def still_valid(
         try:
             rows = conn.execute(
                 "SELECT table_name, check_name, reads, read_snapshot, fingerprint, result "
-                f"FROM {_RECORDS} WHERE fingerprint IS NOT NULL"
+                f"FROM {BUILDS_TABLE} WHERE fingerprint IS NOT NULL"
             ).fetchall()
-        except (duckdb.CatalogException, duckdb.BinderException):  # none, or none fingerprinted
+        except duckdb.CatalogException:  # none recorded yet
             return {}
         return {(row[0], row[1]): Evaluation(tuple(row[2]), *row[3:]) for row in rows}
 
@@ -728,7 +722,7 @@ def still_valid(
 _STALE = f"""
     WITH last AS (
         SELECT table_name, arg_max(reads, read_snapshot) AS reads, max(read_snapshot) AS read
-        FROM {_RECORDS} WHERE check_name IS NULL GROUP BY table_name)
+        FROM {BUILDS_TABLE} WHERE check_name IS NULL GROUP BY table_name)
     SELECT DISTINCT built.table_name
     FROM (SELECT table_name, read, unnest(reads) AS input FROM last) AS built
     JOIN last AS input ON input.table_name = built.input WHERE input.read >= built.read

@@ -39,7 +39,6 @@ from fieldsales_dagster.warehouse.lake import (
     export_snapshot,
     record_evaluation,
     run_transaction,
-    upgrade,
     writer_connection,
 )
 from fieldsales_dagster.warehouse.lake import table_exists as table_exists  # its users' import
@@ -131,9 +130,6 @@ class FieldSalesWarehouse(settings_resource("WarehouseSettings", *WAREHOUSE_SETT
         default_factory=lambda: f"{SHARED_DATABASE}.run_{uuid.uuid4().hex}"
     )
     _in_run: bool = PrivateAttr(default=False)
-    #: The lake's meta tables were upgraded (``upgrade``) by this run, or outside one, by this
-    #: resource.
-    _upgraded: bool = PrivateAttr(default=False)
 
     @field_validator("ducklake_catalog")
     @classmethod
@@ -199,7 +195,6 @@ class FieldSalesWarehouse(settings_resource("WarehouseSettings", *WAREHOUSE_SETT
     def setup_for_execution(self, context: dg.InitResourceContext) -> None:
         # Once per run with the in-process executor (per step's process with another).
         self._in_run = True
-        self._upgraded = False
 
     def teardown_after_execution(self, context: dg.InitResourceContext) -> None:
         self.drop_shared()
@@ -258,17 +253,13 @@ class FieldSalesWarehouse(settings_resource("WarehouseSettings", *WAREHOUSE_SETT
         return run_transaction(conn, table, write_and_record)
 
     def get_connection(self) -> duckdb.DuckDBPyConnection:
-        """A read-write connection whose current database is the lake, upgraded (``upgrade``) at
-        the first of a run; ``with`` closes it."""
+        """A read-write connection whose current database is the lake; ``with`` closes it."""
         if self.local_folder not in _CLEANED:
             self.preflight()
             if removed := remove_dead_processes_files(self.local_folder):
                 dg.get_dagster_logger().info(f"Removed what killed runs left: {', '.join(removed)}")
             _CLEANED.add(self.local_folder)
         conn = writer_connection(self.lake, self._config())
-        if not self._upgraded:
-            upgrade(conn)
-            self._upgraded = True
         limit = self.duckdb_memory_limit
         release_step_memory(conn, limit, memory_megabytes(limit) * 1e6)
         return conn
