@@ -5,21 +5,29 @@ again (``fieldsales/build: unchanged``). Any change is built."""
 import dagster as dg
 
 from fieldsales_dagster.assets import metadata as metadata_module
+from fieldsales_dagster.assets.checks import build_schema_change_checks
 from fieldsales_dagster.assets.columns import TableDoc
 from fieldsales_dagster.warehouse import lake as lake_module
 from fieldsales_dagster.warehouse.lake import table_exists
 from fieldsales_dagster_tests.conftest import attach_again, make_api, make_warehouse
-from fieldsales_dagster_tests.project import core_assets, mart_assets, materialize, raw_assets
+from fieldsales_dagster_tests.project import (
+    DEFAULT,
+    core_assets,
+    mart_assets,
+    materialize,
+    raw_assets,
+)
 from fieldsales_dagster_tests.test_ducklake import assert_lakes_equal
 
 ASSETS = [*raw_assets(), *core_assets(), *mart_assets()]
 DERIVED = {asset.key.to_user_string() for asset in [*core_assets(), *mart_assets()]}
+SCHEMA = "column_schema_change"
 
 
-def _run(server, tmp_path, warehouse, **kwargs) -> dict[str, dict]:
+def _run(server, tmp_path, warehouse, assets=ASSETS, **kwargs) -> dict[str, dict]:
     """Every asset (or ``selection``) once; each materialization's metadata by asset."""
     resources = {"fieldsales_api": make_api(server, tmp_path), "warehouse": warehouse}
-    result = materialize(ASSETS, resources=resources, **kwargs)
+    result = materialize(assets, resources=resources, **kwargs)
     assert result.success
     found = (event.materialization for event in result.get_asset_materialization_events())
     return {
@@ -267,3 +275,33 @@ def test_a_run_reads_its_assets_last_materializations_in_one_query(
     again = _run(demo_server, tmp_path, warehouse, instance=instance)
     assert len(reads) == 1, reads
     assert all("dagster/row_count" in found for found in again.values())
+
+
+def test_the_schema_change_checks_read_each_assets_last_materialization_once_for_all(
+    demo_server, tmp_path, warehouse, monkeypatch
+):
+    """Compared with the last before the run (``last_metadata``'s one read), each asset's last
+    materialization is this run's: one read of the event log for every check, not two each."""
+    assets = [*ASSETS, build_schema_change_checks(DEFAULT, ASSETS)]
+    instance = dg.DagsterInstance.ephemeral()
+    _run(demo_server, tmp_path, warehouse, assets, instance=instance)
+    reads: list[str] = []
+    for method in ("fetch_materializations", "get_latest_materialization_events"):
+        counted = getattr(instance, method)
+
+        def count(*args, counted=counted, method=method, **kwargs):
+            reads.append(method)
+            return counted(*args, **kwargs)
+
+        monkeypatch.setattr(instance, method, count)
+    result = materialize(
+        assets,
+        resources={"fieldsales_api": make_api(demo_server, tmp_path), "warehouse": warehouse},
+        instance=instance,
+    )
+    assert reads == ["get_latest_materialization_events"] * 2
+    evaluations = [e for e in result.get_asset_check_evaluations() if e.check_name == SCHEMA]
+    assert len(evaluations) == len(ASSETS)
+    assert {e.description for e in evaluations} == {
+        "The columns are those of the previous materialization."
+    }

@@ -18,6 +18,7 @@ from fieldsales_dagster.assets.columns import TableFileError
 from fieldsales_dagster.assets.decode import create_macros, macro_file, macro_files_called
 from fieldsales_dagster.assets.follow import FOLLOW_ROWS
 from fieldsales_dagster.assets.lineage import over_rows, reads_of
+from fieldsales_dagster.assets.metadata import last_two_metadata
 from fieldsales_dagster.assets.tables import CheckEntry, CoreTable, derived_tables, query_reads
 from fieldsales_dagster.names import InstanceNames
 from fieldsales_dagster.warehouse.lake import (
@@ -241,10 +242,11 @@ def build_schema_change_checks(
         can_subset=True,
     )
     def _checks(context: dg.AssetCheckExecutionContext) -> Iterator[dg.AssetCheckResult]:
-        for key in sorted(context.selected_asset_check_keys, key=str):
-            records = context.instance.fetch_materializations(key.asset_key, limit=2).records
+        keys = sorted(context.selected_asset_check_keys, key=str)
+        last_two = last_two_metadata(context, [key.asset_key for key in keys])
+        for key in keys:
             passed, description = _schema_change(
-                [r.asset_materialization.metadata.get("dagster/column_schema") for r in records]
+                [metadata.get("dagster/column_schema") for metadata in last_two[key.asset_key]]
             )
             yield dg.AssetCheckResult(
                 asset_key=key.asset_key,

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import hashlib
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 import dagster as dg
@@ -94,26 +94,45 @@ def storage_metadata(warehouse: FieldSalesWarehouse, table: str) -> dict[str, st
     }
 
 
-#: Of one run (its id), the metadata of each of its assets' last materialization before it.
-_LAST: dict[str, dict[dg.AssetKey, Mapping[str, dg.MetadataValue]]] = {}
+#: Of one run (its id), each of its assets' last materialization before it.
+_LAST: dict[str, Mapping[dg.AssetKey, dg.EventLogEntry | None]] = {}
+
+Context = dg.AssetExecutionContext | dg.AssetCheckExecutionContext
 
 
-def last_metadata(
-    context: dg.AssetExecutionContext, key: dg.AssetKey
-) -> Mapping[str, dg.MetadataValue]:
-    """The metadata of ``key``'s last materialization before this run; empty if it has none. The
-    run's first step reads those of every asset the run materializes, in one query of the event
-    log (a query a step was ~5 ms): each asset materializes once a run, after reading its own."""
-    if context.run_id not in _LAST:
+def _before_run(context: Context) -> Mapping[dg.AssetKey, dg.EventLogEntry | None]:
+    """Each asset's last materialization before this run, read by its first step for every asset
+    the run materializes in one query of the event log (a query a step was ~5 ms): each asset
+    materializes once a run, after reading it."""
+    if (run := context.run.run_id) not in _LAST:
         keys = context.run.asset_selection or context.job_def.asset_layer.executable_asset_keys
-        events = context.instance.get_latest_materialization_events(keys).items()
         _LAST.clear()  # one run at a time in a process (the in-process executor)
-        _LAST[context.run_id] = {
-            found: entry.asset_materialization.metadata
-            for found, entry in events
-            if entry is not None and entry.asset_materialization is not None
-        }
-    return _LAST[context.run_id].get(key, {})
+        _LAST[run] = context.instance.get_latest_materialization_events(keys)
+    return _LAST[run]
+
+
+def last_metadata(context: Context, key: dg.AssetKey) -> Mapping[str, dg.MetadataValue]:
+    """The metadata of ``key``'s last materialization before this run; empty if it has none."""
+    found = _before_run(context).get(key)
+    return found.asset_materialization.metadata if found and found.asset_materialization else {}
+
+
+def last_two_metadata(context: Context, keys: Sequence[dg.AssetKey]) -> dict[dg.AssetKey, list]:
+    """The metadata of each of ``keys``' last two materializations, the last first (fewer where
+    it has fewer): this run's and the last before the run (``_before_run``), in one query for
+    them all; a key this run did not materialize after its first step read reads its last two
+    (a query each). Another run's materialization between those two of this run is missed."""
+    before, run = _before_run(context), context.run.run_id
+    now, found = context.instance.get_latest_materialization_events(keys), {}
+    for key in keys:
+        last, prior = now.get(key), before.get(key)
+        entries: list = [last, prior]
+        if last and (last.run_id != run or (prior and prior.run_id == run)):
+            entries = list(context.instance.fetch_materializations(key, limit=2).records)
+        found[key] = [
+            e.asset_materialization.metadata for e in entries if e and e.asset_materialization
+        ]
+    return found
 
 
 def previous_row_count(last: Mapping[str, dg.MetadataValue]) -> int | None:
