@@ -305,3 +305,27 @@ def test_the_schema_change_checks_read_each_assets_last_materialization_once_for
     assert {e.description for e in evaluations} == {
         "The columns are those of the previous materialization."
     }
+
+
+def test_an_unchanged_step_reads_the_lake_at_one_snapshot_and_judges_no_commit(
+    demo_server, tmp_path, warehouse
+):
+    """Its queries run in one transaction (outside one, each reads the lake's catalog first),
+    whose commit makes no snapshot and so is not judged complete or not (``_mark_refresh``)."""
+
+    def last_snapshot() -> int:
+        with warehouse.get_connection() as conn:
+            return conn.execute("SELECT id FROM current_snapshot()").fetchone()[0]
+
+    _run(demo_server, tmp_path, warehouse)
+    before = last_snapshot()
+    statements = _statements(warehouse, lambda: _run(demo_server, tmp_path, warehouse))
+    outside, open_ = [], False
+    for statement in statements:
+        if statement.startswith(("BEGIN", "COMMIT", "ROLLBACK")):
+            open_ = statement.startswith("BEGIN")
+        elif not open_ and "current_snapshot()" in statement:
+            outside.append(statement)
+    assert len(outside) < len(DERIVED), outside
+    judged = [s for s in statements if "set_commit_message" in s]
+    assert len(judged) == last_snapshot() - before, judged

@@ -55,7 +55,7 @@ def table_metadata(
     last: Mapping[str, dg.MetadataValue] | None = None,
 ) -> dict[str, Any]:
     """Row count, name, column schema and storage of ``table``; a preview without the personal
-    columns if asked. Outside a transaction, the row count, schema and preview of ``last`` (the
+    columns if asked. Outside a write of it, the row count, schema and preview of ``last`` (the
     asset's last materialization's metadata) where it described ``table`` the same way at a
     snapshot no commit since wrote (a table left unchanged: ~20 ms a step not spent reading it)."""
     pii, last = pii_policy or warehouse.pii, last or {}
