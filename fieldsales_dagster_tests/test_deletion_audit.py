@@ -6,7 +6,7 @@ run leaves the audit and the tables as they were."""
 
 from __future__ import annotations
 
-from datetime import UTC, datetime
+from datetime import datetime
 
 import dagster as dg
 import duckdb
@@ -16,7 +16,7 @@ from hypothesis import strategies as st
 
 from fieldsales_dagster.client.endpoints import TRANSACTIONS
 from fieldsales_dagster.loading import incremental, raw_load
-from fieldsales_dagster.loading.deletions import record_deletions
+from fieldsales_dagster.loading.deletions import OF_EVENTS, record_deletions
 from fieldsales_dagster_tests.conftest import make_api, make_warehouse, read_lake
 from fieldsales_dagster_tests.project import core_assets, raw_assets
 
@@ -180,36 +180,66 @@ def test_a_failed_run_leaves_the_audit_and_the_table_as_they_were(
 
 @settings(max_examples=60, deadline=None)
 @given(
-    stored=st.lists(st.tuples(st.integers(0, 12), st.integers(0, 3)), max_size=12),
+    stored=st.dictionaries(st.integers(0, 12), st.integers(0, 3), max_size=12),
     events=st.sets(st.integers(0, 3)),
-    kept=st.sets(st.integers(0, 15)),
+    listed=st.dictionaries(st.integers(0, 15), st.booleans()),
 )
-def test_the_audit_of_ids_a_merge_knows_gone_records_what_finding_them_records(
-    stored, events, kept
+def test_a_merge_audits_its_events_stored_rows_the_list_lacks_and_closes_those_listed_again(
+    stored, events, listed
 ):
-    """The merge read the re-fetched events' stored rows: given the ids of those the server no
-    longer lists, the audit records the rows it records comparing every stored row with the
-    list (an id stored under another event too, or listed again elsewhere, included)."""
+    """A merge compares the re-fetched rows' digests with those of the rows it replaces (its
+    events' rows, and re-fetched ids stored under another event): the audit records, as stored,
+    exactly the rows of its events whose ids the list lacks, and closes the open audit rows of
+    ids listed again (13-15: deleted before, stored nowhere)."""
     scope = [f"e-{e}" for e in sorted(events)]
-    listed = "SELECT unnest($kept::VARCHAR[]) AS id"
-    at = datetime(2026, 1, 2, tzinfo=UTC)
-
-    def audited(**known) -> list[tuple]:
-        conn = duckdb.connect()
+    at, before = datetime(2026, 1, 2), datetime(2026, 1, 1)
+    conn = duckdb.connect()
+    conn.execute(
+        "CREATE SCHEMA raw; CREATE SCHEMA meta; CREATE TABLE raw.transactions "
+        "(id VARCHAR, event_id VARCHAR, payload JSON, loaded_at TIMESTAMP); CREATE TABLE "
+        "meta.transactions_deleted (id VARCHAR, payload JSON, loaded_at TIMESTAMP, event_id "
+        "VARCHAR, deleted_at TIMESTAMP, run_id VARCHAR, reappeared_at TIMESTAMP, "
+        "reappeared_run_id VARCHAR)"
+    )
+    for t, e in stored.items():
+        row = [f"t-{t}", f"e-{e}", f'{{"n": {t}}}', before]
+        conn.execute("INSERT INTO raw.transactions VALUES (?, ?, ?, ?)", row)
+    for t in (13, 14, 15):
+        row = [f"t-{t}", "{}", before, "e-0", before, "old"]
         conn.execute(
-            "CREATE SCHEMA raw; CREATE TABLE raw.transactions "
-            "(id VARCHAR, event_id VARCHAR, payload JSON, loaded_at TIMESTAMP)"
+            "INSERT INTO meta.transactions_deleted VALUES (?, ?, ?, ?, ?, ?, NULL, NULL)", row
         )
-        for i, (transaction, event) in enumerate(stored):
-            row = [f"t-{transaction}", f"e-{event}", f'{{"n": {i}}}']
-            conn.execute("INSERT INTO raw.transactions VALUES (?, ?, ?, '2026-01-01')", row)
-        conn.execute(f"CREATE TEMP TABLE kept AS {listed}", {"kept": [f"t-{k}" for k in kept]})
-        count = record_deletions(
-            conn, TRANSACTIONS, kept="FROM kept", events=scope, run_id="r", at=at, **known
-        )
-        rows = conn.execute("FROM meta.transactions_deleted ORDER BY ALL").fetchall()
-        return [count, *rows]
+    conn.execute(  # the stored rows' digests are 0
+        f"CREATE TEMP TABLE {raw_load.STAGED_DIGESTS} AS "
+        "SELECT unnest($ids::VARCHAR[]) AS id, unnest($edited::BIGINT[]) AS digest",
+        {"ids": [f"t-{t}" for t in listed], "edited": [int(e) for e in listed.values()]},
+    )
+    replaced = (
+        f"SELECT id, 0 AS digest FROM raw.transactions WHERE {OF_EVENTS} "
+        f"OR id IN (SELECT id FROM {raw_load.STAGED_DIGESTS})"
+    )
+    raw_load.compare_digests(conn, replaced, {"events": scope})
+    count = record_deletions(
+        conn, TRANSACTIONS, changes=raw_load.CHANGES, events=scope, run_id="r", at=at
+    )
 
-    of_events = {f"t-{t}" for t, e in stored if f"e-{e}" in scope}
-    gone = of_events - {f"t-{k}" for k in kept}
-    assert audited(gone=gone) == audited()
+    gone = [
+        (f"t-{t}", f'{{"n": {t}}}', before, f"e-{e}", at, "r", None, None)
+        for t, e in stored.items()
+        if f"e-{e}" in scope and t not in listed
+    ]
+    again = [
+        (
+            f"t-{t}",
+            "{}",
+            before,
+            "e-0",
+            before,
+            "old",
+            *((at, "r") if t in listed else (None, None)),
+        )
+        for t in (13, 14, 15)
+    ]
+    rows = "SELECT * REPLACE (payload::VARCHAR AS payload) FROM meta.transactions_deleted"
+    assert count == len(gone)
+    assert sorted(conn.execute(rows).fetchall()) == sorted(again + gone)

@@ -5,19 +5,17 @@
 
 from __future__ import annotations
 
-from collections.abc import Collection
 from datetime import UTC, datetime
 from typing import Any
 
 import duckdb
 
 from fieldsales_dagster.client.endpoints import ListEndpoint
-from fieldsales_dagster.warehouse.lake import drop_table, ensure_table
+from fieldsales_dagster.warehouse.lake import ensure_table
 from fieldsales_dagster.warehouse.quoting import qualified, quote_ident
 from fieldsales_dagster.warehouse.rows import one_row
 from fieldsales_dagster.warehouse.warehouse import table_exists
 
-GONE_TABLE = "_fs_gone"  # ids gone in one recording (temporary)
 #: The rows of the events ``$events`` lists: DuckDB evaluates this in the Parquet scan, which then
 #: reads payloads only where those events' rows lie. ``event_id IN (<list or query>)`` is a join
 #: above the scan (the list only an optional filter for zone maps, which random ids never prune):
@@ -34,18 +32,17 @@ def record_deletions(
     conn: duckdb.DuckDBPyConnection,
     endpoint: ListEndpoint,
     *,
-    kept: str,
+    changes: str,
     events: list[str] | None = None,
-    gone: Collection[str] | None = None,
     run_id: str | None,
     at: datetime,
 ) -> int:
     """Before a refresh replaces rows: audit every stored row (of ``events`` only, if given) whose
-    id is not in ``kept`` (a query of the ids after the change), and mark open audit rows in
-    ``kept`` as reappeared. Returns how many were deleted. Payloads are read only for rows that are
-    gone (and, with ``events``, only where those events' rows lie). ``gone``: those ids, where the
-    caller read them already (the merge reads the events' stored rows): the stored rows in scope
-    are then read for them only, not every one of them to compare with ``kept``."""
+    id ``changes`` (the digests compared: ``raw_load.compare_digests``) holds as stored but not
+    staged (gone), and mark open audit rows of ids it holds as staged as reappeared (an id with an
+    open audit row is stored nowhere, so it is new to the table). Returns how many were deleted.
+    Payloads are read only for rows that are gone (and, with ``events``, only where those events'
+    rows lie)."""
     audit = qualified(audit_table(endpoint))
     extra = "".join(f", {quote_ident(column)} VARCHAR" for column, _ in endpoint.extra_columns)
     ensure_table(
@@ -59,34 +56,20 @@ def record_deletions(
         conn,
         f"{audit} WHERE reappeared_at IS NULL",
         f"UPDATE {audit} SET reappeared_at = $at, reappeared_run_id = $run_id "
-        f"WHERE reappeared_at IS NULL AND id IN ({kept})",
+        f"WHERE reappeared_at IS NULL AND id IN (SELECT id FROM {changes} WHERE staged)",
         stamp,
     )
     if not table_exists(conn, endpoint.raw_table):
         return 0
-    target = qualified(endpoint.raw_table)
     scope, of_events = ("true", {}) if events is None else (OF_EVENTS, {"events": events})
-    if gone is None:
-        conn.execute(
-            f"CREATE OR REPLACE TEMP TABLE {GONE_TABLE} AS "
-            f"SELECT id FROM {target} WHERE {scope} EXCEPT SELECT id FROM ({kept})",
-            of_events,
-        )
-    else:
-        conn.execute(
-            f"CREATE OR REPLACE TEMP TABLE {GONE_TABLE} AS SELECT unnest($gone::VARCHAR[]) AS id",
-            {"gone": sorted(gone)},
-        )
-    try:
-        return _write_if_any(
-            conn,
-            GONE_TABLE,
-            f"INSERT INTO {audit} BY NAME SELECT *, $at AS deleted_at, $run_id AS run_id "
-            f"FROM {target} WHERE {scope} AND id IN (SELECT id FROM {GONE_TABLE})",
-            stamp | of_events,
-        )
-    finally:
-        drop_table(conn, f"temp.{GONE_TABLE}")
+    gone = f"{changes} WHERE NOT staged"
+    return _write_if_any(
+        conn,
+        gone,
+        f"INSERT INTO {audit} BY NAME SELECT *, $at AS deleted_at, $run_id AS run_id FROM "
+        f"{qualified(endpoint.raw_table)} WHERE {scope} AND id IN (SELECT id FROM {gone})",
+        stamp | of_events,
+    )
 
 
 def _write_if_any(

@@ -27,10 +27,12 @@ from fieldsales_dagster.loading.lists import (
     Stream,
 )
 from fieldsales_dagster.loading.raw_load import (
+    CHANGES,
     EVENT_STATES,
     STAGED_DIGESTS,
     LoadReport,
     Staging,
+    compare_digests,
     digest_key,
     digests_table,
     load_list,
@@ -305,7 +307,7 @@ def refetch_and_merge(run: Merging, plan: RefetchPlan, mode: str, reason: str) -
         total = _fetch_by_event(run, plan, stats, count=mode != "resync")
         rows, counts = _merge(run, mode, total, stats.bytes, events)
     finally:
-        for table in (qualified(STAGE_TABLE), STAGED_DIGESTS, REPLACED_TABLE):
+        for table in (qualified(STAGE_TABLE), STAGED_DIGESTS, REPLACED_TABLE, CHANGES):
             drop_table(conn, table)
     written = any(counts.values())  # else every re-fetched row was stored as it is (``_merge``)
     load = LoadReport.of(TRANSACTIONS.raw_table, rows, total, stats, run.started, written=written)
@@ -343,11 +345,6 @@ def _fetch_by_event(run: Merging, plan: RefetchPlan, stats: ListStats, count: bo
     return count_page.total
 
 
-def _digests(conn: duckdb.DuckDBPyConnection, rows: str, params: Any = None) -> dict[str, int]:
-    """Id -> digest of ``rows`` (a table of digests and condition): no payload is read."""
-    return dict(conn.execute(f"SELECT id, digest FROM {rows}", params).fetchall())
-
-
 def _merge(
     run: Merging,
     mode: str,
@@ -357,9 +354,9 @@ def _merge(
 ) -> tuple[int, dict[str, int]]:
     """Replace the transactions of ``events`` (re-fetched and removed) and their digests, check,
     record the new state: one transaction, with ``before_swap``, the deletion audit and the
-    stage's drop. Returns the rows and the transactions added, changed and removed, against
-    ``old``: the stored digests of every row replaced (the events' rows, and staged ids stored
-    under another event), compared with the staged rows' (``STAGED_DIGESTS``, of the same key)."""
+    stage's drop. Returns the rows and the transactions added, changed and removed: the staged
+    rows' digests (``STAGED_DIGESTS``) compared with the stored digests of every row replaced
+    (the events' rows, and staged ids stored under another event: ``REPLACED_TABLE``)."""
     conn, target, stage = run.conn, qualified(TRANSACTIONS.raw_table), qualified(STAGE_TABLE)
     staged, distinct_staged = one_row(conn, f"SELECT count(*), count(DISTINCT id) FROM {stage}")
     if staged != distinct_staged:
@@ -370,25 +367,26 @@ def _merge(
         f"{DIGESTS_TABLE} WHERE {OF_EVENTS} OR id IN (SELECT id FROM {stage})",
         events,
     )
-    old, new = _digests(conn, REPLACED_TABLE), _digests(conn, STAGED_DIGESTS)
-    moves = one_row(conn, f"SELECT count(*) FROM {REPLACED_TABLE} WHERE NOT ours")[0] > 0
+    changed = compare_digests(conn, f"SELECT id, digest FROM {REPLACED_TABLE}")
+    replaced, moved = one_row(
+        conn, f"SELECT count(*), count(*) FILTER (NOT ours) FROM {REPLACED_TABLE}"
+    )
+    counts = one_row(
+        conn,
+        "SELECT count(*) FILTER (NOT stored), count(*) FILTER (staged AND stored), "
+        f"count(*) FILTER (NOT staged) FROM {CHANGES}",
+    )
 
-    def merge() -> tuple[int, dict[str, int]]:
+    def merge() -> int:
         run.before_swap(STAGE_TABLE)
-        deleted = len(old)
+        deleted = replaced
         # Rows stored as re-fetched are kept, loaded_at and all: the tables built on them hold.
-        # With the same digests by id, no staged row missing from the replaced events' stored rows
-        # (same id, event and digest: a staged row is of one of ``events``) means the table
-        # holds exactly the staged rows of those events.
-        same = "s.event_id IS NOT DISTINCT FROM t.event_id AND s.digest = t.digest"
-        unstored = f"FROM {STAGED_DIGESTS} s ANTI JOIN (FROM {REPLACED_TABLE} WHERE ours) t"
-        if new != old or one_row(conn, f"SELECT count(*) {unstored} ON s.id = t.id AND {same}")[0]:
-            kept, at = f"SELECT id FROM {stage}", run.now
-            ours, gone = events["events"], old.keys() - new.keys()  # moved ids are staged
+        if changed:
+            ours = events["events"]
             record_deletions(
-                conn, TRANSACTIONS, kept=kept, events=ours, gone=gone, run_id=run.run_id, at=at
+                conn, TRANSACTIONS, changes=CHANGES, events=ours, run_id=run.run_id, at=run.now
             )
-            deleted = _delete_replaced(conn, events, moved=moves)
+            deleted = _delete_replaced(conn, events, moved=moved > 0)
             conn.execute(
                 f"DELETE FROM {DIGESTS_TABLE} WHERE id IN (SELECT id FROM {REPLACED_TABLE})"
             )
@@ -400,23 +398,21 @@ def _merge(
         rows = one_row(conn, f"SELECT count(*) FROM {target}")[0]
         # Ids are distinct by construction (staged once each, every stored copy of a staged id
         # deleted): the delete must match what was read, and rows the server's count.
-        if deleted != len(old) or server_count not in (None, rows):
-            counts = "" if server_count is None else f" but the server counts {server_count}"
+        if deleted != replaced or server_count not in (None, rows):
+            also = "" if server_count is None else f" but the server counts {server_count}"
             raise FallBack(
                 f"after the merge raw.transactions would hold {rows} rows ({deleted} deleted "
-                f"where {len(old)} were expected){counts}",
+                f"where {replaced} were expected){also}",
                 spent,
             )
         _write_state(conn, rows, mode=mode, at=run.now)
         conn.execute(f"DROP TABLE {stage}")
-        return rows, new
+        return rows
 
-    rows, new = run_transaction(conn, TRANSACTIONS.raw_table, merge)
-    return rows, {
-        "transactions_added": len(new.keys() - old.keys()),
-        "transactions_changed": sum(old.get(key, digest) != digest for key, digest in new.items()),
-        "transactions_removed": len(old.keys() - new.keys()),
-    }
+    names = ("transactions_added", "transactions_changed", "transactions_removed")
+    return run_transaction(conn, TRANSACTIONS.raw_table, merge), dict(
+        zip(names, counts, strict=True)
+    )
 
 
 def _delete_replaced(

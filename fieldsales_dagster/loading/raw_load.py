@@ -4,7 +4,7 @@ Each page becomes one Arrow batch (``payload`` in Arrow's JSON type, which DuckD
 again) built from its bytes without a copy per item; one ``INSERT`` per pass streams the batches
 while the pager fetches, so memory holds a few pages whatever the list's size. Ids and payloads
 are stored as received. The table is brought to the list in one transaction (only the rows whose
-digest changed replaced: ``list_changes``), never to empty or shrink it by more than
+digest changed replaced: ``compare_digests``), never to empty or shrink it by more than
 ``max_shrink_fraction`` unless ``allow_shrink``.
 """
 
@@ -65,6 +65,9 @@ STATE_TABLE = "meta.refresh_state"
 #: Each staged item's id, extra columns and digest, kept by ``Staging.seal`` for the comparison and
 #: stored with the rows (``digests_table``).
 STAGED_DIGESTS = "_fs_staged_digests"
+#: The ids whose staged and stored digests differ (``compare_digests``): ``staged`` where the list
+#: holds the id (new or changed), ``stored`` where the table does (changed or gone).
+CHANGES = "_fs_changes"
 #: Bumped when the code that makes a row of the bytes received changes what it stores (the id of an
 #: item without ``_id``, how an item is stored): every row is then compared as changed once.
 STORED_FORM = 1
@@ -384,15 +387,14 @@ def page_executor(api: FieldSalesAPI, **options: Any) -> PageExecutor:
     return PageExecutor(api.fetch_page, Limits(*limits, variable), **options)
 
 
-def write_rows(conn: duckdb.DuckDBPyConnection, changes: str, pairs: list[tuple[str, str]]) -> None:
-    """For each ``(table, staged)`` (SQL names): delete the rows of ``changes`` not ``staged``
-    (changed or gone), insert those of ``staged`` (changed or new); any other row stays as is."""
-    changed = f"SELECT id FROM {changes} WHERE {{}}staged"
+def write_rows(conn: duckdb.DuckDBPyConnection, pairs: list[tuple[str, str]]) -> None:
+    """For each ``(table, staged)`` (SQL names): delete the rows ``CHANGES`` holds as stored
+    (changed or gone), insert those it holds as staged (changed or new); any other row stays."""
+    changed = f"SELECT id FROM {CHANGES} WHERE {{}}"
     for table, staged in pairs:
         conn.execute(
-            f"DELETE FROM {table} WHERE id IN ({changed.format('NOT ')}); "
-            f"INSERT INTO {table} SELECT * FROM {staged} "
-            f"WHERE id IN ({changed.format('')})"
+            f"DELETE FROM {table} WHERE id IN ({changed.format('stored')}); "
+            f"INSERT INTO {table} SELECT * FROM {staged} WHERE id IN ({changed.format('staged')})"
         )
 
 
@@ -410,7 +412,7 @@ def load_list(
     redact_pii_in_raw: bool = False,
 ) -> LoadReport:
     """Make ``endpoint.raw_table`` hold every item the server lists (a row listed as stored is
-    kept, ``loaded_at`` and all: ``list_changes``), or leave it untouched.
+    kept, ``loaded_at`` and all: ``compare_digests``), or leave it untouched.
     ``before_swap(staging_table)`` runs just before the swap (comments, and the redaction that
     ``redact_pii_in_raw`` says it makes); ``after_swap(rows)`` (by default ``record_load``) and
     the deletion audit run in the swap's transaction."""
@@ -440,10 +442,10 @@ def load_list(
                 "it was left as it was. If the data really went away, run with allow_shrink."
             )
         before_swap(stage)
-        changes = None
-        if exists and table_exists(conn, digests):  # else replaced whole, its digests recorded
-            changes = list_changes(conn, stage, table, digests, "_fs_list_changes")
-        written = changes != 0
+        # Replaced whole (every row with this loaded_at) where no digests were recorded, or the
+        # tables' columns or comments differ.
+        whole = not table_exists(conn, digests) or _layout(conn, stage) != _layout(conn, table)
+        written = compare_digests(conn, _stored_digests(conn, table)) > 0 or whole
 
         def swap() -> None:
             if endpoint is EVENTS and (written or not table_exists(conn, EVENT_STATES)):
@@ -452,23 +454,23 @@ def load_list(
                     f"{EVENT_STATES} AS SELECT DISTINCT * FROM {STAGED_STATES}"
                 )
             if written:
-                kept = f"SELECT id FROM {qualified(stage)}"
-                record_deletions(conn, endpoint, kept=kept, run_id=run_id, at=loaded_at)
-                if changes is None:
+                record_deletions(conn, endpoint, changes=CHANGES, run_id=run_id, at=loaded_at)
+                if whole:
                     replace_table(conn, stage, table)
                     conn.execute(
                         "CREATE SCHEMA IF NOT EXISTS meta; "
                         f"CREATE OR REPLACE TABLE {digests} AS FROM {STAGED_DIGESTS}"
                     )
-                else:  # only the rows of ``list_changes``: one stored as listed keeps its loaded_at
-                    pairs = [(qualified(table), qualified(stage)), (digests, STAGED_DIGESTS)]
-                    write_rows(conn, "_fs_list_changes", pairs)
+                else:  # only the rows of ``CHANGES``: one stored as listed keeps its loaded_at
+                    write_rows(
+                        conn, [(qualified(table), qualified(stage)), (digests, STAGED_DIGESTS)]
+                    )
             (after_swap or partial(record_load, conn, table, at=loaded_at))(distinct)
 
         run_transaction(conn, endpoint.raw_table, swap)
     finally:
         drop_table(conn, qualified(stage))
-        drop_table(conn, "_fs_list_changes")
+        drop_table(conn, CHANGES)
         drop_table(conn, STAGED_DIGESTS)
     report = LoadReport.of(
         endpoint.raw_table,
@@ -491,27 +493,40 @@ def load_list(
     return report
 
 
-def list_changes(
-    conn: duckdb.DuckDBPyConnection, staged: str, table: str, digests: str, into: str
-) -> int | None:
-    """How many rows of ``staged`` (its digests: ``STAGED_DIGESTS``) and ``table`` (its stored
-    ``digests``) differ, or ``None`` where the tables' columns or comments differ (every row is
-    then new). The temp table ``into`` gets the id of each, and whether it is the staged row
-    (``staged``) or the stored one: a changed id is both. Both hold distinct ids, so one full join
-    by id and digest finds every difference, reading no payload."""
-    layout = (
-        "SELECT list((column_name, data_type, comment) ORDER BY column_index) FROM duckdb_columns()"
-        " WHERE database_name = current_database() AND schema_name = ? AND table_name = ?"
-    )
-    staged_layout, stored = (one_row(conn, layout, t.split(".", 1))[0] for t in (staged, table))
-    if staged_layout != stored:
-        return None
+def compare_digests(
+    conn: duckdb.DuckDBPyConnection, stored: str, params: dict[str, Any] | None = None
+) -> int:
+    """Fill ``CHANGES`` with the ids whose digest in ``STAGED_DIGESTS`` differs from that in
+    ``stored`` (a query of stored ids and digests; a NULL digest differs from every other), or
+    that only one holds; returns how many. Both hold distinct ids, so one full join by id finds
+    every difference, reading no payload."""
     conn.execute(
-        f"CREATE OR REPLACE TEMP TABLE {into} AS SELECT coalesce(s.id, t.id) AS id, "
-        f"s.id IS NOT NULL AS staged FROM {STAGED_DIGESTS} s FULL JOIN {qualified(digests)} t "
-        "ON s.id = t.id AND s.digest = t.digest WHERE s.id IS NULL OR t.id IS NULL"
+        f"CREATE OR REPLACE TEMP TABLE {CHANGES} AS SELECT coalesce(s.id, t.id) AS id, "
+        f"s.id IS NOT NULL AS staged, t.id IS NOT NULL AS stored FROM {STAGED_DIGESTS} s "
+        f"FULL JOIN ({stored}) t ON s.id = t.id WHERE (s.digest = t.digest) IS NOT TRUE",
+        params,
     )
-    return one_row(conn, f"SELECT count(*) FROM {into}")[0]
+    return one_row(conn, f"SELECT count(*) FROM {CHANGES}")[0]
+
+
+def _stored_digests(conn: duckdb.DuckDBPyConnection, table: str) -> str:
+    """A query of ``table``'s ids and stored digests: none without the table, and no digest
+    where none was recorded (a lake of an earlier release)."""
+    if not table_exists(conn, table):
+        return "SELECT NULL::VARCHAR AS id, NULL::BIGINT AS digest LIMIT 0"
+    if table_exists(conn, digests := digests_table(table)):
+        return f"SELECT id, digest FROM {digests}"
+    return f"SELECT id, NULL::BIGINT AS digest FROM {qualified(table)}"
+
+
+def _layout(conn: duckdb.DuckDBPyConnection, table: str) -> Any:
+    """``table``'s columns with their types and comments, in order; ``None`` without it."""
+    return one_row(
+        conn,
+        "SELECT list((column_name, data_type, comment) ORDER BY column_index) FROM duckdb_columns()"
+        " WHERE database_name = current_database() AND schema_name = ? AND table_name = ?",
+        table.split(".", 1),
+    )[0]
 
 
 def record_load(
