@@ -388,6 +388,49 @@ def test_a_list_listed_as_stored_rewrites_neither_its_table_nor_its_event_states
         assert changed_since(conn, warehouse.lake, before, tables) == []
 
 
+def test_a_list_load_stages_and_redacts_the_payloads_of_new_and_changed_items_only(
+    demo_server, api, warehouse
+):
+    from fieldsales_dagster.warehouse.pii import redact_pii_keys
+
+    staged: list[tuple[int, int, int]] = []  # payloads staged, rows staged, rows redacted
+    events = demo_server.dataset.count("events")
+    with warehouse.get_connection() as conn:
+
+        def before_swap(stage: str) -> None:
+            count = f"SELECT count(payload), count(*) FROM {stage}"
+            staged.append((*conn.execute(count).fetchone(), redact_pii_keys(conn, stage)))
+
+        def load_events() -> None:
+            load_list(api, conn, EVENTS, before_swap=before_swap, redact_pii_in_raw=True)
+
+        load_events()
+        load_events()  # listed as stored
+        demo_server.dataset.advance_event(0)
+        demo_server.dataset.delete_event(1)
+        load_events()
+    assert staged == [(events, events, 30), (0, events, 0), (1, events - 1, 1)]
+    assert_table_matches_server(warehouse, demo_server, EVENTS)
+    with read_lake(warehouse) as conn:
+        personal = "SELECT count(*) FROM raw.events WHERE regexp_matches(payload::VARCHAR, $pii)"
+        assert conn.execute(personal, {"pii": PII_VALUE}).fetchone() == (0,)
+
+
+def test_a_list_whose_stored_columns_differ_is_replaced_whole_with_every_payload(
+    demo_server, api, warehouse
+):
+    load(api, warehouse, EVENTS)
+    with warehouse.get_connection() as conn:  # as a table an earlier release commented
+        conn.execute("COMMENT ON COLUMN raw.events.payload IS 'the whole item'")
+    demo_server.dataset.advance_event(0)
+    assert load(api, warehouse, EVENTS).written
+    assert distinct_loaded_at(warehouse, "raw.events") == 1, "not replaced whole"
+    with read_lake(warehouse) as conn:
+        lost = "SELECT count(*) FROM raw.events WHERE (payload->>'_id' = id) IS NOT TRUE"
+        assert conn.execute(lost).fetchone() == (0,), "a row listed as stored lost its payload"
+    assert_table_matches_server(warehouse, demo_server, EVENTS)
+
+
 def test_repeated_ids_keep_their_first_copy(tmp_path):
     from fieldsales_dagster.loading.raw_load import _drop_duplicate_ids
 

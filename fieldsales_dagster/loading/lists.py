@@ -513,17 +513,22 @@ def gap_windows(
     return gaps
 
 
-def digests_gone(held: array[int], seen: array[int]) -> np.ndarray:
-    """The digests in ``held`` that ``seen`` lacks (distinct, sorted): a sorted search, five
-    times as fast as ``np.setdiff1d`` on random 64-bit digests."""
+def in_sorted(values: np.ndarray, ordered: np.ndarray) -> np.ndarray:
+    """Whether each of ``values`` is in ``ordered`` (sorted): a sorted search, five times as fast
+    as ``np.isin`` on random 64-bit digests."""
     import numpy as np  # where a load runs: the definitions load without it
 
+    if not ordered.size:
+        return np.zeros(values.shape, bool)
+    return ordered[np.minimum(np.searchsorted(ordered, values), ordered.size - 1)] == values
+
+
+def digests_gone(held: array[int], seen: array[int]) -> np.ndarray:
+    """The digests in ``held`` that ``seen`` lacks (distinct, sorted)."""
+    import numpy as np
+
     kept = np.frombuffer(held, np.int64)
-    listed = np.sort(np.frombuffer(seen, np.int64))
-    if not listed.size:
-        return np.unique(kept)
-    at = np.minimum(np.searchsorted(listed, kept), listed.size - 1)
-    return np.unique(kept[listed[at] != kept])
+    return np.unique(kept[~in_sorted(kept, np.sort(np.frombuffer(seen, np.int64)))])
 
 
 @dataclass
