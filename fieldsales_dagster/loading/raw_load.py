@@ -470,7 +470,9 @@ def load_list(
                 f"UPDATE {qualified(stage)} AS s SET payload = t.payload FROM {qualified(table)} "
                 "AS t WHERE s.payload IS NULL AND s.id = t.id"
             )
-        written = compare_digests(conn, _stored_digests(conn, table)) > 0 or whole
+        # Without the table every staged id is new: a first load compares nothing.
+        changes = CHANGES if exists else f"(SELECT id, true AS staged FROM {STAGED_DIGESTS})"
+        written = not exists or compare_digests(conn, _stored_digests(conn, table)) > 0 or whole
 
         def swap() -> None:
             if endpoint is EVENTS and (written or not table_exists(conn, EVENT_STATES)):
@@ -479,7 +481,7 @@ def load_list(
                     f"{EVENT_STATES} AS SELECT DISTINCT * FROM {STAGED_STATES}"
                 )
             if written:
-                record_deletions(conn, endpoint, changes=CHANGES, run_id=run_id, at=loaded_at)
+                record_deletions(conn, endpoint, changes=changes, run_id=run_id, at=loaded_at)
                 if whole:
                     replace_table(conn, stage, table)
                     conn.execute(
@@ -535,10 +537,8 @@ def compare_digests(
 
 
 def _stored_digests(conn: duckdb.DuckDBPyConnection, table: str) -> str:
-    """A query of ``table``'s ids and stored digests: none without the table, and no digest
-    where none was recorded (a lake of an earlier release)."""
-    if not table_exists(conn, table):
-        return "SELECT NULL::VARCHAR AS id, NULL::BIGINT AS digest LIMIT 0"
+    """A query of ``table``'s ids and stored digests; no digest where none was recorded (a lake
+    of an earlier release)."""
     if table_exists(conn, digests := digests_table(table)):
         return f"SELECT id, digest FROM {digests}"
     return f"SELECT id, NULL::BIGINT AS digest FROM {qualified(table)}"
