@@ -20,7 +20,7 @@ from fieldsales_dagster.client.errors import (
 from fieldsales_dagster.loading import raw_load
 from fieldsales_dagster.loading.deletions import audit_table
 from fieldsales_dagster.loading.lists import IncompleteListError
-from fieldsales_dagster.loading.raw_load import load_list
+from fieldsales_dagster.loading.raw_load import RawLoadError, load_list
 from fieldsales_dagster.urls import InsecureURLError
 from fieldsales_dagster.warehouse.lake import changed_since
 from fieldsales_dagster.warehouse.pii import PII_VALUE
@@ -416,6 +416,30 @@ def test_a_list_load_stages_and_redacts_the_payloads_of_new_and_changed_items_on
         assert conn.execute(personal, {"pii": PII_VALUE}).fetchone() == (0,)
 
 
+def test_a_row_written_by_another_load_meanwhile_is_never_replaced_by_a_payload_not_staged(
+    demo_server, api, warehouse
+):
+    """An item whose digest a stored row held when the load began is staged without its
+    payload; if that row changed before the swap, the load fails and writes nothing."""
+    load(api, warehouse, EVENTS)
+    with read_lake(warehouse) as conn:
+        before = conn.execute("SELECT id, payload::VARCHAR FROM raw.events ORDER BY id").fetchall()
+    with warehouse.get_connection() as conn:
+
+        def another_writer(stage: str) -> None:
+            conn.execute(
+                "UPDATE meta.raw_events_digests SET digest = digest + 1 "
+                "WHERE id = (SELECT min(id) FROM raw.events)"
+            )
+
+        with pytest.raises(RawLoadError, match="1 items were stored as received") as failed:
+            load_list(api, conn, EVENTS, before_swap=another_writer)
+        assert "run again" in str(failed.value)
+    with read_lake(warehouse) as conn:
+        after = conn.execute("SELECT id, payload::VARCHAR FROM raw.events ORDER BY id").fetchall()
+    assert after == before
+
+
 def test_a_list_whose_stored_columns_differ_is_replaced_whole_with_every_payload(
     demo_server, api, warehouse
 ):
@@ -600,7 +624,7 @@ def test_an_insert_that_fails_names_the_table_and_never_holds_the_pager_up(tmp_p
     from datetime import UTC, datetime
 
     from fieldsales_dagster.client.envelope import Page, split_envelope
-    from fieldsales_dagster.loading.raw_load import QUEUED_PAGES, RawLoadError, StagingWriter
+    from fieldsales_dagster.loading.raw_load import QUEUED_PAGES, StagingWriter
 
     body = json.dumps({"transactions": [{"_id": "a", "eventId": "e"}], "count": 1}).encode()
     items, total = split_envelope(body, TRANSACTIONS, "test page")

@@ -473,6 +473,13 @@ def load_list(
         # Without the table every staged id is new: a first load compares nothing.
         changes = CHANGES if exists else f"(SELECT id, true AS staged FROM {STAGED_DIGESTS})"
         written = not exists or compare_digests(conn, _stored_digests(conn, table)) > 0 or whole
+        lost = f"FROM {qualified(stage)} WHERE payload IS NULL AND id IN (SELECT id FROM {changes})"
+        if lost_rows := one_row(conn, f"SELECT count(*) {lost}")[0]:
+            raise RawLoadError(
+                f"{table}: {lost_rows} items were stored as received when the load began, but "
+                "not when it ended: another load wrote the table meanwhile. Nothing was written; "
+                "run again."
+            )
 
         def swap() -> None:
             if endpoint is EVENTS and (written or not table_exists(conn, EVENT_STATES)):
