@@ -219,9 +219,14 @@ def _noop(where: Path, base_env: dict[str, str]) -> Row:
     """Dagster's own floor: one asset that does nothing, on a prepared ``DAGSTER_HOME``."""
     home = where / "noop_home"
     prepare_dagster_home(home, base_env)
-    argv = [str(BIN / "dagster"), "asset", "materialize", "-f", str(NOOP_DEFS), "--select", "noop"]
+    io_json = where / "noop.io.json"
+    argv = [sys.executable, str(ROOT / "benchmarks" / "io_written.py"), str(io_json), "--"]
+    argv += [str(BIN / "dagster"), "asset", "materialize", "-f", str(NOOP_DEFS), "--select", "noop"]
     m = measure("noop", argv, where / "noop.log", {**base_env, "DAGSTER_HOME": str(home)})
-    return Row("dagster", "noop", m, 0, 0, steps=tuple(step_cpu(home, m.cpu_samples)))
+    io = json.loads(io_json.read_text()) if io_json.exists() else {}
+    written, cancelled = io.get("write_bytes", 0), io.get("cancelled_write_bytes", 0)
+    steps = tuple(step_cpu(home, m.cpu_samples))
+    return Row("dagster", "noop", m, written, 0, steps=steps, cancelled=cancelled)
 
 
 def _table(size: int, rows: list[Row], sides: list[Side]) -> list[str]:
@@ -247,6 +252,7 @@ def _table(size: int, rows: list[Row], sides: list[Side]) -> list[str]:
     for r in rows:
         if noop and r.run == "unchanged" and r.m.ok:
             lines += ["", f"{r.side}, unchanged / noop CPU: {r.m.cpu_s / noop.m.cpu_s:.2f}"]
+    lines += _nightly_ratios(rows)
     lines += ["", "| step | " + " | ".join(f"{r.side} {r.run} CPU s" for r in rows) + " |"]
     lines.append("|---|" + "---:|" * len(rows))
     cpu = [{s.step: s.cpu_s for s in r.steps} for r in rows]
@@ -265,6 +271,30 @@ def _table(size: int, rows: list[Row], sides: list[Side]) -> list[str]:
                 lines.append(
                     f"| {run} | {b.m.wall_s / a.m.wall_s:.2f} | {b.m.cpu_s / a.m.cpu_s:.2f} |"
                 )
+    return lines
+
+
+def _nightly_ratios(rows: list[Row]) -> list[str]:
+    """Per side, the nightly run over the first: CPU, bytes written, and the bytes each wrote
+    above the run with nothing changed (what every run writes whatever changed: Dagster's event
+    log, in SQLite here, is most of it), and what each added to the warehouse."""
+    lines = []
+    for side in dict.fromkeys(r.side for r in rows if r.run == "nightly"):
+        by = {r.run: r for r in rows if r.side == side and r.m.ok}
+        first, floor, nightly = by.get("first"), by.get("unchanged"), by.get("nightly")
+        if not (first and floor and nightly):
+            continue
+        added = nightly.size - floor.size  # the first run began with no warehouse
+        lines += [
+            "",
+            f"{side}, nightly / first: CPU {nightly.m.cpu_s / first.m.cpu_s:.2f}; written "
+            f"{nightly.written / first.written:.3f}; written above the unchanged run's "
+            f"{fmt_bytes(floor.written)}: {fmt_bytes(nightly.written - floor.written)} / "
+            f"{fmt_bytes(first.written - floor.written)} = "
+            f"{(nightly.written - floor.written) / max(1, first.written - floor.written):.3f}; "
+            f"added to the warehouse: {fmt_bytes(added)} / {fmt_bytes(first.size)} = "
+            f"{added / max(1, first.size):.3f}",
+        ]
     return lines
 
 
