@@ -8,7 +8,7 @@ import functools
 import operator
 import re
 from collections.abc import Callable, Iterator
-from contextlib import contextmanager
+from contextlib import contextmanager, suppress
 from contextvars import ContextVar
 from dataclasses import KW_ONLY, dataclass
 from datetime import UTC, datetime, timedelta
@@ -275,41 +275,32 @@ def _unknown_keys(model: BaseModel, path: list[Any]) -> Iterator[list[Any]]:
             yield from _unknown_keys(value, [*path, key])
 
 
-def _matching(pattern: str | re.Pattern[str], why: str) -> Callable[[str], str]:
-    """A setting's check: its value must match ``pattern``, else ``why``."""
+def _accepted(test: Callable[[str], object], why: str, errors: Any = ()) -> Callable[[str], str]:
+    """A setting's check: ``test(value)`` true, raising none of ``errors``; else ``why``."""
 
     def check(value: str) -> str:
-        if not re.match(pattern, value):
-            raise ValueError(why)
-        return value
+        with suppress(*errors):
+            if test(value):
+                return value
+        raise ValueError(why)
 
     return check
 
 
-_plain_name = _matching(IDENTIFIER, "it is not a plain name")
-_size = _matching(_MEMORY, "it is not a size")
-_url_style = _matching("^(vhost|path)$", "it is neither vhost nor path")
+_plain_name = _accepted(IDENTIFIER.match, "it is not a plain name")
+_size = _accepted(_MEMORY.match, "it is not a size")
+_url_style = _accepted(re.compile("^(vhost|path)$").match, "it is neither vhost nor path")
+_cron = _accepted(
+    lambda value: schedule_interval(value, "UTC"),
+    "it is not a cron expression",
+    (dg.DagsterInvalidDefinitionError,),
+)
+_timezone = _accepted(ZoneInfo, "it is not an IANA time zone", (ZoneInfoNotFoundError, ValueError))
 
 
 def _export_path(value: str) -> str:
     if (stem := Path(value).stem.lower()) in PROJECT_SCHEMAS:
         raise ValueError(f"DuckDB names its catalog {stem}, which would shadow the {stem} schema")
-    return value
-
-
-def _cron(value: str) -> str:
-    try:
-        schedule_interval(value, "UTC")
-    except dg.DagsterInvalidDefinitionError:
-        raise ValueError("it is not a cron expression") from None
-    return value
-
-
-def _timezone(value: str) -> str:
-    try:
-        ZoneInfo(value)
-    except (ZoneInfoNotFoundError, ValueError):
-        raise ValueError("it is not an IANA time zone") from None
     return value
 
 
