@@ -307,6 +307,40 @@ def test_the_schema_change_checks_read_each_assets_last_materialization_once_for
     }
 
 
+def test_a_run_of_the_schema_change_checks_alone_reads_each_assets_last_two_only(
+    demo_server, tmp_path, warehouse, monkeypatch
+):
+    """Where no earlier step of the process read the last materializations before the run (a
+    run of checks alone; with the multiprocess executor, every check step), the checks read each
+    asset's last two, not also the latest of every asset twice, which cannot serve them."""
+    checks = build_schema_change_checks(DEFAULT, ASSETS)
+    instance = dg.DagsterInstance.ephemeral()
+    for _ in range(2):
+        _run(demo_server, tmp_path, warehouse, [*ASSETS, checks], instance=instance)
+    reads: list[str] = []
+    for method in ("fetch_materializations", "get_latest_materialization_events"):
+        counted = getattr(instance, method)
+
+        def count(*args, counted=counted, method=method, **kwargs):
+            reads.append(method)
+            return counted(*args, **kwargs)
+
+        monkeypatch.setattr(instance, method, count)
+    result = materialize(
+        [*ASSETS, checks],
+        selection=dg.AssetSelection.checks(checks),
+        resources={"fieldsales_api": make_api(demo_server, tmp_path), "warehouse": warehouse},
+        instance=instance,
+    )
+    assert result.get_asset_materialization_events() == []
+    assert reads == ["fetch_materializations"] * len(ASSETS), reads
+    evaluations = [e for e in result.get_asset_check_evaluations() if e.check_name == SCHEMA]
+    assert len(evaluations) == len(ASSETS)
+    assert {e.description for e in evaluations} == {
+        "The columns are those of the previous materialization."
+    }
+
+
 def test_an_unchanged_step_reads_the_lake_at_one_snapshot_and_judges_no_commit(
     demo_server, tmp_path, warehouse
 ):

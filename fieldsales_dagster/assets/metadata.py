@@ -119,15 +119,18 @@ def last_metadata(context: Context, key: dg.AssetKey) -> Mapping[str, dg.Metadat
 
 def last_two_metadata(context: Context, keys: Sequence[dg.AssetKey]) -> dict[dg.AssetKey, list]:
     """The metadata of each of ``keys``' last two materializations, the last first (fewer where
-    it has fewer): this run's and the last before the run (``_before_run``), in one query for
-    them all; a key this run did not materialize after its first step read reads its last two
-    (a query each). Another run's materialization between those two of this run is missed."""
-    before, run = _before_run(context), context.run.run_id
-    now, found = context.instance.get_latest_materialization_events(keys), {}
+    it has fewer): this run's and the last before the run, where an earlier step of this process
+    read that (``_before_run``: the in-process executor), in one query for them all; else (a step
+    in a process of its own, a run of checks alone), or for a key this run did not materialize
+    since, its last two (a query each). Another run's materialization between those two of this
+    run is missed."""
+    run, before = context.run.run_id, _LAST.get(context.run.run_id)
+    now = context.instance.get_latest_materialization_events(keys) if before is not None else {}
+    found = {}
     for key in keys:
-        last, prior = now.get(key), before.get(key)
+        last, prior = now.get(key), (before or {}).get(key)
         entries: list = [last, prior]
-        if last and (last.run_id != run or (prior and prior.run_id == run)):
+        if not last or last.run_id != run or (prior and prior.run_id == run):
             entries = list(context.instance.fetch_materializations(key, limit=2).records)
         found[key] = [
             e.asset_materialization.metadata for e in entries if e and e.asset_materialization
