@@ -114,7 +114,6 @@ class Setting:
     key: str = ""
     #: The default as the docs show it, if not itself, or what unset (``None``) means.
     shown: str = ""
-    duckdb: str = ""
     #: Checked by ``_check``, not pydantic: Dagster copies constraints onto the YAML model.
     gt: float | None = None
     ge: float | None = None
@@ -488,7 +487,6 @@ class StorageSettings(SettingsModel):
         "DuckDB memory_limit; larger work spills to disk",
         "a size such as 192MB or 2GB",
         check=_size,
-        duckdb="memory_limit",
     )
     ducklake_catalog: str | None = setting(
         None,

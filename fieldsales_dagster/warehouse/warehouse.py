@@ -20,7 +20,6 @@ from fieldsales_dagster.catalogs import DEFAULT_CATALOG
 from fieldsales_dagster.heap import release_free_memory
 from fieldsales_dagster.paths import check_file_setting, check_folder_setting, setting_error
 from fieldsales_dagster.settings import (
-    SETTINGS,
     PiiSettings,
     RefreshSettings,
     StorageSettings,
@@ -271,8 +270,8 @@ class FieldSalesWarehouse(settings_resource("WarehouseSettings", *WAREHOUSE_SETT
     def _config(self) -> DuckDBConfig:
         mine = self.local_folder / f"{PROCESS_DIR_PREFIX}{os.getpid()}"
         mine.mkdir(parents=True, exist_ok=True)  # DuckDB makes the last folder of its own only
-        options = {s.duckdb: getattr(self, s.name, None) for s in SETTINGS.values() if s.duckdb}
-        options |= {"threads": self.threads, "temp_directory": str(mine / "db.tmp")}
+        options = {"memory_limit": self.duckdb_memory_limit, "threads": self.threads}
+        options["temp_directory"] = str(mine / "db.tmp")
         return {k: v for k, v in options.items() if v is not None}
 
     def export(self) -> dict[str, Any] | None:
