@@ -277,14 +277,8 @@ def test_a_run_reads_its_assets_last_materializations_in_one_query(
     assert all("dagster/row_count" in found for found in again.values())
 
 
-def test_the_schema_change_checks_read_each_assets_last_materialization_once_for_all(
-    demo_server, tmp_path, warehouse, monkeypatch
-):
-    """Compared with the last before the run (``last_metadata``'s one read), each asset's last
-    materialization is this run's: one read of the event log for every check, not two each."""
-    assets = [*ASSETS, build_schema_change_checks(DEFAULT, ASSETS)]
-    instance = dg.DagsterInstance.ephemeral()
-    _run(demo_server, tmp_path, warehouse, assets, instance=instance)
+def _event_log_reads(instance: dg.DagsterInstance, monkeypatch) -> list[str]:
+    """The names of the reads of the materializations in ``instance``'s event log, as they come."""
     reads: list[str] = []
     for method in ("fetch_materializations", "get_latest_materialization_events"):
         counted = getattr(instance, method)
@@ -294,6 +288,18 @@ def test_the_schema_change_checks_read_each_assets_last_materialization_once_for
             return counted(*args, **kwargs)
 
         monkeypatch.setattr(instance, method, count)
+    return reads
+
+
+def test_the_schema_change_checks_read_each_assets_last_materialization_once_for_all(
+    demo_server, tmp_path, warehouse, monkeypatch
+):
+    """Compared with the last before the run (``last_metadata``'s one read), each asset's last
+    materialization is this run's: one read of the event log for every check, not two each."""
+    assets = [*ASSETS, build_schema_change_checks(DEFAULT, ASSETS)]
+    instance = dg.DagsterInstance.ephemeral()
+    _run(demo_server, tmp_path, warehouse, assets, instance=instance)
+    reads = _event_log_reads(instance, monkeypatch)
     result = materialize(
         assets,
         resources={"fieldsales_api": make_api(demo_server, tmp_path), "warehouse": warehouse},
@@ -317,15 +323,7 @@ def test_a_run_of_the_schema_change_checks_alone_reads_each_assets_last_two_only
     instance = dg.DagsterInstance.ephemeral()
     for _ in range(2):
         _run(demo_server, tmp_path, warehouse, [*ASSETS, checks], instance=instance)
-    reads: list[str] = []
-    for method in ("fetch_materializations", "get_latest_materialization_events"):
-        counted = getattr(instance, method)
-
-        def count(*args, counted=counted, method=method, **kwargs):
-            reads.append(method)
-            return counted(*args, **kwargs)
-
-        monkeypatch.setattr(instance, method, count)
+    reads = _event_log_reads(instance, monkeypatch)
     result = materialize(
         [*ASSETS, checks],
         selection=dg.AssetSelection.checks(checks),
