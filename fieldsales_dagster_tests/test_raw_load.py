@@ -416,6 +416,32 @@ def test_a_list_load_stages_and_redacts_the_payloads_of_new_and_changed_items_on
         assert conn.execute(personal, {"pii": PII_VALUE}).fetchone() == (0,)
 
 
+def test_a_list_load_computes_the_state_of_new_and_changed_events_only(
+    demo_server, api, warehouse, tmp_path, monkeypatch
+):
+    """An event listed as stored keeps the state stored with its row; the states stored equal
+    those a first load of the same list computes for every event."""
+    computed: list[int] = []
+
+    def counted(item):
+        computed.append(1)
+        return event_state(item)
+
+    event_state = raw_load.event_state
+    load(api, warehouse, EVENTS)
+    demo_server.dataset.advance_event(0)
+    demo_server.dataset.delete_event(1)
+    monkeypatch.setattr(raw_load, "event_state", counted)
+    assert load(api, warehouse, EVENTS).written
+    assert len(computed) == 1, "the state of an event listed as stored was computed again"
+    monkeypatch.undo()
+    first = make_warehouse(tmp_path, "first")
+    load(api, first, EVENTS)
+    states = "SELECT * FROM meta.event_states ORDER BY event_id"
+    with read_lake(warehouse) as conn, read_lake(first) as fresh:
+        assert conn.execute(states).fetchall() == fresh.execute(states).fetchall()
+
+
 def test_a_row_written_by_another_load_meanwhile_is_never_replaced_by_a_payload_not_staged(
     demo_server, api, warehouse
 ):

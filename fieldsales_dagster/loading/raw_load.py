@@ -57,8 +57,9 @@ if TYPE_CHECKING:  # imported where a load runs: the definitions load without it
 QUEUED_PAGES = 8  # waiting for the insert (a few MB each)
 SLICE_BYTES = 256 * 1024  # of a page's batch DuckDB reads at a time (see ``_stream``)
 #: Per event of ``raw.events``, written with it: the state an incremental refresh compares
-#: (docs/refresh.md), computed from each item as it is staged (``event_state``, columns of the
-#: staging table until ``Staging.seal``) so that no step parses the payloads for it.
+#: (docs/refresh.md), computed from each item staged with its payload (``event_state``, columns of
+#: the staging table until ``Staging.seal``) so that no step parses the payloads for it; an item
+#: staged without it (a stored row as received) keeps the state stored with that row.
 EVENT_STATES, STAGED_STATES = "meta.event_states", "_fs_event_states"
 #: Per raw table, its last load (``record_load``): when the server last listed it whole (it then
 #: holds what was listed; a row listed as stored keeps its ``loaded_at``, so the tables built from
@@ -72,8 +73,9 @@ STAGED_DIGESTS = "_fs_staged_digests"
 #: holds the id (new or changed), ``stored`` where the table does (changed or gone).
 CHANGES = "_fs_changes"
 #: Bumped when the code that makes a row of the bytes received changes what it stores (the id of an
-#: item without ``_id``, how an item is stored): every row is then compared as changed once.
-STORED_FORM = 1
+#: item without ``_id``, how an item is stored, an event's state: ``event_state``, ``seal``): every
+#: row is then compared as changed once, so no row keeps what older code made of its bytes.
+STORED_FORM = 2
 _PII_VALUE = re.compile(PII_VALUE.encode())
 
 
@@ -86,7 +88,9 @@ class _State(msgspec.Struct, rename="camel"):
 def event_state(item: msgspec.Raw) -> tuple[str, bytes]:
     """An event's state fingerprint (its ``_State`` as received, whitespace aside, personal values
     nulled as ``redact_pii_keys`` nulls them: an unkeyed hash of one could be guessed), and its
-    ``[eventStateHistory, eventStateTimestamps]``, whose dates ``Staging.seal`` reads in DuckDB."""
+    ``[eventStateHistory, eventStateTimestamps]``, whose dates ``Staging.seal`` reads in DuckDB.
+    A stored row listed as received keeps its state: what this makes of an item changes only
+    with ``STORED_FORM``."""
     try:
         state = msgspec.structs.astuple(msgspec.json.decode(item, type=_State))
     except msgspec.ValidationError:  # not an object
@@ -181,7 +185,8 @@ def page_batch(
     """The page's items as one Arrow batch: keys as text (none or empty: NULL), payloads in one
     buffer shared with Arrow (one copy of the page's bytes, none per item). An item with an id
     whose digest is among the ``stored`` ones (sorted) is a stored row as received: its payload
-    is NULL (neither copied, stored nor redacted again; ``load_list``)."""
+    is NULL (neither copied, stored nor redacted again, nor an event's state computed again;
+    ``load_list``)."""
     import numpy as np
     import pyarrow as pa
 
@@ -218,8 +223,10 @@ def page_batch(
                 ) from None
         raise
     payload = pa.ExtensionArray.from_storage(schema.field("payload").type, text)
-    found = zip(*map(event_state, items), strict=True) if "fingerprint" in schema.names else ()
-    states = [pa.array(column, pa.string()) for column in found]
+    # An event's state, of the items staged with their payload (``EVENT_STATES``).
+    found = zip(items, staged, strict=True) if "fingerprint" in schema.names else ()
+    made = [event_state(item) if keep else (None, None) for item, keep in found]
+    states = [pa.array(column, pa.string()) for column in zip(*made, strict=True)]
     return pa.RecordBatch.from_arrays([*columns, *states, payload, digests], schema=schema)
 
 
@@ -330,7 +337,8 @@ class Staging:
         """Drop the staging columns; the digests wait in ``STAGED_DIGESTS`` (a row per staged
         row: ``_drop_duplicate_ids`` as for the stage), an event's state in ``STAGED_STATES``,
         for the swap (a DuckLake table's columns dropped in the swap's transaction fail its
-        rename). Its dated changes: its history's dates and every time its state timestamps hold."""
+        rename). Its dated changes: its history's dates and every time its state timestamps hold;
+        an event staged without its payload has the state stored with its row."""
         stage, history = qualified(self.table), "json_extract_string(state_times, '$[0][*].date')"
         stamps = "json_extract_string(state_times, '$[1].*[*]')"
         keys = "".join(f"{quote_ident(column)}, " for column, _ in self.endpoint.extra_columns)
@@ -338,11 +346,16 @@ class Staging:
             f"CREATE OR REPLACE TEMP TABLE {STAGED_DIGESTS} AS SELECT id, {keys}digest FROM {stage}"
         )
         if self.endpoint is EVENTS:
+            kept = ""  # a stored set is read only beside the states (``_stored_digest_set``)
+            if self.stored is not None and self.stored.size:
+                kept = f"UNION ALL BY NAME FROM {EVENT_STATES} WHERE event_id IN (SELECT id FROM "
+                kept += f"{stage} WHERE payload IS NULL)"
             self.conn.execute(
                 f"CREATE OR REPLACE TEMP TABLE {STAGED_STATES} AS SELECT id AS event_id, "
                 f"fingerprint, list_distinct(list_transform({history} || {stamps}, lambda d: "
-                f"try_cast(d AS TIMESTAMPTZ))) AS state_changes FROM {stage}; ALTER TABLE "
-                f"{stage} DROP fingerprint; ALTER TABLE {stage} DROP state_times"
+                f"try_cast(d AS TIMESTAMPTZ))) AS state_changes FROM {stage} WHERE payload IS NOT "
+                f"NULL {kept}; ALTER TABLE {stage} DROP fingerprint; ALTER TABLE {stage} DROP "
+                "state_times"
             )
         self.conn.execute(f"ALTER TABLE {stage} DROP COLUMN digest")
 
@@ -552,12 +565,16 @@ def _stored_digests(conn: duckdb.DuckDBPyConnection, table: str) -> str:
 
 
 def _stored_digest_set(conn: duckdb.DuckDBPyConnection, table: str) -> np.ndarray:
-    """The digests stored with ``table``'s rows, sorted; none without the table or them."""
+    """The digests stored with ``table``'s rows, sorted; none without the table or them. Of
+    ``raw.events``, those of the rows with a state stored (``EVENT_STATES``), which they keep."""
     import numpy as np
 
-    if not (table_exists(conn, table) and table_exists(conn, digests := digests_table(table))):
+    events, digests = table == EVENTS.raw_table, digests_table(table)
+    needed = [table, digests, *[EVENT_STATES] * events]
+    if not all(table_exists(conn, name) for name in needed):
         return np.empty(0, np.int64)
-    found = conn.execute(f"SELECT digest FROM {digests}").fetchnumpy()["digest"]
+    stated = f" WHERE id IN (SELECT event_id FROM {EVENT_STATES})" * events
+    found = conn.execute(f"SELECT digest FROM {digests}{stated}").fetchnumpy()["digest"]
     found.sort()
     return np.asarray(found, np.int64)
 
