@@ -442,6 +442,23 @@ def test_a_list_load_computes_the_state_of_new_and_changed_events_only(
         assert conn.execute(states).fetchall() == fresh.execute(states).fetchall()
 
 
+def test_an_event_listed_as_stored_without_a_state_stored_gets_its_state_computed(
+    demo_server, api, warehouse
+):
+    """Only a row with a state stored is staged without its payload: every event listed has a
+    state after the load, whatever ``meta.event_states`` held."""
+    load(api, warehouse, EVENTS)
+    with warehouse.get_connection() as conn:
+        conn.execute(
+            "DELETE FROM meta.event_states WHERE event_id = (SELECT min(id) FROM raw.events)"
+        )
+    demo_server.dataset.advance_event(1)  # the list is written, its states with it
+    assert load(api, warehouse, EVENTS).written
+    with read_lake(warehouse) as conn:
+        stateless = "SELECT count(*) FROM raw.events ANTI JOIN meta.event_states ON event_id = id"
+        assert conn.execute(stateless).fetchone() == (0,), "an event listed lost its state"
+
+
 def test_a_row_written_by_another_load_meanwhile_is_never_replaced_by_a_payload_not_staged(
     demo_server, api, warehouse
 ):
