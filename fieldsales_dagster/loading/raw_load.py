@@ -486,6 +486,11 @@ def load_list(
         # Without the table every staged id is new: a first load compares nothing.
         changes = CHANGES if exists else f"(SELECT id, true AS staged FROM {STAGED_DIGESTS})"
         written = not exists or compare_digests(conn, _stored_digests(conn, table)) > 0 or whole
+        # Two comparisons, on purpose: the digests read before paging (8 bytes a row, no id: what
+        # fits beside a list of 10M) decide which payloads are staged; this one, by id and digest
+        # (the incremental merge's too), what is written. In the asset's one transaction both
+        # read one snapshot: they disagree only where an item's digest is another id's (2**-64 a
+        # pair) or a write in it (``before_swap``) changed a stored row. Neither stores a NULL.
         lost = f"FROM {qualified(stage)} WHERE payload IS NULL AND id IN (SELECT id FROM {changes})"
         if lost_rows := one_row(conn, f"SELECT count(*) {lost}")[0]:
             raise RawLoadError(
