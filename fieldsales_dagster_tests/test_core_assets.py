@@ -335,10 +335,11 @@ def test_a_result_naming_another_event_keeps_custom_report_results_whole(tmp_pat
     second = _materialize_results_only(database)
 
     _same_as_a_full_build(tmp_path, database, _reporting_events(values, named))
-    for result in (first, second):
+    # The second finds the first's build, which recorded no state to follow from.
+    again = "no record of a previous build by this query"
+    for result, why in ((first, "no previous build"), (second, again)):
         assert _core_metadata(result, "core_custom_report_results")["fieldsales/build"] == (
-            "full: no previous build; 1 rows have no key to find them by, so the next build is "
-            "whole too"
+            f"full: {why}; 1 rows have no key to find them by, so the next build is whole too"
         )
 
 
@@ -356,7 +357,7 @@ def test_a_decode_whose_source_no_commit_wrote_since_its_refresh_reads_no_key(
         return fingerprint(conn, table, *args)
 
     monkeypatch.setattr(decode, "fingerprint", scanning)
-    monkeypatch.setattr(decode, "rows_missing", lambda *args: scanned.append("rows_missing"))
+    monkeypatch.setattr(decode, "changed_rows", lambda *args: scanned.append("changed_rows"))
     warehouse = lake_at(database)
     with warehouse.get_connection() as conn:
         refreshed = decode.refresh_decoded(conn, decode.TRANSACTIONS_DECODED, warehouse.lake)

@@ -243,13 +243,15 @@ def test_core_tables_follow_two_incremental_generations_and_still_equal(
 def test_a_lake_of_an_earlier_release_builds_its_following_tables_whole_once_then_follows(
     demo_server, tmp_path, loaded_all
 ):
-    """Their states had a table of their own (meta.core_follow_state): it is dropped, none of its
+    """Their states had a table of their own (meta.core_follow_state), and the rows each
+    reflected one of its own (meta.core_events_inputs, ...): they are dropped, none of their
     states is read, and each following table is built whole once."""
     states = f"FROM meta.lake_builds WHERE check_name = '{follow.FOLLOWED}'"
     with loaded_all.get_connection() as conn:
         conn.execute(
             "CREATE TABLE IF NOT EXISTS meta.core_follow_state AS SELECT table_name, "
-            f"fingerprint AS query_fingerprint, result AS inputs_fingerprint {states}"
+            f"fingerprint AS query_fingerprint, result AS inputs_fingerprint {states}; "
+            "CREATE TABLE meta.core_events_inputs AS SELECT id, loaded_at FROM raw.events"
         )
         conn.execute(f"DELETE {states}")
     attach_again(loaded_all)
@@ -266,6 +268,7 @@ def test_a_lake_of_an_earlier_release_builds_its_following_tables_whole_once_the
         )
     with read_lake(loaded_all) as conn:
         assert not table_exists(conn, "meta.core_follow_state")
+        assert not table_exists(conn, "meta.core_events_inputs")
 
 
 def test_durations_built_before_the_history_they_read_follows_are_whole_until_it_does(
@@ -277,7 +280,7 @@ def test_durations_built_before_the_history_they_read_follows_are_whole_until_it
     (event,) = first.asset_materializations_for_node("core_event_state_durations")
     assert event.metadata["fieldsales/build"].value == (
         "full: a table it reads does not reflect temp.events_decoded yet "
-        "(meta.core_event_status_history_inputs)"
+        "(core.event_status_history)"
     )
     # The history now follows the events; the durations built from its old rows must too.
     assert _materialize(demo_server, tmp_path, loaded_all, assets=ALL_ASSETS).success
@@ -294,7 +297,6 @@ def test_failure_mid_core_update_leaves_the_core_tables_and_their_state_as_they_
                 conn.execute(f"SELECT * FROM {table} ORDER BY ALL").fetchall()
                 for table in (
                     "core.custom_report_results",
-                    "meta.custom_report_results_inputs",
                     "meta.lake_builds WHERE table_name = 'core.custom_report_results'",
                 )
             ]

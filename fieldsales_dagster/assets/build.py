@@ -121,7 +121,8 @@ def build_described_table(
                 built = {}
             else:
                 lake = warehouse.lake if commit else None
-                listed = {name: decoded.source for name, decoded in shared.items()}
+                # A decoded table made whole in this build's commit: the change feed cannot tell.
+                whole = [d.table for d, done in refreshed.items() if done.mode == "full"]
                 built = build_following(
                     conn,
                     table.table,
@@ -131,8 +132,9 @@ def build_described_table(
                     build_whole,
                     macros,
                     lake,
-                    listed,
+                    {decoded.table: decoded.source for decoded in table.decoded},
                     parse,
+                    f"{' and '.join(whole)} was built whole" if whole else "",
                 )
             then()
         finally:

@@ -14,15 +14,15 @@ import duckdb
 from fieldsales_dagster.assets.columns import PACKAGE_SQL
 from fieldsales_dagster.assets.follow import (
     WHOLE_ABOVE,
+    changed_rows,
     define_rows,
     failing_as,
     fingerprint,
-    rows_missing,
-    same_row,
 )
 from fieldsales_dagster.pause import pause_at
 from fieldsales_dagster.warehouse.lake import (
     Lake,
+    changed_since,
     drop_table,
     record_evaluation,
     run_transaction,
@@ -169,36 +169,53 @@ def refresh_decoded(
 def _refresh(conn: duckdb.DuckDBPyConnection, decoded: Decoded, lake: Lake | None) -> DecodeRefresh:
     query = _decode_sql(decoded)
     digest = hashlib.sha256(f"{query}\n{shared_macros_sql(query)}".encode()).hexdigest()
-    if not table_exists(conn, decoded.table) or _layout_changed(conn, decoded):
+    found = still_valid(conn, lake, decoded.table, digest, judged=False) if lake else None
+    stale = not table_exists(conn, decoded.table) or _layout_changed(conn, decoded)
+    if lake is None or found is None or stale:
         refreshed = build_decoded(conn, decoded)
-    elif lake and still_valid(conn, lake, decoded.table, digest):
+    elif not changed_since(conn, lake, found.read, [decoded.source]):
         return DecodeRefresh("current", 0)
     else:
-        refreshed = _parse_missing(conn, decoded)
+        refreshed = _parse_changed(conn, decoded, lake, found.read)
     if lake:
         record_evaluation(conn, decoded.table, [decoded.source], digest)
     return refreshed
 
 
-def _parse_missing(conn: duckdb.DuckDBPyConnection, decoded: Decoded) -> DecodeRefresh:
-    (rows,) = one_row(conn, f"SELECT count(*) FROM {qualified(decoded.source)}")
-    missing, missing_rows = rows_missing(
-        conn, decoded.source, decoded.table, "_fs_to_decode", "_fs_decoded_gone", slices=4
-    )
-    if missing > WHOLE_ABOVE * rows:
+def _parse_changed(
+    conn: duckdb.DuckDBPyConnection, decoded: Decoded, lake: Lake, since: int
+) -> DecodeRefresh:
+    """Replace the rows of the ids its source's commits after snapshot ``since`` inserted or
+    deleted (``changed_rows``): the source's rows of those ids, parsed in ``slices`` parts by
+    ``rowid``, each for a statement of its own: parts joined in one statement keep every part's
+    join and scan in memory at once (at 10M transactions, 101,483 rows to decode in 4 parts ran
+    out of 192MB; one at a time, they passed). Whole where more than ``WHOLE_ABOVE`` are new."""
+    changed, slices = "_fs_to_decode", 4
+    if changed_rows(conn, lake, decoded.source, since, "id, loaded_at", changed):
         return build_decoded(conn, decoded)
-    (gone,) = one_row(conn, "SELECT count(*) FROM _fs_decoded_gone")
-    if not (missing or gone):
-        return DecodeRefresh("current", 0)
+    (rows,) = one_row(conn, f"SELECT count(*) FROM {qualified(decoded.source)}")
+    new, first, last, undated = one_row(
+        conn,
+        "SELECT count(*), min(loaded_at), max(loaded_at), count(*) - count(loaded_at) "
+        f"FROM {changed} WHERE inserted",
+    )
+    if new > WHOLE_ABOVE * rows:
+        return build_decoded(conn, decoded)
+    ids = f"SELECT id FROM {changed}"
+    # Each row of those ids was inserted since: DuckDB skips older row groups by min/max.
+    within = f"s.loaded_at BETWEEN TIMESTAMP '{first}' AND TIMESTAMP '{last}'" if new else "false"
+    if undated:
+        within = "true"
     with failing_as(decoded.table, "Updating"):
-        conn.execute(
-            f"DELETE FROM {qualified(decoded.table)} AS d USING _fs_decoded_gone AS g "
-            f"WHERE {same_row('d', 'g')}"
-        )
-        for part in missing_rows:  # one statement each: see rows_missing
+        conn.execute(f"DELETE FROM {qualified(decoded.table)} WHERE id IN ({ids})")
+        for i in range(slices):
+            part = (
+                f"SELECT s.* FROM {qualified(decoded.source)} AS s WHERE s.id IN ({ids}) "
+                f"AND {within} AND s.rowid % {slices} = {i}"
+            )
             query = _decode_query(conn, decoded, part)
             conn.execute(f"INSERT INTO {qualified(decoded.table)} BY NAME\n{query}")
-    return DecodeRefresh("incremental", missing)
+    return DecodeRefresh("incremental", new)
 
 
 def _layout_changed(conn: duckdb.DuckDBPyConnection, decoded: Decoded) -> bool:

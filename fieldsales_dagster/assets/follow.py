@@ -1,6 +1,7 @@
 """A core table that follows its decoded table's changes instead of being rebuilt whole
 (docs/refresh.md), while the query, its macros and ``resolved_against`` keep the fingerprints its
-build recorded (``FOLLOWED``)."""
+build recorded (``FOLLOWED``): the rows changed since the snapshot its last build read, from
+DuckLake's change feed (``changed_rows``)."""
 
 from __future__ import annotations
 
@@ -12,8 +13,14 @@ from typing import Any
 import duckdb
 import msgspec
 
-from fieldsales_dagster.warehouse.lake import Lake, record_evaluation, run_transaction, still_valid
-from fieldsales_dagster.warehouse.quoting import qualified, quote_ident
+from fieldsales_dagster.warehouse.lake import (
+    Lake,
+    changed_since,
+    last_evaluation,
+    record_evaluation,
+    run_transaction,
+)
+from fieldsales_dagster.warehouse.quoting import qualified, sql_literal
 from fieldsales_dagster.warehouse.rows import one_row
 from fieldsales_dagster.warehouse.warehouse import table_exists
 
@@ -32,11 +39,6 @@ WHOLE_ABOVE = 0.2
 
 #: The table macro of the keys a build makes rows for, where ``Follows.keys`` is set.
 FOLLOWED_KEYS = "followed_keys"
-
-
-def same_row(a: str, b: str) -> str:
-    """SQL: rows ``a`` and ``b`` are the same load of the same item (``id``, ``loaded_at``)."""
-    return f"{a}.id = {b}.id AND {a}.loaded_at IS NOT DISTINCT FROM {b}.loaded_at"
 
 
 def fingerprint(
@@ -66,70 +68,56 @@ def failing_as(target: str, doing: str = "Building", reads: str = "") -> Iterato
         ) from exc
 
 
-def rows_missing(
-    conn: duckdb.DuckDBPyConnection,
-    source: str,
-    target: str,
-    keys: str,
-    gone: str,
-    slices: int = 1,
-) -> tuple[int, list[str]]:
-    """How many rows of ``source`` ``target`` lacks by (``id``, ``loaded_at``), and SQL selecting
-    them within their ``loaded_at`` range (DuckDB skips older row groups by min/max), in
-    ``slices`` parts by ``rowid``, each for a statement of its own: parts joined in one statement
-    keep every part's join and scan in memory at once (at 10M transactions, 101,483 rows to
-    decode in 4 parts ran out of 192MB; one at a time, they passed). ``gone`` gets the rows of
-    ``target`` that ``source`` lacks, from the same join."""
-    tagged = "SELECT id, loaded_at, true AS here FROM"
-    conn.execute(  # a row unmatched has one side only
-        f"CREATE OR REPLACE TEMP TABLE {keys} AS SELECT coalesce(s.id, t.id) AS id, "
-        "coalesce(s.loaded_at, t.loaded_at) AS loaded_at, t.here IS NOT NULL AS in_target "
-        f"FROM ({tagged} {qualified(source)}) AS s FULL JOIN ({tagged} {qualified(target)}) AS t "
-        f"ON {same_row('s', 't')} WHERE s.here IS NULL OR t.here IS NULL; "
-        f"CREATE OR REPLACE TEMP TABLE {gone} AS SELECT id, loaded_at FROM {keys} WHERE in_target; "
-        f"DELETE FROM {keys} WHERE in_target"
+def changed_rows(
+    conn: duckdb.DuckDBPyConnection, lake: Lake, table: str, since: int, columns: str, into: str
+) -> str | None:
+    """Into the temp table ``into``: ``columns`` and ``inserted`` (else deleted; an update is
+    both) of each row of ``table`` that a commit after snapshot ``since`` inserted or deleted, from
+    DuckLake's change feed; or why the feed cannot tell, so a build must be whole: the table made
+    again since (its feed shows the new table's rows, and no row deleted), or a snapshot since
+    expired (the upkeep)."""
+    if changed_since(conn, lake, since, [table], created=True):
+        return f"{table} was made again, or a snapshot since {since} expired, since the last build"
+    (now,) = one_row(conn, "SELECT id FROM current_snapshot()")
+    schema, _, name = table.partition(".")
+    names = ", ".join(sql_literal(part) for part in (lake.alias, schema, name))
+    feed = f"ducklake_table_changes({names}, {since + 1}, {max(now, since + 1)})"
+    inserted = "change_type IN ('insert', 'update_postimage') AS inserted"
+    where = "" if now > since else " WHERE false"  # no snapshot since: the feed would fail
+    conn.execute(
+        f"CREATE OR REPLACE TEMP TABLE {into} AS SELECT {columns}, {inserted} FROM {feed}{where}"
     )
-    count, first, last, undated = one_row(
-        conn,
-        f"SELECT count(*), min(loaded_at), max(loaded_at), count(*) - count(loaded_at) FROM {keys}",
-    )
-    within = "false"
-    if first is not None:
-        within = f"s.loaded_at BETWEEN TIMESTAMP '{first}' AND TIMESTAMP '{last}'"
-    if undated:
-        within = f"({within} OR s.loaded_at IS NULL)"
-    rows = f"SELECT s.* FROM {qualified(source)} AS s SEMI JOIN {keys} AS k ON {same_row('s', 'k')}"
-    if slices > 1:
-        return count, [f"{rows} WHERE {within} AND s.rowid % {slices} = {i}" for i in range(slices)]
-    return count, [f"{rows} WHERE {within}"]
+    return None
 
 
 class Follows(msgspec.Struct, forbid_unknown_fields=True, frozen=True):
     decoded: str
     #: The table's column holding the decoded row's ``id`` its row comes from.
     key: str
-    #: The decoded rows (``id``, ``loaded_at``) the table reflects.
-    inputs: str
     #: SQL predicate: the table's rows that come from these decoded rows (every row of the table
     #: comes from one of its sources: ``also``).
     from_decoded: str = "true"
     #: Table -> the columns the rows from decoded rows read there: any change rebuilds whole.
     resolved_against: dict[str, str] = msgspec.field(default_factory=dict)
-    #: The ``inputs`` of tables following ``decoded`` whose rows of a decoded row the query reads:
-    #: each must reflect ``decoded`` as it is, else the build is whole and records no state.
-    reads_inputs: list[str] = msgspec.field(default_factory=list)
+    #: Tables following ``decoded`` whose rows of a decoded row the query reads: the last build of
+    #: each must have read ``decoded``'s raw table as it is now, else the build is whole and
+    #: records no state.
+    reads_current: list[str] = msgspec.field(default_factory=list)
     #: The table function the query reads the decoded rows by: all, or those a build lacks.
     rows: str = "decoded_rows"
     #: SQL predicate on a decoded row: its table rows carry its ``id`` as ``key`` (else a build
     #: could not find them by it: whole, recording no state, as for rows without a key).
     keyed_when: str = "true"
-    #: SQL of (``id``, ``key``): the ``key`` values whose rows each decoded row is part of, where
-    #: a row of the table reads several decoded rows (else ``key`` is the decoded row's ``id``).
-    #: A build replaces the rows of the keys the rows added name and those gone named at the last
-    #: build (the inputs record them): ``FOLLOWED_KEYS()``. One source only may set it.
+    #: A following table (read as ``reads_current``) whose rows name the ``key`` values whose rows
+    #: each decoded row is part of, where a row of the table reads several decoded rows (else
+    #: ``key`` is the decoded row's ``id``). One source only may set it.
+    named_by: str = ""
+    #: SQL: the list of ``key`` values a row of ``named_by`` names. A build replaces the rows of
+    #: the keys named by the rows of ``named_by`` written or deleted since it last read it, before
+    #: and after the change: ``FOLLOWED_KEYS()``.
     keys: str = ""
-    #: SQL of the ``id`` of the decoded rows the query reads (``rows``) for ``FOLLOWED_KEYS``:
-    #: only those are parsed (else the rows added).
+    #: SQL of the ``id`` of the decoded rows the query reads (``rows``) for ``FOLLOWED_KEYS``
+    #: (needed with ``keys``): only those are parsed (else those changed).
     reads: str = ""
     #: Rows of the table that are not ``from_decoded`` and follow another decoded table likewise.
     also: list[Follows] = msgspec.field(default_factory=list)
@@ -149,29 +137,8 @@ def define_whole(conn: duckdb.DuckDBPyConnection, follows: Follows | None) -> No
     for source in follows.sources if follows else []:
         define_rows(conn, source.rows, f"SELECT * FROM {qualified(source.decoded)}")
         if source.keys:
-            define_rows(conn, FOLLOWED_KEYS, f"SELECT DISTINCT key FROM ({source.keys})")
-
-
-def _inputs_rows(source: Follows, rows: str) -> str:
-    """SQL: the (``id``, ``loaded_at``) of ``rows`` (a table) a source's inputs record, with
-    the ``keys`` each names where ``source.keys`` is set."""
-    if not source.keys:
-        return f"SELECT id, loaded_at FROM {rows}"
-    named = f"SELECT id, list(key) AS keys FROM ({source.keys}) GROUP BY id"
-    return f"SELECT r.id, r.loaded_at, k.keys FROM {rows} AS r LEFT JOIN ({named}) AS k USING (id)"
-
-
-def _keys_replaced(source: Follows, i: int) -> str:
-    """SQL: the keys whose rows a build replaces (as ``id``): those of the decoded rows added
-    and gone (``_incremental``'s tables), or those they named (``Follows.keys``)."""
-    added, gone = f"_fs_follow_added{i}", f"_fs_follow_gone{i}"
-    if not source.keys:
-        return f"SELECT id FROM {added} UNION SELECT id FROM {gone}"
-    return (
-        f"SELECT unnest(i.keys) AS id FROM {qualified(source.inputs)} AS i SEMI JOIN {gone} "
-        f"AS g ON {same_row('i', 'g')} UNION SELECT key FROM ({source.keys}) "
-        f"WHERE id IN (SELECT id FROM {added})"
-    )
+            named = f"SELECT unnest({source.keys}) AS key FROM {qualified(source.named_by)}"
+            define_rows(conn, FOLLOWED_KEYS, f"SELECT DISTINCT key FROM ({named})")
 
 
 def build_following(
@@ -183,15 +150,16 @@ def build_following(
     build_whole: Callable[[], None],
     macros: str = "",
     lake: Lake | None = None,
-    listed: Mapping[str, str] | None = None,
+    raw: Mapping[str, str] | None = None,
     parse: Callable[[str, str], None] = lambda decoded, ids: None,
+    whole: str = "",
 ) -> dict[str, Any]:
     """Bring ``table`` up to date, incrementally when safe, else ``build_whole()`` (its query's
     ``decoded_rows()`` all of ``follows.decoded``); says how. Only in ``lake`` is the state
-    recorded, so elsewhere every build is whole. ``listed``: a decoded table parsed on demand ->
-    the table listing its rows (``id``, ``loaded_at``); ``parse(decoded, ids)`` parses the rows of
-    ``ids`` (SQL) it lacks before a build reads them."""
-    listed = {s.decoded: s.decoded for s in follows.sources} | dict(listed or {})
+    recorded, so elsewhere every build is whole. ``raw``: each decoded table -> the raw table it
+    is parsed from (whose change feed it follows); ``parse(decoded, ids)`` parses the rows of
+    ``ids`` (SQL) it lacks before a build reads them; ``whole``: why it must be whole anyway."""
+    raw = dict(raw or {})
     resolved = "\n".join(
         f"{t} ({columns}): {fingerprint(conn, t, columns) or 'missing'}"
         for t, columns in follows.resolved_against.items()
@@ -200,55 +168,62 @@ def build_following(
         hashlib.sha256(f"{STATE_RULES}\n{follows}\n{query}\n{macros}".encode()).hexdigest(),
         hashlib.sha256(resolved.encode()).hexdigest(),
     )
-    now = fingerprint(conn, listed[follows.decoded]) if follows.reads_inputs else None
-    behind = [inputs for inputs in follows.reads_inputs if fingerprint(conn, inputs) != now]
-    why = _why_whole(conn, lake, table, follows, state, params)
+    behind = _behind(conn, lake, follows, raw) if lake else []
+    found = whole or _last_read(conn, lake, table, follows, state, params)
     if behind:
         why = f"a table it reads does not reflect {follows.decoded} yet ({', '.join(behind)})"
-    elif why is None:
-        result = _incremental(conn, lake, table, follows, query, state, listed, parse)
+    elif isinstance(found, str):
+        why = found
+    else:
+        assert lake is not None  # a build read is recorded in a lake only
+        result = _incremental(conn, lake, table, follows, query, state, found, raw, parse)
         if not isinstance(result, str):
             return result
-        why = f"more than {WHOLE_ABOVE:.0%} of {result} is new"
+        why = result
     build_whole()
     # Where what it read will change with no change to its inputs, the next build is whole.
     missing_key = 0 if behind else unkeyed(conn, qualified(table), follows)
-
-    def record() -> None:
-        for source in follows.sources if not (behind or missing_key) else []:
-            schema = quote_ident(source.inputs.partition(".")[0])
-            conn.execute(
-                f"CREATE SCHEMA IF NOT EXISTS {schema}; CREATE OR REPLACE TABLE "
-                f"{qualified(source.inputs)} AS "
-                f"{_inputs_rows(source, qualified(listed[source.decoded]))}"
-            )
-        write_state(conn, lake, table, None if behind or missing_key else state)
-
-    run_transaction(conn, follows.inputs, record)
+    kept = None if behind or missing_key else state
+    run_transaction(conn, table, lambda: write_state(conn, lake, table, kept))
     if missing_key:
         why += f"; {missing_key} rows have no key to find them by, so the next build is whole too"
     return {"fieldsales/build": f"full: {why}"}
 
 
-def _why_whole(
+def _behind(
+    conn: duckdb.DuckDBPyConnection, lake: Lake, follows: Follows, raw: Mapping[str, str]
+) -> list[str]:
+    """The tables a build reads beside its decoded rows (``reads_current``, ``named_by``) whose
+    last build did not read the raw table of those rows as it is now."""
+    found = []
+    for source in follows.sources:
+        for read in source.reads_current + ([source.named_by] if source.named_by else []):
+            last = last_evaluation(conn, lake, read)
+            if last is None or changed_since(conn, lake, last.read, [raw[source.decoded]]):
+                found.append(read)
+    return found
+
+
+def _last_read(
     conn: duckdb.DuckDBPyConnection,
     lake: Lake | None,
     table: str,
     follows: Follows,
     state: tuple[str, str],
     params: dict[str, object],
-) -> str | None:
+) -> int | str:
+    """The snapshot ``table``'s last build read, where it recorded ``state``; else why whole."""
     if params:
         return "personal columns are hashed (the key is never stored, so nothing compares)"
-    if not all(table_exists(conn, t) for t in [table, *(s.inputs for s in follows.sources)]):
+    if not table_exists(conn, table):
         return "no previous build"
-    found = still_valid(conn, lake, table, state[0], FOLLOWED, judged=False) if lake else None
-    if found is None:
+    found = last_evaluation(conn, lake, table, FOLLOWED) if lake else None
+    if found is None or found.fingerprint != state[0]:
         return "no record of a previous build by this query"
     if found.result != state[1]:
         changed = " or ".join(f"{t} ({columns})" for t, columns in follows.resolved_against.items())
         return f"{changed} changed"
-    return None
+    return found.read
 
 
 def unkeyed(conn: duckdb.DuckDBPyConnection, rows: str, follows: Follows) -> int:
@@ -267,58 +242,59 @@ def unkeyed(conn: duckdb.DuckDBPyConnection, rows: str, follows: Follows) -> int
 
 def _incremental(
     conn: duckdb.DuckDBPyConnection,
-    lake: Lake | None,
+    lake: Lake,
     table: str,
     follows: Follows,
     query: str,
     state: tuple[str, str],
-    listed: Mapping[str, str],
+    since: int,
+    raw: Mapping[str, str],
     parse: Callable[[str, str], None],
 ) -> dict[str, Any] | str:
-    """Replace the rows of the decoded rows each source lacks or lost (or of the keys they
-    named); else the decoded table of which more than ``WHOLE_ABOVE`` is new."""
-    replaced: list[str] = []
-    changes: list[str] = []
+    """Replace the rows of the decoded rows each source's raw table changed since snapshot
+    ``since`` (or of the keys the rows of ``named_by`` changed since name); else why whole: more
+    than ``WHOLE_ABOVE`` of a decoded table is new, or the change feed cannot tell."""
     whys: list[str] = []
-    rows_of: list[tuple[int, Follows, str]] = []  # once no source is whole: build_whole reads all
     for i, source in enumerate(follows.sources):
-        found = listed[source.decoded]
-        added, (added_rows,) = rows_missing(
-            conn, found, source.inputs, f"_fs_follow_added{i}", f"_fs_follow_gone{i}"
+        changed = f"_fs_follow_changed{i}"
+        if source.keys:  # each row of named_by changed, and the keys it names
+            read, columns = source.named_by, f"{source.keys} AS keys"
+        else:
+            read, columns = raw[source.decoded], "id"
+        if why := changed_rows(conn, lake, read, since, columns, changed):
+            return why
+        new, gone = one_row(
+            conn,
+            f"SELECT count(*) FILTER (inserted), count(*) FILTER (NOT inserted) FROM {changed}",
         )
-        (gone,) = one_row(conn, f"SELECT count(*) FROM _fs_follow_gone{i}")
-        (rows,) = one_row(conn, f"SELECT count(*) FROM {qualified(found)}")
-        if added > WHOLE_ABOVE * rows:
-            return source.decoded
-        rows_of.append((i, source, added_rows))
-        replaced.append(
-            f"({source.from_decoded}) AND {source.key} IN (SELECT id FROM _fs_follow_keys{i})"
+        (rows,) = one_row(conn, f"SELECT count(*) FROM {qualified(raw[source.decoded])}")
+        if new > WHOLE_ABOVE * rows:
+            return f"more than {WHOLE_ABOVE:.0%} of {source.decoded} is new"
+        whys.append(f"replaced the rows of its {new:,} new and {gone:,} gone rows")
+    replaced: list[str] = []  # once no source is whole: build_whole reads all
+    for i, source in enumerate(follows.sources):
+        keyed = changed = f"_fs_follow_changed{i}"
+        if source.keys:
+            keyed = f"_fs_follow_keys{i}"
+            conn.execute(
+                f"CREATE OR REPLACE TEMP TABLE {keyed} AS SELECT DISTINCT id FROM "
+                f"(SELECT unnest(keys) AS id FROM {changed}) WHERE id IS NOT NULL"
+            )
+            define_rows(conn, FOLLOWED_KEYS, f"SELECT id AS key FROM {keyed}")
+            (named,) = one_row(conn, f"SELECT count(*) FROM {keyed}")
+            whys[i] += f", of the {named:,} {source.key} values they name"
+        replaced.append(f"({source.from_decoded}) AND {source.key} IN (SELECT id FROM {keyed})")
+        ids = source.reads or f"SELECT id FROM {changed}"
+        parse(source.decoded, ids)
+        define_rows(
+            conn, source.rows, f"SELECT * FROM {qualified(source.decoded)} WHERE id IN ({ids})"
         )
-        inputs = qualified(source.inputs)
-        changes.append(
-            f"DELETE FROM {inputs} AS i USING _fs_follow_gone{i} AS g WHERE {same_row('i', 'g')}; "
-            f"INSERT INTO {inputs} {_inputs_rows(source, f'_fs_follow_added{i}')}"
-        )
-        whys.append(f"replaced the rows of its {added:,} new and {gone:,} gone rows")
-    for i, source, added_rows in rows_of:
-        with failing_as(table, "Updating"):
-            keys = _keys_replaced(source, i)
-            conn.execute(f"CREATE OR REPLACE TEMP TABLE _fs_follow_keys{i} AS {keys}")
-            if source.keys:
-                define_rows(conn, FOLLOWED_KEYS, f"SELECT id AS key FROM _fs_follow_keys{i}")
-                (named,) = one_row(conn, f"SELECT count(*) FROM _fs_follow_keys{i}")
-                whys[i] += f", of the {named:,} {source.key} values they name"
-        if source.reads or listed[source.decoded] != source.decoded:
-            ids = source.reads or f"SELECT id FROM _fs_follow_added{i}"
-            parse(source.decoded, ids)
-            added_rows = f"SELECT * FROM {qualified(source.decoded)} WHERE id IN ({ids})"
-        define_rows(conn, source.rows, added_rows)
     target = qualified(table)
 
     def update() -> None:
         conn.execute(  # one scan of the table for every kind of row replaced
             f"DELETE FROM {target} WHERE {' OR '.join(replaced)}; "
-            f"INSERT INTO {target} BY NAME SELECT * FROM {FOLLOW_ROWS}; {'; '.join(changes)}"
+            f"INSERT INTO {target} BY NAME SELECT * FROM {FOLLOW_ROWS}"
         )
         write_state(conn, lake, table, None if missing_key else state)  # none: the next is whole
 

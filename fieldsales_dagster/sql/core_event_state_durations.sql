@@ -6,7 +6,7 @@
 -- and leaves the durations around it NULL.
 -- An event's stays come from its own status changes alone: decoded_rows() is every event for a
 -- whole build, or only those a raw load wrote, whose stays replace those of the events changed or
--- gone (follow.py), once core.event_status_history reflects the same events (reads_inputs).
+-- gone (follow.py), once core.event_status_history reflects the same events (reads_current).
 SELECT
     event_id,
     seq,

@@ -485,18 +485,24 @@ def _changes(conn: duckdb.DuckDBPyConnection, lake: Lake) -> _Changes:
 
 
 def changed_since(
-    conn: duckdb.DuckDBPyConnection, lake: Lake, snapshot: int, tables: list[str]
+    conn: duckdb.DuckDBPyConnection,
+    lake: Lake,
+    snapshot: int,
+    tables: list[str],
+    created: bool = False,
 ) -> list[str]:
     """Of ``tables`` (``schema.name``, in ``lake``, the current database), those missing, or
-    created, written or altered by a commit after ``snapshot``, as DuckLake records each commit's
-    changes (``snapshots()``: a created table by name, a written or altered one by its id); all
-    of them where a snapshot since ``snapshot`` was expired."""
+    created, written or altered by a commit after ``snapshot`` (``created``: created only; a table
+    replaced whole is one renamed, which DuckLake records as created), as DuckLake records each
+    commit's changes (``snapshots()``: a created table by name, a written or altered one by its
+    id); all of them where a snapshot since ``snapshot`` was expired."""
     known = per_snapshot(conn, lake, "changes", lambda: _changes(conn, lake))
     since = range(snapshot + 1, known.last + 1)
     if snapshot not in known.touched or any(s not in known.touched for s in since):
         return list(tables)  # expired (upkeep): changes not known
     touched = frozenset().union(*(known.touched[s] for s in since))
-    return [t for t in tables if t not in known.ids or {t, known.ids[t]} & touched]
+    written = frozenset() if created else touched
+    return [t for t in tables if t not in known.ids or t in touched or known.ids[t] in written]
 
 
 def snapshot_stamp(
@@ -673,8 +679,16 @@ def record_evaluation(
     )
 
 
-#: The meta tables of earlier releases, which ``upgrade`` drops.
-_DROPPED = ("build_fingerprints", "check_evaluations", "core_follow_state", "list_checks")
+#: The meta tables of earlier releases, which ``upgrade`` drops; each ``*_inputs`` held the rows a
+#: following table reflected (follow.py reads DuckLake's change feed instead).
+_DROPPED = (
+    *("build_fingerprints", "check_evaluations", "core_follow_state", "list_checks"),
+    *("core_transactions_inputs", "custom_report_results_inputs", "core_events_inputs"),
+    *("custom_report_results_event_inputs", "core_event_status_history_inputs"),
+    *("core_event_state_durations_inputs", "core_projects_inputs", "core_areas_inputs"),
+    *("core_users_inputs", "core_dim_point_of_sale_inputs"),
+    "core_dim_point_of_sale_history_inputs",
+)
 
 
 def upgrade(conn: duckdb.DuckDBPyConnection) -> None:
@@ -695,6 +709,24 @@ def upgrade(conn: duckdb.DuckDBPyConnection) -> None:
     run_transaction(conn, BUILDS_TABLE, run)
 
 
+def last_evaluation(
+    conn: duckdb.DuckDBPyConnection, lake: Lake, table: str, check: str | None = None
+) -> Evaluation | None:
+    """``table``'s last build (or its ``check``'s last evaluation) recorded with a fingerprint."""
+
+    def read() -> dict[tuple[str, str | None], Evaluation]:
+        try:
+            rows = conn.execute(
+                "SELECT table_name, check_name, reads, read_snapshot, fingerprint, result "
+                f"FROM {BUILDS_TABLE} WHERE fingerprint IS NOT NULL"
+            ).fetchall()
+        except duckdb.CatalogException:  # none recorded yet
+            return {}
+        return {(row[0], row[1]): Evaluation(tuple(row[2]), *row[3:]) for row in rows}
+
+    return per_snapshot(conn, lake, BUILDS_TABLE, read).get((table, check))
+
+
 def still_valid(
     conn: duckdb.DuckDBPyConnection,
     lake: Lake,
@@ -709,17 +741,7 @@ def still_valid(
     ``judged``); else ``None``: none recorded, another fingerprint, or ``fingerprint`` ``None``
     (nothing compares)."""
 
-    def read() -> dict[tuple[str, str | None], Evaluation]:
-        try:
-            rows = conn.execute(
-                "SELECT table_name, check_name, reads, read_snapshot, fingerprint, result "
-                f"FROM {BUILDS_TABLE} WHERE fingerprint IS NOT NULL"
-            ).fetchall()
-        except duckdb.CatalogException:  # none recorded yet
-            return {}
-        return {(row[0], row[1]): Evaluation(tuple(row[2]), *row[3:]) for row in rows}
-
-    found = per_snapshot(conn, lake, BUILDS_TABLE, read).get((table, check))
+    found = last_evaluation(conn, lake, table, check)
     if found is None or found.fingerprint != fingerprint:
         return None
     return None if judged and changed_since(conn, lake, found.read, list(found.reads)) else found
