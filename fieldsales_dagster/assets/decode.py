@@ -15,6 +15,7 @@ from fieldsales_dagster.assets.columns import PACKAGE_SQL
 from fieldsales_dagster.assets.follow import (
     WHOLE_ABOVE,
     changed_rows,
+    counted,
     define_rows,
     failing_as,
     fingerprint,
@@ -194,26 +195,16 @@ def _parse_changed(
     if changed_rows(conn, lake, decoded.source, since, "id, loaded_at", changed):
         return build_decoded(conn, decoded)
     (rows,) = one_row(conn, f"SELECT count(*) FROM {qualified(decoded.source)}")
-    new, first, last, undated = one_row(
-        conn,
-        "SELECT count(*), min(loaded_at), max(loaded_at), count(*) - count(loaded_at) "
-        f"FROM {changed} WHERE inserted",
-    )
+    new, _, within = counted(conn, changed)
     if new > WHOLE_ABOVE * rows:
         return build_decoded(conn, decoded)
-    ids = f"SELECT id FROM {changed}"
-    # Each row of those ids was inserted since: DuckDB skips older row groups by min/max.
-    within = f"s.loaded_at BETWEEN TIMESTAMP '{first}' AND TIMESTAMP '{last}'" if new else "false"
-    if undated:
-        within = "true"
     with failing_as(decoded.table, "Updating"):
-        conn.execute(f"DELETE FROM {qualified(decoded.table)} WHERE id IN ({ids})")
+        conn.execute(
+            f"DELETE FROM {qualified(decoded.table)} WHERE id IN (SELECT id FROM {changed})"
+        )
         for i in range(slices):
-            part = (
-                f"SELECT s.* FROM {qualified(decoded.source)} AS s WHERE s.id IN ({ids}) "
-                f"AND {within} AND s.rowid % {slices} = {i}"
-            )
-            query = _decode_query(conn, decoded, part)
+            part = f"{within} AND rowid % {slices} = {i}"
+            query = _decode_query(conn, decoded, f"FROM {qualified(decoded.source)} WHERE {part}")
             conn.execute(f"INSERT INTO {qualified(decoded.table)} BY NAME\n{query}")
     return DecodeRefresh("incremental", new)
 

@@ -90,6 +90,21 @@ def changed_rows(
     return None
 
 
+def counted(conn: duckdb.DuckDBPyConnection, changed: str) -> tuple[int, int, str]:
+    """How many rows ``changed`` (``changed_rows``, with ``loaded_at``) holds inserted and
+    deleted, and SQL selecting the rows of their ids by ``loaded_at``: every row of those ids a
+    table holds now was inserted since, within their range, so DuckDB skips older row groups by
+    min/max (reading a decoded row's columns by ``id`` alone read every row group)."""
+    new, gone, first, last, undated = one_row(
+        conn,
+        "SELECT count(*) FILTER (inserted), count(*) FILTER (NOT inserted), min(loaded_at) "
+        "FILTER (inserted), max(loaded_at) FILTER (inserted), count(*) FILTER (inserted AND "
+        f"loaded_at IS NULL) FROM {changed}",
+    )
+    within = f"loaded_at BETWEEN TIMESTAMP '{first}' AND TIMESTAMP '{last}'" if new else "false"
+    return new, gone, f"id IN (SELECT id FROM {changed}) AND {'true' if undated else within}"
+
+
 class Follows(msgspec.Struct, forbid_unknown_fields=True, frozen=True):
     decoded: str
     #: The table's column holding the decoded row's ``id`` its row comes from.
@@ -108,9 +123,9 @@ class Follows(msgspec.Struct, forbid_unknown_fields=True, frozen=True):
     #: SQL predicate on a decoded row: its table rows carry its ``id`` as ``key`` (else a build
     #: could not find them by it: whole, recording no state, as for rows without a key).
     keyed_when: str = "true"
-    #: A following table (read as ``reads_current``) whose rows name the ``key`` values whose rows
-    #: each decoded row is part of, where a row of the table reads several decoded rows (else
-    #: ``key`` is the decoded row's ``id``). One source only may set it.
+    #: A following table (read as ``reads_current``; with ``loaded_at``) whose rows name the
+    #: ``key`` values whose rows each decoded row is part of, where a row of the table reads
+    #: several decoded rows (else ``key`` is the decoded row's ``id``). One source only may set it.
     named_by: str = ""
     #: SQL: the list of ``key`` values a row of ``named_by`` names. A build replaces the rows of
     #: the keys named by the rows of ``named_by`` written or deleted since it last read it, before
@@ -255,24 +270,23 @@ def _incremental(
     ``since`` (or of the keys the rows of ``named_by`` changed since name); else why whole: more
     than ``WHOLE_ABOVE`` of a decoded table is new, or the change feed cannot tell."""
     whys: list[str] = []
+    selected: list[str] = []  # SQL selecting each source's decoded rows changed
     for i, source in enumerate(follows.sources):
         changed = f"_fs_follow_changed{i}"
         if source.keys:  # each row of named_by changed, and the keys it names
-            read, columns = source.named_by, f"{source.keys} AS keys"
+            read, columns = source.named_by, f"{source.keys} AS keys, loaded_at"
         else:
-            read, columns = raw[source.decoded], "id"
+            read, columns = raw[source.decoded], "id, loaded_at"
         if why := changed_rows(conn, lake, read, since, columns, changed):
             return why
-        new, gone = one_row(
-            conn,
-            f"SELECT count(*) FILTER (inserted), count(*) FILTER (NOT inserted) FROM {changed}",
-        )
+        new, gone, within = counted(conn, changed)
         (rows,) = one_row(conn, f"SELECT count(*) FROM {qualified(raw[source.decoded])}")
         if new > WHOLE_ABOVE * rows:
             return f"more than {WHOLE_ABOVE:.0%} of {source.decoded} is new"
         whys.append(f"replaced the rows of its {new:,} new and {gone:,} gone rows")
+        selected.append(within)
     replaced: list[str] = []  # once no source is whole: build_whole reads all
-    for i, source in enumerate(follows.sources):
+    for i, (source, within) in enumerate(zip(follows.sources, selected, strict=True)):
         keyed = changed = f"_fs_follow_changed{i}"
         if source.keys:
             keyed = f"_fs_follow_keys{i}"
@@ -286,9 +300,8 @@ def _incremental(
         replaced.append(f"({source.from_decoded}) AND {source.key} IN (SELECT id FROM {keyed})")
         ids = source.reads or f"SELECT id FROM {changed}"
         parse(source.decoded, ids)
-        define_rows(
-            conn, source.rows, f"SELECT * FROM {qualified(source.decoded)} WHERE id IN ({ids})"
-        )
+        within = f"id IN ({source.reads})" if source.reads else within
+        define_rows(conn, source.rows, f"SELECT * FROM {qualified(source.decoded)} WHERE {within}")
     target = qualified(table)
 
     def update() -> None:
