@@ -343,6 +343,30 @@ def test_a_result_naming_another_event_keeps_custom_report_results_whole(tmp_pat
         )
 
 
+def test_a_new_decode_query_builds_every_table_following_it_whole(tmp_path, monkeypatch):
+    """The decode's query changed (a new release): the step that refreshes it first parses every
+    row again, and every table following it is built whole, not only that step's: the change feed
+    shows a transaction written since, not that every decoded row is made otherwise now."""
+    database = tmp_path / "t.duckdb"
+    p.materialize_core(database, transactions=[_reported(f"t-{i}", i) for i in range(10)])
+    with lake_at(database).get_connection() as conn:  # an incremental raw load's write
+        conn.execute("UPDATE raw.transactions SET loaded_at = now()::TIMESTAMP WHERE id = 't-1'")
+    released = decode._decode_sql
+    monkeypatch.setattr(decode, "_decode_sql", lambda d: f"{released(d)}\n-- a new release")
+
+    result = materialize(
+        [*p.RAW_STAND_INS, *core_assets()],
+        selection=["core_transactions", "core_custom_report_fields", "core_custom_report_results"],
+        resources={"warehouse": lake_at(database)},
+    )
+
+    assert result.success
+    for node in ("core_transactions", "core_custom_report_results"):
+        assert _core_metadata(result, node)["fieldsales/build"] == (
+            "full: no record of a previous build by this query"
+        ), node
+
+
 def test_a_decode_whose_source_no_commit_wrote_since_its_refresh_reads_no_key(
     tmp_path, monkeypatch
 ):

@@ -16,6 +16,7 @@ from fieldsales_dagster.assets.decode import (
     build_table,
     create_macros,
     decode_metadata,
+    decoded_digest,
     keep_parsed,
     parse_shared,
     refresh_decoded,
@@ -121,8 +122,6 @@ def build_described_table(
                 built = {}
             else:
                 lake = warehouse.lake if commit else None
-                # A decoded table made whole in this build's commit: the change feed cannot tell.
-                whole = [d.table for d, done in refreshed.items() if done.mode == "full"]
                 built = build_following(
                     conn,
                     table.table,
@@ -130,11 +129,10 @@ def build_described_table(
                     published,
                     params,
                     build_whole,
-                    macros,
+                    "\n".join([macros, *map(decoded_digest, table.decoded)]),
                     lake,
                     {decoded.table: decoded.source for decoded in table.decoded},
                     parse,
-                    f"{' and '.join(whole)} was built whole" if whole else "",
                 )
             then()
         finally:

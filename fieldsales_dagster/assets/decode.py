@@ -167,9 +167,15 @@ def refresh_decoded(
     return run_transaction(conn, decoded.table, lambda: _refresh(conn, decoded, lake))
 
 
-def _refresh(conn: duckdb.DuckDBPyConnection, decoded: Decoded, lake: Lake | None) -> DecodeRefresh:
+def decoded_digest(decoded: Decoded) -> str:
+    """A hash of ``decoded``'s query and macros: where it changed, the refresh is whole, and so is
+    the next build of each table following it (its state, ``follow.build_following``)."""
     query = _decode_sql(decoded)
-    digest = hashlib.sha256(f"{query}\n{shared_macros_sql(query)}".encode()).hexdigest()
+    return hashlib.sha256(f"{query}\n{shared_macros_sql(query)}".encode()).hexdigest()
+
+
+def _refresh(conn: duckdb.DuckDBPyConnection, decoded: Decoded, lake: Lake | None) -> DecodeRefresh:
+    digest = decoded_digest(decoded)
     found = still_valid(conn, lake, decoded.table, digest, judged=False) if lake else None
     stale = not table_exists(conn, decoded.table) or _layout_changed(conn, decoded)
     if lake is None or found is None or stale:

@@ -167,13 +167,14 @@ def build_following(
     lake: Lake | None = None,
     raw: Mapping[str, str] | None = None,
     parse: Callable[[str, str], None] = lambda decoded, ids: None,
-    whole: str = "",
 ) -> dict[str, Any]:
     """Bring ``table`` up to date, incrementally when safe, else ``build_whole()`` (its query's
     ``decoded_rows()`` all of ``follows.decoded``); says how. Only in ``lake`` is the state
     recorded, so elsewhere every build is whole. ``raw``: each decoded table -> the raw table it
     is parsed from (whose change feed it follows); ``parse(decoded, ids)`` parses the rows of
-    ``ids`` (SQL) it lacks before a build reads them; ``whole``: why it must be whole anyway."""
+    ``ids`` (SQL) it lacks before a build reads them. ``macros``: the SQL besides ``query`` that
+    makes its rows (a decoded table's digest among it: its rows made otherwise, the build is
+    whole; made again as they were, as a whole refresh does, they compare as before)."""
     raw = dict(raw or {})
     resolved = "\n".join(
         f"{t} ({columns}): {fingerprint(conn, t, columns) or 'missing'}"
@@ -184,7 +185,7 @@ def build_following(
         hashlib.sha256(resolved.encode()).hexdigest(),
     )
     behind = _behind(conn, lake, follows, raw) if lake else []
-    found = whole or _last_read(conn, lake, table, follows, state, params)
+    found = _last_read(conn, lake, table, follows, state, params)
     if behind:
         why = f"a table it reads does not reflect {follows.decoded} yet ({', '.join(behind)})"
     elif isinstance(found, str):
