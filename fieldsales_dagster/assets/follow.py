@@ -19,6 +19,7 @@ from fieldsales_dagster.warehouse.lake import (
     last_evaluation,
     record_evaluation,
     run_transaction,
+    still_valid,
 )
 from fieldsales_dagster.warehouse.quoting import qualified, sql_literal
 from fieldsales_dagster.warehouse.rows import one_row
@@ -81,11 +82,11 @@ def changed_rows(
     (now,) = one_row(conn, "SELECT id FROM current_snapshot()")
     schema, _, name = table.partition(".")
     names = ", ".join(sql_literal(part) for part in (lake.alias, schema, name))
-    feed = f"ducklake_table_changes({names}, {since + 1}, {max(now, since + 1)})"
+    start, where = (since + 1, "") if now > since else (since, "WHERE false")  # none since
     inserted = "change_type IN ('insert', 'update_postimage') AS inserted"
-    where = "" if now > since else " WHERE false"  # no snapshot since: the feed would fail
     conn.execute(
-        f"CREATE OR REPLACE TEMP TABLE {into} AS SELECT {columns}, {inserted} FROM {feed}{where}"
+        f"CREATE OR REPLACE TEMP TABLE {into} AS SELECT {columns}, {inserted} "
+        f"FROM ducklake_table_changes({names}, {start}, {now}) {where}"
     )
     return None
 
@@ -233,8 +234,8 @@ def _last_read(
         return "personal columns are hashed (the key is never stored, so nothing compares)"
     if not table_exists(conn, table):
         return "no previous build"
-    found = last_evaluation(conn, lake, table, FOLLOWED) if lake else None
-    if found is None or found.fingerprint != state[0]:
+    found = still_valid(conn, lake, table, state[0], FOLLOWED, judged=False) if lake else None
+    if found is None:
         return "no record of a previous build by this query"
     if found.result != state[1]:
         changed = " or ".join(f"{t} ({columns})" for t, columns in follows.resolved_against.items())
