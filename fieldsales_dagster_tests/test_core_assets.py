@@ -13,6 +13,7 @@ from fieldsales_dagster.assets.follow import fingerprint
 from fieldsales_dagster.assets.metadata import PREVIEW_CELL_CHARS, markdown_preview
 from fieldsales_dagster.assets.tables import derived_tables
 from fieldsales_dagster.warehouse.rows import one_row
+from fieldsales_dagster.warehouse.warehouse import replace_table
 from fieldsales_dagster_tests import core_payloads as p
 from fieldsales_dagster_tests.conftest import attach_again, lake_at
 from fieldsales_dagster_tests.project import core_assets, materialize
@@ -341,6 +342,34 @@ def test_a_result_naming_another_event_keeps_custom_report_results_whole(tmp_pat
         assert _core_metadata(result, "core_custom_report_results")["fieldsales/build"] == (
             f"full: {why}; 1 rows have no key to find them by, so the next build is whole too"
         )
+
+
+def test_a_raw_table_made_again_since_a_following_build_builds_it_whole(tmp_path):
+    """raw.events replaced by a table staged before core.events' last build read the lake: the
+    change feed since that snapshot shows none of the new table's rows (inserted before it) and no
+    row deleted (they were the old table's), so only knowing it was made again finds e-3 gone."""
+    database = tmp_path / "t.duckdb"
+    values = {f"e-{i}": i for i in range(10)}
+    p.materialize_core(
+        database, transactions=[_reported("t-0", 0)], events=_reporting_events(values)
+    )
+    with lake_at(database).get_connection() as conn:
+        conn.execute("CREATE TABLE raw.events_staged AS FROM raw.events WHERE id <> 'e-3'")
+    _change_event(database, _reporting_events(values | {"e-5": 500})[5])
+    events_only = {"selection": ["core_events"], "resources": {"warehouse": lake_at(database)}}
+    first = materialize([*p.RAW_STAND_INS, *core_assets()], **events_only)
+    with lake_at(database).get_connection() as conn:
+        replace_table(conn, "raw.events_staged", "raw.events")
+
+    second = materialize([*p.RAW_STAND_INS, *core_assets()], **events_only)
+
+    assert _core_metadata(first, "core_events")["fieldsales/build"].startswith("incremental")
+    assert _core_metadata(second, "core_events")["fieldsales/build"].startswith(
+        "full: raw.events was made again"
+    )
+    assert p.query(database, "SELECT event_id FROM core.events ORDER BY 1") == [
+        (e,) for e in sorted(values) if e != "e-3"
+    ]
 
 
 def test_a_new_decode_query_builds_every_table_following_it_whole(tmp_path, monkeypatch):
