@@ -372,6 +372,27 @@ def test_a_raw_table_made_again_since_a_following_build_builds_it_whole(tmp_path
     ]
 
 
+def test_durations_follow_a_history_built_whole_with_hashed_personal_columns(tmp_path):
+    """Under pii: hash, core.event_status_history (its client_ip hashed) is built whole with no
+    fingerprint recorded; it still read raw.events as it is, so the durations read from it
+    follow the changed event, as they do under keep."""
+    database = tmp_path / "t.duckdb"
+    values, hashed = {f"e-{i}": i for i in range(10)}, {"pii": "hash", "pii_hash_key": "k" * 16}
+    p.materialize_core(
+        database, transactions=[_reported("t-0", 0)], events=_reporting_events(values), **hashed
+    )
+    _change_event(database, _reporting_events(values | {"e-5": 500})[5])
+
+    second = p.materialize_core_only(database, **hashed)
+
+    assert _core_metadata(second, "core_event_status_history")["fieldsales/build"].startswith(
+        "full: personal columns are hashed"
+    )
+    assert _core_metadata(second, "core_event_state_durations")["fieldsales/build"].startswith(
+        "incremental"
+    )
+
+
 def test_a_new_decode_query_builds_every_table_following_it_whole(tmp_path, monkeypatch):
     """The decode's query changed (a new release): the step that refreshes it first parses every
     row again, and every table following it is built whole, not only that step's: the change feed

@@ -712,13 +712,13 @@ def upgrade(conn: duckdb.DuckDBPyConnection) -> None:
 def last_evaluation(
     conn: duckdb.DuckDBPyConnection, lake: Lake, table: str, check: str | None = None
 ) -> Evaluation | None:
-    """``table``'s last build (or its ``check``'s last evaluation) recorded with a fingerprint."""
+    """``table``'s last build (or its ``check``'s last evaluation) recorded, by any code."""
 
     def read() -> dict[tuple[str, str | None], Evaluation]:
         try:
             rows = conn.execute(
                 "SELECT table_name, check_name, reads, read_snapshot, fingerprint, result "
-                f"FROM {BUILDS_TABLE} WHERE fingerprint IS NOT NULL"
+                f"FROM {BUILDS_TABLE}"
             ).fetchall()
         except duckdb.CatalogException:  # none recorded yet
             return {}
@@ -740,9 +740,8 @@ def still_valid(
     no table it read changed since the snapshot it read (``changed_since``; unless not
     ``judged``); else ``None``: none recorded, another fingerprint, or ``fingerprint`` ``None``
     (nothing compares)."""
-
     found = last_evaluation(conn, lake, table, check)
-    if found is None or found.fingerprint != fingerprint:
+    if found is None or fingerprint is None or found.fingerprint != fingerprint:
         return None
     return None if judged and changed_since(conn, lake, found.read, list(found.reads)) else found
 
