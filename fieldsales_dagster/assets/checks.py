@@ -24,7 +24,7 @@ from fieldsales_dagster.names import InstanceNames
 from fieldsales_dagster.warehouse.lake import (
     BUILDS_TABLE,
     changed_since,
-    record_evaluation,
+    record_evaluations,
     run_transaction,
     still_valid,
     table_exists,
@@ -136,12 +136,8 @@ def check_results(
         stored = (table, reads, fingerprint, check.name, dg.serialize_value(result._asdict()))
         evaluated.append((*stored, snapshot))
 
-    def record() -> None:
-        for evaluation in evaluated:
-            record_evaluation(conn, *evaluation)
-
     if evaluated:
-        run_transaction(conn, BUILDS_TABLE, record)
+        run_transaction(conn, BUILDS_TABLE, lambda: record_evaluations(conn, evaluated))
     return results
 
 
