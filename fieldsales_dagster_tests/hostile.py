@@ -100,6 +100,7 @@ class HostileServer:
         self.lock = threading.Lock()
         self.stopping = threading.Event()
         self._listener = socket.create_server(("127.0.0.1", 0))
+        self._listener.settimeout(0.1)  # so the accept loop sees `stopping`
         self.port = self._listener.getsockname()[1]
         self._socks: list[socket.socket] = []
         self._threads: list[threading.Thread] = []
@@ -113,7 +114,6 @@ class HostileServer:
             return [request.path for request in self.requests]
 
     def _accept(self) -> None:
-        self._listener.settimeout(0.1)  # so the loop sees `stopping`
         while not self.stopping.is_set():
             try:
                 sock, _ = self._listener.accept()
