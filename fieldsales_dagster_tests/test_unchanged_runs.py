@@ -249,7 +249,9 @@ def test_a_process_upgrades_the_lakes_meta_tables_as_it_attaches_it_not_in_its_r
     assert (upgrades, drops) == ([], [])
     attached: list[object] = []
     upgrade = lake_module.upgrade
-    monkeypatch.setattr(lake_module, "upgrade", lambda conn: [attached.append(conn), upgrade(conn)])
+    monkeypatch.setattr(
+        lake_module, "upgrade", lambda conn, lake: [attached.append(conn), upgrade(conn, lake)]
+    )
     attach_again(warehouse)
     _run(demo_server, tmp_path, warehouse)
     assert len(attached) == 1
