@@ -7,10 +7,11 @@
 for example an earlier revision in a git worktree. For each size one demo API serves both sides:
 generation 0 for each side's first run (every asset the refresh job selects, into an empty
 warehouse), then each side's run again with nothing changed (the same server), then generation 1
-(~1% of the events changed) for each side's next run, the nightly one. Sides alternate (before,
-after, before, after) so that a drift of the machine's speed falls on both. Beside them, Dagster's
-own floor: ``dagster asset materialize -f benchmarks/noop_defs.py --select noop`` (one asset that
-does nothing), whose CPU a run with nothing changed is held to (at most twice it).
+(~1% of the events changed; ``--changed-events N``: N of them at every size, so that two sizes
+compare what the same changes cost) for each side's next run, the nightly one. Sides alternate
+(before, after, before, after) so that a drift of the machine's speed falls on both. Beside them,
+Dagster's own floor: ``dagster asset materialize -f benchmarks/noop_defs.py --select noop`` (one
+asset that does nothing), whose CPU a run with nothing changed is held to (at most twice it).
 
 Each run is ``dagster asset materialize -m fieldsales_dagster`` in a fresh process, measured as a
 whole: wall, CPU of its process tree (user + system), peak RSS of the tree, the bytes it wrote to
@@ -305,6 +306,13 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--live-server", action="store_true", help="no --prerender (less memory)")
     p.add_argument("--work-dir", type=Path, default=None)
+    p.add_argument(
+        "--changed-events",
+        type=int,
+        default=None,
+        help="events changed for the nightly run (default: 1%% of them): the same number at "
+        "every size compares what the same changes cost on a larger tenant",
+    )
     args = p.parse_args(argv)
     stamp = datetime.now(UTC).strftime("%Y%m%dT%H%M%SZ")
     work = args.work_dir or ROOT / "benchmarks" / "work" / f"{stamp}-deployment"
@@ -338,6 +346,7 @@ def main(argv: list[str] | None = None) -> int:
                 log,
                 seed=args.seed,
                 generation=generation,
+                changed_events=args.changed_events,
                 prerender=not args.live_server,
             ) as api:
                 expected = expected_counts(api)

@@ -68,6 +68,7 @@ class DemoAPI:
         latency_ms: float = 0.0,
         seed: int = 0,
         generation: int = 0,
+        changed_events: int | None = None,
         prerender: bool = False,
         profile: str = "demo",
         start_timeout_s: float = 600.0,
@@ -88,6 +89,8 @@ class DemoAPI:
             self.args += ["--latency-ms", str(latency_ms)]
         if generation:
             self.args += ["--generation", str(generation)]
+        if changed_events:  # a fixed number per generation (default: 1% of the events)
+            self.args += ["--changed-events", str(changed_events)]
         if prerender:  # every item rendered once at start; pages served from memory
             self.args.append("--prerender")
         if profile != "demo":  # how heavy the items are (demo_api.data.PROFILES)

@@ -30,6 +30,19 @@ def test_evolve_is_deterministic_whatever_the_steps():
         assert _items(stepwise, name) == _items(at_once, name)
 
 
+@pytest.mark.parametrize("events", [400, 4000])
+def test_a_fixed_number_of_changed_events_is_the_same_at_every_size(events):
+    # ``--changed-events``: the benchmark compares two tenant sizes on the same changes.
+    server = DemoServer(DemoConfig(transactions=events * 4, events=events, changed_events=40))
+    changes = server.behaviour.evolve(1)
+    assert (changes["events_evolved"], changes["events_deleted"], changes["events_added"]) == (
+        40,
+        4,
+        4,
+    )
+    assert server.dataset.views["events"].count() == events
+
+
 def test_evolve_changes_every_kind_of_thing_it_reports():
     dataset = _dataset()
     before = {name: _items(dataset, name) for name in ("transactions", "events", "event_groups")}

@@ -72,6 +72,13 @@ def _parser() -> argparse.ArgumentParser:
         help="serve the data as evolved to this generation (0: as generated; see Dataset.evolve)",
     )
     p.add_argument(
+        "--changed-events",
+        type=int,
+        default=None,
+        help="events that advance a state per generation (default: 1%%, at least 3); a tenth as "
+        "many are deleted and as many added",
+    )
+    p.add_argument(
         "--numeric-event-ids",
         action="store_true",
         help="send events' _id as JSON numbers (1002), and transactions' eventId as a number or "
@@ -119,6 +126,7 @@ def main(argv: list[str] | None = None) -> int:
             seed=args.seed,
             shape=_shape(args),
             numeric_event_ids=args.numeric_event_ids,
+            changed_events=args.changed_events,
         )
         server = DemoServer(config, host=args.host, port=args.port, token=args.token)
         server.behaviour.latency_s = max(0.0, args.latency_ms / 1000)

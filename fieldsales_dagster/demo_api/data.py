@@ -717,8 +717,12 @@ class Dataset:
         seed: int,
         shape: Shape = Shape(),
         numeric_event_ids: bool = False,
+        changed_events: int | None = None,
     ) -> None:
         self.n_tx = transactions
+        #: Base events advanced per generation (default 1%, at least 3), a tenth as many deleted
+        #: and added: a fixed number compares tenants of several sizes on the same changes.
+        self.changed_events = changed_events
         #: Events' ``_id`` as JSON numbers (``1002``), as some instances send them; transactions
         #: then carry ``eventId`` as a number or as its digits in a string, alternately.
         self.numeric_event_ids = numeric_event_ids
@@ -809,11 +813,12 @@ class Dataset:
 
         In each generation, over the base events still listed (ranked by a seeded hash):
 
-        * 1% of them (at least 3) advance their state one step (a new ``eventStateHistory``
-          entry, ``eventState``, ``eventStateTimestamps``) and every other transaction of theirs
-          may change (``qty``, ``exportDetails.processed``); one in three of them gains two
-          transactions, one in three loses one;
-        * 0.1% (at least 1) of the others are deleted, with their transactions;
+        * 1% of them (at least 3; ``changed_events`` where set) advance their state one step (a
+          new ``eventStateHistory`` entry, ``eventState``, ``eventStateTimestamps``) and every
+          other transaction of theirs may change (``qty``, ``exportDetails.processed``); one in
+          three of them gains two transactions, one in three loses one;
+        * 0.1% (at least 1; a tenth of ``changed_events``) of the others are deleted, with their
+          transactions;
         * as many new events arrive, three new transactions each;
         * 1% more event groups (at least 1) are listed.
 
@@ -883,8 +888,9 @@ class Dataset:
         events, txs = self.views["events"], self.views["transactions"]
         listed = [i for src, a, b in events.segments if src == BASE_SRC for i in range(a, b)]
         listed.sort(key=lambda e: self.rng.bytes(K_EVOLVE, (k << 40) | e)[:8])
-        n_evolve = min(len(listed), max(3, self.n_events // 100))
-        n_delete = min(len(listed) - n_evolve, max(1, self.n_events // 1000))
+        n_evolve = min(len(listed), self.changed_events or max(3, self.n_events // 100))
+        gone = self.changed_events // 10 if self.changed_events else self.n_events // 1000
+        n_delete = min(len(listed) - n_evolve, max(1, gone))
         evolved, deleted = listed[:n_evolve], listed[n_evolve : n_evolve + n_delete]
         out = dict.fromkeys(("transactions_changed", "transactions_deleted"), 0)
         new_tx_events: list[int] = []

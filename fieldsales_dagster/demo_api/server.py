@@ -55,6 +55,8 @@ class DemoConfig:
     shape: Shape = Shape()
     #: Events' ``_id`` as JSON numbers (see ``Dataset.numeric_event_ids``).
     numeric_event_ids: bool = False
+    #: Events advanced per generation (``Dataset.changed_events``; default 1% of them).
+    changed_events: int | None = None
 
     def resolved(self) -> tuple[int, int, int]:
         events = self.events
@@ -310,6 +312,7 @@ class DemoServer:
             self.config.seed,
             self.config.shape,
             self.config.numeric_event_ids,
+            self.config.changed_events,
         )
         self.behaviour = Behaviour(self.dataset)
         self._requests: collections.deque[RequestRecord] = collections.deque(maxlen=10_000)
