@@ -24,7 +24,7 @@ from fieldsales_dagster.names import InstanceNames
 from fieldsales_dagster.warehouse.lake import (
     BUILDS_TABLE,
     changed_since,
-    record_evaluations,
+    record_evaluation,
     run_transaction,
     still_valid,
     table_exists,
@@ -133,11 +133,16 @@ def check_results(
             now = now._replace(metadata={**now.metadata, "fieldsales/check": narrowed})
         results.append(result := check.result(now, names))
         reads = check.reads if built_from is None else built_from
-        stored = (table, reads, fingerprint, check.name, dg.serialize_value(result._asdict()))
-        evaluated.append((*stored, snapshot))
+        evaluated.append(
+            (table, reads, fingerprint, check.name, dg.serialize_value(result._asdict()))
+        )
+
+    def record() -> None:  # in one commit, at the snapshot read before evaluating
+        for table, reads, fingerprint, name, found in evaluated:
+            record_evaluation(conn, table, reads, fingerprint, name, found, snapshot)
 
     if evaluated:
-        run_transaction(conn, BUILDS_TABLE, lambda: record_evaluations(conn, evaluated))
+        run_transaction(conn, BUILDS_TABLE, record)
     return results
 
 

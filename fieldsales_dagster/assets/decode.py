@@ -25,7 +25,7 @@ from fieldsales_dagster.warehouse.lake import (
     Lake,
     changed_since,
     drop_table,
-    record_evaluations,
+    record_evaluation,
     run_transaction,
     still_valid,
     table_exists,
@@ -162,7 +162,7 @@ def refresh_decoded(
 ) -> DecodeRefresh:
     """Parse only the rows ``decoded`` lacks and drop those gone, unless ``WHOLE_ABOVE`` are new.
     In ``lake``, nothing where no commit wrote the source since the snapshot the last refresh by
-    this query read (``record_evaluations``): a run's second table reading it scans no key. One
+    this query read (``record_evaluation``): a run's second table reading it scans no key. One
     transaction (nested in the caller's), so the snapshot recorded is the one read."""
     return run_transaction(conn, decoded.table, lambda: _refresh(conn, decoded, lake))
 
@@ -185,7 +185,7 @@ def _refresh(conn: duckdb.DuckDBPyConnection, decoded: Decoded, lake: Lake | Non
     else:
         refreshed = _parse_changed(conn, decoded, lake, found.read)
     if lake:
-        record_evaluations(conn, [(decoded.table, [decoded.source], digest)])
+        record_evaluation(conn, decoded.table, [decoded.source], digest)
     return refreshed
 
 

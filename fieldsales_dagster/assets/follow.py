@@ -17,7 +17,7 @@ from fieldsales_dagster.warehouse.lake import (
     Lake,
     changed_since,
     last_evaluation,
-    record_evaluations,
+    record_evaluation,
     run_transaction,
     still_valid,
 )
@@ -25,7 +25,7 @@ from fieldsales_dagster.warehouse.quoting import qualified, sql_literal
 from fieldsales_dagster.warehouse.rows import one_row
 from fieldsales_dagster.warehouse.warehouse import table_exists
 
-#: A following table's state, recorded as a check's evaluation is (``record_evaluations``): its
+#: A following table's state, recorded as a check's evaluation is (``record_evaluation``): its
 #: query's hash as the fingerprint, that of what it resolves against as the result (none: no state).
 FOLLOWED = "(follows its decoded table)"
 
@@ -331,4 +331,4 @@ def write_state(
     """Record ``table``'s ``state`` (``FOLLOWED``) in ``lake``; ``None``: forget it."""
     if lake is not None:
         query, inputs = state or (None, None)
-        record_evaluations(conn, [(table, (), query, FOLLOWED, inputs)])
+        record_evaluation(conn, table, (), query, FOLLOWED, inputs)

@@ -59,8 +59,20 @@ CONFLICT_ATTEMPTS = 12
 
 T = TypeVar("T")
 
-#: Open transactions, by connection: whether a nested ``run_transaction`` joined one.
-_IN_TRANSACTION: dict[int, bool] = {}
+
+@dataclass
+class _Open:
+    """A transaction ``run_transaction`` opened: whether a nested call joined it, the snapshot it
+    reads (asked once: ~2.5 ms a query) and the evaluations recorded in it, written at its commit
+    (``record_evaluation``)."""
+
+    joined: bool = False
+    snapshot: int | None = None
+    evaluations: dict[tuple[str, str | None], tuple] = field(default_factory=dict)
+
+
+#: Open transactions, by connection.
+_OPEN: dict[int, _Open] = {}
 _TENANT_READ: set[Lake] = set()
 
 
@@ -450,8 +462,6 @@ class _Changes:
 
 #: Per lake and name, a ``per_snapshot`` read and the snapshot it was read at.
 _READ_AT: dict[tuple[Lake, str], tuple[int, Any]] = {}
-#: Per connection in a transaction (``run_transaction``), the snapshot it reads.
-_SNAPSHOT_READ: dict[int, int] = {}
 
 
 def per_snapshot(
@@ -460,11 +470,10 @@ def per_snapshot(
     """``read()`` of ``lake``, kept under ``name`` until a commit (this process's or another's)
     makes a new snapshot: one run's unchanged steps read once what a written one reads again. A
     commit during ``read()`` is in what it returns, which is read again at the next call."""
-    # A transaction reads one snapshot: asked once in it (~2.5 ms a query).
-    if (current := _SNAPSHOT_READ.get(id(conn))) is None:
+    if (current := getattr(opened := _OPEN.get(id(conn)), "snapshot", None)) is None:
         (current,) = one_row(conn, "SELECT id FROM current_snapshot()")
-        if id(conn) in _IN_TRANSACTION:
-            _SNAPSHOT_READ[id(conn)] = current
+        if opened is not None:
+            opened.snapshot = current
     found = _READ_AT.get((lake, name))
     if found is None or found[0] != current:
         found = _READ_AT[lake, name] = (current, read())
@@ -617,8 +626,8 @@ def run_transaction(
     nested calls; if none joined, its commit makes no snapshot and is not judged (``_mark_refresh``
     reads every record: ~10 ms).
     """
-    if id(conn) in _IN_TRANSACTION:
-        _IN_TRANSACTION[id(conn)] = True
+    if (opened := _OPEN.get(id(conn))) is not None:
+        opened.joined = True
         return body()
     try:
         return _retrying(is_conflict)(_transaction, conn, body, reading)
@@ -633,10 +642,12 @@ def run_transaction(
 
 def _transaction(conn: duckdb.DuckDBPyConnection, body: Callable[[], T], reading: bool) -> T:
     conn.execute("BEGIN TRANSACTION")
-    _IN_TRANSACTION[id(conn)] = False
+    opened = _OPEN[id(conn)] = _Open()
     try:
         result = body()
-        if not reading or _IN_TRANSACTION[id(conn)]:
+        if opened.evaluations:
+            _write_evaluations(conn, list(opened.evaluations.values()))
+        if not reading or opened.joined:
             _mark_refresh(conn)
         conn.execute("COMMIT")
         return result
@@ -645,13 +656,12 @@ def _transaction(conn: duckdb.DuckDBPyConnection, body: Callable[[], T], reading
             conn.execute("ROLLBACK")
         raise
     finally:
-        _IN_TRANSACTION.pop(id(conn), None)
-        _SNAPSHOT_READ.pop(id(conn), None)
+        _OPEN.pop(id(conn), None)
 
 
 @dataclass(frozen=True)
 class Evaluation:
-    """The last build of a table, or evaluation of one of its checks (``record_evaluations``):
+    """The last build of a table, or evaluation of one of its checks (``record_evaluation``):
     the tables it ``reads``, at snapshot ``read``, the code it ran and a check's ``result``."""
 
     reads: tuple[str, ...]
@@ -660,22 +670,34 @@ class Evaluation:
     result: str | None
 
 
-def record_evaluations(
-    conn: duckdb.DuckDBPyConnection, evaluations: Sequence[Sequence[Any]]
+def record_evaluation(
+    conn: duckdb.DuckDBPyConnection,
+    table: str,
+    reads: Sequence[str] = (),
+    fingerprint: str | None = None,
+    check: str | None = None,
+    result: str | None = None,
+    read: int | None = None,
 ) -> None:
+    """Record, at the commit of the open transaction (one is opened where none is), ``table``'s
+    build, or the evaluation of its ``check`` with its ``result`` (or a following table's state,
+    follow.py): what it ``reads`` at snapshot ``read`` (default: the current one) and ran besides
+    its inputs (``fingerprint``), for ``still_valid``. A later record of the same build or check
+    in the transaction replaces it."""
+    row = (table, list(reads), fingerprint, check, result, read)
+    run_transaction(conn, table, lambda: _OPEN[id(conn)].evaluations.update({(table, check): row}))
+
+
+def _write_evaluations(conn: duckdb.DuckDBPyConnection, rows: list[tuple]) -> None:
     """In the current database, the lake (``_mark_refresh``): one row per table, its last build,
     so that the check at every commit reads as much after years of runs as after the first, and
-    one per check of it (or a following table's state, follow.py), its last evaluation with its
-    result. Each of ``evaluations``: ``(table, reads, fingerprint, check, result, read)``, the
-    last four optional: what it read at snapshot ``read`` (default: the current one) and ran
-    besides its inputs (``fingerprint``), for ``still_valid``. One statement each to delete and
-    insert them all (~8 ms a statement)."""
+    one per check of it, its last evaluation with its result. One statement each to delete and
+    insert a transaction's records (~8 ms a statement)."""
     columns = "table_name VARCHAR, reads VARCHAR[], read_snapshot BIGINT, fingerprint VARCHAR"
     ensure_table(conn, BUILDS_TABLE, f"{columns}, check_name VARCHAR, result VARCHAR")
-    rows = [[*e, *[None] * (6 - len(e))] for e in evaluations]
     row = "(?::VARCHAR, ?::VARCHAR[], ?::VARCHAR, ?::VARCHAR, ?::VARCHAR, ?::BIGINT)"
     given = f"(VALUES {', '.join([row] * len(rows))}) AS e(t, reads, fingerprint, c, result, read)"
-    params = [value if i != 1 else list(value) for r in rows for i, value in enumerate(r)]
+    params = [value for r in rows for value in r]
     conn.execute(
         f"DELETE FROM {BUILDS_TABLE} AS b USING {given} "
         "WHERE b.table_name = e.t AND b.check_name IS NOT DISTINCT FROM e.c",
@@ -792,7 +814,7 @@ def cleanup(conn: duckdb.DuckDBPyConnection) -> Iterator[None]:
     try:
         yield
     except duckdb.TransactionException as exc:
-        if not (id(conn) in _IN_TRANSACTION and "aborted" in str(exc).lower()):
+        if not (id(conn) in _OPEN and "aborted" in str(exc).lower()):
             raise
 
 

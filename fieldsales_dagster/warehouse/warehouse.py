@@ -36,7 +36,7 @@ from fieldsales_dagster.warehouse.lake import (
     connect,
     default_data_path,
     export_snapshot,
-    record_evaluations,
+    record_evaluation,
     run_transaction,
     writer_connection,
 )
@@ -245,7 +245,7 @@ class FieldSalesWarehouse(settings_resource("WarehouseSettings", *WAREHOUSE_SETT
         def write_and_record() -> T:
             result = write()
             if wrote(result):
-                record_evaluations(conn, [(table, reads, fingerprint)])
+                record_evaluation(conn, table, reads, fingerprint)
             check_tenant(conn, self.lake, record=True)
             return result
 
