@@ -11,6 +11,7 @@ import subprocess
 import sys
 import time
 from collections.abc import Callable
+from dataclasses import replace
 from pathlib import Path
 
 import dagster as dg
@@ -287,6 +288,47 @@ def test_changes_are_read_once_per_snapshot_and_a_commit_since_is_seen(warehouse
             run_transaction(writer, "raw.a", lambda: writer.execute("INSERT INTO raw.a VALUES (2)"))
         assert lake_module.changed_since(conn, lake, built, ["raw.a", "raw.b"]) == ["raw.a"]
         assert lake_module._READ_AT[lake, "changes"] is not read
+
+
+def test_the_changes_read_from_the_catalog_are_those_snapshots_lists_and_a_lake_made_again_is_new(
+    warehouse,
+):
+    """The changes are parsed from the catalog's rows, each snapshot once a process: they must be
+    what DuckLake's ``snapshots()`` lists, whatever the names (quotes, dots, commas), after drops,
+    renames and expired snapshots; and a snapshot read before under the same id but another time
+    (a lake made again, whose ids start over) is parsed anew, not taken for the one before."""
+    odd = 'raw."x, ""y"".z"'
+
+    def listed(conn) -> dict:
+        rows = conn.execute("SELECT snapshot_id, flatten(map_values(changes)) FROM snapshots()")
+        # snapshots() quotes a name that needs it; the changes name it as the list of tables does
+        found = {snapshot: frozenset(changed or ()) for snapshot, changed in rows.fetchall()}
+        return {s: frozenset(n.replace(odd, 'raw.x, "y".z') for n in v) for s, v in found.items()}
+
+    lake = warehouse.lake
+    with warehouse.get_connection() as conn:
+        conn.execute("CREATE SCHEMA raw")
+        for sql in (
+            "CREATE TABLE raw.a AS SELECT 1 AS v",
+            f"CREATE TABLE {odd} AS SELECT 1 AS v",
+            f"INSERT INTO {odd} VALUES (2)",
+            "ALTER TABLE raw.a RENAME TO c",
+            "DELETE FROM raw.c",
+            "ALTER TABLE raw.c ADD COLUMN w INT",
+            f"DROP TABLE {odd}",
+        ):
+            run_transaction(conn, "raw.a", lambda sql=sql: conn.execute(sql))
+            assert lake_module._changes(conn, lake).touched == listed(conn)
+            lake_module.changed_since(conn, lake, 0, ["raw.c"])  # kept for the next read
+        expired = [s for s in listed(conn) if 0 < s < max(listed(conn)) and s % 2]
+        conn.execute(f"CALL ducklake_expire_snapshots('{lake.alias}', versions => {expired})")
+        run_transaction(conn, "raw.c", lambda: conn.execute("INSERT INTO raw.c VALUES (3, 4)"))
+        now = lake_module._changes(conn, lake)
+        assert now.touched == listed(conn) and not set(expired) & set(now.touched)
+        other = {s: frozenset({"raw.gone"}) for s in now.touched}  # another lake's, same ids
+        then = {s: f"{time} (another lake)" for s, time in now.times.items()}
+        lake_module._READ_AT[lake, "changes"] = (0, replace(now, touched=other, times=then))
+        assert lake_module._changes(conn, lake).touched == listed(conn)
 
 
 def test_readers_wait_for_the_tables_built_from_a_new_one_unless_they_were_dropped(warehouse):
