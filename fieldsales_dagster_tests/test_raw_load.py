@@ -377,14 +377,14 @@ def test_an_incremental_merge_keeps_the_digests_a_full_refresh_then_finds_curren
     assert full["refresh_mode"] == "full" and not full["table_written"], "digests went stale"
 
 
-def test_a_list_listed_as_stored_rewrites_neither_its_table_nor_its_event_states(
+def test_a_list_listed_as_stored_rewrites_neither_its_table_nor_its_digests_and_states(
     demo_server, api, warehouse
 ):
     load(api, warehouse, EVENTS)
     with warehouse.get_connection() as conn:
         (before,) = conn.execute("SELECT id FROM current_snapshot()").fetchone()
         assert not load_list(api, conn, EVENTS).written
-        tables = ["raw.events", "meta.event_states", "meta.raw_events_digests"]
+        tables = ["raw.events", "meta.raw_events_digests"]
         assert changed_since(conn, warehouse.lake, before, tables) == []
 
 
@@ -419,8 +419,8 @@ def test_a_list_load_stages_and_redacts_the_payloads_of_new_and_changed_items_on
 def test_a_list_load_computes_the_state_of_new_and_changed_events_only(
     demo_server, api, warehouse, tmp_path, monkeypatch
 ):
-    """An event listed as stored keeps the state stored with its row; the states stored equal
-    those a first load of the same list computes for every event."""
+    """An event listed as stored keeps the state stored with its digest; the digests and states
+    stored equal those a first load of the same list computes for every event."""
     computed: list[int] = []
 
     def counted(item):
@@ -437,26 +437,32 @@ def test_a_list_load_computes_the_state_of_new_and_changed_events_only(
     monkeypatch.undo()
     first = make_warehouse(tmp_path, "first")
     load(api, first, EVENTS)
-    states = "SELECT * FROM meta.event_states ORDER BY event_id"
+    states = "SELECT * FROM meta.raw_events_digests ORDER BY id"
     with read_lake(warehouse) as conn, read_lake(first) as fresh:
         assert conn.execute(states).fetchall() == fresh.execute(states).fetchall()
 
 
-def test_an_event_listed_as_stored_without_a_state_stored_gets_its_state_computed(
-    demo_server, api, warehouse
+def test_event_digests_recorded_without_states_replace_the_list_whole_once_with_every_state(
+    demo_server, api, warehouse, tmp_path
 ):
-    """Only a row with a state stored is staged without its payload: every event listed has a
-    state after the load, whatever ``meta.event_states`` held."""
+    """An earlier release kept the events' states apart (``meta.event_states``), not with their
+    digests: no event is taken as stored then, so every event gets its state, as a first load's;
+    the next load compares again (replaces the guard that staged an event with its payload where
+    no state was stored beside its digest)."""
     load(api, warehouse, EVENTS)
-    with warehouse.get_connection() as conn:
+    with warehouse.get_connection() as conn:  # as the earlier release left the lake
         conn.execute(
-            "DELETE FROM meta.event_states WHERE event_id = (SELECT min(id) FROM raw.events)"
+            "CREATE TABLE meta.event_states AS SELECT id AS event_id, fingerprint, state_changes "
+            "FROM meta.raw_events_digests; CREATE OR REPLACE TABLE meta.raw_events_digests AS "
+            "SELECT id, digest FROM meta.raw_events_digests"
         )
-    demo_server.dataset.advance_event(1)  # the list is written, its states with it
-    assert load(api, warehouse, EVENTS).written
-    with read_lake(warehouse) as conn:
-        stateless = "SELECT count(*) FROM raw.events ANTI JOIN meta.event_states ON event_id = id"
-        assert conn.execute(stateless).fetchone() == (0,), "an event listed lost its state"
+    assert load(api, warehouse, EVENTS).written, "digests without states were compared"
+    first = make_warehouse(tmp_path, "first")
+    load(api, first, EVENTS)
+    states = "SELECT * FROM meta.raw_events_digests ORDER BY id"
+    with read_lake(warehouse) as conn, read_lake(first) as fresh:
+        assert conn.execute(states).fetchall() == fresh.execute(states).fetchall()
+    assert not load(api, warehouse, EVENTS).written
 
 
 def test_a_row_written_by_another_load_meanwhile_is_never_replaced_by_a_payload_not_staged(

@@ -14,7 +14,7 @@ import pytest
 
 from fieldsales_dagster.client.endpoints import EVENTS, TRANSACTIONS
 from fieldsales_dagster.loading import incremental
-from fieldsales_dagster.loading.raw_load import EVENT_STATES, event_state, load_list, raw_table_ddl
+from fieldsales_dagster.loading.raw_load import event_state, event_states, load_list, raw_table_ddl
 from fieldsales_dagster_tests.hostile_lists import HostileServer
 from fieldsales_dagster_tests.test_hostile_paging import hostile_api
 
@@ -126,10 +126,8 @@ def test_an_event_without_history_is_dated_by_its_state_timestamps(tmp_path, sto
 
 
 def test_the_event_list_load_writes_each_events_state_beside_it(conn):
-    """raw.events keeps its columns; meta.event_states holds what the plan compares, per event."""
-    states = conn.execute(
-        f"SELECT event_id, fingerprint, state_changes FROM {EVENT_STATES} ORDER BY event_id"
-    ).fetchall()
+    """raw.events keeps its columns; its digests hold what the plan compares, per event."""
+    states = conn.execute(f"SELECT * FROM {event_states(conn)} ORDER BY event_id").fetchall()
     columns = conn.execute(f"SELECT * FROM {EVENTS.raw_table} LIMIT 0").description
 
     assert [column[0] for column in columns] == ["id", "payload", "loaded_at"]

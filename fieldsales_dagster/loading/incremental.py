@@ -28,13 +28,13 @@ from fieldsales_dagster.loading.lists import (
 )
 from fieldsales_dagster.loading.raw_load import (
     CHANGES,
-    EVENT_STATES,
     STAGED_DIGESTS,
     LoadReport,
     Staging,
     compare_digests,
     digest_key,
     digests_table,
+    event_states,
     load_list,
     page_executor,
     record_load,
@@ -46,7 +46,7 @@ from fieldsales_dagster.loading.refresh_mode import (
     choose_mode,
 )
 from fieldsales_dagster.pause import pause_at
-from fieldsales_dagster.warehouse.lake import drop_table, ensure_table, run_transaction
+from fieldsales_dagster.warehouse.lake import drop_table, run_transaction
 from fieldsales_dagster.warehouse.quoting import qualified
 from fieldsales_dagster.warehouse.rows import one_row
 from fieldsales_dagster.warehouse.warehouse import FieldSalesWarehouse, staging_table, table_exists
@@ -124,9 +124,8 @@ def _events_loaded_at(conn: duckdb.DuckDBPyConnection) -> datetime | None:
 def _fingerprint_current_events(conn: duckdb.DuckDBPyConnection, now: datetime) -> None:
     """Fill ``FINGERPRINTS_NOW``: per listed event, its state fingerprint, last dated change, and
     ``state_since`` (kept while the fingerprint holds, else ``now``; it stands in for an undated
-    change). Reads ``EVENT_STATES``, written with ``raw.events`` (empty before its first load):
+    change). Reads ``event_states``, written with ``raw.events`` (none before its first load):
     no payload is parsed here."""
-    ensure_table(conn, EVENT_STATES, "event_id TEXT, fingerprint TEXT, state_changes TIMESTAMPTZ[]")
     known = FINGERPRINTS_TABLE
     if not table_exists(conn, FINGERPRINTS_TABLE):
         known = "(SELECT NULL::VARCHAR event_id, NULL fingerprint, NULL::TIMESTAMPTZ state_since)"
@@ -136,7 +135,7 @@ def _fingerprint_current_events(conn: duckdb.DuckDBPyConnection, now: datetime) 
         SELECT n.event_id, n.fingerprint, list_max(n.state_changes) AS last_state_change,
                CASE WHEN o.fingerprint = n.fingerprint THEN o.state_since
                     ELSE $now::TIMESTAMPTZ END AS state_since
-        FROM {EVENT_STATES} n LEFT JOIN {known} o USING (event_id)
+        FROM {event_states(conn)} n LEFT JOIN {known} o USING (event_id)
         """,
         {"now": now},
     )

@@ -56,18 +56,13 @@ if TYPE_CHECKING:  # imported where a load runs: the definitions load without it
 
 QUEUED_PAGES = 8  # waiting for the insert (a few MB each)
 SLICE_BYTES = 256 * 1024  # of a page's batch DuckDB reads at a time (see ``_stream``)
-#: Per event of ``raw.events``, written with it: the state an incremental refresh compares
-#: (docs/refresh.md), computed from each item staged with its payload (``event_state``, columns of
-#: the staging table until ``Staging.seal``) so that no step parses the payloads for it; an item
-#: staged without it (a stored row as received) keeps the state stored with that row.
-EVENT_STATES, STAGED_STATES = "meta.event_states", "_fs_event_states"
 #: Per raw table, its last load (``record_load``): when the server last listed it whole (it then
 #: holds what was listed; a row listed as stored keeps its ``loaded_at``, so the tables built from
 #: it stay current), when it was last loaded and how, its rows; for ``raw.transactions``, when
 #: ``raw.events`` was last listed whole then (incremental.py).
 STATE_TABLE = "meta.refresh_state"
-#: Each staged item's id, extra columns and digest, kept by ``Staging.seal`` for the comparison and
-#: stored with the rows (``digests_table``).
+#: Each staged item's ``digest_columns``, kept by ``Staging.seal`` for the comparison and stored
+#: with the rows (``digests_table``).
 STAGED_DIGESTS = "_fs_staged_digests"
 #: The ids whose staged and stored digests differ (``compare_digests``): ``staged`` where the list
 #: holds the id (new or changed), ``stored`` where the table does (changed or gone).
@@ -115,9 +110,50 @@ def digest_key(redact_pii_in_raw: bool) -> int:
 
 
 def digests_table(table: str) -> str:
-    """Where each row of raw ``table`` has its id, extra columns and digest (``digest_key``),
-    written in the transaction that writes the row: ``meta.raw_events_digests``."""
+    """Where each row of raw ``table`` has its ``digest_columns``, written in the transaction that
+    writes the row: ``meta.raw_events_digests``."""
     return f"meta.{table.replace('.', '_')}_digests"
+
+
+def digest_columns(endpoint: ListEndpoint) -> dict[str, str]:
+    """What ``digests_table`` holds per row, as ``Staging.seal`` selects it from the staging table
+    by name: the row's id, extra columns and digest (``digest_key``); an event's state too, which
+    an incremental refresh compares (docs/refresh.md), computed as its item is staged with its
+    payload (``event_state``): so no step parses the payloads for it, and a row listed as stored
+    keeps it with its digest. Its dated changes: its history's dates and every time its state
+    timestamps hold."""
+    columns = {name: quote_ident(name) for name in ("id", *dict(endpoint.extra_columns), "digest")}
+    if endpoint is EVENTS:
+        history = "json_extract_string(state_times, '$[0][*].date')"
+        stamps = "json_extract_string(state_times, '$[1].*[*]')"
+        columns["fingerprint"] = "fingerprint"
+        columns["state_changes"] = (
+            f"list_distinct(list_transform({history} || {stamps}, "
+            "lambda d: try_cast(d AS TIMESTAMPTZ)))"
+        )
+    return columns
+
+
+def stored_digests_current(conn: duckdb.DuckDBPyConnection, endpoint: ListEndpoint) -> bool:
+    """Whether ``endpoint``'s raw table has its digests stored, with this code's
+    ``digest_columns`` (an earlier release kept no event state with them: its list is replaced
+    whole once, as one without digests)."""
+    try:
+        digests = conn.execute(f"SELECT * FROM {digests_table(endpoint.raw_table)} LIMIT 0")
+        stored = [column[0] for column in digests.description]
+    except duckdb.CatalogException:
+        return False
+    return stored == list(digest_columns(endpoint)) and table_exists(conn, endpoint.raw_table)
+
+
+def event_states(conn: duckdb.DuckDBPyConnection) -> str:
+    """A query of each stored event's ``event_id``, ``fingerprint`` and ``state_changes``
+    (``digest_columns``); none before ``raw.events`` is loaded with them."""
+    states = "id AS event_id, fingerprint, state_changes"
+    if stored_digests_current(conn, EVENTS):
+        return f"(SELECT {states} FROM {digests_table(EVENTS.raw_table)})"
+    none = "''::VARCHAR id, ''::VARCHAR fingerprint, []::TIMESTAMPTZ[] state_changes"
+    return f"(SELECT {states} FROM (SELECT {none}) LIMIT 0)"
 
 
 class RawLoadError(RuntimeError):
@@ -163,7 +199,7 @@ def raw_table_ddl(
     # A temporary table's payloads are zstd: 2.6x faster to write ~5 KB JSON documents than
     # DuckDB's default, and smaller. A lake's Parquet files are zstd already (lake.py).
     extra = "".join(f", {quote_ident(col)} VARCHAR" for col, _ in endpoint.extra_columns)
-    states = ", fingerprint VARCHAR, state_times VARCHAR" * (endpoint is EVENTS)
+    states = "".join(f", {column} VARCHAR" for column in _staged_states(endpoint))
     return (
         f"CREATE OR REPLACE {'TEMP ' * temporary}TABLE {qualified(table)} (id VARCHAR, payload "
         f"JSON{' USING COMPRESSION zstd' * temporary}, loaded_at TIMESTAMP{extra}"
@@ -171,11 +207,16 @@ def raw_table_ddl(
     )
 
 
+def _staged_states(endpoint: ListEndpoint) -> tuple[str, ...]:
+    """Of an event staged with its payload, its ``event_state``: staging columns until ``seal``."""
+    return ("fingerprint", "state_times") if endpoint is EVENTS else ()
+
+
 def page_schema(endpoint: ListEndpoint) -> pa.Schema:
     import pyarrow as pa
 
-    states = ("fingerprint", "state_times") * (endpoint is EVENTS)
-    keys = [(column, pa.string()) for column in ("id", *dict(endpoint.extra_columns), *states)]
+    names = ("id", *dict(endpoint.extra_columns), *_staged_states(endpoint))
+    keys = [(column, pa.string()) for column in names]
     return pa.schema([*keys, ("payload", pa.json_(pa.large_string())), ("digest", pa.int64())])
 
 
@@ -223,7 +264,7 @@ def page_batch(
                 ) from None
         raise
     payload = pa.ExtensionArray.from_storage(schema.field("payload").type, text)
-    # An event's state, of the items staged with their payload (``EVENT_STATES``).
+    # An event's state, of the items staged with their payload (``digest_columns``).
     found = zip(items, staged, strict=True) if "fingerprint" in schema.names else ()
     made = [event_state(item) if keep else (None, None) for item, keep in found]
     states = [pa.array(column, pa.string()) for column in zip(*made, strict=True)]
@@ -334,30 +375,16 @@ class Staging:
         self.conn.execute(raw_table_ddl(self.endpoint, self.table, self.temporary, digest=True))
 
     def seal(self) -> None:
-        """Drop the staging columns; the digests wait in ``STAGED_DIGESTS`` (a row per staged
-        row: ``_drop_duplicate_ids`` as for the stage), an event's state in ``STAGED_STATES``,
-        for the swap (a DuckLake table's columns dropped in the swap's transaction fail its
-        rename). Its dated changes: its history's dates and every time its state timestamps hold;
-        an event staged without its payload has the state stored with its row."""
-        stage, history = qualified(self.table), "json_extract_string(state_times, '$[0][*].date')"
-        stamps = "json_extract_string(state_times, '$[1].*[*]')"
-        keys = "".join(f"{quote_ident(column)}, " for column, _ in self.endpoint.extra_columns)
+        """Keep each staged row's ``digest_columns`` in ``STAGED_DIGESTS`` (a row per staged row:
+        ``_drop_duplicate_ids`` as for the stage) for the swap, and drop the staging columns (a
+        DuckLake table's columns dropped in the swap's transaction fail its rename)."""
+        stage, columns = qualified(self.table), digest_columns(self.endpoint)
+        kept = ", ".join(f"{sql} AS {quote_ident(name)}" for name, sql in columns.items())
+        staged_only = ("digest", *_staged_states(self.endpoint))
         self.conn.execute(
-            f"CREATE OR REPLACE TEMP TABLE {STAGED_DIGESTS} AS SELECT id, {keys}digest FROM {stage}"
+            f"CREATE OR REPLACE TEMP TABLE {STAGED_DIGESTS} AS SELECT {kept} FROM {stage}; "
+            + "".join(f"ALTER TABLE {stage} DROP COLUMN {column}; " for column in staged_only)
         )
-        if self.endpoint is EVENTS:
-            kept = ""  # a stored set is read only beside the states (``_stored_digest_set``)
-            if self.stored is not None and self.stored.size:
-                kept = f"UNION ALL BY NAME FROM {EVENT_STATES} WHERE event_id IN (SELECT id FROM "
-                kept += f"{stage} WHERE payload IS NULL)"
-            self.conn.execute(
-                f"CREATE OR REPLACE TEMP TABLE {STAGED_STATES} AS SELECT id AS event_id, "
-                f"fingerprint, list_distinct(list_transform({history} || {stamps}, lambda d: "
-                f"try_cast(d AS TIMESTAMPTZ))) AS state_changes FROM {stage} WHERE payload IS NOT "
-                f"NULL {kept}; ALTER TABLE {stage} DROP fingerprint; ALTER TABLE {stage} DROP "
-                "state_times"
-            )
-        self.conn.execute(f"ALTER TABLE {stage} DROP COLUMN digest")
 
     def write(self, pages: Iterator[tuple[Stream, Page]]) -> None:
         writer = StagingWriter(self.conn, self.endpoint, self.table, self.loaded_at, self.stored)
@@ -417,15 +444,14 @@ def page_executor(api: FieldSalesAPI, **options: Any) -> PageExecutor:
     return PageExecutor(api.fetch_page, Limits(*limits, variable), **options)
 
 
-def write_rows(conn: duckdb.DuckDBPyConnection, pairs: list[tuple[str, str]]) -> None:
-    """For each ``(table, staged)`` (SQL names): delete the rows ``CHANGES`` holds as stored
-    (changed or gone), insert those it holds as staged (changed or new); any other row stays."""
+def write_rows(conn: duckdb.DuckDBPyConnection, table: str, staged: str) -> None:
+    """Of ``table`` (a SQL name), delete the rows ``CHANGES`` holds as stored (changed or gone),
+    insert those of ``staged`` it holds as staged (changed or new); any other row stays."""
     changed = f"SELECT id FROM {CHANGES} WHERE {{}}"
-    for table, staged in pairs:
-        conn.execute(
-            f"DELETE FROM {table} WHERE id IN ({changed.format('stored')}); "
-            f"INSERT INTO {table} SELECT * FROM {staged} WHERE id IN ({changed.format('staged')})"
-        )
+    conn.execute(
+        f"DELETE FROM {table} WHERE id IN ({changed.format('stored')}); "
+        f"INSERT INTO {table} SELECT * FROM {staged} WHERE id IN ({changed.format('staged')})"
+    )
 
 
 def load_list(
@@ -451,9 +477,10 @@ def load_list(
     stage, table = staging_table(endpoint.raw_table), endpoint.raw_table
     digests = digests_table(table)
     conn.execute(f"CREATE SCHEMA IF NOT EXISTS {quote_ident(endpoint.schema)}")
+    current = stored_digests_current(conn, endpoint)
     # Each staged item whose digest a stored row has is that row as received: staged without
     # its payload (8 bytes per stored row: 2 MB for the 250,000 events of 10M transactions).
-    stored = _stored_digest_set(conn, table)
+    stored = _stored_digest_set(conn, digests if current else None)
     staging = Staging(conn, endpoint, stage, loaded_at, stored=stored)
     key = digest_key(redact_pii_in_raw)
     executor = page_executor(api, label=endpoint.name, log=log, digest_key=key)
@@ -475,9 +502,9 @@ def load_list(
                 "it was left as it was. If the data really went away, run with allow_shrink."
             )
         before_swap(stage)
-        # Replaced whole (every row with this loaded_at) where no digests were recorded, or the
-        # tables' columns or comments differ.
-        whole = not table_exists(conn, digests) or _layout(conn, stage) != _layout(conn, table)
+        # Replaced whole (every row with this loaded_at) where no digests were recorded as this
+        # code records them, or the tables' columns or comments differ.
+        whole = not current or _layout(conn, stage) != _layout(conn, table)
         if whole and stored.size:  # the rows staged without their payload take it as stored
             conn.execute(
                 f"UPDATE {qualified(stage)} AS s SET payload = t.payload FROM {qualified(table)} "
@@ -485,12 +512,15 @@ def load_list(
             )
         # Without the table every staged id is new: a first load compares nothing.
         changes = CHANGES if exists else f"(SELECT id, true AS staged FROM {STAGED_DIGESTS})"
-        written = not exists or compare_digests(conn, _stored_digests(conn, table)) > 0 or whole
+        recorded = f"SELECT id, {'digest' if current else 'NULL::BIGINT AS digest'} FROM "
+        recorded += digests if current else qualified(table)
+        written = not exists or compare_digests(conn, recorded) > 0 or whole
         # Two comparisons, on purpose: the digests read before paging (8 bytes a row, no id: what
         # fits beside a list of 10M) decide which payloads are staged; this one, by id and digest
         # (the incremental merge's too), what is written. In the asset's one transaction both
         # read one snapshot: they disagree only where an item's digest is another id's (2**-64 a
-        # pair) or a write in it (``before_swap``) changed a stored row. Neither stores a NULL.
+        # pair) or a write in it (``before_swap``) changed a stored row. Neither stores a NULL
+        # (payload, or event state: a row staged without its payload has none).
         lost = f"FROM {qualified(stage)} WHERE payload IS NULL AND id IN (SELECT id FROM {changes})"
         if lost_rows := one_row(conn, f"SELECT count(*) {lost}")[0]:
             raise RawLoadError(
@@ -500,22 +530,18 @@ def load_list(
             )
 
         def swap() -> None:
-            if endpoint is EVENTS and (written or not table_exists(conn, EVENT_STATES)):
-                conn.execute(
-                    "CREATE SCHEMA IF NOT EXISTS meta; CREATE OR REPLACE TABLE "
-                    f"{EVENT_STATES} AS SELECT DISTINCT * FROM {STAGED_STATES}"
-                )
             if written:
                 record_deletions(conn, endpoint, changes=changes, run_id=run_id, at=loaded_at)
                 if whole:
                     replace_table(conn, stage, table)
+                else:  # only the rows of ``CHANGES``: one stored as listed keeps its loaded_at
+                    write_rows(conn, qualified(table), qualified(stage))
+                if current:  # and its digest, with an event's state (``digest_columns``)
+                    write_rows(conn, digests, STAGED_DIGESTS)
+                else:
                     conn.execute(
                         "CREATE SCHEMA IF NOT EXISTS meta; "
                         f"CREATE OR REPLACE TABLE {digests} AS FROM {STAGED_DIGESTS}"
-                    )
-                else:  # only the rows of ``CHANGES``: one stored as listed keeps its loaded_at
-                    write_rows(
-                        conn, [(qualified(table), qualified(stage)), (digests, STAGED_DIGESTS)]
                     )
             (after_swap or partial(record_load, conn, table, at=loaded_at))(distinct)
 
@@ -561,25 +587,13 @@ def compare_digests(
     return one_row(conn, f"SELECT count(*) FROM {CHANGES}")[0]
 
 
-def _stored_digests(conn: duckdb.DuckDBPyConnection, table: str) -> str:
-    """A query of ``table``'s ids and stored digests; no digest where none was recorded (a lake
-    of an earlier release)."""
-    if table_exists(conn, digests := digests_table(table)):
-        return f"SELECT id, digest FROM {digests}"
-    return f"SELECT id, NULL::BIGINT AS digest FROM {qualified(table)}"
-
-
-def _stored_digest_set(conn: duckdb.DuckDBPyConnection, table: str) -> np.ndarray:
-    """The digests stored with ``table``'s rows, sorted; none without the table or them. Of
-    ``raw.events``, those of the rows with a state stored (``EVENT_STATES``), which they keep."""
+def _stored_digest_set(conn: duckdb.DuckDBPyConnection, digests: str | None) -> np.ndarray:
+    """The digests ``digests`` holds, sorted; none without it."""
     import numpy as np
 
-    events, digests = table == EVENTS.raw_table, digests_table(table)
-    needed = [table, digests, *[EVENT_STATES] * events]
-    if not all(table_exists(conn, name) for name in needed):
+    if digests is None:
         return np.empty(0, np.int64)
-    stated = f" WHERE id IN (SELECT event_id FROM {EVENT_STATES})" * events
-    found = conn.execute(f"SELECT digest FROM {digests}{stated}").fetchnumpy()["digest"]
+    found = conn.execute(f"SELECT digest FROM {digests}").fetchnumpy()["digest"]
     found.sort()
     return np.asarray(found, np.int64)
 

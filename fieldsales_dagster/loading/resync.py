@@ -33,7 +33,7 @@ from fieldsales_dagster.loading.incremental import (
     refetch_and_merge,
 )
 from fieldsales_dagster.loading.lists import named
-from fieldsales_dagster.loading.raw_load import EVENT_STATES, digest_key
+from fieldsales_dagster.loading.raw_load import digest_key, event_states
 from fieldsales_dagster.warehouse.quoting import qualified
 from fieldsales_dagster.warehouse.warehouse import table_exists
 
@@ -90,7 +90,7 @@ def _choose_events(conn: duckdb.DuckDBPyConnection, request: ResyncRequest) -> N
     else:
         conn.execute(
             f"CREATE OR REPLACE TEMP TABLE {REFETCH_TABLE} AS SELECT event_id, 'changed in "
-            f"window' AS why FROM {EVENT_STATES} WHERE len(list_filter(state_changes, "
+            f"window' AS why FROM {event_states(conn)} WHERE len(list_filter(state_changes, "
             "lambda d: d >= $start AND d < $end)) > 0",
             {"start": request.changed_from, "end": request.changed_to},
         )
