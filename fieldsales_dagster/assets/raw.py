@@ -136,16 +136,12 @@ def _materialize(
         def refresh() -> RefreshReport:
             redacted.clear()  # a lake's write that lost a conflict runs again
             resync = config.resync if isinstance(config, TransactionsRefreshConfig) else None
+            common: dict[str, Any] = {"before_swap": before_swap, "run_id": context.run_id}
+            common["log"] = lambda message: context.log.info(tenant + message)
             if resync is not None:
-                report = resync_transactions(
-                    api,
-                    conn,
-                    resync.request(datetime.now(UTC)),
-                    log=lambda message: context.log.info(tenant + message),
-                    before_swap=before_swap,
-                    redact_pii_in_raw=warehouse.redact_pii_in_raw,
-                    run_id=context.run_id,
-                )
+                request = resync.request(datetime.now(UTC))
+                redact = warehouse.redact_pii_in_raw
+                report = resync_transactions(api, conn, request, redact_pii_in_raw=redact, **common)
             else:
                 report = refresh_raw_list(
                     api,
@@ -153,11 +149,9 @@ def _materialize(
                     endpoint,
                     warehouse,
                     mode=config.refresh_mode,
-                    log=lambda message: context.log.info(tenant + message),
                     warn=lambda message: context.log.warning(tenant + message),
                     allow_shrink=config.allow_shrink,
-                    before_swap=before_swap,
-                    run_id=context.run_id,
+                    **common,
                 )
             # In the load's commit: each row's loaded_at leads to this run.
             record_load_run(conn, table, context.run_id, names.asset_key(name).to_user_string())

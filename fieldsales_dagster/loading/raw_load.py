@@ -472,6 +472,8 @@ def load_list(
     ``before_swap(staging_table)`` runs just before the swap (comments, and the redaction that
     ``redact_pii_in_raw`` says it makes); ``after_swap(rows)`` (by default ``record_load``) and
     the deletion audit run in the swap's transaction."""
+    import numpy as np  # where a load runs: the definitions load without it
+
     started = time.monotonic()
     loaded_at = datetime.now(UTC)
     stage, table = staging_table(endpoint.raw_table), endpoint.raw_table
@@ -480,7 +482,8 @@ def load_list(
     current = stored_digests_current(conn, endpoint)
     # Each staged item whose digest a stored row has is that row as received: staged without
     # its payload (8 bytes per stored row: 2 MB for the 250,000 events of 10M transactions).
-    stored = _stored_digest_set(conn, digests if current else None)
+    found = conn.execute(f"SELECT digest FROM {digests}").fetchnumpy() if current else {}
+    stored = np.sort(np.asarray(found.get("digest", []), np.int64))
     staging = Staging(conn, endpoint, stage, loaded_at, stored=stored)
     key = digest_key(redact_pii_in_raw)
     executor = page_executor(api, label=endpoint.name, log=log, digest_key=key)
@@ -585,17 +588,6 @@ def compare_digests(
         params,
     )
     return one_row(conn, f"SELECT count(*) FROM {CHANGES}")[0]
-
-
-def _stored_digest_set(conn: duckdb.DuckDBPyConnection, digests: str | None) -> np.ndarray:
-    """The digests ``digests`` holds, sorted; none without it."""
-    import numpy as np
-
-    if digests is None:
-        return np.empty(0, np.int64)
-    found = conn.execute(f"SELECT digest FROM {digests}").fetchnumpy()["digest"]
-    found.sort()
-    return np.asarray(found, np.int64)
 
 
 def _layout(conn: duckdb.DuckDBPyConnection, table: str) -> Any:
