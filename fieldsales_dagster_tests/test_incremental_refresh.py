@@ -450,28 +450,44 @@ def test_failure_mid_merge_leaves_previous_table_and_state_untouched(
     before = _snapshot(loaded)
     demo_server.behaviour.evolve(1)
     deleted = []
-    real_delete = incremental._delete_replaced
+    real_write = incremental.write_rows
 
-    def delete(conn, *args, **kwargs):
-        deleted.append(real_delete(conn, *args, **kwargs))
+    def write(conn, *args, **kwargs):
+        deleted.append(real_write(conn, *args, **kwargs))
         return deleted[-1]
 
     def fail_to_insert(phase):
-        if phase == "merge":  # between the delete and the insert
-            raise RuntimeError("disk full (simulated) between the delete and the insert")
+        if phase == "merge":  # between the rows' write and their digests'
+            raise RuntimeError("disk full (simulated) between the rows and their digests")
 
-    monkeypatch.setattr(incremental, "_delete_replaced", delete)
+    monkeypatch.setattr(incremental, "write_rows", write)
     monkeypatch.setattr(incremental, "pause_at", fail_to_insert)
 
     result = _materialize(demo_server, tmp_path, loaded, assets=RAW_ASSETS, raise_on_error=False)
 
-    assert not result.success and deleted
+    assert not result.success and deleted[0]
     assert _snapshot(loaded) == before
     with read_lake(loaded) as conn:
         stages = conn.execute(
             "SELECT count(*) FROM duckdb_tables() WHERE table_name LIKE '\\_stage%' ESCAPE '\\'"
         ).fetchone()[0]
     assert stages == 0
+
+
+def test_a_merge_writes_only_the_refetched_rows_that_changed(demo_server, tmp_path, loaded):
+    """A transaction re-fetched as it is stored keeps its row, ``loaded_at`` and all, as a list
+    load's does: the tables built on it follow only the rows that changed."""
+    before = {row[0]: row[3] for row in _snapshot(loaded)[0]}
+    demo_server.dataset.advance_event(0)  # every other transaction of its changes
+
+    meta = _refresh_metadata(_materialize(demo_server, tmp_path, loaded, assets=RAW_ASSETS))
+
+    assert (meta["refresh_mode"], meta["events_changed"]) == ("incremental", 1)
+    assert meta["transactions_changed"] > 0
+    after = {row[0]: row[3] for row in _snapshot(loaded)[0]}
+    rewritten = [i for i, loaded_at in after.items() if before.get(i) != loaded_at]
+    written = meta["transactions_added"] + meta["transactions_changed"]
+    assert len(rewritten) == written, f"{len(rewritten)} rows rewritten, {written} changed"
 
 
 def test_auto_runs_full_when_the_last_full_refresh_is_too_old(demo_server, tmp_path, loaded):

@@ -190,7 +190,7 @@ PHASES = {
     # A fresh deployment: the token store is written on first use.
     "token_store": ("raw_event_groups", ".fieldsales_token.json.*.tmp"),
     "loading": ("raw_event_groups", None),
-    "merge": ("raw_events,raw_transactions", None),  # incremental: between delete and insert
+    "merge": ("raw_events,raw_transactions", None),  # incremental: between rows and digests
     "core": ("core_events", None),  # a staging table built, not yet swapped in
 }
 

@@ -14,7 +14,13 @@ import pytest
 
 from fieldsales_dagster.client.endpoints import EVENTS, TRANSACTIONS
 from fieldsales_dagster.loading import incremental
-from fieldsales_dagster.loading.raw_load import event_state, event_states, load_list, raw_table_ddl
+from fieldsales_dagster.loading.raw_load import (
+    Staging,
+    event_state,
+    event_states,
+    load_list,
+    raw_table_ddl,
+)
 from fieldsales_dagster_tests.hostile_lists import HostileServer
 from fieldsales_dagster_tests.test_hostile_paging import hostile_api
 
@@ -166,11 +172,20 @@ def test_the_plan_reads_the_states_written_with_the_events_not_their_payloads(co
 
 
 def test_the_merge_deletes_the_transactions_of_the_refetched_and_removed_events(conn):
+    """b re-fetched (it lists none now) and c removed: their transactions go, a's stay."""
     plan = incremental._plan(conn, lookback_days=30, now=NOW)
+    conn.execute(
+        f"CREATE TABLE {incremental.DIGESTS_TABLE} AS SELECT id, event_id, 0::BIGINT AS digest "
+        f"FROM {TRANSACTIONS.raw_table}"
+    )
+    staging = Staging(conn, TRANSACTIONS, incremental.STAGE_TABLE, NOW, "event_id", True)
+    staging.create()
+    staging.seal()  # nothing listed
+    run = incremental.Merging(None, conn, print, lambda stage: None, None, 0)  # type: ignore[arg-type]
 
-    deleted = incremental._delete_replaced(conn, plan.replaced, moved=False)
+    rows, counts = incremental._merge(run, "resync", None, 0, plan.replaced)
 
-    assert deleted == 4  # b's two and c's two; d had none stored
+    assert (rows, counts["transactions_removed"]) == (2, 4)  # b's two, c's two; d had none
     left = conn.execute(f"SELECT id FROM {TRANSACTIONS.raw_table} ORDER BY id").fetchall()
     assert [row[0] for row in left] == ["a1", "a2"]
 

@@ -39,6 +39,7 @@ from fieldsales_dagster.loading.raw_load import (
     page_executor,
     record_load,
     recorded_load,
+    write_rows,
 )
 from fieldsales_dagster.loading.refresh_mode import (
     IncrementalRefreshError,
@@ -62,7 +63,7 @@ STAGE_TABLE = "temp." + staging_table(TRANSACTIONS.raw_table, "_by_event").parti
 FINGERPRINTS_NOW = "_fs_fingerprints"
 REFETCH_TABLE = "_fs_refetch"
 REMOVED_TABLE = "_fs_removed"
-REPLACED_TABLE = "_fs_replaced"  # the stored digests of the rows a merge replaces
+REPLACED_TABLE = "_fs_replaced"  # the stored digests a merge compares the re-fetched rows with
 
 MAX_REFETCH_SHARE = 0.5  # of the events: past it, re-fetching costs more than a full refresh
 
@@ -351,25 +352,23 @@ def _merge(
     spent: int,
     events: dict[str, list[str]],
 ) -> tuple[int, dict[str, int]]:
-    """Replace the transactions of ``events`` (re-fetched and removed) and their digests, check,
-    record the new state: one transaction, with ``before_swap``, the deletion audit and the
-    stage's drop. Returns the rows and the transactions added, changed and removed: the staged
-    rows' digests (``STAGED_DIGESTS``) compared with the stored digests of every row replaced
-    (the events' rows, and staged ids stored under another event: ``REPLACED_TABLE``)."""
+    """Bring the transactions of ``events`` (re-fetched and removed) and their digests to the
+    staged rows, as a list load does (``write_rows``: a row stored as re-fetched is kept,
+    ``loaded_at`` and all), check, record the new state: one transaction, with ``before_swap``,
+    the deletion audit and the stage's drop. Returns the rows and the transactions added, changed
+    and removed: the staged rows' digests (``STAGED_DIGESTS``) compared with the stored digests
+    of the events' rows and of staged ids stored under another event (``REPLACED_TABLE``)."""
     conn, target, stage = run.conn, qualified(TRANSACTIONS.raw_table), qualified(STAGE_TABLE)
     staged, distinct_staged = one_row(conn, f"SELECT count(*), count(DISTINCT id) FROM {stage}")
     if staged != distinct_staged:
         raise FallBack(f"{staged - distinct_staged} transactions listed under two events", spent)
-    # One scan of the stored digests: the events' rows (``ours``) and staged ids stored elsewhere.
+    # One scan of the stored digests: the events' rows and staged ids stored elsewhere.
     conn.execute(
-        f"CREATE OR REPLACE TEMP TABLE {REPLACED_TABLE} AS SELECT *, {OF_EVENTS} AS ours FROM "
-        f"{DIGESTS_TABLE} WHERE {OF_EVENTS} OR id IN (SELECT id FROM {stage})",
+        f"CREATE OR REPLACE TEMP TABLE {REPLACED_TABLE} AS SELECT * FROM {DIGESTS_TABLE} "
+        f"WHERE {OF_EVENTS} OR id IN (SELECT id FROM {stage})",
         events,
     )
     changed = compare_digests(conn, f"SELECT id, digest FROM {REPLACED_TABLE}")
-    replaced, moved = one_row(
-        conn, f"SELECT count(*), count(*) FILTER (NOT ours) FROM {REPLACED_TABLE}"
-    )
     counts = one_row(
         conn,
         "SELECT count(*) FILTER (NOT stored), count(*) FILTER (staged AND stored), "
@@ -378,30 +377,23 @@ def _merge(
 
     def merge() -> int:
         run.before_swap(STAGE_TABLE)
-        deleted = replaced
-        # Rows stored as re-fetched are kept, loaded_at and all: the tables built on them hold.
-        if changed:
+        deleted = 0
+        if changed:  # else every re-fetched row is stored as returned: nothing is written
             ours = events["events"]
             record_deletions(
                 conn, TRANSACTIONS, changes=CHANGES, events=ours, run_id=run.run_id, at=run.now
             )
-            deleted = _delete_replaced(conn, events, moved=moved > 0)
-            conn.execute(
-                f"DELETE FROM {DIGESTS_TABLE} WHERE id IN (SELECT id FROM {REPLACED_TABLE})"
-            )
+            deleted = write_rows(conn, target, stage)
             pause_at("merge")
-            conn.execute(
-                f"INSERT INTO {target} BY NAME SELECT * FROM {stage}; "
-                f"INSERT INTO {DIGESTS_TABLE} BY NAME FROM {STAGED_DIGESTS}"
-            )
+            write_rows(conn, DIGESTS_TABLE, STAGED_DIGESTS)
         rows = one_row(conn, f"SELECT count(*) FROM {target}")[0]
-        # Ids are distinct by construction (staged once each, every stored copy of a staged id
-        # deleted): the delete must match what was read, and rows the server's count.
-        if deleted != replaced or server_count not in (None, rows):
+        # Ids are distinct by construction (staged once each, every stored copy of a changed id
+        # deleted): the delete must match what was compared, and rows the server's count.
+        if deleted != counts[1] + counts[2] or server_count not in (None, rows):
             also = "" if server_count is None else f" but the server counts {server_count}"
             raise FallBack(
                 f"after the merge raw.transactions would hold {rows} rows ({deleted} deleted "
-                f"where {replaced} were expected){also}",
+                f"where {counts[1] + counts[2]} were expected){also}",
                 spent,
             )
         _write_state(conn, rows, mode=mode, at=run.now)
@@ -412,13 +404,3 @@ def _merge(
     return run_transaction(conn, TRANSACTIONS.raw_table, merge), dict(
         zip(names, counts, strict=True)
     )
-
-
-def _delete_replaced(
-    conn: duckdb.DuckDBPyConnection, events: dict[str, list[str]], moved: bool
-) -> int:
-    """Delete the stored rows of ``events``, and when ``moved``, stored copies of re-fetched ids
-    under other events; returns how many. Reads no payload."""
-    also = f" OR id IN (SELECT id FROM {qualified(STAGE_TABLE)})" if moved else ""
-    target = qualified(TRANSACTIONS.raw_table)
-    return one_row(conn, f"DELETE FROM {target} WHERE {OF_EVENTS}{also}", events)[0]

@@ -444,14 +444,16 @@ def page_executor(api: FieldSalesAPI, **options: Any) -> PageExecutor:
     return PageExecutor(api.fetch_page, Limits(*limits, variable), **options)
 
 
-def write_rows(conn: duckdb.DuckDBPyConnection, table: str, staged: str) -> None:
+def write_rows(conn: duckdb.DuckDBPyConnection, table: str, staged: str) -> int:
     """Of ``table`` (a SQL name), delete the rows ``CHANGES`` holds as stored (changed or gone),
-    insert those of ``staged`` it holds as staged (changed or new); any other row stays."""
+    insert those of ``staged`` it holds as staged (changed or new); any other row stays. Returns
+    how many were deleted."""
     changed = f"SELECT id FROM {CHANGES} WHERE {{}}"
+    (deleted,) = one_row(conn, f"DELETE FROM {table} WHERE id IN ({changed.format('stored')})")
     conn.execute(
-        f"DELETE FROM {table} WHERE id IN ({changed.format('stored')}); "
-        f"INSERT INTO {table} SELECT * FROM {staged} WHERE id IN ({changed.format('staged')})"
+        f"INSERT INTO {table} BY NAME FROM {staged} WHERE id IN ({changed.format('staged')})"
     )
+    return int(deleted)
 
 
 def load_list(
