@@ -22,9 +22,15 @@ from fieldsales_dagster.loading.deletions import audit_table
 from fieldsales_dagster.loading.lists import IncompleteListError
 from fieldsales_dagster.loading.raw_load import RawLoadError, load_list
 from fieldsales_dagster.urls import InsecureURLError
-from fieldsales_dagster.warehouse.lake import changed_since
+from fieldsales_dagster.warehouse.lake import changed_since, table_exists
 from fieldsales_dagster.warehouse.pii import PII_VALUE
-from fieldsales_dagster_tests.conftest import lake_at, make_api, make_warehouse, read_lake
+from fieldsales_dagster_tests.conftest import (
+    attach_again,
+    lake_at,
+    make_api,
+    make_warehouse,
+    read_lake,
+)
 from fieldsales_dagster_tests.hostile_lists import HostileServer
 from fieldsales_dagster_tests.project import materialize, raw_assets
 from fieldsales_dagster_tests.test_hostile_paging import hostile_api
@@ -463,6 +469,9 @@ def test_event_digests_recorded_without_states_replace_the_list_whole_once_with_
     with read_lake(warehouse) as conn, read_lake(first) as fresh:
         assert conn.execute(states).fetchall() == fresh.execute(states).fetchall()
     assert not load(api, warehouse, EVENTS).written
+    attach_again(warehouse)  # a writer of this release attaching the lake drops the table
+    with warehouse.get_connection() as conn:
+        assert not table_exists(conn, "meta.event_states")
 
 
 def test_a_row_written_by_another_load_meanwhile_is_never_replaced_by_a_payload_not_staged(

@@ -732,8 +732,15 @@ def _write_evaluations(conn: duckdb.DuckDBPyConnection, rows: list[tuple]) -> No
 
 
 #: The meta tables of earlier releases, which ``upgrade`` drops, with every ``meta.*_inputs``: the
-#: rows a following table reflected (follow.py reads DuckLake's change feed instead).
-_DROPPED = ("build_fingerprints", "check_evaluations", "core_follow_state", "list_checks")
+#: rows a following table reflected (follow.py reads DuckLake's change feed instead). Events'
+#: states are kept with their digests now (raw_load.digest_columns).
+_DROPPED = (
+    "build_fingerprints",
+    "check_evaluations",
+    "core_follow_state",
+    "event_states",
+    "list_checks",
+)
 
 
 def upgrade(conn: duckdb.DuckDBPyConnection, lake: Lake) -> None:
