@@ -20,7 +20,6 @@ from pydantic import BaseModel, ValidationError
 
 from fieldsales_dagster.assets.checks import (
     build_core_checks,
-    build_schema_change_checks,
     checks_in_asset_step,
 )
 from fieldsales_dagster.assets.core import build_core_assets
@@ -263,7 +262,7 @@ class FieldSalesComponent(dg.Component, FieldSalesSettings):
         return [*tables, build_export_asset(names, self.owners, built)]
 
     def build_checks(self, assets: list[dg.AssetsDefinition]) -> list[dg.AssetChecksDefinition]:
-        return [*build_core_checks(self.names), build_schema_change_checks(self.names, assets)]
+        return build_core_checks(self.names)
 
     def alert_settings(self) -> AlertSettings:
         return AlertSettings(

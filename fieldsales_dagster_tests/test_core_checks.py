@@ -8,13 +8,13 @@ import dagster as dg
 import duckdb
 import pytest
 
-from fieldsales_dagster.assets import checks
+from fieldsales_dagster.assets import checks, metadata
 from fieldsales_dagster.assets.build import code_digest
 from fieldsales_dagster.assets.tables import derived_tables
 from fieldsales_dagster.warehouse.lake import run_transaction, table_exists
 from fieldsales_dagster_tests import core_payloads as p
 from fieldsales_dagster_tests.conftest import attach_again, lake_at
-from fieldsales_dagster_tests.project import DEFAULT, core_check_count
+from fieldsales_dagster_tests.project import core_check_count
 
 SLIDER = p.field("f-slider", "Slider", minimum=0, maximum=10, step=1)
 CONFIG = p.config("cfg-1", [SLIDER])
@@ -78,7 +78,7 @@ def duplicated(tmp_path_factory):
 def test_every_check_passes_on_clean_data(clean):
     failed = [key for key, evaluation in clean.items() if not evaluation.passed]
     assert failed == []
-    assert len(clean) == core_check_count()
+    assert len(clean) == core_check_count() + len(derived_tables())  # and each column_schema_change
 
 
 def test_duplicate_transaction_ids_fail_the_blocking_uniqueness_check(duplicated):
@@ -158,21 +158,24 @@ def test_uniqueness_check_of_millions_of_keys_fits_a_small_memory_limit(many_rep
     assert result.metadata["offending_keys"].value == "transaction / tx-7 / field-2"
 
 
-def test_column_schema_change_runs_in_a_named_step_and_says_what_changed():
+def test_column_schema_change_is_evaluated_in_the_materializing_step_and_says_what_changed():
+    """As every table asset does (raw.py, core.py): its columns against the metadata of its last
+    materialization before the run (``last_metadata``), with no step of its own."""
     columns = [dg.TableColumn("id", "BIGINT"), dg.TableColumn("name", "VARCHAR")]
+    key = dg.AssetKey("table")
 
-    @dg.asset
-    def table() -> dg.MaterializeResult:
+    @dg.asset(key=key, check_specs=[metadata.schema_change_spec(key)])
+    def table(context) -> dg.MaterializeResult:  # (annotated, a string: Dagster refuses it)
+        now = {"dagster/column_schema": dg.TableSchema(columns=list(columns))}
+        compared = [now, metadata.last_metadata(context, key)]
         return dg.MaterializeResult(
-            metadata={"dagster/column_schema": dg.TableSchema(columns=list(columns))}
+            metadata=now, check_results=[metadata.schema_change(key, compared)]
         )
 
-    schema_checks = checks.build_schema_change_checks(DEFAULT, [table])
-    assert schema_checks.op.name == "column_schema_change_checks"
     with dg.DagsterInstance.ephemeral() as instance:
 
         def evaluate():
-            result = dg.materialize([table, schema_checks], instance=instance)
+            result = dg.materialize([table], instance=instance)
             (evaluation,) = result.get_asset_check_evaluations()
             return evaluation
 

@@ -99,7 +99,6 @@ def test_demo_prints_checks_records_the_run_repeats_its_counts_and_a_failure_say
     assert f"Materializing {len(keys)} assets and their checks in {len(steps)} steps;" in out
     assert {line.split()[1] for line in steps} - {key.to_user_string() for key in keys} == {
         "core_cross_table_checks",
-        "column_schema_change_checks",
     }
     assert len(terminal.splitlines()) < 100, terminal
 

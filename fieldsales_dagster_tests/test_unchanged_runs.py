@@ -5,13 +5,11 @@ again (``fieldsales/build: unchanged``). Any change is built."""
 import dagster as dg
 
 from fieldsales_dagster.assets import metadata as metadata_module
-from fieldsales_dagster.assets.checks import build_schema_change_checks
 from fieldsales_dagster.assets.columns import TableDoc
 from fieldsales_dagster.warehouse import lake as lake_module
 from fieldsales_dagster.warehouse.lake import table_exists
 from fieldsales_dagster_tests.conftest import attach_again, make_api, make_warehouse
 from fieldsales_dagster_tests.project import (
-    DEFAULT,
     core_assets,
     mart_assets,
     materialize,
@@ -293,21 +291,21 @@ def _event_log_reads(instance: dg.DagsterInstance, monkeypatch) -> list[str]:
     return reads
 
 
-def test_the_schema_change_checks_read_each_assets_last_materialization_once_for_all(
+def test_each_assets_schema_check_runs_in_its_step_on_the_one_read_of_the_last_materializations(
     demo_server, tmp_path, warehouse, monkeypatch
 ):
-    """Compared with the last before the run (``last_metadata``'s one read), each asset's last
-    materialization is this run's: one read of the event log for every check, not two each."""
-    assets = [*ASSETS, build_schema_change_checks(DEFAULT, ASSETS)]
+    """Each table asset compares its columns in its own step with its last materialization
+    before the run (``last_metadata``'s one read for every asset): no step of the checks' own, no
+    read of the event log per asset."""
     instance = dg.DagsterInstance.ephemeral()
-    _run(demo_server, tmp_path, warehouse, assets, instance=instance)
+    _run(demo_server, tmp_path, warehouse, instance=instance)
     reads = _event_log_reads(instance, monkeypatch)
     result = materialize(
-        assets,
+        ASSETS,
         resources={"fieldsales_api": make_api(demo_server, tmp_path), "warehouse": warehouse},
         instance=instance,
     )
-    assert reads == ["get_latest_materialization_events"] * 2
+    assert reads == ["get_latest_materialization_events"]
     evaluations = [e for e in result.get_asset_check_evaluations() if e.check_name == SCHEMA]
     assert len(evaluations) == len(ASSETS)
     assert {e.description for e in evaluations} == {
@@ -318,24 +316,23 @@ def test_the_schema_change_checks_read_each_assets_last_materialization_once_for
 def test_a_run_of_the_schema_change_checks_alone_reads_each_assets_last_two_only(
     demo_server, tmp_path, warehouse, monkeypatch
 ):
-    """Where no earlier step of the process read the last materializations before the run (a
-    run of checks alone; with the multiprocess executor, every check step), the checks read each
-    asset's last two, not also the latest of every asset twice, which cannot serve them."""
-    checks = build_schema_change_checks(DEFAULT, ASSETS)
+    """A run of the checks alone (no materialization before them in the run) compares each
+    asset's last two materializations, one read each."""
+    derived = [*core_assets(), *mart_assets()]
     instance = dg.DagsterInstance.ephemeral()
     for _ in range(2):
-        _run(demo_server, tmp_path, warehouse, [*ASSETS, checks], instance=instance)
+        _run(demo_server, tmp_path, warehouse, instance=instance)
     reads = _event_log_reads(instance, monkeypatch)
     result = materialize(
-        [*ASSETS, checks],
-        selection=dg.AssetSelection.checks(checks),
+        ASSETS,
+        selection=dg.AssetSelection.checks(*(dg.AssetCheckKey(a.key, SCHEMA) for a in derived)),
         resources={"fieldsales_api": make_api(demo_server, tmp_path), "warehouse": warehouse},
         instance=instance,
     )
     assert result.get_asset_materialization_events() == []
-    assert reads == ["fetch_materializations"] * len(ASSETS), reads
+    assert reads == ["fetch_materializations"] * len(derived), reads
     evaluations = [e for e in result.get_asset_check_evaluations() if e.check_name == SCHEMA]
-    assert len(evaluations) == len(ASSETS)
+    assert len(evaluations) == len(derived)
     assert {e.description for e in evaluations} == {
         "The columns are those of the previous materialization."
     }

@@ -18,7 +18,6 @@ from fieldsales_dagster.assets.columns import TableFileError
 from fieldsales_dagster.assets.decode import create_macros, macro_file, macro_files_called
 from fieldsales_dagster.assets.follow import FOLLOW_ROWS
 from fieldsales_dagster.assets.lineage import over_rows, reads_of
-from fieldsales_dagster.assets.metadata import last_two_metadata
 from fieldsales_dagster.assets.tables import CheckEntry, CoreTable, derived_tables, query_reads
 from fieldsales_dagster.names import InstanceNames
 from fieldsales_dagster.warehouse.lake import (
@@ -224,55 +223,6 @@ def checks_of(table: CoreTable) -> list[CoreCheck]:
                 f"(they are {', '.join(sorted(CHECKS))}). Fix the name, or write the check out."
             )
     return [CoreCheck(table, name, kinds[name]) for name in table.checks]
-
-
-def build_schema_change_checks(
-    names: InstanceNames, assets: Sequence[dg.AssetsDefinition]
-) -> dg.AssetChecksDefinition:
-    """Dagster's ``build_column_schema_change_checks`` (beta), in a step not named by a hash."""
-    description = "The columns (names and types) are those of the previous materialization."
-    specs = [
-        dg.AssetCheckSpec("column_schema_change", asset=key, description=description)
-        for asset in assets
-        for key in asset.keys
-    ]
-
-    @dg.multi_asset_check(
-        specs=specs,
-        name=names.asset_key("column_schema_change_checks").to_python_identifier(),
-        can_subset=True,
-    )
-    def _checks(context: dg.AssetCheckExecutionContext) -> Iterator[dg.AssetCheckResult]:
-        keys = sorted(context.selected_asset_check_keys, key=str)
-        last_two = last_two_metadata(context, [key.asset_key for key in keys])
-        for key in keys:
-            passed, description = _schema_change(
-                [metadata.get("dagster/column_schema") for metadata in last_two[key.asset_key]]
-            )
-            yield dg.AssetCheckResult(
-                asset_key=key.asset_key,
-                check_name=key.name,
-                passed=passed,
-                severity=dg.AssetCheckSeverity.WARN,
-                description=description,
-            )
-
-    return _checks
-
-
-def _schema_change(values: list[Any]) -> tuple[bool, str]:
-    if len(values) < 2:
-        return True, "The asset has been materialized fewer than 2 times."
-    schemas = [v.value for v in values if isinstance(v, dg.TableSchemaMetadataValue)]
-    if len(schemas) < 2:
-        return False, "A materialization of the last two has no column schema metadata."
-    latest, previous = ({c.name: c.type for c in schema.columns} for schema in schemas)
-    changes = [f"added: {name}" for name in latest.keys() - previous.keys()]
-    changes += [f"removed: {name}" for name in previous.keys() - latest.keys()]
-    changes += [f"{n}: {previous[n]} -> {t}" for n, t in latest.items() if previous.get(n, t) != t]
-    if not (changed := "; ".join(sorted(changes))):
-        return True, "The columns are those of the previous materialization."
-    return False, f"Column schema changed since the previous materialization: {changed}"
 
 
 def ids_unique_description(table: CoreTable) -> str:

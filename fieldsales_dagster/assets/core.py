@@ -6,7 +6,13 @@ import dagster as dg
 
 from fieldsales_dagster.assets.build import materialize_core_table
 from fieldsales_dagster.assets.checks import CoreCheck, check_results
-from fieldsales_dagster.assets.metadata import STORAGE_KIND, last_metadata
+from fieldsales_dagster.assets.metadata import (
+    STORAGE_KIND,
+    last_metadata,
+    last_two_metadata,
+    schema_change,
+    schema_change_spec,
+)
 from fieldsales_dagster.assets.tables import (
     CoreTable,
     column_lineage,
@@ -28,6 +34,7 @@ def build_core_asset(
     """The asset building ``table``, then evaluating ``checks``; a run may select either."""
     key = names.asset_key(table.asset_name)
     by_key = {check.spec(names).key: check for check in checks}
+    schema_check = schema_change_spec(key)
     spec = dg.AssetSpec(
         key=key,
         description=table.description,
@@ -44,7 +51,7 @@ def build_core_asset(
     @dg.multi_asset(
         name=key.to_python_identifier(),
         specs=[spec.with_io_manager_key(io_manager_key) if io_manager_key else spec],
-        check_specs=[check.spec(names) for check in checks],
+        check_specs=[*(check.spec(names) for check in checks), schema_check],
         can_subset=True,
         pool=names.pool_for(table.asset_name),
         required_resource_keys={names.warehouse.key},
@@ -53,8 +60,8 @@ def build_core_asset(
         context: dg.AssetExecutionContext,
     ) -> Iterator[dg.MaterializeResult | dg.AssetCheckResult]:
         warehouse = names.warehouse.of(context)
-        selected = [by_key[k] for k in sorted(context.selected_asset_check_keys, key=str)]
-        results: list[dg.AssetCheckResult] = []
+        keys = sorted(context.selected_asset_check_keys - {schema_check.key}, key=str)
+        selected, results = [by_key[k] for k in keys], list[dg.AssetCheckResult]()
         with warehouse.get_connection() as conn:
 
             def check(built_from: Sequence[str] | None) -> None:  # a conflict runs its commit again
@@ -70,6 +77,9 @@ def build_core_asset(
             # The open-source UI does not show dagster/column_lineage: the same, as a table.
             metadata["fieldsales/column_lineage"] = dg.MetadataValue.md(lineage_markdown(lineage))
             yield dg.MaterializeResult(asset_key=key, metadata=metadata)
+        if schema_check.key in context.selected_asset_check_keys:  # alone: the last two
+            built = [metadata, last] if key in context.selected_asset_keys else []
+            results.append(schema_change(key, built or last_two_metadata(context, key)))
         yield from results
 
     return _core_table

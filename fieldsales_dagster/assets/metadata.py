@@ -117,25 +117,51 @@ def last_metadata(context: Context, key: dg.AssetKey) -> Mapping[str, dg.Metadat
     return found.asset_materialization.metadata if found and found.asset_materialization else {}
 
 
-def last_two_metadata(context: Context, keys: Sequence[dg.AssetKey]) -> dict[dg.AssetKey, list]:
-    """The metadata of each of ``keys``' last two materializations, the last first (fewer where
-    it has fewer): this run's and the last before the run, where an earlier step of this process
-    read that (``_before_run``: the in-process executor), in one query for them all; else (a step
-    in a process of its own, a run of checks alone), or for a key this run did not materialize
-    since, its last two (a query each). Another run's materialization between those two of this
-    run is missed."""
-    run, before = context.run.run_id, _LAST.get(context.run.run_id)
-    now = context.instance.get_latest_materialization_events(keys) if before is not None else {}
-    found = {}
-    for key in keys:
-        last, prior = now.get(key), (before or {}).get(key)
-        entries: list = [last, prior]
-        if not last or last.run_id != run or (prior and prior.run_id == run):
-            entries = list(context.instance.fetch_materializations(key, limit=2).records)
-        found[key] = [
-            e.asset_materialization.metadata for e in entries if e and e.asset_materialization
-        ]
-    return found
+#: Each table asset's check of its columns against its previous materialization's, evaluated in
+#: the step that materializes it (with the metadata it read before, ``last_metadata``).
+SCHEMA_CHECK = "column_schema_change"
+
+
+def schema_change_spec(key: dg.AssetKey) -> dg.AssetCheckSpec:
+    description = "The columns (names and types) are those of the previous materialization."
+    return dg.AssetCheckSpec(SCHEMA_CHECK, asset=key, description=description)
+
+
+def schema_change(key: dg.AssetKey, metadata: Sequence[Mapping[str, Any]]) -> dg.AssetCheckResult:
+    """``key``'s columns in ``metadata``, its last two materializations' (the last first; none,
+    empty): this step's and the last before the run, or, in a run of the check alone, the last
+    two (``last_two_metadata``)."""
+    passed, description = _schema_change([m.get("dagster/column_schema") for m in metadata if m])
+    severity = dg.AssetCheckSeverity.WARN
+    return dg.AssetCheckResult(
+        asset_key=key,
+        check_name=SCHEMA_CHECK,
+        passed=passed,
+        severity=severity,
+        description=description,
+    )
+
+
+def _schema_change(values: list[Any]) -> tuple[bool, str]:
+    if len(values) < 2:
+        return True, "The asset has been materialized fewer than 2 times."
+    schemas = [v for v in (getattr(v, "value", v) for v in values) if isinstance(v, dg.TableSchema)]
+    if len(schemas) < 2:
+        return False, "A materialization of the last two has no column schema metadata."
+    latest, previous = ({c.name: c.type for c in schema.columns} for schema in schemas)
+    changes = [f"added: {name}" for name in latest.keys() - previous.keys()]
+    changes += [f"removed: {name}" for name in previous.keys() - latest.keys()]
+    changes += [f"{n}: {previous[n]} -> {t}" for n, t in latest.items() if previous.get(n, t) != t]
+    if not (changed := "; ".join(sorted(changes))):
+        return True, "The columns are those of the previous materialization."
+    return False, f"Column schema changed since the previous materialization: {changed}"
+
+
+def last_two_metadata(context: Context, key: dg.AssetKey) -> list[Mapping[str, Any]]:
+    """The metadata of ``key``'s last two materializations, the last first (fewer where it has
+    fewer): what a run of its checks alone compares."""
+    records = context.instance.fetch_materializations(key, limit=2).records
+    return [r.asset_materialization.metadata for r in records if r.asset_materialization]
 
 
 def previous_row_count(last: Mapping[str, dg.MetadataValue]) -> int | None:

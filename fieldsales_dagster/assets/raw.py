@@ -12,6 +12,8 @@ from fieldsales_dagster.assets.metadata import (
     STORAGE_KIND,
     last_metadata,
     previous_row_count,
+    schema_change,
+    schema_change_spec,
     table_metadata,
 )
 from fieldsales_dagster.assets.resync_config import ResyncConfig
@@ -176,7 +178,10 @@ def _materialize(
             **report.metadata(),
             "pii_redacted_rows": sum(redacted) if warehouse.redact_pii_in_raw else "not asked",
         },
-        check_results=[row_count_check(load.rows, previous_row_count(last), ROW_COUNT_TOLERANCE)],
+        check_results=[
+            row_count_check(load.rows, previous_row_count(last), ROW_COUNT_TOLERANCE),
+            schema_change(context.asset_key, [metadata, last]),
+        ],
     )
 
 
@@ -211,7 +216,8 @@ def build_raw_asset(
                 asset=key,
                 description=f"The row count moved by at most {ROW_COUNT_TOLERANCE:.0%} against "
                 "the previous load (short lists from a server, or a wiped tenant, show here).",
-            )
+            ),
+            schema_change_spec(key),
         ],
     )
     def _raw_asset(
