@@ -14,9 +14,9 @@ import duckdb
 import msgspec
 
 from fieldsales_dagster.warehouse.lake import (
+    ANY_CODE,
     Lake,
     changed_since,
-    last_evaluation,
     record_evaluation,
     run_transaction,
     still_valid,
@@ -185,7 +185,7 @@ def build_following(
         hashlib.sha256(f"{STATE_RULES}\n{follows}\n{query}\n{macros}".encode()).hexdigest(),
         hashlib.sha256(resolved.encode()).hexdigest(),
     )
-    behind = _behind(conn, lake, follows, raw) if lake else []
+    behind = _behind(conn, lake, follows) if lake else []
     found = _last_read(conn, lake, table, follows, state, params)
     if behind:
         why = f"a table it reads does not reflect {follows.decoded} yet ({', '.join(behind)})"
@@ -207,16 +207,13 @@ def build_following(
     return {"fieldsales/build": f"full: {why}"}
 
 
-def _behind(
-    conn: duckdb.DuckDBPyConnection, lake: Lake, follows: Follows, raw: Mapping[str, str]
-) -> list[str]:
+def _behind(conn: duckdb.DuckDBPyConnection, lake: Lake, follows: Follows) -> list[str]:
     """The tables a build reads beside its decoded rows (``reads_current``, ``named_by``) whose
-    last build did not read the raw table of those rows as it is now."""
+    last build, by whatever code, read an input changed since (the raw table of those rows)."""
     found = []
     for source in follows.sources:
         for read in source.reads_current + ([source.named_by] if source.named_by else []):
-            last = last_evaluation(conn, lake, read)
-            if last is None or changed_since(conn, lake, last.read, [raw[source.decoded]]):
+            if still_valid(conn, lake, read, ANY_CODE) is None:
                 found.append(read)
     return found
 

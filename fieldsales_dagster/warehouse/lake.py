@@ -766,7 +766,7 @@ def upgrade(conn: duckdb.DuckDBPyConnection, lake: Lake) -> None:
     run_transaction(conn, BUILDS_TABLE, run)
 
 
-def last_evaluation(
+def _last_evaluation(
     conn: duckdb.DuckDBPyConnection, lake: Lake, table: str, check: str | None = None
 ) -> Evaluation | None:
     """``table``'s last build (or its ``check``'s last evaluation) recorded, by any code."""
@@ -784,6 +784,10 @@ def last_evaluation(
     return per_snapshot(conn, lake, BUILDS_TABLE, read).get((table, check))
 
 
+#: ``still_valid``'s fingerprint of any code, one that recorded none (``None``) too.
+ANY_CODE = "*"
+
+
 def still_valid(
     conn: duckdb.DuckDBPyConnection,
     lake: Lake,
@@ -793,12 +797,12 @@ def still_valid(
     *,
     judged: bool = True,
 ) -> Evaluation | None:
-    """``table``'s last build (or its ``check``'s last evaluation) where it ran ``fingerprint`` and
-    no table it read changed since the snapshot it read (``changed_since``; unless not
-    ``judged``); else ``None``: none recorded, another fingerprint, or ``fingerprint`` ``None``
-    (nothing compares)."""
-    found = last_evaluation(conn, lake, table, check)
-    if found is None or fingerprint is None or found.fingerprint != fingerprint:
+    """``table``'s last build (or its ``check``'s last evaluation) where it ran ``fingerprint``
+    (``ANY_CODE``: whatever it ran) and no table it read changed since the snapshot it read
+    (``changed_since``; unless not ``judged``); else ``None``: none recorded, another
+    fingerprint, or ``fingerprint`` ``None`` (nothing compares)."""
+    found = _last_evaluation(conn, lake, table, check)
+    if found is None or fingerprint is None or fingerprint not in (ANY_CODE, found.fingerprint):
         return None
     return None if judged and changed_since(conn, lake, found.read, list(found.reads)) else found
 
