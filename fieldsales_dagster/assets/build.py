@@ -103,7 +103,8 @@ def build_described_table(
         query = core_query(table)
         follows = table.follows
         with failing_as(table.table):
-            named = [f"{s.keys}\n{s.reads}" for s in follows.sources] if follows else []
+            sources = follows.sources if follows else []
+            named = [sql for s in sources for sql in (s.reads, *s.named_by.values())]
             macros = create_macros(conn, "\n".join([query, *named]))
             define_whole(conn, follows)
             published, params = publishing_query(conn, table.table, query, table.doc, warehouse)

@@ -1,4 +1,4 @@
-"""A core table that follows its decoded table's changes instead of being rebuilt whole
+"""A core or mart table that follows the changes of what it reads instead of being rebuilt whole
 (docs/refresh.md), while the query, its macros and ``resolved_against`` keep the fingerprints its
 build recorded (``FOLLOWED``): the rows changed since the snapshot its last build read, from
 DuckLake's change feed (``changed_rows``)."""
@@ -38,8 +38,11 @@ FOLLOW_ROWS = "_fs_follow_rows"
 #: Above this share of rows to add, rebuilding whole costs less than deleting and inserting.
 WHOLE_ABOVE = 0.2
 
-#: The table macro of the keys a build makes rows for, where ``Follows.keys`` is set.
-FOLLOWED_KEYS = "followed_keys"
+#: The macro telling the keys a build makes rows for (``Follows.named_by``): all in a whole build.
+FOLLOWED_KEY = "followed"
+
+#: The macro of the snapshot the last build read, while ``Follows.named_by``'s keys are read.
+FOLLOWED_SINCE = "followed_since"
 
 
 def fingerprint(
@@ -84,9 +87,9 @@ def changed_rows(
     names = ", ".join(sql_literal(part) for part in (lake.alias, schema, name))
     start, where = (since + 1, "") if now > since else (since, "WHERE false")  # none since
     inserted = "change_type IN ('insert', 'update_postimage') AS inserted"
-    conn.execute(
-        f"CREATE OR REPLACE TEMP TABLE {into} AS SELECT {columns}, {inserted} "
-        f"FROM ducklake_table_changes({names}, {start}, {now}) {where}"
+    conn.execute(  # ``columns`` may read ``inserted`` and the feed's row as ``changed``
+        f"CREATE OR REPLACE TEMP TABLE {into} AS SELECT {columns}, inserted FROM (SELECT *, "
+        f"{inserted} FROM ducklake_table_changes({names}, {start}, {now}) {where}) AS changed"
     )
     return None
 
@@ -107,9 +110,12 @@ def counted(conn: duckdb.DuckDBPyConnection, changed: str) -> tuple[int, int, st
 
 
 class Follows(msgspec.Struct, forbid_unknown_fields=True, frozen=True):
-    decoded: str
-    #: The table's column holding the decoded row's ``id`` its row comes from.
+    #: SQL over the table's row: the key its row comes from (a decoded row's ``id``, or one of
+    #: the keys ``named_by`` names).
     key: str
+    #: The decoded table the query reads by ``rows``; none for a table made of core tables alone
+    #: (a mart), which follows the tables ``named_by`` names.
+    decoded: str = ""
     #: SQL predicate: the table's rows that come from these decoded rows (every row of the table
     #: comes from one of its sources: ``also``).
     from_decoded: str = "true"
@@ -124,16 +130,17 @@ class Follows(msgspec.Struct, forbid_unknown_fields=True, frozen=True):
     #: SQL predicate on a decoded row: its table rows carry its ``id`` as ``key`` (else a build
     #: could not find them by it: whole, recording no state, as for rows without a key).
     keyed_when: str = "true"
-    #: A following table (read as ``reads_current``; with ``loaded_at``) whose rows name the
-    #: ``key`` values whose rows each decoded row is part of, where a row of the table reads
-    #: several decoded rows (else ``key`` is the decoded row's ``id``). One source only may set it.
-    named_by: str = ""
-    #: SQL: the list of ``key`` values a row of ``named_by`` names. A build replaces the rows of
-    #: the keys named by the rows of ``named_by`` written or deleted since it last read it, before
-    #: and after the change: ``FOLLOWED_KEYS()``.
-    keys: str = ""
-    #: SQL of the ``id`` of the decoded rows the query reads (``rows``) for ``FOLLOWED_KEYS``
-    #: (needed with ``keys``): only those are parsed (else those changed).
+    #: Table -> SQL: the list of ``key`` values a row of it names, where a row of the table reads
+    #: several rows (else ``key`` is the decoded row's ``id``): a following table the query reads
+    #: (as ``reads_current`` for ``decoded``). A build replaces the rows of the keys named by the
+    #: rows of these tables written or deleted since it last read them, before and after the
+    #: change: the feed's row is ``changed`` (with ``inserted``), and ``followed_since()`` the
+    #: snapshot read then (``AT (VERSION => followed_since())``: what a table held then). The
+    #: query keeps the rows of those keys by ``followed(key)`` (true for all in a whole build).
+    #: One source only may set it.
+    named_by: dict[str, str] = msgspec.field(default_factory=dict)
+    #: SQL of the ``id`` of the decoded rows the query reads (``rows``) for ``followed(key)``
+    #: (needed with ``named_by`` and ``decoded``): only those are parsed (else those changed).
     reads: str = ""
     #: Rows of the table that are not ``from_decoded`` and follow another decoded table likewise.
     also: list[Follows] = msgspec.field(default_factory=list)
@@ -148,13 +155,28 @@ def define_rows(conn: duckdb.DuckDBPyConnection, macro: str, rows: str) -> None:
     conn.execute(f"CREATE OR REPLACE TEMP MACRO {macro}() AS TABLE {rows}")
 
 
+def define_followed(conn: duckdb.DuckDBPyConnection, keys: str = "") -> None:
+    """``followed(key)``: whether a build makes the rows of ``key``, one of ``keys`` (SQL of the
+    temp table holding them as ``id``), and ``followed_any(list)`` of one of a list of keys; every
+    key where none are given (a whole build)."""
+    one, any_of = (
+        (f"key IN (SELECT id FROM {keys})", f"list_has_any(list, (SELECT list(id) FROM {keys}))")
+        if keys
+        else ("true", "true")
+    )
+    conn.execute(
+        f"CREATE OR REPLACE TEMP MACRO {FOLLOWED_KEY}(key) AS {one}; "
+        f"CREATE OR REPLACE TEMP MACRO {FOLLOWED_KEY}_any(list) AS {any_of}"
+    )
+
+
 def define_whole(conn: duckdb.DuckDBPyConnection, follows: Follows | None) -> None:
     """The macros a whole build's query reads: every decoded row, every key."""
+    if follows:
+        define_followed(conn)
     for source in follows.sources if follows else []:
-        define_rows(conn, source.rows, f"SELECT * FROM {qualified(source.decoded)}")
-        if source.keys:
-            named = f"SELECT unnest({source.keys}) AS key FROM {qualified(source.named_by)}"
-            define_rows(conn, FOLLOWED_KEYS, f"SELECT DISTINCT key FROM ({named})")
+        if source.decoded:
+            define_rows(conn, source.rows, f"SELECT * FROM {qualified(source.decoded)}")
 
 
 def build_following(
@@ -211,8 +233,8 @@ def _behind(conn: duckdb.DuckDBPyConnection, lake: Lake, follows: Follows) -> li
     """The tables a build reads beside its decoded rows (``reads_current``, ``named_by``) whose
     last build, by whatever code, read an input changed since (the raw table of those rows)."""
     found = []
-    for source in follows.sources:
-        for read in source.reads_current + ([source.named_by] if source.named_by else []):
+    for source in [source for source in follows.sources if source.decoded]:
+        for read in [*source.reads_current, *source.named_by]:
             if still_valid(conn, lake, read, ANY_CODE) is None:
                 found.append(read)
     return found
@@ -249,6 +271,8 @@ def unkeyed(conn: duckdb.DuckDBPyConnection, rows: str, follows: Follows) -> int
     for source in follows.sources:
         where = f"({source.from_decoded}) AND {source.key} IS NULL"
         found += int(one_row(conn, f"SELECT count(*) FROM {rows} WHERE {where}")[0])
+        if not source.decoded:
+            continue
         where = f"NOT ({source.keyed_when})"
         found += int(one_row(conn, f"SELECT count(*) FROM {source.rows}() WHERE {where}")[0])
     return found
@@ -266,41 +290,50 @@ def _incremental(
     parse: Callable[[str, str], None],
 ) -> dict[str, Any] | str:
     """Replace the rows of the decoded rows each source's raw table changed since snapshot
-    ``since`` (or of the keys the rows of ``named_by`` changed since name); else why whole: more
-    than ``WHOLE_ABOVE`` of a decoded table is new, or the change feed cannot tell."""
+    ``since`` (or of the keys the rows of the tables ``named_by`` names changed since name); else
+    why whole: more than ``WHOLE_ABOVE`` of a table followed is new, or the change feed cannot
+    tell."""
+    conn.execute(f"CREATE OR REPLACE TEMP MACRO {FOLLOWED_SINCE}() AS {int(since)}")
     whys: list[str] = []
+    feeds: list[list[str]] = []  # each source's temp tables of the rows changed
     selected: list[str] = []  # SQL selecting each source's decoded rows changed
     for i, source in enumerate(follows.sources):
-        changed = f"_fs_follow_changed{i}"
-        if source.keys:  # each row of named_by changed, and the keys it names
-            read, columns = source.named_by, f"{source.keys} AS keys, loaded_at"
-        else:
-            read, columns = raw[source.decoded], "id, loaded_at"
-        if why := changed_rows(conn, lake, read, since, columns, changed):
-            return why
-        new, gone, within = counted(conn, changed)
-        (rows,) = one_row(conn, f"SELECT count(*) FROM {qualified(raw[source.decoded])}")
-        if new > WHOLE_ABOVE * rows:
-            return f"more than {WHOLE_ABOVE:.0%} of {source.decoded} is new"
-        whys.append(f"replaced the rows of its {new:,} new and {gone:,} gone rows")
+        named = source.named_by or {raw[source.decoded]: ""}
+        feeds.append([f"_fs_follow_changed{i}_{j}" for j in range(len(named))])
+        counts = [0, 0]
+        for (read, keys), changed in zip(named.items(), feeds[i], strict=True):
+            columns = f"{keys} AS keys, NULL::TIMESTAMP AS loaded_at" if keys else "id, loaded_at"
+            if why := changed_rows(conn, lake, read, since, columns, changed):
+                return why
+            new, gone, within = counted(conn, changed)
+            (rows,) = one_row(conn, f"SELECT count(*) FROM {qualified(read)}")
+            if new > WHOLE_ABOVE * rows:
+                return f"more than {WHOLE_ABOVE:.0%} of {source.decoded or read} is new"
+            counts = [counts[0] + new, counts[1] + gone]
+        whys.append(f"replaced the rows of its {counts[0]:,} new and {counts[1]:,} gone rows")
         selected.append(within)
     replaced: list[str] = []  # once no source is whole: build_whole reads all
-    for i, (source, within) in enumerate(zip(follows.sources, selected, strict=True)):
-        keyed = changed = f"_fs_follow_changed{i}"
-        if source.keys:
+    for i, (source, tables, within) in enumerate(
+        zip(follows.sources, feeds, selected, strict=True)
+    ):
+        keyed = tables[0]
+        if source.named_by:
             keyed = f"_fs_follow_keys{i}"
+            each = " UNION ALL ".join(f"SELECT unnest(keys) AS id FROM {c}" for c in tables)
             conn.execute(
-                f"CREATE OR REPLACE TEMP TABLE {keyed} AS SELECT DISTINCT id FROM "
-                f"(SELECT unnest(keys) AS id FROM {changed}) WHERE id IS NOT NULL"
+                f"CREATE OR REPLACE TEMP TABLE {keyed} AS SELECT DISTINCT id FROM ({each}) "
+                "WHERE id IS NOT NULL"
             )
-            define_rows(conn, FOLLOWED_KEYS, f"SELECT id AS key FROM {keyed}")
+            define_followed(conn, keyed)
             (named,) = one_row(conn, f"SELECT count(*) FROM {keyed}")
-            whys[i] += f", of the {named:,} {source.key} values they name"
+            what = f"{source.key} values" if source.key.isidentifier() else "keys"
+            whys[i] += f", of the {named:,} {what} they name"
         replaced.append(f"({source.from_decoded}) AND {source.key} IN (SELECT id FROM {keyed})")
-        ids = source.reads or f"SELECT id FROM {changed}"
-        parse(source.decoded, ids)
-        within = f"id IN ({source.reads})" if source.reads else within
-        define_rows(conn, source.rows, f"SELECT * FROM {qualified(source.decoded)} WHERE {within}")
+        if source.decoded:
+            parse(source.decoded, source.reads or f"SELECT id FROM {keyed}")
+            within = f"id IN ({source.reads})" if source.reads else within
+            decoded = qualified(source.decoded)
+            define_rows(conn, source.rows, f"SELECT * FROM {decoded} WHERE {within}")
     target = qualified(table)
 
     def update() -> None:
@@ -317,8 +350,8 @@ def _incremental(
         run_transaction(conn, table, update)
     if follows.also:
         whys = [f"{s.decoded}: {why}" for s, why in zip(follows.sources, whys, strict=True)]
-    decoded = " and ".join(source.decoded for source in follows.sources)
-    why = f"only {decoded} changed since the previous build; {'; '.join(whys)}"
+    followed = [source.decoded or ", ".join(source.named_by) for source in follows.sources]
+    why = f"only {' and '.join(followed)} changed since the previous build; {'; '.join(whys)}"
     return {"fieldsales/build": f"incremental: {why}"}
 
 

@@ -103,7 +103,7 @@ def read_table(folder: Path, asset_name: str) -> CoreTable:
     where = folder / f"{asset_name}.yaml"
     found = read_table_file(where, TableFile)
     for source in found.follows.sources if found.follows else []:
-        if source.decoded not in DECODED_BY_TABLE:
+        if source.decoded and source.decoded not in DECODED_BY_TABLE:
             raise TableFileError(
                 f"{where}: follows.decoded is {source.decoded!r}, which is no decoded table "
                 f"(they are {', '.join(DECODED_BY_TABLE)}). Fix the file."
@@ -177,7 +177,7 @@ def upstream_of(table: CoreTable) -> tuple[tuple[str, ...], tuple[Decoded, ...]]
     where = f"sql/{table.query_file}"
     reads = query_reads(core_query(table), where)
     read_decoded = {name for name in reads.tables if name in DECODED_BY_TABLE}
-    if "decoded_rows" in reads.table_functions and table.follows is None:
+    if "decoded_rows" in reads.table_functions and not any(s.decoded for s in follows_rows(table)):
         raise QueryReadError(
             f"{where} calls decoded_rows(), which only a table that follows a decoded table "
             "defines: read that table by name, or add follows: to the YAML."
@@ -220,7 +220,9 @@ def query_code_version(table: CoreTable) -> str:
 def column_lineage(names: InstanceNames, table: CoreTable) -> dg.TableColumnLineage:
     """Each column's source columns, as assets: a decoded table's come from its raw ``payload``."""
     decoded_by_table = dict(DECODED_BY_TABLE)
-    decoded_by_table |= {s.rows: DECODED_BY_TABLE[s.decoded] for s in follows_rows(table)}
+    decoded_by_table |= {
+        s.rows: DECODED_BY_TABLE[s.decoded] for s in follows_rows(table) if s.decoded
+    }
     known_columns = {raw_asset_name(e): raw_columns(e) for e in LIST_ENDPOINTS} | {
         t.asset_name: tuple(c.name for c in t.doc.columns) for t in derived_tables(table.folder)
     }

@@ -762,6 +762,8 @@ class Dataset:
         self.generation = 0
         #: Base event -> how many times ``evolve`` advanced its state.
         self.event_version: dict[int, int] = {}
+        #: Base event -> how many points of sale ``move_event`` moved it on.
+        self.event_moves: dict[int, int] = {}
         #: Inserted transaction -> its event, set by ``evolve`` (``n_events + i``: inserted event
         #: ``i``); other inserted transactions belong to a random base event.
         self.tx_event: dict[int, int] = {}
@@ -854,6 +856,10 @@ class Dataset:
     def advance_event(self, e: int) -> None:
         """Base event ``e`` moves one state on; every other transaction of its changes."""
         self.event_version[e] = self.event_version.get(e, 0) + 1
+
+    def move_event(self, e: int) -> None:
+        """Base event ``e`` moves to the next point of sale; its transactions stay as they are."""
+        self.event_moves[e] = self.event_moves.get(e, 0) + 1
 
     def add_transactions(self, events: list[int]) -> None:
         """A new transaction for each of ``events`` (``n_events + i``: inserted event ``i``)."""
@@ -1255,6 +1261,7 @@ class Dataset:
             project = d[4] % len(PROJECTS)
         sub = e * 8
         pos = (e * 2654435761 + d[5]) % self._n_pos if src == BASE_SRC else d[6] % self._n_pos
+        pos = (pos + self.event_moves.get(e, 0) * (src == BASE_SRC)) % self._n_pos
         # Planned times: 1-3 consecutive days.
         times = []
         for k in range(1 + d[7] % 3):

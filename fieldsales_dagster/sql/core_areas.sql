@@ -19,7 +19,7 @@ WITH latest_copy AS (
     FROM latest_copies('area') AS latest
     JOIN decoded_rows() AS e ON e.id = latest.event_id
     JOIN core.events AS events ON events.event_id = latest.event_id
-    WHERE latest.key IN (SELECT f.key FROM followed_keys() AS f)
+    WHERE followed(latest.key)
 )
 
 SELECT

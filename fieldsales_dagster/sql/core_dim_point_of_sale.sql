@@ -26,7 +26,7 @@ WITH chosen AS MATERIALIZED (
         e.point_of_sale
     FROM latest_copies('point_of_sale') AS latest
     JOIN decoded_rows() AS e ON e.id = latest.event_id
-    WHERE latest.key IN (SELECT f.key FROM followed_keys() AS f)
+    WHERE followed(latest.key)
 ),
 
 sliced AS (

@@ -15,7 +15,7 @@
 -- join, the windows and the grouping carry ~100 bytes per event, never the payload or the whole
 -- embedded object (joining raw.events carried every payload through the join and ran out of the
 -- 192 MB memory_limit at 20,000 events of a few KB).
--- It follows the changed events by point of sale (event_copies.sql): followed_keys() are the
+-- It follows the changed events by point of sale (event_copies.sql): followed(key) holds for the
 -- points of sale whose versions are made again, decoded_rows() holds the payloads of all their
 -- events.
 WITH carried AS (
@@ -42,7 +42,7 @@ copies AS (
         } AS copy
     FROM carried
     JOIN events_naming('point_of_sale') AS events ON events.event_id = carried.event_id
-    WHERE events.key IN (SELECT f.key FROM followed_keys() AS f)
+    WHERE followed(events.key)
 ),
 
 changes AS (

@@ -29,4 +29,4 @@ JOIN (
         }') AS project
     FROM decoded_rows() AS e
 ) AS copy ON copy.id = latest.event_id
-WHERE latest.key IN (SELECT f.key FROM followed_keys() AS f)
+WHERE followed(latest.key)

@@ -11,7 +11,7 @@ WITH latest_copy AS (
         list_filter(e.event_users, lambda u: u._id = latest.key)[1] AS app_user
     FROM latest_copies('user') AS latest
     JOIN decoded_rows() AS e ON e.id = latest.event_id
-    WHERE latest.key IN (SELECT f.key FROM followed_keys() AS f)
+    WHERE followed(latest.key)
 )
 
 SELECT

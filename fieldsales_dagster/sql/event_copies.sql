@@ -1,9 +1,9 @@
 -- The tables made of the objects events embed (core.projects, core.areas, core.users,
 -- core.dim_point_of_sale and its history) are keyed by the ids core.events names: an event's
 -- project, area and point of sale (object or bare id), and its assigned users. They follow the
--- changed events by those keys (follow.py, the YAML's follows: keys and reads): followed_keys()
--- is every key for a whole build, else those named by the events changed or gone, before and
--- after the change; only the payloads of the events a key's rows read are parsed.
+-- changed events by those keys (follow.py, the YAML's follows: named_by and reads): followed(key)
+-- holds for every key in a whole build, else for those named by the events changed or gone,
+-- before and after the change; only the payloads of the events a key's rows read are parsed.
 
 -- Each (key, event) pair: the ids of kind 'project', 'area', 'point_of_sale' or 'user' that each
 -- event of core.events names (a user listed twice in an event, twice).

@@ -4,6 +4,9 @@
 -- State timestamps are the first time the event entered the state (core.event_state_durations);
 -- a lead time is NULL unless the event reached both states, and negative if it reached the later
 -- one first (for example SalesReportUploaded straight from Planned, then Published later).
+--
+-- followed(event_id) holds for every event in a whole build, else for the events whose rows a
+-- build makes again (mart_event_summary.yaml's follows:).
 WITH sales AS (
     SELECT
         event_id,
@@ -14,6 +17,7 @@ WITH sales AS (
         min(sale_time) AS first_sale_at,
         max(sale_time) AS last_sale_at
     FROM core.transactions
+    WHERE followed(event_id)
     GROUP BY event_id
 ),
 
@@ -33,6 +37,7 @@ reached AS (
         min(entered_at) FILTER (WHERE state = 'Invoiced') AS invoiced_at,
         min(entered_at) FILTER (WHERE state = 'Paid') AS paid_at
     FROM core.event_state_durations
+    WHERE followed(event_id)
     GROUP BY event_id
 )
 
@@ -70,3 +75,4 @@ SELECT
 FROM core.events AS e
 LEFT JOIN sales USING (event_id)
 LEFT JOIN reached USING (event_id)
+WHERE followed(e.event_id)

@@ -5,6 +5,9 @@
 -- its sales for both, so summing transactions over users can exceed core.transactions.
 -- Users come from core.users where known; a user id seen only in a status change keeps NULL
 -- names.
+--
+-- followed(user_id) holds for every user in a whole build, else for the users whose rows a build
+-- makes again (mart_user_activity.yaml's follows:): only the transactions of their events are read.
 WITH assignments AS (
     SELECT
         event_id,
@@ -19,7 +22,7 @@ planned AS (
         planned_date AS activity_date,
         count(DISTINCT event_id) AS events_planned
     FROM assignments
-    WHERE planned_date IS NOT NULL
+    WHERE planned_date IS NOT NULL AND followed(user_id)
     GROUP BY ALL
 ),
 
@@ -30,7 +33,7 @@ changes AS (
         count(*) AS status_changes,
         count(DISTINCT event_id) AS events_changed
     FROM core.event_status_history
-    WHERE user_id IS NOT NULL AND changed_at IS NOT NULL
+    WHERE user_id IS NOT NULL AND changed_at IS NOT NULL AND followed(user_id)
     GROUP BY ALL
 ),
 
@@ -47,8 +50,12 @@ sales_per_event AS (
         count(*) AS transactions,
         sum(qty) AS qty,
         sum(total_value) AS total_value
-    FROM core.transactions
-    WHERE sale_time IS NOT NULL
+    FROM core.transactions AS t
+    WHERE
+        sale_time IS NOT NULL
+        AND followed_any(
+            (SELECT e.assigned_user_ids FROM core.events AS e WHERE e.event_id = t.event_id)
+        )
     GROUP BY ALL
 ),
 
@@ -62,6 +69,7 @@ sales_per_user_event AS (
         sum(s.total_value) AS total_value
     FROM sales_per_event AS s
     JOIN assignments AS a ON a.event_id = s.event_id
+    WHERE followed(a.user_id)
     GROUP BY ALL
 ),
 
