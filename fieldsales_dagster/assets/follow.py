@@ -38,12 +38,6 @@ FOLLOW_ROWS = "_fs_follow_rows"
 #: Above this share of rows to add, rebuilding whole costs less than deleting and inserting.
 WHOLE_ABOVE = 0.2
 
-#: The macro telling the keys a build makes rows for (``Follows.named_by``): all in a whole build.
-FOLLOWED_KEY = "followed"
-
-#: The macro of the snapshot the last build read, while ``Follows.named_by``'s keys are read.
-FOLLOWED_SINCE = "followed_since"
-
 
 def fingerprint(
     conn: duckdb.DuckDBPyConnection, table: str, columns: str = "id, loaded_at"
@@ -159,14 +153,11 @@ def define_followed(conn: duckdb.DuckDBPyConnection, keys: str = "") -> None:
     """``followed(key)``: whether a build makes the rows of ``key``, one of ``keys`` (SQL of the
     temp table holding them as ``id``), and ``followed_any(list)`` of one of a list of keys; every
     key where none are given (a whole build)."""
-    one, any_of = (
-        (f"key IN (SELECT id FROM {keys})", f"list_has_any(list, (SELECT list(id) FROM {keys}))")
-        if keys
-        else ("true", "true")
-    )
+    one = f"key IN (SELECT id FROM {keys})" if keys else "true"
+    any_of = f"list_has_any(list, (SELECT list(id) FROM {keys}))" if keys else "true"
     conn.execute(
-        f"CREATE OR REPLACE TEMP MACRO {FOLLOWED_KEY}(key) AS {one}; "
-        f"CREATE OR REPLACE TEMP MACRO {FOLLOWED_KEY}_any(list) AS {any_of}"
+        f"CREATE OR REPLACE TEMP MACRO followed(key) AS {one}; "
+        f"CREATE OR REPLACE TEMP MACRO followed_any(list) AS {any_of}"
     )
 
 
@@ -293,7 +284,7 @@ def _incremental(
     ``since`` (or of the keys the rows of the tables ``named_by`` names changed since name); else
     why whole: more than ``WHOLE_ABOVE`` of a table followed is new, or the change feed cannot
     tell."""
-    conn.execute(f"CREATE OR REPLACE TEMP MACRO {FOLLOWED_SINCE}() AS {int(since)}")
+    conn.execute(f"CREATE OR REPLACE TEMP MACRO followed_since() AS {int(since)}")
     whys: list[str] = []
     feeds: list[list[str]] = []  # each source's temp tables of the rows changed
     selected: list[str] = []  # SQL selecting each source's decoded rows changed
@@ -326,14 +317,13 @@ def _incremental(
             )
             define_followed(conn, keyed)
             (named,) = one_row(conn, f"SELECT count(*) FROM {keyed}")
-            what = f"{source.key} values" if source.key.isidentifier() else "keys"
-            whys[i] += f", of the {named:,} {what} they name"
+            whys[i] += f", of the {named:,} keys they name"
         replaced.append(f"({source.from_decoded}) AND {source.key} IN (SELECT id FROM {keyed})")
         if source.decoded:
             parse(source.decoded, source.reads or f"SELECT id FROM {keyed}")
             within = f"id IN ({source.reads})" if source.reads else within
-            decoded = qualified(source.decoded)
-            define_rows(conn, source.rows, f"SELECT * FROM {decoded} WHERE {within}")
+            rows = f"SELECT * FROM {qualified(source.decoded)} WHERE {within}"
+            define_rows(conn, source.rows, rows)
     target = qualified(table)
 
     def update() -> None:
