@@ -151,13 +151,13 @@ def define_rows(conn: duckdb.DuckDBPyConnection, macro: str, rows: str) -> None:
 
 def define_followed(conn: duckdb.DuckDBPyConnection, keys: str = "") -> None:
     """``followed(key)``: whether a build makes the rows of ``key``, one of ``keys`` (SQL of the
-    temp table holding them as ``id``), and ``followed_any(list)`` of one of a list of keys; every
-    key where none are given (a whole build)."""
-    one = f"key IN (SELECT id FROM {keys})" if keys else "true"
-    any_of = f"list_has_any(list, (SELECT list(id) FROM {keys}))" if keys else "true"
+    temp table holding them as ``id``), and ``followed_where(condition)``: ``condition`` (SQL
+    keeping the rows that such rows read); every key and row where none are given (a whole build,
+    which binds no ``condition``)."""
+    one, where = (f"key IN (SELECT id FROM {keys})", "condition") if keys else ("true", "true")
     conn.execute(
         f"CREATE OR REPLACE TEMP MACRO followed(key) AS {one}; "
-        f"CREATE OR REPLACE TEMP MACRO followed_any(list) AS {any_of}"
+        f"CREATE OR REPLACE TEMP MACRO followed_where(condition) AS {where}"
     )
 
 

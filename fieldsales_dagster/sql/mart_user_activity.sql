@@ -7,7 +7,8 @@
 -- names.
 --
 -- followed(user_id) holds for every user in a whole build, else for the users whose rows a build
--- makes again (mart_user_activity.yaml's follows:): only the transactions of their events are read.
+-- makes again (mart_user_activity.yaml's follows:): only the transactions of their events are read
+-- (followed_where, which a whole build does not evaluate).
 WITH assignments AS (
     SELECT
         event_id,
@@ -53,8 +54,8 @@ sales_per_event AS (
     FROM core.transactions AS t
     WHERE
         sale_time IS NOT NULL
-        AND followed_any(
-            (SELECT e.assigned_user_ids FROM core.events AS e WHERE e.event_id = t.event_id)
+        AND followed_where(
+            t.event_id IN (SELECT a.event_id FROM assignments AS a WHERE followed(a.user_id))
         )
     GROUP BY ALL
 ),
