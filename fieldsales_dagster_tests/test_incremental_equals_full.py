@@ -2,12 +2,13 @@
 equals a full rebuild of it from the same raw tables, exactly.
 
 Hypothesis draws steps of changes to the demo API's data: an event's state moves on, an event
-moves to another point of sale (its transactions as they were), transactions are added, edited in
-place or removed, an event is deleted or listed again under its old id, a
-custom-report field is renamed, retyped or given another slider range. After each step (and, before
-its run, the lake's upkeep: merging its files, or expiring every snapshot it may) a real run of
-every asset (against the demo API on 127.0.0.1) brings the raw tables up to date, incrementally or
-by re-syncing the events the step touched, and builds every core and mart table as it normally does.
+moves to another point of sale or is assigned other users (its transactions as they were),
+transactions are added, edited in place or removed, an event is deleted or listed again under
+its old id, a custom-report field is renamed, retyped or given another slider range. After each
+step (and, before its run, the lake's upkeep: merging its files, or expiring every snapshot it
+may) a real run of every asset (against the demo API on 127.0.0.1) brings the raw tables up to
+date, incrementally or by re-syncing the events the step touched, and builds every core and mart
+table as it normally does.
 Each table must then equal, every row and every column, the table the assets' own build makes from
 scratch from a copy of the same raw tables; and each build says how it was made
 (``fieldsales/build``). The tables are the package's list (``derived_tables``): a table made
@@ -66,7 +67,7 @@ BY_NAMED_KEYS = (
     "mart.daily_sales",
     "mart.user_activity",
 )
-KINDS = ("state", "move", "add", "edit", "remove", "delete", "restore", "reconfigure")
+KINDS = ("state", "move", "reassign", "add", "edit", "remove", "delete", "restore", "reconfigure")
 #: The upkeep before a step's run -> its retain_snapshots_days: files merged under the snapshots
 #: the following tables read (their change feed must not change), or those snapshots expired
 #: (the feed cannot tell: whole).
@@ -101,6 +102,8 @@ def apply(dataset: Dataset, change: Change) -> str:
         dataset.advance_event(e)
     elif change.kind == "move":
         dataset.move_event(e)
+    elif change.kind == "reassign":
+        dataset.reassign_event(e)
     elif change.kind == "add":
         dataset.add_transactions([e] * (1 + pick % 3))
     elif change.kind in ("edit", "remove") and listed:
@@ -221,7 +224,11 @@ steps = st.tuples(
             None,
         ),
         ([Change("edit", 7), Change("add", 8, 1), Change("restore", 3)], True, "expire"),
-        ([Change("move", 4), Change("move", 9)], False, None),
+        (
+            [Change("move", 4), Change("move", 9), Change("reassign", 4), Change("reassign", 2)],
+            False,
+            None,
+        ),
     ]
 ).via("every kind of change, each reaching the lake")
 def test_every_core_and_mart_table_equals_a_full_rebuild_after_any_changes(first_run, steps):

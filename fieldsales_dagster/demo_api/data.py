@@ -764,6 +764,8 @@ class Dataset:
         self.event_version: dict[int, int] = {}
         #: Base event -> how many points of sale ``move_event`` moved it on.
         self.event_moves: dict[int, int] = {}
+        #: Base event -> how many times ``reassign_event`` gave it other users.
+        self.event_reassigned: dict[int, int] = {}
         #: Inserted transaction -> its event, set by ``evolve`` (``n_events + i``: inserted event
         #: ``i``); other inserted transactions belong to a random base event.
         self.tx_event: dict[int, int] = {}
@@ -860,6 +862,10 @@ class Dataset:
     def move_event(self, e: int) -> None:
         """Base event ``e`` moves to the next point of sale; its transactions stay as they are."""
         self.event_moves[e] = self.event_moves.get(e, 0) + 1
+
+    def reassign_event(self, e: int) -> None:
+        """Base event ``e`` is assigned the next users; its transactions stay as they are."""
+        self.event_reassigned[e] = self.event_reassigned.get(e, 0) + 1
 
     def add_transactions(self, events: list[int]) -> None:
         """A new transaction for each of ``events`` (``n_events + i``: inserted event ``i``)."""
@@ -1283,6 +1289,9 @@ class Dataset:
             rounds = (self.shape.status_history - len(path) + 1) // 2
             path = [path[0], *(["Published", "Rejected"] * rounds), *path[1:]]
         users = [(d[9 + k] * 131 + e) % self._n_users for k in range(1 + (d[12] % 3 == 0))]
+        users = [
+            (u + self.event_reassigned.get(e, 0) * (src == BASE_SRC)) % self._n_users for u in users
+        ]
         planner = self.codec.make(K_USER, d[13] % self._n_users)
         t = start - (20 + d[14] % 30) * DAY_MS + (d[15] % 10) * HOUR_MS
         history = []
