@@ -64,8 +64,6 @@ BY_NAMED_KEYS = (
     "core.dim_point_of_sale",
     "core.dim_point_of_sale_history",
     "mart.event_summary",
-    "mart.daily_sales",
-    "mart.user_activity",
 )
 KINDS = ("state", "move", "reassign", "add", "edit", "remove", "delete", "restore", "reconfigure")
 #: The upkeep before a step's run -> its retain_snapshots_days: files merged under the snapshots

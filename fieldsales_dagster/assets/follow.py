@@ -81,9 +81,9 @@ def changed_rows(
     names = ", ".join(sql_literal(part) for part in (lake.alias, schema, name))
     start, where = (since + 1, "") if now > since else (since, "WHERE false")  # none since
     inserted = "change_type IN ('insert', 'update_postimage') AS inserted"
-    conn.execute(  # ``columns`` may read ``inserted`` and the feed's row as ``changed``
-        f"CREATE OR REPLACE TEMP TABLE {into} AS SELECT {columns}, inserted FROM (SELECT *, "
-        f"{inserted} FROM ducklake_table_changes({names}, {start}, {now}) {where}) AS changed"
+    conn.execute(
+        f"CREATE OR REPLACE TEMP TABLE {into} AS SELECT {columns}, {inserted} "
+        f"FROM ducklake_table_changes({names}, {start}, {now}) {where}"
     )
     return None
 
@@ -128,10 +128,8 @@ class Follows(msgspec.Struct, forbid_unknown_fields=True, frozen=True):
     #: several rows (else ``key`` is the decoded row's ``id``): a following table the query reads
     #: (as ``reads_current`` for ``decoded``). A build replaces the rows of the keys named by the
     #: rows of these tables written or deleted since it last read them, before and after the
-    #: change: the feed's row is ``changed`` (with ``inserted``), and ``followed_since()`` the
-    #: snapshot read then (``AT (VERSION => followed_since())``: what a table held then). The
-    #: query keeps the rows of those keys by ``followed(key)`` (true for all in a whole build).
-    #: One source only may set it.
+    #: change; the query keeps the rows of those keys by ``followed(key)`` (true for all in a
+    #: whole build). One source only may set it.
     named_by: dict[str, str] = msgspec.field(default_factory=dict)
     #: SQL of the ``id`` of the decoded rows the query reads (``rows``) for ``followed(key)``
     #: (needed with ``named_by`` and ``decoded``): only those are parsed (else those changed).
@@ -151,14 +149,9 @@ def define_rows(conn: duckdb.DuckDBPyConnection, macro: str, rows: str) -> None:
 
 def define_followed(conn: duckdb.DuckDBPyConnection, keys: str = "") -> None:
     """``followed(key)``: whether a build makes the rows of ``key``, one of ``keys`` (SQL of the
-    temp table holding them as ``id``), and ``followed_where(condition)``: ``condition`` (SQL
-    keeping the rows that such rows read); every key and row where none are given (a whole build,
-    which binds no ``condition``)."""
-    one, where = (f"key IN (SELECT id FROM {keys})", "condition") if keys else ("true", "true")
-    conn.execute(
-        f"CREATE OR REPLACE TEMP MACRO followed(key) AS {one}; "
-        f"CREATE OR REPLACE TEMP MACRO followed_where(condition) AS {where}"
-    )
+    temp table holding them as ``id``); every key where none are given (a whole build)."""
+    holds = f"key IN (SELECT id FROM {keys})" if keys else "true"
+    conn.execute(f"CREATE OR REPLACE TEMP MACRO followed(key) AS {holds}")
 
 
 def define_whole(conn: duckdb.DuckDBPyConnection, follows: Follows | None) -> None:
@@ -284,7 +277,6 @@ def _incremental(
     ``since`` (or of the keys the rows of the tables ``named_by`` names changed since name); else
     why whole: more than ``WHOLE_ABOVE`` of a table followed is new, or the change feed cannot
     tell."""
-    conn.execute(f"CREATE OR REPLACE TEMP MACRO followed_since() AS {int(since)}")
     whys: list[str] = []
     feeds: list[list[str]] = []  # each source's temp tables of the rows changed
     selected: list[str] = []  # SQL selecting each source's decoded rows changed

@@ -13,11 +13,6 @@
 -- demo transactions (3.7M rows into 250k groups), where plain sums spill. The sums of DOUBLE
 -- columns are then added in another order; DuckDB's parallel sum orders them differently from
 -- run to run anyway.
---
--- followed(place) holds for every place in a whole build, else for the places (project, point of
--- sale, area) whose rows a build makes again (mart_daily_sales.yaml's follows:): only their
--- events' transactions are read (followed_where, which a whole build does not evaluate), and the
--- transactions of no event for the place of none.
 WITH per_event_product AS (
     SELECT
         CAST(t.sale_time AS DATE) AS sale_date,
@@ -27,14 +22,6 @@ WITH per_event_product AS (
         sum(t.qty) AS qty,
         sum(t.total_value) AS total_value
     FROM core.transactions AS t
-    WHERE followed_where(
-        t.event_id IN (
-            SELECT e.event_id FROM core.events AS e
-            WHERE followed({'project_id': e.project_id, 'pos_id': e.pos_id, 'area_id': e.area_id})
-        )
-        OR followed({'project_id': NULL::VARCHAR, 'pos_id': NULL::VARCHAR, 'area_id': NULL::VARCHAR})
-        AND t.event_id NOT IN (SELECT e.event_id FROM core.events AS e)
-    )
     GROUP BY ALL
 ),
 

@@ -5,10 +5,6 @@
 -- its sales for both, so summing transactions over users can exceed core.transactions.
 -- Users come from core.users where known; a user id seen only in a status change keeps NULL
 -- names.
---
--- followed(user_id) holds for every user in a whole build, else for the users whose rows a build
--- makes again (mart_user_activity.yaml's follows:): only the transactions of their events are read
--- (followed_where, which a whole build does not evaluate).
 WITH assignments AS (
     SELECT
         event_id,
@@ -23,7 +19,7 @@ planned AS (
         planned_date AS activity_date,
         count(DISTINCT event_id) AS events_planned
     FROM assignments
-    WHERE planned_date IS NOT NULL AND followed(user_id)
+    WHERE planned_date IS NOT NULL
     GROUP BY ALL
 ),
 
@@ -34,7 +30,7 @@ changes AS (
         count(*) AS status_changes,
         count(DISTINCT event_id) AS events_changed
     FROM core.event_status_history
-    WHERE user_id IS NOT NULL AND changed_at IS NOT NULL AND followed(user_id)
+    WHERE user_id IS NOT NULL AND changed_at IS NOT NULL
     GROUP BY ALL
 ),
 
@@ -51,12 +47,8 @@ sales_per_event AS (
         count(*) AS transactions,
         sum(qty) AS qty,
         sum(total_value) AS total_value
-    FROM core.transactions AS t
-    WHERE
-        sale_time IS NOT NULL
-        AND followed_where(
-            t.event_id IN (SELECT a.event_id FROM assignments AS a WHERE followed(a.user_id))
-        )
+    FROM core.transactions
+    WHERE sale_time IS NOT NULL
     GROUP BY ALL
 ),
 
@@ -70,7 +62,6 @@ sales_per_user_event AS (
         sum(s.total_value) AS total_value
     FROM sales_per_event AS s
     JOIN assignments AS a ON a.event_id = s.event_id
-    WHERE followed(a.user_id)
     GROUP BY ALL
 ),
 
