@@ -15,6 +15,7 @@ from fieldsales_dagster.assets.checks import build_core_checks, checks_in_asset_
 from fieldsales_dagster.assets.columns import PACKAGE_SQL, TableFileError
 from fieldsales_dagster.assets.core import build_core_assets
 from fieldsales_dagster.assets.lineage import QueryReadError
+from fieldsales_dagster.assets.metadata import SCHEMA_CHECK
 from fieldsales_dagster.assets.tables import derived_tables
 from fieldsales_dagster.warehouse.lake import table_exists
 from fieldsales_dagster_tests.conftest import make_api, read_lake
@@ -76,7 +77,7 @@ def test_a_new_core_table_is_one_query_and_its_yaml(tmp_path, demo_server, wareh
     assert spec.description == "Events per project and current state."
     assert {d.asset_key.to_user_string() for d in spec.deps} == {"core_events"}
     assert spec.group_name == "core"
-    assert [c.name for c in new.check_specs] == ["ids_unique", "events_counted"]
+    assert [c.name for c in new.check_specs] == ["ids_unique", "events_counted", SCHEMA_CHECK]
     (written,) = [c for c in new.check_specs if c.name == "events_counted"]
     assert written.description == "Every row of core.project_states counts at least one event."
 
