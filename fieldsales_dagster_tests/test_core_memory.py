@@ -12,11 +12,13 @@ slices, and carry narrow columns only.
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 import dagster as dg
 import pytest
 
 from fieldsales_dagster.assets import decode
+from fieldsales_dagster.assets.core import RETRIED
 from fieldsales_dagster.assets.tables import derived_tables
 from fieldsales_dagster.demo_api import DemoConfig, DemoServer
 from fieldsales_dagster.demo_api.data import PROFILES, Shape
@@ -196,10 +198,8 @@ ACTIVITY_EVENTS, ACTIVITY_USERS, ACTIVITY_PER_EVENT = 75_000, 9_000, 30
 MEMORY_LIMIT_USER_ACTIVITY = "48MB"
 
 
-def test_mart_user_activity_counts_events_of_many_groups_under_a_small_memory_limit(tmp_path):
-    """Every transaction joined to its event's users, then grouped per user and day with a count
-    of distinct events, held the groups' distinct sets in memory: a 10M demo nightly run ran out
-    of the default 192MB. The core tables are written here, with ids as long as the API's."""
+def _activity_tables(tmp_path) -> Path:
+    """The core tables mart.user_activity reads, with ids as long as the API's."""
     database = tmp_path / "activity.duckdb"
     with lake_at(database).get_connection() as conn:
         conn.execute("CREATE SCHEMA core")
@@ -227,6 +227,14 @@ def test_mart_user_activity_counts_events_of_many_groups_under_a_small_memory_li
             f"'Lee' AS last_name FROM range({ACTIVITY_USERS}) AS r(i)"
         )
 
+    return database
+
+
+def test_mart_user_activity_counts_events_of_many_groups_under_a_small_memory_limit(tmp_path):
+    """Every transaction joined to its event's users, then grouped per user and day with a count
+    of distinct events, held the groups' distinct sets in memory: a 10M demo nightly run ran out
+    of the default 192MB."""
+    database = _activity_tables(tmp_path)
     _assert_builds(database, "mart.user_activity", MEMORY_LIMIT_USER_ACTIVITY)
 
     with read_lake(database) as conn:
@@ -237,3 +245,34 @@ def test_mart_user_activity_counts_events_of_many_groups_under_a_small_memory_li
             "SELECT sum(transactions), sum(events_with_sales), sum(status_changes) "
             "FROM mart.user_activity"
         ).fetchone() == (assignments * ACTIVITY_PER_EVENT, assignments - 250, ACTIVITY_EVENTS)
+
+
+def test_a_build_out_of_memory_on_two_threads_runs_once_more_on_one(tmp_path):
+    """Hash tables and buffers are per thread: the query of mart.user_activity needs more than
+    48MB here on two threads, less on one. A 10M demo first run ran out of the default 192MB so,
+    now and then. The step runs once more, on one thread, says so, and leaves the instance on two.
+    """
+    database = _activity_tables(tmp_path)
+    warehouse = lake_at(database, duckdb_memory_limit=MEMORY_LIMIT_USER_ACTIVITY, threads=2)
+    result = dg.materialize(
+        [*p.RAW_STAND_INS, *core_assets(), *mart_assets()],
+        selection=["mart_user_activity"],
+        resources={"warehouse": warehouse},
+        raise_on_error=False,
+    )
+
+    retries = [
+        e for e in result.all_events if e.event_type == dg.DagsterEventType.STEP_UP_FOR_RETRY
+    ]
+    (retry,) = retries
+    assert "Out of Memory" in str(retry.event_specific_data.error)
+    assert result.success
+    (materialization,) = result.asset_materializations_for_node("mart_user_activity")
+    assert materialization.metadata[RETRIED].value.startswith("out of DuckDB's memory_limit")
+    with warehouse.get_connection() as conn:
+        assert conn.execute("SELECT current_setting('threads')").fetchone() == (2,)
+    with read_lake(database) as conn:
+        (status_changes,) = conn.execute(
+            "SELECT sum(status_changes) FROM mart.user_activity"
+        ).fetchone()
+    assert status_changes == ACTIVITY_EVENTS

@@ -1,8 +1,10 @@
 """One asset per core or mart table: it builds the table and evaluates its in-step checks."""
 
+import contextlib
 from collections.abc import Callable, Iterator, Sequence
 
 import dagster as dg
+import duckdb
 
 from fieldsales_dagster.assets.build import materialize_core_table
 from fieldsales_dagster.assets.checks import CoreCheck, check_results
@@ -21,6 +23,35 @@ from fieldsales_dagster.assets.tables import (
     query_code_version,
 )
 from fieldsales_dagster.names import InstanceNames
+from fieldsales_dagster.warehouse.rows import one_row
+
+#: Said in the metadata of a build that ran out of memory on several threads and again on one.
+RETRIED = "fieldsales/retried"
+
+
+def _out_of_memory(exc: BaseException | None) -> bool:
+    """Whether DuckDB's memory limit ended ``exc`` (itself, or what it was raised from)."""
+    while exc is not None and not isinstance(exc, duckdb.OutOfMemoryException):
+        exc = exc.__cause__
+    return exc is not None
+
+
+def _threads(conn: duckdb.DuckDBPyConnection) -> int:
+    return int(one_row(conn, "SELECT current_setting('threads')")[0])
+
+
+@contextlib.contextmanager
+def _one_thread(conn: duckdb.DuckDBPyConnection, retried: bool) -> Iterator[None]:
+    """The DuckDB instance on one thread in the block where ``retried``, then as before."""
+    if not retried:
+        yield
+        return
+    threads = _threads(conn)
+    conn.execute("SET threads = 1")
+    try:
+        yield
+    finally:
+        conn.execute(f"SET threads = {threads}")
 
 
 def build_core_asset(
@@ -62,17 +93,31 @@ def build_core_asset(
         warehouse = names.warehouse.of(context)
         keys = sorted(context.selected_asset_check_keys - {schema_check.key}, key=str)
         selected, results = [by_key[k] for k in keys], list[dg.AssetCheckResult]()
-        with warehouse.get_connection() as conn:
+        retried = context.retry_number > 0
+        with warehouse.get_connection() as conn, _one_thread(conn, retried):
 
             def check(built_from: Sequence[str] | None) -> None:  # a conflict runs its commit again
                 results[:] = check_results(conn, warehouse, names, selected, built_from)
 
-            if key in context.selected_asset_keys:
-                last = last_metadata(context, key)
-                metadata = materialize_core_table(conn, warehouse, table, check, last)
-            else:
-                check(None)
+            try:
+                if key in context.selected_asset_keys:
+                    last = last_metadata(context, key)
+                    metadata = materialize_core_table(conn, warehouse, table, check, last)
+                else:
+                    check(None)
+            except Exception as exc:
+                # Hash tables and buffers are per thread: one thread needs about half the memory
+                # of two. A 10M demo first run failed so, now and then, in mart_user_activity.
+                if retried or not _out_of_memory(exc) or (threads := _threads(conn)) < 2:
+                    raise
+                context.log.warning(
+                    f"{table.table} ran out of DuckDB's memory_limit on {threads} threads; "
+                    f"running it once more on one thread ({exc})"
+                )
+                raise dg.RetryRequested(max_retries=1) from exc
         if key in context.selected_asset_keys:
+            if retried:
+                metadata[RETRIED] = "out of DuckDB's memory_limit on several threads: on one"
             metadata["dagster/column_lineage"] = lineage = column_lineage(names, table)
             # The open-source UI does not show dagster/column_lineage: the same, as a table.
             metadata["fieldsales/column_lineage"] = dg.MetadataValue.md(lineage_markdown(lineage))
