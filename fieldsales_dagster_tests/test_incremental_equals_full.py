@@ -64,6 +64,7 @@ BY_NAMED_KEYS = (
     "core.dim_point_of_sale",
     "core.dim_point_of_sale_history",
     "mart.event_summary",
+    "mart.daily_sales",
 )
 KINDS = ("state", "move", "reassign", "add", "edit", "remove", "delete", "restore", "reconfigure")
 #: The upkeep before a step's run -> its retain_snapshots_days: files merged under the snapshots
@@ -266,3 +267,38 @@ def test_an_even_number_of_rows_loaded_again_at_one_time_is_decoded_again(tmp_pa
             refreshed = refresh_decoded(conn, TRANSACTIONS_DECODED)
 
     assert refreshed == DecodeRefresh("full", 4)
+
+
+def test_the_sales_of_an_event_gone_from_core_events_move_to_the_place_of_none(tmp_path):
+    """An event can leave core.events while its transactions stay (a whole load of the events
+    list, on an API listing a deleted event's transactions): no transaction row changed, so
+    mart.daily_sales follows the event's row alone, which names its days at its place and at the
+    place of none."""
+    database = tmp_path / "sales.duckdb"
+    warehouse = lake_at(database)
+    with warehouse.get_connection() as conn:
+        conn.execute(
+            "CREATE SCHEMA core; CREATE TABLE core.events AS SELECT 'e' || i AS event_id, "
+            "'p' AS project_id, 'pos' || i AS pos_id, 'a' AS area_id FROM range(6) AS r(i); "
+            "CREATE TABLE core.transactions AS SELECT 't' || i AS transaction_id, "
+            "'e' || i % 6 AS event_id, 'product' || i % 4 AS product_id, "
+            "TIMESTAMP '2026-01-01' + INTERVAL (i % 6 // 3) DAY AS sale_time, 1.0 AS qty, "
+            "2.0 AS total_value FROM range(60) AS r(i)"
+        )
+    assets = [*p.RAW_STAND_INS, *core_assets(), *mart_assets()]
+    resources = {"warehouse": warehouse}
+    assert materialize(assets, selection=["mart_daily_sales"], resources=resources).success
+    with warehouse.get_connection() as conn:
+        conn.execute("DELETE FROM core.events WHERE event_id = 'e4'")
+
+    result = materialize(assets, selection=["mart_daily_sales"], resources=resources)
+
+    (built,) = result.asset_materializations_for_node("mart_daily_sales")
+    assert built.metadata["fieldsales/build"].value.startswith("incremental")
+    with read_lake(database) as conn:
+        rows = conn.execute(
+            "SELECT sale_date::VARCHAR, pos_id, transactions, distinct_products "
+            "FROM mart.daily_sales ORDER BY ALL"
+        ).fetchall()
+    by_day = [(f"2026-01-0{1 + e // 3}", f"pos{e}", 10, 2) for e in (0, 1, 2, 3, 5)]
+    assert rows == sorted([*by_day, ("2026-01-02", None, 10, 2)], key=repr)

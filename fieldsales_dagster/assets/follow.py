@@ -81,9 +81,9 @@ def changed_rows(
     names = ", ".join(sql_literal(part) for part in (lake.alias, schema, name))
     start, where = (since + 1, "") if now > since else (since, "WHERE false")  # none since
     inserted = "change_type IN ('insert', 'update_postimage') AS inserted"
-    conn.execute(
+    conn.execute(  # ``columns`` may name the feed's row ``changed`` (in a correlated subquery)
         f"CREATE OR REPLACE TEMP TABLE {into} AS SELECT {columns}, {inserted} "
-        f"FROM ducklake_table_changes({names}, {start}, {now}) {where}"
+        f"FROM ducklake_table_changes({names}, {start}, {now}) AS changed {where}"
     )
     return None
 
@@ -128,8 +128,9 @@ class Follows(msgspec.Struct, forbid_unknown_fields=True, frozen=True):
     #: several rows (else ``key`` is the decoded row's ``id``): a following table the query reads
     #: (as ``reads_current`` for ``decoded``). A build replaces the rows of the keys named by the
     #: rows of these tables written or deleted since it last read them, before and after the
-    #: change; the query keeps the rows of those keys by ``followed(key)`` (true for all in a
-    #: whole build). One source only may set it.
+    #: change (the feed's row is ``changed``; ``AT (VERSION => followed_since())`` reads a table
+    #: as the last build did); the query keeps the rows of those keys by ``followed(key)`` (true
+    #: for all in a whole build). One source only may set it.
     named_by: dict[str, str] = msgspec.field(default_factory=dict)
     #: SQL of the ``id`` of the decoded rows the query reads (``rows``) for ``followed(key)``
     #: (needed with ``named_by`` and ``decoded``): only those are parsed (else those changed).
@@ -277,6 +278,7 @@ def _incremental(
     ``since`` (or of the keys the rows of the tables ``named_by`` names changed since name); else
     why whole: more than ``WHOLE_ABOVE`` of a table followed is new, or the change feed cannot
     tell."""
+    conn.execute(f"CREATE OR REPLACE TEMP MACRO followed_since() AS {int(since)}")
     whys: list[str] = []
     feeds: list[list[str]] = []  # each source's temp tables of the rows changed
     selected: list[str] = []  # SQL selecting each source's decoded rows changed

@@ -15,6 +15,9 @@
 -- at 1M, which fits either way). The sums of DOUBLE columns are then added in another order;
 -- DuckDB's parallel sum orders them differently from run to run anyway.
 -- The numbers are made once (MATERIALIZED): each of their two readers must see the same.
+--
+-- followed(key) holds for every row in a whole build, else for the days and places (project,
+-- point of sale, area) whose rows a build makes again (mart_daily_sales.yaml's follows:).
 WITH events AS MATERIALIZED (
     SELECT
         event_id,
@@ -43,6 +46,12 @@ per_event_product AS (
     FROM core.transactions AS t
     LEFT JOIN events AS e ON e.event_id = t.event_id
     LEFT JOIN products AS p ON p.product_id = t.product_id
+    WHERE followed({
+        'sale_date': CAST(t.sale_time AS DATE),
+        'project_id': e.project_id,
+        'pos_id': e.pos_id,
+        'area_id': e.area_id
+    })
     GROUP BY ALL
 ),
 
