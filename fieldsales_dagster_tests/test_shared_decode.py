@@ -133,8 +133,12 @@ def test_a_run_after_one_event_changed_parses_it_and_the_copies_its_ids_keep(tmp
     result = p.materialize_core_only(database)
 
     # e3; e9, the latest (by id: they start alike) of proj1 and area1; e8, pos3's other event.
-    parsed = [int(t.split("(")[1].split()[0]) for t in _decode_of(result).values()]
-    assert sum(parsed) == 3, _decode_of(result)
+    decodes = _decode_of(result)
+    parsed = {name: int(text.split("(")[1].split()[0]) for name, text in decodes.items()}
+    assert sum(parsed.values()) == 3, decodes
+    # Two scans of the payloads, not one per table: the first reader of core.events' keys parses
+    # the copies every such table reads (read_later); the others find theirs parsed.
+    assert len([name for name, count in parsed.items() if count]) == 2, decodes
     assert p.query(database, "SELECT first_name FROM core.users WHERE user_id = 'u3'") == [
         ("Grace",)
     ]

@@ -3,6 +3,7 @@
 
 import functools
 import hashlib
+import re
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
@@ -22,10 +23,22 @@ from fieldsales_dagster.assets.decode import (
     refresh_decoded,
     share_decoded,
 )
-from fieldsales_dagster.assets.follow import FOLLOW_ROWS, build_following, define_whole, failing_as
+from fieldsales_dagster.assets.follow import (
+    FOLLOW_ROWS,
+    build_following,
+    changed_rows,
+    define_whole,
+    failing_as,
+)
 from fieldsales_dagster.assets.metadata import table_metadata
-from fieldsales_dagster.assets.tables import CoreTable, core_query
-from fieldsales_dagster.warehouse.lake import cleanup, run_transaction, still_valid, table_exists
+from fieldsales_dagster.assets.tables import CoreTable, core_query, derived_tables
+from fieldsales_dagster.warehouse.lake import (
+    ANY_CODE,
+    cleanup,
+    run_transaction,
+    still_valid,
+    table_exists,
+)
 from fieldsales_dagster.warehouse.warehouse import FieldSalesWarehouse
 
 #: The code that shapes a built table beside its query (publishing, decoding, comments, PII), and
@@ -73,6 +86,49 @@ def unchanged(
     return f"{', '.join(found.reads)} and its code and settings are as at snapshot {found.read}"
 
 
+def read_later(
+    conn: duckdb.DuckDBPyConnection,
+    warehouse: FieldSalesWarehouse,
+    table: CoreTable,
+    decoded: str,
+    since: int,
+) -> str | None:
+    """SQL of the ids of the ``decoded`` rows that the tables following it by the keys a table
+    names (``named_by``) read (``reads``) for the keys named since snapshot ``since``, where each
+    table naming them was built from its inputs as they are: a step scanning the payloads anyway
+    parses these too, so that later steps find theirs parsed (each still parses what it lacks).
+    ``None`` where there are none, or a change feed cannot tell."""
+    lake, folder = warehouse.lake, table.folder
+    later = [
+        source
+        for other in derived_tables(folder)
+        for source in (other.follows.sources if other.follows else [])
+        if source.decoded == decoded and source.reads and source.named_by
+    ]
+    named: dict[str, dict[str, None]] = {}
+    for source in later:
+        for read, keys in source.named_by.items():
+            named.setdefault(read, {})[keys] = None
+    feeds = [f"_fs_later_changed{i}" for i in range(len(named))]
+    for (read, lists), feed in zip(named.items(), feeds, strict=True):
+        if still_valid(conn, lake, read, ANY_CODE) is None:  # built again later in the run
+            return None
+        if changed_rows(conn, lake, read, since, f"flatten([{', '.join(lists)}]) AS keys", feed):
+            return None
+    if not feeds:
+        return None
+    reads = [re.sub(r"\bfollowed\(", "_fs_later_named(", source.reads) for source in later]
+    create_macros(conn, "\n".join(reads))
+    each = " UNION ALL ".join(f"SELECT unnest(keys) AS id FROM {feed}" for feed in feeds)
+    conn.execute(
+        f"CREATE OR REPLACE TEMP TABLE _fs_later_keys AS SELECT DISTINCT id FROM ({each}) "
+        "WHERE id IS NOT NULL; CREATE OR REPLACE TEMP MACRO _fs_later_named(key) AS key IN "
+        f"(SELECT id FROM _fs_later_keys); CREATE OR REPLACE TEMP TABLE _fs_later_ids AS "
+        + " UNION ".join(reads)
+    )
+    return "SELECT id FROM _fs_later_ids"
+
+
 def build_described_table(
     conn: duckdb.DuckDBPyConnection,
     table: CoreTable,
@@ -88,10 +144,14 @@ def build_described_table(
     refreshed = {decoded: DecodeRefresh("current", 0) for decoded in table.decoded}
     shared = {decoded.table: decoded for decoded in table.decoded if not decoded.kept}
 
-    def parse(name: str, ids: str | None) -> None:
+    def parse(name: str, ids: str | None, since: int | None = None) -> None:
         if decoded := shared.get(name):
+
+            def later() -> str | None:
+                return None if since is None else read_later(conn, warehouse, table, name, since)
+
             with failing_as(table.table, reads=decoded.table):
-                parsed = parse_shared(conn, decoded, ids)
+                parsed = parse_shared(conn, decoded, ids, later)
             refreshed[decoded] = refreshed[decoded].and_then(parsed)
 
     def build() -> dict[str, Any]:

@@ -114,21 +114,27 @@ def share_decoded(
 
 
 def parse_shared(
-    conn: duckdb.DuckDBPyConnection, decoded: Decoded, ids: str | None
+    conn: duckdb.DuckDBPyConnection,
+    decoded: Decoded,
+    ids: str | None,
+    later: Callable[[], str | None] = lambda: None,
 ) -> DecodeRefresh:
     """Parse the rows of ``ids`` (SQL selecting ``id``; all if ``None``) that ``decoded``, read
     by ``share_decoded``, lacks: into a temp table, which a lake transaction may write. A run
     parses each row when a step first reads it (all: every row, kept where lacking); a step
-    finding none to parse reads no payload (the ids are found first)."""
+    finding none to parse reads no payload (the ids are found first). A step that reads payloads
+    parses in the same scan the rows of the ids ``later()`` selects, which later steps read."""
     source = qualified(decoded.source)
     missing = f"SELECT r.id FROM {source} AS r ANTI JOIN {qualified(decoded.table)} AS d USING (id)"
-    if ids is not None:
-        missing += f" WHERE r.id IN ({ids})"
     here = qualified(_parsed_here(decoded))
     with failing_as(decoded.table):
-        conn.execute(f"CREATE OR REPLACE TEMP TABLE _fs_to_parse AS {missing}")
+        among = "" if ids is None else f" WHERE r.id IN ({ids})"
+        conn.execute(f"CREATE OR REPLACE TEMP TABLE _fs_to_parse AS {missing}{among}")
         if not one_row(conn, "SELECT count(*) FROM _fs_to_parse")[0]:
             return DecodeRefresh("current", 0)
+        if ids is not None and (also := later()) is not None:
+            among = f" WHERE r.id IN ({ids}) OR r.id IN ({also})"
+            conn.execute(f"CREATE OR REPLACE TEMP TABLE _fs_to_parse AS {missing}{among}")
         if ids is None:
             # Every payload in slices, joined to nothing, then the rows the run's copy has are
             # dropped: the payloads joined to the ids to parse needed more than 64MB on the heavy

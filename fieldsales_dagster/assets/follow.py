@@ -174,15 +174,16 @@ def build_following(
     macros: str = "",
     lake: Lake | None = None,
     raw: Mapping[str, str] | None = None,
-    parse: Callable[[str, str], None] = lambda decoded, ids: None,
+    parse: Callable[[str, str, int], None] = lambda decoded, ids, since: None,
 ) -> dict[str, Any]:
     """Bring ``table`` up to date, incrementally when safe, else ``build_whole()`` (its query's
     ``decoded_rows()`` all of ``follows.decoded``); says how. Only in ``lake`` is the state
     recorded, so elsewhere every build is whole. ``raw``: each decoded table -> the raw table it
-    is parsed from (whose change feed it follows); ``parse(decoded, ids)`` parses the rows of
-    ``ids`` (SQL) it lacks before a build reads them. ``macros``: the SQL besides ``query`` that
-    makes its rows (a decoded table's digest among it: its rows made otherwise, the build is
-    whole; made again as they were, as a whole refresh does, they compare as before)."""
+    is parsed from (whose change feed it follows); ``parse(decoded, ids, since)`` parses the rows
+    of ``ids`` (SQL) it lacks before a build reads them, following from snapshot ``since``.
+    ``macros``: the SQL besides ``query`` that makes its rows (a decoded table's digest among it:
+    its rows made otherwise, the build is whole; made again as they were, as a whole refresh
+    does, they compare as before)."""
     raw = dict(raw or {})
     resolved = "\n".join(
         f"{t} ({columns}): {fingerprint(conn, t, columns) or 'missing'}"
@@ -272,7 +273,7 @@ def _incremental(
     state: tuple[str, str],
     since: int,
     raw: Mapping[str, str],
-    parse: Callable[[str, str], None],
+    parse: Callable[[str, str, int], None],
 ) -> dict[str, Any] | str:
     """Replace the rows of the decoded rows each source's raw table changed since snapshot
     ``since`` (or of the keys the rows of the tables ``named_by`` names changed since name); else
@@ -314,7 +315,7 @@ def _incremental(
             whys[i] += f", of the {named:,} keys they name"
         replaced.append(f"({source.from_decoded}) AND {source.key} IN (SELECT id FROM {keyed})")
         if source.decoded:
-            parse(source.decoded, source.reads or f"SELECT id FROM {keyed}")
+            parse(source.decoded, source.reads or f"SELECT id FROM {keyed}", since)
             within = f"id IN ({source.reads})" if source.reads else within
             rows = f"SELECT * FROM {qualified(source.decoded)} WHERE {within}"
             define_rows(conn, source.rows, rows)
