@@ -113,6 +113,30 @@ def test_a_step_parses_only_the_events_it_reads_that_no_step_before_parsed(tmp_p
     warehouse.drop_shared()
 
 
+def test_a_step_parses_rows_of_any_load_time_even_without_one(tmp_path):
+    """The payloads are read only from the files whose loaded_at range holds the rows to parse
+    (a run's changed rows sit in files of their own), and whole where one has no loaded_at."""
+    database = tmp_path / "t.duckdb"
+    p.write_raw_tables(database, events=[p.event(f"e{i}") for i in range(3)])
+    warehouse = lake_at(database, threads=2)
+    with warehouse.get_connection() as conn:
+        conn.execute(
+            "INSERT INTO raw.events VALUES ('e8', ?, now()::TIMESTAMP + INTERVAL 1 DAY), "
+            "('e9', ?, NULL)",
+            [json.dumps(p.event("e8")), json.dumps(p.event("e9"))],
+        )
+        assert _parse(conn, warehouse, "SELECT 'e1' UNION ALL SELECT 'e8'") == ("incremental", 2)
+        assert _parse(conn, warehouse, "SELECT unnest(['e2', 'e8', 'e9'])") == ("incremental", 2)
+        shared = warehouse.shared_table(EVENTS_DECODED.table)
+        assert conn.execute(f"SELECT id FROM {shared} ORDER BY id").fetchall() == [
+            ("e1",),
+            ("e2",),
+            ("e8",),
+            ("e9",),
+        ]
+    warehouse.drop_shared()
+
+
 def test_a_run_after_one_event_changed_parses_it_and_the_copies_its_ids_keep(tmp_path):
     """Issue 48: the tables of the objects events embed follow the changed event by the ids it
     names, so a run parses it and, of the others, only the events whose copies those ids keep
