@@ -74,6 +74,23 @@ TRANSACTIONS = [
         created="2025-06-01T00:00:00.000Z",
     ),
 ]
+# Copies of one configuration that differ: the copy of the latest created transaction is kept,
+# then the greatest transaction id; one without a creation time comes last.
+COPIES = [
+    ("t-copy-old", "2025-01-01T00:00:00.000Z", 5),
+    ("t-copy-b", "2025-06-01T00:00:00.000Z", 50),
+    ("t-copy-a", "2025-06-01T00:00:00.000Z", 7),
+    ("t-copy-undated", None, 9),
+]
+TRANSACTIONS += [
+    p.transaction(
+        transaction_id,
+        report_config=p.config("cfg-copies", [p.field("f-copy", "Slider", maximum=maximum)]),
+        report_results=p.results(**{"f-copy": 1}),
+        created=created,
+    )
+    for transaction_id, created, maximum in COPIES
+]
 EVENTS = [
     p.event(
         "e1",
@@ -144,6 +161,16 @@ def test_fields_are_one_row_per_configuration_and_field_however_many_transaction
         database, "SELECT count(*) FROM core.custom_report_fields WHERE config_id = 'cfg-main'"
     )[0]
     assert count == 6
+
+
+def test_a_configuration_whose_copies_differ_is_the_copy_of_its_latest_created_carrier(database):
+    rows = p.query(
+        database,
+        "SELECT slider_max, source_transaction_id, config_transaction_count, config_last_used_at "
+        "FROM core.custom_report_fields WHERE config_id = 'cfg-copies'",
+    )
+    assert [row[:3] for row in rows] == [(50.0, "t-copy-b", 4)]
+    assert str(rows[0][3]).startswith("2025-06-01 00:00:00")
 
 
 def test_map_key_is_the_field_id_when_field_id_is_absent(database):
