@@ -525,9 +525,11 @@ def load_list(
         # (the incremental merge's too), what is written. In the asset's one transaction both
         # read one snapshot: they disagree only where an item's digest is another id's (2**-64 a
         # pair) or a write in it (``before_swap``) changed a stored row. Neither stores a NULL
-        # (payload, or event state: a row staged without its payload has none).
+        # (payload, or event state: a row staged without its payload has none). Without stored
+        # digests every row was staged with its payload: reading the payloads' NULLs decompresses
+        # them all (0.9 CPU-s for 200k transactions of the heavy tenant).
         lost = f"FROM {qualified(stage)} WHERE payload IS NULL AND id IN (SELECT id FROM {changes})"
-        if lost_rows := one_row(conn, f"SELECT count(*) {lost}")[0]:
+        if stored.size and (lost_rows := one_row(conn, f"SELECT count(*) {lost}")[0]):
             raise RawLoadError(
                 f"{table}: {lost_rows} items were stored as received when the load began, but "
                 "not when it ended: another load wrote the table meanwhile. Nothing was written; "
