@@ -124,7 +124,7 @@ def read_later(
         f"CREATE OR REPLACE TEMP TABLE _fs_later_keys AS SELECT DISTINCT id FROM ({each}) "
         "WHERE id IS NOT NULL; CREATE OR REPLACE TEMP MACRO _fs_later_named(key) AS key IN "
         f"(SELECT id FROM _fs_later_keys); CREATE OR REPLACE TEMP TABLE _fs_later_ids AS "
-        + " UNION ".join(reads)
+        + " UNION ".join(f"SELECT id FROM ({sql})" for sql in reads)
     )
     return "SELECT id FROM _fs_later_ids"
 
