@@ -27,8 +27,10 @@ from fieldsales_dagster.assets.follow import (
     FOLLOW_ROWS,
     build_following,
     changed_rows,
+    define_followed,
     define_whole,
     failing_as,
+    named_keys,
 )
 from fieldsales_dagster.assets.metadata import table_metadata
 from fieldsales_dagster.assets.tables import CoreTable, core_query, derived_tables
@@ -117,15 +119,12 @@ def read_later(
             return None
     if not feeds:
         return None
+    named_keys(conn, "_fs_later_keys", feeds)  # the current build's followed() stays as it is
+    define_followed(conn, "_fs_later_keys", "_fs_later_named")
     reads = [re.sub(r"\bfollowed\(", "_fs_later_named(", source.reads) for source in later]
     create_macros(conn, "\n".join(reads))
-    each = " UNION ALL ".join(f"SELECT unnest(keys) AS id FROM {feed}" for feed in feeds)
-    conn.execute(
-        f"CREATE OR REPLACE TEMP TABLE _fs_later_keys AS SELECT DISTINCT id FROM ({each}) "
-        "WHERE id IS NOT NULL; CREATE OR REPLACE TEMP MACRO _fs_later_named(key) AS key IN "
-        f"(SELECT id FROM _fs_later_keys); CREATE OR REPLACE TEMP TABLE _fs_later_ids AS "
-        + " UNION ".join(f"SELECT id FROM ({sql})" for sql in reads)
-    )
+    union = " UNION ".join(f"SELECT id FROM ({sql})" for sql in reads)
+    conn.execute(f"CREATE OR REPLACE TEMP TABLE _fs_later_ids AS {union}")
     return "SELECT id FROM _fs_later_ids"
 
 

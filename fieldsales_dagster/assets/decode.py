@@ -19,6 +19,7 @@ from fieldsales_dagster.assets.follow import (
     define_rows,
     failing_as,
     fingerprint,
+    loaded_between,
 )
 from fieldsales_dagster.pause import pause_at
 from fieldsales_dagster.warehouse.lake import (
@@ -147,14 +148,8 @@ def parse_shared(
             (parsed,) = one_row(conn, f"INSERT INTO {here} BY NAME\n{_decode_query(conn, decoded)}")
             conn.execute(f"DELETE FROM {here} WHERE id NOT IN (SELECT id FROM _fs_to_parse)")
             return DecodeRefresh("full", parsed)
-        first, last, undated = one_row(
-            conn,
-            "SELECT min(loaded_at), max(loaded_at), count(*) FILTER (loaded_at IS NULL) "
-            "FROM _fs_to_parse",
-        )
-        rows = f"SELECT r.* FROM {source} AS r SEMI JOIN _fs_to_parse USING (id)"
-        if not undated:
-            rows += f" WHERE r.loaded_at BETWEEN TIMESTAMP '{first}' AND TIMESTAMP '{last}'"
+        within = loaded_between(conn, "_fs_to_parse", "true")
+        rows = f"SELECT * FROM {source} SEMI JOIN _fs_to_parse USING (id) WHERE {within}"
         query = _decode_query(conn, decoded, rows)
         (parsed,) = one_row(conn, f"INSERT INTO {here} BY NAME\n{query}")
     return DecodeRefresh("incremental", parsed)

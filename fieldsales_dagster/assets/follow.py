@@ -6,7 +6,7 @@ DuckLake's change feed (``changed_rows``)."""
 from __future__ import annotations
 
 import hashlib
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from typing import Any
 
@@ -93,14 +93,33 @@ def counted(conn: duckdb.DuckDBPyConnection, changed: str) -> tuple[int, int, st
     deleted, and SQL selecting the rows of their ids by ``loaded_at``: every row of those ids a
     table holds now was inserted since, within their range, so DuckDB skips older row groups by
     min/max (reading a decoded row's columns by ``id`` alone read every row group)."""
-    new, gone, first, last, undated = one_row(
+    query = f"SELECT count(*) FILTER (inserted), count(*) FILTER (NOT inserted) FROM {changed}"
+    new, gone = one_row(conn, query)
+    return new, gone, f"id IN (SELECT id FROM {changed}) AND {loaded_between(conn, changed)}"
+
+
+def loaded_between(conn: duckdb.DuckDBPyConnection, rows: str, which: str = "inserted") -> str:
+    """SQL predicate: ``loaded_at`` within the range of the ``rows`` (a table with ``loaded_at``)
+    ``which`` holds for, so that DuckDB skips the files outside it by their min/max (a run's
+    changed rows sit in files of their own); ``true`` where one has none, ``false`` for no row."""
+    first, last, undated, found = one_row(
         conn,
-        "SELECT count(*) FILTER (inserted), count(*) FILTER (NOT inserted), min(loaded_at) "
-        "FILTER (inserted), max(loaded_at) FILTER (inserted), count(*) FILTER (inserted AND "
-        f"loaded_at IS NULL) FROM {changed}",
+        f"SELECT min(loaded_at) FILTER ({which}), max(loaded_at) FILTER ({which}), count(*) "
+        f"FILTER ({which} AND loaded_at IS NULL), count(*) FILTER ({which}) FROM {rows}",
     )
-    within = f"loaded_at BETWEEN TIMESTAMP '{first}' AND TIMESTAMP '{last}'" if new else "false"
-    return new, gone, f"id IN (SELECT id FROM {changed}) AND {'true' if undated else within}"
+    if undated or not found:
+        return "true" if undated else "false"
+    return f"loaded_at BETWEEN TIMESTAMP '{first}' AND TIMESTAMP '{last}'"
+
+
+def named_keys(conn: duckdb.DuckDBPyConnection, keyed: str, feeds: Sequence[str]) -> None:
+    """Into the temp table ``keyed``: each key the ``keys`` lists of ``feeds`` (``changed_rows``
+    of the tables ``named_by`` names) name, once."""
+    each = " UNION ALL ".join(f"SELECT unnest(keys) AS id FROM {feed}" for feed in feeds)
+    conn.execute(
+        f"CREATE OR REPLACE TEMP TABLE {keyed} AS SELECT DISTINCT id FROM ({each}) "
+        "WHERE id IS NOT NULL"
+    )
 
 
 class Follows(msgspec.Struct, forbid_unknown_fields=True, frozen=True):
@@ -148,11 +167,13 @@ def define_rows(conn: duckdb.DuckDBPyConnection, macro: str, rows: str) -> None:
     conn.execute(f"CREATE OR REPLACE TEMP MACRO {macro}() AS TABLE {rows}")
 
 
-def define_followed(conn: duckdb.DuckDBPyConnection, keys: str = "") -> None:
-    """``followed(key)``: whether a build makes the rows of ``key``, one of ``keys`` (SQL of the
-    temp table holding them as ``id``); every key where none are given (a whole build)."""
+def define_followed(
+    conn: duckdb.DuckDBPyConnection, keys: str = "", name: str = "followed"
+) -> None:
+    """``followed(key)`` (or ``name``): whether a build makes the rows of ``key``, one of ``keys``
+    (SQL of the temp table holding them as ``id``); every key where none are given (whole)."""
     holds = f"key IN (SELECT id FROM {keys})" if keys else "true"
-    conn.execute(f"CREATE OR REPLACE TEMP MACRO followed(key) AS {holds}")
+    conn.execute(f"CREATE OR REPLACE TEMP MACRO {name}(key) AS {holds}")
 
 
 def define_whole(conn: duckdb.DuckDBPyConnection, follows: Follows | None) -> None:
@@ -305,11 +326,7 @@ def _incremental(
         keyed = tables[0]
         if source.named_by:
             keyed = f"_fs_follow_keys{i}"
-            each = " UNION ALL ".join(f"SELECT unnest(keys) AS id FROM {c}" for c in tables)
-            conn.execute(
-                f"CREATE OR REPLACE TEMP TABLE {keyed} AS SELECT DISTINCT id FROM ({each}) "
-                "WHERE id IS NOT NULL"
-            )
+            named_keys(conn, keyed, tables)
             define_followed(conn, keyed)
             (named,) = one_row(conn, f"SELECT count(*) FROM {keyed}")
             whys[i] += f", of the {named:,} keys they name"
