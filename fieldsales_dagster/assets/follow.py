@@ -80,11 +80,16 @@ def changed_rows(
     schema, _, name = table.partition(".")
     names = ", ".join(sql_literal(part) for part in (lake.alias, schema, name))
     start, where = (since + 1, "") if now > since else (since, "WHERE false")  # none since
-    inserted = "change_type IN ('insert', 'update_postimage') AS inserted"
-    conn.execute(  # ``columns`` may name the feed's row ``changed`` (in a correlated subquery)
-        f"CREATE OR REPLACE TEMP TABLE {into} AS SELECT {columns}, {inserted} "
-        f"FROM ducklake_table_changes({names}, {start}, {now}) AS changed {where}"
-    )
+    # The rows inserted and those deleted, as ducklake_table_changes unites them, without its
+    # joining the two to pair an update's halves (which read each twice: 1M demo transactions,
+    # core.custom_report_results' feed 0.31 -> 0.18 CPU-s).
+    rows = [
+        f"SELECT {columns}, {inserted} AS inserted FROM ducklake_table_{feed}"
+        f"({names}, {start}, {now}) AS changed {where}"
+        for feed, inserted in (("insertions", "true"), ("deletions", "false"))
+    ]
+    # ``columns`` may name the feed's row ``changed`` (in a correlated subquery)
+    conn.execute(f"CREATE OR REPLACE TEMP TABLE {into} AS {' UNION ALL '.join(rows)}")
     return None
 
 
