@@ -24,6 +24,7 @@ from fieldsales_dagster.assets.decode import (
     share_decoded,
 )
 from fieldsales_dagster.assets.follow import (
+    FOLLOW_KEYS,
     FOLLOW_ROWS,
     build_following,
     changed_rows,
@@ -197,7 +198,9 @@ def build_described_table(
             then()
         finally:
             with cleanup(conn):
-                conn.execute(f"DROP TABLE IF EXISTS {FOLLOW_ROWS}")
+                conn.execute(
+                    f"DROP TABLE IF EXISTS {FOLLOW_ROWS}; DROP TABLE IF EXISTS {FOLLOW_KEYS}"
+                )
         return decode_metadata([(d, refreshed[d]) for d in table.decoded]) | built
 
     try:

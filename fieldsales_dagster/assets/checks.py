@@ -16,7 +16,7 @@ import duckdb
 from fieldsales_dagster.assets.build import build_fingerprint
 from fieldsales_dagster.assets.columns import TableFileError
 from fieldsales_dagster.assets.decode import create_macros, macro_file, macro_files_called
-from fieldsales_dagster.assets.follow import FOLLOW_ROWS
+from fieldsales_dagster.assets.follow import FOLLOW_KEYS, FOLLOW_ROWS
 from fieldsales_dagster.assets.lineage import over_rows, reads_of
 from fieldsales_dagster.assets.tables import CheckEntry, CoreTable, derived_tables, query_reads
 from fieldsales_dagster.names import InstanceNames
@@ -243,21 +243,21 @@ def _any_null(table: CoreTable) -> str:
 # ids_unique reads one bucket of key hashes at a time: all 5.5M keys of core.custom_report_results
 # at once overran the 192MB memory_limit. A 64-bit hash screens each bucket (2.2 -> 0.7 CPU-s
 # against the key's text); only a shared hash or a NULL key runs the exact, naming query.
-def _flagged_sql(table: CoreTable, in_bucket: str) -> str:
+def _flagged_sql(table: CoreTable, in_bucket: str, rows: str) -> str:
     columns = ", ".join(quote_ident(c) for c in table.key)
     return (
-        f"SELECT hash({columns}) AS key_hash FROM {qualified(table.table)} WHERE {in_bucket} "
+        f"SELECT hash({columns}) AS key_hash FROM {rows} WHERE {in_bucket} "
         f"GROUP BY key_hash HAVING count(*) > 1 OR bool_or({_any_null(table)})"
     )
 
 
-def _exact_sql(table: CoreTable, in_bucket: str) -> str:
+def _exact_sql(table: CoreTable, in_bucket: str, rows: str) -> str:
     columns, any_null = ", ".join(quote_ident(c) for c in table.key), _any_null(table)
     return f"""
         WITH keys AS (
             SELECT {_key_text(table)} AS key_text, bool_or({any_null}) AS has_null, count(*) AS n
-            FROM {qualified(table.table)}
-            WHERE {in_bucket} AND hash({columns}) IN ({_flagged_sql(table, in_bucket)})
+            FROM {rows}
+            WHERE {in_bucket} AND hash({columns}) IN ({_flagged_sql(table, in_bucket, rows)})
             GROUP BY {columns}
         )
         SELECT coalesce(sum(n) FILTER (WHERE n > 1), 0),
@@ -272,21 +272,24 @@ def ids_unique(
     conn: duckdb.DuckDBPyConnection, table: CoreTable, inserted: bool
 ) -> dict[str, dg.AssetCheckResult]:
     """Over every row; or, where every row but the ``inserted`` ones passed, over the rows
-    sharing a key hash with an inserted row: a duplicated or NULL key has one among them."""
-    columns = ", ".join(quote_ident(c) for c in table.key)
-    if inserted:
+    sharing a key hash with an inserted row: a duplicated or NULL key has one among them; over the
+    inserted rows alone where no kept row can share their key (``_keys_replaced``)."""
+    columns, rows = ", ".join(quote_ident(c) for c in table.key), qualified(table.table)
+    if inserted and _keys_replaced(conn, table):
+        parts, rows = ["true"], FOLLOW_ROWS
+    elif inserted:
         parts = [f"hash({columns}) IN (SELECT hash({columns}) FROM {FOLLOW_ROWS})"]
     else:
-        (rows,) = one_row(conn, f"SELECT count(*) FROM {qualified(table.table)}")
-        buckets = 1 + rows // SCREEN_BUCKET_ROWS
+        (count,) = one_row(conn, f"SELECT count(*) FROM {rows}")
+        buckets = 1 + count // SCREEN_BUCKET_ROWS
         # Literals: with $parameters each bucket's scan ran 15x slower.
         parts = [
             f"hash({columns}) % {buckets} = {b}" if buckets > 1 else "true" for b in range(buckets)
         ]
     found = []  # (duplicated rows, rows with a NULL key, sample) of each flagged part
     for part in parts:
-        if one_row(conn, f"SELECT count(*) FROM ({_flagged_sql(table, part)})") != (0,):
-            found.append(one_row(conn, _exact_sql(table, part)))
+        if one_row(conn, f"SELECT count(*) FROM ({_flagged_sql(table, part, rows)})") != (0,):
+            found.append(one_row(conn, _exact_sql(table, part, rows)))
     duplicated, with_null = sum(f[0] for f in found), sum(f[1] for f in found)
     samples = sorted((sample for f in found for sample in f[2]), key=lambda s: (-s[0], s[1]))
     return {
@@ -301,6 +304,18 @@ def ids_unique(
             },
         )
     }
+
+
+def _keys_replaced(conn: duckdb.DuckDBPyConnection, table: CoreTable) -> bool:
+    """Whether no row a follow kept shares its key with a row it inserted: the key holds the
+    follow's key column, the follow replaced every row of the keys it named (``FOLLOW_KEYS``),
+    and each inserted row has one of them (else it might be a kept row's)."""
+    key = table.follows.key if table.follows else ""
+    if key not in table.key or not table_exists(conn, f"temp.{FOLLOW_KEYS}"):
+        return False
+    column = quote_ident(key)
+    outside = f"{column} IS NULL OR {column} NOT IN (SELECT id FROM {FOLLOW_KEYS})"
+    return one_row(conn, f"SELECT count(*) FROM {FOLLOW_ROWS} WHERE {outside}") == (0,)
 
 
 def untyped_values(

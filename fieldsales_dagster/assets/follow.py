@@ -34,6 +34,9 @@ STATE_RULES = "unkeyed rows: none where recorded"
 
 #: The rows an incremental update inserted, until its builder drops them (its checks read them).
 FOLLOW_ROWS = "_fs_follow_rows"
+#: The keys whose rows an incremental build replaced, where every row of the table is of one
+#: source (``from_decoded`` true, no ``also``): a row it inserted shares no key with one it kept.
+FOLLOW_KEYS = "_fs_follow_replaced"
 
 #: Above this share of rows to add, rebuilding whole costs less than deleting and inserting.
 WHOLE_ABOVE = 0.2
@@ -342,6 +345,8 @@ def _incremental(
             rows = f"SELECT * FROM {qualified(source.decoded)} WHERE {within}"
             define_rows(conn, source.rows, rows)
     target = qualified(table)
+    if not follows.also and follows.from_decoded == "true":
+        conn.execute(f"CREATE OR REPLACE TEMP TABLE {FOLLOW_KEYS} AS SELECT id FROM {keyed}")
 
     def update() -> None:
         conn.execute(  # one scan of the table for every kind of row replaced
