@@ -112,6 +112,16 @@ def result_of(found: dg.AssetCheckResult) -> tuple:
     return found.passed, found.severity, metadata
 
 
+#: ids_unique of the tables whose key holds the column their follow replaces rows by.
+REPLACING = {
+    name
+    for name, check in NARROWABLE.items()
+    if check.name == "ids_unique"
+    and check.table.follows
+    and check.table.follows.key in check.table.key
+}
+
+
 @pytest.mark.parametrize("name", NARROWABLE)
 @settings(
     max_examples=25,
@@ -121,75 +131,38 @@ def result_of(found: dg.AssetCheckResult) -> tuple:
 @given(data=st.data())
 def test_a_narrowed_check_gives_the_result_of_every_row(name, mixed_rows, data):
     """The table's rows before the follow pass; the follow inserts any rows, copies of kept ones
-    among them: over the inserted rows, the check finds what it finds over every row."""
+    among them: over the inserted rows, the check finds what it finds over every row. Where its
+    key holds the follow's, the follow first deletes every row of the keys it replaces
+    (``FOLLOW_KEYS``), of the inserted rows' or not: ids_unique reads the inserted rows alone
+    where each has a replaced key."""
     check = NARROWABLE[name]
-    conn = duckdb.connect()
-    conn.execute(f"CREATE SCHEMA {check.table.schema}")
-    conn.register("source", mixed_rows[check.table.table])
-    conn.execute("CREATE TABLE rows AS SELECT row_number() OVER () AS i, * FROM source")
-    (count,) = conn.execute("SELECT count(*) FROM rows").fetchone()
-    assert count > 0, f"no row of {check.table.table} to draw from"
-    kept = data.draw(st.sets(st.integers(1, count)), label="kept")
-    inserted = data.draw(st.lists(st.integers(1, count), max_size=6), label="inserted")
-
-    def rows(ids: list[int]) -> str:
-        return f"SELECT rows.* EXCLUDE (i) FROM unnest({ids}::BIGINT[]) AS k(i) JOIN rows USING (i)"
-
-    conn.execute(f"CREATE TABLE {check.table.table} AS {rows(sorted(kept))}")
-    assume(evaluate(check, conn, inserted=False).passed)
-    conn.execute(f"CREATE TEMP TABLE {FOLLOW_ROWS} AS {rows(inserted)}")
-    conn.execute(f"INSERT INTO {check.table.table} FROM {FOLLOW_ROWS}")
-    whole = evaluate(check, conn, inserted=False)
-    assert result_of(evaluate(check, conn, inserted=True)) == result_of(whole)
-
-
-#: ids_unique of the tables whose key holds the column their follow replaces rows by.
-REPLACING = {
-    name: check
-    for name, check in NARROWABLE.items()
-    if check.name == "ids_unique"
-    and check.table.follows
-    and check.table.follows.key in check.table.key
-}
-
-
-@pytest.mark.parametrize("name", REPLACING)
-@settings(
-    max_examples=25,
-    deadline=None,
-    suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow],
-)
-@given(data=st.data())
-def test_ids_unique_after_a_follow_replacing_keys_gives_the_result_of_every_row(
-    name, mixed_rows, data
-):
-    """The follow deletes every row of the keys it replaces (``FOLLOW_KEYS``), then inserts any
-    rows, of those keys or not: over the inserted rows (alone, where each has a replaced key),
-    ids_unique finds what it finds over every row."""
-    check = REPLACING[name]
-    table, key = check.table.table, check.table.follows and check.table.follows.key
+    table = check.table.table
     conn = duckdb.connect()
     conn.execute(f"CREATE SCHEMA {check.table.schema}")
     conn.register("source", mixed_rows[table])
     conn.execute("CREATE TABLE rows AS SELECT row_number() OVER () AS i, * FROM source")
     (count,) = conn.execute("SELECT count(*) FROM rows").fetchone()
+    assert count > 0, f"no row of {table} to draw from"
     kept = data.draw(st.sets(st.integers(1, count)), label="kept")
     inserted = data.draw(st.lists(st.integers(1, count), max_size=6), label="inserted")
-    replaced = data.draw(st.sets(st.integers(1, count)), label="replaced")
-    if data.draw(st.booleans(), label="every inserted row's key replaced"):
-        replaced |= set(inserted)
 
     def rows(ids: list[int]) -> str:
         return f"SELECT rows.* EXCLUDE (i) FROM unnest({ids}::BIGINT[]) AS k(i) JOIN rows USING (i)"
 
     conn.execute(f"CREATE TABLE {table} AS {rows(sorted(kept))}")
     assume(evaluate(check, conn, inserted=False).passed)
-    conn.execute(
-        f"CREATE TEMP TABLE {FOLLOW_KEYS} AS SELECT {key} AS id FROM ({rows(sorted(replaced))}); "
-        f"DELETE FROM {table} WHERE {key} IN (SELECT id FROM {FOLLOW_KEYS}); "
-        f"CREATE TEMP TABLE {FOLLOW_ROWS} AS {rows(inserted)}; "
-        f"INSERT INTO {table} FROM {FOLLOW_ROWS}"
-    )
+    if name in REPLACING and check.table.follows:
+        replaced = data.draw(st.sets(st.integers(1, count)), label="replaced")
+        if data.draw(st.booleans(), label="every inserted row's key replaced"):
+            replaced |= set(inserted)
+        key = check.table.follows.key
+        conn.execute(
+            f"CREATE TEMP TABLE {FOLLOW_KEYS} AS SELECT {key} AS id "
+            f"FROM ({rows(sorted(replaced))}); "
+            f"DELETE FROM {table} WHERE {key} IN (SELECT id FROM {FOLLOW_KEYS})"
+        )
+    conn.execute(f"CREATE TEMP TABLE {FOLLOW_ROWS} AS {rows(inserted)}")
+    conn.execute(f"INSERT INTO {table} FROM {FOLLOW_ROWS}")
     whole = evaluate(check, conn, inserted=False)
     assert result_of(evaluate(check, conn, inserted=True)) == result_of(whole)
 
