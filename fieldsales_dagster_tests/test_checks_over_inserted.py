@@ -133,8 +133,8 @@ def test_a_narrowed_check_gives_the_result_of_every_row(name, mixed_rows, data):
     """The table's rows before the follow pass; the follow inserts any rows, copies of kept ones
     among them: over the inserted rows, the check finds what it finds over every row. Where its
     key holds the follow's, the follow first deletes every row of the keys it replaces
-    (``FOLLOW_KEYS``), of the inserted rows' or not: ids_unique reads the inserted rows alone
-    where each has a replaced key."""
+    (``FOLLOW_KEYS``, a NULL among them or not), of the inserted rows' or not: ids_unique reads
+    the inserted rows alone where each has a replaced key."""
     check = NARROWABLE[name]
     table = check.table.table
     conn = duckdb.connect()
@@ -156,9 +156,10 @@ def test_a_narrowed_check_gives_the_result_of_every_row(name, mixed_rows, data):
         if data.draw(st.booleans(), label="every inserted row's key replaced"):
             replaced |= set(inserted)
         key = check.table.follows.key
+        null = " UNION ALL SELECT NULL" * data.draw(st.booleans(), label="a NULL key replaced")
         conn.execute(
             f"CREATE TEMP TABLE {FOLLOW_KEYS} AS SELECT {key} AS id "
-            f"FROM ({rows(sorted(replaced))}); "
+            f"FROM ({rows(sorted(replaced))}){null}; "
             f"DELETE FROM {table} WHERE {key} IN (SELECT id FROM {FOLLOW_KEYS})"
         )
     conn.execute(f"CREATE TEMP TABLE {FOLLOW_ROWS} AS {rows(inserted)}")

@@ -314,7 +314,8 @@ def _keys_replaced(conn: duckdb.DuckDBPyConnection, table: CoreTable) -> bool:
     if key not in table.key or not table_exists(conn, f"temp.{FOLLOW_KEYS}"):
         return False
     column = quote_ident(key)
-    outside = f"{column} IS NULL OR {column} NOT IN (SELECT id FROM {FOLLOW_KEYS})"
+    replaced = f"SELECT id FROM {FOLLOW_KEYS} WHERE id IS NOT NULL"  # NOT IN a NULL: unknown
+    outside = f"{column} IS NULL OR {column} NOT IN ({replaced})"
     return one_row(conn, f"SELECT count(*) FROM {FOLLOW_ROWS} WHERE {outside}") == (0,)
 
 
