@@ -198,9 +198,8 @@ def build_described_table(
             then()
         finally:
             with cleanup(conn):
-                conn.execute(
-                    f"DROP TABLE IF EXISTS {FOLLOW_ROWS}; DROP TABLE IF EXISTS {FOLLOW_KEYS}"
-                )
+                for name in (FOLLOW_ROWS, FOLLOW_KEYS):
+                    conn.execute(f"DROP TABLE IF EXISTS {name}")
         return decode_metadata([(d, refreshed[d]) for d in table.decoded]) | built
 
     try:

@@ -72,26 +72,23 @@ def failing_as(target: str, doing: str = "Building", reads: str = "") -> Iterato
 def changed_rows(
     conn: duckdb.DuckDBPyConnection, lake: Lake, table: str, since: int, columns: str, into: str
 ) -> str | None:
-    """Into the temp table ``into``: ``columns`` and ``inserted`` (else deleted; an update is
-    both) of each row of ``table`` that a commit after snapshot ``since`` inserted or deleted, from
-    DuckLake's change feed; or why the feed cannot tell, so a build must be whole: the table made
-    again since (its feed shows the new table's rows, and no row deleted), or a snapshot since
-    expired (the upkeep)."""
+    """Into the temp table ``into``: ``columns`` (which may name the feed's row ``changed``) and
+    ``inserted`` (else deleted; an update is both) of each row of ``table`` that a commit after
+    snapshot ``since`` inserted or deleted, from DuckLake's change feed; or why the feed cannot
+    tell, so a build must be whole: the table made again since (its feed shows the new table's
+    rows, and no row deleted), or a snapshot since expired (the upkeep)."""
     if changed_since(conn, lake, since, [table], created=True):
         return f"{table} was made again, or a snapshot since {since} expired, since the last build"
     (now,) = one_row(conn, "SELECT id FROM current_snapshot()")
     schema, _, name = table.partition(".")
     names = ", ".join(sql_literal(part) for part in (lake.alias, schema, name))
     start, where = (since + 1, "") if now > since else (since, "WHERE false")  # none since
-    # The rows inserted and those deleted, as ducklake_table_changes unites them, without its
-    # joining the two to pair an update's halves (which read each twice: 1M demo transactions,
-    # core.custom_report_results' feed 0.31 -> 0.18 CPU-s).
+    # Not ducklake_table_changes: it joins the two to pair an update's halves, reading each twice.
     rows = [
         f"SELECT {columns}, {inserted} AS inserted FROM ducklake_table_{feed}"
         f"({names}, {start}, {now}) AS changed {where}"
         for feed, inserted in (("insertions", "true"), ("deletions", "false"))
     ]
-    # ``columns`` may name the feed's row ``changed`` (in a correlated subquery)
     conn.execute(f"CREATE OR REPLACE TEMP TABLE {into} AS {' UNION ALL '.join(rows)}")
     return None
 
