@@ -1,6 +1,5 @@
 """One asset per core or mart table: it builds the table and evaluates its in-step checks."""
 
-import contextlib
 from collections.abc import Callable, Iterator, Sequence
 
 import dagster as dg
@@ -38,20 +37,6 @@ def _out_of_memory(exc: BaseException | None) -> bool:
 
 def _threads(conn: duckdb.DuckDBPyConnection) -> int:
     return int(one_row(conn, "SELECT current_setting('threads')")[0])
-
-
-@contextlib.contextmanager
-def _one_thread(conn: duckdb.DuckDBPyConnection, retried: bool) -> Iterator[None]:
-    """The DuckDB instance on one thread in the block where ``retried``, then as before."""
-    if not retried:
-        yield
-        return
-    threads = _threads(conn)
-    conn.execute("SET threads = 1")
-    try:
-        yield
-    finally:
-        conn.execute(f"SET threads = {threads}")
 
 
 def build_core_asset(
@@ -94,7 +79,8 @@ def build_core_asset(
         keys = sorted(context.selected_asset_check_keys - {schema_check.key}, key=str)
         selected, results = [by_key[k] for k in keys], list[dg.AssetCheckResult]()
         retried = context.retry_number > 0
-        with warehouse.get_connection() as conn, _one_thread(conn, retried):
+        # Retried on one thread; a first build on several (get_connection).
+        with warehouse.get_connection(None if retried else table.table) as conn:
 
             def check(built_from: Sequence[str] | None) -> None:  # a conflict runs its commit again
                 results[:] = check_results(conn, warehouse, names, selected, built_from)
