@@ -79,8 +79,9 @@ def build_core_asset(
         keys = sorted(context.selected_asset_check_keys - {schema_check.key}, key=str)
         selected, results = [by_key[k] for k in keys], list[dg.AssetCheckResult]()
         retried = context.retry_number > 0
-        # Retried on one thread; a first build on several (get_connection).
-        with warehouse.get_connection(None if retried else table.table) as conn:
+        with warehouse.get_connection(builds=table.table) as conn:
+            if retried:  # the next connection sets the threads anew
+                conn.execute("SET threads = 1")
 
             def check(built_from: Sequence[str] | None) -> None:  # a conflict runs its commit again
                 results[:] = check_results(conn, warehouse, names, selected, built_from)

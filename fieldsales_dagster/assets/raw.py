@@ -130,7 +130,7 @@ def _materialize(
     # Two instances can run in one code location: every line names whose lake it writes.
     tenant = f"[{names.tenant}: {warehouse.lake.catalog}] "
     redacted: list[int] = []
-    with warehouse.get_connection(table) as conn:
+    with warehouse.get_connection(builds=table) as conn:
 
         def before_swap(staged: str) -> None:
             redacted.append(prepare_raw_table(conn, staged, name, warehouse))

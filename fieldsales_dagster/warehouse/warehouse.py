@@ -113,7 +113,7 @@ class FieldSalesWarehouse(settings_resource("WarehouseSettings", *WAREHOUSE_SETT
         default=None,
         ge=1,
         le=256,
-        description="DuckDB threads of a table's first build (default: all cores); others: one.",
+        description="DuckDB threads (default: all cores); a step rebuilding a lake table: one.",
     )
     pii_hash_key: str | None = Field(
         default=None,
@@ -254,11 +254,11 @@ class FieldSalesWarehouse(settings_resource("WarehouseSettings", *WAREHOUSE_SETT
 
         return run_transaction(conn, table, write_and_record)
 
-    def get_connection(self, first_build_of: str | None = None) -> duckdb.DuckDBPyConnection:
+    def get_connection(self, builds: str | None = None) -> duckdb.DuckDBPyConnection:
         """A read-write connection whose current database is the lake; ``with`` closes it. It
-        works on ``threads`` while the lake lacks ``first_build_of`` (a first run's work is
-        whole tables), else on one: a later step's statements are small (catalog reads, what
-        changed), and on two threads each cost about twice the CPU (docs/performance.md)."""
+        works on ``threads``; a project step that ``builds`` a table the lake already holds, on
+        one: its statements are small (catalog reads, what changed), and on two threads each
+        cost about twice the CPU (docs/performance.md)."""
         if self.local_folder not in _CLEANED:
             self.preflight()
             if removed := remove_dead_processes_files(self.local_folder):
@@ -266,9 +266,7 @@ class FieldSalesWarehouse(settings_resource("WarehouseSettings", *WAREHOUSE_SETT
             _CLEANED.add(self.local_folder)
         conn = writer_connection(self.lake, self._config())
         # Set each time: the instance, and so its threads, is the process's (writer_connection).
-        threads = (
-            1 if first_build_of is None or table_exists(conn, first_build_of) else self.threads
-        )
+        threads = 1 if builds is not None and table_exists(conn, builds) else self.threads
         conn.execute(f"SET threads = {threads}" if threads else "RESET threads")
         limit = self.duckdb_memory_limit
         release_step_memory(conn, limit, memory_megabytes(limit) * 1e6)
