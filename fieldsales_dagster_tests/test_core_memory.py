@@ -250,7 +250,7 @@ def test_mart_user_activity_counts_events_of_many_groups_under_a_small_memory_li
 def test_a_build_out_of_memory_on_two_threads_runs_once_more_on_one(tmp_path):
     """Hash tables and buffers are per thread: the query of mart.user_activity needs more than
     48MB here on two threads, less on one. A 10M demo first run ran out of the default 192MB so,
-    now and then. The step runs once more, on one thread, and says so.
+    now and then. The step runs once more, on one thread, says so, and leaves the instance on two.
     """
     database = _activity_tables(tmp_path)
     warehouse = lake_at(database, duckdb_memory_limit=MEMORY_LIMIT_USER_ACTIVITY, threads=2)
@@ -269,6 +269,8 @@ def test_a_build_out_of_memory_on_two_threads_runs_once_more_on_one(tmp_path):
     assert result.success
     (materialization,) = result.asset_materializations_for_node("mart_user_activity")
     assert materialization.metadata[RETRIED].value.startswith("out of DuckDB's memory_limit")
+    with warehouse.get_connection() as conn:
+        assert conn.execute("SELECT current_setting('threads')").fetchone() == (2,)
     with read_lake(database) as conn:
         (status_changes,) = conn.execute(
             "SELECT sum(status_changes) FROM mart.user_activity"
