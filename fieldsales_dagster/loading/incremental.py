@@ -64,6 +64,11 @@ FINGERPRINTS_NOW = "_fs_fingerprints"
 REFETCH_TABLE = "_fs_refetch"
 REMOVED_TABLE = "_fs_removed"
 REPLACED_TABLE = "_fs_replaced"  # the stored digests a merge compares the re-fetched rows with
+#: The events of the rows a merge finds gone: every such row is one of its events' stored rows.
+GONE_EVENTS = (
+    f"SELECT DISTINCT event_id FROM {REPLACED_TABLE} "
+    f"WHERE id IN (SELECT id FROM {CHANGES} WHERE NOT staged)"
+)
 
 MAX_REFETCH_SHARE = 0.5  # of the events: past it, re-fetching costs more than a full refresh
 
@@ -379,9 +384,10 @@ def _merge(
         run.before_swap(STAGE_TABLE)
         deleted = 0
         if changed:  # else every re-fetched row is stored as returned: nothing is written
-            ours = events["events"]
+            # Payloads are read where the events of the rows gone lie, not all re-fetched ones'.
+            gone_in = [e for (e,) in conn.execute(GONE_EVENTS).fetchall()]
             record_deletions(
-                conn, TRANSACTIONS, changes=CHANGES, events=ours, run_id=run.run_id, at=run.now
+                conn, TRANSACTIONS, changes=CHANGES, events=gone_in, run_id=run.run_id, at=run.now
             )
             deleted = write_rows(conn, target, stage)
             pause_at("merge")
