@@ -13,8 +13,10 @@ from hypothesis import HealthCheck, assume, given, settings
 from hypothesis import strategies as st
 
 from fieldsales_dagster.assets import checks
+from fieldsales_dagster.assets.columns import TableDoc
 from fieldsales_dagster.assets.follow import FOLLOW_KEYS, FOLLOW_ROWS
 from fieldsales_dagster.assets.lineage import over_rows
+from fieldsales_dagster.assets.tables import CoreTable
 from fieldsales_dagster.warehouse.lake import run_transaction
 from fieldsales_dagster_tests import core_payloads as p
 from fieldsales_dagster_tests.conftest import lake_at
@@ -166,6 +168,30 @@ def test_a_narrowed_check_gives_the_result_of_every_row(name, mixed_rows, data):
     conn.execute(f"INSERT INTO {table} FROM {FOLLOW_ROWS}")
     whole = evaluate(check, conn, inserted=False)
     assert result_of(evaluate(check, conn, inserted=True)) == result_of(whole)
+
+
+@pytest.mark.parametrize(("nullable", "found"), [((), (2, 2)), (("a",), (2, 0))])
+def test_uniqueness_over_inserted_rows_screened_by_one_key_column_keeps_a_null_in_it(
+    nullable, found
+):
+    """Over the inserted rows, ids_unique first keeps the rows whose most telling key column (here
+    ``a``: two values against one) holds an inserted value, or NULL: an inserted NULL there is a
+    NULL key, or, in a nullable column, equal to another NULL."""
+    conn = duckdb.connect()
+    conn.execute("CREATE SCHEMA core; CREATE TABLE core.t (a INTEGER, b VARCHAR)")
+    conn.execute("INSERT INTO core.t VALUES (1, 'p'), (2, 'p')")
+    conn.execute(
+        f"CREATE TEMP TABLE {FOLLOW_ROWS} AS FROM (VALUES "
+        "(NULL::INTEGER, 'p'), (NULL, 'p'), (7, 'p'), (8, 'p')) AS v(a, b)"
+    )
+    conn.execute(f"INSERT INTO core.t FROM {FOLLOW_ROWS}")
+    table = CoreTable("core.t", ("a", "b"), "", TableDoc(()), nullable_key=nullable)
+
+    def counts(inserted: bool) -> tuple[int, int]:
+        metadata = checks.ids_unique(conn, table, inserted)["ids_unique"].metadata
+        return metadata["duplicated_rows"].value, metadata["rows_with_null_key"].value
+
+    assert counts(inserted=True) == counts(inserted=False) == found
 
 
 def load_again(database, *changed: dict) -> dict[tuple[str, str], dg.AssetCheckEvaluation]:

@@ -279,6 +279,10 @@ def ids_unique(
         parts, rows = ["true"], FOLLOW_ROWS
     elif inserted:
         parts = [f"hash({columns}) IN (SELECT hash({columns}) FROM {FOLLOW_ROWS})"]
+        if len(table.key) > 1:  # a key column's values first: hashing every row's key cost more
+            column = quote_ident(_telling_column(conn, table))
+            screen = f"SELECT {column} FROM {FOLLOW_ROWS}"
+            parts = [f"({column} IS NULL OR {column} IN ({screen})) AND {parts[0]}"]
     else:
         (count,) = one_row(conn, f"SELECT count(*) FROM {rows}")
         buckets = 1 + count // SCREEN_BUCKET_ROWS
@@ -304,6 +308,13 @@ def ids_unique(
             },
         )
     }
+
+
+def _telling_column(conn: duckdb.DuckDBPyConnection, table: CoreTable) -> str:
+    """The key column with the most distinct values among the rows a follow inserted."""
+    counts = ", ".join(f"count(DISTINCT {quote_ident(c)})" for c in table.key)
+    found = one_row(conn, f"SELECT {counts} FROM {FOLLOW_ROWS}")
+    return max(zip(found, table.key, strict=True))[1]
 
 
 def _keys_replaced(conn: duckdb.DuckDBPyConnection, table: CoreTable) -> bool:
