@@ -272,17 +272,15 @@ def ids_unique(
     conn: duckdb.DuckDBPyConnection, table: CoreTable, inserted: bool
 ) -> dict[str, dg.AssetCheckResult]:
     """Over every row; or, where every row but the ``inserted`` ones passed, over the rows
-    sharing a key hash with an inserted row: a duplicated or NULL key has one among them; over the
-    inserted rows alone where no kept row can share their key (``_keys_replaced``)."""
+    sharing with an inserted row the value, or NULL, of the key column telling them apart most: a
+    duplicated or NULL key has one among them; over the inserted rows alone where no kept row can
+    share their key (``_keys_replaced``)."""
     columns, rows = ", ".join(quote_ident(c) for c in table.key), qualified(table.table)
     if inserted and _keys_replaced(conn, table):
         parts, rows = ["true"], FOLLOW_ROWS
-    elif inserted:
-        parts = [f"hash({columns}) IN (SELECT hash({columns}) FROM {FOLLOW_ROWS})"]
-        if len(table.key) > 1:  # a key column's values first: hashing every row's key cost more
-            column = quote_ident(_telling_column(conn, table))
-            screen = f"SELECT {column} FROM {FOLLOW_ROWS}"
-            parts = [f"({column} IS NULL OR {column} IN ({screen})) AND {parts[0]}"]
+    elif inserted:  # by one key column's values: hashing every row's whole key cost more
+        column = quote_ident(_telling_column(conn, table))
+        parts = [f"({column} IS NULL OR {column} IN (SELECT {column} FROM {FOLLOW_ROWS}))"]
     else:
         (count,) = one_row(conn, f"SELECT count(*) FROM {rows}")
         buckets = 1 + count // SCREEN_BUCKET_ROWS
@@ -312,6 +310,8 @@ def ids_unique(
 
 def _telling_column(conn: duckdb.DuckDBPyConnection, table: CoreTable) -> str:
     """The key column with the most distinct values among the rows a follow inserted."""
+    if len(table.key) == 1:
+        return table.key[0]
     counts = ", ".join(f"count(DISTINCT {quote_ident(c)})" for c in table.key)
     found = one_row(conn, f"SELECT {counts} FROM {FOLLOW_ROWS}")
     return max(zip(found, table.key, strict=True))[1]
