@@ -22,6 +22,7 @@ from fieldsales_dagster.assets.core import RETRIED
 from fieldsales_dagster.assets.tables import derived_tables
 from fieldsales_dagster.demo_api import DemoConfig, DemoServer
 from fieldsales_dagster.demo_api.data import PROFILES, Shape
+from fieldsales_dagster.warehouse import lake as lake_module
 from fieldsales_dagster_tests import core_payloads as p
 from fieldsales_dagster_tests.conftest import lake_at, make_api, read_lake
 from fieldsales_dagster_tests.project import core_assets, mart_assets, raw_assets
@@ -295,3 +296,18 @@ def test_a_step_rebuilding_a_table_the_lake_holds_works_on_one_thread(tmp_path):
     assert threads(None) == 2  # set anew: the instance is the process's
     assert threads("raw.transactions") == 1
     assert threads("core.events") == 2
+
+
+def test_warehouses_of_one_lake_asking_other_threads_share_its_instance(tmp_path):
+    """A process keeps one DuckDB instance a lake (loading one checks the extensions' signatures:
+    ~0.4 CPU-s). Threads are set on each connection, so a warehouse asking other threads (a data
+    team's own, beside the run's) shares it, and each connection works on its warehouse's."""
+    database = tmp_path / "t.duckdb"
+    p.write_raw_tables(database)  # by a warehouse of the default threads
+    two, three = lake_at(database, threads=2), lake_at(database, threads=3)
+    seen = []
+    for warehouse in (two, three, two):
+        with warehouse.get_connection() as conn:
+            seen.append(conn.execute("SELECT current_setting('threads')").fetchone()[0])
+    assert seen == [2, 3, 2]
+    assert len([key for key in lake_module._INSTANCES if two.lake in key]) == 1
