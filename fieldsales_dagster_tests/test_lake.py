@@ -5,10 +5,13 @@ folder, the demo API over HTTP, real materializations, readers in processes of t
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
+import sqlite3
 import subprocess
 import sys
+import threading
 import time
 from collections.abc import Callable
 from dataclasses import replace
@@ -90,6 +93,24 @@ class AnalystReader:
         if self.proc.poll() is None:
             self.proc.kill()
             self.proc.wait()
+
+
+def test_a_catalog_another_connection_is_writing_is_put_in_wal_once_it_may(tmp_path):
+    """Two runs starting at once on a new lake: while one writes the SQLite catalog, SQLite refuses
+    the other's switch to WAL at once, whatever its busy timeout; the switch is asked again."""
+    path = (tmp_path / "catalog.sqlite").resolve()
+    other = sqlite3.connect(path, isolation_level=None, check_same_thread=False)
+    other.execute("BEGIN IMMEDIATE")
+    other.execute("CREATE TABLE written (i INTEGER)")
+    threading.Timer(1.0, lambda: other.execute("COMMIT")).start()
+    try:
+        lake_module.use_wal(path, "FIELDSALES_DUCKLAKE_CATALOG")
+    finally:
+        time.sleep(1.0)  # the commit has run
+        other.close()
+    with contextlib.closing(sqlite3.connect(path)) as db:
+        assert db.execute("PRAGMA journal_mode").fetchone()[0] == "wal"
+        assert db.execute("SELECT count(*) FROM written").fetchone()[0] == 0
 
 
 def test_a_process_opens_the_sqlite_catalog_file_once_so_duckdbs_locks_on_it_stay(

@@ -400,9 +400,17 @@ def prepare(lake: Lake, conn: duckdb.DuckDBPyConnection | None = None) -> None:
 #: (SQLite's "how to corrupt", 2.2), so a checkpoint could pull the WAL away ("disk I/O error").
 @functools.cache
 def use_wal(path: Path, variable: str) -> None:
-    """``journal_mode=WAL`` (see the module docstring); ``path`` resolved."""
-    with contextlib.closing(sqlite3.connect(path, timeout=60)) as db:
-        (mode,) = db.execute("PRAGMA journal_mode=WAL").fetchone()
+    """``journal_mode=WAL`` (see the module docstring); ``path`` resolved. While another process
+    writes the file (two runs starting on a new lake), SQLite refuses the switch at once, without
+    waiting for ``timeout``: it is asked again, as a conflicting commit is."""
+
+    def switch() -> str:
+        with contextlib.closing(sqlite3.connect(path, timeout=60)) as db:
+            return db.execute("PRAGMA journal_mode=WAL").fetchone()[0]
+
+    mode = _retrying(
+        lambda exc: isinstance(exc, sqlite3.OperationalError) and _says(exc, "locked")
+    )(switch)
     if str(mode).lower() != "wal":
         raise LakeError(
             f"Could not put the lake's SQLite catalog {path} ({variable}) in journal_mode=WAL "
