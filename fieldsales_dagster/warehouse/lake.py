@@ -400,17 +400,10 @@ def prepare(lake: Lake, conn: duckdb.DuckDBPyConnection | None = None) -> None:
 #: (SQLite's "how to corrupt", 2.2), so a checkpoint could pull the WAL away ("disk I/O error").
 @functools.cache
 def use_wal(path: Path, variable: str) -> None:
-    """``journal_mode=WAL`` (see the module docstring); ``path`` resolved. While another process
-    writes the file (two runs starting on a new lake), SQLite refuses the switch at once, without
-    waiting for ``timeout``: it is asked again, as a conflicting commit is."""
-
-    def switch() -> str:
-        with contextlib.closing(sqlite3.connect(path, timeout=60)) as db:
-            return db.execute("PRAGMA journal_mode=WAL").fetchone()[0]
-
-    mode = _retrying(
-        lambda exc: isinstance(exc, sqlite3.OperationalError) and _says(exc, "locked")
-    )(switch)
+    """``journal_mode=WAL`` (see the module docstring); ``path`` resolved. SQLite refuses it at
+    once while another process writes the file (``timeout`` aside): asked again, as a commit is."""
+    with contextlib.closing(sqlite3.connect(path, timeout=60)) as db:
+        (mode,) = _retrying(is_conflict)(db.execute, "PRAGMA journal_mode=WAL").fetchone()
     if str(mode).lower() != "wal":
         raise LakeError(
             f"Could not put the lake's SQLite catalog {path} ({variable}) in journal_mode=WAL "
@@ -631,8 +624,10 @@ def writer_connection(lake: Lake, config: DuckDBConfig) -> duckdb.DuckDBPyConnec
 
 
 def is_conflict(exc: BaseException) -> bool:
-    """A DuckLake "Transaction conflict", or a SQLite catalog's "database is locked"."""
-    return isinstance(exc, duckdb.Error) and _says(exc, "conflict", "database is locked")
+    """A DuckLake "Transaction conflict", or a SQLite catalog's "database is locked" (from DuckDB,
+    or from switching it to WAL: ``use_wal``)."""
+    errors = (duckdb.Error, sqlite3.OperationalError)
+    return isinstance(exc, errors) and _says(exc, "conflict", "database is locked")
 
 
 def _retrying(retryable: Callable[[BaseException], bool]) -> tenacity.Retrying:
