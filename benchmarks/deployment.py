@@ -11,7 +11,10 @@ warehouse), then each side's run again with nothing changed (the same server), t
 compare what the same changes cost) for each side's next run, the nightly one. Sides alternate
 (before, after, before, after) so that a drift of the machine's speed falls on both. Beside them,
 Dagster's own floor: ``dagster asset materialize -f benchmarks/noop_defs.py --select noop`` (one
-asset that does nothing), whose CPU a run with nothing changed is held to (at most twice it).
+asset that does nothing), whose CPU a run with nothing changed is held to (at most twice it), and
+Dagster's cost of this project's graph alone (``benchmarks/skeleton_defs.py``: the same assets,
+checks and steps, each doing nothing, with this checkout's settings): what of an unchanged run
+neither the project's code nor its data cost.
 
 Each run is ``dagster asset materialize -m fieldsales_dagster`` in a fresh process, measured as a
 whole: wall, CPU of its process tree (user + system), peak RSS of the tree, the bytes it wrote to
@@ -62,6 +65,7 @@ RESULTS_DIR = Path(__file__).resolve().parent / "results"
 SELECTION = "*"
 LAKE_SELECTION = "not key:ducklake_upkeep"
 NOOP_DEFS = Path(__file__).resolve().parent / "noop_defs.py"
+SKELETON_DEFS = "benchmarks.skeleton_defs"
 #: (run, demo API generation): the first run, the same again with nothing changed, the nightly.
 RUNS = ((0, "first"), (0, "unchanged"), (1, "nightly"))
 #: The tables a run must leave holding each of the server's items once, by list: (table, id).
@@ -170,26 +174,34 @@ def _home(side: Side, home: Path, env: dict[str, str]) -> None:
         )
 
 
-def _run(
-    side: Side, api: DemoAPI, expected: Expected, where: Path, run: str, base_env: dict[str, str]
-) -> Row:
-    storage, paths = _storage_env(side, where)
-    home = where / "dagster_home"
-    env = {
-        **base_env,
-        **storage,
+def _env(side: Side, api: DemoAPI, where: Path, home: Path, base: dict[str, str]) -> dict[str, str]:
+    """The settings of a deployment of ``side`` whose warehouse and token sit under ``where``."""
+    return {
+        **base,
+        **_storage_env(side, where)[0],
         "FIELDSALES_BASE_URL": api.base_url,
         "FIELDSALES_API_TOKEN": api.token,
         "FIELDSALES_TOKEN_STORE": str(where / "token.json"),
         "DAGSTER_HOME": str(home),
     }
+
+
+def _selection(side: Side) -> str:
+    return LAKE_SELECTION if side.has_lake_only() else SELECTION
+
+
+def _run(
+    side: Side, api: DemoAPI, expected: Expected, where: Path, run: str, base_env: dict[str, str]
+) -> Row:
+    storage, paths = _storage_env(side, where)
+    home = where / "dagster_home"
+    env = _env(side, api, where, home, base_env)
     if not home.exists():
         _home(side, home, env)
-    selection = LAKE_SELECTION if side.has_lake_only() else SELECTION
     io_json = where / f"{run}.io.json"
     argv = [sys.executable, str(ROOT / "benchmarks" / "io_written.py"), str(io_json), "--"]
     argv += [str(side.bin / "dagster"), "asset", "materialize", "-m", "fieldsales_dagster"]
-    argv += ["--select", selection]
+    argv += ["--select", _selection(side)]
     # From the side's own root: Dagster puts the working directory first on the import path.
     m = measure(f"{side.name}-{run}", argv, where / f"{run}.log", env, server=api, cwd=side.root)
     io = json.loads(io_json.read_text()) if io_json.exists() else {}
@@ -230,6 +242,20 @@ def _noop(where: Path, base_env: dict[str, str]) -> Row:
     return Row("dagster", "noop", m, written, 0, steps=steps, cancelled=cancelled)
 
 
+def _graph(side: Side, api: DemoAPI, where: Path, base_env: dict[str, str]) -> Row:
+    """Dagster's own cost of this project's graph: its assets, checks and steps, each step doing
+    nothing (``skeleton_defs.py``), with ``side``'s settings (the definitions load from them). Its
+    second run is measured, on a home of its own: the unchanged run is a deployment's second."""
+    home = where / "graph_home"
+    env = _env(side, api, where, home, base_env)
+    prepare_dagster_home(home, env)
+    argv = [str(BIN / "dagster"), "asset", "materialize", "-m", SKELETON_DEFS]
+    argv += ["--select", _selection(side)]
+    for attempt in ("graph-first", "graph"):
+        m = measure(attempt, argv, where / f"{attempt}.log", env, cwd=ROOT)
+    return Row("dagster", "graph", m, 0, 0, steps=tuple(step_cpu(home, m.cpu_samples)))
+
+
 def _table(size: int, rows: list[Row], sides: list[Side]) -> list[str]:
     lines = [
         f"## {size:,} transactions",
@@ -249,10 +275,16 @@ def _table(size: int, rows: list[Row], sides: list[Side]) -> list[str]:
             f"{fmt_bytes(r.written - r.cancelled)} | {fmt_bytes(r.size)} | "
             f"{fmt_bytes(added)} | {r.requests:,} | {fmt_bytes(r.fetched)} | {r.exact} |"
         )
-    noop = next((r for r in rows if r.run == "noop" and r.m.ok), None)
+    floor = {r.run: r.m.cpu_s for r in rows if r.run in ("noop", "graph") and r.m.ok}
     for r in rows:
-        if noop and r.run == "unchanged" and r.m.ok:
-            lines += ["", f"{r.side}, unchanged / noop CPU: {r.m.cpu_s / noop.m.cpu_s:.2f}"]
+        if "noop" in floor and r.run == "unchanged" and r.m.ok:
+            line = f"{r.side}, unchanged / noop CPU: {r.m.cpu_s / floor['noop']:.2f}"
+            if "graph" in floor:
+                line += (
+                    f"; Dagster's graph alone / noop: {floor['graph'] / floor['noop']:.2f}; "
+                    f"unchanged / graph: {r.m.cpu_s / floor['graph']:.2f}"
+                )
+            lines += ["", line]
     lines += _nightly_ratios(rows)
     lines += ["", "| step | " + " | ".join(f"{r.side} {r.run} CPU s" for r in rows) + " |"]
     lines.append("|---|" + "---:|" * len(rows))
@@ -355,6 +387,8 @@ def main(argv: list[str] | None = None) -> int:
                     row = _run(side, api, expected, work / f"{size}" / side.name, run, base_env)
                     rows.append(row)
                     print(f"exit {row.m.returncode}, {row.m.wall_s:.1f} s", flush=True)
+            if generation == RUNS[-1][0]:  # the graph with this side's (the last's) settings
+                rows.append(_graph(sides[-1], api, work / f"{size}" / "graph", base_env))
         rows.append(_noop(work / f"{size}", base_env))
         report += _table(size, rows, sides) + [""]
     text = "\n".join(report)
